@@ -1,0 +1,84 @@
+package messages
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// State is the lifecycle state of a run, as stored in RunState.State.
+type State string
+
+// Run states. A run moves queued → running → one of the final states.
+const (
+	// StateQueued: the request is on the stream and no worker has started it.
+	StateQueued State = "queued"
+	// StateRunning: a worker holds the run and its container exists.
+	StateRunning State = "running"
+	// StateSucceeded: the process exited 0. Final.
+	StateSucceeded State = "succeeded"
+	// StateFailed: the request was invalid, the run could not be set up, or
+	// the process exited non-zero. Final.
+	StateFailed State = "failed"
+	// StateCancelled: an operator cancelled the run. Final.
+	StateCancelled State = "cancelled"
+	// StateTimedOut: the run outlived its timeout and was stopped. Final.
+	StateTimedOut State = "timed_out"
+)
+
+// Final reports whether s is a final state: one a run never leaves.
+func (s State) Final() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateCancelled, StateTimedOut:
+		return true
+	}
+	return false
+}
+
+// StateVersion is the version of the RunState document format.
+const StateVersion = 1
+
+// RunState is the record of one run, stored as JSON under the run's id in
+// the key-value bucket BucketRuns. Every write replaces the whole record.
+type RunState struct {
+	// Version is StateVersion.
+	Version int `json:"version"`
+	// ID is the run id (the bucket key).
+	ID string `json:"id"`
+	// State is the lifecycle state.
+	State State `json:"state"`
+	// Profile is the profile the request named.
+	Profile string `json:"profile"`
+	// Pool is the pool the request was published to.
+	Pool string `json:"pool"`
+	// Group is the coordination group (the run id when the request named none).
+	Group string `json:"group,omitempty"`
+	// Worker is the id of the worker that last held the run.
+	Worker string `json:"worker,omitempty"`
+	// ContainerID is the Docker container id of the latest attempt.
+	ContainerID string `json:"container_id,omitempty"`
+	// ExitCode is the process exit code; nil until the process has exited.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Attempts counts deliveries of the request that reached a worker
+	// (the JetStream delivery count, NumDelivered).
+	Attempts int `json:"attempts"`
+	// Reason says why the run ended as it did when that is not plain
+	// success: "exit code 3", "unknown profile \"x\"", "oom", ...
+	Reason string `json:"reason,omitempty"`
+	// Result is the final result text, when the profile's backend extracts
+	// one (for the shell profile: empty).
+	Result string `json:"result,omitempty"`
+	// OutputBytes counts the bytes of stdout and stderr published as events.
+	OutputBytes int64 `json:"output_bytes"`
+	// Labels are copied from the request.
+	Labels map[string]string `json:"labels,omitempty"`
+	// QueuedAt is when the request was published (the stream's timestamp).
+	QueuedAt time.Time `json:"queued_at,omitzero"`
+	// StartedAt is when the container was started.
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// FinishedAt is when the run reached its final state.
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	// UpdatedAt is when this record was written.
+	UpdatedAt time.Time `json:"updated_at"`
+	// Receipt describes the effective profile the run used (no secrets).
+	Receipt json.RawMessage `json:"receipt,omitempty"`
+}

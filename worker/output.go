@@ -1,0 +1,141 @@
+package worker
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// outputFlushInterval is how long output may wait in the buffer before it is
+// published, so that a slow writer's output still streams.
+const outputFlushInterval = 50 * time.Millisecond
+
+// outputPublisher turns a container's output into EventOutput messages. It
+// coalesces consecutive writes to the same stream into chunks of at most
+// messages.MaxOutputChunk bytes, never merging across a change of stream, so
+// interleaved stdout and stderr keep their order. Messages are published
+// asynchronously, in order, on one connection; close waits for every ack.
+type outputPublisher struct {
+	js      jetstream.JetStream
+	subject string
+	runID   string
+	attempt string
+
+	mu      sync.Mutex
+	stream  string
+	buf     []byte
+	offsets map[string]int64
+	total   int64
+	futures []jetstream.PubAckFuture
+	err     error
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newOutputPublisher(js jetstream.JetStream, runID string, attempt int) *outputPublisher {
+	o := &outputPublisher{
+		js:      js,
+		subject: messages.SubjectEvents(runID, messages.EventOutput),
+		runID:   runID,
+		attempt: strconv.Itoa(attempt),
+		offsets: map[string]int64{},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go o.flusher()
+	return o
+}
+
+// write is the OutputFunc handed to the runtime.
+func (o *outputPublisher) write(stream string, p []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for len(p) > 0 {
+		if o.stream != stream && len(o.buf) > 0 {
+			o.flushLocked()
+		}
+		o.stream = stream
+		n := min(len(p), messages.MaxOutputChunk-len(o.buf))
+		o.buf = append(o.buf, p[:n]...)
+		p = p[n:]
+		if len(o.buf) >= messages.MaxOutputChunk {
+			o.flushLocked()
+		}
+	}
+}
+
+func (o *outputPublisher) flusher() {
+	defer close(o.done)
+	t := time.NewTicker(outputFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.stop:
+			return
+		case <-t.C:
+			o.mu.Lock()
+			o.flushLocked()
+			o.mu.Unlock()
+		}
+	}
+}
+
+func (o *outputPublisher) flushLocked() {
+	if len(o.buf) == 0 {
+		return
+	}
+	msg := nats.NewMsg(o.subject)
+	msg.Data = o.buf
+	msg.Header.Set(messages.HeaderRunID, o.runID)
+	msg.Header.Set(messages.HeaderStream, o.stream)
+	msg.Header.Set(messages.HeaderOffset, strconv.FormatInt(o.offsets[o.stream], 10))
+	msg.Header.Set(messages.HeaderAttempt, o.attempt)
+	o.offsets[o.stream] += int64(len(o.buf))
+	o.total += int64(len(o.buf))
+	o.buf = nil // the message owns the old slice now
+	f, err := o.js.PublishMsgAsync(msg)
+	if err != nil {
+		// The async window is full: fall back to a synchronous publish so no
+		// output is dropped.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = o.js.PublishMsg(ctx, msg)
+		cancel()
+		if err != nil && o.err == nil {
+			o.err = err
+		}
+		return
+	}
+	o.futures = append(o.futures, f)
+}
+
+// close flushes what is buffered and waits until the server acknowledged
+// every output message or ctx ends. It returns the total bytes published and
+// the first publish error.
+func (o *outputPublisher) close(ctx context.Context) (int64, error) {
+	close(o.stop)
+	<-o.done
+	o.mu.Lock()
+	o.flushLocked()
+	futures, total, err := o.futures, o.total, o.err
+	o.futures = nil
+	o.mu.Unlock()
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case e := <-f.Err():
+			if err == nil {
+				err = e
+			}
+		case <-ctx.Done():
+			return total, ctx.Err()
+		}
+	}
+	return total, err
+}

@@ -1,0 +1,266 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Profile is an operator-defined recipe for running a request: the image,
+// the command, the user, the limits and the network. A run request only
+// names a profile; it can never choose any of these.
+//
+// Profiles are read from a TOML file (see LoadProfiles), one table per
+// profile under [profiles.<name>]; docs/profiles.md documents each key.
+type Profile struct {
+	// Name is the profile's name (the TOML table key).
+	Name string `toml:"-" json:"name"`
+	// Backend names how the command line is built. Only "command" exists
+	// yet: Command with "{prompt}" substituted.
+	Backend string `toml:"backend" json:"backend"`
+	// Image is the image reference. It must exist on the worker's Docker
+	// engine; it is never pulled.
+	Image string `toml:"image" json:"image"`
+	// Command is the argv; every "{prompt}" in an element is replaced by
+	// the request's prompt.
+	Command []string `toml:"command" json:"command"`
+	// User is "uid:gid", numeric and never 0. Default "65532:65532".
+	User string `toml:"user" json:"user"`
+	// Home is the writable home directory in the container (a tmpfs owned
+	// by User). Default "/home/agent".
+	Home string `toml:"home" json:"home"`
+	// WorkDir is the working directory. Default: Home.
+	WorkDir string `toml:"workdir" json:"workdir"`
+	// Network is "none" (default), "bridge" or the name of a Docker network
+	// the operator created. Hosted-model agents need egress to their API.
+	Network string `toml:"network" json:"network"`
+	// Runtime is the OCI runtime: "runc" (default) or "runsc" (gVisor).
+	Runtime string `toml:"runtime" json:"runtime"`
+	// MemoryMiB is the memory limit in MiB (no swap). Default 512.
+	MemoryMiB int64 `toml:"memory_mib" json:"memory_mib"`
+	// CPUs is the CPU limit in CPUs (1.5 = one and a half). Default 1.
+	CPUs float64 `toml:"cpus" json:"cpus"`
+	// Pids is the process and thread limit. Default 256.
+	Pids int64 `toml:"pids" json:"pids"`
+	// TmpMiB is the size of the tmpfs at /tmp, in MiB. Default 64.
+	TmpMiB int64 `toml:"tmp_mib" json:"tmp_mib"`
+	// HomeMiB is the size of the tmpfs at Home, in MiB. Default 64.
+	HomeMiB int64 `toml:"home_mib" json:"home_mib"`
+	// Timeout is the default run timeout, a Go duration string. Empty means
+	// the worker's default.
+	Timeout string `toml:"timeout" json:"timeout,omitempty"`
+	// Env holds fixed, non-secret environment variables.
+	Env map[string]string `toml:"env" json:"env,omitempty"`
+	// EnvFromHost names variables copied from the worker's own environment
+	// (secrets such as API keys). Values are never logged nor recorded.
+	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
+
+	timeout time.Duration
+}
+
+// Profile defaults.
+const (
+	DefaultUser      = "65532:65532"
+	DefaultHome      = "/home/agent"
+	DefaultMemoryMiB = 512
+	DefaultCPUs      = 1.0
+	DefaultPids      = 256
+	DefaultTmpMiB    = 64
+	DefaultHomeMiB   = 64
+	// SandboxImage is the image of the built-in shell profile, built by
+	// `make images` from Debian's busybox-static.
+	SandboxImage = "jetcrew-sandbox:latest"
+)
+
+// ShellProfile returns the built-in "shell" profile: /bin/sh -c <prompt> in
+// SandboxImage, network none, default limits.
+func ShellProfile() Profile {
+	p := Profile{
+		Name:    "shell",
+		Backend: "command",
+		Image:   SandboxImage,
+		Command: []string{"/bin/sh", "-c", "{prompt}"},
+	}
+	p, _ = p.withDefaults()
+	return p
+}
+
+func (p Profile) withDefaults() (Profile, error) {
+	if p.Backend == "" {
+		p.Backend = "command"
+	}
+	if p.User == "" {
+		p.User = DefaultUser
+	}
+	if p.Home == "" {
+		p.Home = DefaultHome
+	}
+	if p.WorkDir == "" {
+		p.WorkDir = p.Home
+	}
+	if p.Network == "" {
+		p.Network = "none"
+	}
+	if p.MemoryMiB == 0 {
+		p.MemoryMiB = DefaultMemoryMiB
+	}
+	if p.CPUs == 0 {
+		p.CPUs = DefaultCPUs
+	}
+	if p.Pids == 0 {
+		p.Pids = DefaultPids
+	}
+	if p.TmpMiB == 0 {
+		p.TmpMiB = DefaultTmpMiB
+	}
+	if p.HomeMiB == 0 {
+		p.HomeMiB = DefaultHomeMiB
+	}
+	if p.Timeout != "" {
+		d, err := time.ParseDuration(p.Timeout)
+		if err != nil {
+			return p, fmt.Errorf("timeout: %w", err)
+		}
+		p.timeout = d
+	}
+	return p, nil
+}
+
+// validate checks a profile with defaults applied.
+func (p Profile) validate() error {
+	if err := messages.ValidateToken("profile name", p.Name); err != nil {
+		return err
+	}
+	if p.Backend != "command" {
+		return fmt.Errorf("backend %q is not supported (supported: command)", p.Backend)
+	}
+	if p.Image == "" {
+		return errors.New("image is required")
+	}
+	if len(p.Command) == 0 {
+		return errors.New("command is required")
+	}
+	if _, _, err := parseUser(p.User); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(p.Home, "/") || !strings.HasPrefix(p.WorkDir, "/") {
+		return errors.New("home and workdir must be absolute paths")
+	}
+	if p.Home == "/tmp" || strings.HasPrefix(p.Home, "/tmp/") {
+		return errors.New("home must not be under /tmp (it has its own tmpfs)")
+	}
+	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
+		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
+	}
+	if p.Runtime != "" && p.Runtime != "runc" && p.Runtime != "runsc" {
+		return fmt.Errorf("runtime %q is not supported (runc, runsc)", p.Runtime)
+	}
+	if p.MemoryMiB < 6 || p.CPUs <= 0 || p.Pids < 8 || p.TmpMiB < 1 || p.HomeMiB < 1 {
+		return errors.New("limits too small: memory_mib >= 6, cpus > 0, pids >= 8, tmp_mib >= 1, home_mib >= 1")
+	}
+	if p.timeout < 0 {
+		return errors.New("timeout is negative")
+	}
+	for k := range p.Env {
+		if !messages.ValidEnvName(k) {
+			return fmt.Errorf("env name %q is not a valid variable name", k)
+		}
+	}
+	for _, k := range p.EnvFromHost {
+		if !messages.ValidEnvName(k) {
+			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// parseUser parses "uid:gid" (numeric) and refuses root.
+func parseUser(s string) (uid, gid int, err error) {
+	u, g, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, 0, fmt.Errorf("user %q must be numeric uid:gid", s)
+	}
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if err1 != nil || err2 != nil || uid < 0 || gid < 0 {
+		return 0, 0, fmt.Errorf("user %q must be numeric uid:gid", s)
+	}
+	if uid == 0 || gid == 0 {
+		return 0, 0, fmt.Errorf("user %q: runs never run as root (uid or gid 0)", s)
+	}
+	return uid, gid, nil
+}
+
+// Profiles is a validated set of profiles by name.
+type Profiles map[string]Profile
+
+// DefaultProfiles returns the built-in set: just ShellProfile.
+func DefaultProfiles() Profiles {
+	return Profiles{"shell": ShellProfile()}
+}
+
+// profileFile is the TOML document LoadProfiles reads.
+type profileFile struct {
+	Profiles map[string]Profile `toml:"profiles"`
+}
+
+// LoadProfiles reads the TOML profile file at path and returns the built-in
+// profiles overlaid with the file's (a profile of the same name replaces the
+// built-in one). It returns an error naming the file, the profile and the
+// key for unknown keys, bad values or a profile that fails validation.
+func LoadProfiles(path string) (Profiles, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("profiles: %w", err)
+	}
+	return ParseProfiles(path, data)
+}
+
+// ParseProfiles is LoadProfiles on data already read; name is used in
+// errors.
+func ParseProfiles(name string, data []byte) (Profiles, error) {
+	var f profileFile
+	md, err := toml.Decode(string(data), &f)
+	if err != nil {
+		return nil, fmt.Errorf("profiles %s: %w", name, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return nil, fmt.Errorf("profiles %s: unknown keys: %s", name, strings.Join(keys, ", "))
+	}
+	out := DefaultProfiles()
+	for n, p := range f.Profiles {
+		p.Name = n
+		p, err := p.withDefaults()
+		if err == nil {
+			err = p.validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("profiles %s: profile %q: %w", name, n, err)
+		}
+		out[n] = p
+	}
+	return out, nil
+}
+
+// Names returns the profile names, sorted.
+func (ps Profiles) Names() []string {
+	names := make([]string, 0, len(ps))
+	for n := range ps {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,169 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Resource names the worker adds to the messages contract.
+const (
+	// BucketWorkers holds one key per live worker, refreshed every
+	// heartbeat and expiring after WorkerTTL.
+	BucketWorkers = "jetcrew-workers"
+	// WorkerTTL is how long a worker's heartbeat key lives, and so how
+	// long after a worker dies its containers count as orphans.
+	WorkerTTL = 15 * time.Second
+)
+
+// ProvisionConfig sizes the JetStream resources Provision creates. Zero
+// fields take the documented defaults.
+type ProvisionConfig struct {
+	// Pool whose durable consumer to create. Default messages.DefaultPool.
+	Pool string
+	// Replicas for every stream and bucket: 1 on one server, 3 on a cluster.
+	// Default 1.
+	Replicas int
+	// DuplicateWindow is JETCREW_RUNS' duplicate window: a second publish
+	// with the same Nats-Msg-Id inside it is dropped. Default 2 minutes.
+	DuplicateWindow time.Duration
+	// AckWait is how long the server waits for an ack or InProgress before
+	// redelivering. Default 30 seconds.
+	AckWait time.Duration
+	// MaxDeliver is the most deliveries of one request. Default 5.
+	MaxDeliver int
+	// MaxAckPending caps unacknowledged requests across every worker of
+	// the pool; delivery stalls silently when it is reached, so it must be
+	// at least the sum of the workers' concurrency. Default 1024.
+	MaxAckPending int
+	// EventsMaxAge is how long run events are kept. Default 7 days.
+	EventsMaxAge time.Duration
+	// FailedMaxAge is how long dead letters are kept. Default 30 days.
+	FailedMaxAge time.Duration
+}
+
+func (c ProvisionConfig) withDefaults() ProvisionConfig {
+	if c.Pool == "" {
+		c.Pool = messages.DefaultPool
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 5
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 1024
+	}
+	if c.EventsMaxAge == 0 {
+		c.EventsMaxAge = 7 * 24 * time.Hour
+	}
+	if c.FailedMaxAge == 0 {
+		c.FailedMaxAge = 30 * 24 * time.Hour
+	}
+	return c
+}
+
+// Provision creates or updates the streams, key-value buckets and the pool's
+// durable consumer jetcrew needs, and returns the consumer. It is safe to call
+// from every worker at once: the configurations are identical, and creating an
+// existing resource with the same configuration succeeds.
+//
+// Stream JETCREW_RUNS: WorkQueue retention, file storage, subjects
+// jetcrew.runs.>, AllowDirect (so `nats stream view` works), the duplicate
+// window. JETCREW_EVENTS and JETCREW_FAILED: limits retention, file storage.
+// The consumer: durable, pull, explicit ack, filtered on jetcrew.runs.<pool>.
+func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := messages.ValidateToken("pool", cfg.Pool); err != nil {
+		return nil, err
+	}
+	streams := []jetstream.StreamConfig{{
+		Name:        messages.StreamRuns,
+		Description: "jetcrew run requests, one subject per pool",
+		Subjects:    []string{messages.SubjectRunsPrefix + ".>"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		Duplicates:  cfg.DuplicateWindow,
+		AllowDirect: true,
+		Discard:     jetstream.DiscardOld,
+	}, {
+		Name:        messages.StreamEvents,
+		Description: "jetcrew run events",
+		Subjects:    []string{messages.SubjectEventsPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.EventsMaxAge,
+		AllowDirect: true,
+		Discard:     jetstream.DiscardOld,
+	}, {
+		Name:        messages.StreamFailed,
+		Description: "jetcrew dead letters: failed run requests, body as submitted",
+		Subjects:    []string{messages.SubjectFailedPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.FailedMaxAge,
+		Duplicates:  cfg.DuplicateWindow,
+		AllowDirect: true,
+		Discard:     jetstream.DiscardOld,
+	}}
+	for _, sc := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
+		}
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      messages.BucketRuns,
+		Description: "jetcrew run states, one key per run id",
+		History:     5,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("provision bucket %s: %w", messages.BucketRuns, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketWorkers,
+		Description: "jetcrew live workers (heartbeats)",
+		History:     1,
+		TTL:         WorkerTTL,
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("provision bucket %s: %w", BucketWorkers, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
+		Durable:       messages.ConsumerName(cfg.Pool),
+		Description:   "jetcrew workers of pool " + cfg.Pool,
+		FilterSubject: messages.SubjectRuns(cfg.Pool),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    cfg.MaxDeliver,
+		MaxAckPending: cfg.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", messages.ConsumerName(cfg.Pool), err)
+	}
+	return cons, nil
+}
+
+
+// isNotFound reports whether err says a JetStream key or message does not exist.
+func isNotFound(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound)
+}

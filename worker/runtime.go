@@ -1,0 +1,144 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Runtime runs containers for the worker. The Docker implementation is
+// worker/docker; tests use a fake (worker/workertest). Implementations must be
+// safe for concurrent use.
+type Runtime interface {
+	// Start creates the container described by spec, attaches to its
+	// output, registers a wait for its exit and then starts it, in that
+	// order, so that neither output nor exit status can be lost. output is
+	// called from one goroutine at a time, in the order the bytes were
+	// written, until Container.Wait returns.
+	//
+	// An error wrapping ErrPermanent means retrying cannot help (for
+	// example the image does not exist). When Start fails after creating
+	// the container it removes the container before returning.
+	Start(ctx context.Context, spec ContainerSpec, output OutputFunc) (Container, error)
+	// ListManaged returns every container, in any state, that carries the
+	// LabelManaged label, for the orphan reconciler.
+	ListManaged(ctx context.Context) ([]ManagedContainer, error)
+	// Remove force-removes the container with the given id. A container
+	// that no longer exists counts as removed.
+	Remove(ctx context.Context, id string) error
+}
+
+// Container is one started container.
+type Container interface {
+	// ID returns the runtime's id for the container.
+	ID() string
+	// Wait blocks until the process has exited and every byte of its output
+	// has been passed to the OutputFunc, then returns how it exited. It
+	// returns ctx.Err() when ctx ends first; the container keeps running.
+	Wait(ctx context.Context) (ExitStatus, error)
+	// Stop sends SIGTERM to the process and SIGKILL after grace.
+	Stop(ctx context.Context, grace time.Duration) error
+	// Remove force-removes the container and any volumes it owns.
+	Remove(ctx context.Context) error
+}
+
+// OutputFunc receives a chunk of a container's output. stream is
+// messages.StreamStdout or messages.StreamStderr. p is only valid during the
+// call.
+type OutputFunc func(stream string, p []byte)
+
+// ExitStatus is how a container's process ended.
+type ExitStatus struct {
+	// Code is the process exit code (128+signal when a signal ended it).
+	Code int
+	// OOMKilled is true when the kernel's OOM killer ended the process
+	// (Docker's State.OOMKilled).
+	OOMKilled bool
+	// Error is the runtime's own error message for the exit, if any.
+	Error string
+}
+
+// ManagedContainer is a container carrying jetcrew's labels, as seen by the
+// reconciler.
+type ManagedContainer struct {
+	// ID is the runtime's container id.
+	ID string
+	// Name is the container name without a leading '/'.
+	Name string
+	// State is the runtime's state word: created, running, exited, dead, ...
+	State string
+	// Labels are the container's labels.
+	Labels map[string]string
+	// Created is when the container was created.
+	Created time.Time
+}
+
+// ErrPermanent is wrapped by runtime errors that retrying cannot fix: a
+// missing image, a refused spec.
+var ErrPermanent = errors.New("permanent runtime error")
+
+// Labels set on every run container. Keys are reverse-DNS, as Docker
+// recommends for labels.
+const (
+	// LabelManaged marks a container as jetcrew's; its value is "true".
+	LabelManaged = "io.jetcrew.managed"
+	// LabelRunID carries the run id.
+	LabelRunID = "io.jetcrew.run-id"
+	// LabelWorker carries the id of the worker that created the container.
+	LabelWorker = "io.jetcrew.worker"
+	// LabelAttempt carries the delivery number the container belongs to.
+	LabelAttempt = "io.jetcrew.attempt"
+	// LabelCreated carries the creation time, RFC 3339 with nanoseconds.
+	LabelCreated = "io.jetcrew.created"
+	// LabelProfile carries the profile name.
+	LabelProfile = "io.jetcrew.profile"
+)
+
+// ContainerSpec is a runtime-neutral description of one run container. The
+// worker builds it from a profile and a run request (see BuildSpec); a
+// Runtime turns it into its own configuration.
+type ContainerSpec struct {
+	// Name is the container name, unique per run and delivery
+	// ("jetcrew-<run id>-<attempt>"): a second container for the same
+	// delivery cannot be created.
+	Name string
+	// Image is the image reference.
+	Image string
+	// Cmd is the process argv.
+	Cmd []string
+	// Env holds KEY=VALUE entries.
+	Env []string
+	// User is "uid:gid", numeric. Never root.
+	User string
+	// WorkingDir is the process's working directory.
+	WorkingDir string
+	// Labels are set on the container.
+	Labels map[string]string
+	// Network is "none", "bridge" or the name of a Docker network.
+	Network string
+	// OCIRuntime names the OCI runtime ("runc", "runsc"); empty means the
+	// engine's default.
+	OCIRuntime string
+	// MemoryBytes is the memory limit in bytes (swap is disabled: the swap
+	// limit equals it).
+	MemoryBytes int64
+	// NanoCPUs is the CPU limit in billionths of a CPU.
+	NanoCPUs int64
+	// PidsLimit is the most processes and threads the container may have.
+	PidsLimit int64
+	// Tmpfs maps a container path to the options of a tmpfs mounted there
+	// ("size=64m,mode=1777").
+	Tmpfs map[string]string
+	// Mounts are typed bind mounts. A missing source is an error.
+	Mounts []Mount
+}
+
+// Mount is a bind mount of a host path into a container.
+type Mount struct {
+	// Source is the host path; it must exist.
+	Source string
+	// Target is the path in the container.
+	Target string
+	// ReadOnly mounts it read-only.
+	ReadOnly bool
+}

@@ -1,0 +1,109 @@
+package worker
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// ContainerName returns the name of the container for one delivery of a run:
+// "jetcrew-<run id>-<attempt>". Docker refuses a second container of the same
+// name, so one delivery can never start two containers.
+func ContainerName(runID string, attempt int) string {
+	return "jetcrew-" + runID + "-" + strconv.Itoa(attempt)
+}
+
+// SpecInput is everything BuildSpec combines into a ContainerSpec.
+type SpecInput struct {
+	// Profile is the resolved profile, defaults applied.
+	Profile Profile
+	// Request is the validated run request, its ID set.
+	Request messages.RunRequest
+	// Attempt is the delivery number, from 1.
+	Attempt int
+	// WorkerID is the id of the worker creating the container.
+	WorkerID string
+	// Now is the creation time recorded in LabelCreated.
+	Now time.Time
+	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
+	// os.LookupEnv in production.
+	LookupEnv func(string) (string, bool)
+}
+
+// BuildSpec turns a profile and a run request into a ContainerSpec. It is a
+// pure function of its input (no Docker calls), so every rule of the jail can
+// be tested without a daemon. It returns an error, which retrying cannot
+// fix, when a variable named in Profile.EnvFromHost is not set on the worker.
+func BuildSpec(in SpecInput) (ContainerSpec, error) {
+	p, r := in.Profile, in.Request
+	cmd := make([]string, len(p.Command))
+	for i, a := range p.Command {
+		cmd[i] = strings.ReplaceAll(a, "{prompt}", r.Prompt)
+	}
+
+	// Later entries win in Docker's env list, so the order is: the request's
+	// non-secret env, the profile's fixed env, secrets from the host, then
+	// jetcrew's own variables, which nothing can override.
+	env := make([]string, 0, len(r.Env)+len(p.Env)+len(p.EnvFromHost)+4)
+	env = appendSorted(env, r.Env)
+	env = appendSorted(env, p.Env)
+	for _, name := range p.EnvFromHost {
+		v, ok := in.LookupEnv(name)
+		if !ok {
+			return ContainerSpec{}, fmt.Errorf("profile %q: env_from_host %s is not set in the worker's environment", p.Name, name)
+		}
+		env = append(env, name+"="+v)
+	}
+	env = append(env,
+		"HOME="+p.Home,
+		"JETCREW_RUN_ID="+r.ID,
+		"JETCREW_GROUP="+r.GroupOrID(),
+		"JETCREW_PROFILE="+p.Name,
+	)
+
+	uid, gid, err := parseUser(p.User)
+	if err != nil {
+		return ContainerSpec{}, err
+	}
+	return ContainerSpec{
+		Name:       ContainerName(r.ID, in.Attempt),
+		Image:      p.Image,
+		Cmd:        cmd,
+		Env:        env,
+		User:       p.User,
+		WorkingDir: p.WorkDir,
+		Labels: map[string]string{
+			LabelManaged: "true",
+			LabelRunID:   r.ID,
+			LabelWorker:  in.WorkerID,
+			LabelAttempt: strconv.Itoa(in.Attempt),
+			LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
+			LabelProfile: p.Name,
+		},
+		Network:     p.Network,
+		OCIRuntime:  p.Runtime,
+		MemoryBytes: p.MemoryMiB << 20,
+		NanoCPUs:    int64(p.CPUs * 1e9),
+		PidsLimit:   p.Pids,
+		Tmpfs: map[string]string{
+			"/tmp": fmt.Sprintf("size=%dm,mode=1777", p.TmpMiB),
+			p.Home: fmt.Sprintf("size=%dm,mode=0700,uid=%d,gid=%d", p.HomeMiB, uid, gid),
+		},
+	}, nil
+}
+
+func appendSorted(env []string, m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+m[k])
+	}
+	return env
+}
