@@ -192,6 +192,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.log.Warn().Err(err).Msg("record running state")
 	}
 	r.event(ctx, messages.Event{Type: messages.EventStarted, ContainerID: c.ID()})
+	out.release()
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", prof.Name).Msg("run started")
 
 	waitCtx, cancelWait := context.WithTimeout(ctx, timeout)

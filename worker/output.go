@@ -34,6 +34,10 @@ type outputPublisher struct {
 	total   int64
 	futures []jetstream.PubAckFuture
 	err     error
+	// held queues messages instead of publishing them until release, so
+	// that no output event precedes the run's started event.
+	held    bool
+	pending []*nats.Msg
 
 	stop chan struct{}
 	done chan struct{}
@@ -48,6 +52,7 @@ func newOutputPublisher(js jetstream.JetStream, runID string, attempt int) *outp
 		offsets: map[string]int64{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		held:    true,
 	}
 	go o.flusher()
 	return o
@@ -100,6 +105,25 @@ func (o *outputPublisher) flushLocked() {
 	o.offsets[o.stream] += int64(len(o.buf))
 	o.total += int64(len(o.buf))
 	o.buf = nil // the message owns the old slice now
+	if o.held {
+		o.pending = append(o.pending, msg)
+		return
+	}
+	o.publishLocked(msg)
+}
+
+// release publishes the messages held so far and every later one at once.
+func (o *outputPublisher) release() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.held = false
+	for _, m := range o.pending {
+		o.publishLocked(m)
+	}
+	o.pending = nil
+}
+
+func (o *outputPublisher) publishLocked(msg *nats.Msg) {
 	f, err := o.js.PublishMsgAsync(msg)
 	if err != nil {
 		// The async window is full: fall back to a synchronous publish so no
@@ -121,6 +145,7 @@ func (o *outputPublisher) flushLocked() {
 func (o *outputPublisher) close(ctx context.Context) (int64, error) {
 	close(o.stop)
 	<-o.done
+	o.release()
 	o.mu.Lock()
 	o.flushLocked()
 	futures, total, err := o.futures, o.total, o.err

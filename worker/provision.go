@@ -162,7 +162,6 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 	return cons, nil
 }
 
-
 // isNotFound reports whether err says a JetStream key or message does not exist.
 func isNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound)

@@ -1,0 +1,246 @@
+// Package workertest holds test helpers for code built on the worker
+// package: an embedded nats-server per test and a fake Runtime that runs Go
+// functions instead of containers. They are real code, usable from any test.
+package workertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// StartServer starts an embedded nats-server with JetStream on a random
+// loopback port, storing under t.TempDir(), and shuts it down when the test
+// ends. It fails the test when the server is not ready within 10 seconds.
+func StartServer(t testing.TB) *server.Server {
+	t.Helper()
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      -1,
+		JetStream: true,
+		StoreDir:  t.TempDir(),
+		NoSigs:    true,
+		NoLog:     true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatalf("nats-server not ready")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Connect connects to s and closes the connection when the test ends.
+func Connect(t testing.TB, s *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Behaviour is what a fake container does: it receives the spec, writes
+// output through out, and returns its exit status. ctx is cancelled when
+// the container is stopped; a stopped behaviour should return exit code 143.
+type Behaviour func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus
+
+// Runtime is a fake worker.Runtime. Its Behave function chooses the
+// Behaviour for each spec; by default the prompt (the last argv element) is
+// read as a tiny script (see Script).
+type Runtime struct {
+	// Behave returns the behaviour of a container, or an error to make
+	// Start fail with it. Nil means ScriptBehaviour.
+	Behave func(spec worker.ContainerSpec) (Behaviour, error)
+
+	mu         sync.Mutex
+	seq        int
+	containers map[string]*Container
+	starts     []worker.ContainerSpec
+	running    int
+	maxRunning int
+}
+
+// NewRuntime returns a Runtime with no containers.
+func NewRuntime() *Runtime {
+	return &Runtime{containers: map[string]*Container{}}
+}
+
+// Start implements worker.Runtime. A name already in use is refused, as
+// Docker does.
+func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
+	behave := r.Behave
+	if behave == nil {
+		behave = ScriptBehaviour
+	}
+	b, err := behave(spec)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	for _, c := range r.containers {
+		if c.name == spec.Name {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("conflict: container name %q is already in use", spec.Name)
+		}
+	}
+	r.seq++
+	id := fmt.Sprintf("fake%060d", r.seq)
+	cctx, cancel := context.WithCancel(context.Background())
+	c := &Container{id: id, name: spec.Name, spec: spec, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r}
+	r.containers[id] = c
+	r.starts = append(r.starts, spec)
+	r.running++
+	r.maxRunning = max(r.maxRunning, r.running)
+	r.mu.Unlock()
+	go func() {
+		st := b(cctx, spec, out)
+		r.mu.Lock()
+		r.running--
+		c.status = st
+		c.exited = true
+		r.mu.Unlock()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// ListManaged implements worker.Runtime.
+func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []worker.ManagedContainer
+	for _, c := range r.containers {
+		state := "running"
+		if c.exited {
+			state = "exited"
+		}
+		out = append(out, worker.ManagedContainer{ID: c.id, Name: c.name, State: state, Labels: c.spec.Labels, Created: c.created})
+	}
+	return out, nil
+}
+
+// Remove implements worker.Runtime.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	r.mu.Lock()
+	c, ok := r.containers[id]
+	delete(r.containers, id)
+	r.mu.Unlock()
+	if ok {
+		c.cancel()
+	}
+	return nil
+}
+
+// Starts returns the specs of every container started, in order.
+func (r *Runtime) Starts() []worker.ContainerSpec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]worker.ContainerSpec(nil), r.starts...)
+}
+
+// MaxRunning returns the most containers that ran at once.
+func (r *Runtime) MaxRunning() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxRunning
+}
+
+// Live returns the number of containers not yet removed.
+func (r *Runtime) Live() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.containers)
+}
+
+// Container is a fake container.
+type Container struct {
+	id, name string
+	spec     worker.ContainerSpec
+	cancel   context.CancelFunc
+	done     chan struct{}
+	created  time.Time
+	rt       *Runtime
+	status   worker.ExitStatus
+	exited   bool
+}
+
+// ID implements worker.Container.
+func (c *Container) ID() string { return c.id }
+
+// Wait implements worker.Container.
+func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
+	select {
+	case <-c.done:
+		c.rt.mu.Lock()
+		defer c.rt.mu.Unlock()
+		return c.status, nil
+	case <-ctx.Done():
+		return worker.ExitStatus{}, ctx.Err()
+	}
+}
+
+// Stop implements worker.Container: it cancels the behaviour's context.
+func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
+	c.cancel()
+	return nil
+}
+
+// Remove implements worker.Container.
+func (c *Container) Remove(ctx context.Context) error { return c.rt.Remove(ctx, c.id) }
+
+// ScriptBehaviour reads the last argv element as a script of
+// semicolon-separated commands: "out TEXT" writes TEXT to stdout, "err TEXT"
+// to stderr, "sleep DURATION" waits (returning 143 when stopped), "exit N"
+// ends with code N. The script "" exits 0.
+func ScriptBehaviour(spec worker.ContainerSpec) (Behaviour, error) {
+	script := ""
+	if len(spec.Cmd) > 0 {
+		script = spec.Cmd[len(spec.Cmd)-1]
+	}
+	return func(ctx context.Context, _ worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		for _, stmt := range strings.Split(script, ";") {
+			verb, arg, _ := strings.Cut(strings.TrimSpace(stmt), " ")
+			switch verb {
+			case "out":
+				out("stdout", []byte(arg+"\n"))
+			case "err":
+				out("stderr", []byte(arg+"\n"))
+			case "sleep":
+				d, _ := time.ParseDuration(arg)
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return worker.ExitStatus{Code: 143}
+				}
+			case "exit":
+				var code int
+				fmt.Sscanf(arg, "%d", &code)
+				return worker.ExitStatus{Code: code}
+			case "oom":
+				return worker.ExitStatus{Code: 137, OOMKilled: true}
+			}
+		}
+		return worker.ExitStatus{}
+	}, nil
+}
+
+// ErrTransient is a Start error that is not permanent: the worker retries.
+var ErrTransient = errors.New("fake daemon error")
