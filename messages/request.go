@@ -143,6 +143,12 @@ func (r *RunRequest) applyDefaults() {
 	if r.Pool == "" {
 		r.Pool = DefaultPool
 	}
+	if len(r.Env) == 0 {
+		r.Env = nil
+	}
+	if len(r.Labels) == 0 {
+		r.Labels = nil
+	}
 }
 
 // WithDefaults returns a copy of r with Version and Pool filled in when empty.

@@ -1,0 +1,190 @@
+package messages_test
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "golden file missing; run go test ./messages -update")
+	require.Equal(t, string(want), string(got))
+}
+
+func TestRunRequestWireGolden(t *testing.T) {
+	t.Parallel()
+	full := messages.RunRequest{
+		Version: 1, ID: "01JXAMPLE0000000000000000", Profile: "shell", Prompt: "uname -a; echo hello",
+		Pool: "default", Group: "g1", Timeout: messages.Duration(90 * time.Second),
+		Env: map[string]string{"B": "2", "A": "1"}, Labels: map[string]string{"team": "infra"},
+	}
+	b, err := json.MarshalIndent(full, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-request-full.json", append(b, '\n'))
+
+	minimal := messages.RunRequest{Profile: "shell", Prompt: "echo hi"}
+	b, err = json.Marshal(minimal)
+	require.NoError(t, err)
+	golden(t, "run-request-minimal.json", append(b, '\n'))
+
+	// The golden files decode back to the same requests.
+	data, err := os.ReadFile("testdata/run-request-full.json")
+	require.NoError(t, err)
+	got, err := messages.DecodeRunRequest(data)
+	require.NoError(t, err)
+	require.Equal(t, full, got)
+	data, err = os.ReadFile("testdata/run-request-minimal.json")
+	require.NoError(t, err)
+	got, err = messages.DecodeRunRequest(data)
+	require.NoError(t, err)
+	require.Equal(t, minimal.WithDefaults(), got)
+}
+
+func TestRunStateWireGolden(t *testing.T) {
+	t.Parallel()
+	code := 3
+	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	st := messages.RunState{
+		Version: 1, ID: "r1", State: messages.StateFailed, Profile: "shell", Pool: "default", Group: "r1",
+		Worker: "host-abc123", ContainerID: "c0ffee", ExitCode: &code, Attempts: 1, Reason: "exit code 3",
+		OutputBytes: 42, QueuedAt: at, StartedAt: at.Add(time.Second), FinishedAt: at.Add(2 * time.Second),
+		UpdatedAt: at.Add(2 * time.Second),
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-state.json", append(b, '\n'))
+
+	ev := messages.Event{RunID: "r1", Type: messages.EventFinished, Time: at, Attempt: 1, Worker: "host-abc123",
+		ContainerID: "c0ffee", State: messages.StateFailed, ExitCode: &code, Reason: "exit code 3"}
+	b, err = json.MarshalIndent(ev, "", "  ")
+	require.NoError(t, err)
+	golden(t, "event-finished.json", append(b, '\n'))
+}
+
+func TestDecodeRunRequestRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, body, want string
+	}{
+		{"not json", `nope`, "invalid character"},
+		{"array", `[]`, "cannot unmarshal array"},
+		{"unknown field", `{"profile":"shell","image":"evil"}`, `unknown field "image"`},
+		{"trailing data", `{"profile":"shell"}x`, "data after the JSON object"},
+		{"no profile", `{"prompt":"x"}`, "profile is required"},
+		{"profile with dot", `{"profile":"a.b"}`, "profile"},
+		{"bad version", `{"version":2,"profile":"shell"}`, "version 2 is not supported"},
+		{"id with star", `{"id":"a*","profile":"shell"}`, "id"},
+		{"id with gt", `{"id":"a>","profile":"shell"}`, "id"},
+		{"id with space", `{"id":"a b","profile":"shell"}`, "id"},
+		{"id too long", `{"id":"` + strings.Repeat("a", 65) + `","profile":"shell"}`, "longest allowed is 64"},
+		{"pool with dot", `{"profile":"shell","pool":"a.b"}`, "pool"},
+		{"group with space", `{"profile":"shell","group":"a b"}`, "group"},
+		{"timeout number", `{"profile":"shell","timeout":30}`, "duration must be a string"},
+		{"timeout garbage", `{"profile":"shell","timeout":"soon"}`, "invalid duration"},
+		{"timeout negative", `{"profile":"shell","timeout":"-1s"}`, "negative"},
+		{"timeout too long", `{"profile":"shell","timeout":"25h"}`, "longer than the longest allowed"},
+		{"env bad name", `{"profile":"shell","env":{"1X":"v"}}`, "not a valid variable name"},
+		{"env reserved", `{"profile":"shell","env":{"jetcrew_x":"v"}}`, "reserved"},
+		{"env nul", `{"profile":"shell","env":{"X":"a\u0000b"}}`, "NUL"},
+		{"env too long", `{"profile":"shell","env":{"X":"` + strings.Repeat("v", messages.MaxEnvValueBytes+1) + `"}}`, "longest allowed"},
+		{"label empty key", `{"profile":"shell","labels":{"":"v"}}`, "label"},
+		{"oversize", `{"profile":"shell","prompt":"` + strings.Repeat("p", messages.MaxRequestBytes) + `"}`, "largest allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := messages.DecodeRunRequest([]byte(tt.body))
+			require.ErrorIs(t, err, messages.ErrInvalidRequest)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestDecodeRunRequestDefaults(t *testing.T) {
+	t.Parallel()
+	r, err := messages.DecodeRunRequest([]byte(`{"profile":"shell"}`))
+	require.NoError(t, err)
+	require.Equal(t, messages.DefaultPool, r.Pool)
+	require.Equal(t, messages.RequestVersion, r.Version)
+	require.Empty(t, r.ID)
+	r.ID = "x1"
+	require.Equal(t, "x1", r.GroupOrID())
+	r.Group = "g"
+	require.Equal(t, "g", r.GroupOrID())
+}
+
+func TestValidateToken(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"a", "A-b_9", strings.Repeat("z", 64), "01JXAMPLE"} {
+		require.NoError(t, messages.ValidateToken("t", ok), ok)
+	}
+	for _, bad := range []string{"", "a.b", "*", ">", "a b", "a\tb", "é", "a/b", strings.Repeat("z", 65), "$JS"} {
+		require.ErrorIs(t, messages.ValidateToken("t", bad), messages.ErrInvalidToken, bad)
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "jetcrew.runs.default", messages.SubjectRuns("default"))
+	require.Equal(t, "jetcrew.events.r1.output", messages.SubjectEvents("r1", messages.EventOutput))
+	require.Equal(t, "jetcrew.events.r1.>", messages.SubjectEventsAll("r1"))
+	require.Equal(t, "jetcrew.failed.gpu.r1", messages.SubjectFailed("gpu", "r1"))
+	require.Equal(t, "workers-gpu", messages.ConsumerName("gpu"))
+	p, err := messages.PoolFromSubject("jetcrew.runs.gpu")
+	require.NoError(t, err)
+	require.Equal(t, "gpu", p)
+	for _, bad := range []string{"jetcrew.runs.", "jetcrew.runs.a.b", "other.runs.a", "jetcrew.runs"} {
+		_, err := messages.PoolFromSubject(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestStateFinal(t *testing.T) {
+	t.Parallel()
+	for s, final := range map[messages.State]bool{
+		messages.StateQueued: false, messages.StateRunning: false, messages.StateSucceeded: true,
+		messages.StateFailed: true, messages.StateCancelled: true, messages.StateTimedOut: true,
+	} {
+		require.Equal(t, final, s.Final(), s)
+	}
+}
+
+// FuzzDecodeRunRequest checks that no input panics the decoder and that
+// every accepted request re-encodes to one that decodes the same.
+func FuzzDecodeRunRequest(f *testing.F) {
+	for _, s := range []string{`{"profile":"shell","prompt":"echo hi"}`, `{"id":"a","profile":"p","env":{"A":"b"},"timeout":"1s"}`, `{`, `null`, `{"labels":{"":""}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := messages.DecodeRunRequest(data)
+		if err != nil {
+			return
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := messages.DecodeRunRequest(b)
+		if err != nil {
+			t.Fatalf("re-encoded request refused: %v\n%s", err, b)
+		}
+		require.Equal(t, r, r2)
+	})
+}
