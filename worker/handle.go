@@ -151,7 +151,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 
 	spec, err := BuildSpec(SpecInput{
-		Profile: prof, Request: r.req, Attempt: attempt, WorkerID: w.cfg.ID,
+		Profile: prof, Request: r.req, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv,
 	})
 	if err != nil {

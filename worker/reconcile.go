@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// reconcile removes jetcrew containers, in any state, that no live run owns
+// reconcile removes this installation's jetcrew containers, in any state, that no live run owns
 // and that are older than OrphanGrace. A container is owned when its run is
 // in this worker's active set, or when the worker on its label is alive (its
 // heartbeat key exists) and is not this worker. This worker's own containers
@@ -28,7 +28,7 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	alive := map[string]bool{}
 	var errs []error
 	for _, c := range cs {
-		if activeContainers[c.ID] {
+		if activeContainers[c.ID] || c.Labels[LabelInstall] != w.install {
 			continue
 		}
 		created := c.Created
@@ -74,7 +74,7 @@ func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 		return err
 	}
 	for _, c := range cs {
-		if c.Labels[LabelRunID] != runID {
+		if c.Labels[LabelRunID] != runID || c.Labels[LabelInstall] != w.install {
 			continue
 		}
 		w.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("run_id", runID).

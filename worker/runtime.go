@@ -92,6 +92,11 @@ const (
 	LabelCreated = "io.jetcrew.created"
 	// LabelProfile carries the profile name.
 	LabelProfile = "io.jetcrew.profile"
+	// LabelInstall identifies the jetcrew installation (the JETCREW_RUNS
+	// stream, by its creation time) that owns the container, so workers of
+	// two installations sharing one Docker engine never reap each other's
+	// containers.
+	LabelInstall = "io.jetcrew.install"
 )
 
 // ContainerSpec is a runtime-neutral description of one run container. The

@@ -27,6 +27,8 @@ type SpecInput struct {
 	Attempt int
 	// WorkerID is the id of the worker creating the container.
 	WorkerID string
+	// Install identifies the installation (see LabelInstall).
+	Install string
 	// Now is the creation time recorded in LabelCreated.
 	Now time.Time
 	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
@@ -83,6 +85,7 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 			LabelAttempt: strconv.Itoa(in.Attempt),
 			LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
 			LabelProfile: p.Name,
+			LabelInstall: in.Install,
 		},
 		Network:     p.Network,
 		OCIRuntime:  p.Runtime,

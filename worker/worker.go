@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -163,6 +164,8 @@ type Worker struct {
 	runs jetstream.KeyValue
 	live jetstream.KeyValue
 	cons jetstream.Consumer
+	// install identifies this installation in container labels.
+	install string
 
 	mu      sync.Mutex
 	active  map[string]*activeRun // by run id
@@ -223,6 +226,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.cons = cons
+	stream, err := w.js.Stream(ctx, messages.StreamRuns)
+	if err != nil {
+		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
+	}
+	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
 	if w.runs, err = w.js.KeyValue(ctx, messages.BucketRuns); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}

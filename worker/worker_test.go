@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -461,13 +462,38 @@ func TestOrphanReconcile(t *testing.T) {
 			worker.LabelCreated: time.Now().Format(time.RFC3339Nano)},
 	}, func(string, []byte) {})
 	require.NoError(t, err)
+	// Containers are matched to the installation by the stream's creation time.
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = worker.Provision(context.Background(), js, worker.ProvisionConfig{})
+	require.NoError(t, err)
+	stream, err := js.Stream(context.Background(), messages.StreamRuns)
+	require.NoError(t, err)
+	install := strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
+	for _, name := range []string{"orphan", "young", "other"} {
+		for _, c := range rt.Starts() {
+			if c.Name == "jetcrew-"+name+"-1" {
+				c.Labels[worker.LabelInstall] = install
+			}
+		}
+	}
+	// One of another installation on the same engine: never touched.
+	_, err = rt.Start(context.Background(), worker.ContainerSpec{
+		Name: "jetcrew-foreign-1", Cmd: []string{"sleep 1h"},
+		Labels: map[string]string{worker.LabelManaged: "true", worker.LabelRunID: "foreign", worker.LabelWorker: "gone",
+			worker.LabelInstall: "elsewhere", worker.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
+	}, func(string, []byte) {})
+	require.NoError(t, err)
 	w, err := worker.New(nc, worker.Config{ID: "w2", Runtime: rt, OrphanGrace: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	defer w.Stop(context.Background())
 	cs, _ := rt.ListManaged(context.Background())
-	require.Len(t, cs, 1)
-	require.Equal(t, "jetcrew-young-1", cs[0].Name)
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Name)
+	}
+	require.ElementsMatch(t, []string{"jetcrew-young-1", "jetcrew-foreign-1"}, names)
 }
 
 func TestStopHandsBackRuns(t *testing.T) {

@@ -1,0 +1,290 @@
+// Package tests holds end-to-end tests of the built jetcrew binary against a
+// real Docker Engine, a real (embedded) nats-server and the stock NATS CLI.
+// They fail, never skip, when Docker or the NATS CLI is missing, unless
+// JETCREW_SKIP_DOCKER=1 is set deliberately.
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+var (
+	jetcrewBin string // built by TestMain
+	natsBin    string
+)
+
+func repoRoot() string {
+	dir, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			panic("go.mod not found")
+		}
+		dir = parent
+	}
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv("JETCREW_SKIP_DOCKER") == "1" {
+		fmt.Println("JETCREW_SKIP_DOCKER=1: end-to-end tests skipped deliberately")
+		os.Exit(0)
+	}
+	if err := prepare(); err != nil {
+		fmt.Fprintln(os.Stderr, "tests: cannot run the end-to-end tests:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+func prepare() error {
+	root := repoRoot()
+	if out, err := exec.Command("docker", "info").CombinedOutput(); err != nil {
+		return fmt.Errorf("docker engine unreachable (set JETCREW_SKIP_DOCKER=1 to skip deliberately): %v\n%s", err, out)
+	}
+	if out, err := exec.Command("bash", filepath.Join(root, "deploy/sandbox/build.sh")).CombinedOutput(); err != nil {
+		return fmt.Errorf("build sandbox image: %v\n%s", err, out)
+	}
+	dir, err := os.MkdirTemp("", "jetcrew-e2e-bin")
+	if err != nil {
+		return err
+	}
+	jetcrewBin = filepath.Join(dir, "jetcrew")
+	build := exec.Command("go", "build", "-o", jetcrewBin, "./cmd/jetcrew")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build jetcrew: %v\n%s", err, out)
+	}
+	natsBin, err = exec.LookPath("nats")
+	if err != nil {
+		home, _ := os.UserHomeDir()
+		natsBin = filepath.Join(home, "go", "bin", "nats")
+		if _, err := os.Stat(natsBin); err != nil {
+			return errors.New("the NATS CLI is not installed (make test installs it: go install github.com/nats-io/natscli/nats@v0.5.0)")
+		}
+	}
+	return nil
+}
+
+// up starts `jetcrew up` on a random port and returns its NATS URL. The
+// process is stopped with SIGTERM when the test ends, and must exit cleanly.
+func up(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(jetcrewBin, append([]string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	urlc := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`nats://[0-9.]+:[0-9]+`)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if u := re.FindString(sc.Text()); u != "" {
+				urlc <- u
+				break
+			}
+		}
+		for sc.Scan() {
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("jetcrew up did not stop cleanly: %v\n%s", err, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("jetcrew up did not stop within 30s of SIGINT\n%s", stderr.String())
+		}
+	})
+	select {
+	case u := <-urlc:
+		return u
+	case <-time.After(60 * time.Second):
+		t.Fatalf("jetcrew up printed no NATS URL\n%s", stderr.String())
+		return ""
+	}
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func run(t *testing.T, natsURL string, bin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return result{o.String(), e.String(), code}
+}
+
+func status(t *testing.T, url, id string) messages.RunState {
+	t.Helper()
+	r := run(t, url, jetcrewBin, "status", "--json", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st messages.RunState
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	return st
+}
+
+func waitFinal(t *testing.T, url, id string) messages.RunState {
+	t.Helper()
+	var st messages.RunState
+	require.Eventually(t, func() bool {
+		r := run(t, url, jetcrewBin, "status", "--json", id)
+		if r.code != 0 {
+			return false
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		return st.State.Final()
+	}, time.Minute, 100*time.Millisecond, "run %s never finished", id)
+	return st
+}
+
+// The main path, end to end on real parts: submit → JetStream → worker →
+// jailed container → result.
+func TestSubmitWaitShell(t *testing.T) {
+	url := up(t)
+
+	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "e2e-ok", "--wait",
+		`uname -a; echo hello from $(id -u); grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; touch /x 2>&1 || echo rootfs read-only`)
+	require.Equal(t, 0, r.code, "stdout=%s stderr=%s", r.stdout, r.stderr)
+	require.Contains(t, r.stdout, "e2e-ok")
+	require.Contains(t, r.stdout, "Linux")
+	require.Regexp(t, `hello from [1-9][0-9]*`, r.stdout)
+	require.Contains(t, r.stdout, "CapEff:\t0000000000000000")
+	require.Contains(t, r.stdout, "NoNewPrivs:\t1")
+	require.Contains(t, r.stdout, "Read-only file system")
+
+	st := status(t, url, "e2e-ok")
+	require.Equal(t, messages.StateSucceeded, st.State)
+	require.Equal(t, 0, *st.ExitCode)
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, "shell", st.Profile)
+	require.NotEmpty(t, st.Worker)
+	require.NotEmpty(t, st.ContainerID)
+
+	// The container was removed after its result was recorded.
+	require.Eventually(t, func() bool {
+		out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=io.jetcrew.run-id=e2e-ok").Output()
+		return err == nil && strings.TrimSpace(string(out)) == ""
+	}, 30*time.Second, 100*time.Millisecond)
+
+	// Human status output names the state.
+	h := run(t, url, jetcrewBin, "status", "e2e-ok")
+	require.Equal(t, 0, h.code)
+	require.Contains(t, h.stdout, "succeeded")
+}
+
+func TestSubmitWaitFailureKeepsExitCodeAndOutput(t *testing.T) {
+	url := up(t)
+	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "e2e-fail", "--wait", `echo to-stdout; echo to-stderr >&2; exit 3`)
+	require.NotEqual(t, 0, r.code)
+	require.Contains(t, r.stdout, "to-stdout")
+	require.Contains(t, r.stderr, "to-stderr")
+	st := status(t, url, "e2e-fail")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Equal(t, 3, *st.ExitCode)
+	require.Equal(t, 1, st.Attempts)
+	require.Contains(t, st.Reason, "exit code 3")
+
+	// Unknown profile: failed with that reason, request not lost.
+	r = run(t, url, jetcrewBin, "submit", "--profile", "nope", "--id", "e2e-noprof", "--wait", `true`)
+	require.NotEqual(t, 0, r.code)
+	st = status(t, url, "e2e-noprof")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, `unknown profile "nope"`)
+
+	// Both requests are in the dead-letter stream, as submitted.
+	nr := run(t, url, natsBin, "stream", "get", messages.StreamFailed, "-S", messages.SubjectFailed("default", "e2e-fail"), "--raw")
+	require.Equal(t, 0, nr.code, nr.stderr)
+	require.Contains(t, nr.stdout, `"id":"e2e-fail"`)
+}
+
+// A request published by the stock NATS CLI runs the same way; one without
+// an id gets one.
+func TestRawNATSPublish(t *testing.T) {
+	url := up(t)
+	r := run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default", `{"id":"e2e-raw","profile":"shell","prompt":"echo hi from raw"}`)
+	require.Equal(t, 0, r.code, r.stderr)
+	st := waitFinal(t, url, "e2e-raw")
+	require.Equal(t, messages.StateSucceeded, st.State)
+
+	w := run(t, url, jetcrewBin, "watch", "e2e-raw")
+	require.Equal(t, 0, w.code, w.stderr)
+	require.Contains(t, w.stdout, "hi from raw")
+
+	r = run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default", `{"profile":"shell","prompt":"echo no id"}`)
+	require.Equal(t, 0, r.code, r.stderr)
+	// Its state appears under a derived id (a ULID).
+	require.Eventually(t, func() bool {
+		ls := run(t, url, natsBin, "kv", "ls", messages.BucketRuns)
+		for _, k := range strings.Fields(ls.stdout) {
+			if regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`).MatchString(k) {
+				return waitFinal(t, url, k).State == messages.StateSucceeded
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond)
+
+	// An invalid raw request is recorded as failed, not dropped.
+	r = run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default", `{"id":"e2e-inv","profile":"shell","image":"evil"}`)
+	require.Equal(t, 0, r.code, r.stderr)
+	st = waitFinal(t, url, "e2e-inv")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, `unknown field "image"`)
+}
+
+// The dispatcher refuses an invalid request before publishing it.
+func TestSubmitRefusesInvalid(t *testing.T) {
+	url := up(t)
+	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "bad.id", "true")
+	require.NotEqual(t, 0, r.code)
+	require.Contains(t, r.stderr, "id")
+	s := run(t, url, natsBin, "stream", "info", messages.StreamRuns, "--json")
+	require.Equal(t, 0, s.code, s.stderr)
+	var info struct {
+		State struct {
+			Msgs uint64 `json:"messages"`
+		} `json:"state"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(s.stdout), &info))
+	require.Zero(t, info.State.Msgs)
+}

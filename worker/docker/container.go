@@ -1,0 +1,199 @@
+package docker
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// drainTimeout is how long Wait lets the attach stream run on after the
+// exit before it gives up on the rest of the output. The daemon closes the
+// stream as soon as the container's stdio is drained, so this is only a
+// safety net against a stuck connection.
+const drainTimeout = 30 * time.Second
+
+// Container is a container started by Runtime.Start. Its methods are safe
+// for concurrent use.
+//
+// Two goroutines belong to it, both started by Start: one waits for the
+// exit (it ends when the daemon reports it, or when Remove cancels the
+// wait) and one copies output (it ends at the attach stream's EOF, which
+// the daemon sends once the process has exited, or when Remove or Wait
+// close the stream).
+type Container struct {
+	id   string
+	name string
+	rt   *Runtime
+
+	hijack      types.HijackedResponse
+	cancelWait  context.CancelFunc
+	releaseOnce sync.Once
+
+	waitDone chan struct{} // closed when waitResp/waitErr are set
+	waitResp container.WaitResponse
+	waitErr  error
+
+	copyDone chan struct{} // closed when copyErr is set
+	copyErr  error
+
+	mu     sync.Mutex
+	status *worker.ExitStatus // set by the first successful Wait
+}
+
+var _ worker.Container = (*Container)(nil)
+
+// ID returns the Docker container id (64 hex digits).
+func (c *Container) ID() string { return c.id }
+
+// Name returns the container name, spec.Name.
+func (c *Container) Name() string { return c.name }
+
+// waitExit stores the result of the "next-exit" wait registered by Start.
+// It always receives from both channels' producer, so the client's goroutine
+// never blocks.
+func (c *Container) waitExit(respC <-chan container.WaitResponse, errC <-chan error) {
+	select {
+	case c.waitResp = <-respC:
+	case c.waitErr = <-errC:
+	}
+	close(c.waitDone)
+}
+
+// copyOutput demultiplexes the attach stream into output until EOF.
+func (c *Container) copyOutput(output worker.OutputFunc) {
+	c.copyErr = demux(c.hijack.Reader, output)
+	close(c.copyDone)
+}
+
+// release closes the attach connection and cancels the exit wait, which
+// ends both goroutines. It is idempotent.
+func (c *Container) release() {
+	c.releaseOnce.Do(func() {
+		c.hijack.Close()
+		c.cancelWait()
+	})
+}
+
+// Wait implements worker.Container. It returns once the engine's
+// "next-exit" wait has fired and the attach stream has reached EOF (so every
+// byte the process wrote has gone to the OutputFunc), reading the result
+// with ContainerInspect: Code from State.ExitCode (128+n for signal n; 137
+// when killed), OOMKilled from State.OOMKilled and Error from State.Error.
+// Should the container have been removed by then, the wait's StatusCode is
+// used instead.
+//
+// When ctx ends first Wait returns ctx.Err() and the container keeps
+// running; Wait may be called again. After one successful call, later
+// calls return the same status at once. When the output stream broke
+// instead of ending cleanly, Wait returns the exit status together with an
+// error saying the output is incomplete.
+func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
+	c.mu.Lock()
+	if c.status != nil {
+		defer c.mu.Unlock()
+		return *c.status, nil
+	}
+	c.mu.Unlock()
+
+	select {
+	case <-c.waitDone:
+	case <-ctx.Done():
+		return worker.ExitStatus{}, ctx.Err()
+	}
+	if c.waitErr != nil {
+		return worker.ExitStatus{}, classify(opWait, c.waitErr)
+	}
+
+	drain := time.NewTimer(drainTimeout)
+	defer drain.Stop()
+	var copyErr error
+	select {
+	case <-c.copyDone:
+		copyErr = c.copyErr
+	case <-drain.C:
+		c.release()
+		<-c.copyDone
+		copyErr = errOutputTimeout
+	case <-ctx.Done():
+		return worker.ExitStatus{}, ctx.Err()
+	}
+	c.release()
+
+	status, err := c.inspectExit(ctx)
+	if err != nil {
+		return worker.ExitStatus{}, err
+	}
+	if copyErr != nil {
+		return status, fmt.Errorf("docker: output of container %s is incomplete: %w", c.id, copyErr)
+	}
+	c.mu.Lock()
+	c.status = &status
+	c.mu.Unlock()
+	return status, nil
+}
+
+// inspectExit reads how the exited container ended.
+func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) {
+	var info container.InspectResponse
+	err := retry(ctx, c.rt.cfg.RetryTimeout, func(ctx context.Context) error {
+		var err error
+		info, err = c.rt.cli.ContainerInspect(ctx, c.id)
+		return err
+	})
+	switch {
+	case cerrdefs.IsNotFound(err):
+		st := worker.ExitStatus{Code: int(c.waitResp.StatusCode)}
+		if c.waitResp.Error != nil {
+			st.Error = c.waitResp.Error.Message
+		}
+		return st, nil
+	case err != nil:
+		return worker.ExitStatus{}, classify(opInspect, err)
+	case info.State == nil:
+		return worker.ExitStatus{}, fmt.Errorf("docker: %s of %s: no state in the answer", opInspect, c.id)
+	}
+	return worker.ExitStatus{
+		Code:      info.State.ExitCode,
+		OOMKilled: info.State.OOMKilled,
+		Error:     info.State.Error,
+	}, nil
+}
+
+// Stop implements worker.Container with ContainerStop: the engine sends the
+// container's StopSignal (SIGTERM, set by Start) to its init process, which
+// forwards it to the command, and SIGKILL when grace (rounded up to whole
+// seconds; zero or less sends SIGKILL right after SIGTERM, so either may end
+// the process) has passed. Stop returns when the
+// container has stopped. A container that no longer exists or has already
+// exited counts as stopped.
+func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
+	secs := max(0, int(math.Ceil(grace.Seconds())))
+	err := c.rt.cli.ContainerStop(ctx, c.id, container.StopOptions{Timeout: &secs})
+	if err == nil || cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	return classify(opStop, err)
+}
+
+// Remove implements worker.Container: it force-removes the container and
+// its anonymous volumes (ContainerRemove with Force and RemoveVolumes; gone
+// already counts as removed), then closes the output stream and waits,
+// within ctx, for the output goroutine to end, so the OutputFunc is not
+// called after Remove returns.
+func (c *Container) Remove(ctx context.Context) error {
+	err := c.rt.remove(ctx, c.id)
+	c.release()
+	select {
+	case <-c.copyDone:
+	case <-ctx.Done():
+	}
+	return err
+}

@@ -1,0 +1,20 @@
+// Package docker implements worker.Runtime on a Docker Engine.
+//
+// Every container it creates is hardened the same way, whatever the spec
+// says: a non-root numeric user, a read-only root filesystem, no
+// capabilities, no-new-privileges, an init process (tini), memory without
+// swap, a pids limit, typed bind mounts whose sources must exist, and no
+// network unless the spec names one. The translation from a
+// worker.ContainerSpec to the Engine API's configuration is one pure,
+// table-tested function (containerConfig) that runs before any call to the
+// daemon.
+//
+// Start follows the order that makes output and exit status impossible to
+// lose: create, attach (stdout and stderr, no logs), register a "next-exit"
+// wait, then start. Container.Wait returns only after the wait has fired and
+// the attach stream has reached EOF, so the last bytes a process writes
+// before exiting are always delivered.
+//
+// The client negotiates the API version with the daemon (tested against
+// Engine 20.10, API 1.41).
+package docker

@@ -1,0 +1,279 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// cleanupTimeout bounds the removal Start does after a failure, which runs
+// even when Start's ctx has ended.
+const cleanupTimeout = 30 * time.Second
+
+// Config configures a Runtime. The zero value is usable.
+type Config struct {
+	// Logger receives the runtime's own log lines: container lifecycle at
+	// debug level, engine warnings and failed cleanups at warn level. The
+	// zero value logs nothing.
+	Logger zerolog.Logger
+	// Host is the Docker Engine's address, for example
+	// "unix:///var/run/docker.sock". Empty means the environment
+	// (DOCKER_HOST, DOCKER_API_VERSION, DOCKER_CERT_PATH,
+	// DOCKER_TLS_VERIFY), else the platform's default socket.
+	Host string
+	// RetryTimeout is how long an idempotent call (image and container
+	// inspect, list, remove) keeps retrying transient errors such as a
+	// restarting daemon, with exponential backoff. Zero means 30 seconds; a
+	// negative value disables retries.
+	RetryTimeout time.Duration
+}
+
+// withDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.RetryTimeout == 0 {
+		c.RetryTimeout = 30 * time.Second
+	}
+	return c
+}
+
+// apiClient is the part of the Docker client the runtime uses; tests swap
+// in a fake. *client.Client implements it.
+type apiClient interface {
+	Ping(ctx context.Context) (types.Ping, error)
+	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
+	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig, networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, containerName string) (container.CreateResponse, error)
+	ContainerAttach(ctx context.Context, container string, options container.AttachOptions) (types.HijackedResponse, error)
+	ContainerWait(ctx context.Context, container string, condition container.WaitCondition) (<-chan container.WaitResponse, <-chan error)
+	ContainerStart(ctx context.Context, container string, options container.StartOptions) error
+	ContainerInspect(ctx context.Context, container string) (container.InspectResponse, error)
+	ContainerStop(ctx context.Context, container string, options container.StopOptions) error
+	ContainerRemove(ctx context.Context, container string, options container.RemoveOptions) error
+	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	Close() error
+}
+
+// Runtime is the Docker Engine implementation of worker.Runtime. Create it
+// with New; it is safe for concurrent use. Close releases its connections.
+type Runtime struct {
+	cli apiClient
+	log zerolog.Logger
+	cfg Config
+}
+
+var _ worker.Runtime = (*Runtime)(nil)
+
+// New connects to the Docker Engine named by cfg.Host (or the environment),
+// negotiating the API version, and pings it. It fails when the daemon cannot
+// be reached within ctx, with an error naming the address it tried, or when
+// the engine does not run Linux containers.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	cfg = cfg.withDefaults()
+	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if cfg.Host != "" {
+		opts = append(opts, client.WithHost(cfg.Host))
+	}
+	cli, err := client.NewClientWithOpts(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker: create client: %w", err)
+	}
+	ping, err := cli.Ping(ctx)
+	if err != nil {
+		_ = cli.Close()
+		return nil, fmt.Errorf("docker: cannot reach the Docker engine at %s: %w", cli.DaemonHost(), err)
+	}
+	if ping.OSType != "" && ping.OSType != "linux" {
+		_ = cli.Close()
+		return nil, fmt.Errorf("docker: the engine at %s runs %s containers, want linux", cli.DaemonHost(), ping.OSType)
+	}
+	cfg.Logger.Debug().Str("host", cli.DaemonHost()).Str("api_version", cli.ClientVersion()).Msg("connected to docker engine")
+	return newRuntime(cli, cfg), nil
+}
+
+// newRuntime wraps an already connected client; cfg must have its defaults.
+func newRuntime(cli apiClient, cfg Config) *Runtime {
+	return &Runtime{cli: cli, log: cfg.Logger, cfg: cfg}
+}
+
+// Close closes the client's idle connections. Containers are not touched.
+func (r *Runtime) Close() error {
+	return r.cli.Close()
+}
+
+// Start implements worker.Runtime. It refuses an invalid spec (see the
+// package doc for what is enforced) and a bind mount whose source does not
+// exist with an error wrapping worker.ErrPermanent, before any daemon call.
+// It then inspects the image (missing: worker.ErrPermanent, as the engine
+// never pulls here), creates the container named spec.Name (already taken:
+// an error wrapping ErrNameInUse), attaches to stdout and stderr (no logs,
+// no stdin), registers a "next-exit" wait and starts it.
+//
+// output receives each frame of the attach stream, in order, in pieces of at
+// most messages.MaxOutputChunk bytes, from one goroutine that ends when the
+// stream does. Daemon errors are classified by classify: they wrap
+// worker.ErrPermanent when the engine refused the request itself.
+func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output worker.OutputFunc) (worker.Container, error) {
+	cfg, hostCfg, netCfg, err := containerConfig(spec)
+	if err != nil {
+		return nil, fmt.Errorf("docker: %w", err)
+	}
+	for _, m := range spec.Mounts {
+		if _, err := os.Stat(m.Source); err != nil {
+			return nil, fmt.Errorf("docker: bind mount source for %s: %w: %w", m.Target, err, worker.ErrPermanent)
+		}
+	}
+	if err := r.checkImage(ctx, spec.Image); err != nil {
+		return nil, err
+	}
+
+	created, err := r.cli.ContainerCreate(ctx, cfg, hostCfg, netCfg, nil, spec.Name)
+	if err != nil {
+		return nil, classify(opCreate, err)
+	}
+	log := r.log.With().Str("container", created.ID).Str("name", spec.Name).Logger()
+	for _, w := range created.Warnings {
+		log.Warn().Str("warning", w).Msg("docker engine warning on create")
+	}
+
+	c, err := r.attachAndStart(ctx, created.ID, spec.Name, output)
+	if err != nil {
+		// Remove by id, never by name: after a failure the name may belong
+		// to another container.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if rerr := r.remove(cctx, created.ID); rerr != nil {
+			log.Warn().Err(rerr).Msg("could not remove container after failed start; the reconciler will")
+		}
+		if c != nil {
+			c.release()
+			<-c.copyDone // no output call after Start returns
+		}
+		return nil, err
+	}
+	log.Debug().Msg("container started")
+	return c, nil
+}
+
+// checkImage returns nil when image exists on the engine.
+func (r *Runtime) checkImage(ctx context.Context, ref string) error {
+	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
+		_, err := r.cli.ImageInspect(ctx, ref)
+		return err
+	})
+	if cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, worker.ErrPermanent)
+	}
+	return classify(opImageInspect, err)
+}
+
+// attachAndStart attaches to the created container, registers the exit wait
+// and starts it. On error it returns the Container too when its goroutines
+// were already started, so the caller can end them.
+func (r *Runtime) attachAndStart(ctx context.Context, id, name string, output worker.OutputFunc) (*Container, error) {
+	hijack, err := r.cli.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
+	if err != nil {
+		return nil, classify(opAttach, err)
+	}
+	// The wait outlives Start's ctx: it ends when the container exits or
+	// when release cancels it.
+	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
+	respC, errC := r.cli.ContainerWait(waitCtx, id, container.WaitConditionNextExit)
+	select {
+	case err := <-errC: // the wait request itself failed
+		cancelWait()
+		hijack.Close()
+		return nil, classify(opWait, err)
+	default:
+	}
+
+	c := &Container{
+		id:         id,
+		name:       name,
+		rt:         r,
+		hijack:     hijack,
+		cancelWait: cancelWait,
+		waitDone:   make(chan struct{}),
+		copyDone:   make(chan struct{}),
+	}
+	go c.waitExit(respC, errC)
+	go c.copyOutput(output)
+
+	if err := r.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return c, classify(opStart, err)
+	}
+	return c, nil
+}
+
+// ListManaged implements worker.Runtime: it lists containers in every state
+// (ContainerList with All) filtered by the label worker.LabelManaged=true.
+// Created is the engine's creation time, to the second.
+func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, error) {
+	var list []container.Summary
+	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
+		var err error
+		list, err = r.cli.ContainerList(ctx, container.ListOptions{
+			All:     true,
+			Filters: filters.NewArgs(filters.Arg("label", worker.LabelManaged+"=true")),
+		})
+		return err
+	})
+	if err != nil {
+		return nil, classify(opList, err)
+	}
+	out := make([]worker.ManagedContainer, 0, len(list))
+	for _, s := range list {
+		var name string
+		if len(s.Names) > 0 {
+			name = trimSlash(s.Names[0])
+		}
+		out = append(out, worker.ManagedContainer{
+			ID:      s.ID,
+			Name:    name,
+			State:   string(s.State),
+			Labels:  s.Labels,
+			Created: time.Unix(s.Created, 0),
+		})
+	}
+	return out, nil
+}
+
+// Remove implements worker.Runtime: ContainerRemove with Force (the process
+// is killed if running) and RemoveVolumes. A container that does not exist,
+// or whose removal is already in progress, counts as removed.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	return r.remove(ctx, id)
+}
+
+func (r *Runtime) remove(ctx context.Context, id string) error {
+	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
+		return r.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	})
+	if err == nil || cerrdefs.IsNotFound(err) || removalInProgress(err) {
+		return nil
+	}
+	return classify(opRemove, err)
+}
+
+func trimSlash(name string) string {
+	if len(name) > 0 && name[0] == '/' {
+		return name[1:]
+	}
+	return name
+}
+
+// errOutputTimeout is returned by Container.Wait when the output stream did
+// not end within drainTimeout of the exit.
+var errOutputTimeout = errors.New("output stream did not end after the container exited")

@@ -1,0 +1,221 @@
+package docker
+
+import (
+	"fmt"
+	"maps"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// minMemoryBytes is the smallest memory limit the Docker Engine accepts
+// (linuxMinMemory in the daemon: 6 MiB).
+const minMemoryBytes = 6 << 20
+
+// defaultNetwork is the network mode used when the spec names none.
+const defaultNetwork = "none"
+
+// validName is the Docker Engine's rule for container names.
+var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
+
+// containerConfig translates spec into the Engine API's create request. It
+// is pure: it calls neither the daemon nor the file system (Start checks that
+// bind sources exist). It refuses a spec that would weaken the sandbox, with
+// an error wrapping worker.ErrPermanent that lists every problem found.
+//
+// The hardening is not configurable: ReadonlyRootfs, CapDrop ALL,
+// no-new-privileges, Init (tini as PID 1, which forwards signals and reaps
+// zombies), no TTY and no stdin, MemorySwap equal to Memory (no swap), a
+// pids limit, a private IPC namespace and AutoRemove off (the exit status is
+// read by inspecting the exited container). The label worker.LabelManaged is
+// always set to "true", so the reconciler sees every container made here.
+func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.HostConfig, *network.NetworkingConfig, error) {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	if !validName.MatchString(spec.Name) {
+		bad("name %q must match %s", spec.Name, validName)
+	}
+	if spec.Image == "" {
+		bad("image is empty")
+	}
+	if len(spec.Cmd) == 0 {
+		bad("cmd is empty")
+	}
+	if err := checkUser(spec.User); err != nil {
+		bad("%v", err)
+	}
+	for _, kv := range spec.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			bad("env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if spec.WorkingDir != "" && !path.IsAbs(spec.WorkingDir) {
+		bad("working dir %q is not absolute", spec.WorkingDir)
+	}
+
+	netMode := spec.Network
+	if netMode == "" {
+		netMode = defaultNetwork
+	}
+	if netMode == "host" || strings.HasPrefix(netMode, "container:") {
+		bad("network %q shares a namespace with the host or another container", netMode)
+	}
+
+	if spec.MemoryBytes < minMemoryBytes {
+		bad("memory limit %d bytes is below the engine's minimum of %d", spec.MemoryBytes, minMemoryBytes)
+	}
+	if spec.PidsLimit <= 0 {
+		bad("pids limit %d must be positive", spec.PidsLimit)
+	}
+	if spec.NanoCPUs < 0 {
+		bad("cpu limit %d must not be negative", spec.NanoCPUs)
+	}
+
+	targets := make(map[string]bool)
+	target := func(kind, p string) {
+		switch {
+		case !path.IsAbs(p):
+			bad("%s target %q is not absolute", kind, p)
+		case path.Clean(p) == "/":
+			bad("%s target %q would hide the root file system", kind, p)
+		case targets[path.Clean(p)]:
+			bad("%s target %q is mounted twice", kind, p)
+		}
+		targets[path.Clean(p)] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(spec.Tmpfs)) {
+		target("tmpfs", p)
+		if err := checkTmpfsOptions(spec.Tmpfs[p]); err != nil {
+			bad("tmpfs %s: %v", p, err)
+		}
+	}
+	mounts := make([]mount.Mount, 0, len(spec.Mounts))
+	for _, m := range spec.Mounts {
+		if !path.IsAbs(m.Source) {
+			bad("bind source %q is not absolute", m.Source)
+		}
+		target("bind", m.Target)
+		mounts = append(mounts, mount.Mount{
+			Type:     mount.TypeBind,
+			Source:   m.Source,
+			Target:   m.Target,
+			ReadOnly: m.ReadOnly,
+			// A missing source is an error, never an empty directory
+			// created for us. (CreateMountpoint is API 1.44+; older
+			// engines refuse typed binds with a missing source anyway.)
+			BindOptions: &mount.BindOptions{CreateMountpoint: false},
+		})
+	}
+
+	if len(problems) > 0 {
+		return nil, nil, nil, fmt.Errorf("invalid container spec %q: %s: %w", spec.Name, strings.Join(problems, "; "), worker.ErrPermanent)
+	}
+
+	labels := make(map[string]string, len(spec.Labels)+1)
+	maps.Copy(labels, spec.Labels)
+	labels[worker.LabelManaged] = "true"
+
+	pids := spec.PidsLimit
+	init := true
+	cfg := &container.Config{
+		Image:        spec.Image,
+		Cmd:          slices.Clone(spec.Cmd),
+		Env:          slices.Clone(spec.Env),
+		User:         spec.User,
+		WorkingDir:   spec.WorkingDir,
+		Labels:       labels,
+		AttachStdout: true,
+		AttachStderr: true,
+		Tty:          false,
+		OpenStdin:    false,
+		StdinOnce:    false,
+		// Explicit, so an image's STOPSIGNAL cannot change what Stop sends.
+		StopSignal: "SIGTERM",
+	}
+	host := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(netMode),
+		Runtime:        spec.OCIRuntime,
+		ReadonlyRootfs: true,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges:true"},
+		Init:           &init,
+		IpcMode:        container.IPCModePrivate,
+		AutoRemove:     false,
+		Tmpfs:          maps.Clone(spec.Tmpfs),
+		Mounts:         mounts,
+		Resources: container.Resources{
+			Memory:     spec.MemoryBytes,
+			MemorySwap: spec.MemoryBytes,
+			NanoCPUs:   spec.NanoCPUs,
+			PidsLimit:  &pids,
+		},
+		// LogConfig is left to the daemon's default (json-file): output is
+		// read through attach, not from the logs.
+	}
+	return cfg, host, &network.NetworkingConfig{}, nil
+}
+
+// checkUser accepts only "uid:gid" with both numeric and neither 0. A missing
+// gid is refused because Docker would then take the group from the image's
+// /etc/passwd, or use 0 when the uid has no entry there.
+func checkUser(user string) error {
+	if user == "" {
+		return fmt.Errorf("user is empty (want uid:gid)")
+	}
+	uid, gid, ok := strings.Cut(user, ":")
+	if uid == "root" || uid == "0" {
+		return fmt.Errorf("user %q is root", user)
+	}
+	if !ok {
+		return fmt.Errorf("user %q has no group (want uid:gid)", user)
+	}
+	u, uerr := strconv.ParseUint(uid, 10, 32)
+	g, gerr := strconv.ParseUint(gid, 10, 32)
+	switch {
+	case uerr != nil || gerr != nil:
+		return fmt.Errorf("user %q is not numeric uid:gid", user)
+	case u == 0:
+		return fmt.Errorf("user %q is root", user)
+	case g == 0:
+		return fmt.Errorf("user %q has the root group", user)
+	}
+	return nil
+}
+
+// tmpfsValueOptions and tmpfsFlags are the tmpfs options the engine's
+// parser accepts (size, mode, uid, ... take a value). The engine checks them
+// only when the container starts; checking them here turns a typo in a
+// profile into a refused spec instead of a failed start.
+var (
+	tmpfsValueOptions = []string{"size", "mode", "uid", "gid", "nr_inodes", "nr_blocks", "mpol"}
+	tmpfsFlags        = []string{
+		"ro", "rw", "exec", "noexec", "suid", "nosuid", "dev", "nodev",
+		"sync", "async", "dirsync", "atime", "noatime", "diratime", "nodiratime",
+		"relatime", "norelatime", "strictatime", "nostrictatime", "mand", "nomand",
+	}
+)
+
+// checkTmpfsOptions checks the names in a comma-separated tmpfs option list;
+// the values are left to the engine.
+func checkTmpfsOptions(opts string) error {
+	if opts == "" {
+		return nil
+	}
+	for opt := range strings.SplitSeq(opts, ",") {
+		key, _, hasValue := strings.Cut(opt, "=")
+		if hasValue && slices.Contains(tmpfsValueOptions, key) || !hasValue && slices.Contains(tmpfsFlags, key) {
+			continue
+		}
+		return fmt.Errorf("unknown option %q", opt)
+	}
+	return nil
+}
