@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -19,6 +20,10 @@ import (
 // stream as soon as the container's stdio is drained, so this is only a
 // safety net against a stuck connection.
 const drainTimeout = 30 * time.Second
+
+// errOutputTimeout is the cause Container.Wait reports when the output stream
+// did not end within drainTimeout of the exit.
+var errOutputTimeout = errors.New("output stream did not end after the container exited")
 
 // Container is a container started by Runtime.Start. Its methods are safe
 // for concurrent use.
@@ -67,9 +72,11 @@ func (c *Container) waitExit(respC <-chan container.WaitResponse, errC <-chan er
 	close(c.waitDone)
 }
 
-// copyOutput demultiplexes the attach stream into output until EOF.
+// copyOutput demultiplexes the attach stream into output until EOF, then
+// closes the connection.
 func (c *Container) copyOutput(output worker.OutputFunc) {
 	c.copyErr = demux(c.hijack.Reader, output)
+	c.hijack.Close()
 	close(c.copyDone)
 }
 

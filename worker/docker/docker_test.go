@@ -275,12 +275,16 @@ echo "pid1=$(cat /proc/1/comm)"
 }
 
 // TestDockerOutputInterleaved checks that stdout and stderr chunks reach the
-// OutputFunc in the order they were written. Docker reads the two streams
-// through separate pipes, so a burst of writes to both can be reordered
-// before it reaches the attach stream; the writes are paced to test our
-// side: frames are delivered in the order the daemon sends them.
+// OutputFunc in the order they were written.
+//
+// The engine carries the two streams through separate pipes and copies each
+// in its own goroutine (in containerd's shim and in dockerd), so writes to
+// both that are close in time can reach the attach stream in either order:
+// no client can restore an order the daemon did not keep. The test
+// therefore paces the writes and does not run in parallel with the other
+// tests (CPU starvation of the daemon's copiers is what reorders), and so
+// tests our side: frames are delivered exactly in the daemon's order.
 func TestDockerOutputInterleaved(t *testing.T) {
-	t.Parallel()
 	rt := newDockerRuntime(t)
 
 	script := `i=0; while [ $i -lt 50 ]; do echo out$i; usleep 10000; echo err$i >&2; usleep 10000; i=$((i+1)); done`
@@ -331,6 +335,23 @@ func TestDockerOutputTailAfterExit(t *testing.T) {
 		require.True(t, strings.HasSuffix(out, "xEND"), "tail: %q", out[len(out)-10:])
 		require.Equal(t, "LAST", rec.Stderr())
 	}
+}
+
+// TestDockerStartContextOnlyForStart: ending Start's ctx once Start has
+// returned must not cut the output or the wait.
+func TestDockerStartContextOnlyForStart(t *testing.T) {
+	t.Parallel()
+	rt := newDockerRuntime(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &recorder{}
+	c, err := rt.Start(ctx, sandboxSpec(t, rt, "sleep 0.5; echo after"), rec.output)
+	require.NoError(t, err)
+	cancel()
+	st, err := c.Wait(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 0, st.Code)
+	require.Equal(t, "after\n", rec.Stdout())
 }
 
 func TestDockerOOMKilled(t *testing.T) {

@@ -2,7 +2,6 @@ package docker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -123,8 +122,16 @@ func (r *Runtime) Close() error {
 //
 // output receives each frame of the attach stream, in order, in pieces of at
 // most messages.MaxOutputChunk bytes, from one goroutine that ends when the
-// stream does. Daemon errors are classified by classify: they wrap
-// worker.ErrPermanent when the engine refused the request itself.
+// stream does; nil discards the output. Frames keep the daemon's order;
+// note that the engine carries stdout and stderr through separate pipes, so
+// writes to both streams very close in time may reach it in either order.
+// ctx bounds Start only: the container, its output and its wait are not tied
+// to it. The returned Container is a *Container.
+//
+// Errors from the daemon wrap worker.ErrPermanent when the engine refused
+// the request itself (HTTP 400, 401, 403, 404, 501: for example an unknown
+// OCI runtime); an unreachable daemon, a 5xx (such as a mount failing in the
+// OCI runtime at start) or a timeout does not.
 func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output worker.OutputFunc) (worker.Container, error) {
 	cfg, hostCfg, netCfg, err := containerConfig(spec)
 	if err != nil {
@@ -148,6 +155,9 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 		log.Warn().Str("warning", w).Msg("docker engine warning on create")
 	}
 
+	if output == nil {
+		output = func(string, []byte) {}
+	}
 	c, err := r.attachAndStart(ctx, created.ID, spec.Name, output)
 	if err != nil {
 		// Remove by id, never by name: after a failure the name may belong
@@ -273,7 +283,3 @@ func trimSlash(name string) string {
 	}
 	return name
 }
-
-// errOutputTimeout is returned by Container.Wait when the output stream did
-// not end within drainTimeout of the exit.
-var errOutputTimeout = errors.New("output stream did not end after the container exited")
