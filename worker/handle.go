@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -223,10 +224,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		case status.OOMKilled:
 			final, reason = messages.StateFailed, "oom"
 		case status.Code != 0:
-			final, reason = messages.StateFailed, fmt.Sprintf("exit code %d", status.Code)
-			if status.Error != "" {
-				reason += ": " + status.Error
-			}
+			final, reason = messages.StateFailed, exitReason(status, out.lastErrLine(), spec)
 		}
 	}
 	n, perr := out.close(ctx)
@@ -236,6 +234,26 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	r.finish(ctx, final, reason)
 	r.removeContainer(c)
+}
+
+// exitReason explains a non-zero exit: the code, a diagnosis when stderr
+// shows a jail limit was hit, and the last line of stderr.
+func exitReason(status ExitStatus, lastErr string, spec ContainerSpec) string {
+	reason := fmt.Sprintf("exit code %d", status.Code)
+	switch {
+	case strings.Contains(lastErr, "No space left on device"):
+		reason += fmt.Sprintf(" (no space left on device: a tmpfs is full; /tmp is %s)", spec.Tmpfs["/tmp"])
+	case strings.Contains(lastErr, "can't fork"), strings.Contains(lastErr, "Resource temporarily unavailable"),
+		strings.Contains(lastErr, "fork: retry"):
+		reason += fmt.Sprintf(" (pids limit of %d reached: process creation failed)", spec.PidsLimit)
+	}
+	if status.Error != "" {
+		reason += ": " + status.Error
+	}
+	if lastErr != "" {
+		reason += ": " + lastErr
+	}
+	return reason
 }
 
 // stopAndWait stops c with the worker's grace period and waits for its exit.

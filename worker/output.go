@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,8 @@ type outputPublisher struct {
 	buf     []byte
 	offsets map[string]int64
 	total   int64
+	// errTail keeps the last bytes written to stderr, for failure reasons.
+	errTail []byte
 	futures []jetstream.PubAckFuture
 	err     error
 	// held queues messages instead of publishing them until release, so
@@ -62,6 +65,12 @@ func newOutputPublisher(js jetstream.JetStream, runID string, attempt int) *outp
 func (o *outputPublisher) write(stream string, p []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if stream == messages.StreamStderr {
+		o.errTail = append(o.errTail, p[max(0, len(p)-errTailBytes):]...)
+		if len(o.errTail) > errTailBytes {
+			o.errTail = append(o.errTail[:0], o.errTail[len(o.errTail)-errTailBytes:]...)
+		}
+	}
 	for len(p) > 0 {
 		if o.stream != stream && len(o.buf) > 0 {
 			o.flushLocked()
@@ -137,6 +146,26 @@ func (o *outputPublisher) publishLocked(msg *nats.Msg) {
 		return
 	}
 	o.futures = append(o.futures, f)
+}
+
+// errTailBytes is how much of stderr's end is kept for failure reasons.
+const errTailBytes = 512
+
+// lastErrLine returns the last non-empty line written to stderr, at most
+// 200 bytes, with invalid UTF-8 replaced.
+func (o *outputPublisher) lastErrLine() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	lines := strings.Split(strings.ToValidUTF8(string(o.errTail), "?"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if l := strings.TrimSpace(lines[i]); l != "" {
+			if len(l) > 200 {
+				l = l[:200]
+			}
+			return l
+		}
+	}
+	return ""
 }
 
 // close flushes what is buffered and waits until the server acknowledged

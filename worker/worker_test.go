@@ -197,14 +197,14 @@ func TestNonZeroExitFailsAndKeepsOutput(t *testing.T) {
 	st := b.waitFinal(t, "bad1")
 	require.Equal(t, messages.StateFailed, st.State)
 	require.Equal(t, 3, *st.ExitCode)
-	require.Equal(t, "exit code 3", st.Reason)
+	require.Equal(t, "exit code 3: broke", st.Reason)
 	require.Equal(t, 1, st.Attempts, "a non-zero exit is not retried")
 	evs := b.events(t, "bad1")
 	require.Equal(t, "partial\n", output(evs, "stdout"))
 	require.Equal(t, "broke\n", output(evs, "stderr"))
 	// The request is not lost: it is in the dead-letter stream, as submitted.
 	dl := b.deadLetter(t, "default", "bad1")
-	require.Equal(t, "exit code 3", dl.Header.Get(messages.HeaderError))
+	require.Equal(t, "exit code 3: broke", dl.Header.Get(messages.HeaderError))
 	require.Equal(t, "3", dl.Header.Get(messages.HeaderExitCode))
 	require.Contains(t, string(dl.Data), `"prompt":"out partial; err broke; exit 3"`)
 	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamRuns) == 0 }, 5*time.Second, 10*time.Millisecond)
@@ -517,4 +517,17 @@ func TestStopHandsBackRuns(t *testing.T) {
 	require.Equal(t, uint64(1), info.State.Msgs)
 	require.Equal(t, 0, rt.Live())
 	require.NoError(t, w.Stop(context.Background()), "Stop twice is safe")
+}
+
+func TestFailureReasonDiagnosesJailLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.submit(t, messages.RunRequest{ID: "nospc", Profile: "shell", Prompt: "err dd: error writing '/tmp/f': No space left on device; exit 1"})
+	b.submit(t, messages.RunRequest{ID: "fork", Profile: "shell", Prompt: "err sh: can't fork: Resource temporarily unavailable; exit 2"})
+	b.submit(t, messages.RunRequest{ID: "oom", Profile: "shell", Prompt: "oom"})
+	require.Contains(t, b.waitFinal(t, "nospc").Reason, "no space left on device: a tmpfs is full; /tmp is size=64m")
+	require.Contains(t, b.waitFinal(t, "fork").Reason, "pids limit of 256 reached")
+	st := b.waitFinal(t, "oom")
+	require.Equal(t, "oom", st.Reason)
+	require.Equal(t, messages.StateFailed, st.State)
 }
