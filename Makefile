@@ -1,4 +1,13 @@
 # jetcrew Makefile.
+#
+#   make demo    build everything, start NATS + a worker, submit real runs
+#   make test    the whole test suite, Docker and NATS tests included
+#   make bench   benchmarks against same-run baselines, into BENCHMARKS.md
+#
+# Every target does its own set-up: it builds the binaries and images and
+# installs the NATS CLI where tests use it.
+
+.DEFAULT_GOAL := build
 
 # Make sure go (and tools installed with go install) are found even when the
 # caller's PATH lacks them.
@@ -19,3 +28,45 @@ images:
 	SANDBOX_IMAGE='$(SANDBOX_IMAGE)' bash deploy/sandbox/build.sh
 
 # ---------------------------------------------------------------------------
+# Build, tools, test, demo
+# ---------------------------------------------------------------------------
+
+GO ?= go
+NATS_CLI_VERSION := v0.5.0
+BIN := bin
+TEST_FLAGS ?=
+TEST_TIMEOUT ?= 14m
+
+.PHONY: build
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/jetcrew ./cmd/jetcrew
+
+# tools installs the stock NATS CLI that tests and the README use, at the
+# exact version we test against.
+.PHONY: tools
+tools:
+	@if command -v nats >/dev/null 2>&1 && nats --version 2>&1 | grep -q '$(NATS_CLI_VERSION:v%=%)'; then \
+		echo "nats CLI $(NATS_CLI_VERSION) present"; \
+	else \
+		echo "installing nats CLI $(NATS_CLI_VERSION)"; \
+		$(GO) install github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION); \
+	fi
+
+# test runs every test: unit, NATS (embedded server) and real Docker tests.
+# Docker tests fail, never skip, when the engine is unreachable.
+.PHONY: test
+test: tools images build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+
+.PHONY: test-race
+test-race: tools images
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./messages/... ./worker ./dispatcher/... ./coordination/...
+
+.PHONY: demo
+demo: tools images build
+	bash scripts/demo.sh $(BIN)/jetcrew
+
+.PHONY: clean
+clean:
+	rm -rf $(BIN) .jetcrew
