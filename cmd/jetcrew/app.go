@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// app is the command line program with its outside world: standard streams,
+// environment and the container runtime, so tests can replace them.
+type app struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// getenv reads the environment (NATS_URL).
+	getenv func(string) string
+	// newRuntime returns the container runtime workers use and a function
+	// that releases it; the Docker runtime outside tests.
+	newRuntime func(ctx context.Context, log zerolog.Logger) (worker.Runtime, func() error, error)
+	// force is closed when a graceful stop must be cut short (a second
+	// interrupt). Nil means never.
+	force <-chan struct{}
+
+	logLevel string
+	log      zerolog.Logger
+}
+
+func newApp() *app {
+	return &app{
+		stdin:      os.Stdin,
+		stdout:     os.Stdout,
+		stderr:     os.Stderr,
+		getenv:     os.Getenv,
+		newRuntime: newDockerRuntime,
+		log:        zerolog.Nop(),
+	}
+}
+
+// Exit codes other than a run's own.
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// exitError ends the program with code. When err is nil the reason has
+// already been printed.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit code %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError marks a mistake in the command line: exit code 2.
+func usageError(err error) error { return &exitError{code: exitUsage, err: err} }
+
+// run executes the command line args (without the program name) and returns
+// the process exit code.
+func (a *app) run(ctx context.Context, args []string) int {
+	root := a.rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	code := exitFailure
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+		err = ee.err
+	} else if strings.HasPrefix(err.Error(), "unknown command") {
+		code = exitUsage
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "jetcrew: %v\n", err)
+		if code == exitUsage {
+			path := root.CommandPath()
+			if c, _, err := root.Find(args); err == nil {
+				path = c.CommandPath()
+			}
+			fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", path)
+		}
+	}
+	return code
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "jetcrew",
+		Short: "Run commands and AI agents in hardened containers, fed by NATS JetStream",
+		Long: `jetcrew runs commands and AI agents in hardened Docker containers, fed by
+NATS JetStream. Start a server and a worker with 'jetcrew up', then submit
+runs with 'jetcrew submit'.
+
+Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(a.stderr, a.logLevel)
+			if err != nil {
+				return usageError(err)
+			}
+			a.log = log
+			return nil
+		},
+	}
+	root.SetIn(a.stdin)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
+	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd())
+	return root
+}
+
+// exactArgs is cobra.ExactArgs with a usage error naming the arguments.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		switch {
+		case len(args) < len(names):
+			return usageError(fmt.Errorf("missing argument %s", strings.Join(names[len(args):], " ")))
+		case len(args) > len(names):
+			return usageError(fmt.Errorf("want the argument(s) %s, got %d arguments (quote a prompt with spaces)", strings.Join(names, " "), len(args)))
+		}
+		return nil
+	}
+}
+
+// noArgs refuses positional arguments with a usage error.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError(fmt.Errorf("unexpected argument %q", args[0]))
+	}
+	return nil
+}

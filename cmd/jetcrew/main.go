@@ -1,0 +1,39 @@
+// Command jetcrew runs commands and AI agents in hardened Docker containers,
+// fed by NATS JetStream.
+//
+//	jetcrew up                   an embedded NATS server and a worker, in one process
+//	jetcrew worker               a worker against any NATS server
+//	jetcrew submit 'echo hi'     submit a run (--wait follows it to its end)
+//	jetcrew status RUN_ID        a run's state
+//	jetcrew watch RUN_ID         follow a run's output and events
+//
+// docs/cli.md documents every command and flag; docs/wire.md the protocol.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, cancel := context.WithCancel(context.Background())
+	force := make(chan struct{})
+	sigs := make(chan os.Signal, 3)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	// The first signal starts a graceful stop, the second cuts the drain
+	// short, the third exits at once. The goroutine ends with the process.
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		close(force)
+		<-sigs
+		os.Exit(130)
+	}()
+
+	a := newApp()
+	a.force = force
+	os.Exit(a.run(ctx, os.Args[1:]))
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+)
+
+// defaultNATSURL is the server commands talk to when neither --nats nor
+// NATS_URL names one: where `jetcrew up` listens by default.
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
+// natsFlag adds --nats to cmd, storing into dst.
+func natsFlag(cmd *cobra.Command, dst *string) {
+	cmd.Flags().StringVar(dst, "nats", "", "NATS server URL(s), comma-separated (default $NATS_URL, else "+defaultNATSURL+")")
+}
+
+// natsURL resolves the server to use: the --nats flag, else $NATS_URL, else
+// defaultNATSURL (as the nats CLI does).
+func (a *app) natsURL(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := a.getenv("NATS_URL"); env != "" {
+		return env
+	}
+	return defaultNATSURL
+}
+
+// connect connects to the NATS server(s) at urls. Connection events are
+// logged without credentials.
+func (a *app) connect(urls, name string, extra ...nats.Option) (*nats.Conn, error) {
+	log := a.log.With().Str("nats", redactURL(urls)).Logger()
+	opts := append([]nats.Option{
+		nats.Name(name),
+		nats.Timeout(5 * time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn().Err(err).Msg("disconnected from NATS")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("server", redactURL(nc.ConnectedUrl())).Msg("reconnected to NATS")
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn().Err(err).Msg("NATS error")
+		}),
+	}, extra...)
+	nc, err := nats.Connect(urls, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is `jetcrew up` running? set --nats or NATS_URL)", redactURL(urls), err)
+	}
+	log.Debug().Str("server", redactURL(nc.ConnectedUrl())).Msg("connected to NATS")
+	return nc, nil
+}
+
+// redactURL returns a NATS URL list with any password or token replaced,
+// fit for logs and error messages.
+func redactURL(s string) string {
+	out := make([]byte, 0, len(s))
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && s[i] != ',' {
+			continue
+		}
+		part := s[start:i]
+		if u, err := url.Parse(part); err == nil && u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else {
+				u.User = url.User("xxxxx")
+			}
+			part = u.String()
+		}
+		out = append(out, part...)
+		if i < len(s) {
+			out = append(out, ',')
+		}
+		start = i + 1
+	}
+	return string(out)
+}

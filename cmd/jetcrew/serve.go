@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// workerOptions are the flags of the worker `up` and `worker` start.
+type workerOptions struct {
+	profiles     string
+	concurrency  int
+	pool         string
+	id           string
+	drainTimeout time.Duration
+}
+
+func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.profiles, "profiles", "", "TOML profile file (default: the built-in shell profile only)")
+	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
+		"on stop, how long to let runs finish before stopping them and handing them back")
+}
+
+func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.pool, "pool", "", "pool to take runs from (default \"default\")")
+	fs.StringVar(&o.id, "id", "", "worker id (default <hostname>-<random>)")
+}
+
+// check validates the options and loads the profiles; a mistake is a usage
+// error, found before anything starts.
+func (o *workerOptions) check() (worker.Profiles, error) {
+	if o.concurrency < 1 {
+		return nil, usageError(fmt.Errorf("--concurrency %d: must be at least 1", o.concurrency))
+	}
+	if o.drainTimeout < 0 {
+		return nil, usageError(fmt.Errorf("--drain-timeout %s: must not be negative", o.drainTimeout))
+	}
+	if o.profiles == "" {
+		return worker.DefaultProfiles(), nil
+	}
+	ps, err := worker.LoadProfiles(o.profiles)
+	if err != nil {
+		return nil, usageError(err)
+	}
+	return ps, nil
+}
+
+// serveWorker runs a worker on nc until ctx ends or failed delivers a
+// reason, then stops it: runs in flight get o.drainTimeout (cut short by a
+// second interrupt) to finish, after which they are stopped and handed back
+// to the stream. ready is called once the worker has started (its streams
+// exist). An error means the worker could not start or failed is what ended
+// it; a stop asked for through ctx returns nil.
+func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, profiles worker.Profiles, ready func(*worker.Worker), failed <-chan string) error {
+	rt, closeRuntime, err := a.newRuntime(ctx, a.log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while connecting
+		}
+		return fmt.Errorf("container runtime: %w", err)
+	}
+	defer func() {
+		if err := closeRuntime(); err != nil {
+			a.log.Warn().Err(err).Msg("close container runtime")
+		}
+	}()
+	log := a.log
+	w, err := worker.New(nc, worker.Config{
+		ID:          o.id,
+		Pool:        o.pool,
+		Concurrency: o.concurrency,
+		Profiles:    profiles,
+		Runtime:     rt,
+		Logger:      &log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if ready != nil {
+		ready(w)
+	}
+
+	var failure error
+	select {
+	case <-ctx.Done():
+		a.log.Info().Str("drain_timeout", o.drainTimeout.String()).Msg("stopping: letting runs in flight finish (interrupt again to cut short)")
+	case reason := <-failed:
+		failure = fmt.Errorf("nats-server: %s", reason)
+		a.log.Error().Err(failure).Msg("stopping")
+	}
+	drainCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
+	defer cancel()
+	go func() {
+		// Ends when the drain does (cancel is deferred above).
+		select {
+		case <-a.force:
+		case <-drainCtx.Done():
+		}
+		cancel()
+	}()
+	if err := w.Stop(drainCtx); err != nil {
+		a.log.Warn().Err(err).Msg("drain cut short: runs still in flight were stopped and handed back to the stream")
+	}
+	return failure
+}

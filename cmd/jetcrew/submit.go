@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+type submitOptions struct {
+	url     string
+	profile string
+	id      string
+	group   string
+	pool    string
+	timeout time.Duration
+	env     []string
+	labels  []string
+	wait    bool
+	quiet   bool
+}
+
+func (a *app) submitCmd() *cobra.Command {
+	var o submitOptions
+	cmd := &cobra.Command{
+		Use:   "submit [flags] PROMPT",
+		Short: "Submit a run request",
+		Long: `submit publishes a run request to jetcrew.runs.<pool> and prints the run's id
+on stdout. PROMPT is handed to the profile's command (for the built-in shell
+profile, the shell script); "-" reads it from stdin.
+
+With --wait it follows the run instead: the run's stdout and stderr are
+copied, byte for byte, to submit's stdout and stderr, a line per lifecycle
+event goes to stderr (unless --quiet), and submit exits 0 when the run
+succeeded, with the run's exit code when it failed with one, else 1. The id
+is then printed on stderr, in the "submitted" line.
+
+A request that breaks a rule (see docs/wire.md) is refused before anything is
+published, with exit code 2.`,
+		Example: `  jetcrew submit 'echo hello'
+  jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
+  echo 'uname -a' | jetcrew submit --wait -`,
+		Args: exactArgs("PROMPT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runSubmit(cmd.Context(), o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	natsFlag(cmd, &o.url)
+	f.StringVar(&o.profile, "profile", "shell", "profile to run with (defined by the worker)")
+	f.StringVar(&o.id, "id", "", "run id (default: a new ULID); submitting an id again is deduplicated")
+	f.StringVar(&o.group, "group", "", "coordination group (default: the run id)")
+	f.StringVar(&o.pool, "pool", "", "pool whose workers take the run (default \"default\")")
+	f.DurationVar(&o.timeout, "timeout", 0, "longest wall time of the run, e.g. 90s (default: the profile's, else the worker's)")
+	f.StringArrayVar(&o.env, "env", nil, "NAME=VALUE environment variable for the run, repeatable (never secrets)")
+	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
+	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
+	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
+	return cmd
+}
+
+// request builds the run request from the flags and the prompt.
+func (o submitOptions) request(prompt string) (messages.RunRequest, error) {
+	env, err := parsePairs("--env", o.env)
+	if err != nil {
+		return messages.RunRequest{}, err
+	}
+	labels, err := parsePairs("--label", o.labels)
+	if err != nil {
+		return messages.RunRequest{}, err
+	}
+	return messages.RunRequest{
+		ID:      o.id,
+		Profile: o.profile,
+		Prompt:  prompt,
+		Pool:    o.pool,
+		Group:   o.group,
+		Timeout: messages.Duration(o.timeout),
+		Env:     env,
+		Labels:  labels,
+	}, nil
+}
+
+// parsePairs reads repeated KEY=VALUE flag values into a map; nil when
+// there are none.
+func parsePairs(flag string, vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(vals))
+	for _, v := range vals {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE", flag, v)
+		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("%s %s given more than once", flag, k)
+		}
+		m[k] = val
+	}
+	return m, nil
+}
+
+func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) error {
+	if prompt == "-" {
+		b, err := io.ReadAll(io.LimitReader(a.stdin, messages.MaxRequestBytes+1))
+		if err != nil {
+			return fmt.Errorf("read prompt from stdin: %w", err)
+		}
+		prompt = string(b)
+	}
+	req, err := o.request(prompt)
+	if err != nil {
+		return usageError(err)
+	}
+	// Refuse a bad request before connecting; Submit checks again.
+	req, _, err = dispatcher.Encode(req)
+	if err != nil {
+		return usageError(err)
+	}
+
+	nc, err := a.connect(a.natsURL(o.url), "jetcrew submit")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	d, err := dispatcher.New(nc)
+	if err != nil {
+		return err
+	}
+	id, err := d.Submit(ctx, req)
+	if err != nil {
+		if errors.Is(err, messages.ErrInvalidRequest) {
+			return usageError(err)
+		}
+		return err
+	}
+	a.log.Debug().Str("run_id", id).Str("profile", req.Profile).Str("pool", req.Pool).Msg("run submitted")
+	if !o.wait {
+		fmt.Fprintln(a.stdout, id)
+		return nil
+	}
+	if !o.quiet {
+		fmt.Fprintf(a.stderr, "--- submitted run %s (profile %s, pool %s)\n", id, req.Profile, req.Pool)
+	}
+	return a.follow(ctx, d, id, o.quiet)
+}
+
+// follow copies the events of run id to the terminal until it finishes and
+// returns the error that gives the program the run's exit code.
+func (a *app) follow(ctx context.Context, d *dispatcher.Dispatcher, id string, quiet bool) error {
+	p := &runPrinter{stdout: a.stdout, stderr: a.stderr, quiet: quiet, atLineStart: true}
+	fin, err := d.Watch(ctx, id, p.print)
+	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following run %s; it goes on (jetcrew watch %s)", id, id)}
+		}
+		return err
+	}
+	code := runExitCode(fin)
+	if code == exitOK {
+		return nil
+	}
+	if !quiet {
+		// The finished line already said why.
+		return &exitError{code: code}
+	}
+	return &exitError{code: code, err: fmt.Errorf("run %s %s", id, describeOutcome(fin))}
+}
+
+// runExitCode maps a run's finished event to submit's exit code: 0 when it
+// succeeded, its exit code when it failed with one (1 to 255), else 1.
+func runExitCode(fin messages.Event) int {
+	if fin.State == messages.StateSucceeded {
+		return exitOK
+	}
+	if fin.State == messages.StateFailed && fin.ExitCode != nil && *fin.ExitCode > 0 && *fin.ExitCode < 256 {
+		return *fin.ExitCode
+	}
+	return exitFailure
+}
+
+// describeOutcome says how a run ended: "succeeded", "failed (exit code 3)".
+func describeOutcome(ev messages.Event) string {
+	s := string(ev.State)
+	switch {
+	case ev.Reason != "":
+		s += " (" + ev.Reason + ")"
+	case ev.ExitCode != nil && ev.State != messages.StateSucceeded:
+		s += fmt.Sprintf(" (exit code %d)", *ev.ExitCode)
+	}
+	return s
+}
+
+// runPrinter writes a run's events: output bytes as they are to stdout or
+// stderr, and unless quiet a line per lifecycle event to stderr.
+type runPrinter struct {
+	stdout, stderr io.Writer
+	quiet          bool
+	// atLineStart is false when the last output byte was not a newline, so
+	// the next lifecycle line starts a line of its own.
+	atLineStart bool
+}
+
+func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
+	if ev.Type == messages.EventOutput {
+		w := p.stdout
+		if ev.Stream == messages.StreamStderr {
+			w = p.stderr
+		}
+		if len(ev.Data) == 0 {
+			return nil
+		}
+		if _, err := w.Write(ev.Data); err != nil {
+			return fmt.Errorf("write run output: %w", err)
+		}
+		p.atLineStart = ev.Data[len(ev.Data)-1] == '\n'
+		return nil
+	}
+	if p.quiet {
+		return nil
+	}
+	line := "--- " + describeEvent(ev)
+	if !p.atLineStart {
+		line = "\n" + line
+		p.atLineStart = true
+	}
+	_, err := fmt.Fprintln(p.stderr, line)
+	return err
+}
+
+// describeEvent is the lifecycle line of an event, without the prefix.
+func describeEvent(ev dispatcher.WatchEvent) string {
+	e := ev.Event
+	var b strings.Builder
+	b.WriteString(string(ev.Type))
+	switch ev.Type {
+	case messages.EventStarted:
+		fmt.Fprintf(&b, ": attempt %d", max(e.Attempt, ev.Attempt))
+		if e.Worker != "" {
+			fmt.Fprintf(&b, " on worker %s", e.Worker)
+		}
+		if e.ContainerID != "" {
+			fmt.Fprintf(&b, ", container %s", shortID(e.ContainerID))
+		}
+	case messages.EventFinished:
+		b.WriteString(": " + describeOutcome(e))
+		if ev.FromState {
+			b.WriteString(" [from the run's state: its finished event is gone]")
+		}
+	}
+	return b.String()
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

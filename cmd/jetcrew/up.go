@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// serverReadyTimeout bounds the embedded server's start.
+const serverReadyTimeout = 10 * time.Second
+
+type upOptions struct {
+	listen  string
+	dataDir string
+	worker  workerOptions
+}
+
+func (a *app) upCmd() *cobra.Command {
+	var o upOptions
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run an embedded NATS server with JetStream and a worker, in the foreground",
+		Long: `up starts, in one foreground process, an embedded NATS server with JetStream
+(file storage under --data) and a worker that takes runs from it and runs them
+in Docker containers. Once both are ready it prints the server's URL on stdout
+as NATS_URL=<url>, for other jetcrew commands and NATS clients.
+
+Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
+finish (a second interrupt cuts that short), then the server shuts down.
+
+The server has no authentication: keep --listen on a loopback address unless
+the network is trusted.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.runUp(cmd.Context(), o)
+		},
+	}
+	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
+	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
+	o.worker.addFlags(cmd.Flags())
+	return cmd
+}
+
+// parseListen splits host:port for the server options: port 0 becomes
+// server.RANDOM_PORT.
+func parseListen(listen string) (string, int, error) {
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", 0, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("--listen %q: port must be a number from 0 to 65535", listen)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	return host, port, nil
+}
+
+// clientURL is the URL local clients use: the server's own, with an
+// unspecified listen address (0.0.0.0, ::) replaced by loopback.
+func clientURL(s *server.Server, host string) string {
+	u := s.ClientURL()
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsUnspecified() {
+		return u
+	}
+	_, port, err := net.SplitHostPort(s.Addr().String())
+	if err != nil {
+		return u
+	}
+	loop := "127.0.0.1"
+	if ip.To4() == nil {
+		loop = "::1"
+	}
+	return "nats://" + net.JoinHostPort(loop, port)
+}
+
+func (a *app) runUp(ctx context.Context, o upOptions) error {
+	host, port, err := parseListen(o.listen)
+	if err != nil {
+		return usageError(err)
+	}
+	profiles, err := o.worker.check()
+	if err != nil {
+		return err
+	}
+	dataDir, err := filepath.Abs(o.dataDir)
+	if err != nil {
+		return usageError(fmt.Errorf("--data %q: %w", o.dataDir, err))
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+
+	s, err := server.NewServer(&server.Options{
+		ServerName: "jetcrew",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dataDir,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return fmt.Errorf("nats-server: %w", err)
+	}
+	slog := newServerLogger(a.log)
+	debug, trace := slog.enable()
+	s.SetLoggerV2(slog, debug, trace, false)
+	go s.Start()
+	defer func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+		a.log.Info().Msg("nats-server stopped")
+	}()
+	// The readiness check ends by itself within serverReadyTimeout.
+	readyc := make(chan bool, 1)
+	go func() { readyc <- s.ReadyForConnections(serverReadyTimeout) }()
+	select {
+	case ok := <-readyc:
+		if !ok {
+			return fmt.Errorf("nats-server: not ready for connections within %s", serverReadyTimeout)
+		}
+	case msg := <-slog.fatal:
+		return fmt.Errorf("nats-server: %s", msg)
+	}
+	url := clientURL(s, host)
+	ip := net.ParseIP(host)
+	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		a.log.Warn().Str("listen", o.listen).Msg("the NATS server has no authentication and listens beyond loopback: anyone who can reach it can submit runs")
+	}
+	a.log.Info().Str("url", url).Str("data", dataDir).Msg("nats-server ready")
+
+	nc, err := a.connect(url, "jetcrew up", nats.InProcessServer(s), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
+		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
+		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: jetcrew submit --nats " + url + " 'echo hello'")
+	}, slog.fatal)
+}

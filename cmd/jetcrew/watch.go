@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+func (a *app) watchCmd() *cobra.Command {
+	var (
+		url   string
+		quiet bool
+	)
+	cmd := &cobra.Command{
+		Use:   "watch [flags] RUN_ID",
+		Short: "Follow a run's output and events until it finishes",
+		Long: `watch follows a run's events from its first one, live, until the run
+finishes: its stdout and stderr are copied byte for byte to watch's stdout
+and stderr, and a line per lifecycle event goes to stderr (unless --quiet).
+A run that already finished is replayed.
+
+watch exits like 'submit --wait': 0 when the run succeeded, the run's exit
+code when it failed with one, else 1.`,
+		Args: exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runWatch(cmd.Context(), a.natsURL(url), args[0], quiet)
+		},
+	}
+	natsFlag(cmd, &url)
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print no lifecycle lines")
+	return cmd
+}
+
+func (a *app) runWatch(ctx context.Context, url, id string, quiet bool) error {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return usageError(err)
+	}
+	nc, err := a.connect(url, "jetcrew watch")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	d, err := dispatcher.New(nc)
+	if err != nil {
+		return err
+	}
+	// A run without state may still come (published by hand, not yet taken
+	// by a worker): say so, and wait.
+	if _, err := d.Status(ctx, id); errors.Is(err, dispatcher.ErrRunNotFound) {
+		if !quiet {
+			fmt.Fprintf(a.stderr, "--- run %s has no state yet; waiting for its events (Ctrl-C to stop)\n", id)
+		}
+	} else if err != nil {
+		return err
+	}
+	return a.follow(ctx, d, id, quiet)
+}

@@ -1,0 +1,92 @@
+// Package dispatcher is the client side of jetcrew: it submits run requests
+// to the JETCREW_RUNS stream, reads run states from the jetcrew-runs bucket
+// and follows a run's events on JETCREW_EVENTS.
+//
+// It speaks only the public wire contract of package messages (see
+// docs/wire.md), so anything it does a client in another language can do
+// too. It creates no stream, bucket or consumer other than the ephemeral
+// ordered consumer Watch reads with: workers provision the resources, and a
+// Dispatcher used before any worker ran returns ErrNotProvisioned.
+//
+// A Dispatcher is safe for concurrent use.
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// defaultFinishedGrace is how long Watch waits, once the run's state is
+// final, for the finished event before it makes one from the state.
+const defaultFinishedGrace = 3 * time.Second
+
+// Dispatcher submits and follows runs over one NATS connection. Create it
+// with New.
+type Dispatcher struct {
+	js jetstream.JetStream
+
+	// finishedGrace: see defaultFinishedGrace. Tests shorten it.
+	finishedGrace time.Duration
+
+	mu   sync.Mutex
+	runs jetstream.KeyValue // the jetcrew-runs bucket once found
+}
+
+// New returns a Dispatcher using nc, which the caller keeps owning (and
+// closes after the Dispatcher's last use). It does no I/O: a server without
+// JetStream or without jetcrew's resources shows up as an error from the
+// first call that needs them.
+func New(nc *nats.Conn) (*Dispatcher, error) {
+	if nc == nil {
+		return nil, errors.New("dispatcher: nil NATS connection")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: %w", err)
+	}
+	return &Dispatcher{js: js, finishedGrace: defaultFinishedGrace}, nil
+}
+
+// runsBucket returns the jetcrew-runs bucket, looking it up on first use.
+func (d *Dispatcher) runsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.runs != nil {
+		return d.runs, nil
+	}
+	kv, err := d.js.KeyValue(ctx, messages.BucketRuns)
+	if err != nil {
+		return nil, classify(fmt.Errorf("bucket %s: %w", messages.BucketRuns, err))
+	}
+	d.runs = kv
+	return kv, nil
+}
+
+// classify wraps err with ErrNotProvisioned or ErrNoJetStream when it says
+// a jetcrew resource or JetStream itself is missing, and returns it
+// unchanged otherwise.
+func classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount),
+		// Nobody answers the JetStream API: JetStream is off. (A publish
+		// nobody stores fails with ErrNoStreamResponse instead.)
+		errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	case errors.Is(err, jetstream.ErrBucketNotFound),
+		errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, jetstream.ErrNoStreamResponse):
+		return fmt.Errorf("%w: %w", ErrNotProvisioned, err)
+	}
+	return err
+}
