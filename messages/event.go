@@ -18,6 +18,12 @@ const (
 	EventOutput EventType = "output"
 	// EventFinished: the run reached a final state (body: Event with State).
 	EventFinished EventType = "finished"
+	// EventDuplicate: a second request for the run id was refused (the run
+	// already succeeded, or is still queued or running); body: Event with
+	// Reason. The duplicate request is acked and not run.
+	EventDuplicate EventType = "duplicate"
+	// EventCancel: a cancel request reached the run (body: Event with Reason).
+	EventCancel EventType = "cancel"
 )
 
 // Headers set on event messages.

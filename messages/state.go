@@ -58,9 +58,16 @@ type RunState struct {
 	ContainerID string `json:"container_id,omitempty"`
 	// ExitCode is the process exit code; nil until the process has exited.
 	ExitCode *int `json:"exit_code,omitempty"`
+	// StreamSeq is the JETCREW_RUNS stream sequence of the request message
+	// this state belongs to; 0 until a worker has seen it. A message for the
+	// same run id with another sequence is a duplicate or a replay.
+	StreamSeq uint64 `json:"stream_seq,omitempty"`
 	// Attempts counts deliveries of the request that reached a worker
 	// (the JetStream delivery count, NumDelivered).
 	Attempts int `json:"attempts"`
+	// Replays counts the times a finished, unsuccessful run was submitted
+	// again and run anew (a replay of its dead letter).
+	Replays int `json:"replays,omitempty"`
 	// Reason says why the run ended as it did when that is not plain
 	// success: "exit code 3", "unknown profile \"x\"", "oom", ...
 	Reason string `json:"reason,omitempty"`

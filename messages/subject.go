@@ -118,3 +118,15 @@ func ConsumerName(pool string) string {
 func SubjectFailed(pool, runID string) string {
 	return SubjectFailedPrefix + "." + pool + "." + runID
 }
+
+// SubjectCancelPrefix prefixes the subject a cancel request is sent to:
+// jetcrew.cancel.<run_id>. It is a plain NATS request/reply subject (not a
+// stream): `nats req jetcrew.cancel.<run_id> ''` cancels a run and prints
+// the CancelReply.
+const SubjectCancelPrefix = "jetcrew.cancel"
+
+// SubjectCancel returns the cancel request subject of a run,
+// jetcrew.cancel.<run_id>.
+func SubjectCancel(runID string) string {
+	return SubjectCancelPrefix + "." + runID
+}

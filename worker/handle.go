@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -40,6 +41,11 @@ func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
 
 // run is one delivery of one request being handled.
 type run struct {
+	// cancelled is set when a cancel request stopped the run's container.
+	cancelled atomic.Bool
+	// rev is the bucket revision of the run's state as this delivery last
+	// wrote it: the lease. 0 means no state exists yet.
+	rev   uint64
 	w     *Worker
 	msg   jetstream.Msg
 	meta  *jetstream.MsgMetadata
@@ -76,20 +82,61 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		Pool:     pool,
 		Group:    req.GroupOrID(),
 		Worker:   w.cfg.ID,
-		Attempts: int(meta.NumDelivered),
-		Labels:   req.Labels,
+		Attempts:  int(meta.NumDelivered),
+		StreamSeq: meta.Sequence.Stream,
+		Labels:    req.Labels,
 		QueuedAt: meta.Timestamp.UTC(),
 	}
 	r.log = w.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
 
-	// Idempotency: a run that already reached a final state is never run
-	// again, whichever delivery or duplicate submission this is.
-	if prev, err := w.loadState(ctx, req.ID); err == nil && prev.State.Final() {
-		r.log.Info().Str("state", string(prev.State)).Msg("run already final; acking without running")
-		r.ack()
-		return
-	} else if err != nil && !isNotFound(err) {
+	if decErr == nil && !hasPool(msg.Data()) {
+		// A request that names no pool belongs to the pool it was published to.
+		r.req.Pool = pool
+		req.Pool = pool
+	}
+
+	// Idempotency by run id and stream sequence; see decide.
+	prev, rev, err := w.loadState(ctx, req.ID)
+	if err != nil && !isNotFound(err) {
 		r.retry(ctx, fmt.Errorf("read run state: %w", err))
+		return
+	}
+	if err == nil {
+		switch r.decide(prev) {
+		case verdictAck:
+			r.log.Info().Str("state", string(prev.State)).Msg("run already final; acking without running")
+			r.ack()
+			return
+		case verdictRedeadLetter:
+			// Redelivered after its final state was recorded but before the
+			// dead letter was acknowledged: publish it again (deduplicated by
+			// its message id) and remove the request.
+			r.state = prev
+			r.finishRemoval(ctx)
+			return
+		case verdictDuplicate:
+			r.refuseDuplicate(ctx, prev)
+			return
+		case verdictReplay:
+			r.state.Replays = prev.Replays + 1
+		}
+		r.state.QueuedAt = prev.QueuedAt
+		if r.state.QueuedAt.IsZero() {
+			r.state.QueuedAt = meta.Timestamp.UTC()
+		}
+	}
+	// Claim the run: this write, checked against the revision just read, is
+	// the lease. Every later write checks the revision this one returns, so
+	// a worker that lost the run (another delivery claimed it, or a cancel
+	// finalised it) can no longer record anything.
+	r.rev = rev
+	if err := r.putState(ctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.log.Info().Msg("state changed while claiming the run; handing the request back to decide again")
+			_ = msg.NakWithDelay(100 * time.Millisecond)
+			return
+		}
+		r.retry(ctx, fmt.Errorf("claim run: %w", err))
 		return
 	}
 
@@ -109,6 +156,65 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	r.execute(ctx, prof)
 }
 
+// verdict is what handle does with a request whose run id has a state.
+type verdict int
+
+const (
+	verdictRun          verdict = iota // claim and run it
+	verdictAck                         // already final for this message: ack
+	verdictRedeadLetter                // final, unsuccessful, dead letter maybe missing
+	verdictDuplicate                   // another message of the same run id: refuse
+	verdictReplay                      // a finished, unsuccessful run submitted again: run anew
+)
+
+// decide compares this message with the run's recorded state:
+//   - the state belongs to this very message (same stream sequence): a
+//     redelivery. Final: ack (re-publishing the dead letter first when the
+//     run did not succeed). Not final: run it.
+//   - the state was written before any worker saw a message (sequence 0,
+//     by the dispatcher or a cancel): run it, or ack when already final
+//     (cancelled while queued).
+//   - the state belongs to another message: a duplicate submit. Refused when
+//     that run succeeded or is still queued or running; run anew (a replay)
+//     when it failed, timed out or was cancelled.
+func (r *run) decide(prev messages.RunState) verdict {
+	seq := r.meta.Sequence.Stream
+	switch {
+	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut):
+		return verdictRedeadLetter
+	case prev.StreamSeq == seq && prev.State.Final():
+		return verdictAck
+	case prev.StreamSeq == seq:
+		return verdictRun
+	case prev.StreamSeq == 0 && prev.State.Final():
+		return verdictAck
+	case prev.StreamSeq == 0:
+		return verdictRun
+	case prev.State == messages.StateSucceeded || !prev.State.Final():
+		return verdictDuplicate
+	default:
+		return verdictReplay
+	}
+}
+
+// refuseDuplicate acks a second request for a run id without running it,
+// and says so on the run's events and in the log.
+func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
+	reason := fmt.Sprintf("duplicate request refused: run %s is already %s (request stream sequence %d, this one %d)",
+		r.req.ID, prev.State, prev.StreamSeq, r.meta.Sequence.Stream)
+	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
+	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
+	r.ack()
+}
+
+// hasPool reports whether a request's JSON names a pool.
+func hasPool(data []byte) bool {
+	var v struct {
+		Pool *string `json:"pool"`
+	}
+	return json.Unmarshal(data, &v) == nil && v.Pool != nil && *v.Pool != ""
+}
+
 // salvageID returns the id field of an invalid request when it is a valid
 // token, so the failure is recorded under the id the client chose.
 func salvageID(data []byte) string {
@@ -124,16 +230,18 @@ func salvageID(data []byte) string {
 	return v.ID
 }
 
-func (w *Worker) loadState(ctx context.Context, id string) (messages.RunState, error) {
+// loadState returns the recorded state of run id and its revision in the
+// bucket.
+func (w *Worker) loadState(ctx context.Context, id string) (messages.RunState, uint64, error) {
 	var st messages.RunState
 	e, err := w.runs.Get(ctx, id)
 	if err != nil {
-		return st, err
+		return st, 0, err
 	}
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return st, fmt.Errorf("decode state of %s: %w", id, err)
+		return st, 0, fmt.Errorf("decode state of %s: %w", id, err)
 	}
-	return st, nil
+	return st, e.Revision(), nil
 }
 
 // execute starts the container and follows it to its end.
@@ -183,13 +291,17 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		}
 		return
 	}
-	w.track(r.req.ID, c.ID())
+	w.track(r, c)
 	defer w.untrack(r.req.ID)
 
 	r.state.State = messages.StateRunning
 	r.state.ContainerID = c.ID()
 	r.state.StartedAt = time.Now().UTC()
 	if err := r.putState(ctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.lost(ctx, c, out)
+			return
+		}
 		r.log.Warn().Err(err).Msg("record running state")
 	}
 	r.event(ctx, messages.Event{Type: messages.EventStarted, ContainerID: c.ID()})
@@ -201,6 +313,16 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	cancelWait()
 	final, reason := messages.StateSucceeded, ""
 	switch {
+	case r.cancelled.Load():
+		// A cancel request stopped the container (SIGTERM, grace, SIGKILL);
+		// wait for that to finish.
+		final, reason = messages.StateCancelled, "cancelled by request"
+		if err != nil {
+			status, err = r.stopAndWait(c)
+			if err != nil {
+				r.log.Warn().Err(err).Msg("stop cancelled container")
+			}
+		}
 	case err != nil && ctx.Err() != nil:
 		// The worker is shutting down hard: stop the container and hand the
 		// request back for another worker.
@@ -217,6 +339,9 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.removeContainer(c)
 		r.retry(ctx, fmt.Errorf("wait for container: %w", err))
 		return
+	}
+	if r.cancelled.Load() && final != messages.StateCancelled {
+		final, reason = messages.StateCancelled, "cancelled by request"
 	}
 	r.state.ExitCode = &status.Code
 	if final == messages.StateSucceeded {
@@ -256,6 +381,31 @@ func exitReason(status ExitStatus, lastErr string, spec ContainerSpec) string {
 	return reason
 }
 
+// lost ends this delivery's part in a run whose state changed under it: a
+// cancel finalised it, or a later delivery claimed it. The container, if
+// any, is stopped and removed; the request is acked only when the run is
+// final (nothing is left to do), and otherwise left to the delivery that
+// holds it.
+func (r *run) lost(ctx context.Context, c Container, out *outputPublisher) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.w.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	if c != nil {
+		_, _ = r.stopAndWait(c)
+		r.removeContainer(c)
+	}
+	if out != nil {
+		_, _ = out.close(ctx)
+	}
+	prev, _, err := r.w.loadState(ctx, r.req.ID)
+	if err == nil && prev.State.Final() {
+		r.log.Info().Str("state", string(prev.State)).Msg("run was finalised elsewhere (cancelled?); acking")
+		r.ack()
+		return
+	}
+	r.log.Warn().Str("holder", prev.Worker).Int("holder_attempt", prev.Attempts).
+		Msg("lease lost: another delivery holds the run; stopping without recording anything")
+}
+
 // stopAndWait stops c with the worker's grace period and waits for its exit.
 func (r *run) stopAndWait(c Container) (ExitStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.w.cfg.StopGrace+30*time.Second)
@@ -279,6 +429,10 @@ func (r *run) abandon(c Container, out *outputPublisher) {
 	r.state.ContainerID = ""
 	r.state.ExitCode = nil
 	if err := r.putState(ctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.log.Info().Msg("run no longer ours; not handing it back")
+			return
+		}
 		r.log.Warn().Err(err).Msg("record handed-back state")
 	}
 	if err := r.msg.Nak(); err != nil {
@@ -332,6 +486,10 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := r.putState(ctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.lost(ctx, nil, nil)
+			return
+		}
 		r.retry(ctx, fmt.Errorf("record final state: %w", err))
 		return
 	}
@@ -344,7 +502,14 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 		lg = r.log.Warn()
 	}
 	lg.Str("state", string(final)).Str("reason", reason).Msg("run finished")
-	if final == messages.StateSucceeded {
+	r.finishRemoval(ctx)
+}
+
+// finishRemoval removes the request of a run whose final state is recorded:
+// ack for success; for the rest, the dead letter is published (and its
+// publish acknowledged) before the term.
+func (r *run) finishRemoval(ctx context.Context) {
+	if r.state.State == messages.StateSucceeded || r.state.State == messages.StateCancelled {
 		r.ack()
 		return
 	}
@@ -380,6 +545,10 @@ func (r *run) retry(ctx context.Context, cause error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := r.putState(sctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.lost(sctx, nil, nil)
+			return
+		}
 		r.log.Warn().Err(err).Msg("record retry state")
 	}
 	// NakWithDelay, not Nak: the consumer's BackOff applies only to ack
@@ -415,14 +584,34 @@ func (r *run) ack() {
 	}
 }
 
+// errFenced is returned by putState when the run's state changed since this
+// delivery last wrote it: another delivery claimed the run, or a cancel
+// finalised it. The delivery must then stop acting for the run.
+var errFenced = errors.New("run state changed under this delivery (lease lost)")
+
+// putState writes r.state only if the stored revision is still the one this
+// delivery last wrote (or, for the first write, no state exists), and
+// records the new revision.
 func (r *run) putState(ctx context.Context) error {
 	r.state.UpdatedAt = time.Now().UTC()
 	b, err := json.Marshal(r.state)
 	if err != nil {
 		return err
 	}
-	_, err = r.w.runs.Put(ctx, r.state.ID, b)
-	return err
+	var rev uint64
+	if r.rev == 0 {
+		rev, err = r.w.runs.Create(ctx, r.state.ID, b)
+	} else {
+		rev, err = r.w.runs.Update(ctx, r.state.ID, b, r.rev)
+	}
+	if err != nil {
+		if isRevisionConflict(err) {
+			return errFenced
+		}
+		return err
+	}
+	r.rev = rev
+	return nil
 }
 
 // event publishes a JSON event for the run and waits for its ack.
@@ -464,7 +653,7 @@ func (r *run) deadLetter(ctx context.Context) error {
 	}
 	// One dead letter per run and delivery, even when a crash makes us
 	// publish it twice within the duplicate window.
-	m.Header.Set(jetstream.MsgIDHeader, "dl-"+r.req.ID+"-"+strconv.FormatUint(r.meta.Sequence.Stream, 10))
+	m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(r.req.ID, r.meta.Sequence.Stream))
 	_, err := r.w.js.PublishMsg(ctx, m)
 	return err
 }
@@ -489,9 +678,9 @@ func shortID(id string) string {
 	return id
 }
 
-func (w *Worker) track(runID, containerID string) {
+func (w *Worker) track(r *run, c Container) {
 	w.mu.Lock()
-	w.active[runID] = &activeRun{containerID: containerID}
+	w.active[r.req.ID] = &activeRun{containerID: c.ID(), run: r, container: c}
 	w.mu.Unlock()
 }
 

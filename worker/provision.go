@@ -145,6 +145,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 	}); err != nil {
 		return nil, fmt.Errorf("provision bucket %s: %w", BucketWorkers, err)
 	}
+	if _, err := provisionAdvisories(ctx, js, cfg); err != nil {
+		return nil, err
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
 		Durable:       messages.ConsumerName(cfg.Pool),
 		Description:   "jetcrew workers of pool " + cfg.Pool,
@@ -165,4 +168,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 // isNotFound reports whether err says a JetStream key or message does not exist.
 func isNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound)
+}
+
+// isRevisionConflict reports whether err is a key-value compare-and-set
+// conflict: Create of an existing key, or Update with a stale revision.
+func isRevisionConflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }

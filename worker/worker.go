@@ -169,18 +169,22 @@ type Worker struct {
 
 	mu      sync.Mutex
 	active  map[string]*activeRun // by run id
-	started bool
+	started bool // Start was called
+	running bool // Start succeeded
 	stopped chan struct{}
 
 	fetchCancel context.CancelFunc // stops pulling
 	runsCancel  context.CancelFunc // aborts in-flight runs (hands them back)
 	bgCancel    context.CancelFunc // stops heartbeat and reconciler
+	unsubscribe func()             // ends the control subscriptions
 	slots       sync.WaitGroup
 	bg          sync.WaitGroup
 }
 
 type activeRun struct {
 	containerID string
+	run         *run
+	container   Container
 }
 
 // New returns a Worker using nc, configured by cfg with defaults applied.
@@ -244,17 +248,31 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: reconcile containers: %w", err)
 	}
 
+	adv, err := w.js.Consumer(ctx, StreamAdvisories, consumerAdvisories)
+	if err != nil {
+		return fmt.Errorf("worker: consumer %s: %w", consumerAdvisories, err)
+	}
+	unsubscribe, err := w.subscribeControl()
+	if err != nil {
+		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
+	}
+	w.unsubscribe = unsubscribe
+
 	bgCtx, bgCancel := context.WithCancel(context.Background())
 	fetchCtx, fetchCancel := context.WithCancel(context.Background())
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
 
-	w.bg.Add(1)
+	w.bg.Add(2)
 	go w.background(bgCtx)
+	go w.deadLetterer(bgCtx, adv)
 	for i := 0; i < w.cfg.Concurrency; i++ {
 		w.slots.Add(1)
 		go w.slot(fetchCtx, runsCtx)
 	}
+	w.mu.Lock()
+	w.running = true
+	w.mu.Unlock()
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.cfg.Profiles.Names()).Msg("worker started")
 	return nil
 }
@@ -265,7 +283,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // ctx.Err() once they are. Stop is safe to call twice, or before Start.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
-	if !w.started {
+	if !w.running {
 		w.mu.Unlock()
 		return nil
 	}
@@ -282,6 +300,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		<-done
 	}
 	w.runsCancel()
+	w.unsubscribe()
 	w.bgCancel()
 	w.bg.Wait()
 	// Remove the heartbeat so peers see this worker gone at once.

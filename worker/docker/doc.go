@@ -9,6 +9,11 @@
 // table-tested function (containerConfig) that runs before any call to the
 // daemon.
 //
+// A spec may name the OCI runtime (runc, or runsc for gVisor). Start refuses
+// one the engine does not have, with worker.ErrPermanent, rather than let the
+// run go ahead under a weaker runtime; the engine's list of runtimes comes
+// from its Info and is cached for Config.OCIRuntimesTTL.
+//
 // Start follows the order that makes output and exit status impossible to
 // lose: create, attach (stdout and stderr, no logs), register a "next-exit"
 // wait, then start. Container.Wait returns only after the wait has fired and

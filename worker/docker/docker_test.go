@@ -256,6 +256,7 @@ grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status | 
 if touch /probe 2>/dev/null; then echo root=writable; else echo root=readonly; fi
 if echo x >/tmp/probe; then echo tmp=writable; fi
 if echo x >"$HOME/probe"; then echo home=writable; fi
+echo "home_mode=$(stat -c '%a %u:%g' "$HOME")"
 echo "net=$(ls /sys/class/net | tr '\n' ' ')"
 echo "pid1=$(cat /proc/1/comm)"
 `
@@ -270,6 +271,10 @@ echo "pid1=$(cat /proc/1/comm)"
 	require.Contains(t, out, "root=readonly\n")
 	require.Contains(t, out, "tmp=writable\n")
 	require.Contains(t, out, "home=writable\n")
+	// The tmpfs's mode=0700 holds only because the image has /home/agent
+	// with mode 0700: runc gives a tmpfs the mode of the directory it is
+	// mounted on, and Docker creates a missing working directory 0755.
+	require.Contains(t, out, "home_mode=700 65532:65532\n")
 	require.Contains(t, out, "net=lo \n", "network none: loopback only")
 	require.Contains(t, out, "pid1=docker-init\n", "tini is PID 1")
 }
@@ -505,6 +510,9 @@ func TestDockerStartFailureRemovesContainer(t *testing.T) {
 	require.Zero(t, calls)
 }
 
+// TestDockerUnknownOCIRuntime: Start refuses an OCI runtime the engine does
+// not have, from the engine's own list, before creating anything; the
+// engine, asked directly, refuses it too.
 func TestDockerUnknownOCIRuntime(t *testing.T) {
 	t.Parallel()
 	rt := newDockerRuntime(t)
@@ -513,8 +521,22 @@ func TestDockerUnknownOCIRuntime(t *testing.T) {
 	spec.OCIRuntime = "jetcrew-no-such-runtime"
 	_, err := rt.Start(context.Background(), spec, func(string, []byte) {})
 	require.ErrorIs(t, err, worker.ErrPermanent)
+	t.Logf("Start refused: %v", err)
+	require.ErrorContains(t, err, `OCI runtime "jetcrew-no-such-runtime" is not installed on this Docker engine (available: `)
+	require.Regexp(t, `\(available: [^)]*\brunc\b`, err.Error())
+	_, err = rt.cli.ContainerInspect(context.Background(), spec.Name)
+	require.True(t, cerrdefs.IsNotFound(err), "no container was created: %v", err)
+
+	cfg, host, netCfg, err := containerConfig(spec)
+	require.NoError(t, err)
+	_, err = rt.cli.ContainerCreate(context.Background(), cfg, host, netCfg, nil, spec.Name)
+	require.Error(t, err)
 	t.Logf("engine refused: %v", err)
-	require.ErrorContains(t, err, "jetcrew-no-such-runtime")
+	require.ErrorIs(t, classify(opCreate, err), worker.ErrPermanent)
+
+	spec.OCIRuntime = "runc"
+	st, rec := run(t, rt, spec)
+	require.Equal(t, 0, st.Code, "naming the default runtime explicitly works: %s", rec.Stderr())
 }
 
 // TestDockerMissingExecutable: the container starts (its PID 1 is the init

@@ -78,6 +78,7 @@ func transient(err error) bool {
 // Names of daemon calls, used in error messages and by classify.
 const (
 	opPing         = "ping"
+	opInfo         = "info"
 	opImageInspect = "image inspect"
 	opCreate       = "container create"
 	opAttach       = "container attach"

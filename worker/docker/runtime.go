@@ -3,7 +3,11 @@ package docker
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -12,6 +16,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/rs/zerolog"
@@ -39,12 +44,20 @@ type Config struct {
 	// restarting daemon, with exponential backoff. Zero means 30 seconds; a
 	// negative value disables retries.
 	RetryTimeout time.Duration
+	// OCIRuntimesTTL is how long the engine's list of OCI runtimes (from
+	// its Info) is trusted before Start asks again, so that a runtime the
+	// operator installs (or removes) is seen without a restart while Info
+	// is not called for every run. Zero means 1 minute.
+	OCIRuntimesTTL time.Duration
 }
 
 // withDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) withDefaults() Config {
 	if c.RetryTimeout == 0 {
 		c.RetryTimeout = 30 * time.Second
+	}
+	if c.OCIRuntimesTTL == 0 {
+		c.OCIRuntimesTTL = time.Minute
 	}
 	return c
 }
@@ -53,6 +66,7 @@ func (c Config) withDefaults() Config {
 // in a fake. *client.Client implements it.
 type apiClient interface {
 	Ping(ctx context.Context) (types.Ping, error)
+	Info(ctx context.Context) (system.Info, error)
 	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
 	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig, networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, containerName string) (container.CreateResponse, error)
 	ContainerAttach(ctx context.Context, container string, options container.AttachOptions) (types.HijackedResponse, error)
@@ -71,6 +85,13 @@ type Runtime struct {
 	cli apiClient
 	log zerolog.Logger
 	cfg Config
+
+	// ociMu guards the cached list of the engine's OCI runtimes. It is
+	// held while the list is fetched, so concurrent Starts ask once.
+	ociMu      sync.Mutex
+	ociNames   []string // sorted; nil until fetched
+	ociFetched time.Time
+	now        func() time.Time // time.Now; tests move it
 }
 
 var _ worker.Runtime = (*Runtime)(nil)
@@ -104,7 +125,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 
 // newRuntime wraps an already connected client; cfg must have its defaults.
 func newRuntime(cli apiClient, cfg Config) *Runtime {
-	return &Runtime{cli: cli, log: cfg.Logger, cfg: cfg}
+	return &Runtime{cli: cli, log: cfg.Logger, cfg: cfg, now: time.Now}
 }
 
 // Close closes the client's idle connections. Containers are not touched.
@@ -115,8 +136,11 @@ func (r *Runtime) Close() error {
 // Start implements worker.Runtime. It refuses an invalid spec (see the
 // package doc for what is enforced) and a bind mount whose source does not
 // exist with an error wrapping worker.ErrPermanent, before any daemon call.
-// It then inspects the image (missing: worker.ErrPermanent, as the engine
-// never pulls here), creates the container named spec.Name (already taken:
+// It then refuses, with worker.ErrPermanent, a spec.OCIRuntime the engine
+// does not have (checked against the engine's Info, cached for
+// Config.OCIRuntimesTTL): the run fails rather than run under a weaker
+// runtime. It then inspects the image (missing: worker.ErrPermanent, as the
+// engine never pulls here), creates the container named spec.Name (already taken:
 // an error wrapping ErrNameInUse), attaches to stdout and stderr (no logs,
 // no stdin), registers a "next-exit" wait and starts it.
 //
@@ -141,6 +165,9 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 		if _, err := os.Stat(m.Source); err != nil {
 			return nil, fmt.Errorf("docker: bind mount source for %s: %w: %w", m.Target, err, worker.ErrPermanent)
 		}
+	}
+	if err := r.checkOCIRuntime(ctx, spec.OCIRuntime); err != nil {
+		return nil, err
 	}
 	if err := r.checkImage(ctx, spec.Image); err != nil {
 		return nil, err
@@ -187,6 +214,50 @@ func (r *Runtime) checkImage(ctx context.Context, ref string) error {
 		return fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, worker.ErrPermanent)
 	}
 	return classify(opImageInspect, err)
+}
+
+// checkOCIRuntime returns nil when name is empty (the engine's default
+// runtime) or is one of the engine's OCI runtimes, and otherwise an error
+// wrapping worker.ErrPermanent that names the runtimes the engine has.
+func (r *Runtime) checkOCIRuntime(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	names, err := r.ociRuntimes(ctx)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(names, name) {
+		return nil
+	}
+	return fmt.Errorf("docker: OCI runtime %q is not installed on this Docker engine (available: %s); "+
+		"register it in the daemon's \"runtimes\" (daemon.json) or change the profile: %w",
+		name, strings.Join(names, ", "), worker.ErrPermanent)
+}
+
+// ociRuntimes returns the names of the engine's OCI runtimes, sorted, from
+// the cache when it is younger than Config.OCIRuntimesTTL, else from Info.
+func (r *Runtime) ociRuntimes(ctx context.Context) ([]string, error) {
+	r.ociMu.Lock()
+	defer r.ociMu.Unlock()
+	if r.ociNames != nil && r.now().Sub(r.ociFetched) < r.cfg.OCIRuntimesTTL {
+		return r.ociNames, nil
+	}
+	var info system.Info
+	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
+		var err error
+		info, err = r.cli.Info(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, classify(opInfo, err)
+	}
+	names := slices.Sorted(maps.Keys(info.Runtimes))
+	if names == nil {
+		names = []string{}
+	}
+	r.ociNames, r.ociFetched = names, r.now()
+	return names, nil
 }
 
 // attachAndStart attaches to the created container, registers the exit wait

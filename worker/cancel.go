@@ -1,0 +1,189 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// subjectStopPrefix prefixes the internal request a worker answers when it
+// runs the named run: jetcrew.ctl.stop.<run_id>. Only the worker holding the
+// run replies.
+const subjectStopPrefix = "jetcrew.ctl.stop"
+
+// cancelQueue is the queue group of the cancel subscription: one worker
+// answers each cancel request.
+const cancelQueue = "jetcrew-cancel"
+
+// subscribeControl subscribes to cancel requests (queue group: one worker
+// decides) and to internal stop requests (every worker: the one running the
+// run stops it). The subscriptions end with the returned function.
+func (w *Worker) subscribeControl() (func(), error) {
+	cs, err := w.nc.QueueSubscribe(messages.SubjectCancelPrefix+".*", cancelQueue, w.onCancel)
+	if err != nil {
+		return nil, err
+	}
+	ss, err := w.nc.Subscribe(subjectStopPrefix+".*", w.onStop)
+	if err != nil {
+		_ = cs.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = cs.Drain(); _ = ss.Drain() }, nil
+}
+
+func lastToken(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
+func reply(m *nats.Msg, r messages.CancelReply) {
+	b, _ := json.Marshal(r)
+	_ = m.Respond(b)
+}
+
+// onCancel answers jetcrew.cancel.<run_id>. A queued run (or one no worker
+// has seen yet) is marked cancelled in its state, so it is skipped when it
+// is delivered; a running one is stopped by the worker that holds it; a
+// final one is left alone. The state write is a compare-and-set, so a
+// worker claiming the run at the same moment either sees the cancel or
+// makes this request look again.
+func (w *Worker) onCancel(m *nats.Msg) {
+	id := lastToken(m.Subject)
+	if err := messages.ValidateToken("run id", id); err != nil {
+		reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 5 {
+		prev, rev, err := w.loadState(ctx, id)
+		switch {
+		case err != nil && !isNotFound(err):
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "read run state: " + err.Error()})
+			return
+		case err != nil:
+			// Unknown: perhaps published by a raw client and not yet seen.
+			// Record the cancel so the request is skipped when it arrives.
+			st := messages.RunState{Version: messages.StateVersion, ID: id, State: messages.StateCancelled,
+				Reason: "cancelled before any worker saw the request", Worker: w.cfg.ID}
+			if ok, err := w.finalizeState(ctx, st, 0); err != nil {
+				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
+				return
+			} else if !ok {
+				continue
+			}
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
+				Message: "no worker had seen this run; it is recorded cancelled and will be skipped if it arrives"})
+			return
+		case prev.State.Final():
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelAlreadyFinal, State: prev.State,
+				Message: fmt.Sprintf("run already %s; nothing to cancel", prev.State)})
+			return
+		case prev.State == messages.StateRunning:
+			if r, ok := w.askStop(id); ok {
+				reply(m, r)
+				return
+			}
+			// Its worker did not answer: it died or is cut off. Finalise
+			// the state; that fences the old worker, and the redelivered
+			// request will be acked without running.
+			fallthrough
+		default:
+			st := prev
+			st.State = messages.StateCancelled
+			st.Reason = "cancelled while " + string(prev.State)
+			st.FinishedAt = time.Now().UTC()
+			ok, err := w.finalizeState(ctx, st, rev)
+			if err != nil {
+				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
+				return
+			}
+			if !ok {
+				continue
+			}
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
+				Message: fmt.Sprintf("run was %s; it is cancelled and will not run", prev.State)})
+			return
+		}
+	}
+	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "the run's state kept changing; try again"})
+}
+
+// askStop asks the worker holding run id to stop it, and returns its reply.
+func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
+	resp, err := w.nc.Request(subjectStopPrefix+"."+id, nil, 2*time.Second)
+	if err != nil {
+		return messages.CancelReply{}, false
+	}
+	var r messages.CancelReply
+	if json.Unmarshal(resp.Data, &r) != nil {
+		return messages.CancelReply{}, false
+	}
+	return r, true
+}
+
+// finalizeState writes a final state for a run this worker does not hold,
+// compare-and-set against rev (0: the key must not exist), and publishes the
+// finished event. It reports false when the state changed meanwhile.
+func (w *Worker) finalizeState(ctx context.Context, st messages.RunState, rev uint64) (bool, error) {
+	st.UpdatedAt = time.Now().UTC()
+	if st.FinishedAt.IsZero() {
+		st.FinishedAt = st.UpdatedAt
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return false, err
+	}
+	if rev == 0 {
+		_, err = w.runs.Create(ctx, st.ID, b)
+	} else {
+		_, err = w.runs.Update(ctx, st.ID, b, rev)
+	}
+	if err != nil {
+		if isRevisionConflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("record cancelled state: %w", err)
+	}
+	ev, _ := json.Marshal(messages.Event{RunID: st.ID, Type: messages.EventFinished, Time: st.UpdatedAt,
+		Worker: w.cfg.ID, State: st.State, Reason: st.Reason})
+	msg := nats.NewMsg(messages.SubjectEvents(st.ID, messages.EventFinished))
+	msg.Data = ev
+	msg.Header.Set(messages.HeaderRunID, st.ID)
+	if _, err := w.js.PublishMsg(ctx, msg); err != nil {
+		w.log.Warn().Err(err).Str("run_id", st.ID).Msg("publish finished event")
+	}
+	return true, nil
+}
+
+// onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run:
+// it marks the run cancelled and stops its container (SIGTERM, then SIGKILL
+// after StopGrace). Other workers stay silent.
+func (w *Worker) onStop(m *nats.Msg) {
+	id := lastToken(m.Subject)
+	w.mu.Lock()
+	a := w.active[id]
+	w.mu.Unlock()
+	if a == nil {
+		return
+	}
+	a.run.cancelled.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	a.run.event(ctx, messages.Event{Type: messages.EventCancel, Reason: "cancel requested; stopping the container"})
+	cancel()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
+		defer cancel()
+		if err := a.container.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
+			a.run.log.Warn().Err(err).Msg("stop cancelled container")
+		}
+	}()
+	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
+		Message: fmt.Sprintf("stopping: SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
+}

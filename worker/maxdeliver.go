@@ -1,0 +1,174 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Resources that keep a request whose last delivery died with its worker
+// from being lost. The server announces such a request only once, with a
+// core NATS advisory; capturing the advisory in a stream means it is
+// handled even when no worker is up at that moment.
+const (
+	// StreamAdvisories captures the MaxDeliver advisories of JETCREW_RUNS'
+	// consumers: $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.JETCREW_RUNS.>.
+	StreamAdvisories = "JETCREW_ADVISORIES"
+	// consumerAdvisories is the durable consumer every worker shares on it.
+	consumerAdvisories = "dead-letterer"
+)
+
+// maxDeliverAdvisory is the part of the server's
+// io.nats.jetstream.advisory.v1.max_deliver advisory we read.
+type maxDeliverAdvisory struct {
+	Type       string `json:"type"`
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamAdvisories,
+		Description: "MaxDeliver advisories of jetcrew's run consumers, so no exhausted request is lost",
+		Subjects:    []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + messages.StreamRuns + ".>"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.FailedMaxAge,
+	}); err != nil {
+		return nil, fmt.Errorf("provision stream %s: %w", StreamAdvisories, err)
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
+		Durable:    consumerAdvisories,
+		AckPolicy:  jetstream.AckExplicitPolicy,
+		AckWait:    30 * time.Second,
+		MaxDeliver: -1,
+		Replicas:   cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", consumerAdvisories, err)
+	}
+	return c, nil
+}
+
+// deadLetterer pulls MaxDeliver advisories until ctx ends and moves each
+// exhausted request to the dead-letter stream.
+func (w *Worker) deadLetterer(ctx context.Context, cons jetstream.Consumer) {
+	defer w.bg.Done()
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(pctx))
+		if err != nil {
+			cancel()
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		for m := range batch.Messages() {
+			if err := w.onMaxDeliver(ctx, m.Data()); err != nil {
+				w.log.Warn().Err(err).Msg("move exhausted request to the dead-letter stream; retrying")
+				_ = m.NakWithDelay(5 * time.Second)
+				continue
+			}
+			_ = m.Ack()
+		}
+		cancel()
+	}
+}
+
+// onMaxDeliver moves the request named by a MaxDeliver advisory from
+// JETCREW_RUNS to JETCREW_FAILED: it records the run failed (unless its state
+// is already final), publishes the dead letter (deduplicated by its message
+// id), and only then deletes the request from the work queue. Every step is
+// idempotent, so a crash at any point is repaired by the advisory's
+// redelivery.
+func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
+	var adv maxDeliverAdvisory
+	if err := json.Unmarshal(data, &adv); err != nil {
+		w.log.Error().Err(err).Msg("unreadable MaxDeliver advisory; dropping it")
+		return nil
+	}
+	if adv.Stream != messages.StreamRuns {
+		return nil
+	}
+	stream, err := w.js.Stream(ctx, messages.StreamRuns)
+	if err != nil {
+		return err
+	}
+	raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // already removed: nothing left to do
+	}
+	if err != nil {
+		return fmt.Errorf("get request %d: %w", adv.StreamSeq, err)
+	}
+	pool, _ := messages.PoolFromSubject(raw.Subject)
+	meta := &jetstream.MsgMetadata{Timestamp: raw.Time, NumDelivered: adv.Deliveries}
+	meta.Sequence.Stream = raw.Sequence
+	id := salvageID(raw.Data)
+	if req, err := messages.DecodeRunRequest(raw.Data); err == nil && req.ID != "" {
+		id = req.ID
+	}
+	if id == "" {
+		id = DeriveRunID(meta)
+	}
+	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
+
+	prev, rev, err := w.loadState(ctx, id)
+	if err != nil && !isNotFound(err) {
+		return err
+	}
+	st := prev
+	if err != nil || (!prev.State.Final() && (prev.StreamSeq == 0 || prev.StreamSeq == raw.Sequence)) {
+		if err != nil {
+			st = messages.RunState{Version: messages.StateVersion, ID: id, Pool: pool, QueuedAt: raw.Time.UTC()}
+		}
+		st.State, st.Reason, st.StreamSeq = messages.StateFailed, reason, raw.Sequence
+		st.Attempts = int(adv.Deliveries)
+		st.ContainerID, st.ExitCode = "", nil
+		st.FinishedAt = time.Now().UTC()
+		ok, err := w.finalizeState(ctx, st, rev)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("run state changed meanwhile")
+		}
+		w.log.Warn().Str("run_id", id).Uint64("stream_seq", raw.Sequence).Msg(reason)
+	}
+	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut) {
+		m := nats.NewMsg(messages.SubjectFailed(pool, id))
+		m.Data = raw.Data
+		m.Header.Set(messages.HeaderRunID, id)
+		m.Header.Set(messages.HeaderError, oneLine(st.Reason))
+		m.Header.Set(messages.HeaderState, string(st.State))
+		m.Header.Set(messages.HeaderAttempts, strconv.Itoa(st.Attempts))
+		m.Header.Set(messages.HeaderWorker, w.cfg.ID)
+		if st.ExitCode != nil {
+			m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*st.ExitCode))
+		}
+		m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(id, raw.Sequence))
+		if _, err := w.js.PublishMsg(ctx, m); err != nil {
+			return fmt.Errorf("publish dead letter: %w", err)
+		}
+	}
+	if err := stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("remove request %d: %w", raw.Sequence, err)
+	}
+	return nil
+}
+
+// deadLetterMsgID is the Nats-Msg-Id of a run's dead letter for the request
+// at stream sequence seq: one dead letter per request message.
+func deadLetterMsgID(runID string, seq uint64) string {
+	return "dl-" + runID + "-" + strconv.FormatUint(seq, 10)
+}
