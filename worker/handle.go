@@ -75,17 +75,17 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	r.req = req
 	pool, _ := messages.PoolFromSubject(msg.Subject())
 	r.state = messages.RunState{
-		Version:  messages.StateVersion,
-		ID:       req.ID,
-		State:    messages.StateQueued,
-		Profile:  req.Profile,
-		Pool:     pool,
-		Group:    req.GroupOrID(),
-		Worker:   w.cfg.ID,
+		Version:   messages.StateVersion,
+		ID:        req.ID,
+		State:     messages.StateQueued,
+		Profile:   req.Profile,
+		Pool:      pool,
+		Group:     req.GroupOrID(),
+		Worker:    w.cfg.ID,
 		Attempts:  int(meta.NumDelivered),
 		StreamSeq: meta.Sequence.Stream,
 		Labels:    req.Labels,
-		QueuedAt: meta.Timestamp.UTC(),
+		QueuedAt:  meta.Timestamp.UTC(),
 	}
 	r.log = w.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
 

@@ -169,8 +169,8 @@ type Worker struct {
 
 	mu      sync.Mutex
 	active  map[string]*activeRun // by run id
-	started bool // Start was called
-	running bool // Start succeeded
+	started bool                  // Start was called
+	running bool                  // Start succeeded
 	stopped chan struct{}
 
 	fetchCancel context.CancelFunc // stops pulling
