@@ -64,6 +64,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	w.failpoint(FailpointAfterFetch)
 	r := &run{w: w, msg: msg, meta: meta}
 	req, decErr := messages.DecodeRunRequest(msg.Data())
 	if decErr != nil {
@@ -293,6 +294,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	w.track(r, c)
 	defer w.untrack(r.req.ID)
+	w.failpoint(FailpointAfterStart)
 
 	r.state.State = messages.StateRunning
 	r.state.ContainerID = c.ID()
@@ -304,6 +306,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		}
 		r.log.Warn().Err(err).Msg("record running state")
 	}
+	w.failpoint(FailpointRunning)
 	r.event(ctx, messages.Event{Type: messages.EventStarted, ContainerID: c.ID()})
 	out.release()
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", prof.Name).Msg("run started")
@@ -311,6 +314,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	waitCtx, cancelWait := context.WithTimeout(ctx, timeout)
 	status, err := c.Wait(waitCtx)
 	cancelWait()
+	w.failpoint(FailpointAfterExit)
 	final, reason := messages.StateSucceeded, ""
 	switch {
 	case r.cancelled.Load():
@@ -502,6 +506,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 		lg = r.log.Warn()
 	}
 	lg.Str("state", string(final)).Str("reason", reason).Msg("run finished")
+	r.w.failpoint(FailpointAfterResult)
 	r.finishRemoval(ctx)
 }
 
@@ -518,6 +523,7 @@ func (r *run) finishRemoval(ctx context.Context) {
 		_ = r.msg.NakWithDelay(5 * time.Second)
 		return
 	}
+	r.w.failpoint(FailpointAfterDeadLetter)
 	if err := r.msg.Term(); err != nil {
 		r.log.Warn().Err(err).Msg("term")
 	}

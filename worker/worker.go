@@ -67,6 +67,26 @@ type Config struct {
 	// LookupEnv reads the worker's environment for profiles' env_from_host.
 	// Default os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// Failpoint, when set, is called with the name of each crash point a
+	// run passes (see the Failpoint* constants), so crash tests can kill
+	// the worker process exactly there. Nil in production.
+	Failpoint func(name string)
+}
+
+// Crash points passed to Config.Failpoint, in the order a run reaches them.
+const (
+	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
+	FailpointAfterStart      = "after-start"       // container created and started
+	FailpointRunning         = "running"           // running state recorded
+	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
+	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
+	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
+)
+
+func (w *Worker) failpoint(name string) {
+	if w.cfg.Failpoint != nil {
+		w.cfg.Failpoint(name)
+	}
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,6 +80,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Profiles:    profiles,
 		Runtime:     rt,
 		Logger:      &log,
+		Failpoint:   failpointFromEnv(),
 	})
 	if err != nil {
 		return err
@@ -114,4 +117,22 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		a.log.Warn().Err(err).Msg("drain cut short: runs still in flight were stopped and handed back to the stream")
 	}
 	return failure
+}
+
+// failpointFromEnv returns a worker failpoint for crash tests: when
+// JETCREW_FAILPOINT names a crash point (worker.Failpoint*), the process kills
+// itself with SIGKILL on reaching it, as a crash would. Unset (production), it
+// returns nil.
+func failpointFromEnv() func(string) {
+	want := os.Getenv("JETCREW_FAILPOINT")
+	if want == "" {
+		return nil
+	}
+	return func(name string) {
+		if name == want {
+			fmt.Fprintf(os.Stderr, "JETCREW_FAILPOINT=%s reached: killing the worker\n", name)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
 }
