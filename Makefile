@@ -70,3 +70,20 @@ demo: tools images build
 .PHONY: clean
 clean:
 	rm -rf $(BIN) .jetcrew
+
+# ---------------------------------------------------------------------------
+# Jail test image
+#
+# testimage builds jetcrew-testimg:latest, the image tests/jail_test.go runs
+# its jailed processes in: the sandbox image's busybox plus /bin/suidprobe, a
+# static Go program installed setuid root (deploy/testimage). The jail tests
+# build it themselves when it is missing or stale; this target builds it by
+# hand. It needs Docker and Go, no registry and no network; it is a no-op when
+# the image is up to date (FORCE=1 rebuilds).
+# ---------------------------------------------------------------------------
+
+TEST_IMAGE ?= jetcrew-testimg:latest
+
+.PHONY: testimage
+testimage: images
+	TEST_IMAGE='$(TEST_IMAGE)' SANDBOX_IMAGE='$(SANDBOX_IMAGE)' GO='$(GO)' bash deploy/testimage/build.sh

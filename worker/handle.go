@@ -103,7 +103,15 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if err == nil {
-		switch r.decide(prev) {
+		v := r.decide(prev)
+		if (v == verdictAck || v == verdictRedeadLetter) && meta.NumDelivered > 1 {
+			// The delivery that recorded the outcome died before removing
+			// the request; remove its container too.
+			if err := w.removeRunContainers(ctx, req.ID); err != nil {
+				r.log.Warn().Err(err).Msg("remove the finished run's containers; the reconciler will retry")
+			}
+		}
+		switch v {
 		case verdictAck:
 			r.log.Info().Str("state", string(prev.State)).Msg("run already final; acking without running")
 			r.ack()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build.sh builds the jetcrew sandbox image (default jetcrew-sandbox:latest)
 # from scratch: a static busybox from Debian's busybox-static package, one
-# symlink per applet in /bin, and etc/passwd + etc/group from this directory.
+# symlink per applet in /bin, etc/passwd + etc/group from this directory, and
+# the agent's empty home directory (/home/agent, 65532:65532, mode 0700).
 #
 # No registry is needed: busybox comes through apt ("apt-get download"; the
 # package lists are refreshed with "apt-get update" only when that fails). The
@@ -54,7 +55,7 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/jetcrew-sandbox.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/deb" "$work/x" "$work/ctx/bin" "$work/ctx/etc"
+mkdir -p "$work/deb" "$work/x" "$work/ctx/bin" "$work/ctx/etc" "$work/ctx/home"
 
 # APT::Sandbox::User=root: apt would otherwise drop to _apt, which cannot
 # write to our private temp dir (harmless, but it warns).
@@ -79,6 +80,11 @@ for applet in $("$work/ctx/bin/busybox" --list); do
 	n=$((n + 1))
 done
 install -m 0644 "$here/etc/passwd" "$here/etc/group" "$work/ctx/etc/"
+# The agent's home directory, mode 0700. The worker mounts a tmpfs there,
+# and runc gives a tmpfs mounted on an existing directory that directory's
+# mode, whatever the tmpfs's mode= option says; without it in the image,
+# Docker would create it (it is the working directory) with mode 0755.
+install -d -m 0700 "$work/ctx/home/agent"
 cp "$here/Dockerfile" "$work/ctx/Dockerfile"
 
 log "building $SANDBOX_IMAGE: busybox-static $version, $n applets"
