@@ -65,6 +65,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	w.failpoint(FailpointAfterFetch)
+	w.metrics.inFlight.Inc()
+	defer w.metrics.inFlight.Dec()
+	if meta.NumDelivered > 1 {
+		w.metrics.redelivered.Inc()
+	}
 	r := &run{w: w, msg: msg, meta: meta}
 	req, decErr := messages.DecodeRunRequest(msg.Data())
 	if decErr != nil {
@@ -303,6 +308,8 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	w.track(r, c)
 	defer w.untrack(r.req.ID)
 	w.failpoint(FailpointAfterStart)
+	w.metrics.started.Inc()
+	w.metrics.queueWait.Observe(time.Since(r.meta.Timestamp).Seconds())
 
 	r.state.State = messages.StateRunning
 	r.state.ContainerID = c.ID()
@@ -494,6 +501,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	r.state.State = final
 	r.state.Reason = reason
 	r.state.FinishedAt = time.Now().UTC()
+
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -504,6 +512,10 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 		}
 		r.retry(ctx, fmt.Errorf("record final state: %w", err))
 		return
+	}
+	r.w.metrics.finished.WithLabelValues(string(final)).Inc()
+	if !r.state.StartedAt.IsZero() {
+		r.w.metrics.duration.Observe(r.state.FinishedAt.Sub(r.state.StartedAt).Seconds())
 	}
 	r.event(ctx, messages.Event{
 		Type: messages.EventFinished, State: final, ExitCode: r.state.ExitCode,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -187,6 +188,9 @@ type Worker struct {
 	// install identifies this installation in container labels.
 	install string
 
+	reg     *prometheus.Registry
+	metrics *metrics
+
 	mu      sync.Mutex
 	active  map[string]*activeRun // by run id
 	started bool                  // Start was called
@@ -218,7 +222,10 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	reg := prometheus.NewRegistry()
 	return &Worker{
+		reg:     reg,
+		metrics: newMetrics(reg, cfg.ID, cfg.Pool),
 		cfg:     cfg,
 		nc:      nc,
 		js:      js,
@@ -226,6 +233,27 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		active:  make(map[string]*activeRun),
 		stopped: make(chan struct{}),
 	}, nil
+}
+
+// Registry returns the registry holding the worker's Prometheus metrics
+// (jetcrew_runs_started_total, jetcrew_runs_finished_total{state},
+// jetcrew_run_duration_seconds, jetcrew_queue_wait_seconds,
+// jetcrew_runs_in_flight, jetcrew_redeliveries_total,
+// jetcrew_coordination_messages_total{direction}), for an HTTP handler.
+func (w *Worker) Registry() *prometheus.Registry { return w.reg }
+
+// Ready reports whether the worker has started, is not stopping, and its
+// NATS connection is up: the meaning of /readyz.
+func (w *Worker) Ready() bool {
+	w.mu.Lock()
+	running := w.running
+	w.mu.Unlock()
+	select {
+	case <-w.stopped:
+		return false
+	default:
+	}
+	return running && w.nc.IsConnected()
 }
 
 // ID returns the worker's id.
