@@ -19,7 +19,11 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, workerID, pool string) *metrics {
 	labels := prometheus.Labels{"worker": workerID, "pool": pool}
-	f := func(opts prometheus.Opts) prometheus.Opts { opts.Namespace = "jetcrew"; opts.ConstLabels = labels; return opts }
+	f := func(opts prometheus.Opts) prometheus.Opts {
+		opts.Namespace = "jetcrew"
+		opts.ConstLabels = labels
+		return opts
+	}
 	m := &metrics{
 		started: prometheus.NewCounter(prometheus.CounterOpts(f(prometheus.Opts{
 			Name: "runs_started_total", Help: "Containers started for runs."}))),
