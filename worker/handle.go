@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -94,6 +95,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		QueuedAt:  meta.Timestamp.UTC(),
 	}
 	r.log = w.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
+	// Keep the delivery alive for as long as we hold it, from before the
+	// first state read until the outcome is recorded, so a slow key-value
+	// write (a leader election, say) never lets AckWait hand the request to
+	// a second worker while this one still acts on it.
+	stopProgress := r.keepInProgress()
+	defer stopProgress()
 
 	if decErr == nil && !hasPool(msg.Data()) {
 		// A request that names no pool belongs to the pool it was published to.
@@ -288,11 +295,6 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if timeout == 0 {
 		timeout = w.cfg.DefaultTimeout
 	}
-
-	// Keep the delivery alive for as long as we hold it, from before the
-	// container starts until the outcome is recorded.
-	stopProgress := r.keepInProgress()
-	defer stopProgress()
 
 	out := newOutputPublisher(w.js, r.req.ID, attempt)
 	c, err := w.cfg.Runtime.Start(ctx, spec, out.write)
@@ -503,7 +505,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	r.state.FinishedAt = time.Now().UTC()
 
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*opMaxElapsed)
 	defer cancel()
 	if err := r.putState(ctx); err != nil {
 		if errors.Is(err, errFenced) {
@@ -601,11 +603,11 @@ func retryDelay(attempt int) time.Duration {
 }
 
 func (r *run) ack() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
 	defer cancel()
 	// DoubleAck waits for the server to confirm, so a lost ack shows up here
 	// instead of as a surprise redelivery.
-	if err := r.msg.DoubleAck(ctx); err != nil {
+	if err := retryOp(ctx, r.msg.DoubleAck); err != nil {
 		r.log.Warn().Err(err).Msg("ack")
 	}
 }
@@ -618,26 +620,43 @@ var errFenced = errors.New("run state changed under this delivery (lease lost)")
 // putState writes r.state only if the stored revision is still the one this
 // delivery last wrote (or, for the first write, no state exists), and
 // records the new revision.
+//
+// A try whose reply is lost is tried again; when the retry then conflicts,
+// the stored record is read back, and if it is the very record this call
+// wrote (the lost reply's write landed), the write counts as done.
 func (r *run) putState(ctx context.Context) error {
 	r.state.UpdatedAt = time.Now().UTC()
 	b, err := json.Marshal(r.state)
 	if err != nil {
 		return err
 	}
-	var rev uint64
-	if r.rev == 0 {
-		rev, err = r.w.runs.Create(ctx, r.state.ID, b)
-	} else {
-		rev, err = r.w.runs.Update(ctx, r.state.ID, b, r.rev)
-	}
-	if err != nil {
-		if isRevisionConflict(err) {
-			return errFenced
+	tries := 0
+	return retryOp(ctx, func(ctx context.Context) error {
+		tries++
+		var rev uint64
+		var err error
+		if r.rev == 0 {
+			rev, err = r.w.runs.Create(ctx, r.state.ID, b)
+		} else {
+			rev, err = r.w.runs.Update(ctx, r.state.ID, b, r.rev)
 		}
-		return err
-	}
-	r.rev = rev
-	return nil
+		if err == nil {
+			r.rev = rev
+			return nil
+		}
+		if !isRevisionConflict(err) {
+			return err
+		}
+		if tries > 1 {
+			if e, gerr := r.w.runs.Get(ctx, r.state.ID); gerr == nil && bytes.Equal(e.Value(), b) {
+				r.rev = e.Revision()
+				return nil
+			} else if gerr != nil && !isNotFound(gerr) {
+				return gerr
+			}
+		}
+		return backoff.Permanent(errFenced)
+	})
 }
 
 // event publishes a JSON event for the run and waits for its ack.
@@ -654,7 +673,10 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 	m.Data = b
 	m.Header.Set(messages.HeaderRunID, r.req.ID)
 	m.Header.Set(messages.HeaderAttempt, strconv.Itoa(ev.Attempt))
-	if _, err := r.w.js.PublishMsg(ctx, m); err != nil {
+	// One event of each type per request message and delivery: a retried
+	// publish whose first reply was lost is deduplicated by the stream.
+	m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("ev-%s-%d-%d-%s", r.req.ID, r.meta.Sequence.Stream, ev.Attempt, ev.Type))
+	if err := retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err }); err != nil {
 		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
 	}
 }
@@ -680,8 +702,7 @@ func (r *run) deadLetter(ctx context.Context) error {
 	// One dead letter per run and delivery, even when a crash makes us
 	// publish it twice within the duplicate window.
 	m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(r.req.ID, r.meta.Sequence.Stream))
-	_, err := r.w.js.PublishMsg(ctx, m)
-	return err
+	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
 }
 
 func oneLine(s string) string {

@@ -111,6 +111,8 @@ func (o *outputPublisher) flushLocked() {
 	msg.Header.Set(messages.HeaderStream, o.stream)
 	msg.Header.Set(messages.HeaderOffset, strconv.FormatInt(o.offsets[o.stream], 10))
 	msg.Header.Set(messages.HeaderAttempt, o.attempt)
+	// Deduplicates a chunk re-published after its first ack was lost.
+	msg.Header.Set(jetstream.MsgIDHeader, "out-"+o.runID+"-"+o.attempt+"-"+o.stream+"-"+msg.Header.Get(messages.HeaderOffset))
 	o.offsets[o.stream] += int64(len(o.buf))
 	o.total += int64(len(o.buf))
 	o.buf = nil // the message owns the old slice now
@@ -137,9 +139,7 @@ func (o *outputPublisher) publishLocked(msg *nats.Msg) {
 	if err != nil {
 		// The async window is full: fall back to a synchronous publish so no
 		// output is dropped.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = o.js.PublishMsg(ctx, msg)
-		cancel()
+		err = retryOp(context.Background(), func(ctx context.Context) error { _, err := o.js.PublishMsg(ctx, msg); return err })
 		if err != nil && o.err == nil {
 			o.err = err
 		}
@@ -180,11 +180,15 @@ func (o *outputPublisher) close(ctx context.Context) (int64, error) {
 	futures, total, err := o.futures, o.total, o.err
 	o.futures = nil
 	o.mu.Unlock()
+	// Chunks whose publish failed (a server lost mid-flight, say) are
+	// published again, in their order, until acknowledged; Nats-Msg-Id
+	// deduplicates those that had in fact been stored.
 	for _, f := range futures {
 		select {
 		case <-f.Ok():
-		case e := <-f.Err():
-			if err == nil {
+		case <-f.Err():
+			m := f.Msg()
+			if e := retryOp(ctx, func(ctx context.Context) error { _, err := o.js.PublishMsg(ctx, m); return err }); e != nil && err == nil {
 				err = e
 			}
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -51,6 +52,10 @@ type Container struct {
 
 	mu     sync.Mutex
 	status *worker.ExitStatus // set by the first successful Wait
+
+	// stopped is set by Stop: a SIGKILL after it is Stop's own, so Wait
+	// does not wait for an OOM record (see oomSettle).
+	stopped atomic.Bool
 }
 
 var _ worker.Container = (*Container)(nil)
@@ -95,7 +100,9 @@ func (c *Container) release() {
 // with ContainerInspect: Code from State.ExitCode (128+n for signal n; 137
 // when killed), OOMKilled from State.OOMKilled and Error from State.Error.
 // Should the container have been removed by then, the wait's StatusCode is
-// used instead.
+// used instead. A process killed by SIGKILL (137) without OOMKilled set,
+// and not stopped with Stop, is inspected again for up to oomSettle, as the
+// engine may record the OOM kill after the exit.
 //
 // When ctx ends first Wait returns ctx.Err() and the container keeps
 // running; Wait may be called again. After one successful call, later
@@ -147,31 +154,72 @@ func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 	return status, nil
 }
 
+// oomSettle is how long Wait keeps inspecting a container whose process
+// was killed by SIGKILL (exit code 137) for the engine's OOM record. The
+// engine learns of an OOM kill from the OOM event and of the exit from the
+// exit event; the two come from different sources in containerd's shim and
+// are processed in the order they arrive, so under load State.OOMKilled may
+// be set a little after the wait has already reported the exit.
+const oomSettle = 2 * time.Second
+
+// oomPoll is the pause between those inspections.
+const oomPoll = 50 * time.Millisecond
+
 // inspectExit reads how the exited container ended.
 func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) {
+	st, found, err := c.inspectOnce(ctx)
+	if err != nil || !found || st.Code != 137 || st.OOMKilled || c.stopped.Load() {
+		return st, err
+	}
+	settle := time.NewTimer(oomSettle)
+	defer settle.Stop()
+	poll := time.NewTicker(oomPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return st, nil
+		case <-settle.C:
+			return st, nil
+		case <-poll.C:
+		}
+		again, found, err := c.inspectOnce(ctx)
+		if err != nil || !found {
+			return st, nil // keep what the first inspection said
+		}
+		if again.OOMKilled {
+			return again, nil
+		}
+	}
+}
+
+// inspectOnce reads the exited container's state once (retrying transient
+// errors). found is false when the container no longer exists; the status
+// then comes from the wait's answer.
+func (c *Container) inspectOnce(ctx context.Context) (st worker.ExitStatus, found bool, err error) {
 	var info container.InspectResponse
-	err := retry(ctx, c.rt.cfg.RetryTimeout, func(ctx context.Context) error {
+	err = retry(ctx, c.rt.cfg.RetryTimeout, func(ctx context.Context) error {
 		var err error
 		info, err = c.rt.cli.ContainerInspect(ctx, c.id)
 		return err
 	})
 	switch {
 	case cerrdefs.IsNotFound(err):
-		st := worker.ExitStatus{Code: int(c.waitResp.StatusCode)}
+		st = worker.ExitStatus{Code: int(c.waitResp.StatusCode)}
 		if c.waitResp.Error != nil {
 			st.Error = c.waitResp.Error.Message
 		}
-		return st, nil
+		return st, false, nil
 	case err != nil:
-		return worker.ExitStatus{}, classify(opInspect, err)
+		return worker.ExitStatus{}, false, classify(opInspect, err)
 	case info.State == nil:
-		return worker.ExitStatus{}, fmt.Errorf("docker: %s of %s: no state in the answer", opInspect, c.id)
+		return worker.ExitStatus{}, false, fmt.Errorf("docker: %s of %s: no state in the answer", opInspect, c.id)
 	}
 	return worker.ExitStatus{
 		Code:      info.State.ExitCode,
 		OOMKilled: info.State.OOMKilled,
 		Error:     info.State.Error,
-	}, nil
+	}, true, nil
 }
 
 // Stop implements worker.Container with ContainerStop: the engine sends the
@@ -182,6 +230,7 @@ func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) 
 // container has stopped. A container that no longer exists or has already
 // exited counts as stopped.
 func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
+	c.stopped.Store(true)
 	secs := max(0, int(math.Ceil(grace.Seconds())))
 	err := c.rt.cli.ContainerStop(ctx, c.id, container.StopOptions{Timeout: &secs})
 	if err == nil || cerrdefs.IsNotFound(err) {

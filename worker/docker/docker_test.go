@@ -279,27 +279,48 @@ echo "pid1=$(cat /proc/1/comm)"
 	require.Contains(t, out, "pid1=docker-init\n", "tini is PID 1")
 }
 
-// TestDockerOutputInterleaved checks that stdout and stderr chunks reach the
-// OutputFunc in the order they were written.
+// TestDockerOutputInterleaved checks that interleaved stdout and stderr
+// lines arrive complete and in order within each stream.
 //
-// The engine carries the two streams through separate pipes and copies each
-// in its own goroutine (in containerd's shim and in dockerd), so writes to
-// both that are close in time can reach the attach stream in either order:
-// no client can restore an order the daemon did not keep. The test
-// therefore paces the writes and does not run in parallel with the other
-// tests (CPU starvation of the daemon's copiers is what reorders), and so
-// tests our side: frames are delivered exactly in the daemon's order.
+// The order between the two streams is not guaranteed, and not asserted:
+// the engine carries them through separate pipes and copies each in its own
+// goroutine (in containerd's shim and in dockerd), so writes to both that
+// are close in time can reach the attach stream in either order, and no
+// client can restore an order the daemon did not keep. Paced 10ms apart, as
+// here, they usually keep it, but under CPU load (other test packages
+// running at the same time) they do not always; the test logs how many lines
+// arrived out of the written cross-stream order. Our side never reorders
+// frames: TestDemuxKeepsFrameOrder.
 func TestDockerOutputInterleaved(t *testing.T) {
 	rt := newDockerRuntime(t)
 
 	script := `i=0; while [ $i -lt 50 ]; do echo out$i; usleep 10000; echo err$i >&2; usleep 10000; i=$((i+1)); done`
 	st, rec := run(t, rt, sandboxSpec(t, rt, script))
 	require.Equal(t, 0, st.Code)
-	var want []string
+	var want, wantOut, wantErr []string
 	for i := range 50 {
 		want = append(want, fmt.Sprintf("stdout:out%d", i), fmt.Sprintf("stderr:err%d", i))
+		wantOut = append(wantOut, fmt.Sprintf("stdout:out%d", i))
+		wantErr = append(wantErr, fmt.Sprintf("stderr:err%d", i))
 	}
-	require.Equal(t, want, rec.lines())
+	got := rec.lines()
+	var gotOut, gotErr []string
+	for _, l := range got {
+		if strings.HasPrefix(l, "stdout:") {
+			gotOut = append(gotOut, l)
+		} else {
+			gotErr = append(gotErr, l)
+		}
+	}
+	require.Equal(t, wantOut, gotOut, "stdout complete and in order")
+	require.Equal(t, wantErr, gotErr, "stderr complete and in order")
+	misplaced := 0
+	for i := range want {
+		if got[i] != want[i] {
+			misplaced++
+		}
+	}
+	t.Logf("cross-stream order: %d of %d lines away from the written order (not guaranteed)", misplaced, len(want))
 }
 
 func TestDockerOutputLargeLine(t *testing.T) {

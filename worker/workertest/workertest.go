@@ -7,12 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/rs/zerolog"
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetcrew/jetcrew/worker"
@@ -244,3 +246,19 @@ func ScriptBehaviour(spec worker.ContainerSpec) (Behaviour, error) {
 
 // ErrTransient is a Start error that is not permanent: the worker retries.
 var ErrTransient = errors.New("fake daemon error")
+
+// Logger returns a logger for code under test: silent, unless the
+// environment variable JETCREW_TEST_LOG names a file, where JSON lines are
+// appended.
+func Logger(t testing.TB) zerolog.Logger {
+	path := os.Getenv("JETCREW_TEST_LOG")
+	if path == "" {
+		return zerolog.Nop()
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatalf("test log: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return zerolog.New(f).With().Timestamp().Str("test", t.Name()).Logger()
+}

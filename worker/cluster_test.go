@@ -1,0 +1,126 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// On a three-node JetStream cluster with R3 streams, 200 short runs through
+// two workers each end exactly once, although one node is killed mid-load
+// and restarted.
+func TestClusterNodeLossEveryRunOnce(t *testing.T) {
+	t.Parallel()
+	c := workertest.StartCluster(t, 3)
+	connect := func() *nats.Conn {
+		nc, err := nats.Connect(c.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	prov := worker.ProvisionConfig{Replicas: 3, AckWait: 5 * time.Second}
+	js, err := jetstream.New(connect())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := worker.Provision(ctx, js, prov)
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond)
+
+	rts := []*workertest.Runtime{workertest.NewRuntime(), workertest.NewRuntime()}
+	for i, rt := range rts {
+		log := workertest.Logger(t)
+		w, err := worker.New(connect(), worker.Config{ID: fmt.Sprintf("cw%d", i), Runtime: rt, Concurrency: 8,
+			FetchWait: 2 * time.Second, Provision: prov, Logger: &log})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = w.Stop(ctx)
+		})
+	}
+
+	const n = 200
+	pub := func(i int) {
+		data, _ := json.Marshal(messages.RunRequest{ID: fmt.Sprintf("cl%03d", i), Profile: "shell", Prompt: "sleep 20ms; out ok"})
+		require.Eventually(t, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_, err := js.Publish(ctx, messages.SubjectRuns("default"), data, jetstream.WithMsgID(fmt.Sprintf("cl%03d", i)))
+			return err == nil
+		}, 30*time.Second, 100*time.Millisecond)
+	}
+	for i := range n / 2 {
+		pub(i)
+	}
+	// Kill the node the first client is not necessarily on: node 2.
+	c.Kill(1)
+	for i := n / 2; i < n; i++ {
+		pub(i)
+	}
+	time.Sleep(500 * time.Millisecond)
+	c.Restart(1)
+
+	kv, err := js.KeyValue(context.Background(), messages.BucketRuns)
+	require.NoError(t, err)
+	final := func(id string) (messages.RunState, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		e, err := kv.Get(ctx, id)
+		if err != nil {
+			return messages.RunState{}, false
+		}
+		var st messages.RunState
+		return st, json.Unmarshal(e.Value(), &st) == nil && st.State.Final()
+	}
+	require.Eventually(t, func() bool {
+		for i := range n {
+			if _, ok := final(fmt.Sprintf("cl%03d", i)); !ok {
+				return false
+			}
+		}
+		return true
+	}, 2*time.Minute, 250*time.Millisecond)
+
+	starts := map[string]int{}
+	for _, rt := range rts {
+		for _, s := range rt.Starts() {
+			starts[s.Labels[worker.LabelRunID]]++
+		}
+	}
+	for i := range n {
+		id := fmt.Sprintf("cl%03d", i)
+		st, _ := final(id)
+		require.Equal(t, messages.StateSucceeded, st.State, id)
+		require.Equal(t, 1, starts[id], "run %s started %d times", id, starts[id])
+	}
+	// Every request left the work queue.
+	require.Eventually(t, func() bool {
+		s, err := js.Stream(context.Background(), messages.StreamRuns)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	}, 30*time.Second, 250*time.Millisecond)
+	// One finished event per run.
+	for i := range n {
+		id := fmt.Sprintf("cl%03d", i)
+		s, err := js.Stream(context.Background(), messages.StreamEvents)
+		require.NoError(t, err)
+		_, err = s.GetLastMsgForSubject(context.Background(), messages.SubjectEvents(id, messages.EventFinished))
+		require.NoError(t, err, id)
+	}
+}
