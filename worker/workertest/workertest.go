@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/rs/zerolog"
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/worker"
 )
