@@ -1,0 +1,60 @@
+// Package coordination lets the runs of one group talk to each other, and to
+// the people watching them, over NATS JetStream. It is the worker's half of
+// jetcrew's coordination; the other half is the bridge, an MCP server inside
+// each run container (cmd/jetcrew-bridge, package coordination/bridge).
+//
+// # Shape
+//
+//	agent ⇄ MCP stdio ⇄ bridge ⇄ HTTP on /run/jetcrew/bridge.sock ⇄ Host (worker) ⇄ NATS
+//
+// Run containers have no network, so the bridge cannot reach NATS: it relays
+// each tool call over a per-run unix socket (package relay) to the worker's
+// Host, which serves one Session per run and acts on NATS as that run.
+//
+// # On NATS
+//
+//   - Stream JETCREW_COORD (Provision) holds every message, on subject
+//     jetcrew.coord.<group>.<recipient>, the recipient a run id, "all" or
+//     "operator". Header Jetcrew-From carries the sending run's id.
+//   - Each run's inbox is a durable pull consumer, "inbox-<run_id>",
+//     filtered on jetcrew.coord.<group>.<run_id> and jetcrew.coord.<group>.all,
+//     created by Serve (DeliverAll: messages sent to the run before it
+//     started wait for it). Reading acknowledges; a run's own "all" messages
+//     are skipped. The consumer survives the bridge, the Session and the
+//     worker; Close deletes it, and InactiveThreshold is the safety net.
+//   - Bucket jetcrew-coord-peers is the presence list: one key
+//     "<group>.<run_id>" per served run (a Presence document), refreshed
+//     while its Session lives and expiring PeerTTL after it does not.
+//
+// # People
+//
+// Operators take part with the stock NATS CLI:
+//
+//	nats sub 'jetcrew.coord.<group>.>'             # the whole conversation
+//	nats pub jetcrew.coord.<group>.<run_id> 'text' # to one run, from "operator"
+//	nats pub jetcrew.coord.<group>.all 'text'      # to every run of the group
+//
+// A plain core publish is captured by the stream and reaches the inbox. A
+// message without a Jetcrew-From header (or with one that is not a valid run
+// id) reads as from "operator".
+//
+// # Trust
+//
+// The socket is the run's identity: the Host stamps Jetcrew-From with the
+// socket's run, always publishes under the run's own group, validates the
+// recipient as one subject token (no '.', '*', '>'), accepts only a run of
+// the group that is in the presence list (or "all", "operator"), and reads
+// only the run's own inbox. The relay's requests have no field that could
+// name another sender, group or inbox; an unknown field is refused.
+//
+// Jetcrew-From set by any other NATS publisher is honoured as is: agents
+// cannot reach NATS (their containers have no network), so every other
+// publisher is the worker or an operator holding NATS credentials, and NATS
+// permissions are the boundary. Give operators who may only watch and talk a
+// user allowed to publish to jetcrew.coord.> and nothing else.
+//
+// The socket file is mode 0666 (SocketMode) so the run's non-root process can
+// connect whatever its uid or the runtime's uid mapping; the directory holding
+// it is mounted only into that run's container, and its parent on the host
+// should be 0700 (StageRunDir).
+package coordination

@@ -1,0 +1,135 @@
+package coordination
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/jetcrew/jetcrew/coordination/relay"
+)
+
+// apiError is an error reply with its HTTP status and relay error code.
+type apiError struct {
+	status int
+	code   string
+	msg    string
+}
+
+// Error returns the text the agent is given.
+func (e *apiError) Error() string { return e.msg }
+
+// unavailable wraps a NATS failure as the 503 the bridge turns into
+// "coordination unavailable: ...".
+func unavailable(err error) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, code: relay.CodeUnavailable,
+		msg: fmt.Sprintf("%s: the worker cannot reach NATS (%v); try again later", relay.ErrUnavailable, err)}
+}
+
+// handler routes the relay endpoints. Every request, whatever its outcome,
+// counts as the bridge having connected.
+func (s *Session) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+relay.PathHello, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET "+relay.PathStatus, func(w http.ResponseWriter, r *http.Request) {
+		st, err := s.status(r.Context())
+		s.reply(w, st, err)
+	})
+	mux.HandleFunc("POST "+relay.PathSend, func(w http.ResponseWriter, r *http.Request) {
+		var resp relay.SendResponse
+		data, err := readBody(w, r)
+		var req relay.SendRequest
+		if err == nil {
+			req, err = relay.DecodeSendRequest(data)
+		}
+		if err == nil {
+			resp, err = s.send(r.Context(), req)
+		}
+		if err != nil {
+			ae := s.classify(err)
+			s.emit(Event{Kind: EventRefused, To: req.To, Reason: ae.msg})
+			err = ae
+		}
+		s.reply(w, resp, err)
+	})
+	mux.HandleFunc("POST "+relay.PathInbox, func(w http.ResponseWriter, r *http.Request) {
+		var resp relay.InboxResponse
+		data, err := readBody(w, r)
+		var req relay.InboxRequest
+		if err == nil {
+			req, err = relay.DecodeInboxRequest(data)
+		}
+		if err == nil {
+			resp.Messages, err = s.inbox(r.Context(), req)
+		}
+		if err != nil && r.Context().Err() == nil {
+			ae := s.classify(err)
+			s.emit(Event{Kind: EventRefused, Reason: ae.msg})
+			err = ae
+		}
+		s.reply(w, resp, err)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.connected.CompareAndSwap(false, true) {
+			s.log.Info().Msg("bridge connected")
+			s.emit(Event{Kind: EventConnected})
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, relay.MaxRequestBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: relay.CodeTooLarge,
+				msg: fmt.Sprintf("request is larger than %d bytes", relay.MaxRequestBytes)}
+		}
+		return nil, &apiError{status: http.StatusBadRequest, code: relay.CodeInvalid, msg: "reading request: " + err.Error()}
+	}
+	return data, nil
+}
+
+// reply writes v as JSON, or err as an ErrorResponse with the status its
+// kind calls for (see classify).
+func (s *Session) reply(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err == nil {
+		_ = json.NewEncoder(w).Encode(v)
+		return
+	}
+	ae := s.classify(err)
+	w.WriteHeader(ae.status)
+	_ = json.NewEncoder(w).Encode(relay.ErrorResponse{Code: ae.code, Error: ae.msg})
+}
+
+// classify maps err to its reply: a rule broken by the request (4xx with the
+// rule's text), rate limiting (429), or anything else, which can only be NATS
+// failing, as 503 "coordination unavailable: ...".
+func (s *Session) classify(err error) *apiError {
+	var ae *apiError
+	var ie *relay.InvalidError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &ie):
+		status := http.StatusBadRequest
+		switch ie.Code {
+		case relay.CodeTooLarge:
+			status = http.StatusRequestEntityTooLarge
+		case relay.CodeUnknownPeer:
+			status = http.StatusNotFound
+		}
+		return &apiError{status: status, code: ie.Code, msg: ie.Message}
+	}
+	if s.ctx.Err() != nil {
+		return &apiError{status: http.StatusServiceUnavailable, code: relay.CodeUnavailable,
+			msg: relay.ErrUnavailable.Error() + ": the run's coordination session has ended (the worker is stopping or handing the run back)"}
+	}
+	s.log.Warn().Err(err).Msg("coordination request failed")
+	return unavailable(err)
+}

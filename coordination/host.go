@@ -1,0 +1,198 @@
+package coordination
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Config configures a Host. Zero fields take the documented defaults (see
+// WithDefaults).
+type Config struct {
+	// Logger receives structured logs. Default: a disabled logger.
+	Logger *zerolog.Logger
+	// OnEvent, when set, receives every coordination event of every
+	// session: the worker records them on the run's event subject. It is
+	// called synchronously from the goroutine serving the bridge's request,
+	// possibly from several goroutines at once, so it must be safe for
+	// concurrent use and must not block for long.
+	OnEvent func(Event)
+	// SendRate is how many messages per second one run may send, on
+	// average. Default 5; negative means unlimited.
+	SendRate float64
+	// SendBurst is how many messages a run may send at once before
+	// SendRate applies. Default 20.
+	SendBurst int
+	// OpTimeout bounds each NATS operation a request makes (an inbox call's
+	// wait comes on top). Default 5 seconds.
+	OpTimeout time.Duration
+	// InboxInactiveThreshold is how long an inbox consumer may go unused
+	// before the server deletes it: the safety net for a worker that died
+	// without closing its sessions. It must outlast the longest run
+	// (messages.MaxTimeout) including its retries. Default 48 hours.
+	InboxInactiveThreshold time.Duration
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		l := zerolog.Nop()
+		c.Logger = &l
+	}
+	if c.SendRate == 0 {
+		c.SendRate = 5
+	}
+	if c.SendBurst == 0 {
+		c.SendBurst = 20
+	}
+	if c.OpTimeout == 0 {
+		c.OpTimeout = 5 * time.Second
+	}
+	if c.InboxInactiveThreshold == 0 {
+		c.InboxInactiveThreshold = 48 * time.Hour
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.SendBurst < 1 {
+		return fmt.Errorf("coordination: send burst %d must be at least 1", c.SendBurst)
+	}
+	if c.OpTimeout < 100*time.Millisecond {
+		return fmt.Errorf("coordination: op timeout %s must be at least 100ms", c.OpTimeout)
+	}
+	if c.InboxInactiveThreshold < time.Minute {
+		return fmt.Errorf("coordination: inbox inactive threshold %s must be at least 1m", c.InboxInactiveThreshold)
+	}
+	if math.IsNaN(c.SendRate) {
+		return errors.New("coordination: send rate is NaN")
+	}
+	return nil
+}
+
+// Host serves the coordination sessions of one worker's runs: one unix
+// socket per run, each relayed onto NATS as that run. Create it with NewHost;
+// it is safe for concurrent use and owns no goroutine of its own (each
+// Session owns its own, ended by Session.Detach or Session.Close).
+type Host struct {
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log zerolog.Logger
+
+	mu       sync.Mutex
+	peers    jetstream.KeyValue // BucketPeers, looked up by the first Serve
+	sessions map[string]*Session
+}
+
+// NewHost returns a Host using nc, configured by cfg with defaults applied.
+// It returns an error for an invalid configuration; it does no I/O. The
+// JetStream resources must exist (Provision) before the first Serve.
+func NewHost(nc *nats.Conn, cfg Config) (*Host, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("coordination: %w", err)
+	}
+	return &Host{
+		cfg:      cfg,
+		nc:       nc,
+		js:       js,
+		log:      cfg.Logger.With().Str("component", "coordination").Logger(),
+		sessions: make(map[string]*Session),
+	}, nil
+}
+
+// RunInfo identifies the run a Session acts as.
+type RunInfo struct {
+	// RunID is the run's id: a subject token (messages.ValidateToken),
+	// neither "all" nor "operator".
+	RunID string
+	// Group is the run's coordination group (RunRequest.GroupOrID()).
+	Group string
+	// Profile is the run's profile name.
+	Profile string
+	// State is the state the run joins its group's presence list with.
+	// Default messages.StateQueued; Session.SetState changes it.
+	State messages.State
+	// StartedAt is when the run's container started; zero while queued.
+	StartedAt time.Time
+}
+
+func (r RunInfo) validate() error {
+	if err := messages.ValidateToken("run id", r.RunID); err != nil {
+		return err
+	}
+	if r.RunID == RecipientAll || r.RunID == RecipientOperator {
+		return fmt.Errorf("run id %q is reserved for coordination recipients", r.RunID)
+	}
+	if err := messages.ValidateToken("group", r.Group); err != nil {
+		return err
+	}
+	if r.Profile != "" {
+		if err := messages.ValidateToken("profile", r.Profile); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerBucket returns the presence bucket, looking it up once.
+func (h *Host) peerBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.peers != nil {
+		return h.peers, nil
+	}
+	kv, err := h.js.KeyValue(ctx, BucketPeers)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", BucketPeers, err)
+	}
+	h.peers = kv
+	return kv, nil
+}
+
+// register records s as run's live session, refusing a second one.
+func (h *Host) register(s *Session) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.sessions[s.run.RunID]; ok {
+		return fmt.Errorf("run %s already has a coordination session on this host", s.run.RunID)
+	}
+	h.sessions[s.run.RunID] = s
+	return nil
+}
+
+func (h *Host) unregister(s *Session) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sessions[s.run.RunID] == s {
+		delete(h.sessions, s.run.RunID)
+	}
+}
+
+// inboxConfig is the durable consumer holding run's inbox.
+func (h *Host) inboxConfig(run RunInfo) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:           InboxName(run.RunID),
+		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.Group,
+		FilterSubjects:    []string{Subject(run.Group, run.RunID), Subject(run.Group, RecipientAll)},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           30 * time.Second,
+		MaxAckPending:     1000,
+		InactiveThreshold: h.cfg.InboxInactiveThreshold,
+	}
+}

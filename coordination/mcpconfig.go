@@ -1,0 +1,81 @@
+package coordination
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// MCPServerName is the bridge's key in mcp.json; the agent sees its tools as
+// mcp__jetcrew__status and so on. It equals bridge.Name.
+const MCPServerName = "jetcrew"
+
+// RunDirMode is the mode of a run's coordination directory: the run's
+// non-root process may enter it and read mcp.json; only the worker writes.
+const RunDirMode os.FileMode = 0o755
+
+// MCPConfigMode is the mode of mcp.json: readable by all, writable by none.
+const MCPConfigMode os.FileMode = 0o444
+
+// MCPConfig returns the content of a run's mcp.json: one stdio MCP server,
+// MCPServerName, started as BridgePath with no arguments. The format is the
+// mcpServers map that Claude Code's --mcp-config and other MCP clients read.
+func MCPConfig() []byte {
+	type server struct {
+		Type    string `json:"type"`
+		Command string `json:"command"`
+	}
+	b, err := json.MarshalIndent(map[string]map[string]server{
+		"mcpServers": {MCPServerName: {Type: "stdio", Command: BridgePath}},
+	}, "", "  ")
+	if err != nil {
+		panic(err) // a constant document always encodes
+	}
+	return append(b, '\n')
+}
+
+// WriteMCPConfig writes MCPConfig to dir/mcp.json with mode MCPConfigMode,
+// atomically replacing any earlier file. dir must exist.
+func WriteMCPConfig(dir string) error {
+	f, err := os.CreateTemp(dir, ".mcp-*.json")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", MCPConfigName, err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(MCPConfig())
+	err = errors.Join(err, f.Chmod(MCPConfigMode), f.Close())
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, MCPConfigName))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", MCPConfigName, err)
+	}
+	return nil
+}
+
+// StageRunDir prepares dir as a run's coordination directory, the one the
+// worker bind-mounts read-only at ContainerRunDir: it creates dir (and its
+// missing parents, mode 0700) with mode RunDirMode and writes mcp.json
+// (WriteMCPConfig). The session's socket goes in the same directory:
+// Host.Serve(ctx, run, filepath.Join(dir, SocketName)).
+//
+// The parent of dir should be reachable only by the worker (0700): the
+// socket's mode is SocketMode (0666), and the directory is what keeps other
+// users of the host away from it.
+func StageRunDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return fmt.Errorf("stage run dir: %w", err)
+	}
+	if err := os.Mkdir(dir, RunDirMode); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("stage run dir: %w", err)
+	}
+	// Mkdir's mode is filtered by the umask, and an existing dir may have
+	// any mode: set it.
+	if err := os.Chmod(dir, RunDirMode); err != nil {
+		return fmt.Errorf("stage run dir: %w", err)
+	}
+	return WriteMCPConfig(dir)
+}

@@ -1,0 +1,109 @@
+package coordination
+
+import (
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination/relay"
+)
+
+// Names of the JetStream resources coordination uses. Like the names in
+// package messages they are wire contract: operators address them with the
+// stock NATS CLI.
+const (
+	// StreamName is the limits-retention stream holding every coordination
+	// message, subjects jetcrew.coord.>.
+	StreamName = "JETCREW_COORD"
+	// BucketPeers is the presence key-value bucket: one key
+	// "<group>.<run_id>" per queued or running run that has a session,
+	// holding a Presence document. Keys expire PeerTTL after their last
+	// refresh.
+	BucketPeers = "jetcrew-coord-peers"
+	// SubjectPrefix prefixes every coordination subject:
+	// jetcrew.coord.<group>.<recipient>.
+	SubjectPrefix = "jetcrew.coord"
+	// HeaderFrom carries the sender's run id. The worker sets it on every
+	// message a run sends, from the socket the message came through,
+	// whatever the agent wrote. A message without it is from the operator.
+	HeaderFrom = "Jetcrew-From"
+	// InboxPrefix prefixes the name of a run's inbox consumer:
+	// "inbox-<run_id>".
+	InboxPrefix = "inbox-"
+)
+
+// Reserved recipients (the last subject token). Every other recipient is a
+// run id; a run may therefore not be called "all" or "operator".
+const (
+	// RecipientAll addresses every run of the group but the sender.
+	RecipientAll = relay.RecipientAll
+	// RecipientOperator addresses the people watching the group; no run
+	// reads it.
+	RecipientOperator = relay.RecipientOperator
+)
+
+// Durations and sizes of the coordination resources.
+const (
+	// DuplicateWindow is JETCREW_COORD's duplicate window: a send repeated
+	// with the same idempotency key within it sends nothing new.
+	DuplicateWindow = 10 * time.Minute
+	// MaxAge is how long coordination messages are kept.
+	MaxAge = 7 * 24 * time.Hour
+	// MaxMsgBytes is the largest message the stream stores, headers
+	// included, in bytes. A larger operator publish is dropped by the
+	// server (a `nats req` shows the error; a `nats pub` does not).
+	MaxMsgBytes = 64 << 10
+	// PeerTTL is how long a presence key lives without a refresh. A Session
+	// refreshes its key every PeerTTL/3, so a worker that dies takes its
+	// runs out of their groups' peer lists within PeerTTL.
+	PeerTTL = time.Minute
+)
+
+// Paths inside a run container, for the worker's mounts.
+const (
+	// BridgePath is where the worker mounts the bridge binary, read-only.
+	BridgePath = "/opt/jetcrew/bridge"
+	// ContainerRunDir is where the worker mounts the run's directory (the
+	// one holding SocketName and MCPConfigName), read-only.
+	ContainerRunDir = "/run/jetcrew"
+	// SocketName is the socket's file name in the run's directory.
+	SocketName = "bridge.sock"
+	// MCPConfigName is the MCP configuration's file name in the run's
+	// directory.
+	MCPConfigName = "mcp.json"
+	// ContainerSocketPath is the socket's path inside the container, the
+	// bridge's default (relay.DefaultSocketPath).
+	ContainerSocketPath = relay.DefaultSocketPath
+	// ContainerMCPConfigPath is mcp.json's path inside the container, for
+	// the agent CLI's --mcp-config flag.
+	ContainerMCPConfigPath = ContainerRunDir + "/" + MCPConfigName
+)
+
+// Subject returns the subject of a message to recipient in group:
+// jetcrew.coord.<group>.<recipient>. recipient is a run id, RecipientAll or
+// RecipientOperator. It does not validate its arguments (see
+// messages.ValidateToken).
+func Subject(group, recipient string) string {
+	return SubjectPrefix + "." + group + "." + recipient
+}
+
+// SubjectGroup returns the wildcard matching every message of group,
+// jetcrew.coord.<group>.>, what `nats sub` takes to show a conversation.
+func SubjectGroup(group string) string {
+	return SubjectPrefix + "." + group + ".>"
+}
+
+// InboxName returns the name of run id's durable inbox consumer,
+// "inbox-<run_id>".
+func InboxName(runID string) string {
+	return InboxPrefix + runID
+}
+
+// PeerKey returns run id's presence key in BucketPeers, "<group>.<run_id>".
+func PeerKey(group, runID string) string {
+	return group + "." + runID
+}
+
+// recipientOf returns the last token of a coordination subject.
+func recipientOf(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}

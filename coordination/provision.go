@@ -1,0 +1,50 @@
+package coordination
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Provision creates or updates the JetStream resources coordination needs:
+// stream JETCREW_COORD (limits retention, file storage, subjects
+// jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, AllowDirect) and
+// the presence bucket BucketPeers (TTL PeerTTL, history 1, memory storage).
+// replicas is the replica count of both: 1 on one server, 3 on a cluster; 0
+// means 1. It is safe to call from every worker at once, and on every start.
+// Per-run inbox consumers are created by Host.Serve, not here.
+func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	if replicas == 0 {
+		replicas = 1
+	}
+	if replicas < 0 {
+		return fmt.Errorf("provision coordination: replicas %d must be positive", replicas)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName,
+		Description: "jetcrew coordination messages: jetcrew.coord.<group>.<run_id|all|operator>",
+		Subjects:    []string{SubjectPrefix + ".>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		MaxAge:      MaxAge,
+		MaxMsgSize:  MaxMsgBytes,
+		Duplicates:  DuplicateWindow,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}); err != nil {
+		return fmt.Errorf("provision stream %s: %w", StreamName, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketPeers,
+		Description: "jetcrew coordination presence: <group>.<run_id> of queued and running runs",
+		History:     1,
+		TTL:         PeerTTL,
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    replicas,
+	}); err != nil {
+		return fmt.Errorf("provision bucket %s: %w", BucketPeers, err)
+	}
+	return nil
+}

@@ -1,0 +1,157 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// maxResponseBytes bounds a reply body the client reads, in bytes: MaxInboxMax
+// messages of up to 64 KiB each, JSON-escaped, fit.
+const maxResponseBytes = 16 << 20
+
+// callTimeout bounds one status, send or hello call; an inbox call gets its
+// wait on top.
+const callTimeout = 15 * time.Second
+
+// Client calls the worker over a run's unix socket. It is what the bridge
+// uses; it is safe for concurrent use. Every method returns an error
+// matching ErrUnavailable (errors.Is) when the socket cannot be reached or
+// the worker cannot reach NATS, and an *Error for any other error reply.
+type Client struct {
+	path string
+	hc   *http.Client
+
+	closeOnce sync.Once
+	closed    chan struct{} // closed by Close: cancels every call in flight
+}
+
+// NewClient returns a Client for the socket at socketPath. It does no I/O:
+// a missing socket shows only when a method is called.
+func NewClient(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConns:       4,
+		IdleConnTimeout:    30 * time.Second,
+		DisableCompression: true,
+	}
+	return &Client{path: socketPath, hc: &http.Client{Transport: tr}, closed: make(chan struct{})}
+}
+
+// Close cancels every call in flight (they return an error matching
+// ErrUnavailable) and makes later calls fail the same way. The bridge calls it
+// when it is told to stop, so that a long-polling inbox call does not hold up
+// its exit. It is safe to call more than once.
+func (c *Client) Close() {
+	c.closeOnce.Do(func() {
+		close(c.closed)
+		c.hc.CloseIdleConnections()
+	})
+}
+
+// SocketPath returns the socket path the client dials.
+func (c *Client) SocketPath() string { return c.path }
+
+// Hello announces the bridge to the worker, which records that the run's
+// bridge connected.
+func (c *Client) Hello(ctx context.Context) error {
+	return c.call(ctx, http.MethodPost, PathHello, nil, nil, callTimeout)
+}
+
+// Status returns the run's identity, its peers and its unread count.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.call(ctx, http.MethodGet, PathStatus, nil, &st, callTimeout)
+	return st, err
+}
+
+// Send sends one message as the socket's run and returns its id.
+func (c *Client) Send(ctx context.Context, r SendRequest) (SendResponse, error) {
+	var resp SendResponse
+	err := c.call(ctx, http.MethodPost, PathSend, r, &resp, callTimeout)
+	return resp, err
+}
+
+// Inbox returns the run's unread messages, oldest first, waiting up to
+// r.WaitSeconds for one when none is unread, and marks them read.
+func (c *Client) Inbox(ctx context.Context, r InboxRequest) (InboxResponse, error) {
+	var resp InboxResponse
+	wait := time.Duration(max(0, min(r.WaitSeconds, MaxWaitSeconds))) * time.Second
+	err := c.call(ctx, http.MethodPost, PathInbox, r, &resp, callTimeout+wait)
+	return resp, err
+}
+
+func (c *Client) call(ctx context.Context, method, path string, in, out any, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	select {
+	case <-c.closed:
+		return fmt.Errorf("%w: the bridge is stopping", ErrUnavailable)
+	default:
+	}
+	go func() {
+		// Ends with the call (cancel above) or when the client closes.
+		select {
+		case <-c.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+	}
+	// The host part is ignored: the transport always dials the socket.
+	req, err := http.NewRequestWithContext(ctx, method, "http://jetcrew"+path, body)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // drop net/http's `Post "http://jetcrew/v1/send":` prefix
+		}
+		return fmt.Errorf("%w: cannot reach the worker through %s: %v", ErrUnavailable, c.path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		return fmt.Errorf("%w: reading the worker's reply: %v", ErrUnavailable, err)
+	}
+	if resp.StatusCode >= 300 {
+		var er ErrorResponse
+		if json.Unmarshal(data, &er) != nil || er.Error == "" {
+			er.Error = fmt.Sprintf("the worker answered HTTP %d", resp.StatusCode)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				er.Code, er.Error = CodeUnavailable, ErrUnavailable.Error()+": "+er.Error
+			}
+		}
+		return &Error{Status: resp.StatusCode, Code: er.Code, Message: er.Error}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode the worker's reply: %w", err)
+	}
+	return nil
+}
