@@ -24,6 +24,10 @@ const (
 	EventDuplicate EventType = "duplicate"
 	// EventCancel: a cancel request reached the run (body: Event with Reason).
 	EventCancel EventType = "cancel"
+	// EventCoord: a coordination step of the run (its bridge connected, a
+	// message sent, read or refused); the body is the coordination
+	// package's Event JSON.
+	EventCoord EventType = "coord"
 )
 
 // Headers set on event messages.

@@ -64,6 +64,7 @@ func TestRunStateWireGolden(t *testing.T) {
 	st := messages.RunState{
 		Version: 1, ID: "r1", State: messages.StateFailed, Profile: "shell", Pool: "default", Group: "r1",
 		Worker: "host-abc123", ContainerID: "c0ffee", ExitCode: &code, Attempts: 1, Reason: "exit code 3",
+		StreamSeq: 7, Coordination: "available", BridgeConnected: true,
 		OutputBytes: 42, QueuedAt: at, StartedAt: at.Add(time.Second), FinishedAt: at.Add(2 * time.Second),
 		UpdatedAt: at.Add(2 * time.Second),
 	}

@@ -74,6 +74,12 @@ type RunState struct {
 	// Result is the final result text, when the profile's backend extracts
 	// one (for the shell profile: empty).
 	Result string `json:"result,omitempty"`
+	// Coordination is "available" when the run's bridge socket was served,
+	// "unavailable" when it could not be (the agent's tool calls then say
+	// so), "off" when the profile turned coordination off.
+	Coordination string `json:"coordination,omitempty"`
+	// BridgeConnected is true once the run's bridge reached its socket.
+	BridgeConnected bool `json:"bridge_connected"`
 	// OutputBytes counts the bytes of stdout and stderr published as events.
 	OutputBytes int64 `json:"output_bytes"`
 	// Labels are copied from the request.

@@ -41,7 +41,7 @@ func TestClusterNodeLossEveryRunOnce(t *testing.T) {
 	rts := []*workertest.Runtime{workertest.NewRuntime(), workertest.NewRuntime()}
 	for i, rt := range rts {
 		log := workertest.Logger(t)
-		w, err := worker.New(connect(), worker.Config{ID: fmt.Sprintf("cw%d", i), Runtime: rt, Concurrency: 8,
+		w, err := worker.New(connect(), worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: fmt.Sprintf("cw%d", i), Runtime: rt, Concurrency: 8,
 			FetchWait: 2 * time.Second, Provision: prov, Logger: &log})
 		require.NoError(t, err)
 		require.NoError(t, w.Start(context.Background()))

@@ -280,10 +280,24 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		}
 	}
 
-	spec, err := BuildSpec(SpecInput{
+	in := SpecInput{
 		Profile: prof, Request: r.req, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv,
-	})
+	}
+	r.state.Coordination = "off"
+	var cs *coordSession
+	if prof.CoordinationOn() {
+		var err error
+		if cs, err = r.stageCoordination(ctx); err != nil {
+			r.fail(ctx, err.Error(), nil)
+			return
+		}
+		// The session ends with the delivery: for good when the run is
+		// final, kept (detached) when it is handed back.
+		defer func() { cs.end(r, r.state.State.Final()) }()
+		in.RunDir, in.BridgePath = cs.dir, w.cfg.BridgePath
+	}
+	spec, err := BuildSpec(in)
 	if err != nil {
 		r.fail(ctx, err.Error(), nil)
 		return
@@ -326,6 +340,11 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	w.failpoint(FailpointRunning)
 	r.event(ctx, messages.Event{Type: messages.EventStarted, ContainerID: c.ID()})
 	out.release()
+	if cs != nil && cs.sess != nil {
+		if err := cs.sess.SetState(ctx, messages.StateRunning); err != nil {
+			r.log.Warn().Err(err).Msg("coordination presence")
+		}
+	}
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", prof.Name).Msg("run started")
 
 	waitCtx, cancelWait := context.WithTimeout(ctx, timeout)
@@ -375,6 +394,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	n, perr := out.close(ctx)
 	r.state.OutputBytes = n
+	r.state.BridgeConnected = cs.connected()
 	if perr != nil {
 		r.log.Warn().Err(perr).Msg("some output events were not acknowledged")
 	}

@@ -115,7 +115,7 @@ func TestMaxDeliverAdvisoryDeadLetters(t *testing.T) {
 		}, 5*time.Second, 10*time.Millisecond)
 	}
 	rt := workertest.NewRuntime()
-	w, err := worker.New(nc, worker.Config{ID: "w9", Runtime: rt, FetchWait: time.Second,
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w9", Runtime: rt, FetchWait: time.Second,
 		Provision: worker.ProvisionConfig{AckWait: 500 * time.Millisecond, MaxDeliver: 2}})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))

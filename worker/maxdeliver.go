@@ -145,6 +145,14 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		}
 		w.log.Warn().Str("run_id", id).Uint64("stream_seq", raw.Sequence).Msg(reason)
 	}
+	if st.StreamSeq == raw.Sequence && st.State.Final() {
+		// No delivery is left to clean up after the last one, whose worker
+		// died: its container may still run. Remove the run's containers
+		// now, not when the reconciler finds them orphaned.
+		if err := w.removeRunContainers(ctx, id); err != nil {
+			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
+		}
+	}
 	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut) {
 		m := nats.NewMsg(messages.SubjectFailed(pool, id))
 		m.Data = raw.Data

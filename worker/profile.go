@@ -59,6 +59,9 @@ type Profile struct {
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`
 	// Env holds fixed, non-secret environment variables.
 	Env map[string]string `toml:"env" json:"env,omitempty"`
+	// Coordination turns the run's MCP coordination bridge on (default) or
+	// off. When on and the bridge cannot be staged, runs are refused.
+	Coordination *bool `toml:"coordination" json:"coordination"`
 	// EnvFromHost names variables copied from the worker's own environment
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
@@ -124,6 +127,10 @@ func (p Profile) withDefaults() (Profile, error) {
 	if p.HomeMiB == 0 {
 		p.HomeMiB = DefaultHomeMiB
 	}
+	if p.Coordination == nil {
+		on := true
+		p.Coordination = &on
+	}
 	if p.Timeout != "" {
 		d, err := time.ParseDuration(p.Timeout)
 		if err != nil {
@@ -181,6 +188,10 @@ func (p Profile) validate() error {
 	}
 	return nil
 }
+
+// CoordinationOn reports whether runs of the profile get the coordination
+// bridge.
+func (p Profile) CoordinationOn() bool { return p.Coordination == nil || *p.Coordination }
 
 // parseUser parses "uid:gid" (numeric) and refuses root.
 func parseUser(s string) (uid, gid int, err error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -20,10 +22,13 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	activeContainers := make(map[string]bool, len(w.active))
-	for _, a := range w.active {
+	activeDirs := make(map[string]bool, len(w.active))
+	for id, a := range w.active {
 		activeContainers[a.containerID] = true
+		activeDirs[w.runDir(id)] = true
 	}
 	w.mu.Unlock()
+	w.removeStaleRunDirs(activeDirs)
 
 	alive := map[string]bool{}
 	var errs []error
@@ -64,6 +69,28 @@ func (w *Worker) reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeStaleRunDirs removes staged run directories (and their sockets) that
+// no active run owns and that are older than OrphanGrace: left over by a
+// crash of this worker's process.
+func (w *Worker) removeStaleRunDirs(active map[string]bool) {
+	root := filepath.Join(w.cfg.StateDir, "r")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(root, e.Name())
+		info, err := e.Info()
+		if err != nil || active[dir] || time.Since(info.ModTime()) < w.cfg.OrphanGrace {
+			continue
+		}
+		w.log.Info().Str("dir", dir).Msg("removing a stale run directory")
+		if err := os.RemoveAll(dir); err != nil {
+			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale run directory")
+		}
+	}
 }
 
 // removeRunContainers removes every container of runID not in this worker's

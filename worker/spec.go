@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -34,6 +35,13 @@ type SpecInput struct {
 	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
 	// os.LookupEnv in production.
 	LookupEnv func(string) (string, bool)
+	// RunDir is the host directory staged for the run (socket and
+	// mcp.json), mounted read-only at coordination.ContainerRunDir; empty
+	// when coordination is off.
+	RunDir string
+	// BridgePath is the host path of the static bridge binary, mounted
+	// read-only at coordination.BridgePath; empty when coordination is off.
+	BridgePath string
 }
 
 // BuildSpec turns a profile and a run request into a ContainerSpec. It is a
@@ -66,6 +74,14 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 		"JETCREW_GROUP="+r.GroupOrID(),
 		"JETCREW_PROFILE="+p.Name,
 	)
+	var mounts []Mount
+	if in.RunDir != "" {
+		env = append(env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
+		mounts = append(mounts,
+			Mount{Source: in.RunDir, Target: coordination.ContainerRunDir, ReadOnly: true},
+			Mount{Source: in.BridgePath, Target: coordination.BridgePath, ReadOnly: true},
+		)
+	}
 
 	uid, gid, err := parseUser(p.User)
 	if err != nil {
@@ -96,6 +112,7 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 			"/tmp": fmt.Sprintf("size=%dm,mode=1777", p.TmpMiB),
 			p.Home: fmt.Sprintf("size=%dm,mode=0700,uid=%d,gid=%d", p.HomeMiB, uid, gid),
 		},
+		Mounts: mounts,
 	}, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -68,6 +70,18 @@ type Config struct {
 	// LookupEnv reads the worker's environment for profiles' env_from_host.
 	// Default os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// StateDir holds the per-run directories staged for containers (the
+	// bridge socket and mcp.json), under StateDir/r/. It must be a path the
+	// Docker engine sees as the worker does (same host), and short: a unix
+	// socket path is at most 107 bytes. Default:
+	// <os.TempDir()>/jetcrew-<worker id>.
+	StateDir string
+	// BridgePath is the host path of the static jetcrew-bridge binary,
+	// mounted read-only into every run container whose profile has
+	// coordination on. Default: jetcrew-bridge beside the running
+	// executable. When it is missing, such runs are refused with that
+	// reason.
+	BridgePath string
 	// Failpoint, when set, is called with the name of each crash point a
 	// run passes (see the Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
@@ -137,6 +151,14 @@ func (c Config) WithDefaults() Config {
 	if c.LookupEnv == nil {
 		c.LookupEnv = os.LookupEnv
 	}
+	if c.StateDir == "" {
+		c.StateDir = filepath.Join(os.TempDir(), "jetcrew-"+c.ID)
+	}
+	if c.BridgePath == "" {
+		if exe, err := os.Executable(); err == nil {
+			c.BridgePath = filepath.Join(filepath.Dir(exe), "jetcrew-bridge")
+		}
+	}
 	return c
 }
 
@@ -155,6 +177,9 @@ func (c Config) validate() error {
 	}
 	if c.InProgressInterval >= c.Provision.AckWait {
 		return fmt.Errorf("worker: in-progress interval %s must be shorter than AckWait %s", c.InProgressInterval, c.Provision.AckWait)
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return fmt.Errorf("worker: state dir %q must be an absolute path", c.StateDir)
 	}
 	if c.FetchWait < time.Second {
 		return fmt.Errorf("worker: fetch wait %s must be at least 1s", c.FetchWait)
@@ -178,13 +203,14 @@ func sanitizeToken(s string) string {
 // Worker pulls run requests and runs them. Create it with New, then Start
 // it; Stop ends it.
 type Worker struct {
-	cfg  Config
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	log  zerolog.Logger
-	runs jetstream.KeyValue
-	live jetstream.KeyValue
-	cons jetstream.Consumer
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   zerolog.Logger
+	runs  jetstream.KeyValue
+	live  jetstream.KeyValue
+	cons  jetstream.Consumer
+	coord *coordination.Host
 	// install identifies this installation in container labels.
 	install string
 
@@ -283,6 +309,17 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
+	if err := coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	log := w.log
+	w.coord, err = coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: w.onCoordEvent})
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(w.cfg.StateDir, "r"), 0o700); err != nil {
+		return fmt.Errorf("worker: state dir: %w", err)
+	}
 	if w.runs, err = w.js.KeyValue(ctx, messages.BucketRuns); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}

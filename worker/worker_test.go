@@ -37,7 +37,7 @@ func setup(t *testing.T, mod func(*worker.Config)) *testBundle {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	rt := workertest.NewRuntime()
-	cfg := worker.Config{ID: "w1", Runtime: rt, Concurrency: 2, FetchWait: 2 * time.Second}
+	cfg := worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w1", Runtime: rt, Concurrency: 2, FetchWait: 2 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -484,7 +484,7 @@ func TestOrphanReconcile(t *testing.T) {
 			worker.LabelInstall: "elsewhere", worker.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
 	}, func(string, []byte) {})
 	require.NoError(t, err)
-	w, err := worker.New(nc, worker.Config{ID: "w2", Runtime: rt, OrphanGrace: time.Minute})
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w2", Runtime: rt, OrphanGrace: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	defer w.Stop(context.Background())
@@ -501,7 +501,7 @@ func TestStopHandsBackRuns(t *testing.T) {
 	s := workertest.StartServer(t)
 	nc := workertest.Connect(t, s)
 	rt := workertest.NewRuntime()
-	w, err := worker.New(nc, worker.Config{ID: "w3", Runtime: rt, Concurrency: 1, FetchWait: time.Second})
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w3", Runtime: rt, Concurrency: 1, FetchWait: time.Second})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	js, _ := jetstream.New(nc)

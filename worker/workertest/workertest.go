@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -261,4 +262,28 @@ func Logger(t testing.TB) zerolog.Logger {
 	}
 	t.Cleanup(func() { _ = f.Close() })
 	return zerolog.New(f).With().Timestamp().Str("test", t.Name()).Logger()
+}
+
+// BridgeFile writes a stand-in for the jetcrew-bridge binary (a regular
+// file, mode 0555) under t.TempDir() and returns its path, for worker tests
+// whose fake runtime never executes it.
+func BridgeFile(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "jetcrew-bridge")
+	if err := os.WriteFile(path, []byte("#!/bin/false\n"), 0o555); err != nil {
+		t.Fatalf("bridge file: %v", err)
+	}
+	return path
+}
+
+// StateDir returns a short directory for a worker's per-run directories
+// (unix socket paths are limited to 107 bytes), removed when the test ends.
+func StateDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "jc")
+	if err != nil {
+		t.Fatalf("state dir: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
