@@ -40,6 +40,7 @@ TEST_TIMEOUT ?= 14m
 .PHONY: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/jetcrew ./cmd/jetcrew
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
 
 # tools installs the stock NATS CLI that tests and the README use, at the
 # exact version we test against.
@@ -61,7 +62,7 @@ test: tools images build
 
 .PHONY: test-race
 test-race: tools images
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./messages/... ./worker ./dispatcher/... ./coordination/...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./messages/... ./worker ./dispatcher/... ./coordination/... ./cmd/jetcrew-bridge/...
 
 .PHONY: demo
 demo: tools images build

@@ -67,12 +67,15 @@ func prepare() error {
 	if err != nil {
 		return err
 	}
+	// The worker finds the bridge binary beside its own executable.
 	jetcrewBin = filepath.Join(dir, "jetcrew")
-	build := exec.Command("go", "build", "-o", jetcrewBin, "./cmd/jetcrew")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("build jetcrew: %v\n%s", err, out)
+	for bin, pkg := range map[string]string{jetcrewBin: "./cmd/jetcrew", filepath.Join(dir, "jetcrew-bridge"): "./cmd/jetcrew-bridge"} {
+		build := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
+		build.Dir = root
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
 	}
 	natsBin, err = exec.LookPath("nats")
 	if err != nil {
@@ -233,7 +236,7 @@ func TestSubmitWaitFailureKeepsExitCodeAndOutput(t *testing.T) {
 	require.Contains(t, st.Reason, `unknown profile "nope"`)
 
 	// Both requests are in the dead-letter stream, as submitted.
-	nr := run(t, url, natsBin, "stream", "get", messages.StreamFailed, "-S", messages.SubjectFailed("default", "e2e-fail"), "--raw")
+	nr := run(t, url, natsBin, "stream", "get", messages.StreamFailed, "-S", messages.SubjectFailed("default", "e2e-fail"))
 	require.Equal(t, 0, nr.code, nr.stderr)
 	require.Contains(t, nr.stdout, `"id":"e2e-fail"`)
 }
