@@ -189,7 +189,7 @@ func TestSubmitWaitShell(t *testing.T) {
 	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "e2e-ok", "--wait",
 		`uname -a; echo hello from $(id -u); grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; touch /x 2>&1 || echo rootfs read-only`)
 	require.Equal(t, 0, r.code, "stdout=%s stderr=%s", r.stdout, r.stderr)
-	require.Contains(t, r.stdout, "e2e-ok")
+	require.Contains(t, r.stderr, "e2e-ok", "the run id is reported on stderr; stdout is the run's own")
 	require.Contains(t, r.stdout, "Linux")
 	require.Regexp(t, `hello from [1-9][0-9]*`, r.stdout)
 	require.Contains(t, r.stdout, "CapEff:\t0000000000000000")
