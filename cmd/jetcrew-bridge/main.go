@@ -58,9 +58,12 @@ func main() {
 
 // run serves MCP on stdin/stdout until stdin ends (exit 0), ctx is cancelled
 // (SIGTERM or SIGINT: exit 0), or the session fails on a broken frame (exit
-// 1). Arguments are refused (exit 2). Only JSON-RPC frames are written to
+// 1). Arguments are refused (exit 2), but for "launch" (see launch). Only JSON-RPC frames are written to
 // stdout; everything else goes to stderr.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && args[0] == launchCommand {
+		return launch(args[1:], stderr, getenv)
+	}
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "jetcrew-bridge %s: takes no arguments; it serves MCP over stdio (socket: $%s, default %s)\n",
 			version, relay.EnvSocket, relay.DefaultSocketPath)
