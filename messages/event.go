@@ -24,6 +24,9 @@ const (
 	EventDuplicate EventType = "duplicate"
 	// EventCancel: a cancel request reached the run (body: Event with Reason).
 	EventCancel EventType = "cancel"
+	// EventAgent: a step the backend read from the agent CLI's output
+	// (body: AgentEvent).
+	EventAgent EventType = "agent"
 	// EventCoord: a coordination step of the run (its bridge connected, a
 	// message sent, read or refused); the body is the coordination
 	// package's Event JSON.
@@ -86,4 +89,20 @@ type Event struct {
 	ExitCode *int `json:"exit_code,omitempty"`
 	// Reason explains a non-success EventFinished.
 	Reason string `json:"reason,omitempty"`
+	// Receipt is the run's profile receipt, on EventFinished.
+	Receipt *Receipt `json:"receipt,omitempty"`
+	// Result is the agent's final result text, on EventFinished.
+	Result string `json:"result,omitempty"`
+}
+
+// AgentEvent is the body of an EventAgent: one line of the agent CLI's
+// structured output, as the backend understood it.
+type AgentEvent struct {
+	// RunID is the run.
+	RunID string `json:"run_id"`
+	// Kind is the CLI's own event type ("system/init", "assistant",
+	// "result", "item.completed", ...).
+	Kind string `json:"kind"`
+	// Text is the human-readable part, if any, at most 4 KiB.
+	Text string `json:"text,omitempty"`
 }

@@ -1,7 +1,6 @@
 package messages
 
 import (
-	"encoding/json"
 	"time"
 )
 
@@ -23,12 +22,15 @@ const (
 	StateCancelled State = "cancelled"
 	// StateTimedOut: the run outlived its timeout and was stopped. Final.
 	StateTimedOut State = "timed_out"
+	// StateStalled: the run showed no progress (no output, no coordination
+	// traffic) for its profile's stall timeout and was stopped. Final.
+	StateStalled State = "stalled"
 )
 
 // Final reports whether s is a final state: one a run never leaves.
 func (s State) Final() bool {
 	switch s {
-	case StateSucceeded, StateFailed, StateCancelled, StateTimedOut:
+	case StateSucceeded, StateFailed, StateCancelled, StateTimedOut, StateStalled:
 		return true
 	}
 	return false
@@ -74,6 +76,9 @@ type RunState struct {
 	// Result is the final result text, when the profile's backend extracts
 	// one (for the shell profile: empty).
 	Result string `json:"result,omitempty"`
+	// Agent holds what the backend read from the agent CLI's output: cost,
+	// turns, whether the CLI reported an error.
+	Agent *AgentSummary `json:"agent,omitempty"`
 	// Coordination is "available" when the run's bridge socket was served,
 	// "unavailable" when it could not be (the agent's tool calls then say
 	// so), "off" when the profile turned coordination off.
@@ -93,5 +98,18 @@ type RunState struct {
 	// UpdatedAt is when this record was written.
 	UpdatedAt time.Time `json:"updated_at"`
 	// Receipt describes the effective profile the run used (no secrets).
-	Receipt json.RawMessage `json:"receipt,omitempty"`
+	Receipt *Receipt `json:"receipt,omitempty"`
+}
+
+// AgentSummary is what an agent CLI reported about its own run.
+type AgentSummary struct {
+	// IsError is true when the CLI reported that the task failed.
+	IsError bool `json:"is_error,omitempty"`
+	// CostUSD is the CLI's reported cost, in US dollars.
+	CostUSD float64 `json:"cost_usd,omitempty"`
+	// Turns is the CLI's reported number of turns.
+	Turns int `json:"turns,omitempty"`
+	// MCPServers maps each MCP server the CLI reported to its status
+	// ("connected", "failed").
+	MCPServers map[string]string `json:"mcp_servers,omitempty"`
 }

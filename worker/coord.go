@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,25 +32,53 @@ type coordSession struct {
 	sess *coordination.Session
 }
 
-// stageCoordination prepares a run's bridge: the read-only bridge binary
-// must exist, the run directory with mcp.json is staged and its socket
-// served. A bridge that cannot be staged refuses the run (an error); a
-// socket that cannot be served (NATS trouble) is recorded as coordination
-// "unavailable" and the run goes on, its agent told so on every tool call.
-func (r *run) stageCoordination(ctx context.Context) (*coordSession, error) {
-	w := r.w
+// checkBridge checks that the bridge binary can be mounted: a regular file
+// with mode 0555 or wider.
+func (w *Worker) checkBridge() error {
 	fi, err := os.Stat(w.cfg.BridgePath)
 	if err != nil {
-		return nil, fmt.Errorf("coordination bridge cannot be staged: %w (build it with `make build`, or set the worker's bridge path; or turn coordination off in the profile)", err)
+		return fmt.Errorf("coordination bridge cannot be staged: %w (build it with `make build`, or set the worker's bridge path; or turn coordination off in the profile)", err)
 	}
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o555 != 0o555 {
-		return nil, fmt.Errorf("coordination bridge cannot be staged: %s must be a regular file with mode 0555 or wider (has %s)", w.cfg.BridgePath, fi.Mode())
+		return fmt.Errorf("coordination bridge cannot be staged: %s must be a regular file with mode 0555 or wider (has %s)", w.cfg.BridgePath, fi.Mode())
 	}
+	return nil
+}
+
+// stageRun stages a run's directory: mcp.json and the backend's files
+// (prompt, CLI settings, files to seed HOME with), every file 0444 in
+// directories 0755. With coordination on it also serves the run's bridge
+// socket there. A directory that cannot be staged refuses the run (an
+// error); a socket that cannot be served (NATS trouble) is recorded as
+// coordination "unavailable" and the run goes on, its agent told so on
+// every tool call.
+func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coordSession, error) {
+	w := r.w
 	dir := w.runDir(r.req.ID)
 	if err := coordination.StageRunDir(dir); err != nil {
-		return nil, fmt.Errorf("coordination run directory cannot be staged: %w", err)
+		return nil, fmt.Errorf("run directory cannot be staged: %w", err)
 	}
 	cs := &coordSession{dir: dir}
+	for _, f := range plan.Files {
+		rel, ok := strings.CutPrefix(f.Path, coordination.ContainerRunDir+"/")
+		if !ok {
+			return cs, fmt.Errorf("backend file %s is outside %s", f.Path, coordination.ContainerRunDir)
+		}
+		host := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
+			return cs, fmt.Errorf("stage %s: %w", f.Path, err)
+		}
+		_ = os.Remove(host) // a leftover 0444 file from an earlier delivery
+		if err := os.WriteFile(host, f.Data, 0o444); err != nil {
+			return cs, fmt.Errorf("stage %s: %w", f.Path, err)
+		}
+		if err := os.Chmod(host, f.Mode); err != nil {
+			return cs, fmt.Errorf("stage %s: %w", f.Path, err)
+		}
+	}
+	if !coordOn {
+		return cs, nil
+	}
 	sess, err := w.coord.Serve(ctx, coordination.RunInfo{RunID: r.req.ID, Group: r.req.GroupOrID(), Profile: r.req.Profile},
 		filepath.Join(dir, coordination.SocketName))
 	if err != nil {
@@ -107,6 +136,11 @@ func (w *Worker) onCoordEvent(ev coordination.Event) {
 	if err := w.nc.PublishMsg(m); err != nil {
 		w.log.Warn().Err(err).Str("run_id", ev.RunID).Msg("publish coordination event")
 	}
+	w.mu.Lock()
+	if a := w.active[ev.RunID]; a != nil && a.run.prog != nil {
+		a.run.prog.touch()
+	}
+	w.mu.Unlock()
 	switch ev.Kind {
 	case coordination.EventSent:
 		w.metrics.coordMsgs.WithLabelValues("sent").Inc()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -44,6 +46,17 @@ func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
 type run struct {
 	// cancelled is set when a cancel request stopped the run's container.
 	cancelled atomic.Bool
+	// mcpProved is set when the agent CLI reported the jetcrew MCP server
+	// connected.
+	mcpProved atomic.Bool
+	// container is the run's container once started.
+	container Container
+	// prog records the last progress, for the stall watchdog.
+	prog *progress
+	// stopKind and stopReason say which watchdog stopped the run.
+	stopMu     sync.Mutex
+	stopKind   string
+	stopReason string
 	// rev is the bucket revision of the run's state as this delivery last
 	// wrote it: the lease. 0 means no state exists yet.
 	rev   uint64
@@ -201,7 +214,7 @@ const (
 func (r *run) decide(prev messages.RunState) verdict {
 	seq := r.meta.Sequence.Stream
 	switch {
-	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut):
+	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut || prev.State == messages.StateStalled):
 		return verdictRedeadLetter
 	case prev.StreamSeq == seq && prev.State.Final():
 		return verdictAck
@@ -284,24 +297,6 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		Profile: prof, Request: r.req, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv,
 	}
-	r.state.Coordination = "off"
-	var cs *coordSession
-	if prof.CoordinationOn() {
-		var err error
-		if cs, err = r.stageCoordination(ctx); err != nil {
-			r.fail(ctx, err.Error(), nil)
-			return
-		}
-		// The session ends with the delivery: for good when the run is
-		// final, kept (detached) when it is handed back.
-		defer func() { cs.end(r, r.state.State.Final()) }()
-		in.RunDir, in.BridgePath = cs.dir, w.cfg.BridgePath
-	}
-	spec, err := BuildSpec(in)
-	if err != nil {
-		r.fail(ctx, err.Error(), nil)
-		return
-	}
 	timeout := time.Duration(r.req.Timeout)
 	if timeout == 0 {
 		timeout = prof.timeout
@@ -309,9 +304,67 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if timeout == 0 {
 		timeout = w.cfg.DefaultTimeout
 	}
+	r.state.Coordination = "off"
+	coordOn := prof.CoordinationOn()
+	plan, err := planAgent(prof, r.req.Prompt, coordOn)
+	// Every outcome carries the receipt, a failure before the agent
+	// started included: here it describes the plan; below, the container.
+	r.state.Receipt = buildReceipt(prof, plan, ContainerSpec{}, timeout, r.req.Prompt)
+	if err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return
+	}
+	in.Plan, in.Coordination = plan, coordOn
+	needBridge := coordOn || plan.Launch
+	if needBridge {
+		in.BridgePath = w.cfg.BridgePath
+	}
+	if coordOn || len(plan.Files) > 0 {
+		in.RunDir = w.runDir(r.req.ID)
+	}
+	spec, err := BuildSpec(in)
+	if err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return
+	}
+	r.state.Receipt = buildReceipt(prof, plan, spec, timeout, r.req.Prompt)
+	if needBridge {
+		if err := w.checkBridge(); err != nil {
+			r.fail(ctx, err.Error(), nil)
+			return
+		}
+	}
+	var cs *coordSession
+	if in.RunDir != "" {
+		cs, err = r.stageRun(ctx, plan, coordOn)
+		// The session ends with the delivery: for good when the run is
+		// final, kept (detached) when it is handed back; the directory goes.
+		defer func() { cs.end(r, r.state.State.Final()) }()
+		if err != nil {
+			r.fail(ctx, err.Error(), nil)
+			return
+		}
+	}
 
+	prog := &progress{}
+	prog.touch()
+	r.prog = prog
+	parser := newAgentParser(prof.Backend, r.agentEvent, func(status string) {
+		if status != "connected" {
+			r.stopFor(stopBridge, fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", coordination.MCPServerName, status))
+			return
+		}
+		r.mcpProved.Store(true)
+	})
 	out := newOutputPublisher(w.js, r.req.ID, attempt)
-	c, err := w.cfg.Runtime.Start(ctx, spec, out.write)
+	output := func(stream string, p []byte) {
+		prog.touch()
+		if stream == messages.StreamStdout {
+			parser.feed(p)
+		}
+		out.write(stream, p)
+	}
+	c, err := w.cfg.Runtime.Start(ctx, spec, output)
 	if err != nil {
 		_, _ = out.close(ctx)
 		if errors.Is(err, ErrPermanent) {
@@ -321,6 +374,10 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		}
 		return
 	}
+	if ider, ok := c.(interface{ ImageID() string }); ok {
+		r.state.Receipt.ImageID = ider.ImageID()
+	}
+	r.container = c
 	w.track(r, c)
 	defer w.untrack(r.req.ID)
 	w.failpoint(FailpointAfterStart)
@@ -347,20 +404,23 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", prof.Name).Msg("run started")
 
+	needProof := prof.Backend != BackendCommand && coordOn
+	stopWatch := r.watch(prof, needProof, cs, prog)
 	waitCtx, cancelWait := context.WithTimeout(ctx, timeout)
 	status, err := c.Wait(waitCtx)
 	cancelWait()
+	stopWatch()
 	w.failpoint(FailpointAfterExit)
 	final, reason := messages.StateSucceeded, ""
+	stopKind, stopReason := r.stopped()
 	switch {
-	case r.cancelled.Load():
-		// A cancel request stopped the container (SIGTERM, grace, SIGKILL);
-		// wait for that to finish.
-		final, reason = messages.StateCancelled, "cancelled by request"
+	case r.cancelled.Load() || stopKind != stopNone:
+		// A cancel request or a watchdog stopped the container (SIGTERM,
+		// grace, SIGKILL); wait for that to finish.
 		if err != nil {
 			status, err = r.stopAndWait(c)
 			if err != nil {
-				r.log.Warn().Err(err).Msg("stop cancelled container")
+				r.log.Warn().Err(err).Msg("stop container")
 			}
 		}
 	case err != nil && ctx.Err() != nil:
@@ -380,17 +440,23 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.retry(ctx, fmt.Errorf("wait for container: %w", err))
 		return
 	}
-	if r.cancelled.Load() && final != messages.StateCancelled {
-		final, reason = messages.StateCancelled, "cancelled by request"
-	}
+	result, summary := parser.outcome()
+	r.state.Result, r.state.Agent = clipResult(result), summary
 	r.state.ExitCode = &status.Code
-	if final == messages.StateSucceeded {
-		switch {
-		case status.OOMKilled:
-			final, reason = messages.StateFailed, "oom"
-		case status.Code != 0:
-			final, reason = messages.StateFailed, exitReason(status, out.lastErrLine(), spec)
-		}
+	switch {
+	case r.cancelled.Load():
+		final, reason = messages.StateCancelled, "cancelled by request"
+	case stopKind == stopStalled:
+		final, reason = messages.StateStalled, stopReason
+	case stopKind == stopBridge:
+		final, reason = messages.StateFailed, stopReason
+	case final != messages.StateSucceeded:
+	case status.OOMKilled:
+		final, reason = messages.StateFailed, "oom"
+	case status.Code != 0 && summary != nil && summary.IsError && result != "":
+		final, reason = messages.StateFailed, fmt.Sprintf("exit code %d: the agent reported: %s", status.Code, oneLine(result))
+	case status.Code != 0:
+		final, reason = messages.StateFailed, exitReason(status, out.lastErrLine(), spec)
 	}
 	n, perr := out.close(ctx)
 	r.state.OutputBytes = n
@@ -400,6 +466,106 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	r.finish(ctx, final, reason)
 	r.removeContainer(c)
+}
+
+// Why a watchdog stopped a run.
+const (
+	stopNone    = ""
+	stopStalled = "stalled"
+	stopBridge  = "bridge"
+)
+
+// stopFor stops the run's container, once, for a watchdog reason: the first
+// reason wins.
+func (r *run) stopFor(kind, reason string) {
+	r.stopMu.Lock()
+	if r.stopKind != stopNone || r.container == nil {
+		r.stopMu.Unlock()
+		return
+	}
+	r.stopKind, r.stopReason = kind, reason
+	c := r.container
+	r.stopMu.Unlock()
+	r.log.Warn().Str("why", kind).Msg(reason)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.w.cfg.StopGrace+30*time.Second)
+		defer cancel()
+		if err := c.Stop(ctx, r.w.cfg.StopGrace); err != nil {
+			r.log.Warn().Err(err).Msg("stop container")
+		}
+	}()
+}
+
+func (r *run) stopped() (kind, reason string) {
+	r.stopMu.Lock()
+	defer r.stopMu.Unlock()
+	return r.stopKind, r.stopReason
+}
+
+// watch runs the run's watchdogs until the returned function is called: the
+// stall watchdog (no output and no coordination traffic for the profile's
+// stall timeout) and, for agent CLIs with coordination on, the bridge
+// deadline (the CLI must have started the jetcrew MCP server, proved by the
+// bridge's first connection or by the CLI's own report, in time).
+func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progress) func() {
+	stop, done := make(chan struct{}), make(chan struct{})
+	started := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(watchInterval(prof))
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if prof.stallTimeout > 0 && prog.since() > prof.stallTimeout {
+				r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
+			}
+			if needProof && !r.mcpProved.Load() && !cs.connected() && time.Since(started) > prof.bridgeDeadline {
+				r.stopFor(stopBridge, fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, prof.bridgeDeadline))
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+
+// watchInterval is how often the watchdogs look: a tenth of the shortest
+// bound, between 50ms and 1s.
+func watchInterval(p Profile) time.Duration {
+	d := time.Second
+	for _, b := range []time.Duration{p.stallTimeout, p.bridgeDeadline} {
+		if b > 0 && b/10 < d {
+			d = b / 10
+		}
+	}
+	return max(d, 50*time.Millisecond)
+}
+
+// maxResult bounds the result text kept in a run's state, in bytes.
+const maxResult = 64 << 10
+
+func clipResult(s string) string {
+	if len(s) > maxResult {
+		return s[:maxResult]
+	}
+	return s
+}
+
+// agentEvent publishes a step of the agent CLI's output on
+// jetcrew.events.<run_id>.agent (a core publish, captured by the events
+// stream; the raw bytes are in the output events).
+func (r *run) agentEvent(ev messages.AgentEvent) {
+	ev.RunID = r.req.ID
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(messages.SubjectEvents(r.req.ID, messages.EventAgent))
+	m.Data = b
+	m.Header.Set(messages.HeaderRunID, r.req.ID)
+	_ = r.w.nc.PublishMsg(m)
 }
 
 // exitReason explains a non-zero exit: the code, a diagnosis when stderr
@@ -541,7 +707,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	}
 	r.event(ctx, messages.Event{
 		Type: messages.EventFinished, State: final, ExitCode: r.state.ExitCode,
-		Reason: reason, ContainerID: r.state.ContainerID,
+		Reason: reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
 	})
 	lg := r.log.Info()
 	if final != messages.StateSucceeded {
@@ -718,6 +884,11 @@ func (r *run) deadLetter(ctx context.Context) error {
 	m.Header.Set(messages.HeaderWorker, r.w.cfg.ID)
 	if r.state.ExitCode != nil {
 		m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*r.state.ExitCode))
+	}
+	if r.state.Receipt != nil {
+		if b, err := json.Marshal(r.state.Receipt); err == nil {
+			m.Header.Set(messages.HeaderReceipt, string(b))
+		}
 	}
 	// One dead letter per run and delivery, even when a crash makes us
 	// publish it twice within the duplicate window.

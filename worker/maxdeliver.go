@@ -153,7 +153,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
 		}
 	}
-	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut) {
+	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut || st.State == messages.StateStalled) {
 		m := nats.NewMsg(messages.SubjectFailed(pool, id))
 		m.Data = raw.Data
 		m.Header.Set(messages.HeaderRunID, id)

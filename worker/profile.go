@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,15 +24,39 @@ import (
 type Profile struct {
 	// Name is the profile's name (the TOML table key).
 	Name string `toml:"-" json:"name"`
-	// Backend names how the command line is built. Only "command" exists
-	// yet: Command with "{prompt}" substituted.
+	// Backend names the agent CLI and so how the command line, its MCP
+	// configuration and its output are handled: command (default), claude,
+	// codex, gemini, opencode, kimi or pi (see Backend* and
+	// docs/backends.md).
 	Backend string `toml:"backend" json:"backend"`
 	// Image is the image reference. It must exist on the worker's Docker
 	// engine; it is never pulled.
 	Image string `toml:"image" json:"image"`
-	// Command is the argv; every "{prompt}" in an element is replaced by
-	// the request's prompt.
+	// Command is the argv for the command backend: every "{prompt}" in an
+	// element is replaced by the request's prompt and every
+	// "{prompt_file}" by the path of a read-only file holding it. For the
+	// agent backends it optionally replaces the CLI's executable (default:
+	// its name, found on the image's PATH).
 	Command []string `toml:"command" json:"command"`
+	// Args are extra arguments appended to the CLI's argv.
+	Args []string `toml:"args" json:"args,omitempty"`
+	// PromptStdin (command backend) feeds the prompt on standard input.
+	// Agent backends always do.
+	PromptStdin bool `toml:"prompt_stdin" json:"prompt_stdin,omitempty"`
+	// PermissionMode (claude) is Claude Code's permission mode; default
+	// bypassPermissions (--dangerously-skip-permissions): the container is
+	// the boundary. Others: default, acceptEdits, plan, dontAsk.
+	PermissionMode string `toml:"permission_mode" json:"permission_mode,omitempty"`
+	// ApprovalMode (gemini) is Gemini CLI's --approval-mode; default yolo.
+	ApprovalMode string `toml:"approval_mode" json:"approval_mode,omitempty"`
+	// StallTimeout stops a run that shows no progress (no output, no
+	// coordination traffic) for this long, ending it "stalled"; a Go
+	// duration string. Default: 10m for agent backends, off for command.
+	StallTimeout string `toml:"stall_timeout" json:"stall_timeout,omitempty"`
+	// BridgeDeadline is how long an agent backend's CLI has to start the
+	// jetcrew MCP server (proved by the bridge's first connection, or by
+	// Claude Code's init event) before the run is stopped; default 2m.
+	BridgeDeadline string `toml:"bridge_deadline" json:"bridge_deadline,omitempty"`
 	// User is "uid:gid", numeric and never 0. Default "65532:65532".
 	User string `toml:"user" json:"user"`
 	// Home is the writable home directory in the container (a tmpfs owned
@@ -66,7 +91,9 @@ type Profile struct {
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
 
-	timeout time.Duration
+	timeout        time.Duration
+	stallTimeout   time.Duration
+	bridgeDeadline time.Duration
 }
 
 // Profile defaults.
@@ -131,12 +158,28 @@ func (p Profile) withDefaults() (Profile, error) {
 		on := true
 		p.Coordination = &on
 	}
-	if p.Timeout != "" {
-		d, err := time.ParseDuration(p.Timeout)
-		if err != nil {
-			return p, fmt.Errorf("timeout: %w", err)
+	stallDefault := 10 * time.Minute
+	if p.Backend == BackendCommand {
+		stallDefault = 0
+	}
+	for _, d := range []struct {
+		name string
+		s    string
+		dst  *time.Duration
+		def  time.Duration
+	}{
+		{"timeout", p.Timeout, &p.timeout, 0},
+		{"stall_timeout", p.StallTimeout, &p.stallTimeout, stallDefault},
+		{"bridge_deadline", p.BridgeDeadline, &p.bridgeDeadline, 2 * time.Minute},
+	} {
+		*d.dst = d.def
+		if d.s != "" {
+			v, err := time.ParseDuration(d.s)
+			if err != nil {
+				return p, fmt.Errorf("%s: %w", d.name, err)
+			}
+			*d.dst = v
 		}
-		p.timeout = d
 	}
 	return p, nil
 }
@@ -146,14 +189,27 @@ func (p Profile) validate() error {
 	if err := messages.ValidateToken("profile name", p.Name); err != nil {
 		return err
 	}
-	if p.Backend != "command" {
-		return fmt.Errorf("backend %q is not supported (supported: command)", p.Backend)
+	if !slices.Contains(Backends(), p.Backend) {
+		return fmt.Errorf("backend %q is not supported (supported: %s)", p.Backend, strings.Join(Backends(), ", "))
 	}
 	if p.Image == "" {
 		return errors.New("image is required")
 	}
-	if len(p.Command) == 0 {
-		return errors.New("command is required")
+	if len(p.Command) == 0 && p.Backend == BackendCommand {
+		return errors.New("command is required for the command backend")
+	}
+	switch p.PermissionMode {
+	case "", "default", "acceptEdits", "bypassPermissions", "plan", "dontAsk":
+	default:
+		return fmt.Errorf("permission_mode %q is not one of default, acceptEdits, bypassPermissions, plan, dontAsk", p.PermissionMode)
+	}
+	switch p.ApprovalMode {
+	case "", "default", "auto_edit", "yolo":
+	default:
+		return fmt.Errorf("approval_mode %q is not one of default, auto_edit, yolo", p.ApprovalMode)
+	}
+	if p.stallTimeout < 0 || p.bridgeDeadline < 0 {
+		return errors.New("stall_timeout and bridge_deadline must not be negative")
 	}
 	if _, _, err := parseUser(p.User); err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
@@ -35,12 +34,18 @@ type SpecInput struct {
 	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
 	// os.LookupEnv in production.
 	LookupEnv func(string) (string, bool)
-	// RunDir is the host directory staged for the run (socket and
-	// mcp.json), mounted read-only at coordination.ContainerRunDir; empty
-	// when coordination is off.
+	// Plan is the backend's plan for the run (see planAgent).
+	Plan AgentPlan
+	// Coordination says whether the run's bridge socket is wired in: it
+	// sets JETCREW_MCP_CONFIG.
+	Coordination bool
+	// RunDir is the host directory staged for the run (prompt, socket,
+	// mcp.json, backend files), mounted read-only at
+	// coordination.ContainerRunDir; empty when nothing is staged.
 	RunDir string
-	// BridgePath is the host path of the static bridge binary, mounted
-	// read-only at coordination.BridgePath; empty when coordination is off.
+	// BridgePath is the host path of the static bridge binary (MCP server
+	// and launcher), mounted read-only at coordination.BridgePath; empty
+	// when the run needs neither.
 	BridgePath string
 }
 
@@ -50,10 +55,7 @@ type SpecInput struct {
 // fix, when a variable named in Profile.EnvFromHost is not set on the worker.
 func BuildSpec(in SpecInput) (ContainerSpec, error) {
 	p, r := in.Profile, in.Request
-	cmd := make([]string, len(p.Command))
-	for i, a := range p.Command {
-		cmd[i] = strings.ReplaceAll(a, "{prompt}", r.Prompt)
-	}
+	cmd := in.Plan.containerArgv()
 
 	// Later entries win in Docker's env list, so the order is: the request's
 	// non-secret env, the profile's fixed env, secrets from the host, then
@@ -61,6 +63,7 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 	env := make([]string, 0, len(r.Env)+len(p.Env)+len(p.EnvFromHost)+4)
 	env = appendSorted(env, r.Env)
 	env = appendSorted(env, p.Env)
+	env = append(env, in.Plan.Env...)
 	for _, name := range p.EnvFromHost {
 		v, ok := in.LookupEnv(name)
 		if !ok {
@@ -74,13 +77,15 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 		"JETCREW_GROUP="+r.GroupOrID(),
 		"JETCREW_PROFILE="+p.Name,
 	)
+	if in.Coordination {
+		env = append(env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
+	}
 	var mounts []Mount
 	if in.RunDir != "" {
-		env = append(env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
-		mounts = append(mounts,
-			Mount{Source: in.RunDir, Target: coordination.ContainerRunDir, ReadOnly: true},
-			Mount{Source: in.BridgePath, Target: coordination.BridgePath, ReadOnly: true},
-		)
+		mounts = append(mounts, Mount{Source: in.RunDir, Target: coordination.ContainerRunDir, ReadOnly: true})
+	}
+	if in.BridgePath != "" {
+		mounts = append(mounts, Mount{Source: in.BridgePath, Target: coordination.BridgePath, ReadOnly: true})
 	}
 
 	uid, gid, err := parseUser(p.User)

@@ -18,7 +18,10 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func TestBuildSpecShellGolden(t *testing.T) {
 	t.Parallel()
+	plan, err := planAgent(ShellProfile(), "echo hi", false)
+	require.NoError(t, err)
 	spec, err := BuildSpec(SpecInput{
+		Plan:    plan,
 		Profile: ShellProfile(),
 		Request: messages.RunRequest{ID: "r1", Profile: "shell", Prompt: "echo hi", Group: "g",
 			Env: map[string]string{"B": "2", "A": "1"}}.WithDefaults(),
@@ -45,7 +48,10 @@ func TestBuildSpecJail(t *testing.T) {
 	p := ShellProfile()
 	p.EnvFromHost = []string{"API_KEY"}
 	p.Env = map[string]string{"FIXED": "1"}
+	plan, err := planAgent(p, "x", false)
+	require.NoError(t, err)
 	spec, err := BuildSpec(SpecInput{
+		Plan:    plan,
 		Profile: p,
 		// The request tries to override jetcrew's own and the profile's variables.
 		Request:   messages.RunRequest{ID: "r2", Profile: "shell", Prompt: "x", Env: map[string]string{"FIXED": "0", "HOME": "/"}},

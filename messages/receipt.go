@@ -1,0 +1,72 @@
+package messages
+
+// Receipt describes the effective configuration a run used, from the
+// worker's profile: what ran, as whom, with which limits, mounts, MCP servers
+// and files. It never holds file contents or environment values, only names
+// and modes. It is attached to the run's state (RunState.Receipt), to its
+// finished event and to its dead letter (header HeaderReceipt), on success
+// and on every failure, including one before the agent started.
+type Receipt struct {
+	// Profile is the profile's name; ProfileDigest the SHA-256 of its
+	// effective configuration (hex), so two runs can be compared.
+	Profile       string `json:"profile"`
+	ProfileDigest string `json:"profile_digest"`
+	// Backend is the agent CLI backend.
+	Backend string `json:"backend"`
+	// Image is the image reference; ImageID the engine's id for it, when
+	// the container was created.
+	Image   string `json:"image"`
+	ImageID string `json:"image_id,omitempty"`
+	// User is the container's uid:gid.
+	User string `json:"user"`
+	// Runtime is the OCI runtime ("" = the engine's default, runc).
+	Runtime string `json:"runtime,omitempty"`
+	// Network is the container's network mode.
+	Network string `json:"network"`
+	// Limits are the resource limits.
+	Limits ReceiptLimits `json:"limits"`
+	// Argv is the container command with the prompt replaced by
+	// "<prompt>".
+	Argv []string `json:"argv,omitempty"`
+	// Mounts are the bind mounts (container path, host source, read-only).
+	Mounts []ReceiptMount `json:"mounts"`
+	// Tmpfs are the tmpfs mounts: container path and options.
+	Tmpfs map[string]string `json:"tmpfs,omitempty"`
+	// MCPServers names the MCP servers configured for the agent.
+	MCPServers []string `json:"mcp_servers"`
+	// Files are the files written for the run: container path and mode.
+	Files []ReceiptFile `json:"files"`
+	// EnvNames are the names (never the values) of the environment
+	// variables set, secrets from the worker's environment included.
+	EnvNames []string `json:"env_names"`
+	// Timeout, StallTimeout and BridgeDeadline are the run's bounds, as Go
+	// duration strings ("" = none).
+	Timeout        string `json:"timeout,omitempty"`
+	StallTimeout   string `json:"stall_timeout,omitempty"`
+	BridgeDeadline string `json:"bridge_deadline,omitempty"`
+	// Unsupported lists what the CLI cannot honour.
+	Unsupported []string `json:"unsupported,omitempty"`
+}
+
+// ReceiptLimits are a run container's resource limits.
+type ReceiptLimits struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUs        float64 `json:"cpus"`
+	Pids        int64   `json:"pids"`
+}
+
+// ReceiptMount is one bind mount.
+type ReceiptMount struct {
+	Target   string `json:"target"`
+	Source   string `json:"source"`
+	ReadOnly bool   `json:"read_only"`
+}
+
+// ReceiptFile is one file written for a run.
+type ReceiptFile struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"`
+}
+
+// HeaderReceipt carries the run's Receipt, as JSON, on its dead letter.
+const HeaderReceipt = "Jetcrew-Receipt"

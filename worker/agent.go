@@ -1,0 +1,292 @@
+package worker
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// maxAgentLine is the longest line of CLI output the parser reads, in bytes;
+// a longer line is passed over (its bytes still reach the output events).
+const maxAgentLine = 4 << 20
+
+// maxEventText bounds the text of one agent event, in bytes.
+const maxEventText = 4 << 10
+
+// agentParser reads an agent CLI's structured stdout (JSON lines) as it
+// streams: it extracts the final result, the CLI's own view of its MCP
+// servers, and one agent event per line. Its callbacks are called from the
+// output goroutine.
+type agentParser struct {
+	backend string
+	emit    func(messages.AgentEvent)
+	// onMCP is called once with the status the CLI reported for the jetcrew
+	// MCP server (Claude Code's init event).
+	onMCP func(status string)
+
+	mu      sync.Mutex
+	partial []byte
+	skip    bool // inside a line longer than maxAgentLine
+	result  strings.Builder
+	final   string
+	summary messages.AgentSummary
+	mcpSeen bool
+}
+
+func newAgentParser(backend string, emit func(messages.AgentEvent), onMCP func(string)) *agentParser {
+	if backend == BackendCommand {
+		return nil
+	}
+	return &agentParser{backend: backend, emit: emit, onMCP: onMCP}
+}
+
+// feed takes a chunk of stdout.
+func (p *agentParser) feed(b []byte) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if !p.skip {
+				p.partial = append(p.partial, b...)
+				if len(p.partial) > maxAgentLine {
+					p.partial, p.skip = nil, true
+				}
+			}
+			return
+		}
+		if !p.skip {
+			p.partial = append(p.partial, b[:i]...)
+			p.line(p.partial)
+		}
+		p.partial, p.skip = p.partial[:0], false
+		b = b[i+1:]
+	}
+}
+
+// outcome returns the result text and the CLI's summary once output ended.
+func (p *agentParser) outcome() (string, *messages.AgentSummary) {
+	if p == nil {
+		return "", nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.partial) > 0 && !p.skip {
+		p.line(p.partial)
+		p.partial = nil
+	}
+	res := p.final
+	if res == "" {
+		res = p.result.String()
+	}
+	s := p.summary
+	return res, &s
+}
+
+func clip(s string) string {
+	if len(s) > maxEventText {
+		return s[:maxEventText]
+	}
+	return s
+}
+
+// line handles one line of output; p.mu is held.
+func (p *agentParser) line(l []byte) {
+	l = bytes.TrimSpace(l)
+	if len(l) == 0 || l[0] != '{' {
+		return
+	}
+	var v map[string]any
+	if json.Unmarshal(l, &v) != nil {
+		return
+	}
+	str := func(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+	kind := str(v, "type")
+	text := ""
+	switch p.backend {
+	case BackendClaude:
+		switch kind {
+		case "system":
+			kind += "/" + str(v, "subtype")
+			if str(v, "subtype") == "init" {
+				servers, _ := v["mcp_servers"].([]any)
+				p.summary.MCPServers = map[string]string{}
+				for _, s := range servers {
+					if m, ok := s.(map[string]any); ok {
+						p.summary.MCPServers[str(m, "name")] = str(m, "status")
+					}
+				}
+				if !p.mcpSeen && p.onMCP != nil {
+					p.mcpSeen = true
+					p.onMCP(p.summary.MCPServers[coordination.MCPServerName])
+				}
+			}
+		case "assistant":
+			if msg, ok := v["message"].(map[string]any); ok {
+				parts, _ := msg["content"].([]any)
+				for _, c := range parts {
+					if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
+						text += str(m, "text")
+					}
+				}
+			}
+		case "result":
+			p.final = str(v, "result")
+			text = p.final
+			p.summary.IsError, _ = v["is_error"].(bool)
+			p.summary.CostUSD, _ = v["total_cost_usd"].(float64)
+			if n, ok := v["num_turns"].(float64); ok {
+				p.summary.Turns = int(n)
+			}
+		}
+	case BackendCodex:
+		switch kind {
+		case "item.completed":
+			if item, ok := v["item"].(map[string]any); ok && str(item, "type") == "agent_message" {
+				p.final = str(item, "text")
+				text = p.final
+			}
+		case "turn.failed":
+			p.summary.IsError = true
+			if e, ok := v["error"].(map[string]any); ok {
+				text = str(e, "message")
+			}
+		case "error":
+			text = str(v, "message")
+		case "turn.completed":
+			p.summary.Turns++
+		}
+	case BackendGemini:
+		switch kind {
+		case "message":
+			if str(v, "role") == "assistant" {
+				text = str(v, "content")
+				p.result.WriteString(text)
+			}
+		case "result":
+			p.summary.IsError = str(v, "status") == "error"
+		case "error":
+			text = str(v, "message")
+		}
+	case BackendOpencode:
+		if part, ok := v["part"].(map[string]any); ok && str(part, "type") == "text" {
+			text = str(part, "text")
+			p.final = text
+		}
+	case BackendKimi:
+		if str(v, "role") == "assistant" {
+			if s := str(v, "content"); s != "" {
+				text = s
+				p.final = s
+			}
+		}
+		if kind == "" {
+			kind = str(v, "role")
+		}
+	case BackendPi:
+		if kind == "message_end" || kind == "agent_end" {
+			if msg, ok := v["message"].(map[string]any); ok && str(msg, "role") == "assistant" {
+				parts, _ := msg["content"].([]any)
+				for _, c := range parts {
+					if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
+						text += str(m, "text")
+					}
+				}
+				if text != "" {
+					p.final = text
+				}
+			}
+		}
+	}
+	if kind == "" {
+		kind = "output"
+	}
+	p.emit(messages.AgentEvent{Kind: kind, Text: clip(text)})
+}
+
+// progress records when a run last showed progress: output or coordination
+// traffic. It drives the stall watchdog.
+type progress struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (p *progress) touch() {
+	p.mu.Lock()
+	p.last = time.Now()
+	p.mu.Unlock()
+}
+
+func (p *progress) since() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Since(p.last)
+}
+
+// buildReceipt describes what a run uses. It takes no environment values
+// and no file contents.
+func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Duration, prompt string) *messages.Receipt {
+	effective, _ := json.Marshal(p)
+	sum := sha256.Sum256(effective)
+	rc := &messages.Receipt{
+		Profile:       p.Name,
+		ProfileDigest: hex.EncodeToString(sum[:]),
+		Backend:       p.Backend,
+		Image:         p.Image,
+		User:          p.User,
+		Runtime:       p.Runtime,
+		Network:       p.Network,
+		Limits:        messages.ReceiptLimits{MemoryBytes: p.MemoryMiB << 20, CPUs: p.CPUs, Pids: p.Pids},
+		Tmpfs:         spec.Tmpfs,
+		MCPServers:    append([]string{}, plan.MCPServers...),
+		Files:         []messages.ReceiptFile{},
+		Mounts:        []messages.ReceiptMount{},
+		Unsupported:   plan.Unsupported,
+	}
+	for _, a := range spec.Cmd {
+		if prompt != "" && strings.Contains(a, prompt) {
+			a = strings.ReplaceAll(a, prompt, "<prompt>")
+		}
+		rc.Argv = append(rc.Argv, a)
+	}
+	if timeout > 0 {
+		rc.Timeout = timeout.String()
+	}
+	if p.stallTimeout > 0 {
+		rc.StallTimeout = p.stallTimeout.String()
+	}
+	if p.Backend != BackendCommand && len(plan.MCPServers) > 0 {
+		rc.BridgeDeadline = p.bridgeDeadline.String()
+	}
+	for _, m := range spec.Mounts {
+		rc.Mounts = append(rc.Mounts, messages.ReceiptMount{Target: m.Target, Source: m.Source, ReadOnly: m.ReadOnly})
+	}
+	if len(plan.MCPServers) > 0 {
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: coordination.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", coordination.MCPConfigMode)})
+	}
+	for _, f := range plan.Files {
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: f.Path, Mode: fmt.Sprintf("%04o", f.Mode.Perm())})
+	}
+	names := map[string]bool{}
+	for _, kv := range spec.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		names[k] = true
+	}
+	for k := range names {
+		rc.EnvNames = append(rc.EnvNames, k)
+	}
+	sort.Strings(rc.EnvNames)
+	return rc
+}
