@@ -43,9 +43,9 @@ func TestBackendGolden(t *testing.T) {
 			require.NoError(t, err)
 			spec, err := BuildSpec(SpecInput{
 				Profile: p, Plan: plan, Coordination: true,
-				Request:  messages.RunRequest{ID: "r1", Profile: "ref", Prompt: "fix the bug", Group: "g"}.WithDefaults(),
-				Attempt:  1, WorkerID: "w", Now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC),
-				RunDir:   "/state/r/x", BridgePath: "/usr/local/bin/jetcrew-bridge",
+				Request: messages.RunRequest{ID: "r1", Profile: "ref", Prompt: "fix the bug", Group: "g"}.WithDefaults(),
+				Attempt: 1, WorkerID: "w", Now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC),
+				RunDir: "/state/r/x", BridgePath: "/usr/local/bin/jetcrew-bridge",
 				LookupEnv: func(string) (string, bool) { return "sk-secret", true },
 			})
 			require.NoError(t, err)
