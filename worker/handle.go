@@ -377,7 +377,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if ider, ok := c.(interface{ ImageID() string }); ok {
 		r.state.Receipt.ImageID = ider.ImageID()
 	}
-	r.container = c
+	r.setContainer(c)
 	w.track(r, c)
 	defer w.untrack(r.req.ID)
 	w.failpoint(FailpointAfterStart)
@@ -475,11 +475,24 @@ const (
 	stopBridge  = "bridge"
 )
 
+// setContainer records the run's started container, and stops it at once
+// when a watchdog asked for that while it was starting.
+func (r *run) setContainer(c Container) {
+	r.stopMu.Lock()
+	r.container = c
+	kind := r.stopKind
+	r.stopMu.Unlock()
+	if kind != stopNone {
+		r.stopContainer(c)
+	}
+}
+
 // stopFor stops the run's container, once, for a watchdog reason: the first
-// reason wins.
+// reason wins. Called before the container is known, the stop happens as
+// soon as it is.
 func (r *run) stopFor(kind, reason string) {
 	r.stopMu.Lock()
-	if r.stopKind != stopNone || r.container == nil {
+	if r.stopKind != stopNone {
 		r.stopMu.Unlock()
 		return
 	}
@@ -487,6 +500,12 @@ func (r *run) stopFor(kind, reason string) {
 	c := r.container
 	r.stopMu.Unlock()
 	r.log.Warn().Str("why", kind).Msg(reason)
+	if c != nil {
+		r.stopContainer(c)
+	}
+}
+
+func (r *run) stopContainer(c Container) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.w.cfg.StopGrace+30*time.Second)
 		defer cancel()
