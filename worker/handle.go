@@ -690,7 +690,7 @@ func (r *run) keepInProgress() func() {
 			case <-stop:
 				return
 			case <-t.C:
-				if err := r.msg.InProgress(); err != nil {
+				if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 					r.log.Warn().Err(err).Msg("in-progress")
 				}
 			}
