@@ -1,0 +1,15 @@
+# An image for jetcrew's `claude` backend. Build it where a registry is
+# reachable (jetcrew never pulls at run time):
+#
+#   docker build -f deploy/cli/claude.Dockerfile -t jetcrew-claude:latest .
+#
+# and name it in a profile: [profiles.claude] backend = "claude", image = "jetcrew-claude:latest".
+# The worker runs it as 65532:65532 with a read-only root, HOME=/home/agent and
+# /tmp as tmpfs, the bridge at /opt/jetcrew/bridge and /run/jetcrew mounted
+# read-only; the CLI must be on PATH as `claude`.
+FROM node:22-slim
+RUN npm install -g @anthropic-ai/claude-code && npm cache clean --force
+RUN groupadd -g 65532 agent && useradd -u 65532 -g 65532 -d /home/agent -s /usr/sbin/nologin agent \
+ && install -d -o 65532 -g 65532 -m 0700 /home/agent
+USER 65532:65532
+WORKDIR /home/agent
