@@ -41,6 +41,7 @@ TEST_TIMEOUT ?= 14m
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/jetcrew ./cmd/jetcrew
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
+	chmod 0555 $(BIN)/jetcrew-bridge
 
 # tools installs the stock NATS CLI that tests and the README use, at the
 # exact version we test against.
@@ -56,7 +57,7 @@ tools:
 # test runs every test: unit, NATS (embedded server) and real Docker tests.
 # Docker tests fail, never skip, when the engine is unreachable.
 .PHONY: test
-test: tools images build
+test: tools images build agent-images
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 
@@ -65,7 +66,7 @@ test-race: tools images
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./messages/... ./worker ./dispatcher/... ./coordination/... ./cmd/jetcrew-bridge/...
 
 .PHONY: demo
-demo: tools images build
+demo: tools images build agent-images
 	bash scripts/demo.sh $(BIN)/jetcrew
 
 .PHONY: clean
@@ -88,3 +89,21 @@ TEST_IMAGE ?= jetcrew-testimg:latest
 .PHONY: testimage
 testimage: images
 	TEST_IMAGE='$(TEST_IMAGE)' SANDBOX_IMAGE='$(SANDBOX_IMAGE)' GO='$(GO)' bash deploy/testimage/build.sh
+
+# ---------------------------------------------------------------------------
+# Agents test image
+#
+# agent-images builds jetcrew-agents:latest, the image the coordination tests
+# (tests/coord_test.go) and the demo run agents in: the sandbox image's
+# busybox plus /usr/local/bin/mcp-agent, the fixture MCP client
+# (tests/fixtures/agent), static. The tests build it themselves when it is
+# missing or stale; `make test` and `make demo` build it first. It needs
+# Docker and Go, no registry; it is a no-op when the image is up to date
+# (FORCE=1 rebuilds).
+# ---------------------------------------------------------------------------
+
+AGENTS_IMAGE ?= jetcrew-agents:latest
+
+.PHONY: agent-images
+agent-images: images
+	AGENTS_IMAGE='$(AGENTS_IMAGE)' SANDBOX_IMAGE='$(SANDBOX_IMAGE)' GO='$(GO)' bash deploy/agents/build.sh

@@ -4,17 +4,23 @@
 # data in a temporary directory, submits real runs to it, shows what they
 # did, and stops it again.
 #
-# It needs a built jetcrew binary (default bin/jetcrew), a reachable Docker
-# engine and the sandbox image (make images). `make demo` builds both first.
-# The raw-publish part needs the nats CLI on PATH and is skipped without it.
+# It needs a built jetcrew binary (default bin/jetcrew) with jetcrew-bridge
+# beside it, a reachable Docker engine and the sandbox image (make images).
+# The coordination part needs the agents image (make agent-images) and is
+# skipped without it: two runs of one group exchange messages through their
+# MCP bridges, and an operator's message sent with the nats CLI reaches
+# them. The raw-publish and operator parts need the nats CLI on PATH and are
+# skipped without it. `make demo` builds and installs all of these first.
 #
 # It exits 0 when every run behaved as expected, 1 otherwise.
 #
 # Environment:
-#   JETCREW   jetcrew binary to run (default bin/jetcrew)
+#   JETCREW        jetcrew binary to run (default bin/jetcrew)
+#   AGENTS_IMAGE   image of the coordination agents (default jetcrew-agents:latest)
 set -euo pipefail
 
 JETCREW=${JETCREW:-bin/jetcrew}
+AGENTS_IMAGE=${AGENTS_IMAGE:-jetcrew-agents:latest}
 
 if [[ -t 1 ]]; then bold=$'\033[1m' plain=$'\033[0m'; else bold= plain=; fi
 say() { printf '\n%s==> %s%s\n' "$bold" "$*" "$plain"; }
@@ -25,10 +31,15 @@ JETCREW=$(cd "$(dirname "$JETCREW")" && pwd)/$(basename "$JETCREW")
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/jetcrew-demo.XXXXXX")
 up_pid=
+sub_pid=
 
-# stop_up stops `jetcrew up` gracefully (SIGTERM), waits for it, and removes
-# the temporary directory.
+# stop_up stops the demo's `nats sub` and `jetcrew up` (gracefully:
+# SIGTERM), waits for them, and removes the temporary directory.
 stop_up() {
+	if [[ -n "$sub_pid" ]] && kill -0 "$sub_pid" 2>/dev/null; then
+		kill -TERM "$sub_pid" 2>/dev/null || true
+		wait "$sub_pid" 2>/dev/null || true
+	fi
 	if [[ -n "$up_pid" ]] && kill -0 "$up_pid" 2>/dev/null; then
 		kill -TERM "$up_pid" 2>/dev/null || true
 		wait "$up_pid" 2>/dev/null || true
@@ -37,8 +48,26 @@ stop_up() {
 }
 trap stop_up EXIT
 
-say "starting: jetcrew up --listen 127.0.0.1:0 --data $tmp/data"
-"$JETCREW" up --listen 127.0.0.1:0 --data "$tmp/data" >"$tmp/up.out" 2>"$tmp/up.log" &
+have_nats=0
+command -v nats >/dev/null 2>&1 && have_nats=1
+have_agents=0
+docker image inspect "$AGENTS_IMAGE" >/dev/null 2>&1 && have_agents=1
+
+# The profile file adds "agent" (the fixture MCP client of the agents image)
+# to the built-in shell profile.
+cat >"$tmp/profiles.toml" <<TOML
+[profiles.agent]
+image   = "$AGENTS_IMAGE"
+command = ["/usr/local/bin/mcp-agent", "{prompt}"]
+timeout = "3m"
+TOML
+
+say "starting: jetcrew up --listen 127.0.0.1:0 --data $tmp/data --profiles $tmp/profiles.toml"
+# The files exist before the loop below reads them: the background
+# process's own redirections may not have created them yet.
+: >"$tmp/up.out"
+: >"$tmp/up.log"
+"$JETCREW" up --listen 127.0.0.1:0 --data "$tmp/data" --profiles "$tmp/profiles.toml" >"$tmp/up.out" 2>"$tmp/up.log" &
 up_pid=$!
 
 # Wait for the NATS_URL line: up prints it once the server and the worker
@@ -113,7 +142,7 @@ printf '%s\n' "$state"
 check_has "state is failed" '"state": "failed"' "$state"
 check_has "exit code is recorded" '"exit_code": 3' "$state"
 
-if command -v nats >/dev/null 2>&1; then
+if ((have_nats)); then
 	raw_id="demo-raw-$$"
 	request="{\"id\":\"$raw_id\",\"profile\":\"shell\",\"prompt\":\"echo hello from a raw publish\"}"
 	say "a run published with the nats CLI: nats pub --jetstream jetcrew.runs.default '$request'"
@@ -126,6 +155,87 @@ if command -v nats >/dev/null 2>&1; then
 	check "output" "hello from a raw publish" "$out"
 else
 	say "skipping the raw publish: the nats CLI is not on PATH"
+fi
+
+# wait_state ID STATE: waits up to 60s for run ID to reach STATE.
+wait_state() {
+	for _ in $(seq 600); do
+		if "$JETCREW" status --json "$1" 2>/dev/null | grep -q "\"state\": \"$2\""; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	return 1
+}
+
+if ((have_agents)); then
+	group="demo-crew-$$"
+	alice="demo-alice-$$"
+	bob="demo-bob-$$"
+	# Each agent: wait for the other run of its group to appear, say hello
+	# through the bridge (send), read the other's hello (inbox), then, when
+	# the nats CLI is here, wait for the operator and answer them.
+	script='wait-peers 1 60s; send @peer "hello from @self"; expect-from @peer 60s'
+	if ((have_nats)); then
+		script+='; expect-from operator 60s; send operator "thanks, @self is done"'
+	fi
+	say "coordination: runs $alice and $bob of group $group talk through their MCP bridges"
+	echo "image $AGENTS_IMAGE, profile agent: /usr/local/bin/mcp-agent '<script>'"
+	echo "script: $script"
+	if ((have_nats)); then
+		echo "the operator watches the group: nats sub 'jetcrew.coord.$group.>'"
+		nats --server "$NATS_URL" sub "jetcrew.coord.$group.>" >"$tmp/conversation.out" 2>"$tmp/conversation.err" &
+		sub_pid=$!
+		for _ in $(seq 100); do
+			grep -q "Subscribing on" "$tmp/conversation.err" 2>/dev/null && break
+			sleep 0.1
+		done
+	fi
+	"$JETCREW" submit --profile agent --group "$group" --id "$alice" "$script" >/dev/null
+	"$JETCREW" submit --profile agent --group "$group" --id "$bob" "$script" >/dev/null
+	if ((have_nats)); then
+		ok=1
+		wait_state "$alice" running && wait_state "$bob" running || ok=0
+		check "both runs are running" 1 "$ok"
+		for id in "$alice" "$bob"; do
+			say "an operator message with the nats CLI: nats pub jetcrew.coord.$group.$id 'hi $id, this is the operator'"
+			nats --server "$NATS_URL" pub "jetcrew.coord.$group.$id" "hi $id, this is the operator"
+		done
+	fi
+	for pair in "$alice:$bob" "$bob:$alice"; do
+		id=${pair%%:*} peer=${pair#*:}
+		say "jetcrew watch $id (stderr: what the agent did; stdout: its JSON report, in $tmp/$id.json)"
+		rc=0
+		"$JETCREW" watch "$id" >"$tmp/$id.json" 2>"$tmp/$id.err" || rc=$?
+		grep -v '^time=' "$tmp/$id.err" || true
+		check "exit code" 0 "$rc"
+		log=$(cat "$tmp/$id.err")
+		check_has "$id received $peer's hello, sent by $peer (the worker stamps the sender)" "from $peer to $id: hello from $peer" "$log"
+		if ((have_nats)); then
+			check_has "$id received the operator's message, from operator" "from operator to $id: hi $id, this is the operator" "$log"
+		fi
+		check_has "$id ran as uid 65532" "running as uid 65532 gid 65532" "$log"
+		check_has "/run/jetcrew/mcp.json is mode 0444 inside" "/run/jetcrew/mcp.json: file, mode 0444" "$log"
+		check_has "/run/jetcrew and /opt/jetcrew/bridge are read-only mounts" "mounts: /run/jetcrew ro, /opt/jetcrew/bridge ro" "$log"
+		check_has "its own bridge.sock is the only socket it sees, and no Docker socket" "sockets in the filesystem: /run/jetcrew/bridge.sock; docker sockets: none" "$log"
+		check_has "its JSON report is on stdout" '"mode": "mcp-agent"' "$(cat "$tmp/$id.json")"
+		state=$("$JETCREW" status --json "$id")
+		check_has "state: coordination available" '"coordination": "available"' "$state"
+		check_has "state: the bridge connected" '"bridge_connected": true' "$state"
+	done
+	if ((have_nats)); then
+		sleep 0.5 # let the last message reach the subscriber
+		kill -TERM "$sub_pid" 2>/dev/null || true
+		wait "$sub_pid" 2>/dev/null || true
+		sub_pid=
+		say "what the operator's nats sub 'jetcrew.coord.$group.>' saw"
+		cat "$tmp/conversation.out"
+		conversation=$(cat "$tmp/conversation.out")
+		check_has "the operator saw $alice's hello, from $alice" "$(printf 'Jetcrew-From: %s\n\nhello from %s' "$alice" "$alice")" "$conversation"
+		check_has "the operator saw $bob's answer to them" "thanks, $bob is done" "$conversation"
+	fi
+else
+	say "skipping coordination: image $AGENTS_IMAGE is missing (make agent-images builds it)"
 fi
 
 say "stopping jetcrew up"

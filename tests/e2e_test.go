@@ -77,6 +77,11 @@ func prepare() error {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}
 	}
+	// The bridge is mounted into every run container as it is on the host:
+	// read and execute only.
+	if err := os.Chmod(filepath.Join(dir, "jetcrew-bridge"), 0o555); err != nil {
+		return err
+	}
 	natsBin, err = exec.LookPath("nats")
 	if err != nil {
 		home, _ := os.UserHomeDir()

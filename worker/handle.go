@@ -542,6 +542,16 @@ func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progre
 			if prof.stallTimeout > 0 && prog.since() > prof.stallTimeout {
 				r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
 			}
+			if !r.state.BridgeConnected && cs.connected() {
+				// Record it while the run lives, not only at its end. The run's
+				// own goroutine is in Wait meanwhile, so this write is alone.
+				r.state.BridgeConnected = true
+				ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
+				if err := r.putState(ctx); err != nil {
+					r.log.Warn().Err(err).Msg("record bridge connected")
+				}
+				cancel()
+			}
 			if needProof && !r.mcpProved.Load() && !cs.connected() && time.Since(started) > prof.bridgeDeadline {
 				r.stopFor(stopBridge, fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, prof.bridgeDeadline))
 			}
