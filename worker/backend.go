@@ -226,3 +226,39 @@ func planAgent(p Profile, prompt string, coord bool) (AgentPlan, error) {
 	sort.SliceStable(plan.Files, func(i, j int) bool { return plan.Files[i].Path < plan.Files[j].Path })
 	return plan, nil
 }
+
+// ProfileDescription is a profile's effective configuration as `jetcrew
+// profiles check` prints it: every setting with its default applied, and
+// what its backend would run (the prompt shown as "<prompt>").
+type ProfileDescription struct {
+	Profile
+	// StallTimeoutEffective and BridgeDeadlineEffective are the watchdog
+	// bounds in force ("0s": off).
+	StallTimeoutEffective   string `json:"stall_timeout_effective"`
+	BridgeDeadlineEffective string `json:"bridge_deadline_effective"`
+	// Argv is the container command for a run.
+	Argv []string `json:"argv"`
+	// Env are the variables the backend adds (names and fixed values).
+	Env []string `json:"backend_env,omitempty"`
+	// Files are the files the backend stages, with their modes.
+	Files []string `json:"files,omitempty"`
+	// MCPServers names the MCP servers the agent is given.
+	MCPServers []string `json:"mcp_servers,omitempty"`
+	// Unsupported lists what the CLI cannot honour.
+	Unsupported []string `json:"unsupported,omitempty"`
+}
+
+// Describe returns p's effective configuration, or the error a run of it
+// would fail with.
+func (p Profile) Describe() (ProfileDescription, error) {
+	plan, err := planAgent(p, "<prompt>", p.CoordinationOn())
+	if err != nil {
+		return ProfileDescription{}, err
+	}
+	d := ProfileDescription{Profile: p, Argv: plan.containerArgv(), Env: plan.Env, MCPServers: plan.MCPServers,
+		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: p.bridgeDeadline.String()}
+	for _, f := range plan.Files {
+		d.Files = append(d.Files, fmt.Sprintf("%s (%04o)", f.Path, f.Mode.Perm()))
+	}
+	return d, nil
+}

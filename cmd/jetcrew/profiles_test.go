@@ -1,0 +1,28 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestProfilesCheck(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.toml")
+	require.NoError(t, os.WriteFile(good, []byte("[profiles.codex]\nbackend='codex'\nimage='jetcrew-codex:latest'\nenv_from_host=['OPENAI_API_KEY']\n"), 0o644))
+	code, out, _ := cli(t, "", "profiles", "check", good)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "# profile codex")
+	require.Contains(t, out, `"CODEX_HOME=/home/agent/.codex"`)
+	require.Contains(t, out, "/run/jetcrew/home/.codex/config.toml (0444)")
+	require.Contains(t, out, "# profile shell")
+
+	bad := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[profiles.x]\nimage='i'\ncommand=['a']\nuser='0:0'\n"), 0o644))
+	code, _, errOut := cli(t, "", "profiles", "check", bad)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "never run as root")
+}
