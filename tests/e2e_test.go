@@ -97,11 +97,19 @@ func prepare() error {
 // process is stopped with SIGTERM when the test ends, and must exit cleanly.
 func up(t *testing.T, args ...string) string {
 	t.Helper()
+	url, _ := upLogged(t, args...)
+	return url
+}
+
+// upLogged is up that also returns the process's stderr, the worker's log,
+// as it is written.
+func upLogged(t *testing.T, args ...string) (string, *lockedBuffer) {
+	t.Helper()
 	cmd := exec.Command(jetcrewBin, append([]string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
 	urlc := make(chan string, 1)
 	go func() {
@@ -132,10 +140,10 @@ func up(t *testing.T, args ...string) string {
 	})
 	select {
 	case u := <-urlc:
-		return u
+		return u, stderr
 	case <-time.After(60 * time.Second):
 		t.Fatalf("jetcrew up printed no NATS URL\n%s", stderr.String())
-		return ""
+		return "", nil
 	}
 }
 

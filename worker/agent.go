@@ -196,17 +196,27 @@ func (p *agentParser) line(l []byte) {
 			kind = str(v, "role")
 		}
 	case BackendPi:
-		if kind == "message_end" || kind == "agent_end" {
-			if msg, ok := v["message"].(map[string]any); ok && str(msg, "role") == "assistant" {
-				parts, _ := msg["content"].([]any)
-				for _, c := range parts {
-					if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
-						text += str(m, "text")
-					}
+		// message_end carries one message; agent_end all of the run's.
+		var msgs []any
+		if kind == "message_end" {
+			msgs = []any{v["message"]}
+		} else if kind == "agent_end" {
+			msgs, _ = v["messages"].([]any)
+		}
+		for _, mv := range msgs {
+			msg, ok := mv.(map[string]any)
+			if !ok || str(msg, "role") != "assistant" {
+				continue
+			}
+			t := ""
+			parts, _ := msg["content"].([]any)
+			for _, c := range parts {
+				if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
+					t += str(m, "text")
 				}
-				if text != "" {
-					p.final = text
-				}
+			}
+			if t != "" {
+				text, p.final = t, t
 			}
 		}
 	}

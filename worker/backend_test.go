@@ -158,6 +158,10 @@ func TestParserOtherBackends(t *testing.T) {
 		res, _ := p.outcome()
 		require.Equal(t, "done: 3 files", res, b)
 	}
+	p := newAgentParser(BackendPi, func(messages.AgentEvent) {}, nil)
+	p.feed([]byte(`{"type":"agent_end","messages":[{"role":"user","content":[{"type":"text","text":"q"}]},{"role":"assistant","content":[{"type":"text","text":"all done"}]}]}` + "\n"))
+	res, _ := p.outcome()
+	require.Equal(t, "all done", res, "pi's agent_end carries every message")
 	require.Nil(t, newAgentParser(BackendCommand, nil, nil), "the command backend's output is not parsed")
 }
 

@@ -68,6 +68,14 @@ func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coor
 		if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
 			return cs, fmt.Errorf("stage %s: %w", f.Path, err)
 		}
+		// MkdirAll's mode passes through the worker's umask (a hardened
+		// service may run with 077): set every new directory's mode so the
+		// run's non-root user can read the file.
+		for d := filepath.Dir(host); d != dir && strings.HasPrefix(d, dir); d = filepath.Dir(d) {
+			if err := os.Chmod(d, 0o755); err != nil {
+				return cs, fmt.Errorf("stage %s: %w", f.Path, err)
+			}
+		}
 		_ = os.Remove(host) // a leftover 0444 file from an earlier delivery
 		if err := os.WriteFile(host, f.Data, 0o444); err != nil {
 			return cs, fmt.Errorf("stage %s: %w", f.Path, err)

@@ -4,8 +4,10 @@
 # /etc and /home (built first with deploy/sandbox/build.sh when needed, from
 # Debian's busybox-static fetched with "apt-get download"), plus the fixture
 # agent tests/fixtures/agent, compiled static (CGO_ENABLED=0), at
-# /usr/local/bin/mcp-agent. tests/coord_test.go and scripts/demo.sh run it
-# as the profile "agent": ["/usr/local/bin/mcp-agent", "{prompt}"].
+# /usr/local/bin/mcp-agent, hard-linked as claude, codex, gemini, opencode,
+# kimi and pi. tests/coord_test.go and scripts/demo.sh run it as the profile
+# "agent": ["/usr/local/bin/mcp-agent", "{prompt}"]; tests/backends_test.go
+# runs it as each agent CLI.
 #
 # No registry is needed: busybox comes from the local sandbox image and
 # mcp-agent is compiled here (its modules from the Go module cache or
@@ -94,6 +96,16 @@ DOCKER_BUILDKIT=0 "$DOCKER" build --quiet \
 mode=$("$DOCKER" run --rm --network none --read-only --cap-drop ALL --user 65532:65532 "$AGENTS_IMAGE" \
 	stat -c '%a %u:%g' /usr/local/bin/mcp-agent /home/agent | tr '\n' ' ')
 [[ "$mode" == "755 0:0 700 65532:65532 " ]] || die "/usr/local/bin/mcp-agent and /home/agent in $AGENTS_IMAGE are '$mode', want '755 0:0 700 65532:65532 '"
+# One file under every name (overlayfs may show the links' inodes apart:
+# compare contents, modes and owners).
+clis="/usr/local/bin/mcp-agent /usr/local/bin/claude /usr/local/bin/codex /usr/local/bin/gemini /usr/local/bin/opencode /usr/local/bin/kimi /usr/local/bin/pi"
+sums=$("$DOCKER" run --rm --network none --read-only --cap-drop ALL --user 65532:65532 "$AGENTS_IMAGE" \
+	sh -c "sha256sum $clis | cut -d' ' -f1 | sort -u | wc -l; stat -c '%a %u:%g' $clis | sort -u" | tr '\n' ' ')
+[[ "$sums" == "1 755 0:0 " ]] || die "the CLI names in $AGENTS_IMAGE are not all the fixture, mode 755, owned by root (distinct contents, modes: $sums)"
+rc=0
+out=$(printf 'say hi' | "$DOCKER" run -i --rm --network none --read-only --cap-drop ALL --user 65532:65532 "$AGENTS_IMAGE" \
+	claude -p 2>&1 >/dev/null) || rc=$?
+[[ "$rc" == 1 && "$out" == *--mcp-config* ]] || die "claude (the fixture) with no MCP configuration exited $rc, want 1 and a word on --mcp-config: $out"
 rc=0
 out=$("$DOCKER" run --rm --network none --read-only --cap-drop ALL --user 65532:65532 "$AGENTS_IMAGE" \
 	/usr/local/bin/mcp-agent status 2>&1 >/dev/null) || rc=$?

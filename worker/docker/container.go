@@ -53,6 +53,9 @@ type Container struct {
 	mu     sync.Mutex
 	status *worker.ExitStatus // set by the first successful Wait
 
+	// imageID is the engine's id of the container's image.
+	imageID string
+
 	// stopped is set by Stop: a SIGKILL after it is Stop's own, so Wait
 	// does not wait for an OOM record (see oomSettle).
 	stopped atomic.Bool
@@ -253,3 +256,7 @@ func (c *Container) Remove(ctx context.Context) error {
 	}
 	return err
 }
+
+// ImageID returns the engine's id of the container's image ("sha256:…"), for
+// the run's receipt.
+func (c *Container) ImageID() string { return c.imageID }

@@ -169,7 +169,8 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 	if err := r.checkOCIRuntime(ctx, spec.OCIRuntime); err != nil {
 		return nil, err
 	}
-	if err := r.checkImage(ctx, spec.Image); err != nil {
+	imageID, err := r.checkImage(ctx, spec.Image)
+	if err != nil {
 		return nil, err
 	}
 
@@ -200,20 +201,24 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 		}
 		return nil, err
 	}
+	c.imageID = imageID
 	log.Debug().Msg("container started")
 	return c, nil
 }
 
-// checkImage returns nil when image exists on the engine.
-func (r *Runtime) checkImage(ctx context.Context, ref string) error {
+// checkImage returns the engine's id of image (ImageInspect's Id), or an
+// error when it does not exist on the engine.
+func (r *Runtime) checkImage(ctx context.Context, ref string) (string, error) {
+	var id string
 	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
-		_, err := r.cli.ImageInspect(ctx, ref)
+		resp, err := r.cli.ImageInspect(ctx, ref)
+		id = resp.ID
 		return err
 	})
 	if cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, worker.ErrPermanent)
+		return "", fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, worker.ErrPermanent)
 	}
-	return classify(opImageInspect, err)
+	return id, classify(opImageInspect, err)
 }
 
 // checkOCIRuntime returns nil when name is empty (the engine's default
