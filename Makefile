@@ -107,3 +107,34 @@ AGENTS_IMAGE ?= jetcrew-agents:latest
 .PHONY: agent-images
 agent-images: images
 	AGENTS_IMAGE='$(AGENTS_IMAGE)' SANDBOX_IMAGE='$(SANDBOX_IMAGE)' GO='$(GO)' bash deploy/agents/build.sh
+
+# ---------------------------------------------------------------------------
+# Scale-out deployment images
+#
+# deploy-images builds, from scratch and from our own static binaries (no
+# registry): jetcrew-nats:v2.15.2 (nats-server, built with go install into
+# bin/nats-server, and deploy/nats/cluster.conf) and jetcrew-worker:latest
+# (bin/jetcrew + bin/jetcrew-bridge), for deploy/compose/docker-compose.yml.
+# docs/deploy.md has the rest (host set-up, systemd units).
+# ---------------------------------------------------------------------------
+
+.PHONY: deploy-images
+deploy-images: build
+	BIN='$(BIN)' GO='$(GO)' bash deploy/compose/build-images.sh
+
+# ---------------------------------------------------------------------------
+# Benchmarks
+#
+# bench measures throughput, start latency, coordination round trips, worker
+# memory and scaling, each against a baseline measured in the same run, and
+# writes bench/results.json and the results table of BENCHMARKS.md; CPU
+# profiles of the hot paths go to bench/*.prof. The benchmarks are tests
+# behind the build tag "bench" (bench/), so `make test` never runs them. They
+# need Docker and take about 3 minutes on 2 cores.
+# ---------------------------------------------------------------------------
+
+BENCH_TIMEOUT ?= 15m
+
+.PHONY: bench
+bench: images build
+	$(GO) test -tags bench -count=1 -timeout $(BENCH_TIMEOUT) -v ./bench

@@ -1,0 +1,333 @@
+//go:build bench
+
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// Sizes of the throughput benchmark.
+const (
+	noopConcurrency = 16   // worker slots; also the raw loop's pullers
+	noopSubmitters  = 8    // goroutines submitting; also the raw loop's publishers
+	noopWarmup      = 100  // runs (or messages) before the clock starts
+	noopRuns        = 1000 // coordination on
+	noopNocoordRuns = 5000 // coordination off
+	rawMsgs         = 15000
+
+	// On the three-node cluster (R3): fewer, as each step is a Raft commit.
+	r3Runs        = 200
+	r3NocoordRuns = 1500
+	r3RawMsgs     = 5000
+
+	// Every throughput is measured reps times in a row; the figure is the
+	// median, the Repeats field has them all.
+	reps = 3
+)
+
+// bed is where a throughput benchmark runs: a way to connect to the
+// server(s), and the replica count of every stream.
+type bed struct {
+	connect  func(t *testing.T) *nats.Conn
+	replicas int
+	label    string // for logs and profile file names
+}
+
+// singleServer is one embedded server, R1.
+func singleServer(t *testing.T) bed {
+	s := workertest.StartServer(t)
+	return bed{connect: func(t *testing.T) *nats.Conn { return workertest.Connect(t, s) }, replicas: 1, label: "r1"}
+}
+
+// threeNodeCluster is three embedded servers in a JetStream cluster, R3;
+// connections spread over the nodes.
+func threeNodeCluster(t *testing.T) bed {
+	c := workertest.StartCluster(t, 3)
+	var n atomic.Int64
+	return bed{connect: func(t *testing.T) *nats.Conn {
+		urls := c.URLs()
+		// Rotate the URL list so that connections land on different nodes.
+		parts := strings.Split(urls, ",")
+		k := int(n.Add(1)) % len(parts)
+		nc, err := nats.Connect(strings.Join(append(parts[k:], parts[:k]...), ","), nats.DontRandomize())
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		return nc
+	}, replicas: 3, label: "r3"}
+}
+
+// noopBehaviour is a container that exits 0 at once, writing nothing.
+func noopBehaviour(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+	return worker.ExitStatus{}
+}
+
+// TestNoopThroughput measures runs per second through the whole path —
+// dispatcher.Submit (queued state + publish) → JETCREW_RUNS → a worker's pull
+// → claim, running and final states in jetcrew-runs, started and finished
+// events on JETCREW_EVENTS, ack — with a runtime whose containers exit at
+// once, against a bare JetStream loop with the same shape on the same
+// embedded server: publishers doing synchronous publishes, pullers each
+// fetching one message at a time and double-acking it. The three loops take
+// turns, reps times, so a change in the machine's load hits them alike.
+func TestNoopThroughput(t *testing.T) {
+	b := singleServer(t)
+	throughput(t, b, rawMsgs, noopRuns, noopNocoordRuns, "",
+		fmt.Sprintf("bare JetStream: %d publishers (sync publish, ~200 B) → WorkQueue file stream → %d pullers (fetch 1, double ack), same embedded server", noopSubmitters, noopConcurrency),
+		fmt.Sprintf("dispatcher.Submit → JETCREW_RUNS → worker (concurrency %d) → states + events → ack; runtime: workertest.Runtime, container exits at once; built-in `shell` profile (coordination on: run dir, socket, inbox consumer, presence per run); %d submitters", noopConcurrency, noopSubmitters),
+		"as noop_runs_per_s with coordination off in the profile: the run lifecycle alone")
+}
+
+// TestNoopThroughputCluster is TestNoopThroughput on a three-node JetStream
+// cluster with every stream, bucket and consumer at three replicas, as
+// deploy/compose runs it: the cost of scale-out's replication.
+func TestNoopThroughputCluster(t *testing.T) {
+	b := threeNodeCluster(t)
+	throughput(t, b, r3RawMsgs, r3Runs, r3NocoordRuns, "r3_",
+		"raw_js_msgs_per_s on a three-node embedded cluster, stream and consumer R3",
+		"noop_runs_per_s on the three-node cluster, everything R3 (coordination on)",
+		"noop_nocoord_runs_per_s on the three-node cluster, everything R3")
+}
+
+// throughput measures the raw loop and the noop runs with coordination on
+// and off, in turns, reps times, and records the medians as
+// raw_js_<infix>msgs_per_s, noop_<infix>runs_per_s and
+// noop_<infix>nocoord_runs_per_s.
+func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, coordWhat, nocoordWhat string) {
+	t.Helper()
+	raw := rawJetStreamLoop(t, b, nRaw)
+	startNoopWorker(t, b)
+	coord := noopRunLoop(t, b, "shell", nRuns)
+	nocoord := noopRunLoop(t, b, "nocoord", nNocoord)
+	var rawR, coordR, nocoordR []float64
+	for i := range reps {
+		prof := func(name string) string {
+			if i > 0 {
+				return ""
+			}
+			return fmt.Sprintf("%s-%s.cpu.prof", name, b.label)
+		}
+		rawR = append(rawR, raw(prof("raw-js")))
+		coordR = append(coordR, coord(prof("noop-shell")))
+		nocoordR = append(nocoordR, nocoord(prof("noop-nocoord")))
+	}
+	rawName := "raw_js_" + infix + "msgs_per_s"
+	record(t, rawName, Figure{Value: median(rawR), Repeats: rawR, Unit: "msgs/s", Samples: nRaw, What: rawWhat})
+	record(t, "noop_"+infix+"runs_per_s", Figure{Value: median(coordR), Repeats: coordR, Unit: "runs/s", Baseline: rawName, Samples: nRuns, What: coordWhat})
+	record(t, "noop_"+infix+"nocoord_runs_per_s", Figure{Value: median(nocoordR), Repeats: nocoordR, Unit: "runs/s", Baseline: rawName, Samples: nNocoord, What: nocoordWhat})
+}
+
+// startNoopWorker starts a worker whose containers exit at once, with the
+// built-in profiles plus "nocoord", until the test ends.
+func startNoopWorker(t *testing.T, b bed) {
+	t.Helper()
+	rt := workertest.NewRuntime()
+	rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) { return noopBehaviour, nil }
+	w, err := worker.New(b.connect(t), worker.Config{
+		ID: "bench-noop", Runtime: rt, Concurrency: noopConcurrency, Profiles: profiles(t),
+		StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
+		Provision: worker.ProvisionConfig{Replicas: b.replicas},
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+}
+
+// cpuProfile starts a CPU profile into path and returns the function that
+// stops it; an empty path profiles nothing.
+func cpuProfile(t *testing.T, path string) func() {
+	t.Helper()
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, pprof.StartCPUProfile(f))
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
+
+// noopRunLoop subscribes to finished events and submits warm-up runs of
+// profile, and returns a function that submits n runs of profile from
+// noopSubmitters goroutines and returns runs per second from its first
+// submit to its last finished event, with a CPU profile into prof unless
+// prof is empty.
+func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) float64 {
+	t.Helper()
+	d, err := dispatcher.New(b.connect(t))
+	require.NoError(t, err)
+	watch := b.connect(t)
+	var finished, failed atomic.Int64
+	done := make(chan struct{}, 1)
+	var target atomic.Int64
+	var mine sync.Map // run ids this loop submitted
+	// The subscription lives as long as the test's connection. It counts
+	// only this loop's runs: another loop's may finish meanwhile.
+	sub, err := watch.Subscribe(messages.SubjectEventsPrefix+".*."+string(messages.EventFinished), func(m *nats.Msg) {
+		if _, ok := mine.LoadAndDelete(strings.Split(m.Subject, ".")[2]); !ok {
+			return
+		}
+		var ev messages.Event
+		if json.Unmarshal(m.Data, &ev) != nil || ev.State != messages.StateSucceeded {
+			failed.Add(1)
+		}
+		if finished.Add(1) == target.Load() {
+			done <- struct{}{}
+		}
+	})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetPendingLimits(-1, -1))
+	require.NoError(t, watch.Flush())
+
+	submit := func(count int) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range noopSubmitters {
+			wg.Go(func() {
+				for next.Add(1) <= int64(count) {
+					id := dispatcher.NewRunID()
+					mine.Store(id, true)
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					_, err := d.Submit(ctx, messages.RunRequest{ID: id, Profile: profile, Prompt: "noop"})
+					cancel()
+					if err != nil {
+						t.Errorf("submit: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	round1 := func(count int) time.Duration {
+		finished.Store(0)
+		target.Store(int64(count))
+		start := time.Now()
+		submit(count)
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s: only %d of %d runs finished", profile, finished.Load(), count)
+		}
+		require.Zero(t, failed.Load(), "%s: runs that did not succeed", profile)
+		return time.Since(start)
+	}
+	round1(noopWarmup)
+	return func(prof string) float64 {
+		stop := cpuProfile(t, prof)
+		elapsed := round1(n)
+		stop()
+		t.Logf("%s %s: %d runs in %s", b.label, profile, n, elapsed.Round(time.Millisecond))
+		return round(float64(n)/elapsed.Seconds(), 1)
+	}
+}
+
+// rawJetStreamLoop creates a WorkQueue stream with noopConcurrency pullers
+// that fetch one message at a time and double-ack it, publishes warm-up
+// messages, and returns a function that publishes n messages from
+// noopSubmitters goroutines and returns messages per second from its first
+// publish to its last ack, with a CPU profile into prof unless prof is
+// empty. The pullers stop when the test ends.
+func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
+	t.Helper()
+	ctx := context.Background()
+	pubJS, err := jetstream.New(b.connect(t))
+	require.NoError(t, err)
+	subJS, err := jetstream.New(b.connect(t))
+	require.NoError(t, err)
+	_, err = pubJS.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "BENCH_RAW", Subjects: []string{"bench.raw"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: b.replicas,
+	})
+	require.NoError(t, err)
+	cons, err := subJS.CreateOrUpdateConsumer(ctx, "BENCH_RAW", jetstream.ConsumerConfig{
+		Durable: "bench", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1024, Replicas: b.replicas,
+	})
+	require.NoError(t, err)
+	// About the size of a run request.
+	payload := []byte(`{"v":1,"id":"01JABCDEFGHJKMNPQRSTVWXYZ0","profile":"shell","prompt":"noop","pool":"default","labels":{"bench":"raw"},"env":{"A":"1"},"timeout":"1h0m0s","padding":"xxxxxxxxxxxxxxxxxxxx"}`)
+
+	var acked, target atomic.Int64
+	done := make(chan struct{}, 1)
+	pctx, stopPullers := context.WithCancel(ctx)
+	var pullers sync.WaitGroup
+	for range noopConcurrency {
+		pullers.Go(func() {
+			// Ends when the test does (stopPullers).
+			for pctx.Err() == nil {
+				fctx, cancel := context.WithTimeout(pctx, 5*time.Second)
+				batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
+				if err != nil {
+					cancel()
+					continue
+				}
+				for m := range batch.Messages() {
+					if err := m.DoubleAck(fctx); err != nil && pctx.Err() == nil {
+						t.Errorf("ack: %v", err)
+					}
+					if acked.Add(1) == target.Load() {
+						done <- struct{}{}
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	t.Cleanup(func() { stopPullers(); pullers.Wait() })
+
+	round1 := func(count int) time.Duration {
+		acked.Store(0)
+		target.Store(int64(count))
+		start := time.Now()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range noopSubmitters {
+			wg.Go(func() {
+				for next.Add(1) <= int64(count) {
+					if _, err := pubJS.Publish(ctx, "bench.raw", payload); err != nil {
+						t.Errorf("publish: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("only %d of %d messages acked", acked.Load(), count)
+		}
+		return time.Since(start)
+	}
+	round1(noopWarmup)
+	return func(prof string) float64 {
+		stop := cpuProfile(t, prof)
+		elapsed := round1(n)
+		stop()
+		t.Logf("%s raw: %d messages in %s", b.label, n, elapsed.Round(time.Millisecond))
+		return round(float64(n)/elapsed.Seconds(), 1)
+	}
+}
