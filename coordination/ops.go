@@ -308,10 +308,24 @@ func (s *Session) recreateConsumer(ctx context.Context) (jetstream.Consumer, err
 	return cons, nil
 }
 
-// consumerInfo returns the inbox consumer's info, recreating the consumer
-// when the server has deleted it (InactiveThreshold).
+// consumerInfo returns the inbox consumer's info, creating the consumer on
+// the session's first call (or resuming the durable one an earlier session of
+// the run left), and recreating it when the server has deleted it
+// (InactiveThreshold).
 func (s *Session) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	cons := s.consumer()
+	if cons == nil {
+		c, err := s.h.js.CreateOrUpdateConsumer(ctx, StreamName, s.h.inboxConfig(s.run))
+		if err != nil {
+			return nil, fmt.Errorf("inbox consumer of run %s (stream %s, see Provision): %w", s.run.RunID, StreamName, err)
+		}
+		s.mu.Lock()
+		if s.cons == nil {
+			s.cons = c
+		}
+		cons = s.cons
+		s.mu.Unlock()
+	}
 	info, err := cons.Info(ctx)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if cons, err = s.recreateConsumer(ctx); err != nil {

@@ -137,9 +137,11 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	if s.peers, err = h.peerBucket(ctx); err != nil {
 		return nil, fmt.Errorf("coordination: %w", err)
 	}
-	if s.cons, err = h.js.CreateOrUpdateConsumer(ctx, StreamName, h.inboxConfig(run)); err != nil {
-		return nil, fmt.Errorf("coordination: inbox consumer of run %s (stream %s, see Provision): %w", run.RunID, StreamName, err)
-	}
+	// The inbox consumer is created on the first status or inbox call
+	// (consumerInfo), not here: most runs never read an inbox, and creating
+	// a durable consumer is the costliest step of a session (on an R3
+	// cluster, a Raft group of its own). It delivers the whole stream from
+	// its start, so messages sent before it exists are not missed.
 	if err := s.putPresence(ctx); err != nil {
 		return nil, fmt.Errorf("coordination: join group %s: %w", run.Group, err)
 	}

@@ -18,3 +18,23 @@ var ErrNoJetStream = errors.New("JetStream is not enabled on this NATS server or
 // published without a state and no worker has taken it yet, or its state
 // was removed.
 var ErrRunNotFound = errors.New("run not found")
+
+// ErrNoWorker is wrapped by the error Cancel returns when no worker is
+// subscribed to cancel requests: no worker of any pool is running.
+var ErrNoWorker = errors.New("no worker answered (is `jetcrew up` or a `jetcrew worker` running?)")
+
+// ErrCancelFailed is wrapped by the error Cancel returns when the worker
+// answered that it could not carry out the cancel; the reply's Message says
+// why.
+var ErrCancelFailed = errors.New("cancel failed")
+
+// ErrNoDeadLetter is wrapped by the error LastDeadLetter and Replay return
+// for a run id with no dead letter on JETCREW_FAILED: the run did not fail,
+// its dead letter expired with the stream's max age, or the id is wrong.
+var ErrNoDeadLetter = errors.New("no dead letter")
+
+// ErrReplayRefused is wrapped by the error Replay returns when it will not
+// publish the run again: the run already succeeded (a worker would refuse
+// the request as a duplicate), or it is still queued or running. It is also
+// wrapped by WatchReplay's error when a worker refused the replay.
+var ErrReplayRefused = errors.New("replay refused")

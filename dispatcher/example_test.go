@@ -44,8 +44,17 @@ func Example() {
 	}
 	defer nc.Close()
 
-	// A worker whose fake containers read the prompt as a tiny script.
-	w, err := worker.New(nc, worker.Config{ID: "example", Runtime: workertest.NewRuntime()})
+	// A worker whose fake containers read the prompt as a tiny script; its
+	// shell profile has coordination off, so no jetcrew-bridge is needed.
+	stateDir, err := os.MkdirTemp("", "jc")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(stateDir)
+	shell, off := worker.ShellProfile(), false
+	shell.Coordination = &off
+	w, err := worker.New(nc, worker.Config{ID: "example", Runtime: workertest.NewRuntime(),
+		Profiles: worker.Profiles{"shell": shell}, StateDir: stateDir})
 	if err != nil {
 		log.Fatal(err)
 	}

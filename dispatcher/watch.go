@@ -48,7 +48,9 @@ type WatchEvent struct {
 // (however long ago the run started) and calls fn, when not nil, with each
 // one in stream order, output included. It returns the run's finished event
 // after passing it to fn, so a run that is already over is replayed and
-// returns at once.
+// returns at once. A run that was replayed (see Replay) has a finished
+// event per request: Watch passes on every event and returns the latest
+// finished event, the one the run's state agrees with.
 //
 // While it reads, Watch also watches the run's state: when the state is
 // final, the stream holds no further event and the finished event has not
@@ -60,16 +62,40 @@ type WatchEvent struct {
 // wrapping ErrNotProvisioned when the event stream does not exist. A run
 // that nobody submitted is waited for until ctx ends.
 func (d *Dispatcher) Watch(ctx context.Context, id string, fn func(WatchEvent) error) (messages.Event, error) {
+	return d.watch(ctx, id, watchFrom{}, fn)
+}
+
+// watchFrom narrows what watch follows to one request of a run, for
+// WatchReplay. The zero value follows the run from its first event.
+type watchFrom struct {
+	// afterEvent: only events after this JETCREW_EVENTS sequence are read.
+	afterEvent uint64
+	// requestSeq, when not 0: the run's state counts as final only when its
+	// StreamSeq is this, and a duplicate event may mean the request was
+	// refused.
+	requestSeq uint64
+}
+
+// dupRecheck is how often watch looks again whether a replayed request was
+// refused, after a duplicate event, until it knows.
+const dupRecheck = 250 * time.Millisecond
+
+func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn func(WatchEvent) error) (messages.Event, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return messages.Event{}, fmt.Errorf("watch: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	cons, err := d.js.OrderedConsumer(ctx, messages.StreamEvents, jetstream.OrderedConsumerConfig{
+	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{messages.SubjectEventsAll(id)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	}
+	if from.afterEvent > 0 {
+		occ.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		occ.OptStartSeq = from.afterEvent + 1
+	}
+	cons, err := d.js.OrderedConsumer(ctx, messages.StreamEvents, occ)
 	if err != nil {
 		return messages.Event{}, fmt.Errorf("watch run %s: %w", id, classify(err))
 	}
@@ -119,12 +145,39 @@ func (d *Dispatcher) Watch(ctx context.Context, id string, fn func(WatchEvent) e
 		grace   *time.Timer
 		graceC  <-chan time.Time
 		pending uint64 // events left on the stream after the last one read
+		// lastFin is the latest finished event read, while no event has
+		// shown the run going on after it (a replay's started event).
+		lastFin *messages.Event
+		// dupC ticks while a duplicate event may mean that the replayed
+		// request was refused (from.requestSeq), until that is known.
+		dup    *time.Ticker
+		dupC   <-chan time.Time
+		dupWhy string
 	)
 	defer func() {
 		if grace != nil {
 			grace.Stop()
 		}
+		if dup != nil {
+			dup.Stop()
+		}
 	}()
+	// checkRefused looks whether the replayed request was refused, and
+	// stops looking once it knows that it was not.
+	checkRefused := func() error {
+		refused, err := d.replayRefused(ctx, id, from.requestSeq)
+		if err != nil {
+			return nil // look again at the next tick
+		}
+		if refused {
+			return fmt.Errorf("watch run %s: %w: %s", id, ErrReplayRefused, dupWhy)
+		}
+		if st, err := d.Status(ctx, id); err == nil && st.StreamSeq == from.requestSeq && dup != nil {
+			dup.Stop()
+			dupC = nil
+		}
+		return nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -148,8 +201,37 @@ func (d *Dispatcher) Watch(ctx context.Context, id string, fn func(WatchEvent) e
 					return messages.Event{}, err
 				}
 			}
-			if ev.Type == messages.EventFinished {
+			switch {
+			case ev.Type == messages.EventFinished && from.requestSeq != 0:
+				// Following a replay: the first finished event after it is
+				// the replay's.
 				return ev.Event, nil
+			case ev.Type == messages.EventFinished:
+				// A replayed run has a finished event per replay: the run
+				// ends with the latest one.
+				fin := ev.Event
+				lastFin = &fin
+			case ev.Type == messages.EventStarted:
+				lastFin = nil // a replay of the run started after it
+			}
+			if lastFin != nil && pending == 0 && d.latestFinish(ctx, id, *lastFin) {
+				return *lastFin, nil
+			}
+			if ev.Type == messages.EventDuplicate && from.requestSeq != 0 {
+				dupWhy = ev.Event.Reason
+				if dup == nil {
+					dup = time.NewTicker(dupRecheck)
+				} else {
+					dup.Reset(dupRecheck)
+				}
+				dupC = dup.C
+				if err := checkRefused(); err != nil {
+					return messages.Event{}, err
+				}
+			}
+		case <-dupC:
+			if err := checkRefused(); err != nil {
+				return messages.Event{}, err
 			}
 		case e, ok := <-updates:
 			if !ok {
@@ -163,6 +245,12 @@ func (d *Dispatcher) Watch(ctx context.Context, id string, fn func(WatchEvent) e
 			if err != nil || !st.State.Final() {
 				continue
 			}
+			if from.requestSeq != 0 && st.StreamSeq != from.requestSeq {
+				continue // the final state of the run before the replay
+			}
+			if lastFin != nil && pending == 0 && finishOf(st, *lastFin) {
+				return *lastFin, nil
+			}
 			final = st
 			if grace == nil {
 				grace = time.NewTimer(d.finishedGrace)
@@ -174,6 +262,9 @@ func (d *Dispatcher) Watch(ctx context.Context, id string, fn func(WatchEvent) e
 				// events not yet read.
 				grace.Reset(d.finishedGrace)
 				continue
+			}
+			if lastFin != nil && finishOf(final, *lastFin) {
+				return *lastFin, nil
 			}
 			ev := eventFromState(final)
 			if fn != nil {
@@ -242,4 +333,24 @@ func eventFromState(st messages.RunState) messages.Event {
 		ExitCode:    st.ExitCode,
 		Reason:      st.Reason,
 	}
+}
+
+// latestFinish reports whether fin, a finished event of run id, is the end
+// of the run as its state now says: the state is final and fin is not older
+// than the state's finish. A run without a readable state has nothing to
+// contradict fin.
+func (d *Dispatcher) latestFinish(ctx context.Context, id string, fin messages.Event) bool {
+	st, err := d.Status(ctx, id)
+	if err != nil {
+		return true
+	}
+	return st.State.Final() && finishOf(st, fin)
+}
+
+// finishOf reports whether fin can be the finished event of final state st:
+// a worker publishes the event after it records the state, so an event
+// older than the state's finish belongs to an earlier request of the run (a
+// run replayed since).
+func finishOf(st messages.RunState, fin messages.Event) bool {
+	return st.FinishedAt.IsZero() || !fin.Time.Before(st.FinishedAt)
 }

@@ -153,6 +153,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			return
 		case verdictReplay:
 			r.state.Replays = prev.Replays + 1
+		default:
+			// A redelivery (or the submitter's record): the same request,
+			// so a replay stays counted.
+			r.state.Replays = prev.Replays
 		}
 		r.state.QueuedAt = prev.QueuedAt
 		if r.state.QueuedAt.IsZero() {

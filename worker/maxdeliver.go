@@ -37,23 +37,31 @@ type maxDeliverAdvisory struct {
 }
 
 func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        StreamAdvisories,
-		Description: "MaxDeliver advisories of jetcrew's run consumers, so no exhausted request is lost",
-		Subjects:    []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + messages.StreamRuns + ".>"},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-		MaxAge:      cfg.FailedMaxAge,
+	if err := retryProvision(ctx, func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:        StreamAdvisories,
+			Description: "MaxDeliver advisories of jetcrew's run consumers, so no exhausted request is lost",
+			Subjects:    []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + messages.StreamRuns + ".>"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+			MaxAge:      cfg.FailedMaxAge,
+		})
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("provision stream %s: %w", StreamAdvisories, err)
 	}
-	c, err := js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
-		Durable:    consumerAdvisories,
-		AckPolicy:  jetstream.AckExplicitPolicy,
-		AckWait:    30 * time.Second,
-		MaxDeliver: -1,
-		Replicas:   cfg.Replicas,
+	var c jetstream.Consumer
+	err := retryProvision(ctx, func(ctx context.Context) error {
+		var err error
+		c, err = js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
+			Durable:    consumerAdvisories,
+			AckPolicy:  jetstream.AckExplicitPolicy,
+			AckWait:    30 * time.Second,
+			MaxDeliver: -1,
+			Replicas:   cfg.Replicas,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("provision consumer %s: %w", consumerAdvisories, err)

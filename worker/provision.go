@@ -122,42 +122,53 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 		Discard:     jetstream.DiscardOld,
 	}}
 	for _, sc := range streams {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if err := retryProvision(ctx, func(ctx context.Context) error { _, err := js.CreateOrUpdateStream(ctx, sc); return err }); err != nil {
 			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
 		}
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      messages.BucketRuns,
-		Description: "jetcrew run states, one key per run id",
-		History:     5,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
+	if err := retryProvision(ctx, func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      messages.BucketRuns,
+			Description: "jetcrew run states, one key per run id",
+			History:     5,
+			Storage:     jetstream.FileStorage,
+			Replicas:    cfg.Replicas,
+		})
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("provision bucket %s: %w", messages.BucketRuns, err)
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketWorkers,
-		Description: "jetcrew live workers (heartbeats)",
-		History:     1,
-		TTL:         WorkerTTL,
-		Storage:     jetstream.MemoryStorage,
-		Replicas:    cfg.Replicas,
+	if err := retryProvision(ctx, func(ctx context.Context) error {
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      BucketWorkers,
+			Description: "jetcrew live workers (heartbeats)",
+			History:     1,
+			TTL:         WorkerTTL,
+			Storage:     jetstream.MemoryStorage,
+			Replicas:    cfg.Replicas,
+		})
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("provision bucket %s: %w", BucketWorkers, err)
 	}
 	if _, err := provisionAdvisories(ctx, js, cfg); err != nil {
 		return nil, err
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
-		Durable:       messages.ConsumerName(cfg.Pool),
-		Description:   "jetcrew workers of pool " + cfg.Pool,
-		FilterSubject: messages.SubjectRuns(cfg.Pool),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait,
-		MaxDeliver:    cfg.MaxDeliver,
-		MaxAckPending: cfg.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		Replicas:      cfg.Replicas,
+	var cons jetstream.Consumer
+	err := retryProvision(ctx, func(ctx context.Context) error {
+		var err error
+		cons, err = js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
+			Durable:       messages.ConsumerName(cfg.Pool),
+			Description:   "jetcrew workers of pool " + cfg.Pool,
+			FilterSubject: messages.SubjectRuns(cfg.Pool),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    cfg.MaxDeliver,
+			MaxAckPending: cfg.MaxAckPending,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			Replicas:      cfg.Replicas,
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("provision consumer %s: %w", messages.ConsumerName(cfg.Pool), err)

@@ -17,6 +17,29 @@ const (
 	opMaxElapsed     = 2 * time.Minute
 )
 
+// provisionAttemptTimeout bounds one try of creating a stream, bucket or
+// consumer: on a new R3 cluster one can take longer than the JetStream API's
+// 5 second default.
+const provisionAttemptTimeout = 30 * time.Second
+
+// retryProvision is retryOp for provisioning calls: 30 seconds a try, for up
+// to 3 minutes.
+func retryProvision(ctx context.Context, op func(ctx context.Context) error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 500 * time.Millisecond
+	b.MaxInterval = 10 * time.Second
+	b.MaxElapsedTime = 3 * time.Minute
+	return backoff.Retry(func() error {
+		actx, cancel := context.WithTimeout(ctx, provisionAttemptTimeout)
+		defer cancel()
+		err := op(actx)
+		if err != nil && ctx.Err() != nil {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(b, ctx))
+}
+
 // retryOp runs op until it succeeds, returns an error wrapped with
 // backoff.Permanent (returned unwrapped), ctx ends, or opMaxElapsed passes.
 // Each try gets its own context of at most opAttemptTimeout. It returns the

@@ -304,6 +304,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.cons = cons
+	w.warnSizing(ctx)
 	stream, err := w.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)

@@ -28,6 +28,10 @@ type app struct {
 	// force is closed when a graceful stop must be cut short (a second
 	// interrupt). Nil means never.
 	force <-chan struct{}
+	// bridgePath is the jetcrew-bridge binary workers mount into runs
+	// whose profile has coordination on; empty means the worker's default,
+	// jetcrew-bridge beside the running executable.
+	bridgePath string
 
 	logLevel string
 	log      zerolog.Logger
@@ -126,7 +130,8 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
-	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd())
+	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
+		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd())
 	return root
 }
 

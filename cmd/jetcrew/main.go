@@ -6,6 +6,9 @@
 //	jetcrew submit 'echo hi'     submit a run (--wait follows it to its end)
 //	jetcrew status RUN_ID        a run's state
 //	jetcrew watch RUN_ID         follow a run's output and events
+//	jetcrew cancel RUN_ID        cancel a queued or running run
+//	jetcrew failed               list dead letters (failed runs' requests)
+//	jetcrew replay RUN_ID        submit a failed run again from its dead letter
 //
 // docs/cli.md documents every command and flag; docs/wire.md the protocol.
 package main

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -49,6 +53,7 @@ type testApp struct {
 func newTestApp(env map[string]string, rt worker.Runtime) *testApp {
 	out, errb := &syncBuffer{}, &syncBuffer{}
 	a := newApp()
+	a.bridgePath = testBridge
 	a.stdin = strings.NewReader("")
 	a.stdout, a.stderr = out, errb
 	a.getenv = func(k string) string { return env[k] }
@@ -59,6 +64,34 @@ func newTestApp(env map[string]string, rt worker.Runtime) *testApp {
 		return rt, func() error { return nil }, nil
 	}
 	return &testApp{app: a, stdout: out, stderr: errb}
+}
+
+// testBridge is a stand-in for the jetcrew-bridge binary (the fake runtime
+// never runs it) that workers of test apps mount into coordination runs;
+// TestMain creates it.
+var testBridge string
+
+// TestMain makes the stand-in bridge, and points TMPDIR at a directory of
+// its own, removed at the end, so the state directories of the tests'
+// workers (os.TempDir()/jetcrew-<id>) go with it.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "jc-cmd")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.Setenv("TMPDIR", dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testBridge = filepath.Join(dir, "jetcrew-bridge")
+	if err := os.WriteFile(testBridge, []byte("#!/bin/false\n"), 0o555); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // cli runs one command line in a fresh app with NATS_URL=url and returns
@@ -73,8 +106,15 @@ func cli(t *testing.T, url string, args ...string) (int, string, string) {
 // startWorker runs `jetcrew worker` against s until the test ends.
 func startWorker(t *testing.T, s *server.Server, args ...string) {
 	t.Helper()
+	startWorkerWith(t, s, workertest.NewRuntime(), args...)
+}
+
+// startWorkerWith runs `jetcrew worker` with the container runtime rt
+// against s until the test ends.
+func startWorkerWith(t *testing.T, s *server.Server, rt worker.Runtime, args ...string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a := newTestApp(nil, workertest.NewRuntime())
+	a := newTestApp(nil, rt)
 	done := make(chan int, 1)
 	go func() {
 		done <- a.run(ctx, append([]string{"worker", "--nats", s.ClientURL()}, args...))
@@ -425,3 +465,15 @@ var errFakeDocker = &fakeErr{"no docker here"}
 type fakeErr struct{ s string }
 
 func (e *fakeErr) Error() string { return e.s }
+
+// consumerInfo returns the default pool's consumer as the server has it.
+func consumerInfo(t *testing.T, nc *nats.Conn) *jetstream.ConsumerInfo {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	c, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool))
+	require.NoError(t, err)
+	info, err := c.Info(t.Context())
+	require.NoError(t, err)
+	return info
+}

@@ -15,11 +15,17 @@ import (
 
 // workerOptions are the flags of the worker `up` and `worker` start.
 type workerOptions struct {
-	profiles     string
-	concurrency  int
-	pool         string
-	id           string
-	drainTimeout time.Duration
+	profiles          string
+	concurrency       int
+	pool              string
+	id                string
+	drainTimeout      time.Duration
+	ackWait           time.Duration
+	maxDeliver        int
+	orphanGrace       time.Duration
+	reconcileInterval time.Duration
+	metricsAddr       string // --metrics-addr; see metrics.go
+	replicas          int    // --replicas (worker only); see metrics.go
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -27,6 +33,15 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
 		"on stop, how long to let runs finish before stopping them and handing them back")
+	fs.DurationVar(&o.ackWait, "ack-wait", 30*time.Second,
+		"the pool consumer's ack wait: a request held this long without an ack or progress is redelivered (every worker of a pool must use the same)")
+	fs.IntVar(&o.maxDeliver, "max-deliver", 5,
+		"the pool consumer's max deliver: deliveries of one request before it fails (every worker of a pool must use the same)")
+	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second,
+		"how old a container with no live owner must be before it is removed")
+	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
+		"how often to look for orphaned containers")
+	o.addMetricsFlag(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -42,6 +57,21 @@ func (o *workerOptions) check() (worker.Profiles, error) {
 	}
 	if o.drainTimeout < 0 {
 		return nil, usageError(fmt.Errorf("--drain-timeout %s: must not be negative", o.drainTimeout))
+	}
+	if o.ackWait < time.Second {
+		return nil, usageError(fmt.Errorf("--ack-wait %s: must be at least 1s", o.ackWait))
+	}
+	if o.maxDeliver < 1 {
+		return nil, usageError(fmt.Errorf("--max-deliver %d: must be at least 1", o.maxDeliver))
+	}
+	if o.orphanGrace <= 0 {
+		return nil, usageError(fmt.Errorf("--orphan-grace %s: must be positive", o.orphanGrace))
+	}
+	if o.reconcileInterval <= 0 {
+		return nil, usageError(fmt.Errorf("--reconcile-interval %s: must be positive", o.reconcileInterval))
+	}
+	if err := o.checkScaleOut(); err != nil {
+		return nil, err
 	}
 	if o.profiles == "" {
 		return worker.DefaultProfiles(), nil
@@ -80,11 +110,24 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Profiles:    profiles,
 		Runtime:     rt,
 		Logger:      &log,
-		Failpoint:   failpointFromEnv(),
+		Provision: worker.ProvisionConfig{
+			AckWait:    o.ackWait,
+			MaxDeliver: o.maxDeliver,
+			Replicas:   o.replicas,
+		},
+		OrphanGrace:       o.orphanGrace,
+		ReconcileInterval: o.reconcileInterval,
+		BridgePath:        a.bridgePath,
+		Failpoint:         failpointFromEnv(),
 	})
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := a.serveMetrics(o.metricsAddr, w)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	if err := w.Start(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

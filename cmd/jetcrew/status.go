@@ -80,6 +80,9 @@ func printState(w io.Writer, st messages.RunState) error {
 		row("reason", "%s", st.Reason)
 	}
 	row("attempts", "%d", st.Attempts)
+	if st.Replays > 0 {
+		row("replays", "%d", st.Replays)
+	}
 	row("profile", "%s", st.Profile)
 	row("pool", "%s", st.Pool)
 	if st.Group != "" && st.Group != st.ID {

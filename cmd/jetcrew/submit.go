@@ -156,8 +156,16 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 // follow copies the events of run id to the terminal until it finishes and
 // returns the error that gives the program the run's exit code.
 func (a *app) follow(ctx context.Context, d *dispatcher.Dispatcher, id string, quiet bool) error {
+	return a.followWith(ctx, id, quiet, func(fn func(dispatcher.WatchEvent) error) (messages.Event, error) {
+		return d.Watch(ctx, id, fn)
+	})
+}
+
+// followWith is follow with the watch to use: Watch, or WatchReplay for a
+// replayed run.
+func (a *app) followWith(ctx context.Context, id string, quiet bool, watch func(fn func(dispatcher.WatchEvent) error) (messages.Event, error)) error {
 	p := &runPrinter{stdout: a.stdout, stderr: a.stderr, quiet: quiet, atLineStart: true}
-	fin, err := d.Watch(ctx, id, p.print)
+	fin, err := watch(p.print)
 	if err != nil {
 		if ctx.Err() != nil {
 			return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following run %s; it goes on (jetcrew watch %s)", id, id)}
@@ -254,6 +262,10 @@ func describeEvent(ev dispatcher.WatchEvent) string {
 		b.WriteString(": " + describeOutcome(e))
 		if ev.FromState {
 			b.WriteString(" [from the run's state: its finished event is gone]")
+		}
+	case messages.EventDuplicate, messages.EventCancel:
+		if e.Reason != "" {
+			b.WriteString(": " + e.Reason)
 		}
 	}
 	return b.String()

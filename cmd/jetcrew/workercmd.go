@@ -32,6 +32,7 @@ handed back to the stream for another worker.`,
 	natsFlag(cmd, &url)
 	o.addFlags(cmd.Flags())
 	o.addPoolFlags(cmd.Flags())
+	o.addReplicasFlag(cmd.Flags())
 	return cmd
 }
 

@@ -1,0 +1,148 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// defaultRequestTimeout bounds a request/reply call whose ctx has no
+// deadline.
+const defaultRequestTimeout = 30 * time.Second
+
+// DeadLetter is one message of the dead-letter stream JETCREW_FAILED: the
+// request of a run that ended failed or timed out, exactly as it was
+// submitted, with the headers saying why (docs/wire.md, "Dead letters").
+type DeadLetter struct {
+	// Sequence is the message's sequence in JETCREW_FAILED.
+	Sequence uint64
+	// Subject is jetcrew.failed.<pool>.<run_id>.
+	Subject string
+	// Pool and RunID are the subject's last two tokens.
+	Pool, RunID string
+	// Time is when the dead letter was stored.
+	Time time.Time
+	// State is the run's final state (header Jetcrew-State).
+	State messages.State
+	// Reason says why the run failed (header Jetcrew-Error).
+	Reason string
+	// Attempts is the number of deliveries the run had (header
+	// Jetcrew-Attempts); 0 when absent.
+	Attempts int
+	// ExitCode is the process's exit code (header Jetcrew-Exit-Code); nil
+	// when the process never ran.
+	ExitCode *int
+	// Worker is the worker that gave up on the run (header Jetcrew-Worker).
+	Worker string
+	// Request is the message body: the run request byte for byte as it was
+	// submitted (not necessarily valid, for a run that failed because it was
+	// not).
+	Request []byte
+}
+
+// Failed returns the dead letters of pool, or of every pool when pool is
+// empty, oldest first. It reads JETCREW_FAILED with direct gets (it creates
+// no consumer, so read access to the stream is enough) and returns once it
+// has read every message stored when it started. The error wraps
+// ErrNotProvisioned when the stream does not exist.
+func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, error) {
+	filter := messages.SubjectFailedPrefix + ".>"
+	if pool != "" {
+		if err := messages.ValidateToken("pool", pool); err != nil {
+			return nil, fmt.Errorf("failed runs: %w", err)
+		}
+		filter = messages.SubjectFailed(pool, "*")
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	if err != nil {
+		return nil, fmt.Errorf("failed runs: stream %s: %w", messages.StreamFailed, classify(err))
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("failed runs: stream %s: %w", messages.StreamFailed, classify(err))
+	}
+	var out []DeadLetter
+	last := info.State.LastSeq
+	for seq := info.State.FirstSeq; seq <= last && seq > 0; {
+		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break // none left at or after seq
+		}
+		if err != nil {
+			return nil, fmt.Errorf("failed runs: read %s: %w", messages.StreamFailed, err)
+		}
+		if m.Sequence > last {
+			break // stored after we started
+		}
+		out = append(out, newDeadLetter(m.Sequence, m.Subject, m.Time, m.Header, m.Data))
+		seq = m.Sequence + 1
+	}
+	return out, nil
+}
+
+// LastDeadLetter returns the latest dead letter of run id, whatever its
+// pool (subject jetcrew.failed.*.<run_id>). The error wraps ErrNoDeadLetter
+// when there is none, and ErrNotProvisioned when the stream does not exist.
+func (d *Dispatcher) LastDeadLetter(ctx context.Context, id string) (DeadLetter, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter: %w", err)
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter of run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
+	}
+	// A direct get takes one literal subject, so find the run's subjects
+	// (one per pool it failed in) first, then the last message of each.
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(messages.SubjectFailed("*", id)))
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter of run %s: %w", id, classify(err))
+	}
+	var best *jetstream.RawStreamMsg
+	for subj := range info.State.Subjects {
+		m, err := stream.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // expired meanwhile
+		}
+		if err != nil {
+			return DeadLetter{}, fmt.Errorf("dead letter of run %s: get %s: %w", id, subj, err)
+		}
+		if best == nil || m.Sequence > best.Sequence {
+			best = m
+		}
+	}
+	if best == nil {
+		return DeadLetter{}, fmt.Errorf("run %s: %w on %s", id, ErrNoDeadLetter, messages.StreamFailed)
+	}
+	return newDeadLetter(best.Sequence, best.Subject, best.Time, best.Header, best.Data), nil
+}
+
+func newDeadLetter(seq uint64, subject string, t time.Time, h nats.Header, data []byte) DeadLetter {
+	dl := DeadLetter{
+		Sequence: seq,
+		Subject:  subject,
+		Time:     t.UTC(),
+		State:    messages.State(h.Get(messages.HeaderState)),
+		Reason:   h.Get(messages.HeaderError),
+		Worker:   h.Get(messages.HeaderWorker),
+		Request:  data,
+	}
+	if rest, ok := strings.CutPrefix(subject, messages.SubjectFailedPrefix+"."); ok {
+		dl.Pool, dl.RunID, _ = strings.Cut(rest, ".")
+	}
+	if id := h.Get(messages.HeaderRunID); dl.RunID == "" {
+		dl.RunID = id
+	}
+	dl.Attempts, _ = strconv.Atoi(h.Get(messages.HeaderAttempts))
+	if c, err := strconv.Atoi(h.Get(messages.HeaderExitCode)); err == nil {
+		dl.ExitCode = &c
+	}
+	return dl
+}

@@ -1,0 +1,480 @@
+package tests
+
+// Crash points and shutdown, end to end: real `jetcrew worker` processes
+// against an embedded nats-server, real Docker. A worker started with
+// JETCREW_FAILPOINT=<point> kills itself with SIGKILL when a run reaches
+// that point (worker.Failpoint*); a fresh worker must then bring every run
+// to exactly one, right, final state, never run two containers of one run
+// at once, leave no container behind, and dead-letter each failure once.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// crashAckWait is the consumer's ack wait in these tests: how long a killed
+// worker's run waits before it is redelivered. Every worker of one server
+// must use the same (each worker start updates the consumer).
+const crashAckWait = "3s"
+
+// opsBuffer is a bytes.Buffer safe for a child process's writes and the
+// test's reads.
+type opsBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *opsBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *opsBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// opsWorker is a `jetcrew worker` child process.
+type opsWorker struct {
+	id     string
+	cmd    *exec.Cmd
+	stderr *opsBuffer
+	done   chan struct{}
+}
+
+// startOpsWorker starts `jetcrew worker --nats url --id id args...` with the
+// extra environment env. A worker still running when the test ends is
+// stopped with SIGTERM (SIGKILL after 30s). Its state directory (run
+// directories, bridge sockets) is under a short temporary directory, removed
+// when the test ends: a killed worker cannot clean up after itself.
+func startOpsWorker(t *testing.T, url, id string, env []string, args ...string) *opsWorker {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "jc")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) }) // runs after the worker stopped
+	cmd := exec.Command(jetcrewBin, append([]string{"worker", "--nats", url, "--id", id}, args...)...)
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+tmp), env...)
+	w := &opsWorker{id: id, cmd: cmd, stderr: &opsBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = w.stderr
+	require.NoError(t, cmd.Start())
+	go func() {
+		_ = cmd.Wait()
+		close(w.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-w.done:
+			return
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-w.done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-w.done
+			t.Errorf("worker %s did not stop within 30s of SIGTERM\n%s", id, w.stderr.String())
+		}
+	})
+	return w
+}
+
+// wait waits for the process to exit, at most d.
+func (w *opsWorker) wait(t *testing.T, d time.Duration) *os.ProcessState {
+	t.Helper()
+	select {
+	case <-w.done:
+		return w.cmd.ProcessState
+	case <-time.After(d):
+		t.Fatalf("worker %s still running after %s\n%s", w.id, d, w.stderr.String())
+		return nil
+	}
+}
+
+// stop stops the worker with SIGTERM and requires a clean exit.
+func (w *opsWorker) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	ps := w.wait(t, 30*time.Second)
+	require.Equal(t, 0, ps.ExitCode(), "worker %s\n%s", w.id, w.stderr.String())
+}
+
+// containerTracker follows the jetcrew containers of the runs whose id has
+// a prefix, from Docker's event stream (exact order) and by polling `docker
+// ps` (as an operator would see it), and records the most containers of one
+// run that were running at the same time.
+type containerTracker struct {
+	prefix string
+	mu     sync.Mutex
+	// running holds, per run id, the containers started and not yet dead,
+	// as the event stream says.
+	running map[string]map[string]bool
+	// most is, per run id, the most containers running at once, by either
+	// view.
+	most map[string]int
+	// events counts the event stream's container starts per run id.
+	starts map[string]int
+}
+
+func trackContainers(t *testing.T, prefix string) *containerTracker {
+	t.Helper()
+	ct := &containerTracker{prefix: prefix, running: map[string]map[string]bool{}, most: map[string]int{}, starts: map[string]int{}}
+	since := strconv.FormatInt(time.Now().Add(-time.Second).Unix(), 10)
+	ev := exec.Command("docker", "events", "--since", since, "--filter", "type=container",
+		"--filter", "label="+worker.LabelManaged+"=true", "--format", "{{json .}}")
+	out, err := ev.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, ev.Start())
+	evDone := make(chan struct{})
+	go func() {
+		defer close(evDone)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			ct.event(sc.Bytes())
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	pollDone := make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		for ctx.Err() == nil {
+			ct.poll(ctx)
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-pollDone
+		_ = ev.Process.Kill()
+		<-evDone
+		_ = ev.Wait()
+	})
+	return ct
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (ct *containerTracker) event(line []byte) {
+	var e struct {
+		Action string `json:"Action"`
+		Actor  struct {
+			ID         string            `json:"ID"`
+			Attributes map[string]string `json:"Attributes"`
+		} `json:"Actor"`
+	}
+	if json.Unmarshal(line, &e) != nil {
+		return
+	}
+	run := e.Actor.Attributes[worker.LabelRunID]
+	if !strings.HasPrefix(run, ct.prefix) {
+		return
+	}
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	if ct.running[run] == nil {
+		ct.running[run] = map[string]bool{}
+	}
+	switch e.Action {
+	case "start":
+		ct.starts[run]++
+		ct.running[run][e.Actor.ID] = true
+		ct.most[run] = max(ct.most[run], len(ct.running[run]))
+	case "die", "destroy":
+		delete(ct.running[run], e.Actor.ID)
+	}
+}
+
+func (ct *containerTracker) poll(ctx context.Context) {
+	out, err := exec.CommandContext(ctx, "docker", "ps", "--filter", "label="+worker.LabelManaged+"=true",
+		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}}`).Output()
+	if err != nil {
+		return
+	}
+	n := map[string]int{}
+	for _, run := range strings.Fields(string(out)) {
+		if strings.HasPrefix(run, ct.prefix) {
+			n[run]++
+		}
+	}
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	for run, c := range n {
+		ct.most[run] = max(ct.most[run], c)
+	}
+}
+
+// mostRunning returns the most containers of run that ran at once, and how
+// many were started.
+func (ct *containerTracker) mostRunning(run string) (most, starts int) {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	return ct.most[run], ct.starts[run]
+}
+
+// runContainers returns the states of run's containers (docker ps -a).
+func runContainers(t *testing.T, run string) []string {
+	t.Helper()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}}").Output()
+	require.NoError(t, err)
+	return strings.Fields(string(out))
+}
+
+// crashCase is one crash point and what must come of the run it kills.
+type crashCase struct {
+	name   string
+	point  string
+	prompt string
+	// kills is the number of workers in a row that die at the point
+	// (default 1); maxDeliver the consumer's max deliver (default 5).
+	kills, maxDeliver int
+	// left is the state of the container the killed worker leaves behind:
+	// "running", "exited", or "" for none.
+	left     string
+	want     messages.State
+	exitCode *int // nil: the state has none
+	attempts int
+	reason   string // in the final state's reason
+	// deadLetters is how many dead letters the run must have.
+	deadLetters uint64
+	// replaced: the fresh worker removes the killed worker's container.
+	replaced bool
+	// replay: the run first fails on a worker without failpoint, and the
+	// killed worker takes its replay (jetcrew replay); replays is the
+	// Replays the final state must count.
+	replay  bool
+	replays int
+}
+
+func intp(i int) *int { return &i }
+
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	prefix := "crash-" + opsSuffix(t) + "-"
+	ct := trackContainers(t, prefix)
+	const (
+		quick  = `echo done`
+		long   = `sleep 8; echo done`
+		failer = `echo failing >&2; exit 3`
+	)
+	cases := []crashCase{
+		{name: "after-fetch", point: worker.FailpointAfterFetch, prompt: quick,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		{name: "after-start", point: worker.FailpointAfterStart, prompt: long, left: "running", replaced: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		{name: "running", point: worker.FailpointRunning, prompt: long, left: "running", replaced: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		{name: "after-exit", point: worker.FailpointAfterExit, prompt: quick, left: "exited", replaced: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		{name: "after-result", point: worker.FailpointAfterResult, prompt: quick, left: "exited", replaced: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 1},
+		{name: "after-result-failed", point: worker.FailpointAfterResult, prompt: failer, left: "exited", replaced: true,
+			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
+		{name: "after-dead-letter", point: worker.FailpointAfterDeadLetter, prompt: failer, left: "exited", replaced: true,
+			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
+		// A replay whose worker dies: its redelivery is still the replay.
+		{name: "replay-running", point: worker.FailpointRunning, prompt: `sleep 2; echo failing >&2; exit 3`,
+			replay: true, left: "running", replaced: true, replays: 1,
+			want: messages.StateFailed, exitCode: intp(3), attempts: 2, reason: "exit code 3", deadLetters: 2},
+		// Every delivery dies: the MaxDeliver advisory dead-letters it.
+		{name: "max-deliver", point: worker.FailpointAfterFetch, prompt: quick, kills: 2, maxDeliver: 2,
+			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
+		{name: "max-deliver-running", point: worker.FailpointRunning, prompt: `sleep 60`, kills: 2, maxDeliver: 2, left: "running",
+			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			id := prefix + c.name
+			crashRun(t, c, id)
+			most, starts := ct.mostRunning(id)
+			require.LessOrEqual(t, most, 1, "two containers of one run ran at once")
+			if c.point != worker.FailpointAfterFetch {
+				require.Positive(t, starts, "the container tracker saw no container start")
+			}
+		})
+	}
+}
+
+// crashRun submits one run to a fresh server, lets c.kills workers die at
+// c.point, then lets a fresh worker finish it, and checks the outcome.
+func crashRun(t *testing.T, c crashCase, id string) {
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	js := natsClient(t, url)
+	maxDeliver := c.maxDeliver
+	if maxDeliver == 0 {
+		maxDeliver = 5
+	}
+	flags := []string{"--ack-wait", crashAckWait, "--max-deliver", strconv.Itoa(maxDeliver), "--concurrency", "2"}
+	kills := max(c.kills, 1)
+	provisioned := func(w *opsWorker) {
+		require.Eventually(t, func() bool {
+			_, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool))
+			return err == nil
+		}, 30*time.Second, 20*time.Millisecond, "worker never started\n%s", w.stderr.String())
+	}
+
+	if c.replay {
+		// The run fails first on a worker that does not die.
+		pre := startOpsWorker(t, url, c.name+"-pre", nil, flags...)
+		provisioned(pre)
+		r := run(t, url, jetcrewBin, "submit", "--wait", "--id", id, c.prompt)
+		require.Equal(t, *c.exitCode, r.code, r.stderr)
+		waitDeadLetters(t, js, id, 1)
+		pre.stop(t)
+	}
+	for i := range kills {
+		w := startOpsWorker(t, url, c.name+"-doomed-"+strconv.Itoa(i), []string{"JETCREW_FAILPOINT=" + c.point}, flags...)
+		if i == 0 {
+			// Submit once the first worker has created the streams.
+			provisioned(w)
+			args := []string{"submit", "--id", id, c.prompt}
+			if c.replay {
+				args = []string{"replay", id}
+			}
+			r := run(t, url, jetcrewBin, args...)
+			require.Equal(t, 0, r.code, r.stderr)
+		}
+		ps := w.wait(t, time.Minute)
+		ws, ok := ps.Sys().(syscall.WaitStatus)
+		require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "worker must die of SIGKILL: %v\n%s", ps, w.stderr.String())
+		require.Contains(t, w.stderr.String(), "JETCREW_FAILPOINT="+c.point+" reached")
+	}
+	// The killed worker left the container as the point says.
+	left := runContainers(t, id)
+	if c.left == "" {
+		require.Empty(t, left)
+	} else {
+		require.Equal(t, []string{c.left}, left, "containers the killed worker left")
+	}
+
+	fresh := startOpsWorker(t, url, c.name+"-fresh", nil, flags...)
+	kv, err := js.KeyValue(t.Context(), messages.BucketRuns)
+	require.NoError(t, err)
+	runs, err := js.Stream(t.Context(), messages.StreamRuns)
+	require.NoError(t, err)
+	var st messages.RunState
+	ok := assert.Eventually(t, func() bool {
+		e, err := kv.Get(t.Context(), id)
+		if err != nil {
+			return false
+		}
+		st = messages.RunState{}
+		require.NoError(t, json.Unmarshal(e.Value(), &st))
+		info, err := runs.Info(t.Context())
+		require.NoError(t, err)
+		// Final, and its request off the work queue.
+		return st.State.Final() && info.State.Msgs == 0
+	}, time.Minute, 100*time.Millisecond)
+	if !ok {
+		t.Fatalf("run %s: last state %+v, containers %v\nfresh worker:\n%s", id, st, runContainers(t, id), fresh.stderr.String())
+	}
+	final := time.Now()
+	// No container left once the run is final: the delivery that finished
+	// it removes every container of the run, its own and dead workers'.
+	if !assert.Eventually(t, func() bool { return len(runContainers(t, id)) == 0 }, 10*time.Second, 100*time.Millisecond) {
+		t.Fatalf("run %s is %s but its containers are left: %v\nfresh worker:\n%s", id, st.State, runContainers(t, id), fresh.stderr.String())
+	}
+	t.Logf("%s: %s after %d attempt(s); containers gone %s after the final state", c.name, st.State, st.Attempts, time.Since(final).Round(time.Millisecond))
+
+	require.Equal(t, c.want, st.State, st.Reason)
+	require.Equal(t, c.attempts, st.Attempts)
+	require.Equal(t, c.exitCode, st.ExitCode)
+	require.Contains(t, st.Reason, c.reason)
+	require.Equal(t, c.replays, st.Replays, "replays")
+
+	// Exactly one final state per request: one finished event each, one
+	// final record for the last request.
+	require.Equal(t, uint64(1+c.replays), subjectCount(t, js, messages.StreamEvents, messages.SubjectEvents(id, messages.EventFinished)))
+	hist, err := kv.History(t.Context(), id)
+	require.NoError(t, err)
+	finals := 0
+	for _, e := range hist {
+		var h messages.RunState
+		require.NoError(t, json.Unmarshal(e.Value(), &h))
+		if h.State.Final() && h.StreamSeq == st.StreamSeq {
+			finals++
+		}
+	}
+	require.Equal(t, 1, finals, "final records of the last request in the state's history")
+	require.Equal(t, c.deadLetters, subjectCount(t, js, messages.StreamFailed, messages.SubjectFailed(messages.DefaultPool, id)))
+	if c.replaced {
+		require.Contains(t, fresh.stderr.String(), "removing an earlier delivery's container")
+	}
+
+	// The outcome stays: nothing is run or recorded again.
+	rev := hist[len(hist)-1].Revision()
+	time.Sleep(time.Second)
+	e, err := kv.Get(t.Context(), id)
+	require.NoError(t, err)
+	require.Equal(t, rev, e.Revision())
+	fresh.stop(t)
+}
+
+// A worker stopped with SIGTERM lets its run go on for --drain-timeout,
+// then stops it and hands it back; a fresh worker runs it to the end.
+func TestDrainHandsBackOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	js := natsClient(t, url)
+	id := "drain-" + opsSuffix(t)
+	ct := trackContainers(t, id)
+
+	first := startOpsWorker(t, url, id+"-first", nil, "--drain-timeout", "1s")
+	require.Eventually(t, func() bool {
+		_, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool))
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "worker never started\n%s", first.stderr.String())
+	r := run(t, url, jetcrewBin, "submit", "--id", id, `sleep 5; echo done`)
+	require.Equal(t, 0, r.code, r.stderr)
+	waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
+
+	stopAt := time.Now()
+	first.stop(t)
+	require.Less(t, time.Since(stopAt), 15*time.Second, "drain 1s, then stop the container and hand back")
+	require.Contains(t, first.stderr.String(), "run handed back on shutdown")
+	st := status(t, url, id)
+	require.Equal(t, messages.StateQueued, st.State, "handed back, not left running")
+	require.Equal(t, "handed back: worker "+id+"-first shut down", st.Reason)
+	require.Empty(t, runContainers(t, id), "the stopped run's container is removed")
+
+	second := startOpsWorker(t, url, id+"-second", nil)
+	st = waitFinal(t, url, id)
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, 2, st.Attempts)
+	require.Equal(t, id+"-second", st.Worker)
+	w := run(t, url, jetcrewBin, "watch", id)
+	require.Equal(t, 0, w.code, w.stderr)
+	require.Equal(t, "done\n", w.stdout, "only the second attempt got to the echo")
+	require.Eventually(t, func() bool { return len(runContainers(t, id)) == 0 }, 30*time.Second, 100*time.Millisecond)
+	second.stop(t)
+
+	most, starts := ct.mostRunning(id)
+	require.Equal(t, 1, most)
+	require.Equal(t, 2, starts)
+}
