@@ -73,26 +73,37 @@ func TestClusterNodeLossEveryRunOnce(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	c.Restart(1)
 
-	kv, err := js.KeyValue(context.Background(), messages.BucketRuns)
-	require.NoError(t, err)
+	// Read states from the stream leader, not with a direct get: a direct get
+	// may be answered by the restarted node while it still catches up.
+	nc := connect()
 	final := func(id string) (messages.RunState, bool) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		e, err := kv.Get(ctx, id)
+		req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + messages.BucketRuns + "." + id})
+		resp, err := nc.Request("$JS.API.STREAM.MSG.GET.KV_"+messages.BucketRuns, req, 3*time.Second)
 		if err != nil {
 			return messages.RunState{}, false
 		}
+		var r struct {
+			Message struct {
+				Data []byte `json:"data"`
+			} `json:"message"`
+		}
 		var st messages.RunState
-		return st, json.Unmarshal(e.Value(), &st) == nil && st.State.Final()
+		if json.Unmarshal(resp.Data, &r) != nil || json.Unmarshal(r.Message.Data, &st) != nil {
+			return messages.RunState{}, false
+		}
+		return st, st.State.Final()
 	}
-	require.Eventually(t, func() bool {
+	notFinal := func() []string {
+		var ids []string
 		for i := range n {
-			if _, ok := final(fmt.Sprintf("cl%03d", i)); !ok {
-				return false
+			if st, ok := final(fmt.Sprintf("cl%03d", i)); !ok {
+				ids = append(ids, fmt.Sprintf("cl%03d:%q", i, st.State))
 			}
 		}
-		return true
-	}, 2*time.Minute, 250*time.Millisecond)
+		return ids
+	}
+	require.Eventually(t, func() bool { return len(notFinal()) == 0 }, 2*time.Minute, 250*time.Millisecond,
+		"runs not final: %v", notFinal())
 
 	starts := map[string]int{}
 	for _, rt := range rts {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,6 +31,7 @@ func (w *Worker) runDir(runID string) string {
 type coordSession struct {
 	dir  string
 	sess *coordination.Session
+	once sync.Once
 }
 
 // checkBridge checks that the bridge binary can be mounted: a regular file
@@ -106,6 +108,10 @@ func (cs *coordSession) end(r *run, final bool) {
 	if cs == nil {
 		return
 	}
+	cs.once.Do(func() { cs.endOnce(r, final) })
+}
+
+func (cs *coordSession) endOnce(r *run, final bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if cs.sess != nil {

@@ -53,6 +53,9 @@ type run struct {
 	container Container
 	// prog records the last progress, for the stall watchdog.
 	prog *progress
+	// cleanup, when set, removes the run's container, session and
+	// directory; finish calls it before removing the request.
+	cleanup func()
 	// stopKind and stopReason say which watchdog stopped the run.
 	stopMu     sync.Mutex
 	stopKind   string
@@ -468,6 +471,10 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if perr != nil {
 		r.log.Warn().Err(perr).Msg("some output events were not acknowledged")
 	}
+	r.cleanup = func() {
+		r.removeContainer(c)
+		cs.end(r, true)
+	}
 	r.finish(ctx, final, reason)
 	r.removeContainer(c)
 }
@@ -738,17 +745,39 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	if !r.state.StartedAt.IsZero() {
 		r.w.metrics.duration.Observe(r.state.FinishedAt.Sub(r.state.StartedAt).Seconds())
 	}
-	r.event(ctx, messages.Event{
-		Type: messages.EventFinished, State: final, ExitCode: r.state.ExitCode,
-		Reason: reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
-	})
 	lg := r.log.Info()
 	if final != messages.StateSucceeded {
 		lg = r.log.Warn()
 	}
 	lg.Str("state", string(final)).Str("reason", reason).Msg("run finished")
 	r.w.failpoint(FailpointAfterResult)
-	r.finishRemoval(ctx)
+	// The dead letter is stored before the finished event, so whoever sees
+	// the run finished can already replay it.
+	deadLetter := final != messages.StateSucceeded && final != messages.StateCancelled
+	if deadLetter {
+		if err := r.deadLetter(ctx); err != nil {
+			r.log.Error().Err(err).Msg("publish dead letter; leaving the request for redelivery")
+			_ = r.msg.NakWithDelay(5 * time.Second)
+			return
+		}
+		r.w.failpoint(FailpointAfterDeadLetter)
+	}
+	r.event(ctx, messages.Event{
+		Type: messages.EventFinished, State: final, ExitCode: r.state.ExitCode,
+		Reason: reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
+	})
+	// The run's container, session and directory go before its request
+	// does, so a replay arriving right after never meets them.
+	if r.cleanup != nil {
+		r.cleanup()
+	}
+	if !deadLetter {
+		r.ack()
+		return
+	}
+	if err := r.msg.Term(); err != nil {
+		r.log.Warn().Err(err).Msg("term")
+	}
 }
 
 // finishRemoval removes the request of a run whose final state is recorded:

@@ -244,7 +244,9 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	// An async publish whose server dies before acking would otherwise wait
+	// forever: bound it, and the output publisher re-publishes it.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(opAttemptTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
