@@ -121,7 +121,7 @@ func SubjectFailed(pool, runID string) string {
 
 // SubjectCancelPrefix prefixes the subject a cancel request is sent to:
 // jetcrew.cancel.<run_id>. It is a plain NATS request/reply subject (not a
-// stream): `nats req jetcrew.cancel.<run_id> ”` cancels a run and prints
+// stream): `nats req jetcrew.cancel.<run_id> ""` cancels a run and prints
 // the CancelReply.
 const SubjectCancelPrefix = "jetcrew.cancel"
 

@@ -48,11 +48,18 @@ func TestMain(m *testing.M) {
 		fmt.Println("JETCREW_SKIP_DOCKER=1: end-to-end tests skipped deliberately")
 		os.Exit(0)
 	}
-	if err := prepare(); err != nil {
+	err := prepare()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tests: cannot run the end-to-end tests:", err)
-		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := 1
+	if err == nil {
+		code = m.Run()
+	}
+	if jetcrewBin != "" {
+		_ = os.RemoveAll(filepath.Dir(jetcrewBin))
+	}
+	os.Exit(code)
 }
 
 func prepare() error {

@@ -29,6 +29,11 @@ func TestMetricsAndHealth(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
+	// A slot is freed just after the run's outcome is recorded: poll.
+	require.Eventually(t, func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `jetcrew_runs_in_flight{pool="default",worker="w1"} 0`)
+	}, 5*time.Second, 10*time.Millisecond)
 	code, body := get("/metrics")
 	require.Equal(t, 200, code)
 	for _, want := range []string{
