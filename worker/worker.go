@@ -391,6 +391,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.unsubscribe()
 	w.bgCancel()
 	w.bg.Wait()
+	// The per-run directories are gone with their runs; remove their
+	// parents when empty (a default state dir is per worker id).
+	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
+	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = w.live.Delete(dctx, w.cfg.ID)
