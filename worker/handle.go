@@ -142,6 +142,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		switch v {
 		case verdictAck:
 			r.log.Info().Str("state", string(prev.State)).Msg("run already final; acking without running")
+			if prev.StreamSeq == meta.Sequence.Stream {
+				// The delivery that recorded the outcome may have died
+				// before its finished event: publish it (deduplicated).
+				r.state = prev
+				r.publishFinished(ctx)
+			}
 			r.ack()
 			return
 		case verdictRedeadLetter:
@@ -762,10 +768,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 		}
 		r.w.failpoint(FailpointAfterDeadLetter)
 	}
-	r.event(ctx, messages.Event{
-		Type: messages.EventFinished, State: final, ExitCode: r.state.ExitCode,
-		Reason: reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
-	})
+	r.publishFinished(ctx)
 	// The run's container, session and directory go before its request
 	// does, so a replay arriving right after never meets them.
 	if r.cleanup != nil {
@@ -778,6 +781,15 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	if err := r.msg.Term(); err != nil {
 		r.log.Warn().Err(err).Msg("term")
 	}
+}
+
+// publishFinished publishes the run's finished event from its recorded final
+// state.
+func (r *run) publishFinished(ctx context.Context) {
+	r.event(ctx, messages.Event{
+		Type: messages.EventFinished, State: r.state.State, ExitCode: r.state.ExitCode,
+		Reason: r.state.Reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
+	})
 }
 
 // finishRemoval removes the request of a run whose final state is recorded:
@@ -793,6 +805,7 @@ func (r *run) finishRemoval(ctx context.Context) {
 		_ = r.msg.NakWithDelay(5 * time.Second)
 		return
 	}
+	r.publishFinished(ctx)
 	r.w.failpoint(FailpointAfterDeadLetter)
 	if err := r.msg.Term(); err != nil {
 		r.log.Warn().Err(err).Msg("term")
@@ -923,7 +936,13 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 	m.Header.Set(messages.HeaderAttempt, strconv.Itoa(ev.Attempt))
 	// One event of each type per request message and delivery: a retried
 	// publish whose first reply was lost is deduplicated by the stream.
-	m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("ev-%s-%d-%d-%s", r.req.ID, r.meta.Sequence.Stream, ev.Attempt, ev.Type))
+	msgID := fmt.Sprintf("ev-%s-%d-%d-%s", r.req.ID, r.meta.Sequence.Stream, ev.Attempt, ev.Type)
+	if ev.Type == messages.EventFinished {
+		// One finished event per request message, whichever delivery
+		// publishes it (a redelivery re-publishes it after a crash).
+		msgID = fmt.Sprintf("ev-%s-%d-finished", r.req.ID, r.meta.Sequence.Stream)
+	}
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	if err := retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err }); err != nil {
 		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
 	}
