@@ -67,6 +67,10 @@ type RunState struct {
 	// Attempts counts deliveries of the request that reached a worker
 	// (the JetStream delivery count, NumDelivered).
 	Attempts int `json:"attempts"`
+	// CancelPending is set when a cancel request reached a run that had
+	// already ended unsuccessfully: a replay of it still queued is skipped
+	// (recorded cancelled) when it arrives.
+	CancelPending bool `json:"cancel_pending,omitempty"`
 	// Replays counts the times a finished, unsuccessful run was submitted
 	// again and run anew (a replay of its dead letter).
 	Replays int `json:"replays,omitempty"`

@@ -81,6 +81,27 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
 				Message: "no worker had seen this run; it is recorded cancelled and will be skipped if it arrives"})
 			return
+		case prev.State.Final() && prev.State != messages.StateSucceeded && !prev.CancelPending:
+			// A replay of it may be queued: mark the record so that one is
+			// skipped. The run itself stays as it ended.
+			st := prev
+			st.CancelPending = true
+			st.UpdatedAt = time.Now().UTC()
+			b, err := json.Marshal(st)
+			if err != nil {
+				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
+				return
+			}
+			if _, err := w.runs.Update(ctx, id, b, rev); err != nil {
+				if isRevisionConflict(err) {
+					continue
+				}
+				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "record cancel: " + err.Error()})
+				return
+			}
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelAlreadyFinal, State: prev.State, Worker: w.cfg.ID,
+				Message: fmt.Sprintf("run already %s; a replay of it that is still queued will be skipped", prev.State)})
+			return
 		case prev.State.Final():
 			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelAlreadyFinal, State: prev.State,
 				Message: fmt.Sprintf("run already %s; nothing to cancel", prev.State)})

@@ -162,6 +162,13 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			return
 		case verdictReplay:
 			r.state.Replays = prev.Replays + 1
+			if prev.CancelPending {
+				// Cancelled while this replay was queued: skip it.
+				r.rev = rev
+				r.state.QueuedAt = meta.Timestamp.UTC()
+				r.finish(ctx, messages.StateCancelled, "cancelled while queued (a replay)")
+				return
+			}
 		default:
 			// A redelivery (or the submitter's record): the same request,
 			// so a replay stays counted.

@@ -159,3 +159,24 @@ func TestFencedDeliveryRecordsNothing(t *testing.T) {
 	require.False(t, got.State.Final())
 	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamRuns), "the fenced delivery acked a run it no longer holds")
 }
+
+// A replay still queued when its run is cancelled is skipped on arrival.
+func TestCancelQueuedReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.submit(t, messages.RunRequest{ID: "cr1", Profile: "shell", Prompt: "exit 1"})
+	require.Equal(t, messages.StateFailed, b.waitFinal(t, "cr1").State)
+	r := b.cancel(t, "cr1")
+	require.Equal(t, messages.CancelAlreadyFinal, r.Result)
+	require.Contains(t, r.Message, "replay of it that is still queued will be skipped")
+	dl := b.deadLetter(t, "default", "cr1")
+	b.publish(t, "default", string(dl.Data))
+	require.Eventually(t, func() bool {
+		st, _ := b.state(t, "cr1")
+		return st.State == messages.StateCancelled && st.Replays == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Len(t, b.rt.Starts(), 1, "the cancelled replay never started")
+	// The next replay runs again: the cancel applied to one replay.
+	b.publish(t, "default", string(dl.Data))
+	require.Eventually(t, func() bool { return len(b.rt.Starts()) == 2 }, 5*time.Second, 10*time.Millisecond)
+}
