@@ -1029,8 +1029,8 @@ func TestJailLabelsAndName(t *testing.T) {
 	info, ok := b.rt.inspect("labelled")
 	require.True(t, ok)
 
-	require.Equal(t, "/"+worker.ContainerName("labelled", 1), info.Name)
-	require.Equal(t, "/jetcrew-labelled-1", info.Name)
+	// jetcrew-<run id>-<request's stream sequence>-<delivery number>
+	require.Regexp(t, `^/jetcrew-labelled-[0-9]+-1$`, info.Name)
 	l := info.Config.Labels
 	require.Equal(t, "true", l[worker.LabelManaged])
 	require.Equal(t, "labelled", l[worker.LabelRunID])

@@ -206,5 +206,5 @@ func (w *Worker) onStop(m *nats.Msg) {
 		}
 	}()
 	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
-		Message: fmt.Sprintf("stopping: SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
+		Message: fmt.Sprintf("SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
 }

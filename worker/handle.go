@@ -314,7 +314,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 
 	in := SpecInput{
-		Profile: prof, Request: r.req, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
+		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv,
 	}
 	timeout := time.Duration(r.req.Timeout)
@@ -376,7 +376,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		}
 		r.mcpProved.Store(true)
 	})
-	out := newOutputPublisher(w.js, r.req.ID, attempt)
+	out := newOutputPublisher(w.js, r.req.ID, r.meta.Sequence.Stream, attempt)
 	output := func(stream string, p []byte) {
 		prog.touch()
 		if stream == messages.StreamStdout {
@@ -775,12 +775,13 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 		}
 		r.w.failpoint(FailpointAfterDeadLetter)
 	}
-	r.publishFinished(ctx)
-	// The run's container, session and directory go before its request
-	// does, so a replay arriving right after never meets them.
+	// The run's container, session and directory go before its finished
+	// event and its request do, so a replay sent on seeing the event never
+	// meets them.
 	if r.cleanup != nil {
 		r.cleanup()
 	}
+	r.publishFinished(ctx)
 	if !deadLetter {
 		r.ack()
 		return

@@ -82,7 +82,7 @@ func TestDuplicateOfSucceededRefusedVisibly(t *testing.T) {
 func TestReplayOfFailedRunRuns(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	b.submit(t, messages.RunRequest{ID: "rp1", Profile: "shell", Prompt: "exit 1"})
+	b.submit(t, messages.RunRequest{ID: "rp1", Profile: "shell", Prompt: "out hello; exit 1"})
 	require.Equal(t, messages.StateFailed, b.waitFinal(t, "rp1").State)
 	dl := b.deadLetter(t, "default", "rp1")
 	b.publish(t, "default", string(dl.Data))
@@ -93,6 +93,15 @@ func TestReplayOfFailedRunRuns(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	// Both failures are in the dead-letter stream, one per request message.
 	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamFailed) == 2 }, 5*time.Second, 10*time.Millisecond)
+	// The replay's output is its own, not swallowed as a duplicate of the
+	// first request's (same attempt number, same offsets).
+	outputs := 0
+	for _, m := range b.events(t, "rp1") {
+		if m.Subject() == messages.SubjectEvents("rp1", messages.EventOutput) && string(m.Data()) == "hello\n" {
+			outputs++
+		}
+	}
+	require.Equal(t, 2, outputs)
 }
 
 // A request whose last delivery died with its worker (never acked) is

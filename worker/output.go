@@ -26,6 +26,7 @@ type outputPublisher struct {
 	js      jetstream.JetStream
 	subject string
 	runID   string
+	seq     string // the request's stream sequence, for message ids
 	attempt string
 
 	mu      sync.Mutex
@@ -46,8 +47,9 @@ type outputPublisher struct {
 	done chan struct{}
 }
 
-func newOutputPublisher(js jetstream.JetStream, runID string, attempt int) *outputPublisher {
+func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attempt int) *outputPublisher {
 	o := &outputPublisher{
+		seq:     strconv.FormatUint(seq, 10),
 		js:      js,
 		subject: messages.SubjectEvents(runID, messages.EventOutput),
 		runID:   runID,
@@ -112,7 +114,9 @@ func (o *outputPublisher) flushLocked() {
 	msg.Header.Set(messages.HeaderOffset, strconv.FormatInt(o.offsets[o.stream], 10))
 	msg.Header.Set(messages.HeaderAttempt, o.attempt)
 	// Deduplicates a chunk re-published after its first ack was lost.
-	msg.Header.Set(jetstream.MsgIDHeader, "out-"+o.runID+"-"+o.attempt+"-"+o.stream+"-"+msg.Header.Get(messages.HeaderOffset))
+	// The request's sequence keeps a replay's output apart from the
+	// original's.
+	msg.Header.Set(jetstream.MsgIDHeader, "out-"+o.runID+"-"+o.seq+"-"+o.attempt+"-"+o.stream+"-"+msg.Header.Get(messages.HeaderOffset))
 	o.offsets[o.stream] += int64(len(o.buf))
 	o.total += int64(len(o.buf))
 	o.buf = nil // the message owns the old slice now

@@ -236,6 +236,9 @@ func (p Profile) validate() error {
 		if !messages.ValidEnvName(k) {
 			return fmt.Errorf("env name %q is not a valid variable name", k)
 		}
+		if strings.HasPrefix(strings.ToUpper(k), "JETCREW_") {
+			return fmt.Errorf("env name %q is reserved (JETCREW_ prefix): jetcrew sets these", k)
+		}
 	}
 	for _, k := range p.EnvFromHost {
 		if !messages.ValidEnvName(k) {

@@ -10,11 +10,13 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// ContainerName returns the name of the container for one delivery of a run:
-// "jetcrew-<run id>-<attempt>". Docker refuses a second container of the same
-// name, so one delivery can never start two containers.
-func ContainerName(runID string, attempt int) string {
-	return "jetcrew-" + runID + "-" + strconv.Itoa(attempt)
+// ContainerName returns the name of the container for one delivery of a run's
+// request: "jetcrew-<run id>-<request's stream sequence>-<delivery number>".
+// Docker refuses a second container of the same name, so one delivery can
+// never start two containers, and a replay (a new request message) never
+// meets its predecessor's name.
+func ContainerName(runID string, seq uint64, attempt int) string {
+	return "jetcrew-" + runID + "-" + strconv.FormatUint(seq, 10) + "-" + strconv.Itoa(attempt)
 }
 
 // SpecInput is everything BuildSpec combines into a ContainerSpec.
@@ -23,6 +25,8 @@ type SpecInput struct {
 	Profile Profile
 	// Request is the validated run request, its ID set.
 	Request messages.RunRequest
+	// Seq is the request message's JETCREW_RUNS stream sequence.
+	Seq uint64
 	// Attempt is the delivery number, from 1.
 	Attempt int
 	// WorkerID is the id of the worker creating the container.
@@ -93,7 +97,7 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 		return ContainerSpec{}, err
 	}
 	return ContainerSpec{
-		Name:       ContainerName(r.ID, in.Attempt),
+		Name:       ContainerName(r.ID, in.Seq, in.Attempt),
 		Image:      p.Image,
 		Cmd:        cmd,
 		Env:        env,

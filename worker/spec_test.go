@@ -61,7 +61,7 @@ func TestBuildSpecJail(t *testing.T) {
 		LookupEnv: func(k string) (string, bool) { return secret, k == "API_KEY" },
 	})
 	require.NoError(t, err)
-	require.Equal(t, "jetcrew-r2-1", spec.Name)
+	require.Equal(t, "jetcrew-r2-0-1", spec.Name)
 	require.Equal(t, "65532:65532", spec.User)
 	require.Equal(t, "none", spec.Network)
 	require.Equal(t, int64(512<<20), spec.MemoryBytes)

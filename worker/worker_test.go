@@ -168,7 +168,7 @@ func TestRunSucceeds(t *testing.T) {
 	require.Equal(t, uint64(0), b.streamMsgs(t, messages.StreamFailed))
 
 	spec := b.rt.Starts()[0]
-	require.Equal(t, "jetcrew-ok1-1", spec.Name)
+	require.Regexp(t, `^jetcrew-ok1-[0-9]+-1$`, spec.Name, "run id, request sequence, delivery")
 	require.Contains(t, spec.Env, "JETCREW_RUN_ID=ok1")
 	require.Equal(t, "ok1", spec.Labels[worker.LabelRunID])
 	require.Equal(t, "w1", spec.Labels[worker.LabelWorker])
