@@ -687,14 +687,20 @@ func TestJailMemoryOOM(t *testing.T) {
 	require.Equal(t, "oom", fin.Reason)
 }
 
+// finishedEvent returns the run's finished event. It follows the final
+// state by the time the run's container is removed, so it is polled for.
 func finishedEvent(t *testing.T, b *jailBundle, id string) messages.Event {
 	t.Helper()
-	for _, m := range b.events(t, id) {
-		if m.Subject() == messages.SubjectEvents(id, messages.EventFinished) {
-			var ev messages.Event
-			require.NoError(t, json.Unmarshal(m.Data(), &ev))
-			return ev
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range b.events(t, id) {
+			if m.Subject() == messages.SubjectEvents(id, messages.EventFinished) {
+				var ev messages.Event
+				require.NoError(t, json.Unmarshal(m.Data(), &ev))
+				return ev
+			}
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("run %s has no finished event", id)
 	return messages.Event{}

@@ -151,7 +151,13 @@ func TestRunSucceeds(t *testing.T) {
 	require.False(t, st.StartedAt.IsZero())
 	require.False(t, st.FinishedAt.IsZero())
 
-	evs := b.events(t, "ok1")
+	// The finished event follows the final state once the container is
+	// removed.
+	var evs []jetstream.Msg
+	require.Eventually(t, func() bool {
+		evs = b.events(t, "ok1")
+		return len(evs) > 0 && evs[len(evs)-1].Subject() == messages.SubjectEvents("ok1", messages.EventFinished)
+	}, 5*time.Second, 10*time.Millisecond)
 	require.Equal(t, "hello\n", output(evs, "stdout"))
 	require.Equal(t, "oops\n", output(evs, "stderr"))
 	require.True(t, strings.HasSuffix(evs[0].Subject(), ".started"))
