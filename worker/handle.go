@@ -484,6 +484,15 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if perr != nil {
 		r.log.Warn().Err(perr).Msg("some output events were not acknowledged")
 	}
+	if final == messages.StateFailed && status.Code != 0 && !status.OOMKilled && stopKind == stopNone &&
+		attempt <= prof.Retries {
+		// The profile asks for retries of a failed agent: hand the request
+		// back (with backoff) instead of ending the run.
+		r.removeContainer(c)
+		r.state.ContainerID = ""
+		r.retry(ctx, fmt.Errorf("%s (attempt %d; the profile allows %d retries)", reason, attempt, prof.Retries))
+		return
+	}
 	r.cleanup = func() {
 		r.removeContainer(c)
 		cs.end(r, true)

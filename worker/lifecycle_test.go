@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,4 +189,34 @@ func TestCancelQueuedReplay(t *testing.T) {
 	// The next replay runs again: the cancel applied to one replay.
 	b.publish(t, "default", string(dl.Data))
 	require.Eventually(t, func() bool { return len(b.rt.Starts()) == 2 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A profile that asks for retries gets a failed agent tried again; without
+// it, a non-zero exit is final at once.
+func TestProfileRetriesFailedAgent(t *testing.T) {
+	t.Parallel()
+	ps, err := worker.ParseProfiles("p.toml", []byte("[profiles.retry]\nimage='i'\ncommand=['/bin/sh','-c','{prompt}']\nretries=1\n"))
+	require.NoError(t, err)
+	var calls atomic.Int32
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = ps
+		rt := workertest.NewRuntime()
+		rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+			if spec.Labels[worker.LabelProfile] == "retry" && calls.Add(1) == 1 {
+				return workertest.ScriptBehaviour(worker.ContainerSpec{Cmd: []string{"err flaky; exit 1"}})
+			}
+			return workertest.ScriptBehaviour(spec)
+		}
+		c.Runtime = rt
+	})
+	b.submit(t, messages.RunRequest{ID: "rt1", Profile: "retry", Prompt: "out ok"})
+	st := b.waitFinal(t, "rt1")
+	require.Equal(t, messages.StateSucceeded, st.State)
+	require.Equal(t, 2, st.Attempts)
+
+	b.submit(t, messages.RunRequest{ID: "rt2", Profile: "retry", Prompt: "exit 4"})
+	st = b.waitFinal(t, "rt2")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Equal(t, 2, st.Attempts, "one retry, then final")
+	require.Equal(t, 4, *st.ExitCode)
 }

@@ -84,6 +84,11 @@ type Profile struct {
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`
 	// Env holds fixed, non-secret environment variables.
 	Env map[string]string `toml:"env" json:"env,omitempty"`
+	// Retries is how many times a run whose process exits non-zero (not
+	// OOM-killed, not stopped by a watchdog) is tried again, with backoff,
+	// before it ends failed; bounded by the consumer's max deliver. Default
+	// 0: an agent's failure is final.
+	Retries int `toml:"retries" json:"retries,omitempty"`
 	// Coordination turns the run's MCP coordination bridge on (default) or
 	// off. When on and the bridge cannot be staged, runs are refused.
 	Coordination *bool `toml:"coordination" json:"coordination"`
@@ -207,6 +212,9 @@ func (p Profile) validate() error {
 	case "", "default", "auto_edit", "yolo":
 	default:
 		return fmt.Errorf("approval_mode %q is not one of default, auto_edit, yolo", p.ApprovalMode)
+	}
+	if p.Retries < 0 || p.Retries > 10 {
+		return fmt.Errorf("retries %d must be between 0 and 10", p.Retries)
 	}
 	if p.stallTimeout < 0 || p.bridgeDeadline < 0 {
 		return errors.New("stall_timeout and bridge_deadline must not be negative")
