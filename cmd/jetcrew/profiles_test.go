@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,4 +26,20 @@ func TestProfilesCheck(t *testing.T) {
 	code, _, errOut := cli(t, "", "profiles", "check", bad)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "never run as root")
+}
+
+// The profile reference's example is a valid profile file.
+func TestProfilesDocExample(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/profiles.md")
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(doc), "```toml\n")
+	require.True(t, ok)
+	example, _, ok := strings.Cut(rest, "```")
+	require.True(t, ok)
+	path := filepath.Join(t.TempDir(), "example.toml")
+	require.NoError(t, os.WriteFile(path, []byte(example), 0o644))
+	code, out, errOut := cli(t, "", "profiles", "check", path)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "# profile shell-net")
 }
