@@ -163,7 +163,7 @@ func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 // exit event; the two come from different sources in containerd's shim and
 // are processed in the order they arrive, so under load State.OOMKilled may
 // be set a little after the wait has already reported the exit.
-const oomSettle = 2 * time.Second
+const oomSettle = 3 * time.Second
 
 // oomPoll is the pause between those inspections.
 const oomPoll = 50 * time.Millisecond
@@ -173,6 +173,10 @@ func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) 
 	st, found, err := c.inspectOnce(ctx)
 	if err != nil || !found || st.Code != 137 || st.OOMKilled || c.stopped.Load() {
 		return st, err
+	}
+	if c.rt.oomSeen(c.id) {
+		st.OOMKilled = true
+		return st, nil
 	}
 	settle := time.NewTimer(oomSettle)
 	defer settle.Stop()
@@ -185,6 +189,10 @@ func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) 
 		case <-settle.C:
 			return st, nil
 		case <-poll.C:
+		}
+		if c.rt.oomSeen(c.id) {
+			st.OOMKilled = true
+			return st, nil
 		}
 		again, found, err := c.inspectOnce(ctx)
 		if err != nil || !found {

@@ -390,6 +390,29 @@ func TestDockerOOMKilled(t *testing.T) {
 	require.True(t, st.OOMKilled, "status %+v, stderr %q", st, rec.Stderr())
 	require.Equal(t, 137, st.Code)
 	require.Equal(t, "start\n", rec.Stdout())
+	// The engine's oom event reached the runtime's watcher too: it is what
+	// Wait relies on when the engine loses State.OOMKilled.
+	require.Eventually(t, func() bool {
+		for id := range seenIDs(rt) {
+			if id != "" {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 20*time.Millisecond, "no oom event for an OOM-killed container")
+}
+
+func seenIDs(rt *Runtime) map[string]bool {
+	out := map[string]bool{}
+	if rt.oom == nil {
+		return out
+	}
+	rt.oom.mu.Lock()
+	defer rt.oom.mu.Unlock()
+	for id := range rt.oom.seen {
+		out[id] = true
+	}
+	return out
 }
 
 func TestDockerBindMountMissingSource(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
@@ -76,6 +77,7 @@ type apiClient interface {
 	ContainerStop(ctx context.Context, container string, options container.StopOptions) error
 	ContainerRemove(ctx context.Context, container string, options container.RemoveOptions) error
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
 	Close() error
 }
 
@@ -92,6 +94,9 @@ type Runtime struct {
 	ociNames   []string // sorted; nil until fetched
 	ociFetched time.Time
 	now        func() time.Time // time.Now; tests move it
+
+	// oom follows the engine's oom events; nil in tests with a fake client.
+	oom *oomWatcher
 }
 
 var _ worker.Runtime = (*Runtime)(nil)
@@ -120,7 +125,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("docker: the engine at %s runs %s containers, want linux", cli.DaemonHost(), ping.OSType)
 	}
 	cfg.Logger.Debug().Str("host", cli.DaemonHost()).Str("api_version", cli.ClientVersion()).Msg("connected to docker engine")
-	return newRuntime(cli, cfg), nil
+	r := newRuntime(cli, cfg)
+	r.watchOOM()
+	return r, nil
 }
 
 // newRuntime wraps an already connected client; cfg must have its defaults.
@@ -130,6 +137,7 @@ func newRuntime(cli apiClient, cfg Config) *Runtime {
 
 // Close closes the client's idle connections. Containers are not touched.
 func (r *Runtime) Close() error {
+	r.oom.stop()
 	return r.cli.Close()
 }
 
