@@ -257,6 +257,7 @@ func TestUsageErrors(t *testing.T) {
 		{"bad env", []string{"submit", "--env", "NOEQUALS", "x"}, "KEY=VALUE"},
 		{"bad listen", []string{"up", "--listen", "nope"}, "--listen"},
 		{"bad concurrency", []string{"worker", "--concurrency", "0"}, "--concurrency"},
+		{"max ack pending below concurrency", []string{"worker", "--concurrency", "8", "--max-ack-pending", "4"}, "--max-ack-pending"},
 		{"missing profiles file", []string{"worker", "--profiles", "/nonexistent/profiles.toml"}, "profiles"},
 	}
 	for _, tt := range tests {

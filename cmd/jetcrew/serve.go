@@ -22,6 +22,7 @@ type workerOptions struct {
 	drainTimeout      time.Duration
 	ackWait           time.Duration
 	maxDeliver        int
+	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
 	metricsAddr       string // --metrics-addr; see metrics.go
@@ -37,6 +38,8 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 		"the pool consumer's ack wait: a request held this long without an ack or progress is redelivered (every worker of a pool must use the same)")
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5,
 		"the pool consumer's max deliver: deliveries of one request before it fails (every worker of a pool must use the same)")
+	fs.IntVar(&o.maxAckPending, "max-ack-pending", 1024,
+		"the pool consumer's max ack pending: requests held by all its workers at once; delivery stalls silently when reached, so keep it at least the sum of the pool's --concurrency (every worker of a pool must use the same)")
 	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second,
 		"how old a container with no live owner must be before it is removed")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
@@ -63,6 +66,12 @@ func (o *workerOptions) check() (worker.Profiles, error) {
 	}
 	if o.maxDeliver < 1 {
 		return nil, usageError(fmt.Errorf("--max-deliver %d: must be at least 1", o.maxDeliver))
+	}
+	if o.maxAckPending < 1 {
+		return nil, usageError(fmt.Errorf("--max-ack-pending %d: must be at least 1", o.maxAckPending))
+	}
+	if o.maxAckPending < o.concurrency {
+		return nil, usageError(fmt.Errorf("--max-ack-pending %d is below --concurrency %d: the worker could never fill its slots", o.maxAckPending, o.concurrency))
 	}
 	if o.orphanGrace <= 0 {
 		return nil, usageError(fmt.Errorf("--orphan-grace %s: must be positive", o.orphanGrace))
@@ -111,9 +120,10 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Runtime:     rt,
 		Logger:      &log,
 		Provision: worker.ProvisionConfig{
-			AckWait:    o.ackWait,
-			MaxDeliver: o.maxDeliver,
-			Replicas:   o.replicas,
+			AckWait:       o.ackWait,
+			MaxDeliver:    o.maxDeliver,
+			MaxAckPending: o.maxAckPending,
+			Replicas:      o.replicas,
 		},
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
