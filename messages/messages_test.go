@@ -127,6 +127,14 @@ func TestDecodeRunRequestDefaults(t *testing.T) {
 	require.Empty(t, r.ID)
 	r.ID = "x1"
 	require.Equal(t, "x1", r.GroupOrID())
+	// A request that names no pool belongs to the pool it arrived on; one
+	// that names a pool keeps it.
+	g, err := messages.DecodeRunRequestInPool([]byte(`{"profile":"shell"}`), "gpu")
+	require.NoError(t, err)
+	require.Equal(t, "gpu", g.Pool)
+	g, err = messages.DecodeRunRequestInPool([]byte(`{"profile":"shell","pool":"cpu"}`), "gpu")
+	require.NoError(t, err)
+	require.Equal(t, "cpu", g.Pool)
 	r.Group = "g"
 	require.Equal(t, "g", r.GroupOrID())
 }

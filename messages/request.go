@@ -117,6 +117,13 @@ func ValidEnvName(name string) bool { return envNameRE.MatchString(name) }
 // (Pool, Version) or an error wrapping ErrInvalidRequest that says what is
 // wrong.
 func DecodeRunRequest(data []byte) (RunRequest, error) {
+	return DecodeRunRequestInPool(data, DefaultPool)
+}
+
+// DecodeRunRequestInPool is DecodeRunRequest for a request that arrived on
+// pool's subject: a request naming no pool gets pool, not DefaultPool. Its
+// errors are DecodeRunRequest's.
+func DecodeRunRequestInPool(data []byte, pool string) (RunRequest, error) {
 	var r RunRequest
 	if len(data) > MaxRequestBytes {
 		return r, fmt.Errorf("%w: %d bytes, largest allowed is %d", ErrInvalidRequest, len(data), MaxRequestBytes)
@@ -128,6 +135,9 @@ func DecodeRunRequest(data []byte) (RunRequest, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return RunRequest{}, fmt.Errorf("%w: data after the JSON object", ErrInvalidRequest)
+	}
+	if r.Pool == "" {
+		r.Pool = pool
 	}
 	r.applyDefaults()
 	if err := r.Validate(); err != nil {

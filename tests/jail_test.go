@@ -274,23 +274,7 @@ type outputChunk struct {
 // events returns every event of run id, in stream order.
 func (b *jailBundle) events(t *testing.T, id string) []jetstream.Msg {
 	t.Helper()
-	c, err := b.js.OrderedConsumer(context.Background(), messages.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{messages.SubjectEventsAll(id)},
-	})
-	require.NoError(t, err)
-	var out []jetstream.Msg
-	for {
-		batch, err := c.FetchNoWait(500)
-		require.NoError(t, err)
-		n := 0
-		for m := range batch.Messages() {
-			out = append(out, m)
-			n++
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return workertest.Events(t, b.js, id)
 }
 
 // output reads the run's output events (subject jetcrew.events.<id>.output,

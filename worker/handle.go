@@ -88,7 +88,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.metrics.redelivered.Inc()
 	}
 	r := &run{w: w, msg: msg, meta: meta}
-	req, decErr := messages.DecodeRunRequest(msg.Data())
+	pool, _ := messages.PoolFromSubject(msg.Subject())
+	// A request that names no pool belongs to the pool it was published to.
+	req, decErr := messages.DecodeRunRequestInPool(msg.Data(), pool)
 	if decErr != nil {
 		req = messages.RunRequest{ID: salvageID(msg.Data())}
 	}
@@ -96,7 +98,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		req.ID = DeriveRunID(meta)
 	}
 	r.req = req
-	pool, _ := messages.PoolFromSubject(msg.Subject())
 	r.state = messages.RunState{
 		Version:   messages.StateVersion,
 		ID:        req.ID,
@@ -117,12 +118,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	// a second worker while this one still acts on it.
 	stopProgress := r.keepInProgress()
 	defer stopProgress()
-
-	if decErr == nil && !hasPool(msg.Data()) {
-		// A request that names no pool belongs to the pool it was published to.
-		r.req.Pool = pool
-		req.Pool = pool
-	}
 
 	// Idempotency by run id and stream sequence; see decide.
 	prev, rev, err := w.loadState(ctx, req.ID)
@@ -259,14 +254,6 @@ func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
 	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
 	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
 	r.ack()
-}
-
-// hasPool reports whether a request's JSON names a pool.
-func hasPool(data []byte) bool {
-	var v struct {
-		Pool *string `json:"pool"`
-	}
-	return json.Unmarshal(data, &v) == nil && v.Pool != nil && *v.Pool != ""
 }
 
 // salvageID returns the id field of an invalid request when it is a valid
@@ -969,29 +956,37 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 // jetcrew.failed.<pool>.<run_id> with headers saying why, and waits for the
 // server's ack.
 func (r *run) deadLetter(ctx context.Context) error {
-	pool := r.state.Pool
+	m := deadLetterMsg(r.msg.Data(), r.state, r.meta.Sequence.Stream, r.w.cfg.ID)
+	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
+}
+
+// deadLetterMsg builds the dead letter of the request data (its body, byte
+// for byte) at stream sequence seq, whose run ended as st: subject
+// jetcrew.failed.<pool>.<run_id>, headers saying why, and a Nats-Msg-Id that
+// makes it one dead letter per request message, however often a crash makes
+// it published.
+func deadLetterMsg(data []byte, st messages.RunState, seq uint64, workerID string) *nats.Msg {
+	pool := st.Pool
 	if pool == "" {
 		pool = messages.DefaultPool
 	}
-	m := nats.NewMsg(messages.SubjectFailed(pool, r.req.ID))
-	m.Data = r.msg.Data()
-	m.Header.Set(messages.HeaderRunID, r.req.ID)
-	m.Header.Set(messages.HeaderError, oneLine(r.state.Reason))
-	m.Header.Set(messages.HeaderState, string(r.state.State))
-	m.Header.Set(messages.HeaderAttempts, strconv.Itoa(r.state.Attempts))
-	m.Header.Set(messages.HeaderWorker, r.w.cfg.ID)
-	if r.state.ExitCode != nil {
-		m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*r.state.ExitCode))
+	m := nats.NewMsg(messages.SubjectFailed(pool, st.ID))
+	m.Data = data
+	m.Header.Set(messages.HeaderRunID, st.ID)
+	m.Header.Set(messages.HeaderError, oneLine(st.Reason))
+	m.Header.Set(messages.HeaderState, string(st.State))
+	m.Header.Set(messages.HeaderAttempts, strconv.Itoa(st.Attempts))
+	m.Header.Set(messages.HeaderWorker, workerID)
+	if st.ExitCode != nil {
+		m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*st.ExitCode))
 	}
-	if r.state.Receipt != nil {
-		if b, err := json.Marshal(r.state.Receipt); err == nil {
+	if st.Receipt != nil {
+		if b, err := json.Marshal(st.Receipt); err == nil {
 			m.Header.Set(messages.HeaderReceipt, string(b))
 		}
 	}
-	// One dead letter per run and delivery, even when a crash makes us
-	// publish it twice within the duplicate window.
-	m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(r.req.ID, r.meta.Sequence.Stream))
-	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
+	m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(st.ID, seq))
+	return m
 }
 
 func oneLine(s string) string {
@@ -1016,7 +1011,7 @@ func shortID(id string) string {
 
 func (w *Worker) track(r *run, c Container) {
 	w.mu.Lock()
-	w.active[r.req.ID] = &activeRun{containerID: c.ID(), run: r, container: c}
+	w.active[r.req.ID] = &activeRun{run: r, container: c}
 	w.mu.Unlock()
 }
 

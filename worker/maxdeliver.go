@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -162,18 +161,10 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		}
 	}
 	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut || st.State == messages.StateStalled) {
-		m := nats.NewMsg(messages.SubjectFailed(pool, id))
-		m.Data = raw.Data
-		m.Header.Set(messages.HeaderRunID, id)
-		m.Header.Set(messages.HeaderError, oneLine(st.Reason))
-		m.Header.Set(messages.HeaderState, string(st.State))
-		m.Header.Set(messages.HeaderAttempts, strconv.Itoa(st.Attempts))
-		m.Header.Set(messages.HeaderWorker, w.cfg.ID)
-		if st.ExitCode != nil {
-			m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*st.ExitCode))
+		if st.Pool == "" {
+			st.Pool = pool
 		}
-		m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(id, raw.Sequence))
-		if _, err := w.js.PublishMsg(ctx, m); err != nil {
+		if _, err := w.js.PublishMsg(ctx, deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)); err != nil {
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
 	}

@@ -24,7 +24,7 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	activeContainers := make(map[string]bool, len(w.active))
 	activeDirs := make(map[string]bool, len(w.active))
 	for id, a := range w.active {
-		activeContainers[a.containerID] = true
+		activeContainers[a.container.ID()] = true
 		activeDirs[w.runDir(id)] = true
 	}
 	w.mu.Unlock()

@@ -232,9 +232,8 @@ type Worker struct {
 }
 
 type activeRun struct {
-	containerID string
-	run         *run
-	container   Container
+	run       *run
+	container Container
 }
 
 // New returns a Worker using nc, configured by cfg with defaults applied.

@@ -42,15 +42,11 @@ func (a *app) runCancel(ctx context.Context, url, id string) error {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return usageError(err)
 	}
-	nc, err := a.connect(url, "jetcrew cancel")
+	d, closeNATS, err := a.dispatcher(url, "jetcrew cancel")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	r, err := d.Cancel(ctx, id)
 	if err != nil && !errors.Is(err, dispatcher.ErrCancelFailed) {
 		return err

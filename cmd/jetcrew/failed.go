@@ -70,15 +70,11 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) erro
 			return usageError(err)
 		}
 	}
-	nc, err := a.connect(url, "jetcrew failed")
+	d, closeNATS, err := a.dispatcher(url, "jetcrew failed")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	dls, err := d.Failed(ctx, pool)
 	if err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
 )
 
 // defaultNATSURL is the server commands talk to when neither --nats nor
@@ -55,6 +57,21 @@ func (a *app) connect(urls, name string, extra ...nats.Option) (*nats.Conn, erro
 	}
 	log.Debug().Str("server", redactURL(nc.ConnectedUrl())).Msg("connected to NATS")
 	return nc, nil
+}
+
+// dispatcher connects to NATS at urls as name and returns a dispatcher on
+// that connection and the function that closes it.
+func (a *app) dispatcher(urls, name string) (*dispatcher.Dispatcher, func(), error) {
+	nc, err := a.connect(urls, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := dispatcher.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return d, nc.Close, nil
 }
 
 // redactURL returns a NATS URL list with any password or token replaced,

@@ -53,15 +53,11 @@ func (a *app) runReplay(ctx context.Context, url, id string, wait, quiet bool) e
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return usageError(err)
 	}
-	nc, err := a.connect(url, "jetcrew replay")
+	d, closeNATS, err := a.dispatcher(url, "jetcrew replay")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	r, err := d.Replay(ctx, id)
 	if err != nil {
 		return err

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -43,15 +42,11 @@ func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error 
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return usageError(err)
 	}
-	nc, err := a.connect(url, "jetcrew status")
+	d, closeNATS, err := a.dispatcher(url, "jetcrew status")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	st, err := d.Status(ctx, id)
 	if err != nil {
 		return err

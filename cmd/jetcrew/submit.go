@@ -126,15 +126,11 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return usageError(err)
 	}
 
-	nc, err := a.connect(a.natsURL(o.url), "jetcrew submit")
+	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew submit")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	id, err := d.Submit(ctx, req)
 	if err != nil {
 		if errors.Is(err, messages.ErrInvalidRequest) {

@@ -40,15 +40,11 @@ func (a *app) runWatch(ctx context.Context, url, id string, quiet bool) error {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return usageError(err)
 	}
-	nc, err := a.connect(url, "jetcrew watch")
+	d, closeNATS, err := a.dispatcher(url, "jetcrew watch")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	d, err := dispatcher.New(nc)
-	if err != nil {
-		return err
-	}
+	defer closeNATS()
 	// A run without state may still come (published by hand, not yet taken
 	// by a worker): say so, and wait.
 	if _, err := d.Status(ctx, id); errors.Is(err, dispatcher.ErrRunNotFound) {

@@ -16,8 +16,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 )
 
@@ -212,7 +214,8 @@ func (c *Container) Remove(ctx context.Context) error { return c.rt.Remove(ctx, 
 // ScriptBehaviour reads the last argv element as a script of
 // semicolon-separated commands: "out TEXT" writes TEXT to stdout, "err TEXT"
 // to stderr, "sleep DURATION" waits (returning 143 when stopped), "exit N"
-// ends with code N. The script "" exits 0.
+// ends with code N, "oom" ends as the kernel's OOM killer would (137,
+// OOMKilled). The script "" exits 0.
 func ScriptBehaviour(spec worker.ContainerSpec) (Behaviour, error) {
 	script := ""
 	if len(spec.Cmd) > 0 {
@@ -286,4 +289,33 @@ func StateDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// Events returns every event of run runID on JETCREW_EVENTS, in stream
+// order, read with an ordered consumer filtered on
+// jetcrew.events.<run_id>.>. It fails the test when the stream cannot be
+// read.
+func Events(t testing.TB, js jetstream.JetStream, runID string) []jetstream.Msg {
+	t.Helper()
+	c, err := js.OrderedConsumer(context.Background(), messages.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{messages.SubjectEventsAll(runID)},
+	})
+	if err != nil {
+		t.Fatalf("events of %s: %v", runID, err)
+	}
+	var out []jetstream.Msg
+	for {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			t.Fatalf("events of %s: %v", runID, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
 }
