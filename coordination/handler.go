@@ -73,10 +73,11 @@ func (s *Session) handler() http.Handler {
 		s.reply(w, resp, err)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.connected.CompareAndSwap(false, true) {
+		s.connectOnce.Do(func() {
+			s.connected.Store(true)
 			s.log.Info().Msg("bridge connected")
 			s.emit(Event{Kind: EventConnected})
-		}
+		})
 		mux.ServeHTTP(w, r)
 	})
 }

@@ -74,7 +74,10 @@ type Session struct {
 	bg       sync.WaitGroup // the HTTP server and the presence refresher
 
 	connected atomic.Bool
-	inboxSem  chan struct{} // one inbox call at a time
+	// connectOnce emits the connected event; concurrent first requests wait
+	// for it, so it precedes every other event of the session.
+	connectOnce sync.Once
+	inboxSem    chan struct{} // one inbox call at a time
 
 	mu        sync.Mutex
 	presence  Presence
