@@ -34,7 +34,8 @@ var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
 // The hardening is not configurable: ReadonlyRootfs, CapDrop ALL,
 // no-new-privileges, Init (tini as PID 1, which forwards signals and reaps
 // zombies), no TTY and no stdin, MemorySwap equal to Memory (no swap), a
-// pids limit, a private IPC namespace and AutoRemove off (the exit status is
+// pids limit, an open-file limit (RunNofile), log driver "none" (the engine
+// keeps no copy of the output), a private IPC namespace and AutoRemove off (the exit status is
 // read by inspecting the exited container). The label worker.LabelManaged is
 // always set to "true", so the reconciler sees every container made here.
 func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.HostConfig, *network.NetworkingConfig, error) {
@@ -157,9 +158,9 @@ func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.H
 			MemorySwap: spec.MemoryBytes,
 			NanoCPUs:   spec.NanoCPUs,
 			PidsLimit:  &pids,
+			Ulimits:    runUlimits(),
 		},
-		// LogConfig is left to the daemon's default (json-file): output is
-		// read through attach, not from the logs.
+		LogConfig: runLogConfig(),
 	}
 	return cfg, host, &network.NetworkingConfig{}, nil
 }
