@@ -45,4 +45,8 @@ type Event struct {
 	MessageIDs []string `json:"message_ids,omitempty"`
 	// Reason is the error text the agent was given (EventRefused).
 	Reason string `json:"reason,omitempty"`
+	// Count is, for an EventRefused about rate limiting, how many calls
+	// were refused for their rate since the last such event (they are
+	// counted, not reported one by one); 0 for every other event.
+	Count int `json:"count,omitempty"`
 }

@@ -35,11 +35,19 @@ func (s *Session) handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("GET "+relay.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		st, err := s.status(r.Context())
+		var st relay.Status
+		err := s.allowCall(callRead)
+		if err == nil {
+			st, err = s.status(r.Context())
+		}
 		s.reply(w, st, err)
 	})
 	mux.HandleFunc("POST "+relay.PathSend, func(w http.ResponseWriter, r *http.Request) {
 		var resp relay.SendResponse
+		if err := s.allowCall(callSend); err != nil {
+			s.reply(w, resp, err) // counted, not reported one by one
+			return
+		}
 		data, err := readBody(w, r)
 		var req relay.SendRequest
 		if err == nil {
@@ -57,6 +65,10 @@ func (s *Session) handler() http.Handler {
 	})
 	mux.HandleFunc("POST "+relay.PathInbox, func(w http.ResponseWriter, r *http.Request) {
 		var resp relay.InboxResponse
+		if err := s.allowCall(callRead); err != nil {
+			s.reply(w, resp, err) // counted, not reported one by one
+			return
+		}
 		data, err := readBody(w, r)
 		var req relay.InboxRequest
 		if err == nil {

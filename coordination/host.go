@@ -26,11 +26,13 @@ type Config struct {
 	// possibly from several goroutines at once, so it must be safe for
 	// concurrent use and must not block for long.
 	OnEvent func(Event)
-	// SendRate is how many messages per second one run may send, on
-	// average. Default 5; negative means unlimited.
+	// SendRate is how many send calls per second one run may make, on
+	// average, refused ones included. Default 1; negative means unlimited.
+	// A call past it is refused with code rate_limited; such refusals are
+	// counted (Event.Count), not reported one by one.
 	SendRate float64
-	// SendBurst is how many messages a run may send at once before
-	// SendRate applies. Default 20.
+	// SendBurst is how many send calls a run may make at once before
+	// SendRate applies. Default 10.
 	SendBurst int
 	// OpTimeout bounds each NATS operation a request makes (an inbox call's
 	// wait comes on top). Default 5 seconds.
@@ -40,6 +42,15 @@ type Config struct {
 	// without closing its sessions. It must outlast the longest run
 	// (messages.MaxTimeout) including its retries. Default 48 hours.
 	InboxInactiveThreshold time.Duration
+	// RequestReadTimeout bounds reading one whole request from a run's
+	// socket, headers and body. Default RequestReadTimeout (10 seconds).
+	RequestReadTimeout time.Duration
+	// ReadRate is how many status and inbox calls per second one run may
+	// make, on average. Default 1; negative means unlimited.
+	ReadRate float64
+	// ReadBurst is how many status and inbox calls a run may make at once
+	// before ReadRate applies. Default 10.
+	ReadBurst int
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -49,13 +60,22 @@ func (c Config) WithDefaults() Config {
 		c.Logger = &l
 	}
 	if c.SendRate == 0 {
-		c.SendRate = 5
+		c.SendRate = 1
 	}
 	if c.SendBurst == 0 {
-		c.SendBurst = 20
+		c.SendBurst = 10
 	}
 	if c.OpTimeout == 0 {
 		c.OpTimeout = 5 * time.Second
+	}
+	if c.RequestReadTimeout == 0 {
+		c.RequestReadTimeout = RequestReadTimeout
+	}
+	if c.ReadRate == 0 {
+		c.ReadRate = 1
+	}
+	if c.ReadBurst == 0 {
+		c.ReadBurst = 10
 	}
 	if c.InboxInactiveThreshold == 0 {
 		c.InboxInactiveThreshold = 48 * time.Hour
@@ -73,7 +93,13 @@ func (c Config) validate() error {
 	if c.InboxInactiveThreshold < time.Minute {
 		return fmt.Errorf("coordination: inbox inactive threshold %s must be at least 1m", c.InboxInactiveThreshold)
 	}
-	if math.IsNaN(c.SendRate) {
+	if c.ReadBurst < 1 {
+		return fmt.Errorf("coordination: read burst %d must be at least 1", c.ReadBurst)
+	}
+	if c.RequestReadTimeout < 10*time.Millisecond {
+		return fmt.Errorf("coordination: request read timeout %s must be at least 10ms", c.RequestReadTimeout)
+	}
+	if math.IsNaN(c.SendRate) || math.IsNaN(c.ReadRate) {
 		return errors.New("coordination: send rate is NaN")
 	}
 	return nil

@@ -67,6 +67,11 @@ func (b *bundle) eventsOf(runID string, kind coordination.EventKind) []coordinat
 func (b *bundle) host(t *testing.T, cfg coordination.Config) *coordination.Host {
 	t.Helper()
 	cfg.OnEvent = b.onEvent
+	// Most tests call status and send in tight loops; the rate limits have
+	// their own tests (limits_test.go).
+	if cfg.ReadRate == 0 {
+		cfg.ReadRate = -1
+	}
 	h, err := coordination.NewHost(coordtest.Connect(t, b.srv), cfg)
 	require.NoError(t, err)
 	return h
@@ -599,8 +604,11 @@ func TestNewHostValidates(t *testing.T) {
 		require.Error(t, err)
 	}
 	d := coordination.Config{}.WithDefaults()
-	require.Equal(t, 5.0, d.SendRate)
-	require.Equal(t, 20, d.SendBurst)
+	require.Equal(t, 1.0, d.SendRate)
+	require.Equal(t, 10, d.SendBurst)
+	require.Equal(t, 1.0, d.ReadRate)
+	require.Equal(t, 10, d.ReadBurst)
+	require.Equal(t, coordination.RequestReadTimeout, d.RequestReadTimeout)
 	require.Equal(t, 48*time.Hour, d.InboxInactiveThreshold)
 	require.Greater(t, d.InboxInactiveThreshold, messages.MaxTimeout)
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,11 +87,6 @@ func (s *Session) send(ctx context.Context, req relay.SendRequest) (relay.SendRe
 		if err := s.checkPeer(ctx, req.To); err != nil {
 			return relay.SendResponse{}, err
 		}
-	}
-	if !s.lim.Allow() {
-		return relay.SendResponse{}, &apiError{status: http.StatusTooManyRequests, code: relay.CodeRateLimited,
-			msg: fmt.Sprintf("rate limited: a run may send %s messages per second (bursts of %d); wait a few seconds and send again",
-				strconv.FormatFloat(s.h.cfg.SendRate, 'g', -1, 64), s.h.cfg.SendBurst)}
 	}
 	msg := &nats.Msg{
 		Subject: Subject(s.run.Group, req.To),

@@ -65,7 +65,7 @@ type Session struct {
 	path  string
 	log   zerolog.Logger
 	peers jetstream.KeyValue
-	lim   *rate.Limiter
+	limits *callLimits
 
 	sockInfo os.FileInfo // the socket file this session created
 	srv      *http.Server
@@ -111,7 +111,7 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 		run:      run,
 		path:     socketPath,
 		log:      h.log.With().Str("run_id", run.RunID).Str("group", run.Group).Logger(),
-		lim:      rate.NewLimiter(rateLimit(h.cfg.SendRate), h.cfg.SendBurst),
+		limits:   newCallLimits(h.cfg),
 		inboxSem: make(chan struct{}, 1),
 		presence: Presence{RunID: run.RunID, Group: run.Group, Profile: run.Profile, State: run.State,
 			StartedAt: run.StartedAt, Session: rand.Text()},
@@ -154,8 +154,10 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	s.srv = &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    8 << 10,
+		ReadTimeout:       h.cfg.RequestReadTimeout,
+		WriteTimeout:      responseWriteTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 		ErrorLog:          stdlog.New(logWriter{s.log}, "coordination socket: ", 0),
 	}
@@ -163,7 +165,7 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	go func() {
 		// Ends when Detach or Close shuts the server down.
 		defer s.bg.Done()
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(&capListener{Listener: ln, max: MaxConnsPerSession}); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error().Err(err).Msg("coordination socket stopped serving")
 		}
 	}()
@@ -291,6 +293,7 @@ func (s *Session) refreshPresence() {
 // It is safe to call more than once, and before or after Close.
 func (s *Session) Detach(ctx context.Context) error {
 	s.stopOnce.Do(func() {
+		defer s.flushRefusals()
 		s.cancel()
 		err := s.srv.Shutdown(ctx)
 		if err != nil {

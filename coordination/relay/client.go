@@ -18,6 +18,10 @@ import (
 // messages of up to 64 KiB each, JSON-escaped, fit.
 const maxResponseBytes = 16 << 20
 
+// MaxClientConns is the most connections a Client opens to its socket at
+// once; the worker serves up to 16 per run (coordination.MaxConnsPerSession).
+const MaxClientConns = 8
+
 // callTimeout bounds one status, send or hello call; an inbox call gets its
 // wait on top.
 const callTimeout = 15 * time.Second
@@ -43,6 +47,7 @@ func NewClient(socketPath string) *Client {
 			return d.DialContext(ctx, "unix", socketPath)
 		},
 		MaxIdleConns:       4,
+		MaxConnsPerHost:    MaxClientConns,
 		IdleConnTimeout:    30 * time.Second,
 		DisableCompression: true,
 	}

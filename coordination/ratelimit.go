@@ -1,0 +1,81 @@
+package coordination
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/jetcrew/jetcrew/coordination/relay"
+)
+
+// callClass is a kind of bridge call, each with its own token bucket.
+type callClass int
+
+const (
+	callSend callClass = iota // send, refused or not
+	callRead                  // status and inbox
+)
+
+// refusalEventEvery is how often, at most, a run's rate-limited calls are
+// reported as an EventRefused: the first one at once, then one per interval
+// carrying how many were refused since (Event.Count), and one more when the
+// session ends. Refusals are counted, never stored one by one.
+const refusalEventEvery = 10 * time.Second
+
+// callLimits are a session's token buckets (Config.SendRate/SendBurst,
+// Config.ReadRate/ReadBurst) and its count of refused calls.
+type callLimits struct {
+	send, read *rate.Limiter
+	events     *rate.Limiter // refusal events
+	// pending counts rate-limited calls not yet reported in an event.
+	pending atomic.Int64
+	// total counts every rate-limited call of the session.
+	total atomic.Int64
+}
+
+func newCallLimits(cfg Config) *callLimits {
+	return &callLimits{
+		send:   rate.NewLimiter(rateLimit(cfg.SendRate), cfg.SendBurst),
+		read:   rate.NewLimiter(rateLimit(cfg.ReadRate), cfg.ReadBurst),
+		events: rate.NewLimiter(rate.Every(refusalEventEvery), 1),
+	}
+}
+
+// allowCall takes a token for one call of class c. Without one it returns
+// the 429 the agent reads as a tool error, and counts the refusal, reporting
+// it as an event only as often as refusalEventEvery allows.
+func (s *Session) allowCall(c callClass) error {
+	lim, what, perSec, burst := s.limits.send, "send", s.h.cfg.SendRate, s.h.cfg.SendBurst
+	if c == callRead {
+		lim, what, perSec, burst = s.limits.read, "status and inbox", s.h.cfg.ReadRate, s.h.cfg.ReadBurst
+	}
+	if lim.Allow() {
+		return nil
+	}
+	ae := &apiError{status: http.StatusTooManyRequests, code: relay.CodeRateLimited,
+		msg: fmt.Sprintf("rate limited: a run may make %s calls at %s per second on average, in bursts of %d; wait a few seconds and call again",
+			what, strconv.FormatFloat(perSec, 'g', -1, 64), burst)}
+	s.limits.total.Add(1)
+	n := s.limits.pending.Add(1)
+	if s.limits.events.Allow() {
+		s.limits.pending.Add(-n)
+		s.emit(Event{Kind: EventRefused, Reason: ae.msg, Count: int(n)})
+	}
+	return ae
+}
+
+// flushRefusals reports the rate-limited calls not yet reported, at the
+// session's end.
+func (s *Session) flushRefusals() {
+	if n := s.limits.pending.Swap(0); n > 0 {
+		s.emit(Event{Kind: EventRefused, Reason: "rate limited (calls refused since the last report)", Count: int(n)})
+	}
+}
+
+// RateLimited returns how many of the session's calls were refused for
+// their rate so far.
+func (s *Session) RateLimited() int64 { return s.limits.total.Load() }
