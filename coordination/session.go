@@ -60,11 +60,11 @@ type Presence struct {
 // entry in the group's presence list and its inbox consumer. Serve creates
 // it; Detach or Close ends it.
 type Session struct {
-	h     *Host
-	run   RunInfo
-	path  string
-	log   zerolog.Logger
-	peers jetstream.KeyValue
+	h      *Host
+	run    RunInfo
+	path   string
+	log    zerolog.Logger
+	peers  jetstream.KeyValue
 	limits *callLimits
 
 	sockInfo os.FileInfo // the socket file this session created
