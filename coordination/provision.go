@@ -7,9 +7,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// MaxStreamBytes caps JETCREW_COORD, in bytes (256 MiB): past it the
+// oldest messages are discarded.
+const MaxStreamBytes = 256 << 20
+
 // Provision creates or updates the JetStream resources coordination needs:
 // stream JETCREW_COORD (limits retention, file storage, subjects
-// jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, AllowDirect) and
+// jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, MaxStreamBytes
+// (the oldest messages go first when it is full), AllowDirect) and
 // the presence bucket BucketPeers (TTL PeerTTL, history 1, memory storage).
 // replicas is the replica count of both: 1 on one server, 3 on a cluster; 0
 // means 1. It is safe to call from every worker at once, and on every start.
@@ -30,6 +35,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 		Replicas:    replicas,
 		MaxAge:      MaxAge,
 		MaxMsgSize:  MaxMsgBytes,
+		MaxBytes:    MaxStreamBytes,
 		Duplicates:  DuplicateWindow,
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,

@@ -91,6 +91,9 @@ type RunState struct {
 	BridgeConnected bool `json:"bridge_connected"`
 	// OutputBytes counts the bytes of stdout and stderr published as events.
 	OutputBytes int64 `json:"output_bytes"`
+	// OutputDroppedBytes counts the bytes of stdout and stderr past the
+	// profile's output budget (max_output_mib): counted, not published.
+	OutputDroppedBytes int64 `json:"output_dropped_bytes,omitempty"`
 	// Labels are copied from the request.
 	Labels map[string]string `json:"labels,omitempty"`
 	// QueuedAt is when the request was published (the stream's timestamp).

@@ -364,6 +364,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.mcpProved.Store(true)
 	})
 	out := newOutputPublisher(w.js, r.req.ID, r.meta.Sequence.Stream, attempt)
+	out.budget = prof.MaxOutputBytes()
 	output := func(stream string, p []byte) {
 		prog.touch()
 		if stream == messages.StreamStdout {
@@ -467,6 +468,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	}
 	n, perr := out.close(ctx)
 	r.state.OutputBytes = n
+	r.noteDroppedOutput(out)
 	r.state.BridgeConnected = cs.connected()
 	if perr != nil {
 		r.log.Warn().Err(perr).Msg("some output events were not acknowledged")

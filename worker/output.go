@@ -36,8 +36,15 @@ type outputPublisher struct {
 	total   int64
 	// errTail keeps the last bytes written to stderr, for failure reasons.
 	errTail []byte
+	// futures are the publishes not yet known acknowledged, oldest first:
+	// at most outputWindow (waitWindowLocked).
 	futures []jetstream.PubAckFuture
 	err     error
+	// budget is the most bytes published (Profile.MaxOutputBytes; 0:
+	// unlimited); accepted counts those taken, dropped those past it.
+	budget   int64
+	accepted int64
+	dropped  int64
 	// held queues messages instead of publishing them until release, so
 	// that no output event precedes the run's started event.
 	held    bool
@@ -73,6 +80,7 @@ func (o *outputPublisher) write(stream string, p []byte) {
 			o.errTail = append(o.errTail[:0], o.errTail[len(o.errTail)-errTailBytes:]...)
 		}
 	}
+	p = p[:o.admitLocked(len(p))]
 	for len(p) > 0 {
 		if o.stream != stream && len(o.buf) > 0 {
 			o.flushLocked()
@@ -139,6 +147,7 @@ func (o *outputPublisher) release() {
 }
 
 func (o *outputPublisher) publishLocked(msg *nats.Msg) {
+	o.waitWindowLocked()
 	f, err := o.js.PublishMsgAsync(msg)
 	if err != nil {
 		// The async window is full: fall back to a synchronous publish so no
@@ -188,15 +197,13 @@ func (o *outputPublisher) close(ctx context.Context) (int64, error) {
 	// published again, in their order, until acknowledged; Nats-Msg-Id
 	// deduplicates those that had in fact been stored.
 	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case <-f.Err():
-			m := f.Msg()
-			if e := retryOp(ctx, func(ctx context.Context) error { _, err := o.js.PublishMsg(ctx, m); return err }); e != nil && err == nil {
+		if e := o.settle(ctx, f); e != nil {
+			if ctx.Err() != nil {
+				return total, ctx.Err()
+			}
+			if err == nil {
 				err = e
 			}
-		case <-ctx.Done():
-			return total, ctx.Err()
 		}
 	}
 	return total, err

@@ -92,6 +92,11 @@ type Profile struct {
 	// Coordination turns the run's MCP coordination bridge on (default) or
 	// off. When on and the bridge cannot be staged, runs are refused.
 	Coordination *bool `toml:"coordination" json:"coordination"`
+	// MaxOutputMiB is the run's output budget: the most bytes of stdout and
+	// stderr together, in MiB, published as output events. Past it the run
+	// goes on and its output is counted (RunState.OutputDroppedBytes) and
+	// dropped. Default DefaultMaxOutputMiB (64); -1 means unlimited.
+	MaxOutputMiB int64 `toml:"max_output_mib" json:"max_output_mib"`
 	// EnvFromHost names variables copied from the worker's own environment
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
@@ -158,6 +163,9 @@ func (p Profile) withDefaults() (Profile, error) {
 	}
 	if p.HomeMiB == 0 {
 		p.HomeMiB = DefaultHomeMiB
+	}
+	if p.MaxOutputMiB == 0 {
+		p.MaxOutputMiB = DefaultMaxOutputMiB
 	}
 	if p.Coordination == nil {
 		on := true
@@ -239,6 +247,9 @@ func (p Profile) validate() error {
 	}
 	if p.timeout < 0 {
 		return errors.New("timeout is negative")
+	}
+	if p.MaxOutputMiB < -1 {
+		return fmt.Errorf("max_output_mib %d must be positive, or -1 for unlimited", p.MaxOutputMiB)
 	}
 	for k := range p.Env {
 		if !messages.ValidEnvName(k) {

@@ -45,6 +45,16 @@ type ProvisionConfig struct {
 	EventsMaxAge time.Duration
 	// FailedMaxAge is how long dead letters are kept. Default 30 days.
 	FailedMaxAge time.Duration
+	// RunsMaxBytes caps JETCREW_RUNS, in bytes; when full, a submit is
+	// refused (discard new) and no queued request is lost. Default
+	// DefaultRunsMaxBytes; -1 means no cap.
+	RunsMaxBytes int64
+	// EventsMaxBytes caps JETCREW_EVENTS, in bytes; when full, the oldest
+	// events go first. Default DefaultEventsMaxBytes; -1 means no cap.
+	EventsMaxBytes int64
+	// FailedMaxBytes caps JETCREW_FAILED, in bytes; when full, the oldest
+	// dead letters go first. Default DefaultFailedMaxBytes; -1 means no cap.
+	FailedMaxBytes int64
 }
 
 func (c ProvisionConfig) withDefaults() ProvisionConfig {
@@ -72,6 +82,9 @@ func (c ProvisionConfig) withDefaults() ProvisionConfig {
 	if c.FailedMaxAge == 0 {
 		c.FailedMaxAge = 30 * 24 * time.Hour
 	}
+	c.RunsMaxBytes = streamCap(c.RunsMaxBytes, DefaultRunsMaxBytes)
+	c.EventsMaxBytes = streamCap(c.EventsMaxBytes, DefaultEventsMaxBytes)
+	c.FailedMaxBytes = streamCap(c.FailedMaxBytes, DefaultFailedMaxBytes)
 	return c
 }
 
@@ -98,7 +111,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 		Replicas:    cfg.Replicas,
 		Duplicates:  cfg.DuplicateWindow,
 		AllowDirect: true,
-		Discard:     jetstream.DiscardOld,
+		MaxBytes:    cfg.RunsMaxBytes,
+		// Full: refuse the submit rather than drop a queued request.
+		Discard: jetstream.DiscardNew,
 	}, {
 		Name:        messages.StreamEvents,
 		Description: "jetcrew run events",
@@ -107,6 +122,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 		MaxAge:      cfg.EventsMaxAge,
+		MaxBytes:    cfg.EventsMaxBytes,
 		AllowDirect: true,
 		Discard:     jetstream.DiscardOld,
 	}, {
@@ -117,6 +133,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 		MaxAge:      cfg.FailedMaxAge,
+		MaxBytes:    cfg.FailedMaxBytes,
 		Duplicates:  cfg.DuplicateWindow,
 		AllowDirect: true,
 		Discard:     jetstream.DiscardOld,

@@ -27,6 +27,7 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	metricsAddr       string // --metrics-addr; see metrics.go
 	replicas          int    // --replicas (worker only); see metrics.go
+	caps              streamCapFlags
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -45,6 +46,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	o.caps.add(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -79,6 +81,9 @@ func (o *workerOptions) check() (worker.Profiles, error) {
 	if o.reconcileInterval <= 0 {
 		return nil, usageError(fmt.Errorf("--reconcile-interval %s: must be positive", o.reconcileInterval))
 	}
+	if err := o.caps.check(); err != nil {
+		return nil, err
+	}
 	if err := o.checkScaleOut(); err != nil {
 		return nil, err
 	}
@@ -112,19 +117,21 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		}
 	}()
 	log := a.log
+	prov := worker.ProvisionConfig{
+		AckWait:       o.ackWait,
+		MaxDeliver:    o.maxDeliver,
+		MaxAckPending: o.maxAckPending,
+		Replicas:      o.replicas,
+	}
+	o.caps.apply(&prov)
 	w, err := worker.New(nc, worker.Config{
-		ID:          o.id,
-		Pool:        o.pool,
-		Concurrency: o.concurrency,
-		Profiles:    profiles,
-		Runtime:     rt,
-		Logger:      &log,
-		Provision: worker.ProvisionConfig{
-			AckWait:       o.ackWait,
-			MaxDeliver:    o.maxDeliver,
-			MaxAckPending: o.maxAckPending,
-			Replicas:      o.replicas,
-		},
+		ID:                o.id,
+		Pool:              o.pool,
+		Concurrency:       o.concurrency,
+		Profiles:          profiles,
+		Runtime:           rt,
+		Logger:            &log,
+		Provision:         prov,
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,

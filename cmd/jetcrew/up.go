@@ -22,7 +22,10 @@ const serverReadyTimeout = 10 * time.Second
 type upOptions struct {
 	listen  string
 	dataDir string
-	worker  workerOptions
+	// storeMiB is --store-max-mib: the embedded server's JetStream store
+	// limit on disk.
+	storeMiB int64
+	worker   workerOptions
 }
 
 func (a *app) upCmd() *cobra.Command {
@@ -47,6 +50,8 @@ the network is trusted.`,
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
 	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
+	cmd.Flags().Int64Var(&o.storeMiB, "store-max-mib", defaultStoreMaxMiB,
+		"most disk JetStream may use under --data, in MiB; must hold every stream's cap (--runs-max-mib, --events-max-mib, --failed-max-mib and 256 MiB of coordination)")
 	o.worker.addFlags(cmd.Flags())
 	return cmd
 }
@@ -107,14 +112,10 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return fmt.Errorf("data directory: %w", err)
 	}
 
-	s, err := server.NewServer(&server.Options{
-		ServerName: "jetcrew",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dataDir,
-		NoSigs:     true,
-	})
+	if o.storeMiB < 1 {
+		return usageError(fmt.Errorf("--store-max-mib %d: must be positive", o.storeMiB))
+	}
+	s, err := server.NewServer(embeddedServerOptions(host, port, dataDir, o.storeMiB))
 	if err != nil {
 		return fmt.Errorf("nats-server: %w", err)
 	}

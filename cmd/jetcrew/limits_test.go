@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// TestStreamCapsAndStoreLimit proves issue 13 item 2's second half: `up`'s
+// embedded server has a store limit (--store-max-mib, default 4096 MiB) that
+// holds every stream at its default byte cap, and every stream a worker
+// provisions has a byte cap, set from the flags.
+func TestStreamCapsAndStoreLimit(t *testing.T) {
+	t.Parallel()
+	opts := embeddedServerOptions("127.0.0.1", -1, t.TempDir(), defaultStoreMaxMiB)
+	opts.NoLog = true
+	s, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	require.EqualValues(t, int64(defaultStoreMaxMiB)<<20, s.JetStreamConfig().MaxStore)
+
+	// The default caps fit the default store: a worker starts.
+	startWorker(t, s)
+	js, err := jetstream.New(workertest.Connect(t, s))
+	require.NoError(t, err)
+	want := map[string]int64{
+		messages.StreamRuns:    worker.DefaultRunsMaxBytes,
+		messages.StreamEvents:  worker.DefaultEventsMaxBytes,
+		messages.StreamFailed:  worker.DefaultFailedMaxBytes,
+		coordination.StreamName: coordination.MaxStreamBytes,
+	}
+	for name, max := range want {
+		st, err := js.Stream(context.Background(), name)
+		require.NoError(t, err, name)
+		require.Equal(t, max, st.CachedInfo().Config.MaxBytes, name)
+	}
+
+	// The flags set them, and a full JETCREW_RUNS refuses a submit instead
+	// of dropping a queued request.
+	s2 := workertest.StartServer(t)
+	startWorker(t, s2, "--runs-max-mib", "1", "--events-max-mib", "2", "--failed-max-mib", "3")
+	js2, err := jetstream.New(workertest.Connect(t, s2))
+	require.NoError(t, err)
+	for name, max := range map[string]int64{messages.StreamRuns: 1 << 20, messages.StreamEvents: 2 << 20, messages.StreamFailed: 3 << 20} {
+		st, err := js2.Stream(context.Background(), name)
+		require.NoError(t, err, name)
+		require.Equal(t, max, st.CachedInfo().Config.MaxBytes, name)
+	}
+	st, err := js2.Stream(context.Background(), messages.StreamRuns)
+	require.NoError(t, err)
+	require.Equal(t, jetstream.DiscardNew, st.CachedInfo().Config.Discard)
+
+	code, _, stderr := cli(t, s2.ClientURL(), "worker", "--events-max-mib", "0")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--events-max-mib 0: must be positive, or -1 for no cap")
+}

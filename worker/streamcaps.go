@@ -1,0 +1,28 @@
+package worker
+
+// Default byte caps of the worker's streams (ProvisionConfig). Together with
+// coordination.MaxStreamBytes they fit well within `jetcrew up`'s default
+// store limit (--store-max-mib 4096).
+const (
+	// DefaultRunsMaxBytes caps JETCREW_RUNS: 256 MiB of queued requests
+	// (at most 256 KiB each).
+	DefaultRunsMaxBytes = 256 << 20
+	// DefaultEventsMaxBytes caps JETCREW_EVENTS: 1 GiB of events and
+	// output, the oldest discarded first.
+	DefaultEventsMaxBytes = 1 << 30
+	// DefaultFailedMaxBytes caps JETCREW_FAILED: 256 MiB of dead letters,
+	// the oldest discarded first.
+	DefaultFailedMaxBytes = 256 << 20
+)
+
+// streamCap returns a stream's MaxBytes from a configured cap: 0 takes def,
+// a negative value means no cap (-1 for the server).
+func streamCap(v, def int64) int64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return -1
+	}
+	return v
+}
