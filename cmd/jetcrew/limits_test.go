@@ -35,9 +35,9 @@ func TestStreamCapsAndStoreLimit(t *testing.T) {
 	js, err := jetstream.New(workertest.Connect(t, s))
 	require.NoError(t, err)
 	want := map[string]int64{
-		messages.StreamRuns:    worker.DefaultRunsMaxBytes,
-		messages.StreamEvents:  worker.DefaultEventsMaxBytes,
-		messages.StreamFailed:  worker.DefaultFailedMaxBytes,
+		messages.StreamRuns:     worker.DefaultRunsMaxBytes,
+		messages.StreamEvents:   worker.DefaultEventsMaxBytes,
+		messages.StreamFailed:   worker.DefaultFailedMaxBytes,
 		coordination.StreamName: coordination.MaxStreamBytes,
 	}
 	for name, max := range want {
