@@ -87,6 +87,9 @@ type Event struct {
 	State State `json:"state,omitempty"`
 	// ExitCode is the process's exit code, on EventFinished when it ran.
 	ExitCode *int `json:"exit_code,omitempty"`
+	// OOMKilled is true on EventFinished when the kernel's OOM killer
+	// killed a process of the run (see RunState.OOMKilled).
+	OOMKilled bool `json:"oom_killed,omitempty"`
 	// Reason explains a non-success EventFinished.
 	Reason string `json:"reason,omitempty"`
 	// Receipt is the run's profile receipt, on EventFinished.

@@ -60,6 +60,12 @@ type RunState struct {
 	ContainerID string `json:"container_id,omitempty"`
 	// ExitCode is the process exit code; nil until the process has exited.
 	ExitCode *int `json:"exit_code,omitempty"`
+	// OOMKilled is true when the kernel's OOM killer killed a process of
+	// the run (the main one or a child) at the memory limit. The outcome
+	// follows the main process's exit code: a non-zero exit with an OOM
+	// kill is failed, reason "oom"; a main process that survives a child's
+	// OOM kill and exits 0 is succeeded, with OOMKilled still true.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 	// StreamSeq is the JETCREW_RUNS stream sequence of the request message
 	// this state belongs to; 0 until a worker has seen it. A message for the
 	// same run id with another sequence is a duplicate or a replay.

@@ -451,6 +451,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	result, summary := parser.outcome()
 	r.state.Result, r.state.Agent = clipResult(result), summary
 	r.state.ExitCode = &status.Code
+	r.state.OOMKilled = status.OOMKilled
 	switch {
 	case r.cancelled.Load():
 		final, reason = messages.StateCancelled, "cancelled by request"
@@ -459,7 +460,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	case stopKind == stopBridge:
 		final, reason = messages.StateFailed, stopReason
 	case final != messages.StateSucceeded:
-	case status.OOMKilled:
+	case status.OOMKilled && status.Code != 0: // a child's OOM kill alone does not fail the run
 		final, reason = messages.StateFailed, "oom"
 	case status.Code != 0 && summary != nil && summary.IsError && result != "":
 		final, reason = messages.StateFailed, fmt.Sprintf("exit code %d: the agent reported: %s", status.Code, oneLine(result))
@@ -793,7 +794,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 // state.
 func (r *run) publishFinished(ctx context.Context) {
 	r.event(ctx, messages.Event{
-		Type: messages.EventFinished, State: r.state.State, ExitCode: r.state.ExitCode,
+		Type: messages.EventFinished, State: r.state.State, ExitCode: r.state.ExitCode, OOMKilled: r.state.OOMKilled,
 		Reason: r.state.Reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
 	})
 }

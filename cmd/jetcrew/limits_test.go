@@ -41,8 +41,13 @@ func TestStreamCapsAndStoreLimit(t *testing.T) {
 		coordination.StreamName: coordination.MaxStreamBytes,
 	}
 	for name, max := range want {
-		st, err := js.Stream(context.Background(), name)
-		require.NoError(t, err, name)
+		// The coordination stream may come a moment after the consumer the
+		// worker's readiness is judged by.
+		var st jetstream.Stream
+		require.Eventually(t, func() bool {
+			st, err = js.Stream(context.Background(), name)
+			return err == nil
+		}, 10*time.Second, 20*time.Millisecond, "stream %s: %v", name, err)
 		require.Equal(t, max, st.CachedInfo().Config.MaxBytes, name)
 	}
 
