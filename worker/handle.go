@@ -60,6 +60,8 @@ type run struct {
 	stopMu     sync.Mutex
 	stopKind   string
 	stopReason string
+	// mask masks the run's secrets in what it shows (mask.go).
+	mask *masker
 	// rev is the bucket revision of the run's state as this delivery last
 	// wrote it: the lease. 0 means no state exists yet.
 	rev   uint64
@@ -311,6 +313,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	if timeout == 0 {
 		timeout = w.cfg.DefaultTimeout
 	}
+	r.mask = newMasker(prof, w.cfg.LookupEnv)
 	r.state.Coordination = "off"
 	coordOn := prof.CoordinationOn()
 	plan, err := planAgent(prof, r.req.Prompt, coordOn)
@@ -365,11 +368,9 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 	})
 	out := newOutputPublisher(w.js, r.req.ID, r.meta.Sequence.Stream, attempt)
 	out.budget = prof.MaxOutputBytes()
+	out.mask, out.onStdout = r.mask, parser.feed // the parser sees masked output
 	output := func(stream string, p []byte) {
 		prog.touch()
-		if stream == messages.StreamStdout {
-			parser.feed(p)
-		}
 		out.write(stream, p)
 	}
 	c, err := w.cfg.Runtime.Start(ctx, spec, output)
@@ -738,6 +739,7 @@ func (r *run) keepInProgress() func() {
 // the term, so a crash in between leaves the request to be redelivered and
 // the dead letter deduplicated by its Nats-Msg-Id.
 func (r *run) finish(ctx context.Context, final messages.State, reason string) {
+	reason = r.mask.String(reason)
 	r.state.State = final
 	r.state.Reason = reason
 	r.state.FinishedAt = time.Now().UTC()
@@ -829,6 +831,7 @@ func (r *run) fail(ctx context.Context, reason string, exitCode *int) {
 // retry hands the request back with an exponential, jittered delay for an
 // infrastructure failure, or fails the run when this was the last delivery.
 func (r *run) retry(ctx context.Context, cause error) {
+	cause = r.maskErr(cause)
 	attempt := int(r.meta.NumDelivered)
 	if attempt >= r.w.cfg.Provision.MaxDeliver {
 		r.fail(ctx, fmt.Sprintf("gave up after %d attempts: %v", attempt, cause), nil)

@@ -45,6 +45,10 @@ type outputPublisher struct {
 	budget   int64
 	accepted int64
 	dropped  int64
+	// mask masks the run's secrets in its output (nil: none); onStdout,
+	// when set, is fed stdout after masking (the agent CLI's parser).
+	mask     *masker
+	onStdout func([]byte)
 	// held queues messages instead of publishing them until release, so
 	// that no output event precedes the run's started event.
 	held    bool
@@ -70,8 +74,8 @@ func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attemp
 	return o
 }
 
-// write is the OutputFunc handed to the runtime.
-func (o *outputPublisher) write(stream string, p []byte) {
+// append buffers p, already masked, for publishing.
+func (o *outputPublisher) append(stream string, p []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if stream == messages.StreamStderr {
@@ -187,6 +191,7 @@ func (o *outputPublisher) lastErrLine() string {
 func (o *outputPublisher) close(ctx context.Context) (int64, error) {
 	close(o.stop)
 	<-o.done
+	o.flushMasked()
 	o.release()
 	o.mu.Lock()
 	o.flushLocked()
