@@ -73,8 +73,11 @@ type Config struct {
 	// StateDir holds the per-run directories staged for containers (the
 	// bridge socket and mcp.json), under StateDir/r/. It must be a path the
 	// Docker engine sees as the worker does (same host), and short: a unix
-	// socket path is at most 107 bytes. Default:
-	// <os.TempDir()>/jetcrew-<worker id>.
+	// socket path is at most 107 bytes. It must be a directory the worker's
+	// user owns with mode 0700, or missing (then created so); anything
+	// else, a symlink included, makes Start fail. Default: a new private
+	// directory with an unpredictable name, <os.TempDir()>/jetcrew-<random>,
+	// created by Start.
 	StateDir string
 	// BridgePath is the host path of the static jetcrew-bridge binary,
 	// mounted read-only into every run container whose profile has
@@ -151,9 +154,6 @@ func (c Config) WithDefaults() Config {
 	if c.LookupEnv == nil {
 		c.LookupEnv = os.LookupEnv
 	}
-	if c.StateDir == "" {
-		c.StateDir = filepath.Join(os.TempDir(), "jetcrew-"+c.ID)
-	}
 	if c.BridgePath == "" {
 		if exe, err := os.Executable(); err == nil {
 			c.BridgePath = filepath.Join(filepath.Dir(exe), "jetcrew-bridge")
@@ -178,7 +178,7 @@ func (c Config) validate() error {
 	if c.InProgressInterval >= c.Provision.AckWait {
 		return fmt.Errorf("worker: in-progress interval %s must be shorter than AckWait %s", c.InProgressInterval, c.Provision.AckWait)
 	}
-	if !filepath.IsAbs(c.StateDir) {
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("worker: state dir %q must be an absolute path", c.StateDir)
 	}
 	if c.FetchWait < time.Second {
@@ -319,8 +319,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Join(w.cfg.StateDir, "r"), 0o700); err != nil {
-		return fmt.Errorf("worker: state dir: %w", err)
+	if err := w.prepareStateDir(); err != nil {
+		return err
 	}
 	if w.runs, err = w.js.KeyValue(ctx, messages.BucketRuns); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
