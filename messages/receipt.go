@@ -55,11 +55,19 @@ type ReceiptLimits struct {
 	Pids        int64   `json:"pids"`
 }
 
-// ReceiptMount is one bind mount.
+// ReceiptMount is one bind mount, described by its role and content, never
+// by its host path (receipts go to every reader of the runs bucket).
 type ReceiptMount struct {
-	Target   string `json:"target"`
-	Source   string `json:"source"`
-	ReadOnly bool   `json:"read_only"`
+	// Target is the path inside the container.
+	Target string `json:"target"`
+	// Role says what is mounted: "run-dir" (the run's staged directory),
+	// "bridge" (the jetcrew-bridge binary) or "bind".
+	Role string `json:"role"`
+	// Digest is "sha256:<hex>" of the content: the bridge binary's bytes,
+	// or the run directory's staged files; empty for "bind".
+	Digest string `json:"digest,omitempty"`
+	// ReadOnly is true for a read-only mount.
+	ReadOnly bool `json:"read_only"`
 }
 
 // ReceiptFile is one file written for a run.

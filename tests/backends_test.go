@@ -246,8 +246,17 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	}
 	runDir := mounts[coordination.ContainerRunDir]
 	require.True(t, runDir.ReadOnly, "%s is read-only", coordination.ContainerRunDir)
-	require.NotEmpty(t, runDir.Source)
-	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Source: bridge, ReadOnly: true}, mounts[coordination.BridgePath])
+	require.Equal(t, "run-dir", runDir.Role)
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, runDir.Digest)
+	bin, err := os.ReadFile(bridge)
+	require.NoError(t, err)
+	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Role: "bridge",
+		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256(bin)), ReadOnly: true}, mounts[coordination.BridgePath])
+	// No host path: not the state dir, not the bridge's build path.
+	b, err := json.Marshal(rc)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), filepath.Dir(bridge))
+	require.NotContains(t, string(b), `"source"`)
 	require.Equal(t, []string{coordination.MCPServerName}, rc.MCPServers)
 	files := append([]messages.ReceiptFile{
 		{Path: coordination.ContainerMCPConfigPath, Mode: "0444"},

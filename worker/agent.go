@@ -262,7 +262,6 @@ func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Du
 		Tmpfs:         spec.Tmpfs,
 		MCPServers:    append([]string{}, plan.MCPServers...),
 		Files:         []messages.ReceiptFile{},
-		Mounts:        []messages.ReceiptMount{},
 		Unsupported:   plan.Unsupported,
 	}
 	for _, a := range spec.Cmd {
@@ -280,9 +279,7 @@ func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Du
 	if p.Backend != BackendCommand && len(plan.MCPServers) > 0 {
 		rc.BridgeDeadline = p.bridgeDeadline.String()
 	}
-	for _, m := range spec.Mounts {
-		rc.Mounts = append(rc.Mounts, messages.ReceiptMount{Target: m.Target, Source: m.Source, ReadOnly: m.ReadOnly})
-	}
+	rc.Mounts = receiptMounts(spec, plan)
 	if len(plan.MCPServers) > 0 {
 		rc.Files = append(rc.Files, messages.ReceiptFile{Path: coordination.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", coordination.MCPConfigMode)})
 	}
