@@ -190,21 +190,29 @@ func (w *Worker) onStop(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	w.mu.Lock()
 	a := w.active[id]
+	var c Container
+	if a != nil {
+		// Under w.mu: a container tracked after this sees the flag
+		// (startedCancelled) and is stopped by its run.
+		a.run.cancelled.Store(true)
+		c = a.container
+	}
 	w.mu.Unlock()
 	if a == nil {
 		return
 	}
-	a.run.cancelled.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	a.run.event(ctx, messages.Event{Type: messages.EventCancel, Reason: "cancel requested; stopping the container"})
 	cancel()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
-		defer cancel()
-		if err := a.container.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
-			a.run.log.Warn().Err(err).Msg("stop cancelled container")
-		}
-	}()
+	if c != nil {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
+			defer cancel()
+			if err := c.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
+				a.run.log.Warn().Err(err).Msg("stop cancelled container")
+			}
+		}()
+	}
 	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
 		Message: fmt.Sprintf("SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
 }

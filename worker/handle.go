@@ -373,9 +373,17 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		prog.touch()
 		out.write(stream, p)
 	}
+	if !r.claimStart(ctx) || r.cancelledBeforeStart(ctx) {
+		_, _ = out.close(ctx)
+		return
+	}
+	defer w.untrack(r.req.ID)
 	c, err := w.cfg.Runtime.Start(ctx, spec, output)
 	if err != nil {
 		_, _ = out.close(ctx)
+		if r.cancelledBeforeStart(ctx) {
+			return
+		}
 		if errors.Is(err, ErrPermanent) {
 			r.fail(ctx, err.Error(), nil)
 		} else {
@@ -387,8 +395,9 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.state.Receipt.ImageID = ider.ImageID()
 	}
 	r.setContainer(c)
-	w.track(r, c)
-	defer w.untrack(r.req.ID)
+	if r.startedCancelled(c) {
+		r.stopContainer(c)
+	}
 	w.failpoint(FailpointAfterStart)
 	w.metrics.started.Inc()
 	w.metrics.queueWait.Observe(time.Since(r.meta.Timestamp).Seconds())

@@ -24,7 +24,9 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	activeContainers := make(map[string]bool, len(w.active))
 	activeDirs := make(map[string]bool, len(w.active))
 	for id, a := range w.active {
-		activeContainers[a.container.ID()] = true
+		if a.container != nil { // nil while its container is being created
+			activeContainers[a.container.ID()] = true
+		}
 		activeDirs[w.runDir(id)] = true
 	}
 	w.mu.Unlock()
