@@ -190,15 +190,15 @@ func (h *Host) peerBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// register records s as run's live session, refusing a second one.
-func (h *Host) register(s *Session) error {
+// register records s as run's live session and returns the session it
+// supersedes, if any: a later delivery of the run on this host (the earlier
+// one lost the run and is winding down). The caller detaches that one.
+func (h *Host) register(s *Session) *Session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := h.sessions[s.run.RunID]; ok {
-		return fmt.Errorf("run %s already has a coordination session on this host", s.run.RunID)
-	}
+	old := h.sessions[s.run.RunID]
 	h.sessions[s.run.RunID] = s
-	return nil
+	return old
 }
 
 func (h *Host) unregister(s *Session) {

@@ -540,13 +540,20 @@ func TestCloseLeavesNoTrace(t *testing.T) {
 	require.Equal(t, os.ModeSocket|coordination.SocketMode, fi.Mode())
 	require.Len(t, status(t, a).Peers, 1)
 
-	_, err = h.Serve(context.Background(), coordination.RunInfo{RunID: "b", Group: "g"}, path+"2")
-	require.ErrorContains(t, err, "already has a coordination session")
-
-	require.NoError(t, sb.Close(context.Background()))
-	require.NoError(t, sb.Close(context.Background()), "close is safe twice")
-	require.NoError(t, sb.Detach(context.Background()))
+	// A later delivery of the run supersedes this session: the first is
+	// detached (its socket gone), and its Close leaves the later one's
+	// presence alone.
+	sb2, err := h.Serve(context.Background(), coordination.RunInfo{RunID: "b", Group: "g"}, path+"2")
+	require.NoError(t, err)
 	_, err = os.Stat(path)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, sb.Close(context.Background()))
+	require.Len(t, status(t, a).Peers, 1, "the superseded session's close leaves the later one's presence")
+
+	require.NoError(t, sb2.Close(context.Background()))
+	require.NoError(t, sb2.Close(context.Background()), "close is safe twice")
+	require.NoError(t, sb2.Detach(context.Background()))
+	_, err = os.Stat(path + "2")
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.Empty(t, status(t, a).Peers)
 	_, err = b.js.Consumer(context.Background(), coordination.StreamName, coordination.InboxName("b"))

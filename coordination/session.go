@@ -97,8 +97,9 @@ type Session struct {
 //
 // Serve fails at once on an invalid run, a socket path longer than 107 bytes
 // or held by something other than a socket, missing JetStream resources
-// (Provision), NATS being unreachable, or a second session for the same run
-// on this Host. On failure nothing is left behind but the inbox consumer.
+// (Provision) or NATS being unreachable. A session already serving the same
+// run on this Host (an earlier delivery winding down) is detached first:
+// the later delivery supersedes it. On failure nothing is left behind but the inbox consumer.
 func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Session, error) {
 	if run.State == "" {
 		run.State = messages.StateQueued
@@ -116,8 +117,14 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 		presence: Presence{RunID: run.RunID, Group: run.Group, Profile: run.Profile, State: run.State,
 			StartedAt: run.StartedAt, Session: rand.Text()},
 	}
-	if err := h.register(s); err != nil {
-		return nil, fmt.Errorf("coordination: %w", err)
+	if old := h.register(s); old != nil {
+		// A later delivery of the run supersedes the earlier one's session
+		// (its own socket, in its own directory): it stops serving, and
+		// its Close leaves this session's presence and inbox alone.
+		s.log.Info().Msg("a later delivery of the run supersedes its earlier coordination session on this host")
+		if err := old.Detach(ctx); err != nil {
+			s.log.Warn().Err(err).Msg("detach the superseded session")
+		}
 	}
 	ok := false
 	defer func() {

@@ -19,10 +19,13 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// runDir returns the host directory staged for run id: StateDir/r/<16 hex
-// digits of the id's SHA-256>, short enough for a unix socket path.
-func (w *Worker) runDir(runID string) string {
-	sum := sha256.Sum256([]byte(runID))
+// runDir returns the host directory staged for one delivery (attempt) of
+// the request at stream sequence seq for run id: StateDir/r/<16 hex digits
+// of the SHA-256 of all three>, short enough for a unix socket path. Every
+// attempt has its own, so an attempt winding down never removes what the
+// next one staged.
+func (w *Worker) runDir(runID string, seq uint64, attempt int) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d", runID, seq, attempt))
 	return filepath.Join(w.cfg.StateDir, "r", hex.EncodeToString(sum[:8]))
 }
 
@@ -56,7 +59,7 @@ func (w *Worker) checkBridge() error {
 // every tool call.
 func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coordSession, error) {
 	w := r.w
-	dir := w.runDir(r.req.ID)
+	dir := r.dir()
 	if err := coordination.StageRunDir(dir); err != nil {
 		return nil, fmt.Errorf("run directory cannot be staged: %w", err)
 	}

@@ -330,7 +330,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		in.BridgePath = w.cfg.BridgePath
 	}
 	if coordOn || len(plan.Files) > 0 {
-		in.RunDir = w.runDir(r.req.ID)
+		in.RunDir = r.dir()
 	}
 	spec, err := BuildSpec(in)
 	if err != nil {
@@ -377,7 +377,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		_, _ = out.close(ctx)
 		return
 	}
-	defer w.untrack(r.req.ID)
+	defer w.untrack(r)
 	c, err := w.cfg.Runtime.Start(ctx, spec, output)
 	if err != nil {
 		_, _ = out.close(ctx)
@@ -1024,14 +1024,3 @@ func shortID(id string) string {
 	return id
 }
 
-func (w *Worker) track(r *run, c Container) {
-	w.mu.Lock()
-	w.active[r.req.ID] = &activeRun{run: r, container: c}
-	w.mu.Unlock()
-}
-
-func (w *Worker) untrack(runID string) {
-	w.mu.Lock()
-	delete(w.active, runID)
-	w.mu.Unlock()
-}

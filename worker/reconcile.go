@@ -23,11 +23,11 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	w.mu.Lock()
 	activeContainers := make(map[string]bool, len(w.active))
 	activeDirs := make(map[string]bool, len(w.active))
-	for id, a := range w.active {
+	for _, a := range w.active {
 		if a.container != nil { // nil while its container is being created
 			activeContainers[a.container.ID()] = true
 		}
-		activeDirs[w.runDir(id)] = true
+		activeDirs[a.run.dir()] = true
 	}
 	w.mu.Unlock()
 	w.removeStaleRunDirs(activeDirs)

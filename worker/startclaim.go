@@ -31,7 +31,7 @@ func (r *run) claimStart(ctx context.Context) bool {
 	r.state.State = messages.StateRunning
 	r.state.StartedAt = time.Now().UTC()
 	if err := r.putState(ctx); err != nil {
-		w.untrack(r.req.ID)
+		w.untrack(r)
 		r.state.State, r.state.StartedAt = messages.StateQueued, time.Time{}
 		if errors.Is(err, errFenced) {
 			r.lost(ctx, nil, nil)
@@ -59,7 +59,7 @@ func (r *run) cancelledBeforeStart(ctx context.Context) bool {
 	if !r.cancelled.Load() {
 		return false
 	}
-	r.w.untrack(r.req.ID)
+	r.w.untrack(r)
 	r.finish(ctx, messages.StateCancelled, "cancelled by request before its container started")
 	return true
 }
