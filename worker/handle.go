@@ -1023,4 +1023,3 @@ func shortID(id string) string {
 	}
 	return id
 }
-
