@@ -23,7 +23,9 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	w.mu.Lock()
 	activeContainers := make(map[string]bool, len(w.active))
 	activeDirs := make(map[string]bool, len(w.active))
-	for _, a := range w.active {
+	activeRuns := make(map[string]bool, len(w.active))
+	for id, a := range w.active {
+		activeRuns[id] = true
 		if a.container != nil { // nil while its container is being created
 			activeContainers[a.container.ID()] = true
 		}
@@ -36,6 +38,12 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	var errs []error
 	for _, c := range cs {
 		if activeContainers[c.ID] || c.Labels[LabelInstall] != w.install {
+			continue
+		}
+		if c.Labels[LabelWorker] == w.cfg.ID && activeRuns[c.Labels[LabelRunID]] {
+			// A run this worker holds: its container may still be being
+			// created (not yet known by id); its own delivery removes an
+			// earlier attempt's.
 			continue
 		}
 		created := c.Created

@@ -451,6 +451,9 @@ func (w *Worker) background(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-hb.C:
+			if err := w.ensureProvisioned(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn().Err(err).Msg("check provisioning")
+			}
 			if err := w.heartbeat(ctx); err != nil && ctx.Err() == nil {
 				w.log.Warn().Err(err).Msg("heartbeat failed")
 			}

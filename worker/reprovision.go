@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// ensureProvisioned checks, on every heartbeat (WorkerTTL/3), that what the
+// worker needs still exists, and provisions everything again when something
+// is missing: a nats-server restarted on the same store loses the
+// memory-storage buckets (the heartbeats in BucketWorkers, coordination's
+// presence in coordination.BucketPeers), and one restarted on an empty store
+// loses everything. Without this, every later run's coordination would be
+// unavailable and the reconciler would take every worker for dead. It
+// returns an error only when NATS cannot answer; the next heartbeat tries
+// again.
+func (w *Worker) ensureProvisioned(ctx context.Context) error {
+	missing, err := w.missingResource(ctx)
+	if err != nil || missing == "" {
+		return err
+	}
+	w.log.Warn().Str("missing", missing).Msg("a JetStream resource the worker needs is gone (nats-server restarted?); provisioning again")
+	if _, err := Provision(ctx, w.js, w.cfg.Provision); err != nil {
+		return fmt.Errorf("re-provision: %w", err)
+	}
+	if err := coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas); err != nil {
+		return fmt.Errorf("re-provision: %w", err)
+	}
+	return nil
+}
+
+// missingResource names the first resource the worker needs that the server
+// says does not exist, or returns "" when all do.
+func (w *Worker) missingResource(ctx context.Context) (string, error) {
+	for _, b := range []string{BucketWorkers, coordination.BucketPeers, messages.BucketRuns} {
+		_, err := w.js.KeyValue(ctx, b)
+		switch {
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			return "bucket " + b, nil
+		case err != nil:
+			return "", fmt.Errorf("look up bucket %s: %w", b, err)
+		}
+	}
+	for _, s := range []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, StreamAdvisories} {
+		_, err := w.js.Stream(ctx, s)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return "stream " + s, nil
+		case err != nil:
+			return "", fmt.Errorf("look up stream %s: %w", s, err)
+		}
+	}
+	name := messages.ConsumerName(w.cfg.Provision.Pool)
+	if _, err := w.js.Consumer(ctx, messages.StreamRuns, name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return "consumer " + name, nil
+	} else if err != nil {
+		return "", fmt.Errorf("look up consumer %s: %w", name, err)
+	}
+	return "", nil
+}
