@@ -84,6 +84,8 @@ type Session struct {
 	mu        sync.Mutex
 	presence  Presence
 	cons      jetstream.Consumer
+	consSeen  time.Time            // when an inbox call last proved the consumer there
+	peerSeen  map[string]time.Time // peers checkPeer found queued or running, and when
 	ownAll    []uint64 // stream sequences of this run's own "all" messages not yet skipped
 	stopOnce  sync.Once
 	stopErr   error
