@@ -86,7 +86,7 @@ type Session struct {
 	cons      jetstream.Consumer
 	consSeen  time.Time            // when an inbox call last proved the consumer there
 	peerSeen  map[string]time.Time // peers checkPeer found queued or running, and when
-	ownAll    []uint64 // stream sequences of this run's own "all" messages not yet skipped
+	ownAll    []uint64             // stream sequences of this run's own "all" messages not yet skipped
 	stopOnce  sync.Once
 	stopErr   error
 	closeOnce sync.Once
