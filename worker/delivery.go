@@ -60,13 +60,16 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	defer stopProgress()
 
 	// Idempotency by run id and stream sequence; see decide.
-	prev, rev, err := w.loadState(ctx, r.req.ID)
+	prev, rev, err := w.store.load(ctx, r.req.ID)
 	if err != nil && !isNotFound(err) {
 		r.retry(ctx, fmt.Errorf("read run state: %w", err))
 		return
 	}
-	if err == nil && r.resume(ctx, prev, rev) {
-		return
+	if err == nil {
+		r.from = prev.State
+		if r.resume(ctx, prev, rev) {
+			return
+		}
 	}
 	r.rev = rev
 	if !r.claim(ctx) {

@@ -130,11 +130,11 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 	}
 	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
 
-	prev, rev, err := w.loadState(ctx, id)
+	prev, rev, err := w.store.load(ctx, id)
 	if err != nil && !isNotFound(err) {
 		return err
 	}
-	st := prev
+	st, from := prev, prev.State
 	if err != nil || (!prev.State.Final() && (prev.StreamSeq == 0 || prev.StreamSeq == raw.Sequence)) {
 		if err != nil {
 			st = messages.RunState{Version: messages.StateVersion, ID: id, Pool: pool, QueuedAt: raw.Time.UTC()}
@@ -143,7 +143,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		st.Attempts = int(adv.Deliveries)
 		st.ContainerID, st.ExitCode = "", nil
 		st.FinishedAt = time.Now().UTC()
-		ok, err := w.finalizeState(ctx, st, rev)
+		ok, err := w.store.finalize(ctx, from, st, rev)
 		if err != nil {
 			return err
 		}

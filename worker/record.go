@@ -20,14 +20,10 @@ import (
 // the term, so a crash in between leaves the request to be redelivered and
 // the dead letter deduplicated by its Nats-Msg-Id.
 func (r *run) finish(ctx context.Context, final messages.State, reason string) {
-	r.state.State = final
-	r.state.Reason = reason
-	r.state.FinishedAt = time.Now().UTC()
-
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*opMaxElapsed)
 	defer cancel()
-	if err := r.putState(ctx); err != nil {
+	if err := r.toFinal(ctx, final, reason); err != nil {
 		if errors.Is(err, errFenced) {
 			r.lost(ctx, nil)
 			return
@@ -74,10 +70,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 // publishFinished publishes the run's finished event from its recorded final
 // state.
 func (r *run) publishFinished(ctx context.Context) {
-	r.event(ctx, messages.Event{
-		Type: messages.EventFinished, State: r.state.State, ExitCode: r.state.ExitCode,
-		Reason: r.state.Reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
-	})
+	r.event(ctx, finishedEvent(r.state))
 }
 
 // finishRemoval removes the request of a run whose final state is recorded:
@@ -117,14 +110,12 @@ func (r *run) retry(ctx context.Context, cause error) {
 	}
 	delay := retryDelay(attempt)
 	r.log.Warn().Err(cause).Dur("delay", delay).Msg("infrastructure failure; retrying")
-	r.state.State = messages.StateQueued
-	r.state.Reason = "retrying: " + cause.Error()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	// The run's container, session (detached: the run goes on) and
 	// directory go before the request is handed back.
 	r.release(false)
-	if err := r.putState(sctx); err != nil {
+	if err := r.toQueued(sctx, "retrying: "+cause.Error()); err != nil {
 		if errors.Is(err, errFenced) {
 			r.lost(sctx, nil)
 			return
@@ -170,24 +161,7 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 	ev.Time = time.Now().UTC()
 	ev.Attempt = int(r.meta.NumDelivered)
 	ev.Worker = r.w.cfg.ID
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return
-	}
-	m := nats.NewMsg(messages.SubjectEvents(r.req.ID, ev.Type))
-	m.Data = b
-	m.Header.Set(messages.HeaderRunID, r.req.ID)
-	m.Header.Set(messages.HeaderAttempt, strconv.Itoa(ev.Attempt))
-	// One event of each type per request message and delivery: a retried
-	// publish whose first reply was lost is deduplicated by the stream.
-	msgID := fmt.Sprintf("ev-%s-%d-%d-%s", r.req.ID, r.meta.Sequence.Stream, ev.Attempt, ev.Type)
-	if ev.Type == messages.EventFinished {
-		// One finished event per request message, whichever delivery
-		// publishes it (a redelivery re-publishes it after a crash).
-		msgID = fmt.Sprintf("ev-%s-%d-finished", r.req.ID, r.meta.Sequence.Stream)
-	}
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
-	if err := retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err }); err != nil {
+	if err := r.w.store.publish(ctx, eventMsg(ev, r.meta.Sequence.Stream)); err != nil {
 		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
 	}
 }

@@ -30,6 +30,9 @@ type run struct {
 	cs *coordSession
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
+	// from is the state this delivery holds the run in: the origin of its
+	// next transition (messages.StateNone before any record exists).
+	from messages.State
 	// stopKind and stopReason say which watchdog stopped the run.
 	stopMu     sync.Mutex
 	stopKind   string
@@ -231,14 +234,6 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	return s, nil
 }
 
-// toRunning records the running state of the started container id.
-func (r *run) toRunning(ctx context.Context, containerID string) error {
-	r.state.State = messages.StateRunning
-	r.state.ContainerID = containerID
-	r.state.StartedAt = time.Now().UTC()
-	return r.putState(ctx)
-}
-
 // onMCPStatus takes the agent CLI's report of the jetcrew MCP server's
 // status: connected proves the bridge; anything else stops the run, which
 // would otherwise work without coordination.
@@ -350,7 +345,7 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	if out != nil {
 		_, _ = out.close(ctx)
 	}
-	prev, _, err := r.w.loadState(ctx, r.req.ID)
+	prev, _, err := r.w.store.load(ctx, r.req.ID)
 	if err == nil && prev.State.Final() {
 		r.log.Info().Str("state", string(prev.State)).Msg("run was finalised elsewhere (cancelled?); acking")
 		r.ack()
@@ -377,11 +372,9 @@ func (r *run) handBack(ctx context.Context, reason string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.w.cfg.StopGrace+30*time.Second)
 	defer cancel()
 	r.release(false)
-	r.state.State = messages.StateQueued
-	r.state.Reason = reason
 	r.state.ContainerID = ""
 	r.state.ExitCode = nil
-	if err := r.putState(ctx); err != nil {
+	if err := r.toQueued(ctx, reason); err != nil {
 		if errors.Is(err, errFenced) {
 			r.log.Info().Msg("run no longer ours; not handing it back")
 			return

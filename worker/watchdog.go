@@ -85,9 +85,8 @@ func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progre
 			if !r.state.BridgeConnected && cs.connected() {
 				// Record it while the run lives, not only at its end. The run's
 				// own goroutine is in Wait meanwhile, so this write is alone.
-				r.state.BridgeConnected = true
 				ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
-				if err := r.putState(ctx); err != nil {
+				if err := r.markBridgeConnected(ctx); err != nil {
 					r.log.Warn().Err(err).Msg("record bridge connected")
 				}
 				cancel()

@@ -203,11 +203,12 @@ func sanitizeToken(s string) string {
 // Worker pulls run requests and runs them. Create it with New, then Start
 // it; Stop ends it.
 type Worker struct {
-	cfg   Config
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   zerolog.Logger
-	runs  jetstream.KeyValue
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log zerolog.Logger
+	// store owns every write of the jetcrew-runs bucket.
+	store *stateStore
 	live  jetstream.KeyValue
 	cons  jetstream.Consumer
 	coord *coordination.Host
@@ -322,9 +323,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(w.cfg.StateDir, "r"), 0o700); err != nil {
 		return fmt.Errorf("worker: state dir: %w", err)
 	}
-	if w.runs, err = w.js.KeyValue(ctx, messages.BucketRuns); err != nil {
+	runs, err := w.js.KeyValue(ctx, messages.BucketRuns)
+	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
+	w.store = &stateStore{kv: runs, js: w.js, workerID: w.cfg.ID, log: w.log}
 	if w.live, err = w.js.KeyValue(ctx, BucketWorkers); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", BucketWorkers, err)
 	}
