@@ -156,13 +156,7 @@ func (w *Worker) onStop(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	a.run.event(ctx, messages.Event{Type: messages.EventCancel, Reason: "cancel requested; stopping the container"})
 	cancel()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
-		defer cancel()
-		if err := a.container.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
-			a.run.log.Warn().Err(err).Msg("stop cancelled container")
-		}
-	}()
+	w.stopAsync(a.container, a.run.log, "stop cancelled container")
 	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
 		Message: fmt.Sprintf("SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
 }

@@ -68,30 +68,6 @@ func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg Provis
 	return c, nil
 }
 
-// deadLetterer pulls MaxDeliver advisories until ctx ends and moves each
-// exhausted request to the dead-letter stream.
-func (w *Worker) deadLetterer(ctx context.Context, cons jetstream.Consumer) {
-	defer w.bg.Done()
-	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
-		batch, err := cons.Fetch(1, jetstream.FetchContext(pctx))
-		if err != nil {
-			cancel()
-			sleepCtx(ctx, time.Second)
-			continue
-		}
-		for m := range batch.Messages() {
-			if err := w.onMaxDeliver(ctx, m.Data()); err != nil {
-				w.log.Warn().Err(err).Msg("move exhausted request to the dead-letter stream; retrying")
-				_ = m.NakWithDelay(5 * time.Second)
-				continue
-			}
-			_ = m.Ack()
-		}
-		cancel()
-	}
-}
-
 // onMaxDeliver moves the request named by a MaxDeliver advisory from
 // JETCREW_RUNS to JETCREW_FAILED: it records the run failed (unless its state
 // is already final), publishes the dead letter (deduplicated by its message

@@ -45,16 +45,12 @@ func (r *run) stopFor(kind, reason string) {
 	}
 }
 
+// stopContainer stops c in the background (see Worker.stopAsync).
 func (r *run) stopContainer(c Container) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), r.w.cfg.StopGrace+30*time.Second)
-		defer cancel()
-		if err := c.Stop(ctx, r.w.cfg.StopGrace); err != nil {
-			r.log.Warn().Err(err).Msg("stop container")
-		}
-	}()
+	r.w.stopAsync(c, r.log, "stop container")
 }
 
+// stopped returns which watchdog stopped the run, and why.
 func (r *run) stopped() (kind, reason string) {
 	r.stopMu.Lock()
 	defer r.stopMu.Unlock()
