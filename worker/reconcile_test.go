@@ -23,7 +23,7 @@ func TestReconcilerFixtures(t *testing.T) {
 	labelled := c("labelled-young", "i1", "dead", old)
 	labelled.Labels[LabelCreated] = young.Format(time.RFC3339Nano)
 	fixture := []ManagedContainer{
-		c("active", "i1", "self", old),       // a run in flight: kept
+		c("active", "i1", "self", old),        // a run in flight: kept
 		c("other-install", "i2", "dead", old), // another installation: kept
 		c("young", "i1", "dead", young),       // inside the grace: kept
 		labelled,                              // the created label wins over Created: kept
