@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -194,8 +193,8 @@ func (p Profile) validate() error {
 	if err := messages.ValidateToken("profile name", p.Name); err != nil {
 		return err
 	}
-	if !slices.Contains(Backends(), p.Backend) {
-		return fmt.Errorf("backend %q is not supported (supported: %s)", p.Backend, strings.Join(Backends(), ", "))
+	if _, err := lookupBackend(p.Backend); err != nil {
+		return err
 	}
 	if p.Image == "" {
 		return errors.New("image is required")
