@@ -88,7 +88,9 @@ type RunState struct {
 	Agent *AgentSummary `json:"agent,omitempty"`
 	// Coordination is "available" when the run's bridge socket was served,
 	// "unavailable" when it could not be (the agent's tool calls then say
-	// so), "off" when the profile turned coordination off.
+	// so), "off" when the profile turned coordination off, "unused" when
+	// it was served but the run never reached it and its profile allows
+	// that (require_bridge = false).
 	Coordination string `json:"coordination,omitempty"`
 	// BridgeConnected is true once the run's bridge reached its socket.
 	BridgeConnected bool `json:"bridge_connected"`

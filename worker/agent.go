@@ -197,7 +197,7 @@ func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Du
 	if p.stallTimeout > 0 {
 		rc.StallTimeout = p.stallTimeout.String()
 	}
-	if p.Backend != BackendCommand && len(plan.MCPServers) > 0 {
+	if p.bridgeRequired() && len(plan.MCPServers) > 0 {
 		rc.BridgeDeadline = p.bridgeDeadline.String()
 	}
 	for _, m := range spec.Mounts {

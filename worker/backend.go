@@ -194,7 +194,10 @@ func (p Profile) Describe() (ProfileDescription, error) {
 		return ProfileDescription{}, err
 	}
 	d := ProfileDescription{Profile: p, Argv: plan.containerArgv(), Env: plan.Env, MCPServers: plan.MCPServers,
-		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: p.bridgeDeadline.String()}
+		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: "0s"}
+	if p.bridgeRequired() {
+		d.BridgeDeadlineEffective = p.bridgeDeadline.String()
+	}
 	for _, f := range plan.Files {
 		d.Files = append(d.Files, fmt.Sprintf("%s (%04o)", f.Path, f.Mode.Perm()))
 	}

@@ -24,3 +24,17 @@ func TestBackendsDocumented(t *testing.T) {
 	_, err = lookupBackend("nope")
 	require.EqualError(t, err, "backend \"nope\" is not supported (supported: claude, codex, command, gemini, kimi, opencode, pi)")
 }
+
+// TestCommandMCPConfigNeedsCoordination: {mcp_config} with coordination
+// off is refused (there is no config to point at).
+func TestCommandMCPConfigNeedsCoordination(t *testing.T) {
+	t.Parallel()
+	p := Profile{Name: "p", Backend: BackendCommand, Image: "i", Command: []string{"agent", "{mcp_config}"}}
+	p, err := p.withDefaults()
+	require.NoError(t, err)
+	plan, err := planAgent(p, "x", true)
+	require.NoError(t, err)
+	require.Equal(t, []string{"agent", "/run/jetcrew/mcp.json"}, plan.Argv)
+	_, err = planAgent(p, "x", false)
+	require.ErrorContains(t, err, "command uses {mcp_config} but the profile has coordination off")
+}

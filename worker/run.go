@@ -250,8 +250,7 @@ func (r *run) onMCPStatus(status string) {
 // the timeout or a worker shutdown ended the wait. It returns the exit
 // facts, the output closed; it records nothing.
 func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
-	needProof := p.prof.Backend != BackendCommand && p.coordOn
-	stopWatch := r.watch(p.prof, needProof, r.cs, r.prog)
+	stopWatch := r.watch(p.prof, p.prof.bridgeRequired(), r.cs, r.prog)
 	waitCtx, cancelWait := context.WithTimeout(ctx, p.timeout)
 	status, err := s.c.Wait(waitCtx)
 	cancelWait()
@@ -300,6 +299,10 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		r.state.ExitCode = &f.Status.Code
 		r.state.OutputBytes = f.OutputBytes
 		r.state.BridgeConnected = f.BridgeConnected
+		if r.state.Coordination == "available" && !f.BridgeConnected && !p.prof.bridgeRequired() {
+			// The profile let the run go without its bridge, and it did.
+			r.state.Coordination = "unused"
+		}
 		if f.OutputErr != nil {
 			r.log.Warn().Err(f.OutputErr).Msg("some output events were not acknowledged")
 		}
