@@ -3,6 +3,7 @@ package worker_test
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -53,11 +54,16 @@ func TestCommandBackendBridgeDeadline(t *testing.T) {
 	require.Equal(t, "unused", st.Coordination)
 	require.Empty(t, st.Receipt.BridgeDeadline)
 	var fin messages.Event
-	for _, m := range b.events(t, "may1") {
-		if m.Subject() == messages.SubjectEvents("may1", messages.EventFinished) {
-			require.NoError(t, json.Unmarshal(m.Data(), &fin))
+	// The finished event follows the recorded state.
+	require.Eventually(t, func() bool {
+		for _, m := range b.events(t, "may1") {
+			if m.Subject() == messages.SubjectEvents("may1", messages.EventFinished) {
+				require.NoError(t, json.Unmarshal(m.Data(), &fin))
+				return true
+			}
 		}
-	}
+		return false
+	}, 5*time.Second, 20*time.Millisecond)
 	require.Equal(t, messages.StateSucceeded, fin.State)
 	require.Equal(t, "unused", fin.Coordination, "the finished event says coordination was not used")
 }
