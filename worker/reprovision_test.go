@@ -112,5 +112,8 @@ func TestReprovisionAfterServerRestart(t *testing.T) {
 		return json.Unmarshal(e.Value(), &st) == nil && st.State.Final()
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
-	require.Equal(t, "available", st.Coordination, "coordination works after the restart")
+	// "unused": its socket was served (the presence bucket is back) and the
+	// shell profile's /bin/sh never dialled it; "unavailable" would mean
+	// Serve failed.
+	require.Contains(t, []string{"available", "unused"}, st.Coordination, "coordination works after the restart")
 }

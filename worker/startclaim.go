@@ -2,44 +2,53 @@ package worker
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// FailpointBeforeStart is the crash point passed to Config.Failpoint after
-// the run is claimed and its directory staged, right before claimStart
-// decides, against a cancel, whether its container may start.
+// Cancel versus start. A delivery is in the worker's active set from before
+// it claims the run (handle), so a cancel that finds the run claimed —
+// queued by a delivery, or running — asks this worker (onStop) instead of
+// writing the state itself. The worker decides under w.mu, once, whether
+// the container may start (commitStart): a cancel that comes first is
+// answered "will not run" and the run ends cancelled with no container ever
+// created; a cancel that comes after is answered "stopping" and the
+// container is stopped as soon as it exists (startedCancelled). A cancel of
+// a run no delivery has claimed is decided by the compare-and-set of the
+// state against the claim's. No container of a run starts after a "will not
+// run" reply.
+
+// FailpointBeforeStart is the crash point passed to Config.Failpoint after a
+// run is claimed and staged, right before commitStart decides whether its
+// container may start.
 const FailpointBeforeStart = "before-start"
 
-// claimStart decides, in one compare-and-set on the run's state, whether its
-// container may start: it records the run running (no container id yet)
-// against the revision this delivery holds. A cancel that finalised the run
-// first makes that write fail, and the run ends here with no container ever
-// created: a cancel reply saying "will not run" is always true. A cancel that
-// comes after it finds the run running and asks this worker to stop it:
-// claimStart tracks the run first (with no container), so that request is
-// answered "stopping", and the container is stopped as soon as it exists
-// (startedCancelled). It returns false when the run must not start; the run
-// has then been handed back, failed or left to whoever finalised it.
-func (r *run) claimStart(ctx context.Context) bool {
-	w := r.w
-	w.failpoint(FailpointBeforeStart)
-	w.track(r, nil)
-	r.state.State = messages.StateRunning
-	r.state.StartedAt = time.Now().UTC()
-	if err := r.putState(ctx); err != nil {
-		w.untrack(r)
-		r.state.State, r.state.StartedAt = messages.StateQueued, time.Time{}
-		if errors.Is(err, errFenced) {
-			r.lost(ctx, nil, nil)
-			return false
-		}
-		r.retry(ctx, fmt.Errorf("record the run starting: %w", err))
+// commitStart decides whether the run's container may start: it returns
+// false, with the run recorded cancelled, when a cancel reached this worker
+// first; otherwise it commits to the start, after which a cancel is answered
+// "stopping".
+func (r *run) commitStart(ctx context.Context) bool {
+	r.w.failpoint(FailpointBeforeStart)
+	r.w.mu.Lock()
+	cancelled := r.cancelled.Load()
+	if !cancelled {
+		r.startCommitted = true
+	}
+	r.w.mu.Unlock()
+	if cancelled {
+		r.finish(ctx, messages.StateCancelled, "cancelled by request before its container started")
 		return false
 	}
+	return true
+}
+
+// cancelledBeforeStart ends the run cancelled when a cancel reached it after
+// commitStart but creating its container failed, and reports whether it did.
+func (r *run) cancelledBeforeStart(ctx context.Context) bool {
+	if !r.cancelled.Load() {
+		return false
+	}
+	r.finish(ctx, messages.StateCancelled, "cancelled by request before its container started")
 	return true
 }
 
@@ -52,14 +61,9 @@ func (r *run) startedCancelled(c Container) bool {
 	return r.cancelled.Load()
 }
 
-// cancelledBeforeStart ends the run cancelled, with no container, when a
-// cancel reached it after claimStart but before its container existed (or
-// when creating it failed), and reports whether it did.
-func (r *run) cancelledBeforeStart(ctx context.Context) bool {
-	if !r.cancelled.Load() {
-		return false
-	}
-	r.w.untrack(r)
-	r.finish(ctx, messages.StateCancelled, "cancelled by request before its container started")
-	return true
+// claimedByDelivery reports whether a queued record was written by a
+// delivery that claimed the run (not by the submitter or a cancel): its
+// worker may be about to start it, so a cancel asks that worker.
+func claimedByDelivery(st messages.RunState) bool {
+	return st.State == messages.StateQueued && st.StreamSeq != 0
 }
