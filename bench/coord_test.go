@@ -39,7 +39,7 @@ const (
 // beside it.
 func TestCoordRoundTrip(t *testing.T) {
 	s, nc, _ := coordtest.Provisioned(t)
-	h, err := coordination.NewHost(nc, coordination.Config{SendRate: -1})
+	h, err := coordination.NewHost(nc, coordination.Config{SendRate: -1, ReadRate: -1})
 	require.NoError(t, err)
 	dir := coordtest.SocketDir(t)
 	ctx := context.Background()

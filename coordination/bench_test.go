@@ -20,7 +20,7 @@ import (
 // BenchmarkRawNATSRequestReply, one bare NATS round trip.
 func BenchmarkCoordRoundTrip(b *testing.B) {
 	_, nc, _ := coordtest.Provisioned(b)
-	h, err := coordination.NewHost(nc, coordination.Config{SendRate: -1})
+	h, err := coordination.NewHost(nc, coordination.Config{SendRate: -1, ReadRate: -1})
 	require.NoError(b, err)
 	dir := coordtest.SocketDir(b)
 	ctx := context.Background()
