@@ -202,6 +202,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", req.Profile, w.cfg.Profiles.Names()), nil)
 		return
 	}
+	if err := r.checkRequestSignature(prof); err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return
+	}
 	r.execute(ctx, prof)
 }
 
@@ -957,6 +961,7 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 // server's ack.
 func (r *run) deadLetter(ctx context.Context) error {
 	m := deadLetterMsg(r.msg.Data(), r.state, r.meta.Sequence.Stream, r.w.cfg.ID)
+	copySignature(m.Header, r.msg.Headers())
 	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -22,6 +23,7 @@ const serverReadyTimeout = 10 * time.Second
 type upOptions struct {
 	listen  string
 	dataDir string
+	auth    bool // --auth: one NKey user per role (upauth.go)
 	worker  workerOptions
 }
 
@@ -38,8 +40,13 @@ as NATS_URL=<url>, for other jetcrew commands and NATS clients.
 Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), then the server shuts down.
 
-The server has no authentication: keep --listen on a loopback address unless
-the network is trusted.`,
+By default the server has no authentication, and --listen must then be a
+loopback address. --auth gives it one NKey user per role (submitter, worker,
+operator, observer; docs/security.md): their seeds go to <data>/auth/<role>.nk
+(mode 0600, kept across restarts) and a NATS CLI context per role,
+jetcrew-<role>, is written, so that 'nats --context jetcrew-submitter ...' and
+'jetcrew --context jetcrew-operator failed' work. --tlscert and --tlskey make
+the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runUp(cmd.Context(), o)
@@ -47,6 +54,7 @@ the network is trusted.`,
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
 	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
+	cmd.Flags().BoolVar(&o.auth, "auth", false, "one NKey user per role, a NATS CLI context each (required beyond loopback)")
 	o.worker.addFlags(cmd.Flags())
 	return cmd
 }
@@ -107,14 +115,11 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return fmt.Errorf("data directory: %w", err)
 	}
 
-	s, err := server.NewServer(&server.Options{
-		ServerName: "jetcrew",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dataDir,
-		NoSigs:     true,
-	})
+	sopts, keys, err := a.upServer(o, host, port, dataDir)
+	if err != nil {
+		return err
+	}
+	s, err := server.NewServer(sopts)
 	if err != nil {
 		return fmt.Errorf("nats-server: %w", err)
 	}
@@ -139,17 +144,26 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return fmt.Errorf("nats-server: %s", msg)
 	}
 	url := clientURL(s, host)
-	ip := net.ParseIP(host)
-	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		a.log.Warn().Str("listen", o.listen).Msg("the NATS server has no authentication and listens beyond loopback: anyone who can reach it can submit runs")
+	inProcess := []nats.Option{nats.InProcessServer(s), nats.MaxReconnects(-1)}
+	if keys != nil {
+		opt, err := workerAuth(keys)
+		if err != nil {
+			return err
+		}
+		inProcess = append(inProcess, opt)
 	}
-	a.log.Info().Str("url", url).Str("data", dataDir).Msg("nats-server ready")
-
-	nc, err := a.connect(url, "jetcrew up", nats.InProcessServer(s), nats.MaxReconnects(-1))
+	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if sopts.TLS {
+		url = "tls" + strings.TrimPrefix(url, "nats")
+	}
+	a.log.Info().Str("url", url).Str("data", dataDir).Bool("auth", keys != nil).Bool("tls", sopts.TLS).Msg("nats-server ready")
+	if err := a.announceAuth(url, keys); err != nil {
+		return err
+	}
 
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
