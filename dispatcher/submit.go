@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
@@ -84,6 +85,12 @@ func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nk
 	_, err = d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(req.ID),
 		jetstream.WithExpectStream(messages.StreamRuns))
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		// Nothing stored it: no stream, or no JetStream at all.
+		if _, aerr := d.js.AccountInfo(ctx); errors.Is(classify(aerr), ErrNoJetStream) {
+			err = aerr
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("submit run %s: publish to %s: %w", req.ID, messages.SubjectRuns(req.Pool), classify(err))
 	}
