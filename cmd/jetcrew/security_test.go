@@ -29,14 +29,15 @@ import (
 type authEnv struct {
 	url, xdg, data string
 	stdout         *syncBuffer
+	rt             *workertest.Runtime
 }
 
 // authUp starts `jetcrew up --auth` with args until the test ends.
 func authUp(t *testing.T, args ...string) authEnv {
 	t.Helper()
-	e := authEnv{xdg: t.TempDir(), data: t.TempDir()}
+	e := authEnv{xdg: t.TempDir(), data: t.TempDir(), rt: workertest.NewRuntime()}
 	ctx, cancel := context.WithCancel(context.Background())
-	up := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg}, workertest.NewRuntime())
+	up := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg}, e.rt)
 	e.stdout = up.stdout
 	done := make(chan int, 1)
 	go func() {
