@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/jetcrew/jetcrew/roles"
 	"github.com/jetcrew/jetcrew/worker"
 )
 
@@ -169,8 +170,12 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return err
 	}
 
+	hint := "jetcrew submit --nats " + url + " 'echo hello'"
+	if keys != nil {
+		hint = "jetcrew --context " + contextPrefix + string(roles.Submitter) + " submit 'echo hello'"
+	}
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
-		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: jetcrew submit --nats " + url + " 'echo hello'")
+		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: " + hint)
 	}, slog.fatal)
 }
