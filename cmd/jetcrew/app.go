@@ -145,7 +145,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
 	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd())
+		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd())
 	return root
 }
 

@@ -344,3 +344,80 @@ func startAuthServer(t *testing.T, pub string, g roles.Grant) *server.Server {
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	return s
 }
+
+// `jetcrew roles users` makes the users of a real server: a configuration
+// including its files gives each seed its role, enforced by the server.
+func TestRolesUsers(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "auth")
+	code, out, errOut := cli(t, "", "roles", "users", dir)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, filepath.Join(dir, "submitter.nk"))
+	conf := filepath.Join(dir, "server.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("include users.conf\n"), 0o644))
+	opts, err := server.ProcessConfigFile(conf)
+	require.NoError(t, err)
+	require.Len(t, opts.Nkeys, len(roles.All))
+	opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoSigs = "127.0.0.1", -1, true, t.TempDir(), true
+	s, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+
+	// A second run keeps the seeds.
+	before, err := os.ReadFile(filepath.Join(dir, "worker.nk"))
+	require.NoError(t, err)
+	code, _, errOut = cli(t, "", "roles", "users", dir)
+	require.Equal(t, 0, code, errOut)
+	after, err := os.ReadFile(filepath.Join(dir, "worker.nk"))
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+
+	// The observer's seed connects and may not publish a run request.
+	opt, err := nats.NkeyOptionFromSeed(filepath.Join(dir, "observer.nk"))
+	require.NoError(t, err)
+	errs := make(chan error, 8)
+	nc, err := nats.Connect(s.ClientURL(), opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	require.NoError(t, err)
+	defer nc.Close()
+	rc := roleConn{nc: nc, errs: errs}
+	require.ErrorIs(t, rc.try("jetcrew.runs.default", func(context.Context) error { return nc.Publish("jetcrew.runs.default", []byte("{}")) }), errRefused)
+
+	code, out, _ = cli(t, "", "roles", "permissions")
+	require.Equal(t, 0, code)
+	require.Equal(t, roles.ConfigFile(), out)
+}
+
+// deploy/nats/cluster.conf (deploy/compose's nodes) parses with the files
+// host-setup.sh makes: `jetcrew roles users` and a CA's certificate, and
+// gives every role its user, with client and route TLS.
+func TestComposeClusterConf(t *testing.T) {
+	t.Setenv("NATS_SERVER_NAME", "nats-1")
+	dir := t.TempDir()
+	code, _, errOut := cli(t, "", "roles", "users", filepath.Join(dir, "users"))
+	require.Equal(t, 0, code, errOut)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "auth"), 0o755))
+	for _, f := range []string{"users.conf", "permissions.conf"} {
+		data, err := os.ReadFile(filepath.Join(dir, "users", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "auth", f), data, 0o644))
+	}
+	ca, cert, key := writeCerts(t)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "tls"), 0o755))
+	for src, name := range map[string]string{ca: "ca.pem", cert: "server.pem", key: "server-key.pem"} {
+		data, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls", name), data, 0o600))
+	}
+	conf, err := os.ReadFile("../../deploy/nats/cluster.conf")
+	require.NoError(t, err)
+	path := filepath.Join(dir, "cluster.conf")
+	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(string(conf), "/etc/nats/", dir+"/")), 0o644))
+	opts, err := server.ProcessConfigFile(path)
+	require.NoError(t, err)
+	require.Len(t, opts.Nkeys, len(roles.All))
+	require.NotNil(t, opts.TLSConfig)
+	require.NotNil(t, opts.Cluster.TLSConfig, "routes use TLS")
+	require.Equal(t, "nats-1", opts.ServerName)
+}
