@@ -71,3 +71,32 @@ func TestSignedByValidated(t *testing.T) {
 	_, err := ParseProfiles("p.toml", []byte("[profiles.x]\nimage='i'\ncommand=['a']\nsigned_by=['SUAAAA']\n"))
 	require.ErrorContains(t, err, "not an NKey user public key")
 }
+
+// Untrusted signature headers never panic the worker and never pass
+// without the signer's key.
+func FuzzVerifySignature(f *testing.F) {
+	kp, err := nkeys.CreateUser()
+	require.NoError(f, err)
+	pub, err := kp.PublicKey()
+	require.NoError(f, err)
+	body := []byte(`{"id":"r1"}`)
+	sig, err := kp.Sign(body)
+	require.NoError(f, err)
+	f.Add(pub, base64.StdEncoding.EncodeToString(sig), body)
+	f.Add(pub, "", body)
+	f.Add("UAAAA", "====", []byte{})
+	f.Add(pub, base64.StdEncoding.EncodeToString(make([]byte, 64)), body)
+	f.Fuzz(func(t *testing.T, signer, sig string, data []byte) {
+		h := nats.Header{}
+		h.Set(messages.HeaderSigner, signer)
+		h.Set(messages.HeaderSignature, sig)
+		err := VerifySignature(h, data, []string{pub})
+		if err == nil {
+			// Only a real signature of data by kp passes.
+			raw, derr := base64.StdEncoding.DecodeString(sig)
+			require.NoError(t, derr)
+			require.NoError(t, kp.Verify(data, raw))
+			require.Equal(t, pub, signer)
+		}
+	})
+}

@@ -148,6 +148,20 @@ func TestNATSContextSave(t *testing.T) {
 	a = newTestApp(nil, nil)
 	require.Equal(t, 0, a.run(t.Context(), []string{"--context", file, "submit", "--wait", "out via file"}), a.stderr.String())
 
+	// The contexts `up --auth` wrote work with the stock CLI as they are.
+	pub = exec.Command(natsCLI(t), "--context", "jetcrew-submitter", "pub", "jetcrew.runs.default", `{"id":"by-up-context","profile":"shell","prompt":"out up"}`)
+	pub.Env = append(os.Environ(), "XDG_CONFIG_HOME="+e.xdg, "HOME="+t.TempDir())
+	out, err = pub.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "Permissions Violation")
+	code, stdout, errOut := e.as(t, roles.Operator, "watch", "by-up-context")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "up\n", stdout)
+	deny := exec.Command(natsCLI(t), "--context", "jetcrew-observer", "pub", "jetcrew.runs.default", `{}`)
+	deny.Env = pub.Env
+	out, _ = deny.CombinedOutput()
+	require.Contains(t, string(out), "Permissions Violation", "the observer may not submit")
+
 	a = newTestApp(map[string]string{"XDG_CONFIG_HOME": xdg, "NATS_CONTEXT": "nope"}, nil)
 	require.Equal(t, exitUsage, a.run(t.Context(), []string{"status", "x"}))
 	require.Contains(t, a.stderr.String(), `NATS context "nope"`)
