@@ -12,11 +12,6 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// SubjectStopPrefix prefixes the internal request a worker sends to the
-// worker holding a run to stop it, jetcrew.ctl.stop.<run_id>; workers
-// publish and subscribe to it (package roles grants it).
-const SubjectStopPrefix = subjectStopPrefix
-
 // ErrSignature is wrapped by the reason a signed profile's request is
 // refused for: no signature, a signer the profile does not list, or a
 // signature that does not match the body.
