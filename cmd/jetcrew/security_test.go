@@ -187,6 +187,34 @@ func TestRoleMatrix(t *testing.T) {
 	}
 
 	// What no role but one may do, tried raw on the bus.
+	raw := rawAttempts()
+	conns := map[roles.Role]roleConn{}
+	for _, r := range all {
+		conns[r] = e.conn(t, r)
+	}
+	for _, op := range raw {
+		for _, r := range []roles.Role{roles.Submitter, roles.Observer, roles.Worker, roles.Operator} {
+			err := op.do(conns[r])
+			if contains(op.ok, r) {
+				require.NoError(t, err, "%s as %s must be allowed", op.name, r)
+			} else {
+				require.ErrorIs(t, err, errRefused, "%s as %s must be refused by the server", op.name, r)
+			}
+		}
+	}
+}
+
+// rawAttempt is something a role tries on the bus itself, and the roles the
+// server lets do it.
+type rawAttempt struct {
+	name string
+	do   func(roleConn) error
+	ok   []roles.Role
+}
+
+// rawAttempts are the things only one role may do: speak as a run, speak as
+// the operator, write a run state, publish an event, delete a stream.
+func rawAttempts() []rawAttempt {
 	forged := func(rc roleConn) error {
 		subj := coordination.Subject("crew", "victim")
 		return rc.try(subj, func(ctx context.Context) error {
@@ -222,31 +250,13 @@ func TestRoleMatrix(t *testing.T) {
 		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
 		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
 	}
-	raw := []struct {
-		name string
-		do   func(roleConn) error
-		ok   []roles.Role
-	}{
+	return []rawAttempt{
 		{"coordination publish as a run", forged, []roles.Role{roles.Worker}},
 		{"coordination publish as the operator", fromOperator, []roles.Role{roles.Operator}},
 		{"run state write", stateWrite, []roles.Role{roles.Worker}},
 		{"run event publish", event, []roles.Role{roles.Worker}},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
-	}
-	conns := map[roles.Role]roleConn{}
-	for _, r := range all {
-		conns[r] = e.conn(t, r)
-	}
-	for _, op := range raw {
-		for _, r := range []roles.Role{roles.Submitter, roles.Observer, roles.Worker, roles.Operator} {
-			err := op.do(conns[r])
-			if contains(op.ok, r) {
-				require.NoError(t, err, "%s as %s must be allowed", op.name, r)
-			} else {
-				require.ErrorIs(t, err, errRefused, "%s as %s must be refused by the server", op.name, r)
-			}
-		}
 	}
 }
 
