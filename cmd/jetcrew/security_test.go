@@ -51,6 +51,8 @@ func authUp(t *testing.T, args ...string) authEnv {
 		case <-time.After(20 * time.Second):
 			t.Error("up did not stop")
 		}
+		// The worker role has every permission the worker uses.
+		require.NotContains(t, up.stderr.String(), "Permissions Violation")
 	})
 	require.Eventually(t, func() bool {
 		m := regexp.MustCompile(`(?m)^NATS_URL=(nats://127\.0\.0\.1:\d+)$`).FindStringSubmatch(up.stdout.String())
@@ -430,4 +432,27 @@ func TestComposeClusterConf(t *testing.T) {
 	require.NotNil(t, opts.TLSConfig)
 	require.NotNil(t, opts.Cluster.TLSConfig, "routes use TLS")
 	require.Equal(t, "nats-1", opts.ServerName)
+}
+
+// `jetcrew worker --context` connects as the worker role and runs requests
+// on a server with auth on, its role enough for everything it does.
+func TestWorkerWithContext(t *testing.T) {
+	t.Parallel()
+	e := authUp(t, "--concurrency", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	w := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-worker"}, workertest.NewRuntime())
+	done := make(chan int, 1)
+	go func() { done <- w.run(ctx, []string{"worker", "--pool", "gpu", "--id", "ctx-worker"}) }()
+	code, out, errOut := e.as(t, roles.Submitter, "submit", "--pool", "gpu", "--wait", "out on gpu")
+	require.Equal(t, 0, code, "%s\nworker: %s", errOut, w.stderr.String())
+	require.Equal(t, "on gpu\n", out)
+	require.Contains(t, errOut, "ctx-worker")
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, w.stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	require.NotContains(t, w.stderr.String(), "Permissions Violation")
 }
