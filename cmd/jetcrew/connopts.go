@@ -41,7 +41,7 @@ func (o *connOptions) connEnv() map[*string]string {
 // persistent flags, so every command has them).
 func (a *app) addConnFlags(fs *pflag.FlagSet) {
 	o := &a.conn
-	fs.StringVar(&o.context, "context", "", "NATS CLI context: a name (as `nats context save` writes) or a .json file (default $NATS_CONTEXT, else the selected context)")
+	fs.StringVar(&o.context, "context", "", "NATS CLI context: a name (as 'nats context save' writes) or a .json file (default $NATS_CONTEXT, else the selected context)")
 	fs.StringVar(&o.creds, "creds", "", "NATS user credentials file (default $NATS_CREDS)")
 	fs.StringVar(&o.nkey, "nkey", "", "file holding a NATS user NKey seed (default $NATS_NKEY)")
 	fs.StringVar(&o.user, "user", "", "NATS user name, or a token without --password (default $NATS_USER)")

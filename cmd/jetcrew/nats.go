@@ -18,7 +18,7 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // natsFlag adds --nats to cmd, storing into dst.
 func natsFlag(cmd *cobra.Command, dst *string) {
-	cmd.Flags().StringVar(dst, "nats", "", "NATS server URL(s), comma-separated (default $NATS_URL, else "+defaultNATSURL+")")
+	cmd.Flags().StringVar(dst, "nats", "", "NATS server URL(s), comma-separated (default $NATS_URL, else the NATS context's, else "+defaultNATSURL+")")
 }
 
 // natsURL resolves the server to use: the --nats flag, else $NATS_URL (as
