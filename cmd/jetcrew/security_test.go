@@ -456,3 +456,19 @@ func TestWorkerWithContext(t *testing.T) {
 	}
 	require.NotContains(t, w.stderr.String(), "Permissions Violation")
 }
+
+// A seed file others can read is refused, not used.
+func TestSeedModeChecked(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, _, err := ensureRoleKeys(dir)
+	require.NoError(t, err)
+	path := filepath.Join(dir, "operator.nk")
+	require.NoError(t, os.Chmod(path, 0o644))
+	_, _, err = ensureRoleKeys(dir)
+	require.ErrorContains(t, err, "chmod 600")
+	require.NoError(t, os.WriteFile(path, []byte("garbage"), 0o600))
+	_, _, err = ensureRoleKeys(dir)
+	require.ErrorContains(t, err, "not an NKey user seed")
+	require.NotContains(t, err.Error(), "garbage")
+}
