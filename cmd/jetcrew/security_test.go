@@ -467,6 +467,7 @@ func TestSeedModeChecked(t *testing.T) {
 	require.NoError(t, os.Chmod(path, 0o644))
 	_, _, err = ensureRoleKeys(dir)
 	require.ErrorContains(t, err, "chmod 600")
+	require.NoError(t, os.Chmod(path, 0o600))
 	require.NoError(t, os.WriteFile(path, []byte("garbage"), 0o600))
 	_, _, err = ensureRoleKeys(dir)
 	require.ErrorContains(t, err, "not an NKey user seed")
