@@ -130,12 +130,16 @@ func (rc roleConn) try(subject string, do func(ctx context.Context) error) error
 			}
 		}
 	}()
+	before := rc.nc.LastError()
 	err := do(ctx)
 	if err == nil {
-		// A core publish gets no answer: flush, and give the server's
-		// -ERR the round trip to arrive.
+		// A core publish gets no answer: the server's -ERR comes before
+		// the PONG of a flush, and the client records it (LastError)
+		// before it reads the PONG.
 		_ = rc.nc.FlushTimeout(2 * time.Second)
-		_ = rc.nc.FlushTimeout(2 * time.Second)
+		if le := rc.nc.LastError(); le != nil && le != before && errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), `"`+subject+`"`) {
+			return errRefused
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
