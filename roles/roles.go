@@ -76,9 +76,20 @@ var (
 	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers}
 )
 
-// inbox is where every role's request replies arrive (the NATS client
-// default, _INBOX.<random>).
-const inbox = "_INBOX.>"
+// InboxPrefix returns the inbox prefix role r's clients must use,
+// _INBOX_jetcrew_<role>: the replies to their requests (JetStream
+// acknowledgements, fetched messages, key-value reads, cancel replies)
+// arrive under it, and a role may subscribe to its own prefix only, so no
+// user reads the replies meant for another role (a worker's fetched run
+// requests, say). A NATS CLI context sets it with inbox_prefix (`nats context
+// save --inbox-prefix`), jetcrew with --inbox-prefix or the context, a Go
+// client with nats.CustomInboxPrefix.
+func InboxPrefix(r Role) string {
+	return "_INBOX_jetcrew_" + string(r)
+}
+
+// inbox is the subscription role r's replies need.
+func inbox(r Role) string { return InboxPrefix(r) + ".>" }
 
 // api prefixes the JetStream API.
 const api = "$JS.API."
@@ -163,7 +174,7 @@ func submitter(pools []string) Grant {
 	pub = append(pub, api+"INFO")
 	pub = append(pub, read(kvRuns)...)
 	pub = append(pub, read(messages.StreamEvents)...)
-	return Grant{Publish: pub, Subscribe: []string{inbox}}
+	return Grant{Publish: pub, Subscribe: []string{inbox(Submitter)}}
 }
 
 func workerGrant() Grant {
@@ -185,7 +196,7 @@ func workerGrant() Grant {
 	}
 	return Grant{
 		Publish: pub,
-		Subscribe: []string{inbox,
+		Subscribe: []string{inbox(Worker),
 			messages.SubjectCancelPrefix + ".*",
 			worker.SubjectStopPrefix + ".*",
 		},
@@ -203,7 +214,7 @@ func operator() Grant {
 			"$JS.ACK.>",
 			"$JS.FC.>",
 		},
-		Subscribe: []string{inbox,
+		Subscribe: []string{inbox(Operator),
 			messages.SubjectEventsPrefix + ".>",
 			coordination.SubjectPrefix + ".>",
 			"$JS.EVENT.>",
@@ -220,7 +231,7 @@ func observer() Grant {
 	}
 	return Grant{
 		Publish: pub,
-		Subscribe: []string{inbox,
+		Subscribe: []string{inbox(Observer),
 			messages.SubjectEventsPrefix + ".>",
 			coordination.SubjectPrefix + ".>",
 		},

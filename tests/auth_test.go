@@ -67,7 +67,8 @@ func natsConnect(t *testing.T, url string) *nats.Conn {
 	if v, ok := authSetups.Load(url); ok {
 		opt, err := nats.NkeyOptionFromSeed(filepath.Join(v.(authSetup).data, "auth", "operator.nk"))
 		require.NoError(t, err)
-		opts = append(opts, opt)
+		// The operator role's replies arrive under its own prefix only.
+		opts = append(opts, opt, nats.CustomInboxPrefix("_INBOX_jetcrew_operator"))
 	}
 	nc, err := nats.Connect(url, opts...)
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ type connOptions struct {
 	tlsCert  string // --tlscert, NATS_CERT
 	tlsKey   string // --tlskey, NATS_KEY
 	tlsCA    string // --tlsca, NATS_CA
+	inbox    string // --inbox-prefix (no variable, as the NATS CLI)
 }
 
 // connEnv maps each option to its environment variable, as the NATS CLI
@@ -50,6 +51,7 @@ func (a *app) addConnFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.tlsCert, "tlscert", "", "TLS client certificate file (default $NATS_CERT); for up, the server's certificate")
 	fs.StringVar(&o.tlsKey, "tlskey", "", "TLS client private key file (default $NATS_KEY); for up, the server's key")
 	fs.StringVar(&o.tlsCA, "tlsca", "", "TLS certificate authority file to verify the server with (default $NATS_CA)")
+	fs.StringVar(&o.inbox, "inbox-prefix", "", "inbox prefix for request replies, e.g. _INBOX_jetcrew_submitter for jetcrew's roles (default: the context's, else _INBOX)")
 }
 
 // resolvedConn returns the connection options with every option not given
@@ -91,6 +93,7 @@ func (a *app) natsContext(url string) (*natscontext.Context, error) {
 		natscontext.WithKey(o.tlsKey),
 		natscontext.WithCA(o.tlsCA),
 		natscontext.WithToken(o.token),
+		natscontext.WithInboxPrefix(o.inbox),
 	}
 	if o.user != "" && o.password == "" {
 		opts = append(opts, natscontext.WithToken(o.user))

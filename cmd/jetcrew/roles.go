@@ -39,7 +39,8 @@ func (a *app) rolesCmd() *cobra.Command {
 authorization block giving each public key its role's permissions
 ($JETCREW_<ROLE>, defined by permissions.conf, which it writes too and
 users.conf includes): include users.conf in the server's configuration, and
-hand each seed to its holder only (jetcrew --nkey DIR/<role>.nk, or a NATS CLI context).`,
+hand each seed to its holder only (jetcrew --nkey DIR/<role>.nk
+--inbox-prefix _INBOX_jetcrew_<role>, or a NATS CLI context with both).`,
 		Args: exactArgs("DIR"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.writeRoleUsers(args[0])
@@ -80,7 +81,7 @@ func (a *app) writeRoleUsers(dir string) error {
 		return err
 	}
 	for _, r := range roles.All {
-		fmt.Fprintf(a.stdout, "%s\t%s\n", r, keys[r])
+		fmt.Fprintf(a.stdout, "%s\t%s\t--inbox-prefix %s\n", r, keys[r], roles.InboxPrefix(r))
 	}
 	fmt.Fprintf(a.stdout, "# include %s in the server's configuration (it includes permissions.conf)\n",
 		filepath.Join(dir, usersConfName))

@@ -88,7 +88,7 @@ func (e authEnv) conn(t *testing.T, role roles.Role) roleConn {
 	opt, err := nats.NkeyOptionFromSeed(filepath.Join(e.data, authDirName, string(role)+".nk"))
 	require.NoError(t, err)
 	rc := roleConn{errs: make(chan error, 64)}
-	rc.nc, err = nats.Connect(e.url, opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	rc.nc, err = nats.Connect(e.url, opt, nats.CustomInboxPrefix(roles.InboxPrefix(role)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case rc.errs <- err:
 		default:
@@ -256,7 +256,19 @@ func rawAttempts() []rawAttempt {
 		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
 		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
 	}
+	subscribe := func(subj string) func(rc roleConn) error {
+		return func(rc roleConn) error {
+			return rc.try(subj, func(context.Context) error {
+				_, err := rc.nc.SubscribeSync(subj)
+				return err
+			})
+		}
+	}
 	return []rawAttempt{
+		// Replies are private to a role: the worker's fetched run requests
+		// arrive under its inbox prefix, which no other role may read.
+		{"read the worker's replies", subscribe(roles.InboxPrefix(roles.Worker) + ".>"), []roles.Role{roles.Worker}},
+		{"read every reply", subscribe("_INBOX.>"), nil},
 		{"coordination publish as a run", forged, []roles.Role{roles.Worker}},
 		{"coordination publish as the operator", fromOperator, []roles.Role{roles.Operator}},
 		{"run state write", stateWrite, []roles.Role{roles.Worker}},

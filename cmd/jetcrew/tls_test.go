@@ -125,7 +125,7 @@ func TestNATSContextSave(t *testing.T) {
 	e := authUp(t)
 	xdg := t.TempDir()
 	seed := filepath.Join(e.data, authDirName, string(roles.Submitter)+".nk")
-	save := exec.Command(natsCLI(t), "context", "save", "mine", "--server", e.url, "--nkey", seed)
+	save := exec.Command(natsCLI(t), "context", "save", "mine", "--server", e.url, "--nkey", seed, "--inbox-prefix", roles.InboxPrefix(roles.Submitter))
 	save.Env = append(os.Environ(), "XDG_CONFIG_HOME="+xdg, "HOME="+t.TempDir())
 	out, err := save.CombinedOutput()
 	require.NoError(t, err, "%s", out)

@@ -154,11 +154,11 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		inProcess = append(inProcess, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // in-process pipe
 	}
 	if keys != nil {
-		opt, err := workerAuth(keys)
+		opts, err := workerAuth(keys)
 		if err != nil {
 			return err
 		}
-		inProcess = append(inProcess, opt)
+		inProcess = append(inProcess, opts...)
 	}
 	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {

@@ -158,6 +158,7 @@ func (a *app) writeContexts(url string, keys roleKeys) (map[roles.Role]string, e
 			natscontext.WithServerURL(url),
 			natscontext.WithNKey(keys[r]),
 			natscontext.WithCA(ca),
+			natscontext.WithInboxPrefix(roles.InboxPrefix(r)),
 			natscontext.WithDescription("jetcrew "+string(r)+" of the server `jetcrew up --auth` runs"))
 		if err != nil {
 			return nil, err
@@ -178,10 +179,14 @@ func (a *app) printAuth(keys roleKeys, contexts map[roles.Role]string) {
 	}
 }
 
-// workerAuth is the option `up`'s own worker connects with: the worker
-// role's seed.
-func workerAuth(keys roleKeys) (nats.Option, error) {
-	return nats.NkeyOptionFromSeed(keys[roles.Worker])
+// workerAuth is what `up`'s own worker connects with: the worker role's
+// seed and inbox prefix.
+func workerAuth(keys roleKeys) ([]nats.Option, error) {
+	opt, err := nats.NkeyOptionFromSeed(keys[roles.Worker])
+	if err != nil {
+		return nil, err
+	}
+	return []nats.Option{opt, nats.CustomInboxPrefix(roles.InboxPrefix(roles.Worker))}, nil
 }
 
 // upServer returns the embedded server's options for `up`: listening on
