@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/roles"
 )
 
 // The end-to-end tests run against `jetcrew up`, and the main-path and
@@ -68,7 +70,7 @@ func natsConnect(t *testing.T, url string) *nats.Conn {
 		opt, err := nats.NkeyOptionFromSeed(filepath.Join(v.(authSetup).data, "auth", "operator.nk"))
 		require.NoError(t, err)
 		// The operator role's replies arrive under its own prefix only.
-		opts = append(opts, opt, nats.CustomInboxPrefix("_INBOX_jetcrew_operator"))
+		opts = append(opts, opt, nats.CustomInboxPrefix(roles.InboxPrefix(roles.Operator)))
 	}
 	nc, err := nats.Connect(url, opts...)
 	require.NoError(t, err)
