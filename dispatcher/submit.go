@@ -58,8 +58,11 @@ func Encode(req messages.RunRequest) (messages.RunRequest, []byte, error) {
 //
 // Submitting the same id again is safe: the existing state is left as it is,
 // and within the stream's duplicate window (2 minutes) the server drops the
-// second publish; after it, a worker acks a request whose run is already
-// final without running it again.
+// second publish, and Submit returns the id with an error wrapping
+// ErrDuplicateSubmit; after it, a worker acks a request whose run is already
+// final without running it again. A different request under an id whose
+// state records another request's digest is refused before anything is
+// published, with an error wrapping ErrIDInUse.
 //
 // When jetcrew's streams or bucket do not exist the error wraps
 // ErrNotProvisioned. When the publish fails after the queued state was
@@ -84,6 +87,8 @@ func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (strin
 		Labels:    req.Labels,
 		QueuedAt:  now,
 		UpdatedAt: now,
+
+		RequestDigest: messages.RequestDigest(data),
 	}
 	stData, err := json.Marshal(st)
 	if err != nil {
@@ -96,8 +101,13 @@ func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (strin
 	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return "", fmt.Errorf("submit run %s: record queued state: %w", req.ID, classify(err))
 	}
+	if !created {
+		if err := d.checkSameRequest(ctx, kv, req.ID, st.RequestDigest); err != nil {
+			return "", err
+		}
+	}
 
-	_, err = d.js.Publish(ctx, messages.SubjectRuns(req.Pool), data,
+	ack, err := d.js.Publish(ctx, messages.SubjectRuns(req.Pool), data,
 		jetstream.WithMsgID(req.ID),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if err != nil {
@@ -111,5 +121,31 @@ func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (strin
 		}
 		return "", fmt.Errorf("submit run %s: publish to %s: %w", req.ID, messages.SubjectRuns(req.Pool), classify(err))
 	}
+	if ack.Duplicate {
+		return req.ID, fmt.Errorf("submit run %s: %w (stream sequence %d holds the first); to run it again after it failed use `jetcrew replay %s`, else submit with a new id",
+			req.ID, ErrDuplicateSubmit, ack.Sequence, req.ID)
+	}
 	return req.ID, nil
+}
+
+// checkSameRequest refuses, with an error wrapping ErrIDInUse, to submit a
+// request whose digest differs from the one recorded in run id's state. A
+// state without a digest (written before digests existed) is not compared.
+func (d *Dispatcher) checkSameRequest(ctx context.Context, kv jetstream.KeyValue, id, digest string) error {
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("submit run %s: read its state: %w", id, classify(err))
+	}
+	var prev messages.RunState
+	if err := json.Unmarshal(e.Value(), &prev); err != nil {
+		return fmt.Errorf("submit run %s: decode its state: %w", id, err)
+	}
+	if prev.RequestDigest != "" && prev.RequestDigest != digest {
+		return fmt.Errorf("submit run %s: %w (it is %s): nothing was published; choose a new id, or `jetcrew replay %s` to run the recorded request again",
+			id, ErrIDInUse, prev.State, id)
+	}
+	return nil
 }

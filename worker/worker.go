@@ -169,7 +169,7 @@ func (c Config) validate() error {
 	if err := messages.ValidateToken("worker id", c.ID); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := messages.ValidateToken("pool", c.Pool); err != nil {
+	if err := messages.ValidateName("pool", c.Pool); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if c.Concurrency < 1 {

@@ -43,7 +43,11 @@ succeeded, with the run's exit code when it failed with one, else 1. The id
 is then printed on stderr, in the "submitted" line.
 
 A request that breaks a rule (see docs/wire.md) is refused before anything is
-published, with exit code 2.`,
+published, with exit code 2. Submitting an id again within the stream's
+duplicate window (2 minutes) publishes nothing: submit says so and exits 1
+without following the first run (use "jetcrew replay ID" to run a failed run
+again, or a new --id). An id whose run recorded another request is refused
+the same way.`,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -`,
@@ -136,6 +140,7 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		if errors.Is(err, messages.ErrInvalidRequest) {
 			return usageError(err)
 		}
+		// A duplicate publish or a used id: say so, follow nothing, exit 1.
 		return err
 	}
 	a.log.Debug().Str("run_id", id).Str("profile", req.Profile).Str("pool", req.Pool).Msg("run submitted")
