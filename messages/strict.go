@@ -39,7 +39,7 @@ func DecodeStrictJSON(data []byte, v any) error {
 		return err
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("data after the JSON value")
+		return errors.New("data after the JSON object")
 	}
 	return nil
 }
@@ -136,7 +136,7 @@ func unknownKey(fields map[string]reflect.Type, where, key string) error {
 			return fmt.Errorf("key %q is not %q: keys are matched exactly, case included", where, name)
 		}
 	}
-	return fmt.Errorf("unknown key %q", where)
+	return fmt.Errorf("unknown field %q", where)
 }
 
 var fieldCache sync.Map // reflect.Type → map[string]reflect.Type

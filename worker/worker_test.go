@@ -237,7 +237,7 @@ func TestInvalidRawRequests(t *testing.T) {
 		reason string
 	}{
 		{`not json`, "", "invalid run request"},
-		{`{"id":"inv1","profile":"shell","prompt":"x","bogus":1}`, "inv1", `unknown key "bogus"`},
+		{`{"id":"inv1","profile":"shell","prompt":"x","bogus":1}`, "inv1", `unknown field "bogus"`},
 		{`{"id":"inv2","prompt":"x"}`, "inv2", "profile is required"},
 		{`{"id":"bad.id","profile":"shell"}`, "", "id"},
 		{`{"id":"inv3","profile":"shell","group":"a b"}`, "inv3", "group"},
@@ -245,7 +245,7 @@ func TestInvalidRawRequests(t *testing.T) {
 		{`{"id":"inv5","profile":"shell","env":{"JETCREW_RUN_ID":"x"}}`, "inv5", "reserved"},
 		{`{"id":"inv6","profile":"shell","timeout":"forever"}`, "inv6", "invalid run request"},
 		{`{"id":"inv7","profile":"shell","prompt":"` + strings.Repeat("x", messages.MaxRequestBytes) + `"}`, "inv7", "largest allowed"},
-		{`{"id":"inv8","profile":"shell"} {"id":"x"}`, "", "after the JSON"},
+		{`{"id":"inv8","profile":"shell"} {"id":"x"}`, "", "after the JSON object"},
 	}
 	for _, c := range cases {
 		ack := b.publish(t, "default", c.body)
