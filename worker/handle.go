@@ -204,6 +204,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", req.Profile, w.cfg.Profiles.Names()), nil)
 		return
 	}
+	if err := prof.checkRequest(req); err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return
+	}
 	r.execute(ctx, prof)
 }
 

@@ -95,6 +95,12 @@ type Profile struct {
 	// EnvFromHost names variables copied from the worker's own environment
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
+	// RequestEnv names the variables a run request's env may set for this
+	// profile: exact names, or prefixes ending in '*' ("APP_*"; "*" alone
+	// accepts any name). Default: empty, a request carrying env is refused.
+	// Loader, runtime, proxy and worker variables (DeniedRequestEnv) are
+	// refused even when listed. The built-in shell profile has ["*"].
+	RequestEnv []string `toml:"request_env" json:"request_env,omitempty"`
 
 	timeout        time.Duration
 	stallTimeout   time.Duration
@@ -123,6 +129,8 @@ func ShellProfile() Profile {
 		Backend: "command",
 		Image:   SandboxImage,
 		Command: []string{"/bin/sh", "-c", "{prompt}"},
+		// Any variable but the denied ones: the script can set them itself.
+		RequestEnv: []string{"*"},
 	}
 	p, _ = p.withDefaults()
 	return p
@@ -253,7 +261,7 @@ func (p Profile) validate() error {
 			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
 		}
 	}
-	return nil
+	return p.validateHardening()
 }
 
 // CoordinationOn reports whether runs of the profile get the coordination
@@ -317,6 +325,9 @@ func ParseProfiles(name string, data []byte) (Profiles, error) {
 		}
 		sort.Strings(keys)
 		return nil, fmt.Errorf("profiles %s: unknown keys: %s", name, strings.Join(keys, ", "))
+	}
+	if err := checkExactKeys(md); err != nil {
+		return nil, fmt.Errorf("profiles %s: %w", name, err)
 	}
 	out := DefaultProfiles()
 	for n, p := range f.Profiles {
