@@ -69,17 +69,10 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		return Replayed{}, fmt.Errorf("replay run %s: dead letter subject %s: %w", id, dl.Subject, err)
 	}
 	r := Replayed{Pool: dl.Pool, DeadLetter: dl}
-	st, err := d.verifyDeadLetter(ctx, id, dl)
-	if err != nil {
+	if _, err := d.verifyDeadLetter(ctx, id, dl); err != nil {
 		return Replayed{}, err
 	}
 	r.RunID = messages.SalvageRunID(dl.Request)
-	switch {
-	case st.State == messages.StateSucceeded:
-		return Replayed{}, fmt.Errorf("replay run %s: %w: the run already succeeded (a worker would refuse the request as a duplicate)", id, ErrReplayRefused)
-	case !st.State.Final():
-		return Replayed{}, fmt.Errorf("replay run %s: %w: the run is %s (replayed or submitted again, and not finished); wait for it, or cancel it first", id, ErrReplayRefused, st.State)
-	}
 
 	events, err := d.js.Stream(ctx, messages.StreamEvents)
 	if err != nil {

@@ -17,7 +17,8 @@ import (
 var ErrForeignDeadLetter = errors.New("dead letter not written by a worker for this run")
 
 // verifyDeadLetter checks that dl is a dead letter a worker wrote for run id
-// and returns the run's state. What it checks is what the worker stamps in
+// and returns the run's state. A run that succeeded or is not finished is
+// refused with an error wrapping ErrReplayRefused. What it checks is what the worker stamps in
 // the run's state, which the publisher of a dead letter cannot choose: the
 // digest of the request body (RunState.RequestDigest) must be the digest of
 // dl's body; for a state written before digests existed, the worker that
@@ -41,6 +42,10 @@ func (d *Dispatcher) verifyDeadLetter(ctx context.Context, id string, dl DeadLet
 		return st, fmt.Errorf("replay: %w", err)
 	}
 	switch {
+	case st.State == messages.StateSucceeded:
+		return st, fmt.Errorf("replay run %s: %w: the run already succeeded (a worker would refuse the request as a duplicate)", id, ErrReplayRefused)
+	case !st.State.Final():
+		return st, fmt.Errorf("replay run %s: %w: the run is %s (replayed or submitted again, and not finished); wait for it, or cancel it first", id, ErrReplayRefused, st.State)
 	case st.RequestDigest != "":
 		if got := messages.RequestDigest(dl.Request); got != st.RequestDigest {
 			return st, refuse("its body (%s) is not the request the run's state records (%s)", got, st.RequestDigest)
