@@ -227,7 +227,7 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 		if len(ev.Data) == 0 {
 			return nil
 		}
-		if _, err := w.Write(ev.Data); err != nil {
+		if _, err := outputWriter(w, false).Write(ev.Data); err != nil {
 			return fmt.Errorf("write run output: %w", err)
 		}
 		p.atLineStart = ev.Data[len(ev.Data)-1] == '\n'
@@ -241,7 +241,7 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 		line = "\n" + line
 		p.atLineStart = true
 	}
-	_, err := fmt.Fprintln(p.stderr, line)
+	_, err := fmt.Fprintln(visible(p.stderr), line)
 	return err
 }
 
