@@ -463,7 +463,7 @@ func (w *Worker) background(ctx context.Context) {
 }
 
 func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.live.Put(ctx, w.cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
 	return err
 }
 

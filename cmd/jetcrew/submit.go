@@ -25,6 +25,8 @@ type submitOptions struct {
 	labels  []string
 	wait    bool
 	quiet   bool
+	// keepWaiting keeps --wait waiting when no live worker serves the pool.
+	keepWaiting bool
 }
 
 func (a *app) submitCmd() *cobra.Command {
@@ -37,9 +39,13 @@ on stdout. PROMPT is handed to the profile's command (for the built-in shell
 profile, the shell script); "-" reads it from stdin.
 
 With --wait it follows the run instead: the run's stdout and stderr are
-copied, byte for byte, to submit's stdout and stderr, a line per lifecycle
-event goes to stderr (unless --quiet), and submit exits 0 when the run
-succeeded, with the run's exit code when it failed with one, else 1. The id
+copied, byte for byte, to submit's stdout and stderr (control characters shown
+escaped when they are a terminal), a line per lifecycle event goes to stderr
+(unless --quiet), and while the run is queued a line gives its age and its
+pool's depth. When no live worker serves the pool, submit says so within
+seconds and exits 1, the run staying queued (--keep-waiting waits instead).
+Otherwise submit exits 0 when the run succeeded, with the run's exit code
+when it failed with one, else 1. The id
 is then printed on stderr, in the "submitted" line.
 
 A request that breaks a rule (see docs/wire.md) is refused before anything is
@@ -67,6 +73,7 @@ the same way.`,
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
+	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "with --wait, keep waiting when no live worker serves the pool (default: say so and exit 1 within seconds)")
 	return cmd
 }
 
@@ -151,7 +158,7 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	if !o.quiet {
 		fmt.Fprintf(a.stderr, "--- submitted run %s (profile %s, pool %s)\n", id, req.Profile, req.Pool)
 	}
-	return a.follow(ctx, d, id, o.quiet)
+	return a.followQueued(ctx, d, id, req.Pool, o.keepWaiting, o.quiet)
 }
 
 // follow copies the events of run id to the terminal until it finishes and
