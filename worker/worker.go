@@ -300,7 +300,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.started = true
 	w.mu.Unlock()
 
-	cons, err := Provision(ctx, w.js, w.cfg.Provision)
+	var cons jetstream.Consumer
+	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
+		cons, err = Provision(ctx, w.js, w.cfg.Provision)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -311,7 +315,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
-	if err := coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas); err != nil {
+	if err := w.untilProvisioned(ctx, "coordination's stream and bucket", func(ctx context.Context) error {
+		return coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas)
+	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	log := w.log

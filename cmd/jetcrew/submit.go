@@ -73,7 +73,7 @@ the same way.`,
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
-	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "with --wait, keep waiting when no live worker serves the pool (default: say so and exit 1 within seconds)")
+	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 	return cmd
 }
 
@@ -142,7 +142,7 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
-	id, err := d.Submit(ctx, req)
+	id, err := a.submitWhenProvisioned(ctx, d, req, o.keepWaiting, o.quiet)
 	if err != nil {
 		if errors.Is(err, messages.ErrInvalidRequest) {
 			return usageError(err)

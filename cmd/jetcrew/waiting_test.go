@@ -71,3 +71,29 @@ func TestWaitingOnNothingIsSaid(t *testing.T) {
 	}
 	require.Equal(t, "at last\n", sub.stdout.String())
 }
+
+// Issue 13 item 23: a submit against an installation that is still being
+// provisioned says so, and with --keep-waiting waits for it.
+func TestSubmitWaitsForProvisioning(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	code, _, stderr := cli(t, url, "submit", "out early")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "may still be provisioning: --keep-waiting waits for it")
+
+	sub := newTestApp(map[string]string{"NATS_URL": url}, nil)
+	done := make(chan int, 1)
+	go func() { done <- sub.run(t.Context(), []string{"submit", "--keep-waiting", "--id", "early", "out early"}) }()
+	require.Eventually(t, func() bool {
+		return strings.Contains(sub.stderr.String(), "do not exist yet on this server")
+	}, 10*time.Second, 20*time.Millisecond)
+	startWorker(t, s, "--id", "w-late")
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, sub.stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("submit --keep-waiting did not submit once the worker provisioned")
+	}
+	require.Equal(t, "early\n", sub.stdout.String())
+}
