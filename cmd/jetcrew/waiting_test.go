@@ -84,7 +84,9 @@ func TestSubmitWaitsForProvisioning(t *testing.T) {
 
 	sub := newTestApp(map[string]string{"NATS_URL": url}, nil)
 	done := make(chan int, 1)
-	go func() { done <- sub.run(t.Context(), []string{"submit", "--keep-waiting", "--id", "early", "out early"}) }()
+	go func() {
+		done <- sub.run(t.Context(), []string{"submit", "--keep-waiting", "--id", "early", "out early"})
+	}()
 	require.Eventually(t, func() bool {
 		return strings.Contains(sub.stderr.String(), "do not exist yet on this server")
 	}, 10*time.Second, 20*time.Millisecond)
