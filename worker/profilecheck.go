@@ -26,11 +26,11 @@ const MaxID = 1<<31 - 1
 // the image's programs trust.
 var HomePrefixes = []string{"/home", "/work", "/workspace"}
 
-// workerEnvPrefixes are the prefixes of the worker's own connection and
-// configuration variables (NATS credentials and URL, the Docker endpoint,
-// jetcrew's settings), compared without regard to case. A profile may not
+// workerEnvPrefixes are the prefixes of the worker's own connection
+// variables (NATS URL, credentials, nkeys and contexts; the Docker endpoint
+// and its TLS material), compared without regard to case. A profile may not
 // copy them into a run with env_from_host.
-var workerEnvPrefixes = []string{"NATS_", "JETCREW_", "DOCKER_"}
+var workerEnvPrefixes = []string{"NATS_", "DOCKER_"}
 
 // deniedEnv names the variables no request may set, whatever the profile's
 // request_env lists, compared without regard to case: the dynamic loader's,
@@ -86,7 +86,7 @@ func (p Profile) validateHardening() error {
 	for _, name := range p.EnvFromHost {
 		for _, pre := range workerEnvPrefixes {
 			if strings.HasPrefix(strings.ToUpper(name), pre) {
-				return fmt.Errorf("env_from_host %q is the worker's own configuration (%s*): it never reaches a run", name, pre)
+				return fmt.Errorf("env_from_host %q is one of the worker's own connection variables (%s*): it never reaches a run", name, pre)
 			}
 		}
 	}

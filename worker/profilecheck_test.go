@@ -21,7 +21,7 @@ func TestProfileLoaderRefusesUnsafeValues(t *testing.T) {
 		"Image = \"evil\"\n":                  `key "Image" is not a profile key`,
 		"IMAGE = \"evil\"\n":                  `key "IMAGE" is not a profile key`,
 		"image = \"evil\"\n":                  "already been defined",
-		"env_from_host = [\"NATS_URL\"]\n":    `env_from_host "NATS_URL" is the worker's own configuration`,
+		"env_from_host = [\"NATS_URL\"]\n":    `env_from_host "NATS_URL" is one of the worker's own connection variables`,
 		"env_from_host = [\"nats_creds\"]\n":  `env_from_host "nats_creds"`,
 		"env_from_host = [\"DOCKER_HOST\"]\n": `env_from_host "DOCKER_HOST"`,
 		"home = \"/etc\"\n":                   `home "/etc" must be at or under one of /home, /work, /workspace`,
