@@ -82,12 +82,14 @@ func SalvageRunID(data []byte) string {
 	return id
 }
 
-// RequestDigest returns the digest of an encoded run request, exactly as
-// published: "sha256:" and the hex SHA-256 of data. The dispatcher records it
+// RequestDigest returns the digest of an encoded run request as published:
+// "sha256:" and the hex SHA-256 of data without the JSON white space around
+// the value (a shell pipe that adds a newline does not make another
+// request; anything inside the object does). The dispatcher records it
 // in the run's queued state and the worker in every state it writes
 // (RunState.RequestDigest), so a request that reuses a run id with another
 // body is told apart from a redelivery or a replay of the same request.
 func RequestDigest(data []byte) string {
-	sum := sha256.Sum256(data)
+	sum := sha256.Sum256(bytes.Trim(data, " \t\r\n"))
 	return "sha256:" + hex.EncodeToString(sum[:])
 }

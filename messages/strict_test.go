@@ -67,3 +67,13 @@ func FuzzSalvageRunID(f *testing.F) {
 		}
 	})
 }
+
+// The digest ignores the white space around the object (a shell pipe's
+// newline), nothing else.
+func TestRequestDigest(t *testing.T) {
+	t.Parallel()
+	a := messages.RequestDigest([]byte(`{"id":"a","profile":"shell"}`))
+	require.Equal(t, a, messages.RequestDigest([]byte(" {\"id\":\"a\",\"profile\":\"shell\"}\r\n")))
+	require.NotEqual(t, a, messages.RequestDigest([]byte(`{"id":"a", "profile":"shell"}`)))
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, a)
+}
