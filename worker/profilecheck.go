@@ -167,13 +167,13 @@ func describeAllow(list []string) string {
 }
 
 // promptInArgv reports whether the prompt becomes (part of) an argument:
-// the command backend substituting "{prompt}" without prompt_stdin. Agent
-// backends always feed it on stdin.
+// the command backend substituting "{prompt}" in its command (prompt_stdin
+// or not). Agent backends feed it on stdin.
 func (p Profile) promptInArgv() bool {
-	if p.Backend != BackendCommand || p.PromptStdin {
+	if p.Backend != BackendCommand {
 		return false
 	}
-	for _, a := range slices.Concat(p.Command, p.Args) {
+	for _, a := range p.Command {
 		if strings.Contains(a, "{prompt}") {
 			return true
 		}
