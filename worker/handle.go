@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -53,6 +54,8 @@ type run struct {
 	container Container
 	// prog records the last progress, for the stall watchdog.
 	prog *progress
+	// egressSess is the run's egress proxy, for an egress profile.
+	egressSess *egress.Session
 	// cleanup, when set, removes the run's container, session and
 	// directory; finish calls it before removing the request.
 	cleanup func()
@@ -321,12 +324,13 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.fail(ctx, err.Error(), nil)
 		return
 	}
+	plan.EgressRelay = len(prof.Egress) > 0
 	in.Plan, in.Coordination = plan, coordOn
-	needBridge := coordOn || plan.Launch
+	needBridge := coordOn || plan.Launch || plan.EgressRelay
 	if needBridge {
 		in.BridgePath = w.cfg.BridgePath
 	}
-	if coordOn || len(plan.Files) > 0 {
+	if coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = w.runDir(r.req.ID)
 	}
 	spec, err := BuildSpec(in)
@@ -348,6 +352,11 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		// final, kept (detached) when it is handed back; the directory goes.
 		defer func() { cs.end(r, r.state.State.Final()) }()
 		if err != nil {
+			r.fail(ctx, err.Error(), nil)
+			return
+		}
+		defer r.closeEgress()
+		if err := r.openEgress(ctx, prof, cs.dir); err != nil {
 			r.fail(ctx, err.Error(), nil)
 			return
 		}
@@ -738,6 +747,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	r.state.State = final
 	r.state.Reason = reason
 	r.state.FinishedAt = time.Now().UTC()
+	r.noteEgress()
 
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*opMaxElapsed)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -65,8 +66,15 @@ type Profile struct {
 	// WorkDir is the working directory. Default: Home.
 	WorkDir string `toml:"workdir" json:"workdir"`
 	// Network is "none" (default), "bridge" or the name of a Docker network
-	// the operator created. Hosted-model agents need egress to their API.
+	// the operator created. A profile with Egress keeps "none": its only way
+	// out is its egress proxy.
 	Network string `toml:"network" json:"network"`
+	// Egress lists what the profile's runs may reach, as "name:port"
+	// ("*.example.com:443" for any name under example.com, "10.0.0.0/8:443"
+	// or an address to list private addresses explicitly). Runs then have
+	// no network but loopback, and their HTTP clients reach only these
+	// through the worker's egress proxy (docs/profiles.md, docs/jail.md).
+	Egress []string `toml:"egress" json:"egress,omitempty"`
 	// Runtime is the OCI runtime: "runc" (default) or "runsc" (gVisor).
 	Runtime string `toml:"runtime" json:"runtime"`
 	// MemoryMiB is the memory limit in MiB (no swap). Default 512.
@@ -97,6 +105,7 @@ type Profile struct {
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
 
 	timeout        time.Duration
+	egressPolicy   egress.Policy
 	stallTimeout   time.Duration
 	bridgeDeadline time.Duration
 }
@@ -162,6 +171,13 @@ func (p Profile) withDefaults() (Profile, error) {
 	if p.Coordination == nil {
 		on := true
 		p.Coordination = &on
+	}
+	if len(p.Egress) > 0 {
+		pol, err := egress.ParsePolicy(p.Egress)
+		if err != nil {
+			return p, err
+		}
+		p.egressPolicy = pol
 	}
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
@@ -230,6 +246,9 @@ func (p Profile) validate() error {
 	}
 	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
 		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
+	}
+	if len(p.Egress) > 0 && p.Network != "none" {
+		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
 	}
 	if p.Runtime != "" && p.Runtime != "runc" && p.Runtime != "runsc" {
 		return fmt.Errorf("runtime %q is not supported (runc, runsc)", p.Runtime)

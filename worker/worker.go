@@ -25,6 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -82,6 +83,19 @@ type Config struct {
 	// executable. When it is missing, such runs are refused with that
 	// reason.
 	BridgePath string
+	// EgressResolver resolves the names runs of egress profiles ask for.
+	// Default net.DefaultResolver; tests give a fixed table.
+	EgressResolver egress.Resolver
+	// EgressProbeImage is the image of the egress proof's container; it
+	// needs busybox's sh, wget, nc and nslookup. Default SandboxImage.
+	EgressProbeImage string
+	// EgressProbeOutside is an outside address ("host:port") the egress
+	// proof must not reach directly. Default "1.1.1.1:443" (from a
+	// container with no network, no packet leaves).
+	EgressProbeOutside string
+	// EgressProbePorts are the host's service ports (NATS, metrics) the
+	// egress proof must not reach on any of the host's addresses.
+	EgressProbePorts []int
 	// Failpoint, when set, is called with the name of each crash point a
 	// run passes (see the Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
@@ -148,6 +162,12 @@ func (c Config) WithDefaults() Config {
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = 30 * time.Second
 	}
+	if c.EgressProbeImage == "" {
+		c.EgressProbeImage = SandboxImage
+	}
+	if c.EgressProbeOutside == "" {
+		c.EgressProbeOutside = "1.1.1.1:443"
+	}
 	if c.LookupEnv == nil {
 		c.LookupEnv = os.LookupEnv
 	}
@@ -213,6 +233,8 @@ type Worker struct {
 	coord *coordination.Host
 	// install identifies this installation in container labels.
 	install string
+	// egress is the egress proxy's configuration and proof (egress.go).
+	egress *egressState
 
 	reg     *prometheus.Registry
 	metrics *metrics
@@ -269,8 +291,9 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 // jetcrew_coordination_messages_total{direction}), for an HTTP handler.
 func (w *Worker) Registry() *prometheus.Registry { return w.reg }
 
-// Ready reports whether the worker has started, is not stopping, and its
-// NATS connection is up: the meaning of /readyz.
+// Ready reports whether the worker has started, is not stopping, its NATS
+// connection is up and, with egress profiles, its egress proof passed: the
+// meaning of /readyz.
 func (w *Worker) Ready() bool {
 	w.mu.Lock()
 	running := w.running
@@ -280,7 +303,7 @@ func (w *Worker) Ready() bool {
 		return false
 	default:
 	}
-	return running && w.nc.IsConnected()
+	return running && w.nc.IsConnected() && w.egressReady()
 }
 
 // ID returns the worker's id.
@@ -350,6 +373,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
 
+	w.startEgress(bgCtx)
 	w.bg.Add(2)
 	go w.background(bgCtx)
 	go w.deadLetterer(bgCtx, adv)

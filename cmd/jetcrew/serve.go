@@ -129,6 +129,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
 	})
 	if err != nil {
 		return err
