@@ -1,0 +1,243 @@
+package tests
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// The egress tests run real runs of profiles with an egress allowlist on
+// real Docker, against a stand-in provider (tests/fixtures/egress) in a
+// container on a network the test creates (there is no internet here). The
+// worker resolves the provider's test names to that container's address.
+
+// egressFixtureImage builds the fixture image (the sandbox's busybox plus
+// /bin/egress-fixture) tagged by a hash of its source, and returns the tag.
+func egressFixtureImage(t *testing.T) string {
+	t.Helper()
+	root := repoRoot()
+	src, err := os.ReadFile(filepath.Join(root, "tests/fixtures/egress/main.go"))
+	require.NoError(t, err)
+	sum := sha256.Sum256(src)
+	tag := "jetcrew-egress-fixture:" + hex.EncodeToString(sum[:6])
+	if exec.Command("docker", "image", "inspect", tag).Run() == nil {
+		return tag
+	}
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "egress-fixture"), "./tests/fixtures/egress")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "Dockerfile"),
+		[]byte("FROM jetcrew-sandbox:latest\nCOPY egress-fixture /bin/egress-fixture\n"), 0o644))
+	cmd := exec.Command("docker", "build", "--quiet", "--tag", tag, dir)
+	cmd.Env = append(os.Environ(), "DOCKER_BUILDKIT=0")
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return tag
+}
+
+// docker runs the docker CLI and returns its trimmed output.
+func dockerCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("docker", args...).CombinedOutput()
+	require.NoError(t, err, "docker %v: %s", args, out)
+	return strings.TrimSpace(string(out))
+}
+
+// startProvider starts the stand-in provider on a network of its own and
+// returns its address and that network's gateway (a host address).
+func startProvider(t *testing.T, image string) (provider, gateway netip.Addr) {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	suffix := hex.EncodeToString(b)
+	netName, name := "jetcrew-egtest-"+suffix, "jetcrew-egprov-"+suffix
+	dockerCLI(t, "network", "create", netName)
+	t.Cleanup(func() { _ = exec.Command("docker", "network", "rm", netName).Run() })
+	dockerCLI(t, "run", "-d", "--name", name, "--network", netName, "--user", "0:0", image, "/bin/egress-fixture", "serve")
+	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", name).Run() })
+	ip := dockerCLI(t, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name)
+	gw := dockerCLI(t, "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", netName)
+	return netip.MustParseAddr(ip), netip.MustParseAddr(gw)
+}
+
+type fixedResolver map[string][]netip.Addr
+
+func (r fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := r[host]; ok {
+		return a, nil
+	}
+	return nil, fmt.Errorf("no such host %s", host)
+}
+
+// egressScript checks, from inside a run, what it can reach; each check
+// prints "RESULT <name> ok" or "RESULT <name> fail ...".
+func egressScript(providerIP, hostIP netip.Addr, natsPort int) string {
+	return fmt.Sprintf(`check() { n=$1; shift; if "$@" >/tmp/o 2>&1; then echo "RESULT $n ok"; else echo "RESULT $n fail $(head -c 200 /tmp/o | tr '\n' ' ')"; fi; }
+check api-https egress-fixture get https://api.provider.test/
+check api-http egress-fixture get http://api.provider.test/
+check other-https egress-fixture get https://other.provider.test/
+check other-http egress-fixture get http://other.provider.test/
+check direct-tcp nc -w 2 %[1]s 443
+check dns-provider nslookup api.provider.test
+check dns-outside nslookup example.com
+check metadata-direct nc -w 2 169.254.169.254 80
+check metadata-proxy egress-fixture get http://169.254.169.254/
+check host-nats nc -w 2 %[2]s %[3]d
+check sni-mismatch egress-fixture sni api.provider.test:443 evil.example
+check sni-match-other egress-fixture sni other.provider.test:443 other.provider.test
+check only-loopback sh -c '[ "$(ls /sys/class/net)" = "lo" ]'
+`, providerIP, hostIP, natsPort)
+}
+
+// runOutput returns the stdout of a run from its output events.
+func egressRunOutput(t *testing.T, js jetstream.JetStream, id string) (string, []messages.EgressEvent) {
+	var out strings.Builder
+	var egress []messages.EgressEvent
+	for _, m := range workertest.Events(t, js, id) {
+		switch {
+		case strings.HasSuffix(m.Subject(), "."+string(messages.EventOutput)) && m.Headers().Get(messages.HeaderStream) == messages.StreamStdout:
+			out.Write(m.Data())
+		case strings.HasSuffix(m.Subject(), "."+string(messages.EventEgress)):
+			var ev messages.EgressEvent
+			require.NoError(t, json.Unmarshal(m.Data(), &ev))
+			egress = append(egress, ev)
+		}
+	}
+	return out.String(), egress
+}
+
+func egressResults(out string) map[string]string {
+	res := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "RESULT "); ok {
+			name, v, _ := strings.Cut(rest, " ")
+			res[name] = v
+		}
+	}
+	return res
+}
+
+// TestEgressAllowlist: two runs of two egress profiles at once each reach
+// their own provider name through the proxy and nothing else: not the
+// other's name (403 and an egress event), not the provider's address
+// directly, not DNS, not the metadata address, not the host's NATS port,
+// not a tunnel whose SNI differs from its CONNECT name. A run of the shell
+// profile (network none) has loopback only. /readyz waits for the proof.
+func TestEgressAllowlist(t *testing.T) {
+	t.Parallel()
+	image := egressFixtureImage(t)
+	provider, gateway := startProvider(t, image)
+	srv := workertest.StartServer(t)
+	nc := workertest.Connect(t, srv)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	port := srv.Addr().(*net.TCPAddr).Port
+
+	prof := func(own string) string {
+		return fmt.Sprintf(`[profiles.%[1]s]
+image = %[2]q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3]s:80"]
+`, own, image, provider)
+	}
+	profiles, err := worker.ParseProfiles("egress-test", []byte(prof("api")+prof("other")))
+	require.NoError(t, err)
+	rt, err := docker.New(context.Background(), docker.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rt.Close() })
+	w, err := worker.New(nc, worker.Config{
+		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 3,
+		StateDir: workertest.StateDir(t), BridgePath: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
+		FetchWait:          2 * time.Second,
+		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}},
+		EgressProbeOutside: provider.String() + ":443",
+		EgressProbePorts:   []int{port},
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	require.Eventually(t, w.Ready, 60*time.Second, 50*time.Millisecond, "the egress proof never passed")
+
+	script := egressScript(provider, gateway, port)
+	ids := map[string]string{"api": "eg-api-" + opsSuffix(t), "other": "eg-other-" + opsSuffix(t), "shell": "eg-shell-" + opsSuffix(t)}
+	for p, id := range ids {
+		prompt := script
+		if p == "shell" {
+			prompt = `ls /sys/class/net`
+		}
+		data, err := json.Marshal(messages.RunRequest{ID: id, Profile: p, Prompt: prompt})
+		require.NoError(t, err)
+		_, err = js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)
+		require.NoError(t, err)
+	}
+	for p, id := range ids {
+		st := waitState(t, srv.ClientURL(), id, func(s messages.RunState) bool { return s.State.Final() })
+		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", p, st.Reason)
+		out, events := egressRunOutput(t, js, id)
+		if p == "shell" {
+			require.Equal(t, "lo\n", out)
+			require.Nil(t, st.Egress)
+			continue
+		}
+		other := map[string]string{"api": "other", "other": "api"}[p]
+		res := egressResults(out)
+		want := map[string]bool{p + "-https": true, p + "-http": true, other + "-https": false, other + "-http": false,
+			"direct-tcp": false, "dns-provider": false, "dns-outside": false, "metadata-direct": false,
+			"metadata-proxy": false, "host-nats": false, "sni-mismatch": false, "only-loopback": true}
+		if p == "other" {
+			want["sni-match-other"] = true
+		}
+		for name, ok := range want {
+			got, seen := res[name]
+			require.True(t, seen, "%s: check %s did not run:\n%s", p, name, out)
+			require.Equal(t, ok, strings.HasPrefix(got, "ok"), "%s: check %s: %s", p, name, got)
+		}
+		var refusedOther, refusedMeta, refusedSNI, allowedOwn bool
+		for _, ev := range events {
+			switch {
+			case ev.Allowed && ev.Host == p+".provider.test" && ev.BytesDown > 0:
+				allowedOwn = true
+			case !ev.Allowed && ev.Host == other+".provider.test" && strings.Contains(ev.Reason, "allowlist"):
+				refusedOther = true
+			case !ev.Allowed && ev.Host == "169.254.169.254":
+				refusedMeta = true
+			case !ev.Allowed && strings.Contains(ev.Reason, "SNI"):
+				refusedSNI = true
+			}
+		}
+		require.True(t, allowedOwn && refusedOther && refusedMeta, "%s: egress events %+v", p, events)
+		if p == "api" {
+			require.True(t, refusedSNI, "api: no SNI refusal in %+v", events)
+		}
+		require.NotNil(t, st.Egress)
+		require.GreaterOrEqual(t, st.Egress.Allowed, int64(2))
+		require.GreaterOrEqual(t, st.Egress.Refused, int64(2))
+	}
+}
