@@ -169,9 +169,10 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rt.Close() })
 	w, err := worker.New(nc, worker.Config{
-		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 3,
+		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 4,
 		StateDir: workertest.StateDir(t), BridgePath: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
 		FetchWait:          2 * time.Second,
+		EgressRestartDelay: time.Second,
 		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}},
 		EgressProbeOutside: provider.String() + ":443",
 		EgressProbePorts:   []int{port},
@@ -187,16 +188,22 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 
 	script := egressScript(provider, gateway, port)
 	ids := map[string]string{"api": "eg-api-" + opsSuffix(t), "other": "eg-other-" + opsSuffix(t), "shell": "eg-shell-" + opsSuffix(t)}
+	submit := func(id, profile, prompt string) {
+		data, err := json.Marshal(messages.RunRequest{ID: id, Profile: profile, Prompt: prompt})
+		require.NoError(t, err)
+		_, err = js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)
+		require.NoError(t, err)
+	}
 	for p, id := range ids {
 		prompt := script
 		if p == "shell" {
 			prompt = `ls /sys/class/net`
 		}
-		data, err := json.Marshal(messages.RunRequest{ID: id, Profile: p, Prompt: prompt})
-		require.NoError(t, err)
-		_, err = js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)
-		require.NoError(t, err)
+		submit(id, p, prompt)
 	}
+	killed := "eg-kill-" + opsSuffix(t)
+	submit(killed, "api", killScript)
+	requireEgressKillFailsClosed(t, w, js, srv.ClientURL(), killed)
 	for p, id := range ids {
 		st := waitState(t, srv.ClientURL(), id, func(s messages.RunState) bool { return s.State.Final() })
 		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", p, st.Reason)
@@ -240,4 +247,35 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		require.GreaterOrEqual(t, st.Egress.Allowed, int64(2))
 		require.GreaterOrEqual(t, st.Egress.Refused, int64(2))
 	}
+}
+
+// killScript fetches through the proxy every 50ms and prints OK or FAIL; it
+// exits 0 once it has seen OK, then FAIL (the proxy killed), then OK again
+// (restarted), and 1 if that never happens.
+const killScript = `state=0; n=0
+while [ $n -lt 400 ]; do
+	if egress-fixture get http://api.provider.test/ >/dev/null 2>&1; then r=OK; else r=FAIL; fi
+	echo $r
+	case "$state$r" in 0OK) state=1 ;; 1FAIL) state=2 ;; 2OK) echo RECOVERED; exit 0 ;; esac
+	n=$((n+1)); sleep 0.05
+done
+exit 1
+`
+
+// requireEgressKillFailsClosed kills run id's egress proxy once the run
+// has reached its provider, and requires that the run then saw its
+// connections fail until the supervisor restarted the proxy, and then
+// succeed again.
+func requireEgressKillFailsClosed(t *testing.T, w *worker.Worker, js jetstream.JetStream, url, id string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		out, _ := egressRunOutput(t, js, id)
+		return strings.Contains(out, "OK\n")
+	}, 60*time.Second, 50*time.Millisecond, "the kill run never reached its provider")
+	require.True(t, w.KillEgress(id))
+	st := waitState(t, url, id, func(s messages.RunState) bool { return s.State.Final() })
+	out, _ := egressRunOutput(t, js, id)
+	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
+	require.Contains(t, out, "FAIL\n")
+	require.Contains(t, out, "RECOVERED\n")
 }

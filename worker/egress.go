@@ -67,7 +67,7 @@ func (w *Worker) hasEgressProfiles() bool {
 // with ctx). Called by Start.
 func (w *Worker) startEgress(ctx context.Context) {
 	w.egress = &egressState{proved: make(chan struct{})}
-	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress}
+	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress, RestartDelay: w.cfg.EgressRestartDelay}
 	if !w.hasEgressProfiles() {
 		w.egress.settle(nil)
 		return
@@ -149,6 +149,22 @@ func (r *run) openEgress(ctx context.Context, prof Profile, dir string) error {
 	r.egressSess = s
 	r.state.Egress = &messages.EgressTotals{}
 	return nil
+}
+
+// KillEgress cuts the egress proxy of run runID as a crash would: its
+// listener and every open connection. Its supervisor reopens it after
+// Config.EgressRestartDelay; meanwhile the run's connections fail (the
+// container has no other way out). It reports whether the run is active
+// here with an egress proxy. For drills and tests.
+func (w *Worker) KillEgress(runID string) bool {
+	w.mu.Lock()
+	a := w.active[runID]
+	w.mu.Unlock()
+	if a == nil || a.run.egressSess == nil {
+		return false
+	}
+	a.run.egressSess.Kill()
+	return true
 }
 
 // noteEgress copies the run's egress totals into its state.

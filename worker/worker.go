@@ -93,6 +93,10 @@ type Config struct {
 	// proof must not reach directly. Default "1.1.1.1:443" (from a
 	// container with no network, no packet leaves).
 	EgressProbeOutside string
+	// EgressRestartDelay is how long a run's egress proxy stays down after
+	// its listener failed before it is reopened (connections fail
+	// meanwhile). Default 200ms.
+	EgressRestartDelay time.Duration
 	// EgressProbePorts are the host's service ports (NATS, metrics) the
 	// egress proof must not reach on any of the host's addresses.
 	EgressProbePorts []int
