@@ -2,6 +2,8 @@ package egress
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -51,6 +53,14 @@ type Config struct {
 	// MaxEvents is the most events one session publishes; later attempts
 	// are only counted (EgressTotals.EventsDropped). Default 1000.
 	MaxEvents int
+	// CA signs the certificates the proxy shows a run for the hosts it
+	// injects a key into (Injection); nil turns injection off (Open then
+	// refuses injections).
+	CA *tls.Certificate
+	// UpstreamRoots verifies the real hosts' certificates when the proxy
+	// opens its own TLS connection for an injected host; nil means the
+	// system's roots.
+	UpstreamRoots *x509.CertPool
 	// RestartDelay is how long a session's listener stays down after it
 	// failed (or Kill) before it is opened again. Default 200ms.
 	RestartDelay time.Duration
@@ -91,6 +101,7 @@ type Session struct {
 	runID  string
 	policy Policy
 	path   string
+	inject map[string]Injection // by "name:port"
 	log    zerolog.Logger
 	proxy  *goproxy.ProxyHttpServer
 
@@ -107,13 +118,42 @@ type Session struct {
 	done chan struct{}
 }
 
+// Injection is a header the proxy sets on every request of a run to one
+// allowed host, so the secret it carries never enters the container: the
+// proxy terminates the run's TLS for that host with a certificate signed by
+// Config.CA and opens its own TLS connection to the real host. A header of
+// the same name that the request already carries is replaced.
+type Injection struct {
+	// Name and Port are the host, as listed in the policy (not a wildcard).
+	Name string
+	Port int
+	// Header is the header's name ("x-api-key", "Authorization").
+	Header string
+	// Value is the header's value (the secret, with any prefix such as
+	// "Bearer "). Never logged, never in an event.
+	Value string
+}
+
 // Open starts the egress proxy of run runID on the unix socket at path
 // (mode 0666, in a directory only the run's container mounts), allowing
-// what policy lists. It returns an error when the socket cannot be made.
-func Open(cfg Config, runID string, policy Policy, path string) (*Session, error) {
+// what policy lists and setting the injections' headers. It returns an
+// error when the socket cannot be made, or for an injection without a CA or
+// whose host the policy does not list.
+func Open(cfg Config, runID string, policy Policy, path string, inject ...Injection) (*Session, error) {
 	cfg = cfg.withDefaults()
+	byHost := make(map[string]Injection, len(inject))
+	for _, in := range inject {
+		in.Name = normalizeHost(in.Name)
+		if cfg.CA == nil {
+			return nil, fmt.Errorf("egress: header injection for %s needs a CA", in.Name)
+		}
+		if !policy.AllowsName(in.Name, in.Port) {
+			return nil, fmt.Errorf("egress: header injection for %s:%d, which the allowlist does not list", in.Name, in.Port)
+		}
+		byHost[net.JoinHostPort(in.Name, strconv.Itoa(in.Port))] = in
+	}
 	s := &Session{
-		cfg: cfg, runID: runID, policy: policy, path: path,
+		cfg: cfg, runID: runID, policy: policy, path: path, inject: byHost,
 		log:   cfg.Logger.With().Str("run_id", runID).Str("component", "egress").Logger(),
 		conns: make(map[net.Conn]struct{}),
 		up:    make(chan struct{}),

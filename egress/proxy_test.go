@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -242,4 +244,68 @@ func TestParsePolicy(t *testing.T) {
 	require.True(t, p.ListsAddr(netip.MustParseAddr("::1"), 8080))
 	require.False(t, p.ListsAddr(netip.MustParseAddr("11.0.0.1"), 443))
 	require.Equal(t, "10.0.0.0/8:443", p.Rules()[2].String())
+}
+
+// TestProxyInjectsKey: for an injected host the proxy terminates TLS with
+// its CA's certificate, sets the header (replacing the request's own), and
+// reaches the real host over its own, verified TLS; a request naming another
+// host inside that tunnel is refused.
+func TestProxyInjectsKey(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var seen [][]string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Values("X-Api-Key"))
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	p := port(t, srv.URL)
+	ca, caPEM, err := LoadOrCreateCA(t.TempDir(), "test CA")
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	b := &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}
+	// httptest's certificate names example.com: the proxy's upstream TLS
+	// verifies that name, so the provider is reached as example.com.
+	sess, err := Open(Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots},
+		"run1", MustPolicy("example.com:"+p, "127.0.0.1:"+p), b.path,
+		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
+	require.NoError(t, err)
+	defer sess.Close()
+	b.sess = sess
+	c := b.client()
+	trust := x509.NewCertPool()
+	require.True(t, trust.AppendCertsFromPEM(caPEM))
+	c.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: trust}
+
+	req, _ := http.NewRequest(http.MethodGet, "https://example.com:"+p+"/", nil)
+	req.Header.Set("x-api-key", "sk-fake-from-the-agent")
+	resp, err := c.Do(req)
+	require.NoError(t, err, "the run trusts the CA's certificate for the injected host")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, "ok", string(body))
+	mu.Lock()
+	require.Equal(t, [][]string{{"sk-secret"}}, seen, "replaced, not duplicated")
+	mu.Unlock()
+
+	// Another Host inside the tunnel: refused, the key goes nowhere.
+	req, _ = http.NewRequest(http.MethodGet, "https://example.com:"+p+"/", nil)
+	req.Host = "evil.example"
+	resp, err = c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	mu.Lock()
+	require.Len(t, seen, 1)
+	mu.Unlock()
+	require.EqualValues(t, 1, sess.Totals().Allowed)
+}
+
+func atoi(t *testing.T, s string) int {
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
 }

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log"
@@ -47,10 +48,12 @@ func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 			}
 			return d.DialContext(ctx, "tcp", ap.String())
 		},
+		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
 	}
 	p.ConnectDial = func(string, string) (net.Conn, error) { return nil, errRefused }
+	p.CertStore = &certStore{}
 	p.OnRequest().HandleConnectFunc(s.handleConnect)
 	p.OnRequest().DoFunc(s.handleHTTP)
 	p.OnResponse().DoFunc(s.handleResponse)
@@ -75,6 +78,9 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		s.record(ev)
 		ctx.Resp = goproxy.NewResponse(ctx.Req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
 		return goproxy.RejectConnect, hostport
+	}
+	if in, ok := s.injection(ev.Host, ev.Port); ok {
+		return s.mitmAction(ctx, ev, target, in), hostport
 	}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.tunnel(client, ev, target)
@@ -166,6 +172,9 @@ func closeWrite(c net.Conn) {
 // handleHTTP decides a plain-HTTP proxy request: refused with 403 and an
 // event, or sent on to goproxy's transport with the checked address.
 func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	if m, ok := ctx.UserData.(*mitmTarget); ok {
+		return s.handleInjected(req, ctx, m)
+	}
 	ev := messages.EgressEvent{Time: time.Now().UTC(), Method: req.Method}
 	refuse := func(reason string) (*http.Request, *http.Response) {
 		ev.Reason = reason
