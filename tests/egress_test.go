@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -66,8 +67,9 @@ func dockerCLI(t *testing.T, args ...string) string {
 }
 
 // startProvider starts the stand-in provider on a network of its own and
-// returns its address and that network's gateway (a host address).
-func startProvider(t *testing.T, image string) (provider, gateway netip.Addr) {
+// returns its address, that network's gateway (a host address) and a pool
+// holding the provider's certificate.
+func startProvider(t *testing.T, image string) (provider, gateway netip.Addr, roots *x509.CertPool) {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -79,7 +81,11 @@ func startProvider(t *testing.T, image string) (provider, gateway netip.Addr) {
 	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", name).Run() })
 	ip := dockerCLI(t, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name)
 	gw := dockerCLI(t, "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", netName)
-	return netip.MustParseAddr(ip), netip.MustParseAddr(gw)
+	roots = x509.NewCertPool()
+	require.Eventually(t, func() bool {
+		return roots.AppendCertsFromPEM([]byte(dockerCLI(t, "logs", name)))
+	}, 20*time.Second, 50*time.Millisecond, "the provider never printed its certificate")
+	return netip.MustParseAddr(ip), netip.MustParseAddr(gw), roots
 }
 
 type fixedResolver map[string][]netip.Addr
@@ -148,7 +154,7 @@ func egressResults(out string) map[string]string {
 func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
 	image := egressFixtureImage(t)
-	provider, gateway := startProvider(t, image)
+	provider, gateway, roots := startProvider(t, image)
 	srv := workertest.StartServer(t)
 	nc := workertest.Connect(t, srv)
 	js, err := jetstream.New(nc)
@@ -163,7 +169,9 @@ coordination = false
 egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3]s:80"]
 `, own, image, provider)
 	}
-	profiles, err := worker.ParseProfiles("egress-test", []byte(prof("api")+prof("other")))
+	inj := prof("inj") + `egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+`
+	profiles, err := worker.ParseProfiles("egress-test", []byte(prof("api")+prof("other")+inj))
 	require.NoError(t, err)
 	rt, err := docker.New(context.Background(), docker.Config{})
 	require.NoError(t, err)
@@ -171,9 +179,17 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	w, err := worker.New(nc, worker.Config{
 		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 4,
 		StateDir: workertest.StateDir(t), BridgePath: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
-		FetchWait:          2 * time.Second,
-		EgressRestartDelay: time.Second,
-		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}},
+		FetchWait:           2 * time.Second,
+		EgressRestartDelay:  time.Second,
+		EgressCADir:         t.TempDir(),
+		EgressUpstreamRoots: roots,
+		LookupEnv: func(k string) (string, bool) {
+			if k == "JETCREW_TEST_PROVIDER_KEY" {
+				return providerKey, true
+			}
+			return "", false
+		},
+		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}, "inj.provider.test": {provider}},
 		EgressProbeOutside: provider.String() + ":443",
 		EgressProbePorts:   []int{port},
 	})
@@ -201,9 +217,12 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		}
 		submit(id, p, prompt)
 	}
+	injected := "eg-inj-" + opsSuffix(t)
+	submit(injected, "inj", injectScript)
 	killed := "eg-kill-" + opsSuffix(t)
 	submit(killed, "api", killScript)
 	requireEgressKillFailsClosed(t, w, js, srv.ClientURL(), killed)
+	requireKeyInjected(t, js, srv.ClientURL(), injected)
 	for p, id := range ids {
 		st := waitState(t, srv.ClientURL(), id, func(s messages.RunState) bool { return s.State.Final() })
 		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", p, st.Reason)
@@ -278,4 +297,45 @@ func requireEgressKillFailsClosed(t *testing.T, w *worker.Worker, js jetstream.J
 	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
 	require.Contains(t, out, "FAIL\n")
 	require.Contains(t, out, "RECOVERED\n")
+}
+
+// providerKey is the secret the proxy adds for the inj profile; the run must
+// never see it.
+var providerKey = "sk-test-" + hex.EncodeToString(func() []byte { b := make([]byte, 16); _, _ = rand.Read(b); return b }())
+
+// injectScript fetches from the injected host, verifying its certificate
+// (the run trusts the egress CA through SSL_CERT_FILE) and sending a key of
+// its own, then dumps every environment in /proc and every file it can
+// read in its run directory, home and /tmp, so the test can look for the
+// key and the CA's private key there.
+const injectScript = `egress-fixture getv https://inj.provider.test/ x-api-key=sk-fake-from-the-agent
+echo "--- environ"
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
+echo "--- cmdline"
+cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '
+echo "--- files"
+find /run/jetcrew /home/agent /tmp -type f 2>/dev/null | while read f; do echo "== $f"; cat "$f"; done
+`
+
+// requireKeyInjected: the provider saw exactly the worker's key (the
+// agent's own was replaced, not duplicated), while nothing the run could
+// read held the key or the CA's private key, and neither the run's events
+// nor its state hold the key.
+func requireKeyInjected(t *testing.T, js jetstream.JetStream, url, id string) {
+	t.Helper()
+	st := waitState(t, url, id, func(s messages.RunState) bool { return s.State.Final() })
+	out, _ := egressRunOutput(t, js, id)
+	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
+	sum := sha256.Sum256([]byte(providerKey))
+	require.Contains(t, out, "200 provider ok host=inj.provider.test key="+hex.EncodeToString(sum[:8])+" n=1\n")
+	require.Contains(t, out, "== /run/jetcrew/egress-ca.pem", "the dump must have read the run directory")
+	require.Contains(t, out, "SSL_CERT_FILE=/run/jetcrew/ca-bundle.pem")
+	require.NotContains(t, out, providerKey)
+	require.NotContains(t, out, "PRIVATE KEY")
+	for _, m := range workertest.Events(t, js, id) {
+		require.NotContains(t, string(m.Data()), providerKey)
+	}
+	b, err := json.Marshal(st)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), providerKey)
 }

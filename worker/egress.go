@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -42,10 +43,31 @@ func egressEnv() []string {
 	return append(env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
 }
 
+// CA files staged in the run directory of a profile with egress_inject.
+const (
+	// EgressCAName is the installation's egress CA certificate alone.
+	EgressCAName = "egress-ca.pem"
+	// EgressCABundleName is the worker host's CA bundle plus the egress CA.
+	EgressCABundleName = "ca-bundle.pem"
+)
+
+// egressTrustEnv points the run's TLS clients at the staged CA files:
+// SSL_CERT_FILE (OpenSSL, Go), REQUESTS_CA_BUNDLE (Python requests),
+// CURL_CA_BUNDLE (curl) name the bundle; NODE_EXTRA_CA_CERTS (Node) adds the
+// CA to Node's own roots.
+func egressTrustEnv() []string {
+	bundle := coordination.ContainerRunDir + "/" + EgressCABundleName
+	return []string{"SSL_CERT_FILE=" + bundle, "REQUESTS_CA_BUNDLE=" + bundle, "CURL_CA_BUNDLE=" + bundle,
+		"NODE_EXTRA_CA_CERTS=" + coordination.ContainerRunDir + "/" + EgressCAName}
+}
+
 // egressState is the worker's egress machinery: the proxy configuration
 // shared by the runs' sessions, and the start-up proof's outcome.
 type egressState struct {
 	cfg egress.Config
+	// caPEM is the egress CA's certificate, for profiles with
+	// egress_inject; nil when none has.
+	caPEM []byte
 	// proved is closed when the proof has an outcome; err is its failure.
 	proved chan struct{}
 	err    error
@@ -67,9 +89,15 @@ func (w *Worker) hasEgressProfiles() bool {
 // with ctx). Called by Start.
 func (w *Worker) startEgress(ctx context.Context) {
 	w.egress = &egressState{proved: make(chan struct{})}
-	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress, RestartDelay: w.cfg.EgressRestartDelay}
+	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress,
+		RestartDelay: w.cfg.EgressRestartDelay, UpstreamRoots: w.cfg.EgressUpstreamRoots}
 	if !w.hasEgressProfiles() {
 		w.egress.settle(nil)
+		return
+	}
+	if err := w.loadEgressCA(); err != nil {
+		w.log.Error().Err(err).Msg("egress CA: runs of profiles with an egress allowlist are refused")
+		w.egress.settle(err)
 		return
 	}
 	w.bg.Add(1)
@@ -142,7 +170,16 @@ func (r *run) openEgress(ctx context.Context, prof Profile, dir string) error {
 	if err := r.w.awaitEgressProof(ctx); err != nil {
 		return err
 	}
-	s, err := egress.Open(r.w.egress.cfg, r.req.ID, prof.egressPolicy, filepath.Join(dir, EgressSocketName))
+	inj, err := r.w.injections(prof)
+	if err != nil {
+		return err
+	}
+	if len(inj) > 0 {
+		if err := r.w.stageEgressCA(dir); err != nil {
+			return err
+		}
+	}
+	s, err := egress.Open(r.w.egress.cfg, r.req.ID, prof.egressPolicy, filepath.Join(dir, EgressSocketName), inj...)
 	if err != nil {
 		return err
 	}
@@ -201,4 +238,44 @@ func (w *Worker) probeTargets() []string {
 		}
 	}
 	return targets
+}
+
+// forbiddenInjectHeaders may not be set by an injection: they frame the
+// request or steer the proxy.
+var forbiddenInjectHeaders = []string{"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection"}
+
+// validateInject checks the profile's egress_inject entries: each names an
+// exact (not wildcard) egress entry, a header that does not frame the
+// request, and a variable that is not also passed into the container.
+func (p Profile) validateInject() error {
+	for _, in := range p.EgressInject {
+		host, _, err := net.SplitHostPort(in.Host)
+		if err != nil || strings.HasPrefix(host, "*") || !slices.ContainsFunc(p.Egress, func(e string) bool { return strings.EqualFold(e, in.Host) }) {
+			return fmt.Errorf("egress_inject host %q must be one of the profile's egress entries, a name:port without wildcard", in.Host)
+		}
+		if !validHeaderName(in.Header) || slices.Contains(forbiddenInjectHeaders, strings.ToLower(in.Header)) {
+			return fmt.Errorf("egress_inject header %q is not a header the proxy may set", in.Header)
+		}
+		if !messages.ValidEnvName(in.FromEnv) {
+			return fmt.Errorf("egress_inject from_env %q is not a valid variable name", in.FromEnv)
+		}
+		if slices.Contains(p.EnvFromHost, in.FromEnv) {
+			return fmt.Errorf("egress_inject from_env %s is also in env_from_host, which would put the key into the container", in.FromEnv)
+		}
+	}
+	return nil
+}
+
+// validHeaderName reports whether s is an HTTP header name (an RFC 9110
+// token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", c)) {
+			return false
+		}
+	}
+	return true
 }

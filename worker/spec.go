@@ -86,6 +86,9 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 	}
 	if in.Plan.EgressRelay {
 		env = append(env, egressEnv()...)
+		if len(p.EgressInject) > 0 {
+			env = append(env, egressTrustEnv()...)
+		}
 	}
 	var mounts []Mount
 	if in.RunDir != "" {

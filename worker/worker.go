@@ -10,6 +10,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -93,6 +94,16 @@ type Config struct {
 	// proof must not reach directly. Default "1.1.1.1:443" (from a
 	// container with no network, no packet leaves).
 	EgressProbeOutside string
+	// EgressCADir keeps the installation's egress CA (ca.pem, and
+	// ca-key.pem, mode 0600), made on first use, for profiles with
+	// egress_inject. Workers of one installation on one host share it; the
+	// key is never mounted into a container. Default:
+	// <user config dir>/jetcrew/egress-ca/<installation>.
+	EgressCADir string
+	// EgressUpstreamRoots verifies the real hosts' certificates on the
+	// proxy's own TLS connections for egress_inject hosts. Default: the
+	// system's roots.
+	EgressUpstreamRoots *x509.CertPool
 	// EgressRestartDelay is how long a run's egress proxy stays down after
 	// its listener failed before it is reopened (connections fail
 	// meanwhile). Default 200ms.
