@@ -53,3 +53,27 @@ egress = ["api.example.com"]
 `))
 	require.ErrorContains(t, err, "egress entry")
 }
+
+// egress_inject must name an exact egress entry, a header that does not
+// frame the request, and a variable that does not also enter the container.
+func TestEgressInjectValidation(t *testing.T) {
+	t.Parallel()
+	base := `[profiles.eg]
+image = "img"
+command = ["x"]
+egress = ["api.example.com:443", "*.example.org:443"]
+`
+	for _, tc := range []struct{ inject, want string }{
+		{`egress_inject = [{ host = "other.example.com:443", header = "x-api-key", from_env = "K" }]`, "one of the profile's egress entries"},
+		{`egress_inject = [{ host = "*.example.org:443", header = "x-api-key", from_env = "K" }]`, "without wildcard"},
+		{`egress_inject = [{ host = "api.example.com:443", header = "Host", from_env = "K" }]`, "not a header"},
+		{`egress_inject = [{ host = "api.example.com:443", header = "bad header", from_env = "K" }]`, "not a header"},
+		{`egress_inject = [{ host = "api.example.com:443", header = "x-api-key", from_env = "1K" }]`, "from_env"},
+		{"env_from_host = [\"K\"]\n" + `egress_inject = [{ host = "api.example.com:443", header = "x-api-key", from_env = "K" }]`, "env_from_host"},
+	} {
+		_, err := worker.ParseProfiles("t", []byte(base+tc.inject+"\n"))
+		require.ErrorContains(t, err, tc.want, tc.inject)
+	}
+	_, err := worker.ParseProfiles("t", []byte(base+`egress_inject = [{ host = "api.example.com:443", header = "Authorization", from_env = "K", prefix = "Bearer " }]`+"\n"))
+	require.NoError(t, err)
+}
