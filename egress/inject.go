@@ -70,6 +70,15 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		req.Body = a.up
 	}
 	ctx.UserData = a
+	// goproxy's MITM loop skips the response handlers when the round trip
+	// fails: record the failure here, so no attempt or slot is lost.
+	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
+		resp, err := s.proxy.Tr.RoundTrip(req)
+		if err != nil {
+			s.finishAttempt(a, 0, "upstream: "+err.Error())
+		}
+		return resp, err
+	})
 	return req.WithContext(context.WithValue(req.Context(), dialKey{}, m.target)), nil
 }
 

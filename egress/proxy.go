@@ -277,9 +277,14 @@ func (s *Session) Totals() messages.EgressTotals {
 	return s.totals
 }
 
+// closeWait bounds how long Close waits for the connections it cut to be
+// recorded.
+const closeWait = 5 * time.Second
+
 // Close stops the session: the listener, every open connection and the
-// supervisor, and removes the socket. It returns the final totals. Safe to
-// call twice.
+// supervisor, and removes the socket. It waits (up to 5s) until every
+// connection it cut has been recorded, and returns the final totals. Safe
+// to call twice.
 func (s *Session) Close() messages.EgressTotals {
 	s.mu.Lock()
 	s.closed = true
@@ -287,6 +292,14 @@ func (s *Session) Close() messages.EgressTotals {
 	s.Kill()
 	<-s.done
 	_ = os.Remove(s.path)
+	for deadline := time.Now().Add(closeWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		open := s.open
+		s.mu.Unlock()
+		if open == 0 {
+			break
+		}
+	}
 	return s.Totals()
 }
 

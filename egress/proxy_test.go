@@ -302,6 +302,16 @@ func TestProxyInjectsKey(t *testing.T) {
 	require.Len(t, seen, 1)
 	mu.Unlock()
 	require.EqualValues(t, 1, sess.Totals().Allowed)
+
+	// The real host down: the attempt is recorded and its slot freed.
+	srv.Close()
+	if resp, err := c.Get("https://example.com:" + p + "/"); err == nil {
+		resp.Body.Close()
+	}
+	start := time.Now()
+	tot := sess.Close()
+	require.Less(t, time.Since(start), time.Second, "a connection slot was never freed")
+	require.EqualValues(t, 2, tot.Allowed)
 }
 
 func atoi(t *testing.T, s string) int {

@@ -217,27 +217,30 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 	if !ok {
 		return resp
 	}
-	finish := func(down int64, reason string) {
-		a.once.Do(func() {
-			s.release()
-			if a.up != nil {
-				a.ev.BytesUp = a.up.n.Load()
-			}
-			a.ev.BytesDown, a.ev.Reason = down, reason
-			s.record(a.ev)
-		})
-	}
 	if resp == nil {
 		reason := "upstream failed"
 		if ctx.Error != nil {
 			reason = "upstream: " + ctx.Error.Error()
 		}
-		finish(0, reason)
+		s.finishAttempt(a, 0, reason)
 		return resp
 	}
 	cr := &countingReader{r: resp.Body}
-	resp.Body = &closeHook{countingReader: cr, close: func() { finish(cr.n.Load(), "") }}
+	resp.Body = &closeHook{countingReader: cr, close: func() { s.finishAttempt(a, cr.n.Load(), "") }}
 	return resp
+}
+
+// finishAttempt records an allowed plain-HTTP (or injected) request once,
+// with the bytes received, and frees its connection slot.
+func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
+	a.once.Do(func() {
+		if a.up != nil {
+			a.ev.BytesUp = a.up.n.Load()
+		}
+		a.ev.BytesDown, a.ev.Reason = down, reason
+		s.record(a.ev)
+		s.release()
+	})
 }
 
 // countingReader counts the bytes read through it.

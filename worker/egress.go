@@ -204,10 +204,12 @@ func (w *Worker) KillEgress(runID string) bool {
 	return true
 }
 
-// noteEgress copies the run's egress totals into its state.
+// noteEgress closes the run's egress proxy (the run's container has ended
+// when its final state is recorded) and copies its final totals into the
+// state.
 func (r *run) noteEgress() {
 	if r.egressSess != nil {
-		t := r.egressSess.Totals()
+		t := r.egressSess.Close()
 		r.state.Egress = &t
 	}
 }
