@@ -319,3 +319,43 @@ func atoi(t *testing.T, s string) int {
 	require.NoError(t, err)
 	return n
 }
+
+// The caps a run cannot exceed: open connections (MaxOpen: a further one
+// gets 429 and a refusal) and published events (MaxEvents: later attempts
+// are only counted).
+func TestProxyCaps(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	p := port(t, srv.URL)
+	b := &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}
+	sess, err := Open(Config{Resolver: table{"api.test": {netip.MustParseAddr("127.0.0.1")}}, MaxOpen: 1, MaxEvents: 3,
+		Publish: func(ev messages.EgressEvent) { b.mu.Lock(); b.events = append(b.events, ev); b.mu.Unlock() }},
+		"run1", MustPolicy("api.test:"+p, "127.0.0.1:"+p), b.path)
+	require.NoError(t, err)
+	defer sess.Close()
+	b.sess = sess
+	connect := func() (net.Conn, string) {
+		conn, err := net.Dial("unix", b.path)
+		require.NoError(t, err)
+		fmt.Fprintf(conn, "CONNECT api.test:%s HTTP/1.1\r\nHost: api.test\r\n\r\n", p)
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		require.NoError(t, err)
+		return conn, line
+	}
+	held, line := connect()
+	require.Contains(t, line, "200")
+	second, line := connect()
+	second.Close()
+	require.Contains(t, line, "429")
+	held.Close()
+	for i := 0; i < 4; i++ {
+		_, err := b.client().Get("https://unlisted.test:" + p + "/")
+		require.Error(t, err)
+	}
+	require.Eventually(t, func() bool {
+		tot := sess.Totals()
+		return tot.Refused == 6 && tot.EventsDropped == 3 // the held tunnel sent no ClientHello: refused too
+	}, 5*time.Second, 10*time.Millisecond, "%+v", sess.Totals())
+	require.Len(t, b.recorded(), 3)
+}
