@@ -104,6 +104,20 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
+	// Dial the checked address while the ClientHello comes: one round trip
+	// less before the handshake. Nothing is sent upstream before the hello
+	// passed the SNI check; a refused tunnel's connection is closed unused.
+	type dialed struct {
+		c   net.Conn
+		err error
+	}
+	dialc := make(chan dialed, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+		defer cancel()
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", target.String())
+		dialc <- dialed{c, err}
+	}()
 	_ = client.SetReadDeadline(time.Now().Add(s.cfg.HelloTimeout))
 	sni, hello, err := readClientHello(client)
 	_ = client.SetReadDeadline(time.Time{})
@@ -119,11 +133,15 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	}
 	if ev.Reason != "" {
 		s.record(ev)
+		go func() {
+			if d := <-dialc; d.c != nil {
+				_ = d.c.Close()
+			}
+		}()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
-	up, err := (&net.Dialer{}).DialContext(ctx, "tcp", target.String())
-	cancel()
+	d := <-dialc
+	up, err := d.c, d.err
 	ev.Allowed = true
 	if err != nil {
 		ev.Reason = "dial " + target.String() + ": " + err.Error()
