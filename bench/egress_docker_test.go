@@ -127,4 +127,3 @@ func (f fixedNames) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr
 	}
 	return nil, fmt.Errorf("no such host %s", host)
 }
-
