@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/spf13/pflag"
+
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -45,4 +47,10 @@ func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
 	}
 	_, err := fmt.Fprintln(p.stderr, line)
 	return err
+}
+
+// addEgressFlags adds the worker's egress flags.
+func (o *workerOptions) addEgressFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.egressCADir, "egress-ca-dir", "",
+		"directory of the installation's egress CA, for profiles with egress_inject (default: <user config dir>/jetcrew/egress-ca/<installation>)")
 }
