@@ -91,6 +91,7 @@ func TestEgressProxy(t *testing.T) {
 	record(t, "egress_ttfb_proxied_p50", Figure{Value: p50, Unit: "ms", Samples: len(proxied), Baseline: "egress_ttfb_direct_p50", Ratio: p50 / d50,
 		What: "the same through the run's egress proxy (unix socket, CONNECT, SNI check, tunnel)"})
 
+	baseG := runtime.NumGoroutine()
 	mem := func(proxied bool) float64 {
 		var conns []net.Conn
 		defer func() {
@@ -98,9 +99,15 @@ func TestEgressProxy(t *testing.T) {
 				c.Close()
 			}
 		}()
+		// The previous round's connections end asynchronously: wait for
+		// their goroutines before taking the baseline.
+		for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > baseG && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
+		g0 := runtime.NumGoroutine()
 		for i := 0; i < egressTunnels; i++ {
 			var raw net.Conn
 			var err error
@@ -125,7 +132,11 @@ func TestEgressProxy(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		return float64((after.HeapInuse+after.StackInuse)-(before.HeapInuse+before.StackInuse)) / egressTunnels
+		t.Logf("proxied=%v heap/tunnel=%.1f KiB stack/tunnel=%.1f KiB goroutines/tunnel=%.2f", proxied,
+			float64(int64(after.HeapInuse)-int64(before.HeapInuse))/egressTunnels/1024,
+			float64(int64(after.StackInuse)-int64(before.StackInuse))/egressTunnels/1024,
+			float64(runtime.NumGoroutine()-g0)/egressTunnels)
+		return float64(int64(after.HeapInuse+after.StackInuse)-int64(before.HeapInuse+before.StackInuse)) / egressTunnels
 	}
 	// Alternate, three of each; the figure is the difference of medians.
 	var mds, mps []float64
