@@ -16,31 +16,22 @@ import (
 	"time"
 )
 
-// CA file names in the directory LoadOrCreateCA keeps them in.
-const (
-	caCertFile = "ca.pem"
-	caKeyFile  = "ca-key.pem"
-)
+// caFile is the file, in the directory LoadOrCreateCA keeps the CA in,
+// holding its certificate and its private key (PEM, mode 0600).
+const caFile = "ca.pem"
 
-// LoadOrCreateCA returns the certificate authority kept in dir (ca.pem and
-// ca-key.pem), creating it when dir holds none: an ECDSA P-256 key and a
-// self-signed certificate named name, valid for 10 years, that may sign
-// only end-entity certificates (MaxPathLen 0). dir is created 0700 and the
-// key written 0600: only the worker's user reads it; it is never mounted
-// into a container. It returns the key pair and the certificate in PEM.
+// LoadOrCreateCA returns the certificate authority kept in dir/ca.pem,
+// creating it when there is none: an ECDSA P-256 key and a self-signed
+// certificate named name, valid for 10 years, that may sign only
+// end-entity certificates (MaxPathLen 0). dir is created 0700 and the file
+// written 0600: only the worker's user reads it; it is never mounted into a
+// container. Workers racing to create it agree: the file appears at once,
+// whole (a hard link of a finished temporary file), and the loser loads the
+// winner's. It returns the key pair and the certificate alone in PEM.
 func LoadOrCreateCA(dir, name string) (*tls.Certificate, []byte, error) {
-	certPath, keyPath := filepath.Join(dir, caCertFile), filepath.Join(dir, caKeyFile)
-	certPEM, cerr := os.ReadFile(certPath)
-	keyPEM, kerr := os.ReadFile(keyPath)
-	if cerr == nil && kerr == nil {
-		pair, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			return nil, nil, fmt.Errorf("egress CA in %s: %w", dir, err)
-		}
-		return &pair, certPEM, nil
-	}
-	if !errors.Is(cerr, os.ErrNotExist) || !errors.Is(kerr, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("egress CA in %s: one of %s, %s is missing or unreadable: %w", dir, caCertFile, caKeyFile, errors.Join(cerr, kerr))
+	path := filepath.Join(dir, caFile)
+	if pair, certPEM, err := loadCA(path); err == nil || !errors.Is(err, os.ErrNotExist) {
+		return pair, certPEM, err
 	}
 	certPEM, keyPEM, err := newCA(name)
 	if err != nil {
@@ -49,16 +40,32 @@ func LoadOrCreateCA(dir, name string) (*tls.Certificate, []byte, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("egress CA: %w", err)
 	}
-	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+	tmp, err := os.CreateTemp(dir, ".ca-*.pem")
+	if err != nil {
 		return nil, nil, fmt.Errorf("egress CA: %w", err)
 	}
-	if err := os.WriteFile(certPath, certPEM, 0o644); err != nil {
+	defer os.Remove(tmp.Name())
+	_, werr := tmp.Write(append(certPEM, keyPEM...))
+	if cerr := tmp.Close(); werr != nil || cerr != nil {
+		return nil, nil, fmt.Errorf("egress CA: %w", errors.Join(werr, cerr))
+	}
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, nil, fmt.Errorf("egress CA: %w", err)
 	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	return loadCA(path)
+}
+
+// loadCA reads the CA file at path.
+func loadCA(path string) (*tls.Certificate, []byte, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
 	}
+	pair, err := tls.X509KeyPair(data, data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress CA %s: %w", path, err)
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pair.Certificate[0]})
 	return &pair, certPEM, nil
 }
 

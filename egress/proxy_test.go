@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -358,4 +359,33 @@ func TestProxyCaps(t *testing.T) {
 		return tot.Refused == 6 && tot.EventsDropped == 3 // the held tunnel sent no ClientHello: refused too
 	}, 5*time.Second, 10*time.Millisecond, "%+v", sess.Totals())
 	require.Len(t, b.recorded(), 3)
+}
+
+// Workers racing to create the installation's CA end up with one CA; the
+// file is 0600 and a later load returns the same certificate.
+func TestLoadOrCreateCARace(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "ca")
+	certs := make([][]byte, 8)
+	var wg sync.WaitGroup
+	for i := range certs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, c, err := LoadOrCreateCA(dir, "test CA")
+			require.NoError(t, err)
+			certs[i] = c
+		}()
+	}
+	wg.Wait()
+	for _, c := range certs {
+		require.Equal(t, certs[0], c)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "ca.pem"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	_, again, err := LoadOrCreateCA(dir, "test CA")
+	require.NoError(t, err)
+	require.Equal(t, certs[0], again)
+	require.NotContains(t, string(again), "PRIVATE KEY")
 }

@@ -94,8 +94,8 @@ type Config struct {
 	// proof must not reach directly. Default "1.1.1.1:443" (from a
 	// container with no network, no packet leaves).
 	EgressProbeOutside string
-	// EgressCADir keeps the installation's egress CA (ca.pem, and
-	// ca-key.pem, mode 0600), made on first use, for profiles with
+	// EgressCADir keeps the installation's egress CA (ca.pem: certificate
+	// and key, mode 0600), made on first use, for profiles with
 	// egress_inject. Workers of one installation on one host share it; the
 	// key is never mounted into a container. Default:
 	// <user config dir>/jetcrew/egress-ca/<installation>.
