@@ -33,14 +33,15 @@ const (
 
 // egressEnv returns the environment that points a run's HTTP clients at its
 // egress proxy: HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and their lowercase forms,
-// and NO_PROXY for loopback.
+// NO_PROXY for loopback, and NODE_USE_ENV_PROXY=1, without which Node's
+// built-in fetch (Node 24 and later) ignores them.
 func egressEnv() []string {
 	u := "http://" + EgressProxyAddr
 	var env []string
 	for _, k := range []string{"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"} {
 		env = append(env, k+"="+u, strings.ToLower(k)+"="+u)
 	}
-	return append(env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+	return append(env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1", "NODE_USE_ENV_PROXY=1")
 }
 
 // CA files staged in the run directory of a profile with egress_inject.
