@@ -138,7 +138,9 @@ func (p AgentPlan) containerArgv() []string {
 // error (which retrying cannot fix) for an unknown backend or a prompt the
 // backend cannot pass.
 func planAgent(p Profile, prompt string, coord bool) (AgentPlan, error) {
-	var plan AgentPlan
+	// A profile with an egress allowlist reaches out only through the
+	// relay the launcher starts (egress.go).
+	plan := AgentPlan{EgressRelay: len(p.Egress) > 0}
 	b, err := lookupBackend(p.Backend)
 	if err != nil {
 		return plan, err

@@ -152,7 +152,6 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 	if err != nil {
 		return p, err
 	}
-	plan.EgressRelay = len(prof.Egress) > 0
 	p.plan = plan
 	in := SpecInput{
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
