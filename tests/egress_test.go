@@ -145,14 +145,22 @@ func egressResults(out string) map[string]string {
 	return res
 }
 
-// TestEgressAllowlist: two runs of two egress profiles at once each reach
-// their own provider name through the proxy and nothing else: not the
-// other's name (403 and an egress event), not the provider's address
-// directly, not DNS, not the metadata address, not the host's NATS port,
-// not a tunnel whose SNI differs from its CONNECT name. A run of the shell
-// profile (network none) has loopback only. /readyz waits for the proof.
-func TestEgressAllowlist(t *testing.T) {
-	t.Parallel()
+// egressEnv is a worker with egress profiles (api, other, inj) on real
+// Docker and its own NATS server, against the stand-in provider.
+type egressEnv struct {
+	w        *worker.Worker
+	js       jetstream.JetStream
+	url      string
+	provider netip.Addr
+	gateway  netip.Addr
+	natsPort int
+}
+
+// startEgressWorker starts the provider, a NATS server and a worker whose
+// profiles api, other and inj each allow their own provider name (inj with
+// the key injected), and waits for its egress proof.
+func startEgressWorker(t *testing.T) egressEnv {
+	t.Helper()
 	image := egressFixtureImage(t)
 	provider, gateway, roots := startProvider(t, image)
 	srv := workertest.StartServer(t)
@@ -160,7 +168,6 @@ func TestEgressAllowlist(t *testing.T) {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	port := srv.Addr().(*net.TCPAddr).Port
-
 	prof := func(own string) string {
 		return fmt.Sprintf(`[profiles.%[1]s]
 image = %[2]q
@@ -201,71 +208,94 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		_ = w.Stop(ctx)
 	})
 	require.Eventually(t, w.Ready, 60*time.Second, 50*time.Millisecond, "the egress proof never passed")
+	return egressEnv{w: w, js: js, url: srv.ClientURL(), provider: provider, gateway: gateway, natsPort: port}
+}
 
-	script := egressScript(provider, gateway, port)
+// submit publishes a run request.
+func (e egressEnv) submit(t *testing.T, id, profile, prompt string) {
+	t.Helper()
+	data, err := json.Marshal(messages.RunRequest{ID: id, Profile: profile, Prompt: prompt})
+	require.NoError(t, err)
+	_, err = e.js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)
+	require.NoError(t, err)
+}
+
+// TestEgressAllowlist: two runs of two egress profiles at once each reach
+// their own provider name through the proxy and nothing else: not the
+// other's name (403 and an egress event), not the provider's address
+// directly, not DNS, not the metadata address, not the host's NATS port,
+// not a tunnel whose SNI differs from its CONNECT name. A run of the shell
+// profile (network none) has loopback only. /readyz waits for the proof.
+// Meanwhile a run's proxy is killed mid-run (it fails closed, then comes
+// back) and a run of the inj profile gets its key added by the proxy.
+func TestEgressAllowlist(t *testing.T) {
+	t.Parallel()
+	e := startEgressWorker(t)
+	script := egressScript(e.provider, e.gateway, e.natsPort)
 	ids := map[string]string{"api": "eg-api-" + opsSuffix(t), "other": "eg-other-" + opsSuffix(t), "shell": "eg-shell-" + opsSuffix(t)}
-	submit := func(id, profile, prompt string) {
-		data, err := json.Marshal(messages.RunRequest{ID: id, Profile: profile, Prompt: prompt})
-		require.NoError(t, err)
-		_, err = js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)
-		require.NoError(t, err)
-	}
 	for p, id := range ids {
 		prompt := script
 		if p == "shell" {
 			prompt = `ls /sys/class/net`
 		}
-		submit(id, p, prompt)
+		e.submit(t, id, p, prompt)
 	}
 	injected := "eg-inj-" + opsSuffix(t)
-	submit(injected, "inj", injectScript)
+	e.submit(t, injected, "inj", injectScript)
 	killed := "eg-kill-" + opsSuffix(t)
-	submit(killed, "api", killScript)
-	requireEgressKillFailsClosed(t, w, js, srv.ClientURL(), killed)
-	requireKeyInjected(t, js, srv.ClientURL(), injected)
+	e.submit(t, killed, "api", killScript)
+	requireEgressKillFailsClosed(t, e.w, e.js, e.url, killed)
+	requireKeyInjected(t, e.js, e.url, injected)
 	for p, id := range ids {
-		st := waitState(t, srv.ClientURL(), id, func(s messages.RunState) bool { return s.State.Final() })
-		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", p, st.Reason)
-		out, events := egressRunOutput(t, js, id)
-		if p == "shell" {
-			require.Equal(t, "lo\n", out)
-			require.Nil(t, st.Egress)
-			continue
-		}
-		other := map[string]string{"api": "other", "other": "api"}[p]
-		res := egressResults(out)
-		want := map[string]bool{p + "-https": true, p + "-http": true, other + "-https": false, other + "-http": false,
-			"direct-tcp": false, "dns-provider": false, "dns-outside": false, "metadata-direct": false,
-			"metadata-proxy": false, "host-nats": false, "sni-mismatch": false, "only-loopback": true}
-		if p == "other" {
-			want["sni-match-other"] = true
-		}
-		for name, ok := range want {
-			got, seen := res[name]
-			require.True(t, seen, "%s: check %s did not run:\n%s", p, name, out)
-			require.Equal(t, ok, strings.HasPrefix(got, "ok"), "%s: check %s: %s", p, name, got)
-		}
-		var refusedOther, refusedMeta, refusedSNI, allowedOwn bool
-		for _, ev := range events {
-			switch {
-			case ev.Allowed && ev.Host == p+".provider.test" && ev.BytesDown > 0:
-				allowedOwn = true
-			case !ev.Allowed && ev.Host == other+".provider.test" && strings.Contains(ev.Reason, "allowlist"):
-				refusedOther = true
-			case !ev.Allowed && ev.Host == "169.254.169.254":
-				refusedMeta = true
-			case !ev.Allowed && strings.Contains(ev.Reason, "SNI"):
-				refusedSNI = true
-			}
-		}
-		require.True(t, allowedOwn && refusedOther && refusedMeta, "%s: egress events %+v", p, events)
-		if p == "api" {
-			require.True(t, refusedSNI, "api: no SNI refusal in %+v", events)
-		}
-		require.NotNil(t, st.Egress)
-		require.GreaterOrEqual(t, st.Egress.Allowed, int64(2))
-		require.GreaterOrEqual(t, st.Egress.Refused, int64(2))
+		requireEgressRun(t, e, p, id)
 	}
+}
+
+// requireEgressRun checks the outcome of run id of profile p (api, other:
+// the egress script; shell: loopback only).
+func requireEgressRun(t *testing.T, e egressEnv, p, id string) {
+	t.Helper()
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", p, st.Reason)
+	out, events := egressRunOutput(t, e.js, id)
+	if p == "shell" {
+		require.Equal(t, "lo\n", out)
+		require.Nil(t, st.Egress)
+		return
+	}
+	other := map[string]string{"api": "other", "other": "api"}[p]
+	res := egressResults(out)
+	want := map[string]bool{p + "-https": true, p + "-http": true, other + "-https": false, other + "-http": false,
+		"direct-tcp": false, "dns-provider": false, "dns-outside": false, "metadata-direct": false,
+		"metadata-proxy": false, "host-nats": false, "sni-mismatch": false, "only-loopback": true}
+	if p == "other" {
+		want["sni-match-other"] = true
+	}
+	for name, ok := range want {
+		got, seen := res[name]
+		require.True(t, seen, "%s: check %s did not run:\n%s", p, name, out)
+		require.Equal(t, ok, strings.HasPrefix(got, "ok"), "%s: check %s: %s", p, name, got)
+	}
+	var refusedOther, refusedMeta, refusedSNI, allowedOwn bool
+	for _, ev := range events {
+		switch {
+		case ev.Allowed && ev.Host == p+".provider.test" && ev.BytesDown > 0:
+			allowedOwn = true
+		case !ev.Allowed && ev.Host == other+".provider.test" && strings.Contains(ev.Reason, "allowlist"):
+			refusedOther = true
+		case !ev.Allowed && ev.Host == "169.254.169.254":
+			refusedMeta = true
+		case !ev.Allowed && strings.Contains(ev.Reason, "SNI"):
+			refusedSNI = true
+		}
+	}
+	require.True(t, allowedOwn && refusedOther && refusedMeta, "%s: egress events %+v", p, events)
+	if p == "api" {
+		require.True(t, refusedSNI, "api: no SNI refusal in %+v", events)
+	}
+	require.NotNil(t, st.Egress)
+	require.GreaterOrEqual(t, st.Egress.Allowed, int64(2))
+	require.GreaterOrEqual(t, st.Egress.Refused, int64(2))
 }
 
 // killScript fetches through the proxy every 50ms and prints OK or FAIL; it
