@@ -28,3 +28,16 @@ func TestWatchPrintsEgressRefusals(t *testing.T) {
 	require.Empty(t, out.String())
 	require.Equal(t, "--- egress refused: CONNECT evil.example:443: not in the profile's egress allowlist\n", errOut.String())
 }
+
+// status shows a run's egress totals, and nothing about egress for a run
+// without them.
+func TestStatusShowsEgress(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded,
+		Egress: &messages.EgressTotals{Allowed: 3, Refused: 1, BytesUp: 10, BytesDown: 20}}))
+	require.Contains(t, b.String(), "3 allowed, 1 refused, 10 bytes up, 20 bytes down")
+	b.Reset()
+	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded}))
+	require.NotContains(t, b.String(), "egress")
+}
