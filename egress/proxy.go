@@ -38,6 +38,9 @@ type Config struct {
 	// once, allowed ones when they end. It must not block for long. Nil
 	// publishes nothing.
 	Publish func(messages.EgressEvent)
+	// Observe, when set, is told of every attempt (allowed or not), past
+	// MaxEvents too: for metrics. It must not block.
+	Observe func(allowed bool)
 	// Logger receives the sessions' own log lines (restarts, failures).
 	Logger zerolog.Logger
 	// OwnAddrs are the host's own addresses, refused unless listed.
@@ -324,6 +327,9 @@ func (s *Session) record(ev messages.EgressEvent) {
 	s.mu.Unlock()
 	if !ev.Allowed {
 		s.log.Info().Str("host", ev.Host).Int("port", ev.Port).Str("reason", ev.Reason).Msg("egress refused")
+	}
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(ev.Allowed)
 	}
 	if publish && s.cfg.Publish != nil {
 		s.cfg.Publish(ev)

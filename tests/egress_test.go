@@ -249,6 +249,22 @@ func TestEgressAllowlist(t *testing.T) {
 	for p, id := range ids {
 		requireEgressRun(t, e, p, id)
 	}
+	mfs, err := e.w.Registry().Gather()
+	require.NoError(t, err)
+	counted := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "jetcrew_egress_attempts_total" {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" {
+						counted[l.GetValue()] = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	require.Positive(t, counted["allowed"], "metrics: %v", counted)
+	require.Positive(t, counted["refused"], "metrics: %v", counted)
 }
 
 // requireEgressRun checks the outcome of run id of profile p (api, other:

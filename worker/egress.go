@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress"
@@ -90,7 +91,19 @@ func (w *Worker) hasEgressProfiles() bool {
 // with ctx). Called by Start.
 func (w *Worker) startEgress(ctx context.Context) {
 	w.egress = &egressState{proved: make(chan struct{})}
-	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress,
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "jetcrew",
+		ConstLabels: prometheus.Labels{"worker": w.cfg.ID, "pool": w.cfg.Pool},
+		Name:        "egress_attempts_total", Help: "Connection attempts of runs through their egress proxy, by result (allowed, refused)."},
+		[]string{"result"})
+	w.reg.MustRegister(attempts)
+	observe := func(allowed bool) {
+		if allowed {
+			attempts.WithLabelValues("allowed").Inc()
+		} else {
+			attempts.WithLabelValues("refused").Inc()
+		}
+	}
+	w.egress.cfg = egress.Config{Resolver: w.cfg.EgressResolver, Logger: w.log, Publish: w.publishEgress, Observe: observe,
 		RestartDelay: w.cfg.EgressRestartDelay, UpstreamRoots: w.cfg.EgressUpstreamRoots}
 	if !w.hasEgressProfiles() {
 		w.egress.settle(nil)

@@ -305,7 +305,8 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 // (jetcrew_runs_started_total, jetcrew_runs_finished_total{state},
 // jetcrew_run_duration_seconds, jetcrew_queue_wait_seconds,
 // jetcrew_runs_in_flight, jetcrew_redeliveries_total,
-// jetcrew_coordination_messages_total{direction}), for an HTTP handler.
+// jetcrew_coordination_messages_total{direction} and, with egress
+// profiles, jetcrew_egress_attempts_total{result}), for an HTTP handler.
 func (w *Worker) Registry() *prometheus.Registry { return w.reg }
 
 // Ready reports whether the worker has started, is not stopping, its NATS
