@@ -27,6 +27,7 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	metricsAddr       string // --metrics-addr; see metrics.go
 	replicas          int    // --replicas (worker only); see metrics.go
+	egressCADir       string // --egress-ca-dir; see egress.go
 	caps              streamCapFlags
 }
 
@@ -47,6 +48,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
 	o.caps.add(fs)
+	o.addEgressFlags(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -136,6 +138,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:       o.egressCADir,
 	})
 	if err != nil {
 		return err
