@@ -36,9 +36,12 @@ func (w *Worker) ensureProvisioned(ctx context.Context) error {
 }
 
 // missingResource names the first resource the worker needs that the server
-// says does not exist, or returns "" when all do.
+// says does not exist, or returns "" when all do. It asks three questions a
+// heartbeat: the two memory-storage buckets (lost by any restart) and the
+// pool's consumer (lost, with its stream, when the store is), since any one
+// missing provisions everything again.
 func (w *Worker) missingResource(ctx context.Context) (string, error) {
-	for _, b := range []string{BucketWorkers, coordination.BucketPeers, messages.BucketRuns} {
+	for _, b := range []string{BucketWorkers, coordination.BucketPeers} {
 		_, err := w.js.KeyValue(ctx, b)
 		switch {
 		case errors.Is(err, jetstream.ErrBucketNotFound):
@@ -47,19 +50,12 @@ func (w *Worker) missingResource(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("look up bucket %s: %w", b, err)
 		}
 	}
-	for _, s := range []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, StreamAdvisories} {
-		_, err := w.js.Stream(ctx, s)
-		switch {
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			return "stream " + s, nil
-		case err != nil:
-			return "", fmt.Errorf("look up stream %s: %w", s, err)
-		}
-	}
 	name := messages.ConsumerName(w.cfg.Provision.Pool)
-	if _, err := w.js.Consumer(ctx, messages.StreamRuns, name); errors.Is(err, jetstream.ErrConsumerNotFound) {
+	_, err := w.js.Consumer(ctx, messages.StreamRuns, name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 		return "consumer " + name, nil
-	} else if err != nil {
+	case err != nil:
 		return "", fmt.Errorf("look up consumer %s: %w", name, err)
 	}
 	return "", nil
