@@ -1,0 +1,137 @@
+package console
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// runWatcher is what the cache needs of the dispatcher.
+type runWatcher interface {
+	WatchRuns(ctx context.Context, fn func(dispatcher.RunUpdate)) error
+}
+
+// cache holds the state of every run in the jetcrew-runs bucket, kept
+// current by one KV watch, and fans changes out to the pages' live streams.
+// Its size is the bucket's: the bucket's own limits (history 1, the
+// worker's max age) cap it.
+type cache struct {
+	mu     sync.RWMutex
+	runs   map[string]messages.RunState
+	synced chan struct{} // closed once the stored states are loaded
+	subs   map[chan messages.RunState]struct{}
+}
+
+func newCache() *cache {
+	return &cache{
+		runs:   make(map[string]messages.RunState),
+		synced: make(chan struct{}),
+		subs:   make(map[chan messages.RunState]struct{}),
+	}
+}
+
+// run follows the bucket with w until ctx ends, retrying after a failed
+// watch (the bucket not provisioned yet, NATS away) every retry.
+func (c *cache) run(ctx context.Context, w runWatcher, retry time.Duration, onErr func(error)) {
+	for ctx.Err() == nil {
+		err := w.WatchRuns(ctx, c.apply)
+		if err != nil && onErr != nil {
+			onErr(err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
+}
+
+// apply records one update and passes a live change to every subscriber.
+// A subscriber too slow to take it is dropped (its channel closed), and
+// its page reconnects and starts again from the current states.
+func (c *cache) apply(u dispatcher.RunUpdate) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case u.Synced:
+		select {
+		case <-c.synced:
+		default:
+			close(c.synced)
+		}
+		return
+	case u.Deleted:
+		delete(c.runs, u.ID)
+		return
+	}
+	c.runs[u.ID] = u.State
+	for ch := range c.subs {
+		select {
+		case ch <- u.State:
+		default:
+			delete(c.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// subscribe returns a channel of live state changes and the function that
+// ends the subscription. The channel is closed when the subscriber falls
+// behind or unsubscribes.
+func (c *cache) subscribe() (<-chan messages.RunState, func()) {
+	ch := make(chan messages.RunState, 256)
+	c.mu.Lock()
+	c.subs[ch] = struct{}{}
+	c.mu.Unlock()
+	return ch, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if _, ok := c.subs[ch]; ok {
+			delete(c.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// get returns the state of run id.
+func (c *cache) get(id string) (messages.RunState, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	st, ok := c.runs[id]
+	return st, ok
+}
+
+// filter returns the states for which keep is true, newest first (by queue
+// time, then id).
+func (c *cache) filter(keep func(*messages.RunState) bool) []messages.RunState {
+	c.mu.RLock()
+	out := make([]messages.RunState, 0, 64)
+	for _, st := range c.runs {
+		if keep(&st) {
+			out = append(out, st)
+		}
+	}
+	c.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return newer(&out[i], &out[j]) })
+	return out
+}
+
+// newer orders runs newest first: by QueuedAt, then by id.
+func newer(a, b *messages.RunState) bool {
+	if !a.QueuedAt.Equal(b.QueuedAt) {
+		return a.QueuedAt.After(b.QueuedAt)
+	}
+	return a.ID > b.ID
+}
+
+// each calls fn with every state, under the read lock: fn must not block.
+func (c *cache) each(fn func(*messages.RunState)) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, st := range c.runs {
+		fn(&st)
+	}
+}

@@ -1,0 +1,109 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// groupData is the group page's data.
+type groupData struct {
+	Group string
+	// Runs are the group's runs, newest first.
+	Runs []messages.RunState
+}
+
+// groupPage serves GET /groups/{group}: the group's runs with their
+// states; the conversation arrives over /live/group/{group}.
+func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
+	g := r.PathValue("group")
+	if err := messages.ValidateToken("group", g); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
+		return
+	}
+	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
+	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}})
+}
+
+// liveGroup serves GET /live/group/{group}: every coordination event of the
+// group's runs, oldest first then live, as "event" server-sent events, and
+// "state" events as the group's runs change state.
+func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
+	g := r.PathValue("group")
+	if err := messages.ValidateToken("group", g); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	updates, unsubscribe := c.cache.subscribe()
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	events := c.follow(ctx, []string{messages.SubjectEventsPrefix + ".*." + string(messages.EventCoord)})
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-keep.C:
+			err = s.ping()
+		case st, ok := <-updates:
+			if !ok {
+				return
+			}
+			if st.Group == g {
+				err = s.send("state", newRunRow(st))
+			}
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			var ce coordination.Event
+			if json.Unmarshal(ev.Data, &ce) != nil || ce.Group != g {
+				continue
+			}
+			_, le := toLive(ev, nil)
+			err = s.send("event", le)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// coordLive fills le from a coordination event's JSON: the sender is the
+// run the worker recorded the event for, the recipient the event's To.
+func coordLive(le liveEvent, data []byte) liveEvent {
+	var ce coordination.Event
+	if err := json.Unmarshal(data, &ce); err != nil {
+		le.Text = visible(string(data))
+		return le
+	}
+	le.RunID, le.Kind, le.From, le.To = ce.RunID, visible(string(ce.Kind)), ce.RunID, visible(ce.To)
+	switch ce.Kind {
+	case coordination.EventSent:
+		le.Text = fmt.Sprintf("message %s, %d bytes", visible(ce.MessageID), ce.Bytes)
+		if ce.Duplicate {
+			le.Text += " (duplicate, not sent again)"
+		}
+	case coordination.EventRead:
+		le.Text = "read " + visible(strings.Join(ce.MessageIDs, ", "))
+	case coordination.EventRefused:
+		le.Text = "refused: " + visible(ce.Reason)
+	default:
+		le.Text = visible(string(ce.Kind))
+	}
+	return le
+}
