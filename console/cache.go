@@ -21,14 +21,21 @@ type runWatcher interface {
 // worker's max age) cap it.
 type cache struct {
 	mu     sync.RWMutex
-	runs   map[string]messages.RunState
+	runs   map[string]cached
+	seq    uint64        // counts the changes applied; cached.seq is the latest of a run's
 	synced chan struct{} // closed once the stored states are loaded
 	subs   map[chan messages.RunState]struct{}
 }
 
+// cached is one run's state and the cache sequence of its latest change.
+type cached struct {
+	st  messages.RunState
+	seq uint64
+}
+
 func newCache() *cache {
 	return &cache{
-		runs:   make(map[string]messages.RunState),
+		runs:   make(map[string]cached),
 		synced: make(chan struct{}),
 		subs:   make(map[chan messages.RunState]struct{}),
 	}
@@ -67,7 +74,8 @@ func (c *cache) apply(u dispatcher.RunUpdate) {
 		delete(c.runs, u.ID)
 		return
 	}
-	c.runs[u.ID] = u.State
+	c.seq++
+	c.runs[u.ID] = cached{st: u.State, seq: c.seq}
 	for ch := range c.subs {
 		select {
 		case ch <- u.State:
@@ -78,15 +86,26 @@ func (c *cache) apply(u dispatcher.RunUpdate) {
 	}
 }
 
-// subscribe returns a channel of live state changes and the function that
-// ends the subscription. The channel is closed when the subscriber falls
-// behind or unsubscribes.
-func (c *cache) subscribe() (<-chan messages.RunState, func()) {
+// subscribe returns a channel of live state changes, the states that
+// changed after cache sequence since (see current) and pass keep, and the
+// function that ends the subscription. A page rendered at sequence since
+// thus misses no change made before its live stream opened. The channel is
+// closed when the subscriber falls behind or unsubscribes.
+func (c *cache) subscribe(since uint64, keep func(*messages.RunState) bool) (<-chan messages.RunState, []messages.RunState, func()) {
 	ch := make(chan messages.RunState, 256)
+	var missed []messages.RunState
 	c.mu.Lock()
 	c.subs[ch] = struct{}{}
+	if since < c.seq {
+		for _, e := range c.runs {
+			if e.seq > since && keep(&e.st) {
+				missed = append(missed, e.st)
+			}
+		}
+	}
 	c.mu.Unlock()
-	return ch, func() {
+	sort.Slice(missed, func(i, j int) bool { return newer(&missed[j], &missed[i]) })
+	return ch, missed, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if _, ok := c.subs[ch]; ok {
@@ -100,8 +119,8 @@ func (c *cache) subscribe() (<-chan messages.RunState, func()) {
 func (c *cache) get(id string) (messages.RunState, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	st, ok := c.runs[id]
-	return st, ok
+	e, ok := c.runs[id]
+	return e.st, ok
 }
 
 // filter returns the states for which keep is true, newest first (by queue
@@ -109,9 +128,9 @@ func (c *cache) get(id string) (messages.RunState, bool) {
 func (c *cache) filter(keep func(*messages.RunState) bool) []messages.RunState {
 	c.mu.RLock()
 	out := make([]messages.RunState, 0, 64)
-	for _, st := range c.runs {
-		if keep(&st) {
-			out = append(out, st)
+	for _, e := range c.runs {
+		if keep(&e.st) {
+			out = append(out, e.st)
 		}
 	}
 	c.mu.RUnlock()
@@ -131,7 +150,14 @@ func newer(a, b *messages.RunState) bool {
 func (c *cache) each(fn func(*messages.RunState)) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for _, st := range c.runs {
-		fn(&st)
+	for _, e := range c.runs {
+		fn(&e.st)
 	}
+}
+
+// current returns the cache sequence: the number of changes applied.
+func (c *cache) current() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.seq
 }

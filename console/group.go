@@ -22,13 +22,14 @@ type groupData struct {
 // groupPage serves GET /groups/{group}: the group's runs with their
 // states; the conversation arrives over /live/group/{group}.
 func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
 	g := r.PathValue("group")
 	if err := messages.ValidateToken("group", g); err != nil {
 		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
 		return
 	}
 	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
-	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}})
+	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}, Rev: rev})
 }
 
 // liveGroup serves GET /live/group/{group}: every coordination event of the
@@ -40,13 +41,18 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	updates, unsubscribe := c.cache.subscribe()
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.Group == g })
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
 	if !ok {
 		return
 	}
 	defer release()
+	for _, st := range missed {
+		if s.send("state", newRunRow(st)) != nil {
+			return
+		}
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	events := c.follow(ctx, []string{messages.SubjectEventsPrefix + ".*." + string(messages.EventCoord)})

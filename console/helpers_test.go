@@ -48,7 +48,12 @@ func setup(t *testing.T, o setupOpts) *bundle {
 		Logger: new(workertest.Logger(t))})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	t.Cleanup(func() {
+		// Runs still going (a test that failed early) are stopped at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
 	d, err := dispatcher.New(nc)
 	require.NoError(t, err)
 	c, err := New(Config{Dispatcher: d, Token: o.token})

@@ -141,7 +141,7 @@ func (c *Console) overviewFragment(w http.ResponseWriter, r *http.Request) {
 // at most every overviewMinInterval while runs change, and at least every
 // overviewMaxInterval.
 func (c *Console) liveOverview(w http.ResponseWriter, r *http.Request) {
-	updates, unsubscribe := c.cache.subscribe()
+	updates, _, unsubscribe := c.cache.subscribe(^uint64(0), nil)
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
 	if !ok {

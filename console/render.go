@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,16 @@ type page struct {
 	CSRF string
 	// Data is the page's own data.
 	Data any
+	// Rev is the run cache's sequence when the page's data was gathered:
+	// its live stream sends every change after it (see cache.subscribe).
+	Rev uint64
+}
+
+// revParam reads a live stream's ?rev=, the cache sequence its page was
+// rendered at; 0 (everything) when absent.
+func revParam(r *http.Request) uint64 {
+	n, _ := strconv.ParseUint(r.URL.Query().Get("rev"), 10, 64)
+	return n
 }
 
 var funcs = template.FuncMap{

@@ -27,6 +27,7 @@ type runData struct {
 // runPage serves GET /runs/{id}: the run's state and receipt; its events
 // and output arrive over /live/run/{id}.
 func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
 	id := r.PathValue("id")
 	if err := messages.ValidateToken("run id", id); err != nil {
 		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
@@ -51,7 +52,7 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		b, _ := json.MarshalIndent(st.Receipt, "", "  ")
 		d.Receipt = visible(string(b))
 	}
-	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d})
+	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
 }
 
 // liveEvent is one event of a run as the run and group pages get it.
@@ -81,13 +82,18 @@ func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	updates, unsubscribe := c.cache.subscribe()
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.ID == id })
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
 	if !ok {
 		return
 	}
 	defer release()
+	for _, st := range missed {
+		if s.send("state", newRunRow(st)) != nil {
+			return
+		}
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	events := c.follow(ctx, []string{messages.SubjectEventsAll(id)})

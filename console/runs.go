@@ -114,6 +114,7 @@ var allStates = []messages.State{messages.StateQueued, messages.StateRunning, me
 // runsList serves GET /runs: the filtered runs, newest first, one page at
 // a time (?before=<cursor>). ?q= with an exact run id goes to that run.
 func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
 	q := r.URL.Query()
 	f := parseFilter(q)
 	if f.IDPrefix != "" {
@@ -139,7 +140,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 		nq.Set("before", cursor{queued: last.QueuedAt, id: last.ID}.String())
 		d.Next = "/runs?" + nq.Encode()
 	}
-	c.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d})
+	c.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d, Rev: rev})
 }
 
 // runRow is a run as the live streams send it: every text made visible.
@@ -168,13 +169,18 @@ func newRunRow(st messages.RunState) runRow {
 // every state change of a run matching the filter, as it happens.
 func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 	f := parseFilter(r.URL.Query())
-	updates, unsubscribe := c.cache.subscribe()
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.match)
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
 	if !ok {
 		return
 	}
 	defer release()
+	for _, st := range missed {
+		if s.send("run", newRunRow(st)) != nil {
+			return
+		}
+	}
 	keep := time.NewTicker(sseKeepAlive)
 	defer keep.Stop()
 	for {

@@ -63,7 +63,11 @@
           const tr = runRow(r);
           tr.classList.add("fresh");
           if (old) old.replaceWith(tr);
-          else if (body.dataset.prepend) tbody.prepend(tr);
+          else if (body.dataset.prepend) {
+            tbody.prepend(tr);
+            const total = document.getElementById("total");
+            if (total) total.textContent = (parseInt(total.textContent, 10) + 1) + " run(s)";
+          }
         },
       });
     },
