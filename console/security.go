@@ -14,7 +14,7 @@ import (
 // ErrAuthRequired is returned, wrapped, by CheckListen for an address
 // beyond loopback when no token was given: the console offers cancel and
 // replay, so it is never served to a network without authentication.
-var ErrAuthRequired = errors.New("the console listens beyond loopback only with an auth token (--ui-token or JETCREW_UI_TOKEN)")
+var ErrAuthRequired = errors.New("the console listens beyond loopback only with an auth token (environment variable JETCREW_UI_TOKEN)")
 
 // contentSecurityPolicy lets a page load only the console's own script,
 // style sheet and live streams: no inline script or style, no frames, no

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/jetcrew/jetcrew/console"
 	"github.com/jetcrew/jetcrew/worker"
 )
 
@@ -22,7 +23,10 @@ const serverReadyTimeout = 10 * time.Second
 type upOptions struct {
 	listen  string
 	dataDir string
-	worker  workerOptions
+	ui      string // --ui: the console's address; "" or "off" serves none
+	// uiExplicit: --ui was given, so an address in use is an error.
+	uiExplicit bool
+	worker     workerOptions
 }
 
 func (a *app) upCmd() *cobra.Command {
@@ -42,11 +46,13 @@ The server has no authentication: keep --listen on a loopback address unless
 the network is trusted.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.uiExplicit = cmd.Flags().Changed("ui")
 			return a.runUp(cmd.Context(), o)
 		},
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
 	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
+	cmd.Flags().StringVar(&o.ui, "ui", console.DefaultListen, "host:port the web console listens on (docs/console.md), printed as JETCREW_UI=<url>; \"off\" serves none")
 	o.worker.addFlags(cmd.Flags())
 	return cmd
 }
@@ -99,6 +105,16 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 	if err != nil {
 		return err
 	}
+	uiListener, err := a.upConsoleListener(o)
+	if err != nil {
+		return err
+	}
+	stopUI := func() { // until the console serves on it
+		if uiListener != nil {
+			_ = uiListener.Close()
+		}
+	}
+	defer func() { stopUI() }()
 	dataDir, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return usageError(fmt.Errorf("--data %q: %w", o.dataDir, err))
@@ -153,6 +169,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
+		stopUI = a.upConsole(ctx, nc, uiListener)
 		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: jetcrew submit --nats " + url + " 'echo hello'")
 	}, slog.fatal)
 }
