@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -21,7 +22,7 @@ type runWatcher interface {
 // worker's max age) cap it.
 type cache struct {
 	mu     sync.RWMutex
-	runs   map[string]cached
+	runs   map[string]*cached
 	seq    uint64        // counts the changes applied; cached.seq is the latest of a run's
 	synced chan struct{} // closed once the stored states are loaded
 	subs   map[chan messages.RunState]struct{}
@@ -35,7 +36,7 @@ type cached struct {
 
 func newCache() *cache {
 	return &cache{
-		runs:   make(map[string]cached),
+		runs:   make(map[string]*cached),
 		synced: make(chan struct{}),
 		subs:   make(map[chan messages.RunState]struct{}),
 	}
@@ -75,7 +76,7 @@ func (c *cache) apply(u dispatcher.RunUpdate) {
 		return
 	}
 	c.seq++
-	c.runs[u.ID] = cached{st: u.State, seq: c.seq}
+	c.runs[u.ID] = &cached{st: u.State, seq: c.seq}
 	for ch := range c.subs {
 		select {
 		case ch <- u.State:
@@ -120,21 +121,32 @@ func (c *cache) get(id string) (messages.RunState, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	e, ok := c.runs[id]
-	return e.st, ok
+	if !ok {
+		return messages.RunState{}, false
+	}
+	return e.st, true
 }
 
 // filter returns the states for which keep is true, newest first (by queue
-// time, then id).
-func (c *cache) filter(keep func(*messages.RunState) bool) []messages.RunState {
+// time, then id). The states are shared with the cache: read only.
+func (c *cache) filter(keep func(*messages.RunState) bool) []*messages.RunState {
 	c.mu.RLock()
-	out := make([]messages.RunState, 0, 64)
+	out := make([]*messages.RunState, 0, 64)
 	for _, e := range c.runs {
 		if keep(&e.st) {
-			out = append(out, e.st)
+			out = append(out, &e.st)
 		}
 	}
 	c.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return newer(&out[i], &out[j]) })
+	slices.SortFunc(out, func(a, b *messages.RunState) int {
+		switch {
+		case newer(a, b):
+			return -1
+		case newer(b, a):
+			return 1
+		}
+		return 0
+	})
 	return out
 }
 

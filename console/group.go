@@ -16,7 +16,7 @@ import (
 type groupData struct {
 	Group string
 	// Runs are the group's runs, newest first.
-	Runs []messages.RunState
+	Runs []*messages.RunState
 }
 
 // groupPage serves GET /groups/{group}: the group's runs with their

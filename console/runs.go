@@ -97,7 +97,7 @@ type runsData struct {
 	Filter runFilter
 	// States lists the states the filter offers.
 	States []messages.State
-	Runs   []messages.RunState
+	Runs   []*messages.RunState
 	// Total is the number of runs matching the filter.
 	Total int
 	// Next is the URL of the next page; empty on the last.
@@ -127,7 +127,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	start := 0
 	cu, paged := parseCursor(q.Get("before"))
 	if paged {
-		for start < len(all) && !cu.after(&all[start]) {
+		for start < len(all) && !cu.after(all[start]) {
 			start++
 		}
 	}
