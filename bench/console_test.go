@@ -76,7 +76,6 @@ func TestConsole(t *testing.T) {
 	liveDelays(t, srv.URL, kv)
 }
 
-
 // fillRuns stores consoleRuns run states, one second apart in queue time,
 // and returns the queue time of the first.
 func fillRuns(t *testing.T, js jetstream.JetStream) time.Time {
