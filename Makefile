@@ -54,10 +54,26 @@ tools:
 		$(GO) install github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION); \
 	fi
 
-# test runs every test: unit, NATS (embedded server) and real Docker tests.
-# Docker tests fail, never skip, when the engine is unreachable.
+# chromium installs Debian's chromium package, which the web console's
+# browser test (console/browser_test.go) drives headless with chromedp. It is
+# a no-op when chromium is already installed; the test fails without it.
+# apt waits for another apt run's lock rather than failing.
+.PHONY: chromium
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then \
+		echo "chromium present"; \
+	else \
+		echo "installing chromium (apt)"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get -o DPkg::Lock::Timeout=600 update && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y chromium; \
+	fi
+
+# test runs every test: unit, NATS (embedded server), real Docker tests and
+# the console's real-browser test. Docker tests fail, never skip, when the
+# engine is unreachable; the browser test fails when chromium is missing.
 .PHONY: test
-test: tools images build agent-images
+test: tools images build agent-images chromium
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 

@@ -47,7 +47,7 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := runData{State: st, Result: visible(st.Result),
 		Cancellable: !st.State.Final(),
-		Replayable:  st.State.Final() && st.State != messages.StateSucceeded}
+		Replayable:  replayable(st.State)}
 	if st.Receipt != nil {
 		b, _ := json.MarshalIndent(st.Receipt, "", "  ")
 		d.Receipt = visible(string(b))
@@ -209,4 +209,10 @@ func (c *Console) replayRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// replayable reports whether a run in state s can have a dead letter to
+// replay: it failed, timed out or stalled.
+func replayable(s messages.State) bool {
+	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
 }

@@ -113,7 +113,7 @@
           s.replaceWith(Object.assign(badge(r.state), { id: "state" }));
           document.getElementById("reason").textContent = r.reason;
           document.getElementById("cancel-form").hidden = r.final;
-          document.getElementById("replay-form").hidden = !(r.final && r.state !== "succeeded");
+          document.getElementById("replay-form").hidden = !["failed", "timed_out", "stalled"].includes(r.state);
         },
       });
     },
