@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -105,7 +104,8 @@ func (c *cache) subscribe(since uint64, keep func(*messages.RunState) bool) (<-c
 		}
 	}
 	c.mu.Unlock()
-	sort.Slice(missed, func(i, j int) bool { return newer(&missed[j], &missed[i]) })
+	// Oldest first: a page prepending each one ends with the newest on top.
+	slices.SortFunc(missed, func(a, b messages.RunState) int { return dispatcher.Newer(&b, &a) })
 	return ch, missed, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -138,24 +138,8 @@ func (c *cache) filter(keep func(*messages.RunState) bool) []*messages.RunState 
 		}
 	}
 	c.mu.RUnlock()
-	slices.SortFunc(out, func(a, b *messages.RunState) int {
-		switch {
-		case newer(a, b):
-			return -1
-		case newer(b, a):
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, dispatcher.Newer)
 	return out
-}
-
-// newer orders runs newest first: by QueuedAt, then by id.
-func newer(a, b *messages.RunState) bool {
-	if !a.QueuedAt.Equal(b.QueuedAt) {
-		return a.QueuedAt.After(b.QueuedAt)
-	}
-	return a.ID > b.ID
 }
 
 // each calls fn with every state, under the read lock: fn must not block.

@@ -3,69 +3,63 @@ package console
 import (
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// runFilter selects runs for the runs list and its live stream.
-type runFilter struct {
-	State, Pool, Profile, Group string
-	// LabelKey and LabelValue: the run has this label (label=k=v).
-	LabelKey, LabelValue string
-	// IDPrefix: the run id starts with it (the find box, when no run has
-	// exactly that id).
-	IDPrefix string
-}
-
-func parseFilter(q url.Values) runFilter {
-	f := runFilter{
-		State:    strings.TrimSpace(q.Get("state")),
+// parseFilter reads the runs list's filter from its query: state, pool,
+// profile, group, label (k=v, repeatable) and q (an id prefix).
+func parseFilter(q url.Values) dispatcher.RunFilter {
+	f := dispatcher.RunFilter{
+		State:    messages.State(strings.TrimSpace(q.Get("state"))),
 		Pool:     strings.TrimSpace(q.Get("pool")),
 		Profile:  strings.TrimSpace(q.Get("profile")),
 		Group:    strings.TrimSpace(q.Get("group")),
 		IDPrefix: strings.TrimSpace(q.Get("q")),
 	}
-	if l := strings.TrimSpace(q.Get("label")); l != "" {
-		f.LabelKey, f.LabelValue, _ = strings.Cut(l, "=")
+	for _, l := range q["label"] {
+		if k, v, _ := strings.Cut(strings.TrimSpace(l), "="); k != "" {
+			if f.Labels == nil {
+				f.Labels = map[string]string{}
+			}
+			f.Labels[k] = v
+		}
 	}
 	return f
 }
 
-// query returns f as URL query parameters (without the page cursor).
-func (f runFilter) query() url.Values {
+// filterQuery returns f as URL query parameters (without the page cursor).
+func filterQuery(f dispatcher.RunFilter) url.Values {
 	q := url.Values{}
 	set := func(k, v string) {
 		if v != "" {
 			q.Set(k, v)
 		}
 	}
-	set("state", f.State)
+	set("state", string(f.State))
 	set("pool", f.Pool)
 	set("profile", f.Profile)
 	set("group", f.Group)
 	set("q", f.IDPrefix)
-	if f.LabelKey != "" {
-		q.Set("label", f.LabelKey+"="+f.LabelValue)
+	for _, kv := range labelPairs(f.Labels) {
+		q.Add("label", kv)
 	}
 	return q
 }
 
-func (f runFilter) match(st *messages.RunState) bool {
-	if (f.State != "" && string(st.State) != f.State) ||
-		(f.Pool != "" && st.Pool != f.Pool) ||
-		(f.Profile != "" && st.Profile != f.Profile) ||
-		(f.Group != "" && st.Group != f.Group) ||
-		(f.IDPrefix != "" && !strings.HasPrefix(st.ID, f.IDPrefix)) {
-		return false
+// labelPairs returns labels as sorted "k=v" strings.
+func labelPairs(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
 	}
-	if f.LabelKey != "" {
-		v, ok := st.Labels[f.LabelKey]
-		return ok && v == f.LabelValue
-	}
-	return true
+	slices.Sort(out)
+	return out
 }
 
 // cursor marks a place in the newest-first runs list: the last run shown.
@@ -89,12 +83,14 @@ func (cu cursor) String() string {
 
 // after reports whether st comes after the cursor in newest-first order.
 func (cu cursor) after(st *messages.RunState) bool {
-	return newer(&messages.RunState{QueuedAt: cu.queued, ID: cu.id}, st)
+	return dispatcher.Newer(&messages.RunState{QueuedAt: cu.queued, ID: cu.id}, st) < 0
 }
 
 // runsData is the runs page's data.
 type runsData struct {
-	Filter runFilter
+	Filter dispatcher.RunFilter
+	// Label is the label filter as the form shows it: "k=v", first only.
+	Label string
 	// States lists the states the filter offers.
 	States []messages.State
 	Runs   []*messages.RunState
@@ -123,7 +119,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	all := c.cache.filter(f.match)
+	all := c.cache.filter(f.Match)
 	start := 0
 	cu, paged := parseCursor(q.Get("before"))
 	if paged {
@@ -133,9 +129,12 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	}
 	end := min(start+c.cfg.PageSize, len(all))
 	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
-		LiveQuery: f.query().Encode()}
+		LiveQuery: filterQuery(f).Encode()}
+	if ls := labelPairs(f.Labels); len(ls) > 0 {
+		d.Label = ls[0]
+	}
 	if end < len(all) {
-		nq := f.query()
+		nq := filterQuery(f)
 		last := all[end-1]
 		nq.Set("before", cursor{queued: last.QueuedAt, id: last.ID}.String())
 		d.Next = "/runs?" + nq.Encode()
@@ -169,7 +168,7 @@ func newRunRow(st messages.RunState) runRow {
 // every state change of a run matching the filter, as it happens.
 func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 	f := parseFilter(r.URL.Query())
-	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.match)
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.Match)
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
 	if !ok {
@@ -195,7 +194,7 @@ func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return // fell behind: the page reconnects
 			}
-			if !f.match(&st) {
+			if !f.Match(&st) {
 				continue
 			}
 			if s.send("run", newRunRow(st)) != nil {

@@ -125,13 +125,15 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 			return nil
 		},
 	}
+	root.Version = versionString()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.uiCmd())
+		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.uiCmd(), a.runsCmd())
 	return root
 }
 

@@ -9,6 +9,8 @@
 //	jetcrew cancel RUN_ID        cancel a queued or running run
 //	jetcrew failed               list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID        submit a failed run again from its dead letter
+//	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
+//	jetcrew ui                   serve the web console (also served by up)
 //
 // docs/cli.md documents every command and flag; docs/wire.md the protocol.
 package main
