@@ -109,6 +109,8 @@ func TestActionsNeedCSRFAndSameOrigin(t *testing.T) {
 
 	code, _ := b.get(t, "/runs/"+id+"/cancel")
 	require.Equal(t, http.StatusMethodNotAllowed, code, "a GET never changes state")
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "pad": {strings.Repeat("x", maxFormBytes)}})
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an oversized form is not read")
 
 	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
@@ -292,4 +294,28 @@ func TestMaxStreams(t *testing.T) {
 	}
 	code, _ := b.get(t, "/live/runs")
 	require.Equal(t, http.StatusServiceUnavailable, code)
+}
+
+func TestAlerts(t *testing.T) {
+	t.Parallel()
+	pool := func(p dispatcher.PoolStats, queuedRuns int) poolRow { return poolRow{PoolStats: p, QueuedRuns: queuedRuns} }
+	for _, tc := range []struct {
+		name    string
+		pools   []poolRow
+		workers int
+		want    []string
+	}{
+		{"quiet", []poolRow{pool(dispatcher.PoolStats{Pool: "a", Waiting: 1}, 0)}, 1, nil},
+		{"queued, no worker", []poolRow{pool(dispatcher.PoolStats{Pool: "a", Queued: 2}, 2)}, 0,
+			[]string{"pool a has 2 queued run(s) and no worker is alive"}},
+		{"queued, nobody pulling", []poolRow{pool(dispatcher.PoolStats{Pool: "a", Queued: 3}, 3)}, 2,
+			[]string{"pool a has 3 queued run(s) and no worker is pulling from it"}},
+		{"queued, being pulled", []poolRow{pool(dispatcher.PoolStats{Pool: "a", Queued: 3, Waiting: 1}, 3)}, 2, nil},
+		{"max ack pending", []poolRow{pool(dispatcher.PoolStats{Pool: "a", Queued: 5, InFlight: 4, MaxAckPending: 4}, 5)}, 1,
+			[]string{"pool a is at its max ack pending (4 runs in flight): new runs wait"}},
+		{"state says queued, consumer empty, no worker", []poolRow{pool(dispatcher.PoolStats{Pool: "b"}, 1)}, 0,
+			[]string{"pool b has 1 queued run(s) and no worker is alive"}},
+	} {
+		require.Equal(t, tc.want, alerts(tc.pools, tc.workers), tc.name)
+	}
 }

@@ -22,6 +22,10 @@ var ErrAuthRequired = errors.New("the console listens beyond loopback only with 
 const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 	"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
+// maxFormBytes caps the body of a POST: a replay of maxReplayBatch run ids
+// fits many times over.
+const maxFormBytes = 256 << 10
+
 // authCookie carries the auth token once a person has logged in.
 const authCookie = "jetcrew_ui_token"
 
@@ -76,6 +80,7 @@ func (c *Console) secure(h http.Handler) http.Handler {
 	}))
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 			if !equalToken(r.PostFormValue("csrf"), c.csrf) {
 				http.Error(w, "missing or wrong CSRF token: reload the page", http.StatusForbidden)
 				return

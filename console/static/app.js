@@ -121,6 +121,10 @@
     group() {
       const thread = document.getElementById("thread");
       const runs = document.getElementById("runs");
+      const states = {};
+      for (const tr of runs.querySelectorAll("tr[data-id]")) {
+        states[tr.dataset.id] = tr.querySelector(".badge").textContent;
+      }
       let last = 0;
       live(body.dataset.live, {
         event(e) {
@@ -129,14 +133,29 @@
           const tr = el("tr");
           cell(tr, e.time, "mono");
           cell(tr, link("/runs/" + encodeURIComponent(e.from), e.from), "mono");
+          const st = cell(tr, badge(states[e.from] || "?"));
+          st.dataset.run = e.from;
           cell(tr, e.to, "mono");
           cell(tr, e.kind);
           cell(tr, e.text, "wrap");
           thread.appendChild(tr);
         },
         state(r) {
+          states[r.id] = r.state;
           const td = runs.querySelector('tr[data-id="' + CSS.escape(r.id) + '"] td:nth-child(2)');
           if (td) td.replaceChildren(badge(r.state));
+          else {
+            const tr = el("tr", "fresh");
+            tr.dataset.id = r.id;
+            cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
+            cell(tr, badge(r.state));
+            cell(tr, r.profile);
+            cell(tr, r.queued, "mono");
+            runs.prepend(tr);
+          }
+          for (const c of thread.querySelectorAll('td[data-run="' + CSS.escape(r.id) + '"]')) {
+            c.replaceChildren(badge(r.state));
+          }
         },
       });
     },
