@@ -298,7 +298,9 @@ func TestMaxStreams(t *testing.T) {
 
 func TestAlerts(t *testing.T) {
 	t.Parallel()
-	pool := func(p dispatcher.PoolStats, queuedRuns int) poolRow { return poolRow{PoolStats: p, QueuedRuns: queuedRuns} }
+	pool := func(p dispatcher.PoolStats, queuedRuns int) poolRow {
+		return poolRow{PoolStats: p, QueuedRuns: queuedRuns}
+	}
 	for _, tc := range []struct {
 		name    string
 		pools   []poolRow
