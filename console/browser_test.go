@@ -69,8 +69,17 @@ func browser(t *testing.T) (context.Context, func() []string) {
 // and into $JETCREW_SCREENSHOTS when set (how docs/console/*.png are made).
 func shot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
+	var (
+		png []byte
+		err error
+	)
+	// A page just navigated to may not be laid out yet ("0 width").
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if png, err = chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	require.NoError(t, err, "screenshot %s", name)
 	dirs := []string{t.ArtifactDir()}
 	if d := os.Getenv("JETCREW_SCREENSHOTS"); d != "" {
 		dirs = append(dirs, d)
@@ -163,9 +172,9 @@ func TestBrowser(t *testing.T) {
 	c := b.submit(t, messages.RunRequest{Group: g, Prompt: "out c"})
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/groups/"+g)))
 	poll(t, ctx, 5*time.Second, `document.getElementById("live").classList.contains("on")`, "the group page's live stream opens")
-	b.coordSent(t, g, a, c, "msg-0001")
-	poll(t, ctx, 5*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("msg-0001"))`,
-		"the group page shows the message between the two runs")
+	b.coordSend(t, g, a, c, "tests pass on my side; <b>merge</b>?")
+	poll(t, ctx, 5*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,
+		"the group page shows the message between the two runs, as text")
 	shot(t, ctx, "group")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))

@@ -277,12 +277,14 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 
 	a := b.submit(t, messages.RunRequest{Group: "team", Prompt: "out a"})
 	c := b.submit(t, messages.RunRequest{Group: "team", Prompt: "out c"})
-	b.coordSent(t, "team", a, c, "m-1")
+	b.coordSend(t, "team", a, c, "please review <b>this</b>\x1b[0m")
+	b.coordSend(t, "other", a, c, "not this group")
 	_, body = b.get(t, "/groups/team")
 	require.Contains(t, body, a)
 	require.Contains(t, body, c)
-	stream := b.readSSE(t, "/live/group/team", 5*time.Second, func(s string) bool { return strings.Contains(s, "m-1") })
-	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`"`)
+	stream := b.readSSE(t, "/live/group/team", 5*time.Second, func(s string) bool { return strings.Contains(s, "please review") })
+	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
+	require.NotContains(t, stream, "not this group")
 }
 
 // The live-stream cap refuses one stream more with 503.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -32,9 +33,10 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}, Rev: rev})
 }
 
-// liveGroup serves GET /live/group/{group}: every coordination event of the
-// group's runs, oldest first then live, as "event" server-sent events, and
-// "state" events as the group's runs change state.
+// liveGroup serves GET /live/group/{group}: every message of the group on
+// JETCREW_COORD (subjects jetcrew.coord.<group>.>), oldest first then live,
+// as "message" server-sent events, and "state" events as the group's runs
+// change state.
 func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 	g := r.PathValue("group")
 	if err := messages.ValidateToken("group", g); err != nil {
@@ -55,7 +57,7 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	events := c.follow(ctx, []string{messages.SubjectEventsPrefix + ".*." + string(messages.EventCoord)})
+	msgs := c.followMessages(ctx, coordination.StreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
 	keep := time.NewTicker(sseKeepAlive)
 	defer keep.Stop()
 	for {
@@ -72,20 +74,45 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 			if st.Group == g {
 				err = s.send("state", newRunRow(st))
 			}
-		case ev, ok := <-events:
+		case m, ok := <-msgs:
 			if !ok {
 				return
 			}
-			var ce coordination.Event
-			if json.Unmarshal(ev.Data, &ce) != nil || ce.Group != g {
-				continue
-			}
-			_, le := toLive(ev, nil)
-			err = s.send("event", le)
+			err = s.send("message", groupMessage(m))
 		}
 		if err != nil {
 			return
 		}
+	}
+}
+
+// maxMessageText is how much of a message's body the group page shows,
+// in runes.
+const maxMessageText = 4096
+
+// liveMessage is one message of a group's conversation.
+type liveMessage struct {
+	Seq  uint64 `json:"seq"`
+	Time string `json:"time"`
+	// From is the sending run as the worker stamped it (header
+	// Jetcrew-From), "operator" when absent.
+	From string `json:"from"`
+	// To is the recipient: a run id, "all" or "operator".
+	To string `json:"to"`
+	// Text is the body, made visible, at most maxMessageText runes.
+	Text  string `json:"text"`
+	Bytes int    `json:"bytes"`
+}
+
+func groupMessage(m dispatcher.StreamMsg) liveMessage {
+	from := m.Header.Get(coordination.HeaderFrom)
+	if from == "" {
+		from = coordination.RecipientOperator
+	}
+	return liveMessage{
+		Seq: m.Sequence, Time: clock(m.Time),
+		From: visible(from), To: visible(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]),
+		Text: visible(shortText(string(m.Data), maxMessageText)), Bytes: len(m.Data),
 	}
 }
 

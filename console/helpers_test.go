@@ -2,7 +2,6 @@ package console
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -90,16 +89,15 @@ func (b *bundle) waitState(t *testing.T, id string, want messages.State) message
 	return st
 }
 
-// coordSent publishes the coordination event a worker records when run
-// from sends a message to run to of group g.
-func (b *bundle) coordSent(t *testing.T, g, from, to, msgID string) {
+// coordSend publishes a coordination message of group g as the worker
+// relays one run from sends it to run (or "all") to: on JETCREW_COORD,
+// subject jetcrew.coord.<g>.<to>, header Jetcrew-From.
+func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
 	t.Helper()
-	data, err := json.Marshal(coordination.Event{RunID: from, Group: g, Kind: coordination.EventSent, Time: time.Now(), To: to, MessageID: msgID, Bytes: 42})
-	require.NoError(t, err)
-	m := nats.NewMsg(messages.SubjectEvents(from, messages.EventCoord))
-	m.Data = data
-	m.Header.Set(messages.HeaderRunID, from)
-	_, err = b.js.PublishMsg(t.Context(), m)
+	m := nats.NewMsg(coordination.SubjectPrefix + "." + g + "." + to)
+	m.Data = []byte(body)
+	m.Header.Set(coordination.HeaderFrom, from)
+	_, err := b.js.PublishMsg(t.Context(), m)
 	require.NoError(t, err)
 }
 

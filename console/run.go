@@ -148,6 +148,28 @@ func (c *Console) follow(ctx context.Context, filters []string) <-chan dispatche
 	return out
 }
 
+// followMessages runs dispatcher.FollowMessages on stream for filters in a
+// goroutine that ends with ctx, and returns its messages. The channel is
+// closed when FollowMessages ends.
+func (c *Console) followMessages(ctx context.Context, stream string, filters []string) <-chan dispatcher.StreamMsg {
+	out := make(chan dispatcher.StreamMsg, 64)
+	go func() {
+		defer close(out)
+		err := c.d.FollowMessages(ctx, stream, filters, func(m dispatcher.StreamMsg) error {
+			select {
+			case out <- m:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Log.Warn().Err(err).Str("stream", stream).Msg("console: follow messages")
+		}
+	}()
+	return out
+}
+
 // toLive turns one event into the page's form, and names its server-sent
 // event: "output" or "event".
 func toLive(ev dispatcher.WatchEvent, carry map[string][]byte) (string, liveEvent) {

@@ -140,7 +140,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, "/", http.StatusSeeOther)
 			return
 		}
-		w.WriteHeader(http.StatusUnauthorized)
+		c.renderStatus(w, r, http.StatusUnauthorized, "login", "layout", page{Title: "Log in", Data: true})
+		return
 	}
-	c.render(w, r, "login", page{Title: "Log in", Data: r.Method == http.MethodPost})
+	c.render(w, r, "login", page{Title: "Log in"})
 }

@@ -291,16 +291,23 @@ func (d *Dispatcher) Wait(ctx context.Context, id string) (messages.RunState, er
 // whose body cannot be decoded is an error: Watch could not say how the run
 // ended.
 func parseEvent(m jetstream.Msg) (WatchEvent, error) {
-	subj := m.Subject()
-	ev := WatchEvent{
-		Type: messages.EventType(subj[strings.LastIndexByte(subj, '.')+1:]),
-		Data: m.Data(),
-	}
+	sm := StreamMsg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
 	if meta, err := m.Metadata(); err == nil {
-		ev.Time = meta.Timestamp
-		ev.Sequence = meta.Sequence.Stream
+		sm.Time, sm.Sequence = meta.Timestamp, meta.Sequence.Stream
 	}
-	h := m.Headers()
+	return parseStreamMsg(sm)
+}
+
+// parseStreamMsg reads one message of JETCREW_EVENTS, as parseEvent.
+func parseStreamMsg(m StreamMsg) (WatchEvent, error) {
+	subj := m.Subject
+	ev := WatchEvent{
+		Type:     messages.EventType(subj[strings.LastIndexByte(subj, '.')+1:]),
+		Data:     m.Data,
+		Time:     m.Time,
+		Sequence: m.Sequence,
+	}
+	h := m.Header
 	ev.Attempt, _ = strconv.Atoi(h.Get(messages.HeaderAttempt))
 	if ev.Type == messages.EventOutput {
 		ev.Stream = h.Get(messages.HeaderStream)

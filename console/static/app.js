@@ -121,27 +121,27 @@
     group() {
       const thread = document.getElementById("thread");
       const runs = document.getElementById("runs");
-      const states = {};
+      const states = new Map();
       for (const tr of runs.querySelectorAll("tr[data-id]")) {
-        states[tr.dataset.id] = tr.querySelector(".badge").textContent;
+        states.set(tr.dataset.id, tr.querySelector(".badge").textContent);
       }
       let last = 0;
       live(body.dataset.live, {
-        event(e) {
-          if (e.seq <= last) return;
-          last = e.seq;
+        message(m) {
+          if (m.seq <= last) return;
+          last = m.seq;
           const tr = el("tr");
-          cell(tr, e.time, "mono");
-          cell(tr, link("/runs/" + encodeURIComponent(e.from), e.from), "mono");
-          const st = cell(tr, badge(states[e.from] || "?"));
-          st.dataset.run = e.from;
-          cell(tr, e.to, "mono");
-          cell(tr, e.kind);
-          cell(tr, e.text, "wrap");
+          cell(tr, m.time, "mono");
+          cell(tr, m.from === "operator" ? "operator" : link("/runs/" + encodeURIComponent(m.from), m.from), "mono");
+          const st = cell(tr, states.has(m.from) ? badge(states.get(m.from)) : "");
+          st.dataset.run = m.from;
+          cell(tr, m.to, "mono");
+          cell(tr, m.text, "wrap message-text");
+          cell(tr, m.bytes + " B", "num");
           thread.appendChild(tr);
         },
         state(r) {
-          states[r.id] = r.state;
+          states.set(r.id, r.state);
           const td = runs.querySelector('tr[data-id="' + CSS.escape(r.id) + '"] td:nth-child(2)');
           if (td) td.replaceChildren(badge(r.state));
           else {
