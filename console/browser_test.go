@@ -103,7 +103,8 @@ func poll(t *testing.T, ctx context.Context, timeout time.Duration, expr, what s
 			return
 		}
 		if left <= 0 || !strings.Contains(err.Error(), "(-32000)") {
-			require.NoError(t, err, what)
+			where, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText.slice(0, 2000)`))
+			require.NoError(t, err, "%s\npage: %s", what, where)
 		}
 		time.Sleep(20 * time.Millisecond) // the next page is loading
 	}

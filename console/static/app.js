@@ -61,9 +61,14 @@
         run(r) {
           const old = tbody.querySelector('tr[data-id="' + CSS.escape(r.id) + '"]');
           const tr = runRow(r);
-          tr.classList.add("fresh");
-          if (old) old.replaceWith(tr);
-          else if (body.dataset.prepend) {
+          if (old) {
+            // In place: the run's link (maybe being clicked) stays.
+            for (const i of [1, 6, 8]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            old.classList.remove("fresh");
+            void old.offsetWidth; // restart the highlight
+            old.classList.add("fresh");
+          } else if (body.dataset.prepend) {
+            tr.classList.add("fresh");
             tbody.prepend(tr);
             const total = document.getElementById("total");
             if (total) total.textContent = (parseInt(total.textContent, 10) + 1) + " run(s)";
