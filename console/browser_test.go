@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
@@ -181,5 +183,12 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))
 	poll(t, ctx, 5*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
 	shot(t, ctx, "overview")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})
+		return err
+	}), chromedp.Navigate(u+"/runs/"+x)))
+	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.length > 0`, "the run page renders, dark")
+	shot(t, ctx, "run-dark")
 	require.Empty(t, exceptions(), "no JavaScript error on any page")
 }

@@ -24,6 +24,8 @@ type deadGroup struct {
 	Sample string
 	// Runs are the group's run ids, newest first.
 	Runs []string
+	// Letters are the group's dead letters, one per run, newest first.
+	Letters []dispatcher.DeadLetter
 	// Pools are the pools its runs failed in.
 	Pools []string
 }
@@ -47,7 +49,8 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 			pools[dl.Reason] = map[string]bool{}
 		}
 		g.Count++
-		g.Runs = append(g.Runs, dl.RunID)
+		dl.Request = nil // the sample carries one; the rest are not shown
+		g.Letters = append(g.Letters, dl)
 		if dl.Time.Before(g.First) {
 			g.First = dl.Time
 		}
@@ -62,7 +65,10 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 			g.Pools = append(g.Pools, p)
 		}
 		sort.Strings(g.Pools)
-		sort.Sort(sort.Reverse(sort.StringSlice(g.Runs)))
+		sort.Slice(g.Letters, func(i, j int) bool { return g.Letters[i].Sequence > g.Letters[j].Sequence })
+		for _, dl := range g.Letters {
+			g.Runs = append(g.Runs, dl.RunID)
+		}
 		out = append(out, *g)
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -49,8 +50,14 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		Cancellable: !st.State.Final(),
 		Replayable:  replayable(st.State)}
 	if st.Receipt != nil {
-		b, _ := json.MarshalIndent(st.Receipt, "", "  ")
-		d.Receipt = visible(string(b))
+		// The template escapes; JSON's own \u003c escapes would only hide
+		// the receipt's text.
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st.Receipt)
+		d.Receipt = visible(b.String())
 	}
 	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
 }

@@ -106,6 +106,9 @@
             cell(tr, e.text, "wrap");
             coord.appendChild(tr);
           } else {
+            if (e.type === "started" && out.childNodes.length > 0) {
+              out.appendChild(el("span", "sep", "\n── started again (attempt " + e.attempt + ") ──\n"));
+            }
             cell(tr, badge(e.type));
             cell(tr, e.attempt ? "attempt " + e.attempt : "");
             cell(tr, e.text, "wrap");
