@@ -25,6 +25,9 @@ type cache struct {
 	seq    uint64        // counts the changes applied; cached.seq is the latest of a run's
 	synced chan struct{} // closed once the stored states are loaded
 	subs   map[chan messages.RunState]struct{}
+	// loading holds the ids seen since the current watch began, until its
+	// Synced marker: runs not among them were deleted while no watch ran.
+	loading map[string]bool
 }
 
 // cached is one run's state and the cache sequence of its latest change.
@@ -42,12 +45,20 @@ func newCache() *cache {
 }
 
 // run follows the bucket with w until ctx ends, retrying after a failed
-// watch (the bucket not provisioned yet, NATS away) every retry.
+// watch (the bucket not provisioned yet, NATS away) every retry. onErr
+// hears of a failure when it differs from the one before.
 func (c *cache) run(ctx context.Context, w runWatcher, retry time.Duration, onErr func(error)) {
+	last := ""
 	for ctx.Err() == nil {
+		c.mu.Lock()
+		c.loading = map[string]bool{}
+		c.mu.Unlock()
 		err := w.WatchRuns(ctx, c.apply)
-		if err != nil && onErr != nil {
+		if err != nil && err.Error() != last && onErr != nil {
 			onErr(err)
+		}
+		if err != nil {
+			last = err.Error()
 		}
 		select {
 		case <-ctx.Done():
@@ -62,8 +73,12 @@ func (c *cache) run(ctx context.Context, w runWatcher, retry time.Duration, onEr
 func (c *cache) apply(u dispatcher.RunUpdate) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.loading != nil && !u.Synced {
+		c.loading[u.ID] = true
+	}
 	switch {
 	case u.Synced:
+		c.dropUnseen()
 		select {
 		case <-c.synced:
 		default:
@@ -84,6 +99,20 @@ func (c *cache) apply(u dispatcher.RunUpdate) {
 			close(ch)
 		}
 	}
+}
+
+// dropUnseen forgets the runs the watch that just loaded did not report:
+// their states were deleted while no watch ran. Called with mu held.
+func (c *cache) dropUnseen() {
+	if c.loading == nil {
+		return
+	}
+	for id := range c.runs {
+		if !c.loading[id] {
+			delete(c.runs, id)
+		}
+	}
+	c.loading = nil
 }
 
 // subscribe returns a channel of live state changes, the states that

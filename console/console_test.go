@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,4 +323,52 @@ func TestAlerts(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, alerts(tc.pools, tc.workers), tc.name)
 	}
+}
+
+// fakeWatcher replays scripted watches: each call of WatchRuns sends one
+// script's updates, then fails (as a lost connection would).
+type fakeWatcher struct {
+	scripts [][]dispatcher.RunUpdate
+	calls   atomic.Int32
+}
+
+func (f *fakeWatcher) WatchRuns(ctx context.Context, fn func(dispatcher.RunUpdate)) error {
+	n := int(f.calls.Load())
+	if n >= len(f.scripts) {
+		<-ctx.Done()
+		return nil
+	}
+	for _, u := range f.scripts[n] {
+		fn(u)
+	}
+	f.calls.Add(1)
+	return fmt.Errorf("connection lost")
+}
+
+// A watch that starts again forgets the runs deleted while none ran.
+func TestCacheResync(t *testing.T) {
+	t.Parallel()
+	st := func(id string) dispatcher.RunUpdate {
+		return dispatcher.RunUpdate{ID: id, State: messages.RunState{ID: id, State: messages.StateQueued}}
+	}
+	synced := dispatcher.RunUpdate{Synced: true}
+	w := &fakeWatcher{scripts: [][]dispatcher.RunUpdate{
+		{st("a"), st("b"), synced, st("c")},
+		{st("a"), st("c"), synced},
+	}}
+	c := newCache()
+	ctx, cancel := context.WithCancel(t.Context())
+	var errs []string
+	done := make(chan struct{})
+	go func() { defer close(done); c.run(ctx, w, time.Millisecond, func(err error) { errs = append(errs, err.Error()) }) }()
+	require.Eventually(t, func() bool { return w.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, a := c.get("a")
+		_, b := c.get("b")
+		_, cc := c.get("c")
+		return a && !b && cc
+	}, 5*time.Second, time.Millisecond, "b was deleted while no watch ran")
+	cancel()
+	<-done
+	require.Equal(t, []string{"connection lost"}, errs, "a repeated failure is reported once")
 }

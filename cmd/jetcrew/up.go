@@ -37,7 +37,8 @@ func (a *app) upCmd() *cobra.Command {
 		Long: `up starts, in one foreground process, an embedded NATS server with JetStream
 (file storage under --data) and a worker that takes runs from it and runs them
 in Docker containers. Once both are ready it prints the server's URL on stdout
-as NATS_URL=<url>, for other jetcrew commands and NATS clients.
+as NATS_URL=<url>, for other jetcrew commands and NATS clients, then the web
+console's (--ui, default 127.0.0.1:4280; docs/console.md) as JETCREW_UI=<url>.
 
 Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), then the server shuts down.
