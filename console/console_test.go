@@ -360,7 +360,10 @@ func TestCacheResync(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var errs []string
 	done := make(chan struct{})
-	go func() { defer close(done); c.run(ctx, w, time.Millisecond, func(err error) { errs = append(errs, err.Error()) }) }()
+	go func() {
+		defer close(done)
+		c.run(ctx, w, time.Millisecond, func(err error) { errs = append(errs, err.Error()) })
+	}()
 	require.Eventually(t, func() bool { return w.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
 		_, a := c.get("a")
