@@ -59,7 +59,8 @@ tools:
 # chromium installs Debian's chromium package, which the web console's
 # browser test (console/browser_test.go) drives headless with chromedp. It is
 # a no-op when chromium is already installed; the test fails without it.
-# apt waits for another apt run's lock rather than failing.
+# The package lists are refreshed only when the install fails without; apt
+# waits for another apt run's lock rather than failing.
 .PHONY: chromium
 chromium:
 	@if command -v chromium >/dev/null 2>&1; then \
@@ -67,8 +68,8 @@ chromium:
 	else \
 		echo "installing chromium (apt)"; \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get -o DPkg::Lock::Timeout=600 update && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y chromium; \
+		install="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 install -y chromium"; \
+		$$install || { $$SUDO apt-get -q -o DPkg::Lock::Timeout=600 update && $$install; }; \
 	fi
 
 # test runs every test: unit, NATS (embedded server), real Docker tests and
