@@ -129,6 +129,13 @@ func TestAuthToken(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _ = b.get(t, "/runs", "Authorization", "Bearer s3cret-token")
 	require.Equal(t, http.StatusOK, code)
+	code, _ = b.get(t, "/live/runs")
+	require.Equal(t, http.StatusUnauthorized, code, "live streams need the token too")
+	code, _ = b.get(t, "/static/app.css")
+	require.Equal(t, http.StatusOK, code, "the login form's style sheet is public")
+	code, body := b.get(t, "/login")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `name="token"`)
 
 	resp, _ := b.post(t, "/login", url.Values{"csrf": {b.c.csrf}, "token": {"nope"}})
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)

@@ -102,7 +102,7 @@ func (c *Console) secure(h http.Handler) http.Handler {
 			http.Error(w, "the console answers only to a loopback host name", http.StatusMisdirectedRequest)
 			return
 		}
-		if c.cfg.Token != "" && r.URL.Path != "/login" && !c.authorized(r) {
+		if c.cfg.Token != "" && !public(r.URL.Path) && !c.authorized(r) {
 			if r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/html") {
 				http.Redirect(w, r, "/login", http.StatusSeeOther)
 				return
@@ -112,6 +112,12 @@ func (c *Console) secure(h http.Handler) http.Handler {
 		}
 		protected.ServeHTTP(w, r)
 	})
+}
+
+// public reports whether path is served without the auth token: the login
+// form and the embedded style sheet and script it uses (no data).
+func public(path string) bool {
+	return path == "/login" || strings.HasPrefix(path, "/static/")
 }
 
 // authorized reports whether r carries the auth token: as a bearer token or
