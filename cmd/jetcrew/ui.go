@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"syscall"
 	"time"
 
@@ -91,7 +92,7 @@ func (a *app) consoleListener(addr string, explicit bool) (net.Listener, error) 
 
 // serveConsole serves the console on l over nc, prints JETCREW_UI=<url> on
 // stdout, and returns the function that stops it (graceful, a few seconds
-// at most). l is closed by the returned function, or on error.
+// at most; safe to call twice). l is closed by the returned function, or on error.
 func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener) (func(), error) {
 	d, err := dispatcher.New(nc)
 	if err != nil {
@@ -121,7 +122,7 @@ func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener) (
 	url := "http://" + l.Addr().String() + "/"
 	fmt.Fprintf(a.stdout, "JETCREW_UI=%s\n", url)
 	a.log.Info().Str("url", url).Msg("console ready")
-	return func() {
+	return sync.OnceFunc(func() {
 		cancelBase()
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
@@ -129,7 +130,7 @@ func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener) (
 		_ = srv.Close()
 		<-done
 		c.Stop()
-	}, nil
+	}), nil
 }
 
 // upConsoleListener is consoleListener for `up --ui`: nil, without error,

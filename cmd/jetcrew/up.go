@@ -167,6 +167,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return err
 	}
 	defer nc.Close()
+	defer func() { stopUI() }() // before nc closes; stopUI is idempotent
 
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
