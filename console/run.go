@@ -65,7 +65,7 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 // liveEvent is one event of a run as the run and group pages get it.
 type liveEvent struct {
 	Seq     uint64 `json:"seq"`
-	RunID   string `json:"run_id"`
+	RunID   string `json:"run_id,omitempty"`
 	Type    string `json:"type"`
 	Time    string `json:"time"`
 	Attempt int    `json:"attempt,omitempty"`
