@@ -36,13 +36,14 @@ NATS_CLI_VERSION := v0.5.0
 BIN := bin
 TEST_FLAGS ?=
 TEST_TIMEOUT ?= 14m
-# COMMIT is stamped into `jetcrew --version`.
+# COMMIT is stamped into `jetcrew --version` and the bridge's MCP serverInfo
+# version (else "dev").
 COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
 
 .PHONY: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.commit=$(COMMIT)" -o $(BIN)/jetcrew ./cmd/jetcrew
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(or $(COMMIT),dev)" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
 	chmod 0555 $(BIN)/jetcrew-bridge
 
 # tools installs the stock NATS CLI that tests and the README use, at the
