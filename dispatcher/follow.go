@@ -75,7 +75,7 @@ func (d *Dispatcher) FollowMessages(ctx context.Context, stream string, filters 
 // decoded is skipped. Its errors are FollowMessages'.
 func (d *Dispatcher) Follow(ctx context.Context, filters []string, fn func(WatchEvent) error) error {
 	return d.FollowMessages(ctx, messages.StreamEvents, filters, func(m StreamMsg) error {
-		ev, err := parseStreamMsg(m)
+		ev, err := parseStoredEvent(&jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Sequence, Header: m.Header, Data: m.Data, Time: m.Time})
 		if err != nil {
 			return nil
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/console"
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/roles"
 )
 
 // uiTokenEnv names the environment variable holding the console's auth
@@ -142,17 +144,54 @@ func (a *app) upConsoleListener(o upOptions) (net.Listener, error) {
 	return a.consoleListener(o.ui, o.uiExplicit)
 }
 
+// upConsoleConn is how `up`'s console reaches the embedded server: through
+// up's own connection; with --auth, through one of its own as the operator
+// role (which reads everything and may cancel and replay).
+type upConsoleConn struct {
+	url  string
+	opts []nats.Option // the in-process options, without credentials
+	keys roleKeys      // nil without --auth
+	nc   *nats.Conn    // up's own connection
+}
+
+// operatorAuth is what `up --auth`'s console connects with: the operator
+// role's seed and inbox prefix.
+func operatorAuth(keys roleKeys) ([]nats.Option, error) {
+	opt, err := nats.NkeyOptionFromSeed(keys[roles.Operator])
+	if err != nil {
+		return nil, err
+	}
+	return []nats.Option{opt, nats.CustomInboxPrefix(roles.InboxPrefix(roles.Operator))}, nil
+}
+
 // upConsole serves the console of `up` on l, once its worker is ready, and
-// returns the function that stops it. With a nil l, or when the console
-// cannot start (logged), it serves nothing.
-func (a *app) upConsole(ctx context.Context, nc *nats.Conn, l net.Listener) func() {
+// returns the function that stops it (safe to call twice). With a nil l, or
+// when the console cannot start (logged), it serves nothing.
+func (a *app) upConsole(ctx context.Context, cc upConsoleConn, l net.Listener) func() {
 	if l == nil {
 		return func() {}
 	}
+	nc, closeNC := cc.nc, func() {}
+	if cc.keys != nil {
+		auth, err := operatorAuth(cc.keys)
+		if err == nil {
+			nc, err = a.dial(cc.url, "jetcrew up console", append(slices.Clone(cc.opts), auth...)...)
+		}
+		if err != nil {
+			_ = l.Close()
+			a.log.Error().Err(err).Msg("console not served")
+			return func() {}
+		}
+		closeNC = nc.Close
+	}
 	stop, err := a.serveConsole(ctx, nc, l)
 	if err != nil {
+		closeNC()
 		a.log.Error().Err(err).Msg("console not served")
 		return func() {}
 	}
-	return stop
+	return sync.OnceFunc(func() {
+		stop()
+		closeNC()
+	})
 }
