@@ -46,6 +46,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 // pool's depth to w (unless quiet), and, unless keepWaiting, stops the follow
 // with errNoWorker (through stop) as soon as no live worker serves the pool.
 func reportQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string, keepWaiting, quiet bool, w io.Writer, stop context.CancelCauseFunc) {
+	submitted := time.Now()
 	t := time.NewTimer(queueFirstLook)
 	defer t.Stop()
 	for {
@@ -57,6 +58,11 @@ func reportQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string
 		st, err := d.Status(ctx, id)
 		if err == nil && st.State != messages.StateQueued {
 			return // taken: the lifecycle lines go on
+		}
+		if st.QueuedAt.IsZero() {
+			// No worker took it yet, so it has no state: its age
+			// counts from the submit.
+			st.QueuedAt = submitted
 		}
 		serving, unsure, err := d.PoolWorkers(ctx, pool)
 		if err == nil && serving+unsure == 0 && !keepWaiting {

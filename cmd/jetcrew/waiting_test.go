@@ -30,9 +30,16 @@ func TestWaitingOnNothingIsSaid(t *testing.T) {
 	require.Empty(t, stdout)
 	require.Contains(t, stderr, "no live worker serves pool gpu")
 	require.Less(t, time.Since(start), 8*time.Second)
-	code, stdout, _ = cli(t, url, "status", "lonely")
-	require.Equal(t, 0, code)
-	require.Regexp(t, `state:\s+queued`, stdout, "the run stays queued")
+	// The run stays queued: no worker took it, so it has no state yet
+	// (the submitter writes none, docs/security.md), and watch knows it.
+	code, _, stderr = cli(t, url, "status", "lonely")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, stderr, "no state until a worker takes it")
+	ctx0, cancel0 := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel0()
+	lw := newTestApp(map[string]string{"NATS_URL": url}, nil)
+	require.Equal(t, exitInterrupted, lw.run(ctx0, []string{"watch", "lonely"}))
+	require.Contains(t, lw.stderr.String(), "has no state yet; waiting")
 
 	start = time.Now()
 	code, _, stderr = cli(t, url, "watch", "nobody-submitted-this")
