@@ -43,12 +43,18 @@ func TestRunsAndWatchRuns(t *testing.T) {
 	require.NoError(t, err, "an empty bucket lists nothing, at once")
 	require.Empty(t, runs)
 
-	for _, req := range []messages.RunRequest{
-		{ID: "r1", Profile: "shell", Labels: map[string]string{"k": "v"}},
+	// The states a worker records (Submit writes none).
+	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
+	require.NoError(t, err)
+	base := time.Now().UTC()
+	for i, st := range []messages.RunState{
+		{ID: "r1", Profile: "shell", Pool: "default", Labels: map[string]string{"k": "v"}},
 		{ID: "r2", Profile: "shell", Pool: "other"},
-		{ID: "r3", Profile: "shell", Labels: map[string]string{"k": "v"}},
+		{ID: "r3", Profile: "shell", Pool: "default", Labels: map[string]string{"k": "v"}},
 	} {
-		_, err := b.d.Submit(t.Context(), req)
+		st.State, st.QueuedAt = messages.StateQueued, base.Add(time.Duration(i)*time.Millisecond)
+		data, _ := json.Marshal(st)
+		_, err := kv.Put(t.Context(), st.ID, data)
 		require.NoError(t, err)
 	}
 	runs, err = b.d.Runs(t.Context(), RunFilter{Labels: map[string]string{"k": "v"}})
@@ -70,7 +76,6 @@ func TestRunsAndWatchRuns(t *testing.T) {
 			}
 			if u.Synced {
 				st, _ := json.Marshal(messages.RunState{ID: "r4", State: messages.StateQueued})
-				kv, _ := b.js.KeyValue(ctx, messages.BucketRuns)
 				_, _ = kv.Put(ctx, "r4", st)
 			}
 		})

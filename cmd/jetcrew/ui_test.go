@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/roles"
 )
 
 var (
@@ -78,4 +81,63 @@ func TestUIListenNeedsToken(t *testing.T) {
 	_, port, _ := net.SplitHostPort(l.Addr().String())
 	require.NotEmpty(t, port)
 	require.NoError(t, l.Close())
+}
+
+// `up --auth` serves its console as the operator role: every page, live
+// stream and action works without a permissions violation (authUp's
+// cleanup checks up's log for one).
+func TestUpAuthConsole(t *testing.T) {
+	t.Parallel()
+	e := authUp(t, "--ui", "127.0.0.1:0")
+	var ui string
+	require.Eventually(t, func() bool {
+		m := uiURLLine.FindStringSubmatch(e.stdout.String())
+		if m != nil {
+			ui = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 20*time.Millisecond)
+	code, _, stderr := e.as(t, roles.Submitter, "submit", "--wait", "--id", "cs1", "exit 3")
+	require.Equal(t, 3, code, stderr)
+	code, _, stderr = e.as(t, roles.Submitter, "submit", "--id", "cs2", "sleep 1h")
+	require.Equal(t, 0, code, stderr)
+
+	get := func(path string, stream bool) string {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ui+path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		buf := make([]byte, 64<<10)
+		n, _ := io.ReadAtLeast(resp.Body, buf, 1)
+		if !stream {
+			rest, _ := io.ReadAll(resp.Body)
+			return string(buf[:n]) + string(rest)
+		}
+		return string(buf[:n])
+	}
+	require.Eventually(t, func() bool { return strings.Contains(get("/dead-letters", false), "cs1") }, 10*time.Second, 50*time.Millisecond)
+	overview := get("/", false)
+	require.NotContains(t, overview, `class="alert"`, "the operator reads pools and workers")
+	require.Contains(t, overview, "default")
+	require.Contains(t, get("/runs", false), "cs2")
+	require.Contains(t, get("/runs/cs1", false), "exit code 3")
+	require.Contains(t, get("/live/run/cs1", true), "event: ")
+	get("/live/group/cs1", true)
+	get("/groups/cs1", false)
+
+	// The cancel button, as the browser posts it.
+	page := get("/runs/cs2", false)
+	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(page)
+	require.NotNil(t, csrf)
+	resp, err := http.PostForm(ui+"runs/cs2/cancel", map[string][]string{"csrf": {csrf[1]}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "redirected to the run's page")
+	code, stdout, _ := e.as(t, roles.Observer, "status", "cs2")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "cancel")
 }
