@@ -27,6 +27,7 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	metricsAddr       string // --metrics-addr; see metrics.go
 	replicas          int    // --replicas (worker only); see metrics.go
+	egressCADir       string // --egress-ca-dir; see egress.go
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -45,6 +46,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	o.addEgressFlags(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -129,6 +131,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:       o.egressCADir,
 	})
 	if err != nil {
 		return err
