@@ -106,7 +106,8 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 	return printRuns(a.stdout, runs)
 }
 
-// printRuns writes runs as a table for people.
+// printRuns writes runs as a table for people; a reason's control
+// characters are shown escaped (visibleString).
 func printRuns(w io.Writer, runs []messages.RunState) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tPROFILE\tGROUP\tQUEUED\tREASON")
@@ -116,7 +117,7 @@ func printRuns(w io.Writer, runs []messages.RunState) error {
 			group = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, st.Pool, st.Profile, group,
-			formatTime(st.QueuedAt), oneLine(st.Reason, 60))
+			formatTime(st.QueuedAt), visibleString(oneLine(st.Reason, 60)))
 	}
 	return tw.Flush()
 }
