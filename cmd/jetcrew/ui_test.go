@@ -137,7 +137,10 @@ func TestUpAuthConsole(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "redirected to the run's page")
-	code, stdout, _ := e.as(t, roles.Observer, "status", "cs2")
-	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "cancel")
+	// A running run's cancel is answered "stopping"; the state says
+	// cancelled once its container stopped, a moment later.
+	require.Eventually(t, func() bool {
+		code, stdout, _ := e.as(t, roles.Observer, "status", "cs2")
+		return code == 0 && strings.Contains(stdout, "cancel")
+	}, 10*time.Second, 50*time.Millisecond)
 }
