@@ -130,7 +130,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
-	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
+	root.AddCommand(a.bridgeCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd())
 	return root
 }

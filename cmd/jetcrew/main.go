@@ -9,6 +9,7 @@
 //	jetcrew cancel RUN_ID        cancel a queued or running run
 //	jetcrew failed               list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID        submit a failed run again from its dead letter
+//	jetcrew bridge               the coordination bridge, inside a run container
 //
 // docs/cli.md documents every command and flag; docs/wire.md the protocol.
 package main
@@ -18,9 +19,20 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jetcrew/jetcrew/coordination/bridgecmd"
 )
 
 func main() {
+	// The bridge, by name (mounted at /opt/jetcrew/bridge in a run) or as
+	// `jetcrew bridge`: before anything else, so stdout carries JSON-RPC
+	// frames alone.
+	if bridgecmd.IsBridgeName(os.Args[0]) {
+		os.Exit(bridgecmd.Main(os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "bridge" {
+		os.Exit(bridgecmd.Main(os.Args[2:]))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	force := make(chan struct{})
 	sigs := make(chan os.Signal, 3)
