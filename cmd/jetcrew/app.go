@@ -28,9 +28,9 @@ type app struct {
 	// force is closed when a graceful stop must be cut short (a second
 	// interrupt). Nil means never.
 	force <-chan struct{}
-	// bridgePath is the jetcrew-bridge binary workers mount into runs
-	// whose profile has coordination on; empty means the worker's default,
-	// jetcrew-bridge beside the running executable.
+	// bridgePath is the bridge binary workers stage into runs whose
+	// profile has coordination on, unless --bridge names one; empty means
+	// the worker's default, the running executable itself.
 	bridgePath string
 
 	logLevel string
