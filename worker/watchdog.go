@@ -75,9 +75,6 @@ func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progre
 				return
 			case <-t.C:
 			}
-			if prof.stallTimeout > 0 && prog.since() > prof.stallTimeout {
-				r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
-			}
 			if !r.state.BridgeConnected && cs.connected() {
 				// Record it while the run lives, not only at its end. The run's
 				// own goroutine is in Wait meanwhile, so this write is alone.
@@ -87,8 +84,22 @@ func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progre
 				}
 				cancel()
 			}
-			if needProof && !r.mcpProved.Load() && !cs.connected() && time.Since(started) > prof.bridgeDeadline {
+			// How long past each bound the run is (≤ 0: not due). When a
+			// late tick finds both due, the one that expired first names
+			// the stop.
+			stallOver := time.Duration(-1)
+			if prof.stallTimeout > 0 {
+				stallOver = prog.since() - prof.stallTimeout
+			}
+			bridgeOver := time.Duration(-1)
+			if needProof && !r.mcpProved.Load() && !cs.connected() {
+				bridgeOver = time.Since(started) - prof.bridgeDeadline
+			}
+			switch {
+			case bridgeOver > 0 && bridgeOver >= stallOver:
 				r.stopFor(stopBridge, fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, prof.bridgeDeadline))
+			case stallOver > 0:
+				r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
 			}
 		}
 	}()
