@@ -211,9 +211,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		return s, transientError{fmt.Errorf("start container: %w", err)}
 	}
 	s.c = c
-	if ider, ok := c.(interface{ ImageID() string }); ok {
-		r.state.Receipt.ImageID = ider.ImageID()
-	}
+	r.state.Receipt.ImageID = c.ImageID()
 	r.setContainer(c)
 	w.track(r, c)
 	w.failpoint(FailpointAfterStart)

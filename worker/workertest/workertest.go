@@ -161,6 +161,9 @@ type Container struct {
 // ID implements worker.Container.
 func (c *Container) ID() string { return c.id }
 
+// ImageID implements worker.Container: a fake has no image id.
+func (c *Container) ImageID() string { return "" }
+
 // Wait implements worker.Container.
 func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 	select {
