@@ -255,15 +255,7 @@ func BridgeFile(t testing.TB) string {
 
 // StateDir returns a short directory for a worker's per-run directories
 // (unix socket paths are limited to 107 bytes), removed when the test ends.
-func StateDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "jc")
-	if err != nil {
-		t.Fatalf("state dir: %v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
+func StateDir(t testing.TB) string { return coordtest.SocketDir(t) }
 
 // Events returns every event of run runID on JETCREW_EVENTS, in stream
 // order, read with an ordered consumer filtered on
