@@ -99,6 +99,9 @@ type RunState struct {
 	Coordination string `json:"coordination,omitempty"`
 	// BridgeConnected is true once the run's bridge reached its socket.
 	BridgeConnected bool `json:"bridge_connected"`
+	// Egress sums the run's attempts through its egress proxy, for a
+	// profile with an egress allowlist (see EgressEvent).
+	Egress *EgressTotals `json:"egress,omitempty"`
 	// OutputBytes counts the bytes of stdout and stderr published as events.
 	OutputBytes int64 `json:"output_bytes"`
 	// Labels are copied from the request.

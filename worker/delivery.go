@@ -58,6 +58,20 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	stopProgress := r.keepInProgress()
 	defer stopProgress()
 
+	// Most first deliveries find no state (the submitter writes none):
+	// claim by creating it, and read only when one exists.
+	if meta.NumDelivered == 1 {
+		switch created, err := r.claimNew(ctx); {
+		case err != nil:
+			r.retry(ctx, fmt.Errorf("claim run: %w", err))
+			return
+		case created:
+			if prof, ok := r.admit(ctx, pool, decErr); ok {
+				r.execute(ctx, prof)
+			}
+			return
+		}
+	}
 	// Idempotency by run id and stream sequence; see decide.
 	prev, rev, err := w.store.load(ctx, r.req.ID)
 	if err != nil && !isNotFound(err) {
@@ -168,6 +182,21 @@ func (r *run) resume(ctx context.Context, prev messages.RunState, rev uint64) bo
 		r.state.QueuedAt = meta.Timestamp.UTC()
 	}
 	return false
+}
+
+// claimNew records the run queued under this delivery when no state exists
+// for it (a compare-and-set against "no record", so a run some delivery or
+// a cancel recorded is never overwritten): the lease, as claim takes it,
+// one read fewer. It reports false, and writes nothing, when a state exists.
+func (r *run) claimNew(ctx context.Context) (bool, error) {
+	if err := r.putState(ctx); err != nil {
+		r.from = messages.StateNone
+		if errors.Is(err, errFenced) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // claim records the run queued under this delivery: this write, checked

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -28,6 +29,9 @@ type run struct {
 	// cs is the run's staged directory and coordination session, once
 	// prepare staged them.
 	cs *coordSession
+	// egressSess is the run's egress proxy, for an egress profile
+	// (egress.go).
+	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
 	// bridge is the SHA-256 (hex) of the staged bridge the run mounts, if
@@ -156,14 +160,14 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv, Plan: plan, Coordination: p.coordOn,
 	}
-	if p.coordOn || plan.Launch {
+	if p.coordOn || plan.Launch || plan.EgressRelay {
 		// The bridge runs from its content-addressed copy, never from the
 		// operator's build output.
 		if in.BridgePath, r.bridge, err = w.bridges.stage(w.cfg.BridgePath); err != nil {
 			return p, err
 		}
 	}
-	if p.coordOn || len(plan.Files) > 0 {
+	if p.coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = w.runDir(r.req.ID)
 	}
 	if p.spec, err = BuildSpec(in); err != nil {
@@ -178,6 +182,9 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		// ends it and removes the directory.
 		r.cs, err = r.stageRun(ctx, plan, p.coordOn)
 		if err != nil {
+			return p, err
+		}
+		if err := r.openEgress(ctx, prof, r.cs.dir); err != nil {
 			return p, err
 		}
 	}
@@ -323,7 +330,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 }
 
 // release gives up what the run holds, once, in this order: its container
-// (removed), its coordination session (closed when the run is final,
+// (removed), its egress proxy, its coordination session (closed when the run is final,
 // detached when it is handed back), its run directory. The caller records
 // the state first and removes the request from the stream after.
 func (r *run) release(final bool) {
@@ -331,6 +338,7 @@ func (r *run) release(final bool) {
 		if c := r.currentContainer(); c != nil {
 			r.removeContainer(c)
 		}
+		r.closeEgress()
 		r.cs.end(r, final)
 	})
 }

@@ -10,6 +10,8 @@
 //	jetcrew failed               list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID        submit a failed run again from its dead letter
 //	jetcrew roles users DIR      NATS users per role for a real server
+//	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
+//	jetcrew ui                   serve the web console (also served by up)
 //	jetcrew bridge               the coordination bridge, inside a run container
 //
 // Every command that connects takes the NATS CLI's connection options
@@ -19,6 +21,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"os/signal"
@@ -31,6 +34,7 @@ func main() {
 	// The bridge, by name (mounted at /opt/jetcrew/bridge in a run) or as
 	// `jetcrew bridge`: before anything else, so stdout carries JSON-RPC
 	// frames alone.
+	bridgecmd.Version = cmp.Or(commit, "dev")
 	if bridgecmd.IsBridgeName(os.Args[0]) {
 		os.Exit(bridgecmd.Main(os.Args[1:]))
 	}

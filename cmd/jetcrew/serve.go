@@ -29,6 +29,7 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	metricsAddr       string // --metrics-addr; see metrics.go
 	replicas          int    // --replicas (worker only); see metrics.go
+	egressCADir       string // --egress-ca-dir; see egress.go
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -48,6 +49,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	o.addEgressFlags(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -132,6 +134,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:       o.egressCADir,
 	})
 	if err != nil {
 		return err

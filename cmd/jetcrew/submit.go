@@ -249,6 +249,9 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 	if p.quiet {
 		return nil
 	}
+	if ev.Type == messages.EventEgress {
+		return p.printEgress(ev)
+	}
 	line := "--- " + describeEvent(ev)
 	if !p.atLineStart {
 		line = "\n" + line
