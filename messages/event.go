@@ -93,6 +93,9 @@ type Event struct {
 	Receipt *Receipt `json:"receipt,omitempty"`
 	// Result is the agent's final result text, on EventFinished.
 	Result string `json:"result,omitempty"`
+	// WorkspaceResult is what the run changed in its workspace, on
+	// EventFinished when the request named a workspace.
+	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
 }
 
 // AgentEvent is the body of an EventAgent: one line of the agent CLI's
