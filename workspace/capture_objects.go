@@ -88,4 +88,3 @@ func copyTree(st, src storer.EncodedObjectStorer, h plumbing.Hash, cp func(plumb
 	}
 	return nil
 }
-

@@ -1,9 +1,9 @@
 package workspace
 
 import (
+	"archive/tar"
 	"crypto/sha256"
 	"encoding/hex"
-	"archive/tar"
 	"fmt"
 	"io"
 	"io/fs"
