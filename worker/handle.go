@@ -53,6 +53,8 @@ type run struct {
 	container Container
 	// prog records the last progress, for the stall watchdog.
 	prog *progress
+	// ws is the delivery's staged workspace, when the request names one.
+	ws *runWorkspace
 	// cleanup, when set, removes the run's container, session and
 	// directory; finish calls it before removing the request.
 	cleanup func()
@@ -334,6 +336,10 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.fail(ctx, err.Error(), nil)
 		return
 	}
+	if !r.stageWorkspace(ctx, &spec, prof) {
+		return
+	}
+	defer r.dropWorkspace()
 	r.state.Receipt = buildReceipt(prof, plan, spec, timeout, r.req.Prompt)
 	if needBridge {
 		if err := w.checkBridge(); err != nil {
@@ -480,6 +486,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.retry(ctx, fmt.Errorf("%s (attempt %d; the profile allows %d retries)", reason, attempt, prof.Retries))
 		return
 	}
+	r.captureWorkspace(ctx)
 	r.cleanup = func() {
 		r.removeContainer(c)
 		cs.end(r, true)
@@ -793,6 +800,7 @@ func (r *run) publishFinished(ctx context.Context) {
 	r.event(ctx, messages.Event{
 		Type: messages.EventFinished, State: r.state.State, ExitCode: r.state.ExitCode,
 		Reason: r.state.Reason, ContainerID: r.state.ContainerID, Receipt: r.state.Receipt, Result: r.state.Result,
+		WorkspaceResult: r.state.WorkspaceResult,
 	})
 }
 

@@ -82,6 +82,9 @@ type Config struct {
 	// executable. When it is missing, such runs are refused with that
 	// reason.
 	BridgePath string
+	// Workspace bounds and stores the workspaces of runs whose request names
+	// one.
+	Workspace WorkspaceConfig
 	// Failpoint, when set, is called with the name of each crash point a
 	// run passes (see the Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
@@ -229,6 +232,8 @@ type Worker struct {
 	unsubscribe func()             // ends the control subscriptions
 	slots       sync.WaitGroup
 	bg          sync.WaitGroup
+
+	wsStores wsStores // the workspace and result buckets, found on first use
 }
 
 type activeRun struct {
@@ -393,6 +398,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	// The per-run directories are gone with their runs; remove their
 	// parents when empty (a default state dir is per worker id).
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
+	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

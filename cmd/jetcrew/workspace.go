@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// workspaceFlags adds submit's workspace flags.
+func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
+	f := cmd.Flags()
+	f.StringVar(&o.workspace, "workspace", "", "directory the run works on: snapshotted (a git work tree with its history, or the directory as it is) into the jetcrew-workspaces bucket, writable at /workspace")
+	f.Int64Var(&o.wsMax, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes, "largest snapshot to upload, in bytes; a larger one is refused before anything is stored")
+	f.DurationVar(&o.wsTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in the jetcrew-workspaces bucket, used when submit creates the bucket")
+}
+
+// uploadWorkspace snapshots o.workspace into the workspace bucket (once per
+// content) and returns the request's workspace field.
+func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (*messages.WorkspaceRef, error) {
+	up, err := d.UploadWorkspace(ctx, o.workspace, workspace.SnapshotOptions{MaxBytes: o.wsMax}, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s: %w", o.workspace, err)
+	}
+	if !o.quiet {
+		how := "uploaded"
+		if up.Reused {
+			how = "already stored, not uploaded again"
+		}
+		kind := "a plain directory"
+		if up.Info.Git {
+			kind = fmt.Sprintf("git, HEAD %s, %d commits", shortID(up.Info.Head), up.Info.Commits)
+		}
+		fmt.Fprintf(a.stderr, "--- workspace %s: %s (%s; %d bytes, %d files; %s)\n", o.workspace, up.Ref.Name, kind, up.Info.Size, up.Info.Files, how)
+	}
+	return &up.Ref, nil
+}
