@@ -132,6 +132,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd())
+	root.AddCommand(a.resultCmds()...)
 	return root
 }
 

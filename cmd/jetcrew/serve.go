@@ -25,8 +25,9 @@ type workerOptions struct {
 	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
-	metricsAddr       string // --metrics-addr; see metrics.go
-	replicas          int    // --replicas (worker only); see metrics.go
+	metricsAddr       string                 // --metrics-addr; see metrics.go
+	replicas          int                    // --replicas (worker only); see metrics.go
+	workspace         worker.WorkspaceConfig // --workspace-*, --result-*; see workspace.go
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -45,6 +46,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	addWorkerWorkspaceFlags(fs, &o.workspace)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -128,6 +130,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,
+		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
 	})
 	if err != nil {

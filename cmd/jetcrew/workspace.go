@@ -5,9 +5,11 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
@@ -38,4 +40,15 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 		fmt.Fprintf(a.stderr, "--- workspace %s: %s (%s; %d bytes, %d files; %s)\n", o.workspace, up.Ref.Name, kind, up.Info.Size, up.Info.Files, how)
 	}
 	return &up.Ref, nil
+}
+
+// addWorkerWorkspaceFlags adds the worker's workspace limits and bucket
+// settings (worker and up).
+func addWorkerWorkspaceFlags(fs *pflag.FlagSet, c *worker.WorkspaceConfig) {
+	fs.Int64Var(&c.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes,
+		"largest workspace snapshot, unpacked tree and captured change a run may have, each in bytes; a larger one fails the run")
+	fs.DurationVar(&c.Buckets.WorkspaceTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in jetcrew-workspaces (when the worker creates the bucket)")
+	fs.Int64Var(&c.Buckets.WorkspaceBytes, "workspace-bucket-bytes", 0, "size cap of jetcrew-workspaces in bytes, 0 for none (when the worker creates the bucket)")
+	fs.DurationVar(&c.Buckets.ResultTTL, "result-ttl", workspace.DefaultResultTTL, "lifetime of run results in jetcrew-results (when the worker creates the bucket)")
+	fs.Int64Var(&c.Buckets.ResultBytes, "result-bucket-bytes", 0, "size cap of jetcrew-results in bytes, 0 for none (when the worker creates the bucket)")
 }
