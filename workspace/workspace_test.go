@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -261,4 +263,39 @@ func TestCapturePlainDir(t *testing.T) {
 	require.Equal(t, 1, c.Result.Insertions)
 	require.Equal(t, 1, c.Result.Deletions)
 	require.Contains(t, string(c.Patch), "+two")
+}
+
+// TestCapture1000Files times the capture of a run that changed 1,000 files
+// (reported with -v) and bounds it.
+func TestCapture1000Files(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	gitCmd(t, src, "init", "-q", "-b", "main")
+	for i := range 1000 {
+		write(t, src, filepath.Join("pkg", strconv.Itoa(i%10), strconv.Itoa(i)+".txt"), strings.Repeat("line\n", 20)+strconv.Itoa(i)+"\n")
+	}
+	gitCmd(t, src, "add", "-A")
+	gitCmd(t, src, "commit", "-qm", "1000 files")
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(src, f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	ws := t.TempDir()
+	sf, _ := os.Open(snap)
+	require.NoError(t, workspace.Unpack(sf, ws, workspace.UnpackOptions{}))
+	sf.Close()
+	for i := range 1000 {
+		write(t, ws, filepath.Join("pkg", strconv.Itoa(i%10), strconv.Itoa(i)+".txt"), strings.Repeat("line\n", 19)+"changed\n"+strconv.Itoa(i)+"\n")
+	}
+	start := time.Now()
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "big", Snapshot: snap, Scratch: t.TempDir()})
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, 1000, c.Result.FilesChanged)
+	require.Equal(t, 1000, c.Result.Insertions)
+	require.Equal(t, 1001, c.Result.Commits+1000, "one commit of uncommitted changes")
+	t.Logf("capture of a 1,000-file change: %s (patch %d bytes, bundle %d bytes)", took, len(c.Patch), len(c.Bundle))
+	require.Less(t, took, 20*time.Second)
 }
