@@ -84,7 +84,7 @@ func WorkspaceObjectName(digest string) string {
 // Kinds of result objects, the last part of ResultObjectName.
 const (
 	// ResultPatch is a binary-safe git patch (`git apply` reads it) from the
-	// submitted HEAD to the run's head.
+	// workspace as submitted to the run's head.
 	ResultPatch = "patch"
 	// ResultBundle is a git bundle (v2) holding the run's commits on top of
 	// the submitted HEAD, with ref refs/heads/jetcrew/<run id>.
@@ -115,8 +115,9 @@ type WorkspaceResult struct {
 	Head string `json:"head,omitempty"`
 	// Commits counts the commits from Base to Head.
 	Commits int `json:"commits"`
-	// FilesChanged, Insertions and Deletions are the diffstat of Base..Head
-	// (binary files count as changed with no lines).
+	// FilesChanged, Insertions and Deletions are the diffstat from the
+	// workspace as submitted (Base plus the submitter's uncommitted
+	// changes) to Head; binary files count as changed with no lines.
 	FilesChanged int `json:"files_changed"`
 	Insertions   int `json:"insertions"`
 	Deletions    int `json:"deletions"`

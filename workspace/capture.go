@@ -69,7 +69,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 	}
 	defer root.Close()
 	st := filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
-	base, isGit, err := loadBase(st, o.Snapshot)
+	base, submitted, isGit, err := loadBase(st, o.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("read the submitted snapshot: %w", err)
 	}
@@ -88,21 +88,29 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 		c.Result.Base = base.String()
 	}
 	c.Result.Head = head.String()
-	if err := c.describe(st, base, head, o.RunID); err != nil {
+	if err := c.describe(st, submitted, base, head, o.RunID); err != nil {
 		return nil, err
 	}
 	c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes)
 	return c, err
 }
 
-// loadBase loads the snapshot's objects into st: a git snapshot's pack, or,
-// for a plain directory, its tree as one commit. It returns the base commit
-// (zero for a git snapshot of a repository without commits) and whether the
-// snapshot was a git work tree.
-func loadBase(st *filesystem.Storage, snapshot string) (plumbing.Hash, bool, error) {
+// loadBase loads the snapshot's objects into st: a git snapshot's pack and
+// its work tree as a tree (the workspace as submitted, uncommitted changes
+// included), or, for a plain directory, its tree as one commit. It returns
+// the base commit (zero for a git snapshot of a repository without
+// commits), the submitted tree and whether the snapshot was a git work
+// tree.
+func loadBase(st *filesystem.Storage, snapshot string) (base, submitted plumbing.Hash, isGit bool, err error) {
+	base, submitted, isGit, err = readSnapshot(st, snapshot)
+	return
+}
+
+func readSnapshot(st *filesystem.Storage, snapshot string) (plumbing.Hash, plumbing.Hash, bool, error) {
+	z := plumbing.ZeroHash
 	f, err := os.Open(snapshot)
 	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return z, z, false, err
 	}
 	defer f.Close()
 	tr := tar.NewReader(f)
@@ -117,7 +125,7 @@ func loadBase(st *filesystem.Storage, snapshot string) (plumbing.Hash, bool, err
 			break
 		}
 		if err != nil {
-			return plumbing.ZeroHash, false, err
+			return z, z, false, err
 		}
 		name := strings.TrimSuffix(hdr.Name, "/")
 		switch {
@@ -125,12 +133,12 @@ func loadBase(st *filesystem.Storage, snapshot string) (plumbing.Hash, bool, err
 			isGit = true
 		case strings.HasPrefix(name, ".git/objects/pack/") && strings.HasSuffix(name, ".pack"):
 			if err := packfile.UpdateObjectStorage(st, tr); err != nil {
-				return plumbing.ZeroHash, false, err
+				return z, z, false, err
 			}
 		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
 			v, err := io.ReadAll(io.LimitReader(tr, 4096))
 			if err != nil {
-				return plumbing.ZeroHash, false, err
+				return z, z, false, err
 			}
 			if name == ".git/HEAD" {
 				ref = strings.TrimSpace(string(v))
@@ -140,9 +148,13 @@ func loadBase(st *filesystem.Storage, snapshot string) (plumbing.Hash, bool, err
 		case strings.HasPrefix(name, ".git/"):
 		case hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink:
 			if err := addTarEntry(st, b, tr, hdr, name); err != nil {
-				return plumbing.ZeroHash, false, err
+				return z, z, false, err
 			}
 		}
+	}
+	tree, err := b.write(st)
+	if err != nil {
+		return z, z, false, err
 	}
 	if isGit {
 		head = ref
@@ -150,19 +162,15 @@ func loadBase(st *filesystem.Storage, snapshot string) (plumbing.Hash, bool, err
 			head = refs[r]
 		}
 		if head == "" {
-			return plumbing.ZeroHash, true, nil
+			return z, tree, true, nil
 		}
-		return plumbing.NewHash(head), true, nil
-	}
-	tree, err := b.write(st)
-	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.NewHash(head), tree, true, nil
 	}
 	// A fixed author and time: the base of a plain snapshot has one hash.
 	sig := captureAuthor
 	sig.When = epoch
 	h, err := storeCommit(st, tree, plumbing.ZeroHash, sig, "jetcrew: workspace as submitted")
-	return h, false, err
+	return h, tree, false, err
 }
 
 func addTarEntry(st storer.EncodedObjectStorer, b *treeBuilder, tr *tar.Reader, hdr *tar.Header, name string) error {

@@ -95,45 +95,44 @@ func underArtifacts(p string) bool {
 	return p == messages.ArtifactsDir || strings.HasPrefix(p, messages.ArtifactsDir+"/")
 }
 
-// describe fills c's counts, diffstat, patch and bundle for base..head.
-func (c *Captured) describe(st storer.EncodedObjectStorer, base, head plumbing.Hash, runID string) error {
-	if head == base {
-		return nil
-	}
-	var ignore []plumbing.Hash
-	var from *object.Tree
-	if !base.IsZero() {
-		ignore = []plumbing.Hash{base}
-		bc, err := object.GetCommit(st, base)
-		if err != nil {
-			return err
-		}
-		if from, err = bc.Tree(); err != nil {
-			return err
-		}
-	}
+// describe fills c's diffstat and patch, from the submitted tree to
+// head's, and its commit count and bundle, base..head.
+func (c *Captured) describe(st storer.EncodedObjectStorer, submitted, base, head plumbing.Hash, runID string) error {
 	hc, err := object.GetCommit(st, head)
 	if err != nil {
 		return err
 	}
-	to, err := hc.Tree()
-	if err != nil {
-		return err
+	if hc.TreeHash != submitted {
+		from, err := object.GetTree(st, submitted)
+		if err != nil {
+			return err
+		}
+		to, err := hc.Tree()
+		if err != nil {
+			return err
+		}
+		changes, err := object.DiffTree(from, to)
+		if err != nil {
+			return err
+		}
+		patch, err := changes.Patch()
+		if err != nil {
+			return err
+		}
+		c.stats(patch)
+		var pb bytes.Buffer
+		if err := encodePatch(&pb, patch, st); err != nil {
+			return err
+		}
+		c.Patch = pb.Bytes()
 	}
-	changes, err := object.DiffTree(from, to)
-	if err != nil {
-		return err
+	if head == base {
+		return nil
 	}
-	patch, err := changes.Patch()
-	if err != nil {
-		return err
+	var ignore []plumbing.Hash
+	if !base.IsZero() {
+		ignore = []plumbing.Hash{base}
 	}
-	c.stats(patch)
-	var pb bytes.Buffer
-	if err := encodePatch(&pb, patch, st); err != nil {
-		return err
-	}
-	c.Patch = pb.Bytes()
 	hashes, err := revlist.Objects(st, []plumbing.Hash{head}, ignore)
 	if err != nil {
 		return err

@@ -18,8 +18,10 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/storer"
 )
 
-// packWindow is the delta window of snapshot and bundle packs.
-const packWindow = 10
+// packWindow is the delta window of snapshot and bundle packs: 0, no
+// deltas. Measured on a 53 MB tree with 3 commits: window 10 took 20 s
+// for an 8.7 MB pack, window 0 3.4 s for 10.6 MB.
+const packWindow = 0
 
 // minimalConfig is the .git/config of every snapshot: nothing of the
 // submitter's repository (remotes, hooks paths, filters, aliases) travels.

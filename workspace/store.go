@@ -96,6 +96,9 @@ type Uploaded struct {
 	// Reused is true when the bucket already held the snapshot, so
 	// nothing was uploaded.
 	Reused bool
+	// SnapshotTook and UploadTook are the times spent snapshotting and
+	// uploading (zero when Reused).
+	SnapshotTook, UploadTook time.Duration
 }
 
 // Upload snapshots dir (see Snapshot) into a temporary file and stores it
@@ -109,11 +112,14 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
+	start := time.Now()
 	info, err := Snapshot(dir, f, o)
 	if err != nil {
 		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	up := Uploaded{Info: info, Ref: messages.WorkspaceRef{Name: messages.WorkspaceObjectName(info.Digest), Digest: info.Digest}}
+	up.SnapshotTook = time.Since(start)
+	start = time.Now()
 	if cur, err := obs.GetInfo(ctx, up.Ref.Name); err == nil && !cur.Deleted && cur.Digest == objDigest(info.Digest) {
 		up.Reused = true
 		return up, nil
@@ -125,6 +131,7 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	if _, err := obs.Put(ctx, meta, f); err != nil {
 		return Uploaded{}, fmt.Errorf("upload snapshot: %w", err)
 	}
+	up.UploadTook = time.Since(start)
 	return up, nil
 }
 

@@ -193,27 +193,18 @@ func TestCaptureRoundTrip(t *testing.T) {
 	require.Empty(t, c.Result.Error)
 	require.Equal(t, info.Head, c.Result.Base)
 	require.Equal(t, 2, c.Result.Commits, "the run's commit and one for its uncommitted changes")
-	// Changed: sub/a.txt (run commit), and vs. submitted HEAD: main.go,
-	// new.txt (untracked at submit), blob.bin, shadow, .gitignore.
+	// Changed relative to the workspace as submitted (the submitter's
+	// uncommitted main.go and untracked new.txt included): sub/a.txt (the
+	// run's commit), main.go, blob.bin, shadow, .gitignore.
 	paths := map[string]bool{}
 	for _, fs := range c.Result.Files {
 		paths[fs.Path] = true
 	}
-	require.Equal(t, map[string]bool{"sub/a.txt": true, "main.go": true, "new.txt": true, "blob.bin": true, "shadow": true, ".gitignore": true}, paths)
+	require.Equal(t, map[string]bool{"sub/a.txt": true, "main.go": true, "blob.bin": true, "shadow": true, ".gitignore": true}, paths)
 	require.NotContains(t, string(c.Patch), "x.log")
 	require.NotContains(t, string(c.Patch), "report.txt")
 	require.Len(t, c.Result.Artifacts, 1)
 	require.Equal(t, "report.txt", c.Result.Artifacts[0].Name)
-
-	// git apply reads the patch, binary file included, on the base commit.
-	check := t.TempDir()
-	gitCmd(t, check, "clone", "-q", src, ".")
-	patch := filepath.Join(t.TempDir(), "p.diff")
-	require.NoError(t, os.WriteFile(patch, c.Patch, 0o644))
-	gitCmd(t, check, "apply", "--index", patch)
-	b, err := os.ReadFile(filepath.Join(check, "blob.bin"))
-	require.NoError(t, err)
-	require.Equal(t, []byte{0, 1, 2, 255, 0, 7}, b)
 
 	// The bundle lands as a branch in the submitter's repository without
 	// touching its branch or work tree; git itself reads it too.
@@ -231,6 +222,18 @@ func TestCaptureRoundTrip(t *testing.T) {
 	bpath := filepath.Join(t.TempDir(), "b.bundle")
 	require.NoError(t, os.WriteFile(bpath, c.Bundle, 0o644))
 	gitCmd(t, src, "bundle", "verify", bpath)
+
+	// git apply reads the patch, binary file included, on the workspace as
+	// submitted: the submitter's own work tree.
+	patch := filepath.Join(t.TempDir(), "p.diff")
+	require.NoError(t, os.WriteFile(patch, c.Patch, 0o644))
+	gitCmd(t, src, "apply", patch)
+	b, err := os.ReadFile(filepath.Join(src, "blob.bin"))
+	require.NoError(t, err)
+	require.Equal(t, []byte{0, 1, 2, 255, 0, 7}, b)
+	gitCmd(t, src, "add", "-A")
+	require.Equal(t, "", gitCmd(t, src, "diff", "--cached", "--stat", "jetcrew/r1", "--", ".", ":!build"),
+		"the patch and the branch agree (build/ was ignored at submit time, never part of the run)")
 }
 
 func TestCapturePlainDir(t *testing.T) {

@@ -129,10 +129,11 @@ func (a *app) diffCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diff [flags] RUN_ID",
 		Short: "Print the patch of everything a workspace run changed",
-		Long: `diff prints the patch from the submitted HEAD (for a plain directory: the
-directory as submitted) to the run's head, binary files included, as
-"git apply" reads it. A run that changed nothing prints nothing.`,
-		Example: `  jetcrew diff RUN_ID | git apply --index`,
+		Long: `diff prints the patch from the workspace as submitted (HEAD plus the
+uncommitted changes it was submitted with) to the run's head, binary files
+included, as "git apply" reads it in the work tree it was submitted from. A
+run that changed nothing prints nothing.`,
+		Example: `  jetcrew diff RUN_ID | git apply`,
 		Args:    exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, st, err := a.fetch(cmd.Context(), url, args[0], messages.ResultPatch)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -29,9 +30,9 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 		return nil, fmt.Errorf("workspace %s: %w", o.workspace, err)
 	}
 	if !o.quiet {
-		how := "uploaded"
+		how := fmt.Sprintf("snapshot %s, uploaded in %s", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
 		if up.Reused {
-			how = "already stored, not uploaded again"
+			how = fmt.Sprintf("snapshot %s, already stored, not uploaded again", up.SnapshotTook.Round(time.Millisecond))
 		}
 		kind := "a plain directory"
 		if up.Info.Git {
