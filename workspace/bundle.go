@@ -10,6 +10,8 @@ import (
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // ErrRefExists is returned by ApplyBundle when the bundle's ref already
@@ -21,8 +23,13 @@ var ErrRefExists = errors.New("branch already exists at another commit")
 // never changes HEAD, the current branch, the index or the work tree. It
 // fails when the repository lacks the bundle's prerequisite (the run's base
 // commit), and with ErrRefExists when the branch exists at another commit;
-// the same bundle applied twice is a no-op. It returns the branch and head.
-func ApplyBundle(repoDir string, data []byte) (plumbing.ReferenceName, plumbing.Hash, error) {
+// the same bundle applied twice is a no-op. The bundle's ref must be
+// refs/heads/jetcrew/<runID> exactly (runID a messages token). It returns
+// the branch and head.
+func ApplyBundle(repoDir string, data []byte, runID string) (plumbing.ReferenceName, plumbing.Hash, error) {
+	if err := messages.ValidateToken("run id", runID); err != nil {
+		return "", plumbing.ZeroHash, err
+	}
 	repo, err := git.PlainOpenWithOptions(repoDir, &git.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
 	if err != nil {
 		return "", plumbing.ZeroHash, fmt.Errorf("open git repository %s: %w", repoDir, err)
@@ -30,6 +37,9 @@ func ApplyBundle(repoDir string, data []byte) (plumbing.ReferenceName, plumbing.
 	prereqs, ref, head, pack, err := parseBundle(data)
 	if err != nil {
 		return "", plumbing.ZeroHash, err
+	}
+	if want := plumbing.ReferenceName("refs/heads/jetcrew/" + runID); ref != want {
+		return "", plumbing.ZeroHash, fmt.Errorf("not the bundle of run %s: its ref is %q", runID, ref)
 	}
 	for _, p := range prereqs {
 		if err := repo.Storer.HasEncodedObject(p); err != nil {

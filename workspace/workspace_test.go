@@ -209,7 +209,7 @@ func TestCaptureRoundTrip(t *testing.T) {
 	// The bundle lands as a branch in the submitter's repository without
 	// touching its branch or work tree; git itself reads it too.
 	before := gitCmd(t, src, "status", "--porcelain")
-	ref, head, err := workspace.ApplyBundle(src, c.Bundle)
+	ref, head, err := workspace.ApplyBundle(src, c.Bundle, "r1")
 	require.NoError(t, err)
 	require.Equal(t, "refs/heads/jetcrew/r1", ref.String())
 	require.Equal(t, c.Result.Head, head.String())
@@ -217,8 +217,10 @@ func TestCaptureRoundTrip(t *testing.T) {
 	require.Equal(t, before, gitCmd(t, src, "status", "--porcelain"))
 	require.Equal(t, "jetcrew: changes run r1 left uncommitted\nrun commit\nsecond\nfirst", gitCmd(t, src, "log", "--format=%s", "jetcrew/r1"))
 	gitCmd(t, src, "fsck", "--strict")
-	_, _, err = workspace.ApplyBundle(src, c.Bundle)
+	_, _, err = workspace.ApplyBundle(src, c.Bundle, "r1")
 	require.NoError(t, err, "applying twice is a no-op")
+	_, _, err = workspace.ApplyBundle(src, c.Bundle, "r2")
+	require.ErrorContains(t, err, "not the bundle of run r2")
 	bpath := filepath.Join(t.TempDir(), "b.bundle")
 	require.NoError(t, os.WriteFile(bpath, c.Bundle, 0o644))
 	gitCmd(t, src, "bundle", "verify", bpath)
@@ -301,4 +303,65 @@ func TestCapture1000Files(t *testing.T) {
 	require.Equal(t, 1001, c.Result.Commits+1000, "one commit of uncommitted changes")
 	t.Logf("capture of a 1,000-file change: %s (patch %d bytes, bundle %d bytes)", took, len(c.Patch), len(c.Bundle))
 	require.Less(t, took, 20*time.Second)
+}
+
+// TestCaptureHostileWorkspace plants what a hostile run could leave: a
+// .git/config naming an fsmonitor, hooks and filters that would write a
+// marker, a .git replaced by a symlink to a directory outside, an artifacts
+// directory that is a symlink to /etc, a symlink in artifacts, and more new
+// content than the cap. Capture runs none of it, reads nothing outside, and
+// says what it could not use.
+func TestCaptureHostileWorkspace(t *testing.T) {
+	t.Parallel()
+	src := testRepo(t)
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(src, f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	stage := func() string {
+		ws := t.TempDir()
+		sf, err := os.Open(snap)
+		require.NoError(t, err)
+		defer sf.Close()
+		require.NoError(t, workspace.Unpack(sf, ws, workspace.UnpackOptions{}))
+		return ws
+	}
+	marker := filepath.Join(t.TempDir(), "pwned")
+	evil := "#!/bin/sh\ntouch " + marker + "\n"
+
+	ws := stage()
+	write(t, ws, ".git/config", "[core]\n\tfsmonitor = "+filepath.Join(ws, "evil.sh")+"\n\thooksPath = hooks\n[filter \"x\"]\n\tclean = "+filepath.Join(ws, "evil.sh")+"\n[diff \"x\"]\n\ttextconv = "+filepath.Join(ws, "evil.sh")+"\n")
+	write(t, ws, ".gitattributes", "* filter=x diff=x\n")
+	for _, p := range []string{"evil.sh", "hooks/post-commit", ".git/hooks/pre-commit", ".git/hooks/post-checkout"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(ws, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(ws, p), []byte(evil), 0o755))
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, ".jetcrew"), 0o755))
+	require.NoError(t, os.Symlink("/etc", filepath.Join(ws, messages.ArtifactsDir)))
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "h1", Snapshot: snap, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	require.Empty(t, c.Result.Artifacts, "an artifacts symlink is not followed")
+	require.Contains(t, string(c.Patch), "evil.sh", "hostile files are data")
+	require.NoFileExists(t, marker, "nothing from the repository ran")
+
+	// .git a symlink to a repository outside the tree: not read.
+	ws = stage()
+	outside := t.TempDir()
+	gitCmd(t, outside, "init", "-q")
+	require.NoError(t, os.RemoveAll(filepath.Join(ws, ".git")))
+	require.NoError(t, os.Symlink(filepath.Join(outside, ".git"), filepath.Join(ws, ".git")))
+	write(t, ws, messages.ArtifactsDir+"/ok.txt", "ok\n")
+	require.NoError(t, os.Symlink("/etc/shadow", filepath.Join(ws, messages.ArtifactsDir, "shadow")))
+	c, err = workspace.Capture(ws, workspace.CaptureOptions{RunID: "h2", Snapshot: snap, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	require.Contains(t, c.Result.Error, "removed or replaced .git")
+	require.Len(t, c.Result.Artifacts, 1, "a symlink among the artifacts is skipped")
+
+	// More new content than the cap.
+	ws = stage()
+	write(t, ws, "big.txt", strings.Repeat("x", 4096))
+	_, err = workspace.Capture(ws, workspace.CaptureOptions{RunID: "h3", Snapshot: snap, Scratch: t.TempDir(), MaxBytes: 1024})
+	require.ErrorIs(t, err, workspace.ErrTooLarge)
 }

@@ -171,7 +171,7 @@ HEAD it was submitted from). Applying the same run twice is a no-op.`,
 			if err != nil {
 				return err
 			}
-			ref, head, err := workspace.ApplyBundle(repo, b)
+			ref, head, err := workspace.ApplyBundle(repo, b, args[0])
 			if err != nil {
 				return err
 			}
