@@ -116,6 +116,25 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 	d = run(t, url, jetcrewBin, "diff", "ws-2")
 	require.Equal(t, 0, d.code, d.stderr)
 	require.Empty(t, d.stdout, "a run that changed nothing has an empty diff")
+
+	// Whatever the outcome, the changes are captured: a failure, a timeout,
+	// and a run that wrote more than the worker's cap (the result says so;
+	// the outcome is the run's own).
+	r = run(t, url, jetcrewBin, "submit", "--id", "ws-fail", "--wait", "--workspace", repo, "echo x > f.txt; exit 3")
+	require.Equal(t, 3, r.code, r.stderr)
+	r = run(t, url, jetcrewBin, "submit", "--id", "ws-timeout", "--timeout", "2s", "--wait", "--workspace", repo, "echo y > g.txt; exec sleep 60")
+	require.NotEqual(t, 0, r.code, r.stderr)
+	r = run(t, url, jetcrewBin, "submit", "--id", "ws-huge", "--wait", "--workspace", repo, "head -c 2000000 /dev/urandom > huge.bin")
+	require.Equal(t, 0, r.code, r.stderr)
+	for id, want := range map[string]messages.State{"ws-fail": messages.StateFailed, "ws-timeout": messages.StateTimedOut} {
+		st := status(t, url, id)
+		require.Equal(t, want, st.State, id)
+		require.NotNil(t, st.WorkspaceResult, id)
+		require.Equal(t, 1, st.WorkspaceResult.FilesChanged, id)
+	}
+	st = status(t, url, "ws-huge")
+	require.Equal(t, messages.StateSucceeded, st.State)
+	require.Contains(t, st.WorkspaceResult.Error, "exceed 1000000 bytes")
 }
 
 // TestWorkspaceRefused: a request naming a missing snapshot, a wrong digest
