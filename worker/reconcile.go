@@ -29,6 +29,7 @@ func (w *Worker) reconcile(ctx context.Context) error {
 	}
 	w.mu.Unlock()
 	w.removeStaleRunDirs(activeDirs)
+	w.removeStaleWorkspaces()
 
 	alive := map[string]bool{}
 	var errs []error

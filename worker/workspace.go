@@ -46,11 +46,53 @@ func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
 	return c
 }
 
-// wsStores holds the worker's workspace and result buckets once found.
+// wsStores holds the worker's workspace and result buckets once found, and
+// the delivery workspace directories in use.
 type wsStores struct {
 	mu       sync.Mutex
 	ws, res  jetstream.ObjectStore
 	resolved bool
+	live     map[string]bool // workspace dirs of deliveries in progress
+}
+
+// setLive marks a delivery's workspace directory in use (or no longer), so
+// the reconciler leaves it alone.
+func (w *Worker) setLive(dir string, live bool) {
+	s := &w.wsStores
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live == nil {
+		s.live = map[string]bool{}
+	}
+	if live {
+		s.live[dir] = true
+	} else {
+		delete(s.live, dir)
+	}
+}
+
+// removeStaleWorkspaces removes delivery workspace directories no delivery
+// of this worker uses and older than OrphanGrace: left over by a crash.
+func (w *Worker) removeStaleWorkspaces() {
+	root := filepath.Join(w.cfg.StateDir, "ws")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(root, e.Name())
+		w.wsStores.mu.Lock()
+		live := w.wsStores.live[dir]
+		w.wsStores.mu.Unlock()
+		info, err := e.Info()
+		if err != nil || live || time.Since(info.ModTime()) < w.cfg.OrphanGrace {
+			continue
+		}
+		w.log.Info().Str("dir", dir).Msg("removing a stale workspace directory")
+		if err := os.RemoveAll(dir); err != nil {
+			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale workspace directory")
+		}
+	}
 }
 
 // stores returns the workspace and result buckets, creating them on first
@@ -110,9 +152,11 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 		return false
 	}
 	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered))}
+	r.w.setLive(rw.dir, true)
 	err = r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid)
 	if err != nil {
 		_ = os.RemoveAll(rw.dir)
+		r.w.setLive(rw.dir, false)
 		if isSnapshotRefused(err) {
 			r.fail(ctx, "workspace: "+err.Error(), nil)
 		} else {
@@ -178,6 +222,7 @@ func (r *run) dropWorkspace() {
 	if err := os.RemoveAll(r.ws.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove workspace directory")
 	}
+	r.w.setLive(r.ws.dir, false)
 }
 
 // captureWorkspace records what the run changed in its workspace, after its
