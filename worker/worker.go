@@ -94,9 +94,11 @@ type Config struct {
 // Crash points passed to Config.Failpoint, in the order a run reaches them.
 const (
 	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
+	FailpointAfterStage      = "after-stage"       // workspace staged, container not created
 	FailpointAfterStart      = "after-start"       // container created and started
 	FailpointRunning         = "running"           // running state recorded
 	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
+	FailpointAfterCapture    = "after-capture"     // workspace result stored, final state not recorded
 	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
 	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
 )

@@ -165,6 +165,7 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 		return false
 	}
 	r.ws = rw
+	r.w.failpoint(FailpointAfterStage)
 	spec.Mounts = append(spec.Mounts, Mount{Source: rw.tree(), Target: messages.WorkspaceDir})
 	spec.WorkingDir = messages.WorkspaceDir
 	return true
@@ -250,6 +251,7 @@ func (r *run) captureWorkspace(ctx context.Context) {
 		res.Error = "upload failed: " + err.Error()
 	}
 	r.state.WorkspaceResult = &res
+	r.w.failpoint(FailpointAfterCapture)
 	r.log.Info().Dur("captured_in", time.Since(start)).Int("files_changed", res.FilesChanged).Int("commits", res.Commits).Msg("workspace captured")
 }
 
