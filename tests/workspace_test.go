@@ -141,7 +141,9 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 // or a snapshot over the worker's cap fails with that reason and a dead
 // letter; it never runs on an empty directory.
 func TestWorkspaceRefused(t *testing.T) {
-	url := up(t, "--workspace-max-bytes", "100000")
+	profiles := filepath.Join(t.TempDir(), "profiles.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\n"), 0o644))
+	url := up(t, "--workspace-max-bytes", "100000", "--profiles", profiles)
 	zero := "sha256:" + strings.Repeat("0", 64)
 	r := run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default",
 		`{"id":"ws-missing","profile":"shell","prompt":"echo ran","workspace":{"name":"nope.tar","digest":"`+zero+`"}}`)
@@ -165,6 +167,18 @@ func TestWorkspaceRefused(t *testing.T) {
 	r = run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default",
 		`{"id":"ws-digest","profile":"shell","prompt":"echo ran","workspace":{"name":"`+name+`","digest":"`+zero+`"}}`)
 	require.Equal(t, 0, r.code, r.stderr)
+
+	// The kernel bounds a tmpfs workspace (profile workspace_mib = 1): a
+	// run writing past it gets ENOSPC and ends saying so; the host's disk
+	// never sees the bytes.
+	r = run(t, url, jetcrewBin, "submit", "--id", "ws-full", "--profile", "small", "--wait", "--workspace", small,
+		"mount | grep ' /workspace '; head -c 3000000 /dev/zero > fill.bin")
+	require.NotEqual(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "tmpfs on /workspace type tmpfs")
+	st := status(t, url, "ws-full")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, "no space left in the workspace: workspace_mib is 1 MiB")
+	require.NotNil(t, st.WorkspaceResult, "the changes that fit are captured")
 
 	for id, want := range map[string]string{"ws-missing": "not found", "ws-big": "this worker takes at most 100000", "ws-digest": "digest mismatch"} {
 		st := waitFinal(t, url, id)

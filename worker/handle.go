@@ -486,7 +486,7 @@ func (r *run) execute(ctx context.Context, prof Profile) {
 		r.retry(ctx, fmt.Errorf("%s (attempt %d; the profile allows %d retries)", reason, attempt, prof.Retries))
 		return
 	}
-	r.captureWorkspace(ctx)
+	reason = r.captureWorkspace(ctx, reason)
 	r.cleanup = func() {
 		r.removeContainer(c)
 		cs.end(r, true)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -89,7 +90,7 @@ func (w *Worker) removeStaleWorkspaces() {
 			continue
 		}
 		w.log.Info().Str("dir", dir).Msg("removing a stale workspace directory")
-		if err := os.RemoveAll(dir); err != nil {
+		if err := removeWorkspaceDir(dir); err != nil {
 			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale workspace directory")
 		}
 	}
@@ -118,6 +119,9 @@ func (w *Worker) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.O
 // store for the capture. Only tree is ever visible to the run.
 type runWorkspace struct {
 	dir string
+	// mib is the size of the tree's tmpfs (profile workspace_mib); 0: no
+	// tmpfs.
+	mib int64
 }
 
 func (rw *runWorkspace) snapshot() string { return filepath.Join(rw.dir, "snapshot.tar") }
@@ -151,11 +155,11 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 		r.fail(ctx, err.Error(), nil)
 		return false
 	}
-	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered))}
+	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)), mib: prof.WorkspaceMiB}
 	r.w.setLive(rw.dir, true)
 	err = r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid)
 	if err != nil {
-		_ = os.RemoveAll(rw.dir)
+		_ = removeWorkspaceDir(rw.dir)
 		r.w.setLive(rw.dir, false)
 		if isSnapshotRefused(err) {
 			r.fail(ctx, "workspace: "+err.Error(), nil)
@@ -185,11 +189,16 @@ func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.
 		return err
 	}
 	// A leftover of a crashed delivery with the same name goes first.
-	if err := os.RemoveAll(rw.dir); err != nil {
+	if err := removeWorkspaceDir(rw.dir); err != nil {
 		return err
 	}
 	for _, d := range []string{rw.dir, rw.tree(), rw.scratch()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if rw.mib > 0 {
+		if err := mountWorkspaceTmpfs(rw.tree(), rw.mib, uid, gid); err != nil {
 			return err
 		}
 	}
@@ -202,7 +211,11 @@ func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.
 		return err
 	}
 	defer f.Close()
-	if err := workspace.Unpack(f, rw.tree(), workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, UID: uid, GID: gid}); err != nil {
+	err = workspace.Unpack(f, rw.tree(), workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, UID: uid, GID: gid})
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, rw.mib)
+	}
+	if err != nil {
 		return err
 	}
 	// The tree's parent stays 0700 (root's); the tree itself is the run
@@ -220,7 +233,7 @@ func (r *run) dropWorkspace() {
 	if r.ws == nil {
 		return
 	}
-	if err := os.RemoveAll(r.ws.dir); err != nil {
+	if err := removeWorkspaceDir(r.ws.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove workspace directory")
 	}
 	r.w.setLive(r.ws.dir, false)
@@ -230,10 +243,14 @@ func (r *run) dropWorkspace() {
 // container exited and before its final state: the result objects go to the
 // result bucket under the run id and attempt, their record to
 // r.state.WorkspaceResult. A failure is recorded in the result's Error,
-// never lost and never fatal to the run's outcome.
-func (r *run) captureWorkspace(ctx context.Context) {
+// never lost and never fatal to the run's outcome. It returns reason, the
+// run's reason for ending, saying so when the workspace's tmpfs is full.
+func (r *run) captureWorkspace(ctx context.Context, reason string) string {
 	if r.ws == nil {
-		return
+		return reason
+	}
+	if full, mib := workspaceFull(r.ws.tree()); full && r.ws.mib > 0 && reason != "" {
+		reason += fmt.Sprintf(" (no space left in the workspace: workspace_mib is %d MiB)", mib)
 	}
 	start := time.Now()
 	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
@@ -243,7 +260,7 @@ func (r *run) captureWorkspace(ctx context.Context) {
 	if err != nil {
 		r.log.Warn().Err(err).Msg("capture workspace")
 		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "capture failed: " + err.Error()}
-		return
+		return reason
 	}
 	res := c.Result
 	if err := r.uploadResults(ctx, c, &res); err != nil {
@@ -253,6 +270,7 @@ func (r *run) captureWorkspace(ctx context.Context) {
 	r.state.WorkspaceResult = &res
 	r.w.failpoint(FailpointAfterCapture)
 	r.log.Info().Dur("captured_in", time.Since(start)).Int("files_changed", res.FilesChanged).Int("commits", res.Commits).Msg("workspace captured")
+	return reason
 }
 
 // uploadResults stores c's objects (patch, bundle, artifacts) in the result

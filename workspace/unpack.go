@@ -89,12 +89,12 @@ func cleanName(n string) (string, error) {
 func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, total *int64, max int64) error {
 	perm := os.FileMode(hdr.Mode) & 0o755
 	if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrBadArchive, name, err)
+		return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := root.Mkdir(name, perm|0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("%w: %s: %v", ErrBadArchive, name, err)
+			return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
 		}
 		if fi, err := root.Lstat(name); err != nil || !fi.IsDir() {
 			return fmt.Errorf("%w: %s: not a directory", ErrBadArchive, name)
@@ -102,7 +102,7 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, to
 		return nil
 	case tar.TypeSymlink:
 		if err := root.Symlink(hdr.Linkname, name); err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrBadArchive, name, err)
+			return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
 		}
 		return nil
 	case tar.TypeReg:
@@ -112,7 +112,7 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, to
 		}
 		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscallNoFollow, perm|0o600)
 		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrBadArchive, name, err)
+			return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
 		}
 		_, err = io.Copy(f, tr)
 		if cerr := f.Close(); err == nil {
