@@ -95,11 +95,12 @@ const (
 )
 
 // ResultObjectName returns the name, in BucketResults, of one result object
-// of attempt attempt of run runID: "<run id>/<attempt>/<kind>". The same
-// attempt always writes the same names, so a redelivered capture replaces
-// rather than adds.
-func ResultObjectName(runID string, attempt int, kind string) string {
-	return fmt.Sprintf("%s/%d/%s", runID, attempt, kind)
+// of run runID's request at stream sequence seq, delivery attempt:
+// "<run id>/<seq>-<attempt>/<kind>". One delivery always writes the same
+// names, so a repeated capture replaces rather than adds, and a replay (a
+// new request message) never overwrites its predecessor's results.
+func ResultObjectName(runID string, seq uint64, attempt int, kind string) string {
+	return fmt.Sprintf("%s/%d-%d/%s", runID, seq, attempt, kind)
 }
 
 // WorkspaceResult is what a run changed in its workspace, recorded in

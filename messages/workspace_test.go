@@ -35,5 +35,5 @@ func TestWorkspaceRefValidate(t *testing.T) {
 		}
 	}
 	require.Equal(t, "sha256-ab.tar", messages.WorkspaceObjectName("sha256:ab"))
-	require.Equal(t, "r1/2/patch", messages.ResultObjectName("r1", 2, messages.ResultPatch))
+	require.Equal(t, "r1/7-2/patch", messages.ResultObjectName("r1", 7, 2, messages.ResultPatch))
 }

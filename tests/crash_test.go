@@ -510,7 +510,7 @@ func checkCrashResult(t *testing.T, js jetstream.JetStream, st messages.RunState
 	obs, err := js.ObjectStore(t.Context(), messages.BucketResults)
 	require.NoError(t, err)
 	for _, o := range wr.Objects {
-		require.True(t, strings.HasPrefix(o.Name, messages.ResultObjectName(st.ID, st.Attempts, "")), o.Name)
+		require.True(t, strings.HasPrefix(o.Name, messages.ResultObjectName(st.ID, st.StreamSeq, st.Attempts, "")), o.Name)
 		info, err := obs.GetInfo(t.Context(), o.Name)
 		require.NoError(t, err, o.Name)
 		require.EqualValues(t, o.Size, info.Size, o.Name)

@@ -132,6 +132,19 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 		require.NotNil(t, st.WorkspaceResult, id)
 		require.Equal(t, 1, st.WorkspaceResult.FilesChanged, id)
 	}
+	// A replay runs on the same snapshot and keeps its own results beside
+	// the failed run's.
+	failed := status(t, url, "ws-fail")
+	r = run(t, url, jetcrewBin, "replay", "--wait", "ws-fail")
+	require.Equal(t, 3, r.code, r.stderr)
+	replayed := status(t, url, "ws-fail")
+	require.Equal(t, 1, replayed.Replays)
+	require.Equal(t, 1, replayed.WorkspaceResult.FilesChanged)
+	require.NotEqual(t, failed.WorkspaceResult.Objects[0].Name, replayed.WorkspaceResult.Objects[0].Name)
+	for _, o := range append(failed.WorkspaceResult.Objects, replayed.WorkspaceResult.Objects...) {
+		info := run(t, url, natsBin, "object", "info", messages.BucketResults, o.Name)
+		require.Equal(t, 0, info.code, "%s: %s", o.Name, info.stderr)
+	}
 	st = status(t, url, "ws-huge")
 	require.Equal(t, messages.StateSucceeded, st.State)
 	require.Contains(t, st.WorkspaceResult.Error, "exceed 1000000 bytes")

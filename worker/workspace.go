@@ -289,7 +289,7 @@ func (r *run) uploadResults(ctx context.Context, c *workspace.Captured, res *mes
 		if o.data == nil {
 			continue
 		}
-		name := messages.ResultObjectName(r.req.ID, attempt, o.kind)
+		name := messages.ResultObjectName(r.req.ID, r.meta.Sequence.Stream, attempt, o.kind)
 		// Tries of their own, not retryOp's 5s each: an object may be large.
 		err := backoff.Retry(func() error {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -100,7 +100,7 @@ func TestClusterWorkspaceAnyNode(t *testing.T) {
 	require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
 	res, err := js1.ObjectStore(ctx, messages.BucketResults)
 	require.NoError(t, err)
-	patch, err := res.GetBytes(ctx, messages.ResultObjectName("wsc1", 1, messages.ResultPatch))
+	patch, err := res.GetBytes(ctx, messages.ResultObjectName("wsc1", st.StreamSeq, 1, messages.ResultPatch))
 	require.NoError(t, err)
 	require.Contains(t, string(patch), "-one\n+two\n")
 }
