@@ -10,18 +10,10 @@ import (
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
-	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 	"github.com/go-git/go-git/v5/plumbing/format/index"
-	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/revlist"
-	"github.com/go-git/go-git/v5/plumbing/storer"
 )
-
-// packWindow is the delta window of snapshot and bundle packs: 0, no
-// deltas. Measured on a 53 MB tree with 3 commits: window 10 took 20 s
-// for an 8.7 MB pack, window 0 3.4 s for 10.6 MB.
-const packWindow = 0
 
 // minimalConfig is the .git/config of every snapshot: nothing of the
 // submitter's repository (remotes, hooks paths, filters, aliases) travels.
@@ -69,36 +61,6 @@ func buildGitDir(repo *git.Repository) (*gitDir, error) {
 	}
 	gd.index, err = headIndex(commit)
 	return gd, err
-}
-
-// encodePack writes the objects hashes of s as one pack and its index (v2),
-// and returns them with the pack's checksum in hex. Its bytes depend only on
-// the set of objects.
-func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (pack, idx []byte, sum string, err error) {
-	hashes = slices.Clone(hashes)
-	slices.SortFunc(hashes, func(a, b plumbing.Hash) int { return bytes.Compare(a[:], b[:]) })
-	var pb bytes.Buffer
-	h, err := packfile.NewEncoder(&pb, s, false).Encode(hashes, packWindow)
-	if err != nil {
-		return nil, nil, "", fmt.Errorf("encode pack: %w", err)
-	}
-	iw := new(idxfile.Writer)
-	p, err := packfile.NewParser(packfile.NewScanner(bytes.NewReader(pb.Bytes())), iw)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	if _, err := p.Parse(); err != nil {
-		return nil, nil, "", fmt.Errorf("index pack: %w", err)
-	}
-	mi, err := iw.Index()
-	if err != nil {
-		return nil, nil, "", err
-	}
-	var ib bytes.Buffer
-	if _, err := idxfile.NewEncoder(&ib).Encode(mi); err != nil {
-		return nil, nil, "", err
-	}
-	return pb.Bytes(), ib.Bytes(), h.String(), nil
 }
 
 // headIndex returns a git index (version 2) listing commit's tree, with
