@@ -96,6 +96,10 @@ type Event struct {
 	// WorkspaceResult is what the run changed in its workspace, on
 	// EventFinished when the request named a workspace.
 	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
+	// Coordination repeats the run state's coordination on EventFinished:
+	// "available", "unavailable", "off", or "unused" (the profile has
+	// require_bridge = false and the run never reached its bridge).
+	Coordination string `json:"coordination,omitempty"`
 }
 
 // AgentEvent is the body of an EventAgent: one line of the agent CLI's

@@ -136,43 +136,38 @@ func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
 
 // stageWorkspace downloads and unpacks the request's workspace, when it
 // names one, and mounts it writable at messages.WorkspaceDir, the
-// container's working directory, owned by the profile's user. It returns
-// false when the run was ended (failed: a refused, missing, corrupt or
-// oversized snapshot, with a dead letter) or handed back (retry: the store
-// could not be reached); the caller then returns.
-func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Profile) bool {
+// container's working directory, owned by the profile's user. A refused,
+// missing, corrupt or oversized snapshot is an error retrying cannot fix
+// (the run fails, with a dead letter); a store that cannot be reached is a
+// transientError (the request is handed back for a retry).
+func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Profile) error {
 	ref := r.req.Workspace
 	if ref == nil {
-		return true
+		return nil
 	}
 	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
 	if ref.BucketOrDefault() != messages.BucketWorkspaces {
-		r.fail(ctx, fmt.Sprintf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces), nil)
-		return false
+		return fmt.Errorf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces)
 	}
 	uid, gid, err := parseUser(prof.User)
 	if err != nil {
-		r.fail(ctx, err.Error(), nil)
-		return false
+		return err
 	}
 	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)), mib: prof.WorkspaceMiB}
 	r.w.setLive(rw.dir, true)
-	err = r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid)
-	if err != nil {
+	if err := r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid); err != nil {
 		_ = removeWorkspaceDir(rw.dir)
 		r.w.setLive(rw.dir, false)
 		if isSnapshotRefused(err) {
-			r.fail(ctx, "workspace: "+err.Error(), nil)
-		} else {
-			r.retry(ctx, fmt.Errorf("stage workspace: %w", err))
+			return fmt.Errorf("workspace: %w", err)
 		}
-		return false
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
 	}
 	r.ws = rw
 	r.w.failpoint(FailpointAfterStage)
 	spec.Mounts = append(spec.Mounts, Mount{Source: rw.tree(), Target: messages.WorkspaceDir})
 	spec.WorkingDir = messages.WorkspaceDir
-	return true
+	return nil
 }
 
 // isSnapshotRefused reports whether err means the snapshot itself is
