@@ -181,10 +181,11 @@ func (c *Captured) stats(patch *object.Patch) {
 // bundle returns a git bundle (v2) of the objects hashes, with ref
 // refs/heads/jetcrew/<runID> at head and base, when set, as prerequisite.
 func bundle(st storer.EncodedObjectStorer, hashes []plumbing.Hash, base, head plumbing.Hash, runID string) ([]byte, error) {
-	pack, _, _, err := encodePack(st, hashes)
+	p, err := encodePack(st, hashes)
 	if err != nil {
 		return nil, err
 	}
+	pack := p.pack
 	var b bytes.Buffer
 	b.WriteString(bundleSignature)
 	if !base.IsZero() {

@@ -32,7 +32,11 @@ type gitDir struct {
 
 // buildGitDir builds the .git of a snapshot of repo: HEAD's history as one
 // pack with its index, and an index file matching HEAD's tree.
-func buildGitDir(repo *git.Repository) (*gitDir, error) {
+//
+// With a cacheDir, the pack, its index and the index file of a HEAD are
+// kept there (named by the HEAD commit) and reused by the next snapshot of
+// the same HEAD: only the work tree is read again.
+func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 	ref, head, err := headRef(repo)
 	if err != nil {
 		return nil, err
@@ -42,25 +46,29 @@ func buildGitDir(repo *git.Repository) (*gitDir, error) {
 		return gd, nil
 	}
 	gd.head = head.String()
+	if cacheDir != "" && gd.loadCache(cacheDir) {
+		return gd, nil
+	}
 	hashes, err := revlist.Objects(repo.Storer, []plumbing.Hash{head}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list history of %s: %w", head, err)
 	}
-	for _, h := range hashes {
-		if o, err := repo.Storer.EncodedObject(plumbing.AnyObject, h); err == nil && o.Type() == plumbing.CommitObject {
-			gd.commits++
-		}
-	}
-	gd.pack, gd.idx, gd.packSum, err = encodePack(repo.Storer, hashes)
-	if err != nil {
+	var p packed
+	if p, err = encodePack(repo.Storer, hashes); err != nil {
 		return nil, err
 	}
+	gd.pack, gd.idx, gd.packSum, gd.commits = p.pack, p.idx, p.sum, p.commits
 	commit, err := repo.CommitObject(head)
 	if err != nil {
 		return nil, err
 	}
-	gd.index, err = headIndex(commit)
-	return gd, err
+	if gd.index, err = headIndex(commit); err != nil {
+		return nil, err
+	}
+	if cacheDir != "" {
+		gd.saveCache(cacheDir)
+	}
+	return gd, nil
 }
 
 // headIndex returns a git index (version 2) listing commit's tree, with

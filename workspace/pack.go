@@ -20,8 +20,9 @@ import (
 // (version 2), and returns them with the pack's checksum in hex. Its bytes
 // depend only on the set of objects. go-git's own encoder compresses at the
 // default level and parses the pack again for the index; this one is
-// several times faster on large histories, which every snapshot pays.
-func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (pack, idx []byte, sum string, err error) {
+// several times faster on large histories, which every snapshot pays. It
+// also counts the commits.
+func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (packed, error) {
 	hashes = slices.Clone(hashes)
 	slices.SortFunc(hashes, func(a, b plumbing.Hash) int { return bytes.Compare(a[:], b[:]) })
 	var pb bytes.Buffer
@@ -30,19 +31,23 @@ func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (pack, idx
 	_ = binary.Write(&pb, binary.BigEndian, uint32(len(hashes)))
 	iw := new(idxfile.Writer)
 	if err := iw.OnHeader(uint32(len(hashes))); err != nil {
-		return nil, nil, "", err
+		return packed{}, err
 	}
 	zw, _ := zlib.NewWriterLevel(nil, zlib.BestSpeed)
+	commits := 0
 	for _, h := range hashes {
 		o, err := s.EncodedObject(plumbing.AnyObject, h)
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("object %s: %w", h, err)
+			return packed{}, fmt.Errorf("object %s: %w", h, err)
+		}
+		if o.Type() == plumbing.CommitObject {
+			commits++
 		}
 		start := pb.Len()
 		writeEntryHeader(&pb, o.Type(), o.Size())
 		r, err := o.Reader()
 		if err != nil {
-			return nil, nil, "", err
+			return packed{}, err
 		}
 		zw.Reset(&pb)
 		_, err = io.Copy(zw, r)
@@ -51,7 +56,7 @@ func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (pack, idx
 			err = cerr
 		}
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("object %s: %w", h, err)
+			return packed{}, fmt.Errorf("object %s: %w", h, err)
 		}
 		iw.Add(h, uint64(start), crc32.ChecksumIEEE(pb.Bytes()[start:]))
 	}
@@ -60,17 +65,25 @@ func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (pack, idx
 	var ph plumbing.Hash
 	copy(ph[:], trailer[:])
 	if err := iw.OnFooter(ph); err != nil {
-		return nil, nil, "", err
+		return packed{}, err
 	}
 	mi, err := iw.Index()
 	if err != nil {
-		return nil, nil, "", err
+		return packed{}, err
 	}
 	var ib bytes.Buffer
 	if _, err := idxfile.NewEncoder(&ib).Encode(mi); err != nil {
-		return nil, nil, "", err
+		return packed{}, err
 	}
-	return pb.Bytes(), ib.Bytes(), ph.String(), nil
+	return packed{pack: pb.Bytes(), idx: ib.Bytes(), sum: ph.String(), commits: commits}, nil
+}
+
+// packed is a pack made by encodePack: its bytes, its index, its checksum
+// in hex and how many commits it holds.
+type packed struct {
+	pack, idx []byte
+	sum       string
+	commits   int
 }
 
 // writeEntryHeader writes a pack entry's type and size header: the type in

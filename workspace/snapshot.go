@@ -21,6 +21,10 @@ type SnapshotOptions struct {
 	MaxBytes int64
 	// MaxFiles bounds the number of entries of the tree; 0 means no bound.
 	MaxFiles int
+	// CacheDir, when set, keeps the packed history of each HEAD snapshotted
+	// (see buildGitDir), so the next snapshot of the same HEAD reads only
+	// the work tree. Its files may be deleted at any time.
+	CacheDir string
 }
 
 // Info describes a snapshot.
@@ -71,7 +75,7 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 			return Info{}, err
 		}
 		wo.gitignore, wo.tracked = true, trackedSet(tracked)
-		gd, err := buildGitDir(repo)
+		gd, err := buildGitDir(repo, o.CacheDir)
 		if err != nil {
 			return Info{}, err
 		}

@@ -108,6 +108,32 @@ func TestSnapshotGitWorkTree(t *testing.T) {
 	gitCmd(t, out, "fsck", "--strict")
 }
 
+// TestSnapshotCache: a second snapshot of the same HEAD reuses the packed
+// history from the cache and gives the same bytes; a damaged cache entry is
+// rebuilt, never used.
+func TestSnapshotCache(t *testing.T) {
+	t.Parallel()
+	dir := testRepo(t)
+	cache := t.TempDir()
+	var a, b, c bytes.Buffer
+	ia, err := workspace.Snapshot(dir, &a, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(dir, &b, workspace.SnapshotOptions{CacheDir: cache})
+	require.NoError(t, err)
+	pack := filepath.Join(cache, ia.Head+".pack")
+	require.FileExists(t, pack)
+	ic, err := workspace.Snapshot(dir, &c, workspace.SnapshotOptions{CacheDir: cache})
+	require.NoError(t, err)
+	require.Equal(t, a.Bytes(), b.Bytes())
+	require.Equal(t, a.Bytes(), c.Bytes())
+	require.Equal(t, ia, ic)
+	require.NoError(t, os.WriteFile(pack, []byte("damaged, longer than a trailer......"), 0o600))
+	var d bytes.Buffer
+	_, err = workspace.Snapshot(dir, &d, workspace.SnapshotOptions{CacheDir: cache})
+	require.NoError(t, err)
+	require.Equal(t, a.Bytes(), d.Bytes())
+}
+
 func TestSnapshotPlainDirAndLimits(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,7 +27,12 @@ func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
 // uploadWorkspace snapshots o.workspace into the workspace bucket (once per
 // content) and returns the request's workspace field.
 func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (*messages.WorkspaceRef, error) {
-	up, err := d.UploadWorkspace(ctx, o.workspace, workspace.SnapshotOptions{MaxBytes: o.wsMax}, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
+	so := workspace.SnapshotOptions{MaxBytes: o.wsMax}
+	if dir, err := os.UserCacheDir(); err == nil {
+		// HEAD's packed history, reused while HEAD does not move.
+		so.CacheDir = filepath.Join(dir, "jetcrew", "snapshots")
+	}
+	up, err := d.UploadWorkspace(ctx, o.workspace, so, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
 	if err != nil {
 		return nil, fmt.Errorf("workspace %s: %w", o.workspace, err)
 	}
