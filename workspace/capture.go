@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -15,7 +17,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
-	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/storage/filesystem"
@@ -69,7 +70,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 	}
 	defer root.Close()
 	st := filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
-	base, submitted, isGit, err := loadBase(st, o.Snapshot)
+	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("read the submitted snapshot: %w", err)
 	}
@@ -101,12 +102,37 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 // the base commit (zero for a git snapshot of a repository without
 // commits), the submitted tree and whether the snapshot was a git work
 // tree.
-func loadBase(st *filesystem.Storage, snapshot string) (base, submitted plumbing.Hash, isGit bool, err error) {
-	base, submitted, isGit, err = readSnapshot(st, snapshot)
+//
+// A git snapshot's object files (packs with their indexes, loose objects)
+// are copied as they are into scratch's objects directory, where st finds
+// them: nothing is decompressed or parsed until an object is needed.
+func loadBase(st *filesystem.Storage, scratch, snapshot string) (base, submitted plumbing.Hash, isGit bool, err error) {
+	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot)
 	return
 }
 
-func readSnapshot(st *filesystem.Storage, snapshot string) (plumbing.Hash, plumbing.Hash, bool, error) {
+// objectFileRE matches the object files of a .git that capture copies:
+// packs, their indexes and loose objects, relative to .git/objects.
+var objectFileRE = regexp.MustCompile(`^(pack/pack-[0-9a-f]{40}\.(pack|idx)|[0-9a-f]{2}/[0-9a-f]{38})$`)
+
+// copyObjectFile copies one object file of a snapshot into scratch.
+func copyObjectFile(scratch, rel string, r io.Reader) error {
+	p := filepath.Join(scratch, "objects", filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func readSnapshot(st *filesystem.Storage, scratch, snapshot string) (plumbing.Hash, plumbing.Hash, bool, error) {
 	z := plumbing.ZeroHash
 	f, err := os.Open(snapshot)
 	if err != nil {
@@ -127,12 +153,16 @@ func readSnapshot(st *filesystem.Storage, snapshot string) (plumbing.Hash, plumb
 		if err != nil {
 			return z, z, false, err
 		}
-		name := strings.TrimSuffix(hdr.Name, "/")
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return z, z, false, err
+		}
 		switch {
+		case name == ".":
 		case name == ".git":
 			isGit = true
-		case strings.HasPrefix(name, ".git/objects/pack/") && strings.HasSuffix(name, ".pack"):
-			if err := packfile.UpdateObjectStorage(st, tr); err != nil {
+		case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
+			if err := copyObjectFile(scratch, strings.TrimPrefix(name, ".git/objects/"), tr); err != nil {
 				return z, z, false, err
 			}
 		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):

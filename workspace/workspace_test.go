@@ -391,3 +391,29 @@ func TestCaptureHostileWorkspace(t *testing.T) {
 	_, err = workspace.Capture(ws, workspace.CaptureOptions{RunID: "h3", Snapshot: snap, Scratch: t.TempDir(), MaxBytes: 1024})
 	require.ErrorIs(t, err, workspace.ErrTooLarge)
 }
+
+// TestCaptureHandMadeTar: a snapshot made by hand (`tar -cf` of a work tree
+// with its real .git: loose objects, hooks samples, its own config) is
+// captured like one of jetcrew submit's.
+func TestCaptureHandMadeTar(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	gitCmd(t, src, "init", "-q", "-b", "main")
+	write(t, src, "a.txt", "one\n")
+	gitCmd(t, src, "add", "-A")
+	gitCmd(t, src, "commit", "-qm", "one")
+	snap := filepath.Join(t.TempDir(), "hand.tar")
+	out, err := exec.Command("tar", "-cf", snap, "-C", src, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ws := t.TempDir()
+	sf, err := os.Open(snap)
+	require.NoError(t, err)
+	require.NoError(t, workspace.Unpack(sf, ws, workspace.UnpackOptions{}))
+	sf.Close()
+	write(t, ws, "a.txt", "two\n")
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "hand", Snapshot: snap, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	require.Equal(t, gitCmd(t, src, "rev-parse", "HEAD"), c.Result.Base)
+	require.Equal(t, 1, c.Result.Commits)
+	require.Contains(t, string(c.Patch), "-one\n+two\n")
+}
