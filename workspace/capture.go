@@ -175,6 +175,16 @@ func readSnapshot(st *filesystem.Storage, scratch, snapshot string) (plumbing.Ha
 			} else {
 				refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
 			}
+		case name == ".git/packed-refs":
+			v, err := io.ReadAll(io.LimitReader(tr, 1<<20))
+			if err != nil {
+				return z, z, false, err
+			}
+			for _, line := range strings.Split(string(v), "\n") {
+				if h, r, ok := strings.Cut(line, " "); ok && len(h) == 40 && refs[r] == "" {
+					refs[r] = h
+				}
+			}
 		case strings.HasPrefix(name, ".git/"):
 		case hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink:
 			if err := addTarEntry(st, b, tr, hdr, name); err != nil {
