@@ -188,7 +188,7 @@ func (h *Host) inboxConfig(run RunInfo) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:           InboxName(run.RunID),
 		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.Group,
-		FilterSubjects:    []string{Subject(run.Group, run.RunID), Subject(run.Group, RecipientAll)},
+		FilterSubjects:    inboxFilters(run),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckExplicitPolicy,
 		AckWait:           30 * time.Second,

@@ -17,7 +17,7 @@ var ErrNoJetStream = errors.New("JetStream is not enabled on this NATS server or
 // jetcrew-runs bucket holds no state for: the id is wrong, the run was
 // published without a state and no worker has taken it yet, or its state
 // was removed.
-var ErrRunNotFound = errors.New("run not found")
+var ErrRunNotFound = errors.New("run not found (a run just submitted has no state until a worker takes it)")
 
 // ErrNoWorker is wrapped by the error Cancel returns when no worker is
 // subscribed to cancel requests: no worker of any pool is running.

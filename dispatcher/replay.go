@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -97,7 +98,14 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 	}
 	r.eventsAfter = info.State.LastSeq
 
-	ack, err := d.js.Publish(ctx, messages.SubjectRuns(dl.Pool), dl.Request,
+	msg := nats.NewMsg(messages.SubjectRuns(dl.Pool))
+	msg.Data = dl.Request
+	if dl.Signer != "" {
+		// A signed request stays signed: the body is unchanged.
+		msg.Header.Set(messages.HeaderSigner, dl.Signer)
+		msg.Header.Set(messages.HeaderSignature, dl.Signature)
+	}
+	ack, err := d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(ReplayMsgID(dl.RunID, dl.Sequence)),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,7 +36,15 @@ func git(t *testing.T, dir string, args ...string) string {
 // what a run leaves uncommitted (commits made inside a run are covered by
 // the workspace package's tests).
 func TestWorkspaceRun(t *testing.T) {
-	url := up(t, "--workspace-max-bytes", "1000000")
+	for _, mode := range authModes {
+		t.Run(mode.name, func(t *testing.T) { testWorkspaceRun(t, mode.args) })
+	}
+}
+
+// testWorkspaceRun is TestWorkspaceRun on an `up` started with upArgs; with
+// --auth, submit, result, diff, apply and artifacts act as the submitter.
+func testWorkspaceRun(t *testing.T, upArgs []string) {
+	url := up(t, append(slices.Clone(upArgs), "--workspace-max-bytes", "1000000")...)
 	repo := t.TempDir()
 	git(t, repo, "init", "-q", "-b", "main")
 	require.NoError(t, os.WriteFile(filepath.Join(repo, "main.go"), []byte("package main\n\nfunc main() { println(\"foo\") }\n"), 0o644))
@@ -88,7 +97,7 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 	// apply: a branch, nothing else touched.
 	before := git(t, repo, "status", "--porcelain", "--ignored")
 	a := exec.Command(jetcrewBin, "apply", "ws-1")
-	a.Dir, a.Env = repo, append(os.Environ(), "NATS_URL="+url)
+	a.Dir, a.Env = repo, append(append(os.Environ(), "NATS_URL="+url), authEnv(url, "submitter")...)
 	out, err := a.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "branch jetcrew/ws-1")

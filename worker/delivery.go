@@ -205,6 +205,10 @@ func (r *run) admit(ctx context.Context, pool string, decErr error) (Profile, bo
 		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", r.req.Profile, r.w.cfg.Profiles.Names()), nil)
 		return Profile{}, false
 	}
+	if err := r.checkRequestSignature(prof); err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return Profile{}, false
+	}
 	return prof, true
 }
 

@@ -140,7 +140,9 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		if st.Pool == "" {
 			st.Pool = pool
 		}
-		if _, err := w.js.PublishMsg(ctx, deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)); err != nil {
+		dl := deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)
+		copySignature(dl.Header, raw.Header)
+		if _, err := w.js.PublishMsg(ctx, dl); err != nil {
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
 	}

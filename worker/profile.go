@@ -108,6 +108,11 @@ type Profile struct {
 	// EnvFromHost names variables copied from the worker's own environment
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
+	// SignedBy lists NKey user public keys ("U…"); when set, a request for
+	// the profile runs only when signed by one of them (Jetcrew-Signer and
+	// Jetcrew-Signature headers, see messages.HeaderSignature); otherwise it
+	// fails with the reason and a dead letter, before anything runs.
+	SignedBy []string `toml:"signed_by" json:"signed_by,omitempty"`
 
 	timeout        time.Duration
 	stallTimeout   time.Duration
@@ -272,7 +277,7 @@ func (p Profile) validate() error {
 			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
 		}
 	}
-	return nil
+	return checkSignedBy(p.SignedBy)
 }
 
 // CoordinationOn reports whether runs of the profile get the coordination

@@ -312,6 +312,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.setUp(ctx); err != nil {
 		return err
 	}
+	// The workspace and result buckets exist before any client needs them
+	// (a submitter may not create streams).
+	if _, _, err := w.stores(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
+	}
 	rc := w.newReconciler()
 	if err := rc.reconcile(ctx); err != nil {
 		return fmt.Errorf("worker: reconcile containers: %w", err)

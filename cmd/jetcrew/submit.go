@@ -29,6 +29,7 @@ type submitOptions struct {
 	workspace string
 	wsMax     int64
 	wsTTL     time.Duration
+	signKey string // --sign-key: NKey user seed file signing the request
 }
 
 func (a *app) submitCmd() *cobra.Command {
@@ -77,6 +78,7 @@ published, with exit code 2.`,
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
 	workspaceFlags(cmd, &o)
+	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
 	return cmd
 }
 
@@ -140,6 +142,10 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return usageError(err)
 	}
 
+	submit, err := signer(o.signKey)
+	if err != nil {
+		return usageError(err)
+	}
 	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew submit")
 	if err != nil {
 		return err
@@ -150,7 +156,7 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 			return err
 		}
 	}
-	id, err := d.Submit(ctx, req)
+	id, err := submit(ctx, d, req)
 	if err != nil {
 		if errors.Is(err, messages.ErrInvalidRequest) {
 			return usageError(err)
@@ -291,4 +297,22 @@ func shortID(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// signer returns how to submit: signed with the NKey seed in keyFile, or
+// plainly when keyFile is empty. A key that cannot be read is an error
+// before anything is published.
+func signer(keyFile string) (func(context.Context, *dispatcher.Dispatcher, messages.RunRequest) (string, error), error) {
+	if keyFile == "" {
+		return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
+			return d.Submit(ctx, req)
+		}, nil
+	}
+	kp, err := dispatcher.LoadSigningKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--sign-key: %w", err)
+	}
+	return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
+		return d.SubmitSigned(ctx, req, kp)
+	}, nil
 }
