@@ -70,9 +70,9 @@ type Grant struct {
 
 // Stream names, the key-value buckets' streams included.
 var (
-	kvRuns      = "KV_" + messages.BucketRuns
-	kvPeers     = "KV_" + coordination.BucketPeers
-	kvWorkers   = "KV_" + worker.BucketWorkers
+	kvRuns        = "KV_" + messages.BucketRuns
+	kvPeers       = "KV_" + coordination.BucketPeers
+	kvWorkers     = "KV_" + worker.BucketWorkers
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objResults    = "OBJ_" + messages.BucketResults
 	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, worker.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}

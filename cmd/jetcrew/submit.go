@@ -29,7 +29,7 @@ type submitOptions struct {
 	workspace string
 	wsMax     int64
 	wsTTL     time.Duration
-	signKey string // --sign-key: NKey user seed file signing the request
+	signKey   string // --sign-key: NKey user seed file signing the request
 }
 
 func (a *app) submitCmd() *cobra.Command {
