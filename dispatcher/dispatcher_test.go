@@ -222,7 +222,8 @@ func TestSubmitDuplicate(t *testing.T) {
 	require.NoError(t, err)
 
 	id, err := b.d.Submit(t.Context(), req)
-	require.NoError(t, err)
+	require.ErrorIs(t, err, ErrDuplicateSubmit, "a duplicate publish says so (issue 13 item 19)")
+	require.ErrorContains(t, err, "jetcrew replay dup")
 	require.Equal(t, "dup", id)
 	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamRuns), "the duplicate publish must be dropped")
 	require.Equal(t, messages.StateRunning, b.state(t, "dup").State)

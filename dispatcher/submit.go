@@ -60,6 +60,13 @@ func Encode(req messages.RunRequest) (messages.RunRequest, []byte, error) {
 // ErrRunNotFound), so a submitter needs no write access to run states (see
 // docs/security.md).
 //
+// When the caller chose the id, Submit first reads that run's state: a
+// different request under an id whose state records another request's
+// digest is refused before anything is published, with an error wrapping
+// ErrIDInUse (the worker refuses it too). Within the stream's duplicate
+// window (2 minutes) the server drops a second publish of the same id, and
+// Submit returns the id with an error wrapping ErrDuplicateSubmit.
+//
 // Submitting the same id again is safe: within the stream's duplicate window
 // (2 minutes) the server drops the second publish; after it, a worker refuses
 // a request whose run already succeeded or is still in progress.
@@ -71,6 +78,8 @@ func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (strin
 
 // submit is Submit, signing the request with key when it is not nil.
 func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nkeys.KeyPair) (string, error) {
+	// A generated id is new: only an id the caller chose can be in use.
+	chosenID := req.ID != ""
 	req, data, err := Encode(req)
 	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
@@ -82,7 +91,12 @@ func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nk
 			return "", fmt.Errorf("submit run %s: %w", req.ID, err)
 		}
 	}
-	_, err = d.js.PublishMsg(ctx, msg,
+	if chosenID {
+		if err := d.checkSameRequest(ctx, req.ID, messages.RequestDigest(data)); err != nil {
+			return "", err
+		}
+	}
+	ack, err := d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(req.ID),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
@@ -94,5 +108,35 @@ func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nk
 	if err != nil {
 		return "", fmt.Errorf("submit run %s: publish to %s: %w", req.ID, messages.SubjectRuns(req.Pool), classify(err))
 	}
+	if ack.Duplicate {
+		return req.ID, fmt.Errorf("submit run %s: %w (stream sequence %d holds the first); to run it again after it failed use `jetcrew replay %s`, else submit with a new id",
+			req.ID, ErrDuplicateSubmit, ack.Sequence, req.ID)
+	}
 	return req.ID, nil
+}
+
+// checkSameRequest refuses, with an error wrapping ErrIDInUse, to submit a
+// request whose digest differs from the one recorded in run id's state. A
+// state without a digest (written before digests existed) is not compared.
+func (d *Dispatcher) checkSameRequest(ctx context.Context, id, digest string) error {
+	kv, err := d.runsBucket(ctx)
+	if err != nil {
+		return fmt.Errorf("submit run %s: %w", id, err)
+	}
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("submit run %s: read its state: %w", id, classify(err))
+	}
+	var prev messages.RunState
+	if err := json.Unmarshal(e.Value(), &prev); err != nil {
+		return fmt.Errorf("submit run %s: decode its state: %w", id, err)
+	}
+	if prev.RequestDigest != "" && prev.RequestDigest != digest {
+		return fmt.Errorf("submit run %s: %w (it is %s): nothing was published; choose a new id, or `jetcrew replay %s` to run the recorded request again",
+			id, ErrIDInUse, prev.State, id)
+	}
+	return nil
 }

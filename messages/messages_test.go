@@ -201,3 +201,17 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		require.Equal(t, r, r2)
 	})
 }
+
+func TestEgressWireGolden(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	ev := messages.EgressEvent{RunID: "r1", Time: at, Method: "CONNECT", Host: "api.anthropic.com", Port: 443,
+		Allowed: true, Addr: "160.79.104.10:443", BytesUp: 2048, BytesDown: 65536, DurationMS: 1234}
+	b, err := json.MarshalIndent(ev, "", "  ")
+	require.NoError(t, err)
+	golden(t, "event-egress.json", append(b, '\n'))
+	tot := messages.EgressTotals{Allowed: 3, Refused: 1, BytesUp: 4096, BytesDown: 131072}
+	b, err = json.MarshalIndent(messages.RunState{ID: "r1", State: messages.StateSucceeded, Egress: &tot, UpdatedAt: at}, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-state-egress.json", append(b, '\n'))
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -72,8 +73,19 @@ type Profile struct {
 	// WorkDir is the working directory. Default: Home.
 	WorkDir string `toml:"workdir" json:"workdir"`
 	// Network is "none" (default), "bridge" or the name of a Docker network
-	// the operator created. Hosted-model agents need egress to their API.
+	// the operator created. A profile with Egress keeps "none": its only way
+	// out is its egress proxy.
 	Network string `toml:"network" json:"network"`
+	// Egress lists what the profile's runs may reach, as "name:port"
+	// ("*.example.com:443" for any name under example.com, "10.0.0.0/8:443"
+	// or an address to list private addresses explicitly). Runs then have
+	// no network but loopback, and their HTTP clients reach only these
+	// through the worker's egress proxy (docs/profiles.md, docs/jail.md).
+	Egress []string `toml:"egress" json:"egress,omitempty"`
+	// EgressInject names secrets the egress proxy adds, as a header, to the
+	// requests to one allowed host, instead of passing them into the
+	// container (see EgressInject).
+	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
 	// Runtime is the OCI runtime: "runc" (default) or "runsc" (gVisor).
 	Runtime string `toml:"runtime" json:"runtime"`
 	// MemoryMiB is the memory limit in MiB (no swap). Default 512.
@@ -113,10 +125,34 @@ type Profile struct {
 	// Jetcrew-Signature headers, see messages.HeaderSignature); otherwise it
 	// fails with the reason and a dead letter, before anything runs.
 	SignedBy []string `toml:"signed_by" json:"signed_by,omitempty"`
+	// RequestEnv names the variables a run request's env may set for this
+	// profile: exact names, or prefixes ending in '*' ("APP_*"; "*" alone
+	// accepts any name). Default: empty, a request carrying env is refused.
+	// Loader, runtime, proxy and worker variables (DeniedRequestEnv) are
+	// refused even when listed. The built-in shell profile has ["*"].
+	RequestEnv []string `toml:"request_env" json:"request_env,omitempty"`
 
 	timeout        time.Duration
+	egressPolicy   egress.Policy
 	stallTimeout   time.Duration
 	bridgeDeadline time.Duration
+}
+
+// EgressInject is a header the egress proxy sets on every HTTPS request of
+// a run to one host, its value read from the worker's environment: the key
+// never enters the container. The proxy terminates TLS for that host with
+// the installation's egress CA, which the container trusts.
+type EgressInject struct {
+	// Host is "name:port", one of the profile's Egress entries (not a
+	// wildcard).
+	Host string `toml:"host" json:"host"`
+	// Header is the header's name, for example "x-api-key" or
+	// "Authorization". A header of that name from the agent is replaced.
+	Header string `toml:"header" json:"header"`
+	// FromEnv names the worker's environment variable holding the value.
+	FromEnv string `toml:"from_env" json:"from_env"`
+	// Prefix is put before the value, for example "Bearer ".
+	Prefix string `toml:"prefix" json:"prefix,omitempty"`
 }
 
 // Profile defaults.
@@ -141,6 +177,8 @@ func ShellProfile() Profile {
 		Backend: "command",
 		Image:   SandboxImage,
 		Command: []string{"/bin/sh", "-c", "{prompt}"},
+		// Any variable but the denied ones: the script can set them itself.
+		RequestEnv: []string{"*"},
 		// A shell script is not an MCP client: it may use the bridge, but
 		// need not.
 		RequireBridge: new(bool),
@@ -183,6 +221,13 @@ func (p Profile) withDefaults() (Profile, error) {
 	if p.Coordination == nil {
 		on := true
 		p.Coordination = &on
+	}
+	if len(p.Egress) > 0 {
+		pol, err := egress.ParsePolicy(p.Egress)
+		if err != nil {
+			return p, err
+		}
+		p.egressPolicy = pol
 	}
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
@@ -252,6 +297,12 @@ func (p Profile) validate() error {
 	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
 		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
 	}
+	if err := p.validateInject(); err != nil {
+		return err
+	}
+	if len(p.Egress) > 0 && p.Network != "none" {
+		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
+	}
 	if p.Runtime != "" && p.Runtime != "runc" && p.Runtime != "runsc" {
 		return fmt.Errorf("runtime %q is not supported (runc, runsc)", p.Runtime)
 	}
@@ -277,7 +328,10 @@ func (p Profile) validate() error {
 			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
 		}
 	}
-	return checkSignedBy(p.SignedBy)
+	if err := checkSignedBy(p.SignedBy); err != nil {
+		return err
+	}
+	return p.validateHardening()
 }
 
 // CoordinationOn reports whether runs of the profile get the coordination
@@ -347,6 +401,9 @@ func ParseProfiles(name string, data []byte) (Profiles, error) {
 		}
 		sort.Strings(keys)
 		return nil, fmt.Errorf("profiles %s: unknown keys: %s", name, strings.Join(keys, ", "))
+	}
+	if err := checkExactKeys(md); err != nil {
+		return nil, fmt.Errorf("profiles %s: %w", name, err)
 	}
 	out := DefaultProfiles()
 	for n, p := range f.Profiles {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -31,6 +32,9 @@ type run struct {
 	// ws is the delivery's staged workspace, when the request names one
 	// (see workspace.go).
 	ws *runWorkspace
+	// egressSess is the run's egress proxy, for an egress profile
+	// (egress.go).
+	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
 	// from is the state this delivery holds the run in: the origin of its
@@ -156,11 +160,11 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv, Plan: plan, Coordination: p.coordOn,
 	}
-	needBridge := p.coordOn || plan.Launch
+	needBridge := p.coordOn || plan.Launch || plan.EgressRelay
 	if needBridge {
 		in.BridgePath = w.cfg.BridgePath
 	}
-	if p.coordOn || len(plan.Files) > 0 {
+	if p.coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = w.runDir(r.req.ID)
 	}
 	if p.spec, err = BuildSpec(in); err != nil {
@@ -180,6 +184,9 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		// ends it and removes the directory.
 		r.cs, err = r.stageRun(ctx, plan, p.coordOn)
 		if err != nil {
+			return p, err
+		}
+		if err := r.openEgress(ctx, prof, r.cs.dir); err != nil {
 			return p, err
 		}
 	}
@@ -327,7 +334,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 }
 
 // release gives up what the run holds, once, in this order: its container
-// (removed), its coordination session (closed when the run is final,
+// (removed), its egress proxy, its coordination session (closed when the run is final,
 // detached when it is handed back), its run directory. The caller records
 // the state first and removes the request from the stream after.
 func (r *run) release(final bool) {
@@ -335,6 +342,7 @@ func (r *run) release(final bool) {
 		if c := r.currentContainer(); c != nil {
 			r.removeContainer(c)
 		}
+		r.closeEgress()
 		r.cs.end(r, final)
 		r.dropWorkspace()
 	})

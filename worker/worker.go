@@ -10,6 +10,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -85,6 +87,33 @@ type Config struct {
 	// Workspace bounds and stores the workspaces of runs whose request names
 	// one.
 	Workspace WorkspaceConfig
+	// EgressResolver resolves the names runs of egress profiles ask for.
+	// Default net.DefaultResolver; tests give a fixed table.
+	EgressResolver egress.Resolver
+	// EgressProbeImage is the image of the egress proof's container; it
+	// needs busybox's sh, wget, nc and nslookup. Default SandboxImage.
+	EgressProbeImage string
+	// EgressProbeOutside is an outside address ("host:port") the egress
+	// proof must not reach directly. Default "1.1.1.1:443" (from a
+	// container with no network, no packet leaves).
+	EgressProbeOutside string
+	// EgressCADir keeps the installation's egress CA (ca.pem: certificate
+	// and key, mode 0600), made on first use, for profiles with
+	// egress_inject. Workers of one installation on one host share it; the
+	// key is never mounted into a container. Default:
+	// <user config dir>/jetcrew/egress-ca/<installation>.
+	EgressCADir string
+	// EgressUpstreamRoots verifies the real hosts' certificates on the
+	// proxy's own TLS connections for egress_inject hosts. Default: the
+	// system's roots.
+	EgressUpstreamRoots *x509.CertPool
+	// EgressRestartDelay is how long a run's egress proxy stays down after
+	// its listener failed before it is reopened (connections fail
+	// meanwhile). Default 200ms.
+	EgressRestartDelay time.Duration
+	// EgressProbePorts are the host's service ports (NATS, metrics) the
+	// egress proof must not reach on any of the host's addresses.
+	EgressProbePorts []int
 	// Failpoint, when set, is called with the name of each crash point a
 	// run passes (see the Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
@@ -153,6 +182,12 @@ func (c Config) WithDefaults() Config {
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = 30 * time.Second
 	}
+	if c.EgressProbeImage == "" {
+		c.EgressProbeImage = SandboxImage
+	}
+	if c.EgressProbeOutside == "" {
+		c.EgressProbeOutside = "1.1.1.1:443"
+	}
 	if c.LookupEnv == nil {
 		c.LookupEnv = os.LookupEnv
 	}
@@ -174,7 +209,7 @@ func (c Config) validate() error {
 	if err := messages.ValidateToken("worker id", c.ID); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := messages.ValidateToken("pool", c.Pool); err != nil {
+	if err := messages.ValidateName("pool", c.Pool); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if c.Concurrency < 1 {
@@ -219,6 +254,8 @@ type Worker struct {
 	coord *coordination.Host
 	// install identifies this installation in container labels.
 	install string
+	// egress is the egress proxy's configuration and proof (egress.go).
+	egress *egressState
 
 	reg     *prometheus.Registry
 	metrics *metrics
@@ -275,11 +312,13 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 // (jetcrew_runs_started_total, jetcrew_runs_finished_total{state},
 // jetcrew_run_duration_seconds, jetcrew_queue_wait_seconds,
 // jetcrew_runs_in_flight, jetcrew_redeliveries_total,
-// jetcrew_coordination_messages_total{direction}), for an HTTP handler.
+// jetcrew_coordination_messages_total{direction} and, with egress
+// profiles, jetcrew_egress_attempts_total{result}), for an HTTP handler.
 func (w *Worker) Registry() *prometheus.Registry { return w.reg }
 
-// Ready reports whether the worker has started, is not stopping, and its
-// NATS connection is up: the meaning of /readyz.
+// Ready reports whether the worker has started, is not stopping, its NATS
+// connection is up and, with egress profiles, its egress proof passed: the
+// meaning of /readyz.
 func (w *Worker) Ready() bool {
 	w.mu.Lock()
 	running := w.running
@@ -289,7 +328,7 @@ func (w *Worker) Ready() bool {
 		return false
 	default:
 	}
-	return running && w.nc.IsConnected()
+	return running && w.nc.IsConnected() && w.egressReady()
 }
 
 // ID returns the worker's id.
@@ -334,6 +373,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	fetchCtx, fetchCancel := context.WithCancel(context.Background())
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
+	w.startEgress(bgCtx)
 	runServices(bgCtx, &w.bg,
 		&cancelListener{unsubscribe: unsubscribe},
 		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
@@ -357,7 +397,11 @@ func (w *Worker) Start(ctx context.Context) error {
 // the coordination host and the state directory, and writes the first
 // heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
-	cons, err := Provision(ctx, w.js, w.cfg.Provision)
+	var cons jetstream.Consumer
+	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
+		cons, err = Provision(ctx, w.js, w.cfg.Provision)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -368,7 +412,9 @@ func (w *Worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
-	if err := coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas); err != nil {
+	if err := w.untilProvisioned(ctx, "coordination's stream and bucket", func(ctx context.Context) error {
+		return coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas)
+	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	log := w.log
@@ -451,7 +497,7 @@ func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 
 // heartbeat writes this worker's key in the workers bucket.
 func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.live.Put(ctx, w.cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
 	return err
 }
 

@@ -64,6 +64,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 && args[0] == launchCommand {
 		return launch(args[1:], stderr, getenv)
 	}
+	if len(args) > 0 && args[0] == egressRelayCommand {
+		return egressRelay(stderr, getenv)
+	}
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "jetcrew-bridge %s: takes no arguments; it serves MCP over stdio (socket: $%s, default %s)\n",
 			version, relay.EnvSocket, relay.DefaultSocketPath)
@@ -105,9 +108,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		Version: version,
 		Logger:  sdkLog.With("component", "mcp-sdk"),
 	})
+	// JSON-RPC batches are answered (or refused) per the negotiated
+	// revision by the filter, never by the SDK, which could end the session.
+	batches := bridge.NewBatches(stdout)
 	err := srv.Run(ctx, &mcp.IOTransport{
-		Reader:        io.NopCloser(stdin),
-		Writer:        nopWriteCloser{stdout},
+		Reader:        batches.Reader(stdin, maxFrameBytes),
+		Writer:        nopWriteCloser{batches},
 		MaxLineLength: maxFrameBytes,
 	})
 	switch {

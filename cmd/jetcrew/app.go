@@ -106,7 +106,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 		code = exitUsage
 	}
 	if err != nil {
-		fmt.Fprintf(a.stderr, "jetcrew: %v\n", err)
+		fmt.Fprintf(visible(a.stderr), "jetcrew: %v\n", err)
 		if code == exitUsage {
 			path := root.CommandPath()
 			if c, _, err := root.Find(args); err == nil {

@@ -27,6 +27,7 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	metricsAddr       string                 // --metrics-addr; see metrics.go
 	replicas          int                    // --replicas (worker only); see metrics.go
+	egressCADir       string                 // --egress-ca-dir; see egress.go
 	workspace         worker.WorkspaceConfig // --workspace-*, --result-*; see workspace.go
 }
 
@@ -47,6 +48,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
 	addWorkerWorkspaceFlags(fs, &o.workspace)
+	o.addEgressFlags(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -132,6 +134,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		BridgePath:        a.bridgePath,
 		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:       o.egressCADir,
 	})
 	if err != nil {
 		return err
