@@ -29,6 +29,9 @@ type run struct {
 	// cs is the run's staged directory and coordination session, once
 	// prepare staged them.
 	cs *coordSession
+	// ws is the delivery's staged workspace, when the request names one
+	// (see workspace.go).
+	ws *runWorkspace
 	// egressSess is the run's egress proxy, for an egress profile
 	// (egress.go).
 	egressSess *egress.Session
@@ -171,6 +174,9 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		in.RunDir = w.runDir(r.req.ID)
 	}
 	if p.spec, err = BuildSpec(in); err != nil {
+		return p, err
+	}
+	if err := r.stageWorkspace(ctx, &p.spec, prof); err != nil {
 		return p, err
 	}
 	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
@@ -325,7 +331,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		r.state.ContainerID = ""
 		r.retry(ctx, errors.New(o.Reason))
 	default:
-		r.finish(ctx, o.State, o.Reason)
+		r.finish(ctx, o.State, r.captureWorkspace(ctx, o.Reason))
 	}
 }
 
@@ -340,6 +346,7 @@ func (r *run) release(final bool) {
 		}
 		r.closeEgress()
 		r.cs.end(r, final)
+		r.dropWorkspace()
 	})
 }
 

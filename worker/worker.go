@@ -86,6 +86,9 @@ type Config struct {
 	// (missing, not a regular file, dynamically linked), such runs are
 	// refused with that reason.
 	BridgePath string
+	// Workspace bounds and stores the workspaces of runs whose request names
+	// one.
+	Workspace WorkspaceConfig
 	// EgressResolver resolves the names runs of egress profiles ask for.
 	// Default net.DefaultResolver; tests give a fixed table.
 	EgressResolver egress.Resolver
@@ -122,9 +125,11 @@ type Config struct {
 // Crash points passed to Config.Failpoint, in the order a run reaches them.
 const (
 	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
+	FailpointAfterStage      = "after-stage"       // workspace staged, container not created
 	FailpointAfterStart      = "after-start"       // container created and started
 	FailpointRunning         = "running"           // running state recorded
 	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
+	FailpointAfterCapture    = "after-capture"     // workspace result stored, final state not recorded
 	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
 	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
 )
@@ -272,6 +277,8 @@ type Worker struct {
 	pulling     sync.WaitGroup     // the pull loop
 	bg          sync.WaitGroup     // the other services
 	stops       sync.WaitGroup     // container stops in flight (stopAsync)
+
+	wsStores wsStores // the workspace and result buckets, found on first use
 }
 
 type activeRun struct {
@@ -348,6 +355,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Unlock()
 	if err := w.setUp(ctx); err != nil {
 		return err
+	}
+	// The workspace and result buckets exist before any client needs them
+	// (a submitter may not create streams).
+	if _, _, err := w.stores(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
 	}
 	rc := w.newReconciler()
 	if err := rc.reconcile(ctx); err != nil {
@@ -477,6 +489,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	_ = w.bridges.gc(nil)
 	_ = os.Remove(w.bridges.dir)
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
+	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -148,6 +148,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	a.addConnFlags(root.PersistentFlags())
 	root.AddCommand(a.bridgeCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd())
+	root.AddCommand(a.resultCmds()...)
 	return root
 }
 
