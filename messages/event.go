@@ -100,6 +100,9 @@ type Event struct {
 	Receipt *Receipt `json:"receipt,omitempty"`
 	// Result is the agent's final result text, on EventFinished.
 	Result string `json:"result,omitempty"`
+	// WorkspaceResult is what the run changed in its workspace, on
+	// EventFinished when the request named a workspace.
+	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
 	// Coordination repeats the run state's coordination on EventFinished:
 	// "available", "unavailable", "off", or "unused" (the profile has
 	// require_bridge = false and the run never reached its bridge).

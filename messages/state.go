@@ -125,6 +125,9 @@ type RunState struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// Receipt describes the effective profile the run used (no secrets).
 	Receipt *Receipt `json:"receipt,omitempty"`
+	// WorkspaceResult is what the run changed in its workspace, when the
+	// request named one; recorded with the final state.
+	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
 }
 
 // AgentSummary is what an agent CLI reported about its own run.

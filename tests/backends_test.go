@@ -224,7 +224,7 @@ func runEvents(msgs []storedMsg, id string) ([]messages.AgentEvent, []coordinati
 
 // requireBackendReceipt checks the receipt of a run of c's backend under
 // profile: what ran, as whom, with which mounts, files and variable names.
-func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profile, bridge string) {
+func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profile, bridgeDigest string) {
 	t.Helper()
 	require.NotNil(t, rc, "every outcome carries a receipt")
 	require.Equal(t, profile, rc.Profile)
@@ -248,15 +248,14 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	require.True(t, runDir.ReadOnly, "%s is read-only", coordination.ContainerRunDir)
 	require.Equal(t, "run-dir", runDir.Role)
 	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, runDir.Digest)
-	bin, err := os.ReadFile(bridge)
-	require.NoError(t, err)
 	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Role: "bridge",
-		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256(bin)), ReadOnly: true}, mounts[coordination.BridgePath])
-	// No host path: not the state dir, not the bridge's build path.
+		Digest: "sha256:" + bridgeDigest, ReadOnly: true}, mounts[coordination.BridgePath], "the mounted bridge is the content-addressed copy of the worker's binary")
+	require.Equal(t, "sha256:"+bridgeDigest, rc.BridgeDigest)
+	// No host path: receipts name mounts by role and digest only.
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
-	require.NotContains(t, string(b), filepath.Dir(bridge))
 	require.NotContains(t, string(b), `"source"`)
+	require.NotContains(t, string(b), os.TempDir()+"/jetcrew-", "no state dir path")
 	require.Equal(t, []string{coordination.MCPServerName}, rc.MCPServers)
 	files := append([]messages.ReceiptFile{
 		{Path: coordination.ContainerMCPConfigPath, Mode: "0444"},
@@ -280,7 +279,8 @@ func TestBackends(t *testing.T) {
 	profiles := filepath.Join(dir, "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte(backendProfiles()), 0o644))
 	url, workerLog := upLogged(t, "--profiles", profiles, "--concurrency", "16")
-	bridge := filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge")
+	// The worker stages its own binary as the bridge: its digest names it.
+	bridge := fileSHA256(t, jetcrewBin)
 
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)

@@ -98,6 +98,12 @@ type Profile struct {
 	TmpMiB int64 `toml:"tmp_mib" json:"tmp_mib"`
 	// HomeMiB is the size of the tmpfs at Home, in MiB. Default 64.
 	HomeMiB int64 `toml:"home_mib" json:"home_mib"`
+	// WorkspaceMiB, when set, makes the workspace of a run (a request with
+	// a workspace) a tmpfs of this size, in MiB, mounted by the worker: the
+	// kernel bounds what the run can write there (ENOSPC). 0 (default): a
+	// directory of the worker's state directory, bounded by the worker's
+	// byte caps only. See docs/workspaces.md.
+	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
 	// Timeout is the default run timeout, a Go duration string. Empty means
 	// the worker's default.
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`
@@ -316,6 +322,9 @@ func (p Profile) validate() error {
 	}
 	if p.MaxOutputMiB < -1 {
 		return fmt.Errorf("max_output_mib %d must be positive, or -1 for unlimited", p.MaxOutputMiB)
+	}
+	if p.WorkspaceMiB < 0 {
+		return errors.New("workspace_mib is negative")
 	}
 	for k := range p.Env {
 		if !messages.ValidEnvName(k) {

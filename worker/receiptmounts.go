@@ -39,7 +39,7 @@ func receiptMounts(spec ContainerSpec, plan AgentPlan) []messages.ReceiptMount {
 		case coordination.ContainerRunDir:
 			rm.Role, rm.Digest = MountRoleRunDir, runDirDigest(plan)
 		case coordination.BridgePath:
-			rm.Role, rm.Digest = MountRoleBridge, fileDigest(m.Source)
+			rm.Role, rm.Digest = MountRoleBridge, mountDigest(m.Source)
 		}
 		out = append(out, rm)
 	}
@@ -74,9 +74,10 @@ type digestKey struct {
 	mtime time.Time
 }
 
-// fileDigest returns "sha256:<hex>" of the file at path, or "" when it
-// cannot be read (the run then fails on the missing mount anyway).
-func fileDigest(path string) string {
+// mountDigest returns "sha256:<hex>" of the file at path (fileDigest,
+// cached), or "" when it cannot be read (the run then fails on the missing
+// mount anyway).
+func mountDigest(path string) string {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return ""
@@ -85,16 +86,11 @@ func fileDigest(path string) string {
 	if d, ok := digestCache.Load(key); ok {
 		return d.(string)
 	}
-	f, err := os.Open(path)
+	hexSum, err := fileDigest(path)
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return ""
-	}
-	d := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	d := "sha256:" + hexSum
 	digestCache.Store(key, d)
 	return d
 }

@@ -113,7 +113,11 @@ func (w *Worker) newReconciler() *reconciler {
 			}
 			return err == nil, err
 		},
-		sweepDirs: w.removeStaleRunDirs, now: time.Now, log: w.log,
+		sweepDirs: func(active map[string]bool) {
+			w.sweepStaged(active)
+			w.removeStaleWorkspaces()
+		},
+		now: time.Now, log: w.log,
 	}
 }
 
@@ -138,6 +142,21 @@ func (w *Worker) holds(runID string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.active[runID] != nil
+}
+
+// sweepStaged removes stale run directories not in active, and staged
+// bridge copies no run in flight refers to (the current copy stays).
+func (w *Worker) sweepStaged(active map[string]bool) {
+	w.removeStaleRunDirs(active)
+	w.mu.Lock()
+	keep := make(map[string]bool, len(w.active))
+	for _, a := range w.active {
+		keep[a.run.bridge] = true
+	}
+	w.mu.Unlock()
+	if err := w.bridges.gc(keep); err != nil {
+		w.log.Warn().Err(err).Msg("remove unused staged bridges")
+	}
 }
 
 // removeStaleRunDirs removes staged run directories (and their sockets) that

@@ -29,11 +29,17 @@ type run struct {
 	// cs is the run's staged directory and coordination session, once
 	// prepare staged them.
 	cs *coordSession
+	// ws is the delivery's staged workspace, when the request names one
+	// (see workspace.go).
+	ws *runWorkspace
 	// egressSess is the run's egress proxy, for an egress profile
 	// (egress.go).
 	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
+	// bridge is the SHA-256 (hex) of the staged bridge the run mounts, if
+	// any: set before the run is tracked, read by the bridge's gc.
+	bridge string
 	// from is the state this delivery holds the run in: the origin of its
 	// next transition (messages.StateNone before any record exists).
 	from messages.State
@@ -164,9 +170,12 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv, Plan: plan, Coordination: p.coordOn,
 	}
-	needBridge := p.coordOn || plan.Launch || plan.EgressRelay
-	if needBridge {
-		in.BridgePath = w.cfg.BridgePath
+	if p.coordOn || plan.Launch || plan.EgressRelay {
+		// The bridge runs from its content-addressed copy, never from the
+		// operator's build output.
+		if in.BridgePath, r.bridge, err = w.bridges.stage(w.cfg.BridgePath); err != nil {
+			return p, err
+		}
 	}
 	if p.coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = r.dir()
@@ -174,11 +183,12 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 	if p.spec, err = BuildSpec(in); err != nil {
 		return p, err
 	}
+	if err := r.stageWorkspace(ctx, &p.spec, prof); err != nil {
+		return p, err
+	}
 	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
-	if needBridge {
-		if err := w.checkBridge(); err != nil {
-			return p, err
-		}
+	if r.bridge != "" {
+		r.state.Receipt.BridgeDigest = "sha256:" + r.bridge
 	}
 	if in.RunDir != "" {
 		// The session is the run's from here on, staged or not: release
@@ -227,9 +237,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		return s, transientError{fmt.Errorf("start container: %w", err)}
 	}
 	s.c = c
-	if ider, ok := c.(interface{ ImageID() string }); ok {
-		r.state.Receipt.ImageID = ider.ImageID()
-	}
+	r.state.Receipt.ImageID = c.ImageID()
 	r.setContainer(c)
 	if r.startedCancelled(c) {
 		r.stopContainer(c)
@@ -340,7 +348,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		r.state.ContainerID = ""
 		r.retry(ctx, errors.New(o.Reason))
 	default:
-		r.finish(ctx, o.State, o.Reason)
+		r.finish(ctx, o.State, r.captureWorkspace(ctx, o.Reason))
 	}
 }
 
@@ -355,6 +363,7 @@ func (r *run) release(final bool) {
 		}
 		r.closeEgress()
 		r.cs.end(r, final)
+		r.dropWorkspace()
 	})
 }
 

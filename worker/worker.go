@@ -81,12 +81,17 @@ type Config struct {
 	// directory with an unpredictable name, <os.TempDir()>/jetcrew-<random>,
 	// created by Start.
 	StateDir string
-	// BridgePath is the host path of the static jetcrew-bridge binary,
-	// mounted read-only into every run container whose profile has
-	// coordination on. Default: jetcrew-bridge beside the running
-	// executable. When it is missing, such runs are refused with that
-	// reason.
+	// BridgePath is the host path of the static bridge binary: the jetcrew
+	// binary (which runs as the bridge under the name "bridge") or a
+	// separate jetcrew-bridge. Runs whose profile has coordination on mount
+	// a content-addressed copy of it (StateDir/bin/<sha256>, mode 0555),
+	// read-only. Default: the running executable. When it cannot be staged
+	// (missing, not a regular file, dynamically linked), such runs are
+	// refused with that reason.
 	BridgePath string
+	// Workspace bounds and stores the workspaces of runs whose request names
+	// one.
+	Workspace WorkspaceConfig
 	// EgressResolver resolves the names runs of egress profiles ask for.
 	// Default net.DefaultResolver; tests give a fixed table.
 	EgressResolver egress.Resolver
@@ -123,9 +128,11 @@ type Config struct {
 // Crash points passed to Config.Failpoint, in the order a run reaches them.
 const (
 	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
+	FailpointAfterStage      = "after-stage"       // workspace staged, container not created
 	FailpointAfterStart      = "after-start"       // container created and started
 	FailpointRunning         = "running"           // running state recorded
 	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
+	FailpointAfterCapture    = "after-capture"     // workspace result stored, final state not recorded
 	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
 	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
 )
@@ -191,7 +198,7 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BridgePath == "" {
 		if exe, err := os.Executable(); err == nil {
-			c.BridgePath = filepath.Join(filepath.Dir(exe), "jetcrew-bridge")
+			c.BridgePath = exe
 		}
 	}
 	return c
@@ -247,6 +254,8 @@ type Worker struct {
 	live  jetstream.KeyValue
 	cons  jetstream.Consumer
 	coord *coordination.Host
+	// bridges stages the bridge binary runs mount.
+	bridges *bridgeStager
 	// install identifies this installation in container labels.
 	install string
 	// egress is the egress proxy's configuration and proof (egress.go).
@@ -268,6 +277,8 @@ type Worker struct {
 	pulling     sync.WaitGroup     // the pull loop
 	bg          sync.WaitGroup     // the other services
 	stops       sync.WaitGroup     // container stops in flight (stopAsync)
+
+	wsStores wsStores // the workspace and result buckets, found on first use
 }
 
 type activeRun struct {
@@ -297,6 +308,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		js:      js,
 		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
 		active:  make(map[string]*activeRun),
+		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
 		stopped: make(chan struct{}),
 	}, nil
 }
@@ -343,6 +355,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Unlock()
 	if err := w.setUp(ctx); err != nil {
 		return err
+	}
+	// The workspace and result buckets exist before any client needs them
+	// (a submitter may not create streams).
+	if _, _, err := w.stores(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
 	}
 	rc := w.newReconciler()
 	if err := rc.reconcile(ctx); err != nil {
@@ -466,9 +483,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.bgCancel()
 	w.bg.Wait()
 	w.stops.Wait()
-	// The per-run directories are gone with their runs; remove their
-	// parents when empty (a default state dir is per worker id).
+	// The per-run directories are gone with their runs, and no run refers
+	// to a staged bridge any more; remove their parents when empty (a
+	// default state dir is per worker id).
+	_ = w.bridges.gc(nil)
+	_ = os.Remove(w.bridges.dir)
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
+	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

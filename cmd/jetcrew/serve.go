@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 // workerOptions are the flags of the worker `up` and `worker` start.
 type workerOptions struct {
+	bridge            string
 	profiles          string
 	concurrency       int
 	pool              string
@@ -25,14 +27,16 @@ type workerOptions struct {
 	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
-	metricsAddr       string // --metrics-addr; see metrics.go
-	replicas          int    // --replicas (worker only); see metrics.go
-	egressCADir       string // --egress-ca-dir; see egress.go
+	metricsAddr       string                 // --metrics-addr; see metrics.go
+	replicas          int                    // --replicas (worker only); see metrics.go
+	egressCADir       string                 // --egress-ca-dir; see egress.go
+	workspace         worker.WorkspaceConfig // --workspace-*, --result-*; see workspace.go
 	caps              streamCapFlags
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.profiles, "profiles", "", "TOML profile file (default: the built-in shell profile only)")
+	fs.StringVar(&o.bridge, "bridge", "", "a separate bridge binary (static jetcrew-bridge) to stage into runs (default: this jetcrew executable, run as `jetcrew bridge`)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
 		"on stop, how long to let runs finish before stopping them and handing them back")
@@ -47,6 +51,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	addWorkerWorkspaceFlags(fs, &o.workspace)
 	o.caps.add(fs)
 	o.addEgressFlags(fs)
 }
@@ -136,7 +141,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Provision:         prov,
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
-		BridgePath:        a.bridgePath,
+		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
+		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
 		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
 		EgressCADir:       o.egressCADir,
