@@ -24,6 +24,10 @@ func (w *Worker) prepareStateDir() error {
 		}
 		w.cfg.StateDir = dir
 	}
+	if w.bridges != nil {
+		// New had no state dir to put the staged bridges under.
+		w.bridges.dir = filepath.Join(w.cfg.StateDir, "bin")
+	}
 	for _, dir := range []string{w.cfg.StateDir, filepath.Join(w.cfg.StateDir, "r")} {
 		if err := ensurePrivateDir(dir); err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)
