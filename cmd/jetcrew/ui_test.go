@@ -123,7 +123,8 @@ func TestUpAuthConsole(t *testing.T) {
 	overview := get("/", false)
 	require.NotContains(t, overview, `class="alert"`, "the operator reads pools and workers")
 	require.Contains(t, overview, "default")
-	require.Contains(t, get("/runs", false), "cs2")
+	// cs2 has a state once a worker claimed it (the submitter writes none).
+	require.Eventually(t, func() bool { return strings.Contains(get("/runs", false), "cs2") }, 10*time.Second, 50*time.Millisecond)
 	require.Contains(t, get("/runs/cs1", false), "exit code 3")
 	require.Contains(t, get("/live/run/cs1", true), "event: ")
 	get("/live/group/cs1", true)
