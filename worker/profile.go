@@ -67,7 +67,10 @@ type Profile struct {
 	// Network is "none" (default), "bridge" or the name of a Docker network
 	// the operator created. Hosted-model agents need egress to their API.
 	Network string `toml:"network" json:"network"`
-	// Runtime is the OCI runtime: "runc" (default) or "runsc" (gVisor).
+	// Runtime is the OCI runtime, any name the engine reports (`docker
+	// info` Runtimes): runc (the engine's default when empty), runsc
+	// (gVisor), crun, kata, sysbox-runc, ... The worker refuses to start
+	// when the engine lacks a profile's runtime (docs/jail.md).
 	Runtime string `toml:"runtime" json:"runtime"`
 	// MemoryMiB is the memory limit in MiB (no swap). Default 512.
 	MemoryMiB int64 `toml:"memory_mib" json:"memory_mib"`
@@ -231,8 +234,8 @@ func (p Profile) validate() error {
 	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
 		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
 	}
-	if p.Runtime != "" && p.Runtime != "runc" && p.Runtime != "runsc" {
-		return fmt.Errorf("runtime %q is not supported (runc, runsc)", p.Runtime)
+	if p.Runtime != "" && !validRuntimeName(p.Runtime) {
+		return fmt.Errorf("runtime %q is not a runtime name (letters, digits, '.', '-', '_'; at most 64)", p.Runtime)
 	}
 	if p.MemoryMiB < 6 || p.CPUs <= 0 || p.Pids < 8 || p.TmpMiB < 1 || p.HomeMiB < 1 {
 		return errors.New("limits too small: memory_mib >= 6, cpus > 0, pids >= 8, tmp_mib >= 1, home_mib >= 1")

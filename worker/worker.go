@@ -300,6 +300,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.started = true
 	w.mu.Unlock()
 
+	if err := w.checkOCIRuntimes(ctx); err != nil {
+		return err
+	}
 	cons, err := Provision(ctx, w.js, w.cfg.Provision)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
