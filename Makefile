@@ -55,11 +55,27 @@ tools:
 	fi
 
 # test runs every test: unit, NATS (embedded server) and real Docker tests.
-# Docker tests fail, never skip, when the engine is unreachable.
+# Docker tests fail, never skip, when the engine is unreachable. The gVisor
+# suite (tests/gvisor_test.go) runs when the engine has the "runsc" runtime
+# (scripts/install-runtimes.sh registers it; .ci/run always does, and sets
+# JETCREW_REQUIRE_GVISOR=1 so that a missing runsc fails); otherwise it is
+# skipped and gvisor-status says so plainly, before and after the tests.
 .PHONY: test
 test: tools images build agent-images
 	$(GO) vet ./...
+	@$(MAKE) --no-print-directory gvisor-status
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory gvisor-status
+
+# gvisor-status prints whether the engine offers runsc, so the gVisor suite
+# ran, or did NOT run.
+.PHONY: gvisor-status
+gvisor-status:
+	@if docker info --format '{{range $$k, $$v := .Runtimes}}{{$$k}} {{end}}' 2>/dev/null | tr ' ' '\n' | grep -qx runsc; then \
+		echo "gVisor suite: the engine has runsc, so the gVisor tests (tests/gvisor_test.go) run"; \
+	else \
+		echo "*** gVisor suite DID NOT RUN: the Docker engine has no runsc runtime; only the runc suite ran. Run scripts/install-runtimes.sh as root (docs/jail.md) ***"; \
+	fi
 
 .PHONY: test-race
 test-race: tools images
