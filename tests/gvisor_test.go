@@ -65,6 +65,12 @@ func requireGVisor(t *testing.T) {
 	t.Skip(msg)
 }
 
+// gvisorNetRuntime is runsc registered for profiles with a network
+// (--network=host: the Sentry uses the network namespace Docker made for the
+// container, through the host kernel's network stack), as
+// scripts/install-runtimes.sh registers it.
+const gvisorNetRuntime = "runsc-net"
+
 // gvisorProfile is jailProfile under runsc.
 func gvisorProfile(name, extra string) string {
 	return jailProfile(name, fmt.Sprintf("runtime = %q\n%s", gvisorRuntime, extra))
@@ -79,7 +85,9 @@ func TestGVisorJail(t *testing.T) {
 		gvisorProfile("gtight", "memory_mib = 32")+
 		// The pids limit counts the Sentry's host threads, not the
 		// processes inside (docs/jail.md): 50 orphans need room.
-		gvisorProfile("gmany", "pids = 4096"), func(c *worker.Config) {
+		gvisorProfile("gmany", "pids = 4096")+
+		gvisorProfile("gbridge", `network = "bridge"`)+
+		jailProfile("gnet", fmt.Sprintf("runtime = %q\nnetwork = \"bridge\"", gvisorNetRuntime)), func(c *worker.Config) {
 		c.Concurrency = 8
 		c.StopGrace = 5 * time.Second
 	})
@@ -106,6 +114,10 @@ if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tc
 		require.Equal(t, "lo,", v["ifaces"], "only gVisor's loopback")
 		require.Equal(t, "", v["routes"], "no route at all")
 		require.Equal(t, "failed", v["tcp"])
+	})
+	t.Run("network", func(t *testing.T) {
+		t.Parallel()
+		gvisorNetwork(t, b)
 	})
 	t.Run("memory limit", func(t *testing.T) {
 		t.Parallel()
@@ -226,4 +238,32 @@ func gvisorBridge(t *testing.T, b *jailBundle) {
 	require.Contains(t, string(out.stdout), `\"run_id\":\"gv-bridge\"`, "status answered through the host socket; stderr %s", out.stderr)
 	require.NotContains(t, string(out.stdout), "coordination unavailable")
 	require.Equal(t, "available", st.Coordination)
+}
+
+// gvisorNetwork: under "runsc" (--network=none) a profile's network is not
+// used at all: a bridge profile still sees only gVisor's loopback. Under
+// "runsc-net" the same profile gets Docker's interface and default route (no
+// traffic is sent).
+func gvisorNetwork(t *testing.T, b *jailBundle) {
+	probe := `echo "ifaces=$(ls /sys/class/net | tr '\n' ,)"
+echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"`
+	st, out := b.runScript(t, "gv-bridge-net", "gbridge", probe)
+	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+	v := values(out.stdout)
+	require.Equal(t, "lo,", v["ifaces"], "runsc --network=none ignores the container's network")
+	require.Equal(t, "", v["routes"])
+
+	if !slices.Contains(gvisorNames, gvisorNetRuntime) {
+		msg := fmt.Sprintf("the engine has no %q runtime; scripts/install-runtimes.sh registers it", gvisorNetRuntime)
+		if os.Getenv("JETCREW_REQUIRE_GVISOR") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	st, out = b.runScript(t, "gv-net-bridge", "gnet", probe)
+	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+	v = values(out.stdout)
+	require.Equal(t, "eth0,lo,", v["ifaces"], "runsc-net: Docker's interface")
+	require.Contains(t, v["routes"], "eth0:00000000", "a default route")
+	require.Equal(t, gvisorNetRuntime, st.Receipt.Runtime)
 }
