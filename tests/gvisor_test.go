@@ -30,6 +30,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // gvisorRuntime is the OCI runtime name the gVisor suite runs under, as
@@ -266,4 +267,25 @@ echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"`
 	require.Equal(t, "eth0,lo,", v["ifaces"], "runsc-net: Docker's interface")
 	require.Contains(t, v["routes"], "eth0:00000000", "a default route")
 	require.Equal(t, gvisorNetRuntime, st.Receipt.Runtime)
+}
+
+// TestOCIRuntimeCheckAtStart: with the real Docker runtime, a worker whose
+// profile names a runtime the engine lacks refuses to start, naming the
+// profile, the runtime and what the engine offers (read from the engine).
+func TestOCIRuntimeCheckAtStart(t *testing.T) {
+	t.Parallel()
+	rt, cli := jailDocker(t)
+	info, err := cli.Info(context.Background())
+	require.NoError(t, err)
+	have := slices.Sorted(maps.Keys(info.Runtimes))
+
+	profiles, err := worker.ParseProfiles(t.Name(), []byte(jailProfile("nope", `runtime = "jetcrew-no-such-runtime"`)))
+	require.NoError(t, err)
+	s := workertest.StartServer(t)
+	w, err := worker.New(workertest.Connect(t, s), worker.Config{ID: "jt-" + randomHex(t), Runtime: rt, Profiles: profiles,
+		BridgePath: jailBridge, StateDir: workertest.StateDir(t)})
+	require.NoError(t, err)
+	err = w.Start(context.Background())
+	require.ErrorIs(t, err, worker.ErrOCIRuntimeMissing)
+	require.ErrorContains(t, err, `profile "nope" names runtime "jetcrew-no-such-runtime"; the engine offers: `+strings.Join(have, ", "))
 }
