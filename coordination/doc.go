@@ -18,13 +18,19 @@
 //     "operator". Header Jetcrew-From carries the sending run's id.
 //   - Each run's inbox is a durable pull consumer, "inbox-<run_id>",
 //     filtered on jetcrew.coord.<group>.<run_id> and jetcrew.coord.<group>.all,
-//     created by Serve (DeliverAll: messages sent to the run before it
-//     started wait for it). Reading acknowledges; a run's own "all" messages
-//     are skipped. The consumer survives the bridge, the Session and the
-//     worker; Close deletes it, and InactiveThreshold is the safety net.
+//     created by the run's first status or inbox call (DeliverAll: messages
+//     sent to the run before it started, or before it first read, wait for
+//     it). Reading acknowledges; a run's own "all" messages are skipped. The
+//     consumer survives the bridge, the Session and the worker; Close
+//     deletes it when this session used it, and InactiveThreshold is the
+//     safety net.
 //   - Bucket jetcrew-coord-peers is the presence list: one key
-//     "<group>.<run_id>" per served run (a Presence document), refreshed
-//     while its Session lives and expiring PeerTTL after it does not.
+//     "<group>.<run_id>" per served run of a named group (a Presence
+//     document), written by Serve, refreshed while its Session lives and
+//     expiring PeerTTL after it does not. A run that named no group is
+//     alone in the group of its own id; it is written when its bridge first
+//     connects, so a run that never uses coordination costs no presence
+//     write or delete (issue 16).
 //
 // # People
 //

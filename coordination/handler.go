@@ -77,6 +77,7 @@ func (s *Session) handler() http.Handler {
 			s.connected.Store(true)
 			s.log.Info().Msg("bridge connected")
 			s.emit(Event{Kind: EventConnected})
+			s.joinLate()
 		})
 		mux.ServeHTTP(w, r)
 	})

@@ -694,3 +694,39 @@ func TestInboxMaxAndOrder(t *testing.T) {
 	require.Len(t, rest, 1)
 	require.Equal(t, "3", rest[0].Body)
 }
+
+// A run that named no group (its group is its own id) costs no presence
+// write or inbox consumer until its bridge connects, and its Close then sends
+// nothing; once connected it is listed like any other run (issue 16).
+func TestSoloRunJoinsOnConnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	peers, err := b.js.KeyValue(context.Background(), coordination.BucketPeers)
+	require.NoError(t, err)
+	keys := func() []string {
+		ks, err := peers.ListKeys(context.Background())
+		require.NoError(t, err)
+		var out []string
+		for k := range ks.Keys() {
+			out = append(out, k)
+		}
+		return out
+	}
+
+	silent, err := h.Serve(context.Background(), coordination.RunInfo{RunID: "silent", Group: "silent"}, coordtest.SocketPath(b.dir, "silent"))
+	require.NoError(t, err)
+	require.Empty(t, keys(), "a solo run joins its presence list only when its bridge connects")
+	require.NoError(t, silent.SetState(context.Background(), messages.StateRunning))
+	require.Empty(t, keys())
+	require.NoError(t, silent.Close(context.Background()))
+
+	// A peer that joins the solo run's group sees it once it has connected.
+	_, solo := b.serve(t, h, "solo", "solo")
+	require.Empty(t, status(t, solo).Peers)
+	require.Equal(t, []string{coordination.PeerKey("solo", "solo")}, keys())
+	_, peer := b.serve(t, h, "joiner", "solo")
+	st := status(t, peer)
+	require.Len(t, st.Peers, 1)
+	require.Equal(t, "solo", st.Peers[0].RunID)
+}

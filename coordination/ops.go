@@ -32,6 +32,9 @@ func (s *Session) status(ctx context.Context) (relay.Status, error) {
 	if err != nil {
 		return relay.Status{}, err
 	}
+	s.mu.Lock()
+	s.consSeen = time.Now()
+	s.mu.Unlock()
 	peers, err := s.listPeers(ctx)
 	if err != nil {
 		return relay.Status{}, err
@@ -127,6 +130,9 @@ func (s *Session) send(ctx context.Context, req relay.SendRequest) (relay.SendRe
 // checkPeer reports an *relay.InvalidError unless to is a queued or running
 // run of this run's group.
 func (s *Session) checkPeer(ctx context.Context, to string) error {
+	if s.peerFresh(to) {
+		return nil
+	}
 	unknown := func(why string) error {
 		return &relay.InvalidError{Code: relay.CodeUnknownPeer, Message: fmt.Sprintf(
 			"unknown peer %q: %s; call status to list your peers, or send to %q or %q", to, why, RecipientAll, RecipientOperator)}
@@ -142,7 +148,31 @@ func (s *Session) checkPeer(ctx context.Context, to string) error {
 	if err := json.Unmarshal(e.Value(), &p); err == nil && p.State.Final() {
 		return unknown(fmt.Sprintf("that run has finished (%s)", p.State))
 	}
+	s.mu.Lock()
+	if s.peerSeen == nil || len(s.peerSeen) >= maxPeerSeen {
+		s.peerSeen = make(map[string]time.Time)
+	}
+	s.peerSeen[to] = time.Now()
+	s.mu.Unlock()
 	return nil
+}
+
+// peerCheckTTL is how long a peer checkPeer found queued or running is
+// trusted without looking again: a conversation's sends cost one publish
+// each, not a lookup and a publish. A peer that ended within it still gets
+// the message stored (as an operator's message to it would be).
+const peerCheckTTL = 2 * time.Second
+
+// maxPeerSeen bounds the peers remembered per session.
+const maxPeerSeen = 256
+
+// peerFresh reports whether checkPeer found to queued or running within
+// peerCheckTTL.
+func (s *Session) peerFresh(to string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.peerSeen[to]
+	return ok && time.Since(t) < peerCheckTTL
 }
 
 // msgID returns the Nats-Msg-Id of a send with an idempotency key: scoped by
@@ -177,12 +207,13 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 	// One round trip that proves NATS and the consumer are there (and
 	// recreates a consumer the server deleted): a pull that nobody answers
 	// would otherwise read as an empty inbox. Its pending count lags new
-	// messages, so it decides nothing else.
-	octx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
-	_, err := s.consumerInfo(octx)
-	cancel()
-	if err != nil {
-		return nil, err
+	// messages, so it decides nothing else. A consumer proved there within
+	// recheckAfter is not asked again: a fetch that fails is (below).
+	checked := s.consumerFresh()
+	if !checked {
+		if err := s.proveConsumer(ctx); err != nil {
+			return nil, err
+		}
 	}
 	wait := max(time.Duration(req.WaitSeconds)*time.Second, minInboxWait)
 	deadline := time.Now().Add(wait)
@@ -199,6 +230,15 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 	for ferr == nil && len(out) < req.Max {
 		// Take what is there without waiting.
 		ferr = s.fetchNoWait(req.Max-len(out), collect)
+		if ferr != nil && checked && len(got) == 0 {
+			// The skipped check would have caught this: make it now
+			// (recreating a deleted consumer) and try once more.
+			checked = false
+			if err := s.proveConsumer(ctx); err != nil {
+				return nil, err
+			}
+			ferr = s.fetchNoWait(req.Max-len(out), collect)
+		}
 		if ferr != nil || len(out) > 0 || time.Until(deadline) < 10*time.Millisecond {
 			break
 		}
@@ -235,6 +275,33 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 		s.emit(Event{Kind: EventRead, MessageIDs: ids})
 	}
 	return out, nil
+}
+
+// recheckAfter is how long a consumer an inbox or status call proved there
+// is trusted without asking the server again. A consumer in use is not
+// removed by InactiveThreshold, and a fetch that fails makes the check.
+const recheckAfter = 5 * time.Second
+
+// consumerFresh reports whether the inbox consumer was proved there within
+// recheckAfter.
+func (s *Session) consumerFresh() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cons != nil && time.Since(s.consSeen) < recheckAfter
+}
+
+// proveConsumer asks the server for the inbox consumer (creating or
+// recreating it) and records when it was found.
+func (s *Session) proveConsumer(ctx context.Context) error {
+	octx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+	defer cancel()
+	if _, err := s.consumerInfo(octx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.consSeen = time.Now()
+	s.mu.Unlock()
+	return nil
 }
 
 // fetchNoWait passes up to n messages available now to collect.

@@ -74,6 +74,8 @@ type Session struct {
 	bg       sync.WaitGroup // the HTTP server and the presence refresher
 
 	connected atomic.Bool
+	// joined is set once the run has a presence key (join).
+	joined atomic.Bool
 	// connectOnce emits the connected event; concurrent first requests wait
 	// for it, so it precedes every other event of the session.
 	connectOnce sync.Once
@@ -82,7 +84,9 @@ type Session struct {
 	mu        sync.Mutex
 	presence  Presence
 	cons      jetstream.Consumer
-	ownAll    []uint64 // stream sequences of this run's own "all" messages not yet skipped
+	consSeen  time.Time            // when an inbox call last proved the consumer there
+	peerSeen  map[string]time.Time // peers checkPeer found queued or running, and when
+	ownAll    []uint64             // stream sequences of this run's own "all" messages not yet skipped
 	stopOnce  sync.Once
 	stopErr   error
 	closeOnce sync.Once
@@ -145,8 +149,15 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	// a durable consumer is the costliest step of a session (on an R3
 	// cluster, a Raft group of its own). It delivers the whole stream from
 	// its start, so messages sent before it exists are not missed.
-	if err := s.putPresence(ctx); err != nil {
-		return nil, fmt.Errorf("coordination: join group %s: %w", run.Group, err)
+	// A run that named a group joins its presence list now, so that its
+	// peers' status lists it before it calls anything. A run that named
+	// none is alone in the group of its own id: it joins when its bridge
+	// first connects (handler), and a run that never connects costs no
+	// presence write or delete.
+	if run.Group != run.RunID {
+		if err := s.join(ctx); err != nil {
+			return nil, fmt.Errorf("coordination: join group %s: %w", run.Group, err)
+		}
 	}
 
 	s.sockInfo = sockInfo
@@ -244,10 +255,37 @@ func (s *Session) SetState(ctx context.Context, state messages.State) error {
 		s.presence.StartedAt = time.Now().UTC()
 	}
 	s.mu.Unlock()
+	if !s.joined.Load() {
+		return nil // the state goes into the presence list when the run joins it
+	}
 	if err := s.putPresence(ctx); err != nil {
 		return fmt.Errorf("coordination: set state of run %s: %w", s.run.RunID, err)
 	}
 	return nil
+}
+
+// join enters the run in its group's presence list; the refresher keeps the
+// key alive from then on.
+func (s *Session) join(ctx context.Context) error {
+	if err := s.putPresence(ctx); err != nil {
+		return err
+	}
+	s.joined.Store(true)
+	return nil
+}
+
+// joinLate enters a run that named no group in its presence list when its
+// bridge first connects; a failure is logged and retried by the refresher.
+func (s *Session) joinLate() {
+	if s.joined.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.h.cfg.OpTimeout)
+	defer cancel()
+	if err := s.join(ctx); err != nil {
+		s.joined.Store(true) // the refresher writes it again
+		s.log.Warn().Err(err).Msg("join coordination presence")
+	}
 }
 
 func (s *Session) putPresence(ctx context.Context) error {
@@ -274,6 +312,9 @@ func (s *Session) refreshPresence() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
+			if !s.joined.Load() {
+				continue
+			}
 			ctx, cancel := context.WithTimeout(s.ctx, s.h.cfg.OpTimeout)
 			if err := s.putPresence(ctx); err != nil && s.ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("refresh coordination presence")
@@ -313,7 +354,9 @@ func (s *Session) Detach(ctx context.Context) error {
 // Close ends the run's coordination for good: it detaches (Detach), takes
 // the run out of its group's presence list and deletes its inbox consumer,
 // discarding unread messages (they stay in the stream until MaxAge). Call it
-// when the run reaches a final state.
+// when the run reaches a final state. What the session never created costs
+// nothing: a run that never joined the presence list nor read its inbox
+// sends nothing to NATS here.
 //
 // When another session has served the run since (the run was redelivered to
 // another worker), Close only detaches: the run's presence and inbox belong
@@ -323,6 +366,14 @@ func (s *Session) Detach(ctx context.Context) error {
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		err := s.Detach(ctx)
+		if !s.joined.Load() && s.consumer() == nil {
+			// The run never joined its presence list nor read its inbox
+			// in this session: nothing of it to remove. (An inbox an
+			// earlier attempt created and this one never used expires
+			// after Config.InboxInactiveThreshold.)
+			s.closeErr = err
+			return
+		}
 		key := PeerKey(s.run.Group, s.run.RunID)
 		var rev uint64
 		e, gerr := s.peers.Get(ctx, key)
@@ -345,6 +396,10 @@ func (s *Session) Close(ctx context.Context) error {
 			if derr := s.peers.Delete(ctx, key, jetstream.LastRevision(rev)); derr != nil {
 				err = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.Group, derr))
 			}
+		}
+		if s.consumer() == nil {
+			s.closeErr = err
+			return
 		}
 		if derr := s.h.js.DeleteConsumer(ctx, StreamName, InboxName(s.run.RunID)); derr != nil && !errors.Is(derr, jetstream.ErrConsumerNotFound) {
 			err = errors.Join(err, fmt.Errorf("coordination: delete inbox of run %s: %w", s.run.RunID, derr))

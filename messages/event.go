@@ -93,6 +93,10 @@ type Event struct {
 	Receipt *Receipt `json:"receipt,omitempty"`
 	// Result is the agent's final result text, on EventFinished.
 	Result string `json:"result,omitempty"`
+	// Coordination repeats the run state's coordination on EventFinished:
+	// "available", "unavailable", "off", or "unused" (the profile has
+	// require_bridge = false and the run never reached its bridge).
+	Coordination string `json:"coordination,omitempty"`
 }
 
 // AgentEvent is the body of an EventAgent: one line of the agent CLI's

@@ -7,7 +7,8 @@ import (
 // State is the lifecycle state of a run, as stored in RunState.State.
 type State string
 
-// Run states. A run moves queued → running → one of the final states.
+// Run states. A run moves queued → running → one of the final states; see
+// Transitions for every edge, the retry, hand-back and replay ones included.
 const (
 	// StateQueued: the request is on the stream and no worker has started it.
 	StateQueued State = "queued"
@@ -27,7 +28,9 @@ const (
 	StateStalled State = "stalled"
 )
 
-// Final reports whether s is a final state: one a run never leaves.
+// Final reports whether s is a final state: one that ends a request. Only a
+// replay (the same run id submitted again) leaves an unsuccessful one; see
+// Transitions.
 func (s State) Final() bool {
 	switch s {
 	case StateSucceeded, StateFailed, StateCancelled, StateTimedOut, StateStalled:
@@ -85,7 +88,9 @@ type RunState struct {
 	Agent *AgentSummary `json:"agent,omitempty"`
 	// Coordination is "available" when the run's bridge socket was served,
 	// "unavailable" when it could not be (the agent's tool calls then say
-	// so), "off" when the profile turned coordination off.
+	// so), "off" when the profile turned coordination off, "unused" when
+	// it was served but the run never reached it and its profile allows
+	// that (require_bridge = false).
 	Coordination string `json:"coordination,omitempty"`
 	// BridgeConnected is true once the run's bridge reached its socket.
 	BridgeConnected bool `json:"bridge_connected"`

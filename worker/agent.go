@@ -27,7 +27,7 @@ const maxEventText = 4 << 10
 // servers, and one agent event per line. Its callbacks are called from the
 // output goroutine.
 type agentParser struct {
-	backend string
+	backend backend
 	emit    func(messages.AgentEvent)
 	// onMCP is called once with the status the CLI reported for the jetcrew
 	// MCP server (Claude Code's init event).
@@ -42,11 +42,14 @@ type agentParser struct {
 	mcpSeen bool
 }
 
-func newAgentParser(backend string, emit func(messages.AgentEvent), onMCP func(string)) *agentParser {
-	if backend == BackendCommand {
+// newAgentParser returns the parser of the named backend's output, or nil
+// (a parser that reads nothing) for a backend whose output is not parsed.
+func newAgentParser(name string, emit func(messages.AgentEvent), onMCP func(string)) *agentParser {
+	b, err := lookupBackend(name)
+	if err != nil || !b.structured() {
 		return nil
 	}
-	return &agentParser{backend: backend, emit: emit, onMCP: onMCP}
+	return &agentParser{backend: b, emit: emit, onMCP: onMCP}
 }
 
 // feed takes a chunk of stdout.
@@ -112,118 +115,35 @@ func (p *agentParser) line(l []byte) {
 	if json.Unmarshal(l, &v) != nil {
 		return
 	}
-	str := func(m map[string]any, k string) string { s, _ := m[k].(string); return s }
-	kind := str(v, "type")
-	text := ""
-	switch p.backend {
-	case BackendClaude:
-		switch kind {
-		case "system":
-			kind += "/" + str(v, "subtype")
-			if str(v, "subtype") == "init" {
-				servers, _ := v["mcp_servers"].([]any)
-				p.summary.MCPServers = map[string]string{}
-				for _, s := range servers {
-					if m, ok := s.(map[string]any); ok {
-						p.summary.MCPServers[str(m, "name")] = str(m, "status")
-					}
-				}
-				if !p.mcpSeen && p.onMCP != nil {
-					p.mcpSeen = true
-					p.onMCP(p.summary.MCPServers[coordination.MCPServerName])
-				}
-			}
-		case "assistant":
-			if msg, ok := v["message"].(map[string]any); ok {
-				parts, _ := msg["content"].([]any)
-				for _, c := range parts {
-					if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
-						text += str(m, "text")
-					}
-				}
-			}
-		case "result":
-			p.final = str(v, "result")
-			text = p.final
-			p.summary.IsError, _ = v["is_error"].(bool)
-			p.summary.CostUSD, _ = v["total_cost_usd"].(float64)
-			if n, ok := v["num_turns"].(float64); ok {
-				p.summary.Turns = int(n)
-			}
-		}
-	case BackendCodex:
-		switch kind {
-		case "item.completed":
-			if item, ok := v["item"].(map[string]any); ok && str(item, "type") == "agent_message" {
-				p.final = str(item, "text")
-				text = p.final
-			}
-		case "turn.failed":
-			p.summary.IsError = true
-			if e, ok := v["error"].(map[string]any); ok {
-				text = str(e, "message")
-			}
-		case "error":
-			text = str(v, "message")
-		case "turn.completed":
-			p.summary.Turns++
-		}
-	case BackendGemini:
-		switch kind {
-		case "message":
-			if str(v, "role") == "assistant" {
-				text = str(v, "content")
-				p.result.WriteString(text)
-			}
-		case "result":
-			p.summary.IsError = str(v, "status") == "error"
-		case "error":
-			text = str(v, "message")
-		}
-	case BackendOpencode:
-		if part, ok := v["part"].(map[string]any); ok && str(part, "type") == "text" {
-			text = str(part, "text")
-			p.final = text
-		}
-	case BackendKimi:
-		if str(v, "role") == "assistant" {
-			if s := str(v, "content"); s != "" {
-				text = s
-				p.final = s
-			}
-		}
-		if kind == "" {
-			kind = str(v, "role")
-		}
-	case BackendPi:
-		// message_end carries one message; agent_end all of the run's.
-		var msgs []any
-		if kind == "message_end" {
-			msgs = []any{v["message"]}
-		} else if kind == "agent_end" {
-			msgs, _ = v["messages"].([]any)
-		}
-		for _, mv := range msgs {
-			msg, ok := mv.(map[string]any)
-			if !ok || str(msg, "role") != "assistant" {
-				continue
-			}
-			t := ""
-			parts, _ := msg["content"].([]any)
-			for _, c := range parts {
-				if m, ok := c.(map[string]any); ok && str(m, "type") == "text" {
-					t += str(m, "text")
-				}
-			}
-			if t != "" {
-				text, p.final = t, t
-			}
-		}
-	}
+	kind, text := p.backend.parse(jstr(v, "type"), v, p)
 	if kind == "" {
 		kind = "output"
 	}
 	p.emit(messages.AgentEvent{Kind: kind, Text: clip(text)})
+}
+
+// reportMCP passes the status the CLI reported for the jetcrew MCP server
+// to onMCP, the first time only; p.mu is held.
+func (p *agentParser) reportMCP(status string) {
+	if !p.mcpSeen && p.onMCP != nil {
+		p.mcpSeen = true
+		p.onMCP(status)
+	}
+}
+
+// jstr returns m[k] when it is a string, else "".
+func jstr(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+
+// textParts joins the text parts of a message's "content" array.
+func textParts(msg map[string]any) string {
+	text := ""
+	parts, _ := msg["content"].([]any)
+	for _, c := range parts {
+		if m, ok := c.(map[string]any); ok && jstr(m, "type") == "text" {
+			text += jstr(m, "text")
+		}
+	}
+	return text
 }
 
 // progress records when a run last showed progress: output or coordination
@@ -277,7 +197,7 @@ func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Du
 	if p.stallTimeout > 0 {
 		rc.StallTimeout = p.stallTimeout.String()
 	}
-	if p.Backend != BackendCommand && len(plan.MCPServers) > 0 {
+	if p.bridgeRequired() && len(plan.MCPServers) > 0 {
 		rc.BridgeDeadline = p.bridgeDeadline.String()
 	}
 	for _, m := range spec.Mounts {

@@ -10,37 +10,54 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 )
 
-// Backend names: how a profile's agent CLI is run headless. Each follows the
-// CLI's own documented flags; docs/backends.md lists them.
-const (
-	// BackendCommand runs the profile's Command with {prompt} (or
-	// {prompt_file}) substituted; the MCP config path is in
-	// JETCREW_MCP_CONFIG. The built-in shell profile uses it.
-	BackendCommand = "command"
-	// BackendClaude runs Claude Code: claude -p --output-format stream-json
-	// --verbose --mcp-config <file> --strict-mcp-config.
-	BackendClaude = "claude"
-	// BackendCodex runs Codex CLI: codex exec --json with a writable
-	// CODEX_HOME holding config.toml's [mcp_servers.jetcrew].
-	BackendCodex = "codex"
-	// BackendGemini runs Gemini CLI: gemini --output-format stream-json with
-	// the MCP server in the system settings file it documents
-	// (GEMINI_CLI_SYSTEM_SETTINGS_PATH).
-	BackendGemini = "gemini"
-	// BackendOpencode runs opencode: opencode run --format json with the
-	// MCP entry in OPENCODE_CONFIG_CONTENT.
-	BackendOpencode = "opencode"
-	// BackendKimi runs Kimi CLI: kimi --print --output-format stream-json
-	// --mcp-config-file <file>.
-	BackendKimi = "kimi"
-	// BackendPi runs pi: pi --print --mode json, MCP through the
-	// pi-mcp-adapter configuration in ~/.pi/agent/mcp.json.
-	BackendPi = "pi"
-)
+// backend is one agent CLI: how a run's argv, environment and files are
+// planned, and how its structured stdout is read. Each lives in its own
+// backend_<name>.go file and registers itself; adding a CLI is adding such a
+// file (and its recorded output under testdata/agent-output).
+type backend interface {
+	// plan fills plan (MCPServers already set when coord is on) for
+	// profile p and the run's prompt. exe is the CLI's argv[0...]: the
+	// profile's command, else the CLI's default name. Agent backends get
+	// the common tail (args, the prompt file, the launcher) from planAgent;
+	// a backend that returns done = true has set everything itself.
+	plan(p Profile, prompt string, coord bool, exe func(def string) []string, plan *AgentPlan) (done bool, err error)
+	// parse reads one JSON line v of the CLI's stdout whose "type" is kind
+	// into ps, and returns the agent event's kind and text. Not called for
+	// a backend whose structured() is false.
+	parse(kind string, v map[string]any, ps *agentParser) (string, string)
+	// structured reports whether the CLI's stdout is parsed at all.
+	structured() bool
+}
 
-// Backends lists every backend name, sorted.
+// registry maps a backend name (a profile's backend) to its backend.
+var registry = map[string]backend{}
+
+// registerBackend adds b under name; called from each backend file's init.
+func registerBackend(name string, b backend) {
+	if _, dup := registry[name]; dup {
+		panic("worker: backend registered twice: " + name)
+	}
+	registry[name] = b
+}
+
+// lookupBackend returns the backend called name, or an error listing the
+// registered ones.
+func lookupBackend(name string) (backend, error) {
+	if b, ok := registry[name]; ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("backend %q is not supported (supported: %s)", name, strings.Join(Backends(), ", "))
+}
+
+// Backends lists every registered backend name, sorted. docs/backends.md
+// lists the same (a test checks it).
 func Backends() []string {
-	return []string{BackendClaude, BackendCodex, BackendCommand, BackendGemini, BackendKimi, BackendOpencode, BackendPi}
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // Paths inside the run container that backends use.
@@ -107,124 +124,45 @@ func (p AgentPlan) containerArgv() []string {
 	return append(append(argv, "--"), p.Argv...)
 }
 
-// planAgent returns the plan of profile p for a run with the given prompt
-// and home directory. coord says whether the jetcrew MCP server is wired in.
-// It returns an error (which retrying cannot fix) for a prompt the backend
-// cannot pass.
+// planAgent returns the plan of profile p for a run with the given prompt.
+// coord says whether the jetcrew MCP server is wired in. It returns an
+// error (which retrying cannot fix) for an unknown backend or a prompt the
+// backend cannot pass.
 func planAgent(p Profile, prompt string, coord bool) (AgentPlan, error) {
+	var plan AgentPlan
+	b, err := lookupBackend(p.Backend)
+	if err != nil {
+		return plan, err
+	}
+	if coord {
+		plan.MCPServers = []string{coordination.MCPServerName}
+	}
 	exe := func(def string) []string {
 		if len(p.Command) > 0 {
 			return append([]string(nil), p.Command...)
 		}
 		return []string{def}
 	}
-	var plan AgentPlan
-	promptFile := StagedFile{Path: PromptPath, Mode: 0o444, Data: []byte(prompt)}
-	if coord {
-		plan.MCPServers = []string{coordination.MCPServerName}
-	}
-	switch p.Backend {
-	case BackendCommand:
-		usesFile := false
-		for _, a := range p.Command {
-			if strings.Contains(a, "{prompt}") && len(prompt) > maxArgPrompt {
-				return plan, fmt.Errorf("prompt is %d bytes, more than %d, too long to pass as an argument; give the profile {prompt_file} or prompt_stdin = true", len(prompt), maxArgPrompt)
-			}
-			usesFile = usesFile || strings.Contains(a, "{prompt_file}")
-		}
-		for _, a := range p.Command {
-			a = strings.ReplaceAll(a, "{prompt_file}", PromptPath)
-			plan.Argv = append(plan.Argv, strings.ReplaceAll(a, "{prompt}", prompt))
-		}
-		plan.Argv = append(plan.Argv, p.Args...)
-		if usesFile || p.PromptStdin {
-			plan.Files = append(plan.Files, promptFile)
-		}
-		plan.Launch = p.PromptStdin
-		return plan, nil
-
-	case BackendClaude:
-		plan.Argv = append(exe("claude"), "-p", "--output-format", "stream-json", "--verbose")
-		if coord {
-			plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config")
-			plan.InitCheck = true
-		} else {
-			// An empty config with --strict-mcp-config: no MCP server at
-			// all, not whatever the image's user settings list.
-			plan.Files = append(plan.Files, StagedFile{Path: coordination.ContainerRunDir + "/mcp-none.json", Mode: 0o444, Data: []byte(`{"mcpServers":{}}`)})
-			plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerRunDir+"/mcp-none.json", "--strict-mcp-config")
-		}
-		switch p.PermissionMode {
-		case "", "bypassPermissions":
-			plan.Argv = append(plan.Argv, "--dangerously-skip-permissions")
-		default:
-			plan.Argv = append(plan.Argv, "--permission-mode", p.PermissionMode)
-		}
-
-	case BackendCodex:
-		plan.Argv = append(exe("codex"), "exec", "--json", "--skip-git-repo-check")
-		var toml strings.Builder
-		if coord {
-			fmt.Fprintf(&toml, "[mcp_servers.%s]\ncommand = %q\nargs = []\nstartup_timeout_sec = 30\ntool_timeout_sec = 60\n",
-				coordination.MCPServerName, coordination.BridgePath)
-		}
-		plan.Files = append(plan.Files, StagedFile{Path: HomeSeedPath + "/.codex/config.toml", Mode: 0o444, Data: []byte(toml.String())})
-		plan.Env = append(plan.Env, "CODEX_HOME="+p.Home+"/.codex")
-		// "-": codex exec reads the prompt from standard input.
-		plan.Argv = append(plan.Argv, "-")
-
-	case BackendGemini:
-		settings := map[string]any{"security": map[string]any{"folderTrust": map[string]any{"enabled": false}}}
-		if coord {
-			settings["mcpServers"] = map[string]any{coordination.MCPServerName: map[string]any{"command": coordination.BridgePath, "trust": true}}
-		} else {
-			settings["mcpServers"] = map[string]any{}
-		}
-		b, _ := json.Marshal(settings)
-		// /run/jetcrew is 0755 and read-only: Gemini CLI skips a settings
-		// file under a group- or world-writable directory.
-		path := coordination.ContainerRunDir + "/gemini-settings.json"
-		plan.Files = append(plan.Files, StagedFile{Path: path, Mode: 0o444, Data: b})
-		plan.Env = append(plan.Env, "GEMINI_CLI_SYSTEM_SETTINGS_PATH="+path)
-		mode := p.ApprovalMode
-		if mode == "" {
-			mode = "yolo"
-		}
-		plan.Argv = append(exe("gemini"), "--output-format", "stream-json", "--approval-mode", mode)
-
-	case BackendOpencode:
-		cfg := map[string]any{"mcp": map[string]any{}}
-		if coord {
-			cfg["mcp"] = map[string]any{coordination.MCPServerName: map[string]any{"type": "local", "command": []string{coordination.BridgePath}, "enabled": true}}
-		}
-		b, _ := json.Marshal(cfg)
-		plan.Env = append(plan.Env, "OPENCODE_CONFIG_CONTENT="+string(b))
-		plan.Argv = append(exe("opencode"), "run", "--format", "json")
-
-	case BackendKimi:
-		plan.Argv = append(exe("kimi"), "--print", "--output-format", "stream-json")
-		if coord {
-			plan.Argv = append(plan.Argv, "--mcp-config-file", coordination.ContainerMCPConfigPath)
-		}
-
-	case BackendPi:
-		plan.Argv = append(exe("pi"), "--print", "--mode", "json")
-		cfg := map[string]any{"mcpServers": map[string]any{}}
-		if coord {
-			cfg["mcpServers"] = map[string]any{coordination.MCPServerName: map[string]any{"command": coordination.BridgePath, "args": []string{}}}
-		}
-		b, _ := json.Marshal(cfg)
-		plan.Files = append(plan.Files, StagedFile{Path: HomeSeedPath + "/.pi/agent/mcp.json", Mode: 0o444, Data: b})
-		plan.Unsupported = append(plan.Unsupported, "pi has no built-in MCP client: the image must include the pi-mcp-adapter extension, which reads ~/.pi/agent/mcp.json")
-
-	default:
-		return plan, fmt.Errorf("backend %q is not supported (supported: %s)", p.Backend, strings.Join(Backends(), ", "))
+	done, err := b.plan(p, prompt, coord, exe, &plan)
+	if err != nil || done {
+		return plan, err
 	}
 	plan.Argv = append(plan.Argv, p.Args...)
-	plan.Files = append(plan.Files, promptFile)
+	plan.Files = append(plan.Files, promptFile(prompt))
 	plan.Launch = true
 	sort.SliceStable(plan.Files, func(i, j int) bool { return plan.Files[i].Path < plan.Files[j].Path })
 	return plan, nil
+}
+
+// promptFile is the run's prompt staged read-only at PromptPath.
+func promptFile(prompt string) StagedFile {
+	return StagedFile{Path: PromptPath, Mode: 0o444, Data: []byte(prompt)}
+}
+
+// jsonFile stages v, marshalled, read-only at path.
+func jsonFile(path string, v any) StagedFile {
+	b, _ := json.Marshal(v) // maps of strings, bools and slices always marshal
+	return StagedFile{Path: path, Mode: 0o444, Data: b}
 }
 
 // ProfileDescription is a profile's effective configuration as `jetcrew
@@ -256,7 +194,10 @@ func (p Profile) Describe() (ProfileDescription, error) {
 		return ProfileDescription{}, err
 	}
 	d := ProfileDescription{Profile: p, Argv: plan.containerArgv(), Env: plan.Env, MCPServers: plan.MCPServers,
-		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: p.bridgeDeadline.String()}
+		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: "0s"}
+	if p.bridgeRequired() {
+		d.BridgeDeadlineEffective = p.bridgeDeadline.String()
+	}
 	for _, f := range plan.Files {
 		d.Files = append(d.Files, fmt.Sprintf("%s (%04o)", f.Path, f.Mode.Perm()))
 	}

@@ -62,7 +62,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 5 {
-		prev, rev, err := w.loadState(ctx, id)
+		prev, rev, err := w.store.load(ctx, id)
 		switch {
 		case err != nil && !isNotFound(err):
 			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "read run state: " + err.Error()})
@@ -72,7 +72,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			// Record the cancel so the request is skipped when it arrives.
 			st := messages.RunState{Version: messages.StateVersion, ID: id, State: messages.StateCancelled,
 				Reason: "cancelled before any worker saw the request", Worker: w.cfg.ID}
-			if ok, err := w.finalizeState(ctx, st, 0); err != nil {
+			if ok, err := w.store.finalize(ctx, messages.StateNone, st, 0); err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
 			} else if !ok {
@@ -84,16 +84,8 @@ func (w *Worker) onCancel(m *nats.Msg) {
 		case prev.State.Final() && prev.State != messages.StateSucceeded && !prev.CancelPending:
 			// A replay of it may be queued: mark the record so that one is
 			// skipped. The run itself stays as it ended.
-			st := prev
-			st.CancelPending = true
-			st.UpdatedAt = time.Now().UTC()
-			b, err := json.Marshal(st)
-			if err != nil {
-				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
-				return
-			}
-			if _, err := w.runs.Update(ctx, id, b, rev); err != nil {
-				if isRevisionConflict(err) {
+			if err := w.store.markCancelPending(ctx, prev, rev); err != nil {
+				if errors.Is(err, errFenced) {
 					continue
 				}
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "record cancel: " + err.Error()})
@@ -120,7 +112,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			st.State = messages.StateCancelled
 			st.Reason = "cancelled while " + string(prev.State)
 			st.FinishedAt = time.Now().UTC()
-			ok, err := w.finalizeState(ctx, st, rev)
+			ok, err := w.store.finalize(ctx, prev.State, st, rev)
 			if err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
@@ -149,40 +141,6 @@ func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
 	return r, true
 }
 
-// finalizeState writes a final state for a run this worker does not hold,
-// compare-and-set against rev (0: the key must not exist), and publishes the
-// finished event. It reports false when the state changed meanwhile.
-func (w *Worker) finalizeState(ctx context.Context, st messages.RunState, rev uint64) (bool, error) {
-	st.UpdatedAt = time.Now().UTC()
-	if st.FinishedAt.IsZero() {
-		st.FinishedAt = st.UpdatedAt
-	}
-	b, err := json.Marshal(st)
-	if err != nil {
-		return false, err
-	}
-	if rev == 0 {
-		_, err = w.runs.Create(ctx, st.ID, b)
-	} else {
-		_, err = w.runs.Update(ctx, st.ID, b, rev)
-	}
-	if err != nil {
-		if isRevisionConflict(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("record cancelled state: %w", err)
-	}
-	ev, _ := json.Marshal(messages.Event{RunID: st.ID, Type: messages.EventFinished, Time: st.UpdatedAt,
-		Worker: w.cfg.ID, State: st.State, Reason: st.Reason})
-	msg := nats.NewMsg(messages.SubjectEvents(st.ID, messages.EventFinished))
-	msg.Data = ev
-	msg.Header.Set(messages.HeaderRunID, st.ID)
-	if _, err := w.js.PublishMsg(ctx, msg); err != nil {
-		w.log.Warn().Err(err).Str("run_id", st.ID).Msg("publish finished event")
-	}
-	return true, nil
-}
-
 // onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run:
 // it marks the run cancelled and stops its container (SIGTERM, then SIGKILL
 // after StopGrace). Other workers stay silent.
@@ -198,13 +156,7 @@ func (w *Worker) onStop(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	a.run.event(ctx, messages.Event{Type: messages.EventCancel, Reason: "cancel requested; stopping the container"})
 	cancel()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
-		defer cancel()
-		if err := a.container.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
-			a.run.log.Warn().Err(err).Msg("stop cancelled container")
-		}
-	}()
+	w.stopAsync(a.container, a.run.log, "stop cancelled container")
 	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
 		Message: fmt.Sprintf("SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
 }

@@ -68,30 +68,6 @@ func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg Provis
 	return c, nil
 }
 
-// deadLetterer pulls MaxDeliver advisories until ctx ends and moves each
-// exhausted request to the dead-letter stream.
-func (w *Worker) deadLetterer(ctx context.Context, cons jetstream.Consumer) {
-	defer w.bg.Done()
-	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
-		batch, err := cons.Fetch(1, jetstream.FetchContext(pctx))
-		if err != nil {
-			cancel()
-			sleepCtx(ctx, time.Second)
-			continue
-		}
-		for m := range batch.Messages() {
-			if err := w.onMaxDeliver(ctx, m.Data()); err != nil {
-				w.log.Warn().Err(err).Msg("move exhausted request to the dead-letter stream; retrying")
-				_ = m.NakWithDelay(5 * time.Second)
-				continue
-			}
-			_ = m.Ack()
-		}
-		cancel()
-	}
-}
-
 // onMaxDeliver moves the request named by a MaxDeliver advisory from
 // JETCREW_RUNS to JETCREW_FAILED: it records the run failed (unless its state
 // is already final), publishes the dead letter (deduplicated by its message
@@ -130,11 +106,11 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 	}
 	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
 
-	prev, rev, err := w.loadState(ctx, id)
+	prev, rev, err := w.store.load(ctx, id)
 	if err != nil && !isNotFound(err) {
 		return err
 	}
-	st := prev
+	st, from := prev, prev.State
 	if err != nil || (!prev.State.Final() && (prev.StreamSeq == 0 || prev.StreamSeq == raw.Sequence)) {
 		if err != nil {
 			st = messages.RunState{Version: messages.StateVersion, ID: id, Pool: pool, QueuedAt: raw.Time.UTC()}
@@ -143,7 +119,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		st.Attempts = int(adv.Deliveries)
 		st.ContainerID, st.ExitCode = "", nil
 		st.FinishedAt = time.Now().UTC()
-		ok, err := w.finalizeState(ctx, st, rev)
+		ok, err := w.store.finalize(ctx, from, st, rev)
 		if err != nil {
 			return err
 		}

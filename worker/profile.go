@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,10 +52,18 @@ type Profile struct {
 	// coordination traffic) for this long, ending it "stalled"; a Go
 	// duration string. Default: 10m for agent backends, off for command.
 	StallTimeout string `toml:"stall_timeout" json:"stall_timeout,omitempty"`
-	// BridgeDeadline is how long an agent backend's CLI has to start the
-	// jetcrew MCP server (proved by the bridge's first connection, or by
-	// Claude Code's init event) before the run is stopped; default 2m.
+	// BridgeDeadline is how long a run's process (any backend, command
+	// included) has to start the jetcrew MCP server (proved by the bridge's
+	// first connection, or by Claude Code's init event) before the run is
+	// stopped and ends failed; default 2m. It applies while coordination is
+	// on and RequireBridge is not false.
 	BridgeDeadline string `toml:"bridge_deadline" json:"bridge_deadline,omitempty"`
+	// RequireBridge, when false, lets a run with coordination on go without
+	// ever reaching its bridge: no bridge deadline, and a run whose bridge
+	// never connected records coordination "unused" in its state and its
+	// finished event. Default true; the built-in shell profile sets false
+	// (/bin/sh is not an MCP client).
+	RequireBridge *bool `toml:"require_bridge" json:"require_bridge,omitempty"`
 	// User is "uid:gid", numeric and never 0. Default "65532:65532".
 	User string `toml:"user" json:"user"`
 	// Home is the writable home directory in the container (a tmpfs owned
@@ -126,6 +133,9 @@ func ShellProfile() Profile {
 		Backend: "command",
 		Image:   SandboxImage,
 		Command: []string{"/bin/sh", "-c", "{prompt}"},
+		// A shell script is not an MCP client: it may use the bridge, but
+		// need not.
+		RequireBridge: new(bool),
 	}
 	p, _ = p.withDefaults()
 	return p
@@ -197,8 +207,8 @@ func (p Profile) validate() error {
 	if err := messages.ValidateToken("profile name", p.Name); err != nil {
 		return err
 	}
-	if !slices.Contains(Backends(), p.Backend) {
-		return fmt.Errorf("backend %q is not supported (supported: %s)", p.Backend, strings.Join(Backends(), ", "))
+	if _, err := lookupBackend(p.Backend); err != nil {
+		return err
 	}
 	if p.Image == "" {
 		return errors.New("image is required")
@@ -278,6 +288,12 @@ func parseUser(s string) (uid, gid int, err error) {
 		return 0, 0, fmt.Errorf("user %q: runs never run as root (uid or gid 0)", s)
 	}
 	return uid, gid, nil
+}
+
+// bridgeRequired reports whether a run of p must reach its bridge within
+// the bridge deadline: coordination on and RequireBridge not false.
+func (p Profile) bridgeRequired() bool {
+	return p.CoordinationOn() && (p.RequireBridge == nil || *p.RequireBridge)
 }
 
 // Profiles is a validated set of profiles by name.

@@ -89,7 +89,45 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 	if err := messages.ValidateToken("pool", cfg.Pool); err != nil {
 		return nil, err
 	}
-	streams := []jetstream.StreamConfig{{
+	for _, sc := range streamConfigs(cfg) {
+		if err := retryProvision(ctx, func(ctx context.Context) error { _, err := js.CreateOrUpdateStream(ctx, sc); return err }); err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
+		}
+	}
+	for _, kc := range bucketConfigs(cfg) {
+		if err := retryProvision(ctx, func(ctx context.Context) error { _, err := js.CreateOrUpdateKeyValue(ctx, kc); return err }); err != nil {
+			return nil, fmt.Errorf("provision bucket %s: %w", kc.Bucket, err)
+		}
+	}
+	if _, err := provisionAdvisories(ctx, js, cfg); err != nil {
+		return nil, err
+	}
+	var cons jetstream.Consumer
+	err := retryProvision(ctx, func(ctx context.Context) error {
+		var err error
+		cons, err = js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
+			Durable:       messages.ConsumerName(cfg.Pool),
+			Description:   "jetcrew workers of pool " + cfg.Pool,
+			FilterSubject: messages.SubjectRuns(cfg.Pool),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    cfg.MaxDeliver,
+			MaxAckPending: cfg.MaxAckPending,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			Replicas:      cfg.Replicas,
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", messages.ConsumerName(cfg.Pool), err)
+	}
+	return cons, nil
+}
+
+// streamConfigs are the streams Provision creates: JETCREW_RUNS,
+// JETCREW_EVENTS and JETCREW_FAILED.
+func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{{
 		Name:        messages.StreamRuns,
 		Description: "jetcrew run requests, one subject per pool",
 		Subjects:    []string{messages.SubjectRunsPrefix + ".>"},
@@ -121,59 +159,25 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 		AllowDirect: true,
 		Discard:     jetstream.DiscardOld,
 	}}
-	for _, sc := range streams {
-		if err := retryProvision(ctx, func(ctx context.Context) error { _, err := js.CreateOrUpdateStream(ctx, sc); return err }); err != nil {
-			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
-		}
-	}
-	if err := retryProvision(ctx, func(ctx context.Context) error {
-		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      messages.BucketRuns,
-			Description: "jetcrew run states, one key per run id",
-			History:     5,
-			Storage:     jetstream.FileStorage,
-			Replicas:    cfg.Replicas,
-		})
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("provision bucket %s: %w", messages.BucketRuns, err)
-	}
-	if err := retryProvision(ctx, func(ctx context.Context) error {
-		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      BucketWorkers,
-			Description: "jetcrew live workers (heartbeats)",
-			History:     1,
-			TTL:         WorkerTTL,
-			Storage:     jetstream.MemoryStorage,
-			Replicas:    cfg.Replicas,
-		})
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("provision bucket %s: %w", BucketWorkers, err)
-	}
-	if _, err := provisionAdvisories(ctx, js, cfg); err != nil {
-		return nil, err
-	}
-	var cons jetstream.Consumer
-	err := retryProvision(ctx, func(ctx context.Context) error {
-		var err error
-		cons, err = js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
-			Durable:       messages.ConsumerName(cfg.Pool),
-			Description:   "jetcrew workers of pool " + cfg.Pool,
-			FilterSubject: messages.SubjectRuns(cfg.Pool),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.AckWait,
-			MaxDeliver:    cfg.MaxDeliver,
-			MaxAckPending: cfg.MaxAckPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			Replicas:      cfg.Replicas,
-		})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("provision consumer %s: %w", messages.ConsumerName(cfg.Pool), err)
-	}
-	return cons, nil
+}
+
+// bucketConfigs are the key-value buckets Provision creates: the run states
+// and the workers' heartbeats.
+func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{{
+		Bucket:      messages.BucketRuns,
+		Description: "jetcrew run states, one key per run id",
+		History:     5,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Bucket:      BucketWorkers,
+		Description: "jetcrew live workers (heartbeats)",
+		History:     1,
+		TTL:         WorkerTTL,
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    cfg.Replicas,
+	}}
 }
 
 // isNotFound reports whether err says a JetStream key or message does not exist.

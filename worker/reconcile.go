@@ -7,53 +7,72 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
-// reconcile removes this installation's jetcrew containers, in any state, that no live run owns
-// and that are older than OrphanGrace. A container is owned when its run is
-// in this worker's active set, or when the worker on its label is alive (its
-// heartbeat key exists) and is not this worker. This worker's own containers
-// that are not in its active set are left over from a previous process with
-// the same id, so they are orphans too.
-func (w *Worker) reconcile(ctx context.Context) error {
-	cs, err := w.cfg.Runtime.ListManaged(ctx)
+// reconciler removes orphaned containers: this installation's jetcrew
+// containers, in any state, that no live run owns and that are older than
+// grace. A container is owned when its run is in this worker's active set,
+// or when the worker on its label is alive (its heartbeat key exists) and is
+// not this worker. This worker's own containers that are not in its active
+// set are left over from a previous process with the same id, so they are
+// orphans too. Its I/O is in function fields, so a test drives it over a
+// fixture container list.
+type reconciler struct {
+	install  string        // this installation's LabelInstall value
+	self     string        // this worker's id
+	grace    time.Duration // the youngest age an orphan is removed at
+	interval time.Duration // how often Run reconciles
+	list     func(ctx context.Context) ([]ManagedContainer, error)
+	remove   func(ctx context.Context, id string) error
+	// active returns the container ids and run directories of the runs in
+	// flight.
+	active func() (containers, dirs map[string]bool)
+	// alive reports whether worker id has a live heartbeat.
+	alive func(ctx context.Context, id string) (bool, error)
+	// sweepDirs removes the stale run directories not in active.
+	sweepDirs func(active map[string]bool)
+	now       func() time.Time
+	log       zerolog.Logger
+}
+
+// Run reconciles every interval until ctx ends.
+func (rc *reconciler) Run(ctx context.Context) {
+	every(ctx, rc.interval, func() {
+		if err := rc.reconcile(ctx); err != nil && ctx.Err() == nil {
+			rc.log.Warn().Err(err).Msg("reconcile failed")
+		}
+	})
+}
+
+// reconcile removes the orphans once; it returns the removals that failed,
+// or the error of a listing or a liveness lookup.
+func (rc *reconciler) reconcile(ctx context.Context) error {
+	cs, err := rc.list(ctx)
 	if err != nil {
 		return err
 	}
-	w.mu.Lock()
-	activeContainers := make(map[string]bool, len(w.active))
-	activeDirs := make(map[string]bool, len(w.active))
-	for id, a := range w.active {
-		activeContainers[a.container.ID()] = true
-		activeDirs[w.runDir(id)] = true
-	}
-	w.mu.Unlock()
-	w.removeStaleRunDirs(activeDirs)
-
+	activeContainers, activeDirs := rc.active()
+	rc.sweepDirs(activeDirs)
 	alive := map[string]bool{}
 	var errs []error
 	for _, c := range cs {
-		if activeContainers[c.ID] || c.Labels[LabelInstall] != w.install {
+		if activeContainers[c.ID] || c.Labels[LabelInstall] != rc.install {
 			continue
 		}
 		created := c.Created
 		if t, err := time.Parse(time.RFC3339Nano, c.Labels[LabelCreated]); err == nil {
 			created = t
 		}
-		if time.Since(created) < w.cfg.OrphanGrace {
+		if rc.now().Sub(created) < rc.grace {
 			continue
 		}
 		owner := c.Labels[LabelWorker]
-		if owner != w.cfg.ID {
+		if owner != rc.self {
 			live, ok := alive[owner]
 			if !ok {
-				_, err := w.live.Get(ctx, owner)
-				switch {
-				case err == nil:
-					live = true
-				case isNotFound(err):
-					live = false
-				default:
+				if live, err = rc.alive(ctx, owner); err != nil {
 					return fmt.Errorf("look up worker %s: %w", owner, err)
 				}
 				alive[owner] = live
@@ -62,13 +81,45 @@ func (w *Worker) reconcile(ctx context.Context) error {
 				continue
 			}
 		}
-		w.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("state", c.State).
+		rc.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("state", c.State).
 			Str("run_id", c.Labels[LabelRunID]).Str("owner", owner).Msg("removing orphaned container")
-		if err := w.cfg.Runtime.Remove(ctx, c.ID); err != nil {
+		if err := rc.remove(ctx, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// newReconciler wires the reconciler to this worker: its runtime, its
+// active runs, the workers bucket and its state directory.
+func (w *Worker) newReconciler() *reconciler {
+	return &reconciler{
+		install: w.install, self: w.cfg.ID, grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval,
+		list: w.cfg.Runtime.ListManaged, remove: w.cfg.Runtime.Remove,
+		active: w.activeSets,
+		alive: func(ctx context.Context, id string) (bool, error) {
+			_, err := w.live.Get(ctx, id)
+			if isNotFound(err) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+		sweepDirs: w.removeStaleRunDirs, now: time.Now, log: w.log,
+	}
+}
+
+// activeSets returns the container ids and run directories of the runs in
+// flight.
+func (w *Worker) activeSets() (containers, dirs map[string]bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	containers = make(map[string]bool, len(w.active))
+	dirs = make(map[string]bool, len(w.active))
+	for id, a := range w.active {
+		containers[a.container.ID()] = true
+		dirs[w.runDir(id)] = true
+	}
+	return containers, dirs
 }
 
 // removeStaleRunDirs removes staged run directories (and their sockets) that

@@ -203,11 +203,12 @@ func sanitizeToken(s string) string {
 // Worker pulls run requests and runs them. Create it with New, then Start
 // it; Stop ends it.
 type Worker struct {
-	cfg   Config
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   zerolog.Logger
-	runs  jetstream.KeyValue
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log zerolog.Logger
+	// store owns every write of the jetcrew-runs bucket.
+	store *stateStore
 	live  jetstream.KeyValue
 	cons  jetstream.Consumer
 	coord *coordination.Host
@@ -223,12 +224,13 @@ type Worker struct {
 	running bool                  // Start succeeded
 	stopped chan struct{}
 
+	stopOnce    sync.Once
 	fetchCancel context.CancelFunc // stops pulling
 	runsCancel  context.CancelFunc // aborts in-flight runs (hands them back)
-	bgCancel    context.CancelFunc // stops heartbeat and reconciler
-	unsubscribe func()             // ends the control subscriptions
-	slots       sync.WaitGroup
-	bg          sync.WaitGroup
+	bgCancel    context.CancelFunc // stops the other services
+	pulling     sync.WaitGroup     // the pull loop
+	bg          sync.WaitGroup     // the other services
+	stops       sync.WaitGroup     // container stops in flight (stopAsync)
 }
 
 type activeRun struct {
@@ -287,10 +289,11 @@ func (w *Worker) Ready() bool {
 func (w *Worker) ID() string { return w.cfg.ID }
 
 // Start provisions the JetStream resources, removes orphaned containers, and
-// starts pulling: one pull request per run slot, so the worker never holds
-// more requests than it can run. It returns once pulling has started, or an
-// error when NATS, JetStream or the runtime cannot be set up. Start may be
-// called once.
+// starts the worker's services: the pull loop (one pull request per run
+// slot, so the worker never holds more requests than it can run), the
+// cancel listener, the dead-letterer, the reconciler and the heartbeat. It
+// returns once they run, or an error when NATS, JetStream or the runtime
+// cannot be set up. Start may be called once.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
@@ -299,7 +302,49 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.started = true
 	w.mu.Unlock()
+	if err := w.setUp(ctx); err != nil {
+		return err
+	}
+	rc := w.newReconciler()
+	if err := rc.reconcile(ctx); err != nil {
+		return fmt.Errorf("worker: reconcile containers: %w", err)
+	}
+	adv, err := w.js.Consumer(ctx, StreamAdvisories, consumerAdvisories)
+	if err != nil {
+		return fmt.Errorf("worker: consumer %s: %w", consumerAdvisories, err)
+	}
+	unsubscribe, err := w.subscribeControl()
+	if err != nil {
+		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
+	}
 
+	bgCtx, bgCancel := context.WithCancel(context.Background())
+	fetchCtx, fetchCancel := context.WithCancel(context.Background())
+	runsCtx, runsCancel := context.WithCancel(context.Background())
+	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
+	runServices(bgCtx, &w.bg,
+		&cancelListener{unsubscribe: unsubscribe},
+		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
+		rc,
+		&heartbeat{interval: WorkerTTL / 3, beat: w.heartbeat, log: w.log},
+	)
+	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.handle, log: w.log}
+	w.pulling.Add(1)
+	go func() {
+		defer w.pulling.Done()
+		pull.Run(fetchCtx, runsCtx)
+	}()
+	w.mu.Lock()
+	w.running = true
+	w.mu.Unlock()
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.cfg.Profiles.Names()).Msg("worker started")
+	return nil
+}
+
+// setUp provisions the streams, buckets and consumers the worker uses,
+// the coordination host and the state directory, and writes the first
+// heartbeat.
+func (w *Worker) setUp(ctx context.Context) error {
 	if err := w.checkOCIRuntimes(ctx); err != nil {
 		return err
 	}
@@ -325,62 +370,47 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(w.cfg.StateDir, "r"), 0o700); err != nil {
 		return fmt.Errorf("worker: state dir: %w", err)
 	}
-	if w.runs, err = w.js.KeyValue(ctx, messages.BucketRuns); err != nil {
+	runs, err := w.js.KeyValue(ctx, messages.BucketRuns)
+	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
+	w.store = &stateStore{kv: runs, js: w.js, workerID: w.cfg.ID, log: w.log}
 	if w.live, err = w.js.KeyValue(ctx, BucketWorkers); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", BucketWorkers, err)
 	}
 	if err := w.heartbeat(ctx); err != nil {
 		return fmt.Errorf("worker: heartbeat: %w", err)
 	}
-	if err := w.reconcile(ctx); err != nil {
-		return fmt.Errorf("worker: reconcile containers: %w", err)
-	}
-
-	adv, err := w.js.Consumer(ctx, StreamAdvisories, consumerAdvisories)
-	if err != nil {
-		return fmt.Errorf("worker: consumer %s: %w", consumerAdvisories, err)
-	}
-	unsubscribe, err := w.subscribeControl()
-	if err != nil {
-		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
-	}
-	w.unsubscribe = unsubscribe
-
-	bgCtx, bgCancel := context.WithCancel(context.Background())
-	fetchCtx, fetchCancel := context.WithCancel(context.Background())
-	runsCtx, runsCancel := context.WithCancel(context.Background())
-	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
-
-	w.bg.Add(2)
-	go w.background(bgCtx)
-	go w.deadLetterer(bgCtx, adv)
-	for i := 0; i < w.cfg.Concurrency; i++ {
-		w.slots.Add(1)
-		go w.slot(fetchCtx, runsCtx)
-	}
-	w.mu.Lock()
-	w.running = true
-	w.mu.Unlock()
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.cfg.Profiles.Names()).Msg("worker started")
 	return nil
 }
 
 // Stop stops pulling new requests and waits for in-flight runs to finish.
 // When ctx ends first, the remaining runs are stopped and their requests
 // handed back to the stream (Nak) for another worker, and Stop returns
-// ctx.Err() once they are. Stop is safe to call twice, or before Start.
+// ctx.Err() once they are. Then it stops the other services (one context)
+// and waits for them and for every container stop it started. Stop is safe
+// to call twice, concurrently, or before Start: a second call waits for the
+// first (or its own ctx).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
-	if !w.running {
-		w.mu.Unlock()
+	running := w.running
+	w.mu.Unlock()
+	if !running {
 		return nil
 	}
-	w.mu.Unlock()
+	first := false
+	w.stopOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-w.stopped:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	w.fetchCancel()
 	done := make(chan struct{})
-	go func() { w.slots.Wait(); close(done) }()
+	go func() { w.pulling.Wait(); close(done) }()
 	var err error
 	select {
 	case <-done:
@@ -390,9 +420,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		<-done
 	}
 	w.runsCancel()
-	w.unsubscribe()
 	w.bgCancel()
 	w.bg.Wait()
+	w.stops.Wait()
 	// The per-run directories are gone with their runs; remove their
 	// parents when empty (a default state dir is per worker id).
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
@@ -401,80 +431,30 @@ func (w *Worker) Stop(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = w.live.Delete(dctx, w.cfg.ID)
 	cancel()
-	select {
-	case <-w.stopped:
-	default:
-		close(w.stopped)
-		w.log.Info().Msg("worker stopped")
-	}
+	close(w.stopped)
+	w.log.Info().Msg("worker stopped")
 	return err
 }
 
 // Stopped returns a channel closed once Stop has finished.
 func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 
-// slot is one run slot: it pulls one request, runs it, and pulls again,
-// until fetchCtx ends. runsCtx aborts a run in flight.
-func (w *Worker) slot(fetchCtx, runsCtx context.Context) {
-	defer w.slots.Done()
-	for fetchCtx.Err() == nil {
-		pctx, cancel := context.WithTimeout(fetchCtx, w.cfg.FetchWait)
-		batch, err := w.cons.Fetch(1, jetstream.FetchContext(pctx))
-		if err != nil {
-			cancel()
-			if fetchCtx.Err() != nil {
-				return
-			}
-			w.log.Warn().Err(err).Msg("fetch failed; retrying in 1s")
-			sleepCtx(fetchCtx, time.Second)
-			continue
-		}
-		for msg := range batch.Messages() {
-			w.handle(runsCtx, msg)
-		}
-		cancel()
-		if err := batch.Error(); err != nil && fetchCtx.Err() == nil &&
-			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
-			w.log.Warn().Err(err).Msg("fetch ended with an error")
-			sleepCtx(fetchCtx, time.Second)
-		}
-	}
-}
-
-// background refreshes the worker's heartbeat and runs the reconciler until
-// ctx ends.
-func (w *Worker) background(ctx context.Context) {
-	defer w.bg.Done()
-	hb := time.NewTicker(WorkerTTL / 3)
-	defer hb.Stop()
-	rc := time.NewTicker(w.cfg.ReconcileInterval)
-	defer rc.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hb.C:
-			if err := w.heartbeat(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn().Err(err).Msg("heartbeat failed")
-			}
-		case <-rc.C:
-			if err := w.reconcile(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn().Err(err).Msg("reconcile failed")
-			}
-		}
-	}
-}
-
+// heartbeat writes this worker's key in the workers bucket.
 func (w *Worker) heartbeat(ctx context.Context) error {
 	_, err := w.live.Put(ctx, w.cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
 	return err
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+// stopAsync stops container c (SIGTERM, SIGKILL after StopGrace) in a
+// goroutine Stop waits for, logging a failure with what.
+func (w *Worker) stopAsync(c Container, log zerolog.Logger, what string) {
+	w.stops.Add(1)
+	go func() {
+		defer w.stops.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
+		defer cancel()
+		if err := c.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn().Err(err).Msg(what)
+		}
+	}()
 }

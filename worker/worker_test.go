@@ -484,6 +484,11 @@ func TestOrphanReconcile(t *testing.T) {
 		names = append(names, c.Name)
 	}
 	require.ElementsMatch(t, []string{"jetcrew-young-1", "jetcrew-foreign-1"}, names)
+	// The containers the reconciler rightly kept are the test's own: end
+	// them (the leak check would see their goroutines).
+	for _, c := range cs {
+		require.NoError(t, rt.Remove(context.Background(), c.ID))
+	}
 }
 
 func TestStopHandsBackRuns(t *testing.T) {
@@ -520,4 +525,27 @@ func TestFailureReasonDiagnosesJailLimits(t *testing.T) {
 	st := b.waitFinal(t, "oom")
 	require.Equal(t, "oom", st.Reason)
 	require.Equal(t, messages.StateFailed, st.State)
+}
+
+// TestStopTwiceConcurrently: two Stop calls at once neither panic nor
+// return before the worker has stopped.
+func TestStopTwiceConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			err := b.w.Stop(ctx)
+			select {
+			case <-b.w.Stopped():
+			default:
+				t.Error("Stop returned before the worker stopped")
+			}
+			errs <- err
+		}()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
 }

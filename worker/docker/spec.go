@@ -80,46 +80,18 @@ func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.H
 		bad("cpu limit %d must not be negative", spec.NanoCPUs)
 	}
 
-	targets := make(map[string]bool)
-	target := func(kind, p string) {
-		switch {
-		case !path.IsAbs(p):
-			bad("%s target %q is not absolute", kind, p)
-		case path.Clean(p) == "/":
-			bad("%s target %q would hide the root file system", kind, p)
-		case targets[path.Clean(p)]:
-			bad("%s target %q is mounted twice", kind, p)
-		}
-		targets[path.Clean(p)] = true
-	}
-	for _, p := range slices.Sorted(maps.Keys(spec.Tmpfs)) {
-		target("tmpfs", p)
-		if err := checkTmpfsOptions(spec.Tmpfs[p]); err != nil {
-			bad("tmpfs %s: %v", p, err)
-		}
-	}
-	mounts := make([]mount.Mount, 0, len(spec.Mounts))
-	for _, m := range spec.Mounts {
-		if !path.IsAbs(m.Source) {
-			bad("bind source %q is not absolute", m.Source)
-		}
-		target("bind", m.Target)
-		mounts = append(mounts, mount.Mount{
-			Type:     mount.TypeBind,
-			Source:   m.Source,
-			Target:   m.Target,
-			ReadOnly: m.ReadOnly,
-			// A missing source is an error, never an empty directory
-			// created for us. (CreateMountpoint is API 1.44+; older
-			// engines refuse typed binds with a missing source anyway.)
-			BindOptions: &mount.BindOptions{CreateMountpoint: false},
-		})
-	}
-
+	mounts := checkMounts(spec, bad)
 	if len(problems) > 0 {
 		return nil, nil, nil, fmt.Errorf("invalid container spec %q: %s: %w", spec.Name, strings.Join(problems, "; "), worker.ErrPermanent)
 	}
 
+	cfg, host := engineConfig(spec, netMode, mounts)
+	return cfg, host, &network.NetworkingConfig{}, nil
+}
+
+// engineConfig builds the engine's container and host configuration of a
+// checked spec, with the hardening containerConfig describes.
+func engineConfig(spec worker.ContainerSpec, netMode string, mounts []mount.Mount) (*container.Config, *container.HostConfig) {
 	labels := make(map[string]string, len(spec.Labels)+1)
 	maps.Copy(labels, spec.Labels)
 	labels[worker.LabelManaged] = "true"
@@ -161,7 +133,50 @@ func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.H
 		// LogConfig is left to the daemon's default (json-file): output is
 		// read through attach, not from the logs.
 	}
-	return cfg, host, &network.NetworkingConfig{}, nil
+	return cfg, host
+}
+
+// checkMounts checks the spec's tmpfs and bind mounts (absolute targets,
+// none at / nor twice, valid tmpfs options, absolute bind sources), calling
+// bad for each problem, and returns the bind mounts for the engine.
+func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)) []mount.Mount {
+	targets := make(map[string]bool)
+	target := func(kind, p string) {
+		switch {
+		case !path.IsAbs(p):
+			bad("%s target %q is not absolute", kind, p)
+		case path.Clean(p) == "/":
+			bad("%s target %q would hide the root file system", kind, p)
+		case targets[path.Clean(p)]:
+			bad("%s target %q is mounted twice", kind, p)
+		}
+		targets[path.Clean(p)] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(spec.Tmpfs)) {
+		target("tmpfs", p)
+		if err := checkTmpfsOptions(spec.Tmpfs[p]); err != nil {
+			bad("tmpfs %s: %v", p, err)
+		}
+	}
+	mounts := make([]mount.Mount, 0, len(spec.Mounts))
+	for _, m := range spec.Mounts {
+		if !path.IsAbs(m.Source) {
+			bad("bind source %q is not absolute", m.Source)
+		}
+		target("bind", m.Target)
+		mounts = append(mounts, mount.Mount{
+			Type:     mount.TypeBind,
+			Source:   m.Source,
+			Target:   m.Target,
+			ReadOnly: m.ReadOnly,
+			// A missing source is an error, never an empty directory
+			// created for us. (CreateMountpoint is API 1.44+; older
+			// engines refuse typed binds with a missing source anyway.)
+			BindOptions: &mount.BindOptions{CreateMountpoint: false},
+		})
+	}
+
+	return mounts
 }
 
 // checkUser accepts only "uid:gid" with both numeric and neither 0. A missing

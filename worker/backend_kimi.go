@@ -1,0 +1,38 @@
+package worker
+
+import (
+	"github.com/jetcrew/jetcrew/coordination"
+)
+
+// BackendKimi runs Kimi CLI: kimi --print --output-format stream-json
+// --mcp-config-file <file>.
+const BackendKimi = "kimi"
+
+func init() { registerBackend(BackendKimi, kimiBackend{}) }
+
+// kimiBackend is Kimi CLI.
+type kimiBackend struct{}
+
+func (kimiBackend) plan(_ Profile, _ string, coord bool, exe func(string) []string, plan *AgentPlan) (bool, error) {
+	plan.Argv = append(exe("kimi"), "--print", "--output-format", "stream-json")
+	if coord {
+		plan.Argv = append(plan.Argv, "--mcp-config-file", coordination.ContainerMCPConfigPath)
+	}
+	return false, nil
+}
+
+func (kimiBackend) parse(kind string, v map[string]any, ps *agentParser) (string, string) {
+	text := ""
+	if jstr(v, "role") == "assistant" {
+		if s := jstr(v, "content"); s != "" {
+			text = s
+			ps.final = s
+		}
+	}
+	if kind == "" {
+		kind = jstr(v, "role")
+	}
+	return kind, text
+}
+
+func (kimiBackend) structured() bool { return true }

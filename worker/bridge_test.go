@@ -1,0 +1,81 @@
+package worker_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// commandProfiles are command profiles with coordination on: one that must
+// reach its bridge (the default), one that opts out, one that is handed the
+// MCP config's path as an argument.
+func commandProfiles(t *testing.T) worker.Profiles {
+	t.Helper()
+	ps, err := worker.ParseProfiles("cmd.toml", []byte(`
+[profiles.must]
+image = "i"
+command = ["/bin/sh", "-c", "{prompt}"]
+bridge_deadline = "300ms"
+[profiles.may]
+image = "i"
+command = ["/bin/sh", "-c", "{prompt}"]
+bridge_deadline = "300ms"
+require_bridge = false
+[profiles.mcp]
+image = "i"
+command = ["agent", "--mcp-config", "{mcp_config}", "{prompt}"]
+`))
+	require.NoError(t, err)
+	return ps
+}
+
+// A command profile's process that never reaches its bridge is stopped at
+// the bridge deadline, like an agent CLI's; with require_bridge = false it
+// runs on, and its state and finished event say coordination was unused.
+func TestCommandBackendBridgeDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) { c.Profiles = commandProfiles(t) })
+
+	b.submit(t, messages.RunRequest{ID: "must1", Profile: "must", Prompt: "sleep 1m"})
+	st := b.waitFinal(t, "must1")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, "did not start the jetcrew MCP server within 300ms")
+	require.Equal(t, "300ms", st.Receipt.BridgeDeadline)
+
+	b.submit(t, messages.RunRequest{ID: "may1", Profile: "may", Prompt: "sleep 600ms; out done"})
+	st = b.waitFinal(t, "may1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.BridgeConnected)
+	require.Equal(t, "unused", st.Coordination)
+	require.Empty(t, st.Receipt.BridgeDeadline)
+	var fin messages.Event
+	// The finished event follows the recorded state.
+	require.Eventually(t, func() bool {
+		for _, m := range b.events(t, "may1") {
+			if m.Subject() == messages.SubjectEvents("may1", messages.EventFinished) {
+				require.NoError(t, json.Unmarshal(m.Data(), &fin))
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 20*time.Millisecond)
+	require.Equal(t, messages.StateSucceeded, fin.State)
+	require.Equal(t, "unused", fin.Coordination, "the finished event says coordination was not used")
+}
+
+// {mcp_config} in a command profile's argv is the MCP config's path in the
+// container.
+func TestCommandBackendMCPConfigPlaceholder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) { c.Profiles = commandProfiles(t) })
+	b.submit(t, messages.RunRequest{ID: "mcp1", Profile: "mcp", Prompt: "hi"})
+	b.waitFinal(t, "mcp1")
+	starts := b.rt.Starts()
+	require.Len(t, starts, 1)
+	require.Equal(t, []string{"agent", "--mcp-config", "/run/jetcrew/mcp.json", "hi"}, starts[0].Cmd)
+}

@@ -1,0 +1,311 @@
+package worker
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+)
+
+// DeriveRunID returns the run id of a request that carries none, derived from
+// the stream message itself: a ULID whose time is the message's stream
+// timestamp and whose entropy is its stream sequence. Every redelivery of the
+// message, to any worker, yields the same id.
+func DeriveRunID(meta *jetstream.MsgMetadata) string {
+	var entropy [10]byte
+	binary.BigEndian.PutUint64(entropy[2:], meta.Sequence.Stream)
+	id, err := ulid.New(ulid.Timestamp(meta.Timestamp), bytesReader(entropy[:]))
+	if err != nil {
+		// Only a timestamp beyond the year 10889 fails.
+		return "seq-" + strconv.FormatUint(meta.Sequence.Stream, 10)
+	}
+	return id.String()
+}
+
+type bytesReader []byte
+
+func (b bytesReader) Read(p []byte) (int, error) { return copy(p, b), nil }
+
+// handle runs one delivered request to an outcome: ack (final state
+// recorded), term (dead letter recorded) or nak (handed back for a retry).
+// It never panics the worker on bad input. The steps: read the request
+// (newRun), compare with the recorded state (resume), claim the run, check
+// the request (admit), then execute it.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		w.log.Error().Err(err).Str("subject", msg.Subject()).Msg("message without JetStream metadata; terminating it")
+		_ = msg.Term()
+		return
+	}
+	w.failpoint(FailpointAfterFetch)
+	w.metrics.inFlight.Inc()
+	defer w.metrics.inFlight.Dec()
+	if meta.NumDelivered > 1 {
+		w.metrics.redelivered.Inc()
+	}
+	r, pool, decErr := w.newRun(msg, meta)
+	// Keep the delivery alive for as long as we hold it, from before the
+	// first state read until the outcome is recorded, so a slow key-value
+	// write (a leader election, say) never lets AckWait hand the request to
+	// a second worker while this one still acts on it.
+	stopProgress := r.keepInProgress()
+	defer stopProgress()
+
+	// Idempotency by run id and stream sequence; see decide.
+	prev, rev, err := w.store.load(ctx, r.req.ID)
+	if err != nil && !isNotFound(err) {
+		r.retry(ctx, fmt.Errorf("read run state: %w", err))
+		return
+	}
+	if err == nil {
+		r.from = prev.State
+		if r.resume(ctx, prev, rev) {
+			return
+		}
+	}
+	r.rev = rev
+	if !r.claim(ctx) {
+		return
+	}
+	if prof, ok := r.admit(ctx, pool, decErr); ok {
+		r.execute(ctx, prof)
+	}
+}
+
+// newRun reads a delivered request into a run in state queued. A request
+// that cannot be decoded still gets a run (under its salvaged or derived
+// id), and its decoding error is returned so the run fails once claimed.
+func (w *Worker) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, string, error) {
+	r := &run{w: w, msg: msg, meta: meta}
+	pool, _ := messages.PoolFromSubject(msg.Subject())
+	// A request that names no pool belongs to the pool it was published to.
+	req, decErr := messages.DecodeRunRequestInPool(msg.Data(), pool)
+	if decErr != nil {
+		req = messages.RunRequest{ID: salvageID(msg.Data())}
+	}
+	if req.ID == "" {
+		req.ID = DeriveRunID(meta)
+	}
+	r.req = req
+	r.state = messages.RunState{
+		Version:   messages.StateVersion,
+		ID:        req.ID,
+		State:     messages.StateQueued,
+		Profile:   req.Profile,
+		Pool:      pool,
+		Group:     req.GroupOrID(),
+		Worker:    w.cfg.ID,
+		Attempts:  int(meta.NumDelivered),
+		StreamSeq: meta.Sequence.Stream,
+		Labels:    req.Labels,
+		QueuedAt:  meta.Timestamp.UTC(),
+	}
+	r.log = w.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
+	return r, pool, decErr
+}
+
+// resume acts on a request whose run id already has a recorded state prev
+// (at revision rev), as decide says. It returns true when the delivery is
+// done (acked, dead-lettered again, refused, or skipped as cancelled);
+// false when the run is to be claimed and run, with its queue time and
+// replay count carried over.
+func (r *run) resume(ctx context.Context, prev messages.RunState, rev uint64) bool {
+	meta := r.meta
+	v := r.decide(prev)
+	if (v == verdictAck || v == verdictRedeadLetter) && meta.NumDelivered > 1 {
+		// The delivery that recorded the outcome died before removing
+		// the request; remove its container too.
+		if err := r.w.removeRunContainers(ctx, r.req.ID); err != nil {
+			r.log.Warn().Err(err).Msg("remove the finished run's containers; the reconciler will retry")
+		}
+	}
+	switch v {
+	case verdictAck:
+		r.log.Info().Str("state", string(prev.State)).Msg("run already final; acking without running")
+		if prev.StreamSeq == meta.Sequence.Stream {
+			// The delivery that recorded the outcome may have died
+			// before its finished event: publish it (deduplicated).
+			r.state = prev
+			r.publishFinished(ctx)
+		}
+		r.ack()
+		return true
+	case verdictRedeadLetter:
+		// Redelivered after its final state was recorded but before the
+		// dead letter was acknowledged: publish it again (deduplicated by
+		// its message id) and remove the request.
+		r.state = prev
+		r.finishRemoval(ctx)
+		return true
+	case verdictDuplicate:
+		r.refuseDuplicate(ctx, prev)
+		return true
+	case verdictReplay:
+		r.state.Replays = prev.Replays + 1
+		if prev.CancelPending {
+			// Cancelled while this replay was queued: skip it.
+			r.rev = rev
+			r.state.QueuedAt = meta.Timestamp.UTC()
+			r.finish(ctx, messages.StateCancelled, "cancelled while queued (a replay)")
+			return true
+		}
+	default:
+		// A redelivery (or the submitter's record): the same request,
+		// so a replay stays counted.
+		r.state.Replays = prev.Replays
+	}
+	r.state.QueuedAt = prev.QueuedAt
+	if r.state.QueuedAt.IsZero() {
+		r.state.QueuedAt = meta.Timestamp.UTC()
+	}
+	return false
+}
+
+// claim records the run queued under this delivery: this write, checked
+// against the revision just read, is the lease. Every later write checks
+// the revision this one returns, so a worker that lost the run (another
+// delivery claimed it, or a cancel finalised it) can no longer record
+// anything. It returns false when the run is not this delivery's to run
+// (handed back to decide again, or to retry).
+func (r *run) claim(ctx context.Context) bool {
+	if err := r.putState(ctx); err != nil {
+		if errors.Is(err, errFenced) {
+			r.log.Info().Msg("state changed while claiming the run; handing the request back to decide again")
+			_ = r.msg.NakWithDelay(100 * time.Millisecond)
+			return false
+		}
+		r.retry(ctx, fmt.Errorf("claim run: %w", err))
+		return false
+	}
+	return true
+}
+
+// admit checks a claimed request (it decoded, it names the pool it was
+// published to and a profile this worker has) and returns its profile; it
+// fails the run and returns false otherwise.
+func (r *run) admit(ctx context.Context, pool string, decErr error) (Profile, bool) {
+	if decErr != nil {
+		r.fail(ctx, decErr.Error(), nil)
+		return Profile{}, false
+	}
+	if r.req.Pool != pool {
+		r.fail(ctx, fmt.Sprintf("request names pool %q but was published to %s", r.req.Pool, r.msg.Subject()), nil)
+		return Profile{}, false
+	}
+	prof, ok := r.w.cfg.Profiles[r.req.Profile]
+	if !ok {
+		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", r.req.Profile, r.w.cfg.Profiles.Names()), nil)
+		return Profile{}, false
+	}
+	return prof, true
+}
+
+// verdict is what handle does with a request whose run id has a state.
+type verdict int
+
+const (
+	verdictRun          verdict = iota // claim and run it
+	verdictAck                         // already final for this message: ack
+	verdictRedeadLetter                // final, unsuccessful, dead letter maybe missing
+	verdictDuplicate                   // another message of the same run id: refuse
+	verdictReplay                      // a finished, unsuccessful run submitted again: run anew
+)
+
+// decide compares this message with the run's recorded state:
+//   - the state belongs to this very message (same stream sequence): a
+//     redelivery. Final: ack (re-publishing the dead letter first when the
+//     run did not succeed). Not final: run it.
+//   - the state was written before any worker saw a message (sequence 0,
+//     by the dispatcher or a cancel): run it, or ack when already final
+//     (cancelled while queued).
+//   - the state belongs to another message: a duplicate submit. Refused when
+//     that run succeeded or is still queued or running; run anew (a replay)
+//     when it failed, timed out or was cancelled.
+func (r *run) decide(prev messages.RunState) verdict {
+	seq := r.meta.Sequence.Stream
+	switch {
+	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut || prev.State == messages.StateStalled):
+		return verdictRedeadLetter
+	case prev.StreamSeq == seq && prev.State.Final():
+		return verdictAck
+	case prev.StreamSeq == seq:
+		return verdictRun
+	case prev.StreamSeq == 0 && prev.State.Final():
+		return verdictAck
+	case prev.StreamSeq == 0:
+		return verdictRun
+	case prev.State == messages.StateSucceeded || !prev.State.Final():
+		return verdictDuplicate
+	default:
+		return verdictReplay
+	}
+}
+
+// refuseDuplicate acks a second request for a run id without running it,
+// and says so on the run's events and in the log.
+func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
+	reason := fmt.Sprintf("duplicate request refused: run %s is already %s (request stream sequence %d, this one %d)",
+		r.req.ID, prev.State, prev.StreamSeq, r.meta.Sequence.Stream)
+	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
+	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
+	r.ack()
+}
+
+// salvageID returns the id field of an invalid request when it is a valid
+// token, so the failure is recorded under the id the client chose.
+func salvageID(data []byte) string {
+	var v struct {
+		ID string `json:"id"`
+	}
+	if len(data) > messages.MaxRequestBytes || json.Unmarshal(data, &v) != nil {
+		return ""
+	}
+	if messages.ValidateToken("id", v.ID) != nil {
+		return ""
+	}
+	return v.ID
+}
+
+// keepInProgress sends InProgress every InProgressInterval until the
+// returned function is called, so a run longer than AckWait is not
+// redelivered.
+func (r *run) keepInProgress() func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.w.cfg.InProgressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+					r.log.Warn().Err(err).Msg("in-progress")
+				}
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+
+func (w *Worker) track(r *run, c Container) {
+	w.mu.Lock()
+	w.active[r.req.ID] = &activeRun{run: r, container: c}
+	w.mu.Unlock()
+}
+
+func (w *Worker) untrack(runID string) {
+	w.mu.Lock()
+	delete(w.active, runID)
+	w.mu.Unlock()
+}

@@ -1,0 +1,15 @@
+package worker_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests when a goroutine outlives them: every
+// service, run, watchdog and container stop the worker starts must end by
+// the time Stop returns (and each test's server and connection are closed
+// by its cleanup).
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

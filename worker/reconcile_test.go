@@ -1,0 +1,69 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+)
+
+// TestReconcilerFixtures drives the reconciler over a fixture container
+// list: which containers it removes, and which it leaves to their owners.
+func TestReconcilerFixtures(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	old, young := now.Add(-time.Hour), now.Add(-time.Second)
+	c := func(id, install, owner string, created time.Time) ManagedContainer {
+		return ManagedContainer{ID: id, Name: "n-" + id, Created: created,
+			Labels: map[string]string{LabelInstall: install, LabelWorker: owner, LabelRunID: "run-" + id}}
+	}
+	labelled := c("labelled-young", "i1", "dead", old)
+	labelled.Labels[LabelCreated] = young.Format(time.RFC3339Nano)
+	fixture := []ManagedContainer{
+		c("active", "i1", "self", old),        // a run in flight: kept
+		c("other-install", "i2", "dead", old), // another installation: kept
+		c("young", "i1", "dead", young),       // inside the grace: kept
+		labelled,                              // the created label wins over Created: kept
+		c("live-owner", "i1", "peer", old),    // its worker is alive: kept
+		c("dead-owner", "i1", "dead", old),    // its worker is gone: removed
+		c("self-leftover", "i1", "self", old), // this worker's, not in flight: removed
+		c("dead-owner-2", "i1", "dead", old),  // the liveness of "dead" is looked up once
+	}
+	var removed []string
+	lookups := map[string]int{}
+	var swept map[string]bool
+	rc := &reconciler{
+		install: "i1", self: "self", grace: time.Minute, interval: time.Hour,
+		list: func(context.Context) ([]ManagedContainer, error) { return fixture, nil },
+		remove: func(_ context.Context, id string) error {
+			removed = append(removed, id)
+			if id == "dead-owner-2" {
+				return errors.New("engine says no")
+			}
+			return nil
+		},
+		active: func() (map[string]bool, map[string]bool) {
+			return map[string]bool{"active": true}, map[string]bool{"/d/active": true}
+		},
+		alive: func(_ context.Context, id string) (bool, error) {
+			lookups[id]++
+			return id == "peer", nil
+		},
+		sweepDirs: func(active map[string]bool) { swept = active },
+		now:       func() time.Time { return now },
+		log:       zerolog.Nop(),
+	}
+	err := rc.reconcile(context.Background())
+	require.ErrorContains(t, err, "remove n-dead-owner-2: engine says no", "a failed removal is reported, the others still done")
+	require.Equal(t, []string{"dead-owner", "self-leftover", "dead-owner-2"}, removed)
+	require.Equal(t, map[string]int{"dead": 1, "peer": 1}, lookups)
+	require.Equal(t, map[string]bool{"/d/active": true}, swept, "the run directories of runs in flight are kept")
+
+	rc.alive = func(context.Context, string) (bool, error) { return false, errors.New("kv down") }
+	removed = nil
+	require.ErrorContains(t, rc.reconcile(context.Background()), "look up worker peer: kv down")
+	require.Empty(t, removed, "nothing is removed when liveness is unknown")
+}

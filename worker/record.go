@@ -1,0 +1,239 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// finish records a final state and the finished event, then removes the
+// request from the stream: ack for success, a dead letter then term for the
+// rest. The dead letter is published, and its publish acknowledged, before
+// the term, so a crash in between leaves the request to be redelivered and
+// the dead letter deduplicated by its Nats-Msg-Id.
+func (r *run) finish(ctx context.Context, final messages.State, reason string) {
+	// Recording the outcome must survive a worker shutdown that cancels ctx.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*opMaxElapsed)
+	defer cancel()
+	if err := r.toFinal(ctx, final, reason); err != nil {
+		if errors.Is(err, errFenced) {
+			r.lost(ctx, nil)
+			return
+		}
+		r.retry(ctx, fmt.Errorf("record final state: %w", err))
+		return
+	}
+	r.w.metrics.finished.WithLabelValues(string(final)).Inc()
+	if !r.state.StartedAt.IsZero() {
+		r.w.metrics.duration.Observe(r.state.FinishedAt.Sub(r.state.StartedAt).Seconds())
+	}
+	lg := r.log.Info()
+	if final != messages.StateSucceeded {
+		lg = r.log.Warn()
+	}
+	lg.Str("state", string(final)).Str("reason", reason).Msg("run finished")
+	r.w.failpoint(FailpointAfterResult)
+	// The dead letter is stored before the finished event, so whoever sees
+	// the run finished can already replay it.
+	deadLetter := final != messages.StateSucceeded && final != messages.StateCancelled
+	if deadLetter {
+		if err := r.deadLetter(ctx); err != nil {
+			r.log.Error().Err(err).Msg("publish dead letter; leaving the request for redelivery")
+			r.release(true)
+			_ = r.msg.NakWithDelay(5 * time.Second)
+			return
+		}
+		r.w.failpoint(FailpointAfterDeadLetter)
+	}
+	// The run's container, session and directory go before its finished
+	// event and its request do, so a replay sent on seeing the event never
+	// meets them.
+	r.release(true)
+	r.publishFinished(ctx)
+	if !deadLetter {
+		r.ack()
+		return
+	}
+	if err := r.msg.Term(); err != nil {
+		r.log.Warn().Err(err).Msg("term")
+	}
+}
+
+// publishFinished publishes the run's finished event from its recorded final
+// state.
+func (r *run) publishFinished(ctx context.Context) {
+	r.event(ctx, finishedEvent(r.state))
+}
+
+// finishRemoval removes the request of a run whose final state is recorded:
+// ack for success; for the rest, the dead letter is published (and its
+// publish acknowledged) before the term.
+func (r *run) finishRemoval(ctx context.Context) {
+	if r.state.State == messages.StateSucceeded || r.state.State == messages.StateCancelled {
+		r.ack()
+		return
+	}
+	if err := r.deadLetter(ctx); err != nil {
+		r.log.Error().Err(err).Msg("publish dead letter; leaving the request for redelivery")
+		_ = r.msg.NakWithDelay(5 * time.Second)
+		return
+	}
+	r.publishFinished(ctx)
+	r.w.failpoint(FailpointAfterDeadLetter)
+	if err := r.msg.Term(); err != nil {
+		r.log.Warn().Err(err).Msg("term")
+	}
+}
+
+// fail ends the run failed before or without a container, for a reason
+// retrying cannot fix.
+func (r *run) fail(ctx context.Context, reason string, exitCode *int) {
+	r.state.ExitCode = exitCode
+	r.finish(ctx, messages.StateFailed, reason)
+}
+
+// retry hands the request back with an exponential, jittered delay for an
+// infrastructure failure, or fails the run when this was the last delivery.
+func (r *run) retry(ctx context.Context, cause error) {
+	attempt := int(r.meta.NumDelivered)
+	if attempt >= r.w.cfg.Provision.MaxDeliver {
+		r.fail(ctx, fmt.Sprintf("gave up after %d attempts: %v", attempt, cause), nil)
+		return
+	}
+	delay := retryDelay(attempt)
+	r.log.Warn().Err(cause).Dur("delay", delay).Msg("infrastructure failure; retrying")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	// The run's container, session (detached: the run goes on) and
+	// directory go before the request is handed back.
+	r.release(false)
+	if err := r.toQueued(sctx, "retrying: "+cause.Error()); err != nil {
+		if errors.Is(err, errFenced) {
+			r.lost(sctx, nil)
+			return
+		}
+		r.log.Warn().Err(err).Msg("record retry state")
+	}
+	// NakWithDelay, not Nak: the consumer's BackOff applies only to ack
+	// timeouts, never to a plain Nak.
+	if err := r.msg.NakWithDelay(delay); err != nil {
+		r.log.Warn().Err(err).Msg("nak")
+	}
+}
+
+// retryDelay returns the delay before delivery attempt+1: exponential from
+// 1s, doubling, with ±50% jitter, capped at 1 minute.
+func retryDelay(attempt int) time.Duration {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = time.Second
+	b.MaxInterval = time.Minute
+	b.Multiplier = 2
+	b.RandomizationFactor = 0.5
+	b.MaxElapsedTime = 0
+	d := b.NextBackOff()
+	for i := 1; i < attempt; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+func (r *run) ack() {
+	ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
+	defer cancel()
+	// DoubleAck waits for the server to confirm, so a lost ack shows up here
+	// instead of as a surprise redelivery.
+	if err := retryOp(ctx, r.msg.DoubleAck); err != nil {
+		r.log.Warn().Err(err).Msg("ack")
+	}
+}
+
+// event publishes a JSON event for the run and waits for its ack.
+func (r *run) event(ctx context.Context, ev messages.Event) {
+	ev.RunID = r.req.ID
+	ev.Time = time.Now().UTC()
+	ev.Attempt = int(r.meta.NumDelivered)
+	ev.Worker = r.w.cfg.ID
+	if err := r.w.store.publish(ctx, eventMsg(ev, r.meta.Sequence.Stream)); err != nil {
+		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
+	}
+}
+
+// deadLetter copies the original request, byte for byte, to
+// jetcrew.failed.<pool>.<run_id> with headers saying why, and waits for the
+// server's ack.
+func (r *run) deadLetter(ctx context.Context) error {
+	m := deadLetterMsg(r.msg.Data(), r.state, r.meta.Sequence.Stream, r.w.cfg.ID)
+	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
+}
+
+// deadLetterMsg builds the dead letter of the request data (its body, byte
+// for byte) at stream sequence seq, whose run ended as st: subject
+// jetcrew.failed.<pool>.<run_id>, headers saying why, and a Nats-Msg-Id that
+// makes it one dead letter per request message, however often a crash makes
+// it published.
+func deadLetterMsg(data []byte, st messages.RunState, seq uint64, workerID string) *nats.Msg {
+	pool := st.Pool
+	if pool == "" {
+		pool = messages.DefaultPool
+	}
+	m := nats.NewMsg(messages.SubjectFailed(pool, st.ID))
+	m.Data = data
+	m.Header.Set(messages.HeaderRunID, st.ID)
+	m.Header.Set(messages.HeaderError, oneLine(st.Reason))
+	m.Header.Set(messages.HeaderState, string(st.State))
+	m.Header.Set(messages.HeaderAttempts, strconv.Itoa(st.Attempts))
+	m.Header.Set(messages.HeaderWorker, workerID)
+	if st.ExitCode != nil {
+		m.Header.Set(messages.HeaderExitCode, strconv.Itoa(*st.ExitCode))
+	}
+	if st.Receipt != nil {
+		if b, err := json.Marshal(st.Receipt); err == nil {
+			m.Header.Set(messages.HeaderReceipt, string(b))
+		}
+	}
+	m.Header.Set(jetstream.MsgIDHeader, deadLetterMsgID(st.ID, seq))
+	return m
+}
+
+func oneLine(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c == '\r' || c == '\n' {
+			b[i] = ' '
+		}
+	}
+	if len(b) > 1024 {
+		b = b[:1024]
+	}
+	return string(b)
+}
+
+// agentEvent publishes a step of the agent CLI's output on
+// jetcrew.events.<run_id>.agent (a core publish, captured by the events
+// stream; the raw bytes are in the output events).
+func (r *run) agentEvent(ev messages.AgentEvent) {
+	ev.RunID = r.req.ID
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(messages.SubjectEvents(r.req.ID, messages.EventAgent))
+	m.Data = b
+	m.Header.Set(messages.HeaderRunID, r.req.ID)
+	_ = r.w.nc.PublishMsg(m)
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
