@@ -146,7 +146,9 @@ deploy-images: build
 # writes bench/results.json and the results table of BENCHMARKS.md; CPU
 # profiles of the hot paths go to bench/*.prof. The benchmarks are tests
 # behind the build tag "bench" (bench/), so `make test` never runs them. They
-# need Docker and take about 3 minutes on 2 cores.
+# need Docker and take about 5 minutes on 2 cores; the OCI runtime comparison
+# (bench/runtimes_test.go) needs runsc registered (scripts/install-runtimes.sh)
+# and says so when it is not.
 # ---------------------------------------------------------------------------
 
 BENCH_TIMEOUT ?= 15m

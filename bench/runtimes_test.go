@@ -32,7 +32,8 @@ const (
 
 // benchRuntimes are the OCI runtimes compared, runc first (the baseline).
 // A runtime the engine lacks, or that cannot start a container on this
-// host, is reported and left out; runc and runsc must work.
+// host, is reported and left out; without a usable runsc the comparison is
+// skipped, saying so.
 var benchRuntimes = []string{"runc", "runsc", "crun"}
 
 // TestDispatchToStartRuntimes measures, under each OCI runtime in the same
@@ -112,8 +113,8 @@ func TestDispatchToStartRuntimes(t *testing.T) {
 }
 
 // usableRuntimes returns the benchRuntimes the engine has and that start a
-// container here, logging why the others are left out. runc and runsc must
-// be usable.
+// container here, logging why the others are left out. It fails the test
+// when runc is not usable and skips it when runsc is not.
 func usableRuntimes(t *testing.T, cli *client.Client) []string {
 	t.Helper()
 	info, err := cli.Info(context.Background())
@@ -130,7 +131,10 @@ func usableRuntimes(t *testing.T, cli *client.Client) []string {
 		}
 		usable = append(usable, r)
 	}
-	require.True(t, slices.Contains(usable, "runc") && slices.Contains(usable, "runsc"), "runc and runsc must be usable (have %v)", usable)
+	require.Contains(t, usable, "runc")
+	if !slices.Contains(usable, "runsc") {
+		t.Skip("runsc is not usable on this engine: the OCI runtime comparison was NOT measured (scripts/install-runtimes.sh, as root, installs it)")
+	}
 	return usable
 }
 
