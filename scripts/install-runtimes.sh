@@ -10,9 +10,11 @@
 #   runsc      /usr/bin/runsc --network=none --host-uds=open
 #              gVisor for runs with network "none" (the default); the bridge
 #              reaches the worker through the host unix socket (--host-uds=open)
-#   runsc-net  /usr/bin/runsc --host-uds=open
-#              gVisor with its own network stack (netstack), for profiles
-#              whose network is "bridge" or a named network
+#   runsc-net  /usr/bin/runsc --network=host --host-uds=open
+#              gVisor for profiles whose network is "bridge" or a named
+#              network: the Sentry uses the container's network namespace
+#              through the host kernel's stack (Debian's runsc cannot use its
+#              own network stack on 6.x kernels; docs/jail.md)
 #   crun       /usr/bin/crun
 #
 # What it changes: it ADDS (or updates) these three entries under "runtimes"
@@ -40,8 +42,9 @@ say() { echo "install-runtimes: $*"; }
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "the Docker engine is not reachable"
 
-# 1. Packages.
+# 1. Packages (python3 edits daemon.json below; jq may not be there).
 missing=()
+command -v python3 >/dev/null || missing+=(python3-minimal)
 for pkg in runsc crun; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
@@ -54,8 +57,7 @@ fi
 [ -x /usr/bin/runsc ] || die "/usr/bin/runsc missing after install"
 [ -x /usr/bin/crun ] || die "/usr/bin/crun missing after install"
 
-# 2. daemon.json: add the runtimes, keep everything else. python3 is on
-# every Debian machine with apt; jq may not be.
+# 2. daemon.json: add the runtimes, keep everything else.
 command -v python3 >/dev/null || die "python3 is needed to edit $DAEMON_JSON"
 changed=$(DAEMON_JSON="$DAEMON_JSON" python3 - <<'EOF'
 import json, os, sys
@@ -98,7 +100,7 @@ listed() {
 # 3. Reload (SIGHUP, never a restart) when the file changed or the engine
 # does not list the runtimes yet, then poll until it does.
 if [ "$changed" = yes ] || ! listed; then
-	pid=$(pidof dockerd) || die "dockerd is not running on this machine; register the runtimes in $DAEMON_JSON and reload it by hand"
+	pid=$(pidof dockerd || pgrep -x dockerd) || die "dockerd is not running on this machine; register the runtimes in $DAEMON_JSON and reload it by hand"
 	say "registered ${WANT[*]} in $DAEMON_JSON; reloading dockerd (SIGHUP to $pid)"
 	kill -HUP $pid || die "could not signal dockerd"
 	deadline=$((SECONDS + RUNTIMES_TIMEOUT))
