@@ -74,7 +74,7 @@ gvisor-status:
 	@if docker info --format '{{range $$k, $$v := .Runtimes}}{{$$k}} {{end}}' 2>/dev/null | tr ' ' '\n' | grep -qx runsc; then \
 		echo "gVisor suite: the engine has runsc, so the gVisor tests (tests/gvisor_test.go) run"; \
 	else \
-		echo "*** gVisor suite DID NOT RUN: the Docker engine has no runsc runtime; only the runc suite ran. Run scripts/install-runtimes.sh as root (docs/jail.md) ***"; \
+		echo "*** gVisor suite DID NOT RUN: the Docker engine has no runsc runtime; only the runc suite runs. Run scripts/install-runtimes.sh as root (docs/jail.md) ***"; \
 	fi
 
 .PHONY: test-race
