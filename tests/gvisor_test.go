@@ -21,6 +21,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -88,6 +89,7 @@ func TestGVisorJail(t *testing.T) {
 		// processes inside (docs/jail.md): 50 orphans need room.
 		gvisorProfile("gmany", "pids = 4096")+
 		gvisorProfile("gbridge", `network = "bridge"`)+
+		gvisorProfile("gsmall", "tmp_mib = 1\nhome_mib = 2")+
 		jailProfile("gnet", fmt.Sprintf("runtime = %q\nnetwork = \"bridge\"", gvisorNetRuntime)), func(c *worker.Config) {
 		c.Concurrency = 8
 		c.StopGrace = 5 * time.Second
@@ -119,6 +121,18 @@ if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tc
 	t.Run("network", func(t *testing.T) {
 		t.Parallel()
 		gvisorNetwork(t, b)
+	})
+	t.Run("tmpfs sizes", func(t *testing.T) {
+		t.Parallel()
+		st, out := b.runScript(t, "gv-tmpfull", "gsmall", `
+cat /dev/zero >"$HOME/fill" 2>/dev/null; echo "home_rc=$? home_size=$(wc -c <"$HOME/fill")"
+cat /dev/zero >/tmp/fill 2>/dev/null; echo "tmp_rc=$? tmp_size=$(wc -c </tmp/fill)"`)
+		require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+		v := values(out.stdout)
+		require.Equal(t, "1", v["home_rc"])
+		require.Equal(t, "1", v["tmp_rc"])
+		require.Equal(t, strconv.Itoa(2<<20), v["home_size"], "HOME stops at home_mib (gVisor's own tmpfs)")
+		require.Equal(t, strconv.Itoa(1<<20), v["tmp_size"], "/tmp stops at tmp_mib (gVisor's own tmpfs)")
 	})
 	t.Run("memory limit", func(t *testing.T) {
 		t.Parallel()
