@@ -19,6 +19,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -27,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
+	dockernet "github.com/docker/docker/api/types/network"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -302,4 +305,46 @@ func TestOCIRuntimeCheckAtStart(t *testing.T) {
 	err = w.Start(context.Background())
 	require.ErrorIs(t, err, worker.ErrOCIRuntimeMissing)
 	require.ErrorContains(t, err, `profile "nope" names runtime "jetcrew-no-such-runtime"; the engine offers: `+strings.Join(have, ", "))
+}
+
+// TestGVisorNamedNetwork: egress under gVisor. On an --internal network the
+// test creates, a "runsc-net" run reaches a peer on that network; the host's
+// loopback is not the run's. Traffic goes only to the test's network.
+func TestGVisorNamedNetwork(t *testing.T) {
+	t.Parallel()
+	requireGVisor(t)
+	if !slices.Contains(gvisorNames, gvisorNetRuntime) {
+		msg := fmt.Sprintf("the engine has no %q runtime; scripts/install-runtimes.sh registers it", gvisorNetRuntime)
+		if os.Getenv("JETCREW_REQUIRE_GVISOR") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	_, cli := jailDocker(t)
+	ctx := context.Background()
+	netName := "jetcrew-test-gv-" + randomHex(t)
+	created, err := cli.NetworkCreate(ctx, netName, dockernet.CreateOptions{Driver: "bridge", Internal: true,
+		Labels: map[string]string{"io.jetcrew.test": "jail"}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := cli.NetworkRemove(context.Background(), created.ID); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove network %s: %v", netName, err)
+		}
+	})
+	peer := startPeer(t, cli, netName)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	loPort := l.Addr().(*net.TCPAddr).Port
+
+	b := startJail(t, jailProfile("gvnet", fmt.Sprintf("runtime = %q\nnetwork = %q", gvisorNetRuntime, netName)), nil)
+	st, out := b.runScript(t, "gv-named", "gvnet", fmt.Sprintf(`
+r=failed; for i in 1 2 3 4 5; do if echo | nc -w 2 %s 8080 2>/dev/null | grep -q pong; then r=connected; break; fi; usleep 200000; done; echo "peer=$r"
+if echo | nc -w 2 127.0.0.1 %d 2>/dev/null; then echo lo=connected; else echo lo=failed; fi
+echo "kernel=$(uname -r)"`, peer, loPort))
+	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+	v := values(out.stdout)
+	require.Equal(t, "connected", v["peer"], "the peer on the run's network answers")
+	require.Equal(t, "failed", v["lo"], "the host's loopback is not the run's")
+	require.Equal(t, "4.4.0", v["kernel"], "still gVisor's kernel")
 }
