@@ -112,14 +112,7 @@ func TestGVisorJail(t *testing.T) {
 	})
 	t.Run("network none", func(t *testing.T) {
 		t.Parallel()
-		st, out := b.runScript(t, "gv-net", "g", `echo "ifaces=$(ls /sys/class/net | tr '\n' ,)"
-echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"
-if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tcp=failed; fi`)
-		require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
-		v := values(out.stdout)
-		require.Equal(t, "lo,", v["ifaces"], "only gVisor's loopback")
-		require.Equal(t, "", v["routes"], "no route at all")
-		require.Equal(t, "failed", v["tcp"])
+		gvisorNetworkNone(t, b)
 	})
 	t.Run("network", func(t *testing.T) {
 		t.Parallel()
@@ -127,15 +120,7 @@ if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tc
 	})
 	t.Run("tmpfs sizes", func(t *testing.T) {
 		t.Parallel()
-		st, out := b.runScript(t, "gv-tmpfull", "gsmall", `
-cat /dev/zero >"$HOME/fill" 2>/dev/null; echo "home_rc=$? home_size=$(wc -c <"$HOME/fill")"
-cat /dev/zero >/tmp/fill 2>/dev/null; echo "tmp_rc=$? tmp_size=$(wc -c </tmp/fill)"`)
-		require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
-		v := values(out.stdout)
-		require.Equal(t, "1", v["home_rc"])
-		require.Equal(t, "1", v["tmp_rc"])
-		require.Equal(t, strconv.Itoa(2<<20), v["home_size"], "HOME stops at home_mib (gVisor's own tmpfs)")
-		require.Equal(t, strconv.Itoa(1<<20), v["tmp_size"], "/tmp stops at tmp_mib (gVisor's own tmpfs)")
+		gvisorTmpfs(t, b)
 	})
 	t.Run("memory limit", func(t *testing.T) {
 		t.Parallel()
@@ -347,4 +332,29 @@ echo "kernel=$(uname -r)"`, peer, loPort))
 	require.Equal(t, "connected", v["peer"], "the peer on the run's network answers")
 	require.Equal(t, "failed", v["lo"], "the host's loopback is not the run's")
 	require.Equal(t, "4.4.0", v["kernel"], "still gVisor's kernel")
+}
+
+// gvisorTmpfs: /tmp and HOME stop at exactly their sizes (gVisor's own tmpfs).
+func gvisorTmpfs(t *testing.T, b *jailBundle) {
+	st, out := b.runScript(t, "gv-tmpfull", "gsmall", `
+cat /dev/zero >"$HOME/fill" 2>/dev/null; echo "home_rc=$? home_size=$(wc -c <"$HOME/fill")"
+cat /dev/zero >/tmp/fill 2>/dev/null; echo "tmp_rc=$? tmp_size=$(wc -c </tmp/fill)"`)
+	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+	v := values(out.stdout)
+	require.Equal(t, "1", v["home_rc"])
+	require.Equal(t, "1", v["tmp_rc"])
+	require.Equal(t, strconv.Itoa(2<<20), v["home_size"], "HOME stops at home_mib (gVisor's own tmpfs)")
+	require.Equal(t, strconv.Itoa(1<<20), v["tmp_size"], "/tmp stops at tmp_mib (gVisor's own tmpfs)")
+}
+
+// gvisorNetworkNone: only gVisor's loopback, no route, no TCP connection.
+func gvisorNetworkNone(t *testing.T, b *jailBundle) {
+	st, out := b.runScript(t, "gv-net", "g", `echo "ifaces=$(ls /sys/class/net | tr '\n' ,)"
+echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"
+if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tcp=failed; fi`)
+	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+	v := values(out.stdout)
+	require.Equal(t, "lo,", v["ifaces"], "only gVisor's loopback")
+	require.Equal(t, "", v["routes"], "no route at all")
+	require.Equal(t, "failed", v["tcp"])
 }
