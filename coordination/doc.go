@@ -37,8 +37,8 @@
 // Operators take part with the stock NATS CLI:
 //
 //	nats sub 'jetcrew.coord.<group>.>'             # the whole conversation
-//	nats pub jetcrew.coord.<group>.<run_id> 'text' # to one run, from "operator"
-//	nats pub jetcrew.coord.<group>.all 'text'      # to every run of the group
+//	nats pub jetcrew.coord.<group>.<run_id>.operator 'text' # to one run
+//	nats pub jetcrew.coord.<group>.all.operator 'text'      # to every run of the group
 //
 // A plain core publish is captured by the stream and reaches the inbox. A
 // message without a Jetcrew-From header (or with one that is not a valid run
@@ -53,11 +53,14 @@
 // only the run's own inbox. The relay's requests have no field that could
 // name another sender, group or inbox; an unknown field is refused.
 //
-// Jetcrew-From set by any other NATS publisher is honoured as is: agents
-// cannot reach NATS (their containers have no network), so every other
-// publisher is the worker or an operator holding NATS credentials, and NATS
-// permissions are the boundary. Give operators who may only watch and talk a
-// user allowed to publish to jetcrew.coord.> and nothing else.
+// Only workers may publish where runs' messages travel (the four-token
+// jetcrew.coord.<group>.<recipient>); NATS permissions are the boundary (see
+// package roles and docs/security.md). Operators talk on
+// jetcrew.coord.<group>.<recipient>.operator (SubjectFromOperator), which a
+// run always reads as from "operator", whatever Jetcrew-From says: nobody
+// outside a run's bridge speaks as that run. A four-token publish by anyone
+// else is possible only on a server without authentication, where every
+// client is trusted.
 //
 // The socket file is mode 0666 (SocketMode) so the run's non-root process can
 // connect whatever its uid or the runtime's uid mapping; the directory holding

@@ -132,13 +132,13 @@ type RunInfo struct {
 }
 
 func (r RunInfo) validate() error {
-	if err := messages.ValidateToken("run id", r.RunID); err != nil {
+	if err := messages.ValidateName("run id", r.RunID); err != nil {
 		return err
 	}
 	if r.RunID == RecipientAll || r.RunID == RecipientOperator {
 		return fmt.Errorf("run id %q is reserved for coordination recipients", r.RunID)
 	}
-	if err := messages.ValidateToken("group", r.Group); err != nil {
+	if err := messages.ValidateName("group", r.Group); err != nil {
 		return err
 	}
 	if r.Profile != "" {
@@ -188,7 +188,7 @@ func (h *Host) inboxConfig(run RunInfo) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:           InboxName(run.RunID),
 		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.Group,
-		FilterSubjects:    []string{Subject(run.Group, run.RunID), Subject(run.Group, RecipientAll)},
+		FilterSubjects:    inboxFilters(run),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckExplicitPolicy,
 		AckWait:           30 * time.Second,

@@ -1,7 +1,6 @@
 package coordination
 
 import (
-	"strings"
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination/relay"
@@ -101,9 +100,4 @@ func InboxName(runID string) string {
 // PeerKey returns run id's presence key in BucketPeers, "<group>.<run_id>".
 func PeerKey(group, runID string) string {
 	return group + "." + runID
-}
-
-// recipientOf returns the last token of a coordination subject.
-func recipientOf(subject string) string {
-	return subject[strings.LastIndexByte(subject, '.')+1:]
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/coordination/relay"
-	"github.com/jetcrew/jetcrew/messages"
 )
 
 // maxOwnAll bounds how many of its own unread "all" messages a session
@@ -340,11 +339,7 @@ func (s *Session) ack(msgs []jetstream.Msg) {
 // toMessage converts a stream message for the agent; skip is true for this
 // run's own "all" messages.
 func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
-	to := recipientOf(m.Subject())
-	from := m.Headers().Get(HeaderFrom)
-	if from == "" || messages.ValidateToken("from", from) != nil {
-		from = RecipientOperator
-	}
+	from, to := sender(m.Subject(), m.Headers().Get(HeaderFrom))
 	msg = relay.Message{From: from, To: to, Body: string(m.Data())}
 	if meta, err := m.Metadata(); err == nil {
 		msg.ID = strconv.FormatUint(meta.Sequence.Stream, 10)

@@ -17,7 +17,7 @@ var ErrNoJetStream = errors.New("JetStream is not enabled on this NATS server or
 // jetcrew-runs bucket holds no state for: the id is wrong, the run was
 // published without a state and no worker has taken it yet, or its state
 // was removed.
-var ErrRunNotFound = errors.New("run not found")
+var ErrRunNotFound = errors.New("run not found (a run just submitted has no state until a worker takes it)")
 
 // ErrNoWorker is wrapped by the error Cancel returns when no worker is
 // subscribed to cancel requests: no worker of any pool is running.
@@ -38,3 +38,15 @@ var ErrNoDeadLetter = errors.New("no dead letter")
 // the request as a duplicate), or it is still queued or running. It is also
 // wrapped by WatchReplay's error when a worker refused the replay.
 var ErrReplayRefused = errors.New("replay refused")
+
+// ErrDuplicateSubmit is wrapped by the error Submit returns, beside the run
+// id, when the stream dropped the publish as a duplicate: the same run id
+// was submitted within the duplicate window (2 minutes), and nothing new was
+// queued. To run a failed run again use Replay; to run something else, a new
+// id.
+var ErrDuplicateSubmit = errors.New("duplicate submit: this run id was already submitted within the duplicate window; nothing new was published")
+
+// ErrIDInUse is wrapped by the error Submit returns for a run id whose
+// recorded state belongs to a request with another body: a used id names
+// that request for good, and a different one is refused, not merged.
+var ErrIDInUse = errors.New("run id already used by a different request")

@@ -46,6 +46,10 @@ type DeadLetter struct {
 	// submitted (not necessarily valid, for a run that failed because it was
 	// not).
 	Request []byte
+	// Signer and Signature are the request's signature headers
+	// (messages.HeaderSigner, messages.HeaderSignature), copied by the
+	// worker; empty for an unsigned request. Replay publishes them again.
+	Signer, Signature string
 }
 
 // Failed returns the dead letters of pool, or of every pool when pool is
@@ -133,6 +137,9 @@ func newDeadLetter(seq uint64, subject string, t time.Time, h nats.Header, data 
 		Reason:   h.Get(messages.HeaderError),
 		Worker:   h.Get(messages.HeaderWorker),
 		Request:  data,
+
+		Signer:    h.Get(messages.HeaderSigner),
+		Signature: h.Get(messages.HeaderSignature),
 	}
 	if rest, ok := strings.CutPrefix(subject, messages.SubjectFailedPrefix+"."); ok {
 		dl.Pool, dl.RunID, _ = strings.Cut(rest, ".")

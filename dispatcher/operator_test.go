@@ -67,6 +67,9 @@ func (b *testBundle) putState(t *testing.T, st messages.RunState) {
 	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
 	require.NoError(t, err)
 	st.Version = messages.StateVersion
+	if st.Worker == "" {
+		st.Worker = "w1" // publishDeadLetter's
+	}
 	data, err := json.Marshal(st)
 	require.NoError(t, err)
 	_, err = kv.Put(t.Context(), st.ID, data)

@@ -2,12 +2,12 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -52,8 +52,10 @@ func ReplayMsgID(id string, seq uint64) string {
 //
 // Replay first reads the run's state and refuses, with an error wrapping
 // ErrReplayRefused and publishing nothing, when the run succeeded (a worker
-// would refuse the request as a duplicate) or is still queued or running. A
-// run whose state was removed is replayed as a new run. The error wraps
+// would refuse the request as a duplicate) or is still queued or running. It
+// replays only a dead letter a worker wrote for the run (see
+// verifyDeadLetter): any other, a run without state included, is refused
+// with an error wrapping ErrForeignDeadLetter. The error wraps
 // ErrNoDeadLetter when the run has no dead letter. A run whose state says it
 // failed but whose dead letter is not stored yet (a worker stores it just
 // after the run's finished event) is waited for, a few seconds at most.
@@ -68,24 +70,10 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		return Replayed{}, fmt.Errorf("replay run %s: dead letter subject %s: %w", id, dl.Subject, err)
 	}
 	r := Replayed{Pool: dl.Pool, DeadLetter: dl}
-	var body struct {
-		ID string `json:"id"`
+	if _, err := d.verifyDeadLetter(ctx, id, dl); err != nil {
+		return Replayed{}, err
 	}
-	if json.Unmarshal(dl.Request, &body) == nil && messages.ValidateToken("id", body.ID) == nil {
-		r.RunID = body.ID
-	}
-	if r.RunID != "" {
-		st, err := d.Status(ctx, r.RunID)
-		switch {
-		case errors.Is(err, ErrRunNotFound):
-		case err != nil:
-			return Replayed{}, fmt.Errorf("replay: %w", err)
-		case st.State == messages.StateSucceeded:
-			return Replayed{}, fmt.Errorf("replay run %s: %w: the run already succeeded (a worker would refuse the request as a duplicate)", r.RunID, ErrReplayRefused)
-		case !st.State.Final():
-			return Replayed{}, fmt.Errorf("replay run %s: %w: the run is %s (replayed or submitted again, and not finished); wait for it, or cancel it first", r.RunID, ErrReplayRefused, st.State)
-		}
-	}
+	r.RunID = messages.SalvageRunID(dl.Request)
 
 	events, err := d.js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
@@ -97,7 +85,14 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 	}
 	r.eventsAfter = info.State.LastSeq
 
-	ack, err := d.js.Publish(ctx, messages.SubjectRuns(dl.Pool), dl.Request,
+	msg := nats.NewMsg(messages.SubjectRuns(dl.Pool))
+	msg.Data = dl.Request
+	if dl.Signer != "" {
+		// A signed request stays signed: the body is unchanged.
+		msg.Header.Set(messages.HeaderSigner, dl.Signer)
+		msg.Header.Set(messages.HeaderSignature, dl.Signature)
+	}
+	ack, err := d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(ReplayMsgID(dl.RunID, dl.Sequence)),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if err != nil {

@@ -6,9 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -50,66 +51,92 @@ func Encode(req messages.RunRequest) (messages.RunRequest, []byte, error) {
 // Submit publishes a run request and returns its run id.
 //
 // It completes and checks the request with Encode (an invalid or oversized
-// request is refused before anything is written, with an error wrapping
-// messages.ErrInvalidRequest), records the run's initial state (queued) in
-// the jetcrew-runs bucket, then publishes the request to
-// jetcrew.runs.<pool> with the run id as Nats-Msg-Id and waits for the
-// stream's acknowledgement.
+// request is refused before anything is published, with an error wrapping
+// messages.ErrInvalidRequest), then publishes it to jetcrew.runs.<pool> with
+// the run id as Nats-Msg-Id and waits for the stream's acknowledgement.
 //
-// Submitting the same id again is safe: the existing state is left as it is,
-// and within the stream's duplicate window (2 minutes) the server drops the
-// second publish; after it, a worker acks a request whose run is already
-// final without running it again.
+// Submit writes nothing else: the run's state appears in the jetcrew-runs
+// bucket when a worker takes the request (until then Status returns
+// ErrRunNotFound), so a submitter needs no write access to run states (see
+// docs/security.md).
 //
-// When jetcrew's streams or bucket do not exist the error wraps
-// ErrNotProvisioned. When the publish fails after the queued state was
-// written, that state is removed again (unless a worker has updated it).
+// When the caller chose the id, Submit first reads that run's state: a
+// different request under an id whose state records another request's
+// digest is refused before anything is published, with an error wrapping
+// ErrIDInUse (the worker refuses it too). Within the stream's duplicate
+// window (2 minutes) the server drops a second publish of the same id, and
+// Submit returns the id with an error wrapping ErrDuplicateSubmit.
+//
+// Submitting the same id again is safe: within the stream's duplicate window
+// (2 minutes) the server drops the second publish; after it, a worker refuses
+// a request whose run already succeeded or is still in progress.
+//
+// When jetcrew's streams do not exist the error wraps ErrNotProvisioned.
 func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (string, error) {
+	return d.submit(ctx, req, nil)
+}
+
+// submit is Submit, signing the request with key when it is not nil.
+func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nkeys.KeyPair) (string, error) {
+	// A generated id is new: only an id the caller chose can be in use.
+	chosenID := req.ID != ""
 	req, data, err := Encode(req)
 	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
 	}
-	kv, err := d.runsBucket(ctx)
-	if err != nil {
-		return "", fmt.Errorf("submit run %s: %w", req.ID, err)
+	msg := nats.NewMsg(messages.SubjectRuns(req.Pool))
+	msg.Data = data
+	if key != nil {
+		if err := signInto(msg.Header, data, key); err != nil {
+			return "", fmt.Errorf("submit run %s: %w", req.ID, err)
+		}
 	}
-	now := time.Now().UTC()
-	st := messages.RunState{
-		Version:   messages.StateVersion,
-		ID:        req.ID,
-		State:     messages.StateQueued,
-		Profile:   req.Profile,
-		Pool:      req.Pool,
-		Group:     req.GroupOrID(),
-		Labels:    req.Labels,
-		QueuedAt:  now,
-		UpdatedAt: now,
+	if chosenID {
+		if err := d.checkSameRequest(ctx, req.ID, messages.RequestDigest(data)); err != nil {
+			return "", err
+		}
 	}
-	stData, err := json.Marshal(st)
-	if err != nil {
-		return "", fmt.Errorf("submit run %s: encode state: %w", req.ID, err)
-	}
-	// Create, not Put: a duplicate submit must not reset the state of a run
-	// a worker already moved on.
-	rev, err := kv.Create(ctx, req.ID, stData)
-	created := err == nil
-	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
-		return "", fmt.Errorf("submit run %s: record queued state: %w", req.ID, classify(err))
-	}
-
-	_, err = d.js.Publish(ctx, messages.SubjectRuns(req.Pool), data,
+	ack, err := d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(req.ID),
 		jetstream.WithExpectStream(messages.StreamRuns))
-	if err != nil {
-		if created {
-			// Best effort: do not leave a queued state behind for a request
-			// that is not on the stream. LastRevision keeps a worker's
-			// update, should the publish have landed after all.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = kv.Delete(dctx, req.ID, jetstream.LastRevision(rev))
-			cancel()
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		// Nothing stored it: no stream, or no JetStream at all.
+		if _, aerr := d.js.AccountInfo(ctx); errors.Is(classify(aerr), ErrNoJetStream) {
+			err = aerr
 		}
+	}
+	if err != nil {
 		return "", fmt.Errorf("submit run %s: publish to %s: %w", req.ID, messages.SubjectRuns(req.Pool), classify(err))
 	}
+	if ack.Duplicate {
+		return req.ID, fmt.Errorf("submit run %s: %w (stream sequence %d holds the first); to run it again after it failed use `jetcrew replay %s`, else submit with a new id",
+			req.ID, ErrDuplicateSubmit, ack.Sequence, req.ID)
+	}
 	return req.ID, nil
+}
+
+// checkSameRequest refuses, with an error wrapping ErrIDInUse, to submit a
+// request whose digest differs from the one recorded in run id's state. A
+// state without a digest (written before digests existed) is not compared.
+func (d *Dispatcher) checkSameRequest(ctx context.Context, id, digest string) error {
+	kv, err := d.runsBucket(ctx)
+	if err != nil {
+		return fmt.Errorf("submit run %s: %w", id, err)
+	}
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("submit run %s: read its state: %w", id, classify(err))
+	}
+	var prev messages.RunState
+	if err := json.Unmarshal(e.Value(), &prev); err != nil {
+		return fmt.Errorf("submit run %s: decode its state: %w", id, err)
+	}
+	if prev.RequestDigest != "" && prev.RequestDigest != digest {
+		return fmt.Errorf("submit run %s: %w (it is %s): nothing was published; choose a new id, or `jetcrew replay %s` to run the recorded request again",
+			id, ErrIDInUse, prev.State, id)
+	}
+	return nil
 }

@@ -145,6 +145,7 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 		grace   *time.Timer
 		graceC  <-chan time.Time
 		pending uint64 // events left on the stream after the last one read
+		lastSeq uint64 // stream sequence of the last event read
 		// lastFin is the latest finished event read, while no event has
 		// shown the run going on after it (a replay's started event).
 		lastFin *messages.Event
@@ -196,6 +197,7 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 			if meta, err := m.Metadata(); err == nil {
 				pending = meta.NumPending
 			}
+			lastSeq = max(lastSeq, ev.Sequence)
 			if fn != nil {
 				if err := fn(ev); err != nil {
 					return messages.Event{}, err
@@ -266,6 +268,13 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 			if lastFin != nil && finishOf(final, *lastFin) {
 				return *lastFin, nil
 			}
+			// The consumer may only lag (a replica catching up): read
+			// what it has not delivered from the stream leader first.
+			if fin, ok, err := d.readMissed(ctx, id, lastSeq, from, final, fn); err != nil {
+				return messages.Event{}, fmt.Errorf("watch run %s: %w", id, err)
+			} else if ok {
+				return fin, nil
+			}
 			ev := eventFromState(final)
 			if fn != nil {
 				we := WatchEvent{Type: ev.Type, Event: ev, Attempt: ev.Attempt, Time: ev.Time, FromState: true}
@@ -291,16 +300,24 @@ func (d *Dispatcher) Wait(ctx context.Context, id string) (messages.RunState, er
 // whose body cannot be decoded is an error: Watch could not say how the run
 // ended.
 func parseEvent(m jetstream.Msg) (WatchEvent, error) {
-	subj := m.Subject()
-	ev := WatchEvent{
-		Type: messages.EventType(subj[strings.LastIndexByte(subj, '.')+1:]),
-		Data: m.Data(),
-	}
+	var seq uint64
+	var t time.Time
 	if meta, err := m.Metadata(); err == nil {
-		ev.Time = meta.Timestamp
-		ev.Sequence = meta.Sequence.Stream
+		t, seq = meta.Timestamp, meta.Sequence.Stream
 	}
-	h := m.Headers()
+	return parseStoredEvent(&jetstream.RawStreamMsg{Subject: m.Subject(), Sequence: seq, Header: m.Headers(), Data: m.Data(), Time: t})
+}
+
+// parseStoredEvent is parseEvent for a message read from the stream.
+func parseStoredEvent(m *jetstream.RawStreamMsg) (WatchEvent, error) {
+	subj := m.Subject
+	ev := WatchEvent{
+		Type:     messages.EventType(subj[strings.LastIndexByte(subj, '.')+1:]),
+		Data:     m.Data,
+		Time:     m.Time,
+		Sequence: m.Sequence,
+	}
+	h := m.Header
 	ev.Attempt, _ = strconv.Atoi(h.Get(messages.HeaderAttempt))
 	if ev.Type == messages.EventOutput {
 		ev.Stream = h.Get(messages.HeaderStream)

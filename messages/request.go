@@ -1,11 +1,9 @@
 package messages
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strings"
 	"time"
@@ -112,8 +110,9 @@ var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 func ValidEnvName(name string) bool { return envNameRE.MatchString(name) }
 
 // DecodeRunRequest decodes and validates one run request from data, which
-// must be a single JSON object of at most MaxRequestBytes bytes with no field
-// this version does not know. It returns the request with defaults applied
+// must be a single JSON object of at most MaxRequestBytes bytes whose keys are
+// exactly the documented names, each at most once, at every depth (see
+// DecodeStrictJSON). It returns the request with defaults applied
 // (Pool, Version) or an error wrapping ErrInvalidRequest that says what is
 // wrong.
 func DecodeRunRequest(data []byte) (RunRequest, error) {
@@ -128,13 +127,8 @@ func DecodeRunRequestInPool(data []byte, pool string) (RunRequest, error) {
 	if len(data) > MaxRequestBytes {
 		return r, fmt.Errorf("%w: %d bytes, largest allowed is %d", ErrInvalidRequest, len(data), MaxRequestBytes)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	if err := DecodeStrictJSON(data, &r); err != nil {
 		return RunRequest{}, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return RunRequest{}, fmt.Errorf("%w: data after the JSON object", ErrInvalidRequest)
 	}
 	if r.Pool == "" {
 		r.Pool = pool
@@ -185,17 +179,17 @@ func (r RunRequest) Validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	if r.ID != "" {
-		if err := ValidateToken("id", r.ID); err != nil {
+		if err := ValidateName("id", r.ID); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
 	if r.Pool != "" {
-		if err := ValidateToken("pool", r.Pool); err != nil {
+		if err := ValidateName("pool", r.Pool); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}
 	if r.Group != "" {
-		if err := ValidateToken("group", r.Group); err != nil {
+		if err := ValidateName("group", r.Group); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}

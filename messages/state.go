@@ -67,6 +67,11 @@ type RunState struct {
 	// this state belongs to; 0 until a worker has seen it. A message for the
 	// same run id with another sequence is a duplicate or a replay.
 	StreamSeq uint64 `json:"stream_seq,omitempty"`
+	// RequestDigest is RequestDigest of the request message this state
+	// belongs to, byte for byte as published: a message for the same run id
+	// with another digest is another request, never a redelivery or a
+	// replay of this one. Empty in states written before it existed.
+	RequestDigest string `json:"request_digest,omitempty"`
 	// Attempts counts deliveries of the request that reached a worker
 	// (the JetStream delivery count, NumDelivered).
 	Attempts int `json:"attempts"`

@@ -198,8 +198,8 @@ if ((have_agents)); then
 		wait_state "$alice" running && wait_state "$bob" running || ok=0
 		check "both runs are running" 1 "$ok"
 		for id in "$alice" "$bob"; do
-			say "an operator message with the nats CLI: nats pub jetcrew.coord.$group.$id 'hi $id, this is the operator'"
-			nats --server "$NATS_URL" pub "jetcrew.coord.$group.$id" "hi $id, this is the operator"
+			say "an operator message with the nats CLI: nats pub jetcrew.coord.$group.$id.operator 'hi $id, this is the operator'"
+			nats --server "$NATS_URL" pub "jetcrew.coord.$group.$id.operator" "hi $id, this is the operator"
 		done
 	fi
 	for pair in "$alice:$bob" "$bob:$alice"; do

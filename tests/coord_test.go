@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -47,8 +46,8 @@ const readmeCoordSection = "### Talking to runs with the nats CLI"
 // below use to run each (readmeCoord), GROUP and RUN_ID replaced.
 var readmeCoordCommands = map[string]string{
 	"live":   "nats sub 'jetcrew.coord.GROUP.>'",
-	"to-run": "nats pub jetcrew.coord.GROUP.RUN_ID 'text'",
-	"to-all": "nats pub jetcrew.coord.GROUP.all 'text'",
+	"to-run": "nats pub jetcrew.coord.GROUP.RUN_ID.operator 'text'",
+	"to-all": "nats pub jetcrew.coord.GROUP.all.operator 'text'",
 	"stream": "nats sub --stream JETCREW_COORD --all --terminate-at-end 'jetcrew.coord.GROUP.>'",
 }
 
@@ -105,7 +104,7 @@ func coordShell(t *testing.T, url, line string) result {
 }
 
 func coordShellEnv(url string) []string {
-	return append(os.Environ(), "NATS_URL="+url, "PATH="+filepath.Dir(natsBin)+":"+os.Getenv("PATH"))
+	return append(append(os.Environ(), "NATS_URL="+url, "PATH="+filepath.Dir(natsBin)+":"+os.Getenv("PATH")), authEnv(url, "operator")...)
 }
 
 var (
@@ -141,7 +140,7 @@ type coordEnv struct {
 // TMPDIR a short directory of the test's own so that every run directory
 // the worker stages lies under a path the test knows. It sets TMPDIR for
 // the test (t.Setenv), so coordination tests do not run in parallel.
-func coordUp(t *testing.T) coordEnv {
+func coordUp(t *testing.T, upArgs ...string) coordEnv {
 	t.Helper()
 	requireAgentsImage(t)
 	tmp, err := os.MkdirTemp("", "jcc")
@@ -151,7 +150,7 @@ func coordUp(t *testing.T) coordEnv {
 	profiles := filepath.Join(tmp, "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte(agentProfiles), 0o644))
 	return coordEnv{
-		url:    up(t, "--profiles", profiles),
+		url:    up(t, append([]string{"--profiles", profiles}, upArgs...)...),
 		tmp:    tmp,
 		bridge: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
 	}
@@ -381,8 +380,7 @@ type coordMessage struct {
 // with its Jetcrew-From header ("" when there is none: the operator).
 func coordStream(t *testing.T, url, group string) []coordMessage {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	require.NoError(t, err)
+	nc := natsConnect(t, url)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -516,7 +514,13 @@ func (l *lockedBuffer) String() string {
 // CLI; the worker, Docker, NATS and each agent from inside agree on what
 // happened.
 func TestCoordRoundTrip(t *testing.T) {
-	env := coordUp(t)
+	for _, mode := range authModes {
+		t.Run(mode.name, func(t *testing.T) { testCoordRoundTrip(t, mode.args) })
+	}
+}
+
+func testCoordRoundTrip(t *testing.T, upArgs []string) {
+	env := coordUp(t, upArgs...)
 	const group = "coord-rt"
 	a, b := "coord-rt-a", "coord-rt-b"
 	live := natsSubscribe(t, env.url, readmeCoord("live", group, "", ""))
@@ -609,8 +613,8 @@ func TestCoordRoundTrip(t *testing.T) {
 	want := []coordMessage{
 		{coordination.Subject(group, b), a, "hello from " + a},
 		{coordination.Subject(group, a), b, "hello from " + b},
-		{coordination.Subject(group, a), "", "hello " + a + ", operator here"},
-		{coordination.Subject(group, b), "", "hello " + b + ", operator here"},
+		{coordination.SubjectFromOperator(group, a), "", "hello " + a + ", operator here"},
+		{coordination.SubjectFromOperator(group, b), "", "hello " + b + ", operator here"},
 		{coordination.Subject(group, coordination.RecipientOperator), a, "done: " + a + " heard from " + b + " and the operator"},
 		{coordination.Subject(group, coordination.RecipientOperator), b, "done: " + b + " heard from " + a + " and the operator"},
 	}
@@ -735,7 +739,7 @@ func TestCoordIsolation(t *testing.T) {
 		require.NotContains(t, m.Body, "across groups")
 		require.Contains(t, []string{a, b, ""}, m.From, "%+v", m)
 		if m.From == "" {
-			require.Equal(t, coordMessage{coordination.Subject(group, coordination.RecipientAll), "", "release"}, m)
+			require.Equal(t, coordMessage{coordination.SubjectFromOperator(group, coordination.RecipientAll), "", "release"}, m)
 		}
 	}
 	other := coordStream(t, env.url, otherGroup)

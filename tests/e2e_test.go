@@ -112,7 +112,11 @@ func up(t *testing.T, args ...string) string {
 // as it is written.
 func upLogged(t *testing.T, args ...string) (string, *lockedBuffer) {
 	t.Helper()
-	cmd := exec.Command(jetcrewBin, append([]string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, args...)...)
+	data := t.TempDir()
+	cmd := exec.Command(jetcrewBin, append([]string{"up", "--listen", "127.0.0.1:0", "--data", data}, args...)...)
+	auth, env := upAuthEnv(t, args)
+	auth.data = data
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	stderr := &lockedBuffer{}
@@ -147,6 +151,10 @@ func upLogged(t *testing.T, args ...string) (string, *lockedBuffer) {
 	})
 	select {
 	case u := <-urlc:
+		if env != nil {
+			authSetups.Store(u, auth)
+			t.Cleanup(func() { authSetups.Delete(u) })
+		}
 		return u, stderr
 	case <-time.After(60 * time.Second):
 		t.Fatalf("jetcrew up printed no NATS URL\n%s", stderr.String())
@@ -164,7 +172,7 @@ func run(t *testing.T, natsURL string, bin string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
+	cmd.Env = append(append(os.Environ(), "NATS_URL="+natsURL), authEnv(natsURL, roleFor(bin, args))...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
@@ -204,7 +212,13 @@ func waitFinal(t *testing.T, url, id string) messages.RunState {
 // The main path, end to end on real parts: submit → JetStream → worker →
 // jailed container → result.
 func TestSubmitWaitShell(t *testing.T) {
-	url := up(t)
+	for _, mode := range authModes {
+		t.Run(mode.name, func(t *testing.T) { testSubmitWaitShell(t, mode.args) })
+	}
+}
+
+func testSubmitWaitShell(t *testing.T, upArgs []string) {
+	url := up(t, upArgs...)
 
 	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "e2e-ok", "--wait",
 		`uname -a; echo hello from $(id -u); grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; touch /x 2>&1 || echo rootfs read-only`)
@@ -234,6 +248,16 @@ func TestSubmitWaitShell(t *testing.T) {
 	h := run(t, url, jetcrewBin, "status", "e2e-ok")
 	require.Equal(t, 0, h.code)
 	require.Contains(t, h.stdout, "succeeded")
+
+	if _, auth := authSetups.Load(url); auth {
+		requireSeedsPrivate(t, url)
+		// Without credentials the server refuses the connection.
+		cmd := exec.Command(jetcrewBin, "status", "e2e-ok")
+		cmd.Env = append(os.Environ(), "NATS_URL="+url, "XDG_CONFIG_HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		require.Error(t, err)
+		require.Contains(t, string(out), "Authorization Violation")
+	}
 }
 
 func TestSubmitWaitFailureKeepsExitCodeAndOutput(t *testing.T) {

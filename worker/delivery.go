@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -59,6 +58,20 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	stopProgress := r.keepInProgress()
 	defer stopProgress()
 
+	// Most first deliveries find no state (the submitter writes none):
+	// claim by creating it, and read only when one exists.
+	if meta.NumDelivered == 1 {
+		switch created, err := r.claimNew(ctx); {
+		case err != nil:
+			r.retry(ctx, fmt.Errorf("claim run: %w", err))
+			return
+		case created:
+			if prof, ok := r.admit(ctx, pool, decErr); ok {
+				r.execute(ctx, prof)
+			}
+			return
+		}
+	}
 	// Idempotency by run id and stream sequence; see decide.
 	prev, rev, err := w.store.load(ctx, r.req.ID)
 	if err != nil && !isNotFound(err) {
@@ -107,6 +120,8 @@ func (w *Worker) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, s
 		StreamSeq: meta.Sequence.Stream,
 		Labels:    req.Labels,
 		QueuedAt:  meta.Timestamp.UTC(),
+
+		RequestDigest: messages.RequestDigest(msg.Data()),
 	}
 	r.log = w.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
 	return r, pool, decErr
@@ -169,6 +184,21 @@ func (r *run) resume(ctx context.Context, prev messages.RunState, rev uint64) bo
 	return false
 }
 
+// claimNew records the run queued under this delivery when no state exists
+// for it (a compare-and-set against "no record", so a run some delivery or
+// a cancel recorded is never overwritten): the lease, as claim takes it,
+// one read fewer. It reports false, and writes nothing, when a state exists.
+func (r *run) claimNew(ctx context.Context) (bool, error) {
+	if err := r.putState(ctx); err != nil {
+		r.from = messages.StateNone
+		if errors.Is(err, errFenced) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
 // claim records the run queued under this delivery: this write, checked
 // against the revision just read, is the lease. Every later write checks
 // the revision this one returns, so a worker that lost the run (another
@@ -205,6 +235,14 @@ func (r *run) admit(ctx context.Context, pool string, decErr error) (Profile, bo
 		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", r.req.Profile, r.w.cfg.Profiles.Names()), nil)
 		return Profile{}, false
 	}
+	if err := r.checkRequestSignature(prof); err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return Profile{}, false
+	}
+	if err := prof.checkRequest(r.req); err != nil {
+		r.fail(ctx, err.Error(), nil)
+		return Profile{}, false
+	}
 	return prof, true
 }
 
@@ -226,6 +264,8 @@ const (
 //   - the state was written before any worker saw a message (sequence 0,
 //     by the dispatcher or a cancel): run it, or ack when already final
 //     (cancelled while queued).
+//   - the state belongs to another request body (RequestDigest): a reused
+//     run id, refused.
 //   - the state belongs to another message: a duplicate submit. Refused when
 //     that run succeeded or is still queued or running; run anew (a replay)
 //     when it failed, timed out or was cancelled.
@@ -238,6 +278,8 @@ func (r *run) decide(prev messages.RunState) verdict {
 		return verdictAck
 	case prev.StreamSeq == seq:
 		return verdictRun
+	case r.otherRequest(prev):
+		return verdictDuplicate
 	case prev.StreamSeq == 0 && prev.State.Final():
 		return verdictAck
 	case prev.StreamSeq == 0:
@@ -252,27 +294,16 @@ func (r *run) decide(prev messages.RunState) verdict {
 // refuseDuplicate acks a second request for a run id without running it,
 // and says so on the run's events and in the log.
 func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
-	reason := fmt.Sprintf("duplicate request refused: run %s is already %s (request stream sequence %d, this one %d)",
-		r.req.ID, prev.State, prev.StreamSeq, r.meta.Sequence.Stream)
+	reason := r.duplicateReason(prev)
 	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
 	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
 	r.ack()
 }
 
-// salvageID returns the id field of an invalid request when it is a valid
-// token, so the failure is recorded under the id the client chose.
-func salvageID(data []byte) string {
-	var v struct {
-		ID string `json:"id"`
-	}
-	if len(data) > messages.MaxRequestBytes || json.Unmarshal(data, &v) != nil {
-		return ""
-	}
-	if messages.ValidateToken("id", v.ID) != nil {
-		return ""
-	}
-	return v.ID
-}
+// salvageID returns the id of an invalid request when it carries a usable
+// one (messages.SalvageRunID), so the failure is recorded under the id the
+// client chose.
+func salvageID(data []byte) string { return messages.SalvageRunID(data) }
 
 // keepInProgress sends InProgress every InProgressInterval until the
 // returned function is called, so a run longer than AckWait is not

@@ -116,6 +116,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 			st = messages.RunState{Version: messages.StateVersion, ID: id, Pool: pool, QueuedAt: raw.Time.UTC()}
 		}
 		st.State, st.Reason, st.StreamSeq = messages.StateFailed, reason, raw.Sequence
+		st.RequestDigest = messages.RequestDigest(raw.Data) // the state is this message's now
 		st.Attempts = int(adv.Deliveries)
 		st.ContainerID, st.ExitCode = "", nil
 		st.FinishedAt = time.Now().UTC()
@@ -140,7 +141,9 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		if st.Pool == "" {
 			st.Pool = pool
 		}
-		if _, err := w.js.PublishMsg(ctx, deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)); err != nil {
+		dl := deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)
+		copySignature(dl.Header, raw.Header)
+		if _, err := w.js.PublishMsg(ctx, dl); err != nil {
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
 	}

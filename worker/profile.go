@@ -105,6 +105,17 @@ type Profile struct {
 	// EnvFromHost names variables copied from the worker's own environment
 	// (secrets such as API keys). Values are never logged nor recorded.
 	EnvFromHost []string `toml:"env_from_host" json:"env_from_host,omitempty"`
+	// SignedBy lists NKey user public keys ("U…"); when set, a request for
+	// the profile runs only when signed by one of them (Jetcrew-Signer and
+	// Jetcrew-Signature headers, see messages.HeaderSignature); otherwise it
+	// fails with the reason and a dead letter, before anything runs.
+	SignedBy []string `toml:"signed_by" json:"signed_by,omitempty"`
+	// RequestEnv names the variables a run request's env may set for this
+	// profile: exact names, or prefixes ending in '*' ("APP_*"; "*" alone
+	// accepts any name). Default: empty, a request carrying env is refused.
+	// Loader, runtime, proxy and worker variables (DeniedRequestEnv) are
+	// refused even when listed. The built-in shell profile has ["*"].
+	RequestEnv []string `toml:"request_env" json:"request_env,omitempty"`
 
 	timeout        time.Duration
 	stallTimeout   time.Duration
@@ -133,6 +144,8 @@ func ShellProfile() Profile {
 		Backend: "command",
 		Image:   SandboxImage,
 		Command: []string{"/bin/sh", "-c", "{prompt}"},
+		// Any variable but the denied ones: the script can set them itself.
+		RequestEnv: []string{"*"},
 		// A shell script is not an MCP client: it may use the bridge, but
 		// need not.
 		RequireBridge: new(bool),
@@ -266,7 +279,10 @@ func (p Profile) validate() error {
 			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
 		}
 	}
-	return nil
+	if err := checkSignedBy(p.SignedBy); err != nil {
+		return err
+	}
+	return p.validateHardening()
 }
 
 // CoordinationOn reports whether runs of the profile get the coordination
@@ -336,6 +352,9 @@ func ParseProfiles(name string, data []byte) (Profiles, error) {
 		}
 		sort.Strings(keys)
 		return nil, fmt.Errorf("profiles %s: unknown keys: %s", name, strings.Join(keys, ", "))
+	}
+	if err := checkExactKeys(md); err != nil {
+		return nil, fmt.Errorf("profiles %s: %w", name, err)
 	}
 	out := DefaultProfiles()
 	for n, p := range f.Profiles {

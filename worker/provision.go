@@ -15,7 +15,8 @@ import (
 const (
 	// BucketWorkers holds one key per live worker, refreshed every
 	// heartbeat and expiring after WorkerTTL.
-	BucketWorkers = "jetcrew-workers"
+	// Its values are messages.WorkerPresence documents.
+	BucketWorkers = messages.BucketWorkers
 	// WorkerTTL is how long a worker's heartbeat key lives, and so how
 	// long after a worker dies its containers count as orphans.
 	WorkerTTL = 15 * time.Second

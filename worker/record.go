@@ -171,6 +171,7 @@ func (r *run) event(ctx context.Context, ev messages.Event) {
 // server's ack.
 func (r *run) deadLetter(ctx context.Context) error {
 	m := deadLetterMsg(r.msg.Data(), r.state, r.meta.Sequence.Stream, r.w.cfg.ID)
+	copySignature(m.Header, r.msg.Headers())
 	return retryOp(ctx, func(ctx context.Context) error { _, err := r.w.js.PublishMsg(ctx, m); return err })
 }
 

@@ -19,17 +19,19 @@ const (
 
 // provisionAttemptTimeout bounds one try of creating a stream, bucket or
 // consumer: on a new R3 cluster one can take longer than the JetStream API's
-// 5 second default.
-const provisionAttemptTimeout = 30 * time.Second
+// 5 second default. A try cut short is harmless (the server goes on, and the
+// next try of the same configuration succeeds), while a long one stalls a
+// worker whose request was lost to a node restart.
+const provisionAttemptTimeout = 10 * time.Second
 
-// retryProvision is retryOp for provisioning calls: 30 seconds a try, for up
-// to 3 minutes.
+// retryProvision is retryOp for provisioning calls: 10 seconds a try, for up
+// to 3 minutes; each failed try is told to ctx's provisionNotify.
 func retryProvision(ctx context.Context, op func(ctx context.Context) error) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 500 * time.Millisecond
 	b.MaxInterval = 10 * time.Second
 	b.MaxElapsedTime = 3 * time.Minute
-	return backoff.Retry(func() error {
+	return backoff.RetryNotify(func() error {
 		actx, cancel := context.WithTimeout(ctx, provisionAttemptTimeout)
 		defer cancel()
 		err := op(actx)
@@ -37,7 +39,7 @@ func retryProvision(ctx context.Context, op func(ctx context.Context) error) err
 			return backoff.Permanent(err)
 		}
 		return err
-	}, backoff.WithContext(b, ctx))
+	}, backoff.WithContext(b, ctx), provisionNotify(ctx))
 }
 
 // retryOp runs op until it succeeds, returns an error wrapped with

@@ -169,7 +169,7 @@ func (c Config) validate() error {
 	if err := messages.ValidateToken("worker id", c.ID); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := messages.ValidateToken("pool", c.Pool); err != nil {
+	if err := messages.ValidateName("pool", c.Pool); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if c.Concurrency < 1 {
@@ -348,7 +348,11 @@ func (w *Worker) setUp(ctx context.Context) error {
 	if err := w.checkOCIRuntimes(ctx); err != nil {
 		return err
 	}
-	cons, err := Provision(ctx, w.js, w.cfg.Provision)
+	var cons jetstream.Consumer
+	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
+		cons, err = Provision(ctx, w.js, w.cfg.Provision)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -359,7 +363,9 @@ func (w *Worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
-	if err := coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas); err != nil {
+	if err := w.untilProvisioned(ctx, "coordination's stream and bucket", func(ctx context.Context) error {
+		return coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas)
+	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	log := w.log
@@ -441,7 +447,7 @@ func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 
 // heartbeat writes this worker's key in the workers bucket.
 func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.live.Put(ctx, w.cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
 	return err
 }
 

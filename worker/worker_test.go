@@ -244,7 +244,7 @@ func TestInvalidRawRequests(t *testing.T) {
 		{`{"id":"inv4","profile":"shell","pool":"other"}`, "inv4", "pool"},
 		{`{"id":"inv5","profile":"shell","env":{"JETCREW_RUN_ID":"x"}}`, "inv5", "reserved"},
 		{`{"id":"inv6","profile":"shell","timeout":"forever"}`, "inv6", "invalid run request"},
-		{`{"id":"inv7","profile":"shell","prompt":"` + strings.Repeat("x", messages.MaxRequestBytes) + `"}`, "", "largest allowed"},
+		{`{"id":"inv7","profile":"shell","prompt":"` + strings.Repeat("x", messages.MaxRequestBytes) + `"}`, "inv7", "largest allowed"},
 		{`{"id":"inv8","profile":"shell"} {"id":"x"}`, "", "after the JSON object"},
 	}
 	for _, c := range cases {

@@ -105,9 +105,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		Version: version,
 		Logger:  sdkLog.With("component", "mcp-sdk"),
 	})
+	// JSON-RPC batches are answered (or refused) per the negotiated
+	// revision by the filter, never by the SDK, which could end the session.
+	batches := bridge.NewBatches(stdout)
 	err := srv.Run(ctx, &mcp.IOTransport{
-		Reader:        io.NopCloser(stdin),
-		Writer:        nopWriteCloser{stdout},
+		Reader:        batches.Reader(stdin, maxFrameBytes),
+		Writer:        nopWriteCloser{batches},
 		MaxLineLength: maxFrameBytes,
 	})
 	switch {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
@@ -32,6 +33,12 @@ type app struct {
 	// whose profile has coordination on; empty means the worker's default,
 	// jetcrew-bridge beside the running executable.
 	bridgePath string
+
+	// conn are the NATS connection options (connopts.go).
+	conn connOptions
+	// refuse ends the running command with a cause: a permissions
+	// violation the server reported to a client command (see dispatcher).
+	refuse context.CancelCauseFunc
 
 	logLevel string
 	log      zerolog.Logger
@@ -80,7 +87,13 @@ func usageError(err error) error { return &exitError{code: exitUsage, err: err} 
 func (a *app) run(ctx context.Context, args []string) int {
 	root := a.rootCmd()
 	root.SetArgs(args)
+	ctx, refuse := context.WithCancelCause(ctx)
+	defer refuse(nil)
+	a.refuse = refuse
 	err := root.ExecuteContext(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
+		err = cause
+	}
 	if err == nil {
 		return exitOK
 	}
@@ -93,7 +106,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 		code = exitUsage
 	}
 	if err != nil {
-		fmt.Fprintf(a.stderr, "jetcrew: %v\n", err)
+		fmt.Fprintf(visible(a.stderr), "jetcrew: %v\n", err)
 		if code == exitUsage {
 			path := root.CommandPath()
 			if c, _, err := root.Find(args); err == nil {
@@ -130,8 +143,9 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
+	a.addConnFlags(root.PersistentFlags())
 	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd())
+		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd())
 	return root
 }
 

@@ -58,6 +58,6 @@ func (a *app) runCancel(ctx context.Context, url, id string) error {
 	if err != nil {
 		return fmt.Errorf("cancel run %s: %s", id, line)
 	}
-	fmt.Fprintf(a.stdout, "run %s %s\n", id, line)
+	fmt.Fprintf(visible(a.stdout), "run %s %s\n", id, line)
 	return nil
 }

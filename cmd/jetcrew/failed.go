@@ -124,7 +124,7 @@ func rawOrString(b []byte) json.RawMessage {
 }
 
 func printFailed(w io.Writer, entries []failedEntry) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(visible(w), 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tTIME\tPOOL\tRUN ID\tSTATE\tEXIT\tATTEMPTS\tNOW\tREASON")
 	for _, e := range entries {
 		exit := "-"

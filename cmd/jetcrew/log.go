@@ -18,7 +18,9 @@ func newLogger(w io.Writer, level string) (zerolog.Logger, error) {
 	}
 	out := w
 	if isTerminal(w) {
-		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+		// Log fields hold what runs wrote (reasons): shown escaped, and
+		// so without colours.
+		out = zerolog.ConsoleWriter{Out: visible(w), NoColor: true, TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger(), nil
 }

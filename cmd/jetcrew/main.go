@@ -9,6 +9,10 @@
 //	jetcrew cancel RUN_ID        cancel a queued or running run
 //	jetcrew failed               list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID        submit a failed run again from its dead letter
+//	jetcrew roles users DIR      NATS users per role for a real server
+//
+// Every command that connects takes the NATS CLI's connection options
+// (--context, --creds, --nkey, --tlsca, ...); docs/security.md.
 //
 // docs/cli.md documents every command and flag; docs/wire.md the protocol.
 package main

@@ -143,7 +143,7 @@ func TestNATSURL(t *testing.T) {
 	tests := []struct {
 		name, flag, env, want string
 	}{
-		{"default", "", "", defaultNATSURL},
+		{"default: the context's, else defaultNATSURL", "", "", ""},
 		{"env", "", "nats://env:4222", "nats://env:4222"},
 		{"flag beats env", "nats://flag:4222", "nats://env:4222", "nats://flag:4222"},
 	}

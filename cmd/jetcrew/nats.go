@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -17,24 +18,34 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // natsFlag adds --nats to cmd, storing into dst.
 func natsFlag(cmd *cobra.Command, dst *string) {
-	cmd.Flags().StringVar(dst, "nats", "", "NATS server URL(s), comma-separated (default $NATS_URL, else "+defaultNATSURL+")")
+	cmd.Flags().StringVar(dst, "nats", "", "NATS server URL(s), comma-separated (default $NATS_URL, else the NATS context's, else "+defaultNATSURL+")")
 }
 
-// natsURL resolves the server to use: the --nats flag, else $NATS_URL, else
-// defaultNATSURL (as the nats CLI does).
+// natsURL resolves the server to use: the --nats flag, else $NATS_URL (as
+// the nats CLI does), else "": the NATS context's URL, else defaultNATSURL
+// (see natsOptions).
 func (a *app) natsURL(flag string) string {
 	if flag != "" {
 		return flag
 	}
-	if env := a.getenv("NATS_URL"); env != "" {
-		return env
-	}
-	return defaultNATSURL
+	return a.getenv("NATS_URL")
 }
 
-// connect connects to the NATS server(s) at urls. Connection events are
+// connect connects to the NATS server(s) at urls (empty: the context's, else
+// defaultNATSURL) with the connection options every command takes (see
+// connOptions: context, credentials, TLS), then extra. Connection events are
 // logged without credentials.
 func (a *app) connect(urls, name string, extra ...nats.Option) (*nats.Conn, error) {
+	urls, opts, err := a.natsOptions(urls)
+	if err != nil {
+		return nil, err
+	}
+	return a.dial(urls, name, append(opts, extra...)...)
+}
+
+// dial connects to urls with opts only (no connection options from flags or
+// contexts: `jetcrew up`'s own connection uses it).
+func (a *app) dial(urls, name string, extra ...nats.Option) (*nats.Conn, error) {
 	log := a.log.With().Str("nats", redactURL(urls)).Logger()
 	opts := append([]nats.Option{
 		nats.Name(name),
@@ -53,7 +64,7 @@ func (a *app) connect(urls, name string, extra ...nats.Option) (*nats.Conn, erro
 	}, extra...)
 	nc, err := nats.Connect(urls, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w (is `jetcrew up` running? set --nats or NATS_URL)", redactURL(urls), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is `jetcrew up` running? set --nats or NATS_URL, and --context or --creds when the server wants credentials)", redactURL(urls), err)
 	}
 	log.Debug().Str("server", redactURL(nc.ConnectedUrl())).Msg("connected to NATS")
 	return nc, nil
@@ -61,8 +72,18 @@ func (a *app) connect(urls, name string, extra ...nats.Option) (*nats.Conn, erro
 
 // dispatcher connects to NATS at urls as name and returns a dispatcher on
 // that connection and the function that closes it.
+//
+// A permissions violation the server reports on that connection ends the
+// command at once with that error (a refused request would otherwise wait
+// for its timeout): the user's role may not do what the command does.
 func (a *app) dispatcher(urls, name string) (*dispatcher.Dispatcher, func(), error) {
-	nc, err := a.connect(urls, name)
+	nc, err := a.connect(urls, name, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) && a.refuse != nil {
+			a.refuse(fmt.Errorf("the NATS server refused: %w (this user's role may not do this; docs/security.md lists what each role may do)", err))
+			return
+		}
+		a.log.Warn().Err(err).Msg("NATS error")
+	}))
 	if err != nil {
 		return nil, nil, err
 	}

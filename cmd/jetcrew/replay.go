@@ -70,18 +70,18 @@ func (a *app) runReplay(ctx context.Context, url, id string, wait, quiet bool) e
 			r.DeadLetter.Sequence, messages.StreamRuns, r.Sequence)
 	}
 	if r.RunID == "" {
-		fmt.Fprintf(a.stdout, "replayed run %s: %s; the request carries no id, so the worker gives it a new one\n", id, what)
+		fmt.Fprintf(visible(a.stdout), "replayed run %s: %s; the request carries no id, so the worker gives it a new one\n", id, what)
 		if wait {
 			return errors.New("--wait: a request without an id cannot be followed (its new id is derived by the worker; find it with `jetcrew failed` or `nats kv ls jetcrew-runs`)")
 		}
 		return nil
 	}
 	if !wait {
-		fmt.Fprintf(a.stdout, "replayed run %s: %s\n", r.RunID, what)
+		fmt.Fprintf(visible(a.stdout), "replayed run %s: %s\n", r.RunID, what)
 		return nil
 	}
 	if !quiet {
-		fmt.Fprintf(a.stderr, "--- replayed run %s: %s\n", r.RunID, what)
+		fmt.Fprintf(visible(a.stderr), "--- replayed run %s: %s\n", r.RunID, what)
 	}
 	return a.followWith(ctx, r.RunID, quiet, func(fn func(dispatcher.WatchEvent) error) (messages.Event, error) {
 		return d.WatchReplay(ctx, r, fn)

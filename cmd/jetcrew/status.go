@@ -64,7 +64,7 @@ func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error 
 
 // printState writes st for people, one field a line.
 func printState(w io.Writer, st messages.RunState) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(visible(w), 0, 0, 2, ' ', 0)
 	row := func(k, format string, v ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, v...)) }
 	row("id", "%s", st.ID)
 	row("state", "%s", st.State)

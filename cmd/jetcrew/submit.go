@@ -25,6 +25,9 @@ type submitOptions struct {
 	labels  []string
 	wait    bool
 	quiet   bool
+	signKey string // --sign-key: NKey user seed file signing the request
+	// keepWaiting keeps --wait waiting when no live worker serves the pool.
+	keepWaiting bool
 }
 
 func (a *app) submitCmd() *cobra.Command {
@@ -37,13 +40,21 @@ on stdout. PROMPT is handed to the profile's command (for the built-in shell
 profile, the shell script); "-" reads it from stdin.
 
 With --wait it follows the run instead: the run's stdout and stderr are
-copied, byte for byte, to submit's stdout and stderr, a line per lifecycle
-event goes to stderr (unless --quiet), and submit exits 0 when the run
-succeeded, with the run's exit code when it failed with one, else 1. The id
+copied, byte for byte, to submit's stdout and stderr (control characters shown
+escaped when they are a terminal), a line per lifecycle event goes to stderr
+(unless --quiet), and while the run is queued a line gives its age and its
+pool's depth. When no live worker serves the pool, submit says so within
+seconds and exits 1, the run staying queued (--keep-waiting waits instead).
+Otherwise submit exits 0 when the run succeeded, with the run's exit code
+when it failed with one, else 1. The id
 is then printed on stderr, in the "submitted" line.
 
 A request that breaks a rule (see docs/wire.md) is refused before anything is
-published, with exit code 2.`,
+published, with exit code 2. Submitting an id again within the stream's
+duplicate window (2 minutes) publishes nothing: submit says so and exits 1
+without following the first run (use "jetcrew replay ID" to run a failed run
+again, or a new --id). An id whose run recorded another request is refused
+the same way.`,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -`,
@@ -63,6 +74,8 @@ published, with exit code 2.`,
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
+	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
+	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 	return cmd
 }
 
@@ -126,16 +139,21 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return usageError(err)
 	}
 
+	submit, err := signer(o.signKey)
+	if err != nil {
+		return usageError(err)
+	}
 	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew submit")
 	if err != nil {
 		return err
 	}
 	defer closeNATS()
-	id, err := d.Submit(ctx, req)
+	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return submit(ctx, d, req) }, o.keepWaiting, o.quiet)
 	if err != nil {
 		if errors.Is(err, messages.ErrInvalidRequest) {
 			return usageError(err)
 		}
+		// A duplicate publish or a used id: say so, follow nothing, exit 1.
 		return err
 	}
 	a.log.Debug().Str("run_id", id).Str("profile", req.Profile).Str("pool", req.Pool).Msg("run submitted")
@@ -146,7 +164,7 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	if !o.quiet {
 		fmt.Fprintf(a.stderr, "--- submitted run %s (profile %s, pool %s)\n", id, req.Profile, req.Pool)
 	}
-	return a.follow(ctx, d, id, o.quiet)
+	return a.followQueued(ctx, d, id, req.Pool, o.keepWaiting, o.quiet)
 }
 
 // follow copies the events of run id to the terminal until it finishes and
@@ -222,7 +240,7 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 		if len(ev.Data) == 0 {
 			return nil
 		}
-		if _, err := w.Write(ev.Data); err != nil {
+		if _, err := outputWriter(w, false).Write(ev.Data); err != nil {
 			return fmt.Errorf("write run output: %w", err)
 		}
 		p.atLineStart = ev.Data[len(ev.Data)-1] == '\n'
@@ -236,7 +254,7 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 		line = "\n" + line
 		p.atLineStart = true
 	}
-	_, err := fmt.Fprintln(p.stderr, line)
+	_, err := fmt.Fprintln(visible(p.stderr), line)
 	return err
 }
 
@@ -272,4 +290,22 @@ func shortID(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// signer returns how to submit: signed with the NKey seed in keyFile, or
+// plainly when keyFile is empty. A key that cannot be read is an error
+// before anything is published.
+func signer(keyFile string) (func(context.Context, *dispatcher.Dispatcher, messages.RunRequest) (string, error), error) {
+	if keyFile == "" {
+		return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
+			return d.Submit(ctx, req)
+		}, nil
+	}
+	kp, err := dispatcher.LoadSigningKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--sign-key: %w", err)
+	}
+	return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
+		return d.SubmitSigned(ctx, req, kp)
+	}, nil
 }

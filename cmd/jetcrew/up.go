@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/jetcrew/jetcrew/roles"
 	"github.com/jetcrew/jetcrew/worker"
 )
 
@@ -22,6 +25,7 @@ const serverReadyTimeout = 10 * time.Second
 type upOptions struct {
 	listen  string
 	dataDir string
+	auth    bool // --auth: one NKey user per role (upauth.go)
 	worker  workerOptions
 }
 
@@ -38,8 +42,13 @@ as NATS_URL=<url>, for other jetcrew commands and NATS clients.
 Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), then the server shuts down.
 
-The server has no authentication: keep --listen on a loopback address unless
-the network is trusted.`,
+By default the server has no authentication, and --listen must then be a
+loopback address. --auth gives it one NKey user per role (submitter, worker,
+operator, observer; docs/security.md): their seeds go to <data>/auth/<role>.nk
+(mode 0600, kept across restarts) and a NATS CLI context per role,
+jetcrew-<role>, is written, so that 'nats --context jetcrew-submitter ...' and
+'jetcrew --context jetcrew-operator failed' work. --tlscert and --tlskey make
+the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runUp(cmd.Context(), o)
@@ -47,6 +56,7 @@ the network is trusted.`,
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
 	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
+	cmd.Flags().BoolVar(&o.auth, "auth", false, "one NKey user per role, a NATS CLI context each (required beyond loopback)")
 	o.worker.addFlags(cmd.Flags())
 	return cmd
 }
@@ -87,7 +97,8 @@ func clientURL(s *server.Server, host string) string {
 	if ip.To4() == nil {
 		loop = "::1"
 	}
-	return "nats://" + net.JoinHostPort(loop, port)
+	scheme, _, _ := strings.Cut(u, "://")
+	return scheme + "://" + net.JoinHostPort(loop, port)
 }
 
 func (a *app) runUp(ctx context.Context, o upOptions) error {
@@ -107,14 +118,11 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return fmt.Errorf("data directory: %w", err)
 	}
 
-	s, err := server.NewServer(&server.Options{
-		ServerName: "jetcrew",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dataDir,
-		NoSigs:     true,
-	})
+	sopts, keys, err := a.upServer(o, host, port, dataDir)
+	if err != nil {
+		return err
+	}
+	s, err := server.NewServer(sopts)
 	if err != nil {
 		return fmt.Errorf("nats-server: %w", err)
 	}
@@ -139,20 +147,35 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return fmt.Errorf("nats-server: %s", msg)
 	}
 	url := clientURL(s, host)
-	ip := net.ParseIP(host)
-	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		a.log.Warn().Str("listen", o.listen).Msg("the NATS server has no authentication and listens beyond loopback: anyone who can reach it can submit runs")
+	inProcess := []nats.Option{nats.InProcessServer(s), nats.MaxReconnects(-1)}
+	if sopts.TLS {
+		// The server speaks TLS on its in-process pipe too; the pipe never
+		// leaves this process, so there is no peer to verify.
+		inProcess = append(inProcess, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // in-process pipe
 	}
-	a.log.Info().Str("url", url).Str("data", dataDir).Msg("nats-server ready")
-
-	nc, err := a.connect(url, "jetcrew up", nats.InProcessServer(s), nats.MaxReconnects(-1))
+	if keys != nil {
+		opts, err := workerAuth(keys)
+		if err != nil {
+			return err
+		}
+		inProcess = append(inProcess, opts...)
+	}
+	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	a.log.Info().Str("url", url).Str("data", dataDir).Bool("auth", keys != nil).Bool("tls", sopts.TLS).Msg("nats-server ready")
+	if err := a.announceAuth(url, keys); err != nil {
+		return err
+	}
 
+	hint := "jetcrew submit --nats " + url + " 'echo hello'"
+	if keys != nil {
+		hint = "jetcrew --context " + contextPrefix + string(roles.Submitter) + " submit 'echo hello'"
+	}
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
-		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: jetcrew submit --nats " + url + " 'echo hello'")
+		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: " + hint)
 	}, slog.fatal)
 }

@@ -2,8 +2,6 @@ package relay
 
 import (
 	"bytes"
-	"encoding/json"
-	"io"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -90,13 +88,8 @@ func decodeStrict(data []byte, v any) error {
 	if len(data) > MaxRequestBytes {
 		return invalid(CodeTooLarge, "request is %d bytes, largest allowed is %d", len(data), MaxRequestBytes)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := messages.DecodeStrictJSON(data, v); err != nil {
 		return invalid(CodeInvalid, "bad request: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return invalid(CodeInvalid, "bad request: data after the JSON object")
 	}
 	return nil
 }

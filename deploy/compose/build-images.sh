@@ -61,8 +61,13 @@ mkdir -p "$work/nats/data"
 install -m 0755 "$nats" "$work/nats/nats-server"
 install -m 0644 "$root/deploy/nats/cluster.conf" "$work/nats/cluster.conf"
 cp "$root/deploy/nats/Dockerfile" "$work/nats/Dockerfile"
-# The config must parse before it is baked in.
-NATS_SERVER_NAME=check "$nats" --config "$work/nats/cluster.conf" -t >&2
+# The config must parse before it is baked in: against throwaway users and
+# certificates in place of the host's (/etc/nats/ is mounted at run time).
+check="$work/check"
+"$BIN/jetcrew" roles users "$check/auth" >/dev/null
+bash "$here/make-certs.sh" "$check/tls"
+sed "s#/etc/nats/#$check/#g" "$work/nats/cluster.conf" >"$check/cluster.conf"
+NATS_SERVER_NAME=check "$nats" --config "$check/cluster.conf" -t >&2
 log "building $NATS_IMAGE:$NATS_SERVER_VERSION"
 DOCKER_BUILDKIT=0 "$DOCKER" build --quiet \
 	--label "io.jetcrew.nats-server=$NATS_SERVER_VERSION" \

@@ -1,0 +1,491 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/roles"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// authEnv is a `jetcrew up --auth` (fake runtime) whose NATS CLI contexts
+// live under xdg.
+type authEnv struct {
+	url, xdg, data string
+	stdout         *syncBuffer
+	rt             *workertest.Runtime
+}
+
+// authUp starts `jetcrew up --auth` with args until the test ends.
+func authUp(t *testing.T, args ...string) authEnv {
+	t.Helper()
+	e := authEnv{xdg: t.TempDir(), data: t.TempDir(), rt: workertest.NewRuntime()}
+	ctx, cancel := context.WithCancel(context.Background())
+	up := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg}, e.rt)
+	e.stdout = up.stdout
+	done := make(chan int, 1)
+	go func() {
+		done <- up.run(ctx, append([]string{"up", "--auth", "--listen", "127.0.0.1:0", "--data", e.data, "--drain-timeout", "2s"}, args...))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			require.Equal(t, 0, code, "up stderr: %s", up.stderr.String())
+		case <-time.After(20 * time.Second):
+			t.Error("up did not stop")
+		}
+		// The worker role has every permission the worker uses.
+		require.NotContains(t, up.stderr.String(), "Permissions Violation")
+	})
+	require.Eventually(t, func() bool {
+		m := regexp.MustCompile(`(?m)^NATS_URL=(nats://127\.0\.0\.1:\d+)$`).FindStringSubmatch(up.stdout.String())
+		if m != nil {
+			e.url = m[1]
+		}
+		return m != nil
+	}, 15*time.Second, 20*time.Millisecond, "up stderr: %s", up.stderr.String())
+	return e
+}
+
+// as runs one command line as role: NATS_CONTEXT=jetcrew-<role>, the URL
+// from the context.
+func (e authEnv) as(t *testing.T, role roles.Role, args ...string) (int, string, string) {
+	t.Helper()
+	a := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-" + string(role)}, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	code := a.run(ctx, args)
+	return code, a.stdout.String(), a.stderr.String()
+}
+
+// roleConn is a raw NATS connection as a role, with the server's async
+// errors (permissions violations) on errs.
+type roleConn struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	errs chan error
+}
+
+func (e authEnv) conn(t *testing.T, role roles.Role) roleConn {
+	t.Helper()
+	opt, err := nats.NkeyOptionFromSeed(filepath.Join(e.data, authDirName, string(role)+".nk"))
+	require.NoError(t, err)
+	rc := roleConn{errs: make(chan error, 64)}
+	rc.nc, err = nats.Connect(e.url, opt, nats.CustomInboxPrefix(roles.InboxPrefix(role)), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case rc.errs <- err:
+		default:
+		}
+	}))
+	require.NoError(t, err)
+	t.Cleanup(rc.nc.Close)
+	rc.js, err = jetstream.New(rc.nc)
+	require.NoError(t, err)
+	return rc
+}
+
+// errRefused is what try returns when the server refused the attempt.
+var errRefused = errors.New("refused by the server")
+
+// try runs do and returns nil when it succeeded, errRefused when the server
+// reported a permissions violation naming subject (do is then cut short:
+// a refused request would only time out), or do's error.
+func (rc roleConn) try(subject string, do func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	denied := false
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case err := <-rc.errs:
+				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+					mu.Lock()
+					denied = true
+					mu.Unlock()
+					cancel()
+					return
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	before := rc.nc.LastError()
+	err := do(ctx)
+	if err == nil {
+		// A core publish gets no answer: the server's -ERR comes before
+		// the PONG of a flush, and the client records it (LastError)
+		// before it reads the PONG.
+		_ = rc.nc.FlushTimeout(2 * time.Second)
+		if le := rc.nc.LastError(); le != nil && le != before && errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), `"`+subject+`"`) {
+			return errRefused
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if denied {
+		return errRefused
+	}
+	return err
+}
+
+// The role matrix: each role against every operation jetcrew offers and the
+// things it must not do, each attempt allowed or refused by the server.
+func TestRoleMatrix(t *testing.T) {
+	t.Parallel()
+	e := authUp(t, "--concurrency", "2")
+
+	// A failed run (for failed and replay) and a running one (for cancel).
+	code, out, errOut := e.as(t, roles.Submitter, "submit", "--id", "failing", "--wait", "exit 3")
+	require.Equal(t, 3, code, "submit as submitter: %s", errOut)
+	code, _, errOut = e.as(t, roles.Submitter, "submit", "--id", "long", "sleep 1m")
+	require.Equal(t, 0, code, errOut)
+	_ = out
+
+	type cliOp struct {
+		name string
+		args []string
+		ok   []roles.Role // allowed; the others are refused
+	}
+	all := []roles.Role{roles.Submitter, roles.Operator, roles.Observer, roles.Worker}
+	ops := []cliOp{
+		{"submit", []string{"submit", "--wait", "out hi"}, []roles.Role{roles.Submitter, roles.Operator}},
+		{"status", []string{"status", "failing"}, all},
+		{"watch", []string{"watch", "failing"}, all},
+		{"failed", []string{"failed"}, []roles.Role{roles.Operator, roles.Observer, roles.Worker}},
+		{"cancel", []string{"cancel", "long"}, []roles.Role{roles.Operator}},
+		{"replay", []string{"replay", "failing"}, []roles.Role{roles.Operator}},
+	}
+	for _, op := range ops {
+		for _, r := range []roles.Role{roles.Submitter, roles.Observer, roles.Worker, roles.Operator} {
+			code, _, errOut := e.as(t, r, op.args...)
+			if contains(op.ok, r) {
+				want := 0
+				if op.name == "watch" {
+					want = 3 // the run's own exit code
+				}
+				require.Equal(t, want, code, "%s as %s must be allowed: %s", op.name, r, errOut)
+				continue
+			}
+			require.NotEqual(t, 0, code, "%s as %s must be refused", op.name, r)
+			require.Contains(t, errOut, "Permissions Violation", "%s as %s: refused by the server", op.name, r)
+		}
+	}
+
+	// What no role but one may do, tried raw on the bus.
+	raw := rawAttempts()
+	conns := map[roles.Role]roleConn{}
+	for _, r := range all {
+		conns[r] = e.conn(t, r)
+	}
+	for _, op := range raw {
+		for _, r := range []roles.Role{roles.Submitter, roles.Observer, roles.Worker, roles.Operator} {
+			err := op.do(conns[r])
+			if contains(op.ok, r) {
+				require.NoError(t, err, "%s as %s must be allowed", op.name, r)
+			} else {
+				require.ErrorIs(t, err, errRefused, "%s as %s must be refused by the server", op.name, r)
+			}
+		}
+	}
+}
+
+// rawAttempt is something a role tries on the bus itself, and the roles the
+// server lets do it.
+type rawAttempt struct {
+	name string
+	do   func(roleConn) error
+	ok   []roles.Role
+}
+
+// rawAttempts are the things only one role may do: speak as a run, speak as
+// the operator, write a run state, publish an event, delete a stream.
+func rawAttempts() []rawAttempt {
+	forged := func(rc roleConn) error {
+		subj := coordination.Subject("crew", "victim")
+		return rc.try(subj, func(ctx context.Context) error {
+			m := nats.NewMsg(subj)
+			m.Header.Set(coordination.HeaderFrom, "some-run")
+			m.Data = []byte("forged")
+			_, err := rc.js.PublishMsg(ctx, m)
+			return err
+		})
+	}
+	fromOperator := func(rc roleConn) error {
+		subj := coordination.SubjectFromOperator("crew", "victim")
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte("from the operator"))
+			return err
+		})
+	}
+	stateWrite := func(rc roleConn) error {
+		subj := "$KV." + messages.BucketRuns + ".failing"
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte(`{"state":"succeeded"}`))
+			return err
+		})
+	}
+	event := func(rc roleConn) error {
+		subj := messages.SubjectEvents("failing", messages.EventFinished)
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte(`{}`))
+			return err
+		})
+	}
+	streamDelete := func(rc roleConn) error {
+		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
+		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
+	}
+	subscribe := func(subj string) func(rc roleConn) error {
+		return func(rc roleConn) error {
+			return rc.try(subj, func(context.Context) error {
+				_, err := rc.nc.SubscribeSync(subj)
+				return err
+			})
+		}
+	}
+	return []rawAttempt{
+		// Replies are private to a role: the worker's fetched run requests
+		// arrive under its inbox prefix, which no other role may read.
+		{"read the worker's replies", subscribe(roles.InboxPrefix(roles.Worker) + ".>"), []roles.Role{roles.Worker}},
+		{"read every reply", subscribe("_INBOX.>"), nil},
+		{"coordination publish as a run", forged, []roles.Role{roles.Worker}},
+		{"coordination publish as the operator", fromOperator, []roles.Role{roles.Operator}},
+		{"run state write", stateWrite, []roles.Role{roles.Worker}},
+		{"run event publish", event, []roles.Role{roles.Worker}},
+		// Last: the operator's delete removes the stream.
+		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
+	}
+}
+
+func contains(rs []roles.Role, r roles.Role) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// A submitter limited to pools is refused the others by the server.
+func TestSubmitterPools(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := kp.PublicKey()
+	require.NoError(t, err)
+	g, err := roles.Permissions(roles.Submitter, "gpu")
+	require.NoError(t, err)
+	s := startAuthServer(t, pub, g)
+	seed, err := kp.Seed()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "s.nk")
+	require.NoError(t, os.WriteFile(path, seed, 0o600))
+
+	errs := make(chan error, 8)
+	opt, err := nats.NkeyOptionFromSeed(path)
+	require.NoError(t, err)
+	nc, err := nats.Connect(s.ClientURL(), opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	require.NoError(t, err)
+	defer nc.Close()
+	rc := roleConn{nc: nc, errs: errs}
+	require.NoError(t, rc.try("jetcrew.runs.gpu", func(context.Context) error { return nc.Publish("jetcrew.runs.gpu", []byte("{}")) }))
+	require.ErrorIs(t, rc.try("jetcrew.runs.cpu", func(context.Context) error { return nc.Publish("jetcrew.runs.cpu", []byte("{}")) }), errRefused)
+
+	_, err = roles.Permissions(roles.Operator, "gpu")
+	require.Error(t, err)
+	_, err = roles.Permissions(roles.Submitter, "a.b")
+	require.Error(t, err)
+}
+
+// `up --auth` keeps the seeds private and writes a context per role that
+// the contexts' own connection uses; a second start reuses the seeds.
+func TestUpAuthFiles(t *testing.T) {
+	t.Parallel()
+	e := authUp(t)
+	for _, r := range roles.All {
+		st, err := os.Stat(filepath.Join(e.data, authDirName, string(r)+".nk"))
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "seed of %s", r)
+		ctxFile := filepath.Join(e.xdg, "nats", "context", "jetcrew-"+string(r)+".json")
+		data, err := os.ReadFile(ctxFile)
+		require.NoError(t, err)
+		var c struct{ URL, NKey string }
+		require.NoError(t, json.Unmarshal(data, &c))
+		require.Equal(t, e.url, c.URL)
+		require.Equal(t, filepath.Join(e.data, authDirName, string(r)+".nk"), c.NKey)
+		require.Contains(t, e.stdout.String(), "jetcrew-"+string(r))
+	}
+	st, err := os.Stat(filepath.Join(e.data, authDirName))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+
+	// Without credentials the server refuses the connection.
+	code, _, errOut := cli(t, e.url, "status", "x")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "Authorization Violation")
+}
+
+// Beyond loopback, up refuses to start without --auth.
+func TestUpListenNeedsAuth(t *testing.T) {
+	t.Parallel()
+	for _, listen := range []string{"0.0.0.0:0", ":0", "192.0.2.1:0"} {
+		up := newTestApp(nil, workertest.NewRuntime())
+		code := up.run(t.Context(), []string{"up", "--listen", listen, "--data", t.TempDir()})
+		require.Equal(t, exitUsage, code, listen)
+		require.Contains(t, up.stderr.String(), "add --auth", listen)
+		require.Empty(t, up.stdout.String())
+	}
+}
+
+// startAuthServer starts an embedded server with JetStream whose only user
+// is the NKey pub with grant g.
+func startAuthServer(t *testing.T, pub string, g roles.Grant) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true,
+		Nkeys: []*server.NkeyUser{{Nkey: pub, Permissions: g.ServerPermissions()}},
+	})
+	require.NoError(t, err)
+	go s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// `jetcrew roles users` makes the users of a real server: a configuration
+// including its files gives each seed its role, enforced by the server.
+func TestRolesUsers(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "auth")
+	code, out, errOut := cli(t, "", "roles", "users", dir)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, filepath.Join(dir, "submitter.nk"))
+	conf := filepath.Join(dir, "server.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("include users.conf\n"), 0o644))
+	opts, err := server.ProcessConfigFile(conf)
+	require.NoError(t, err)
+	require.Len(t, opts.Nkeys, len(roles.All))
+	opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoSigs = "127.0.0.1", -1, true, t.TempDir(), true
+	s, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+
+	// A second run keeps the seeds.
+	before, err := os.ReadFile(filepath.Join(dir, "worker.nk"))
+	require.NoError(t, err)
+	code, _, errOut = cli(t, "", "roles", "users", dir)
+	require.Equal(t, 0, code, errOut)
+	after, err := os.ReadFile(filepath.Join(dir, "worker.nk"))
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+
+	// The observer's seed connects and may not publish a run request.
+	opt, err := nats.NkeyOptionFromSeed(filepath.Join(dir, "observer.nk"))
+	require.NoError(t, err)
+	errs := make(chan error, 8)
+	nc, err := nats.Connect(s.ClientURL(), opt, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	require.NoError(t, err)
+	defer nc.Close()
+	rc := roleConn{nc: nc, errs: errs}
+	require.ErrorIs(t, rc.try("jetcrew.runs.default", func(context.Context) error { return nc.Publish("jetcrew.runs.default", []byte("{}")) }), errRefused)
+
+	code, out, _ = cli(t, "", "roles", "permissions")
+	require.Equal(t, 0, code)
+	require.Equal(t, roles.ConfigFile(), out)
+}
+
+// deploy/nats/cluster.conf (deploy/compose's nodes) parses with the files
+// host-setup.sh makes: `jetcrew roles users` and a CA's certificate, and
+// gives every role its user, with client and route TLS.
+func TestComposeClusterConf(t *testing.T) {
+	t.Setenv("NATS_SERVER_NAME", "nats-1")
+	dir := t.TempDir()
+	code, _, errOut := cli(t, "", "roles", "users", filepath.Join(dir, "users"))
+	require.Equal(t, 0, code, errOut)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "auth"), 0o755))
+	for _, f := range []string{"users.conf", "permissions.conf"} {
+		data, err := os.ReadFile(filepath.Join(dir, "users", f))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "auth", f), data, 0o644))
+	}
+	ca, cert, key := writeCerts(t)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "tls"), 0o755))
+	for src, name := range map[string]string{ca: "ca.pem", cert: "server.pem", key: "server-key.pem"} {
+		data, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls", name), data, 0o600))
+	}
+	conf, err := os.ReadFile("../../deploy/nats/cluster.conf")
+	require.NoError(t, err)
+	path := filepath.Join(dir, "cluster.conf")
+	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(string(conf), "/etc/nats/", dir+"/")), 0o644))
+	opts, err := server.ProcessConfigFile(path)
+	require.NoError(t, err)
+	require.Len(t, opts.Nkeys, len(roles.All))
+	require.NotNil(t, opts.TLSConfig)
+	require.NotNil(t, opts.Cluster.TLSConfig, "routes use TLS")
+	require.Equal(t, "nats-1", opts.ServerName)
+}
+
+// `jetcrew worker --context` connects as the worker role and runs requests
+// on a server with auth on, its role enough for everything it does.
+func TestWorkerWithContext(t *testing.T) {
+	t.Parallel()
+	e := authUp(t, "--concurrency", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	w := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-worker"}, workertest.NewRuntime())
+	done := make(chan int, 1)
+	go func() { done <- w.run(ctx, []string{"worker", "--pool", "gpu", "--id", "ctx-worker"}) }()
+	code, out, errOut := e.as(t, roles.Submitter, "submit", "--pool", "gpu", "--wait", "out on gpu")
+	require.Equal(t, 0, code, "%s\nworker: %s", errOut, w.stderr.String())
+	require.Equal(t, "on gpu\n", out)
+	require.Contains(t, errOut, "ctx-worker")
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, w.stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	require.NotContains(t, w.stderr.String(), "Permissions Violation")
+}
+
+// A seed file others can read is refused, not used.
+func TestSeedModeChecked(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, _, err := ensureRoleKeys(dir)
+	require.NoError(t, err)
+	path := filepath.Join(dir, "operator.nk")
+	require.NoError(t, os.Chmod(path, 0o644))
+	_, _, err = ensureRoleKeys(dir)
+	require.ErrorContains(t, err, "chmod 600")
+	require.NoError(t, os.Chmod(path, 0o600))
+	require.NoError(t, os.WriteFile(path, []byte("garbage"), 0o600))
+	_, _, err = ensureRoleKeys(dir)
+	require.ErrorContains(t, err, "not an NKey user seed")
+	require.NotContains(t, err.Error(), "garbage")
+}

@@ -1,0 +1,49 @@
+package coordination
+
+import (
+	"strings"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// OperatorSuffix ends the subject of a message an operator sends to the runs
+// of a group: jetcrew.coord.<group>.<recipient>.operator (SubjectFromOperator).
+// Runs read it as from "operator" whatever its headers say. Only workers may
+// publish on the four-token subjects runs' messages travel on; an operator's
+// NATS user is allowed only these (see package roles), so nobody outside a
+// run's bridge can speak as that run.
+const OperatorSuffix = "operator"
+
+// SubjectFromOperator returns the subject of an operator's message to
+// recipient (a run id or RecipientAll) in group:
+// jetcrew.coord.<group>.<recipient>.operator. It does not validate its
+// arguments; "*" makes the wildcard a permission needs.
+func SubjectFromOperator(group, recipient string) string {
+	return Subject(group, recipient) + "." + OperatorSuffix
+}
+
+// inboxFilters are the subjects a run's inbox reads: messages to the run and
+// to "all", from runs and from the operator.
+func inboxFilters(run RunInfo) []string {
+	return []string{
+		Subject(run.Group, run.RunID), Subject(run.Group, RecipientAll),
+		SubjectFromOperator(run.Group, run.RunID), SubjectFromOperator(run.Group, RecipientAll),
+	}
+}
+
+// sender returns who sent a coordination message on subject with the
+// Jetcrew-From header from, and to whom: a message on an operator subject
+// (SubjectFromOperator) is from RecipientOperator whatever from says (the
+// worker re-stamps it), as is one without a valid run id in from.
+func sender(subject, from string) (sentBy, to string) {
+	rest := strings.TrimPrefix(subject, SubjectPrefix+".")
+	toks := strings.Split(rest, ".")
+	if len(toks) == 3 && toks[2] == OperatorSuffix {
+		return RecipientOperator, toks[1]
+	}
+	to = toks[len(toks)-1]
+	if from == "" || messages.ValidateToken("from", from) != nil {
+		from = RecipientOperator
+	}
+	return from, to
+}

@@ -1,0 +1,115 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// maxCatchUp bounds the events readMissed reads one by one.
+const maxCatchUp = 100000
+
+// readMissed reads, from the JETCREW_EVENTS stream leader, the events of run
+// id after sequence after that Watch's consumer has not delivered, hands
+// each to fn as the consumer would have, and returns the finished event
+// among them that ends the watch (see watch: the first after a replay, else
+// one belonging to the final state st). ok is false when there is none: the
+// finished event is really gone.
+//
+// Watch calls it before it makes a finished event from the run's final
+// state: a consumer placed on a node still catching up after a restart can
+// stay silent for a while, and an event that was only not read yet must not
+// be reported gone (issue 13, item 24). It asks the stream leader (the
+// JetStream message-get API, not a direct get, which any replica may answer
+// from behind).
+func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, from watchFrom, st messages.RunState, fn func(WatchEvent) error) (messages.Event, bool, error) {
+	var fin *messages.Event
+	next := max(after+1, from.afterEvent+1)
+	for range maxCatchUp {
+		m, err := d.leaderGet(ctx, next, messages.SubjectEventsAll(id))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return messages.Event{}, false, err
+		}
+		ev, err := parseStoredEvent(m)
+		if err != nil {
+			return messages.Event{}, false, err
+		}
+		if fn != nil {
+			if err := fn(ev); err != nil {
+				return messages.Event{}, false, err
+			}
+		}
+		switch {
+		case ev.Type == messages.EventFinished && from.requestSeq != 0:
+			return ev.Event, true, nil
+		case ev.Type == messages.EventFinished:
+			e := ev.Event
+			fin = &e
+		case ev.Type == messages.EventStarted:
+			fin = nil
+		}
+		next = m.Sequence + 1
+	}
+	if fin != nil && finishOf(st, *fin) {
+		return *fin, true, nil
+	}
+	return messages.Event{}, false, nil
+}
+
+// leaderGet returns the first message of JETCREW_EVENTS at or after seq on
+// subject, asked of the stream leader. The error wraps jetstream.ErrMsgNotFound
+// when there is none.
+func (d *Dispatcher) leaderGet(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
+	req, _ := json.Marshal(struct {
+		Seq  uint64 `json:"seq"`
+		Next string `json:"next_by_subj"`
+	}{seq, subject})
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := d.js.Conn().RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+messages.StreamEvents, req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.StreamEvents, err)
+	}
+	var r struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.StreamEvents, err)
+	}
+	if r.Error != nil {
+		if r.Error.Code == 404 {
+			return nil, jetstream.ErrMsgNotFound
+		}
+		return nil, fmt.Errorf("read %s: %s", messages.StreamEvents, r.Error.Description)
+	}
+	if r.Message == nil {
+		return nil, jetstream.ErrMsgNotFound
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Time: r.Message.Time}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("read %s: headers of %d: %w", messages.StreamEvents, m.Sequence, err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,252 @@
+// Package roles holds jetcrew's least-privilege NATS roles, written down once:
+// the subjects each role may publish and subscribe to. From them come the
+// nats-server permissions of `jetcrew up --auth` (Permissions) and the
+// configuration blocks docs/security.md shows for operators to paste into a
+// real server's configuration (ConfigBlock); a test keeps the two equal.
+//
+// The roles:
+//
+//   - Submitter publishes run requests (to every pool, or to the pools it is
+//     given) and reads run states and events. It cannot write a run state,
+//     publish where agents read (coordination), cancel or replay runs, or
+//     touch a stream's configuration.
+//   - Worker does what a worker does: provision jetcrew's streams, buckets
+//     and consumers (never delete or purge a stream), take requests, write
+//     states, events and dead letters, relay coordination as its runs, answer
+//     cancels.
+//   - Operator cancels, replays, reads dead letters, manages every stream
+//     through the JetStream API and talks to runs as "operator"
+//     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
+//     or write a run state.
+//   - Observer only reads: states, events, dead letters, coordination.
+package roles
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+// Role names one of jetcrew's NATS roles.
+type Role string
+
+// The roles, in the order docs/security.md lists them.
+const (
+	Submitter Role = "submitter"
+	Worker    Role = "worker"
+	Operator  Role = "operator"
+	Observer  Role = "observer"
+)
+
+// All lists every role.
+var All = []Role{Submitter, Worker, Operator, Observer}
+
+// Parse returns the role named s, or an error naming the roles.
+func Parse(s string) (Role, error) {
+	for _, r := range All {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("unknown role %q (roles: submitter, worker, operator, observer)", s)
+}
+
+// Grant is a role's permissions as subject lists: what it may publish (NATS
+// core publishes, JetStream API requests and acknowledgements alike), what it
+// may subscribe to, and whether it may reply to requests it receives.
+type Grant struct {
+	Publish   []string
+	Subscribe []string
+	// Responses allows publishing to the reply subject of a request the
+	// user received (nats-server's allow_responses).
+	Responses bool
+}
+
+// Stream names, the key-value buckets' streams included.
+var (
+	kvRuns      = "KV_" + messages.BucketRuns
+	kvPeers     = "KV_" + coordination.BucketPeers
+	kvWorkers   = "KV_" + worker.BucketWorkers
+	allStreams  = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, worker.StreamAdvisories, kvRuns, kvPeers, kvWorkers}
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers}
+)
+
+// InboxPrefix returns the inbox prefix role r's clients must use,
+// _INBOX_jetcrew_<role>: the replies to their requests (JetStream
+// acknowledgements, fetched messages, key-value reads, cancel replies)
+// arrive under it, and a role may subscribe to its own prefix only, so no
+// user reads the replies meant for another role (a worker's fetched run
+// requests, say). A NATS CLI context sets it with inbox_prefix (`nats context
+// save --inbox-prefix`), jetcrew with --inbox-prefix or the context, a Go
+// client with nats.CustomInboxPrefix.
+func InboxPrefix(r Role) string {
+	return "_INBOX_jetcrew_" + string(r)
+}
+
+// inbox is the subscription role r's replies need.
+func inbox(r Role) string { return InboxPrefix(r) + ".>" }
+
+// api prefixes the JetStream API.
+const api = "$JS.API."
+
+// read is what reading stream s takes: its info, getting its messages and
+// following it with an ephemeral (ordered) consumer, which its reader
+// deletes when done: allowed only on streams without durable consumers, so
+// a reader can never delete a worker's or a run's consumer.
+func read(s string) []string {
+	g := []string{
+		api + "STREAM.INFO." + s,
+		api + "STREAM.MSG.GET." + s,
+		api + "DIRECT.GET." + s,
+		api + "DIRECT.GET." + s + ".>",
+		api + "CONSUMER.CREATE." + s + ".>",
+		api + "CONSUMER.INFO." + s + ".>",
+		api + "CONSUMER.MSG.NEXT." + s + ".>",
+		"$JS.FC." + s + ".>",
+	}
+	if !slices.Contains(durableStreams, s) {
+		g = append(g, api+"CONSUMER.DELETE."+s+".>")
+	}
+	return g
+}
+
+// durableStreams are the streams with durable consumers: the pools'
+// workers-<pool>, the dead-letterer and the runs' inboxes.
+var durableStreams = []string{messages.StreamRuns, worker.StreamAdvisories, coordination.StreamName}
+
+// manage is what provisioning stream s and consuming it with durable
+// consumers takes, without deleting or purging it.
+func manage(s string) []string {
+	g := append(read(s),
+		api+"STREAM.CREATE."+s,
+		api+"STREAM.UPDATE."+s,
+		api+"STREAM.MSG.DELETE."+s,
+		api+"CONSUMER.DURABLE.CREATE."+s+".>",
+		"$JS.ACK."+s+".>",
+	)
+	if slices.Contains(durableStreams, s) {
+		g = append(g, api+"CONSUMER.DELETE."+s+".>")
+	}
+	return g
+}
+
+// Permissions returns role r's grant. pools limits the pools a submitter
+// may publish run requests to; none means every pool. It is an error to
+// give pools to another role, or an invalid pool name.
+func Permissions(r Role, pools ...string) (Grant, error) {
+	if len(pools) > 0 && r != Submitter {
+		return Grant{}, fmt.Errorf("role %s: only a submitter is limited to pools", r)
+	}
+	for _, p := range pools {
+		if err := messages.ValidateToken("pool", p); err != nil {
+			return Grant{}, err
+		}
+	}
+	var g Grant
+	switch r {
+	case Submitter:
+		g = submitter(pools)
+	case Worker:
+		g = workerGrant()
+	case Operator:
+		g = operator()
+	case Observer:
+		g = observer()
+	default:
+		return Grant{}, fmt.Errorf("unknown role %q", r)
+	}
+	return g, nil
+}
+
+func submitter(pools []string) Grant {
+	var pub []string
+	if len(pools) == 0 {
+		pub = append(pub, messages.SubjectRuns("*"))
+	}
+	for _, p := range pools {
+		pub = append(pub, messages.SubjectRuns(p))
+	}
+	pub = append(pub, api+"INFO")
+	pub = append(pub, read(kvRuns)...)
+	pub = append(pub, read(messages.StreamEvents)...)
+	return Grant{Publish: pub, Subscribe: []string{inbox(Submitter)}}
+}
+
+func workerGrant() Grant {
+	pub := []string{
+		messages.SubjectEventsPrefix + ".>",
+		messages.SubjectFailedPrefix + ".>",
+		// As a run, through its bridge: exactly four tokens, never the
+		// operator's jetcrew.coord.<group>.<recipient>.operator.
+		coordination.SubjectPrefix + ".*.*",
+		"$KV." + messages.BucketRuns + ".>",
+		"$KV." + coordination.BucketPeers + ".>",
+		"$KV." + worker.BucketWorkers + ".>",
+		worker.SubjectStopPrefix + ".*",
+		api + "INFO",
+		api + "STREAM.NAMES",
+	}
+	for _, s := range allStreams {
+		pub = append(pub, manage(s)...)
+	}
+	return Grant{
+		Publish: pub,
+		Subscribe: []string{inbox(Worker),
+			messages.SubjectCancelPrefix + ".*",
+			worker.SubjectStopPrefix + ".*",
+		},
+		Responses: true,
+	}
+}
+
+func operator() Grant {
+	return Grant{
+		Publish: []string{
+			messages.SubjectRuns("*"), // replay
+			messages.SubjectCancelPrefix + ".*",
+			coordination.SubjectFromOperator("*", "*"),
+			api + ">",
+			"$JS.ACK.>",
+			"$JS.FC.>",
+		},
+		Subscribe: []string{inbox(Operator),
+			messages.SubjectEventsPrefix + ".>",
+			coordination.SubjectPrefix + ".>",
+			"$JS.EVENT.>",
+		},
+	}
+}
+
+func observer() Grant {
+	pub := []string{api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
+		api + "STREAM.INFO." + messages.StreamRuns,
+		api + "STREAM.INFO." + worker.StreamAdvisories}
+	for _, s := range readStreams {
+		pub = append(pub, read(s)...)
+	}
+	return Grant{
+		Publish: pub,
+		Subscribe: []string{inbox(Observer),
+			messages.SubjectEventsPrefix + ".>",
+			coordination.SubjectPrefix + ".>",
+		},
+	}
+}
+
+// ServerPermissions returns g as nats-server permissions, for an
+// embedded server's users (server.NkeyUser.Permissions).
+func (g Grant) ServerPermissions() *server.Permissions {
+	p := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: slices.Clone(g.Publish)},
+		Subscribe: &server.SubjectPermission{Allow: slices.Clone(g.Subscribe)},
+	}
+	if g.Responses {
+		p.Response = &server.ResponsePermission{MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS, Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION}
+	}
+	return p
+}

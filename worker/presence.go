@@ -1,0 +1,18 @@
+package worker
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// presence returns the heartbeat value this worker writes under its id in
+// BucketWorkers: a messages.WorkerPresence announcing its pool, so clients
+// can tell that a pool has no live worker.
+func (w *Worker) presence() []byte {
+	b, _ := json.Marshal(messages.WorkerPresence{
+		Worker: w.cfg.ID, Pool: w.cfg.Pool, Concurrency: w.cfg.Concurrency, Time: time.Now().UTC(),
+	})
+	return b
+}
