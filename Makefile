@@ -36,11 +36,14 @@ NATS_CLI_VERSION := v0.5.0
 BIN := bin
 TEST_FLAGS ?=
 TEST_TIMEOUT ?= 14m
+# COMMIT is stamped into `jetcrew --version` and the bridge's MCP serverInfo
+# version (else "dev").
+COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
 
 .PHONY: build
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/jetcrew ./cmd/jetcrew
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.commit=$(COMMIT)" -o $(BIN)/jetcrew ./cmd/jetcrew
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(or $(COMMIT),dev)" -o $(BIN)/jetcrew-bridge ./cmd/jetcrew-bridge
 	chmod 0555 $(BIN)/jetcrew-bridge
 
 # tools installs the stock NATS CLI that tests and the README use, at the
@@ -54,14 +57,31 @@ tools:
 		$(GO) install github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION); \
 	fi
 
-# test runs every test: unit, NATS (embedded server) and real Docker tests.
-# Docker tests fail, never skip, when the engine is unreachable. The gVisor
-# suite (tests/gvisor_test.go) runs when the engine has the "runsc" runtime
-# (scripts/install-runtimes.sh registers it; .ci/run always does, and sets
-# JETCREW_REQUIRE_GVISOR=1 so that a missing runsc fails); otherwise it is
-# skipped and gvisor-status says so plainly, before and after the tests.
+# chromium installs Debian's chromium package, which the web console's
+# browser test (console/browser_test.go) drives headless with chromedp. It is
+# a no-op when chromium is already installed; the test fails without it.
+# The package lists are refreshed only when the install fails without; apt
+# waits for another apt run's lock rather than failing.
+.PHONY: chromium
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then \
+		echo "chromium present"; \
+	else \
+		echo "installing chromium (apt)"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		install="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 install -y chromium"; \
+		$$install || { $$SUDO apt-get -q -o DPkg::Lock::Timeout=600 update && $$install; }; \
+	fi
+
+# test runs every test: unit, NATS (embedded server), real Docker tests and
+# the console's real-browser test. Docker tests fail, never skip, when the
+# engine is unreachable; the browser test fails when chromium is missing. The
+# gVisor suite (tests/gvisor_test.go) runs when the engine has the "runsc"
+# runtime (scripts/install-runtimes.sh registers it; .ci/run always does, and
+# sets JETCREW_REQUIRE_GVISOR=1 so that a missing runsc fails); otherwise it
+# is skipped and gvisor-status says so plainly, before and after the tests.
 .PHONY: test
-test: tools images build agent-images
+test: tools images build agent-images chromium
 	$(GO) vet ./...
 	@$(MAKE) --no-print-directory gvisor-status
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...

@@ -31,6 +31,10 @@ const (
 	// message sent, read or refused); the body is the coordination
 	// package's Event JSON.
 	EventCoord EventType = "coord"
+	// EventEgress: one connection attempt of the run through its egress
+	// proxy, allowed or refused (body: EgressEvent). Only profiles with an
+	// egress allowlist have them.
+	EventEgress EventType = "egress"
 )
 
 // Headers set on event messages.
@@ -93,6 +97,9 @@ type Event struct {
 	Receipt *Receipt `json:"receipt,omitempty"`
 	// Result is the agent's final result text, on EventFinished.
 	Result string `json:"result,omitempty"`
+	// WorkspaceResult is what the run changed in its workspace, on
+	// EventFinished when the request named a workspace.
+	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
 	// Coordination repeats the run state's coordination on EventFinished:
 	// "available", "unavailable", "off", or "unused" (the profile has
 	// require_bridge = false and the run never reached its bridge).
@@ -109,4 +116,48 @@ type AgentEvent struct {
 	Kind string `json:"kind"`
 	// Text is the human-readable part, if any, at most 4 KiB.
 	Text string `json:"text,omitempty"`
+}
+
+// EgressEvent is the body of an EventEgress: one connection attempt through
+// the run's egress proxy (a CONNECT tunnel or a plain-HTTP request), emitted
+// when it is refused or, when allowed, when it ends.
+type EgressEvent struct {
+	// RunID is the run.
+	RunID string `json:"run_id"`
+	// Time is when the attempt started.
+	Time time.Time `json:"time"`
+	// Method is "CONNECT" for a tunnel, else the plain-HTTP request's method.
+	Method string `json:"method"`
+	// Host is the name (or address) the agent asked for, lowercased.
+	Host string `json:"host"`
+	// Port is the TCP port asked for.
+	Port int `json:"port"`
+	// Allowed is true when the proxy let the attempt through.
+	Allowed bool `json:"allowed"`
+	// Reason says why an attempt was refused ("not in the profile's egress
+	// allowlist", "resolves to a private address", "TLS SNI ... does not
+	// match", ...) or why an allowed one failed (the upstream dial).
+	Reason string `json:"reason,omitempty"`
+	// Addr is the address the proxy connected to, when it did.
+	Addr string `json:"addr,omitempty"`
+	// BytesUp counts the bytes sent from the run to the host.
+	BytesUp int64 `json:"bytes_up"`
+	// BytesDown counts the bytes received from the host.
+	BytesDown int64 `json:"bytes_down"`
+	// DurationMS is how long the attempt lasted, in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// EgressTotals sums a run's egress attempts, kept in its RunState.
+type EgressTotals struct {
+	// Allowed counts attempts the proxy let through.
+	Allowed int64 `json:"allowed"`
+	// Refused counts attempts the proxy refused.
+	Refused int64 `json:"refused"`
+	// BytesUp and BytesDown sum the bytes of the allowed attempts.
+	BytesUp   int64 `json:"bytes_up"`
+	BytesDown int64 `json:"bytes_down"`
+	// EventsDropped counts attempts not published as events because the
+	// run reached its cap on egress events (they are still in the totals).
+	EventsDropped int64 `json:"events_dropped,omitempty"`
 }

@@ -34,6 +34,10 @@ func TestRunRequestWireGolden(t *testing.T) {
 		Version: 1, ID: "01JXAMPLE0000000000000000", Profile: "shell", Prompt: "uname -a; echo hello",
 		Pool: "default", Group: "g1", Timeout: messages.Duration(90 * time.Second),
 		Env: map[string]string{"B": "2", "A": "1"}, Labels: map[string]string{"team": "infra"},
+		Workspace: &messages.WorkspaceRef{
+			Name:   "sha256-9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.tar",
+			Digest: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		},
 	}
 	b, err := json.MarshalIndent(full, "", "  ")
 	require.NoError(t, err)
@@ -196,4 +200,18 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		}
 		require.Equal(t, r, r2)
 	})
+}
+
+func TestEgressWireGolden(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	ev := messages.EgressEvent{RunID: "r1", Time: at, Method: "CONNECT", Host: "api.anthropic.com", Port: 443,
+		Allowed: true, Addr: "160.79.104.10:443", BytesUp: 2048, BytesDown: 65536, DurationMS: 1234}
+	b, err := json.MarshalIndent(ev, "", "  ")
+	require.NoError(t, err)
+	golden(t, "event-egress.json", append(b, '\n'))
+	tot := messages.EgressTotals{Allowed: 3, Refused: 1, BytesUp: 4096, BytesDown: 131072}
+	b, err = json.MarshalIndent(messages.RunState{ID: "r1", State: messages.StateSucceeded, Egress: &tot, UpdatedAt: at}, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-state-egress.json", append(b, '\n'))
 }

@@ -23,6 +23,8 @@ type Receipt struct {
 	Runtime string `json:"runtime,omitempty"`
 	// Network is the container's network mode.
 	Network string `json:"network"`
+	// Egress is the profile's egress allowlist, when it has one.
+	Egress []string `json:"egress,omitempty"`
 	// Limits are the resource limits.
 	Limits ReceiptLimits `json:"limits"`
 	// Argv is the container command with the prompt replaced by

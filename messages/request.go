@@ -70,6 +70,11 @@ type RunRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Labels are free-form key/value pairs copied into the run's state.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Workspace, when set, names the snapshot the run works on: it is
+	// unpacked, writable, at WorkspaceDir, and what the run changed there is
+	// captured when it ends (RunState.WorkspaceResult). Absent: no
+	// workspace, as before this field existed.
+	Workspace *WorkspaceRef `json:"workspace,omitempty"`
 }
 
 // Duration is a time.Duration that reads and writes JSON as a Go duration
@@ -223,6 +228,9 @@ func (r RunRequest) Validate() error {
 		if k == "" || len(k) > MaxLabelBytes || len(v) > MaxLabelBytes {
 			return bad("label %q: keys must be 1 to %d bytes and values at most %d bytes", k, MaxLabelBytes, MaxLabelBytes)
 		}
+	}
+	if r.Workspace != nil {
+		return r.Workspace.Validate()
 	}
 	return nil
 }

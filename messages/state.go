@@ -99,6 +99,9 @@ type RunState struct {
 	Coordination string `json:"coordination,omitempty"`
 	// BridgeConnected is true once the run's bridge reached its socket.
 	BridgeConnected bool `json:"bridge_connected"`
+	// Egress sums the run's attempts through its egress proxy, for a
+	// profile with an egress allowlist (see EgressEvent).
+	Egress *EgressTotals `json:"egress,omitempty"`
 	// OutputBytes counts the bytes of stdout and stderr published as events.
 	OutputBytes int64 `json:"output_bytes"`
 	// Labels are copied from the request.
@@ -113,6 +116,9 @@ type RunState struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// Receipt describes the effective profile the run used (no secrets).
 	Receipt *Receipt `json:"receipt,omitempty"`
+	// WorkspaceResult is what the run changed in its workspace, when the
+	// request named one; recorded with the final state.
+	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
 }
 
 // AgentSummary is what an agent CLI reported about its own run.

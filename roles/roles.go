@@ -7,7 +7,8 @@
 // The roles:
 //
 //   - Submitter publishes run requests (to every pool, or to the pools it is
-//     given) and reads run states and events. It cannot write a run state,
+//     given), uploads workspace snapshots, and reads run states, events and
+//     results. It cannot write a run state,
 //     publish where agents read (coordination), cancel or replay runs, or
 //     touch a stream's configuration.
 //   - Worker does what a worker does: provision jetcrew's streams, buckets
@@ -69,11 +70,13 @@ type Grant struct {
 
 // Stream names, the key-value buckets' streams included.
 var (
-	kvRuns      = "KV_" + messages.BucketRuns
-	kvPeers     = "KV_" + coordination.BucketPeers
-	kvWorkers   = "KV_" + worker.BucketWorkers
-	allStreams  = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, worker.StreamAdvisories, kvRuns, kvPeers, kvWorkers}
-	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers}
+	kvRuns        = "KV_" + messages.BucketRuns
+	kvPeers       = "KV_" + coordination.BucketPeers
+	kvWorkers     = "KV_" + worker.BucketWorkers
+	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
+	objResults    = "OBJ_" + messages.BucketResults
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, worker.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
+	readStreams   = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
 )
 
 // InboxPrefix returns the inbox prefix role r's clients must use,
@@ -174,6 +177,10 @@ func submitter(pools []string) Grant {
 	pub = append(pub, api+"INFO")
 	pub = append(pub, read(kvRuns)...)
 	pub = append(pub, read(messages.StreamEvents)...)
+	// Workspaces in (upload to the bucket workers create), results out.
+	pub = append(pub, "$O."+messages.BucketWorkspaces+".>")
+	pub = append(pub, read(objWorkspaces)...)
+	pub = append(pub, read(objResults)...)
 	return Grant{Publish: pub, Subscribe: []string{inbox(Submitter)}}
 }
 
@@ -188,6 +195,9 @@ func workerGrant() Grant {
 		"$KV." + coordination.BucketPeers + ".>",
 		"$KV." + worker.BucketWorkers + ".>",
 		worker.SubjectStopPrefix + ".*",
+		"$O." + messages.BucketResults + ".>",
+		// An object stored again under its name replaces the old chunks.
+		api + "STREAM.PURGE." + objResults,
 		api + "INFO",
 		api + "STREAM.NAMES",
 	}

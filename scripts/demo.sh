@@ -157,6 +157,40 @@ else
 	say "skipping the raw publish: the nats CLI is not on PATH"
 fi
 
+if command -v git >/dev/null 2>&1; then
+	ws_id="demo-ws-$$"
+	repo="$tmp/myrepo"
+	say "a workspace run: a git repository in, its changes out (run $ws_id)"
+	mkdir -p "$repo"
+	g() { git -C "$repo" -c user.name=demo -c user.email=demo@localhost "$@"; }
+	g init -q -b main
+	printf 'package main\n\nfunc main() { println("foo") }\n' >"$repo/main.go"
+	g add main.go
+	g commit -qm "hello foo"
+	echo "cd $repo; jetcrew submit --workspace . --wait 'sed -i s/foo/bar/ main.go'"
+	rc=0
+	out=$(cd "$repo" && "$JETCREW" submit --id "$ws_id" --workspace . --wait \
+		'sed -i s/foo/bar/ main.go; mkdir -p .jetcrew/artifacts; echo "all good" >.jetcrew/artifacts/report.txt') || rc=$?
+	check "exit code" 0 "$rc"
+	say "jetcrew result $ws_id"
+	"$JETCREW" result "$ws_id"
+	say "jetcrew diff $ws_id"
+	diff_out=$("$JETCREW" diff "$ws_id")
+	printf '%s\n' "$diff_out"
+	check_has "the diff has the run's change" '+func main() { println("bar") }' "$diff_out"
+	say "jetcrew apply $ws_id (in $repo)"
+	(cd "$repo" && "$JETCREW" apply "$ws_id")
+	check "the current branch is untouched" main "$(g branch --show-current)"
+	check "the work tree is untouched" "" "$(g status --porcelain)"
+	say "git log --oneline jetcrew/$ws_id"
+	g log --oneline "jetcrew/$ws_id"
+	check_has "branch jetcrew/$ws_id has the change" 'println("bar")' "$(g show "jetcrew/$ws_id:main.go")"
+	say "jetcrew artifacts $ws_id --get report.txt"
+	check "the artifact" "all good" "$("$JETCREW" artifacts "$ws_id" --get report.txt)"
+else
+	say "skipping the workspace run: git is not on PATH"
+fi
+
 # wait_state ID STATE: waits up to 60s for run ID to reach STATE.
 wait_state() {
 	for _ in $(seq 600); do

@@ -16,7 +16,8 @@ import (
 // The end-to-end tests run against `jetcrew up`, and the main-path and
 // coordination ones both without and with `--auth`. With --auth every
 // command acts as a role, through the NATS CLI context `up --auth` wrote:
-// jetcrew submit, status and watch as the submitter, everything else (the
+// jetcrew submit, status, watch, result, diff, apply and artifacts as the
+// submitter, everything else (the
 // stock NATS CLI, cancel, failed, replay) as the operator.
 
 // authSetup is where an auth-enabled `jetcrew up` keeps its contexts (the
@@ -44,7 +45,7 @@ func upAuthEnv(t *testing.T, args []string) (authSetup, []string) {
 
 // roleFor is the role a command acts as on an auth-enabled server.
 func roleFor(bin string, args []string) string {
-	if bin == jetcrewBin && len(args) > 0 && slices.Contains([]string{"submit", "status", "watch"}, args[0]) {
+	if bin == jetcrewBin && len(args) > 0 && slices.Contains([]string{"submit", "status", "watch", "result", "diff", "apply", "artifacts"}, args[0]) {
 		return "submitter"
 	}
 	return "operator"

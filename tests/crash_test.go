@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -267,6 +268,9 @@ type crashCase struct {
 	// Replays the final state must count.
 	replay  bool
 	replays int
+	// workspace: the run has a workspace (submit --workspace) and changes
+	// it; its final state must carry a whole result of its last attempt.
+	workspace bool
 }
 
 func intp(i int) *int { return &i }
@@ -295,6 +299,13 @@ func TestCrashPoints(t *testing.T) {
 			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
 		{name: "after-dead-letter", point: worker.FailpointAfterDeadLetter, prompt: failer, left: "exited", replaced: true,
 			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
+		// Workspace runs: killed with the workspace staged, and with the
+		// result stored but not the final state. Each attempt captures its
+		// own result; the state names the last one's, whole.
+		{name: "after-stage", point: worker.FailpointAfterStage, prompt: `echo done > out.txt`, workspace: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		{name: "after-capture", point: worker.FailpointAfterCapture, prompt: `echo done > out.txt`, workspace: true,
+			left: "exited", replaced: true, want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
 		// A replay whose worker dies: its redelivery is still the replay.
 		{name: "replay-running", point: worker.FailpointRunning, prompt: `sleep 2; echo failing >&2; exit 3`,
 			replay: true, left: "running", replaced: true, replays: 1,
@@ -353,6 +364,11 @@ func crashRun(t *testing.T, c crashCase, id string) {
 			// Submit once the first worker has created the streams.
 			provisioned(w)
 			args := []string{"submit", "--id", id, c.prompt}
+			if c.workspace {
+				dir := t.TempDir()
+				require.NoError(t, os.WriteFile(dir+"/in.txt", []byte("in\n"), 0o644))
+				args = []string{"submit", "--id", id, "--workspace", dir, c.prompt}
+			}
 			if c.replay {
 				args = []string{"replay", id}
 			}
@@ -425,6 +441,9 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	if c.replaced {
 		require.Contains(t, fresh.stderr.String(), "removing an earlier delivery's container")
 	}
+	if c.workspace {
+		checkCrashResult(t, js, st)
+	}
 
 	// The outcome stays: nothing is run or recorded again.
 	rev := hist[len(hist)-1].Revision()
@@ -477,4 +496,23 @@ func TestDrainHandsBackOnSIGTERM(t *testing.T) {
 	most, starts := ct.mostRunning(id)
 	require.Equal(t, 1, most)
 	require.Equal(t, 2, starts)
+}
+
+// checkCrashResult checks that a workspace run's final state names a whole
+// result of its last attempt: every object present with the recorded size.
+func checkCrashResult(t *testing.T, js jetstream.JetStream, st messages.RunState) {
+	t.Helper()
+	wr := st.WorkspaceResult
+	require.NotNil(t, wr, "the final state has the workspace result")
+	require.Empty(t, wr.Error)
+	require.Equal(t, 1, wr.FilesChanged)
+	require.NotEmpty(t, wr.Objects)
+	obs, err := js.ObjectStore(t.Context(), messages.BucketResults)
+	require.NoError(t, err)
+	for _, o := range wr.Objects {
+		require.True(t, strings.HasPrefix(o.Name, messages.ResultObjectName(st.ID, st.StreamSeq, st.Attempts, "")), o.Name)
+		info, err := obs.GetInfo(t.Context(), o.Name)
+		require.NoError(t, err, o.Name)
+		require.EqualValues(t, o.Size, info.Size, o.Name)
+	}
 }

@@ -178,6 +178,7 @@ func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Du
 		User:          p.User,
 		Runtime:       p.Runtime,
 		Network:       p.Network,
+		Egress:        p.Egress,
 		Limits:        messages.ReceiptLimits{MemoryBytes: p.MemoryMiB << 20, CPUs: p.CPUs, Pids: p.Pids},
 		Tmpfs:         spec.Tmpfs,
 		MCPServers:    append([]string{}, plan.MCPServers...),

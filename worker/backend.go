@@ -103,6 +103,9 @@ type AgentPlan struct {
 	MCPServers []string
 	// Unsupported lists what the CLI cannot honour, for the receipt.
 	Unsupported []string
+	// EgressRelay starts the egress relay through the launcher (a profile
+	// with an egress allowlist).
+	EgressRelay bool
 	// InitCheck is true when the CLI reports its MCP servers' status in its
 	// output (Claude Code's init event), which then proves the bridge.
 	InitCheck bool
@@ -111,10 +114,16 @@ type AgentPlan struct {
 // containerArgv returns the container command: Argv, through the launcher
 // when the plan needs it.
 func (p AgentPlan) containerArgv() []string {
-	if !p.Launch {
+	if !p.Launch && !p.EgressRelay {
 		return p.Argv
 	}
-	argv := []string{LaunchPath, "launch", "--stdin", PromptPath}
+	argv := []string{LaunchPath, "launch"}
+	if p.Launch {
+		argv = append(argv, "--stdin", PromptPath)
+	}
+	if p.EgressRelay {
+		argv = append(argv, "--egress-relay", EgressProxyAddr+"="+EgressSocketPath)
+	}
 	for _, f := range p.Files {
 		if strings.HasPrefix(f.Path, HomeSeedPath+"/") {
 			argv = append(argv, "--home-seed", HomeSeedPath)
@@ -129,7 +138,9 @@ func (p AgentPlan) containerArgv() []string {
 // error (which retrying cannot fix) for an unknown backend or a prompt the
 // backend cannot pass.
 func planAgent(p Profile, prompt string, coord bool) (AgentPlan, error) {
-	var plan AgentPlan
+	// A profile with an egress allowlist reaches out only through the
+	// relay the launcher starts (egress.go).
+	plan := AgentPlan{EgressRelay: len(p.Egress) > 0}
 	b, err := lookupBackend(p.Backend)
 	if err != nil {
 		return plan, err

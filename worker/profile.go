@@ -11,6 +11,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -72,8 +73,19 @@ type Profile struct {
 	// WorkDir is the working directory. Default: Home.
 	WorkDir string `toml:"workdir" json:"workdir"`
 	// Network is "none" (default), "bridge" or the name of a Docker network
-	// the operator created. Hosted-model agents need egress to their API.
+	// the operator created. A profile with Egress keeps "none": its only way
+	// out is its egress proxy.
 	Network string `toml:"network" json:"network"`
+	// Egress lists what the profile's runs may reach, as "name:port"
+	// ("*.example.com:443" for any name under example.com, "10.0.0.0/8:443"
+	// or an address to list private addresses explicitly). Runs then have
+	// no network but loopback, and their HTTP clients reach only these
+	// through the worker's egress proxy (docs/profiles.md, docs/jail.md).
+	Egress []string `toml:"egress" json:"egress,omitempty"`
+	// EgressInject names secrets the egress proxy adds, as a header, to the
+	// requests to one allowed host, instead of passing them into the
+	// container (see EgressInject).
+	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
 	// Runtime is the OCI runtime, any name the engine reports (`docker
 	// info` Runtimes): runc (the engine's default when empty), runsc
 	// (gVisor), crun, kata, sysbox-runc, ... The worker refuses to start
@@ -89,6 +101,12 @@ type Profile struct {
 	TmpMiB int64 `toml:"tmp_mib" json:"tmp_mib"`
 	// HomeMiB is the size of the tmpfs at Home, in MiB. Default 64.
 	HomeMiB int64 `toml:"home_mib" json:"home_mib"`
+	// WorkspaceMiB, when set, makes the workspace of a run (a request with
+	// a workspace) a tmpfs of this size, in MiB, mounted by the worker: the
+	// kernel bounds what the run can write there (ENOSPC). 0 (default): a
+	// directory of the worker's state directory, bounded by the worker's
+	// byte caps only. See docs/workspaces.md.
+	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
 	// Timeout is the default run timeout, a Go duration string. Empty means
 	// the worker's default.
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`
@@ -118,8 +136,26 @@ type Profile struct {
 	RequestEnv []string `toml:"request_env" json:"request_env,omitempty"`
 
 	timeout        time.Duration
+	egressPolicy   egress.Policy
 	stallTimeout   time.Duration
 	bridgeDeadline time.Duration
+}
+
+// EgressInject is a header the egress proxy sets on every HTTPS request of
+// a run to one host, its value read from the worker's environment: the key
+// never enters the container. The proxy terminates TLS for that host with
+// the installation's egress CA, which the container trusts.
+type EgressInject struct {
+	// Host is "name:port", one of the profile's Egress entries (not a
+	// wildcard).
+	Host string `toml:"host" json:"host"`
+	// Header is the header's name, for example "x-api-key" or
+	// "Authorization". A header of that name from the agent is replaced.
+	Header string `toml:"header" json:"header"`
+	// FromEnv names the worker's environment variable holding the value.
+	FromEnv string `toml:"from_env" json:"from_env"`
+	// Prefix is put before the value, for example "Bearer ".
+	Prefix string `toml:"prefix" json:"prefix,omitempty"`
 }
 
 // Profile defaults.
@@ -189,6 +225,13 @@ func (p Profile) withDefaults() (Profile, error) {
 		on := true
 		p.Coordination = &on
 	}
+	if len(p.Egress) > 0 {
+		pol, err := egress.ParsePolicy(p.Egress)
+		if err != nil {
+			return p, err
+		}
+		p.egressPolicy = pol
+	}
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
 		stallDefault = 0
@@ -257,6 +300,12 @@ func (p Profile) validate() error {
 	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
 		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
 	}
+	if err := p.validateInject(); err != nil {
+		return err
+	}
+	if len(p.Egress) > 0 && p.Network != "none" {
+		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
+	}
 	if p.Runtime != "" && !validRuntimeName(p.Runtime) {
 		return fmt.Errorf("runtime %q is not a runtime name (letters, digits, '.', '-', '_'; at most 64)", p.Runtime)
 	}
@@ -265,6 +314,9 @@ func (p Profile) validate() error {
 	}
 	if p.timeout < 0 {
 		return errors.New("timeout is negative")
+	}
+	if p.WorkspaceMiB < 0 {
+		return errors.New("workspace_mib is negative")
 	}
 	for k := range p.Env {
 		if !messages.ValidEnvName(k) {

@@ -104,7 +104,11 @@ func (w *Worker) newReconciler() *reconciler {
 			}
 			return err == nil, err
 		},
-		sweepDirs: w.removeStaleRunDirs, now: time.Now, log: w.log,
+		sweepDirs: func(active map[string]bool) {
+			w.removeStaleRunDirs(active)
+			w.removeStaleWorkspaces()
+		},
+		now: time.Now, log: w.log,
 	}
 }
 

@@ -23,6 +23,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*opMaxElapsed)
 	defer cancel()
+	r.noteEgress()
 	if err := r.toFinal(ctx, final, reason); err != nil {
 		if errors.Is(err, errFenced) {
 			r.lost(ctx, nil)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -28,6 +29,12 @@ type run struct {
 	// cs is the run's staged directory and coordination session, once
 	// prepare staged them.
 	cs *coordSession
+	// ws is the delivery's staged workspace, when the request names one
+	// (see workspace.go).
+	ws *runWorkspace
+	// egressSess is the run's egress proxy, for an egress profile
+	// (egress.go).
+	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
 	// from is the state this delivery holds the run in: the origin of its
@@ -153,14 +160,17 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv, Plan: plan, Coordination: p.coordOn,
 	}
-	needBridge := p.coordOn || plan.Launch
+	needBridge := p.coordOn || plan.Launch || plan.EgressRelay
 	if needBridge {
 		in.BridgePath = w.cfg.BridgePath
 	}
-	if p.coordOn || len(plan.Files) > 0 {
+	if p.coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = w.runDir(r.req.ID)
 	}
 	if p.spec, err = BuildSpec(in); err != nil {
+		return p, err
+	}
+	if err := r.stageWorkspace(ctx, &p.spec, prof); err != nil {
 		return p, err
 	}
 	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
@@ -174,6 +184,9 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		// ends it and removes the directory.
 		r.cs, err = r.stageRun(ctx, plan, p.coordOn)
 		if err != nil {
+			return p, err
+		}
+		if err := r.openEgress(ctx, prof, r.cs.dir); err != nil {
 			return p, err
 		}
 	}
@@ -316,12 +329,12 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		r.state.ContainerID = ""
 		r.retry(ctx, errors.New(o.Reason))
 	default:
-		r.finish(ctx, o.State, o.Reason)
+		r.finish(ctx, o.State, r.captureWorkspace(ctx, o.Reason))
 	}
 }
 
 // release gives up what the run holds, once, in this order: its container
-// (removed), its coordination session (closed when the run is final,
+// (removed), its egress proxy, its coordination session (closed when the run is final,
 // detached when it is handed back), its run directory. The caller records
 // the state first and removes the request from the stream after.
 func (r *run) release(final bool) {
@@ -329,7 +342,9 @@ func (r *run) release(final bool) {
 		if c := r.currentContainer(); c != nil {
 			r.removeContainer(c)
 		}
+		r.closeEgress()
 		r.cs.end(r, final)
+		r.dropWorkspace()
 	})
 }
 

@@ -139,7 +139,7 @@ func finishedEvent(st messages.RunState) messages.Event {
 	return messages.Event{
 		RunID: st.ID, Type: messages.EventFinished, State: st.State, ExitCode: st.ExitCode,
 		Reason: st.Reason, ContainerID: st.ContainerID, Receipt: st.Receipt, Result: st.Result,
-		Coordination: st.Coordination,
+		Coordination: st.Coordination, WorkspaceResult: st.WorkspaceResult,
 	}
 }
 

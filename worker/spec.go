@@ -84,6 +84,12 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 	if in.Coordination {
 		env = append(env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
 	}
+	if in.Plan.EgressRelay {
+		env = append(env, egressEnv()...)
+		if len(p.EgressInject) > 0 {
+			env = append(env, egressTrustEnv()...)
+		}
+	}
 	var mounts []Mount
 	if in.RunDir != "" {
 		mounts = append(mounts, Mount{Source: in.RunDir, Target: coordination.ContainerRunDir, ReadOnly: true})

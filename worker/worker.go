@@ -10,6 +10,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -82,6 +84,36 @@ type Config struct {
 	// executable. When it is missing, such runs are refused with that
 	// reason.
 	BridgePath string
+	// Workspace bounds and stores the workspaces of runs whose request names
+	// one.
+	Workspace WorkspaceConfig
+	// EgressResolver resolves the names runs of egress profiles ask for.
+	// Default net.DefaultResolver; tests give a fixed table.
+	EgressResolver egress.Resolver
+	// EgressProbeImage is the image of the egress proof's container; it
+	// needs busybox's sh, wget, nc and nslookup. Default SandboxImage.
+	EgressProbeImage string
+	// EgressProbeOutside is an outside address ("host:port") the egress
+	// proof must not reach directly. Default "1.1.1.1:443" (from a
+	// container with no network, no packet leaves).
+	EgressProbeOutside string
+	// EgressCADir keeps the installation's egress CA (ca.pem: certificate
+	// and key, mode 0600), made on first use, for profiles with
+	// egress_inject. Workers of one installation on one host share it; the
+	// key is never mounted into a container. Default:
+	// <user config dir>/jetcrew/egress-ca/<installation>.
+	EgressCADir string
+	// EgressUpstreamRoots verifies the real hosts' certificates on the
+	// proxy's own TLS connections for egress_inject hosts. Default: the
+	// system's roots.
+	EgressUpstreamRoots *x509.CertPool
+	// EgressRestartDelay is how long a run's egress proxy stays down after
+	// its listener failed before it is reopened (connections fail
+	// meanwhile). Default 200ms.
+	EgressRestartDelay time.Duration
+	// EgressProbePorts are the host's service ports (NATS, metrics) the
+	// egress proof must not reach on any of the host's addresses.
+	EgressProbePorts []int
 	// Failpoint, when set, is called with the name of each crash point a
 	// run passes (see the Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
@@ -91,9 +123,11 @@ type Config struct {
 // Crash points passed to Config.Failpoint, in the order a run reaches them.
 const (
 	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
+	FailpointAfterStage      = "after-stage"       // workspace staged, container not created
 	FailpointAfterStart      = "after-start"       // container created and started
 	FailpointRunning         = "running"           // running state recorded
 	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
+	FailpointAfterCapture    = "after-capture"     // workspace result stored, final state not recorded
 	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
 	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
 )
@@ -147,6 +181,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = 30 * time.Second
+	}
+	if c.EgressProbeImage == "" {
+		c.EgressProbeImage = SandboxImage
+	}
+	if c.EgressProbeOutside == "" {
+		c.EgressProbeOutside = "1.1.1.1:443"
 	}
 	if c.LookupEnv == nil {
 		c.LookupEnv = os.LookupEnv
@@ -214,6 +254,8 @@ type Worker struct {
 	coord *coordination.Host
 	// install identifies this installation in container labels.
 	install string
+	// egress is the egress proxy's configuration and proof (egress.go).
+	egress *egressState
 
 	reg     *prometheus.Registry
 	metrics *metrics
@@ -231,6 +273,8 @@ type Worker struct {
 	pulling     sync.WaitGroup     // the pull loop
 	bg          sync.WaitGroup     // the other services
 	stops       sync.WaitGroup     // container stops in flight (stopAsync)
+
+	wsStores wsStores // the workspace and result buckets, found on first use
 }
 
 type activeRun struct {
@@ -268,11 +312,13 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 // (jetcrew_runs_started_total, jetcrew_runs_finished_total{state},
 // jetcrew_run_duration_seconds, jetcrew_queue_wait_seconds,
 // jetcrew_runs_in_flight, jetcrew_redeliveries_total,
-// jetcrew_coordination_messages_total{direction}), for an HTTP handler.
+// jetcrew_coordination_messages_total{direction} and, with egress
+// profiles, jetcrew_egress_attempts_total{result}), for an HTTP handler.
 func (w *Worker) Registry() *prometheus.Registry { return w.reg }
 
-// Ready reports whether the worker has started, is not stopping, and its
-// NATS connection is up: the meaning of /readyz.
+// Ready reports whether the worker has started, is not stopping, its NATS
+// connection is up and, with egress profiles, its egress proof passed: the
+// meaning of /readyz.
 func (w *Worker) Ready() bool {
 	w.mu.Lock()
 	running := w.running
@@ -282,7 +328,7 @@ func (w *Worker) Ready() bool {
 		return false
 	default:
 	}
-	return running && w.nc.IsConnected()
+	return running && w.nc.IsConnected() && w.egressReady()
 }
 
 // ID returns the worker's id.
@@ -305,6 +351,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.setUp(ctx); err != nil {
 		return err
 	}
+	// The workspace and result buckets exist before any client needs them
+	// (a submitter may not create streams).
+	if _, _, err := w.stores(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
+	}
 	rc := w.newReconciler()
 	if err := rc.reconcile(ctx); err != nil {
 		return fmt.Errorf("worker: reconcile containers: %w", err)
@@ -322,6 +373,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	fetchCtx, fetchCancel := context.WithCancel(context.Background())
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
+	w.startEgress(bgCtx)
 	runServices(bgCtx, &w.bg,
 		&cancelListener{unsubscribe: unsubscribe},
 		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
@@ -432,6 +484,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	// The per-run directories are gone with their runs; remove their
 	// parents when empty (a default state dir is per worker id).
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
+	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

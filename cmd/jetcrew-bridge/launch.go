@@ -16,7 +16,7 @@ import (
 // launchCommand is the first argument that makes the bridge binary act as
 // the agent's launcher instead of an MCP server:
 //
-//	/opt/jetcrew/bridge launch [--home-seed DIR] [--stdin FILE] -- ARGV...
+//	/opt/jetcrew/bridge launch [--home-seed DIR] [--stdin FILE] [--egress-relay ADDR=SOCKET] -- ARGV...
 //
 // The worker starts agent CLIs this way. The launcher copies the files the
 // worker staged under DIR (read-only, in the run's /run/jetcrew) into the
@@ -35,6 +35,7 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 	fs.SetOutput(stderr)
 	seed := fs.String("home-seed", "", "directory whose files are copied into $HOME before the agent starts")
 	stdin := fs.String("stdin", "", "file connected to the agent's standard input")
+	relay := fs.String("egress-relay", "", "ADDR=SOCKET: relay TCP connections on ADDR to the egress proxy's unix SOCKET")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -51,6 +52,12 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 		}
 		if err := copyTree(*seed, home); err != nil {
 			fmt.Fprintf(stderr, "jetcrew-bridge launch: seed %s: %v\n", home, err)
+			return 1
+		}
+	}
+	if *relay != "" {
+		if err := startEgressRelay(*relay, stderr); err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
 			return 1
 		}
 	}

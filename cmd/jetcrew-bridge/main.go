@@ -64,6 +64,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if len(args) > 0 && args[0] == launchCommand {
 		return launch(args[1:], stderr, getenv)
 	}
+	if len(args) > 0 && args[0] == egressRelayCommand {
+		return egressRelay(stderr, getenv)
+	}
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "jetcrew-bridge %s: takes no arguments; it serves MCP over stdio (socket: $%s, default %s)\n",
 			version, relay.EnvSocket, relay.DefaultSocketPath)

@@ -138,6 +138,8 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 			return nil
 		},
 	}
+	root.Version = versionString()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
@@ -145,7 +147,8 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
 	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd())
+		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd())
+	root.AddCommand(a.resultCmds()...)
 	return root
 }
 

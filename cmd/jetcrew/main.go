@@ -10,6 +10,8 @@
 //	jetcrew failed               list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID        submit a failed run again from its dead letter
 //	jetcrew roles users DIR      NATS users per role for a real server
+//	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
+//	jetcrew ui                   serve the web console (also served by up)
 //
 // Every command that connects takes the NATS CLI's connection options
 // (--context, --creds, --nkey, --tlsca, ...); docs/security.md.

@@ -25,8 +25,10 @@ type workerOptions struct {
 	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
-	metricsAddr       string // --metrics-addr; see metrics.go
-	replicas          int    // --replicas (worker only); see metrics.go
+	metricsAddr       string                 // --metrics-addr; see metrics.go
+	replicas          int                    // --replicas (worker only); see metrics.go
+	egressCADir       string                 // --egress-ca-dir; see egress.go
+	workspace         worker.WorkspaceConfig // --workspace-*, --result-*; see workspace.go
 }
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
@@ -45,6 +47,8 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
 	o.addMetricsFlag(fs)
+	addWorkerWorkspaceFlags(fs, &o.workspace)
+	o.addEgressFlags(fs)
 }
 
 func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
@@ -128,7 +132,10 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        a.bridgePath,
+		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
+		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:       o.egressCADir,
 	})
 	if err != nil {
 		return err

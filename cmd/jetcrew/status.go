@@ -101,6 +101,9 @@ func printState(w io.Writer, st messages.RunState) error {
 		row("finished", "%s%s", formatTime(st.FinishedAt), took)
 	}
 	row("output", "%d bytes", st.OutputBytes)
+	if e := st.Egress; e != nil {
+		row("egress", "%d allowed, %d refused, %d bytes up, %d bytes down", e.Allowed, e.Refused, e.BytesUp, e.BytesDown)
+	}
 	if st.Result != "" {
 		row("result", "%s", oneLine(st.Result, 200))
 	}

@@ -25,7 +25,11 @@ type submitOptions struct {
 	labels  []string
 	wait    bool
 	quiet   bool
-	signKey string // --sign-key: NKey user seed file signing the request
+	// workspace is --workspace: a directory to snapshot for the run.
+	workspace string
+	wsMax     int64
+	wsTTL     time.Duration
+	signKey   string // --sign-key: NKey user seed file signing the request
 	// keepWaiting keeps --wait waiting when no live worker serves the pool.
 	keepWaiting bool
 }
@@ -49,6 +53,14 @@ Otherwise submit exits 0 when the run succeeded, with the run's exit code
 when it failed with one, else 1. The id
 is then printed on stderr, in the "submitted" line.
 
+With --workspace DIR the run works on a snapshot of DIR, writable at
+/workspace (its working directory): for a git work tree, what git would keep
+(tracked files, untracked files that are not ignored, uncommitted changes)
+and HEAD's history; otherwise the directory as it is. The snapshot is one
+object in the jetcrew-workspaces Object Store bucket, named by its SHA-256
+and uploaded only when the bucket does not hold it yet. When the run ends,
+what it changed is kept: see jetcrew result, diff, apply and artifacts.
+
 A request that breaks a rule (see docs/wire.md) is refused before anything is
 published, with exit code 2. Submitting an id again within the stream's
 duplicate window (2 minutes) publishes nothing: submit says so and exits 1
@@ -57,7 +69,8 @@ again, or a new --id). An id whose run recorded another request is refused
 the same way.`,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
-  echo 'uname -a' | jetcrew submit --wait -`,
+  echo 'uname -a' | jetcrew submit --wait -
+  jetcrew submit --wait --workspace . 'sed -i s/foo/bar/ main.go'`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runSubmit(cmd.Context(), o, args[0])
@@ -74,6 +87,7 @@ the same way.`,
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
+	workspaceFlags(cmd, &o)
 	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
 	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 	return cmd
@@ -148,6 +162,11 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
+	if o.workspace != "" {
+		if req.Workspace, err = a.uploadWorkspace(ctx, d, o); err != nil {
+			return err
+		}
+	}
 	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return submit(ctx, d, req) }, o.keepWaiting, o.quiet)
 	if err != nil {
 		if errors.Is(err, messages.ErrInvalidRequest) {
@@ -248,6 +267,9 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 	}
 	if p.quiet {
 		return nil
+	}
+	if ev.Type == messages.EventEgress {
+		return p.printEgress(ev)
 	}
 	line := "--- " + describeEvent(ev)
 	if !p.atLineStart {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/jetcrew/jetcrew/console"
 	"github.com/jetcrew/jetcrew/roles"
 	"github.com/jetcrew/jetcrew/worker"
 )
@@ -25,8 +27,11 @@ const serverReadyTimeout = 10 * time.Second
 type upOptions struct {
 	listen  string
 	dataDir string
-	auth    bool // --auth: one NKey user per role (upauth.go)
-	worker  workerOptions
+	auth    bool   // --auth: one NKey user per role (upauth.go)
+	ui      string // --ui: the console's address; "" or "off" serves none
+	// uiExplicit: --ui was given, so an address in use is an error.
+	uiExplicit bool
+	worker     workerOptions
 }
 
 func (a *app) upCmd() *cobra.Command {
@@ -37,7 +42,8 @@ func (a *app) upCmd() *cobra.Command {
 		Long: `up starts, in one foreground process, an embedded NATS server with JetStream
 (file storage under --data) and a worker that takes runs from it and runs them
 in Docker containers. Once both are ready it prints the server's URL on stdout
-as NATS_URL=<url>, for other jetcrew commands and NATS clients.
+as NATS_URL=<url>, for other jetcrew commands and NATS clients, then the web
+console's (--ui, default 127.0.0.1:4280; docs/console.md) as JETCREW_UI=<url>.
 
 Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), then the server shuts down.
@@ -51,12 +57,14 @@ jetcrew-<role>, is written, so that 'nats --context jetcrew-submitter ...' and
 the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.uiExplicit = cmd.Flags().Changed("ui")
 			return a.runUp(cmd.Context(), o)
 		},
 	}
 	cmd.Flags().StringVar(&o.listen, "listen", "127.0.0.1:4222", "host:port the NATS server listens on; port 0 picks a free one")
 	cmd.Flags().StringVar(&o.dataDir, "data", ".jetcrew", "directory for JetStream's files")
 	cmd.Flags().BoolVar(&o.auth, "auth", false, "one NKey user per role, a NATS CLI context each (required beyond loopback)")
+	cmd.Flags().StringVar(&o.ui, "ui", console.DefaultListen, "host:port the web console listens on (docs/console.md), printed as JETCREW_UI=<url>; \"off\" serves none")
 	o.worker.addFlags(cmd.Flags())
 	return cmd
 }
@@ -110,6 +118,16 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 	if err != nil {
 		return err
 	}
+	uiListener, err := a.upConsoleListener(o)
+	if err != nil {
+		return err
+	}
+	stopUI := func() { // until the console serves on it
+		if uiListener != nil {
+			_ = uiListener.Close()
+		}
+	}
+	defer func() { stopUI() }()
 	dataDir, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return usageError(fmt.Errorf("--data %q: %w", o.dataDir, err))
@@ -153,6 +171,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		// leaves this process, so there is no peer to verify.
 		inProcess = append(inProcess, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // in-process pipe
 	}
+	consoleConn := upConsoleConn{url: url, opts: slices.Clone(inProcess), keys: keys}
 	if keys != nil {
 		opts, err := workerAuth(keys)
 		if err != nil {
@@ -165,6 +184,8 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return err
 	}
 	defer nc.Close()
+	defer func() { stopUI() }() // before nc closes; stopUI is idempotent
+	consoleConn.nc = nc
 	a.log.Info().Str("url", url).Str("data", dataDir).Bool("auth", keys != nil).Bool("tls", sopts.TLS).Msg("nats-server ready")
 	if err := a.announceAuth(url, keys); err != nil {
 		return err
@@ -176,6 +197,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 	}
 	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
+		stopUI = a.upConsole(ctx, consoleConn, uiListener)
 		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: " + hint)
 	}, slog.fatal)
 }

@@ -1,0 +1,217 @@
+//go:build bench
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// wsRepeats is how many times the workspace figures are measured.
+const wsRepeats = 2
+
+// TestWorkspace measures workspaces through NATS Object Store with real
+// Docker: submit (snapshot + upload) → the run's process sees the tree,
+// against the same snapshot file moved by hand (Object Store put + get +
+// tar -x); ten runs on one snapshot; and the capture of a 1,000-file change
+// (the run's last act reads the clock; the state's finished_at is written
+// after the capture and upload).
+func TestWorkspace(t *testing.T) {
+	dockerClient(t)
+	s := workertest.StartServer(t)
+	ctx := context.Background()
+	rt, err := docker.New(ctx, docker.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rt.Close() })
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+		ID: "bench-ws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: profiles(t),
+		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = w.Stop(sctx)
+	})
+	nc := workertest.Connect(t, s)
+	d, err := dispatcher.New(nc)
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	wsb, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	repo := benchRepo(t, 25<<10)
+	small := benchRepo(t, 512)
+
+	var jet, raw []float64
+	var size int64
+	for range wsRepeats {
+		up, took := wsSample(t, d, repo, "ls d0/f0.txt >/dev/null && adjtimex")
+		require.False(t, up.Reused)
+		size = up.Info.Size
+		jet = append(jet, took)
+		raw = append(raw, rawWorkspaceSample(t, wsb, repo))
+		require.NoError(t, wsb.Delete(ctx, up.Ref.Name), "the next sample uploads again")
+	}
+	record(t, "workspace_snapshot_mib", Figure{Value: round(float64(size)/(1<<20), 1), Unit: "MiB",
+		What: "the benchmark's workspace: a git work tree of 1,000 files (50 MiB) with two commits, as one snapshot (tree + .git with HEAD's history)"})
+	record(t, "raw_object_put_get_untar_ms", Figure{Value: round(median(raw), 0), Unit: "ms", Samples: len(raw), Repeats: raw,
+		What: "the same snapshot file moved by hand: Object Store put + get (nats.go, as `nats object put/get` do) + `tar -xf`"})
+	record(t, "workspace_submit_to_tree_ms", Figure{Value: round(median(jet), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(jet), Repeats: jet,
+		What: "`submit --workspace` → the run's process sees the tree: snapshot (walk, pack HEAD's history, tar, SHA-256) + upload + submit → worker download, digest check, unpack, chown → container start → process reads the clock"})
+
+	// Ten runs on one snapshot.
+	var starts []float64
+	var uploaded int64
+	for i := range 10 {
+		up, took := wsSample(t, d, small, "adjtimex")
+		if !up.Reused {
+			uploaded += up.Info.Size
+		}
+		require.Equal(t, i > 0, up.Reused)
+		starts = append(starts, took)
+	}
+	record(t, "workspace_ten_runs_uploaded_mib", Figure{Value: round(float64(uploaded)/(1<<20), 2), Unit: "MiB",
+		What: "bytes uploaded for ten runs on one snapshot (the nine after the first find it by digest); the snapshot of 1,000 files of 1 KiB with two commits"})
+	record(t, "workspace_first_run_start_ms", Figure{Value: round(starts[0], 0), Unit: "ms",
+		What: "the first of ten runs on one snapshot: submit (with upload) → process reads the clock"})
+	record(t, "workspace_tenth_run_start_ms", Figure{Value: round(starts[9], 0), Unit: "ms", Baseline: "workspace_first_run_start_ms",
+		What: "the tenth: submit (snapshot taken, upload skipped) → process reads the clock"})
+
+	// Capture of a 1,000-file change.
+	var capture []float64
+	for range wsRepeats {
+		capture = append(capture, captureSample(t, d, small))
+	}
+	record(t, "workspace_capture_1000_files_ms", Figure{Value: round(median(capture), 0), Unit: "ms", Samples: len(capture), Repeats: capture,
+		What: "a run appends a line to each of 1,000 files, then reads the clock as its last act → its state is final with the result (capture: walk, hash, commit, patch, bundle; upload)"})
+}
+
+// benchRepo makes a git work tree of 1,000 files of 2*half bytes (hex of
+// random bytes) in ten directories, with two commits rewriting every file.
+func benchRepo(t *testing.T, half int) string {
+	dir := t.TempDir()
+	git := func(args ...string) {
+		cmd := exec.Command("git", append([]string{"-c", "user.name=b", "-c", "user.email=b@x"}, args...)...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	git("init", "-q", "-b", "main")
+	buf := make([]byte, half)
+	writeAll := func(salt string) {
+		for i := range 1000 {
+			_, _ = rand.Read(buf)
+			p := filepath.Join(dir, fmt.Sprintf("d%d", i%10), fmt.Sprintf("f%d.txt", i/10))
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			require.NoError(t, os.WriteFile(p, []byte(salt+hex.EncodeToString(buf)), 0o644))
+		}
+	}
+	writeAll("one\n")
+	git("add", "-A")
+	git("commit", "-qm", "one")
+	writeAll("two\n")
+	git("commit", "-qam", "two")
+	return dir
+}
+
+// wsSample submits a run with the workspace repo and returns what the
+// upload did and how long after the submit began the run's process read
+// the clock, in ms. The run must succeed.
+func wsSample(t *testing.T, d *dispatcher.Dispatcher, repo, prompt string) (workspace.Uploaded, float64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	up, err := d.UploadWorkspace(ctx, repo, workspace.SnapshotOptions{}, workspace.BucketConfig{})
+	require.NoError(t, err)
+	id, err := d.Submit(ctx, messages.RunRequest{Profile: "nocoord", Prompt: prompt, Workspace: &up.Ref})
+	require.NoError(t, err)
+	out := watchOutput(t, ctx, d, id)
+	ran, err := probeTime(out)
+	require.NoError(t, err)
+	return up, ms(ran.Sub(t0))
+}
+
+// watchOutput follows run id to its end, requires success and returns its
+// stdout.
+func watchOutput(t *testing.T, ctx context.Context, d *dispatcher.Dispatcher, id string) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	fin, err := d.Watch(ctx, id, func(ev dispatcher.WatchEvent) error {
+		if ev.Type == messages.EventOutput && ev.Stream == messages.StreamStdout {
+			out.Write(ev.Data)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, messages.StateSucceeded, fin.State, "run %s: %s", id, fin.Reason)
+	return out.Bytes()
+}
+
+// rawWorkspaceSample snapshots repo to a file (untimed), then times an
+// Object Store put of it, a get into another file and `tar -xf` of that, in
+// ms.
+func rawWorkspaceSample(t *testing.T, obs jetstream.ObjectStore, repo string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tmp := t.TempDir()
+	f, err := os.Create(filepath.Join(tmp, "ws.tar"))
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(repo, f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	t0 := time.Now()
+	_, err = obs.PutFile(ctx, filepath.Join(tmp, "ws.tar"))
+	require.NoError(t, err)
+	require.NoError(t, obs.GetFile(ctx, filepath.Join(tmp, "ws.tar"), filepath.Join(tmp, "got.tar")))
+	require.NoError(t, os.Mkdir(filepath.Join(tmp, "x"), 0o755))
+	out, err := exec.Command("tar", "-xf", filepath.Join(tmp, "got.tar"), "-C", filepath.Join(tmp, "x")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	took := ms(time.Since(t0))
+	require.NoError(t, obs.Delete(ctx, filepath.Join(tmp, "ws.tar")))
+	return took
+}
+
+// captureSample runs a change of 1,000 files and returns the time from the
+// run's last act to its final state (written after the capture), in ms.
+func captureSample(t *testing.T, d *dispatcher.Dispatcher, repo string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	up, err := d.UploadWorkspace(ctx, repo, workspace.SnapshotOptions{}, workspace.BucketConfig{})
+	require.NoError(t, err)
+	id, err := d.Submit(ctx, messages.RunRequest{Profile: "nocoord", Workspace: &up.Ref,
+		Prompt: "for f in d*/f*.txt; do echo changed >> $f; done; adjtimex"})
+	require.NoError(t, err)
+	ran, err := probeTime(watchOutput(t, ctx, d, id))
+	require.NoError(t, err)
+	st, err := d.Status(ctx, id)
+	require.NoError(t, err)
+	require.NotNil(t, st.WorkspaceResult)
+	require.Empty(t, st.WorkspaceResult.Error)
+	require.Equal(t, 1000, st.WorkspaceResult.FilesChanged)
+	return ms(st.FinishedAt.Sub(ran))
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+
+	"github.com/spf13/pflag"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// hostServicePorts returns the TCP ports of the host's services a jailed run
+// must never reach: the NATS server's (from the worker's connected URL) and
+// the worker's metrics listener's. The worker's egress proof checks that
+// its probe container reaches neither on any of the host's addresses.
+func hostServicePorts(natsURL, metricsAddr string) []int {
+	var ports []int
+	if u, err := url.Parse(natsURL); err == nil {
+		if p, err := strconv.Atoi(u.Port()); err == nil {
+			ports = append(ports, p)
+		}
+	}
+	if _, p, err := net.SplitHostPort(metricsAddr); err == nil {
+		if n, err := strconv.Atoi(p); err == nil && n > 0 {
+			ports = append(ports, n)
+		}
+	}
+	return ports
+}
+
+// printEgress prints a refused egress attempt as a lifecycle line ("---
+// egress refused: CONNECT evil.example:443: not in the profile's egress
+// allowlist"); allowed attempts print nothing.
+func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
+	var e messages.EgressEvent
+	if err := json.Unmarshal(ev.Data, &e); err != nil || e.Allowed {
+		return nil
+	}
+	line := fmt.Sprintf("--- egress refused: %s %s: %s", e.Method, net.JoinHostPort(e.Host, strconv.Itoa(e.Port)), e.Reason)
+	if !p.atLineStart {
+		line = "\n" + line
+		p.atLineStart = true
+	}
+	_, err := fmt.Fprintln(p.stderr, line)
+	return err
+}
+
+// addEgressFlags adds the worker's egress flags.
+func (o *workerOptions) addEgressFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.egressCADir, "egress-ca-dir", "",
+		"directory of the installation's egress CA, for profiles with egress_inject (default: <user config dir>/jetcrew/egress-ca/<installation>)")
+}

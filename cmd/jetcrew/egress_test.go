@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// watch prints refused egress attempts, one line each, and nothing for
+// allowed ones.
+func TestWatchPrintsEgressRefusals(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	p := &runPrinter{stdout: &out, stderr: &errOut, atLineStart: true}
+	for _, ev := range []messages.EgressEvent{
+		{Method: "CONNECT", Host: "api.anthropic.com", Port: 443, Allowed: true, BytesDown: 10},
+		{Method: "CONNECT", Host: "evil.example", Port: 443, Reason: "not in the profile's egress allowlist"},
+	} {
+		b, err := json.Marshal(ev)
+		require.NoError(t, err)
+		require.NoError(t, p.print(dispatcher.WatchEvent{Type: messages.EventEgress, Data: b}))
+	}
+	require.Empty(t, out.String())
+	require.Equal(t, "--- egress refused: CONNECT evil.example:443: not in the profile's egress allowlist\n", errOut.String())
+}
+
+// status shows a run's egress totals, and nothing about egress for a run
+// without them.
+func TestStatusShowsEgress(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded,
+		Egress: &messages.EgressTotals{Allowed: 3, Refused: 1, BytesUp: 10, BytesDown: 20}}))
+	require.Contains(t, b.String(), "3 allowed, 1 refused, 10 bytes up, 20 bytes down")
+	b.Reset()
+	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded}))
+	require.NotContains(t, b.String(), "egress")
+}

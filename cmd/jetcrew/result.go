@@ -1,0 +1,252 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// resultCmds returns result, diff, apply and artifacts: what a workspace
+// run changed (docs/workspaces.md).
+func (a *app) resultCmds() []*cobra.Command {
+	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.artifactsCmd()}
+}
+
+func (a *app) resultCmd() *cobra.Command {
+	var url string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "result [flags] RUN_ID",
+		Short: "Print what a workspace run changed",
+		Long: `result prints the outcome of a run that had a workspace (submit --workspace):
+its state, the base commit (the submitted HEAD) and the head commit (the run's
+commits, plus one for the changes it left uncommitted), the diffstat, the
+stored result objects and the artifacts. With --json it prints the run
+state's workspace_result record (docs/wire.md).`,
+		Args: exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := a.resultState(cmd.Context(), url, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				b, _ := json.MarshalIndent(st.WorkspaceResult, "", "  ")
+				_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+				return err
+			}
+			return printResult(a.stdout, st)
+		},
+	}
+	natsFlag(cmd, &url)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the workspace_result record as JSON")
+	return cmd
+}
+
+// resultState returns the state of run id, which must have a workspace
+// result.
+func (a *app) resultState(ctx context.Context, url, id string) (messages.RunState, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return messages.RunState{}, usageError(err)
+	}
+	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew result")
+	if err != nil {
+		return messages.RunState{}, err
+	}
+	defer closeNATS()
+	st, err := d.Status(ctx, id)
+	if err != nil {
+		return st, err
+	}
+	if st.WorkspaceResult == nil {
+		return st, fmt.Errorf("run %s is %s and has no workspace result (no --workspace, or not ended yet)", id, st.State)
+	}
+	return st, nil
+}
+
+// printResult writes a run's workspace result for people.
+func printResult(w io.Writer, st messages.RunState) error {
+	r := st.WorkspaceResult
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, format string, v ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, v...)) }
+	row("run", "%s", st.ID)
+	row("state", "%s", describeOutcome(messages.Event{State: st.State, Reason: st.Reason, ExitCode: st.ExitCode}))
+	if r.Base != "" {
+		row("base", "%s", r.Base)
+	}
+	if r.Head != "" {
+		row("head", "%s (%d new commits)", r.Head, r.Commits)
+	}
+	row("changed", "%d files, %d insertions(+), %d deletions(-)", r.FilesChanged, r.Insertions, r.Deletions)
+	if r.Error != "" {
+		row("error", "%s", r.Error)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, f := range r.Files {
+		if f.Binary {
+			fmt.Fprintf(w, "  %s | binary\n", f.Path)
+		} else {
+			fmt.Fprintf(w, "  %s | +%d -%d\n", f.Path, f.Insertions, f.Deletions)
+		}
+	}
+	for _, o := range r.Objects {
+		fmt.Fprintf(w, "object %s (%d bytes, sha256 %s)\n", o.Name, o.Size, o.SHA256)
+	}
+	for _, o := range r.Artifacts {
+		fmt.Fprintf(w, "artifact %s (%d bytes)\n", o.Name, o.Size)
+	}
+	return nil
+}
+
+// fetch returns the result object kind of run id.
+func (a *app) fetch(ctx context.Context, url, id, kind string) ([]byte, messages.RunState, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return nil, messages.RunState{}, usageError(err)
+	}
+	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew "+kind)
+	if err != nil {
+		return nil, messages.RunState{}, err
+	}
+	defer closeNATS()
+	return d.ResultObject(ctx, id, kind)
+}
+
+func (a *app) diffCmd() *cobra.Command {
+	var url string
+	cmd := &cobra.Command{
+		Use:   "diff [flags] RUN_ID",
+		Short: "Print the patch of everything a workspace run changed",
+		Long: `diff prints the patch from the workspace as submitted (HEAD plus the
+uncommitted changes it was submitted with) to the run's head, binary files
+included, as "git apply" reads it in the work tree it was submitted from. A
+run that changed nothing prints nothing.`,
+		Example: `  jetcrew diff RUN_ID | git apply`,
+		Args:    exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, st, err := a.fetch(cmd.Context(), url, args[0], messages.ResultPatch)
+			if errors.Is(err, errNoResultObject) && st.WorkspaceResult != nil {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			_, err = a.stdout.Write(b)
+			return err
+		},
+	}
+	natsFlag(cmd, &url)
+	return cmd
+}
+
+func (a *app) applyCmd() *cobra.Command {
+	var url, repo string
+	cmd := &cobra.Command{
+		Use:   "apply [flags] RUN_ID",
+		Short: "Create branch jetcrew/RUN_ID with a workspace run's commits",
+		Long: `apply adds the run's commits (its own, plus one for the changes it left
+uncommitted) to the git repository in the current directory (or --repo) and
+creates branch jetcrew/RUN_ID at the run's head. It never changes the current
+branch, the index or the work tree: look with "git log jetcrew/RUN_ID", merge
+or check it out yourself. The repository must hold the run's base commit (the
+HEAD it was submitted from). Applying the same run twice is a no-op.`,
+		Args: exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, st, err := a.fetch(cmd.Context(), url, args[0], messages.ResultBundle)
+			if errors.Is(err, errNoResultObject) && st.WorkspaceResult != nil {
+				return fmt.Errorf("run %s changed nothing: no branch to create", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			ref, head, err := workspace.ApplyBundle(repo, b, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "branch %s at %s (%d commits on %s)\n", ref.Short(), head, st.WorkspaceResult.Commits, shortID(st.WorkspaceResult.Base))
+			return nil
+		},
+	}
+	natsFlag(cmd, &url)
+	cmd.Flags().StringVar(&repo, "repo", ".", "git repository to add the branch to")
+	return cmd
+}
+
+func (a *app) artifactsCmd() *cobra.Command {
+	var url, get, out string
+	cmd := &cobra.Command{
+		Use:   "artifacts [flags] RUN_ID",
+		Short: "List or fetch the files a workspace run left in .jetcrew/artifacts",
+		Long: `artifacts lists the regular files the run left under .jetcrew/artifacts of its
+workspace, with sizes and SHA-256. With --get NAME it writes that file to
+stdout, or to -o FILE.`,
+		Args: exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if get == "" {
+				st, err := a.resultState(cmd.Context(), url, args[0])
+				if err != nil {
+					return err
+				}
+				for _, o := range st.WorkspaceResult.Artifacts {
+					fmt.Fprintf(a.stdout, "%s\t%d\t%s\n", o.Name, o.Size, o.SHA256)
+				}
+				return nil
+			}
+			b, _, err := a.fetch(cmd.Context(), url, args[0], messages.ResultArtifacts)
+			if err != nil {
+				return err
+			}
+			return a.writeArtifact(b, get, out)
+		},
+	}
+	natsFlag(cmd, &url)
+	cmd.Flags().StringVar(&get, "get", "", "artifact to fetch (its path under .jetcrew/artifacts)")
+	cmd.Flags().StringVarP(&out, "output", "o", "", "with --get, write to this file instead of stdout")
+	return cmd
+}
+
+// writeArtifact copies file name of the artifacts tar to out (stdout when
+// empty).
+func (a *app) writeArtifact(tarball []byte, name, out string) error {
+	tr := tar.NewReader(bytes.NewReader(tarball))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return fmt.Errorf("no artifact %q (list them with jetcrew artifacts RUN_ID)", name)
+		}
+		if err != nil {
+			return err
+		}
+		if h.Name != name || h.Typeflag != tar.TypeReg {
+			continue
+		}
+		if out == "" {
+			_, err = io.Copy(a.stdout, tr)
+			return err
+		}
+		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(f, tr); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+}
+
+// errNoResultObject is dispatcher.ErrNoResult, named here for the commands.
+var errNoResultObject = dispatcher.ErrNoResult

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// runsOptions are the flags of `jetcrew runs`: the web console's filters.
+type runsOptions struct {
+	url, state, pool, profile, group string
+	labels                           []string
+	limit                            int
+	asJSON                           bool
+}
+
+func (a *app) runsCmd() *cobra.Command {
+	var o runsOptions
+	cmd := &cobra.Command{
+		Use:   "runs",
+		Short: "List runs, newest first, with the web console's filters",
+		Long: `runs lists the runs of the jetcrew-runs bucket, newest first: id, state,
+pool, profile, group, queue time and why it ended as it did. The flags filter
+as the web console's runs page does; --label may be repeated (every label must
+match). With --json it prints a JSON array of the state records
+(docs/wire.md, "Run state").`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.runRuns(cmd.Context(), o)
+		},
+	}
+	natsFlag(cmd, &o.url)
+	fs := cmd.Flags()
+	fs.StringVar(&o.state, "state", "", "only runs in this state: queued, running, succeeded, failed, cancelled, timed_out, stalled")
+	fs.StringVar(&o.pool, "pool", "", "only runs of this pool")
+	fs.StringVar(&o.profile, "profile", "", "only runs of this profile")
+	fs.StringVar(&o.group, "group", "", "only runs of this coordination group")
+	fs.StringArrayVar(&o.labels, "label", nil, "only runs with this label, k=v (repeatable)")
+	fs.IntVar(&o.limit, "limit", 50, "most runs listed; 0 lists all")
+	fs.BoolVar(&o.asJSON, "json", false, "print the state records as a JSON array")
+	return cmd
+}
+
+// filter checks the flags and returns the filter they describe.
+func (o runsOptions) filter() (dispatcher.RunFilter, error) {
+	f := dispatcher.RunFilter{State: messages.State(o.state), Pool: o.pool, Profile: o.profile, Group: o.group}
+	if o.state != "" && !validState(f.State) {
+		return f, usageError(fmt.Errorf("--state %q: not a run state", o.state))
+	}
+	for _, l := range o.labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return f, usageError(fmt.Errorf("--label %q: want key=value", l))
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	if o.limit < 0 {
+		return f, usageError(fmt.Errorf("--limit %d: must not be negative", o.limit))
+	}
+	return f, nil
+}
+
+func validState(s messages.State) bool {
+	return s == messages.StateQueued || s == messages.StateRunning || s.Final()
+}
+
+func (a *app) runRuns(ctx context.Context, o runsOptions) error {
+	f, err := o.filter()
+	if err != nil {
+		return err
+	}
+	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew runs")
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	runs, err := d.Runs(ctx, f)
+	if err != nil {
+		return err
+	}
+	if o.limit > 0 && len(runs) > o.limit {
+		runs = runs[:o.limit]
+	}
+	if o.asJSON {
+		if runs == nil {
+			runs = []messages.RunState{}
+		}
+		b, err := json.MarshalIndent(runs, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+		return err
+	}
+	return printRuns(a.stdout, runs)
+}
+
+// printRuns writes runs as a table for people; a reason's control
+// characters are shown escaped (visibleString).
+func printRuns(w io.Writer, runs []messages.RunState) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tPROFILE\tGROUP\tQUEUED\tREASON")
+	for _, st := range runs {
+		group := st.Group
+		if group == st.ID {
+			group = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, st.Pool, st.Profile, group,
+			formatTime(st.QueuedAt), visibleString(oneLine(st.Reason, 60)))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// workspaceFlags adds submit's workspace flags.
+func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
+	f := cmd.Flags()
+	f.StringVar(&o.workspace, "workspace", "", "directory the run works on: snapshotted (a git work tree with its history, or the directory as it is) into the jetcrew-workspaces bucket, writable at /workspace")
+	f.Int64Var(&o.wsMax, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes, "largest snapshot to upload, in bytes; a larger one is refused before anything is stored")
+	f.DurationVar(&o.wsTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in the jetcrew-workspaces bucket, used when submit creates the bucket")
+}
+
+// uploadWorkspace snapshots o.workspace into the workspace bucket (once per
+// content) and returns the request's workspace field.
+func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (*messages.WorkspaceRef, error) {
+	so := workspace.SnapshotOptions{MaxBytes: o.wsMax}
+	if dir, err := os.UserCacheDir(); err == nil {
+		// HEAD's packed history, reused while HEAD does not move.
+		so.CacheDir = filepath.Join(dir, "jetcrew", "snapshots")
+	}
+	up, err := d.UploadWorkspace(ctx, o.workspace, so, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s: %w", o.workspace, err)
+	}
+	if !o.quiet {
+		how := fmt.Sprintf("snapshot %s, uploaded in %s", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
+		if up.Reused {
+			how = fmt.Sprintf("snapshot %s, already stored, not uploaded again", up.SnapshotTook.Round(time.Millisecond))
+		}
+		kind := "a plain directory"
+		if up.Info.Git {
+			kind = fmt.Sprintf("git, HEAD %s, %d commits", shortID(up.Info.Head), up.Info.Commits)
+		}
+		fmt.Fprintf(a.stderr, "--- workspace %s: %s (%s; %d bytes, %d files; %s)\n", o.workspace, up.Ref.Name, kind, up.Info.Size, up.Info.Files, how)
+	}
+	return &up.Ref, nil
+}
+
+// addWorkerWorkspaceFlags adds the worker's workspace limits and bucket
+// settings (worker and up).
+func addWorkerWorkspaceFlags(fs *pflag.FlagSet, c *worker.WorkspaceConfig) {
+	fs.Int64Var(&c.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes,
+		"largest workspace snapshot, unpacked tree and captured change a run may have, each in bytes; a larger one fails the run")
+	fs.DurationVar(&c.Buckets.WorkspaceTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in jetcrew-workspaces (when the worker creates the bucket)")
+	fs.Int64Var(&c.Buckets.WorkspaceBytes, "workspace-bucket-bytes", 0, "size cap of jetcrew-workspaces in bytes, 0 for none (when the worker creates the bucket)")
+	fs.DurationVar(&c.Buckets.ResultTTL, "result-ttl", workspace.DefaultResultTTL, "lifetime of run results in jetcrew-results (when the worker creates the bucket)")
+	fs.Int64Var(&c.Buckets.ResultBytes, "result-bucket-bytes", 0, "size cap of jetcrew-results in bytes, 0 for none (when the worker creates the bucket)")
+}

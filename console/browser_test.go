@@ -1,0 +1,195 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// chromiumPath finds Debian's chromium. The browser test fails, never
+// skips, without it: `make test` installs it (make chromium).
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("chromium is not installed: `make chromium` (part of `make test`) installs Debian's chromium package")
+	return ""
+}
+
+// browser starts a headless chromium for the test and returns its tab's
+// context, and a function returning the page's uncaught JavaScript
+// exceptions so far.
+func browser(t *testing.T) (context.Context, func() []string) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Headless,
+		chromedp.DisableGPU,
+		chromedp.WindowSize(1360, 860),
+		chromedp.UserDataDir(t.TempDir()),
+		// Chromium refuses its sandbox as root, and it needs user
+		// namespaces a CI container may not give. The browser only loads
+		// the test's own loopback pages.
+		chromedp.NoSandbox,
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")), "start chromium")
+	var (
+		mu   sync.Mutex
+		errs []string
+	)
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok {
+			mu.Lock()
+			errs = append(errs, e.ExceptionDetails.Text+" "+fmt.Sprint(e.ExceptionDetails.Exception))
+			mu.Unlock()
+		}
+	}))
+	return ctx, func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), errs...) }
+}
+
+// shot saves a screenshot of the page as an artifact (go test -artifacts),
+// and into $JETCREW_SCREENSHOTS when set (how docs/console/*.png are made).
+func shot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	var (
+		png []byte
+		err error
+	)
+	// A page just navigated to may not be laid out yet ("0 width").
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if png, err = chromedp.Run(ctx, chromedp.FullScreenshot(100)); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	require.NoError(t, err, "screenshot %s", name)
+	dirs := []string{t.ArtifactDir()}
+	if d := os.Getenv("JETCREW_SCREENSHOTS"); d != "" {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		require.NoError(t, os.WriteFile(filepath.Join(d, name+".png"), png, 0o644))
+	}
+}
+
+// poll waits until the JavaScript expression is true, failing the test
+// with what after timeout. A navigation under way (a click on a link, a
+// form posted) destroys the page the expression runs in: it is evaluated
+// again in the new one.
+func poll(t *testing.T, ctx context.Context, timeout time.Duration, expr, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(max(left, time.Millisecond))))
+		if err == nil {
+			return
+		}
+		if left <= 0 || !strings.Contains(err.Error(), "(-32000)") {
+			where, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText.slice(0, 2000)`))
+			require.NoError(t, err, "%s\npage: %s", what, where)
+		}
+		time.Sleep(20 * time.Millisecond) // the next page is loading
+	}
+}
+
+// TestBrowser drives the console in headless chromium against a real
+// worker (on the fake runtime): live list, live output, cancel, hostile
+// output, replay from the dead letters, a group's conversation.
+func TestBrowser(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, exceptions := browser(t)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	u := b.srv.URL
+
+	// A run submitted while the list is open appears without a reload.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
+	poll(t, ctx, 5*time.Second, `document.getElementById("live").classList.contains("on")`, "the runs page's live stream opens")
+	id := dispatcher.NewRunID()
+	start := time.Now()
+	b.submit(t, messages.RunRequest{ID: id, Prompt: "out hello-from-run;sleep 1h", Labels: map[string]string{"team": "docs"}})
+	poll(t, ctx, 2*time.Second, `document.querySelector('tr[data-id="`+id+`"]') !== null`, "the submitted run appears in the open list")
+	t.Logf("submitted run appeared in the open list %s after its submit returned", time.Since(start).Round(time.Millisecond))
+	poll(t, ctx, 5*time.Second, `document.querySelector('tr[data-id="`+id+`"] .badge').textContent === "running"`, "its state turns running live")
+	shot(t, ctx, "runs")
+
+	// Its page streams its output; cancel stops it.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] a`))))
+	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.includes("hello-from-run")`, "the run's output streams in")
+	shot(t, ctx, "run")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	poll(t, ctx, 10*time.Second, `document.getElementById("state").textContent === "cancelled"`, "the page shows the run cancelled")
+	require.Equal(t, messages.StateCancelled, b.waitState(t, id, messages.StateCancelled).State)
+
+	// Hostile output shows as text: no script runs, no element is made.
+	const evil = `<script>window.pwned=1</script><img src=x onerror=window.pwned=2><b>bold</b>`
+	x := b.submit(t, messages.RunRequest{Prompt: "out " + evil + "\x1b[2J\u202e;exit 3", Labels: map[string]string{"x": "<i>label</i>"}})
+	b.waitState(t, x, messages.StateFailed)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs/"+x)))
+	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.includes("<script>window.pwned=1</script>")`, "the markup shows as text")
+	inert, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pwned === undefined &&
+		document.querySelectorAll("main img, main b, main i, main script").length === 0 &&
+		document.getElementById("output").textContent.includes("␛[2J<U+202E>")`))
+	require.NoError(t, err)
+	require.True(t, inert, "hostile output stayed inert, control characters visible")
+	shot(t, ctx, "run-hostile")
+
+	// Replay from the dead letters page, after the confirmation.
+	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), x); return err == nil }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/dead-letters")))
+	shot(t, ctx, "dead-letters")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.replay-one[data-run="`+x+`"]`))))
+	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "a confirmation is asked")
+	shot(t, ctx, "replay-confirm")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
+	poll(t, ctx, 10*time.Second, `(document.getElementById("message")||{}).textContent?.includes("Replayed 1 run(s)")`, "the replay is reported")
+	require.Eventually(t, func() bool {
+		st, err := b.d.Status(t.Context(), x)
+		return err == nil && st.Replays == 1 && st.State.Final()
+	}, 10*time.Second, 10*time.Millisecond, "the replayed request ran again")
+
+	// A group's conversation: a message sent between two runs.
+	g := "crew-" + strings.ToLower(id[20:])
+	a := b.submit(t, messages.RunRequest{Group: g, Prompt: "out a"})
+	c := b.submit(t, messages.RunRequest{Group: g, Prompt: "out c"})
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/groups/"+g)))
+	poll(t, ctx, 5*time.Second, `document.getElementById("live").classList.contains("on")`, "the group page's live stream opens")
+	b.coordSend(t, g, a, c, "tests pass on my side; <b>merge</b>?")
+	poll(t, ctx, 5*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,
+		"the group page shows the message between the two runs, as text")
+	shot(t, ctx, "group")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))
+	poll(t, ctx, 5*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
+	shot(t, ctx, "overview")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})
+		return err
+	}), chromedp.Navigate(u+"/runs/"+x)))
+	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.length > 0`, "the run page renders, dark")
+	shot(t, ctx, "run-dark")
+	require.Empty(t, exceptions(), "no JavaScript error on any page")
+}

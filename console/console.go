@@ -1,0 +1,162 @@
+// Package console is jetcrew's web console: server-rendered pages of the
+// pools, workers, runs, a run's live output and events, a group's
+// conversation and the dead letters, with cancel and replay, live over
+// server-sent events fed by NATS (a KV watch of jetcrew-runs, ordered
+// consumers on JETCREW_EVENTS).
+//
+// It reads and acts only through package dispatcher, like the CLI. Its
+// HTML, CSS and JavaScript are embedded; it loads nothing from elsewhere.
+// It is safe as shipped: see docs/console.md, "Security".
+package console
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// DefaultListen is where `jetcrew up` and `jetcrew ui` serve the console
+// unless told otherwise: loopback, on a port that is none of NATS's own
+// (4222 clients, 6222 routes, 7422 leaf nodes, 8222 monitoring).
+const DefaultListen = "127.0.0.1:4280"
+
+// Config configures a Console.
+type Config struct {
+	// Dispatcher is what the console reads and acts through. Required.
+	Dispatcher *dispatcher.Dispatcher
+	// Token, when not empty, is required of every request: as
+	// "Authorization: Bearer <token>" or through the login form. Required
+	// to listen beyond loopback (CheckListen).
+	Token string
+	// Log receives the console's own errors. Default: none.
+	Log zerolog.Logger
+	// MaxStreams caps the live streams (server-sent events) served at
+	// once; one more is refused with 503. Default 64.
+	MaxStreams int
+	// PageSize is the number of runs on one page of the runs list.
+	// Default 50; at most 500.
+	PageSize int
+	// ActionTimeout bounds a cancel or replay. Default 15 seconds.
+	ActionTimeout time.Duration
+}
+
+// WithDefaults returns a copy of cfg with zero fields set to their
+// documented defaults.
+func (cfg Config) WithDefaults() Config {
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 64
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	cfg.PageSize = min(cfg.PageSize, 500)
+	if cfg.ActionTimeout <= 0 {
+		cfg.ActionTimeout = 15 * time.Second
+	}
+	return cfg
+}
+
+// Console serves the web console. Create it with New, Start it, serve
+// Handler, Stop it.
+type Console struct {
+	cfg     Config
+	d       *dispatcher.Dispatcher
+	csrf    string
+	cache   *cache
+	pages   map[string]*pageTemplate
+	streams chan struct{} // one token per live stream served
+
+	stopOnce sync.Once
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+// New returns a Console for cfg, or an error when cfg.Dispatcher is nil or
+// a template does not parse. It does no I/O.
+func New(cfg Config) (*Console, error) {
+	cfg = cfg.WithDefaults()
+	if cfg.Dispatcher == nil {
+		return nil, errors.New("console: nil dispatcher")
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	return &Console{
+		cfg:     cfg,
+		d:       cfg.Dispatcher,
+		csrf:    newCSRFToken(),
+		cache:   newCache(),
+		pages:   pages,
+		streams: make(chan struct{}, cfg.MaxStreams),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Start starts following the jetcrew-runs bucket and waits until every
+// stored run state is loaded, or until ctx ends (the console then serves
+// what it has and keeps loading). A bucket that does not exist yet is
+// looked for again every few seconds. The follower ends with Stop.
+func (c *Console) Start(ctx context.Context) {
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		c.cache.run(bg, c.d, 2*time.Second, func(err error) {
+			c.cfg.Log.Warn().Err(err).Msg("console: following the runs bucket")
+		})
+	}()
+	select {
+	case <-c.cache.synced:
+	case <-ctx.Done():
+	}
+}
+
+// Stop ends the follower Start began and waits for it. Safe to call twice
+// or before Start. Live streams end when the HTTP server that serves them
+// shuts down.
+func (c *Console) Stop() {
+	c.stopOnce.Do(func() {
+		if c.cancel == nil {
+			close(c.done)
+			return
+		}
+		c.cancel()
+	})
+	<-c.done
+}
+
+// Handler returns the console's HTTP handler: every page, action, live
+// stream and asset, behind the protections of docs/console.md.
+func (c *Console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(assets, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("/login", c.login)
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /overview/fragment", c.overviewFragment)
+	mux.HandleFunc("GET /live/overview", c.liveOverview)
+	mux.HandleFunc("GET /runs", c.runsList)
+	mux.HandleFunc("GET /live/runs", c.liveRuns)
+	mux.HandleFunc("GET /runs/{id}", c.runPage)
+	mux.HandleFunc("GET /live/run/{id}", c.liveRun)
+	mux.HandleFunc("POST /runs/{id}/cancel", c.cancelRun)
+	mux.HandleFunc("POST /runs/{id}/replay", c.replayRun)
+	mux.HandleFunc("GET /groups/{group}", c.groupPage)
+	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
+	mux.HandleFunc("GET /dead-letters", c.deadLetters)
+	mux.HandleFunc("POST /dead-letters/replay", c.replayDeadLetters)
+	return c.secure(mux)
+}

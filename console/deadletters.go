@@ -1,0 +1,143 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// maxReplayBatch caps the runs one confirmation replays.
+const maxReplayBatch = 500
+
+// deadGroup is the dead letters of one reason: each run's latest.
+type deadGroup struct {
+	Reason      string
+	Count       int
+	First, Last time.Time
+	// Sample is one request of the group (the latest), made visible.
+	Sample string
+	// Runs are the group's run ids, newest first.
+	Runs []string
+	// Letters are the group's dead letters, one per run, newest first.
+	Letters []dispatcher.DeadLetter
+	// Pools are the pools its runs failed in.
+	Pools []string
+}
+
+// groupDeadLetters keeps each run's latest dead letter and groups them by
+// reason, the largest group first.
+func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
+	latest := make(map[string]dispatcher.DeadLetter, len(dls))
+	for _, dl := range dls {
+		if cur, ok := latest[dl.RunID]; !ok || dl.Sequence > cur.Sequence {
+			latest[dl.RunID] = dl
+		}
+	}
+	byReason := map[string]*deadGroup{}
+	pools := map[string]map[string]bool{}
+	for _, dl := range latest {
+		g := byReason[dl.Reason]
+		if g == nil {
+			g = &deadGroup{Reason: visible(dl.Reason), First: dl.Time}
+			byReason[dl.Reason] = g
+			pools[dl.Reason] = map[string]bool{}
+		}
+		g.Count++
+		dl.Request = nil // the sample carries one; the rest are not shown
+		g.Letters = append(g.Letters, dl)
+		if dl.Time.Before(g.First) {
+			g.First = dl.Time
+		}
+		if !dl.Time.Before(g.Last) {
+			g.Last, g.Sample = dl.Time, visible(shortText(string(dl.Request), 2000))
+		}
+		pools[dl.Reason][dl.Pool] = true
+	}
+	out := make([]deadGroup, 0, len(byReason))
+	for reason, g := range byReason {
+		for p := range pools[reason] {
+			g.Pools = append(g.Pools, p)
+		}
+		sort.Strings(g.Pools)
+		sort.Slice(g.Letters, func(i, j int) bool { return g.Letters[i].Sequence > g.Letters[j].Sequence })
+		for _, dl := range g.Letters {
+			g.Runs = append(g.Runs, dl.RunID)
+		}
+		out = append(out, *g)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].Reason < out[j].Reason
+	})
+	return out
+}
+
+// deadLetters serves GET /dead-letters.
+func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
+	dls, err := c.d.Failed(r.Context(), "")
+	if err != nil {
+		c.message(w, r, http.StatusBadGateway, "Dead letters unavailable", err.Error(), "/")
+		return
+	}
+	c.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: groupDeadLetters(dls)})
+}
+
+// confirmData is the replay confirmation page's data.
+type confirmData struct {
+	Runs []string
+}
+
+// replayResult is the outcome of a confirmed replay.
+type replayResult struct {
+	Replayed []string
+	Refused  []string
+}
+
+// replayDeadLetters serves POST /dead-letters/replay with one or more
+// run=<id>: without confirm=yes it asks for a confirmation; with it, it
+// replays each run's latest dead letter (dispatcher.Replay) and reports.
+func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
+	runs := r.PostForm["run"]
+	if len(runs) == 0 {
+		c.message(w, r, http.StatusBadRequest, "Nothing to replay", "no run was selected", "/dead-letters")
+		return
+	}
+	if len(runs) > maxReplayBatch {
+		c.message(w, r, http.StatusBadRequest, "Too many runs",
+			fmt.Sprintf("%d runs selected; at most %d are replayed at once", len(runs), maxReplayBatch), "/dead-letters")
+		return
+	}
+	for _, id := range runs {
+		if err := messages.ValidateToken("run id", id); err != nil {
+			c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+			return
+		}
+	}
+	if r.PostFormValue("confirm") != "yes" {
+		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	var res replayResult
+	for _, id := range runs {
+		if _, err := c.d.Replay(ctx, id); err != nil {
+			res.Refused = append(res.Refused, id+": "+err.Error())
+			continue
+		}
+		res.Replayed = append(res.Replayed, id)
+	}
+	text := fmt.Sprintf("Replayed %d run(s): %s.", len(res.Replayed), strings.Join(res.Replayed, ", "))
+	if len(res.Refused) > 0 {
+		text += fmt.Sprintf(" Refused %d: %s.", len(res.Refused), strings.Join(res.Refused, "; "))
+	}
+	c.message(w, r, http.StatusOK, "Replay", text, "/dead-letters")
+}

@@ -1,0 +1,142 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// groupData is the group page's data.
+type groupData struct {
+	Group string
+	// Runs are the group's runs, newest first.
+	Runs []*messages.RunState
+}
+
+// groupPage serves GET /groups/{group}: the group's runs with their
+// states; the conversation arrives over /live/group/{group}.
+func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
+	g := r.PathValue("group")
+	if err := messages.ValidateToken("group", g); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
+		return
+	}
+	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
+	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}, Rev: rev})
+}
+
+// liveGroup serves GET /live/group/{group}: every message of the group on
+// JETCREW_COORD (subjects jetcrew.coord.<group>.>), oldest first then live,
+// as "message" server-sent events, and "state" events as the group's runs
+// change state.
+func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
+	g := r.PathValue("group")
+	if err := messages.ValidateToken("group", g); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.Group == g })
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	for _, st := range missed {
+		if s.send("state", newRunRow(st)) != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	msgs := c.followMessages(ctx, coordination.StreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-keep.C:
+			err = s.ping()
+		case st, ok := <-updates:
+			if !ok {
+				return
+			}
+			if st.Group == g {
+				err = s.send("state", newRunRow(st))
+			}
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			err = s.send("message", groupMessage(m))
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// maxMessageText is how much of a message's body the group page shows,
+// in runes.
+const maxMessageText = 4096
+
+// liveMessage is one message of a group's conversation.
+type liveMessage struct {
+	Seq  uint64 `json:"seq"`
+	Time string `json:"time"`
+	// From is the sending run as the worker stamped it (header
+	// Jetcrew-From), "operator" when absent.
+	From string `json:"from"`
+	// To is the recipient: a run id, "all" or "operator".
+	To string `json:"to"`
+	// Text is the body, made visible, at most maxMessageText runes.
+	Text  string `json:"text"`
+	Bytes int    `json:"bytes"`
+}
+
+func groupMessage(m dispatcher.StreamMsg) liveMessage {
+	from := m.Header.Get(coordination.HeaderFrom)
+	if from == "" {
+		from = coordination.RecipientOperator
+	}
+	return liveMessage{
+		Seq: m.Sequence, Time: clock(m.Time),
+		From: visible(from), To: visible(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]),
+		Text: visible(shortText(string(m.Data), maxMessageText)), Bytes: len(m.Data),
+	}
+}
+
+// coordLive fills le from a coordination event's JSON: the sender is the
+// run the worker recorded the event for, the recipient the event's To.
+func coordLive(le liveEvent, data []byte) liveEvent {
+	var ce coordination.Event
+	if err := json.Unmarshal(data, &ce); err != nil {
+		le.Text = visible(string(data))
+		return le
+	}
+	le.RunID, le.Kind, le.From, le.To = ce.RunID, visible(string(ce.Kind)), ce.RunID, visible(ce.To)
+	switch ce.Kind {
+	case coordination.EventSent:
+		le.Text = fmt.Sprintf("message %s, %d bytes", visible(ce.MessageID), ce.Bytes)
+		if ce.Duplicate {
+			le.Text += " (duplicate, not sent again)"
+		}
+	case coordination.EventRead:
+		le.Text = "read " + visible(strings.Join(ce.MessageIDs, ", "))
+	case coordination.EventRefused:
+		le.Text = "refused: " + visible(ce.Reason)
+	default:
+		le.Text = visible(string(ce.Kind))
+	}
+	return le
+}

@@ -1,0 +1,166 @@
+package console
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// bundle is one test's fleet: an embedded NATS server, a real worker of
+// pool default on the fake runtime (prompts are workertest scripts), a
+// dispatcher, and the console served by an httptest server.
+type bundle struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	d   *dispatcher.Dispatcher
+	c   *Console
+	srv *httptest.Server
+}
+
+type setupOpts struct {
+	token string
+}
+
+func setup(t *testing.T, o setupOpts) *bundle {
+	t.Helper()
+	s := workertest.StartServer(t)
+	nc := workertest.Connect(t, s)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
+		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewRuntime(), FetchWait: time.Second,
+		Logger: new(workertest.Logger(t))})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() {
+		// Runs still going (a test that failed early) are stopped at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	d, err := dispatcher.New(nc)
+	require.NoError(t, err)
+	c, err := New(Config{Dispatcher: d, Token: o.token})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	c.Start(ctx)
+	t.Cleanup(c.Stop)
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	return &bundle{nc: nc, js: js, d: d, c: c, srv: srv}
+}
+
+// submit submits req and returns its run id.
+func (b *bundle) submit(t *testing.T, req messages.RunRequest) string {
+	t.Helper()
+	if req.Profile == "" {
+		req.Profile = "shell"
+	}
+	id, err := b.d.Submit(t.Context(), req)
+	require.NoError(t, err)
+	return id
+}
+
+// waitState waits until run id is in state want.
+func (b *bundle) waitState(t *testing.T, id string, want messages.State) messages.RunState {
+	t.Helper()
+	var st messages.RunState
+	require.Eventually(t, func() bool {
+		var err error
+		st, err = b.d.Status(t.Context(), id)
+		return err == nil && st.State == want
+	}, 10*time.Second, 10*time.Millisecond, "run %s never %s (last: %+v)", id, want, st)
+	return st
+}
+
+// coordSend publishes a coordination message of group g as the worker
+// relays one run from sends it to run (or "all") to: on JETCREW_COORD,
+// subject jetcrew.coord.<g>.<to>, header Jetcrew-From.
+func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
+	t.Helper()
+	m := nats.NewMsg(coordination.SubjectPrefix + "." + g + "." + to)
+	m.Data = []byte(body)
+	m.Header.Set(coordination.HeaderFrom, from)
+	_, err := b.js.PublishMsg(t.Context(), m)
+	require.NoError(t, err)
+}
+
+// get fetches path from the console with a loopback Host and returns the
+// status and body.
+func (b *bundle) get(t *testing.T, path string, hdr ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, b.srv.URL+path, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := noRedirect.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// post posts form to path, with extra headers, and returns the response
+// (redirects not followed).
+func (b *bundle) post(t *testing.T, path string, form url.Values, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, b.srv.URL+path, strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := noRedirect.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(body)
+}
+
+var noRedirect = &http.Client{
+	Timeout:       20 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// readSSE reads the server-sent events of path until stop returns true for
+// the data read so far, or the timeout; it returns what it read.
+func (b *bundle) readSSE(t *testing.T, path string, timeout time.Duration, stop func(string) bool) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.srv.URL+path, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for !stop(sb.String()) {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return sb.String()
+}

@@ -1,0 +1,173 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// overviewRefresh is the most often the overview's live stream tells the
+// page to fetch the overview again (on state changes), and how often it
+// does so anyway (heartbeat ages move on by themselves).
+const (
+	overviewMinInterval = time.Second
+	overviewMaxInterval = 5 * time.Second
+)
+
+// poolRow is one pool on the overview.
+type poolRow struct {
+	dispatcher.PoolStats
+	// Running counts the pool's runs whose state is running.
+	Running int
+	// QueuedRuns counts the pool's runs whose state is queued.
+	QueuedRuns int
+	// StartedPerMin and FailedPerMin count the runs started, and ended
+	// failed, timed out or stalled, in the last minute.
+	StartedPerMin, FailedPerMin int
+	// OldestQueued is the queue time of the pool's oldest queued run.
+	OldestQueued time.Time
+}
+
+// workerRow is one live worker on the overview.
+type workerRow struct {
+	dispatcher.WorkerBeat
+	// Held counts the runs whose state is running on this worker.
+	Held int
+}
+
+// overviewData is the overview's data.
+type overviewData struct {
+	Pools   []poolRow
+	Workers []workerRow
+	Alerts  []string
+	// States counts every run by state.
+	States map[messages.State]int
+	Total  int
+	// Errors are what could not be read (the page shows the rest).
+	Errors []string
+}
+
+// overviewOf gathers the overview: pool stats from the pools' consumers,
+// live workers from their heartbeats, rates and ages from the run states.
+func (c *Console) overviewOf(r *http.Request) overviewData {
+	var d overviewData
+	pools, err := c.d.Pools(r.Context())
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	workers, err := c.d.Workers(r.Context())
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	byPool := map[string]*poolRow{}
+	for _, p := range pools {
+		byPool[p.Pool] = &poolRow{PoolStats: p}
+	}
+	held := map[string]int{}
+	d.States = map[messages.State]int{}
+	minute := time.Now().Add(-time.Minute)
+	c.cache.each(func(st *messages.RunState) {
+		d.States[st.State]++
+		d.Total++
+		p := byPool[st.Pool]
+		if p == nil {
+			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
+			byPool[st.Pool] = p
+		}
+		switch st.State {
+		case messages.StateQueued:
+			p.QueuedRuns++
+			if p.OldestQueued.IsZero() || st.QueuedAt.Before(p.OldestQueued) {
+				p.OldestQueued = st.QueuedAt
+			}
+		case messages.StateRunning:
+			p.Running++
+			held[st.Worker]++
+		case messages.StateFailed, messages.StateTimedOut, messages.StateStalled:
+			if st.FinishedAt.After(minute) {
+				p.FailedPerMin++
+			}
+		}
+		if st.StartedAt.After(minute) {
+			p.StartedPerMin++
+		}
+	})
+	for _, p := range byPool {
+		d.Pools = append(d.Pools, *p)
+	}
+	sort.Slice(d.Pools, func(i, j int) bool { return d.Pools[i].Pool < d.Pools[j].Pool })
+	for _, w := range workers {
+		d.Workers = append(d.Workers, workerRow{WorkerBeat: w, Held: held[w.ID]})
+	}
+	d.Alerts = alerts(d.Pools, len(workers))
+	return d
+}
+
+// alerts lists what a person should act on: a pool with queued runs that
+// no worker takes, and a pool at its max ack pending.
+func alerts(pools []poolRow, liveWorkers int) []string {
+	var out []string
+	for _, p := range pools {
+		queued := max(int(p.Queued), p.QueuedRuns)
+		switch {
+		case queued > 0 && liveWorkers == 0:
+			out = append(out, fmt.Sprintf("pool %s has %d queued run(s) and no worker is alive", p.Pool, queued))
+		case p.Queued > 0 && p.Waiting == 0 && p.InFlight == 0:
+			out = append(out, fmt.Sprintf("pool %s has %d queued run(s) and no worker is pulling from it", p.Pool, p.Queued))
+		}
+		if p.MaxAckPending > 0 && p.InFlight >= p.MaxAckPending {
+			out = append(out, fmt.Sprintf("pool %s is at its max ack pending (%d runs in flight): new runs wait", p.Pool, p.InFlight))
+		}
+	}
+	return out
+}
+
+// overview serves GET /.
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "overview", page{Title: "Overview", Nav: "overview", Data: c.overviewOf(r)})
+}
+
+// overviewFragment serves GET /overview/fragment: the overview's body
+// alone, which the page swaps in when its live stream says so.
+func (c *Console) overviewFragment(w http.ResponseWriter, r *http.Request) {
+	c.renderStatus(w, r, http.StatusOK, "overview", "overview-body", page{Data: c.overviewOf(r)})
+}
+
+// liveOverview serves GET /live/overview: a "changed" server-sent event
+// at most every overviewMinInterval while runs change, and at least every
+// overviewMaxInterval.
+func (c *Console) liveOverview(w http.ResponseWriter, r *http.Request) {
+	updates, _, unsubscribe := c.cache.subscribe(^uint64(0), nil)
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	tick := time.NewTicker(overviewMinInterval)
+	defer tick.Stop()
+	dirty, last := false, time.Now()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case _, ok := <-updates:
+			if !ok {
+				return
+			}
+			dirty = true
+		case now := <-tick.C:
+			if !dirty && now.Sub(last) < overviewMaxInterval {
+				continue
+			}
+			if s.send("changed", now.UnixMilli()) != nil {
+				return
+			}
+			dirty, last = false, now
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package console
+
+import (
+	"bytes"
+	"fmt"
+	"html/template"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// pageNames are the templates under templates/, each rendered inside
+// layout.html.
+var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "confirm", "login", "message"}
+
+// pageTemplate is one page's template set: layout plus the page.
+type pageTemplate = template.Template
+
+// page is what every template gets.
+type page struct {
+	// Title is the page title.
+	Title string
+	// Nav names the navigation entry to highlight.
+	Nav string
+	// CSRF is the per-process token every form posts back.
+	CSRF string
+	// Data is the page's own data.
+	Data any
+	// Rev is the run cache's sequence when the page's data was gathered:
+	// its live stream sends every change after it (see cache.subscribe).
+	Rev uint64
+}
+
+// revParam reads a live stream's ?rev=, the cache sequence its page was
+// rendered at; 0 (everything) when absent.
+func revParam(r *http.Request) uint64 {
+	n, _ := strconv.ParseUint(r.URL.Query().Get("rev"), 10, 64)
+	return n
+}
+
+var funcs = template.FuncMap{
+	"visible": visible,
+	"ago":     ago,
+	"clock":   clock,
+	"labels":  labelList,
+	"short":   func(s string) string { return shortText(s, 12) },
+	"final":   func(s messages.State) bool { return s.Final() },
+	"deref": func(p *int) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprint(*p)
+	},
+}
+
+func parsePages() (map[string]*pageTemplate, error) {
+	out := make(map[string]*pageTemplate, len(pageNames))
+	for _, name := range pageNames {
+		t, err := template.New(name).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+		out[name] = t
+	}
+	return out, nil
+}
+
+// render writes page name, status 200 unless the handler set one before.
+// It renders into a buffer first, so a template error is a clean 500.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, p page) {
+	c.renderStatus(w, r, http.StatusOK, name, "layout", p)
+}
+
+// renderStatus executes template tmpl of page name with status code.
+func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int, name, tmpl string, p page) {
+	p.CSRF = c.csrf
+	var buf bytes.Buffer
+	if err := c.pages[name].ExecuteTemplate(&buf, tmpl, p); err != nil {
+		c.cfg.Log.Error().Err(err).Str("page", name).Msg("console: render")
+		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// message renders a short page saying what happened, with a link back.
+func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
+	c.renderStatus(w, r, code, "message", "layout", page{Title: title, Data: map[string]string{"Text": text, "Back": back}})
+}
+
+// ago returns how long before now t was, shortly: "3s", "4m10s", "2h5m";
+// "-" for the zero time.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return shortDuration(time.Since(t))
+}
+
+func shortDuration(d time.Duration) string {
+	switch {
+	case d < 0:
+		d = 0
+	case d >= time.Hour:
+		return d.Truncate(time.Minute).String()
+	}
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Truncate(time.Second).String()
+}
+
+// clock formats t as UTC time of day with milliseconds; "-" when zero.
+func clock(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000")
+}
+
+// labelList returns a run's labels as sorted "k=v" strings, made visible.
+func labelList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, visible(k+"="+v))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// shortText shortens s to n runes with an ellipsis.
+func shortText(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return strings.TrimSpace(string(r[:n])) + "…"
+}

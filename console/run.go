@@ -1,0 +1,247 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// runData is the run page's data.
+type runData struct {
+	State messages.RunState
+	// Receipt is the profile receipt as indented JSON, made visible.
+	Receipt string
+	// Result is the agent's result text, made visible.
+	Result string
+	// Cancellable and Replayable say which buttons to show.
+	Cancellable, Replayable bool
+}
+
+// runPage serves GET /runs/{id}: the run's state and receipt; its events
+// and output arrive over /live/run/{id}.
+func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
+	id := r.PathValue("id")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+		return
+	}
+	st, ok := c.cache.get(id)
+	if !ok {
+		var err error
+		if st, err = c.d.Status(r.Context(), id); err != nil {
+			code := http.StatusBadGateway
+			if errors.Is(err, dispatcher.ErrRunNotFound) {
+				code = http.StatusNotFound
+			}
+			c.message(w, r, code, "Run not found", err.Error(), "/runs")
+			return
+		}
+	}
+	d := runData{State: st, Result: visible(st.Result),
+		Cancellable: !st.State.Final(),
+		Replayable:  replayable(st.State)}
+	if st.Receipt != nil {
+		// The template escapes; JSON's own \u003c escapes would only hide
+		// the receipt's text.
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st.Receipt)
+		d.Receipt = visible(b.String())
+	}
+	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
+}
+
+// liveEvent is one event of a run as the run and group pages get it.
+type liveEvent struct {
+	Seq     uint64 `json:"seq"`
+	RunID   string `json:"run_id,omitempty"`
+	Type    string `json:"type"`
+	Time    string `json:"time"`
+	Attempt int    `json:"attempt,omitempty"`
+	// Stream and Text: on output, the chunk made visible.
+	Stream string `json:"stream,omitempty"`
+	// Text is the event's readable summary, made visible.
+	Text string `json:"text,omitempty"`
+	// Kind: the agent's or coordination event's kind.
+	Kind string `json:"kind,omitempty"`
+	// From and To: a coordination message's sender and recipient.
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+}
+
+// liveRun serves GET /live/run/{id}: "event" and "output" server-sent
+// events of the run from its first one on, then live, and "state" events
+// as its state changes.
+func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.ID == id })
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	for _, st := range missed {
+		if s.send("state", newRunRow(st)) != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	events := c.follow(ctx, []string{messages.SubjectEventsAll(id)})
+	carry := map[string][]byte{} // per stream and attempt: a split UTF-8 sequence
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-keep.C:
+			err = s.ping()
+		case st, ok := <-updates:
+			if !ok {
+				return
+			}
+			if st.ID == id {
+				err = s.send("state", newRunRow(st))
+			}
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			name, le := toLive(ev, carry)
+			err = s.send(name, le)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// follow runs dispatcher.Follow for filters in a goroutine that ends with
+// ctx, and returns its events. The channel is closed when Follow ends.
+func (c *Console) follow(ctx context.Context, filters []string) <-chan dispatcher.WatchEvent {
+	out := make(chan dispatcher.WatchEvent, 64)
+	go func() {
+		defer close(out)
+		err := c.d.Follow(ctx, filters, func(ev dispatcher.WatchEvent) error {
+			select {
+			case out <- ev:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Log.Warn().Err(err).Msg("console: follow events")
+		}
+	}()
+	return out
+}
+
+// followMessages runs dispatcher.FollowMessages on stream for filters in a
+// goroutine that ends with ctx, and returns its messages. The channel is
+// closed when FollowMessages ends.
+func (c *Console) followMessages(ctx context.Context, stream string, filters []string) <-chan dispatcher.StreamMsg {
+	out := make(chan dispatcher.StreamMsg, 64)
+	go func() {
+		defer close(out)
+		err := c.d.FollowMessages(ctx, stream, filters, func(m dispatcher.StreamMsg) error {
+			select {
+			case out <- m:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Log.Warn().Err(err).Str("stream", stream).Msg("console: follow messages")
+		}
+	}()
+	return out
+}
+
+// toLive turns one event into the page's form, and names its server-sent
+// event: "output" or "event".
+func toLive(ev dispatcher.WatchEvent, carry map[string][]byte) (string, liveEvent) {
+	le := liveEvent{Seq: ev.Sequence, RunID: ev.Event.RunID, Type: string(ev.Type), Time: clock(ev.Time), Attempt: ev.Attempt}
+	switch ev.Type {
+	case messages.EventOutput:
+		key := ev.Stream + "/" + strconv.Itoa(ev.Attempt)
+		whole, rest := utf8Carry(append(carry[key], ev.Data...))
+		carry[key] = append([]byte(nil), rest...)
+		le.Stream, le.Text = ev.Stream, visible(string(whole))
+		return "output", le
+	case messages.EventAgent:
+		var a messages.AgentEvent
+		_ = json.Unmarshal(ev.Data, &a)
+		le.RunID, le.Kind, le.Text = a.RunID, visible(a.Kind), visible(a.Text)
+	case messages.EventCoord:
+		le = coordLive(le, ev.Data)
+	default:
+		e := ev.Event
+		le.Text = visible(string(e.State))
+		if e.Reason != "" {
+			le.Text = visible(joinText(string(e.State), e.Reason))
+		}
+		if e.Worker != "" {
+			le.Kind = visible(e.Worker)
+		}
+	}
+	return "event", le
+}
+
+func joinText(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + ": " + b
+}
+
+// cancelRun serves POST /runs/{id}/cancel: dispatcher.Cancel, then back to
+// the run's page.
+func (c *Console) cancelRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	if _, err := c.d.Cancel(ctx, id); err != nil {
+		c.message(w, r, http.StatusBadGateway, "Cancel failed", err.Error(), "/runs/"+url.PathEscape(id))
+		return
+	}
+	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// replayRun serves POST /runs/{id}/replay: dispatcher.Replay of the run's
+// latest dead letter, then back to the run's page.
+func (c *Console) replayRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	if _, err := c.d.Replay(ctx, id); err != nil {
+		c.message(w, r, http.StatusConflict, "Replay refused", err.Error(), "/runs/"+url.PathEscape(id))
+		return
+	}
+	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// replayable reports whether a run in state s can have a dead letter to
+// replay: it failed, timed out or stalled.
+func replayable(s messages.State) bool {
+	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
+}

@@ -1,0 +1,205 @@
+package console
+
+import (
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// parseFilter reads the runs list's filter from its query: state, pool,
+// profile, group, label (k=v, repeatable) and q (an id prefix).
+func parseFilter(q url.Values) dispatcher.RunFilter {
+	f := dispatcher.RunFilter{
+		State:    messages.State(strings.TrimSpace(q.Get("state"))),
+		Pool:     strings.TrimSpace(q.Get("pool")),
+		Profile:  strings.TrimSpace(q.Get("profile")),
+		Group:    strings.TrimSpace(q.Get("group")),
+		IDPrefix: strings.TrimSpace(q.Get("q")),
+	}
+	for _, l := range q["label"] {
+		if k, v, _ := strings.Cut(strings.TrimSpace(l), "="); k != "" {
+			if f.Labels == nil {
+				f.Labels = map[string]string{}
+			}
+			f.Labels[k] = v
+		}
+	}
+	return f
+}
+
+// filterQuery returns f as URL query parameters (without the page cursor).
+func filterQuery(f dispatcher.RunFilter) url.Values {
+	q := url.Values{}
+	set := func(k, v string) {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	set("state", string(f.State))
+	set("pool", f.Pool)
+	set("profile", f.Profile)
+	set("group", f.Group)
+	set("q", f.IDPrefix)
+	for _, kv := range labelPairs(f.Labels) {
+		q.Add("label", kv)
+	}
+	return q
+}
+
+// labelPairs returns labels as sorted "k=v" strings.
+func labelPairs(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// cursor marks a place in the newest-first runs list: the last run shown.
+type cursor struct {
+	queued time.Time
+	id     string
+}
+
+func parseCursor(s string) (cursor, bool) {
+	ns, id, ok := strings.Cut(s, "_")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || id == "" {
+		return cursor{}, false
+	}
+	return cursor{queued: time.Unix(0, n), id: id}, true
+}
+
+func (cu cursor) String() string {
+	return strconv.FormatInt(cu.queued.UnixNano(), 10) + "_" + cu.id
+}
+
+// after reports whether st comes after the cursor in newest-first order.
+func (cu cursor) after(st *messages.RunState) bool {
+	return dispatcher.Newer(&messages.RunState{QueuedAt: cu.queued, ID: cu.id}, st) < 0
+}
+
+// runsData is the runs page's data.
+type runsData struct {
+	Filter dispatcher.RunFilter
+	// Label is the label filter as the form shows it: "k=v", first only.
+	Label string
+	// States lists the states the filter offers.
+	States []messages.State
+	Runs   []*messages.RunState
+	// Total is the number of runs matching the filter.
+	Total int
+	// Next is the URL of the next page; empty on the last.
+	Next string
+	// First is true on the first page: new runs are prepended live.
+	First bool
+	// LiveQuery is the live stream's query string (the filter).
+	LiveQuery string
+}
+
+var allStates = []messages.State{messages.StateQueued, messages.StateRunning, messages.StateSucceeded,
+	messages.StateFailed, messages.StateCancelled, messages.StateTimedOut, messages.StateStalled}
+
+// runsList serves GET /runs: the filtered runs, newest first, one page at
+// a time (?before=<cursor>). ?q= with an exact run id goes to that run.
+func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
+	rev := c.cache.current()
+	q := r.URL.Query()
+	f := parseFilter(q)
+	if f.IDPrefix != "" {
+		if _, ok := c.cache.get(f.IDPrefix); ok {
+			http.Redirect(w, r, "/runs/"+url.PathEscape(f.IDPrefix), http.StatusSeeOther)
+			return
+		}
+	}
+	all := c.cache.filter(f.Match)
+	start := 0
+	cu, paged := parseCursor(q.Get("before"))
+	if paged {
+		for start < len(all) && !cu.after(all[start]) {
+			start++
+		}
+	}
+	end := min(start+c.cfg.PageSize, len(all))
+	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
+		LiveQuery: filterQuery(f).Encode()}
+	if ls := labelPairs(f.Labels); len(ls) > 0 {
+		d.Label = ls[0]
+	}
+	if end < len(all) {
+		nq := filterQuery(f)
+		last := all[end-1]
+		nq.Set("before", cursor{queued: last.QueuedAt, id: last.ID}.String())
+		d.Next = "/runs?" + nq.Encode()
+	}
+	c.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d, Rev: rev})
+}
+
+// runRow is a run as the live streams send it: every text made visible.
+type runRow struct {
+	ID      string   `json:"id"`
+	State   string   `json:"state"`
+	Pool    string   `json:"pool"`
+	Profile string   `json:"profile"`
+	Group   string   `json:"group"`
+	Labels  []string `json:"labels"`
+	Worker  string   `json:"worker"`
+	Queued  string   `json:"queued"`
+	Reason  string   `json:"reason"`
+	Final   bool     `json:"final"`
+}
+
+func newRunRow(st messages.RunState) runRow {
+	return runRow{
+		ID: st.ID, State: string(st.State), Pool: st.Pool, Profile: st.Profile, Group: st.Group,
+		Labels: labelList(st.Labels), Worker: st.Worker, Queued: clock(st.QueuedAt),
+		Reason: visible(shortText(st.Reason, 120)), Final: st.State.Final(),
+	}
+}
+
+// liveRuns serves GET /live/runs?<filter>: a server-sent "run" event for
+// every state change of a run matching the filter, as it happens.
+func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
+	f := parseFilter(r.URL.Query())
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.Match)
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	for _, st := range missed {
+		if s.send("run", newRunRow(st)) != nil {
+			return
+		}
+	}
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-keep.C:
+			if s.ping() != nil {
+				return
+			}
+		case st, ok := <-updates:
+			if !ok {
+				return // fell behind: the page reconnects
+			}
+			if !f.Match(&st) {
+				continue
+			}
+			if s.send("run", newRunRow(st)) != nil {
+				return
+			}
+		}
+	}
+}

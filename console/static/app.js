@@ -1,0 +1,194 @@
+// jetcrew console: live updates over server-sent events. Every text from a
+// run reaches the page through textContent, never as markup.
+"use strict";
+
+(function () {
+  const body = document.body;
+  const dot = document.getElementById("live");
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = text;
+    return e;
+  }
+  function link(href, text, cls) {
+    const a = el("a", cls, text);
+    a.href = href;
+    return a;
+  }
+  function badge(state) {
+    return el("span", "badge state-" + state, state);
+  }
+  function cell(tr, child, cls) {
+    const td = el("td", cls);
+    if (child instanceof Node) td.appendChild(child);
+    else if (child !== undefined) td.textContent = child;
+    tr.appendChild(td);
+    return td;
+  }
+
+  function live(url, handlers) {
+    const es = new EventSource(url);
+    es.onopen = () => dot && dot.classList.add("on");
+    es.onerror = () => dot && dot.classList.remove("on");
+    for (const name in handlers) {
+      es.addEventListener(name, (m) => handlers[name](JSON.parse(m.data)));
+    }
+    return es;
+  }
+
+  function runRow(r) {
+    const tr = el("tr");
+    tr.dataset.id = r.id;
+    cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
+    cell(tr, badge(r.state));
+    cell(tr, r.pool);
+    cell(tr, r.profile);
+    cell(tr, r.group ? link("/groups/" + encodeURIComponent(r.group), r.group.length > 12 ? r.group.slice(0, 12) + "…" : r.group) : "");
+    const labels = cell(tr, undefined);
+    for (const l of r.labels || []) labels.appendChild(el("span", "label", l));
+    cell(tr, (r.worker || "").slice(0, 12), "mono");
+    cell(tr, r.queued, "mono");
+    cell(tr, r.reason, "reason");
+    return tr;
+  }
+
+  const pages = {
+    runs() {
+      const tbody = document.getElementById("runs");
+      live(body.dataset.live, {
+        run(r) {
+          const old = tbody.querySelector('tr[data-id="' + CSS.escape(r.id) + '"]');
+          const tr = runRow(r);
+          if (old) {
+            // In place: the run's link (maybe being clicked) stays.
+            for (const i of [1, 6, 8]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            old.classList.remove("fresh");
+            void old.offsetWidth; // restart the highlight
+            old.classList.add("fresh");
+          } else if (body.dataset.prepend) {
+            tr.classList.add("fresh");
+            tbody.prepend(tr);
+            const total = document.getElementById("total");
+            if (total) total.textContent = (parseInt(total.textContent, 10) + 1) + " run(s)";
+          }
+        },
+      });
+    },
+
+    run() {
+      const out = document.getElementById("output");
+      const tl = document.getElementById("timeline");
+      const agent = document.getElementById("agent");
+      const coord = document.getElementById("coord");
+      let last = 0;
+      live(body.dataset.live, {
+        output(e) {
+          if (e.seq <= last) return;
+          last = e.seq;
+          const follow = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
+          out.appendChild(el("span", e.stream === "stderr" ? "stderr" : null, e.text));
+          if (follow) out.scrollTop = out.scrollHeight;
+        },
+        event(e) {
+          if (e.seq <= last) return;
+          last = e.seq;
+          const tr = el("tr");
+          cell(tr, e.time, "mono");
+          if (e.type === "agent") {
+            cell(tr, e.kind);
+            cell(tr, e.text, "wrap");
+            agent.appendChild(tr);
+          } else if (e.type === "coord") {
+            cell(tr, e.kind);
+            cell(tr, e.to ? "→ " + e.to : "");
+            cell(tr, e.text, "wrap");
+            coord.appendChild(tr);
+          } else {
+            if (e.type === "started" && out.childNodes.length > 0) {
+              out.appendChild(el("span", "sep", "\n── started again (attempt " + e.attempt + ") ──\n"));
+            }
+            cell(tr, badge(e.type));
+            cell(tr, e.attempt ? "attempt " + e.attempt : "");
+            cell(tr, e.text, "wrap");
+            cell(tr, e.kind, "mono");
+            tl.appendChild(tr);
+          }
+        },
+        state(r) {
+          const s = document.getElementById("state");
+          s.replaceWith(Object.assign(badge(r.state), { id: "state" }));
+          document.getElementById("reason").textContent = r.reason;
+          document.getElementById("cancel-form").hidden = r.final;
+          document.getElementById("replay-form").hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+        },
+      });
+    },
+
+    group() {
+      const thread = document.getElementById("thread");
+      const runs = document.getElementById("runs");
+      const states = new Map();
+      for (const tr of runs.querySelectorAll("tr[data-id]")) {
+        states.set(tr.dataset.id, tr.querySelector(".badge").textContent);
+      }
+      let last = 0;
+      live(body.dataset.live, {
+        message(m) {
+          if (m.seq <= last) return;
+          last = m.seq;
+          const tr = el("tr");
+          cell(tr, m.time, "mono");
+          cell(tr, m.from === "operator" ? "operator" : link("/runs/" + encodeURIComponent(m.from), m.from), "mono");
+          const st = cell(tr, states.has(m.from) ? badge(states.get(m.from)) : "");
+          st.dataset.run = m.from;
+          cell(tr, m.to, "mono");
+          cell(tr, m.text, "wrap message-text");
+          cell(tr, m.bytes + " B", "num");
+          thread.appendChild(tr);
+        },
+        state(r) {
+          states.set(r.id, r.state);
+          const td = runs.querySelector('tr[data-id="' + CSS.escape(r.id) + '"] td:nth-child(2)');
+          if (td) td.replaceChildren(badge(r.state));
+          else {
+            const tr = el("tr", "fresh");
+            tr.dataset.id = r.id;
+            cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
+            cell(tr, badge(r.state));
+            cell(tr, r.profile);
+            cell(tr, r.queued, "mono");
+            runs.prepend(tr);
+          }
+          for (const c of thread.querySelectorAll('td[data-run="' + CSS.escape(r.id) + '"]')) {
+            c.replaceChildren(badge(r.state));
+          }
+        },
+      });
+    },
+
+    overview() {
+      let busy = false;
+      live(body.dataset.live, {
+        async changed() {
+          if (busy) return;
+          busy = true;
+          try {
+            const res = await fetch("/overview/fragment", { headers: { Accept: "text/html" } });
+            if (res.ok) {
+              const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+              const fresh = doc.getElementById("overview-body");
+              if (fresh) document.getElementById("overview-body").replaceWith(document.adoptNode(fresh));
+            }
+          } finally {
+            busy = false;
+          }
+        },
+      });
+    },
+  };
+
+  const page = pages[body.dataset.page];
+  if (page && body.dataset.live) page();
+})();

@@ -1,0 +1,109 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// BucketWorkers is the key-value bucket holding one key per live worker
+// (its id), whose value is the time of its latest heartbeat (RFC 3339). It
+// is the worker package's BucketWorkers, named here because the dispatcher
+// does not import the worker.
+const BucketWorkers = "jetcrew-workers"
+
+// PoolStats is what the pool's durable consumer (workers-<pool> on
+// JETCREW_RUNS) says about the pool's queue.
+type PoolStats struct {
+	// Pool is the pool name.
+	Pool string
+	// Queued is the number of requests not yet delivered to any worker.
+	Queued uint64
+	// InFlight is the number of requests delivered and not yet acked:
+	// runs a worker holds.
+	InFlight int
+	// MaxAckPending is the consumer's cap on InFlight across every worker
+	// of the pool (0 or -1: none).
+	MaxAckPending int
+	// Waiting is the number of pull requests workers have open: 0 while no
+	// worker is asking for runs.
+	Waiting int
+	// Redelivered is the number of requests delivered more than once and
+	// not yet acked.
+	Redelivered int
+}
+
+// Pools returns the stats of every pool that has a workers-<pool> consumer
+// on JETCREW_RUNS, sorted by pool name. The error wraps ErrNotProvisioned
+// when the stream does not exist.
+func (d *Dispatcher) Pools(ctx context.Context) ([]PoolStats, error) {
+	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+	if err != nil {
+		return nil, fmt.Errorf("pools: stream %s: %w", messages.StreamRuns, classify(err))
+	}
+	lister := stream.ListConsumers(ctx)
+	var out []PoolStats
+	for ci := range lister.Info() {
+		pool, ok := strings.CutPrefix(ci.Name, messages.ConsumerName(""))
+		if !ok || pool == "" {
+			continue
+		}
+		out = append(out, PoolStats{
+			Pool:          pool,
+			Queued:        ci.NumPending,
+			InFlight:      ci.NumAckPending,
+			MaxAckPending: ci.Config.MaxAckPending,
+			Waiting:       ci.NumWaiting,
+			Redelivered:   ci.NumRedelivered,
+		})
+	}
+	if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, fmt.Errorf("pools: list consumers: %w", classify(err))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pool < out[j].Pool })
+	return out, nil
+}
+
+// WorkerBeat is one live worker: its id and its latest heartbeat.
+type WorkerBeat struct {
+	// ID is the worker id.
+	ID string
+	// Beat is the time of the worker's latest heartbeat; zero when its
+	// value cannot be read as a time.
+	Beat time.Time
+}
+
+// Workers returns the live workers (the keys of the jetcrew-workers
+// bucket), sorted by id. A worker's key expires a few heartbeats after it
+// stops (worker.WorkerTTL). The error wraps ErrNotProvisioned when the
+// bucket does not exist.
+func (d *Dispatcher) Workers(ctx context.Context) ([]WorkerBeat, error) {
+	kv, err := d.js.KeyValue(ctx, BucketWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("workers: bucket %s: %w", BucketWorkers, classify(err))
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", classify(err))
+	}
+	defer func() { _ = lister.Stop() }()
+	var out []WorkerBeat
+	for key := range lister.Keys() {
+		wb := WorkerBeat{ID: key}
+		if e, err := kv.Get(ctx, key); err == nil {
+			wb.Beat, _ = time.Parse(time.RFC3339Nano, string(e.Value()))
+		} else if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // expired meanwhile
+		}
+		out = append(out, wb)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}

@@ -1,0 +1,140 @@
+package dispatcher
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// RunUpdate is one change of the jetcrew-runs bucket, as WatchRuns hands it
+// to its callback.
+type RunUpdate struct {
+	// ID is the run id (the bucket key); empty on the Synced marker.
+	ID string
+	// State is the run's new state; zero when Deleted.
+	State messages.RunState
+	// Deleted is true when the run's state was deleted or purged.
+	Deleted bool
+	// Synced is true on the one marker update WatchRuns sends after the
+	// last state stored when it started: every update before it was a
+	// stored state, every one after it a live change.
+	Synced bool
+}
+
+// WatchRuns calls fn with the state of every run stored in the jetcrew-runs
+// bucket, then the Synced marker, then every change as it happens, until
+// ctx ends. A state that cannot be decoded is skipped. It returns an error
+// wrapping ErrNotProvisioned when the bucket does not exist, and nil once
+// ctx has ended; fn runs on WatchRuns' goroutine, one update at a time.
+func (d *Dispatcher) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
+	kv, err := d.runsBucket(ctx)
+	if err != nil {
+		return fmt.Errorf("watch runs: %w", err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch runs: %w", classify(err))
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("watch runs: the watch of bucket %s ended", messages.BucketRuns)
+			}
+			if e == nil {
+				fn(RunUpdate{Synced: true})
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				fn(RunUpdate{ID: e.Key(), Deleted: true})
+				continue
+			}
+			st, err := decodeState(e.Key(), e.Value())
+			if err != nil {
+				continue
+			}
+			fn(RunUpdate{ID: e.Key(), State: st})
+		}
+	}
+}
+
+// RunFilter selects runs by their state record. The zero value selects
+// every run; each set field narrows the selection.
+type RunFilter struct {
+	// State: the run is in this state.
+	State messages.State
+	// Pool, Profile, Group: the run's are these.
+	Pool, Profile, Group string
+	// Labels: the run has every one of these labels with this value.
+	Labels map[string]string
+	// IDPrefix: the run id starts with it.
+	IDPrefix string
+}
+
+// Match reports whether st passes the filter.
+func (f RunFilter) Match(st *messages.RunState) bool {
+	if (f.State != "" && st.State != f.State) ||
+		(f.Pool != "" && st.Pool != f.Pool) ||
+		(f.Profile != "" && st.Profile != f.Profile) ||
+		(f.Group != "" && st.Group != f.Group) ||
+		(f.IDPrefix != "" && !strings.HasPrefix(st.ID, f.IDPrefix)) {
+		return false
+	}
+	for k, v := range f.Labels {
+		if got, ok := st.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Newer orders run states newest first: by QueuedAt, then by id (run ids
+// sort by creation time). It returns a negative number when a comes before
+// b, positive when after, 0 for the same run; for slices.SortFunc.
+func Newer(a, b *messages.RunState) int {
+	if c := b.QueuedAt.Compare(a.QueuedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(b.ID, a.ID)
+}
+
+// Runs returns the state of every run stored in the jetcrew-runs bucket
+// that passes f, newest first (see Newer). It reads the bucket with one
+// watch (WatchRuns) until the stored states are delivered. The error wraps
+// ErrNotProvisioned when the bucket does not exist.
+func (d *Dispatcher) Runs(ctx context.Context, f RunFilter) ([]messages.RunState, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		out    []messages.RunState
+		synced bool
+	)
+	err := d.WatchRuns(ctx, func(u RunUpdate) {
+		switch {
+		case u.Synced:
+			synced = true
+			cancel()
+		case !synced && !u.Deleted && f.Match(&u.State):
+			out = append(out, u.State)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !synced {
+		return nil, fmt.Errorf("runs: %w", context.Cause(ctx))
+	}
+	slices.SortFunc(out, func(a, b messages.RunState) int { return Newer(&a, &b) })
+	return out, nil
+}

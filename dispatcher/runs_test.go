@@ -1,0 +1,151 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+)
+
+func TestRunFilterMatch(t *testing.T) {
+	t.Parallel()
+	st := messages.RunState{ID: "01ABC", State: messages.StateFailed, Pool: "gpu", Profile: "claude", Group: "g",
+		Labels: map[string]string{"team": "a", "pr": "7"}}
+	for _, tc := range []struct {
+		f    RunFilter
+		want bool
+	}{
+		{RunFilter{}, true},
+		{RunFilter{State: messages.StateFailed, Pool: "gpu", Profile: "claude", Group: "g"}, true},
+		{RunFilter{State: messages.StateSucceeded}, false},
+		{RunFilter{Pool: "cpu"}, false},
+		{RunFilter{Profile: "shell"}, false},
+		{RunFilter{Group: "h"}, false},
+		{RunFilter{Labels: map[string]string{"team": "a", "pr": "7"}}, true},
+		{RunFilter{Labels: map[string]string{"team": "b"}}, false},
+		{RunFilter{Labels: map[string]string{"missing": ""}}, false},
+		{RunFilter{IDPrefix: "01A"}, true},
+		{RunFilter{IDPrefix: "02"}, false},
+	} {
+		require.Equal(t, tc.want, tc.f.Match(&st), "%+v", tc.f)
+	}
+}
+
+func TestRunsAndWatchRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	runs, err := b.d.Runs(t.Context(), RunFilter{})
+	require.NoError(t, err, "an empty bucket lists nothing, at once")
+	require.Empty(t, runs)
+
+	// The states a worker records (Submit writes none).
+	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
+	require.NoError(t, err)
+	base := time.Now().UTC()
+	for i, st := range []messages.RunState{
+		{ID: "r1", Profile: "shell", Pool: "default", Labels: map[string]string{"k": "v"}},
+		{ID: "r2", Profile: "shell", Pool: "other"},
+		{ID: "r3", Profile: "shell", Pool: "default", Labels: map[string]string{"k": "v"}},
+	} {
+		st.State, st.QueuedAt = messages.StateQueued, base.Add(time.Duration(i)*time.Millisecond)
+		data, _ := json.Marshal(st)
+		_, err := kv.Put(t.Context(), st.ID, data)
+		require.NoError(t, err)
+	}
+	runs, err = b.d.Runs(t.Context(), RunFilter{Labels: map[string]string{"k": "v"}})
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	require.Equal(t, "r3", runs[0].ID, "newest first")
+	require.Equal(t, "r1", runs[1].ID)
+
+	// WatchRuns: the stored states, the marker, then live changes.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var got []RunUpdate
+	done := make(chan error, 1)
+	go func() {
+		done <- b.d.WatchRuns(ctx, func(u RunUpdate) {
+			got = append(got, u)
+			if u.ID == "r4" {
+				cancel()
+			}
+			if u.Synced {
+				st, _ := json.Marshal(messages.RunState{ID: "r4", State: messages.StateQueued})
+				_, _ = kv.Put(ctx, "r4", st)
+			}
+		})
+	}()
+	require.NoError(t, <-done)
+	require.Len(t, got, 5)
+	require.True(t, got[3].Synced)
+	require.Equal(t, "r4", got[4].ID)
+}
+
+func TestRunsNotProvisioned(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noProvision: true})
+	_, err := b.d.Runs(t.Context(), RunFilter{})
+	require.ErrorIs(t, err, ErrNotProvisioned)
+	_, err = b.d.Pools(t.Context())
+	require.ErrorIs(t, err, ErrNotProvisioned)
+	_, err = b.d.Workers(t.Context())
+	require.ErrorIs(t, err, ErrNotProvisioned)
+}
+
+func TestPoolsAndWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := worker.Provision(t.Context(), b.js, worker.ProvisionConfig{Pool: "gpu", MaxAckPending: 7})
+	require.NoError(t, err)
+	_, err = b.d.Submit(t.Context(), messages.RunRequest{ID: "q1", Profile: "shell", Pool: "gpu"})
+	require.NoError(t, err)
+	pools, err := b.d.Pools(t.Context())
+	require.NoError(t, err)
+	require.Len(t, pools, 2)
+	require.Equal(t, "default", pools[0].Pool)
+	require.Equal(t, PoolStats{Pool: "gpu", Queued: 1, MaxAckPending: 7}, pools[1])
+
+	kv, err := b.js.KeyValue(t.Context(), BucketWorkers)
+	require.NoError(t, err)
+	beat := time.Now().UTC().Truncate(time.Millisecond)
+	_, err = kv.Put(t.Context(), "w2", []byte(beat.Format(time.RFC3339Nano)))
+	require.NoError(t, err)
+	_, err = kv.Put(t.Context(), "w1", []byte("not a time"))
+	require.NoError(t, err)
+	ws, err := b.d.Workers(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []WorkerBeat{{ID: "w1"}, {ID: "w2", Beat: beat}}, ws)
+}
+
+func TestFollow(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.publishEvent(t, messages.Event{RunID: "f1", Type: messages.EventStarted, Attempt: 1})
+	b.publishOutput(t, "f1", messages.StreamStdout, 0, "hello")
+	b.publishEvent(t, messages.Event{RunID: "f2", Type: messages.EventStarted, Attempt: 1})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var got []WatchEvent
+	err := b.d.Follow(ctx, []string{messages.SubjectEventsAll("f1")}, func(ev WatchEvent) error {
+		got = append(got, ev)
+		if len(got) == 2 {
+			// A finished event does not end Follow: it goes on live.
+			b.publishEvent(t, messages.Event{RunID: "f1", Type: messages.EventFinished, State: messages.StateSucceeded})
+		}
+		if len(got) == 3 {
+			cancel()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, got, 3)
+	require.Equal(t, messages.EventOutput, got[1].Type)
+	require.Equal(t, "hello", string(got[1].Data))
+	require.Equal(t, messages.EventFinished, got[2].Type)
+	require.Error(t, b.d.Follow(t.Context(), nil, nil), "no filter")
+}

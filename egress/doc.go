@@ -1,0 +1,14 @@
+// Package egress is the egress proxy of runs whose profile lists what they
+// may reach (profile key egress). Each such run gets a Session: an HTTP proxy
+// served on a unix socket in the run's own directory, which the run's
+// container (network "none": loopback only) reaches through a relay the
+// launcher starts on 127.0.0.1. The socket is the run's identity.
+//
+// The HTTP mechanics (CONNECT, plain-HTTP forwarding) are
+// github.com/elazarl/goproxy's; the policy is ours: only listed name:port
+// pairs; names resolved here and the checked address dialled; address
+// literals and names resolving to loopback, link-local (169.254.169.254),
+// private, shared or the host's own addresses refused unless the profile
+// lists the address; a tunnel's TLS ClientHello must name (SNI) the CONNECT
+// host. Every attempt, allowed or refused, is a messages.EgressEvent.
+package egress

@@ -1,0 +1,417 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Resolver resolves a host name to addresses; *net.Resolver implements it.
+// Tests swap in a fixed table.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Config configures the egress proxy sessions. The zero value is usable.
+type Config struct {
+	// Resolver resolves allowed names; default net.DefaultResolver. The
+	// proxy connects to the address it resolved and checked, never to the
+	// name again, so a name cannot change its answer between check and use.
+	Resolver Resolver
+	// Publish receives one EgressEvent per attempt: refused attempts at
+	// once, allowed ones when they end. It must not block for long. Nil
+	// publishes nothing.
+	Publish func(messages.EgressEvent)
+	// Observe, when set, is told of every attempt (allowed or not), past
+	// MaxEvents too: for metrics. It must not block.
+	Observe func(allowed bool)
+	// Logger receives the sessions' own log lines (restarts, failures).
+	Logger zerolog.Logger
+	// OwnAddrs are the host's own addresses, refused unless listed.
+	// Default: the addresses of the host's interfaces when Open is called.
+	OwnAddrs []netip.Addr
+	// DialTimeout bounds the connection to an allowed host. Default 10s.
+	DialTimeout time.Duration
+	// HelloTimeout bounds the wait for a tunnel's TLS ClientHello. Default 10s.
+	HelloTimeout time.Duration
+	// MaxOpen is the most connections (tunnels and plain-HTTP requests) one
+	// session has open at once; more are refused. Default 64.
+	MaxOpen int
+	// MaxEvents is the most events one session publishes; later attempts
+	// are only counted (EgressTotals.EventsDropped). Default 1000.
+	MaxEvents int
+	// CA signs the certificates the proxy shows a run for the hosts it
+	// injects a key into (Injection); nil turns injection off (Open then
+	// refuses injections).
+	CA *tls.Certificate
+	// UpstreamRoots verifies the real hosts' certificates when the proxy
+	// opens its own TLS connection for an injected host; nil means the
+	// system's roots.
+	UpstreamRoots *x509.CertPool
+	// RestartDelay is how long a session's listener stays down after it
+	// failed (or Kill) before it is opened again. Default 200ms.
+	RestartDelay time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
+	if c.OwnAddrs == nil {
+		c.OwnAddrs = ownAddrs()
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.HelloTimeout == 0 {
+		c.HelloTimeout = 10 * time.Second
+	}
+	if c.MaxOpen == 0 {
+		c.MaxOpen = 64
+	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = 1000
+	}
+	if c.RestartDelay == 0 {
+		c.RestartDelay = 200 * time.Millisecond
+	}
+	return c
+}
+
+// Session is one run's egress proxy: an HTTP proxy (CONNECT and plain-HTTP
+// forwarding, the mechanics of github.com/elazarl/goproxy) served on a unix
+// socket that only this run's container has, enforcing the run's Policy.
+// The socket is the run's identity: every attempt on it belongs to the run.
+// A supervisor opens the listener again when it fails. Close ends it.
+type Session struct {
+	cfg    Config
+	runID  string
+	policy Policy
+	path   string
+	inject map[string]Injection // by "name:port"
+	log    zerolog.Logger
+	proxy  *goproxy.ProxyHttpServer
+
+	mu       sync.Mutex
+	totals   messages.EgressTotals
+	events   int
+	open     int
+	conns    map[net.Conn]struct{} // hijacked tunnel ends, closed by Kill
+	srv      *http.Server
+	closed   bool
+	restarts int
+	up       chan struct{} // closed while a listener serves; replaced on restart
+
+	done chan struct{}
+}
+
+// Injection is a header the proxy sets on every request of a run to one
+// allowed host, so the secret it carries never enters the container: the
+// proxy terminates the run's TLS for that host with a certificate signed by
+// Config.CA and opens its own TLS connection to the real host. A header of
+// the same name that the request already carries is replaced.
+type Injection struct {
+	// Name and Port are the host, as listed in the policy (not a wildcard).
+	Name string
+	Port int
+	// Header is the header's name ("x-api-key", "Authorization").
+	Header string
+	// Value is the header's value (the secret, with any prefix such as
+	// "Bearer "). Never logged, never in an event.
+	Value string
+}
+
+// Open starts the egress proxy of run runID on the unix socket at path
+// (mode 0666, in a directory only the run's container mounts), allowing
+// what policy lists and setting the injections' headers. It returns an
+// error when the socket cannot be made, or for an injection without a CA or
+// whose host the policy does not list.
+func Open(cfg Config, runID string, policy Policy, path string, inject ...Injection) (*Session, error) {
+	cfg = cfg.withDefaults()
+	byHost := make(map[string]Injection, len(inject))
+	for _, in := range inject {
+		in.Name = normalizeHost(in.Name)
+		if cfg.CA == nil {
+			return nil, fmt.Errorf("egress: header injection for %s needs a CA", in.Name)
+		}
+		if !policy.AllowsName(in.Name, in.Port) {
+			return nil, fmt.Errorf("egress: header injection for %s:%d, which the allowlist does not list", in.Name, in.Port)
+		}
+		byHost[net.JoinHostPort(in.Name, strconv.Itoa(in.Port))] = in
+	}
+	s := &Session{
+		cfg: cfg, runID: runID, policy: policy, path: path, inject: byHost,
+		log:   cfg.Logger.With().Str("run_id", runID).Str("component", "egress").Logger(),
+		conns: make(map[net.Conn]struct{}),
+		up:    make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	s.proxy = s.newProxy()
+	l, err := s.listen()
+	if err != nil {
+		return nil, err
+	}
+	go s.supervise(l)
+	return s, nil
+}
+
+// listen opens the session's unix socket, replacing a stale one.
+func (s *Session) listen() (net.Listener, error) {
+	_ = os.Remove(s.path)
+	l, err := net.Listen("unix", s.path)
+	if err != nil {
+		return nil, fmt.Errorf("egress: listen on %s: %w", s.path, err)
+	}
+	if err := os.Chmod(s.path, 0o666); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return l, nil
+}
+
+// supervise serves l; when serving stops while the session is open (the
+// listener failed, or Kill), it waits RestartDelay and listens again. It
+// ends when Close is called.
+func (s *Session) supervise(l net.Listener) {
+	defer close(s.done)
+	for {
+		srv := &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = l.Close()
+			return
+		}
+		s.srv = srv
+		close(s.up)
+		s.mu.Unlock()
+		err := srv.Serve(l)
+		s.mu.Lock()
+		s.up = make(chan struct{})
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		s.log.Warn().Err(err).Dur("delay", s.cfg.RestartDelay).Msg("egress proxy stopped; restarting it")
+		for {
+			time.Sleep(s.cfg.RestartDelay)
+			if s.isClosed() {
+				return
+			}
+			var lerr error
+			if l, lerr = s.listen(); lerr == nil {
+				break
+			}
+			s.log.Warn().Err(lerr).Msg("egress proxy restart failed; retrying")
+		}
+		s.mu.Lock()
+		s.restarts++
+		s.mu.Unlock()
+	}
+}
+
+func (s *Session) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Kill stops the session's listener and cuts every open connection, as a
+// crash of the proxy would; the supervisor brings it back after
+// RestartDelay. Meanwhile the run's connections fail: nothing else leads
+// out. For tests and operators' drills.
+func (s *Session) Kill() {
+	s.mu.Lock()
+	srv := s.srv
+	conns := make([]net.Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if srv != nil {
+		_ = srv.Close()
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// WaitUp waits until the session's listener serves, or ctx ends.
+func (s *Session) WaitUp(ctx context.Context) error {
+	s.mu.Lock()
+	up := s.up
+	s.mu.Unlock()
+	select {
+	case <-up:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Restarts returns how often the supervisor reopened the listener.
+func (s *Session) Restarts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.restarts
+}
+
+// Totals returns the session's counts so far.
+func (s *Session) Totals() messages.EgressTotals {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.totals
+}
+
+// closeWait bounds how long Close waits for the connections it cut to be
+// recorded.
+const closeWait = 5 * time.Second
+
+// Close stops the session: the listener, every open connection and the
+// supervisor, and removes the socket. It waits (up to 5s) until every
+// connection it cut has been recorded, and returns the final totals. Safe
+// to call twice.
+func (s *Session) Close() messages.EgressTotals {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.Kill()
+	<-s.done
+	_ = os.Remove(s.path)
+	for deadline := time.Now().Add(closeWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		open := s.open
+		s.mu.Unlock()
+		if open == 0 {
+			break
+		}
+	}
+	return s.Totals()
+}
+
+// record counts an attempt and publishes its event, within MaxEvents.
+func (s *Session) record(ev messages.EgressEvent) {
+	ev.RunID = s.runID
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	s.mu.Lock()
+	if ev.Allowed {
+		s.totals.Allowed++
+		s.totals.BytesUp += ev.BytesUp
+		s.totals.BytesDown += ev.BytesDown
+	} else {
+		s.totals.Refused++
+	}
+	publish := s.events < s.cfg.MaxEvents
+	if publish {
+		s.events++
+	} else {
+		s.totals.EventsDropped++
+	}
+	s.mu.Unlock()
+	if !ev.Allowed {
+		s.log.Info().Str("host", ev.Host).Int("port", ev.Port).Str("reason", ev.Reason).Msg("egress refused")
+	}
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(ev.Allowed)
+	}
+	if publish && s.cfg.Publish != nil {
+		s.cfg.Publish(ev)
+	}
+}
+
+// acquire takes one of the session's MaxOpen connection slots.
+func (s *Session) acquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open >= s.cfg.MaxOpen {
+		return false
+	}
+	s.open++
+	return true
+}
+
+func (s *Session) release() {
+	s.mu.Lock()
+	s.open--
+	s.mu.Unlock()
+}
+
+func (s *Session) track(c net.Conn, on bool) {
+	s.mu.Lock()
+	if on {
+		s.conns[c] = struct{}{}
+	} else {
+		delete(s.conns, c)
+	}
+	s.mu.Unlock()
+}
+
+// decide applies the policy to a requested host and port. It returns the
+// normalised host and the address to connect to, or the refusal's reason.
+func (s *Session) decide(ctx context.Context, host string, port int) (string, netip.AddrPort, string) {
+	host = normalizeHost(host)
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap()
+		if !s.policy.ListsAddr(a, port) {
+			return host, netip.AddrPort{}, "an address literal is not in the profile's egress allowlist (list the name, or the address itself)"
+		}
+		return host, netip.AddrPortFrom(a, uint16(port)), ""
+	}
+	if !s.policy.AllowsName(host, port) {
+		return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := s.cfg.Resolver.LookupNetIP(rctx, "ip", host)
+	if err != nil || len(addrs) == 0 {
+		return host, netip.AddrPort{}, fmt.Sprintf("does not resolve: %v", err)
+	}
+	reason := ""
+	for _, a := range addrs {
+		a = a.Unmap()
+		why := blockedReason(a, s.cfg.OwnAddrs)
+		if why == "" || s.policy.ListsAddr(a, port) {
+			return host, netip.AddrPortFrom(a, uint16(port)), ""
+		}
+		if reason == "" {
+			reason = fmt.Sprintf("resolves to %s (%s), which the profile does not list", why, a)
+		}
+	}
+	return host, netip.AddrPort{}, reason
+}
+
+// splitHostPort splits a request's host and port; def is the port when
+// none is given (0: a port is required).
+func splitHostPort(hostport string, def int) (string, int, error) {
+	host, portS, err := net.SplitHostPort(hostport)
+	if err != nil {
+		if def == 0 {
+			return "", 0, fmt.Errorf("%q has no port", hostport)
+		}
+		return hostport, def, nil
+	}
+	port, err := strconv.Atoi(portS)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", hostport)
+	}
+	return host, port, nil
+}
+
+var errRefused = errors.New("refused")

@@ -1,0 +1,159 @@
+package messages
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// Object Store buckets of workspaces and results (see docs/workspaces.md).
+const (
+	// BucketWorkspaces is the Object Store bucket holding workspace
+	// snapshots, each a tar named by its content digest (WorkspaceObjectName).
+	BucketWorkspaces = "jetcrew-workspaces"
+	// BucketResults is the Object Store bucket holding what runs changed,
+	// under ResultObjectName.
+	BucketResults = "jetcrew-results"
+)
+
+// WorkspaceDir is the path, inside a run's container, of the run's writable
+// copy of its workspace; it is also the process's working directory.
+const WorkspaceDir = "/workspace"
+
+// ArtifactsDir is the directory, relative to WorkspaceDir, whose regular
+// files are collected as the run's artifacts when it ends. It is never part
+// of the captured commit or patch.
+const ArtifactsDir = ".jetcrew/artifacts"
+
+// digestRE is the form of WorkspaceRef.Digest: "sha256:" and 64 lowercase
+// hex digits.
+var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// objectNameRE bounds an object name in a request: printable ASCII without
+// spaces, at most 255 bytes.
+var objectNameRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,255}$`)
+
+// WorkspaceRef names the workspace snapshot a run works on: an object in
+// Object Store bucket Bucket (BucketWorkspaces when empty) whose content is
+// an uncompressed tar of the tree (see docs/workspaces.md for the format).
+type WorkspaceRef struct {
+	// Bucket is the Object Store bucket; empty means BucketWorkspaces. A
+	// worker refuses any bucket but its own workspace bucket.
+	Bucket string `json:"bucket,omitempty"`
+	// Name is the object's name. jetcrew submit names objects by digest
+	// (WorkspaceObjectName); any name is accepted.
+	Name string `json:"name"`
+	// Digest is the SHA-256 of the object's bytes, "sha256:<64 hex>". The
+	// worker refuses to run on an object whose bytes do not match.
+	Digest string `json:"digest"`
+}
+
+// Validate returns an error wrapping ErrInvalidRequest when a field of w is
+// malformed.
+func (w WorkspaceRef) Validate() error {
+	if w.Bucket != "" && !bucketRE.MatchString(w.Bucket) {
+		return fmt.Errorf("%w: workspace bucket %q is not a bucket name ([A-Za-z0-9_-]{1,64})", ErrInvalidRequest, w.Bucket)
+	}
+	if !objectNameRE.MatchString(w.Name) {
+		return fmt.Errorf("%w: workspace name %q must be 1 to 255 of [A-Za-z0-9._:/-]", ErrInvalidRequest, w.Name)
+	}
+	if !digestRE.MatchString(w.Digest) {
+		return fmt.Errorf("%w: workspace digest %q must be sha256:<64 lowercase hex digits>", ErrInvalidRequest, w.Digest)
+	}
+	return nil
+}
+
+var bucketRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// BucketOrDefault returns w.Bucket, or BucketWorkspaces when it is empty.
+func (w WorkspaceRef) BucketOrDefault() string {
+	if w.Bucket == "" {
+		return BucketWorkspaces
+	}
+	return w.Bucket
+}
+
+// WorkspaceObjectName returns the name jetcrew submit gives a snapshot
+// whose digest is digest ("sha256:<hex>"): "sha256-<hex>.tar".
+func WorkspaceObjectName(digest string) string {
+	if len(digest) > 7 && digest[:7] == "sha256:" {
+		return "sha256-" + digest[7:] + ".tar"
+	}
+	return digest + ".tar"
+}
+
+// Kinds of result objects, the last part of ResultObjectName.
+const (
+	// ResultPatch is a binary-safe git patch (`git apply` reads it) from the
+	// workspace as submitted to the run's head.
+	ResultPatch = "patch"
+	// ResultBundle is a git bundle (v2) holding the run's commits on top of
+	// the submitted HEAD, with ref refs/heads/jetcrew/<run id>.
+	ResultBundle = "bundle"
+	// ResultArtifacts is a tar of the regular files the run left under
+	// ArtifactsDir.
+	ResultArtifacts = "artifacts.tar"
+)
+
+// ResultObjectName returns the name, in BucketResults, of one result object
+// of run runID's request at stream sequence seq, delivery attempt:
+// "<run id>/<seq>-<attempt>/<kind>". One delivery always writes the same
+// names, so a repeated capture replaces rather than adds, and a replay (a
+// new request message) never overwrites its predecessor's results.
+func ResultObjectName(runID string, seq uint64, attempt int, kind string) string {
+	return fmt.Sprintf("%s/%d-%d/%s", runID, seq, attempt, kind)
+}
+
+// WorkspaceResult is what a run changed in its workspace, recorded in
+// RunState.WorkspaceResult and on the finished event when the request named
+// a workspace. The objects are in BucketResults.
+type WorkspaceResult struct {
+	// Base is the commit the submitted snapshot's HEAD named; empty when the
+	// snapshot was not a git repository.
+	Base string `json:"base,omitempty"`
+	// Head is the run's final commit: the run's own commits plus, when it
+	// left changes uncommitted, one more commit holding them. Equals Base
+	// when the run changed nothing.
+	Head string `json:"head,omitempty"`
+	// Commits counts the commits from Base to Head.
+	Commits int `json:"commits"`
+	// FilesChanged, Insertions and Deletions are the diffstat from the
+	// workspace as submitted (Base plus the submitter's uncommitted
+	// changes) to Head; binary files count as changed with no lines.
+	FilesChanged int `json:"files_changed"`
+	Insertions   int `json:"insertions"`
+	Deletions    int `json:"deletions"`
+	// Files is the per-file diffstat, at most MaxResultFiles entries.
+	Files []FileStat `json:"files,omitempty"`
+	// Objects lists the stored result objects (patch, bundle, artifacts).
+	Objects []ResultObject `json:"objects,omitempty"`
+	// Artifacts lists the files of the artifacts tar.
+	Artifacts []ResultObject `json:"artifacts,omitempty"`
+	// Error says why the result is missing or partial (capture or upload
+	// failed, the workspace was too large to capture).
+	Error string `json:"error,omitempty"`
+}
+
+// MaxResultFiles bounds WorkspaceResult.Files.
+const MaxResultFiles = 200
+
+// FileStat is one file's line of a diffstat.
+type FileStat struct {
+	// Path is the file's path in the tree.
+	Path string `json:"path"`
+	// Insertions and Deletions count lines added and removed.
+	Insertions int `json:"insertions"`
+	Deletions  int `json:"deletions"`
+	// Binary is true when the file is not text (no line counts).
+	Binary bool `json:"binary,omitempty"`
+}
+
+// ResultObject names one stored object (or one file of the artifacts tar).
+type ResultObject struct {
+	// Name is the object's name in BucketResults (for an artifact: its path
+	// under ArtifactsDir).
+	Name string `json:"name"`
+	// Size is its length in bytes.
+	Size int64 `json:"size"`
+	// SHA256 is the hex SHA-256 of its bytes.
+	SHA256 string `json:"sha256"`
+}

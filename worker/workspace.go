@@ -1,0 +1,302 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// WorkspaceConfig bounds and stores the workspaces of runs whose request
+// names one (see docs/workspaces.md).
+type WorkspaceConfig struct {
+	// MaxBytes bounds a snapshot's size, the sum of its unpacked files and
+	// the new content a run's result may hold, each in bytes. Default
+	// workspace.DefaultMaxSnapshotBytes.
+	MaxBytes int64
+	// MaxFiles bounds the entries of a workspace. Default 200000.
+	MaxFiles int
+	// Buckets configures the workspace and result buckets when the worker
+	// creates them; Replicas defaults to the provisioning's replicas.
+	Buckets workspace.BucketConfig
+}
+
+func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
+	if c.MaxBytes == 0 {
+		c.MaxBytes = workspace.DefaultMaxSnapshotBytes
+	}
+	if c.MaxFiles == 0 {
+		c.MaxFiles = 200000
+	}
+	if c.Buckets.Replicas == 0 {
+		c.Buckets.Replicas = replicas
+	}
+	return c
+}
+
+// wsStores holds the worker's workspace and result buckets once found, and
+// the delivery workspace directories in use.
+type wsStores struct {
+	mu       sync.Mutex
+	ws, res  jetstream.ObjectStore
+	resolved bool
+	live     map[string]bool // workspace dirs of deliveries in progress
+}
+
+// setLive marks a delivery's workspace directory in use (or no longer), so
+// the reconciler leaves it alone.
+func (w *Worker) setLive(dir string, live bool) {
+	s := &w.wsStores
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live == nil {
+		s.live = map[string]bool{}
+	}
+	if live {
+		s.live[dir] = true
+	} else {
+		delete(s.live, dir)
+	}
+}
+
+// removeStaleWorkspaces removes delivery workspace directories no delivery
+// of this worker uses and older than OrphanGrace: left over by a crash.
+func (w *Worker) removeStaleWorkspaces() {
+	root := filepath.Join(w.cfg.StateDir, "ws")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(root, e.Name())
+		w.wsStores.mu.Lock()
+		live := w.wsStores.live[dir]
+		w.wsStores.mu.Unlock()
+		info, err := e.Info()
+		if err != nil || live || time.Since(info.ModTime()) < w.cfg.OrphanGrace {
+			continue
+		}
+		w.log.Info().Str("dir", dir).Msg("removing a stale workspace directory")
+		if err := removeWorkspaceDir(dir); err != nil {
+			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale workspace directory")
+		}
+	}
+}
+
+// stores returns the workspace and result buckets, creating them on first
+// use.
+func (w *Worker) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.ObjectStore, error) {
+	s := &w.wsStores
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resolved {
+		return s.ws, s.res, nil
+	}
+	cfg := w.cfg.Workspace.withDefaults(w.cfg.Provision.Replicas)
+	ws, res, err := workspace.EnsureBuckets(ctx, w.js, cfg.Buckets)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.ws, s.res, s.resolved = ws, res, true
+	return ws, res, nil
+}
+
+// runWorkspace is one delivery's staged workspace: under dir, the snapshot
+// as downloaded, the tree mounted into the container and a scratch object
+// store for the capture. Only tree is ever visible to the run.
+type runWorkspace struct {
+	dir string
+	// mib is the size of the tree's tmpfs (profile workspace_mib); 0: no
+	// tmpfs.
+	mib int64
+}
+
+func (rw *runWorkspace) snapshot() string { return filepath.Join(rw.dir, "snapshot.tar") }
+func (rw *runWorkspace) tree() string     { return filepath.Join(rw.dir, "tree") }
+func (rw *runWorkspace) scratch() string  { return filepath.Join(rw.dir, "scratch") }
+
+// workspaceDir returns the host directory of a delivery's workspace:
+// StateDir/ws/<run dir name>-<seq>-<attempt>.
+func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
+	return filepath.Join(w.cfg.StateDir, "ws", fmt.Sprintf("%s-%d-%d", filepath.Base(w.runDir(runID)), seq, attempt))
+}
+
+// stageWorkspace downloads and unpacks the request's workspace, when it
+// names one, and mounts it writable at messages.WorkspaceDir, the
+// container's working directory, owned by the profile's user. A refused,
+// missing, corrupt or oversized snapshot is an error retrying cannot fix
+// (the run fails, with a dead letter); a store that cannot be reached is a
+// transientError (the request is handed back for a retry).
+func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Profile) error {
+	ref := r.req.Workspace
+	if ref == nil {
+		return nil
+	}
+	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
+	if ref.BucketOrDefault() != messages.BucketWorkspaces {
+		return fmt.Errorf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces)
+	}
+	uid, gid, err := parseUser(prof.User)
+	if err != nil {
+		return err
+	}
+	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)), mib: prof.WorkspaceMiB}
+	r.w.setLive(rw.dir, true)
+	if err := r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid); err != nil {
+		_ = removeWorkspaceDir(rw.dir)
+		r.w.setLive(rw.dir, false)
+		if isSnapshotRefused(err) {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	r.ws = rw
+	r.w.failpoint(FailpointAfterStage)
+	spec.Mounts = append(spec.Mounts, Mount{Source: rw.tree(), Target: messages.WorkspaceDir})
+	spec.WorkingDir = messages.WorkspaceDir
+	return nil
+}
+
+// isSnapshotRefused reports whether err means the snapshot itself is
+// unusable, so retrying cannot help.
+func isSnapshotRefused(err error) bool {
+	return errors.Is(err, workspace.ErrSnapshotMissing) || errors.Is(err, workspace.ErrDigestMismatch) ||
+		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
+}
+
+// fillWorkspace downloads ref into rw and unpacks it into rw's tree.
+func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.WorkspaceRef, cfg WorkspaceConfig, uid, gid int) error {
+	ws, _, err := r.w.stores(ctx)
+	if err != nil {
+		return err
+	}
+	// A leftover of a crashed delivery with the same name goes first.
+	if err := removeWorkspaceDir(rw.dir); err != nil {
+		return err
+	}
+	for _, d := range []string{rw.dir, rw.tree(), rw.scratch()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if rw.mib > 0 {
+		if err := mountWorkspaceTmpfs(rw.tree(), rw.mib, uid, gid); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	if err := workspace.Download(ctx, ws, ref, rw.snapshot(), cfg.MaxBytes); err != nil {
+		return err
+	}
+	f, err := os.Open(rw.snapshot())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	err = workspace.Unpack(f, rw.tree(), workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, UID: uid, GID: gid})
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, rw.mib)
+	}
+	if err != nil {
+		return err
+	}
+	// The tree's parent stays 0700 (root's); the tree itself is the run
+	// user's, 0755.
+	if err := os.Chmod(rw.tree(), 0o755); err != nil {
+		return err
+	}
+	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
+	return nil
+}
+
+// dropWorkspace removes the delivery's workspace directory, if any. The
+// removal never follows a symlink the run made.
+func (r *run) dropWorkspace() {
+	if r.ws == nil {
+		return
+	}
+	if err := removeWorkspaceDir(r.ws.dir); err != nil {
+		r.log.Warn().Err(err).Msg("remove workspace directory")
+	}
+	r.w.setLive(r.ws.dir, false)
+}
+
+// captureWorkspace records what the run changed in its workspace, after its
+// container exited and before its final state: the result objects go to the
+// result bucket under the run id and attempt, their record to
+// r.state.WorkspaceResult. A failure is recorded in the result's Error,
+// never lost and never fatal to the run's outcome. It returns reason, the
+// run's reason for ending, saying so when the workspace's tmpfs is full.
+func (r *run) captureWorkspace(ctx context.Context, reason string) string {
+	if r.ws == nil {
+		return reason
+	}
+	if full, mib := workspaceFull(r.ws.tree()); full && r.ws.mib > 0 && reason != "" {
+		reason += fmt.Sprintf(" (no space left in the workspace: workspace_mib is %d MiB)", mib)
+	}
+	start := time.Now()
+	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
+	c, err := workspace.Capture(r.ws.tree(), workspace.CaptureOptions{
+		RunID: r.req.ID, Snapshot: r.ws.snapshot(), Scratch: r.ws.scratch(), MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles,
+	})
+	if err != nil {
+		r.log.Warn().Err(err).Msg("capture workspace")
+		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "capture failed: " + err.Error()}
+		return reason
+	}
+	res := c.Result
+	if err := r.uploadResults(ctx, c, &res); err != nil {
+		r.log.Warn().Err(err).Msg("upload workspace result")
+		res.Error = "upload failed: " + err.Error()
+	}
+	r.state.WorkspaceResult = &res
+	r.w.failpoint(FailpointAfterCapture)
+	r.log.Info().Dur("captured_in", time.Since(start)).Int("files_changed", res.FilesChanged).Int("commits", res.Commits).Msg("workspace captured")
+	return reason
+}
+
+// uploadResults stores c's objects (patch, bundle, artifacts) in the result
+// bucket under ResultObjectName and lists them in res.Objects. The names
+// depend only on the run id and attempt, so a retried upload replaces.
+func (r *run) uploadResults(ctx context.Context, c *workspace.Captured, res *messages.WorkspaceResult) error {
+	_, store, err := r.w.stores(ctx)
+	if err != nil {
+		return err
+	}
+	attempt := int(r.meta.NumDelivered)
+	for _, o := range []struct {
+		kind string
+		data []byte
+	}{{messages.ResultPatch, c.Patch}, {messages.ResultBundle, c.Bundle}, {messages.ResultArtifacts, c.Artifacts}} {
+		if o.data == nil {
+			continue
+		}
+		name := messages.ResultObjectName(r.req.ID, r.meta.Sequence.Stream, attempt, o.kind)
+		// Tries of their own, not retryOp's 5s each: an object may be large.
+		err := backoff.Retry(func() error {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			_, err := store.Put(pctx, jetstream.ObjectMeta{Name: name}, bytes.NewReader(o.data))
+			return err
+		}, backoff.WithContext(backoff.WithMaxRetries(backoff.NewExponentialBackOff(), 4), ctx))
+		if err != nil {
+			return fmt.Errorf("store %s: %w", name, err)
+		}
+		sum := sha256.Sum256(o.data)
+		res.Objects = append(res.Objects, messages.ResultObject{Name: name, Size: int64(len(o.data)), SHA256: hex.EncodeToString(sum[:])})
+	}
+	return nil
+}

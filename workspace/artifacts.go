@@ -1,0 +1,54 @@
+package workspace
+
+import (
+	"bytes"
+	"os"
+	"path"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// maxArtifactFiles bounds the files of an artifacts tar.
+const maxArtifactFiles = 10000
+
+// artifacts returns a tar of the regular files under ArtifactsDir of root
+// (nil when there are none) and their list. ArtifactsDir and each of its
+// parents must be real directories; symlinks under it are left out. A tar
+// over max bytes (0: no bound) is an error wrapping ErrTooLarge.
+func artifacts(root *os.Root, max int64) ([]byte, []messages.ResultObject, error) {
+	for p := messages.ArtifactsDir; p != "."; p = path.Dir(p) {
+		fi, err := root.Lstat(p)
+		if err != nil || !fi.IsDir() {
+			return nil, nil, nil
+		}
+	}
+	sub, err := root.OpenRoot(messages.ArtifactsDir)
+	if err != nil {
+		return nil, nil, nil
+	}
+	defer sub.Close()
+	entries, err := walk(sub, "", walkOptions{maxFiles: maxArtifactFiles})
+	if err != nil {
+		return nil, nil, err
+	}
+	var buf bytes.Buffer
+	tw := newTarWriter(&countWriter{w: &buf, max: max})
+	var list []messages.ResultObject
+	for _, e := range entries {
+		if !e.info.Mode().IsRegular() {
+			continue
+		}
+		sum, err := tw.fileAs(sub, e.path, e.path, e.info)
+		if err != nil {
+			return nil, nil, err
+		}
+		list = append(list, messages.ResultObject{Name: e.path, Size: e.info.Size(), SHA256: sum})
+	}
+	if len(list) == 0 {
+		return nil, nil, nil
+	}
+	if err := tw.close(); err != nil {
+		return nil, nil, err
+	}
+	return buf.Bytes(), list, nil
+}

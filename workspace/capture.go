@@ -1,0 +1,281 @@
+package workspace
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+	"github.com/go-git/go-git/v5/storage/filesystem"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// CaptureOptions say what to capture and bound it.
+type CaptureOptions struct {
+	// RunID names the bundle's ref (refs/heads/jetcrew/<RunID>) and the
+	// commit of uncommitted changes.
+	RunID string
+	// Snapshot is the host path of the snapshot tar the run started from.
+	Snapshot string
+	// Scratch is an empty host directory, private to the worker, that
+	// Capture uses as its object store; the caller removes it.
+	Scratch string
+	// MaxBytes bounds the bytes of new file content read from the
+	// workspace; 0 means no bound. Beyond it Capture fails with an error
+	// wrapping ErrTooLarge.
+	MaxBytes int64
+	// MaxFiles bounds the entries of the workspace; 0 means no bound.
+	MaxFiles int
+}
+
+// Captured is what a run changed: the result record (without Objects) and
+// the contents of the result objects. Bundle is nil when the run made no
+// change; Artifacts is nil when it left no artifacts.
+type Captured struct {
+	Result    messages.WorkspaceResult
+	Patch     []byte
+	Bundle    []byte
+	Artifacts []byte
+}
+
+// captureAuthor signs the commit of changes a run left uncommitted.
+var captureAuthor = object.Signature{Name: "jetcrew", Email: "jetcrew@localhost"}
+
+// Capture records what the run changed in the workspace at dir relative to
+// the snapshot it started from: the run's own commits (read from dir/.git
+// with go-git, copied into Scratch), one more commit holding the work tree
+// when it differs from the run's HEAD (what git would keep: ignored files
+// left out, ArtifactsDir left out), the patch and diffstat from the base to
+// that head, a bundle of the new commits and a tar of the artifacts. dir is
+// read only through an os.Root, symlinks as their text, and only regular
+// files, directories and symlinks are looked at.
+func Capture(dir string, o CaptureOptions) (*Captured, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	st := filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
+	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot)
+	if err != nil {
+		return nil, fmt.Errorf("read the submitted snapshot: %w", err)
+	}
+	c := &Captured{}
+	parent := base
+	if isGit {
+		var note string
+		parent, note = copyRunCommits(st, dir, root, base, o.MaxBytes)
+		c.Result.Error = note
+	}
+	head, err := commitWorkTree(st, root, dir, parent, isGit, o)
+	if err != nil {
+		return nil, err
+	}
+	if isGit {
+		c.Result.Base = base.String()
+	}
+	c.Result.Head = head.String()
+	if err := c.describe(st, submitted, base, head, o.RunID); err != nil {
+		return nil, err
+	}
+	c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes)
+	return c, err
+}
+
+// loadBase loads the snapshot's objects into st: a git snapshot's pack and
+// its work tree as a tree (the workspace as submitted, uncommitted changes
+// included), or, for a plain directory, its tree as one commit. It returns
+// the base commit (zero for a git snapshot of a repository without
+// commits), the submitted tree and whether the snapshot was a git work
+// tree.
+//
+// A git snapshot's object files (packs with their indexes, loose objects)
+// are copied as they are into scratch's objects directory, where st finds
+// them: nothing is decompressed or parsed until an object is needed.
+func loadBase(st *filesystem.Storage, scratch, snapshot string) (base, submitted plumbing.Hash, isGit bool, err error) {
+	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot)
+	return
+}
+
+// objectFileRE matches the object files of a .git that capture copies:
+// packs, their indexes and loose objects, relative to .git/objects.
+var objectFileRE = regexp.MustCompile(`^(pack/pack-[0-9a-f]{40}\.(pack|idx)|[0-9a-f]{2}/[0-9a-f]{38})$`)
+
+// copyObjectFile copies one object file of a snapshot into scratch.
+func copyObjectFile(scratch, rel string, r io.Reader) error {
+	p := filepath.Join(scratch, "objects", filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func readSnapshot(st *filesystem.Storage, scratch, snapshot string) (plumbing.Hash, plumbing.Hash, bool, error) {
+	z := plumbing.ZeroHash
+	f, err := os.Open(snapshot)
+	if err != nil {
+		return z, z, false, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	isGit := false
+	var head string
+	var ref string
+	refs := map[string]string{}
+	b := newTreeBuilder()
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return z, z, false, err
+		}
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return z, z, false, err
+		}
+		switch {
+		case name == ".":
+		case name == ".git":
+			isGit = true
+		case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
+			if err := copyObjectFile(scratch, strings.TrimPrefix(name, ".git/objects/"), tr); err != nil {
+				return z, z, false, err
+			}
+		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
+			v, err := io.ReadAll(io.LimitReader(tr, 4096))
+			if err != nil {
+				return z, z, false, err
+			}
+			if name == ".git/HEAD" {
+				ref = strings.TrimSpace(string(v))
+			} else {
+				refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
+			}
+		case name == ".git/packed-refs":
+			v, err := io.ReadAll(io.LimitReader(tr, 1<<20))
+			if err != nil {
+				return z, z, false, err
+			}
+			for _, line := range strings.Split(string(v), "\n") {
+				if h, r, ok := strings.Cut(line, " "); ok && len(h) == 40 && refs[r] == "" {
+					refs[r] = h
+				}
+			}
+		case strings.HasPrefix(name, ".git/"):
+		case hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink:
+			if err := addTarEntry(st, b, tr, hdr, name); err != nil {
+				return z, z, false, err
+			}
+		}
+	}
+	tree, err := b.write(st)
+	if err != nil {
+		return z, z, false, err
+	}
+	if isGit {
+		head = ref
+		if r, ok := strings.CutPrefix(ref, "ref: "); ok {
+			head = refs[r]
+		}
+		if head == "" {
+			return z, tree, true, nil
+		}
+		return plumbing.NewHash(head), tree, true, nil
+	}
+	// A fixed author and time: the base of a plain snapshot has one hash.
+	sig := captureAuthor
+	sig.When = epoch
+	h, err := storeCommit(st, tree, plumbing.ZeroHash, sig, "jetcrew: workspace as submitted")
+	return h, tree, false, err
+}
+
+func addTarEntry(st storer.EncodedObjectStorer, b *treeBuilder, tr *tar.Reader, hdr *tar.Header, name string) error {
+	mode := filemode.Regular
+	var data []byte
+	if hdr.Typeflag == tar.TypeSymlink {
+		mode, data = filemode.Symlink, []byte(hdr.Linkname)
+	} else {
+		if hdr.Mode&0o111 != 0 {
+			mode = filemode.Executable
+		}
+		var err error
+		if data, err = io.ReadAll(tr); err != nil {
+			return err
+		}
+	}
+	h, _, err := storeBlob(st, int64(len(data)), func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		return err
+	}
+	b.add(name, mode, h)
+	return nil
+}
+
+// storeCommit writes a commit of tree (with parent unless zero) to st.
+func storeCommit(st storer.EncodedObjectStorer, tree, parent plumbing.Hash, sig object.Signature, msg string) (plumbing.Hash, error) {
+	c := &object.Commit{Author: sig, Committer: sig, Message: msg + "\n", TreeHash: tree}
+	if !parent.IsZero() {
+		c.ParentHashes = []plumbing.Hash{parent}
+	}
+	o := st.NewEncodedObject()
+	if err := c.Encode(o); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return st.SetEncodedObject(o)
+}
+
+// copyRunCommits returns the run's HEAD commit, its objects copied from the
+// run's .git into st, or base when the run's repository cannot be read (the
+// note then says why).
+func copyRunCommits(st *filesystem.Storage, dir string, root *os.Root, base plumbing.Hash, max int64) (plumbing.Hash, string) {
+	fi, err := root.Lstat(".git")
+	if err != nil || !fi.IsDir() {
+		return base, "the run removed or replaced .git; its commits, if any, are lost (uncommitted changes are captured)"
+	}
+	run := filesystem.NewStorageWithOptions(osfs.New(path.Join(dir, ".git"), osfs.WithBoundOS()), cache.NewObjectLRUDefault(), filesystem.Options{})
+	ref, err := storer.ResolveReference(run, plumbing.HEAD)
+	if err != nil {
+		if errors.Is(err, plumbing.ErrReferenceNotFound) {
+			return base, ""
+		}
+		return base, "the run's HEAD cannot be read: " + err.Error()
+	}
+	head := ref.Hash()
+	if head == base {
+		return base, ""
+	}
+	if err := copyObjects(st, run, head, base, max); err != nil {
+		return base, "the run's commits cannot be read: " + err.Error()
+	}
+	if _, err := object.GetCommit(st, head); err != nil {
+		return base, "the run's HEAD is not a commit: " + err.Error()
+	}
+	return head, ""
+}
+
+// sinceEpoch stamps the commit of uncommitted changes.
+var sinceEpoch = func() time.Time { return time.Now().UTC().Truncate(time.Second) }

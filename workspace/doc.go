@@ -1,0 +1,12 @@
+// Package workspace turns a directory into a workspace snapshot (one
+// deterministic tar, named by its SHA-256), unpacks a snapshot into a run's
+// directory, and captures what a run changed there as git objects: a patch,
+// a bundle of the run's commits and an artifacts tar.
+//
+// Everything here reads untrusted trees without interpreting them: files are
+// reached only through an os.Root (no path, symlink or ".." leads outside the
+// tree), only directories, regular files and symlinks are kept (a symlink is
+// its target text, never followed), and git data is read and written with
+// go-git, which runs no hooks, filters, fsmonitor or other program named by
+// a repository. The snapshot format is described in docs/workspaces.md.
+package workspace

@@ -1,0 +1,159 @@
+package workspace
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+)
+
+// SnapshotOptions bound a snapshot.
+type SnapshotOptions struct {
+	// MaxBytes bounds the snapshot's size in bytes; 0 means no bound. A
+	// larger tree fails with an error wrapping ErrTooLarge before the
+	// snapshot is complete.
+	MaxBytes int64
+	// MaxFiles bounds the number of entries of the tree; 0 means no bound.
+	MaxFiles int
+	// CacheDir, when set, keeps the packed history of each HEAD snapshotted
+	// (see buildGitDir), so the next snapshot of the same HEAD reads only
+	// the work tree. Its files may be deleted at any time.
+	CacheDir string
+}
+
+// Info describes a snapshot.
+type Info struct {
+	// Digest is "sha256:<hex>" of the snapshot's bytes.
+	Digest string
+	// Size is the snapshot's length in bytes.
+	Size int64
+	// Git is true when the directory was a git work tree (the snapshot
+	// then holds a .git directory).
+	Git bool
+	// Head is the commit HEAD named, for a git work tree with commits.
+	Head string
+	// Commits counts the commits reachable from Head that the snapshot
+	// holds.
+	Commits int
+	// Files counts the tree's entries (directories, files, symlinks),
+	// .git left out.
+	Files int
+}
+
+// Snapshot writes the snapshot of dir to w: an uncompressed tar whose bytes
+// depend only on the tree's content (see docs/workspaces.md). When dir is a
+// git work tree the snapshot holds what git would keep (tracked files,
+// untracked files that are not ignored, uncommitted changes as they are on
+// disk) and a fresh .git holding HEAD's history as one pack, HEAD, its
+// branch, an index matching HEAD and a minimal config (nothing of the
+// repository's own config, hooks or other refs). Otherwise it holds the
+// directory as it is. Only directories, regular files and symlinks are
+// kept. It returns the snapshot's digest and size.
+func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return Info{}, err
+	}
+	defer root.Close()
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(w, h), max: o.MaxBytes}
+	tw := newTarWriter(cw)
+	info := Info{}
+	wo := walkOptions{maxFiles: o.MaxFiles, skip: func(p string, _ bool) bool { return path.Base(p) == ".git" }}
+	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
+	switch {
+	case err == nil:
+		info.Git = true
+		tracked, err := indexPaths(repo)
+		if err != nil {
+			return Info{}, err
+		}
+		wo.gitignore, wo.tracked = true, trackedSet(tracked)
+		gd, err := buildGitDir(repo, o.CacheDir)
+		if err != nil {
+			return Info{}, err
+		}
+		info.Head, info.Commits = gd.head, gd.commits
+		if err := gd.write(tw); err != nil {
+			return Info{}, err
+		}
+	case !errors.Is(err, git.ErrRepositoryNotExists):
+		return Info{}, fmt.Errorf("open git repository %s: %w", dir, err)
+	}
+	entries, err := walk(root, dir, wo)
+	if err != nil {
+		return Info{}, err
+	}
+	info.Files = len(entries)
+	if err := writeEntries(tw, root, entries); err != nil {
+		return Info{}, err
+	}
+	if err := tw.close(); err != nil {
+		return Info{}, err
+	}
+	info.Size = cw.n
+	info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return info, nil
+}
+
+// writeEntries writes walked entries of root to tw.
+func writeEntries(tw *tarWriter, root *os.Root, entries []entry) error {
+	for _, e := range entries {
+		var err error
+		switch {
+		case e.info.IsDir():
+			err = tw.dir(e.path)
+		case e.info.Mode()&os.ModeSymlink != 0:
+			var target string
+			if target, err = root.Readlink(e.path); err == nil {
+				err = tw.symlink(e.path, target)
+			}
+		default:
+			err = tw.file(root, e.path, e.info)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", e.path, err)
+		}
+	}
+	return nil
+}
+
+// indexPaths returns the paths in repo's index (staged files included).
+func indexPaths(repo *git.Repository) ([]string, error) {
+	idx, err := repo.Storer.Index()
+	if err != nil {
+		return nil, fmt.Errorf("read git index: %w", err)
+	}
+	out := make([]string, 0, len(idx.Entries))
+	for _, e := range idx.Entries {
+		out = append(out, e.Name)
+	}
+	return out, nil
+}
+
+// headRef returns the reference HEAD points at (a branch, or the commit of
+// a detached HEAD) and the commit, or plumbing.ZeroHash for a repository
+// without commits.
+func headRef(repo *git.Repository) (plumbing.ReferenceName, plumbing.Hash, error) {
+	sym, err := repo.Storer.Reference(plumbing.HEAD)
+	if err != nil {
+		return "", plumbing.ZeroHash, fmt.Errorf("read HEAD: %w", err)
+	}
+	ref, err := repo.Reference(plumbing.HEAD, true)
+	if errors.Is(err, plumbing.ErrReferenceNotFound) {
+		return sym.Target(), plumbing.ZeroHash, nil
+	}
+	if err != nil {
+		return "", plumbing.ZeroHash, fmt.Errorf("resolve HEAD: %w", err)
+	}
+	if sym.Type() == plumbing.SymbolicReference {
+		return sym.Target(), ref.Hash(), nil
+	}
+	return plumbing.HEAD, ref.Hash(), nil
+}

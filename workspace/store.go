@@ -1,0 +1,192 @@
+package workspace
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Bucket defaults (docs/workspaces.md).
+const (
+	// DefaultWorkspaceTTL is how long a workspace snapshot is kept.
+	DefaultWorkspaceTTL = 7 * 24 * time.Hour
+	// DefaultResultTTL is how long a run's result objects are kept.
+	DefaultResultTTL = 7 * 24 * time.Hour
+	// DefaultMaxSnapshotBytes bounds one snapshot (submit's and the
+	// worker's default), in bytes.
+	DefaultMaxSnapshotBytes = 1 << 30
+)
+
+// BucketConfig sizes the workspace and result buckets.
+type BucketConfig struct {
+	// WorkspaceTTL and ResultTTL are the buckets' object lifetimes (the
+	// streams' MaxAge); 0 means the defaults above.
+	WorkspaceTTL, ResultTTL time.Duration
+	// WorkspaceBytes and ResultBytes cap each bucket's total size in
+	// bytes; 0 means no cap.
+	WorkspaceBytes, ResultBytes int64
+	// Replicas is the buckets' replica count; 0 means 1.
+	Replicas int
+}
+
+// EnsureBuckets returns the workspace and result buckets, creating each
+// with cfg when it does not exist (an existing bucket is used as it is).
+func EnsureBuckets(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (ws, res jetstream.ObjectStore, err error) {
+	if cfg.WorkspaceTTL == 0 {
+		cfg.WorkspaceTTL = DefaultWorkspaceTTL
+	}
+	if cfg.ResultTTL == 0 {
+		cfg.ResultTTL = DefaultResultTTL
+	}
+	ws, err = ensureBucket(ctx, js, jetstream.ObjectStoreConfig{
+		Bucket: messages.BucketWorkspaces, Description: "jetcrew workspace snapshots, named by digest",
+		TTL: cfg.WorkspaceTTL, MaxBytes: capOrNone(cfg.WorkspaceBytes), Replicas: max(cfg.Replicas, 1), Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err = ensureBucket(ctx, js, jetstream.ObjectStoreConfig{
+		Bucket: messages.BucketResults, Description: "jetcrew run results: patch, bundle, artifacts",
+		TTL: cfg.ResultTTL, MaxBytes: capOrNone(cfg.ResultBytes), Replicas: max(cfg.Replicas, 1), Storage: jetstream.FileStorage,
+	})
+	return ws, res, err
+}
+
+func capOrNone(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.ObjectStoreConfig) (jetstream.ObjectStore, error) {
+	obs, err := js.ObjectStore(ctx, cfg.Bucket)
+	if err == nil {
+		return obs, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("object store %s: %w", cfg.Bucket, err)
+	}
+	obs, err = js.CreateObjectStore(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.ObjectStore(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create object store %s: %w", cfg.Bucket, err)
+	}
+	return obs, nil
+}
+
+// Uploaded says what Upload did.
+type Uploaded struct {
+	// Ref is the request field naming the snapshot.
+	Ref messages.WorkspaceRef
+	// Info describes the snapshot.
+	Info Info
+	// Reused is true when the bucket already held the snapshot, so
+	// nothing was uploaded.
+	Reused bool
+	// SnapshotTook and UploadTook are the times spent snapshotting and
+	// uploading (zero when Reused).
+	SnapshotTook, UploadTook time.Duration
+}
+
+// Upload snapshots dir (see Snapshot) into a temporary file and stores it
+// in obs under WorkspaceObjectName of its digest, unless obs already holds
+// that object with that digest. A snapshot over o.MaxBytes is refused
+// (ErrTooLarge) before anything is stored.
+func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o SnapshotOptions) (Uploaded, error) {
+	f, err := os.CreateTemp("", "jetcrew-snapshot-*.tar")
+	if err != nil {
+		return Uploaded{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	start := time.Now()
+	info, err := Snapshot(dir, f, o)
+	if err != nil {
+		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	up := Uploaded{Info: info, Ref: messages.WorkspaceRef{Name: messages.WorkspaceObjectName(info.Digest), Digest: info.Digest}}
+	up.SnapshotTook = time.Since(start)
+	start = time.Now()
+	if cur, err := obs.GetInfo(ctx, up.Ref.Name); err == nil && !cur.Deleted && cur.Digest == objDigest(info.Digest) {
+		up.Reused = true
+		return up, nil
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return Uploaded{}, err
+	}
+	meta := jetstream.ObjectMeta{Name: up.Ref.Name, Description: "jetcrew workspace snapshot (tar)"}
+	if _, err := obs.Put(ctx, meta, f); err != nil {
+		return Uploaded{}, fmt.Errorf("upload snapshot: %w", err)
+	}
+	up.UploadTook = time.Since(start)
+	return up, nil
+}
+
+// objDigest returns the Object Store's form of a "sha256:<hex>" digest
+// ("SHA-256=<base64url>").
+func objDigest(d string) string {
+	b, err := hex.DecodeString(d[len("sha256:"):])
+	if err != nil || len(b) != sha256.Size {
+		return ""
+	}
+	return "SHA-256=" + base64.URLEncoding.EncodeToString(b)
+}
+
+// ErrSnapshotMissing and ErrDigestMismatch are wrapped by Download's errors
+// for a request whose snapshot cannot be used; retrying cannot help.
+var (
+	ErrSnapshotMissing = errors.New("workspace snapshot not found")
+	ErrDigestMismatch  = errors.New("workspace snapshot digest mismatch")
+)
+
+// Download writes the object ref names from obs to file path, refusing an
+// object over max bytes before reading it (ErrTooLarge), and checks its
+// SHA-256 against ref.Digest (ErrDigestMismatch). A missing object is
+// ErrSnapshotMissing; other errors are the store's, worth a retry.
+func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, path string, max int64) error {
+	info, err := obs.GetInfo(ctx, ref.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, ref.BucketOrDefault())
+	}
+	if err != nil {
+		return fmt.Errorf("read snapshot info: %w", err)
+	}
+	if max > 0 && info.Size > uint64(max) {
+		return fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
+	}
+	r, err := obs.Get(ctx, ref.Name)
+	if err != nil {
+		return fmt.Errorf("get snapshot: %w", err)
+	}
+	defer r.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, int64(info.Size)+1))
+	if errors.Is(err, jetstream.ErrDigestMismatch) {
+		return fmt.Errorf("%w: the store's own digest check failed", ErrDigestMismatch)
+	}
+	if err != nil {
+		return fmt.Errorf("download snapshot: %w", err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != ref.Digest || n != int64(info.Size) {
+		return fmt.Errorf("%w: object %q has %s, the request names %s", ErrDigestMismatch, ref.Name, got, ref.Digest)
+	}
+	return f.Close()
+}

@@ -1,0 +1,67 @@
+package workspace_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// TestUploadOnceDownloadChecked uploads the same work tree ten times: one
+// object is stored, the other nine find it by digest. The worker's download
+// refuses a missing object, a wrong digest and an object over its cap.
+func TestUploadOnceDownloadChecked(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc := workertest.Connect(t, workertest.StartServer(t))
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	dir := testRepo(t)
+
+	var refs []messages.WorkspaceRef
+	for i := range 10 {
+		up, err := workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{})
+		require.NoError(t, err)
+		require.Equal(t, i > 0, up.Reused, "upload %d", i)
+		refs = append(refs, up.Ref)
+	}
+	for _, r := range refs {
+		require.Equal(t, refs[0], r)
+	}
+	st, err := ws.Status(ctx)
+	require.NoError(t, err)
+	objs, err := ws.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, 1, "ten runs share one object")
+	require.Less(t, st.Size(), 2*objs[0].Size+4096, "stored once")
+
+	out := filepath.Join(t.TempDir(), "s.tar")
+	require.NoError(t, workspace.Download(ctx, ws, refs[0], out, 0))
+	fi, err := os.Stat(out)
+	require.NoError(t, err)
+	require.EqualValues(t, objs[0].Size, fi.Size())
+
+	bad := refs[0]
+	bad.Digest = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
+	require.ErrorIs(t, workspace.Download(ctx, ws, bad, out, 0), workspace.ErrDigestMismatch)
+	missing := refs[0]
+	missing.Name = "nope.tar"
+	require.ErrorIs(t, workspace.Download(ctx, ws, missing, out, 0), workspace.ErrSnapshotMissing)
+	require.ErrorIs(t, workspace.Download(ctx, ws, refs[0], out, 100), workspace.ErrTooLarge)
+	_, err = workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{MaxBytes: 100})
+	require.ErrorIs(t, err, workspace.ErrTooLarge)
+	objs, err = ws.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, 1, "a refused upload stores nothing")
+}

@@ -1,0 +1,129 @@
+package workspace
+
+import (
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+)
+
+// treeBuilder collects files by path and writes them as git trees.
+type treeBuilder struct {
+	// dirs maps a directory ("" for the top) to its entries.
+	dirs map[string][]object.TreeEntry
+	// linked holds the directories already entered in their parent.
+	linked map[string]bool
+}
+
+func newTreeBuilder() *treeBuilder {
+	return &treeBuilder{dirs: map[string][]object.TreeEntry{"": nil}, linked: map[string]bool{}}
+}
+
+// add records a file (blob hash h, mode m) at slash path p.
+func (b *treeBuilder) add(p string, m filemode.FileMode, h plumbing.Hash) {
+	dir, name := splitPath(p)
+	b.dirs[dir] = append(b.dirs[dir], object.TreeEntry{Name: name, Mode: m, Hash: h})
+	for d := dir; d != ""; {
+		if _, ok := b.dirs[d]; ok && b.linked[d] {
+			break
+		}
+		b.linked[d] = true
+		if _, ok := b.dirs[d]; !ok {
+			b.dirs[d] = nil
+		}
+		parent, base := splitPath(d)
+		b.dirs[parent] = append(b.dirs[parent], object.TreeEntry{Name: base, Mode: filemode.Dir})
+		d = parent
+	}
+}
+
+// splitPath returns p's directory ("" at the top) and base name.
+func splitPath(p string) (string, string) {
+	dir, name := path.Split(p)
+	return strings.TrimSuffix(dir, "/"), name
+}
+
+// write stores every tree in s and returns the root tree's hash.
+func (b *treeBuilder) write(s storer.EncodedObjectStorer) (plumbing.Hash, error) {
+	return b.writeDir(s, "")
+}
+
+func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbing.Hash, error) {
+	entries := b.dirs[dir]
+	for i := range entries {
+		if entries[i].Mode == filemode.Dir {
+			h, err := b.writeDir(s, path.Join(dir, entries[i].Name))
+			if err != nil {
+				return plumbing.ZeroHash, err
+			}
+			entries[i].Hash = h
+		}
+	}
+	// Git orders tree entries by name, a directory's name as if it ended
+	// with '/'.
+	key := func(e object.TreeEntry) string {
+		if e.Mode == filemode.Dir {
+			return e.Name + "/"
+		}
+		return e.Name
+	}
+	slices.SortFunc(entries, func(a, c object.TreeEntry) int { return strings.Compare(key(a), key(c)) })
+	t := &object.Tree{Entries: entries}
+	o := s.NewEncodedObject()
+	if err := t.Encode(o); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return s.SetEncodedObject(o)
+}
+
+// storeBlob stores the size bytes read from r as a blob in s, unless s
+// already holds it, and returns its hash. open is called once more to store
+// a blob s lacks, so unchanged files cost one read and no memory.
+func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error)) (plumbing.Hash, bool, error) {
+	hasher := plumbing.NewHasher(plumbing.BlobObject, size)
+	r, err := open()
+	if err != nil {
+		return plumbing.ZeroHash, false, err
+	}
+	n, err := io.Copy(hasher, io.LimitReader(r, size))
+	r.Close()
+	if err != nil {
+		return plumbing.ZeroHash, false, err
+	}
+	if n != size {
+		return plumbing.ZeroHash, false, fmt.Errorf("file changed while it was read")
+	}
+	h := hasher.Sum()
+	if s.HasEncodedObject(h) == nil {
+		return h, false, nil
+	}
+	o := s.NewEncodedObject()
+	o.SetType(plumbing.BlobObject)
+	o.SetSize(size)
+	w, err := o.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, false, err
+	}
+	if r, err = open(); err != nil {
+		return plumbing.ZeroHash, false, err
+	}
+	_, err = io.Copy(w, io.LimitReader(r, size))
+	r.Close()
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return plumbing.ZeroHash, false, err
+	}
+	got, err := s.SetEncodedObject(o)
+	if err == nil && got != h {
+		err = fmt.Errorf("file changed while it was read")
+	}
+	return got, true, err
+}
