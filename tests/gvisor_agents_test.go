@@ -85,3 +85,19 @@ func TestGVisorAgents(t *testing.T) {
 	}
 	t.Logf("%d runs under gVisor in %s", 2+len(backendCases), time.Since(started).Round(time.Millisecond))
 }
+
+// TestGVisorEgress: an egress profile under gVisor (plain "runsc", network
+// none). The run's only way out is the egress proxy's unix socket, which
+// the relay inside reaches through runsc's --host-uds=open: its own
+// provider name answers through the proxy, and every other way out fails,
+// with the same checks as TestEgressAllowlist.
+func TestGVisorEgress(t *testing.T) {
+	t.Parallel()
+	requireGVisor(t)
+	e := startEgressWorkerWith(t, fmt.Sprintf("runtime = %q", gvisorRuntime))
+	id := "gv-eg-api-" + opsSuffix(t)
+	e.submit(t, id, "api", egressScript(e.provider, e.gateway, e.natsPort))
+	requireEgressRun(t, e, "api", id)
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	require.Equal(t, gvisorRuntime, st.Receipt.Runtime)
+}
