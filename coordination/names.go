@@ -3,28 +3,28 @@ package coordination
 import (
 	"time"
 
-	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
-// Names of the JetStream resources coordination uses. Like the names in
-// package messages they are wire contract: operators address them with the
-// stock NATS CLI.
+// Names of the JetStream resources coordination uses: the wire contract,
+// defined in package messages (so a client needs nothing else); these are
+// the same values.
 const (
 	// StreamName is the limits-retention stream holding every coordination
 	// message, subjects jetcrew.coord.>.
-	StreamName = "JETCREW_COORD"
+	StreamName = messages.StreamCoord
 	// BucketPeers is the presence key-value bucket: one key
 	// "<group>.<run_id>" per queued or running run that has a session,
 	// holding a Presence document. Keys expire PeerTTL after their last
 	// refresh.
-	BucketPeers = "jetcrew-coord-peers"
+	BucketPeers = messages.BucketCoordPeers
 	// SubjectPrefix prefixes every coordination subject:
 	// jetcrew.coord.<group>.<recipient>.
-	SubjectPrefix = "jetcrew.coord"
+	SubjectPrefix = messages.SubjectCoordPrefix
 	// HeaderFrom carries the sender's run id. The worker sets it on every
 	// message a run sends, from the socket the message came through,
 	// whatever the agent wrote. A message without it is from the operator.
-	HeaderFrom = "Jetcrew-From"
+	HeaderFrom = messages.HeaderFrom
 	// InboxPrefix prefixes the name of a run's inbox consumer:
 	// "inbox-<run_id>".
 	InboxPrefix = "inbox-"
@@ -34,10 +34,10 @@ const (
 // run id; a run may therefore not be called "all" or "operator".
 const (
 	// RecipientAll addresses every run of the group but the sender.
-	RecipientAll = relay.RecipientAll
+	RecipientAll = messages.RecipientAll
 	// RecipientOperator addresses the people watching the group; no run
 	// reads it.
-	RecipientOperator = relay.RecipientOperator
+	RecipientOperator = messages.RecipientOperator
 )
 
 // Durations and sizes of the coordination resources.
@@ -60,36 +60,32 @@ const (
 // Paths inside a run container, for the worker's mounts.
 const (
 	// BridgePath is where the worker mounts the bridge binary, read-only.
-	BridgePath = "/opt/jetcrew/bridge"
+	BridgePath = messages.ContainerBridgePath
 	// ContainerRunDir is where the worker mounts the run's directory (the
 	// one holding SocketName and MCPConfigName), read-only.
-	ContainerRunDir = "/run/jetcrew"
+	ContainerRunDir = messages.ContainerRunDir
 	// SocketName is the socket's file name in the run's directory.
-	SocketName = "bridge.sock"
+	SocketName = messages.SocketName
 	// MCPConfigName is the MCP configuration's file name in the run's
 	// directory.
-	MCPConfigName = "mcp.json"
+	MCPConfigName = messages.MCPConfigName
 	// ContainerSocketPath is the socket's path inside the container, the
 	// bridge's default (relay.DefaultSocketPath).
-	ContainerSocketPath = relay.DefaultSocketPath
+	ContainerSocketPath = messages.ContainerSocketPath
 	// ContainerMCPConfigPath is mcp.json's path inside the container, for
 	// the agent CLI's --mcp-config flag.
-	ContainerMCPConfigPath = ContainerRunDir + "/" + MCPConfigName
+	ContainerMCPConfigPath = messages.ContainerMCPConfigPath
 )
 
 // Subject returns the subject of a message to recipient in group:
 // jetcrew.coord.<group>.<recipient>. recipient is a run id, RecipientAll or
 // RecipientOperator. It does not validate its arguments (see
 // messages.ValidateToken).
-func Subject(group, recipient string) string {
-	return SubjectPrefix + "." + group + "." + recipient
-}
+func Subject(group, recipient string) string { return messages.SubjectCoord(group, recipient) }
 
 // SubjectGroup returns the wildcard matching every message of group,
 // jetcrew.coord.<group>.>, what `nats sub` takes to show a conversation.
-func SubjectGroup(group string) string {
-	return SubjectPrefix + "." + group + ".>"
-}
+func SubjectGroup(group string) string { return messages.SubjectCoordGroup(group) }
 
 // InboxName returns the name of run id's durable inbox consumer,
 // "inbox-<run_id>".

@@ -30,6 +30,9 @@ type Receipt struct {
 	// Argv is the container command with the prompt replaced by
 	// "<prompt>".
 	Argv []string `json:"argv,omitempty"`
+	// BridgeDigest is "sha256:<hex>" of the bridge binary the run mounted
+	// (the worker's content-addressed copy), when it mounted one.
+	BridgeDigest string `json:"bridge_digest,omitempty"`
 	// Mounts are the bind mounts (container path, host source, read-only).
 	Mounts []ReceiptMount `json:"mounts"`
 	// Tmpfs are the tmpfs mounts: container path and options.

@@ -224,7 +224,7 @@ func runEvents(msgs []storedMsg, id string) ([]messages.AgentEvent, []coordinati
 
 // requireBackendReceipt checks the receipt of a run of c's backend under
 // profile: what ran, as whom, with which mounts, files and variable names.
-func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profile, bridge string) {
+func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profile, bridgeDigest string) {
 	t.Helper()
 	require.NotNil(t, rc, "every outcome carries a receipt")
 	require.Equal(t, profile, rc.Profile)
@@ -247,7 +247,10 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	runDir := mounts[coordination.ContainerRunDir]
 	require.True(t, runDir.ReadOnly, "%s is read-only", coordination.ContainerRunDir)
 	require.NotEmpty(t, runDir.Source)
-	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Source: bridge, ReadOnly: true}, mounts[coordination.BridgePath])
+	bridge := mounts[coordination.BridgePath]
+	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Source: bridge.Source, ReadOnly: true}, bridge)
+	require.Equal(t, bridgeDigest, filepath.Base(bridge.Source), "the mounted bridge is the content-addressed copy of the worker's binary")
+	require.Equal(t, "sha256:"+bridgeDigest, rc.BridgeDigest)
 	require.Equal(t, []string{coordination.MCPServerName}, rc.MCPServers)
 	files := append([]messages.ReceiptFile{
 		{Path: coordination.ContainerMCPConfigPath, Mode: "0444"},
@@ -271,7 +274,8 @@ func TestBackends(t *testing.T) {
 	profiles := filepath.Join(dir, "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte(backendProfiles()), 0o644))
 	url, workerLog := upLogged(t, "--profiles", profiles, "--concurrency", "16")
-	bridge := filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge")
+	// The worker stages its own binary as the bridge: its digest names it.
+	bridge := fileSHA256(t, jetcrewBin)
 
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)

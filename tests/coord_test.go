@@ -3,6 +3,8 @@ package tests
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -132,7 +134,8 @@ type coordEnv struct {
 	// tmp is the TMPDIR jetcrew up runs with: its worker stages every run
 	// directory (socket, mcp.json) under tmp/jetcrew-<worker id>/r/.
 	tmp string
-	// bridge is the host's bridge binary, the one the worker mounts.
+	// bridge is the host's bridge binary: the jetcrew binary itself, which
+	// the worker stages (a content-addressed copy) and mounts.
 	bridge string
 }
 
@@ -152,7 +155,7 @@ func coordUp(t *testing.T, upArgs ...string) coordEnv {
 	return coordEnv{
 		url:    up(t, append([]string{"--profiles", profiles}, upArgs...)...),
 		tmp:    tmp,
-		bridge: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
+		bridge: jetcrewBin,
 	}
 }
 
@@ -305,7 +308,8 @@ func requireCoordMounts(t *testing.T, env coordEnv, containerID string) string {
 	require.True(t, strings.HasPrefix(dir.Source, env.tmp+string(filepath.Separator)), "run directory %s is under the worker's state dir in %s", dir.Source, env.tmp)
 	require.Equal(t, "bind", bin.Type, "mounts: %+v", mounts)
 	require.False(t, bin.RW, "%s is mounted read-only", coordination.BridgePath)
-	require.Equal(t, env.bridge, bin.Source)
+	require.True(t, strings.HasPrefix(bin.Source, env.tmp+string(filepath.Separator)), "the bridge %s is staged under the worker's state dir in %s", bin.Source, env.tmp)
+	require.Equal(t, fileSHA256(t, env.bridge), filepath.Base(bin.Source), "the mounted bridge is the content-addressed copy of the worker's binary")
 	for _, name := range []string{coordination.MCPConfigName, coordination.SocketName} {
 		_, err := os.Lstat(filepath.Join(dir.Source, name))
 		require.NoError(t, err, "the staged run directory holds %s while the run runs", name)
@@ -334,16 +338,12 @@ func requireJailedAgent(t *testing.T, env coordEnv, rep agentReport, ownDir stri
 	dir := p.Files[coordination.ContainerRunDir]
 	require.Equal(t, "dir", dir.Type)
 	require.NotEqual(t, 65532, *dir.UID, "the agent does not own its run directory")
-	// The bridge is the host's file, mounted as it is: its mode inside is
-	// its mode on the host (0755 as go build writes it, 0555 when staged
-	// so), never writable by the agent.
-	hostBridge, err := os.Stat(env.bridge)
-	require.NoError(t, err)
+	// The bridge is the worker's staged copy of its own binary: 0555
+	// whatever mode the build output has, never writable by the agent.
 	bin := p.Files[coordination.BridgePath]
 	require.True(t, bin.Exists, "bridge")
 	require.Equal(t, "file", bin.Type)
-	require.Equal(t, fmt.Sprintf("%04o", hostBridge.Mode().Perm()), bin.Mode, "the bridge's mode inside is its mode on the host")
-	require.Contains(t, []string{"0555", "0755"}, bin.Mode, "the bridge is executable and writable by no one but its owner")
+	require.Equal(t, "0555", bin.Mode, "the staged bridge is 0555 whatever the build output's mode")
 	require.NotEqual(t, 65532, *bin.UID, "the agent does not own the bridge")
 
 	require.Equal(t, map[string]bool{coordination.ContainerRunDir: true, coordination.BridgePath: true}, p.ReadOnly,
@@ -745,4 +745,13 @@ func TestCoordIsolation(t *testing.T) {
 	other := coordStream(t, env.url, otherGroup)
 	require.Equal(t, []coordMessage{{coordination.Subject(otherGroup, coordination.RecipientAll), c, "to my own group only"}}, other)
 	require.False(t, slices.ContainsFunc(coordStream(t, env.url, group), func(m coordMessage) bool { return m.From == c }))
+}
+
+// fileSHA256 returns the SHA-256 (hex) of the file at path.
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }

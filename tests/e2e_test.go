@@ -74,7 +74,8 @@ func prepare() error {
 	if err != nil {
 		return err
 	}
-	// The worker finds the bridge binary beside its own executable.
+	// The worker stages its own executable as the bridge; jetcrew-bridge,
+	// the separate bridge binary, is what the jail tests' workers stage.
 	jetcrewBin = filepath.Join(dir, "jetcrew")
 	for bin, pkg := range map[string]string{jetcrewBin: "./cmd/jetcrew", filepath.Join(dir, "jetcrew-bridge"): "./cmd/jetcrew-bridge"} {
 		build := exec.Command("go", "build", "-trimpath", "-o", bin, pkg)
@@ -84,8 +85,8 @@ func prepare() error {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}
 	}
-	// The bridge is mounted into every run container as it is on the host:
-	// read and execute only.
+	// The worker stages a 0555 copy whatever the mode; keep the source
+	// read and execute only too.
 	if err := os.Chmod(filepath.Join(dir, "jetcrew-bridge"), 0o555); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // backend is one agent CLI: how a run's argv, environment and files are
@@ -64,10 +65,10 @@ func Backends() []string {
 const (
 	// PromptPath is the run's prompt, staged read-only; agent CLIs read it
 	// on standard input (never as an argument, which the kernel bounds).
-	PromptPath = coordination.ContainerRunDir + "/prompt"
+	PromptPath = messages.ContainerPromptPath
 	// HomeSeedPath holds files the launcher copies into the writable HOME
 	// before the agent starts.
-	HomeSeedPath = coordination.ContainerRunDir + "/home"
+	HomeSeedPath = messages.ContainerHomeSeedPath
 	// LaunchPath is the bridge binary acting as the agent's launcher.
 	LaunchPath = coordination.BridgePath
 )

@@ -1,7 +1,11 @@
 package worker_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -78,4 +82,25 @@ func TestCommandBackendMCPConfigPlaceholder(t *testing.T) {
 	starts := b.rt.Starts()
 	require.Len(t, starts, 1)
 	require.Equal(t, []string{"agent", "--mcp-config", "/run/jetcrew/mcp.json", "hi"}, starts[0].Cmd)
+}
+
+// A run mounts the worker's content-addressed copy of the bridge, and its
+// receipt names the copy's digest.
+func TestRunMountsStagedBridge(t *testing.T) {
+	t.Parallel()
+	var bridge, stateDir string
+	b := setup(t, func(c *worker.Config) { bridge, stateDir = c.BridgePath, c.StateDir })
+	b.submit(t, messages.RunRequest{ID: "sb1", Profile: "shell", Prompt: "out hi"})
+	st := b.waitFinal(t, "sb1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	data, err := os.ReadFile(bridge)
+	require.NoError(t, err)
+	sum := sha256.Sum256(data)
+	digest := hex.EncodeToString(sum[:])
+	require.Equal(t, "sha256:"+digest, st.Receipt.BridgeDigest)
+	staged := filepath.Join(stateDir, "bin", digest)
+	require.Contains(t, b.rt.Starts()[0].Mounts, worker.Mount{Source: staged, Target: "/opt/jetcrew/bridge", ReadOnly: true})
+	fi, err := os.Stat(staged)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o555), fi.Mode().Perm())
 }

@@ -34,19 +34,6 @@ type coordSession struct {
 	once sync.Once
 }
 
-// checkBridge checks that the bridge binary can be mounted: a regular file
-// with mode 0555 or wider.
-func (w *Worker) checkBridge() error {
-	fi, err := os.Stat(w.cfg.BridgePath)
-	if err != nil {
-		return fmt.Errorf("coordination bridge cannot be staged: %w (build it with `make build`, or set the worker's bridge path; or turn coordination off in the profile)", err)
-	}
-	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o555 != 0o555 {
-		return fmt.Errorf("coordination bridge cannot be staged: %s must be a regular file with mode 0555 or wider (has %s)", w.cfg.BridgePath, fi.Mode())
-	}
-	return nil
-}
-
 // stageRun stages a run's directory: mcp.json and the backend's files
 // (prompt, CLI settings, files to seed HOME with), every file 0444 in
 // directories 0755. With coordination on it also serves the run's bridge

@@ -309,24 +309,11 @@ func salvageID(data []byte) string { return messages.SalvageRunID(data) }
 // returned function is called, so a run longer than AckWait is not
 // redelivered.
 func (r *run) keepInProgress() func() {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(r.w.cfg.InProgressInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-					r.log.Warn().Err(err).Msg("in-progress")
-				}
-			}
+	return tickUntilStopped(r.w.cfg.InProgressInterval, func() {
+		if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			r.log.Warn().Err(err).Msg("in-progress")
 		}
-	}()
-	return func() { close(stop); <-done }
+	})
 }
 
 func (w *Worker) track(r *run, c Container) {

@@ -60,7 +60,8 @@ func (w *Worker) proveEgress(ctx context.Context) error {
 func (w *Worker) proveEgressOnce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, proofTimeout)
 	defer cancel()
-	if err := w.checkBridge(); err != nil {
+	bridge, _, err := w.bridges.stage(w.cfg.BridgePath)
+	if err != nil {
 		return fmt.Errorf("%w: %w", err, ErrPermanent)
 	}
 	b := make([]byte, 4)
@@ -77,7 +78,7 @@ func (w *Worker) proveEgressOnce(ctx context.Context) error {
 	}
 	defer sess.Close()
 
-	spec := w.proofSpec(id, dir)
+	spec := w.proofSpec(id, dir, bridge)
 	var mu sync.Mutex
 	var out bytes.Buffer
 	c, err := w.cfg.Runtime.Start(ctx, spec, func(_ string, p []byte) {
@@ -111,7 +112,7 @@ func (w *Worker) proveEgressOnce(ctx context.Context) error {
 
 // proofSpec is the proof container: the probe image, network none, the
 // bridge as launcher and relay, the run directory with the proxy socket.
-func (w *Worker) proofSpec(id, dir string) ContainerSpec {
+func (w *Worker) proofSpec(id, dir, bridge string) ContainerSpec {
 	uid, gid, _ := parseUser(DefaultUser)
 	cmd := []string{LaunchPath, "launch", "--egress-relay", EgressProxyAddr + "=" + EgressSocketPath, "--",
 		"/bin/sh", "-c", proofScript, "proof"}
@@ -137,7 +138,7 @@ func (w *Worker) proofSpec(id, dir string) ContainerSpec {
 		},
 		Mounts: []Mount{
 			{Source: dir, Target: coordination.ContainerRunDir, ReadOnly: true},
-			{Source: w.cfg.BridgePath, Target: coordination.BridgePath, ReadOnly: true},
+			{Source: bridge, Target: coordination.BridgePath, ReadOnly: true},
 		},
 	}
 }

@@ -105,7 +105,7 @@ func (w *Worker) newReconciler() *reconciler {
 			return err == nil, err
 		},
 		sweepDirs: func(active map[string]bool) {
-			w.removeStaleRunDirs(active)
+			w.sweepStaged(active)
 			w.removeStaleWorkspaces()
 		},
 		now: time.Now, log: w.log,
@@ -124,6 +124,21 @@ func (w *Worker) activeSets() (containers, dirs map[string]bool) {
 		dirs[w.runDir(id)] = true
 	}
 	return containers, dirs
+}
+
+// sweepStaged removes stale run directories not in active, and staged
+// bridge copies no run in flight refers to (the current copy stays).
+func (w *Worker) sweepStaged(active map[string]bool) {
+	w.removeStaleRunDirs(active)
+	w.mu.Lock()
+	keep := make(map[string]bool, len(w.active))
+	for _, a := range w.active {
+		keep[a.run.bridge] = true
+	}
+	w.mu.Unlock()
+	if err := w.bridges.gc(keep); err != nil {
+		w.log.Warn().Err(err).Msg("remove unused staged bridges")
+	}
 }
 
 // removeStaleRunDirs removes staged run directories (and their sockets) that

@@ -37,6 +37,9 @@ type run struct {
 	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
+	// bridge is the SHA-256 (hex) of the staged bridge the run mounts, if
+	// any: set before the run is tracked, read by the bridge's gc.
+	bridge string
 	// from is the state this delivery holds the run in: the origin of its
 	// next transition (messages.StateNone before any record exists).
 	from messages.State
@@ -160,9 +163,12 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: w.cfg.ID, Install: w.install,
 		Now: time.Now(), LookupEnv: w.cfg.LookupEnv, Plan: plan, Coordination: p.coordOn,
 	}
-	needBridge := p.coordOn || plan.Launch || plan.EgressRelay
-	if needBridge {
-		in.BridgePath = w.cfg.BridgePath
+	if p.coordOn || plan.Launch || plan.EgressRelay {
+		// The bridge runs from its content-addressed copy, never from the
+		// operator's build output.
+		if in.BridgePath, r.bridge, err = w.bridges.stage(w.cfg.BridgePath); err != nil {
+			return p, err
+		}
 	}
 	if p.coordOn || len(plan.Files) > 0 || plan.EgressRelay {
 		in.RunDir = w.runDir(r.req.ID)
@@ -174,10 +180,8 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		return p, err
 	}
 	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
-	if needBridge {
-		if err := w.checkBridge(); err != nil {
-			return p, err
-		}
+	if r.bridge != "" {
+		r.state.Receipt.BridgeDigest = "sha256:" + r.bridge
 	}
 	if in.RunDir != "" {
 		// The session is the run's from here on, staged or not: release
@@ -220,9 +224,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		return s, transientError{fmt.Errorf("start container: %w", err)}
 	}
 	s.c = c
-	if ider, ok := c.(interface{ ImageID() string }); ok {
-		r.state.Receipt.ImageID = ider.ImageID()
-	}
+	r.state.Receipt.ImageID = c.ImageID()
 	r.setContainer(c)
 	w.track(r, c)
 	w.failpoint(FailpointAfterStart)

@@ -32,6 +32,9 @@ type Runtime interface {
 type Container interface {
 	// ID returns the runtime's id for the container.
 	ID() string
+	// ImageID returns the runtime's id of the image the container runs
+	// ("sha256:…" for Docker), for the receipt; "" when unknown.
+	ImageID() string
 	// Wait blocks until the process has exited and every byte of its output
 	// has been passed to the OutputFunc, then returns how it exited. It
 	// returns ctx.Err() when ctx ends first; the container keeps running.

@@ -164,3 +164,16 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
+
+// tickUntilStopped calls f every interval from a goroutine until the
+// returned function is called; that function returns once the goroutine
+// has ended (f is not running).
+func tickUntilStopped(interval time.Duration, f func()) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		every(ctx, interval, f)
+	}()
+	return func() { cancel(); <-done }
+}

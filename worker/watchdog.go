@@ -63,36 +63,35 @@ func (r *run) stopped() (kind, reason string) {
 // deadline (the CLI must have started the jetcrew MCP server, proved by the
 // bridge's first connection or by the CLI's own report, in time).
 func (r *run) watch(prof Profile, needProof bool, cs *coordSession, prog *progress) func() {
-	stop, done := make(chan struct{}), make(chan struct{})
 	started := time.Now()
-	go func() {
-		defer close(done)
-		t := time.NewTicker(watchInterval(prof))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
+	return tickUntilStopped(watchInterval(prof), func() {
+		if !r.state.BridgeConnected && cs.connected() {
+			// Record it while the run lives, not only at its end. The run's
+			// own goroutine is in Wait meanwhile, so this write is alone.
+			ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
+			if err := r.markBridgeConnected(ctx); err != nil {
+				r.log.Warn().Err(err).Msg("record bridge connected")
 			}
-			if prof.stallTimeout > 0 && prog.since() > prof.stallTimeout {
-				r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
-			}
-			if !r.state.BridgeConnected && cs.connected() {
-				// Record it while the run lives, not only at its end. The run's
-				// own goroutine is in Wait meanwhile, so this write is alone.
-				ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
-				if err := r.markBridgeConnected(ctx); err != nil {
-					r.log.Warn().Err(err).Msg("record bridge connected")
-				}
-				cancel()
-			}
-			if needProof && !r.mcpProved.Load() && !cs.connected() && time.Since(started) > prof.bridgeDeadline {
-				r.stopFor(stopBridge, fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, prof.bridgeDeadline))
-			}
+			cancel()
 		}
-	}()
-	return func() { close(stop); <-done }
+		// How long past each bound the run is (≤ 0: not due). When a
+		// late tick finds both due, the one that expired first names
+		// the stop.
+		stallOver := time.Duration(-1)
+		if prof.stallTimeout > 0 {
+			stallOver = prog.since() - prof.stallTimeout
+		}
+		bridgeOver := time.Duration(-1)
+		if needProof && !r.mcpProved.Load() && !cs.connected() {
+			bridgeOver = time.Since(started) - prof.bridgeDeadline
+		}
+		switch {
+		case bridgeOver > 0 && bridgeOver >= stallOver:
+			r.stopFor(stopBridge, fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, prof.bridgeDeadline))
+		case stallOver > 0:
+			r.stopFor(stopStalled, fmt.Sprintf("no progress (no output, no coordination traffic) for %s", prof.stallTimeout))
+		}
+	})
 }
 
 // watchInterval is how often the watchdogs look: a tenth of the shortest

@@ -78,11 +78,13 @@ type Config struct {
 	// socket path is at most 107 bytes. Default:
 	// <os.TempDir()>/jetcrew-<worker id>.
 	StateDir string
-	// BridgePath is the host path of the static jetcrew-bridge binary,
-	// mounted read-only into every run container whose profile has
-	// coordination on. Default: jetcrew-bridge beside the running
-	// executable. When it is missing, such runs are refused with that
-	// reason.
+	// BridgePath is the host path of the static bridge binary: the jetcrew
+	// binary (which runs as the bridge under the name "bridge") or a
+	// separate jetcrew-bridge. Runs whose profile has coordination on mount
+	// a content-addressed copy of it (StateDir/bin/<sha256>, mode 0555),
+	// read-only. Default: the running executable. When it cannot be staged
+	// (missing, not a regular file, dynamically linked), such runs are
+	// refused with that reason.
 	BridgePath string
 	// Workspace bounds and stores the workspaces of runs whose request names
 	// one.
@@ -196,7 +198,7 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BridgePath == "" {
 		if exe, err := os.Executable(); err == nil {
-			c.BridgePath = filepath.Join(filepath.Dir(exe), "jetcrew-bridge")
+			c.BridgePath = exe
 		}
 	}
 	return c
@@ -252,6 +254,8 @@ type Worker struct {
 	live  jetstream.KeyValue
 	cons  jetstream.Consumer
 	coord *coordination.Host
+	// bridges stages the bridge binary runs mount.
+	bridges *bridgeStager
 	// install identifies this installation in container labels.
 	install string
 	// egress is the egress proxy's configuration and proof (egress.go).
@@ -304,6 +308,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		js:      js,
 		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
 		active:  make(map[string]*activeRun),
+		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
 		stopped: make(chan struct{}),
 	}, nil
 }
@@ -481,8 +486,11 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.bgCancel()
 	w.bg.Wait()
 	w.stops.Wait()
-	// The per-run directories are gone with their runs; remove their
-	// parents when empty (a default state dir is per worker id).
+	// The per-run directories are gone with their runs, and no run refers
+	// to a staged bridge any more; remove their parents when empty (a
+	// default state dir is per worker id).
+	_ = w.bridges.gc(nil)
+	_ = os.Remove(w.bridges.dir)
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)

@@ -38,3 +38,25 @@ func TestLaunch(t *testing.T) {
 	require.ErrorAs(t, err, &ee)
 	require.Equal(t, 127, ee.ExitCode())
 }
+
+// `jetcrew bridge ...` is the same entry point as the binary started under
+// the name "bridge".
+func TestJetcrewBridgeSubcommand(t *testing.T) {
+	t.Parallel()
+	bin, err := buildBridge()
+	require.NoError(t, err)
+	jetcrew := filepath.Join(t.TempDir(), "jetcrew")
+	require.NoError(t, os.Symlink(bin, jetcrew))
+	cmd := exec.Command(jetcrew, "bridge", "launch", "--", "echo", "hi")
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	require.Equal(t, "hi\n", string(out))
+	var stderr strings.Builder
+	cmd = exec.Command(jetcrew, "bridge", "--help")
+	cmd.Stderr = &stderr
+	out, _ = cmd.Output()
+	require.Equal(t, 2, cmd.ProcessState.ExitCode())
+	require.Empty(t, out, "stdout belongs to JSON-RPC frames alone")
+	require.Contains(t, stderr.String(), "takes no arguments")
+}

@@ -1,148 +1,34 @@
-// Command jetcrew-bridge is the MCP server of a jetcrew run container. The
-// worker mounts it read-only at /opt/jetcrew/bridge and lists it in the run's
-// mcp.json; the agent's CLI starts it with no arguments and speaks MCP to it
-// over stdio.
-//
-// It offers the tools status, send and inbox (see package
-// coordination/bridge) and relays every call over the run's unix socket,
-// /run/jetcrew/bridge.sock (JETCREW_BRIDGE_SOCKET overrides it), to the
-// worker. When the socket cannot be reached the server still starts and lists
-// its tools, and every call answers "coordination unavailable: ...".
-//
-// stdout carries JSON-RPC frames and nothing else, whatever happens;
-// diagnostics go to stderr. JETCREW_BRIDGE_LOG sets their level (debug, info,
-// warn, error; default info).
+// Command jetcrew-bridge is the MCP server of a jetcrew run container, and
+// nothing else: the bridge command of package coordination/bridgecmd, which
+// the jetcrew binary also runs (`jetcrew bridge`, or started as "bridge").
+// Workers stage the jetcrew binary itself by default; this one is for
+// operators who want a separate, smaller bridge (`jetcrew worker --bridge
+// PATH`).
 //
 // Build it static: CGO_ENABLED=0 go build -o jetcrew-bridge ./cmd/jetcrew-bridge
 package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
-	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/jetcrew/jetcrew/coordination/bridge"
-	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/coordination/bridgecmd"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
-// maxFrameBytes bounds one inbound JSON-RPC frame, in bytes. A send's body is
-// at most 16 KiB, so 1 MiB leaves ample room; a larger frame ends the session.
-const maxFrameBytes = 1 << 20
-
-// helloTimeout bounds the announcement to the worker at start.
-const helloTimeout = 5 * time.Second
-
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	stdout := os.Stdout
-	// Anything in this process that prints to os.Stdout by mistake lands on
-	// stderr: the real stdout belongs to the JSON-RPC frames alone.
-	os.Stdout = os.Stderr
-	code := run(ctx, os.Args[1:], os.Stdin, stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
+	bridgecmd.Version = version
+	os.Exit(bridgecmd.Main(os.Args[1:]))
 }
 
-// run serves MCP on stdin/stdout until stdin ends (exit 0), ctx is cancelled
-// (SIGTERM or SIGINT: exit 0), or the session fails on a broken frame (exit
-// 1). Arguments are refused (exit 2), but for "launch" (see launch). Only JSON-RPC frames are written to
-// stdout; everything else goes to stderr.
+// run is bridgecmd.Run, for this package's tests.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) > 0 && args[0] == launchCommand {
-		return launch(args[1:], stderr, getenv)
-	}
-	if len(args) > 0 && args[0] == egressRelayCommand {
-		return egressRelay(stderr, getenv)
-	}
-	if len(args) > 0 {
-		fmt.Fprintf(stderr, "jetcrew-bridge %s: takes no arguments; it serves MCP over stdio (socket: $%s, default %s)\n",
-			version, relay.EnvSocket, relay.DefaultSocketPath)
-		return 2
-	}
-	level := logLevel(getenv("JETCREW_BRIDGE_LOG"))
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	// The SDK's info lines (session connected, ...) are noise unless debugging.
-	sdkLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)}))
-	if level == slog.LevelDebug {
-		sdkLog = log
-	}
-	path := getenv(relay.EnvSocket)
-	if path == "" {
-		path = relay.DefaultSocketPath
-	}
-	client := relay.NewClient(path)
-	defer client.Close()
-	// On a signal, cut calls in flight short (an inbox call may be waiting
-	// for up to 30s): the session ends as soon as its handlers return.
-	stopCalls := context.AfterFunc(ctx, client.Close)
-	defer stopCalls()
-	log.Info("jetcrew-bridge starting", "version", version, "socket", path)
-
-	// Announce the bridge to the worker so the run records that its bridge
-	// connected. It never delays serving; the goroutine ends when Hello
-	// returns (helloTimeout at most) and run waits for it.
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		hctx, cancel := context.WithTimeout(ctx, helloTimeout)
-		defer cancel()
-		if err := client.Hello(hctx); err != nil && ctx.Err() == nil {
-			log.Warn("tool calls will fail until the worker is reachable", "error", err)
-		}
-	})
-	defer wg.Wait()
-
-	srv := bridge.NewServer(client, bridge.Options{
-		Version: version,
-		Logger:  sdkLog.With("component", "mcp-sdk"),
-	})
-	// JSON-RPC batches are answered (or refused) per the negotiated
-	// revision by the filter, never by the SDK, which could end the session.
-	batches := bridge.NewBatches(stdout)
-	err := srv.Run(ctx, &mcp.IOTransport{
-		Reader:        batches.Reader(stdin, maxFrameBytes),
-		Writer:        nopWriteCloser{batches},
-		MaxLineLength: maxFrameBytes,
-	})
-	switch {
-	case err == nil, errors.Is(err, io.EOF):
-		log.Info("client closed the session")
-		return 0
-	case ctx.Err() != nil:
-		log.Info("stopping on signal")
-		return 0
-	default:
-		log.Error("session failed", "error", err)
-		return 1
-	}
+	return bridgecmd.Run(ctx, args, stdin, stdout, stderr, getenv)
 }
 
-// nopWriteCloser keeps the transport from closing stdout.
-type nopWriteCloser struct{ io.Writer }
-
-// Close does nothing: stdout stays open for the process's lifetime.
-func (nopWriteCloser) Close() error { return nil }
-
-func logLevel(s string) slog.Level {
-	switch strings.ToLower(s) {
-	case "debug":
-		return slog.LevelDebug
-	case "warn", "warning":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
-}
+// logLevel is bridgecmd.LogLevel, for this package's tests.
+func logLevel(s string) slog.Level { return bridgecmd.LogLevel(s) }

@@ -393,14 +393,15 @@ func TestMain(m *testing.M) {
 }
 
 // buildBridge builds the real binary, static (CGO_ENABLED=0), once per test
-// binary run.
+// binary run: the jetcrew binary, named "bridge" as the worker mounts it in
+// a run container, so the binary tests run the entry point runs use.
 var buildBridge = sync.OnceValues(func() (string, error) {
 	bin := filepath.Join(binDir, "bridge")
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	cmd := exec.Command(goTool, "build", "-o", bin, ".")
+	cmd := exec.Command(goTool, "build", "-o", bin, "../jetcrew")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", &buildError{err: err, out: string(out)}

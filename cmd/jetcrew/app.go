@@ -29,9 +29,9 @@ type app struct {
 	// force is closed when a graceful stop must be cut short (a second
 	// interrupt). Nil means never.
 	force <-chan struct{}
-	// bridgePath is the jetcrew-bridge binary workers mount into runs
-	// whose profile has coordination on; empty means the worker's default,
-	// jetcrew-bridge beside the running executable.
+	// bridgePath is the bridge binary workers stage into runs whose
+	// profile has coordination on, unless --bridge names one; empty means
+	// the worker's default, the running executable itself.
 	bridgePath string
 
 	// conn are the NATS connection options (connopts.go).
@@ -146,7 +146,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
-	root.AddCommand(a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
+	root.AddCommand(a.bridgeCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd())
 	root.AddCommand(a.resultCmds()...)
 	return root

@@ -12,6 +12,7 @@
 //	jetcrew roles users DIR      NATS users per role for a real server
 //	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
 //	jetcrew ui                   serve the web console (also served by up)
+//	jetcrew bridge               the coordination bridge, inside a run container
 //
 // Every command that connects takes the NATS CLI's connection options
 // (--context, --creds, --nkey, --tlsca, ...); docs/security.md.
@@ -20,13 +21,26 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jetcrew/jetcrew/coordination/bridgecmd"
 )
 
 func main() {
+	// The bridge, by name (mounted at /opt/jetcrew/bridge in a run) or as
+	// `jetcrew bridge`: before anything else, so stdout carries JSON-RPC
+	// frames alone.
+	bridgecmd.Version = cmp.Or(commit, "dev")
+	if bridgecmd.IsBridgeName(os.Args[0]) {
+		os.Exit(bridgecmd.Main(os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "bridge" {
+		os.Exit(bridgecmd.Main(os.Args[2:]))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	force := make(chan struct{})
 	sigs := make(chan os.Signal, 3)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 // workerOptions are the flags of the worker `up` and `worker` start.
 type workerOptions struct {
+	bridge            string
 	profiles          string
 	concurrency       int
 	pool              string
@@ -33,6 +35,7 @@ type workerOptions struct {
 
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.profiles, "profiles", "", "TOML profile file (default: the built-in shell profile only)")
+	fs.StringVar(&o.bridge, "bridge", "", "a separate bridge binary (static jetcrew-bridge) to stage into runs (default: this jetcrew executable, run as `jetcrew bridge`)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
 		"on stop, how long to let runs finish before stopping them and handing them back")
@@ -131,7 +134,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		},
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
-		BridgePath:        a.bridgePath,
+		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
 		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
 		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),

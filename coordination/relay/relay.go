@@ -21,6 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // Where the bridge finds its socket.
@@ -30,7 +32,7 @@ const (
 	EnvSocket = "JETCREW_BRIDGE_SOCKET"
 	// DefaultSocketPath is the socket path inside a run container: the
 	// worker bind-mounts the run's directory at /run/jetcrew.
-	DefaultSocketPath = "/run/jetcrew/bridge.sock"
+	DefaultSocketPath = messages.ContainerSocketPath
 )
 
 // Endpoint paths.
@@ -48,10 +50,10 @@ const (
 // Reserved recipients of a send. Every other recipient is a run id.
 const (
 	// RecipientAll addresses every other run of the sender's group.
-	RecipientAll = "all"
+	RecipientAll = messages.RecipientAll
 	// RecipientOperator addresses the people watching the group (they read
 	// with `nats sub 'jetcrew.coord.<group>.>'`).
-	RecipientOperator = "operator"
+	RecipientOperator = messages.RecipientOperator
 )
 
 // Limits on requests.

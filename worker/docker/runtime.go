@@ -124,6 +124,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		_ = cli.Close()
 		return nil, fmt.Errorf("docker: the engine at %s runs %s containers, want linux", cli.DaemonHost(), ping.OSType)
 	}
+	// Negotiate the API version now, once, before any goroutine uses the
+	// client: left to the first request, the negotiation writes the
+	// client's version while the oom event stream reads it (a data race).
+	cli.NegotiateAPIVersionPing(ping)
 	cfg.Logger.Debug().Str("host", cli.DaemonHost()).Str("api_version", cli.ClientVersion()).Msg("connected to docker engine")
 	r := newRuntime(cli, cfg)
 	r.watchOOM()

@@ -19,48 +19,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 )
 
 // StartServer starts an embedded nats-server with JetStream on a random
-// loopback port, storing under t.TempDir(), and shuts it down when the test
-// ends. It fails the test when the server is not ready within 10 seconds.
-func StartServer(t testing.TB) *server.Server {
-	t.Helper()
-	opts := &server.Options{
-		Host:      "127.0.0.1",
-		Port:      -1,
-		JetStream: true,
-		StoreDir:  t.TempDir(),
-		NoSigs:    true,
-		NoLog:     true,
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("nats-server not ready")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
-}
+// loopback port for the test: coordtest.StartServer, the one embedded-server
+// helper of the project's tests.
+func StartServer(t testing.TB) *server.Server { return coordtest.StartServer(t) }
 
-// Connect connects to s and closes the connection when the test ends.
-func Connect(t testing.TB, s *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
+// Connect connects to s and closes the connection when the test ends:
+// coordtest.Connect.
+func Connect(t testing.TB, s *server.Server) *nats.Conn { return coordtest.Connect(t, s) }
 
 // Behaviour is what a fake container does: it receives the spec, writes
 // output through out, and returns its exit status. ctx is cancelled when
@@ -190,6 +161,9 @@ type Container struct {
 // ID implements worker.Container.
 func (c *Container) ID() string { return c.id }
 
+// ImageID implements worker.Container: a fake has no image id.
+func (c *Container) ImageID() string { return "" }
+
 // Wait implements worker.Container.
 func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 	select {
@@ -281,15 +255,7 @@ func BridgeFile(t testing.TB) string {
 
 // StateDir returns a short directory for a worker's per-run directories
 // (unix socket paths are limited to 107 bytes), removed when the test ends.
-func StateDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "jc")
-	if err != nil {
-		t.Fatalf("state dir: %v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
+func StateDir(t testing.TB) string { return coordtest.SocketDir(t) }
 
 // Events returns every event of run runID on JETCREW_EVENTS, in stream
 // order, read with an ordered consumer filtered on

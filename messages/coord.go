@@ -1,0 +1,92 @@
+package messages
+
+import "time"
+
+// Names of the coordination resources clients address (with the stock NATS
+// CLI, or decoding coordination events), defined here so a client needs
+// only this package. Package coordination uses the same values.
+const (
+	// StreamCoord is the limits-retention stream holding every coordination
+	// message, subjects jetcrew.coord.>.
+	StreamCoord = "JETCREW_COORD"
+	// BucketCoordPeers is the presence key-value bucket: one key
+	// "<group>.<run_id>" per queued or running run that has a session.
+	BucketCoordPeers = "jetcrew-coord-peers"
+	// SubjectCoordPrefix prefixes every coordination subject:
+	// jetcrew.coord.<group>.<recipient>.
+	SubjectCoordPrefix = "jetcrew.coord"
+	// HeaderFrom carries the sender's run id on a coordination message. The
+	// worker sets it on every message a run sends, from the socket the
+	// message came through, whatever the agent wrote. A message without it
+	// is from the operator.
+	HeaderFrom = "Jetcrew-From"
+)
+
+// Reserved coordination recipients (the last subject token). Every other
+// recipient is a run id; a run may therefore not be called "all" or
+// "operator".
+const (
+	// RecipientAll addresses every run of the group but the sender.
+	RecipientAll = "all"
+	// RecipientOperator addresses the people watching the group (they read
+	// with `nats sub 'jetcrew.coord.<group>.>'`); no run reads it.
+	RecipientOperator = "operator"
+)
+
+// SubjectCoord returns the subject of a coordination message to recipient
+// in group: jetcrew.coord.<group>.<recipient>. recipient is a run id,
+// RecipientAll or RecipientOperator. It does not validate its arguments
+// (see ValidateToken).
+func SubjectCoord(group, recipient string) string {
+	return SubjectCoordPrefix + "." + group + "." + recipient
+}
+
+// SubjectCoordGroup returns the wildcard matching every coordination
+// message of group, jetcrew.coord.<group>.>.
+func SubjectCoordGroup(group string) string {
+	return SubjectCoordPrefix + "." + group + ".>"
+}
+
+// CoordEventKind says what happened in a run's coordination session.
+type CoordEventKind string
+
+// Coordination event kinds.
+const (
+	// CoordConnected: the run's bridge reached the socket for the first
+	// time in this session (it announces itself when it starts).
+	CoordConnected CoordEventKind = "connected"
+	// CoordSent: the run sent a message (To, MessageID, Bytes, Duplicate).
+	CoordSent CoordEventKind = "sent"
+	// CoordRead: the run read messages from its inbox (MessageIDs).
+	CoordRead CoordEventKind = "read"
+	// CoordRefused: a send or inbox call was refused (To, Reason): bad
+	// recipient, unknown peer, too large, rate limited, or NATS
+	// unreachable.
+	CoordRefused CoordEventKind = "refused"
+)
+
+// CoordEvent is the JSON body of an EventCoord event
+// (jetcrew.events.<run_id>.coord): one coordination step of a run.
+type CoordEvent struct {
+	// RunID is the run whose session it is.
+	RunID string `json:"run_id"`
+	// Group is the run's group.
+	Group string `json:"group"`
+	// Kind says what happened.
+	Kind CoordEventKind `json:"kind"`
+	// Time is when it happened.
+	Time time.Time `json:"time"`
+	// To is the recipient of a send (CoordSent, CoordRefused on send).
+	To string `json:"to,omitempty"`
+	// MessageID is the id of the message sent (CoordSent).
+	MessageID string `json:"message_id,omitempty"`
+	// Bytes is the body size of the message sent, in bytes (CoordSent).
+	Bytes int `json:"bytes,omitempty"`
+	// Duplicate is true when a send's idempotency key matched an earlier
+	// send and nothing new was sent (CoordSent).
+	Duplicate bool `json:"duplicate,omitempty"`
+	// MessageIDs are the ids of the messages read, oldest first (CoordRead).
+	MessageIDs []string `json:"message_ids,omitempty"`
+	// Reason is the error text the agent was given (CoordRefused).
+	Reason string `json:"reason,omitempty"`
+}
