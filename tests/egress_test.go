@@ -161,6 +161,13 @@ type egressEnv struct {
 // the key injected), and waits for its egress proof.
 func startEgressWorker(t *testing.T) egressEnv {
 	t.Helper()
+	return startEgressWorkerWith(t, "")
+}
+
+// startEgressWorkerWith is startEgressWorker with extra TOML keys (one per
+// line) in every profile, such as an OCI runtime.
+func startEgressWorkerWith(t *testing.T, extra string) egressEnv {
+	t.Helper()
 	image := egressFixtureImage(t)
 	provider, gateway, roots := startProvider(t, image)
 	srv := workertest.StartServer(t)
@@ -174,7 +181,8 @@ image = %[2]q
 command = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3]s:80"]
-`, own, image, provider)
+%[4]s
+`, own, image, provider, extra)
 	}
 	inj := prof("inj") + `egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 `

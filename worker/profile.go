@@ -86,7 +86,10 @@ type Profile struct {
 	// requests to one allowed host, instead of passing them into the
 	// container (see EgressInject).
 	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
-	// Runtime is the OCI runtime: "runc" (default) or "runsc" (gVisor).
+	// Runtime is the OCI runtime, any name the engine reports (`docker
+	// info` Runtimes): runc (the engine's default when empty), runsc
+	// (gVisor), crun, kata, sysbox-runc, ... The worker refuses to start
+	// when the engine lacks a profile's runtime (docs/jail.md).
 	Runtime string `toml:"runtime" json:"runtime"`
 	// MemoryMiB is the memory limit in MiB (no swap). Default 512.
 	MemoryMiB int64 `toml:"memory_mib" json:"memory_mib"`
@@ -311,8 +314,8 @@ func (p Profile) validate() error {
 	if len(p.Egress) > 0 && p.Network != "none" {
 		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
 	}
-	if p.Runtime != "" && p.Runtime != "runc" && p.Runtime != "runsc" {
-		return fmt.Errorf("runtime %q is not supported (runc, runsc)", p.Runtime)
+	if p.Runtime != "" && !validRuntimeName(p.Runtime) {
+		return fmt.Errorf("runtime %q is not a runtime name (letters, digits, '.', '-', '_'; at most 64)", p.Runtime)
 	}
 	if p.MemoryMiB < 6 || p.CPUs <= 0 || p.Pids < 8 || p.TmpMiB < 1 || p.HomeMiB < 1 {
 		return errors.New("limits too small: memory_mib >= 6, cpus > 0, pids >= 8, tmp_mib >= 1, home_mib >= 1")

@@ -124,8 +124,8 @@ type ContainerSpec struct {
 	Labels map[string]string
 	// Network is "none", "bridge" or the name of a Docker network.
 	Network string
-	// OCIRuntime names the OCI runtime ("runc", "runsc"); empty means the
-	// engine's default.
+	// OCIRuntime names the OCI runtime ("runc", "runsc", "crun", ...: any
+	// the engine offers); empty means the engine's default.
 	OCIRuntime string
 	// MemoryBytes is the memory limit in bytes (swap is disabled: the swap
 	// limit equals it).

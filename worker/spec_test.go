@@ -119,7 +119,7 @@ env_from_host = ["ANTHROPIC_API_KEY"]
 		"no command":    "[profiles.x]\nimage='i'\n",
 		"bad name":      "[profiles.'a.b']\nimage='i'\ncommand=['a']\n",
 		"home in tmp":   "[profiles.x]\nimage='i'\ncommand=['a']\nhome='/tmp/h'\n",
-		"bad runtime":   "[profiles.x]\nimage='i'\ncommand=['a']\nruntime='kata'\n",
+		"bad runtime":   "[profiles.x]\nimage='i'\ncommand=['a']\nruntime='run sc'\n",
 		"bad timeout":   "[profiles.x]\nimage='i'\ncommand=['a']\ntimeout='soon'\n",
 		"tiny memory":   "[profiles.x]\nimage='i'\ncommand=['a']\nmemory_mib=1\n",
 		"bad backend":   "[profiles.x]\nbackend='magic'\nimage='i'\ncommand=['a']\n",

@@ -402,6 +402,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // the coordination host and the state directory, and writes the first
 // heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
+	if err := w.checkOCIRuntimes(ctx); err != nil {
+		return err
+	}
 	var cons jetstream.Consumer
 	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
 		cons, err = Provision(ctx, w.js, w.cfg.Provision)

@@ -9,8 +9,9 @@
 // table-tested function (containerConfig) that runs before any call to the
 // daemon.
 //
-// A spec may name the OCI runtime (runc, or runsc for gVisor). Start refuses
-// one the engine does not have, with worker.ErrPermanent, rather than let the
+// A spec may name any OCI runtime the engine offers (runc, runsc for
+// gVisor, crun, ...; Runtime.OCIRuntimes lists them for the worker's start
+// check). Start refuses one the engine does not have, with worker.ErrPermanent, rather than let the
 // run go ahead under a weaker runtime; the engine's list of runtimes comes
 // from its Info and is cached for Config.OCIRuntimesTTL.
 //

@@ -252,6 +252,12 @@ func (r *Runtime) checkOCIRuntime(ctx context.Context, name string) error {
 		name, strings.Join(names, ", "), worker.ErrPermanent)
 }
 
+// OCIRuntimes implements worker.OCIRuntimeLister: the names of the engine's
+// OCI runtimes (Info's Runtimes), sorted, cached for Config.OCIRuntimesTTL.
+func (r *Runtime) OCIRuntimes(ctx context.Context) ([]string, error) {
+	return r.ociRuntimes(ctx)
+}
+
 // ociRuntimes returns the names of the engine's OCI runtimes, sorted, from
 // the cache when it is younger than Config.OCIRuntimesTTL, else from Info.
 func (r *Runtime) ociRuntimes(ctx context.Context) ([]string, error) {
