@@ -177,6 +177,13 @@ func submitter(pools []string) Grant {
 	pub = append(pub, api+"INFO")
 	pub = append(pub, read(kvRuns)...)
 	pub = append(pub, read(messages.StreamEvents)...)
+	// What `submit --wait` and `watch` look at while a run is not taken
+	// yet: which live workers serve its pool, the pool's depth, whether
+	// its request is still queued or already dead-lettered (info only: no
+	// dead letter's body).
+	pub = append(pub, read(kvWorkers)...)
+	pub = append(pub, api+"STREAM.INFO."+messages.StreamRuns, api+"STREAM.MSG.GET."+messages.StreamRuns,
+		api+"STREAM.INFO."+messages.StreamFailed)
 	// Workspaces in (upload to the bucket workers create), results out.
 	pub = append(pub, "$O."+messages.BucketWorkspaces+".>")
 	pub = append(pub, read(objWorkspaces)...)
