@@ -287,9 +287,12 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	c := b.submit(t, messages.RunRequest{Group: "team", Prompt: "out c"})
 	b.coordSend(t, "team", a, c, "please review <b>this</b>\x1b[0m")
 	b.coordSend(t, "other", a, c, "not this group")
-	_, body = b.get(t, "/groups/team")
-	require.Contains(t, body, a)
-	require.Contains(t, body, c)
+	// A run has a state (and a row) once a worker has taken it: the
+	// submitter writes none.
+	require.Eventually(t, func() bool {
+		_, body := b.get(t, "/groups/team")
+		return strings.Contains(body, a) && strings.Contains(body, c)
+	}, 10*time.Second, 20*time.Millisecond, "both runs of the group listed")
 	stream := b.readSSE(t, "/live/group/team", 5*time.Second, func(s string) bool { return strings.Contains(s, "please review") })
 	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
 	require.NotContains(t, stream, "not this group")

@@ -77,7 +77,8 @@ func (b *bundle) submit(t *testing.T, req messages.RunRequest) string {
 	return id
 }
 
-// waitState waits until run id is in state want.
+// waitState waits until run id is in state want, in the bucket and in the
+// console's cache.
 func (b *bundle) waitState(t *testing.T, id string, want messages.State) messages.RunState {
 	t.Helper()
 	var st messages.RunState
@@ -86,6 +87,12 @@ func (b *bundle) waitState(t *testing.T, id string, want messages.State) message
 		st, err = b.d.Status(t.Context(), id)
 		return err == nil && st.State == want
 	}, 10*time.Second, 10*time.Millisecond, "run %s never %s (last: %+v)", id, want, st)
+	// The console's cache follows the bucket through a watch, a moment
+	// behind a direct read: pages render from the cache.
+	require.Eventually(t, func() bool {
+		got, ok := b.c.cache.get(id)
+		return ok && got.State == want
+	}, 10*time.Second, 10*time.Millisecond, "the console's cache never saw run %s %s", id, want)
 	return st
 }
 
