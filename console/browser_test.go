@@ -120,24 +120,24 @@ func TestBrowser(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx, exceptions := browser(t)
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 120*time.Second)
 	defer cancel()
 	u := b.srv.URL
 
 	// A run submitted while the list is open appears without a reload.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
-	poll(t, ctx, 5*time.Second, `document.getElementById("live").classList.contains("on")`, "the runs page's live stream opens")
+	poll(t, ctx, 15*time.Second, `document.getElementById("live").classList.contains("on")`, "the runs page's live stream opens")
 	id := dispatcher.NewRunID()
 	start := time.Now()
 	b.submit(t, messages.RunRequest{ID: id, Prompt: "out hello-from-run;sleep 1h", Labels: map[string]string{"team": "docs"}})
 	poll(t, ctx, 2*time.Second, `document.querySelector('tr[data-id="`+id+`"]') !== null`, "the submitted run appears in the open list")
 	t.Logf("submitted run appeared in the open list %s after its submit returned", time.Since(start).Round(time.Millisecond))
-	poll(t, ctx, 5*time.Second, `document.querySelector('tr[data-id="`+id+`"] .badge').textContent === "running"`, "its state turns running live")
+	poll(t, ctx, 15*time.Second, `document.querySelector('tr[data-id="`+id+`"] .badge').textContent === "running"`, "its state turns running live")
 	shot(t, ctx, "runs")
 
 	// Its page streams its output; cancel stops it.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] a`))))
-	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.includes("hello-from-run")`, "the run's output streams in")
+	poll(t, ctx, 15*time.Second, `document.getElementById("output").textContent.includes("hello-from-run")`, "the run's output streams in")
 	shot(t, ctx, "run")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
 	poll(t, ctx, 10*time.Second, `document.getElementById("state").textContent === "cancelled"`, "the page shows the run cancelled")
@@ -148,7 +148,7 @@ func TestBrowser(t *testing.T) {
 	x := b.submit(t, messages.RunRequest{Prompt: "out " + evil + "\x1b[2J\u202e;exit 3", Labels: map[string]string{"x": "<i>label</i>"}})
 	b.waitState(t, x, messages.StateFailed)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs/"+x)))
-	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.includes("<script>window.pwned=1</script>")`, "the markup shows as text")
+	poll(t, ctx, 15*time.Second, `document.getElementById("output").textContent.includes("<script>window.pwned=1</script>")`, "the markup shows as text")
 	inert, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pwned === undefined &&
 		document.querySelectorAll("main img, main b, main i, main script").length === 0 &&
 		document.getElementById("output").textContent.includes("␛[2J<U+202E>")`))
@@ -157,11 +157,11 @@ func TestBrowser(t *testing.T) {
 	shot(t, ctx, "run-hostile")
 
 	// Replay from the dead letters page, after the confirmation.
-	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), x); return err == nil }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), x); return err == nil }, 15*time.Second, 10*time.Millisecond)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/dead-letters")))
 	shot(t, ctx, "dead-letters")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.replay-one[data-run="`+x+`"]`))))
-	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "a confirmation is asked")
+	poll(t, ctx, 15*time.Second, `document.getElementById("confirm") !== null`, "a confirmation is asked")
 	shot(t, ctx, "replay-confirm")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
 	poll(t, ctx, 10*time.Second, `(document.getElementById("message")||{}).textContent?.includes("Replayed 1 run(s)")`, "the replay is reported")
@@ -175,21 +175,21 @@ func TestBrowser(t *testing.T) {
 	a := b.submit(t, messages.RunRequest{Group: g, Prompt: "out a"})
 	c := b.submit(t, messages.RunRequest{Group: g, Prompt: "out c"})
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/groups/"+g)))
-	poll(t, ctx, 5*time.Second, `document.getElementById("live").classList.contains("on")`, "the group page's live stream opens")
+	poll(t, ctx, 15*time.Second, `document.getElementById("live").classList.contains("on")`, "the group page's live stream opens")
 	b.coordSend(t, g, a, c, "tests pass on my side; <b>merge</b>?")
-	poll(t, ctx, 5*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,
+	poll(t, ctx, 15*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,
 		"the group page shows the message between the two runs, as text")
 	shot(t, ctx, "group")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))
-	poll(t, ctx, 5*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
+	poll(t, ctx, 15*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
 	shot(t, ctx, "overview")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})
 		return err
 	}), chromedp.Navigate(u+"/runs/"+x)))
-	poll(t, ctx, 5*time.Second, `document.getElementById("output").textContent.length > 0`, "the run page renders, dark")
+	poll(t, ctx, 15*time.Second, `document.getElementById("output").textContent.length > 0`, "the run page renders, dark")
 	shot(t, ctx, "run-dark")
 	require.Empty(t, exceptions(), "no JavaScript error on any page")
 }

@@ -172,7 +172,7 @@ func TestHostileTextIsInert(t *testing.T) {
 	_, body := b.get(t, "/runs")
 	require.Contains(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;")
 
-	stream := b.readSSE(t, "/live/run/"+id, 5*time.Second, func(s string) bool { return strings.Contains(s, `"type":"finished"`) })
+	stream := b.readSSE(t, "/live/run/"+id, 15*time.Second, func(s string) bool { return strings.Contains(s, `"type":"finished"`) })
 	require.NotContains(t, stream, "<script>", "the live stream's JSON escapes markup")
 	require.Contains(t, stream, `\u003cscript\u003ealert(1)\u003c/script\u003e`)
 	require.Contains(t, stream, "␛[31m", "the escape character is shown, not obeyed")
@@ -195,7 +195,7 @@ func TestRunsListFiltersAndPaging(t *testing.T) {
 		_, err := kv.Put(t.Context(), st.ID, data)
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool { _, ok := b.c.cache.get("run-119"); return ok }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := b.c.cache.get("run-119"); return ok }, 15*time.Second, 10*time.Millisecond)
 
 	_, page1 := b.get(t, "/runs?q=run-")
 	require.Contains(t, page1, "120 run(s)")
@@ -247,7 +247,7 @@ func TestDeadLettersReplayAfterConfirmation(t *testing.T) {
 	b := setup(t, setupOpts{})
 	id := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
 	b.waitState(t, id, messages.StateFailed)
-	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), id); return err == nil }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), id); return err == nil }, 15*time.Second, 10*time.Millisecond)
 
 	_, body := b.get(t, "/dead-letters")
 	require.Contains(t, body, "exit code 3")
@@ -278,7 +278,7 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, body := b.get(t, "/overview/fragment")
 		return strings.Contains(body, "pool idle has 1 queued run(s) and no worker is pulling from it")
-	}, 5*time.Second, 20*time.Millisecond)
+	}, 15*time.Second, 20*time.Millisecond)
 	_, body := b.get(t, "/")
 	require.Contains(t, body, `<a href="/runs?pool=idle">idle</a>`)
 	require.Contains(t, body, "Runs held")
@@ -293,7 +293,7 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 		_, body := b.get(t, "/groups/team")
 		return strings.Contains(body, a) && strings.Contains(body, c)
 	}, 10*time.Second, 20*time.Millisecond, "both runs of the group listed")
-	stream := b.readSSE(t, "/live/group/team", 5*time.Second, func(s string) bool { return strings.Contains(s, "please review") })
+	stream := b.readSSE(t, "/live/group/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "please review") })
 	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
 	require.NotContains(t, stream, "not this group")
 }
@@ -374,13 +374,13 @@ func TestCacheResync(t *testing.T) {
 		defer close(done)
 		c.run(ctx, w, time.Millisecond, func(err error) { errs = append(errs, err.Error()) })
 	}()
-	require.Eventually(t, func() bool { return w.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return w.calls.Load() == 2 }, 15*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
 		_, a := c.get("a")
 		_, b := c.get("b")
 		_, cc := c.get("c")
 		return a && !b && cc
-	}, 5*time.Second, time.Millisecond, "b was deleted while no watch ran")
+	}, 15*time.Second, time.Millisecond, "b was deleted while no watch ran")
 	cancel()
 	<-done
 	require.Equal(t, []string{"connection lost"}, errs, "a repeated failure is reported once")
