@@ -202,51 +202,15 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 	// would otherwise read as an empty inbox. Its pending count lags new
 	// messages, so it decides nothing else. A consumer proved there within
 	// recheckAfter is not asked again: a fetch that fails is (below).
-	checked := s.consumerFresh()
-	if !checked {
+	trusted := s.consumerFresh()
+	if !trusted {
 		if err := s.proveConsumer(ctx); err != nil {
 			return nil, err
 		}
 	}
-	wait := max(time.Duration(req.WaitSeconds)*time.Second, minInboxWait)
-	deadline := time.Now().Add(wait)
-
-	out := []relay.Message{}
-	var got []jetstream.Msg
-	collect := func(m jetstream.Msg) {
-		got = append(got, m)
-		if msg, skip := s.toMessage(m); !skip {
-			out = append(out, msg)
-		}
-	}
-	var ferr error
-	for ferr == nil && len(out) < req.Max {
-		// Take what is there without waiting.
-		ferr = s.fetchNoWait(req.Max-len(out), collect)
-		if ferr != nil && checked && len(got) == 0 {
-			// The skipped check would have caught this: make it now
-			// (recreating a deleted consumer) and try once more.
-			checked = false
-			if err := s.proveConsumer(ctx); err != nil {
-				return nil, err
-			}
-			ferr = s.fetchNoWait(req.Max-len(out), collect)
-		}
-		if ferr != nil || len(out) > 0 || time.Until(deadline) < 10*time.Millisecond {
-			break
-		}
-		// Nothing (or only this run's own broadcasts): wait for the next
-		// message, then loop to take whatever else came with it.
-		wctx, cancel := context.WithDeadline(ctx, deadline)
-		m, err := s.consumer().Next(jetstream.FetchContext(wctx))
-		cancel()
-		if err != nil {
-			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-				ferr = err
-			}
-			break
-		}
-		collect(m)
+	out, got, ferr, err := s.read(ctx, req, trusted)
+	if err != nil {
+		return nil, err
 	}
 	if ctx.Err() != nil {
 		// The bridge went away: hand the messages back rather than mark
@@ -268,6 +232,56 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 		s.emit(Event{Kind: EventRead, MessageIDs: ids})
 	}
 	return out, nil
+}
+
+// read takes up to req.Max unread messages for inbox: what is there at
+// once, else the first to arrive within req.WaitSeconds (at least
+// minInboxWait). trusted says the caller skipped proving the consumer
+// there (it was proved within recheckAfter): then a failed first fetch
+// makes the check (recreating a deleted consumer) and tries once more. It returns the messages for the agent (out), every
+// message taken (got: out plus this run's own broadcasts, to acknowledge),
+// the error that ended the reading (ferr), and err when the consumer could
+// not be proved.
+func (s *Session) read(ctx context.Context, req relay.InboxRequest, trusted bool) (out []relay.Message, got []jetstream.Msg, ferr, err error) {
+	wait := max(time.Duration(req.WaitSeconds)*time.Second, minInboxWait)
+	deadline := time.Now().Add(wait)
+
+	out = []relay.Message{}
+	collect := func(m jetstream.Msg) {
+		got = append(got, m)
+		if msg, skip := s.toMessage(m); !skip {
+			out = append(out, msg)
+		}
+	}
+	for ferr == nil && len(out) < req.Max {
+		// Take what is there without waiting.
+		ferr = s.fetchNoWait(req.Max-len(out), collect)
+		if ferr != nil && trusted && len(got) == 0 {
+			// The skipped check would have caught this: make it now
+			// (recreating a deleted consumer) and try once more.
+			trusted = false
+			if err := s.proveConsumer(ctx); err != nil {
+				return nil, nil, nil, err
+			}
+			ferr = s.fetchNoWait(req.Max-len(out), collect)
+		}
+		if ferr != nil || len(out) > 0 || time.Until(deadline) < 10*time.Millisecond {
+			break
+		}
+		// Nothing (or only this run's own broadcasts): wait for the next
+		// message, then loop to take whatever else came with it.
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		m, err := s.consumer().Next(jetstream.FetchContext(wctx))
+		cancel()
+		if err != nil {
+			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+				ferr = err
+			}
+			break
+		}
+		collect(m)
+	}
+	return out, got, ferr, nil
 }
 
 // recheckAfter is how long a consumer an inbox or status call proved there

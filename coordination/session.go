@@ -168,11 +168,22 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	}
 
 	s.sockInfo = sockInfo
+	s.serve(ln)
+	ok = true
+	s.log.Debug().Str("socket", socketPath).Msg("coordination session serving")
+	return s, nil
+}
+
+// serve starts the session's HTTP server on ln (at most
+// MaxConnsPerSession connections at once, every request read whole within
+// Config.RequestReadTimeout) and its presence refresher; both end when
+// Detach or Close cancels the session's context.
+func (s *Session) serve(ln net.Listener) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.srv = &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       h.cfg.RequestReadTimeout,
+		ReadTimeout:       s.h.cfg.RequestReadTimeout,
 		WriteTimeout:      responseWriteTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
@@ -192,9 +203,6 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 		defer s.bg.Done()
 		s.refreshPresence()
 	}()
-	ok = true
-	s.log.Debug().Str("socket", socketPath).Msg("coordination session serving")
-	return s, nil
 }
 
 // listenUnix listens on path, replacing a stale socket, and opens the

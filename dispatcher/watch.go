@@ -103,27 +103,7 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 	if err != nil {
 		return messages.Event{}, fmt.Errorf("watch run %s: %w", id, classify(err))
 	}
-
-	// The reader ends when Next fails, which it does once ctx ends or the
-	// iterator is stopped; the deferred function waits for that.
-	msgs := make(chan jetstream.Msg)
-	errc := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := it.Next(jetstream.NextContext(ctx))
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	msgs, errc, done := readEvents(ctx, it)
 	defer func() {
 		cancel()
 		it.Stop()
@@ -140,46 +120,14 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 		}
 	}
 
-	var (
-		final   messages.RunState
-		grace   *time.Timer
-		graceC  <-chan time.Time
-		pending uint64 // events left on the stream after the last one read
-		lastSeq uint64 // stream sequence of the last event read
-		// lastFin is the latest finished event read, while no event has
-		// shown the run going on after it (a replay's started event).
-		lastFin *messages.Event
-		// dupC ticks while a duplicate event may mean that the replayed
-		// request was refused (from.requestSeq), until that is known.
-		dup    *time.Ticker
-		dupC   <-chan time.Time
-		dupWhy string
-	)
-	defer func() {
-		if grace != nil {
-			grace.Stop()
-		}
-		if dup != nil {
-			dup.Stop()
-		}
-	}()
-	// checkRefused looks whether the replayed request was refused, and
-	// stops looking once it knows that it was not.
-	checkRefused := func() error {
-		refused, err := d.replayRefused(ctx, id, from.requestSeq)
-		if err != nil {
-			return nil // look again at the next tick
-		}
-		if refused {
-			return fmt.Errorf("watch run %s: %w: %s", id, ErrReplayRefused, dupWhy)
-		}
-		if st, err := d.Status(ctx, id); err == nil && st.StreamSeq == from.requestSeq && dup != nil {
-			dup.Stop()
-			dupC = nil
-		}
-		return nil
-	}
+	w := &watcher{d: d, id: id, from: from, fn: fn}
+	defer w.stop()
 	for {
+		var (
+			ev  messages.Event
+			end bool
+			err error
+		)
 		select {
 		case <-ctx.Done():
 			return messages.Event{}, fmt.Errorf("watch run %s: %w", id, ctx.Err())
@@ -189,102 +137,198 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 			}
 			return messages.Event{}, fmt.Errorf("watch run %s: %w", id, err)
 		case m := <-msgs:
-			ev, err := parseEvent(m)
-			if err != nil {
-				return messages.Event{}, fmt.Errorf("watch run %s: %w", id, err)
-			}
-			pending = 0
-			if meta, err := m.Metadata(); err == nil {
-				pending = meta.NumPending
-			}
-			lastSeq = max(lastSeq, ev.Sequence)
-			if fn != nil {
-				if err := fn(ev); err != nil {
-					return messages.Event{}, err
-				}
-			}
-			switch {
-			case ev.Type == messages.EventFinished && from.requestSeq != 0:
-				// Following a replay: the first finished event after it is
-				// the replay's.
-				return ev.Event, nil
-			case ev.Type == messages.EventFinished:
-				// A replayed run has a finished event per replay: the run
-				// ends with the latest one.
-				fin := ev.Event
-				lastFin = &fin
-			case ev.Type == messages.EventStarted:
-				lastFin = nil // a replay of the run started after it
-			}
-			if lastFin != nil && pending == 0 && d.latestFinish(ctx, id, *lastFin) {
-				return *lastFin, nil
-			}
-			if ev.Type == messages.EventDuplicate && from.requestSeq != 0 {
-				dupWhy = ev.Event.Reason
-				if dup == nil {
-					dup = time.NewTicker(dupRecheck)
-				} else {
-					dup.Reset(dupRecheck)
-				}
-				dupC = dup.C
-				if err := checkRefused(); err != nil {
-					return messages.Event{}, err
-				}
-			}
-		case <-dupC:
-			if err := checkRefused(); err != nil {
-				return messages.Event{}, err
-			}
+			ev, end, err = w.onEvent(ctx, m)
+		case <-w.dupC:
+			err = w.checkRefused(ctx)
 		case e, ok := <-updates:
 			if !ok {
 				updates = nil
 				continue
 			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			st, err := decodeState(id, e.Value())
-			if err != nil || !st.State.Final() {
-				continue
-			}
-			if from.requestSeq != 0 && st.StreamSeq != from.requestSeq {
-				continue // the final state of the run before the replay
-			}
-			if lastFin != nil && pending == 0 && finishOf(st, *lastFin) {
-				return *lastFin, nil
-			}
-			final = st
-			if grace == nil {
-				grace = time.NewTimer(d.finishedGrace)
-				graceC = grace.C
-			}
-		case <-graceC:
-			if pending > 0 {
-				// Still catching up: the finished event may be among the
-				// events not yet read.
-				grace.Reset(d.finishedGrace)
-				continue
-			}
-			if lastFin != nil && finishOf(final, *lastFin) {
-				return *lastFin, nil
-			}
-			// The consumer may only lag (a replica catching up): read
-			// what it has not delivered from the stream leader first.
-			if fin, ok, err := d.readMissed(ctx, id, lastSeq, from, final, fn); err != nil {
-				return messages.Event{}, fmt.Errorf("watch run %s: %w", id, err)
-			} else if ok {
-				return fin, nil
-			}
-			ev := eventFromState(final)
-			if fn != nil {
-				we := WatchEvent{Type: ev.Type, Event: ev, Attempt: ev.Attempt, Time: ev.Time, FromState: true}
-				if err := fn(we); err != nil {
-					return messages.Event{}, err
-				}
-			}
-			return ev, nil
+			ev, end = w.onState(e)
+		case <-w.graceC:
+			ev, end, err = w.onGrace(ctx)
+		}
+		if err != nil || end {
+			return ev, err
 		}
 	}
+}
+
+// readEvents passes the iterator's messages to msgs until Next fails (its
+// error to errc), which it does once ctx ends or the iterator is stopped;
+// done is closed when it has ended.
+func readEvents(ctx context.Context, it jetstream.MessagesContext) (msgs chan jetstream.Msg, errc chan error, done chan struct{}) {
+	msgs, errc, done = make(chan jetstream.Msg), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := it.Next(jetstream.NextContext(ctx))
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return msgs, errc, done
+}
+
+// watcher is what watch knows of a run while following it: the events
+// read, the final state seen, and the timers that bound waiting for a
+// finished event or a replay's refusal.
+type watcher struct {
+	d    *Dispatcher
+	id   string
+	from watchFrom
+	fn   func(WatchEvent) error
+
+	final   messages.RunState
+	grace   *time.Timer
+	graceC  <-chan time.Time
+	pending uint64 // events left on the stream after the last one read
+	lastSeq uint64 // stream sequence of the last event read
+	// lastFin is the latest finished event read, while no event has shown
+	// the run going on after it (a replay's started event).
+	lastFin *messages.Event
+	// dupC ticks while a duplicate event may mean that the replayed request
+	// was refused (from.requestSeq), until that is known.
+	dup    *time.Ticker
+	dupC   <-chan time.Time
+	dupWhy string
+}
+
+// stop stops the watcher's timers.
+func (w *watcher) stop() {
+	if w.grace != nil {
+		w.grace.Stop()
+	}
+	if w.dup != nil {
+		w.dup.Stop()
+	}
+}
+
+// checkRefused looks whether the replayed request was refused (an error
+// wrapping ErrReplayRefused), and stops looking once it knows that it was
+// not.
+func (w *watcher) checkRefused(ctx context.Context) error {
+	refused, err := w.d.replayRefused(ctx, w.id, w.from.requestSeq)
+	if err != nil {
+		return nil // look again at the next tick
+	}
+	if refused {
+		return fmt.Errorf("watch run %s: %w: %s", w.id, ErrReplayRefused, w.dupWhy)
+	}
+	if st, err := w.d.Status(ctx, w.id); err == nil && st.StreamSeq == w.from.requestSeq && w.dup != nil {
+		w.dup.Stop()
+		w.dupC = nil
+	}
+	return nil
+}
+
+// onEvent handles one event read from the stream: it passes it to fn and
+// reports the run's end (its finished event) with end true.
+func (w *watcher) onEvent(ctx context.Context, m jetstream.Msg) (messages.Event, bool, error) {
+	ev, err := parseEvent(m)
+	if err != nil {
+		return messages.Event{}, false, fmt.Errorf("watch run %s: %w", w.id, err)
+	}
+	w.pending = 0
+	if meta, err := m.Metadata(); err == nil {
+		w.pending = meta.NumPending
+	}
+	w.lastSeq = max(w.lastSeq, ev.Sequence)
+	if w.fn != nil {
+		if err := w.fn(ev); err != nil {
+			return messages.Event{}, false, err
+		}
+	}
+	switch {
+	case ev.Type == messages.EventFinished && w.from.requestSeq != 0:
+		// Following a replay: the first finished event after it is the
+		// replay's.
+		return ev.Event, true, nil
+	case ev.Type == messages.EventFinished:
+		// A replayed run has a finished event per replay: the run ends
+		// with the latest one.
+		fin := ev.Event
+		w.lastFin = &fin
+	case ev.Type == messages.EventStarted:
+		w.lastFin = nil // a replay of the run started after it
+	}
+	if w.lastFin != nil && w.pending == 0 && w.d.latestFinish(ctx, w.id, *w.lastFin) {
+		return *w.lastFin, true, nil
+	}
+	if ev.Type == messages.EventDuplicate && w.from.requestSeq != 0 {
+		w.dupWhy = ev.Event.Reason
+		if w.dup == nil {
+			w.dup = time.NewTicker(dupRecheck)
+		} else {
+			w.dup.Reset(dupRecheck)
+		}
+		w.dupC = w.dup.C
+		return messages.Event{}, false, w.checkRefused(ctx)
+	}
+	return messages.Event{}, false, nil
+}
+
+// onState handles an update of the run's state: a final state ends the
+// watch when its finished event was read, and otherwise starts the grace
+// period for that event.
+func (w *watcher) onState(e jetstream.KeyValueEntry) (messages.Event, bool) {
+	if e == nil || e.Operation() != jetstream.KeyValuePut {
+		return messages.Event{}, false
+	}
+	st, err := decodeState(w.id, e.Value())
+	if err != nil || !st.State.Final() {
+		return messages.Event{}, false
+	}
+	if w.from.requestSeq != 0 && st.StreamSeq != w.from.requestSeq {
+		return messages.Event{}, false // the final state of the run before the replay
+	}
+	if w.lastFin != nil && w.pending == 0 && finishOf(st, *w.lastFin) {
+		return *w.lastFin, true
+	}
+	w.final = st
+	if w.grace == nil {
+		w.grace = time.NewTimer(w.d.finishedGrace)
+		w.graceC = w.grace.C
+	}
+	return messages.Event{}, false
+}
+
+// onGrace ends the watch when the grace period for the finished event has
+// passed: with that event if the stream's leader has it, else with one made
+// from the final state (FromState).
+func (w *watcher) onGrace(ctx context.Context) (messages.Event, bool, error) {
+	if w.pending > 0 {
+		// Still catching up: the finished event may be among the events
+		// not yet read.
+		w.grace.Reset(w.d.finishedGrace)
+		return messages.Event{}, false, nil
+	}
+	if w.lastFin != nil && finishOf(w.final, *w.lastFin) {
+		return *w.lastFin, true, nil
+	}
+	// The consumer may only lag (a replica catching up): read what it has
+	// not delivered from the stream leader first.
+	if fin, ok, err := w.d.readMissed(ctx, w.id, w.lastSeq, w.from, w.final, w.fn); err != nil {
+		return messages.Event{}, false, fmt.Errorf("watch run %s: %w", w.id, err)
+	} else if ok {
+		return fin, true, nil
+	}
+	ev := eventFromState(w.final)
+	if w.fn != nil {
+		we := WatchEvent{Type: ev.Type, Event: ev, Attempt: ev.Attempt, Time: ev.Time, FromState: true}
+		if err := w.fn(we); err != nil {
+			return messages.Event{}, false, err
+		}
+	}
+	return ev, true, nil
 }
 
 // Wait blocks until run id reaches a final state, as Watch without a

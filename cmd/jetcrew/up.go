@@ -148,45 +148,21 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 	if err != nil {
 		return err
 	}
-	s, err := server.NewServer(sopts)
+	s, slog, err := a.startServer(sopts)
 	if err != nil {
-		return fmt.Errorf("nats-server: %w", err)
+		return err
 	}
-	slog := newServerLogger(a.log)
-	debug, trace := slog.enable()
-	s.SetLoggerV2(slog, debug, trace, false)
-	go s.Start()
 	defer func() {
 		s.Shutdown()
 		s.WaitForShutdown()
 		a.log.Info().Msg("nats-server stopped")
 	}()
-	// The readiness check ends by itself within serverReadyTimeout.
-	readyc := make(chan bool, 1)
-	go func() { readyc <- s.ReadyForConnections(serverReadyTimeout) }()
-	select {
-	case ok := <-readyc:
-		if !ok {
-			return fmt.Errorf("nats-server: not ready for connections within %s", serverReadyTimeout)
-		}
-	case msg := <-slog.fatal:
-		return fmt.Errorf("nats-server: %s", msg)
-	}
 	url := clientURL(s, host)
-	inProcess := []nats.Option{nats.InProcessServer(s), nats.MaxReconnects(-1)}
-	if sopts.TLS {
-		// The server speaks TLS on its in-process pipe too; the pipe never
-		// leaves this process, so there is no peer to verify.
-		inProcess = append(inProcess, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // in-process pipe
+	inProcess, consoleOpts, err := inProcessOptions(s, sopts.TLS, keys)
+	if err != nil {
+		return err
 	}
-	consoleConn := upConsoleConn{url: url, opts: slices.Clone(inProcess), keys: keys}
-	if keys != nil {
-		opts, err := workerAuth(keys)
-		if err != nil {
-			return err
-		}
-		inProcess = append(inProcess, opts...)
-	}
+	consoleConn := upConsoleConn{url: url, opts: consoleOpts, keys: keys}
 	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {
 		return err
@@ -208,4 +184,53 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		stopUI = a.upConsole(ctx, consoleConn, uiListener)
 		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: " + hint)
 	}, slog.fatal)
+}
+
+// startServer starts the embedded nats-server with sopts, its log routed
+// through zerolog, and waits until it accepts connections (at most
+// serverReadyTimeout) or reports a fatal error. The caller shuts it down.
+func (a *app) startServer(sopts *server.Options) (*server.Server, *serverLogger, error) {
+	s, err := server.NewServer(sopts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats-server: %w", err)
+	}
+	slog := newServerLogger(a.log)
+	debug, trace := slog.enable()
+	s.SetLoggerV2(slog, debug, trace, false)
+	go s.Start()
+	// The readiness check ends by itself within serverReadyTimeout.
+	readyc := make(chan bool, 1)
+	go func() { readyc <- s.ReadyForConnections(serverReadyTimeout) }()
+	select {
+	case ok := <-readyc:
+		if !ok {
+			s.Shutdown()
+			return nil, nil, fmt.Errorf("nats-server: not ready for connections within %s", serverReadyTimeout)
+		}
+	case msg := <-slog.fatal:
+		s.Shutdown()
+		return nil, nil, fmt.Errorf("nats-server: %s", msg)
+	}
+	return s, slog, nil
+}
+
+// inProcessOptions returns the options of up's own in-process connection
+// to s (with the worker role's credentials under --auth) and the same
+// without credentials, for the console.
+func inProcessOptions(s *server.Server, useTLS bool, keys roleKeys) (own, console []nats.Option, err error) {
+	own = []nats.Option{nats.InProcessServer(s), nats.MaxReconnects(-1)}
+	if useTLS {
+		// The server speaks TLS on its in-process pipe too; the pipe never
+		// leaves this process, so there is no peer to verify.
+		own = append(own, nats.Secure(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})) //nolint:gosec // in-process pipe
+	}
+	console = slices.Clone(own)
+	if keys != nil {
+		opts, err := workerAuth(keys)
+		if err != nil {
+			return nil, nil, err
+		}
+		own = append(own, opts...)
+	}
+	return own, console, nil
 }
