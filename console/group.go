@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -43,47 +42,11 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.Group == g })
-	defer unsubscribe()
-	s, release, ok := c.startSSE(w)
-	if !ok {
-		return
-	}
-	defer release()
-	for _, st := range missed {
-		if s.send("state", newRunRow(st)) != nil {
-			return
-		}
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	msgs := c.followMessages(ctx, coordination.StreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
-	keep := time.NewTicker(sseKeepAlive)
-	defer keep.Stop()
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return
-		case <-keep.C:
-			err = s.ping()
-		case st, ok := <-updates:
-			if !ok {
-				return
-			}
-			if st.Group == g {
-				err = s.send("state", newRunRow(st))
-			}
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			err = s.send("message", groupMessage(m))
-		}
-		if err != nil {
-			return
-		}
-	}
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g },
+		func(ctx context.Context) <-chan dispatcher.StreamMsg {
+			return c.followMessages(ctx, coordination.StreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
+		},
+		func(m dispatcher.StreamMsg) (string, any) { return "message", groupMessage(m) })
 }
 
 // maxMessageText is how much of a message's body the group page shows,

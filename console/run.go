@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
@@ -89,49 +88,12 @@ func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), func(st *messages.RunState) bool { return st.ID == id })
-	defer unsubscribe()
-	s, release, ok := c.startSSE(w)
-	if !ok {
-		return
-	}
-	defer release()
-	for _, st := range missed {
-		if s.send("state", newRunRow(st)) != nil {
-			return
-		}
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	events := c.follow(ctx, []string{messages.SubjectEventsAll(id)})
 	carry := map[string][]byte{} // per stream and attempt: a split UTF-8 sequence
-	keep := time.NewTicker(sseKeepAlive)
-	defer keep.Stop()
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return
-		case <-keep.C:
-			err = s.ping()
-		case st, ok := <-updates:
-			if !ok {
-				return
-			}
-			if st.ID == id {
-				err = s.send("state", newRunRow(st))
-			}
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			name, le := toLive(ev, carry)
-			err = s.send(name, le)
-		}
-		if err != nil {
-			return
-		}
-	}
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id },
+		func(ctx context.Context) <-chan dispatcher.WatchEvent {
+			return c.follow(ctx, []string{messages.SubjectEventsAll(id)})
+		},
+		func(ev dispatcher.WatchEvent) (string, any) { return toLive(ev, carry) })
 }
 
 // follow runs dispatcher.Follow for filters in a goroutine that ends with

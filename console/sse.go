@@ -1,10 +1,13 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // sseKeepAlive is how often an idle live stream sends a comment, so
@@ -57,4 +60,55 @@ func (s *sse) ping() error {
 		return err
 	}
 	return s.rc.Flush()
+}
+
+// serveLive is the stream every live page of one subject serves: the
+// "state" events of the runs match keeps (those changed since the page's
+// revision first, then live), beside the events open's source produces,
+// each turned into a server-sent event by event, with keep-alive pings,
+// until the client goes or a source ends.
+func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match func(*messages.RunState) bool,
+	open func(context.Context) <-chan T, event func(T) (string, any)) {
+	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), match)
+	defer unsubscribe()
+	s, release, ok := c.startSSE(w)
+	if !ok {
+		return
+	}
+	defer release()
+	for _, st := range missed {
+		if s.send("state", newRunRow(st)) != nil {
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	src := open(ctx)
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-keep.C:
+			err = s.ping()
+		case st, ok := <-updates:
+			if !ok {
+				return
+			}
+			if match(&st) {
+				err = s.send("state", newRunRow(st))
+			}
+		case v, ok := <-src:
+			if !ok {
+				return
+			}
+			name, val := event(v)
+			err = s.send(name, val)
+		}
+		if err != nil {
+			return
+		}
+	}
 }
