@@ -47,6 +47,21 @@ var (
 	gvisorErr   error
 )
 
+// requireGVisorNet returns when the engine also offers gvisorNetRuntime
+// (call requireGVisor first); otherwise it fails under
+// JETCREW_REQUIRE_GVISOR (CI) and skips, saying why, when not.
+func requireGVisorNet(t *testing.T) {
+	t.Helper()
+	if slices.Contains(gvisorNames, gvisorNetRuntime) {
+		return
+	}
+	msg := fmt.Sprintf("the engine has no %q runtime; scripts/install-runtimes.sh registers it", gvisorNetRuntime)
+	if os.Getenv("JETCREW_REQUIRE_GVISOR") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
 // requireGVisor returns when the engine offers gvisorRuntime. Otherwise it
 // fails the test when JETCREW_REQUIRE_GVISOR is set (CI) and skips it, with
 // a message naming what the engine has, when not.
@@ -256,13 +271,7 @@ echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"`
 	require.Equal(t, "lo,", v["ifaces"], "runsc --network=none ignores the container's network")
 	require.Equal(t, "", v["routes"])
 
-	if !slices.Contains(gvisorNames, gvisorNetRuntime) {
-		msg := fmt.Sprintf("the engine has no %q runtime; scripts/install-runtimes.sh registers it", gvisorNetRuntime)
-		if os.Getenv("JETCREW_REQUIRE_GVISOR") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireGVisorNet(t)
 	st, out = b.runScript(t, "gv-net-bridge", "gnet", probe)
 	require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
 	v = values(out.stdout)
@@ -298,13 +307,7 @@ func TestOCIRuntimeCheckAtStart(t *testing.T) {
 func TestGVisorNamedNetwork(t *testing.T) {
 	t.Parallel()
 	requireGVisor(t)
-	if !slices.Contains(gvisorNames, gvisorNetRuntime) {
-		msg := fmt.Sprintf("the engine has no %q runtime; scripts/install-runtimes.sh registers it", gvisorNetRuntime)
-		if os.Getenv("JETCREW_REQUIRE_GVISOR") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireGVisorNet(t)
 	_, cli := jailDocker(t)
 	ctx := context.Background()
 	netName := "jetcrew-test-gv-" + randomHex(t)
