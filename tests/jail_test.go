@@ -887,6 +887,8 @@ echo "orphans=$(orphans) opened=$(opened)"
 exec 3>&-
 (
   n=0; while [ $n -lt 100 ] && [ "$(orphans)" != 0 ]; do usleep 100000; n=$((n+1)); done
+  # Without an init, PID 1 is the main shell until it execs cat: let it.
+  n=0; while [ $n -lt 100 ] && [ "$(cat /proc/1/comm)" = sh ]; do usleep 20000; n=$((n+1)); done
   echo "live=$(orphans) zombies=$(awk '/^State:/{if($2=="Z")c++} END{print c+0}' /proc/[0-9]*/status 2>/dev/null) pid1=$(cat /proc/1/comm)"
   echo finished >/tmp/done
 ) &
