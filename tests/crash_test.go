@@ -342,10 +342,20 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	}
 	flags := []string{"--ack-wait", crashAckWait, "--max-deliver", strconv.Itoa(maxDeliver), "--concurrency", "2"}
 	kills := max(c.kills, 1)
+	// A worker is ready once its pool's consumer exists and it announced
+	// itself in the workers bucket (submit --wait exits 1 when no live
+	// worker serves the pool).
 	provisioned := func(w *opsWorker) {
 		require.Eventually(t, func() bool {
-			_, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool))
-			return err == nil
+			if _, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool)); err != nil {
+				return false
+			}
+			kv, err := js.KeyValue(t.Context(), messages.BucketWorkers)
+			if err != nil {
+				return false
+			}
+			keys, err := kv.Keys(t.Context())
+			return err == nil && len(keys) > 0
 		}, 30*time.Second, 20*time.Millisecond, "worker never started\n%s", w.stderr.String())
 	}
 

@@ -128,14 +128,24 @@ func startWorkerWith(t *testing.T, s *server.Server, rt worker.Runtime, args ...
 			t.Error("worker did not stop")
 		}
 	})
-	// The worker is ready once it created its pool's consumer.
+	// The worker is ready once it created its pool's consumer and announced
+	// itself in the workers bucket (its first heartbeat comes after the
+	// consumer; a waiting submit that finds no live worker says so and
+	// exits 1, so a test must not submit before it).
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		_, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool))
-		return err == nil
-	}, 10*time.Second, 20*time.Millisecond, "worker stderr: %s", a.stderr.String())
+		if _, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool)); err != nil {
+			return false
+		}
+		kv, err := js.KeyValue(t.Context(), messages.BucketWorkers)
+		if err != nil {
+			return false
+		}
+		keys, err := kv.Keys(t.Context())
+		return err == nil && len(keys) > 0
+	}, 20*time.Second, 20*time.Millisecond, "worker stderr: %s", a.stderr.String())
 }
 
 func TestNATSURL(t *testing.T) {
