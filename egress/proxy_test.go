@@ -311,7 +311,9 @@ func TestProxyInjectsKey(t *testing.T) {
 	}
 	start := time.Now()
 	tot := sess.Close()
-	require.Less(t, time.Since(start), time.Second, "a connection slot was never freed")
+	// Close waits closeWait (5 s) for a slot never freed; anything under
+	// that proves the slot was freed, on however loaded a machine.
+	require.Less(t, time.Since(start), closeWait-time.Second, "a connection slot was never freed")
 	require.EqualValues(t, 2, tot.Allowed)
 }
 

@@ -327,8 +327,9 @@ func TestCapture1000Files(t *testing.T) {
 	require.Equal(t, 1000, c.Result.FilesChanged)
 	require.Equal(t, 1000, c.Result.Insertions)
 	require.Equal(t, 1001, c.Result.Commits+1000, "one commit of uncommitted changes")
+	// Speed is make bench's (workspace_capture_1000_files_ms), not a timed
+	// assertion: under -race on a loaded machine this took 42 s once.
 	t.Logf("capture of a 1,000-file change: %s (patch %d bytes, bundle %d bytes)", took, len(c.Patch), len(c.Bundle))
-	require.Less(t, took, 20*time.Second)
 }
 
 // TestCaptureHostileWorkspace plants what a hostile run could leave: a
