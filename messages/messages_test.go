@@ -43,6 +43,17 @@ func TestRunRequestWireGolden(t *testing.T) {
 	require.NoError(t, err)
 	golden(t, "run-request-full.json", append(b, '\n'))
 
+	git := messages.RunRequest{
+		Version: 1, ID: "01JXAMPLE0000000000000001", Profile: "shell", Prompt: "git log --oneline", Pool: "default",
+		Workspace: &messages.WorkspaceRef{Git: &messages.GitSource{URL: "https://git.example.com/org/repo.git", Ref: "main"}},
+	}
+	b, err = json.MarshalIndent(git, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-request-git.json", append(b, '\n'))
+	gotGit, err := messages.DecodeRunRequest(b)
+	require.NoError(t, err)
+	require.Equal(t, git, gotGit)
+
 	minimal := messages.RunRequest{Profile: "shell", Prompt: "echo hi"}
 	b, err = json.Marshal(minimal)
 	require.NoError(t, err)
