@@ -57,9 +57,9 @@ type Remote struct {
 	o     RemoteOptions
 	read  *atomic.Int64
 	sess  transport.UploadPackSession
+	hc    *http.Client
 	refs  storer.ReferenceStorer
 	caps  *capability.List
-	peels map[string]plumbing.Hash
 }
 
 // RemoteRef is one reference of a Remote, as Resolve found it.
@@ -74,7 +74,7 @@ type RemoteRef struct {
 
 // OpenRemote lists the references of the git repository at url (http or
 // https). A URL the caller has not checked against its allowlist must not
-// reach here.
+// reach here. The caller closes the Remote.
 func OpenRemote(ctx context.Context, url string, o RemoteOptions) (*Remote, error) {
 	ep, err := transport.NewEndpoint(url)
 	if err != nil {
@@ -85,7 +85,8 @@ func OpenRemote(ctx context.Context, url string, o RemoteOptions) (*Remote, erro
 	}
 	rt := o.Transport
 	if rt == nil {
-		rt = http.DefaultTransport
+		// A transport of its own: Close drops its connections.
+		rt = http.DefaultTransport.(*http.Transport).Clone()
 	}
 	read := new(atomic.Int64)
 	hc := &http.Client{Transport: &limitTransport{next: rt, read: read, max: o.MaxBytes}}
@@ -94,15 +95,24 @@ func OpenRemote(ctx context.Context, url string, o RemoteOptions) (*Remote, erro
 	if err != nil {
 		return nil, remoteError(url, err)
 	}
+	rem := &Remote{url: url, o: o, read: read, sess: sess, hc: hc}
 	ar, err := sess.AdvertisedReferencesContext(ctx)
+	if err == nil {
+		rem.refs, err = ar.AllReferences()
+	}
 	if err != nil {
+		rem.Close()
 		return nil, remoteError(url, err)
 	}
-	refs, err := ar.AllReferences()
-	if err != nil {
-		return nil, remoteError(url, err)
-	}
-	return &Remote{url: url, o: o, read: read, sess: sess, refs: refs, caps: ar.Capabilities, peels: ar.Peeled}, nil
+	rem.caps = ar.Capabilities
+	return rem, nil
+}
+
+// Close closes the remote's idle connections. The Remote is not used
+// after.
+func (r *Remote) Close() {
+	_ = r.sess.Close()
+	r.hc.CloseIdleConnections()
 }
 
 // remoteError wraps a transport error, with ErrRemoteRefused when retrying

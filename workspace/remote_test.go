@@ -41,6 +41,7 @@ func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	defer cancel()
 	rem, err := workspace.OpenRemote(ctx, g.URL+"/r", workspace.RemoteOptions{})
 	require.NoError(t, err)
+	defer rem.Close()
 	rr, err := rem.Resolve("main")
 	require.NoError(t, err)
 	require.Equal(t, "refs/heads/main", rr.Name.String())
@@ -80,6 +81,7 @@ func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	// The byte bound holds on what the remote sends.
 	small, err := workspace.OpenRemote(ctx, g.URL+"/r", workspace.RemoteOptions{MaxBytes: 600})
 	if err == nil {
+		defer small.Close()
 		rr, err = small.Resolve("main")
 		require.NoError(t, err)
 		_, err = small.Snapshot(ctx, rr, &bytes.Buffer{})

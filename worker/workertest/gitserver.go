@@ -1,6 +1,7 @@
 package workertest
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"net/http/cgi"
@@ -42,7 +43,7 @@ func StartGitServer(t testing.TB) *GitServer {
 		t.Fatalf("git http-backend is needed for the git server: %v", err)
 	}
 	g := &GitServer{Root: t.TempDir()}
-	h := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + g.Root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}}
+	h := &cgi.Handler{Path: backend, Stderr: io.Discard, Env: []string{"GIT_PROJECT_ROOT=" + g.Root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen: %v", err)
