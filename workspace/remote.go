@@ -53,13 +53,13 @@ type RemoteOptions struct {
 // go-git: nothing of the remote is executed, no hook, filter, submodule or
 // LFS object is fetched or run.
 type Remote struct {
-	url   string
-	o     RemoteOptions
-	read  *atomic.Int64
-	sess  transport.UploadPackSession
-	hc    *http.Client
-	refs  storer.ReferenceStorer
-	caps  *capability.List
+	url  string
+	o    RemoteOptions
+	read *atomic.Int64
+	sess transport.UploadPackSession
+	hc   *http.Client
+	refs storer.ReferenceStorer
+	caps *capability.List
 }
 
 // RemoteRef is one reference of a Remote, as Resolve found it.
