@@ -1,9 +1,9 @@
 package main
 
 import (
-	"cmp"
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"

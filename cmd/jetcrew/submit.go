@@ -32,7 +32,7 @@ type submitOptions struct {
 	// gitURL and gitRef are --git and --ref: a git remote the worker
 	// fetches as the run's workspace.
 	gitURL, gitRef string
-	signKey   string // --sign-key: NKey user seed file signing the request
+	signKey        string // --sign-key: NKey user seed file signing the request
 	// keepWaiting keeps --wait waiting when no live worker serves the pool.
 	keepWaiting bool
 }
