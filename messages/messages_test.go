@@ -193,7 +193,8 @@ func TestStateFinal(t *testing.T) {
 // FuzzDecodeRunRequest checks that no input panics the decoder and that
 // every accepted request re-encodes to one that decodes the same.
 func FuzzDecodeRunRequest(f *testing.F) {
-	for _, s := range []string{`{"profile":"shell","prompt":"echo hi"}`, `{"id":"a","profile":"p","env":{"A":"b"},"timeout":"1s"}`, `{`, `null`, `{"labels":{"":""}}`} {
+	for _, s := range []string{`{"profile":"shell","prompt":"echo hi"}`, `{"id":"a","profile":"p","env":{"A":"b"},"timeout":"1s"}`, `{`, `null`, `{"labels":{"":""}}`,
+		`{"profile":"p","workspace":{"git":{"url":"https://h/o/r.git","ref":"main"}}}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -132,14 +133,14 @@ func remoteError(url string, err error) error {
 	return fmt.Errorf("git remote %s: %w", url, err)
 }
 
-// Resolve finds ref among the remote's references: empty means the
-// remote's HEAD; a name starting with "refs/" is taken as it is; otherwise
+// Resolve finds ref among the remote's references: empty or "HEAD" means
+// the remote's HEAD; a name starting with "refs/" is taken as it is; otherwise
 // refs/heads/<ref>, then refs/tags/<ref>. A ref the remote does not have
 // is ErrRefNotFound.
 func (r *Remote) Resolve(ref string) (RemoteRef, error) {
 	var names []plumbing.ReferenceName
 	switch {
-	case ref == "":
+	case ref == "" || ref == "HEAD":
 		names = []plumbing.ReferenceName{plumbing.HEAD}
 	case strings.HasPrefix(ref, "refs/"):
 		names = []plumbing.ReferenceName{plumbing.ReferenceName(ref)}
@@ -164,10 +165,7 @@ func (r *Remote) Resolve(ref string) (RemoteRef, error) {
 		}
 		return RemoteRef{Name: got.Name(), Want: got.Hash()}, nil
 	}
-	if ref == "" {
-		ref = "HEAD"
-	}
-	return RemoteRef{}, fmt.Errorf("%w: %s has no branch, tag or reference %q", ErrRefNotFound, r.url, ref)
+	return RemoteRef{}, fmt.Errorf("%w: %s has no branch, tag or reference %q", ErrRefNotFound, r.url, cmp.Or(ref, "HEAD"))
 }
 
 // Snapshot fetches rr's commit and all its history (no other reference,
