@@ -331,10 +331,7 @@ func (p Profile) validate() error {
 	if p.MaxOutputMiB < -1 {
 		return fmt.Errorf("max_output_mib %d must be positive, or -1 for unlimited", p.MaxOutputMiB)
 	}
-	if p.WorkspaceMiB < 0 {
-		return errors.New("workspace_mib is negative")
-	}
-	if err := p.validateGitRemotes(); err != nil {
+	if err := p.validateWorkspace(); err != nil {
 		return err
 	}
 	for k := range p.Env {

@@ -24,6 +24,15 @@ import (
 // snapshot. Past it the request is handed back for a retry.
 const GitFetchTimeout = 5 * time.Minute
 
+// validateWorkspace checks the profile's workspace keys: workspace_mib and
+// git_remotes.
+func (p Profile) validateWorkspace() error {
+	if p.WorkspaceMiB < 0 {
+		return errors.New("workspace_mib is negative")
+	}
+	return p.validateGitRemotes()
+}
+
 // validateGitRemotes checks the profile's git_remotes: each an http or
 // https URL with a host, no credentials, query or fragment, either exact or
 // ending in "/*" (any path below; the only wildcard). Plain http must be
