@@ -43,6 +43,17 @@ func TestRunRequestWireGolden(t *testing.T) {
 	require.NoError(t, err)
 	golden(t, "run-request-full.json", append(b, '\n'))
 
+	git := messages.RunRequest{
+		Version: 1, ID: "01JXAMPLE0000000000000001", Profile: "shell", Prompt: "git log --oneline", Pool: "default",
+		Workspace: &messages.WorkspaceRef{Git: &messages.GitSource{URL: "https://git.example.com/org/repo.git", Ref: "main"}},
+	}
+	b, err = json.MarshalIndent(git, "", "  ")
+	require.NoError(t, err)
+	golden(t, "run-request-git.json", append(b, '\n'))
+	gotGit, err := messages.DecodeRunRequest(b)
+	require.NoError(t, err)
+	require.Equal(t, git, gotGit)
+
 	minimal := messages.RunRequest{Profile: "shell", Prompt: "echo hi"}
 	b, err = json.Marshal(minimal)
 	require.NoError(t, err)
@@ -182,7 +193,8 @@ func TestStateFinal(t *testing.T) {
 // FuzzDecodeRunRequest checks that no input panics the decoder and that
 // every accepted request re-encodes to one that decodes the same.
 func FuzzDecodeRunRequest(f *testing.F) {
-	for _, s := range []string{`{"profile":"shell","prompt":"echo hi"}`, `{"id":"a","profile":"p","env":{"A":"b"},"timeout":"1s"}`, `{`, `null`, `{"labels":{"":""}}`} {
+	for _, s := range []string{`{"profile":"shell","prompt":"echo hi"}`, `{"id":"a","profile":"p","env":{"A":"b"},"timeout":"1s"}`, `{`, `null`, `{"labels":{"":""}}`,
+		`{"profile":"p","workspace":{"git":{"url":"https://h/o/r.git","ref":"main"}}}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

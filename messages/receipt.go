@@ -51,6 +51,9 @@ type Receipt struct {
 	BridgeDeadline string `json:"bridge_deadline,omitempty"`
 	// Unsupported lists what the CLI cannot honour.
 	Unsupported []string `json:"unsupported,omitempty"`
+	// WorkspaceGit is the git source the run's workspace was fetched from:
+	// url, ref, commit and snapshot digest (see RunState.WorkspaceGit).
+	WorkspaceGit *GitSource `json:"workspace_git,omitempty"`
 }
 
 // ReceiptLimits are a run container's resource limits.

@@ -128,6 +128,10 @@ type RunState struct {
 	// WorkspaceResult is what the run changed in its workspace, when the
 	// request named one; recorded with the final state.
 	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
+	// WorkspaceGit is the git source of a request whose workspace names a
+	// git remote, once the worker resolved it: url, ref, the commit the
+	// ref named (the result's base) and the snapshot's digest.
+	WorkspaceGit *GitSource `json:"workspace_git,omitempty"`
 }
 
 // AgentSummary is what an agent CLI reported about its own run.

@@ -2,7 +2,9 @@ package messages
 
 import (
 	"fmt"
+	"net/url"
 	"regexp"
+	"strings"
 )
 
 // Object Store buckets of workspaces and results (see docs/workspaces.md).
@@ -32,24 +34,103 @@ var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 // spaces, at most 255 bytes.
 var objectNameRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,255}$`)
 
-// WorkspaceRef names the workspace snapshot a run works on: an object in
-// Object Store bucket Bucket (BucketWorkspaces when empty) whose content is
-// an uncompressed tar of the tree (see docs/workspaces.md for the format).
+// WorkspaceRef names the workspace a run works on, one of two ways:
+//   - a snapshot: an object in Object Store bucket Bucket (BucketWorkspaces
+//     when empty) whose content is an uncompressed tar of the tree (see
+//     docs/workspaces.md for the format), named by Name and Digest;
+//   - a git remote (Git): the worker fetches the ref's commit into a
+//     snapshot of that format itself, when the profile's git_remotes
+//     allow the URL.
+//
+// Exactly one of the two is set: Git alone, or Name and Digest.
 type WorkspaceRef struct {
 	// Bucket is the Object Store bucket; empty means BucketWorkspaces. A
 	// worker refuses any bucket but its own workspace bucket.
 	Bucket string `json:"bucket,omitempty"`
 	// Name is the object's name. jetcrew submit names objects by digest
 	// (WorkspaceObjectName); any name is accepted.
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 	// Digest is the SHA-256 of the object's bytes, "sha256:<64 hex>". The
 	// worker refuses to run on an object whose bytes do not match.
-	Digest string `json:"digest"`
+	Digest string `json:"digest,omitempty"`
+	// Git, instead of Name and Digest, names a git remote and ref the
+	// worker fetches (docs/workspaces.md, "From a git remote").
+	Git *GitSource `json:"git,omitempty"`
+}
+
+// GitSource names a commit of a git remote. In a request it holds URL and
+// Ref; in a run's state and receipt (RunState.WorkspaceGit,
+// Receipt.WorkspaceGit) the worker adds the Commit the ref named when it
+// was fetched and the Digest of the snapshot made from it.
+type GitSource struct {
+	// URL is the remote's http(s) URL, without credentials, query or
+	// fragment; at most MaxGitURLBytes.
+	URL string `json:"url"`
+	// Ref is a branch or tag name ("main", "v1.2"), or a full reference
+	// name ("refs/heads/main"); empty means the remote's HEAD.
+	Ref string `json:"ref,omitempty"`
+	// Commit is the commit id (40 hex digits) Ref named; set by the
+	// worker, refused in a request.
+	Commit string `json:"commit,omitempty"`
+	// Digest is the "sha256:<hex>" of the snapshot made from Commit; set by
+	// the worker, refused in a request.
+	Digest string `json:"digest,omitempty"`
+}
+
+// MaxGitURLBytes bounds GitSource.URL and MaxGitRefBytes GitSource.Ref.
+const (
+	MaxGitURLBytes = 2048
+	MaxGitRefBytes = 255
+)
+
+// gitRefRE bounds a ref in a request: what git check-ref-format accepts
+// for common names, conservatively (no "..", no leading '-' or '/').
+var gitRefRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/+-]*$`)
+
+// Validate returns an error wrapping ErrInvalidRequest when g, a request's
+// git source, is malformed: a URL that is not http(s) with a host, holds
+// credentials, a query or a fragment; a ref that is not a plain ref name;
+// a Commit or Digest set (only the worker sets them). Whether a worker
+// fetches the URL is its profile's decision (git_remotes).
+func (g GitSource) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: workspace git "+format, append([]any{ErrInvalidRequest}, args...)...)
+	}
+	if len(g.URL) > MaxGitURLBytes {
+		return bad("url is %d bytes, most allowed is %d", len(g.URL), MaxGitURLBytes)
+	}
+	u, err := url.Parse(g.URL)
+	switch {
+	case err != nil:
+		return bad("url %q: %v", g.URL, err)
+	case u.Scheme != "https" && u.Scheme != "http":
+		return bad("url %q: only https:// and http:// remotes are fetched", g.URL)
+	case u.Host == "" || u.Opaque != "":
+		return bad("url %q has no host", g.URL)
+	case u.User != nil:
+		return bad("url %q holds credentials: a request never carries secrets", g.URL)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return bad("url %q has a query or fragment", g.URL)
+	}
+	if g.Ref != "" && (len(g.Ref) > MaxGitRefBytes || !gitRefRE.MatchString(g.Ref) || strings.Contains(g.Ref, "..") ||
+		strings.Contains(g.Ref, "//") || strings.HasSuffix(g.Ref, "/") || strings.HasSuffix(g.Ref, ".lock") || strings.HasSuffix(g.Ref, ".")) {
+		return bad("ref %q is not a branch, tag or reference name", g.Ref)
+	}
+	if g.Commit != "" || g.Digest != "" {
+		return bad("commit and digest are set by the worker, not by a request")
+	}
+	return nil
 }
 
 // Validate returns an error wrapping ErrInvalidRequest when a field of w is
-// malformed.
+// malformed, or when w sets both or neither of Git and Name/Digest.
 func (w WorkspaceRef) Validate() error {
+	if w.Git != nil {
+		if w.Bucket != "" || w.Name != "" || w.Digest != "" {
+			return fmt.Errorf("%w: workspace names a git remote and a snapshot (bucket, name, digest): exactly one of the two", ErrInvalidRequest)
+		}
+		return w.Git.Validate()
+	}
 	if w.Bucket != "" && !bucketRE.MatchString(w.Bucket) {
 		return fmt.Errorf("%w: workspace bucket %q is not a bucket name ([A-Za-z0-9_-]{1,64})", ErrInvalidRequest, w.Bucket)
 	}

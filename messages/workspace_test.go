@@ -1,6 +1,7 @@
 package messages_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,6 +27,24 @@ func TestWorkspaceRefValidate(t *testing.T) {
 		{"space in name", `{"profile":"shell","workspace":{"name":"a b","digest":"` + d + `"}}`, false},
 		{"bad bucket", `{"profile":"shell","workspace":{"bucket":"a.b","name":"x","digest":"` + d + `"}}`, false},
 		{"unknown field", `{"profile":"shell","workspace":{"name":"x","digest":"` + d + `","path":"/etc"}}`, false},
+		{"git", `{"profile":"shell","workspace":{"git":{"url":"https://git.example.com/org/repo.git","ref":"main"}}}`, true},
+		{"git no ref", `{"profile":"shell","workspace":{"git":{"url":"http://127.0.0.1:8080/r"}}}`, true},
+		{"git full ref", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","ref":"refs/tags/v1.2"}}}`, true},
+		{"git and digest", `{"profile":"shell","workspace":{"name":"x","digest":"` + d + `","git":{"url":"https://h/r"}}}`, false},
+		{"git and bucket", `{"profile":"shell","workspace":{"bucket":"b","git":{"url":"https://h/r"}}}`, false},
+		{"git ssh", `{"profile":"shell","workspace":{"git":{"url":"ssh://git@h/r"}}}`, false},
+		{"git scp", `{"profile":"shell","workspace":{"git":{"url":"git@h:r.git"}}}`, false},
+		{"git file", `{"profile":"shell","workspace":{"git":{"url":"file:///etc"}}}`, false},
+		{"git path", `{"profile":"shell","workspace":{"git":{"url":"/srv/repo"}}}`, false},
+		{"git ext", `{"profile":"shell","workspace":{"git":{"url":"ext::sh -c touch% /tmp/pwned"}}}`, false},
+		{"git credentials", `{"profile":"shell","workspace":{"git":{"url":"https://u:p@h/r"}}}`, false},
+		{"git query", `{"profile":"shell","workspace":{"git":{"url":"https://h/r?x=1"}}}`, false},
+		{"git no host", `{"profile":"shell","workspace":{"git":{"url":"https:///r"}}}`, false},
+		{"git ref dots", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","ref":"a..b"}}}`, false},
+		{"git ref option", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","ref":"--upload-pack=x"}}}`, false},
+		{"git commit set", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","commit":"` + strings.Repeat("a", 40) + `"}}}`, false},
+		{"git unknown key", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","depth":1}}}`, false},
+		{"git key case", `{"profile":"shell","workspace":{"git":{"URL":"https://h/r"}}}`, false},
 	} {
 		_, err := messages.DecodeRunRequest([]byte(tc.req))
 		if tc.ok {

@@ -107,6 +107,11 @@ type Profile struct {
 	// directory of the worker's state directory, bounded by the worker's
 	// byte caps only. See docs/workspaces.md.
 	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
+	// GitRemotes lists the git remotes a request's workspace may name
+	// instead of a snapshot: each an http(s) URL, exact or ending in "*"
+	// after a '/' (any path below). Empty (default): git sources are
+	// refused. See validateGitRemotes and docs/workspaces.md.
+	GitRemotes []string `toml:"git_remotes" json:"git_remotes,omitempty"`
 	// Timeout is the default run timeout, a Go duration string. Empty means
 	// the worker's default.
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`
@@ -326,8 +331,8 @@ func (p Profile) validate() error {
 	if p.MaxOutputMiB < -1 {
 		return fmt.Errorf("max_output_mib %d must be positive, or -1 for unlimited", p.MaxOutputMiB)
 	}
-	if p.WorkspaceMiB < 0 {
-		return errors.New("workspace_mib is negative")
+	if err := p.validateWorkspace(); err != nil {
+		return err
 	}
 	for k := range p.Env {
 		if !messages.ValidEnvName(k) {

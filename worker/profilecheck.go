@@ -136,9 +136,10 @@ func (p Profile) allowsRequestEnv(name string) bool {
 }
 
 // checkRequest refuses, before anything is staged, a request the profile
-// cannot carry: a variable the profile does not accept (request_env), or a
-// NUL byte in a prompt the profile passes as a command-line argument (argv
-// cannot hold one; stdin and {prompt_file} can). The error says which.
+// cannot carry: a variable the profile does not accept (request_env), a
+// git remote it does not allow (git_remotes), or a NUL byte in a prompt
+// the profile passes as a command-line argument (argv cannot hold one;
+// stdin and {prompt_file} can). The error says which.
 func (p Profile) checkRequest(r messages.RunRequest) error {
 	names := make([]string, 0, len(r.Env))
 	for k := range r.Env {
@@ -152,6 +153,9 @@ func (p Profile) checkRequest(r messages.RunRequest) error {
 			}
 			return fmt.Errorf("request env %s is refused: profile %q accepts %s from a request (its request_env)", k, p.Name, describeAllow(p.RequestEnv))
 		}
+	}
+	if err := p.checkGitSource(r.Workspace); err != nil {
+		return err
 	}
 	if i := strings.IndexByte(r.Prompt, 0); i >= 0 && p.promptInArgv() {
 		return fmt.Errorf("prompt has a NUL byte at byte %d, which a command-line argument cannot carry: profile %q passes the prompt as an argument (use a profile with prompt_stdin or {prompt_file})", i, p.Name)

@@ -187,6 +187,7 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 		return p, err
 	}
 	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
+	r.state.Receipt.WorkspaceGit = r.state.WorkspaceGit
 	if r.bridge != "" {
 		r.state.Receipt.BridgeDigest = "sha256:" + r.bridge
 	}

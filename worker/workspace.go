@@ -145,6 +145,13 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	if ref == nil {
 		return nil
 	}
+	if ref.Git != nil {
+		resolved, err := r.resolveGitWorkspace(ctx, prof, *ref.Git) // workspace_git.go
+		if err != nil {
+			return err
+		}
+		ref = &resolved
+	}
 	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
 	if ref.BucketOrDefault() != messages.BucketWorkspaces {
 		return fmt.Errorf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces)

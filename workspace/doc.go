@@ -1,7 +1,9 @@
 // Package workspace turns a directory into a workspace snapshot (one
 // deterministic tar, named by its SHA-256), unpacks a snapshot into a run's
 // directory, and captures what a run changed there as git objects: a patch,
-// a bundle of the run's commits and an artifacts tar.
+// a bundle of the run's commits and an artifacts tar. It also fetches one
+// commit of a git remote over smart HTTP (OpenRemote) into the snapshot a
+// clean clone of that commit gives.
 //
 // Everything here reads untrusted trees without interpreting them: files are
 // reached only through an os.Root (no path, symlink or ".." leads outside the

@@ -117,10 +117,20 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	if err != nil {
 		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
+	snapTook := time.Since(start)
+	up, err := StoreSnapshot(ctx, obs, f, info)
+	up.SnapshotTook = snapTook
+	return up, err
+}
+
+// StoreSnapshot stores the snapshot f, described by info (its digest), in
+// obs under WorkspaceObjectName of its digest, reading it from its start,
+// unless obs already holds that object with that digest (Reused).
+// SnapshotTook is left zero.
+func StoreSnapshot(ctx context.Context, obs jetstream.ObjectStore, f io.ReadSeeker, info Info) (Uploaded, error) {
 	up := Uploaded{Info: info, Ref: messages.WorkspaceRef{Name: messages.WorkspaceObjectName(info.Digest), Digest: info.Digest}}
-	up.SnapshotTook = time.Since(start)
-	start = time.Now()
-	if cur, err := obs.GetInfo(ctx, up.Ref.Name); err == nil && !cur.Deleted && cur.Digest == objDigest(info.Digest) {
+	start := time.Now()
+	if Stored(ctx, obs, up.Ref) {
 		up.Reused = true
 		return up, nil
 	}
@@ -133,6 +143,13 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	}
 	up.UploadTook = time.Since(start)
 	return up, nil
+}
+
+// Stored reports whether obs holds the object ref names with ref's digest
+// (the Object Store's own SHA-256). Any error reading it counts as not.
+func Stored(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef) bool {
+	cur, err := obs.GetInfo(ctx, ref.Name)
+	return err == nil && !cur.Deleted && cur.Digest == objDigest(ref.Digest)
 }
 
 // objDigest returns the Object Store's form of a "sha256:<hex>" digest

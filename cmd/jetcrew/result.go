@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -82,6 +83,9 @@ func printResult(w io.Writer, st messages.RunState) error {
 	row := func(k, format string, v ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, v...)) }
 	row("run", "%s", st.ID)
 	row("state", "%s", describeOutcome(messages.Event{State: st.State, Reason: st.Reason, ExitCode: st.ExitCode}))
+	if g := st.WorkspaceGit; g != nil {
+		row("source", "%s %s", g.URL, cmp.Or(g.Ref, "HEAD"))
+	}
 	if r.Base != "" {
 		row("base", "%s", r.Base)
 	}

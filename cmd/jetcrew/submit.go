@@ -29,7 +29,10 @@ type submitOptions struct {
 	workspace string
 	wsMax     int64
 	wsTTL     time.Duration
-	signKey   string // --sign-key: NKey user seed file signing the request
+	// gitURL and gitRef are --git and --ref: a git remote the worker
+	// fetches as the run's workspace.
+	gitURL, gitRef string
+	signKey        string // --sign-key: NKey user seed file signing the request
 	// keepWaiting keeps --wait waiting when no live worker serves the pool.
 	keepWaiting bool
 }
@@ -61,6 +64,12 @@ object in the jetcrew-workspaces Object Store bucket, named by its SHA-256
 and uploaded only when the bucket does not hold it yet. When the run ends,
 what it changed is kept: see jetcrew result, diff, apply and artifacts.
 
+With --git URL [--ref REF] the run works on a commit of a git remote
+instead: the worker fetches REF (a branch, tag or full reference name;
+default the remote's HEAD) with its history, when the profile's git_remotes
+allow URL, into the same snapshot format (cached per commit), and the run's
+state records the commit. result, diff, apply and artifacts work the same.
+
 A request that breaks a rule (see docs/wire.md) is refused before anything is
 published, with exit code 2. Submitting an id again within the stream's
 duplicate window (2 minutes) publishes nothing: submit says so and exits 1
@@ -70,7 +79,8 @@ the same way.`,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -
-  jetcrew submit --wait --workspace . 'sed -i s/foo/bar/ main.go'`,
+  jetcrew submit --wait --workspace . 'sed -i s/foo/bar/ main.go'
+  jetcrew submit --wait --profile reviewer --git https://git.example.com/org/repo.git --ref main 'make test'`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runSubmit(cmd.Context(), o, args[0])
@@ -103,15 +113,20 @@ func (o submitOptions) request(prompt string) (messages.RunRequest, error) {
 	if err != nil {
 		return messages.RunRequest{}, err
 	}
+	ws, err := o.gitWorkspace()
+	if err != nil {
+		return messages.RunRequest{}, err
+	}
 	return messages.RunRequest{
-		ID:      o.id,
-		Profile: o.profile,
-		Prompt:  prompt,
-		Pool:    o.pool,
-		Group:   o.group,
-		Timeout: messages.Duration(o.timeout),
-		Env:     env,
-		Labels:  labels,
+		ID:        o.id,
+		Profile:   o.profile,
+		Prompt:    prompt,
+		Pool:      o.pool,
+		Group:     o.group,
+		Timeout:   messages.Duration(o.timeout),
+		Env:       env,
+		Labels:    labels,
+		Workspace: ws,
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +23,23 @@ func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
 	f.StringVar(&o.workspace, "workspace", "", "directory the run works on: snapshotted (a git work tree with its history, or the directory as it is) into the jetcrew-workspaces bucket, writable at /workspace")
 	f.Int64Var(&o.wsMax, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes, "largest snapshot to upload, in bytes; a larger one is refused before anything is stored")
 	f.DurationVar(&o.wsTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in the jetcrew-workspaces bucket, used when submit creates the bucket")
+	f.StringVar(&o.gitURL, "git", "", "http(s) URL of a git remote the run works on instead of --workspace: the worker fetches --ref's commit, when the profile's git_remotes allow the URL")
+	f.StringVar(&o.gitRef, "ref", "", "with --git, the branch, tag or full reference name to fetch (default: the remote's HEAD)")
+}
+
+// gitWorkspace returns the request's workspace field for --git and --ref,
+// nil without --git. --git with --workspace, or --ref without --git, is a
+// usage error.
+func (o submitOptions) gitWorkspace() (*messages.WorkspaceRef, error) {
+	switch {
+	case o.gitURL == "" && o.gitRef != "":
+		return nil, errors.New("--ref needs --git")
+	case o.gitURL == "":
+		return nil, nil
+	case o.workspace != "":
+		return nil, errors.New("--git and --workspace name two workspaces: give one")
+	}
+	return &messages.WorkspaceRef{Git: &messages.GitSource{URL: o.gitURL, Ref: o.gitRef}}, nil
 }
 
 // uploadWorkspace snapshots o.workspace into the workspace bucket (once per

@@ -1,0 +1,239 @@
+package worker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// GitFetchTimeout bounds one git source's resolution: listing the remote's
+// references, fetching the commit and its history, and storing the
+// snapshot. Past it the request is handed back for a retry.
+const GitFetchTimeout = 5 * time.Minute
+
+// validateWorkspace checks the profile's workspace keys: workspace_mib and
+// git_remotes.
+func (p Profile) validateWorkspace() error {
+	if p.WorkspaceMiB < 0 {
+		return errors.New("workspace_mib is negative")
+	}
+	return p.validateGitRemotes()
+}
+
+// validateGitRemotes checks the profile's git_remotes: each an http or
+// https URL with a host, no credentials, query or fragment, either exact or
+// ending in "/*" (any path below; the only wildcard). Plain http must be
+// written as such: an https pattern never allows http. ssh, git://, file://,
+// ext:: and local paths are refused: the worker fetches over http(s) only
+// and sends no credentials.
+func (p Profile) validateGitRemotes() error {
+	for _, pat := range p.GitRemotes {
+		base, wild := strings.CutSuffix(pat, "*")
+		u, err := url.Parse(base)
+		switch {
+		case err != nil:
+			return fmt.Errorf("git_remotes %q: %w", pat, err)
+		case u.Scheme != "https" && u.Scheme != "http":
+			return fmt.Errorf("git_remotes %q: only https:// and http:// remotes are fetched (no ssh, git://, file://, ext:: or local path)", pat)
+		case u.Host == "" || u.Opaque != "":
+			return fmt.Errorf("git_remotes %q has no host", pat)
+		case u.User != nil:
+			return fmt.Errorf("git_remotes %q holds credentials: the worker fetches without any", pat)
+		case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+			return fmt.Errorf("git_remotes %q has a query or fragment", pat)
+		case strings.Contains(base, "*") || wild && !strings.HasSuffix(u.Path, "/"):
+			return fmt.Errorf("git_remotes %q: the only wildcard is a final \"*\" after a '/' (https://host/org/*)", pat)
+		case hasDotSegment(u.Path):
+			return fmt.Errorf("git_remotes %q has a . or .. path segment", pat)
+		}
+	}
+	return nil
+}
+
+// hasDotSegment reports whether a URL path has a "." or ".." segment.
+func hasDotSegment(p string) bool {
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// allowsGitRemote reports whether raw, a request's git URL, matches one of
+// the profile's git_remotes: same scheme, same host and port (case
+// folded), and the same path, or a path below a pattern's "/*". A URL with
+// a "." or ".." segment or an escaped path never matches.
+func (p Profile) allowsGitRemote(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.User != nil || u.RawPath != "" || hasDotSegment(u.Path) || u.RawQuery != "" || u.Fragment != "" {
+		return false
+	}
+	for _, pat := range p.GitRemotes {
+		base, wild := strings.CutSuffix(pat, "*")
+		pu, err := url.Parse(base)
+		if err != nil || pu.Scheme != u.Scheme || !strings.EqualFold(pu.Host, u.Host) {
+			continue
+		}
+		if u.Path == pu.Path || wild && strings.HasPrefix(u.Path, pu.Path) && len(u.Path) > len(pu.Path) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkGitSource refuses a request's git workspace source the profile's
+// git_remotes do not allow (checkRequest's part).
+func (p Profile) checkGitSource(ws *messages.WorkspaceRef) error {
+	if ws == nil || ws.Git == nil {
+		return nil
+	}
+	if len(p.GitRemotes) == 0 {
+		return fmt.Errorf("workspace git remote %s is refused: profile %q takes no git sources (its git_remotes is empty)", ws.Git.URL, p.Name)
+	}
+	if !p.allowsGitRemote(ws.Git.URL) {
+		return fmt.Errorf("workspace git remote %s is refused: profile %q fetches only from %s (its git_remotes)", ws.Git.URL, p.Name, strings.Join(p.GitRemotes, ", "))
+	}
+	return nil
+}
+
+// gitCacheEntry is the content of a git cache object: the snapshot made of
+// one commit of one remote.
+type gitCacheEntry struct {
+	Digest string `json:"digest"`
+	Commit string `json:"commit"`
+}
+
+// gitCacheName returns the name, in the workspace bucket, of the cache
+// object of a remote's reference refName at object want (a commit or an
+// annotated tag): "git/<hex SHA-256 of url, newline, refName>/<want>". The
+// reference is part of the key because the snapshot's HEAD names it.
+func gitCacheName(remote, refName, want string) string {
+	sum := sha256.Sum256([]byte(remote + "\n" + refName))
+	return "git/" + hex.EncodeToString(sum[:]) + "/" + want
+}
+
+// resolveGitWorkspace turns a request's git source into the snapshot the
+// run stages: it lists the remote's references, resolves src.Ref to a
+// commit and, unless the cache object of that commit names a snapshot the
+// bucket still holds, fetches the commit and its history with go-git,
+// writes its snapshot (workspace.Remote.Snapshot) and stores it under its
+// digest, then the cache object. It records the source, commit and digest
+// in r.state.WorkspaceGit. A remote the profile does not allow, a ref the
+// remote lacks, a refused repository or one over the workspace byte cap
+// fails the run; anything else (the remote or the store unreachable) is a
+// transientError.
+func (r *run) resolveGitWorkspace(ctx context.Context, prof Profile, src messages.GitSource) (messages.WorkspaceRef, error) {
+	if err := prof.checkGitSource(&messages.WorkspaceRef{Git: &src}); err != nil {
+		return messages.WorkspaceRef{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, GitFetchTimeout)
+	defer cancel()
+	start := time.Now()
+	ref, fetched, err := r.fetchGitSnapshot(ctx, src)
+	if err != nil {
+		if isGitRefused(err) {
+			return messages.WorkspaceRef{}, fmt.Errorf("workspace: %w", err)
+		}
+		return messages.WorkspaceRef{}, transientError{fmt.Errorf("fetch workspace from git: %w", err)}
+	}
+	r.log.Info().Str("git_url", src.URL).Str("git_ref", src.Ref).Str("commit", r.state.WorkspaceGit.Commit).
+		Bool("fetched", fetched).Dur("resolved_in", time.Since(start)).Msg("git workspace resolved")
+	return ref, nil
+}
+
+// isGitRefused reports whether err means the git source itself is
+// unusable, so retrying cannot help.
+func isGitRefused(err error) bool {
+	return errors.Is(err, workspace.ErrRefNotFound) || errors.Is(err, workspace.ErrRemoteRefused) ||
+		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
+}
+
+// fetchGitSnapshot is resolveGitWorkspace's work: it returns the snapshot's
+// reference and whether it fetched (false: the cache had it).
+func (r *run) fetchGitSnapshot(ctx context.Context, src messages.GitSource) (messages.WorkspaceRef, bool, error) {
+	ws, _, err := r.w.stores(ctx)
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
+	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	defer rem.Close()
+	rr, err := rem.Resolve(src.Ref)
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	cacheName := gitCacheName(src.URL, rr.Name.String(), rr.Want.String())
+	if ent, ok := readGitCache(ctx, ws, cacheName); ok {
+		ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
+		if workspace.Stored(ctx, ws, ref) {
+			r.state.WorkspaceGit = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: ent.Commit, Digest: ent.Digest}
+			return ref, false, nil
+		}
+	}
+	// The snapshot is written to a file of the worker's workspace
+	// directory (the reconciler removes one a crash leaves).
+	dir := filepath.Join(r.w.cfg.StateDir, "ws")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	f, err := os.CreateTemp(dir, "git-*.tar")
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	info, err := rem.Snapshot(ctx, rr, f)
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	up, err := workspace.StoreSnapshot(ctx, ws, f, info)
+	if err != nil {
+		return messages.WorkspaceRef{}, false, err
+	}
+	ent, _ := json.Marshal(gitCacheEntry{Digest: info.Digest, Commit: info.Head})
+	if _, err := ws.PutBytes(ctx, cacheName, ent); err != nil {
+		// Only the cache is lost: the next run on this commit fetches again.
+		r.log.Warn().Err(err).Msg("store git cache entry")
+	}
+	r.state.WorkspaceGit = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: info.Head, Digest: info.Digest}
+	return up.Ref, true, nil
+}
+
+// readGitCache reads the cache object name of bucket ws; ok is false when
+// it is missing or malformed (a bucket writer may have put anything).
+func readGitCache(ctx context.Context, ws jetstream.ObjectStore, name string) (gitCacheEntry, bool) {
+	info, err := ws.GetInfo(ctx, name)
+	if err != nil || info.Deleted || info.Size > 1024 {
+		return gitCacheEntry{}, false
+	}
+	b, err := ws.GetBytes(ctx, name)
+	if err != nil {
+		return gitCacheEntry{}, false
+	}
+	var ent gitCacheEntry
+	if json.Unmarshal(b, &ent) != nil || len(ent.Commit) != 40 || strings.Trim(ent.Commit, "0123456789abcdef") != "" {
+		return gitCacheEntry{}, false
+	}
+	ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
+	if ref.Validate() != nil {
+		return gitCacheEntry{}, false
+	}
+	return ent, true
+}

@@ -1,0 +1,195 @@
+package worker_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// gitProfiles returns the built-in shell profile allowing remotes, as
+// "git", and the shell profile itself (no git remotes).
+func gitProfiles(remotes ...string) worker.Profiles {
+	p := worker.ShellProfile()
+	p.Name, p.GitRemotes = "git", remotes
+	return worker.Profiles{"git": p, "shell": worker.ShellProfile()}
+}
+
+// workspaceEditor is a fake container that, when /workspace is mounted
+// writable as its working directory, prints README's content and .git/HEAD
+// and appends a line to README; otherwise it exits 9.
+func workspaceEditor(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+	return func(_ context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		for _, m := range spec.Mounts {
+			if m.Target != messages.WorkspaceDir || m.ReadOnly || spec.WorkingDir != m.Target {
+				continue
+			}
+			readme, err1 := os.ReadFile(filepath.Join(m.Source, "README"))
+			head, err2 := os.ReadFile(filepath.Join(m.Source, ".git", "HEAD"))
+			if err1 != nil || err2 != nil {
+				return worker.ExitStatus{Code: 8}
+			}
+			out("stdout", append(readme, head...))
+			if os.WriteFile(filepath.Join(m.Source, "README"), append(readme, "edited\n"...), 0o644) != nil {
+				return worker.ExitStatus{Code: 7}
+			}
+			return worker.ExitStatus{}
+		}
+		return worker.ExitStatus{Code: 9}
+	}, nil
+}
+
+// A request naming a git remote the profile allows runs on the ref's
+// commit, fetched by the worker from a loopback git server: the tree and
+// its history are there, the state, result and receipt name the commit. A
+// second run on the same commit takes the cached snapshot: the server sees
+// no second fetch. A moved branch is fetched anew.
+func TestGitWorkspaceRunsOnTheRefsCommit(t *testing.T) {
+	t.Parallel()
+	g := workertest.StartGitServer(t)
+	src := g.NewRepo(t, "repo", map[string]string{"README": "hello\n"})
+	head := workertest.Git(t, src, "rev-parse", "HEAD")
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = gitProfiles(g.URL + "/*")
+		c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
+	})
+	ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/repo", Ref: "main"}}
+	b.submit(t, messages.RunRequest{ID: "g1", Profile: "git", Workspace: ws})
+	st := b.waitFinal(t, "g1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, "hello\nref: refs/heads/main\n", output(b.events(t, "g1"), "stdout"))
+	require.NotNil(t, st.WorkspaceGit)
+	require.Equal(t, messages.GitSource{URL: g.URL + "/repo", Ref: "main", Commit: head, Digest: st.WorkspaceGit.Digest}, *st.WorkspaceGit)
+	require.NotNil(t, st.Receipt)
+	require.Equal(t, st.WorkspaceGit, st.Receipt.WorkspaceGit)
+	require.NotNil(t, st.WorkspaceResult)
+	require.Empty(t, st.WorkspaceResult.Error)
+	require.Equal(t, head, st.WorkspaceResult.Base)
+	require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
+	require.Equal(t, int64(1), g.UploadPacks.Load())
+
+	// The same commit again: listed, not fetched.
+	b.submit(t, messages.RunRequest{ID: "g2", Profile: "git", Workspace: ws})
+	st2 := b.waitFinal(t, "g2")
+	require.Equal(t, messages.StateSucceeded, st2.State, st2.Reason)
+	require.Equal(t, *st.WorkspaceGit, *st2.WorkspaceGit)
+	require.Equal(t, int64(1), g.UploadPacks.Load(), "the second run on one commit fetches nothing")
+	require.Equal(t, int64(2), g.Lists.Load())
+
+	// The branch moves: the new commit is fetched.
+	require.NoError(t, os.WriteFile(filepath.Join(src, "README"), []byte("hello again\n"), 0o644))
+	workertest.Git(t, src, "commit", "-qam", "second")
+	head2 := workertest.Git(t, src, "rev-parse", "HEAD")
+	b.submit(t, messages.RunRequest{ID: "g3", Profile: "git", Workspace: ws})
+	st3 := b.waitFinal(t, "g3")
+	require.Equal(t, messages.StateSucceeded, st3.State, st3.Reason)
+	require.Equal(t, head2, st3.WorkspaceGit.Commit)
+	require.Equal(t, head2, st3.WorkspaceResult.Base)
+	require.Equal(t, int64(2), g.UploadPacks.Load())
+}
+
+// A remote the profile does not allow, or any remote for a profile
+// without git_remotes, fails the run with the reason and a dead letter
+// before anything is fetched; a ref the remote lacks fails the run too.
+func TestGitWorkspaceRefused(t *testing.T) {
+	t.Parallel()
+	g := workertest.StartGitServer(t)
+	g.NewRepo(t, "repo", map[string]string{"README": "hello\n"})
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = gitProfiles(g.URL + "/allowed/*")
+		c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
+	})
+	for _, tc := range []struct {
+		id, profile, url, ref, reason string
+		listed                        bool
+	}{
+		{"gr1", "git", g.URL + "/repo", "main", "is refused: profile \"git\" fetches only from " + g.URL + "/allowed/*", false},
+		{"gr2", "git", g.URL + "/allowed/../repo", "main", "is refused", false},
+		{"gr3", "shell", g.URL + "/repo", "main", "profile \"shell\" takes no git sources", false},
+	} {
+		ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: tc.url, Ref: tc.ref}}
+		b.submit(t, messages.RunRequest{ID: tc.id, Profile: tc.profile, Workspace: ws})
+		st := b.waitFinal(t, tc.id)
+		require.Equal(t, messages.StateFailed, st.State, tc.id)
+		require.Contains(t, st.Reason, tc.reason, tc.id)
+		dl := b.deadLetter(t, "default", tc.id)
+		require.Contains(t, dl.Header.Get(messages.HeaderError), "refused", tc.id)
+	}
+	require.Zero(t, g.Lists.Load()+g.UploadPacks.Load(), "nothing was asked of the remote")
+	require.Empty(t, b.rt.Starts())
+
+	// An allowed remote without the ref.
+	src := g.NewRepo(t, "allowed/repo", map[string]string{"README": "hi\n"})
+	_ = src
+	ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/allowed/repo", Ref: "nope"}}
+	b.submit(t, messages.RunRequest{ID: "gr4", Profile: "git", Workspace: ws})
+	st := b.waitFinal(t, "gr4")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Equal(t, 1, st.Attempts, "a missing ref is not retried")
+	require.Contains(t, st.Reason, `git ref not found: `+g.URL+`/allowed/repo has no branch, tag or reference "nope"`)
+	b.deadLetter(t, "default", "gr4")
+	require.Zero(t, g.UploadPacks.Load())
+	require.Empty(t, b.rt.Starts())
+}
+
+// A remote that cannot be reached hands the request back for a retry, until
+// the deliveries run out.
+func TestGitWorkspaceUnreachableRetries(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = gitProfiles("http://" + addr + "/*")
+		c.Provision.MaxDeliver = 2
+	})
+	ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: "http://" + addr + "/repo", Ref: "main"}}
+	b.submit(t, messages.RunRequest{ID: "gu1", Profile: "git", Workspace: ws})
+	st := b.waitFinal(t, "gu1")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Equal(t, 2, st.Attempts)
+	require.Contains(t, st.Reason, "gave up after 2 attempts: fetch workspace from git")
+	require.True(t, strings.Contains(st.Reason, "connection refused"), st.Reason)
+	b.deadLetter(t, "default", "gu1")
+}
+
+// git_remotes is checked when profiles load.
+func TestGitRemotesValidated(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		remotes string
+		ok      bool
+	}{
+		{`["https://git.example.com/org/*"]`, true},
+		{`["https://git.example.com/org/repo.git", "http://10.0.0.5:8080/*"]`, true},
+		{`["ssh://git@git.example.com/org/*"]`, false},
+		{`["git@git.example.com:org/repo.git"]`, false},
+		{`["file:///srv/git/*"]`, false},
+		{`["/srv/git/repo"]`, false},
+		{`["ext::sh -c x"]`, false},
+		{`["git://git.example.com/org/*"]`, false},
+		{`["https://user:pw@git.example.com/org/*"]`, false},
+		{`["https://*.example.com/*"]`, false},
+		{`["https://git.example.com/org*"]`, false},
+		{`["https://git.example.com/*/repo"]`, false},
+		{`["https://git.example.com/org/../*"]`, false},
+		{`["https://git.example.com/org/?x=1"]`, false},
+		{`["https:///org/*"]`, false},
+	} {
+		_, err := worker.ParseProfiles("t.toml", []byte("[profiles.p]\nimage = \"x\"\ncommand = [\"true\"]\ngit_remotes = "+tc.remotes+"\n"))
+		if tc.ok {
+			require.NoError(t, err, tc.remotes)
+		} else {
+			require.ErrorContains(t, err, "git_remotes", tc.remotes)
+		}
+	}
+}
