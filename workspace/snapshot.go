@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"time"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
@@ -44,6 +45,24 @@ type Info struct {
 	// Files counts the tree's entries (directories, files, symlinks),
 	// .git left out.
 	Files int
+	// Took says how long each part of the snapshot took.
+	Took Stages
+}
+
+// Stages are the durations of a snapshot's parts, for reports and
+// benchmarks.
+type Stages struct {
+	// Git is opening the repository and reading its index (zero for a
+	// plain directory).
+	Git time.Duration
+	// History is listing HEAD's history and packing it, with the index
+	// file (near zero when SnapshotOptions.CacheDir had that HEAD).
+	History time.Duration
+	// Walk is listing the tree, ignore rules applied.
+	Walk time.Duration
+	// Write is reading the tree's files and writing the tar (.git
+	// included) and its SHA-256 to the snapshot's writer.
+	Write time.Duration
 }
 
 // Snapshot writes the snapshot of dir to w: an uncompressed tar whose bytes
@@ -66,29 +85,21 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	tw := newTarWriter(cw)
 	info := Info{}
 	wo := walkOptions{maxFiles: o.MaxFiles, skip: func(p string, _ bool) bool { return path.Base(p) == ".git" }}
-	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
-	switch {
-	case err == nil:
-		info.Git = true
-		tracked, err := indexPaths(repo)
-		if err != nil {
-			return Info{}, err
-		}
-		wo.gitignore, wo.tracked = true, trackedSet(tracked)
-		gd, err := buildGitDir(repo, o.CacheDir)
-		if err != nil {
-			return Info{}, err
-		}
-		info.Head, info.Commits = gd.head, gd.commits
-		if err := gd.write(tw); err != nil {
-			return Info{}, err
-		}
-	case !errors.Is(err, git.ErrRepositoryNotExists):
-		return Info{}, fmt.Errorf("open git repository %s: %w", dir, err)
+	gd, err := openGit(dir, &info, &wo, o.CacheDir)
+	if err != nil {
+		return Info{}, err
 	}
+	mark := time.Now()
 	entries, err := walk(root, dir, wo)
 	if err != nil {
 		return Info{}, err
+	}
+	info.Took.Walk = time.Since(mark)
+	mark = time.Now()
+	if gd != nil {
+		if err := gd.write(tw); err != nil {
+			return Info{}, err
+		}
 	}
 	info.Files = len(entries)
 	if err := writeEntries(tw, root, entries); err != nil {
@@ -97,9 +108,40 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	if err := tw.close(); err != nil {
 		return Info{}, err
 	}
+	info.Took.Write = time.Since(mark)
 	info.Size = cw.n
 	info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	return info, nil
+}
+
+// openGit opens the git repository of work tree dir, when it is one: it
+// sets info's Git, Head, Commits and Took.Git and Took.History, makes wo
+// apply the ignore rules (tracked files kept), and returns the snapshot's
+// .git. A plain directory returns nil and no error.
+func openGit(dir string, info *Info, wo *walkOptions, cacheDir string) (*gitDir, error) {
+	start := time.Now()
+	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
+	if errors.Is(err, git.ErrRepositoryNotExists) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open git repository %s: %w", dir, err)
+	}
+	info.Git = true
+	tracked, err := indexPaths(repo)
+	if err != nil {
+		return nil, err
+	}
+	wo.gitignore, wo.tracked = true, trackedSet(tracked)
+	info.Took.Git = time.Since(start)
+	start = time.Now()
+	gd, err := buildGitDir(repo, cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	info.Took.History = time.Since(start)
+	info.Head, info.Commits = gd.head, gd.commits
+	return gd, nil
 }
 
 // writeEntries writes walked entries of root to tw.
