@@ -12,7 +12,6 @@ import (
 	"io"
 	"runtime"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -228,6 +227,3 @@ func writeEntryHeader(w *bytes.Buffer, t plumbing.ObjectType, size int64) {
 	}
 	w.WriteByte(b)
 }
-
-// zlibReaders keeps zlib readers for reuse (each holds a 32 KiB window).
-var zlibReaders sync.Pool
