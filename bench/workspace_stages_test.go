@@ -60,7 +60,7 @@ func (l *logTap) find(t *testing.T, id, msg string) tappedLine {
 // wsStages is one submit → tree sample cut into its parts, in ms.
 type wsStages struct {
 	total float64
-	// Submit side (workspace.Info.Took, workspace.Uploaded).
+	// Submit side (workspace.Uploaded's Stages and times).
 	git, history, walk, write, snapshot, upload float64
 	// queue: upload done → the worker begins staging (publish, fetch,
 	// claim, plan). staging: the worker's download, digest check, unpack,
@@ -93,7 +93,7 @@ func wsStagesSample(t *testing.T, d *dispatcher.Dispatcher, obs jetstream.Object
 	require.True(t, ok, "staged_in in %v", staged.fields)
 	s := wsStages{
 		total: ms(ran.Sub(t0)),
-		git:   ms(up.Info.Took.Git), history: ms(up.Info.Took.History), walk: ms(up.Info.Took.Walk), write: ms(up.Info.Took.Write),
+		git:   ms(up.Stages.Git), history: ms(up.Stages.History), walk: ms(up.Stages.Walk), write: ms(up.Stages.Write),
 		snapshot: ms(up.SnapshotTook), upload: ms(up.UploadTook),
 		queue:   ms(staged.at.Sub(uploaded)) - stagedIn,
 		staging: stagedIn, container: ms(ran.Sub(staged.at)),

@@ -45,12 +45,10 @@ type Info struct {
 	// Files counts the tree's entries (directories, files, symlinks),
 	// .git left out.
 	Files int
-	// Took says how long each part of the snapshot took.
-	Took Stages
 }
 
 // Stages are the durations of a snapshot's parts, for reports and
-// benchmarks.
+// benchmarks (Uploaded.Stages).
 type Stages struct {
 	// Git is opening the repository and reading its index (zero for a
 	// plain directory).
@@ -75,6 +73,11 @@ type Stages struct {
 // directory as it is. Only directories, regular files and symlinks are
 // kept. It returns the snapshot's digest and size.
 func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
+	return snapshot(dir, w, o, &Stages{})
+}
+
+// snapshot is Snapshot, setting took's durations.
+func snapshot(dir string, w io.Writer, o SnapshotOptions, took *Stages) (Info, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return Info{}, err
@@ -85,7 +88,7 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	tw := newTarWriter(cw)
 	info := Info{}
 	wo := walkOptions{maxFiles: o.MaxFiles, skip: func(p string, _ bool) bool { return path.Base(p) == ".git" }}
-	gd, err := openGit(dir, &info, &wo, o.CacheDir)
+	gd, err := openGit(dir, &info, took, &wo, o.CacheDir)
 	if err != nil {
 		return Info{}, err
 	}
@@ -94,7 +97,7 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	info.Took.Walk = time.Since(mark)
+	took.Walk = time.Since(mark)
 	mark = time.Now()
 	if gd != nil {
 		if err := gd.write(tw); err != nil {
@@ -108,17 +111,17 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	if err := tw.close(); err != nil {
 		return Info{}, err
 	}
-	info.Took.Write = time.Since(mark)
+	took.Write = time.Since(mark)
 	info.Size = cw.n
 	info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	return info, nil
 }
 
 // openGit opens the git repository of work tree dir, when it is one: it
-// sets info's Git, Head, Commits and Took.Git and Took.History, makes wo
+// sets info's Git, Head and Commits and took's Git and History, makes wo
 // apply the ignore rules (tracked files kept), and returns the snapshot's
 // .git. A plain directory returns nil and no error.
-func openGit(dir string, info *Info, wo *walkOptions, cacheDir string) (*gitDir, error) {
+func openGit(dir string, info *Info, took *Stages, wo *walkOptions, cacheDir string) (*gitDir, error) {
 	start := time.Now()
 	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
 	if errors.Is(err, git.ErrRepositoryNotExists) {
@@ -133,13 +136,13 @@ func openGit(dir string, info *Info, wo *walkOptions, cacheDir string) (*gitDir,
 		return nil, err
 	}
 	wo.gitignore, wo.tracked = true, trackedSet(tracked)
-	info.Took.Git = time.Since(start)
+	took.Git = time.Since(start)
 	start = time.Now()
 	gd, err := buildGitDir(repo, cacheDir)
 	if err != nil {
 		return nil, err
 	}
-	info.Took.History = time.Since(start)
+	took.History = time.Since(start)
 	info.Head, info.Commits = gd.head, gd.commits
 	return gd, nil
 }

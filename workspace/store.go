@@ -99,6 +99,8 @@ type Uploaded struct {
 	// SnapshotTook and UploadTook are the times spent snapshotting and
 	// uploading (zero when Reused).
 	SnapshotTook, UploadTook time.Duration
+	// Stages cuts SnapshotTook into the snapshot's parts.
+	Stages Stages
 }
 
 // Upload snapshots dir (see Snapshot) into a temporary file and stores it
@@ -113,11 +115,12 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	defer os.Remove(f.Name())
 	defer f.Close()
 	start := time.Now()
-	info, err := Snapshot(dir, f, o)
+	var took Stages
+	info, err := snapshot(dir, f, o, &took)
 	if err != nil {
 		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
-	up := Uploaded{Info: info, Ref: messages.WorkspaceRef{Name: messages.WorkspaceObjectName(info.Digest), Digest: info.Digest}}
+	up := Uploaded{Info: info, Ref: messages.WorkspaceRef{Name: messages.WorkspaceObjectName(info.Digest), Digest: info.Digest}, Stages: took}
 	up.SnapshotTook = time.Since(start)
 	start = time.Now()
 	if cur, err := obs.GetInfo(ctx, up.Ref.Name); err == nil && !cur.Deleted && cur.Digest == objDigest(info.Digest) {
