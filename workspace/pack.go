@@ -36,7 +36,16 @@ func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (packed, e
 	slices.SortFunc(hashes, func(a, b plumbing.Hash) int { return bytes.Compare(a[:], b[:]) })
 	src := objectSource{s: s, loose: newLooseObjects(s)}
 	chunks := packChunks(src, hashes)
+	total := 12 + sha1.Size
+	for _, c := range chunks {
+		<-c.done
+		if c.err != nil {
+			return packed{}, c.err
+		}
+		total += c.buf.Len()
+	}
 	var pb bytes.Buffer
+	pb.Grow(total) // one allocation for the whole pack
 	pb.WriteString("PACK")
 	_ = binary.Write(&pb, binary.BigEndian, uint32(2))
 	_ = binary.Write(&pb, binary.BigEndian, uint32(len(hashes)))
@@ -47,15 +56,6 @@ func encodePack(s storer.EncodedObjectStorer, hashes []plumbing.Hash) (packed, e
 	commits := 0
 	sizes := make(map[plumbing.Hash]int64, len(hashes))
 	for _, c := range chunks {
-		<-c.done
-		if c.err != nil {
-			return packed{}, c.err
-		}
-		if pb.Len() == 12 {
-			// One allocation for the whole pack, guessed from the first
-			// chunk (objects in hash order are a fair sample).
-			pb.Grow(c.buf.Len() * len(chunks) * 9 / 8)
-		}
 		for i, h := range c.hashes {
 			start := uint64(pb.Len())
 			e := c.buf.Bytes()[c.ends[i]-c.lens[i] : c.ends[i]]
@@ -103,7 +103,7 @@ const packChunkObjects = 32
 
 // packChunks splits hashes into chunks and encodes them with up to
 // GOMAXPROCS goroutines, which end when every chunk is done (the caller
-// waits on each chunk's done in order).
+// waits on each chunk's done; after a failure the rest end at once).
 func packChunks(src objectSource, hashes []plumbing.Hash) []*packChunk {
 	var chunks []*packChunk
 	for c := range slices.Chunk(hashes, packChunkObjects) {
