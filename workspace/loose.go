@@ -17,11 +17,12 @@ import (
 )
 
 // looseObjects reads a repository's loose objects straight from their
-// files (objects/xx/yyyy…: zlib of "<type> <size>\0<content>"), without
-// go-git's object cache, its in-memory copy of each object and its SHA-1
-// check of the content (zlibReaders keeps their readers for reuse): a snapshot's history is read once, from the
-// submitter's own repository, and git itself does not check a loose
-// object's hash when it reads one either.
+// files (objects/xx/yyyy…: zlib of "<type> <size>\0<content>") into pack
+// entries, without go-git's object cache, its in-memory copy of each object
+// and the collision-detecting SHA-1 it computes over each (and never
+// compares with the name either). Exactly the size the header declares is
+// copied; a shorter stream is an error. zlibReaders keeps the readers for
+// reuse.
 type looseObjects struct {
 	fs billy.Filesystem
 }
