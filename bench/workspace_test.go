@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -43,9 +44,11 @@ func TestWorkspace(t *testing.T) {
 	t.Cleanup(func() { _ = rt.Close() })
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
+	tap := &logTap{}
+	wlog := zerolog.New(tap)
 	w, err := worker.New(workertest.Connect(t, s), worker.Config{
 		ID: "bench-ws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: profiles(t),
-		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
+		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"), Logger: &wlog,
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctx))
@@ -64,15 +67,21 @@ func TestWorkspace(t *testing.T) {
 	repo := benchRepo(t, 25<<10)
 	small := benchRepo(t, 512)
 
-	var jet, raw []float64
+	var jet, raw, floor []float64
+	var rawParts [3][]float64
+	var stages []wsStages
 	var size int64
 	for range wsRepeats {
-		up, took := wsSample(t, d, repo, "ls d0/f0.txt >/dev/null && adjtimex")
-		require.False(t, up.Reused)
+		up, st := wsStagesSample(t, d, wsb, tap, repo)
 		size = up.Info.Size
-		jet = append(jet, took)
-		raw = append(raw, rawWorkspaceSample(t, wsb, repo))
-		require.NoError(t, wsb.Delete(ctx, up.Ref.Name), "the next sample uploads again")
+		jet = append(jet, st.total)
+		stages = append(stages, st)
+		parts := rawWorkspaceSample(t, wsb, repo)
+		raw = append(raw, parts[0]+parts[1]+parts[2])
+		for i := range parts {
+			rawParts[i] = append(rawParts[i], parts[i])
+		}
+		floor = append(floor, runStartSample(t, d))
 	}
 	record(t, "workspace_snapshot_mib", Figure{Value: round(float64(size)/(1<<20), 1), Unit: "MiB",
 		What: "the benchmark's workspace: a git work tree of 1,000 files (50 MiB) with two commits, as one snapshot (tree + .git with HEAD's history)"})
@@ -80,6 +89,13 @@ func TestWorkspace(t *testing.T) {
 		What: "the same snapshot file moved by hand: Object Store put + get (nats.go, as `nats object put/get` do) + `tar -xf`"})
 	record(t, "workspace_submit_to_tree_ms", Figure{Value: round(median(jet), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(jet), Repeats: jet,
 		What: "`submit --workspace` → the run's process sees the tree: snapshot (walk, pack HEAD's history, tar, SHA-256) + upload + submit → worker download, digest check, unpack, chown → container start → process reads the clock"})
+	for i, part := range []string{"put", "get", "untar"} {
+		record(t, "raw_object_"+part+"_ms", Figure{Value: round(median(rawParts[i]), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(rawParts[i]), Repeats: rawParts[i],
+			What: "part of `raw_object_put_get_untar_ms`: the " + part})
+	}
+	recordWsStages(t, stages)
+	record(t, "workspace_floor_run_start_ms", Figure{Value: round(median(floor), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(floor), Repeats: floor,
+		What: "the same worker, a run without a workspace: submit → the run's process reads the clock (the container's part of `workspace_submit_to_tree_ms`, which no workspace change removes)"})
 
 	// Ten runs on one snapshot.
 	var starts []float64
@@ -170,10 +186,24 @@ func watchOutput(t *testing.T, ctx context.Context, d *dispatcher.Dispatcher, id
 	return out.Bytes()
 }
 
+// runStartSample submits a run without a workspace and returns how long
+// after the submit began its process read the clock, in ms.
+func runStartSample(t *testing.T, d *dispatcher.Dispatcher) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	id, err := d.Submit(ctx, messages.RunRequest{Profile: "nocoord", Prompt: "adjtimex"})
+	require.NoError(t, err)
+	ran, err := probeTime(watchOutput(t, ctx, d, id))
+	require.NoError(t, err)
+	return ms(ran.Sub(t0))
+}
+
 // rawWorkspaceSample snapshots repo to a file (untimed), then times an
-// Object Store put of it, a get into another file and `tar -xf` of that, in
-// ms.
-func rawWorkspaceSample(t *testing.T, obs jetstream.ObjectStore, repo string) float64 {
+// Object Store put of it, a get into another file and `tar -xf` of that:
+// the three times in ms.
+func rawWorkspaceSample(t *testing.T, obs jetstream.ObjectStore, repo string) [3]float64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -183,14 +213,19 @@ func rawWorkspaceSample(t *testing.T, obs jetstream.ObjectStore, repo string) fl
 	_, err = workspace.Snapshot(repo, f, workspace.SnapshotOptions{})
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	var took [3]float64
 	t0 := time.Now()
 	_, err = obs.PutFile(ctx, filepath.Join(tmp, "ws.tar"))
 	require.NoError(t, err)
+	took[0] = ms(time.Since(t0))
+	t0 = time.Now()
 	require.NoError(t, obs.GetFile(ctx, filepath.Join(tmp, "ws.tar"), filepath.Join(tmp, "got.tar")))
+	took[1] = ms(time.Since(t0))
 	require.NoError(t, os.Mkdir(filepath.Join(tmp, "x"), 0o755))
+	t0 = time.Now()
 	out, err := exec.Command("tar", "-xf", filepath.Join(tmp, "got.tar"), "-C", filepath.Join(tmp, "x")).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	took := ms(time.Since(t0))
+	took[2] = ms(time.Since(t0))
 	require.NoError(t, obs.Delete(ctx, filepath.Join(tmp, "ws.tar")))
 	return took
 }

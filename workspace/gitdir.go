@@ -2,7 +2,9 @@ package workspace
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"path"
 	"slices"
 	"strings"
@@ -62,7 +64,7 @@ func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 	if err != nil {
 		return nil, err
 	}
-	if gd.index, err = headIndex(commit); err != nil {
+	if gd.index, err = headIndex(commit, p.sizes); err != nil {
 		return nil, err
 	}
 	if cacheDir != "" {
@@ -72,25 +74,36 @@ func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 }
 
 // headIndex returns a git index (version 2) listing commit's tree, with
-// zero stat data (git refreshes it on first use).
-func headIndex(commit *object.Commit) ([]byte, error) {
+// zero stat data (git refreshes it on first use) but each file's size,
+// taken from sizes (the blobs' sizes, as encodePack recorded them), so no
+// blob is read again.
+func headIndex(commit *object.Commit, sizes map[plumbing.Hash]int64) ([]byte, error) {
 	tree, err := commit.Tree()
 	if err != nil {
 		return nil, err
 	}
 	idx := &index.Index{Version: 2}
-	err = tree.Files().ForEach(func(f *object.File) error {
-		if f.Mode == filemode.Submodule {
-			return nil
+	w := object.NewTreeWalker(tree, true, nil)
+	defer w.Close()
+	for {
+		name, e, err := w.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if e.Mode == filemode.Dir || e.Mode == filemode.Submodule {
+			continue
+		}
+		size, ok := sizes[e.Hash]
+		if !ok {
+			return nil, fmt.Errorf("blob %s of %s is not in the pack", e.Hash, name)
 		}
 		idx.Entries = append(idx.Entries, &index.Entry{
-			Hash: f.Hash, Name: f.Name, Mode: f.Mode, Size: uint32(f.Size),
+			Hash: e.Hash, Name: name, Mode: e.Mode, Size: uint32(size),
 			CreatedAt: epoch, ModifiedAt: epoch,
 		})
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	var b bytes.Buffer
 	if err := index.NewEncoder(&b).Encode(idx); err != nil {

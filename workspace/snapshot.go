@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"time"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
@@ -46,6 +47,22 @@ type Info struct {
 	Files int
 }
 
+// Stages are the durations of a snapshot's parts, for reports and
+// benchmarks (Uploaded.Stages).
+type Stages struct {
+	// Git is opening the repository and reading its index (zero for a
+	// plain directory).
+	Git time.Duration
+	// History is listing HEAD's history and packing it, with the index
+	// file (near zero when SnapshotOptions.CacheDir had that HEAD).
+	History time.Duration
+	// Walk is listing the tree, ignore rules applied.
+	Walk time.Duration
+	// Write is reading the tree's files and writing the tar (.git
+	// included) and its SHA-256 to the snapshot's writer.
+	Write time.Duration
+}
+
 // Snapshot writes the snapshot of dir to w: an uncompressed tar whose bytes
 // depend only on the tree's content (see docs/workspaces.md). When dir is a
 // git work tree the snapshot holds what git would keep (tracked files,
@@ -56,6 +73,11 @@ type Info struct {
 // directory as it is. Only directories, regular files and symlinks are
 // kept. It returns the snapshot's digest and size.
 func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
+	return snapshot(dir, w, o, &Stages{})
+}
+
+// snapshot is Snapshot, setting took's durations.
+func snapshot(dir string, w io.Writer, o SnapshotOptions, took *Stages) (Info, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return Info{}, err
@@ -66,29 +88,21 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	tw := newTarWriter(cw)
 	info := Info{}
 	wo := walkOptions{maxFiles: o.MaxFiles, skip: func(p string, _ bool) bool { return path.Base(p) == ".git" }}
-	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
-	switch {
-	case err == nil:
-		info.Git = true
-		tracked, err := indexPaths(repo)
-		if err != nil {
-			return Info{}, err
-		}
-		wo.gitignore, wo.tracked = true, trackedSet(tracked)
-		gd, err := buildGitDir(repo, o.CacheDir)
-		if err != nil {
-			return Info{}, err
-		}
-		info.Head, info.Commits = gd.head, gd.commits
-		if err := gd.write(tw); err != nil {
-			return Info{}, err
-		}
-	case !errors.Is(err, git.ErrRepositoryNotExists):
-		return Info{}, fmt.Errorf("open git repository %s: %w", dir, err)
+	gd, err := openGit(dir, &info, took, &wo, o.CacheDir)
+	if err != nil {
+		return Info{}, err
 	}
+	mark := time.Now()
 	entries, err := walk(root, dir, wo)
 	if err != nil {
 		return Info{}, err
+	}
+	took.Walk = time.Since(mark)
+	mark = time.Now()
+	if gd != nil {
+		if err := gd.write(tw); err != nil {
+			return Info{}, err
+		}
 	}
 	info.Files = len(entries)
 	if err := writeEntries(tw, root, entries); err != nil {
@@ -97,9 +111,40 @@ func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {
 	if err := tw.close(); err != nil {
 		return Info{}, err
 	}
+	took.Write = time.Since(mark)
 	info.Size = cw.n
 	info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	return info, nil
+}
+
+// openGit opens the git repository of work tree dir, when it is one: it
+// sets info's Git, Head and Commits and took's Git and History, makes wo
+// apply the ignore rules (tracked files kept), and returns the snapshot's
+// .git. A plain directory returns nil and no error.
+func openGit(dir string, info *Info, took *Stages, wo *walkOptions, cacheDir string) (*gitDir, error) {
+	start := time.Now()
+	repo, err := git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{EnableDotGitCommonDir: true})
+	if errors.Is(err, git.ErrRepositoryNotExists) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open git repository %s: %w", dir, err)
+	}
+	info.Git = true
+	tracked, err := indexPaths(repo)
+	if err != nil {
+		return nil, err
+	}
+	wo.gitignore, wo.tracked = true, trackedSet(tracked)
+	took.Git = time.Since(start)
+	start = time.Now()
+	gd, err := buildGitDir(repo, cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	took.History = time.Since(start)
+	info.Head, info.Commits = gd.head, gd.commits
+	return gd, nil
 }
 
 // writeEntries writes walked entries of root to tw.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -99,6 +100,8 @@ type Uploaded struct {
 	// SnapshotTook and UploadTook are the times spent snapshotting and
 	// uploading (zero when Reused).
 	SnapshotTook, UploadTook time.Duration
+	// Stages cuts SnapshotTook into the snapshot's parts.
+	Stages Stages
 }
 
 // Upload snapshots dir (see Snapshot) into a temporary file and stores it
@@ -113,13 +116,14 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 	defer os.Remove(f.Name())
 	defer f.Close()
 	start := time.Now()
-	info, err := Snapshot(dir, f, o)
+	var took Stages
+	info, err := snapshot(dir, f, o, &took)
 	if err != nil {
 		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	snapTook := time.Since(start)
 	up, err := StoreSnapshot(ctx, obs, f, info)
-	up.SnapshotTook = snapTook
+	up.SnapshotTook, up.Stages = snapTook, took
 	return up, err
 }
 
@@ -153,10 +157,11 @@ func Stored(ctx context.Context, obs jetstream.ObjectStore, ref messages.Workspa
 }
 
 // objDigest returns the Object Store's form of a "sha256:<hex>" digest
-// ("SHA-256=<base64url>").
+// ("SHA-256=<base64url>"), or "" for anything else.
 func objDigest(d string) string {
-	b, err := hex.DecodeString(d[len("sha256:"):])
-	if err != nil || len(b) != sha256.Size {
+	x, ok := strings.CutPrefix(d, "sha256:")
+	b, err := hex.DecodeString(x)
+	if !ok || err != nil || len(b) != sha256.Size {
 		return ""
 	}
 	return "SHA-256=" + base64.URLEncoding.EncodeToString(b)
@@ -171,8 +176,11 @@ var (
 
 // Download writes the object ref names from obs to file path, refusing an
 // object over max bytes before reading it (ErrTooLarge), and checks its
-// SHA-256 against ref.Digest (ErrDigestMismatch). A missing object is
-// ErrSnapshotMissing; other errors are the store's, worth a retry.
+// SHA-256 against ref.Digest (ErrDigestMismatch): the store's record of the
+// object must name ref.Digest, checked before a byte is read and again on
+// the record the read used, and nats.go checks the bytes against that
+// record as it reaches their end, so the bytes are hashed once. A missing
+// object is ErrSnapshotMissing; other errors are the store's, worth a retry.
 func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, path string, max int64) error {
 	info, err := obs.GetInfo(ctx, ref.Name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
@@ -184,6 +192,9 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 	if max > 0 && info.Size > uint64(max) {
 		return fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
 	}
+	if err := sameDigest(ref, info); err != nil {
+		return err
+	}
 	r, err := obs.Get(ctx, ref.Name)
 	if err != nil {
 		return fmt.Errorf("get snapshot: %w", err)
@@ -194,16 +205,40 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 		return err
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, int64(info.Size)+1))
+	// Read to the end: nats.go compares the bytes' SHA-256 with the record
+	// there.
+	n, err := io.Copy(f, io.LimitReader(r, int64(info.Size)+1))
 	if errors.Is(err, jetstream.ErrDigestMismatch) {
 		return fmt.Errorf("%w: the store's own digest check failed", ErrDigestMismatch)
 	}
 	if err != nil {
 		return fmt.Errorf("download snapshot: %w", err)
 	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != ref.Digest || n != int64(info.Size) {
-		return fmt.Errorf("%w: object %q has %s, the request names %s", ErrDigestMismatch, ref.Name, got, ref.Digest)
+	// The object may have been replaced between GetInfo and Get: the
+	// record the read was checked against must name ref.Digest too.
+	read, err := r.Info()
+	if err != nil {
+		return fmt.Errorf("download snapshot: %w", err)
+	}
+	if err := sameDigest(ref, read); err != nil {
+		return err
+	}
+	if n != int64(read.Size) {
+		return fmt.Errorf("%w: object %q gave %d bytes, its record says %d", ErrDigestMismatch, ref.Name, n, read.Size)
 	}
 	return f.Close()
+}
+
+// sameDigest returns an error wrapping ErrDigestMismatch unless the store's
+// record info names the digest ref names.
+func sameDigest(ref messages.WorkspaceRef, info *jetstream.ObjectInfo) error {
+	want := objDigest(ref.Digest)
+	if want != "" && info.Digest == want {
+		return nil
+	}
+	got := info.Digest
+	if b, err := jetstream.DecodeObjectDigest(info.Digest); err == nil {
+		got = "sha256:" + hex.EncodeToString(b)
+	}
+	return fmt.Errorf("%w: object %q has %s, the request names %s", ErrDigestMismatch, ref.Name, got, ref.Digest)
 }

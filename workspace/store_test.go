@@ -65,3 +65,27 @@ func TestUploadOnceDownloadChecked(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, objs, 1, "a refused upload stores nothing")
 }
+
+// TestDownloadRefusesAReplacedObject: an object put again under the name
+// with other bytes (any NATS client can) fails the digest check before a
+// byte is written, and a malformed digest is a mismatch, never a panic.
+func TestDownloadRefusesAReplacedObject(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc := workertest.Connect(t, workertest.StartServer(t))
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	up, err := workspace.Upload(ctx, ws, testRepo(t), workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	_, err = ws.PutBytes(ctx, up.Ref.Name, []byte("other bytes"))
+	require.NoError(t, err)
+	out := filepath.Join(t.TempDir(), "s.tar")
+	require.ErrorIs(t, workspace.Download(ctx, ws, up.Ref, out, 0), workspace.ErrDigestMismatch)
+	require.NoFileExists(t, out)
+	short := up.Ref
+	short.Digest = "sha"
+	require.ErrorIs(t, workspace.Download(ctx, ws, short, out, 0), workspace.ErrDigestMismatch)
+}

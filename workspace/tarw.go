@@ -19,7 +19,8 @@ var epoch = time.Unix(0, 0).UTC()
 // epoch, modes normalised to 0755/0644 (0755 when any execute bit is set)
 // and 0777 for symlinks.
 type tarWriter struct {
-	tw *tar.Writer
+	tw  *tar.Writer
+	buf []byte // copy buffer, made on first use
 }
 
 func newTarWriter(w io.Writer) *tarWriter { return &tarWriter{tw: tar.NewWriter(w)} }
@@ -43,34 +44,49 @@ func (t *tarWriter) bytes(name string, b []byte) error {
 // file writes the regular file name of root, whose Lstat was info, with
 // exactly info.Size() bytes; a file that changed size meanwhile is an error.
 func (t *tarWriter) file(root *os.Root, name string, info fs.FileInfo) error {
-	_, err := t.fileAs(root, name, name, info)
-	return err
+	return t.copyFile(root, name, name, info, nil)
 }
 
 // fileAs is file storing the file as entry name as, and returns the hex
 // SHA-256 of its content.
 func (t *tarWriter) fileAs(root *os.Root, name, as string, info fs.FileInfo) (string, error) {
+	h := sha256.New()
+	if err := t.copyFile(root, name, as, info, h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// copyFile writes the regular file name of root as entry as, its content
+// also to h when h is not nil.
+func (t *tarWriter) copyFile(root *os.Root, name, as string, info fs.FileInfo, h io.Writer) error {
 	mode := int64(0o644)
 	if info.Mode().Perm()&0o111 != 0 {
 		mode = 0o755
 	}
 	if err := t.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: as, Size: info.Size(), Mode: mode, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-		return "", err
+		return err
 	}
 	f, err := root.OpenFile(name, os.O_RDONLY|syscallNoFollow|syscallNonBlock, 0)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(t.tw, h), io.LimitReader(f, info.Size()))
+	var w io.Writer = t.tw
+	if h != nil {
+		w = io.MultiWriter(t.tw, h)
+	}
+	if t.buf == nil {
+		t.buf = make([]byte, 256<<10)
+	}
+	n, err := io.CopyBuffer(w, io.LimitReader(f, info.Size()), t.buf)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if n != info.Size() {
-		return "", fmt.Errorf("%s changed while it was read (%d of %d bytes)", name, n, info.Size())
+		return fmt.Errorf("%s changed while it was read (%d of %d bytes)", name, n, info.Size())
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return nil
 }
 
 func (t *tarWriter) close() error { return t.tw.Close() }

@@ -1,0 +1,106 @@
+package workspace
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"strconv"
+	"sync"
+
+	"github.com/go-git/go-billy/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+	"github.com/klauspost/compress/zlib"
+)
+
+// looseObjects reads a repository's loose objects straight from their
+// files (objects/xx/yyyy…: zlib of "<type> <size>\0<content>") into pack
+// entries, without go-git's object cache, its in-memory copy of each object
+// and the collision-detecting SHA-1 it computes over each (and never
+// compares with the name either). Exactly the size the header declares is
+// copied; a shorter stream is an error. zlibReaders keeps the readers for
+// reuse.
+type looseObjects struct {
+	fs billy.Filesystem
+}
+
+// newLooseObjects returns the loose objects of s when s is a repository on
+// disk (go-git's filesystem storage), else nil.
+func newLooseObjects(s storer.EncodedObjectStorer) *looseObjects {
+	type onDisk interface{ Filesystem() billy.Filesystem }
+	d, ok := s.(onDisk)
+	if !ok || d.Filesystem() == nil {
+		return nil
+	}
+	return &looseObjects{fs: d.Filesystem()}
+}
+
+// copyObject writes the pack entry of loose object h (header, then its
+// content compressed by enc) to w and returns its type and size. ok is
+// false, with no error and nothing written, when h is not a loose object.
+func (l *looseObjects) copyObject(h plumbing.Hash, w *bytes.Buffer, enc *entryEncoder) (t plumbing.ObjectType, size int64, ok bool, err error) {
+	hx := h.String()
+	f, err := l.fs.Open(l.fs.Join("objects", hx[:2], hx[2:]))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, 0, false, nil
+	}
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer f.Close()
+	zr, err := openZlib(f)
+	if err != nil {
+		return 0, 0, true, fmt.Errorf("loose object: %w", err)
+	}
+	defer zlibReaders.Put(zr)
+	if enc.br == nil {
+		enc.br = bufio.NewReaderSize(zr, 32<<10)
+	} else {
+		enc.br.Reset(zr)
+	}
+	if t, size, err = looseHeader(enc.br); err != nil {
+		return 0, 0, true, err
+	}
+	writeEntryHeader(w, t, size)
+	return t, size, true, enc.compress(w, enc.br, size)
+}
+
+// openZlib returns a zlib reader of r, reused from zlibReaders when one is
+// there. klauspost/compress inflates the same bytes as compress/zlib, about
+// 1.3-1.5 times as fast here (inflating is most of packing loose objects).
+func openZlib(r io.Reader) (io.ReadCloser, error) {
+	if zr, ok := zlibReaders.Get().(io.ReadCloser); ok {
+		if err := zr.(zlib.Resetter).Reset(r, nil); err != nil {
+			return nil, err
+		}
+		return zr, nil
+	}
+	return zlib.NewReader(r)
+}
+
+// looseHeader reads a loose object's "<type> <size>\0" header.
+func looseHeader(br *bufio.Reader) (plumbing.ObjectType, int64, error) {
+	line, err := br.ReadSlice(0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("loose object header: %w", err)
+	}
+	typ, sz, found := bytes.Cut(line[:len(line)-1], []byte{' '})
+	if !found {
+		return 0, 0, fmt.Errorf("loose object header %q", line)
+	}
+	t, err := plumbing.ParseObjectType(string(typ))
+	if err != nil {
+		return 0, 0, fmt.Errorf("loose object header: %w", err)
+	}
+	size, err := strconv.ParseInt(string(sz), 10, 64)
+	if err != nil || size < 0 {
+		return 0, 0, fmt.Errorf("loose object header %q", line)
+	}
+	return t, size, nil
+}
+
+// zlibReaders keeps zlib readers for reuse (each holds a 32 KiB window).
+var zlibReaders sync.Pool
