@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -154,8 +155,15 @@ func startNoopWorker(t *testing.T, b bed) {
 	})
 }
 
-// cpuProfile starts a CPU profile into path and returns the function that
-// stops it; an empty path profiles nothing.
+// blockProfileEnv, set to a duration (e.g. 10us), makes cpuProfile also
+// write a block profile beside each CPU profile (path with ".cpu." replaced
+// by ".block."), sampling one blocking event per that much time blocked.
+// Off by default: sampling slows the loop it measures.
+const blockProfileEnv = "JETCREW_BENCH_BLOCKPROFILE"
+
+// cpuProfile starts a CPU profile into path (and a block profile, see
+// blockProfileEnv) and returns the function that stops it; an empty path
+// profiles nothing.
 func cpuProfile(t *testing.T, path string) func() {
 	t.Helper()
 	if path == "" {
@@ -164,9 +172,31 @@ func cpuProfile(t *testing.T, path string) func() {
 	f, err := os.Create(path)
 	require.NoError(t, err)
 	require.NoError(t, pprof.StartCPUProfile(f))
+	stopBlock := blockProfile(t, strings.Replace(path, ".cpu.", ".block.", 1))
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
+		stopBlock()
+	}
+}
+
+// blockProfile starts sampling blocking events when blockProfileEnv is set
+// and returns the function that writes them to path and stops sampling.
+func blockProfile(t *testing.T, path string) func() {
+	t.Helper()
+	v := os.Getenv(blockProfileEnv)
+	if v == "" {
+		return func() {}
+	}
+	rate, err := time.ParseDuration(v)
+	require.NoError(t, err, "%s", blockProfileEnv)
+	runtime.SetBlockProfileRate(int(rate.Nanoseconds()))
+	return func() {
+		runtime.SetBlockProfileRate(0)
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, pprof.Lookup("block").WriteTo(f, 0))
 	}
 }
 

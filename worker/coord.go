@@ -116,7 +116,7 @@ func (cs *coordSession) endOnce(r *run, final bool) {
 			r.log.Warn().Err(err).Msg("end coordination session")
 		}
 	}
-	if err := os.RemoveAll(cs.dir); err != nil {
+	if err := coordination.RemoveRunDir(cs.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove run directory; the reconciler will retry")
 	}
 }
