@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,6 +156,17 @@ func startNoopWorker(t *testing.T, b bed) {
 	})
 }
 
+// processCPU returns the CPU time (user and system) the test process has
+// used so far: the embedded server, the worker and the loop's own clients
+// together. On a shared machine, CPU per run is steadier than runs per
+// second; the logs show both.
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // blockProfileEnv, set to a duration (e.g. 10us), makes cpuProfile also
 // write a block profile beside each CPU profile (path with ".cpu." replaced
 // by ".block."), sampling one blocking event per that much time blocked.
@@ -268,9 +280,12 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 	round1(noopWarmup)
 	return func(prof string) float64 {
 		stop := cpuProfile(t, prof)
+		cpu0 := processCPU(t)
 		elapsed := round1(n)
+		cpu := processCPU(t) - cpu0
 		stop()
-		t.Logf("%s %s: %d runs in %s", b.label, profile, n, elapsed.Round(time.Millisecond))
+		t.Logf("%s %s: %d runs in %s, process CPU %s (%.0f µs per run)", b.label, profile, n, elapsed.Round(time.Millisecond),
+			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
 		return round(float64(n)/elapsed.Seconds(), 1)
 	}
 }
@@ -355,9 +370,12 @@ func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 	round1(noopWarmup)
 	return func(prof string) float64 {
 		stop := cpuProfile(t, prof)
+		cpu0 := processCPU(t)
 		elapsed := round1(n)
+		cpu := processCPU(t) - cpu0
 		stop()
-		t.Logf("%s raw: %d messages in %s", b.label, n, elapsed.Round(time.Millisecond))
+		t.Logf("%s raw: %d messages in %s, process CPU %s (%.0f µs per message)", b.label, n, elapsed.Round(time.Millisecond),
+			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
 		return round(float64(n)/elapsed.Seconds(), 1)
 	}
 }
