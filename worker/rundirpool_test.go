@@ -22,6 +22,8 @@ type seenDir struct {
 	info  os.FileInfo
 	names []string
 	mcp   []byte
+	// pooled is how many directories the pool held meanwhile.
+	pooled int
 }
 
 // recordRunDirs makes every container of rt report its run directory on
@@ -39,6 +41,9 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 				}
 			}
 			s.mcp, _ = os.ReadFile(filepath.Join(s.path, coordination.MCPConfigName))
+			// The pool is StateDir/p; the run directory is StateDir/r/<hex>.
+			pool, _ := os.ReadDir(filepath.Join(filepath.Dir(filepath.Dir(s.path)), "p"))
+			s.pooled = len(pool)
 			seen <- s
 			return worker.ExitStatus{}
 		}, nil
@@ -79,6 +84,7 @@ func TestRunDirsPooled(t *testing.T) {
 	bs := <-seen
 	require.NotEqual(t, a.path, bs.path, "each delivery has its own path")
 	require.True(t, os.SameFile(a.info, bs.info), "run b took the pooled directory")
+	require.Zero(t, bs.pooled, "the pool gave its directory to run b")
 	require.ElementsMatch(t, []string{coordination.MCPConfigName, coordination.SocketName}, bs.names)
 	require.Equal(t, coordination.MCPConfig(), bs.mcp)
 	require.Equal(t, coordination.RunDirMode, bs.info.Mode().Perm())
@@ -111,8 +117,12 @@ func TestRunDirNotPooledWhileContainerRemains(t *testing.T) {
 
 	b.submit(t, messages.RunRequest{ID: "keep-b", Profile: "shell", Prompt: "true"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "keep-b").State)
-	bs := <-seen
-	require.False(t, os.SameFile(a.info, bs.info), "run b stages a directory of its own")
+	<-seen
+	// (An inode number may be reused by a new directory, so the pool being
+	// empty is the evidence that run b staged its own.)
+	pooled, err = os.ReadDir(filepath.Join(stateDir, "p"))
+	require.NoError(t, err)
+	require.Empty(t, pooled)
 }
 
 // A pooled directory whose mcp.json is not the one the worker wrote is
@@ -127,7 +137,7 @@ func TestTamperedPooledRunDirDropped(t *testing.T) {
 
 	b.submit(t, messages.RunRequest{ID: "tamper-a", Profile: "shell", Prompt: "true"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "tamper-a").State)
-	a := <-seen
+	<-seen
 	var pooled []os.DirEntry
 	require.Eventually(t, func() bool { pooled, _ = os.ReadDir(pool); return len(pooled) == 1 }, 10*time.Second, 10*time.Millisecond)
 	mcp := filepath.Join(pool, pooled[0].Name(), coordination.MCPConfigName)
@@ -137,6 +147,7 @@ func TestTamperedPooledRunDirDropped(t *testing.T) {
 	b.submit(t, messages.RunRequest{ID: "tamper-b", Profile: "shell", Prompt: "true"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "tamper-b").State)
 	bs := <-seen
-	require.False(t, os.SameFile(a.info, bs.info), "run b did not get the tampered directory")
-	require.Equal(t, coordination.MCPConfig(), bs.mcp)
+	require.Equal(t, coordination.MCPConfig(), bs.mcp, "run b did not get the tampered directory")
+	_, err := os.Stat(filepath.Dir(mcp))
+	require.True(t, os.IsNotExist(err), "the tampered directory was removed: %v", err)
 }
