@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,8 +156,26 @@ func startNoopWorker(t *testing.T, b bed) {
 	})
 }
 
-// cpuProfile starts a CPU profile into path and returns the function that
-// stops it; an empty path profiles nothing.
+// processCPU returns the CPU time (user and system) the test process has
+// used so far: the embedded server, the worker and the loop's own clients
+// together. On a shared machine, CPU per run is steadier than runs per
+// second; the logs show both.
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// blockProfileEnv, set to a duration (e.g. 10us), makes cpuProfile also
+// write a block profile beside each CPU profile (path with ".cpu." replaced
+// by ".block."), sampling one blocking event per that much time blocked.
+// Off by default: sampling slows the loop it measures.
+const blockProfileEnv = "JETCREW_BENCH_BLOCKPROFILE"
+
+// cpuProfile starts a CPU profile into path (and a block profile, see
+// blockProfileEnv) and returns the function that stops it; an empty path
+// profiles nothing.
 func cpuProfile(t *testing.T, path string) func() {
 	t.Helper()
 	if path == "" {
@@ -164,9 +184,31 @@ func cpuProfile(t *testing.T, path string) func() {
 	f, err := os.Create(path)
 	require.NoError(t, err)
 	require.NoError(t, pprof.StartCPUProfile(f))
+	stopBlock := blockProfile(t, strings.Replace(path, ".cpu.", ".block.", 1))
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
+		stopBlock()
+	}
+}
+
+// blockProfile starts sampling blocking events when blockProfileEnv is set
+// and returns the function that writes them to path and stops sampling.
+func blockProfile(t *testing.T, path string) func() {
+	t.Helper()
+	v := os.Getenv(blockProfileEnv)
+	if v == "" {
+		return func() {}
+	}
+	rate, err := time.ParseDuration(v)
+	require.NoError(t, err, "%s", blockProfileEnv)
+	runtime.SetBlockProfileRate(int(rate.Nanoseconds()))
+	return func() {
+		runtime.SetBlockProfileRate(0)
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, pprof.Lookup("block").WriteTo(f, 0))
 	}
 }
 
@@ -238,9 +280,12 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 	round1(noopWarmup)
 	return func(prof string) float64 {
 		stop := cpuProfile(t, prof)
+		cpu0 := processCPU(t)
 		elapsed := round1(n)
+		cpu := processCPU(t) - cpu0
 		stop()
-		t.Logf("%s %s: %d runs in %s", b.label, profile, n, elapsed.Round(time.Millisecond))
+		t.Logf("%s %s: %d runs in %s, process CPU %s (%.0f µs per run)", b.label, profile, n, elapsed.Round(time.Millisecond),
+			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
 		return round(float64(n)/elapsed.Seconds(), 1)
 	}
 }
@@ -325,9 +370,12 @@ func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 	round1(noopWarmup)
 	return func(prof string) float64 {
 		stop := cpuProfile(t, prof)
+		cpu0 := processCPU(t)
 		elapsed := round1(n)
+		cpu := processCPU(t) - cpu0
 		stop()
-		t.Logf("%s raw: %d messages in %s", b.label, n, elapsed.Round(time.Millisecond))
+		t.Logf("%s raw: %d messages in %s, process CPU %s (%.0f µs per message)", b.label, n, elapsed.Round(time.Millisecond),
+			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
 		return round(float64(n)/elapsed.Seconds(), 1)
 	}
 }

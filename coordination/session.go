@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -207,27 +208,22 @@ func (s *Session) serve(ln net.Listener) {
 
 // listenUnix listens on path, replacing a stale socket, and opens the
 // socket's mode to SocketMode. It returns the socket file's info, so that
-// the session removes only the socket it created.
+// the session removes only the socket it created. The usual case, a path
+// in a freshly staged directory, costs the bind alone: a path that exists
+// or a directory that does not is looked at only when the bind fails.
 func listenUnix(path string) (*net.UnixListener, os.FileInfo, error) {
 	if len(path) > maxSocketPath {
 		return nil, nil, fmt.Errorf("socket path %q is %d bytes; unix sockets allow at most %d", path, len(path), maxSocketPath)
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, nil, fmt.Errorf("socket path %s exists and is not a socket (%s)", path, fi.Mode().Type())
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, nil, fmt.Errorf("remove stale socket: %w", err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("socket path: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, nil, fmt.Errorf("socket directory: %w", err)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	addr := &net.UnixAddr{Name: path, Net: "unix"}
+	ln, err := net.ListenUnix("unix", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen on %s: %w", path, err)
+		if perr := prepareSocketPath(path, err); perr != nil {
+			return nil, nil, perr
+		}
+		if ln, err = net.ListenUnix("unix", addr); err != nil {
+			return nil, nil, fmt.Errorf("listen on %s: %w", path, err)
+		}
 	}
 	// Detach removes the file itself, and only when it is still ours: a
 	// later session for the same run may have replaced it.
@@ -245,6 +241,30 @@ func listenUnix(path string) (*net.UnixListener, os.FileInfo, error) {
 		return fail(fmt.Errorf("socket path: %w", err))
 	}
 	return ln, fi, nil
+}
+
+// prepareSocketPath makes path ready for a second bind after the first
+// failed with bindErr: it removes a stale socket there (a dead worker's),
+// refuses anything else there, and creates a missing directory.
+func prepareSocketPath(path string, bindErr error) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case err == nil && fi.Mode().Type() != os.ModeSocket:
+		return fmt.Errorf("socket path %s exists and is not a socket (%s)", path, fi.Mode().Type())
+	case err == nil:
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove stale socket: %w", err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("socket path: %w", err)
+	case !errors.Is(bindErr, syscall.ENOENT):
+		return fmt.Errorf("listen on %s: %w", path, bindErr)
+	default:
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+	}
+	return nil
 }
 
 // RunID returns the id of the run the session acts as.

@@ -35,6 +35,10 @@ type coordSession struct {
 	dir  string
 	sess *coordination.Session
 	once sync.Once
+	// onlyMCP is set while the directory holds nothing the worker staged
+	// but mcp.json (and the session's socket): it may then go back to the
+	// pool of run directories (rundirpool.go) when the run ends.
+	onlyMCP bool
 }
 
 // stageRun stages a run's directory: mcp.json and the backend's files
@@ -47,10 +51,12 @@ type coordSession struct {
 func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coordSession, error) {
 	w := r.w
 	dir := r.dir()
-	if err := coordination.StageRunDir(dir); err != nil {
-		return nil, fmt.Errorf("run directory cannot be staged: %w", err)
+	if !w.runDirs.take(dir) {
+		if err := coordination.StageRunDir(dir); err != nil {
+			return nil, fmt.Errorf("run directory cannot be staged: %w", err)
+		}
 	}
-	cs := &coordSession{dir: dir}
+	cs := &coordSession{dir: dir, onlyMCP: len(plan.Files) == 0}
 	for _, f := range plan.Files {
 		rel, ok := strings.CutPrefix(f.Path, coordination.ContainerRunDir+"/")
 		if !ok {
@@ -93,7 +99,8 @@ func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coor
 
 // end ends a run's coordination: a finished run leaves its group and its
 // inbox is deleted; a run handed back keeps both (detach). The run
-// directory is removed either way.
+// directory is removed either way: into the pool of run directories when
+// nothing of the run can reach it any more (rundirpool.go), else for good.
 func (cs *coordSession) end(r *run, final bool) {
 	if cs == nil {
 		return
@@ -104,6 +111,7 @@ func (cs *coordSession) end(r *run, final bool) {
 func (cs *coordSession) endOnce(r *run, final bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	reuse := cs.onlyMCP && r.egressSess == nil && r.containerGone
 	if cs.sess != nil {
 		r.state.BridgeConnected = r.state.BridgeConnected || cs.sess.Connected()
 		var err error
@@ -115,8 +123,13 @@ func (cs *coordSession) endOnce(r *run, final bool) {
 		if err != nil && !errors.Is(err, context.Canceled) {
 			r.log.Warn().Err(err).Msg("end coordination session")
 		}
+		// A session that did not end cleanly may have left its socket.
+		reuse = reuse && err == nil
 	}
-	if err := os.RemoveAll(cs.dir); err != nil {
+	if reuse && r.w.runDirs.put(cs.dir) {
+		return
+	}
+	if err := coordination.RemoveRunDir(cs.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove run directory; the reconciler will retry")
 	}
 }

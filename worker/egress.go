@@ -181,6 +181,9 @@ func (r *run) openEgress(ctx context.Context, prof Profile, dir string) error {
 	if len(prof.Egress) == 0 {
 		return nil
 	}
+	if r.cs != nil {
+		r.cs.onlyMCP = false // the socket and CA staged here: never pooled
+	}
 	if err := r.w.awaitEgressProof(ctx); err != nil {
 		return err
 	}

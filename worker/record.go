@@ -148,12 +148,15 @@ func retryDelay(attempt int) time.Duration {
 	return d
 }
 
+// ack removes the request of a run whose outcome is recorded (its final
+// state, then its finished event, both acknowledged by the server) from the
+// stream. It is a plain Ack, not a DoubleAck: waiting for the server's
+// confirmation would hold the slot one more round trip per run and cost the
+// server a reply, and an ack that is lost is safe: the request is delivered
+// again after AckWait, that delivery finds the final state (decide's
+// verdictAck) and acks it then, running nothing.
 func (r *run) ack() {
-	ctx, cancel := context.WithTimeout(context.Background(), opMaxElapsed)
-	defer cancel()
-	// DoubleAck waits for the server to confirm, so a lost ack shows up here
-	// instead of as a surprise redelivery.
-	if err := retryOp(ctx, r.msg.DoubleAck); err != nil {
+	if err := r.msg.Ack(); err != nil {
 		r.log.Warn().Err(err).Msg("ack")
 	}
 }

@@ -37,6 +37,9 @@ type run struct {
 	egressSess *egress.Session
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
+	// containerGone is set by release once the run's container was
+	// removed: nothing of it mounts the run's directory any more.
+	containerGone bool
 	// bridge is the SHA-256 (hex) of the staged bridge the run mounts, if
 	// any: set before the run is tracked, read by the bridge's gc.
 	bridge string
@@ -360,7 +363,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 func (r *run) release(final bool) {
 	r.releaseOnce.Do(func() {
 		if c := r.currentContainer(); c != nil {
-			r.removeContainer(c)
+			r.containerGone = r.removeContainer(c)
 		}
 		r.closeEgress()
 		r.cs.end(r, final)
@@ -425,11 +428,14 @@ func (r *run) handBack(ctx context.Context, reason string) {
 	r.log.Info().Msg("run handed back on shutdown")
 }
 
-// removeContainer removes c, logging a failure (the reconciler retries).
-func (r *run) removeContainer(c Container) {
+// removeContainer removes c and reports whether it did, logging a failure
+// (the reconciler retries).
+func (r *run) removeContainer(c Container) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := c.Remove(ctx); err != nil {
 		r.log.Warn().Err(err).Str("container_id", shortID(c.ID())).Msg("remove container; the reconciler will retry")
+		return false
 	}
+	return true
 }

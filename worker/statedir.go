@@ -8,8 +8,8 @@ import (
 	"syscall"
 )
 
-// prepareStateDir makes the worker's state directory and its r/ child safe
-// to stage runs in: with no StateDir configured it creates a private one with
+// prepareStateDir makes the worker's state directory and its r/ and p/
+// children safe to stage runs in (p/, the pool of run directories, emptied): with no StateDir configured it creates a private one with
 // an unpredictable name under os.TempDir() (os.MkdirTemp, mode 0700) and
 // records it; a configured one, and r/, are created 0700 when missing and
 // otherwise must be real directories (not symlinks) owned by the worker's
@@ -33,6 +33,17 @@ func (w *Worker) prepareStateDir() error {
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
 	}
+	// StateDir/p holds pooled run directories (rundirpool.go); what an
+	// earlier process of this worker left there is nobody's. (StateDir is
+	// checked first: RemoveAll must not follow a planted link.)
+	pool := filepath.Join(w.cfg.StateDir, "p")
+	if err := os.RemoveAll(pool); err != nil {
+		return fmt.Errorf("worker: state dir: %w", err)
+	}
+	if err := ensurePrivateDir(pool); err != nil {
+		return fmt.Errorf("worker: state dir: %w", err)
+	}
+	w.runDirs = newRunDirPool(pool, w.cfg.Concurrency)
 	return nil
 }
 

@@ -256,6 +256,9 @@ type Worker struct {
 	coord *coordination.Host
 	// bridges stages the bridge binary runs mount.
 	bridges *bridgeStager
+	// runDirs keeps finished runs' directories for later runs (set by
+	// prepareStateDir).
+	runDirs *runDirPool
 	// install identifies this installation in container labels.
 	install string
 	// egress is the egress proxy's configuration and proof (egress.go).
@@ -491,6 +494,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	// default state dir is per worker id).
 	_ = w.bridges.gc(nil)
 	_ = os.Remove(w.bridges.dir)
+	w.runDirs.drain()
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)

@@ -45,6 +45,9 @@ type Runtime struct {
 	// Behave returns the behaviour of a container, or an error to make
 	// Start fail with it. Nil means ScriptBehaviour.
 	Behave func(spec worker.ContainerSpec) (Behaviour, error)
+	// RemoveErr, when set, is asked before each Remove: an error it returns
+	// makes that Remove fail, leaving the container in place.
+	RemoveErr func(id string) error
 
 	mu         sync.Mutex
 	seq        int
@@ -115,6 +118,11 @@ func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, e
 
 // Remove implements worker.Runtime.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
+	if r.RemoveErr != nil {
+		if err := r.RemoveErr(id); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	c, ok := r.containers[id]
 	delete(r.containers, id)

@@ -1,0 +1,111 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+)
+
+// runDirPool keeps the directories of finished runs that held nothing but
+// mcp.json, under StateDir/p/, for later runs to take: creating a run
+// directory and writing its mcp.json, then removing both, were most of a
+// coordination-on run's cost in the noop benchmark (four journalled
+// file-system operations per run, each slower than the run's NATS round
+// trips on a busy host). A pooled directory goes back and forth by rename;
+// the run's own path (runDir) exists only while the run holds it, as
+// before.
+//
+// A directory enters the pool only when nothing of its run can reach it:
+// the run's container was removed (not just stopped), its session detached
+// without error (its socket removed), and the run staged nothing in it
+// besides mcp.json (no backend files, no egress socket). The container
+// mounted it read-only, so mcp.json is the file the worker wrote; take
+// checks it all the same. A pool that is nil pools nothing.
+type runDirPool struct {
+	root string // StateDir/p, mode 0700
+	max  int    // idle directories kept at most
+
+	mu   sync.Mutex
+	idle []string
+	next int
+}
+
+// newRunDirPool returns a pool under root keeping at most max idle
+// directories. root must exist, mode 0700.
+func newRunDirPool(root string, max int) *runDirPool {
+	return &runDirPool{root: root, max: max}
+}
+
+// take moves an idle directory to dst (a run's directory, which must not
+// exist) and reports whether it did; false means the caller stages dst
+// itself. The directory's times are set to now before it moves, so the
+// reconciler never takes it for a stale one.
+func (p *runDirPool) take(dst string) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	n := len(p.idle)
+	if n == 0 {
+		p.mu.Unlock()
+		return false
+	}
+	dir := p.idle[n-1]
+	p.idle = p.idle[:n-1]
+	p.mu.Unlock()
+	fi, err := os.Lstat(filepath.Join(dir, coordination.MCPConfigName))
+	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == coordination.MCPConfigMode &&
+		fi.Size() == int64(len(coordination.MCPConfig()))
+	if ok {
+		now := time.Now()
+		ok = os.Chtimes(dir, now, now) == nil && os.Rename(dir, dst) == nil
+	}
+	if !ok {
+		_ = os.RemoveAll(dir)
+	}
+	return ok
+}
+
+// put moves the run directory dir into the pool and reports whether it
+// did; false means the caller removes dir. The caller vouches that dir
+// holds only mcp.json and that no container mounts it any more.
+func (p *runDirPool) put(dir string) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	if len(p.idle) >= p.max {
+		p.mu.Unlock()
+		return false
+	}
+	name := filepath.Join(p.root, strconv.Itoa(p.next))
+	p.next++
+	p.mu.Unlock()
+	if os.Rename(dir, name) != nil {
+		return false
+	}
+	p.mu.Lock()
+	p.idle = append(p.idle, name)
+	p.mu.Unlock()
+	return true
+}
+
+// drain removes every idle directory and the pool's root when it is then
+// empty (the worker stops).
+func (p *runDirPool) drain() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, dir := range idle {
+		_ = coordination.RemoveRunDir(dir)
+	}
+	_ = os.Remove(p.root)
+}
