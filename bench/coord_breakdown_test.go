@@ -5,8 +5,8 @@ package bench
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
