@@ -13,7 +13,8 @@
 //
 // stdout carries JSON-RPC frames and nothing else, whatever happens;
 // diagnostics go to stderr. JETCREW_BRIDGE_LOG sets their level (debug, info,
-// warn, error; default info).
+// warn, error; default info). The process collects garbage at GOGC=400 unless
+// the environment sets GOGC (GCPercent says why).
 package bridgecmd
 
 import (
