@@ -59,29 +59,57 @@ func NewBatches(out io.Writer) *Batches {
 
 // Reader returns what the SDK reads: in's newline-delimited frames, each
 // batch split into its messages. A frame longer than maxFrame bytes ends the
-// stream with an error (the session ends, as the SDK's own limit does). Its
-// goroutine ends when in ends or fails.
+// stream with an error (the session ends, as the SDK's own limit does). It
+// reads in on the caller's goroutine (the SDK's reading goroutine), with no
+// goroutine or pipe of its own: a frame reaches the SDK without a hand-off
+// between goroutines. Closing it does nothing; in belongs to the caller.
 func (b *Batches) Reader(in io.Reader, maxFrame int) io.ReadCloser {
-	pr, pw := io.Pipe()
-	go func() {
-		sc := bufio.NewScanner(in)
-		sc.Buffer(make([]byte, 0, 64<<10), maxFrame)
-		for sc.Scan() {
-			line := bytes.TrimSpace(sc.Bytes())
-			if len(line) > 0 && line[0] == '[' {
-				line = b.unbatch(line)
-			}
-			if len(line) == 0 {
-				continue
-			}
-			if _, err := pw.Write(append(line, '\n')); err != nil {
-				return
-			}
-		}
-		_ = pw.CloseWithError(sc.Err()) // nil: EOF
-	}()
-	return pr
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 0, 64<<10), maxFrame)
+	return &frameReader{b: b, sc: sc}
 }
+
+// frameReader is the io.ReadCloser Batches.Reader returns.
+type frameReader struct {
+	b       *Batches
+	sc      *bufio.Scanner
+	buf     []byte // the current line and its newline, reused line after line
+	pending []byte // what is left of buf to read
+	err     error  // what ended in: io.EOF or the scanner's error
+}
+
+// Read copies the current line's rest into p, scanning the next line of in
+// when none is left; it returns io.EOF at the end of in, or the error that
+// ended in.
+func (r *frameReader) Read(p []byte) (int, error) {
+	for len(r.pending) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		if !r.sc.Scan() {
+			r.err = r.sc.Err()
+			if r.err == nil {
+				r.err = io.EOF
+			}
+			continue
+		}
+		line := bytes.TrimSpace(r.sc.Bytes())
+		if len(line) > 0 && line[0] == '[' {
+			line = r.b.unbatch(line)
+		}
+		if len(line) > 0 {
+			// The scanner reuses its buffer: keep a copy until it is read.
+			r.buf = append(append(r.buf[:0], line...), '\n')
+			r.pending = r.buf
+		}
+	}
+	n := copy(p, r.pending)
+	r.pending = r.pending[n:]
+	return n, nil
+}
+
+// Close does nothing: the stream under the reader is the caller's to close.
+func (r *frameReader) Close() error { return nil }
 
 // unbatch handles one batch frame and returns what the SDK should read: its
 // messages, one a line, or nothing.

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 )
 
@@ -34,8 +33,10 @@ type Client struct {
 	path string
 	hc   *http.Client
 
-	closeOnce sync.Once
-	closed    chan struct{} // closed by Close: cancels every call in flight
+	// life ends when Close is called: every call in flight is cancelled
+	// with it (context.AfterFunc, no goroutine per call).
+	life  context.Context
+	close context.CancelFunc
 }
 
 // NewClient returns a Client for the socket at socketPath. It does no I/O:
@@ -51,7 +52,8 @@ func NewClient(socketPath string) *Client {
 		IdleConnTimeout:    30 * time.Second,
 		DisableCompression: true,
 	}
-	return &Client{path: socketPath, hc: &http.Client{Transport: tr}, closed: make(chan struct{})}
+	life, cancel := context.WithCancel(context.Background())
+	return &Client{path: socketPath, hc: &http.Client{Transport: tr}, life: life, close: cancel}
 }
 
 // Close cancels every call in flight (they return an error matching
@@ -59,10 +61,8 @@ func NewClient(socketPath string) *Client {
 // when it is told to stop, so that a long-polling inbox call does not hold up
 // its exit. It is safe to call more than once.
 func (c *Client) Close() {
-	c.closeOnce.Do(func() {
-		close(c.closed)
-		c.hc.CloseIdleConnections()
-	})
+	c.close()
+	c.hc.CloseIdleConnections()
 }
 
 // SocketPath returns the socket path the client dials.
@@ -100,19 +100,10 @@ func (c *Client) Inbox(ctx context.Context, r InboxRequest) (InboxResponse, erro
 func (c *Client) call(ctx context.Context, method, path string, in, out any, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	select {
-	case <-c.closed:
+	if c.life.Err() != nil {
 		return fmt.Errorf("%w: the bridge is stopping", ErrUnavailable)
-	default:
 	}
-	go func() {
-		// Ends with the call (cancel above) or when the client closes.
-		select {
-		case <-c.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer context.AfterFunc(c.life, cancel)()
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
