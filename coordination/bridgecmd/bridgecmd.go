@@ -14,7 +14,8 @@
 // stdout carries JSON-RPC frames and nothing else, whatever happens;
 // diagnostics go to stderr. JETCREW_BRIDGE_LOG sets their level (debug, info,
 // warn, error; default info). The process collects garbage at GOGC=400 unless
-// the environment sets GOGC (GCPercent says why).
+// the environment sets GOGC (GCPercent says why), with a soft memory limit
+// of 24 MiB unless it sets GOMEMLIMIT (MemoryLimit).
 package bridgecmd
 
 import (
@@ -70,6 +71,13 @@ func IsBridgeName(argv0 string) bool {
 // collects at about 16 MiB of heap.
 const GCPercent = 400
 
+// MemoryLimit is the bridge process's soft memory limit in bytes (see
+// runtime/debug.SetMemoryLimit) unless the environment sets GOMEMLIMIT: it
+// bounds what GCPercent may cost a run container whose memory limit is
+// small, since the collector works harder as the heap nears it instead of
+// letting it grow to four times the live heap.
+const MemoryLimit = 24 << 20
+
 // Main runs the bridge command with args (after the program name or the
 // "bridge" subcommand) on the process's stdio, stopping on SIGTERM or
 // SIGINT, and returns the exit code (see Run). It sets GCPercent unless
@@ -78,6 +86,9 @@ const GCPercent = 400
 func Main(args []string) int {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(GCPercent)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(MemoryLimit)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
