@@ -284,6 +284,10 @@ func (r *run) onMCPStatus(status string) {
 // the timeout or a worker shutdown ended the wait. It returns the exit
 // facts, the output closed; it records nothing.
 func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
+	// The stall clock starts with the watchdogs, once the container runs:
+	// a container the engine was slow to create or start (seconds under
+	// load) has not been idle meanwhile.
+	r.prog.touch()
 	stopWatch := r.watch(p.prof, p.prof.bridgeRequired(), r.cs, r.prog)
 	waitCtx, cancelWait := context.WithTimeout(ctx, p.timeout)
 	status, err := s.c.Wait(waitCtx)
