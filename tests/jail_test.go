@@ -1112,7 +1112,10 @@ func TestJailReconciler(t *testing.T) {
 	}
 
 	rt, _ := jailDocker(t)
-	w, err := worker.New(nc, worker.Config{ID: "jt-reaper-" + randomHex(t), Runtime: rt, FetchWait: 2 * time.Second})
+	// A grace of 10 minutes: "young" must still be young when Start runs,
+	// however long creating these containers took on a loaded machine
+	// (38 s once, past the default 30 s); "old" is an hour old.
+	w, err := worker.New(nc, worker.Config{ID: "jt-reaper-" + randomHex(t), Runtime: rt, FetchWait: 2 * time.Second, OrphanGrace: 10 * time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctx), "Start reconciles before it pulls")
 	t.Cleanup(func() {
