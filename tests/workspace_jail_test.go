@@ -292,7 +292,7 @@ func TestWorkspaceRunWritesHostileGit(t *testing.T) {
 	}
 	script := fmt.Sprintf("set -e; cp -r payload/objects/. .git/objects/; echo %s > .git/refs/heads/main\n"+
 		"cat >> .git/config <<'EOF'\n%sEOF\n"+
-		"for h in post-commit pre-commit post-checkout fsmonitor-watchman; do printf '#!/bin/sh\\ntouch %s\\n' > .git/hooks/$h; chmod +x .git/hooks/$h; done\n"+
+		"mkdir -p .git/hooks; for h in post-commit pre-commit post-checkout fsmonitor-watchman; do printf '#!/bin/sh\\ntouch %s\\n' > .git/hooks/$h; chmod +x .git/hooks/$h; done\n"+
 		"echo two > a.txt", commit, hostileConfig(marker), marker)
 	r := run(t, url, jetcrewBin, "submit", "--id", "ws-bomb", "--wait", "--workspace", repo, script)
 	require.Equal(t, 0, r.code, "stdout=%s stderr=%s", r.stdout, r.stderr)
