@@ -322,7 +322,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
 		active:  make(map[string]*activeRun),
 		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
-		tools:   &bridgeStager{dir: filepath.Join(cfg.StateDir, "tool")},
+		tools:   &bridgeStager{dir: filepath.Join(cfg.StateDir, "tool"), what: "workspace tool (the jetcrew binary of WorkspaceTool)"},
 		stopped: make(chan struct{}),
 	}, nil
 }
