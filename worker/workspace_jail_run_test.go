@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -97,5 +98,6 @@ func TestWorkspaceUnpackFailureIsFinal(t *testing.T) {
 	require.Equal(t, 1, st.Attempts, "never retried")
 	require.Contains(t, st.Reason, "the snapshot does not fit the profile's workspace_mib")
 	require.Nil(t, st.WorkspaceResult)
-	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamFailed), "a dead letter")
+	// The dead letter follows the final state.
+	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamFailed) == 1 }, 20*time.Second, 20*time.Millisecond, "a dead letter")
 }
