@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,4 +163,26 @@ func TestJailUnpackAndCapture(t *testing.T) {
 	code = workspace.JailMain([]string{"exec", "--snapshot", filepath.Join(t.TempDir(), "missing.tar"), "--dir", t.TempDir(), "--", "true"}, &out, &errOut)
 	require.Equal(t, workspace.JailExitCode, code)
 	require.True(t, strings.HasPrefix(errOut.String(), "jetcrew workspace: unpack failed (error): "), errOut.String())
+}
+
+// TestCaptureTreeBeforeGit: a hand-made tar listing the work tree before
+// .git (`tar -cf snap.tar a.txt .git`) holds a loose object the work tree
+// already stored; the capture takes it as the same object.
+func TestCaptureTreeBeforeGit(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	gitCmd(t, src, "init", "-q", "-b", "main")
+	write(t, src, "a.txt", "one\n")
+	gitCmd(t, src, "add", "-A")
+	gitCmd(t, src, "commit", "-qm", "one")
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	out, err := exec.Command("tar", "-cf", snap, "-C", src, "a.txt", ".git").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ws := t.TempDir()
+	require.NoError(t, workspace.JailUnpack(workspace.JailArgs{Command: "exec", Snapshot: snap, Dir: ws}))
+	write(t, ws, "a.txt", "two\n")
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "tb", Snapshot: snap, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	require.Equal(t, gitCmd(t, src, "rev-parse", "HEAD"), c.Result.Base)
+	require.Contains(t, string(c.Patch), "-one\n+two\n")
 }
