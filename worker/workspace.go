@@ -134,8 +134,10 @@ type runWorkspace struct {
 	// jetcrew binary running the in-jail commands, toolDigest its SHA-256
 	// (hex).
 	snapshot, tool, toolDigest string
-	// capture is the spec of the capture container, made from the run's.
-	capture ContainerSpec
+	// capture is the spec of the capture container, made from the run's;
+	// captureGone, once it started, closes when it has been removed.
+	capture     ContainerSpec
+	captureGone chan struct{}
 }
 
 func (rw *runWorkspace) tree() string    { return filepath.Join(rw.dir, "tree") }
@@ -238,13 +240,17 @@ func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.
 	return nil
 }
 
-// dropWorkspace removes the delivery's workspace directory, if any, and
-// gives up its snapshot and tool. The removal never follows a symlink the
+// dropWorkspace waits for the capture container's removal, removes the
+// delivery's workspace directory, if any, and gives up its snapshot and
+// tool. The removal never follows a symlink the
 // run made (os.RemoveAll works relative to directory descriptors and
 // unlinks symlinks as they are); nothing in the tree is read.
 func (r *run) dropWorkspace() {
 	if r.ws == nil {
 		return
+	}
+	if r.ws.captureGone != nil {
+		<-r.ws.captureGone // bounded by the removal's own timeout
 	}
 	if err := removeWorkspaceDir(r.ws.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove workspace directory")

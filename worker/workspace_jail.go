@@ -94,7 +94,8 @@ func maxCaptureStream(cfg WorkspaceConfig) (stream, object int64) {
 // exited), bounded by cfg.CaptureTimeout, its stdout written to a file of
 // the worker's (capture.tar in the delivery's directory) up to the stream
 // cap, and reads the result from that file (workspace.ReadCaptureStream).
-// The container is removed whatever happens.
+// The container is removed whatever happens, in the background once it
+// has exited (r.ws.captureGone closes when done).
 func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.Captured, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.CaptureTimeout)
 	defer cancel()
@@ -113,12 +114,19 @@ func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.C
 	if err != nil {
 		return nil, fmt.Errorf("start the capture container: %w", err)
 	}
+	// Removed while the result uploads; dropWorkspace waits for it, so it
+	// is gone before the run's finished event, as the run's container is.
+	gone := make(chan struct{})
+	r.ws.captureGone = gone
 	defer func() {
-		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer rcancel()
-		if err := c.Remove(rctx); err != nil {
-			r.log.Warn().Err(err).Msg("remove the capture container; the reconciler will retry")
-		}
+		go func() {
+			defer close(gone)
+			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer rcancel()
+			if err := c.Remove(rctx); err != nil {
+				r.log.Warn().Err(err).Msg("remove the capture container; the reconciler will retry")
+			}
+		}()
 	}()
 	st, err := c.Wait(ctx)
 	if err != nil {
