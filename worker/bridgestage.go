@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +23,8 @@ import (
 // they ran by its digest. Copies no run refers to are removed (gc).
 type bridgeStager struct {
 	dir string // StateDir/bin
+	// what names the binary in errors; "" means "coordination bridge".
+	what string
 
 	mu     sync.Mutex
 	src    srcKey // the source last staged
@@ -42,6 +45,15 @@ type srcKey struct {
 // It refuses a source that is not a regular file, or a dynamically linked
 // ELF executable (it could not run in a scratch image).
 func (s *bridgeStager) stage(src string) (path, digest string, err error) {
+	path, digest, err = s.stageFile(src)
+	if err != nil && s.what != "" {
+		err = errors.New(strings.Replace(err.Error(), "coordination bridge", s.what, 1))
+	}
+	return path, digest, err
+}
+
+// stageFile is stage with the bridge's wording.
+func (s *bridgeStager) stageFile(src string) (path, digest string, err error) {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return "", "", fmt.Errorf("coordination bridge cannot be staged: %w (the worker stages its own executable unless --bridge names another; or turn coordination off in the profile)", err)

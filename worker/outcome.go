@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // exitFacts is what supervise saw of a run's end, before any decision: the
@@ -51,6 +52,9 @@ type outcomePolicy struct {
 	WorkerID string
 	// Spec is the container's spec, for diagnosing a jail limit.
 	Spec ContainerSpec
+	// WorkspaceMiB is the profile's workspace_mib, for the reason of a
+	// snapshot that does not fit.
+	WorkspaceMiB int64
 }
 
 // action is what becomes of a run once its exit is classified.
@@ -68,6 +72,10 @@ type outcome struct {
 	Action action
 	State  messages.State
 	Reason string
+	// Unpack is the kind of the in-jail unpack's failure
+	// (workspace.UnpackNoSpace, ...), "" when the snapshot unpacked (or the
+	// run has none): nothing is captured then.
+	Unpack string
 }
 
 // classify turns exit facts into an outcome. It does no I/O. The first rule
@@ -75,7 +83,11 @@ type outcome struct {
 //   - a cancel request: cancelled; a watchdog: stalled, or failed for a
 //     bridge never reached;
 //   - a worker shutdown: hand back; a failed wait: retry;
-//   - the timeout: timed_out; an OOM kill with a non-zero exit: failed
+//   - the timeout: timed_out;
+//   - `jetcrew workspace exec` failing to unpack the snapshot (exit code
+//     workspace.JailExitCode, its line last on stderr): failed, never
+//     retried (see unpackOutcome);
+//   - an OOM kill with a non-zero exit: failed
 //     "oom" (a child killed while the main process exits 0 succeeds; the
 //     state's oom_killed says it happened);
 //   - a non-zero exit: failed, with the agent's own error when it reported
@@ -96,6 +108,8 @@ func classify(f exitFacts, p outcomePolicy) outcome {
 		return outcome{Action: actionRetry, Reason: fmt.Sprintf("wait for container: %v", f.WaitErr)}
 	case f.TimedOut:
 		return outcome{Action: actionFinal, State: messages.StateTimedOut, Reason: fmt.Sprintf("timed out after %s", f.Timeout)}
+	case f.Status.Code == workspace.JailExitCode && strings.HasPrefix(f.LastErr, unpackFailed):
+		return unpackOutcome(f.LastErr, p.WorkspaceMiB)
 	case f.Status.OOMKilled && f.Status.Code != 0: // a child's OOM kill alone does not fail the run
 		return outcome{Action: actionFinal, State: messages.StateFailed, Reason: "oom"}
 	case f.Status.Code == 0:
@@ -111,6 +125,30 @@ func classify(f exitFacts, p outcomePolicy) outcome {
 		return outcome{Action: actionRetry, Reason: fmt.Sprintf("%s (attempt %d; the profile allows %d retries)", reason, p.Attempt, p.Retries)}
 	}
 	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason}
+}
+
+// unpackFailed starts the line `jetcrew workspace exec` prints when the
+// snapshot does not unpack: "jetcrew workspace: unpack failed (KIND):
+// DETAIL".
+const unpackFailed = workspace.JailErrPrefix + "unpack failed ("
+
+// unpackOutcome is the outcome of a run whose snapshot did not unpack in
+// its container: failed, with a dead letter, no retry (the snapshot will
+// not unpack better next time), nothing captured. The reason names the
+// profile's workspace_mib when the tree's tmpfs was full, else repeats the
+// unpacker's own words. The line comes from the container, before the
+// agent ran; an agent that prints it and exits with the same code only
+// fails its own run.
+func unpackOutcome(line string, mib int64) outcome {
+	kind, detail, _ := strings.Cut(strings.TrimPrefix(line, unpackFailed), "): ")
+	reason := "workspace: " + detail
+	switch kind {
+	case workspace.UnpackNoSpace:
+		reason = fmt.Sprintf("workspace: %v: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, mib)
+	case workspace.UnpackOther:
+		reason = "workspace: unpack failed: " + detail
+	}
+	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason, Unpack: kind}
 }
 
 // maxResult bounds the result text kept in a run's state, in bytes.

@@ -22,6 +22,8 @@ func TestClassify(t *testing.T) {
 	withRetries.Retries = 1
 	lastTry := withRetries
 	lastTry.Attempt = 2
+	mib := withRetries
+	mib.WorkspaceMiB = 2
 	exit := func(code int) ExitStatus { return ExitStatus{Code: code} }
 	agentErr := &messages.AgentSummary{IsError: true}
 	final := func(st messages.State, reason string) outcome {
@@ -63,6 +65,14 @@ func TestClassify(t *testing.T) {
 		{"retries left", exitFacts{Status: exit(3)}, withRetries,
 			outcome{Action: actionRetry, Reason: "exit code 3 (attempt 1; the profile allows 1 retries)"}},
 		{"no retries left", exitFacts{Status: exit(3)}, lastTry, final(messages.StateFailed, "exit code 3")},
+		{"unpack: no space, never retried", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (no-space): write a: no space left on device"}, mib,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "no-space",
+				Reason: "workspace: too large: the snapshot does not fit the profile's workspace_mib (2 MiB)"}},
+		{"unpack: bad archive", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (bad-archive): not a valid workspace snapshot: x"}, withRetries,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "bad-archive", Reason: "workspace: not a valid workspace snapshot: x"}},
+		{"unpack: other", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (error): open: EIO"}, pol,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "error", Reason: "workspace: unpack failed: open: EIO"}},
+		{"exit 121 without the line is the agent's", exitFacts{Status: exit(121), LastErr: "mine"}, pol, final(messages.StateFailed, "exit code 121: mine")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +25,18 @@ const (
 	// MountRoleBridge is the jetcrew-bridge binary at /opt/jetcrew/bridge;
 	// its digest is the SHA-256 of the binary.
 	MountRoleBridge = "bridge"
+	// MountRoleWorkspace is the run's writable workspace tree at
+	// /workspace (messages.WorkspaceDir); it carries no digest (the
+	// snapshot's mount does).
+	MountRoleWorkspace = "workspace"
+	// MountRoleSnapshot is the run's workspace snapshot at
+	// JailSnapshotPath, read-only; its digest is the snapshot's
+	// ("sha256:<hex>", as the request names it).
+	MountRoleSnapshot = "workspace-snapshot"
+	// MountRoleWorkspaceTool is the jetcrew binary at JailToolPath that
+	// unpacks the snapshot inside the container; its digest is the
+	// SHA-256 of the binary.
+	MountRoleWorkspaceTool = "workspace-tool"
 	// MountRoleOther is any other bind mount; it carries no digest.
 	MountRoleOther = "bind"
 )
@@ -40,6 +53,16 @@ func receiptMounts(spec ContainerSpec, plan AgentPlan) []messages.ReceiptMount {
 			rm.Role, rm.Digest = MountRoleRunDir, runDirDigest(plan)
 		case coordination.BridgePath:
 			rm.Role, rm.Digest = MountRoleBridge, mountDigest(m.Source)
+		case messages.WorkspaceDir:
+			rm.Role = MountRoleWorkspace
+		case JailSnapshotPath, JailToolPath:
+			// Both staged files are named by their SHA-256, checked when
+			// staged: "<hex>.tar" and "<hex>".
+			rm.Role = MountRoleSnapshot
+			if m.Target == JailToolPath {
+				rm.Role = MountRoleWorkspaceTool
+			}
+			rm.Digest = "sha256:" + strings.TrimSuffix(filepath.Base(m.Source), ".tar")
 		}
 		out = append(out, rm)
 	}

@@ -331,7 +331,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 // state, a retry, or a hand-back on shutdown.
 func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	o := classify(f, outcomePolicy{
-		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.w.cfg.ID, Spec: p.spec,
+		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.w.cfg.ID, Spec: p.spec, WorkspaceMiB: p.prof.WorkspaceMiB,
 	})
 	if f.WaitErr == nil && !f.Shutdown {
 		r.state.Result, r.state.Agent = clipResult(f.Result), f.Summary
@@ -356,7 +356,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		r.state.ContainerID = ""
 		r.retry(ctx, errors.New(o.Reason))
 	default:
-		r.finish(ctx, o.State, r.captureWorkspace(ctx, o.Reason))
+		r.finish(ctx, o.State, r.captureWorkspace(ctx, o))
 	}
 }
 

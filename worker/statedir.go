@@ -28,6 +28,9 @@ func (w *Worker) prepareStateDir() error {
 		// New had no state dir to put the staged bridges under.
 		w.bridges.dir = filepath.Join(w.cfg.StateDir, "bin")
 	}
+	if w.tools != nil {
+		w.tools.dir = filepath.Join(w.cfg.StateDir, "tool")
+	}
 	for _, dir := range []string{w.cfg.StateDir, filepath.Join(w.cfg.StateDir, "r")} {
 		if err := ensurePrivateDir(dir); err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)

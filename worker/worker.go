@@ -89,6 +89,14 @@ type Config struct {
 	// (missing, not a regular file, dynamically linked), such runs are
 	// refused with that reason.
 	BridgePath string
+	// WorkspaceTool is the host path of the static jetcrew binary (or
+	// jetcrew-bridge) whose `workspace exec` and `workspace capture`
+	// commands unpack a run's snapshot and capture its result inside the
+	// jail (docs/workspaces.md). Workspace runs mount a content-addressed
+	// copy of it (StateDir/tool/<sha256>, mode 0555) read-only at
+	// JailToolPath. Default: BridgePath. When it cannot be staged,
+	// workspace runs are refused with that reason.
+	WorkspaceTool string
 	// Workspace bounds and stores the workspaces of runs whose request names
 	// one.
 	Workspace WorkspaceConfig
@@ -201,6 +209,9 @@ func (c Config) WithDefaults() Config {
 			c.BridgePath = exe
 		}
 	}
+	if c.WorkspaceTool == "" {
+		c.WorkspaceTool = c.BridgePath
+	}
 	return c
 }
 
@@ -259,6 +270,8 @@ type Worker struct {
 	// runDirs keeps finished runs' directories for later runs (set by
 	// prepareStateDir).
 	runDirs *runDirPool
+	// tools stages the jetcrew binary workspace runs mount (WorkspaceTool).
+	tools *bridgeStager
 	// install identifies this installation in container labels.
 	install string
 	// egress is the egress proxy's configuration and proof (egress.go).
@@ -312,6 +325,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
 		active:  make(map[string]*activeRun),
 		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
+		tools:   &bridgeStager{dir: filepath.Join(cfg.StateDir, "tool"), what: "workspace tool (the jetcrew binary of WorkspaceTool)"},
 		stopped: make(chan struct{}),
 	}, nil
 }
@@ -495,6 +509,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 	_ = w.bridges.gc(nil)
 	_ = os.Remove(w.bridges.dir)
 	w.runDirs.drain()
+	_ = w.tools.gc(nil)
+	_ = os.Remove(w.tools.dir)
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
 	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
 	_ = os.Remove(w.cfg.StateDir)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -32,6 +31,9 @@ type WorkspaceConfig struct {
 	// Buckets configures the workspace and result buckets when the worker
 	// creates them; Replicas defaults to the provisioning's replicas.
 	Buckets workspace.BucketConfig
+	// CaptureTimeout bounds the capture container of one run (start to
+	// exit). Default 10 minutes.
+	CaptureTimeout time.Duration
 }
 
 func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
@@ -40,6 +42,9 @@ func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
 	}
 	if c.MaxFiles == 0 {
 		c.MaxFiles = 200000
+	}
+	if c.CaptureTimeout == 0 {
+		c.CaptureTimeout = 10 * time.Minute
 	}
 	if c.Buckets.Replicas == 0 {
 		c.Buckets.Replicas = replicas
@@ -54,6 +59,9 @@ type wsStores struct {
 	ws, res  jetstream.ObjectStore
 	resolved bool
 	live     map[string]bool // workspace dirs of deliveries in progress
+	// inUse counts the deliveries using each cached snapshot (by path) and
+	// staged tool ("tool:<digest>").
+	inUse map[string]int
 }
 
 // setLive marks a delivery's workspace directory in use (or no longer), so
@@ -76,10 +84,7 @@ func (w *Worker) setLive(dir string, live bool) {
 // of this worker uses and older than OrphanGrace: left over by a crash.
 func (w *Worker) removeStaleWorkspaces() {
 	root := filepath.Join(w.cfg.StateDir, "ws")
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return
-	}
+	entries, _ := os.ReadDir(root)
 	for _, e := range entries {
 		dir := filepath.Join(root, e.Name())
 		w.wsStores.mu.Lock()
@@ -94,6 +99,7 @@ func (w *Worker) removeStaleWorkspaces() {
 			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale workspace directory")
 		}
 	}
+	w.removeStaleSnapshots()
 }
 
 // stores returns the workspace and result buckets, creating them on first
@@ -114,19 +120,28 @@ func (w *Worker) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.O
 	return ws, res, nil
 }
 
-// runWorkspace is one delivery's staged workspace: under dir, the snapshot
-// as downloaded, the tree mounted into the container and a scratch object
-// store for the capture. Only tree is ever visible to the run.
+// runWorkspace is one delivery's staged workspace. The worker creates and
+// mounts the directories and stages the files; it never writes a file the
+// snapshot names nor reads the tree: unpacking and capture run in the jail
+// (workspace_jail.go).
 type runWorkspace struct {
+	// dir holds tree (the run's /workspace, a tmpfs of mib MiB when mib >
+	// 0) and scratch (the capture container's object store), and capture's
+	// output stream.
 	dir string
-	// mib is the size of the tree's tmpfs (profile workspace_mib); 0: no
-	// tmpfs.
 	mib int64
+	// snapshot is the cached snapshot file (snapcache.go), tool the staged
+	// jetcrew binary running the in-jail commands, toolDigest its SHA-256
+	// (hex).
+	snapshot, tool, toolDigest string
+	// capture is the spec of the capture container, made from the run's;
+	// captureGone, once it started, closes when it has been removed.
+	capture     ContainerSpec
+	captureGone chan struct{}
 }
 
-func (rw *runWorkspace) snapshot() string { return filepath.Join(rw.dir, "snapshot.tar") }
-func (rw *runWorkspace) tree() string     { return filepath.Join(rw.dir, "tree") }
-func (rw *runWorkspace) scratch() string  { return filepath.Join(rw.dir, "scratch") }
+func (rw *runWorkspace) tree() string    { return filepath.Join(rw.dir, "tree") }
+func (rw *runWorkspace) scratch() string { return filepath.Join(rw.dir, "scratch") }
 
 // workspaceDir returns the host directory of a delivery's workspace:
 // StateDir/ws/<run dir name>-<seq>-<attempt>.
@@ -134,12 +149,16 @@ func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
 	return filepath.Join(w.cfg.StateDir, "ws", fmt.Sprintf("%s-%d-%d", filepath.Base(w.runDir(runID, seq, attempt)), seq, attempt))
 }
 
-// stageWorkspace downloads and unpacks the request's workspace, when it
-// names one, and mounts it writable at messages.WorkspaceDir, the
-// container's working directory, owned by the profile's user. A refused,
-// missing, corrupt or oversized snapshot is an error retrying cannot fix
-// (the run fails, with a dead letter); a store that cannot be reached is a
-// transientError (the request is handed back for a retry).
+// stageWorkspace, when the request names a workspace, fetches its snapshot
+// (checked: digest, caps, a header scan) into the worker's cache, makes an
+// empty tree owned by the profile's user and mounts it writable at
+// messages.WorkspaceDir, the container's working directory, beside the
+// snapshot and the jetcrew binary, read-only; the run's command is prefixed
+// with `jetcrew workspace exec`, which unpacks inside the container, as the
+// run's user, before it execs the agent. A refused, missing, corrupt or
+// oversized snapshot is an error retrying cannot fix (the run fails, with a
+// dead letter, before any container starts); a store that cannot be
+// reached is a transientError (the request is handed back for a retry).
 func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Profile) error {
 	ref := r.req.Workspace
 	if ref == nil {
@@ -161,10 +180,19 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 		return err
 	}
 	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)), mib: prof.WorkspaceMiB}
+	if rw.tool, rw.toolDigest, err = r.w.tools.stage(r.w.cfg.WorkspaceTool); err != nil {
+		return fmt.Errorf("workspace tool: %w", err)
+	}
 	r.w.setLive(rw.dir, true)
+	r.w.useSnapshot("tool:"+rw.toolDigest, true)
+	start := time.Now()
 	if err := r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid); err != nil {
 		_ = removeWorkspaceDir(rw.dir)
 		r.w.setLive(rw.dir, false)
+		r.w.useSnapshot("tool:"+rw.toolDigest, false)
+		if rw.snapshot != "" {
+			r.w.useSnapshot(rw.snapshot, false)
+		}
 		if isSnapshotRefused(err) {
 			return fmt.Errorf("workspace: %w", err)
 		}
@@ -172,8 +200,8 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	}
 	r.ws = rw
 	r.w.failpoint(FailpointAfterStage)
-	spec.Mounts = append(spec.Mounts, Mount{Source: rw.tree(), Target: messages.WorkspaceDir})
-	spec.WorkingDir = messages.WorkspaceDir
+	jailWorkspace(spec, rw, cfg)
+	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
 }
 
@@ -184,18 +212,23 @@ func isSnapshotRefused(err error) bool {
 		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
 }
 
-// fillWorkspace downloads ref into rw and unpacks it into rw's tree.
+// fillWorkspace fetches ref's snapshot into the cache (rw.snapshot) and
+// makes rw's directories: an empty tree (a tmpfs when rw.mib > 0) owned by
+// uid:gid, mode 0755, and an empty scratch directory of the same owner.
 func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.WorkspaceRef, cfg WorkspaceConfig, uid, gid int) error {
-	ws, _, err := r.w.stores(ctx)
-	if err != nil {
+	var err error
+	if rw.snapshot, err = r.w.cachedSnapshot(ctx, ref, cfg); err != nil {
 		return err
 	}
 	// A leftover of a crashed delivery with the same name goes first.
 	if err := removeWorkspaceDir(rw.dir); err != nil {
 		return err
 	}
-	for _, d := range []string{rw.dir, rw.tree(), rw.scratch()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+	if err := os.MkdirAll(rw.dir, 0o700); err != nil {
+		return err
+	}
+	for _, d := range []string{rw.tree(), rw.scratch()} {
+		if err := os.Mkdir(d, 0o700); err != nil {
 			return err
 		}
 	}
@@ -204,51 +237,47 @@ func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.
 			return err
 		}
 	}
-	start := time.Now()
-	if err := workspace.Download(ctx, ws, ref, rw.snapshot(), cfg.MaxBytes); err != nil {
-		return err
+	// Both are empty, the worker's own: the run's user owns them from here
+	// on. Their parent stays 0700 (root's).
+	for _, d := range []string{rw.tree(), rw.scratch()} {
+		if err := errors.Join(os.Chown(d, uid, gid), os.Chmod(d, 0o755)); err != nil {
+			return err
+		}
 	}
-	f, err := os.Open(rw.snapshot())
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	err = workspace.Unpack(f, rw.tree(), workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, UID: uid, GID: gid})
-	if errors.Is(err, syscall.ENOSPC) {
-		return fmt.Errorf("%w: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, rw.mib)
-	}
-	if err != nil {
-		return err
-	}
-	// The tree's parent stays 0700 (root's); the tree itself is the run
-	// user's, 0755.
-	if err := os.Chmod(rw.tree(), 0o755); err != nil {
-		return err
-	}
-	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
 }
 
-// dropWorkspace removes the delivery's workspace directory, if any. The
-// removal never follows a symlink the run made.
+// dropWorkspace waits for the capture container's removal, removes the
+// delivery's workspace directory, if any, and gives up its snapshot and
+// tool. The removal never follows a symlink the
+// run made (os.RemoveAll works relative to directory descriptors and
+// unlinks symlinks as they are); nothing in the tree is read.
 func (r *run) dropWorkspace() {
 	if r.ws == nil {
 		return
+	}
+	if r.ws.captureGone != nil {
+		<-r.ws.captureGone // bounded by the removal's own timeout
 	}
 	if err := removeWorkspaceDir(r.ws.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove workspace directory")
 	}
 	r.w.setLive(r.ws.dir, false)
+	r.w.useSnapshot(r.ws.snapshot, false)
+	r.w.useSnapshot("tool:"+r.ws.toolDigest, false)
 }
 
 // captureWorkspace records what the run changed in its workspace, after its
-// container exited and before its final state: the result objects go to the
-// result bucket under the run id and attempt, their record to
-// r.state.WorkspaceResult. A failure is recorded in the result's Error,
-// never lost and never fatal to the run's outcome. It returns reason, the
-// run's reason for ending, saying so when the workspace's tmpfs is full.
-func (r *run) captureWorkspace(ctx context.Context, reason string) string {
-	if r.ws == nil {
+// container exited and before its final state, unless o says the snapshot
+// never unpacked: a capture container (workspace_jail.go) computes the
+// result, the worker uploads its objects to the result bucket under the run
+// id and attempt and records them in r.state.WorkspaceResult. A failure is
+// recorded in the result's Error, never lost and never fatal to the run's
+// outcome. It returns o's reason, saying so when the workspace's tmpfs is
+// full.
+func (r *run) captureWorkspace(ctx context.Context, o outcome) string {
+	reason := o.Reason
+	if r.ws == nil || o.Unpack != "" {
 		return reason
 	}
 	if full, mib := workspaceFull(r.ws.tree()); full && r.ws.mib > 0 && reason != "" {
@@ -256,9 +285,7 @@ func (r *run) captureWorkspace(ctx context.Context, reason string) string {
 	}
 	start := time.Now()
 	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
-	c, err := workspace.Capture(r.ws.tree(), workspace.CaptureOptions{
-		RunID: r.req.ID, Snapshot: r.ws.snapshot(), Scratch: r.ws.scratch(), MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles,
-	})
+	c, err := r.runCapture(ctx, cfg)
 	if err != nil {
 		r.log.Warn().Err(err).Msg("capture workspace")
 		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "capture failed: " + err.Error()}

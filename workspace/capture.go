@@ -122,6 +122,11 @@ func copyObjectFile(scratch, rel string, r io.Reader) error {
 		return err
 	}
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		// Already there: a work tree file of the snapshot, read before
+		// .git's objects (a hand-made tar's order), stored the same object.
+		return nil
+	}
 	if err != nil {
 		return err
 	}

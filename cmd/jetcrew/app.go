@@ -146,7 +146,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
-	root.AddCommand(a.bridgeCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
+	root.AddCommand(a.bridgeCmd(), a.workspaceCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd())
 	root.AddCommand(a.resultCmds()...)
 	return root

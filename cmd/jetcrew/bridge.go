@@ -1,9 +1,12 @@
 package main
 
 import (
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/jetcrew/jetcrew/coordination/bridgecmd"
+	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // bridgeCmd is `jetcrew bridge [launch ...]`: the coordination bridge inside
@@ -28,4 +31,39 @@ Workers run it inside run containers; see docs/backends.md.`,
 			return nil
 		},
 	}
+}
+
+// workspaceCmd is `jetcrew workspace exec|capture`: the in-jail workspace
+// commands (workspace.JailMain), which main dispatches before any other
+// set-up. This command is what --help lists.
+func (a *app) workspaceCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "workspace exec|capture [flags] [-- ARGV...]",
+		Short: "Unpack a run's workspace snapshot or capture its result (inside a run's jail)",
+		Long: `workspace exec unpacks a snapshot into the run's /workspace as the run's user,
+then execs ARGV; workspace capture writes what the run changed, as one tar
+stream, on stdout. Workers run them inside run containers and capture
+containers; see docs/workspaces.md.`,
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if code := workspace.JailMain(args, a.stdout, a.stderr); code != 0 {
+				return &exitError{code: code}
+			}
+			return nil
+		},
+	}
+}
+
+// workspaceTool is the binary workers stage for the in-jail workspace
+// commands: the bridge binary tests set, else this executable, whatever
+// --bridge names (a separate bridge may lack the workspace commands).
+func (a *app) workspaceTool() string {
+	if a.bridgePath != "" {
+		return a.bridgePath
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return exe
 }

@@ -13,6 +13,7 @@
 //	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
 //	jetcrew ui                   serve the web console (also served by up)
 //	jetcrew bridge               the coordination bridge, inside a run container
+//	jetcrew workspace exec|capture  unpack and capture a workspace, inside the jail
 //
 // Every command that connects takes the NATS CLI's connection options
 // (--context, --creds, --nkey, --tlsca, ...); docs/security.md.
@@ -28,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/jetcrew/jetcrew/coordination/bridgecmd"
+	"github.com/jetcrew/jetcrew/workspace"
 )
 
 func main() {
@@ -40,6 +42,11 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "bridge" {
 		os.Exit(bridgecmd.Main(os.Args[2:]))
+	}
+	// The in-jail workspace commands, inside a run's container: nothing
+	// else set up, nothing printed but their own output.
+	if len(os.Args) > 1 && os.Args[1] == "workspace" {
+		os.Exit(workspace.JailMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	force := make(chan struct{})

@@ -142,6 +142,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
+		WorkspaceTool:     a.workspaceTool(),
 		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),
 		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),

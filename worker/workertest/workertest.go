@@ -40,7 +40,10 @@ type Behaviour func(ctx context.Context, spec worker.ContainerSpec, out worker.O
 
 // Runtime is a fake worker.Runtime. Its Behave function chooses the
 // Behaviour for each spec; by default the prompt (the last argv element) is
-// read as a tiny script (see Script).
+// read as a tiny script (see Script). The in-jail workspace commands run in
+// process (jail.go): a workspace run's container unpacks its snapshot, then
+// behaves as Behave says for the spec without the `jetcrew workspace exec`
+// prefix; a capture container captures.
 type Runtime struct {
 	// Behave returns the behaviour of a container, or an error to make
 	// Start fail with it. Nil means ScriptBehaviour.
@@ -69,9 +72,26 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, out work
 	if behave == nil {
 		behave = ScriptBehaviour
 	}
-	b, err := behave(spec)
-	if err != nil {
-		return nil, err
+	var b Behaviour
+	ja, jailed := jailArgs(spec)
+	switch {
+	case jailed && ja.Command == "capture":
+		// A capture container: the workspace command alone, whatever
+		// Behave says.
+		b = jailBehaviour(ja, nil)
+	case jailed:
+		inner := spec
+		inner.Cmd = ja.Argv
+		ib, err := behave(inner)
+		if err != nil {
+			return nil, err
+		}
+		b = jailBehaviour(ja, ib)
+	default:
+		var err error
+		if b, err = behave(spec); err != nil {
+			return nil, err
+		}
 	}
 	r.mu.Lock()
 	for _, c := range r.containers {

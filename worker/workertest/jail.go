@@ -1,0 +1,76 @@
+package workertest
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// jailArgs returns the in-jail workspace command a spec runs (its argv
+// starts with worker.JailToolPath and "workspace"), its paths turned into
+// the host paths of the spec's mounts, and whether it runs one.
+func jailArgs(spec worker.ContainerSpec) (workspace.JailArgs, bool) {
+	if len(spec.Cmd) < 2 || spec.Cmd[0] != worker.JailToolPath || spec.Cmd[1] != "workspace" {
+		return workspace.JailArgs{}, false
+	}
+	a, err := workspace.ParseJailArgs(spec.Cmd[2:])
+	if err != nil {
+		return workspace.JailArgs{Command: "invalid: " + err.Error()}, true
+	}
+	a.Snapshot, a.Dir, a.Scratch = hostPath(spec, a.Snapshot), hostPath(spec, a.Dir), hostPath(spec, a.Scratch)
+	return a, true
+}
+
+// hostPath returns the host path of container path p through spec's
+// mounts; p itself when no mount holds it.
+func hostPath(spec worker.ContainerSpec, p string) string {
+	for _, m := range spec.Mounts {
+		if p == m.Target {
+			return m.Source
+		}
+		if rest, ok := strings.CutPrefix(p, m.Target+"/"); ok {
+			return m.Source + "/" + rest
+		}
+	}
+	return p
+}
+
+// jailBehaviour runs the in-jail workspace commands in process, as the
+// Docker runtime's containers run the staged binary: exec unpacks (as the
+// test's user, no chown) and then behaves as inner on the spec whose Cmd is
+// the original argv; capture writes its stream on stdout. A failure prints
+// workspace.JailFailure's line on stderr and exits workspace.JailExitCode.
+func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
+	return func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		fail := func(err error) worker.ExitStatus {
+			out(messages.StreamStderr, []byte(workspace.JailFailure(a, err)+"\n"))
+			return worker.ExitStatus{Code: workspace.JailExitCode}
+		}
+		switch a.Command {
+		case "capture":
+			if err := workspace.JailCapture(a, outWriter{out}); err != nil {
+				return fail(err)
+			}
+			return worker.ExitStatus{}
+		case "exec":
+			if err := workspace.JailUnpack(a); err != nil {
+				return fail(err)
+			}
+			spec.Cmd = a.Argv
+			return inner(ctx, spec, out)
+		}
+		out(messages.StreamStderr, []byte(a.Command+"\n"))
+		return worker.ExitStatus{Code: 2}
+	}
+}
+
+// outWriter writes to a container's stdout.
+type outWriter struct{ out worker.OutputFunc }
+
+func (w outWriter) Write(p []byte) (int, error) {
+	w.out(messages.StreamStdout, p)
+	return len(p), nil
+}

@@ -1,0 +1,103 @@
+package worker_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// uploadDir snapshots a one-file directory into b's workspace bucket.
+func uploadDir(t *testing.T, b *testBundle) messages.WorkspaceRef {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.txt"), []byte("one\n"), 0o644))
+	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	up, err := workspace.Upload(context.Background(), wsb, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	return up.Ref
+}
+
+// TestWorkspaceSnapshotCachedOnce: three runs on one snapshot share one
+// cached, read-only snapshot file; each run's container unpacks it (the
+// agent sees the tree) and a capture container records its result.
+func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
+	t.Parallel()
+	state := workertest.StateDir(t)
+	b := setup(t, func(c *worker.Config) { c.StateDir = state })
+	ref := uploadDir(t, b)
+	seen := make(chan string, 3)
+	b.rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+			for _, m := range spec.Mounts {
+				if m.Target == messages.WorkspaceDir {
+					data, _ := os.ReadFile(filepath.Join(m.Source, "a.txt"))
+					seen <- string(data)
+					_ = os.WriteFile(filepath.Join(m.Source, "b.txt"), []byte("new\n"), 0o644)
+				}
+			}
+			return worker.ExitStatus{}
+		}, nil
+	}
+	for _, id := range []string{"c1", "c2", "c3"} {
+		b.submit(t, messages.RunRequest{ID: id, Profile: "shell", Prompt: "x", Workspace: &ref})
+	}
+	for _, id := range []string{"c1", "c2", "c3"} {
+		st := b.waitFinal(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.Equal(t, "one\n", <-seen, "the agent saw the unpacked tree")
+		require.NotNil(t, st.WorkspaceResult)
+		require.Empty(t, st.WorkspaceResult.Error)
+		require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
+		require.Len(t, st.WorkspaceResult.Objects, 2, "patch and bundle")
+	}
+	ents, err := os.ReadDir(filepath.Join(state, "snap"))
+	require.NoError(t, err)
+	require.Len(t, ents, 1, "one cached snapshot for three runs")
+	info, err := ents[0].Info()
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o444), info.Mode().Perm())
+	var capture int
+	for _, s := range b.rt.Starts() {
+		if strings.HasSuffix(s.Name, "-capture") {
+			capture++
+			require.Equal(t, "none", s.Network)
+		}
+	}
+	require.Equal(t, 3, capture, "one capture container per run")
+}
+
+// TestWorkspaceUnpackFailureIsFinal: when `jetcrew workspace exec` reports
+// that the snapshot did not unpack, the run fails at once with that reason
+// and a dead letter, even with retries left, and nothing is captured.
+func TestWorkspaceUnpackFailureIsFinal(t *testing.T) {
+	t.Parallel()
+	ps, err := worker.ParseProfiles("p.toml", []byte("[profiles.tiny]\nimage='jetcrew-sandbox:latest'\ncommand=['/bin/sh','-c','{prompt}']\ncoordination=false\nretries=3\n"))
+	require.NoError(t, err)
+	b := setup(t, func(c *worker.Config) { c.Profiles = ps })
+	ref := uploadDir(t, b)
+	b.rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+		return func(_ context.Context, _ worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+			out(messages.StreamStderr, []byte("jetcrew workspace: unpack failed (no-space): write a.txt: no space left on device\n"))
+			return worker.ExitStatus{Code: workspace.JailExitCode}
+		}, nil
+	}
+	b.submit(t, messages.RunRequest{ID: "u1", Profile: "tiny", Prompt: "x", Workspace: &ref})
+	st := b.waitFinal(t, "u1")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Equal(t, 1, st.Attempts, "never retried")
+	require.Contains(t, st.Reason, "the snapshot does not fit the profile's workspace_mib")
+	require.Nil(t, st.WorkspaceResult)
+	// The dead letter follows the final state.
+	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamFailed) == 1 }, 20*time.Second, 20*time.Millisecond, "a dead letter")
+}

@@ -1,0 +1,60 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// TestJailWorkspaceSpec: a workspace run's container unpacks through the
+// staged tool before its own argv, mounts the tree writable and the
+// snapshot and tool read-only, and its receipt names them by role and
+// digest; the capture container keeps the run's limits, user, image,
+// runtime and labels, with network none and the tree read-only.
+func TestJailWorkspaceSpec(t *testing.T) {
+	t.Parallel()
+	tool := strings.Repeat("a", 64)
+	snap := strings.Repeat("b", 64)
+	rw := &runWorkspace{dir: "/state/ws/x-1-1", snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
+	spec := ContainerSpec{
+		Name: "jetcrew-r1-7-1", Image: "img", Cmd: []string{"/bin/sh", "-c", "echo hi"}, User: "1000:1000", WorkingDir: "/home/agent",
+		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true"}, Network: "bridge", OCIRuntime: "runsc",
+		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
+	}
+	jailWorkspace(&spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
+
+	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
+		"--max-bytes", "1000", "--max-files", "10", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
+	require.Equal(t, messages.WorkspaceDir, spec.WorkingDir)
+	require.Equal(t, []Mount{
+		{Source: "/state/ws/x-1-1/tree", Target: messages.WorkspaceDir},
+		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+	}, spec.Mounts)
+	require.Equal(t, []messages.ReceiptMount{
+		{Target: messages.WorkspaceDir, Role: MountRoleWorkspace},
+		{Target: JailSnapshotPath, Role: MountRoleSnapshot, Digest: "sha256:" + snap, ReadOnly: true},
+		{Target: JailToolPath, Role: MountRoleWorkspaceTool, Digest: "sha256:" + tool, ReadOnly: true},
+	}, receiptMounts(spec, AgentPlan{}))
+
+	c := rw.capture
+	require.Equal(t, "jetcrew-r1-7-1-capture", c.Name)
+	require.Equal(t, "none", c.Network, "the capture container has no network, whatever the run had")
+	require.Equal(t, [6]any{"img", "1000:1000", "runsc", int64(64 << 20), int64(5e8), int64(32)},
+		[6]any{c.Image, c.User, c.OCIRuntime, c.MemoryBytes, c.NanoCPUs, c.PidsLimit})
+	require.Equal(t, spec.Labels, c.Labels, "the reconciler sees it as the run's")
+	args, err := workspace.ParseJailArgs(c.Cmd[2:])
+	require.NoError(t, err)
+	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
+		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}}, args)
+	require.Equal(t, []Mount{
+		{Source: "/state/ws/x-1-1/tree", Target: messages.WorkspaceDir, ReadOnly: true},
+		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},
+	}, c.Mounts)
+}

@@ -1,0 +1,296 @@
+package workspace
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// The in-jail commands. A worker never unpacks a snapshot nor reads a run's
+// tree itself: it prefixes the run's command with `jetcrew workspace exec`
+// (unpack as the run's user, then exec the agent) and, once the run's
+// container has exited, runs `jetcrew workspace capture` in a second
+// container of the same hardening, reading its result as one tar stream on
+// stdout (docs/workspaces.md, "Where each step runs").
+
+// JailExitCode is the exit code of `jetcrew workspace exec` and `jetcrew
+// workspace capture` when they fail; the last line of their stderr then
+// starts with JailErrPrefix and says why.
+const JailExitCode = 121
+
+// JailErrPrefix starts the line the in-jail commands print on stderr when
+// they fail. `jetcrew workspace exec` prints
+// "jetcrew workspace: unpack failed (KIND): DETAIL", KIND one of the Unpack
+// failure kinds below.
+const JailErrPrefix = "jetcrew workspace: "
+
+// Kinds of unpack failure, as `jetcrew workspace exec` prints them.
+const (
+	// UnpackNoSpace: the tree's file system is full (ENOSPC), a
+	// workspace_mib too small for the snapshot.
+	UnpackNoSpace = "no-space"
+	// UnpackTooLarge: the snapshot is over the worker's bytes or files cap
+	// (ErrTooLarge).
+	UnpackTooLarge = "too-large"
+	// UnpackBadArchive: the snapshot is not a valid workspace snapshot
+	// (ErrBadArchive).
+	UnpackBadArchive = "bad-archive"
+	// UnpackOther: any other failure (a missing snapshot mount, EIO).
+	UnpackOther = "error"
+)
+
+// JailArgs are the arguments of an in-jail command.
+type JailArgs struct {
+	// Command is "exec" or "capture".
+	Command string
+	// Snapshot is the snapshot tar's path (read-only in the container).
+	Snapshot string
+	// Dir is the workspace tree (messages.WorkspaceDir).
+	Dir string
+	// Scratch is capture's private, empty, writable object store directory.
+	Scratch string
+	// RunID names the bundle's ref (capture).
+	RunID string
+	// MaxBytes and MaxFiles are the worker's caps (UnpackOptions,
+	// CaptureOptions); 0 means none.
+	MaxBytes int64
+	MaxFiles int
+	// Argv is exec's command, the arguments after "--".
+	Argv []string
+}
+
+// ParseJailArgs parses the arguments after "workspace": a command (exec or
+// capture) and its flags; exec takes its argv after "--". It returns an
+// error for an unknown command or flag, or an exec without argv.
+func ParseJailArgs(args []string) (JailArgs, error) {
+	var a JailArgs
+	if len(args) == 0 || (args[0] != "exec" && args[0] != "capture") {
+		return a, errors.New("usage: jetcrew workspace exec|capture [flags] [-- ARGV...]")
+	}
+	a.Command = args[0]
+	fs := flag.NewFlagSet("workspace "+a.Command, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&a.Snapshot, "snapshot", "", "snapshot tar")
+	fs.StringVar(&a.Dir, "dir", messages.WorkspaceDir, "workspace tree")
+	fs.StringVar(&a.Scratch, "scratch", "", "capture's scratch directory")
+	fs.StringVar(&a.RunID, "run-id", "", "run id (capture)")
+	fs.Int64Var(&a.MaxBytes, "max-bytes", 0, "bytes cap")
+	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
+	if err := fs.Parse(args[1:]); err != nil {
+		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
+	}
+	a.Argv = fs.Args()
+	switch {
+	case a.Snapshot == "":
+		return a, fmt.Errorf("workspace %s: --snapshot is required", a.Command)
+	case a.Command == "exec" && len(a.Argv) == 0:
+		return a, errors.New("workspace exec: no command after --")
+	case a.Command == "capture" && (a.Scratch == "" || a.RunID == "" || len(a.Argv) > 0):
+		return a, errors.New("workspace capture: --scratch and --run-id are required, and no arguments")
+	}
+	return a, nil
+}
+
+// ArgList returns the argument list (after the binary's path) that runs a:
+// what ParseJailArgs reads back, "workspace" first.
+func (a JailArgs) ArgList() []string {
+	out := []string{"workspace", a.Command, "--snapshot", a.Snapshot, "--dir", a.Dir,
+		"--max-bytes", fmt.Sprint(a.MaxBytes), "--max-files", fmt.Sprint(a.MaxFiles)}
+	if a.Command == "capture" {
+		return append(out, "--scratch", a.Scratch, "--run-id", a.RunID)
+	}
+	return append(append(out, "--"), a.Argv...)
+}
+
+// JailMain runs an in-jail command (args after "workspace") and returns the
+// process's exit code: exec never returns when it succeeds (the process is
+// replaced by a.Argv); a failure prints one line starting with
+// JailErrPrefix on stderr and returns JailExitCode (127 when the command to
+// exec cannot be run, as a shell does; 2 for bad arguments).
+func JailMain(args []string, stdout, stderr io.Writer) int {
+	a, err := ParseJailArgs(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s%s\n", JailErrPrefix, oneLine(err.Error()))
+		return 2
+	}
+	if a.Command == "capture" {
+		if err := JailCapture(a, stdout); err != nil {
+			fmt.Fprintln(stderr, JailFailure(a, err))
+			return JailExitCode
+		}
+		return 0
+	}
+	if err := JailUnpack(a); err != nil {
+		fmt.Fprintln(stderr, JailFailure(a, err))
+		return JailExitCode
+	}
+	bin, err := exec.LookPath(a.Argv[0])
+	if err == nil {
+		err = syscall.Exec(bin, a.Argv, os.Environ())
+	}
+	fmt.Fprintf(stderr, "%sexec %s: %s\n", JailErrPrefix, a.Argv[0], oneLine(err.Error()))
+	return 127
+}
+
+// JailFailure returns the line (without newline) an in-jail command prints
+// on stderr when it fails with err: "jetcrew workspace: capture failed:
+// DETAIL" or "jetcrew workspace: unpack failed (KIND): DETAIL".
+func JailFailure(a JailArgs, err error) string {
+	if a.Command == "capture" {
+		return JailErrPrefix + "capture failed: " + oneLine(err.Error())
+	}
+	return fmt.Sprintf("%sunpack failed (%s): %s", JailErrPrefix, UnpackKind(err), oneLine(err.Error()))
+}
+
+// JailUnpack unpacks a.Snapshot into a.Dir with Unpack's rules and a's
+// caps, as the calling user (no chown): inside a run's container, the run's
+// user.
+func JailUnpack(a JailArgs) error {
+	f, err := os.Open(a.Snapshot)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return Unpack(f, a.Dir, UnpackOptions{MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles})
+}
+
+// UnpackKind names the kind of an Unpack error (UnpackNoSpace, ...).
+func UnpackKind(err error) string {
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return UnpackNoSpace
+	case errors.Is(err, ErrTooLarge):
+		return UnpackTooLarge
+	case errors.Is(err, ErrBadArchive):
+		return UnpackBadArchive
+	}
+	return UnpackOther
+}
+
+// JailCapture captures a.Dir against a.Snapshot (Capture, scratch in
+// a.Scratch) and writes the result to w as a capture stream (see
+// WriteCaptureStream).
+func JailCapture(a JailArgs, w io.Writer) error {
+	c, err := Capture(a.Dir, CaptureOptions{RunID: a.RunID, Snapshot: a.Snapshot, Scratch: a.Scratch, MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles})
+	if err != nil {
+		return err
+	}
+	return WriteCaptureStream(w, c)
+}
+
+// Names of a capture stream's entries.
+const (
+	captureRecord = "result.json"
+	maxRecord     = 4 << 20
+)
+
+// WriteCaptureStream writes c as a capture stream: a tar whose first entry
+// is "result.json" (c.Result as JSON, without Objects), followed by one
+// regular file per result object c holds, named by its kind
+// (messages.ResultPatch, ResultBundle, ResultArtifacts), in that order.
+func WriteCaptureStream(w io.Writer, c *Captured) error {
+	rec := c.Result
+	rec.Objects = nil
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(w)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{{captureRecord, b}, {messages.ResultPatch, c.Patch}, {messages.ResultBundle, c.Bundle}, {messages.ResultArtifacts, c.Artifacts}} {
+		if e.data == nil {
+			continue
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(e.data))}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+// ErrBadCaptureStream is wrapped by ReadCaptureStream's errors for a stream
+// that breaks its format or its caps.
+var ErrBadCaptureStream = errors.New("not a valid capture stream")
+
+// ReadCaptureStream reads a capture stream from r, an untrusted source: the
+// record first (at most 4 MiB, decoded with messages.DecodeStrictJSON, no
+// Objects), then each object at most once, a regular file of at most
+// maxObject bytes (0: no bound) and of a known kind, in any order. It
+// returns the record and the objects (a nil field: no such object).
+func ReadCaptureStream(r io.Reader, maxObject int64) (*Captured, error) {
+	tr := tar.NewReader(r)
+	c := &Captured{}
+	seen := map[string]bool{}
+	for i := 0; ; i++ {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			if !seen[captureRecord] {
+				return nil, fmt.Errorf("%w: no %s", ErrBadCaptureStream, captureRecord)
+			}
+			return c, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadCaptureStream, err)
+		}
+		limit := maxObject
+		if hdr.Name == captureRecord {
+			limit = maxRecord
+		}
+		switch {
+		case hdr.Typeflag != tar.TypeReg:
+			return nil, fmt.Errorf("%w: entry %q is not a regular file", ErrBadCaptureStream, hdr.Name)
+		case seen[hdr.Name]:
+			return nil, fmt.Errorf("%w: entry %q twice", ErrBadCaptureStream, hdr.Name)
+		case (i == 0) != (hdr.Name == captureRecord):
+			return nil, fmt.Errorf("%w: %s must come first, alone", ErrBadCaptureStream, captureRecord)
+		case hdr.Size < 0 || limit > 0 && hdr.Size > limit:
+			return nil, fmt.Errorf("%w: entry %q is %d bytes, the cap is %d", ErrBadCaptureStream, hdr.Name, hdr.Size, limit)
+		}
+		seen[hdr.Name] = true
+		data := make([]byte, hdr.Size)
+		if _, err := io.ReadFull(tr, data); err != nil {
+			return nil, fmt.Errorf("%w: entry %q: %v", ErrBadCaptureStream, hdr.Name, err)
+		}
+		switch hdr.Name {
+		case captureRecord:
+			if err := messages.DecodeStrictJSON(data, &c.Result); err != nil {
+				return nil, fmt.Errorf("%w: %s: %v", ErrBadCaptureStream, captureRecord, err)
+			}
+			if len(c.Result.Objects) > 0 {
+				return nil, fmt.Errorf("%w: the record names objects", ErrBadCaptureStream)
+			}
+		case messages.ResultPatch:
+			c.Patch = data
+		case messages.ResultBundle:
+			c.Bundle = data
+		case messages.ResultArtifacts:
+			c.Artifacts = data
+		default:
+			return nil, fmt.Errorf("%w: unknown entry %q", ErrBadCaptureStream, hdr.Name)
+		}
+	}
+}
+
+// oneLine returns s on one line (newlines and carriage returns as spaces),
+// at most 1 KiB.
+func oneLine(s string) string {
+	s = strings.NewReplacer("\n", " ", "\r", " ").Replace(s)
+	if len(s) > 1024 {
+		s = s[:1024]
+	}
+	return s
+}

@@ -1,0 +1,188 @@
+package workspace_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// tarOf returns a tar of hdrs, each regular file holding Size bytes 'x'.
+func tarOf(t *testing.T, hdrs ...tar.Header) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, h := range hdrs {
+		require.NoError(t, tw.WriteHeader(&h))
+		if h.Typeflag == tar.TypeReg {
+			_, err := tw.Write(bytes.Repeat([]byte("x"), int(h.Size)))
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, tw.Close())
+	return b.Bytes()
+}
+
+// TestScanRefusesWhatUnpackRefuses: the worker's header scan refuses every
+// hostile archive Unpack refuses, and the caps, without writing anything;
+// it accepts what Unpack accepts.
+func TestScanRefusesWhatUnpackRefuses(t *testing.T) {
+	t.Parallel()
+	reg := func(name string, size int64) tar.Header {
+		return tar.Header{Name: name, Typeflag: tar.TypeReg, Size: size, Mode: 0o4755}
+	}
+	for name, c := range map[string]struct {
+		hdrs []tar.Header
+		want error
+	}{
+		"dotdot":        {[]tar.Header{reg("../x", 1)}, workspace.ErrBadArchive},
+		"absolute":      {[]tar.Header{reg("/tmp/x", 1)}, workspace.ErrBadArchive},
+		"hardlink":      {[]tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/shadow"}}, workspace.ErrBadArchive},
+		"device":        {[]tar.Header{{Name: "d", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}}, workspace.ErrBadArchive},
+		"fifo":          {[]tar.Header{{Name: "f", Typeflag: tar.TypeFifo}}, workspace.ErrBadArchive},
+		"through link":  {[]tar.Header{{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/etc"}, reg("l/pwned", 1)}, workspace.ErrBadArchive},
+		"duplicate":     {[]tar.Header{reg("a", 1), reg("a", 1)}, workspace.ErrBadArchive},
+		"file over dir": {[]tar.Header{reg("a", 1), reg("a/b", 1)}, workspace.ErrBadArchive},
+		"dir over file": {[]tar.Header{reg("a/b", 1), reg("a", 1)}, workspace.ErrBadArchive},
+		"too many":      {[]tar.Header{reg("a", 1), reg("b", 1), reg("c", 1)}, workspace.ErrTooLarge},
+		"too big":       {[]tar.Header{reg("a", 60), reg("b", 60)}, workspace.ErrTooLarge},
+	} {
+		b := tarOf(t, c.hdrs...)
+		o := workspace.UnpackOptions{MaxBytes: 100, MaxFiles: 2}
+		require.ErrorIs(t, workspace.Scan(bytes.NewReader(b), o), c.want, name)
+		require.ErrorIs(t, workspace.Unpack(bytes.NewReader(b), t.TempDir(), o), c.want, name)
+	}
+	ok := tarOf(t, tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}, reg("d/a", 3),
+		tar.Header{Name: "d", Typeflag: tar.TypeDir, Mode: 0o755}, tar.Header{Name: "s", Typeflag: tar.TypeSymlink, Linkname: "/etc/shadow"})
+	require.NoError(t, workspace.Scan(bytes.NewReader(ok), workspace.UnpackOptions{MaxBytes: 100, MaxFiles: 10}))
+	require.NoError(t, workspace.Unpack(bytes.NewReader(ok), t.TempDir(), workspace.UnpackOptions{MaxBytes: 100, MaxFiles: 10}))
+}
+
+// TestCaptureStreamRoundTrip: what `workspace capture` writes, the worker
+// reads back; a stream breaking the format or the caps is refused.
+func TestCaptureStreamRoundTrip(t *testing.T) {
+	t.Parallel()
+	c := &workspace.Captured{Result: messages.WorkspaceResult{Base: "b", Head: "h", Commits: 1, FilesChanged: 2}, Patch: []byte{}, Bundle: []byte("bundle")}
+	var b bytes.Buffer
+	require.NoError(t, workspace.WriteCaptureStream(&b, c))
+	got, err := workspace.ReadCaptureStream(bytes.NewReader(b.Bytes()), 100)
+	require.NoError(t, err)
+	require.Equal(t, c.Result, got.Result)
+	require.NotNil(t, got.Patch, "an empty patch is still a patch")
+	require.Empty(t, got.Patch)
+	require.Equal(t, []byte("bundle"), got.Bundle)
+	require.Nil(t, got.Artifacts)
+
+	file := func(name, data string) tar.Header {
+		return tar.Header{Name: name, Typeflag: tar.TypeReg, Size: int64(len(data)), Mode: 0o444}
+	}
+	rec := `{"commits":1,"files_changed":0,"insertions":0,"deletions":0}`
+	withData := func(entries ...[2]string) []byte {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		for _, e := range entries {
+			h := file(e[0], e[1])
+			require.NoError(t, tw.WriteHeader(&h))
+			_, _ = tw.Write([]byte(e[1]))
+		}
+		require.NoError(t, tw.Close())
+		return b.Bytes()
+	}
+	for name, stream := range map[string][]byte{
+		"no record":       withData([2]string{"patch", "p"}),
+		"record second":   withData([2]string{"patch", "p"}, [2]string{"result.json", rec}),
+		"unknown field":   withData([2]string{"result.json", `{"commits":1,"evil":true}`}),
+		"duplicate key":   withData([2]string{"result.json", `{"commits":1,"commits":2}`}),
+		"objects named":   withData([2]string{"result.json", `{"commits":1,"objects":[{"name":"x","size":1,"sha256":"00"}]}`}),
+		"unknown entry":   withData([2]string{"result.json", rec}, [2]string{"../etc/passwd", "x"}),
+		"object twice":    withData([2]string{"result.json", rec}, [2]string{"patch", "p"}, [2]string{"patch", "p"}),
+		"object over cap": withData([2]string{"result.json", rec}, [2]string{"bundle", strings.Repeat("b", 101)}),
+		"symlink":         tarOf(t, tar.Header{Name: "result.json", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd"}),
+		"not a tar":       []byte("garbage"),
+	} {
+		_, err := workspace.ReadCaptureStream(bytes.NewReader(stream), 100)
+		require.ErrorIs(t, err, workspace.ErrBadCaptureStream, name)
+	}
+}
+
+// TestJailArgs: the argument list the worker builds parses back to the
+// same arguments; bad lists are refused.
+func TestJailArgs(t *testing.T) {
+	t.Parallel()
+	for _, a := range []workspace.JailArgs{
+		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Argv: []string{"/bin/sh", "-c", "--max-bytes 1"}},
+		{Command: "capture", Snapshot: "/s.tar", Dir: "/workspace", Scratch: "/scratch", RunID: "r1", MaxBytes: 5, MaxFiles: 6},
+	} {
+		got, err := workspace.ParseJailArgs(a.ArgList()[1:])
+		require.NoError(t, err)
+		if a.Argv == nil {
+			got.Argv = nil
+		}
+		require.Equal(t, a, got)
+	}
+	for _, bad := range [][]string{nil, {"rm"}, {"exec", "--snapshot", "s"}, {"exec", "--", "x"}, {"capture", "--snapshot", "s"}, {"exec", "--bogus", "1", "--snapshot", "s", "--", "x"}} {
+		_, err := workspace.ParseJailArgs(bad)
+		require.Error(t, err, "%q", bad)
+	}
+}
+
+// TestJailUnpackAndCapture runs the two in-jail commands as the worker's
+// containers do, on a git snapshot: unpack, change, capture to a stream,
+// read back.
+func TestJailUnpackAndCapture(t *testing.T) {
+	t.Parallel()
+	src := testRepo(t)
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	info, err := workspace.Snapshot(src, f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	ws := t.TempDir()
+	require.NoError(t, workspace.JailUnpack(workspace.JailArgs{Command: "exec", Snapshot: snap, Dir: ws}))
+	write(t, ws, "sub/a.txt", "changed\n")
+	var out, errOut bytes.Buffer
+	code := workspace.JailMain([]string{"capture", "--snapshot", snap, "--dir", ws, "--scratch", t.TempDir(), "--run-id", "j1"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	c, err := workspace.ReadCaptureStream(&out, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, info.Head, c.Result.Base)
+	require.Equal(t, 1, c.Result.FilesChanged)
+	require.Contains(t, string(c.Patch), "+changed")
+
+	// A failure is one line on stderr and the jail exit code.
+	errOut.Reset()
+	code = workspace.JailMain([]string{"exec", "--snapshot", filepath.Join(t.TempDir(), "missing.tar"), "--dir", t.TempDir(), "--", "true"}, &out, &errOut)
+	require.Equal(t, workspace.JailExitCode, code)
+	require.True(t, strings.HasPrefix(errOut.String(), "jetcrew workspace: unpack failed (error): "), errOut.String())
+}
+
+// TestCaptureTreeBeforeGit: a hand-made tar listing the work tree before
+// .git (`tar -cf snap.tar a.txt .git`) holds a loose object the work tree
+// already stored; the capture takes it as the same object.
+func TestCaptureTreeBeforeGit(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	gitCmd(t, src, "init", "-q", "-b", "main")
+	write(t, src, "a.txt", "one\n")
+	gitCmd(t, src, "add", "-A")
+	gitCmd(t, src, "commit", "-qm", "one")
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	out, err := exec.Command("tar", "-cf", snap, "-C", src, "a.txt", ".git").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ws := t.TempDir()
+	require.NoError(t, workspace.JailUnpack(workspace.JailArgs{Command: "exec", Snapshot: snap, Dir: ws}))
+	write(t, ws, "a.txt", "two\n")
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "tb", Snapshot: snap, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	require.Equal(t, gitCmd(t, src, "rev-parse", "HEAD"), c.Result.Base)
+	require.Contains(t, string(c.Patch), "-one\n+two\n")
+}
