@@ -151,13 +151,11 @@ coordination = false
 			t.Log(l)
 		}
 	}
-	// The worker's heartbeat is per worker, not per run, and so is the
-	// provisioning check before each beat (worker.missingResource: two
-	// bucket lookups, STREAM.INFO, and one CONSUMER.INFO); a run that
-	// takes longer on a loaded machine sees more of them, so they are not
-	// the run's. Only as many INFO requests as the beats explain are taken
-	// off: any a run makes still counts. Replies (the PubAcks, KV and API
-	// answers on _INBOX subjects) are counted apart.
+	// The heartbeat is per worker, not per run, and so is the check before
+	// each beat (worker.missingResource: two STREAM.INFO, one
+	// CONSUMER.INFO), seen more often by a run slowed down by load. Only as
+	// many INFO requests as the beats explain are taken off: any a run makes
+	// still counts. Replies (on _INBOX subjects) are counted apart.
 	beats := by["$KV.jetcrew-workers.*"]
 	periodic := beats + min(by["$JS.API.STREAM.INFO"], 2*beats) + min(by["$JS.API.CONSUMER.INFO"], beats)
 	n -= periodic + by[replies]
