@@ -46,9 +46,10 @@ func TestWorkspace(t *testing.T) {
 	_, _ = rand.Read(suffix)
 	tap := &logTap{}
 	wlog := zerolog.New(tap)
+	stateDir := workertest.StateDir(t)
 	w, err := worker.New(workertest.Connect(t, s), worker.Config{
 		ID: "bench-ws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: profiles(t),
-		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"), Logger: &wlog,
+		StateDir: stateDir, BridgePath: binary(t, "jetcrew-bridge"), Logger: &wlog,
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctx))
@@ -72,7 +73,7 @@ func TestWorkspace(t *testing.T) {
 	var stages []wsStages
 	var size int64
 	for range wsRepeats {
-		up, st := wsStagesSample(t, d, wsb, tap, repo)
+		up, st := wsStagesSample(t, d, wsb, tap, repo, stateDir)
 		size = up.Info.Size
 		jet = append(jet, st.total)
 		stages = append(stages, st)
