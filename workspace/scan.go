@@ -17,9 +17,20 @@ import (
 // entries or regular files over o.MaxBytes in all. o.UID and o.GID are
 // ignored.
 func Scan(r io.Reader, o UnpackOptions) error {
-	tr := tar.NewReader(r)
 	kinds := map[string]byte{}
 	var total int64
+	return eachEntry(r, o.MaxFiles, func(_ *tar.Reader, hdr *tar.Header, name string) error {
+		return scanEntry(kinds, hdr, name, &total, o.MaxBytes)
+	})
+}
+
+// eachEntry reads the tar from r and calls fn with each entry's header and
+// cleaned name, the tree's root "." left out, after refusing what Scan and
+// Unpack both refuse: a malformed archive and a name that is not a relative
+// path inside the tree (ErrBadArchive), more than maxFiles entries
+// (ErrTooLarge; 0: no limit). It returns fn's first error.
+func eachEntry(r io.Reader, maxFiles int, fn func(tr *tar.Reader, hdr *tar.Header, name string) error) error {
+	tr := tar.NewReader(r)
 	for files := 0; ; files++ {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -28,8 +39,8 @@ func Scan(r io.Reader, o UnpackOptions) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrBadArchive, err)
 		}
-		if o.MaxFiles > 0 && files >= o.MaxFiles {
-			return fmt.Errorf("%w: more than %d entries", ErrTooLarge, o.MaxFiles)
+		if maxFiles > 0 && files >= maxFiles {
+			return fmt.Errorf("%w: more than %d entries", ErrTooLarge, maxFiles)
 		}
 		name, err := cleanName(hdr.Name)
 		if err != nil {
@@ -38,7 +49,7 @@ func Scan(r io.Reader, o UnpackOptions) error {
 		if name == "." {
 			continue
 		}
-		if err := scanEntry(kinds, hdr, name, &total, o.MaxBytes); err != nil {
+		if err := fn(tr, hdr, name); err != nil {
 			return err
 		}
 	}

@@ -48,33 +48,13 @@ func Unpack(r io.Reader, dir string, o UnpackOptions) error {
 	if err := own("."); err != nil {
 		return err
 	}
-	tr := tar.NewReader(r)
 	var total int64
-	for files := 0; ; files++ {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrBadArchive, err)
-		}
-		if o.MaxFiles > 0 && files >= o.MaxFiles {
-			return fmt.Errorf("%w: more than %d entries", ErrTooLarge, o.MaxFiles)
-		}
-		name, err := cleanName(hdr.Name)
-		if err != nil {
-			return err
-		}
-		if name == "." {
-			continue
-		}
+	return eachEntry(r, o.MaxFiles, func(tr *tar.Reader, hdr *tar.Header, name string) error {
 		if err := unpackEntry(root, tr, hdr, name, &total, o.MaxBytes); err != nil {
 			return err
 		}
-		if err := own(name); err != nil {
-			return err
-		}
-	}
+		return own(name)
+	})
 }
 
 // cleanName checks a tar entry's name and returns it cleaned.
