@@ -1203,11 +1203,14 @@ func TestJailOCIRuntime(t *testing.T) {
 
 	// The request left the work queue (dead-lettered), so it is never
 	// delivered again.
+	// The term follows the final state (and is not waited on), so it may
+	// land a moment after the state reads failed.
 	runs, err := b.js.Stream(context.Background(), messages.StreamRuns)
 	require.NoError(t, err)
-	ri, err := runs.Info(context.Background())
-	require.NoError(t, err)
-	require.Zero(t, ri.State.Msgs)
+	require.Eventually(t, func() bool {
+		ri, err := runs.Info(context.Background())
+		return err == nil && ri.State.Msgs == 0
+	}, 15*time.Second, 20*time.Millisecond, "the request leaves the work queue")
 	failed, err := b.js.Stream(context.Background(), messages.StreamFailed)
 	require.NoError(t, err)
 	dl, err := failed.GetLastMsgForSubject(context.Background(), messages.SubjectFailed(messages.DefaultPool, "gvisor"))
