@@ -346,17 +346,7 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	// itself in the workers bucket (submit --wait exits 1 when no live
 	// worker serves the pool).
 	provisioned := func(w *opsWorker) {
-		require.Eventually(t, func() bool {
-			if _, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool)); err != nil {
-				return false
-			}
-			kv, err := js.KeyValue(t.Context(), messages.BucketWorkers)
-			if err != nil {
-				return false
-			}
-			keys, err := kv.Keys(t.Context())
-			return err == nil && len(keys) > 0
-		}, 30*time.Second, 20*time.Millisecond, "worker never started\n%s", w.stderr.String())
+		workertest.WaitWorkerReady(t, js, messages.DefaultPool, 30*time.Second, "worker never started\n%s", w.stderr.String())
 	}
 
 	if c.replay {

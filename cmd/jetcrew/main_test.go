@@ -135,17 +135,7 @@ func startWorkerWith(t *testing.T, s *server.Server, rt worker.Runtime, args ...
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		if _, err := js.Consumer(t.Context(), messages.StreamRuns, messages.ConsumerName(messages.DefaultPool)); err != nil {
-			return false
-		}
-		kv, err := js.KeyValue(t.Context(), messages.BucketWorkers)
-		if err != nil {
-			return false
-		}
-		keys, err := kv.Keys(t.Context())
-		return err == nil && len(keys) > 0
-	}, 20*time.Second, 20*time.Millisecond, "worker stderr: %s", a.stderr.String())
+	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 20*time.Second, "worker stderr: %s", a.stderr.String())
 }
 
 func TestNATSURL(t *testing.T) {
