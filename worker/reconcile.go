@@ -239,7 +239,8 @@ func (w *Worker) removeStaleRunDirs(active map[string]bool) {
 }
 
 // removeRunContainers removes every container of runID not in this worker's
-// active set: earlier deliveries' containers, whoever created them.
+// active set: earlier deliveries' containers, whoever created them, then
+// their workspace volumes, now free.
 func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 	cs, err := w.cfg.Runtime.ListManaged(ctx)
 	if err != nil {
@@ -253,6 +254,19 @@ func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 			Msg("removing an earlier delivery's container")
 		if err := w.cfg.Runtime.Remove(ctx, c.ID); err != nil {
 			return fmt.Errorf("remove %s: %w", c.Name, err)
+		}
+	}
+	vs, err := w.cfg.Runtime.ListManagedVolumes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		if v.Labels[LabelRunID] != runID || v.Labels[LabelInstall] != w.install || w.isLive(volumeKey(v.Name)) {
+			continue
+		}
+		w.log.Info().Str("volume", v.Name).Str("run_id", runID).Msg("removing an earlier delivery's volume")
+		if err := w.cfg.Runtime.RemoveVolume(ctx, v.Name); err != nil {
+			return fmt.Errorf("remove volume %s: %w", v.Name, err)
 		}
 	}
 	return nil
