@@ -249,12 +249,29 @@ func (ct *containerTracker) mostRunning(run string) (most, starts int) {
 	return max(ct.most[run+"/run"], ct.most[run+"/capture"]), ct.starts[run]
 }
 
-// runContainers returns the states of run's containers (docker ps -a).
-func runContainers(t *testing.T, run string) []string {
+// allRunContainers returns the names of every container of run, its
+// capture containers included.
+func allRunContainers(t *testing.T, run string) []string {
 	t.Helper()
-	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}}").Output()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.Names}}").Output()
 	require.NoError(t, err)
 	return strings.Fields(string(out))
+}
+
+// runContainers returns the states of run's own containers (docker ps -a),
+// not its capture container's: a workspace run's holds the workspace
+// volume from staging to capture, and a killed worker leaves it as it was.
+func runContainers(t *testing.T, run string) []string {
+	t.Helper()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}} {{.Names}}").Output()
+	require.NoError(t, err)
+	var states []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if state, name, ok := strings.Cut(line, " "); ok && !strings.HasSuffix(name, "-capture") {
+			states = append(states, state)
+		}
+	}
+	return states
 }
 
 // crashCase is one crash point and what must come of the run it kills.
@@ -425,8 +442,8 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	final := time.Now()
 	// No container left once the run is final: the delivery that finished
 	// it removes every container of the run, its own and dead workers'.
-	if !assert.Eventually(t, func() bool { return len(runContainers(t, id)) == 0 }, 10*time.Second, 100*time.Millisecond) {
-		t.Fatalf("run %s is %s but its containers are left: %v\nfresh worker:\n%s", id, st.State, runContainers(t, id), fresh.stderr.String())
+	if !assert.Eventually(t, func() bool { return len(allRunContainers(t, id)) == 0 }, 10*time.Second, 100*time.Millisecond) {
+		t.Fatalf("run %s is %s but its containers are left: %v\nfresh worker:\n%s", id, st.State, allRunContainers(t, id), fresh.stderr.String())
 	}
 	t.Logf("%s: %s after %d attempt(s); containers gone %s after the final state", c.name, st.State, st.Attempts, time.Since(final).Round(time.Millisecond))
 

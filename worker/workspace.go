@@ -130,9 +130,10 @@ func (w *Worker) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.O
 // snapshot names nor reads the tree: unpacking and capture run in the jail
 // (workspace_jail.go).
 type runWorkspace struct {
-	// dir holds scratch (the capture container's object store) and
-	// capture.tar, the capture's output stream: host directories of the
-	// worker's. The tree itself is the volume.
+	// dir holds scratch (the capture container's object store), in (its
+	// input: the snapshot's link) and capture.tar, the capture's output
+	// stream: host directories of the worker's. The tree itself is the
+	// volume.
 	dir string
 	// volume names the delivery's tmpfs volume, the run's /workspace, of
 	// mib MiB (Runtime.CreateVolume).
@@ -155,6 +156,10 @@ type runWorkspace struct {
 }
 
 func (rw *runWorkspace) scratch() string { return filepath.Join(rw.dir, "scratch") }
+
+// in is the capture container's input directory, read-only there: the
+// worker links the snapshot into it once downloaded.
+func (rw *runWorkspace) in() string { return filepath.Join(rw.dir, "in") }
 
 // workspaceDir returns the host directory of a delivery's workspace:
 // StateDir/ws/<run dir name>-<seq>-<attempt>.
@@ -206,20 +211,35 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	r.w.useSnapshot("tool:"+rw.toolDigest, true)
 	r.ws = rw // dropWorkspace gives up what follows, whatever fails
 	start := time.Now()
-	if err := r.fillWorkspace(ctx, rw, *ref, uid, gid, cfg); err != nil {
-		if isSnapshotRefused(err) {
-			return fmt.Errorf("workspace: %w", err)
+	if err := makeWorkspaceDirs(rw, uid, gid); err != nil {
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	// The volume and the capture container that holds it start while the
+	// snapshot downloads; the snapshot reaches the capture container
+	// through a link in its read-only input directory.
+	rw.capture = captureSpec(*spec, rw, cfg)
+	held := make(chan error, 1)
+	go func() { held <- r.startCapture(ctx, spec.Labels, uid, gid) }() // workspace_jail.go
+	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)
+	herr := <-held
+	switch {
+	case err != nil && isSnapshotRefused(err):
+		return fmt.Errorf("workspace: %w", err)
+	case err != nil:
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	rw.snapshot = path
+	if herr != nil {
+		if errors.Is(herr, ErrPermanent) {
+			return fmt.Errorf("workspace: %w", herr)
 		}
+		return transientError{fmt.Errorf("stage workspace: %w", herr)}
+	}
+	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
 		return transientError{fmt.Errorf("stage workspace: %w", err)}
 	}
 	r.w.failpoint(FailpointAfterStage)
 	jailWorkspace(spec, rw, cfg)
-	if err := r.startCapture(ctx, spec.Labels, uid, gid); err != nil { // workspace_jail.go
-		if errors.Is(err, ErrPermanent) {
-			return fmt.Errorf("workspace: %w", err)
-		}
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
-	}
 	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
 }
@@ -234,28 +254,25 @@ func isSnapshotRefused(err error) bool {
 		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
 }
 
-// fillWorkspace fetches ref's snapshot into the cache (rw.snapshot) and
-// makes rw's directory (mode 0700, the worker's) with an empty scratch
-// directory owned by uid:gid, mode 0755.
-func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.WorkspaceRef, uid, gid int, cfg WorkspaceConfig) error {
-	path, err := r.w.cachedSnapshot(ctx, ref, cfg)
-	if err != nil {
-		return err
-	}
-	rw.snapshot = path
-	// A leftover of a crashed delivery with the same name goes first.
+// makeWorkspaceDirs makes rw's directory (mode 0700, the worker's), with
+// an empty scratch directory owned by uid:gid, mode 0755, and an empty
+// input directory (the worker's, mode 0755), after removing a leftover of
+// a crashed delivery with the same name.
+func makeWorkspaceDirs(rw *runWorkspace, uid, gid int) error {
 	if err := os.RemoveAll(rw.dir); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(rw.dir, 0o700); err != nil {
 		return err
 	}
-	if err := os.Mkdir(rw.scratch(), 0o700); err != nil {
-		return err
+	for _, d := range []string{rw.scratch(), rw.in()} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
 	}
-	// Empty, the worker's: the run's user owns it from here on. Its parent
-	// stays 0700 (root's).
-	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755))
+	// Empty, the worker's: the run's user owns scratch from here on. The
+	// parent stays 0700 (root's).
+	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755))
 }
 
 // dropWorkspace removes the capture container (or waits for its removal

@@ -31,14 +31,17 @@ const (
 	// JailScratchPath is the capture container's writable scratch
 	// directory (its git object store).
 	JailScratchPath = "/run/jetcrew-ws/scratch"
+	// JailCaptureInPath is the capture container's read-only input
+	// directory; the snapshot appears in it as snapshot.tar once
+	// downloaded (the container starts before that).
+	JailCaptureInPath = "/run/jetcrew-ws/in"
 )
 
 // jailWorkspace wires a staged workspace into the run's spec: the
 // delivery's volume writable at messages.WorkspaceDir (the working
 // directory), the snapshot and the tool read-only, and the command
 // prefixed with `jetcrew workspace exec`, which unpacks as the run's user
-// and execs the original argv. It also derives the capture container's
-// spec from the run's.
+// and execs the original argv.
 func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
 		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Argv: spec.Cmd}
@@ -48,18 +51,18 @@ func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 		Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true})
 	spec.WorkingDir = messages.WorkspaceDir
-	rw.capture = captureSpec(*spec, rw, cfg)
 }
 
-// captureSpec returns the capture container's spec: the run's image, user,
-// OCI runtime, memory, CPU and pids limits and labels (so the reconciler
-// treats it as the run's), network none, a small /tmp, the volume and the
-// snapshot read-only, the scratch directory writable, and the command
-// `jetcrew workspace capture --wait`. The runtime adds the hardening every
+// captureSpec returns the capture container's spec, from the run's
+// (before jailWorkspace): the run's image, user, OCI runtime, memory, CPU
+// and pids limits and labels (so the reconciler treats it as the run's),
+// network none, a small /tmp, the volume, the input directory (the
+// snapshot) and the tool read-only, the scratch directory writable, and
+// the command `jetcrew workspace capture --wait`. The runtime adds the hardening every
 // container gets (read-only root, no capabilities, no new privileges,
 // init).
 func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) ContainerSpec {
-	args := workspace.JailArgs{Command: "capture", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
+	args := workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir,
 		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true}
 	return ContainerSpec{
 		Name:        run.Name + "-capture",
@@ -77,7 +80,7 @@ func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) Conta
 		Tmpfs:       map[string]string{"/tmp": "size=16m,mode=1777"},
 		Mounts: []Mount{
 			{Source: rw.volume, Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
-			{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+			{Source: rw.in(), Target: JailCaptureInPath, ReadOnly: true},
 			{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 			{Source: rw.scratch(), Target: JailScratchPath},
 		},

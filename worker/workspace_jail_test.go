@@ -26,6 +26,7 @@ func TestJailWorkspaceSpec(t *testing.T) {
 		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true"}, Network: "bridge", OCIRuntime: "runsc",
 		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
 	}
+	rw.capture = captureSpec(spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 	jailWorkspace(&spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 
 	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
@@ -50,11 +51,11 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, spec.Labels, c.Labels, "the reconciler sees it as the run's")
 	args, err := workspace.ParseJailArgs(c.Cmd[2:])
 	require.NoError(t, err)
-	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
+	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
 		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}, Wait: true}, args)
 	require.Equal(t, []Mount{
 		{Source: "jetcrew-r1-7-1-ws", Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
-		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+		{Source: "/state/ws/x-1-1/in", Target: JailCaptureInPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},
 	}, c.Mounts)
