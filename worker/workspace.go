@@ -177,7 +177,7 @@ func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
 // run's command is prefixed with `jetcrew workspace exec`, which unpacks
 // inside the container, as the run's user, before it execs the agent. A
 // refused, missing, corrupt or oversized snapshot is an error retrying
-// cannot fix (the run fails, with a dead letter, before any container
+// cannot fix (the run fails, with a dead letter, before the run's container
 // starts); a store or engine that cannot be reached is a transientError
 // (the request is handed back for a retry). What was made is given up by
 // dropWorkspace (release).
