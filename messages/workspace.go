@@ -212,6 +212,10 @@ type WorkspaceResult struct {
 	// Error says why the result is missing or partial (capture or upload
 	// failed, the workspace was too large to capture).
 	Error string `json:"error,omitempty"`
+	// WorkspaceFull is true when the run's workspace had no space left
+	// when it was captured, whether the capture succeeded or not: the run
+	// wrote up to the profile's workspace_mib (and got ENOSPC there).
+	WorkspaceFull bool `json:"workspace_full,omitempty"`
 }
 
 // MaxResultFiles bounds WorkspaceResult.Files.

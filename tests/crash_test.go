@@ -129,8 +129,8 @@ type containerTracker struct {
 	// running holds, per run id, the containers started and not yet dead,
 	// as the event stream says.
 	running map[string]map[string]bool
-	// most is, per run id, the most containers running at once, by either
-	// view.
+	// most is, per run id and role (roleKey), the most containers running
+	// at once, by either view.
 	most map[string]int
 	// events counts the event stream's container starts per run id.
 	starts map[string]int
@@ -194,54 +194,84 @@ func (ct *containerTracker) event(line []byte) {
 	if !strings.HasPrefix(run, ct.prefix) {
 		return
 	}
+	key := roleKey(run, e.Actor.Attributes["name"])
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
-	if ct.running[run] == nil {
-		ct.running[run] = map[string]bool{}
+	if ct.running[key] == nil {
+		ct.running[key] = map[string]bool{}
 	}
 	switch e.Action {
 	case "start":
 		ct.starts[run]++
-		ct.running[run][e.Actor.ID] = true
-		ct.most[run] = max(ct.most[run], len(ct.running[run]))
+		ct.running[key][e.Actor.ID] = true
+		ct.most[key] = max(ct.most[key], len(ct.running[key]))
 	case "die", "destroy":
-		delete(ct.running[run], e.Actor.ID)
+		delete(ct.running[key], e.Actor.ID)
 	}
+}
+
+// roleKey keys a container of run by its role: a workspace run's capture
+// container runs beside the run's own by design (it holds the workspace
+// volume), so each role is counted on its own.
+func roleKey(run, name string) string {
+	if strings.HasSuffix(name, "-capture") {
+		return run + "/capture"
+	}
+	return run + "/run"
 }
 
 func (ct *containerTracker) poll(ctx context.Context) {
 	out, err := exec.CommandContext(ctx, "docker", "ps", "--filter", "label="+worker.LabelManaged+"=true",
-		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}}`).Output()
+		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}} {{.Names}}`).Output()
 	if err != nil {
 		return
 	}
 	n := map[string]int{}
-	for _, run := range strings.Fields(string(out)) {
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		run, name, _ := strings.Cut(line, " ")
 		if strings.HasPrefix(run, ct.prefix) {
-			n[run]++
+			n[roleKey(run, name)]++
 		}
 	}
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
-	for run, c := range n {
-		ct.most[run] = max(ct.most[run], c)
+	for key, c := range n {
+		ct.most[key] = max(ct.most[key], c)
 	}
 }
 
-// mostRunning returns the most containers of run that ran at once, and how
-// many were started.
+// mostRunning returns the most containers of run in one role (the run's
+// own, or its capture container) that ran at once, and how many of its
+// containers were started.
 func (ct *containerTracker) mostRunning(run string) (most, starts int) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
-	return ct.most[run], ct.starts[run]
+	return max(ct.most[run+"/run"], ct.most[run+"/capture"]), ct.starts[run]
 }
 
-// runContainers returns the states of run's containers (docker ps -a).
-func runContainers(t *testing.T, run string) []string {
+// allRunContainers returns the names of every container of run, its
+// capture containers included.
+func allRunContainers(t *testing.T, run string) []string {
 	t.Helper()
-	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}}").Output()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.Names}}").Output()
 	require.NoError(t, err)
 	return strings.Fields(string(out))
+}
+
+// runContainers returns the states of run's own containers (docker ps -a),
+// not its capture container's: a workspace run's holds the workspace
+// volume from staging to capture, and a killed worker leaves it as it was.
+func runContainers(t *testing.T, run string) []string {
+	t.Helper()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}} {{.Names}}").Output()
+	require.NoError(t, err)
+	var states []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if state, name, ok := strings.Cut(line, " "); ok && !strings.HasSuffix(name, "-capture") {
+			states = append(states, state)
+		}
+	}
+	return states
 }
 
 // crashCase is one crash point and what must come of the run it kills.
@@ -412,8 +442,8 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	final := time.Now()
 	// No container left once the run is final: the delivery that finished
 	// it removes every container of the run, its own and dead workers'.
-	if !assert.Eventually(t, func() bool { return len(runContainers(t, id)) == 0 }, 10*time.Second, 100*time.Millisecond) {
-		t.Fatalf("run %s is %s but its containers are left: %v\nfresh worker:\n%s", id, st.State, runContainers(t, id), fresh.stderr.String())
+	if !assert.Eventually(t, func() bool { return len(allRunContainers(t, id)) == 0 }, 10*time.Second, 100*time.Millisecond) {
+		t.Fatalf("run %s is %s but its containers are left: %v\nfresh worker:\n%s", id, st.State, allRunContainers(t, id), fresh.stderr.String())
 	}
 	t.Logf("%s: %s after %d attempt(s); containers gone %s after the final state", c.name, st.State, st.Attempts, time.Since(final).Round(time.Millisecond))
 

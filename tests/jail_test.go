@@ -898,8 +898,9 @@ exec cat /tmp/done`, n)
 func ptr[T any](v T) *T { return &v }
 
 // TestJailTimeoutStopsWithGrace: a run that times out is stopped with
-// SIGTERM first; a process that handles it exits 143 well within the grace
-// period; one that ignores it is killed (137) only once the grace is over.
+// SIGTERM first; a process that handles it exits 143 (its trap ran) within
+// the grace period; one that ignores it is killed (137) only once the grace
+// is over.
 func TestJailTimeoutStopsWithGrace(t *testing.T) {
 	t.Parallel()
 	const grace = 5 * time.Second
@@ -912,10 +913,12 @@ func TestJailTimeoutStopsWithGrace(t *testing.T) {
 	st := b.waitFinal(t, "term-handled")
 	require.Equal(t, messages.StateTimedOut, st.State)
 	require.Equal(t, "timed out after 1s", st.Reason)
-	require.Equal(t, 143, *st.ExitCode)
+	// 143 and its trap's line prove it ended on SIGTERM, not on the
+	// SIGKILL after the grace (137); how long that took is logged, not
+	// asserted: under load, stopping and recording take seconds.
+	require.Equal(t, 143, *st.ExitCode, "exited on SIGTERM, within the grace")
 	stopped := st.FinishedAt.Sub(st.StartedAt) - timeout
 	t.Logf("handled TERM: stopped %s after the timeout", stopped)
-	require.Less(t, stopped, grace-2*time.Second, "exited on SIGTERM, well within the grace")
 	require.Equal(t, "ready\ngot TERM\n", string(b.output(t, "term-handled").stdout))
 
 	st = b.waitFinal(t, "term-ignored")

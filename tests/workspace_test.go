@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"crypto/rand"
 	"os"
 	"os/exec"
@@ -9,10 +10,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
 )
 
 // git runs the git CLI in dir with a fixed identity and no user or system
@@ -165,7 +168,8 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 func TestWorkspaceRefused(t *testing.T) {
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\n"), 0o644))
-	url := up(t, "--workspace-max-bytes", "100000", "--profiles", profiles)
+	url, logs := upLogged(t, "--workspace-max-bytes", "100000", "--profiles", profiles)
+	t.Cleanup(func() { t.Log(logs.String()) })
 	zero := "sha256:" + strings.Repeat("0", 64)
 	r := run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default",
 		`{"id":"ws-missing","profile":"shell","prompt":"echo ran","workspace":{"name":"nope.tar","digest":"`+zero+`"}}`)
@@ -200,7 +204,21 @@ func TestWorkspaceRefused(t *testing.T) {
 	st := status(t, url, "ws-full")
 	require.Equal(t, messages.StateFailed, st.State)
 	require.Contains(t, st.Reason, "no space left in the workspace: workspace_mib is 1 MiB")
-	require.NotNil(t, st.WorkspaceResult, "the changes that fit are captured")
+	require.NotNil(t, st.WorkspaceResult, "the capture ran")
+	require.True(t, st.WorkspaceResult.WorkspaceFull, "the result says the workspace was full")
+
+	// Without workspace_mib the kernel still bounds it: the built-in shell
+	// profile's workspace is memory_mib/2 = 256 MiB.
+	r = run(t, url, jetcrewBin, "submit", "--id", "ws-default-full", "--wait", "--workspace", small,
+		"df -k /workspace | tail -1; head -c 300000000 /dev/zero > fill.bin")
+	require.NotEqual(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, " 262144 ", "a 256 MiB file system")
+	st = status(t, url, "ws-default-full")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, "no space left in the workspace: workspace_mib is 256 MiB")
+	for _, id := range []string{"ws-full", "ws-default-full"} {
+		requireNoVolumes(t, id)
+	}
 
 	for id, want := range map[string]string{"ws-missing": "not found", "ws-big": "this worker takes at most 100000", "ws-digest": "digest mismatch"} {
 		st := waitFinal(t, url, id)
@@ -210,4 +228,17 @@ func TestWorkspaceRefused(t *testing.T) {
 		dl := run(t, url, natsBin, "stream", "get", messages.StreamFailed, "-S", messages.SubjectFailed("default", id))
 		require.Equal(t, 0, dl.code, "%s has a dead letter: %s", id, dl.stderr)
 	}
+}
+
+// requireNoVolumes waits up to 30 seconds for run id's workspace volumes to
+// be removed (the worker removes them after the final state, before the
+// finished event).
+func requireNoVolumes(t *testing.T, id string) {
+	t.Helper()
+	var out []byte
+	require.Eventually(t, func() bool {
+		var err error
+		out, err = exec.Command("docker", "volume", "ls", "-q", "--filter", "label="+worker.LabelRunID+"="+id).Output()
+		return err == nil && len(bytes.TrimSpace(out)) == 0
+	}, 30*time.Second, 200*time.Millisecond, "volumes of %s left: %s", id, out)
 }

@@ -101,11 +101,11 @@ type Profile struct {
 	TmpMiB int64 `toml:"tmp_mib" json:"tmp_mib"`
 	// HomeMiB is the size of the tmpfs at Home, in MiB. Default 64.
 	HomeMiB int64 `toml:"home_mib" json:"home_mib"`
-	// WorkspaceMiB, when set, makes the workspace of a run (a request with
-	// a workspace) a tmpfs of this size, in MiB, mounted by the worker: the
-	// kernel bounds what the run can write there (ENOSPC). 0 (default): a
-	// directory of the worker's state directory, bounded by the worker's
-	// byte caps only. See docs/workspaces.md.
+	// WorkspaceMiB is the size, in MiB, of the workspace of a run (a
+	// request with a workspace): a tmpfs volume of the engine's, so the
+	// kernel bounds what the run can write there (ENOSPC), and its pages
+	// count against the run's memory limit. Default MemoryMiB/2; it must be
+	// below MemoryMiB. See docs/workspaces.md.
 	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
 	// GitRemotes lists the git remotes a request's workspace may name
 	// instead of a snapshot: each an http(s) URL, exact or ending in "*"
@@ -218,6 +218,9 @@ func (p Profile) withDefaults() (Profile, error) {
 	}
 	if p.MemoryMiB == 0 {
 		p.MemoryMiB = DefaultMemoryMiB
+	}
+	if p.WorkspaceMiB == 0 {
+		p.WorkspaceMiB = p.MemoryMiB / 2
 	}
 	if p.CPUs == 0 {
 		p.CPUs = DefaultCPUs

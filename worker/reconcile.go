@@ -36,6 +36,12 @@ type reconciler struct {
 	alive func(ctx context.Context, id string) (bool, error)
 	// sweepDirs removes the stale run directories not in active.
 	sweepDirs func(active map[string]bool)
+	// listVolumes and removeVolume reach the runtime's volumes
+	// (workspaces); liveVolume reports whether a delivery of this worker
+	// uses one. listVolumes nil: volumes are not reconciled.
+	listVolumes  func(ctx context.Context) ([]ManagedVolume, error)
+	removeVolume func(ctx context.Context, name string) error
+	liveVolume   func(name string) bool
 	now       func() time.Time
 	log       zerolog.Logger
 }
@@ -49,8 +55,9 @@ func (rc *reconciler) Run(ctx context.Context) {
 	})
 }
 
-// reconcile removes the orphans once; it returns the removals that failed,
-// or the error of a listing or a liveness lookup.
+// reconcile removes the orphans once, containers then volumes; it returns
+// the removals that failed, or the error of a listing or a liveness
+// lookup.
 func (rc *reconciler) reconcile(ctx context.Context) error {
 	cs, err := rc.list(ctx)
 	if err != nil {
@@ -61,42 +68,90 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 	alive := map[string]bool{}
 	var errs []error
 	for _, c := range cs {
-		if activeContainers[c.ID] || c.Labels[LabelInstall] != rc.install {
+		if activeContainers[c.ID] {
 			continue
 		}
-		if c.Labels[LabelWorker] == rc.self && rc.holds != nil && rc.holds(c.Labels[LabelRunID]) {
-			// A run this worker holds: its container may still be being
-			// created (not yet known by id); its own delivery removes an
-			// earlier attempt's.
+		orphan, err := rc.orphan(ctx, c.Labels, c.Created, alive)
+		if err != nil {
+			return err
+		}
+		if !orphan {
 			continue
-		}
-		created := c.Created
-		if t, err := time.Parse(time.RFC3339Nano, c.Labels[LabelCreated]); err == nil {
-			created = t
-		}
-		if rc.now().Sub(created) < rc.grace {
-			continue
-		}
-		owner := c.Labels[LabelWorker]
-		if owner != rc.self {
-			live, ok := alive[owner]
-			if !ok {
-				if live, err = rc.alive(ctx, owner); err != nil {
-					return fmt.Errorf("look up worker %s: %w", owner, err)
-				}
-				alive[owner] = live
-			}
-			if live {
-				continue
-			}
 		}
 		rc.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("state", c.State).
-			Str("run_id", c.Labels[LabelRunID]).Str("owner", owner).Msg("removing orphaned container")
+			Str("run_id", c.Labels[LabelRunID]).Str("owner", c.Labels[LabelWorker]).Msg("removing orphaned container")
 		if err := rc.remove(ctx, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
 		}
 	}
+	return errors.Join(append(errs, rc.reconcileVolumes(ctx, alive))...)
+}
+
+// reconcileVolumes removes this installation's volumes that no delivery of
+// this worker uses and that are orphans by the rules of containers
+// (orphan); a volume a container still mounts is left for a later pass.
+func (rc *reconciler) reconcileVolumes(ctx context.Context, alive map[string]bool) error {
+	if rc.listVolumes == nil {
+		return nil
+	}
+	vs, err := rc.listVolumes(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range vs {
+		if rc.liveVolume(v.Name) {
+			continue
+		}
+		orphan, err := rc.orphan(ctx, v.Labels, v.Created, alive)
+		if err != nil {
+			return err
+		}
+		if !orphan {
+			continue
+		}
+		rc.log.Info().Str("volume", v.Name).Str("run_id", v.Labels[LabelRunID]).Msg("removing orphaned volume")
+		if err := rc.removeVolume(ctx, v.Name); err != nil {
+			errs = append(errs, fmt.Errorf("remove volume %s: %w", v.Name, err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// orphan reports whether a container or volume with these labels, created
+// then (LabelCreated wins when it parses), is an orphan: of this
+// installation, not of a run this worker holds, at least grace old, and
+// owned by this worker or by one without a live heartbeat. alive caches
+// the liveness lookups of one pass.
+func (rc *reconciler) orphan(ctx context.Context, labels map[string]string, created time.Time, alive map[string]bool) (bool, error) {
+	if labels[LabelInstall] != rc.install {
+		return false, nil
+	}
+	owner := labels[LabelWorker]
+	if owner == rc.self && rc.holds != nil && rc.holds(labels[LabelRunID]) {
+		// A run this worker holds: its container may still be being
+		// created (not yet known by id); its own delivery removes an
+		// earlier attempt's.
+		return false, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, labels[LabelCreated]); err == nil {
+		created = t
+	}
+	if rc.now().Sub(created) < rc.grace {
+		return false, nil
+	}
+	if owner == rc.self {
+		return true, nil
+	}
+	live, ok := alive[owner]
+	if !ok {
+		var err error
+		if live, err = rc.alive(ctx, owner); err != nil {
+			return false, fmt.Errorf("look up worker %s: %w", owner, err)
+		}
+		alive[owner] = live
+	}
+	return !live, nil
 }
 
 // newReconciler wires the reconciler to this worker: its runtime, its
@@ -117,6 +172,8 @@ func (w *Worker) newReconciler() *reconciler {
 			w.sweepStaged(active)
 			w.removeStaleWorkspaces()
 		},
+		listVolumes: w.cfg.Runtime.ListManagedVolumes, removeVolume: w.cfg.Runtime.RemoveVolume,
+		liveVolume: func(name string) bool { return w.isLive(volumeKey(name)) },
 		now: time.Now, log: w.log,
 	}
 }
@@ -182,7 +239,8 @@ func (w *Worker) removeStaleRunDirs(active map[string]bool) {
 }
 
 // removeRunContainers removes every container of runID not in this worker's
-// active set: earlier deliveries' containers, whoever created them.
+// active set: earlier deliveries' containers, whoever created them, then
+// their workspace volumes, now free.
 func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 	cs, err := w.cfg.Runtime.ListManaged(ctx)
 	if err != nil {
@@ -196,6 +254,19 @@ func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 			Msg("removing an earlier delivery's container")
 		if err := w.cfg.Runtime.Remove(ctx, c.ID); err != nil {
 			return fmt.Errorf("remove %s: %w", c.Name, err)
+		}
+	}
+	vs, err := w.cfg.Runtime.ListManagedVolumes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		if v.Labels[LabelRunID] != runID || v.Labels[LabelInstall] != w.install || w.isLive(volumeKey(v.Name)) {
+			continue
+		}
+		w.log.Info().Str("volume", v.Name).Str("run_id", runID).Msg("removing an earlier delivery's volume")
+		if err := w.cfg.Runtime.RemoveVolume(ctx, v.Name); err != nil {
+			return fmt.Errorf("remove volume %s: %w", v.Name, err)
 		}
 	}
 	return nil

@@ -67,3 +67,46 @@ func TestReconcilerFixtures(t *testing.T) {
 	require.ErrorContains(t, rc.reconcile(context.Background()), "look up worker peer: kv down")
 	require.Empty(t, removed, "nothing is removed when liveness is unknown")
 }
+
+// TestReconcilerVolumes: volumes follow the containers' rules, and a
+// volume a delivery of this worker uses is kept whatever its labels say.
+func TestReconcilerVolumes(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	old, young := now.Add(-time.Hour), now.Add(-time.Second)
+	v := func(name, install, owner string, created time.Time) ManagedVolume {
+		return ManagedVolume{Name: name, Created: created,
+			Labels: map[string]string{LabelInstall: install, LabelWorker: owner, LabelRunID: "run-" + name}}
+	}
+	fixture := []ManagedVolume{
+		v("live", "i1", "self", old),           // a delivery in flight: kept
+		v("other-install", "i1x", "dead", old), // another installation: kept
+		v("young", "i1", "dead", young),        // inside the grace: kept
+		v("live-owner", "i1", "peer", old),     // its worker is alive: kept
+		v("dead-owner", "i1", "dead", old),     // removed
+		v("self-leftover", "i1", "self", old),  // removed
+		v("in-use", "i1", "dead", old),         // still mounted: the error is reported
+	}
+	var removed []string
+	rc := &reconciler{
+		install: "i1", self: "self", grace: time.Minute,
+		list:        func(context.Context) ([]ManagedContainer, error) { return nil, nil },
+		active:      func() (map[string]bool, map[string]bool) { return nil, nil },
+		alive:       func(_ context.Context, id string) (bool, error) { return id == "peer", nil },
+		listVolumes: func(context.Context) ([]ManagedVolume, error) { return fixture, nil },
+		removeVolume: func(_ context.Context, name string) error {
+			removed = append(removed, name)
+			if name == "in-use" {
+				return errors.New("volume is in use")
+			}
+			return nil
+		},
+		liveVolume: func(name string) bool { return name == "live" },
+		sweepDirs:  func(map[string]bool) {},
+		now:        func() time.Time { return now },
+		log:        zerolog.Nop(),
+	}
+	err := rc.reconcile(context.Background())
+	require.ErrorContains(t, err, "remove volume in-use: volume is in use")
+	require.Equal(t, []string{"dead-owner", "self-leftover", "in-use"}, removed)
+}

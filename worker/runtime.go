@@ -26,6 +26,41 @@ type Runtime interface {
 	// Remove force-removes the container with the given id. A container
 	// that no longer exists counts as removed.
 	Remove(ctx context.Context, id string) error
+	// CreateVolume creates the tmpfs volume spec describes (a workspace:
+	// the kernel bounds what is written to it, ENOSPC past its size).
+	// Containers mount it by name (Mount.Volume). Its content lives while
+	// at least one container that mounts it runs: the engine mounts the
+	// tmpfs when the first such container starts and unmounts it, its
+	// content lost, when the last one stops.
+	CreateVolume(ctx context.Context, spec VolumeSpec) error
+	// RemoveVolume removes the named volume. A volume that does not exist
+	// counts as removed; one still mounted by a container is an error.
+	RemoveVolume(ctx context.Context, name string) error
+	// ListManagedVolumes returns every volume that carries the
+	// LabelManaged label, for the reconciler.
+	ListManagedVolumes(ctx context.Context) ([]ManagedVolume, error)
+}
+
+// VolumeSpec describes a tmpfs volume (Runtime.CreateVolume).
+type VolumeSpec struct {
+	// Name is the volume's name, unique per delivery.
+	Name string
+	// SizeBytes is the tmpfs size in bytes (its size= option).
+	SizeBytes int64
+	// UID and GID own the volume's root directory (mode 0755).
+	UID, GID int
+	// Labels are set on the volume (LabelManaged, LabelRunID, ...).
+	Labels map[string]string
+}
+
+// ManagedVolume is a volume as the reconciler sees it.
+type ManagedVolume struct {
+	// Name is the volume's name.
+	Name string
+	// Labels are its labels.
+	Labels map[string]string
+	// Created is when the engine created it (zero when unknown).
+	Created time.Time
 }
 
 // Container is one started container.
@@ -41,6 +76,10 @@ type Container interface {
 	Wait(ctx context.Context) (ExitStatus, error)
 	// Stop sends SIGTERM to the process and SIGKILL after grace.
 	Stop(ctx context.Context, grace time.Duration) error
+	// Signal sends the signal sig (a name such as "SIGUSR1") to the
+	// container's process, through its init. A container that is not
+	// running is an error.
+	Signal(ctx context.Context, sig string) error
 	// Remove force-removes the container and any volumes it owns.
 	Remove(ctx context.Context) error
 }
@@ -137,14 +176,20 @@ type ContainerSpec struct {
 	// Tmpfs maps a container path to the options of a tmpfs mounted there
 	// ("size=64m,mode=1777").
 	Tmpfs map[string]string
-	// Mounts are typed bind mounts. A missing source is an error.
+	// Mounts are typed bind and volume mounts. A missing source is an
+	// error.
 	Mounts []Mount
 }
 
-// Mount is a bind mount of a host path into a container.
+// Mount is a bind mount of a host path, or a mount of a volume, into a
+// container.
 type Mount struct {
-	// Source is the host path; it must exist.
+	// Source is the host path, which must exist; or, with Volume, the name
+	// of a volume made by Runtime.CreateVolume.
 	Source string
+	// Volume makes Source a volume name (mounted without copying the
+	// image's content at Target into it).
+	Volume bool `json:",omitempty"`
 	// Target is the path in the container.
 	Target string
 	// ReadOnly mounts it read-only.

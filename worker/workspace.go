@@ -80,6 +80,13 @@ func (w *Worker) setLive(dir string, live bool) {
 	}
 }
 
+// isLive reports whether setLive marked key in use.
+func (w *Worker) isLive(key string) bool {
+	w.wsStores.mu.Lock()
+	defer w.wsStores.mu.Unlock()
+	return w.wsStores.live[key]
+}
+
 // removeStaleWorkspaces removes delivery workspace directories no delivery
 // of this worker uses and older than OrphanGrace: left over by a crash.
 func (w *Worker) removeStaleWorkspaces() {
@@ -87,15 +94,13 @@ func (w *Worker) removeStaleWorkspaces() {
 	entries, _ := os.ReadDir(root)
 	for _, e := range entries {
 		dir := filepath.Join(root, e.Name())
-		w.wsStores.mu.Lock()
-		live := w.wsStores.live[dir]
-		w.wsStores.mu.Unlock()
+		live := w.isLive(dir)
 		info, err := e.Info()
 		if err != nil || live || time.Since(info.ModTime()) < w.cfg.OrphanGrace {
 			continue
 		}
 		w.log.Info().Str("dir", dir).Msg("removing a stale workspace directory")
-		if err := removeWorkspaceDir(dir); err != nil {
+		if err := os.RemoveAll(dir); err != nil {
 			w.log.Warn().Err(err).Str("dir", dir).Msg("remove stale workspace directory")
 		}
 	}
@@ -125,23 +130,36 @@ func (w *Worker) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.O
 // snapshot names nor reads the tree: unpacking and capture run in the jail
 // (workspace_jail.go).
 type runWorkspace struct {
-	// dir holds tree (the run's /workspace, a tmpfs of mib MiB when mib >
-	// 0) and scratch (the capture container's object store), and capture's
-	// output stream.
+	// dir holds scratch (the capture container's object store), in (its
+	// input: the snapshot's link) and capture.tar, the capture's output
+	// stream: host directories of the worker's. The tree itself is the
+	// volume.
 	dir string
-	mib int64
+	// volume names the delivery's tmpfs volume, the run's /workspace, of
+	// mib MiB (Runtime.CreateVolume).
+	volume string
+	mib    int64
 	// snapshot is the cached snapshot file (snapcache.go), tool the staged
 	// jetcrew binary running the in-jail commands, toolDigest its SHA-256
 	// (hex).
 	snapshot, tool, toolDigest string
 	// capture is the spec of the capture container, made from the run's;
-	// captureGone, once it started, closes when it has been removed.
+	// captureC the container, started (waiting) before the run's, its
+	// output taken by captureOut and its exit reported on captureExit;
+	// captureGone, once its removal started, closes when it is removed.
 	capture     ContainerSpec
+	captureC    Container
+	captureOut  *captureOutput
+	captureExit chan captureExit
+	stopWait    context.CancelFunc
 	captureGone chan struct{}
 }
 
-func (rw *runWorkspace) tree() string    { return filepath.Join(rw.dir, "tree") }
 func (rw *runWorkspace) scratch() string { return filepath.Join(rw.dir, "scratch") }
+
+// in is the capture container's input directory, read-only there: the
+// worker links the snapshot into it once downloaded.
+func (rw *runWorkspace) in() string { return filepath.Join(rw.dir, "in") }
 
 // workspaceDir returns the host directory of a delivery's workspace:
 // StateDir/ws/<run dir name>-<seq>-<attempt>.
@@ -150,15 +168,19 @@ func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
 }
 
 // stageWorkspace, when the request names a workspace, fetches its snapshot
-// (checked: digest, caps, a header scan) into the worker's cache, makes an
-// empty tree owned by the profile's user and mounts it writable at
-// messages.WorkspaceDir, the container's working directory, beside the
-// snapshot and the jetcrew binary, read-only; the run's command is prefixed
-// with `jetcrew workspace exec`, which unpacks inside the container, as the
-// run's user, before it execs the agent. A refused, missing, corrupt or
-// oversized snapshot is an error retrying cannot fix (the run fails, with a
-// dead letter, before any container starts); a store that cannot be
-// reached is a transientError (the request is handed back for a retry).
+// (checked: digest, caps, a header scan) into the worker's cache, creates
+// the delivery's tmpfs volume of the profile's workspace_mib, owned by the
+// profile's user, and starts the capture container, which waits and holds
+// the volume mounted until the capture (workspace_jail.go). The volume is
+// mounted writable at messages.WorkspaceDir, the container's working
+// directory, beside the snapshot and the jetcrew binary, read-only; the
+// run's command is prefixed with `jetcrew workspace exec`, which unpacks
+// inside the container, as the run's user, before it execs the agent. A
+// refused, missing, corrupt or oversized snapshot is an error retrying
+// cannot fix (the run fails, with a dead letter, before the run's container
+// starts); a store or engine that cannot be reached is a transientError
+// (the request is handed back for a retry). What was made is given up by
+// dropWorkspace (release).
 func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Profile) error {
 	ref := r.req.Workspace
 	if ref == nil {
@@ -179,31 +201,51 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	if err != nil {
 		return err
 	}
-	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)), mib: prof.WorkspaceMiB}
+	rw := &runWorkspace{dir: r.w.workspaceDir(r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
+		volume: spec.Name + "-ws", mib: prof.WorkspaceMiB}
 	if rw.tool, rw.toolDigest, err = r.w.tools.stage(r.w.cfg.WorkspaceTool); err != nil {
 		return fmt.Errorf("workspace tool: %w", err)
 	}
 	r.w.setLive(rw.dir, true)
+	r.w.setLive(volumeKey(rw.volume), true)
 	r.w.useSnapshot("tool:"+rw.toolDigest, true)
+	r.ws = rw // dropWorkspace gives up what follows, whatever fails
 	start := time.Now()
-	if err := r.fillWorkspace(ctx, rw, *ref, cfg, uid, gid); err != nil {
-		_ = removeWorkspaceDir(rw.dir)
-		r.w.setLive(rw.dir, false)
-		r.w.useSnapshot("tool:"+rw.toolDigest, false)
-		if rw.snapshot != "" {
-			r.w.useSnapshot(rw.snapshot, false)
-		}
-		if isSnapshotRefused(err) {
-			return fmt.Errorf("workspace: %w", err)
-		}
+	if err := makeWorkspaceDirs(rw, uid, gid); err != nil {
 		return transientError{fmt.Errorf("stage workspace: %w", err)}
 	}
-	r.ws = rw
+	// The volume and the capture container that holds it start while the
+	// snapshot downloads; the snapshot reaches the capture container
+	// through a link in its read-only input directory.
+	rw.capture = captureSpec(*spec, rw, cfg)
+	held := make(chan error, 1)
+	go func() { held <- r.startCapture(ctx, spec.Labels, uid, gid) }() // workspace_jail.go
+	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)
+	herr := <-held
+	switch {
+	case err != nil && isSnapshotRefused(err):
+		return fmt.Errorf("workspace: %w", err)
+	case err != nil:
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	rw.snapshot = path
+	if herr != nil {
+		if errors.Is(herr, ErrPermanent) {
+			return fmt.Errorf("workspace: %w", herr)
+		}
+		return transientError{fmt.Errorf("stage workspace: %w", herr)}
+	}
+	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
 	r.w.failpoint(FailpointAfterStage)
 	jailWorkspace(spec, rw, cfg)
 	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
 }
+
+// volumeKey is the key of a delivery's volume in the worker's live set.
+func volumeKey(name string) string { return "volume:" + name }
 
 // isSnapshotRefused reports whether err means the snapshot itself is
 // unusable, so retrying cannot help.
@@ -212,59 +254,64 @@ func isSnapshotRefused(err error) bool {
 		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
 }
 
-// fillWorkspace fetches ref's snapshot into the cache (rw.snapshot) and
-// makes rw's directories: an empty tree (a tmpfs when rw.mib > 0) owned by
-// uid:gid, mode 0755, and an empty scratch directory of the same owner.
-func (r *run) fillWorkspace(ctx context.Context, rw *runWorkspace, ref messages.WorkspaceRef, cfg WorkspaceConfig, uid, gid int) error {
-	var err error
-	if rw.snapshot, err = r.w.cachedSnapshot(ctx, ref, cfg); err != nil {
-		return err
-	}
-	// A leftover of a crashed delivery with the same name goes first.
-	if err := removeWorkspaceDir(rw.dir); err != nil {
+// makeWorkspaceDirs makes rw's directory (mode 0700, the worker's), with
+// an empty scratch directory owned by uid:gid, mode 0755, and an empty
+// input directory (the worker's, mode 0755), after removing a leftover of
+// a crashed delivery with the same name.
+func makeWorkspaceDirs(rw *runWorkspace, uid, gid int) error {
+	if err := os.RemoveAll(rw.dir); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(rw.dir, 0o700); err != nil {
 		return err
 	}
-	for _, d := range []string{rw.tree(), rw.scratch()} {
-		if err := os.Mkdir(d, 0o700); err != nil {
+	for _, d := range []string{rw.scratch(), rw.in()} {
+		if err := os.Mkdir(d, 0o755); err != nil {
 			return err
 		}
 	}
-	if rw.mib > 0 {
-		if err := mountWorkspaceTmpfs(rw.tree(), rw.mib, uid, gid); err != nil {
-			return err
-		}
-	}
-	// Both are empty, the worker's own: the run's user owns them from here
-	// on. Their parent stays 0700 (root's).
-	for _, d := range []string{rw.tree(), rw.scratch()} {
-		if err := errors.Join(os.Chown(d, uid, gid), os.Chmod(d, 0o755)); err != nil {
-			return err
-		}
-	}
-	return nil
+	// Empty, the worker's: the run's user owns scratch from here on. The
+	// parent stays 0700 (root's).
+	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755))
 }
 
-// dropWorkspace waits for the capture container's removal, removes the
-// delivery's workspace directory, if any, and gives up its snapshot and
-// tool. The removal never follows a symlink the
-// run made (os.RemoveAll works relative to directory descriptors and
-// unlinks symlinks as they are); nothing in the tree is read.
+// dropWorkspace removes the capture container (or waits for its removal
+// to end), then the delivery's volume and directory, and gives up its
+// snapshot and tool. The run's own container is gone by then (release's
+// order), so the volume is free. A volume that cannot be removed is left
+// to the reconciler. The directory's removal never follows a symlink
+// (os.RemoveAll works relative to directory descriptors and unlinks
+// symlinks as they are).
 func (r *run) dropWorkspace() {
-	if r.ws == nil {
+	rw := r.ws
+	if rw == nil {
 		return
 	}
-	if r.ws.captureGone != nil {
-		<-r.ws.captureGone // bounded by the removal's own timeout
+	if rw.captureGone != nil {
+		<-rw.captureGone // bounded by the removal's own timeout
+	} else if rw.captureC != nil {
+		r.removeCapture(rw.captureC)
 	}
-	if err := removeWorkspaceDir(r.ws.dir); err != nil {
+	if rw.stopWait != nil {
+		rw.stopWait()
+	}
+	if rw.captureOut != nil {
+		rw.captureOut.close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.w.cfg.Runtime.RemoveVolume(ctx, rw.volume); err != nil {
+		r.log.Warn().Err(err).Str("volume", rw.volume).Msg("remove workspace volume; the reconciler will retry")
+	}
+	if err := os.RemoveAll(rw.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove workspace directory")
 	}
-	r.w.setLive(r.ws.dir, false)
-	r.w.useSnapshot(r.ws.snapshot, false)
-	r.w.useSnapshot("tool:"+r.ws.toolDigest, false)
+	r.w.setLive(rw.dir, false)
+	r.w.setLive(volumeKey(rw.volume), false)
+	if rw.snapshot != "" {
+		r.w.useSnapshot(rw.snapshot, false)
+	}
+	r.w.useSnapshot("tool:"+rw.toolDigest, false)
 }
 
 // captureWorkspace records what the run changed in its workspace, after its
@@ -280,18 +327,20 @@ func (r *run) captureWorkspace(ctx context.Context, o outcome) string {
 	if r.ws == nil || o.Unpack != "" {
 		return reason
 	}
-	if full, mib := workspaceFull(r.ws.tree()); full && r.ws.mib > 0 && reason != "" {
-		reason += fmt.Sprintf(" (no space left in the workspace: workspace_mib is %d MiB)", mib)
-	}
 	start := time.Now()
 	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
 	c, err := r.runCapture(ctx, cfg)
+	full := r.ws.captureOut != nil && r.ws.captureOut.workspaceFull()
+	if full && reason != "" {
+		reason += fmt.Sprintf(" (no space left in the workspace: workspace_mib is %d MiB)", r.ws.mib)
+	}
 	if err != nil {
 		r.log.Warn().Err(err).Msg("capture workspace")
-		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "capture failed: " + err.Error()}
+		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "capture failed: " + err.Error(), WorkspaceFull: full}
 		return reason
 	}
 	res := c.Result
+	res.WorkspaceFull = full
 	if err := r.uploadResults(ctx, c, &res); err != nil {
 		r.log.Warn().Err(err).Msg("upload workspace result")
 		res.Error = "upload failed: " + err.Error()

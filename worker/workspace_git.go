@@ -30,6 +30,9 @@ func (p Profile) validateWorkspace() error {
 	if p.WorkspaceMiB < 0 {
 		return errors.New("workspace_mib is negative")
 	}
+	if p.WorkspaceMiB >= p.MemoryMiB {
+		return fmt.Errorf("workspace_mib %d must be below memory_mib %d: the workspace is a tmpfs whose pages count against the run's memory limit, so a run would meet the OOM killer before ENOSPC", p.WorkspaceMiB, p.MemoryMiB)
+	}
 	return p.validateGitRemotes()
 }
 

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,35 +31,39 @@ const (
 	// JailScratchPath is the capture container's writable scratch
 	// directory (its git object store).
 	JailScratchPath = "/run/jetcrew-ws/scratch"
+	// JailCaptureInPath is the capture container's read-only input
+	// directory; the snapshot appears in it as snapshot.tar once
+	// downloaded (the container starts before that).
+	JailCaptureInPath = "/run/jetcrew-ws/in"
 )
 
-// jailWorkspace wires a staged workspace into the run's spec: the empty
-// tree writable at messages.WorkspaceDir (the working directory), the
-// snapshot and the tool read-only, and the command prefixed with `jetcrew
-// workspace exec`, which unpacks as the run's user and execs the original
-// argv. It also derives the capture container's spec from the run's.
+// jailWorkspace wires a staged workspace into the run's spec: the
+// delivery's volume writable at messages.WorkspaceDir (the working
+// directory), the snapshot and the tool read-only, and the command
+// prefixed with `jetcrew workspace exec`, which unpacks as the run's user
+// and execs the original argv.
 func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
 		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Argv: spec.Cmd}
 	spec.Cmd = append([]string{JailToolPath}, args.ArgList()...)
 	spec.Mounts = append(spec.Mounts,
-		Mount{Source: rw.tree(), Target: messages.WorkspaceDir},
+		Mount{Source: rw.volume, Volume: true, Target: messages.WorkspaceDir},
 		Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true})
 	spec.WorkingDir = messages.WorkspaceDir
-	rw.capture = captureSpec(*spec, rw, cfg)
 }
 
-// captureSpec returns the capture container's spec: the run's image, user,
-// OCI runtime, memory, CPU and pids limits and labels (so the reconciler
-// treats it as the run's), network none, a small /tmp, the tree and the
-// snapshot read-only, the scratch directory writable, and the command
-// `jetcrew workspace capture`. The runtime adds the hardening every
+// captureSpec returns the capture container's spec, from the run's
+// (before jailWorkspace): the run's image, user, OCI runtime, memory, CPU
+// and pids limits and labels (so the reconciler treats it as the run's),
+// network none, a small /tmp, the volume, the input directory (the
+// snapshot) and the tool read-only, the scratch directory writable, and
+// the command `jetcrew workspace capture --wait`. The runtime adds the hardening every
 // container gets (read-only root, no capabilities, no new privileges,
 // init).
 func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) ContainerSpec {
-	args := workspace.JailArgs{Command: "capture", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
-		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles}
+	args := workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir,
+		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true}
 	return ContainerSpec{
 		Name:        run.Name + "-capture",
 		Image:       run.Image,
@@ -74,12 +79,57 @@ func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) Conta
 		PidsLimit:   run.PidsLimit,
 		Tmpfs:       map[string]string{"/tmp": "size=16m,mode=1777"},
 		Mounts: []Mount{
-			{Source: rw.tree(), Target: messages.WorkspaceDir, ReadOnly: true},
-			{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+			{Source: rw.volume, Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
+			{Source: rw.in(), Target: JailCaptureInPath, ReadOnly: true},
 			{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 			{Source: rw.scratch(), Target: JailScratchPath},
 		},
 	}
+}
+
+// captureExit is how the capture container ended (its Wait).
+type captureExit struct {
+	st  ExitStatus
+	err error
+}
+
+// startCapture creates the delivery's tmpfs volume (rw.mib MiB, owned by
+// uid:gid, the run's labels) and starts the capture container, which
+// waits for SIGUSR1: while it runs, the engine keeps the volume mounted, so
+// the tree outlives the run's container until the capture (a tmpfs volume
+// is unmounted, its content lost, when no running container mounts it).
+// Its stdout goes to capture.tar in the delivery's directory, up to the
+// stream cap. An error wrapping ErrPermanent means the engine refused the
+// volume or the container for good.
+func (r *run) startCapture(ctx context.Context, labels map[string]string, uid, gid int) error {
+	rw := r.ws
+	vol := VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid, Labels: maps.Clone(labels)}
+	vol.Labels[LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
+	if err := r.w.cfg.Runtime.CreateVolume(ctx, vol); err != nil {
+		return fmt.Errorf("create the workspace volume: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(rw.dir, "capture.tar"), os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
+	streamCap, _ := maxCaptureStream(cfg)
+	rw.captureOut = &captureOutput{f: f, max: streamCap, ready: make(chan struct{})}
+	spec := rw.capture
+	spec.Labels = maps.Clone(spec.Labels)
+	spec.Labels[LabelCreated] = vol.Labels[LabelCreated]
+	c, err := r.w.cfg.Runtime.Start(ctx, spec, rw.captureOut.write)
+	if err != nil {
+		return fmt.Errorf("start the capture container: %w", err)
+	}
+	rw.captureC = c
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rw.stopWait, rw.captureExit = cancel, make(chan captureExit, 1)
+	go func() {
+		st, err := c.Wait(wctx)
+		rw.captureExit <- captureExit{st, err}
+	}()
+	return nil
 }
 
 // maxCaptureStream bounds the capture container's stdout for a worker
@@ -90,66 +140,85 @@ func maxCaptureStream(cfg WorkspaceConfig) (stream, object int64) {
 	return 3*object + 8<<20, object
 }
 
-// runCapture runs the capture container of the run (its own container has
-// exited), bounded by cfg.CaptureTimeout, its stdout written to a file of
-// the worker's (capture.tar in the delivery's directory) up to the stream
-// cap, and reads the result from that file (workspace.ReadCaptureStream).
-// The container is removed whatever happens, in the background once it
-// has exited (r.ws.captureGone closes when done).
+// runCapture has the capture container capture the run's tree (its own
+// container has exited): once the container says it waits
+// (workspace.CaptureReadyLine), SIGUSR1 starts the capture, bounded by
+// cfg.CaptureTimeout; its stdout is in capture.tar up to the stream cap,
+// from which the result is read (workspace.ReadCaptureStream). The
+// container is removed whatever happens, in the background once it has
+// exited (r.ws.captureGone closes when done).
 func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.Captured, error) {
+	rw := r.ws
+	if rw.captureC == nil {
+		return nil, errors.New("no capture container")
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.CaptureTimeout)
 	defer cancel()
-	path := filepath.Join(r.ws.dir, "capture.tar")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	streamCap, objectCap := maxCaptureStream(cfg)
-	out := &captureOutput{f: f, max: streamCap}
-	spec := r.ws.capture
-	spec.Labels = maps.Clone(spec.Labels)
-	spec.Labels[LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
-	c, err := r.w.cfg.Runtime.Start(ctx, spec, out.write)
-	if err != nil {
-		return nil, fmt.Errorf("start the capture container: %w", err)
-	}
 	// Removed while the result uploads; dropWorkspace waits for it, so it
 	// is gone before the run's finished event, as the run's container is.
 	gone := make(chan struct{})
-	r.ws.captureGone = gone
+	rw.captureGone = gone
 	defer func() {
 		go func() {
 			defer close(gone)
-			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer rcancel()
-			if err := c.Remove(rctx); err != nil {
-				r.log.Warn().Err(err).Msg("remove the capture container; the reconciler will retry")
-			}
+			r.removeCapture(rw.captureC)
 		}()
 	}()
-	st, err := c.Wait(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("the capture container did not end within %s: %w", cfg.CaptureTimeout, err)
+	out := rw.captureOut
+	var ex captureExit
+	select {
+	case <-out.ready:
+		if err := rw.captureC.Signal(ctx, "SIGUSR1"); err != nil {
+			return nil, fmt.Errorf("signal the capture container: %w", err)
+		}
+		select {
+		case ex = <-rw.captureExit:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the capture container did not end within %s", cfg.CaptureTimeout)
+		}
+	case ex = <-rw.captureExit:
+		if ex.err == nil {
+			ex.err = fmt.Errorf("the capture container exited before the capture (exit code %d, OOM killed %t): %s", ex.st.Code, ex.st.OOMKilled, out.lastLine())
+		}
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the capture container was not ready within %s", cfg.CaptureTimeout)
 	}
-	if err := out.failed(st); err != nil {
+	if ex.err != nil {
+		return nil, ex.err
+	}
+	if err := out.failed(ex.st); err != nil {
 		return nil, err
 	}
-	if _, err := f.Seek(0, 0); err != nil {
+	_, objectCap := maxCaptureStream(cfg)
+	if _, err := out.f.Seek(0, 0); err != nil {
 		return nil, err
 	}
-	return workspace.ReadCaptureStream(f, objectCap)
+	return workspace.ReadCaptureStream(out.f, objectCap)
+}
+
+// removeCapture removes the capture container c, within 30 seconds; a
+// failure is logged (the reconciler retries).
+func (r *run) removeCapture(c Container) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Remove(ctx); err != nil {
+		r.log.Warn().Err(err).Msg("remove the capture container; the reconciler will retry")
+	}
 }
 
 // captureOutput takes the capture container's output: stdout into f up to
 // max bytes, the last line of stderr.
+// ready closes when stderr carries workspace.CaptureReadyLine.
 type captureOutput struct {
-	mu      sync.Mutex
-	f       *os.File
-	n, max  int64
-	over    bool
-	err     error
-	lastErr string
+	mu        sync.Mutex
+	f         *os.File
+	n, max    int64
+	over      bool
+	err       error
+	lastErr   string
+	ready     chan struct{}
+	readySeen bool
+	full      bool // stderr carried workspace.FullLine
 }
 
 func (o *captureOutput) write(stream string, p []byte) {
@@ -158,6 +227,11 @@ func (o *captureOutput) write(stream string, p []byte) {
 	if stream != messages.StreamStdout {
 		if s := strings.TrimSpace(string(p)); s != "" {
 			lines := strings.Split(s, "\n")
+			if !o.readySeen && slices.Contains(lines, workspace.CaptureReadyLine) {
+				o.readySeen = true
+				close(o.ready)
+			}
+			o.full = o.full || slices.Contains(lines, workspace.FullLine)
 			o.lastErr = lines[len(lines)-1]
 			if len(o.lastErr) > 1024 {
 				o.lastErr = o.lastErr[:1024]
@@ -174,6 +248,27 @@ func (o *captureOutput) write(stream string, p []byte) {
 	}
 	o.n += int64(len(p))
 	_, o.err = o.f.Write(p)
+}
+
+// workspaceFull reports whether the capture said the workspace was full.
+func (o *captureOutput) workspaceFull() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.full
+}
+
+// lastLine returns the last line of stderr.
+func (o *captureOutput) lastLine() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.lastErr
+}
+
+// close closes the output file.
+func (o *captureOutput) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_ = o.f.Close()
 }
 
 // failed returns why the capture gave no usable stream, or nil.

@@ -75,6 +75,19 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, capture, "one capture container per run")
+	var vols []string
+	for _, s := range b.rt.Starts() {
+		for _, m := range s.Mounts {
+			if m.Target == messages.WorkspaceDir {
+				require.True(t, m.Volume, "the tree is a volume")
+				require.Equal(t, strings.HasSuffix(s.Name, "-capture"), m.ReadOnly, "read-only in the capture container only")
+				vols = append(vols, m.Source)
+			}
+		}
+	}
+	require.Len(t, vols, 6)
+	require.Eventually(t, func() bool { return len(b.rt.Volumes()) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"each run's volume is removed with it")
 }
 
 // TestWorkspaceUnpackFailureIsFinal: when `jetcrew workspace exec` reports

@@ -14,24 +14,26 @@ import (
 // staged tool before its own argv, mounts the tree writable and the
 // snapshot and tool read-only, and its receipt names them by role and
 // digest; the capture container keeps the run's limits, user, image,
-// runtime and labels, with network none and the tree read-only.
+// runtime and labels, with network none and the tree (the delivery's
+// volume) read-only, and waits for its signal.
 func TestJailWorkspaceSpec(t *testing.T) {
 	t.Parallel()
 	tool := strings.Repeat("a", 64)
 	snap := strings.Repeat("b", 64)
-	rw := &runWorkspace{dir: "/state/ws/x-1-1", snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
+	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
 	spec := ContainerSpec{
 		Name: "jetcrew-r1-7-1", Image: "img", Cmd: []string{"/bin/sh", "-c", "echo hi"}, User: "1000:1000", WorkingDir: "/home/agent",
 		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true"}, Network: "bridge", OCIRuntime: "runsc",
 		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
 	}
+	rw.capture = captureSpec(spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 	jailWorkspace(&spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 
 	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
 		"--max-bytes", "1000", "--max-files", "10", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
 	require.Equal(t, messages.WorkspaceDir, spec.WorkingDir)
 	require.Equal(t, []Mount{
-		{Source: "/state/ws/x-1-1/tree", Target: messages.WorkspaceDir},
+		{Source: "jetcrew-r1-7-1-ws", Volume: true, Target: messages.WorkspaceDir},
 		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 	}, spec.Mounts)
@@ -49,11 +51,11 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, spec.Labels, c.Labels, "the reconciler sees it as the run's")
 	args, err := workspace.ParseJailArgs(c.Cmd[2:])
 	require.NoError(t, err)
-	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
-		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}}, args)
+	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
+		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}, Wait: true}, args)
 	require.Equal(t, []Mount{
-		{Source: "/state/ws/x-1-1/tree", Target: messages.WorkspaceDir, ReadOnly: true},
-		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+		{Source: "jetcrew-r1-7-1-ws", Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
+		{Source: "/state/ws/x-1-1/in", Target: JailCaptureInPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},
 	}, c.Mounts)

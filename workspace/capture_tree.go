@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,16 +65,22 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 			if e.info.Mode().Perm()&0o111 != 0 {
 				mode = filemode.Executable
 			}
-			h, stored, err := storeBlob(st, e.info.Size(), func() (io.ReadCloser, error) {
+			// A new object counts against the budget before it is stored
+			// (held in memory while it is written): a file over the cap is
+			// refused having been hashed only.
+			h, _, err := storeBlobIf(st, e.info.Size(), func() (io.ReadCloser, error) {
 				return root.OpenFile(e.path, os.O_RDONLY|syscallNoFollow|syscallNonBlock, 0)
+			}, func() error {
+				if budget += e.info.Size(); o.MaxBytes > 0 && budget > o.MaxBytes {
+					return fmt.Errorf("%w: the run's changed files exceed %d bytes", ErrTooLarge, o.MaxBytes)
+				}
+				return nil
 			})
+			if errors.Is(err, ErrTooLarge) {
+				return plumbing.ZeroHash, err
+			}
 			if err != nil {
 				return plumbing.ZeroHash, fmt.Errorf("%s: %w", e.path, err)
-			}
-			if stored {
-				if budget += e.info.Size(); o.MaxBytes > 0 && budget > o.MaxBytes {
-					return plumbing.ZeroHash, fmt.Errorf("%w: the run's changed files exceed %d bytes", ErrTooLarge, o.MaxBytes)
-				}
 			}
 			b.add(e.path, mode, h)
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"syscall"
 
@@ -66,6 +67,12 @@ type JailArgs struct {
 	MaxFiles int
 	// Argv is exec's command, the arguments after "--".
 	Argv []string
+	// Wait makes capture wait for SIGUSR1 before it reads the tree (a
+	// SIGTERM first ends it with exit code 143): the worker starts the
+	// capture container before the run's, so that the workspace volume
+	// stays mounted, its content kept, between the run's end and the
+	// capture.
+	Wait bool
 }
 
 // ParseJailArgs parses the arguments after "workspace": a command (exec or
@@ -85,6 +92,7 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.StringVar(&a.RunID, "run-id", "", "run id (capture)")
 	fs.Int64Var(&a.MaxBytes, "max-bytes", 0, "bytes cap")
 	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
+	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -106,7 +114,11 @@ func (a JailArgs) ArgList() []string {
 	out := []string{"workspace", a.Command, "--snapshot", a.Snapshot, "--dir", a.Dir,
 		"--max-bytes", fmt.Sprint(a.MaxBytes), "--max-files", fmt.Sprint(a.MaxFiles)}
 	if a.Command == "capture" {
-		return append(out, "--scratch", a.Scratch, "--run-id", a.RunID)
+		out = append(out, "--scratch", a.Scratch, "--run-id", a.RunID)
+		if a.Wait {
+			out = append(out, "--wait")
+		}
+		return out
 	}
 	return append(append(out, "--"), a.Argv...)
 }
@@ -123,6 +135,10 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if a.Command == "capture" {
+		if a.Wait && !waitForCapture(stderr) {
+			return 143
+		}
+		ReportFull(a.Dir, stderr)
 		if err := JailCapture(a, stdout); err != nil {
 			fmt.Fprintln(stderr, JailFailure(a, err))
 			return JailExitCode
@@ -139,6 +155,35 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "%sexec %s: %s\n", JailErrPrefix, a.Argv[0], oneLine(err.Error()))
 	return 127
+}
+
+// CaptureReadyLine is the line `jetcrew workspace capture --wait` prints
+// on stderr once it handles SIGUSR1: a SIGUSR1 sent before would end the
+// process (the signal's default action), so the worker waits for it.
+const CaptureReadyLine = JailErrPrefix + "capture waits for SIGUSR1"
+
+// waitForCapture prints CaptureReadyLine on stderr and blocks until the
+// process receives SIGUSR1 (true) or SIGTERM (false).
+func waitForCapture(stderr io.Writer) bool {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1, syscall.SIGTERM)
+	defer signal.Stop(ch)
+	fmt.Fprintln(stderr, CaptureReadyLine)
+	return <-ch == syscall.SIGUSR1
+}
+
+// FullLine is the line capture prints on stderr, before it reads the
+// tree, when the workspace's file system has no space left: the run wrote
+// up to its size (workspace_mib).
+const FullLine = JailErrPrefix + "the workspace has no space left"
+
+// ReportFull prints FullLine on stderr when the file system at dir has no
+// block left for an unprivileged writer (statfs f_bavail is 0).
+func ReportFull(dir string, stderr io.Writer) {
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) == nil && st.Bavail == 0 {
+		fmt.Fprintln(stderr, FullLine)
+	}
 }
 
 // JailFailure returns the line (without newline) an in-jail command prints

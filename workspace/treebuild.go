@@ -86,6 +86,12 @@ func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbi
 // already holds it, and returns its hash. open is called once more to store
 // a blob s lacks, so unchanged files cost one read and no memory.
 func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error)) (plumbing.Hash, bool, error) {
+	return storeBlobIf(s, size, open, nil)
+}
+
+// storeBlobIf is storeBlob that, when the blob is not stored yet, calls
+// admit (unless nil) before storing it, and returns admit's error instead.
+func storeBlobIf(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, bool, error) {
 	hasher := plumbing.NewHasher(plumbing.BlobObject, size)
 	r, err := open()
 	if err != nil {
@@ -102,6 +108,11 @@ func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadClo
 	h := hasher.Sum()
 	if s.HasEncodedObject(h) == nil {
 		return h, false, nil
+	}
+	if admit != nil {
+		if err := admit(); err != nil {
+			return plumbing.ZeroHash, false, err
+		}
 	}
 	o := s.NewEncodedObject()
 	o.SetType(plumbing.BlobObject)

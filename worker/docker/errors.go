@@ -77,17 +77,22 @@ func transient(err error) bool {
 
 // Names of daemon calls, used in error messages and by classify.
 const (
-	opPing         = "ping"
-	opInfo         = "info"
-	opImageInspect = "image inspect"
-	opCreate       = "container create"
-	opAttach       = "container attach"
-	opWait         = "container wait"
-	opStart        = "container start"
-	opInspect      = "container inspect"
-	opStop         = "container stop"
-	opRemove       = "container remove"
-	opList         = "container list"
+	opPing          = "ping"
+	opInfo          = "info"
+	opImageInspect  = "image inspect"
+	opCreate        = "container create"
+	opAttach        = "container attach"
+	opWait          = "container wait"
+	opStart         = "container start"
+	opInspect       = "container inspect"
+	opStop          = "container stop"
+	opRemove        = "container remove"
+	opList          = "container list"
+	opKill          = "container kill"
+	opVolumeCreate  = "volume create"
+	opVolumeRemove  = "volume remove"
+	opVolumeList    = "volume list"
+	opVolumeInspect = "volume inspect"
 )
 
 // retry calls fn until it succeeds, returns an error that is not transient,

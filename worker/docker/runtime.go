@@ -18,6 +18,7 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/api/types/system"
+	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/rs/zerolog"
@@ -77,6 +78,11 @@ type apiClient interface {
 	ContainerStop(ctx context.Context, container string, options container.StopOptions) error
 	ContainerRemove(ctx context.Context, container string, options container.RemoveOptions) error
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	ContainerKill(ctx context.Context, container, signal string) error
+	VolumeCreate(ctx context.Context, options volume.CreateOptions) (volume.Volume, error)
+	VolumeRemove(ctx context.Context, volumeID string, force bool) error
+	VolumeInspect(ctx context.Context, volumeID string) (volume.Volume, error)
+	VolumeList(ctx context.Context, options volume.ListOptions) (volume.ListResponse, error)
 	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
 	Close() error
 }
@@ -174,6 +180,14 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 		return nil, fmt.Errorf("docker: %w", err)
 	}
 	for _, m := range spec.Mounts {
+		if m.Volume {
+			// The engine would create a missing volume, a directory of
+			// its disk with no size bound: it must exist already.
+			if _, err := r.cli.VolumeInspect(ctx, m.Source); err != nil {
+				return nil, fmt.Errorf("docker: volume %s for %s: %w", m.Source, m.Target, classify(opVolumeInspect, err))
+			}
+			continue
+		}
 		if _, err := os.Stat(m.Source); err != nil {
 			return nil, fmt.Errorf("docker: bind mount source for %s: %w: %w", m.Target, err, worker.ErrPermanent)
 		}

@@ -137,9 +137,14 @@ func engineConfig(spec worker.ContainerSpec, netMode string, mounts []mount.Moun
 	return cfg, host
 }
 
-// checkMounts checks the spec's tmpfs and bind mounts (absolute targets,
-// none at / nor twice, valid tmpfs options, absolute bind sources), calling
-// bad for each problem, and returns the bind mounts for the engine.
+// volumeName is what the engine accepts as a volume's name (moby's
+// volume/local validName).
+var volumeName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
+
+// checkMounts checks the spec's tmpfs, bind and volume mounts (absolute
+// targets, none at / nor twice, valid tmpfs options, absolute bind
+// sources, valid volume names), calling bad for each problem, and returns
+// the bind and volume mounts for the engine.
 func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)) []mount.Mount {
 	targets := make(map[string]bool)
 	target := func(kind, p string) {
@@ -161,6 +166,17 @@ func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)
 	}
 	mounts := make([]mount.Mount, 0, len(spec.Mounts))
 	for _, m := range spec.Mounts {
+		if m.Volume {
+			if !volumeName.MatchString(m.Source) {
+				bad("volume name %q is not a valid volume name", m.Source)
+			}
+			target("volume", m.Target)
+			// NoCopy: the volume starts empty, never filled from the
+			// image's content at Target.
+			mounts = append(mounts, mount.Mount{Type: mount.TypeVolume, Source: m.Source, Target: m.Target,
+				ReadOnly: m.ReadOnly, VolumeOptions: &mount.VolumeOptions{NoCopy: true}})
+			continue
+		}
 		if !path.IsAbs(m.Source) {
 			bad("bind source %q is not absolute", m.Source)
 		}

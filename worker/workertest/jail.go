@@ -11,7 +11,8 @@ import (
 
 // jailArgs returns the in-jail workspace command a spec runs (its argv
 // starts with worker.JailToolPath and "workspace"), its paths turned into
-// the host paths of the spec's mounts, and whether it runs one.
+// the host paths of the spec's mounts (resolveVolumes made volume mounts
+// bind mounts), and whether it runs one.
 func jailArgs(spec worker.ContainerSpec) (workspace.JailArgs, bool) {
 	if len(spec.Cmd) < 2 || spec.Cmd[0] != worker.JailToolPath || spec.Cmd[1] != "workspace" {
 		return workspace.JailArgs{}, false
@@ -38,6 +39,21 @@ func hostPath(spec worker.ContainerSpec, p string) string {
 	return p
 }
 
+// waitForSignal makes b wait, before it runs, for a signal (Signal) on
+// signals, as `jetcrew workspace capture --wait` does; a stop first ends
+// it with exit code 143.
+func waitForSignal(signals <-chan string, b Behaviour) Behaviour {
+	return func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		out(messages.StreamStderr, []byte(workspace.CaptureReadyLine+"\n"))
+		select {
+		case <-signals:
+		case <-ctx.Done():
+			return worker.ExitStatus{Code: 143}
+		}
+		return b(ctx, spec, out)
+	}
+}
+
 // jailBehaviour runs the in-jail workspace commands in process, as the
 // Docker runtime's containers run the staged binary: exec unpacks (as the
 // test's user, no chown) and then behaves as inner on the spec whose Cmd is
@@ -51,6 +67,7 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 		}
 		switch a.Command {
 		case "capture":
+			workspace.ReportFull(a.Dir, errWriter{out})
 			if err := workspace.JailCapture(a, outWriter{out}); err != nil {
 				return fail(err)
 			}
@@ -72,5 +89,13 @@ type outWriter struct{ out worker.OutputFunc }
 
 func (w outWriter) Write(p []byte) (int, error) {
 	w.out(messages.StreamStdout, p)
+	return len(p), nil
+}
+
+// errWriter writes to a container's stderr.
+type errWriter struct{ out worker.OutputFunc }
+
+func (w errWriter) Write(p []byte) (int, error) {
+	w.out(messages.StreamStderr, p)
 	return len(p), nil
 }

@@ -55,6 +55,8 @@ type Runtime struct {
 	mu         sync.Mutex
 	seq        int
 	containers map[string]*Container
+	volumes    map[string]fakeVolume
+	volumeBase string
 	starts     []worker.ContainerSpec
 	running    int
 	maxRunning int
@@ -62,23 +64,30 @@ type Runtime struct {
 
 // NewRuntime returns a Runtime with no containers.
 func NewRuntime() *Runtime {
-	return &Runtime{containers: map[string]*Container{}}
+	return &Runtime{containers: map[string]*Container{}, volumes: map[string]fakeVolume{}}
 }
 
 // Start implements worker.Runtime. A name already in use is refused, as
-// Docker does.
-func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
+// Docker does. Behave and the behaviour see the spec with each volume mount
+// turned into a bind mount of the volume's directory (Starts keeps the
+// spec as given).
+func (r *Runtime) Start(ctx context.Context, given worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
 	behave := r.Behave
 	if behave == nil {
 		behave = ScriptBehaviour
 	}
+	spec := r.resolveVolumes(given)
 	var b Behaviour
+	signals := make(chan string, 1)
 	ja, jailed := jailArgs(spec)
 	switch {
 	case jailed && ja.Command == "capture":
 		// A capture container: the workspace command alone, whatever
-		// Behave says.
+		// Behave says, after the signal when it waits for one.
 		b = jailBehaviour(ja, nil)
+		if ja.Wait {
+			b = waitForSignal(signals, b)
+		}
 	case jailed:
 		inner := spec
 		inner.Cmd = ja.Argv
@@ -103,9 +112,9 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, out work
 	r.seq++
 	id := fmt.Sprintf("fake%060d", r.seq)
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &Container{id: id, name: spec.Name, spec: spec, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r}
+	c := &Container{id: id, name: spec.Name, spec: given, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r, signals: signals}
 	r.containers[id] = c
-	r.starts = append(r.starts, spec)
+	r.starts = append(r.starts, given)
 	r.running++
 	r.maxRunning = max(r.maxRunning, r.running)
 	r.mu.Unlock()
@@ -184,6 +193,7 @@ type Container struct {
 	rt       *Runtime
 	status   worker.ExitStatus
 	exited   bool
+	signals  chan string
 }
 
 // ID implements worker.Container.
@@ -212,6 +222,22 @@ func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
 
 // Remove implements worker.Container.
 func (c *Container) Remove(ctx context.Context) error { return c.rt.Remove(ctx, c.id) }
+
+// Signal implements worker.Container: a behaviour waiting for a signal (a
+// capture container started with --wait) goes on; a container that has
+// exited is an error, as the engine's.
+func (c *Container) Signal(ctx context.Context, sig string) error {
+	select {
+	case <-c.done:
+		return fmt.Errorf("container %s is not running", c.id)
+	default:
+	}
+	select {
+	case c.signals <- sig:
+	default:
+	}
+	return nil
+}
 
 // ScriptBehaviour reads the last argv element as a script of
 // semicolon-separated commands: "out TEXT" writes TEXT to stdout, "err TEXT"
