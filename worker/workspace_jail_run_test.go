@@ -114,3 +114,24 @@ func TestWorkspaceUnpackFailureIsFinal(t *testing.T) {
 	// The dead letter follows the final state.
 	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamFailed) == 1 }, 20*time.Second, 20*time.Millisecond, "a dead letter")
 }
+
+// TestWorkspaceCachedSnapshotWithdrawn: a snapshot deleted from the bucket
+// no longer serves runs, though the worker has it cached: the next run on
+// it fails as a missing snapshot would, before its container starts.
+func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ref := uploadDir(t, b)
+	b.submit(t, messages.RunRequest{ID: "w1", Profile: "shell", Prompt: "x", Workspace: &ref})
+	st := b.waitFinal(t, "w1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+
+	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	require.NoError(t, wsb.Delete(context.Background(), ref.Name))
+	b.submit(t, messages.RunRequest{ID: "w2", Profile: "shell", Prompt: "x", Workspace: &ref})
+	st = b.waitFinal(t, "w2")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, "workspace snapshot not found")
+	require.Nil(t, st.ExitCode, "the run's container never started")
+}

@@ -24,7 +24,9 @@ func (w *Worker) snapshotCacheDir() string { return filepath.Join(w.cfg.StateDir
 // when absent: into a temporary file, its digest checked (workspace.
 // Download) and its headers scanned (workspace.Scan, nothing written from
 // the archive), then renamed into place read-only. The file is marked in
-// use until useSnapshot(path, false). A refused snapshot's errors wrap
+// use until useSnapshot(path, false). A cached file serves a delivery only
+// while the object is still stored with ref's digest (one info request).
+// A refused snapshot's errors wrap
 // workspace's ErrSnapshotMissing, ErrDigestMismatch, ErrTooLarge or
 // ErrBadArchive.
 func (w *Worker) cachedSnapshot(ctx context.Context, ref messages.WorkspaceRef, cfg WorkspaceConfig) (string, error) {
@@ -37,6 +39,14 @@ func (w *Worker) cachedSnapshot(ctx context.Context, ref messages.WorkspaceRef, 
 	w.useSnapshot(path, true)
 	now := time.Now()
 	if err := os.Chtimes(path, now, now); err == nil {
+		// Cached: the object must still be in the bucket, under the same
+		// digest, or the run fails as if nothing were cached (an operator
+		// who deletes a snapshot withdraws it).
+		err = w.snapshotStillStored(ctx, ref, cfg)
+		if err != nil {
+			w.useSnapshot(path, false)
+			return "", err
+		}
 		return path, nil
 	}
 	err := w.fetchSnapshot(ctx, ref, cfg, dir, path)
@@ -45,6 +55,17 @@ func (w *Worker) cachedSnapshot(ctx context.Context, ref messages.WorkspaceRef, 
 		return "", err
 	}
 	return path, nil
+}
+
+// snapshotStillStored checks that ref's object is still in the workspace
+// bucket with ref's digest (workspace.CheckStored).
+func (w *Worker) snapshotStillStored(ctx context.Context, ref messages.WorkspaceRef, cfg WorkspaceConfig) error {
+	ws, _, err := w.stores(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = workspace.CheckStored(ctx, ws, ref, cfg.MaxBytes)
+	return err
 }
 
 // fetchSnapshot downloads, checks and scans ref's snapshot into path.

@@ -182,17 +182,8 @@ var (
 // record as it reaches their end, so the bytes are hashed once. A missing
 // object is ErrSnapshotMissing; other errors are the store's, worth a retry.
 func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, path string, max int64) error {
-	info, err := obs.GetInfo(ctx, ref.Name)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, ref.BucketOrDefault())
-	}
+	info, err := CheckStored(ctx, obs, ref, max)
 	if err != nil {
-		return fmt.Errorf("read snapshot info: %w", err)
-	}
-	if max > 0 && info.Size > uint64(max) {
-		return fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
-	}
-	if err := sameDigest(ref, info); err != nil {
 		return err
 	}
 	r, err := obs.Get(ctx, ref.Name)
@@ -227,6 +218,30 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 		return fmt.Errorf("%w: object %q gave %d bytes, its record says %d", ErrDigestMismatch, ref.Name, n, read.Size)
 	}
 	return f.Close()
+}
+
+// CheckStored reads ref's object record (one Object Store info request)
+// and returns it when the object is there, at most max bytes (0: no cap)
+// and recorded with ref's digest. Its errors wrap ErrSnapshotMissing
+// (deleted, expired or never uploaded), ErrTooLarge or ErrDigestMismatch;
+// any other error is the store's. A worker calls it before a download, and
+// before each use of a snapshot it has cached, so a snapshot deleted from
+// the bucket is withdrawn at once.
+func CheckStored(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {
+	info, err := obs.GetInfo(ctx, ref.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, ref.BucketOrDefault())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot info: %w", err)
+	}
+	if max > 0 && info.Size > uint64(max) {
+		return nil, fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
+	}
+	if err := sameDigest(ref, info); err != nil {
+		return nil, err
+	}
+	return info, nil
 }
 
 // sameDigest returns an error wrapping ErrDigestMismatch unless the store's
