@@ -53,6 +53,9 @@ type outputPublisher struct {
 	// that no output event precedes the run's started event.
 	held    bool
 	pending []*nats.Msg
+	// gate, when set, is closed once the started event is stored: close
+	// waits for it before publishing held messages (publishStarted).
+	gate <-chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
@@ -192,9 +195,19 @@ func (o *outputPublisher) close(ctx context.Context) (int64, error) {
 	close(o.stop)
 	<-o.done
 	o.flushMasked()
-	o.release()
 	o.mu.Lock()
 	o.flushLocked()
+	wait := o.held && len(o.pending) > 0 && o.gate != nil
+	o.mu.Unlock()
+	if wait {
+		// Held output waits for the started event.
+		select {
+		case <-o.gate:
+		case <-ctx.Done():
+		}
+	}
+	o.release()
+	o.mu.Lock()
 	futures, total, err := o.futures, o.total, o.err
 	o.futures = nil
 	o.mu.Unlock()
