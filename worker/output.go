@@ -59,6 +59,9 @@ type outputPublisher struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// flusherOn is set once the flusher runs (startFlusherLocked); closed
+	// once close began.
+	flusherOn, closed bool
 }
 
 func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attempt int) *outputPublisher {
@@ -73,14 +76,24 @@ func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attemp
 		done:    make(chan struct{}),
 		held:    true,
 	}
-	go o.flusher()
 	return o
+}
+
+// startFlusherLocked starts the flusher on the first output: a run that
+// writes nothing costs no goroutine and no ticker. Not after close.
+func (o *outputPublisher) startFlusherLocked() {
+	if o.flusherOn || o.closed {
+		return
+	}
+	o.flusherOn = true
+	go o.flusher()
 }
 
 // append buffers p, already masked, for publishing.
 func (o *outputPublisher) append(stream string, p []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.startFlusherLocked()
 	if stream == messages.StreamStderr {
 		o.errTail = append(o.errTail, p[max(0, len(p)-errTailBytes):]...)
 		if len(o.errTail) > errTailBytes {
@@ -192,8 +205,14 @@ func (o *outputPublisher) lastErrLine() string {
 // every output message or ctx ends. It returns the total bytes published and
 // the first publish error.
 func (o *outputPublisher) close(ctx context.Context) (int64, error) {
+	o.mu.Lock()
+	o.closed = true
+	flusherOn := o.flusherOn
+	o.mu.Unlock()
 	close(o.stop)
-	<-o.done
+	if flusherOn {
+		<-o.done
+	}
 	o.flushMasked()
 	o.mu.Lock()
 	o.flushLocked()
