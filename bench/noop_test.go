@@ -93,7 +93,7 @@ func TestNoopThroughput(t *testing.T) {
 	b := singleServer(t)
 	throughput(t, b, rawMsgs, noopRuns, noopNocoordRuns, "",
 		fmt.Sprintf("bare JetStream: %d publishers (sync publish, ~200 B) → WorkQueue file stream → %d pullers (fetch 1, double ack), same embedded server", noopSubmitters, noopConcurrency),
-		fmt.Sprintf("dispatcher.Submit → JETCREW_RUNS → worker (concurrency %d) → states + events → ack; runtime: workertest.Runtime, container exits at once; built-in `shell` profile (coordination on: run dir, socket, inbox consumer, presence per run); %d submitters", noopConcurrency, noopSubmitters),
+		fmt.Sprintf("dispatcher.Submit (id generated) → JETCREW_RUNS → worker (concurrency %d) → states + events → ack; runtime: workertest.Runtime, container exits at once; built-in `shell` profile (coordination on: run dir, socket, inbox consumer, presence per run); %d submitters", noopConcurrency, noopSubmitters),
 		"as noop_runs_per_s with coordination off in the profile: the run lifecycle alone")
 }
 
@@ -225,20 +225,26 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 	var finished, failed atomic.Int64
 	done := make(chan struct{}, 1)
 	var target atomic.Int64
-	var mine sync.Map // run ids this loop submitted
-	// The subscription lives as long as the test's connection. It counts
-	// only this loop's runs: another loop's may finish meanwhile.
-	sub, err := watch.Subscribe(messages.SubjectEventsPrefix+".*."+string(messages.EventFinished), func(m *nats.Msg) {
-		if _, ok := mine.LoadAndDelete(strings.Split(m.Subject, ".")[2]); !ok {
-			return
-		}
-		var ev messages.Event
-		if json.Unmarshal(m.Data, &ev) != nil || ev.State != messages.StateSucceeded {
+	count := func(ok bool) {
+		if !ok {
 			failed.Add(1)
 		}
 		if finished.Add(1) == target.Load() {
 			done <- struct{}{}
 		}
+	}
+	// The runs are submitted as `jetcrew submit` does by default, with the
+	// id left to the dispatcher (an id the caller chooses costs a state
+	// read per submit, which the message count leaves out as well); the
+	// loop learns each id when Submit returns, and a run can finish before
+	// that.
+	mine := newRunTracker(count)
+	// The subscription lives as long as the test's connection. It counts
+	// only this loop's runs: another loop's may finish meanwhile.
+	sub, err := watch.Subscribe(messages.SubjectEventsPrefix+".*."+string(messages.EventFinished), func(m *nats.Msg) {
+		var ev messages.Event
+		ok := json.Unmarshal(m.Data, &ev) == nil && ev.State == messages.StateSucceeded
+		mine.finished(strings.Split(m.Subject, ".")[2], ok)
 	})
 	require.NoError(t, err)
 	require.NoError(t, sub.SetPendingLimits(-1, -1))
@@ -250,21 +256,21 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 		for range noopSubmitters {
 			wg.Go(func() {
 				for next.Add(1) <= int64(count) {
-					id := dispatcher.NewRunID()
-					mine.Store(id, true)
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					_, err := d.Submit(ctx, messages.RunRequest{ID: id, Profile: profile, Prompt: "noop"})
+					id, err := d.Submit(ctx, messages.RunRequest{Profile: profile, Prompt: "noop"})
 					cancel()
 					if err != nil {
 						t.Errorf("submit: %v", err)
 						return
 					}
+					mine.submitted(id)
 				}
 			})
 		}
 		wg.Wait()
 	}
 	round1 := func(count int) time.Duration {
+		mine.reset()
 		finished.Store(0)
 		target.Store(int64(count))
 		start := time.Now()
@@ -377,5 +383,56 @@ func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 		t.Logf("%s raw: %d messages in %s, process CPU %s (%.0f µs per message)", b.label, n, elapsed.Round(time.Millisecond),
 			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
 		return round(float64(n)/elapsed.Seconds(), 1)
+	}
+}
+
+// runTracker matches finished events with the runs a loop submitted, in
+// whichever order Submit's return and the event arrive, and calls count
+// once for each of the loop's runs with whether it succeeded.
+type runTracker struct {
+	count   func(ok bool)
+	mu      sync.Mutex
+	pending map[string]bool // submitted, finished event not seen yet
+	early   map[string]bool // finished events of ids not (yet) submitted: succeeded?
+}
+
+func newRunTracker(count func(ok bool)) *runTracker {
+	return &runTracker{count: count, pending: map[string]bool{}, early: map[string]bool{}}
+}
+
+// reset forgets the events of ids no submit returned: other loops' runs.
+func (rt *runTracker) reset() {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	clear(rt.early)
+}
+
+// submitted records that Submit returned id.
+func (rt *runTracker) submitted(id string) {
+	rt.mu.Lock()
+	ok, seen := rt.early[id]
+	if seen {
+		delete(rt.early, id)
+	} else {
+		rt.pending[id] = true
+	}
+	rt.mu.Unlock()
+	if seen {
+		rt.count(ok)
+	}
+}
+
+// finished records the finished event of run id.
+func (rt *runTracker) finished(id string, ok bool) {
+	rt.mu.Lock()
+	mine := rt.pending[id]
+	if mine {
+		delete(rt.pending, id)
+	} else {
+		rt.early[id] = ok
+	}
+	rt.mu.Unlock()
+	if mine {
+		rt.count(ok)
 	}
 }

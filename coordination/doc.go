@@ -66,4 +66,11 @@
 // connect whatever its uid or the runtime's uid mapping; the directory holding
 // it is mounted only into that run's container, and its parent on the host
 // should be 0700 (StageRunDir).
+//
+// A socket may serve one run after another (Session.CloseKeepSocket,
+// Host.ServeSocket: the worker keeps the directories of finished runs
+// bound for later ones). The identity still holds: the worker hands the
+// directory on only once the earlier run's container is removed, and the
+// later session closes, unread, every connection still waiting in the
+// socket's backlog before it accepts any.
 package coordination

@@ -68,7 +68,8 @@ type Session struct {
 	peers  jetstream.KeyValue
 	limits *callLimits
 
-	sockInfo os.FileInfo // the socket file this session created
+	sockInfo os.FileInfo   // the socket file this session serves
+	ln       *keptListener // the socket (CloseKeepSocket may leave it bound)
 	srv      *http.Server
 	ctx      context.Context // ends when the session stops serving
 	cancel   context.CancelFunc
@@ -106,6 +107,12 @@ type Session struct {
 // run on this Host (an earlier delivery winding down) is detached first:
 // the later delivery supersedes it. On failure nothing is left behind but the inbox consumer.
 func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Session, error) {
+	return h.serveOn(ctx, run, socketPath, func() (*net.UnixListener, os.FileInfo, error) { return listenUnix(socketPath) })
+}
+
+// serveOn is Serve with the socket at socketPath from listen: a new bind
+// (Serve) or a socket kept bound (ServeSocket).
+func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, listen func() (*net.UnixListener, os.FileInfo, error)) (*Session, error) {
 	if run.State == "" {
 		run.State = messages.StateQueued
 	}
@@ -138,7 +145,7 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 		}
 	}()
 
-	ln, sockInfo, err := listenUnix(socketPath)
+	ln, sockInfo, err := listen()
 	if err != nil {
 		return nil, fmt.Errorf("coordination: %w", err)
 	}
@@ -169,17 +176,18 @@ func (h *Host) Serve(ctx context.Context, run RunInfo, socketPath string) (*Sess
 	}
 
 	s.sockInfo = sockInfo
-	s.serve(ln)
+	s.ln = &keptListener{UnixListener: ln}
+	s.serve()
 	ok = true
 	s.log.Debug().Str("socket", socketPath).Msg("coordination session serving")
 	return s, nil
 }
 
-// serve starts the session's HTTP server on ln (at most
+// serve starts the session's HTTP server on its socket (at most
 // MaxConnsPerSession connections at once, every request read whole within
 // Config.RequestReadTimeout) and its presence refresher; both end when
 // Detach or Close cancels the session's context.
-func (s *Session) serve(ln net.Listener) {
+func (s *Session) serve() {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.srv = &http.Server{
 		Handler:           s.handler(),
@@ -195,7 +203,7 @@ func (s *Session) serve(ln net.Listener) {
 	go func() {
 		// Ends when Detach or Close shuts the server down.
 		defer s.bg.Done()
-		if err := s.srv.Serve(&capListener{Listener: ln, max: MaxConnsPerSession}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(&capListener{Listener: s.ln, max: MaxConnsPerSession}); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error().Err(err).Msg("coordination socket stopped serving")
 		}
 	}()
@@ -376,7 +384,8 @@ func (s *Session) Detach(ctx context.Context) error {
 			_ = s.srv.Close()
 		}
 		s.bg.Wait()
-		if fi, lerr := os.Lstat(s.path); lerr == nil && os.SameFile(fi, s.sockInfo) {
+		// A socket CloseKeepSocket parked stays bound, its file in place.
+		if fi, lerr := os.Lstat(s.path); !s.ln.parked.Load() && lerr == nil && os.SameFile(fi, s.sockInfo) {
 			if rmErr := os.Remove(s.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
 				err = errors.Join(err, rmErr)
 			}

@@ -168,11 +168,32 @@ func (p *progress) since() time.Duration {
 // buildReceipt describes what a run uses. It takes no environment values
 // and no file contents.
 func buildReceipt(p Profile, plan AgentPlan, spec ContainerSpec, timeout time.Duration, prompt string) *messages.Receipt {
+	return buildReceiptDigest(p, profileDigest(p), plan, spec, timeout, prompt)
+}
+
+// profileDigest returns the hex SHA-256 of p's effective configuration
+// (its JSON encoding): a receipt's ProfileDigest.
+func profileDigest(p Profile) string {
 	effective, _ := json.Marshal(p)
 	sum := sha256.Sum256(effective)
+	return hex.EncodeToString(sum[:])
+}
+
+// profileDigest returns the digest of profile p, configured under name:
+// the one New computed, or p's own when the worker has none for name.
+func (w *Worker) profileDigest(name string, p Profile) string {
+	if d, ok := w.digests[name]; ok {
+		return d
+	}
+	return profileDigest(p)
+}
+
+// buildReceiptDigest is buildReceipt with p's digest (profileDigest)
+// given: the worker computes it once per profile (Worker.profileDigest).
+func buildReceiptDigest(p Profile, digest string, plan AgentPlan, spec ContainerSpec, timeout time.Duration, prompt string) *messages.Receipt {
 	rc := &messages.Receipt{
 		Profile:       p.Name,
-		ProfileDigest: hex.EncodeToString(sum[:]),
+		ProfileDigest: digest,
 		Backend:       p.Backend,
 		Image:         p.Image,
 		User:          p.User,

@@ -51,11 +51,23 @@ type coordSession struct {
 func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coordSession, error) {
 	w := r.w
 	dir := r.dir()
-	if !w.runDirs.take(dir) {
+	took, sock := w.runDirs.take(dir)
+	if !took {
 		if err := coordination.StageRunDir(dir); err != nil {
 			return nil, fmt.Errorf("run directory cannot be staged: %w", err)
 		}
 	}
+	if sock != nil && !coordOn {
+		// A socket kept for coordination runs has no use here.
+		_ = sock.Close()
+		_ = os.Remove(filepath.Join(dir, coordination.SocketName))
+		sock = nil
+	}
+	defer func() {
+		if sock != nil { // not handed to a session
+			_ = sock.Close()
+		}
+	}()
 	cs := &coordSession{dir: dir, onlyMCP: len(plan.Files) == 0}
 	for _, f := range plan.Files {
 		rel, ok := strings.CutPrefix(f.Path, coordination.ContainerRunDir+"/")
@@ -85,8 +97,8 @@ func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coor
 	if !coordOn {
 		return cs, nil
 	}
-	sess, err := w.coord.Serve(ctx, coordination.RunInfo{RunID: r.req.ID, Group: r.req.GroupOrID(), Profile: r.req.Profile},
-		filepath.Join(dir, coordination.SocketName))
+	sess, err := r.serveCoord(ctx, filepath.Join(dir, coordination.SocketName), sock)
+	sock = nil // the session's now, or closed
 	if err != nil {
 		r.log.Warn().Err(err).Msg("coordination unavailable for this run")
 		r.state.Coordination = "unavailable"
@@ -95,6 +107,22 @@ func (r *run) stageRun(ctx context.Context, plan AgentPlan, coordOn bool) (*coor
 	cs.sess = sess
 	r.state.Coordination = "available"
 	return cs, nil
+}
+
+// serveCoord serves the run's coordination session on the socket at path:
+// the kept socket sock when the run's directory came from the pool with
+// one, else a new bind (also when sock cannot be served again). sock is the
+// session's, or closed, when it returns.
+func (r *run) serveCoord(ctx context.Context, path string, sock *coordination.Socket) (*coordination.Session, error) {
+	info := coordination.RunInfo{RunID: r.req.ID, Group: r.req.GroupOrID(), Profile: r.req.Profile}
+	if sock != nil {
+		sess, err := r.w.coord.ServeSocket(ctx, info, path, sock)
+		if err == nil {
+			return sess, nil
+		}
+		r.log.Debug().Err(err).Msg("kept coordination socket not served; binding a new one")
+	}
+	return r.w.coord.Serve(ctx, info, path)
 }
 
 // end ends a run's coordination: a finished run leaves its group and its
@@ -112,12 +140,18 @@ func (cs *coordSession) endOnce(r *run, final bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reuse := cs.onlyMCP && r.egressSess == nil && r.containerGone
+	var sock *coordination.Socket
 	if cs.sess != nil {
 		r.state.BridgeConnected = r.state.BridgeConnected || cs.sess.Connected()
 		var err error
-		if final {
+		switch {
+		case final && reuse:
+			// The directory may go to the pool: its socket stays bound
+			// for the next run's session.
+			sock, err = cs.sess.CloseKeepSocket(ctx)
+		case final:
 			err = cs.sess.Close(ctx)
-		} else {
+		default:
 			err = cs.sess.Detach(ctx)
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -126,8 +160,11 @@ func (cs *coordSession) endOnce(r *run, final bool) {
 		// A session that did not end cleanly may have left its socket.
 		reuse = reuse && err == nil
 	}
-	if reuse && r.w.runDirs.put(cs.dir) {
+	if reuse && r.w.runDirs.put(cs.dir, sock) {
 		return
+	}
+	if sock != nil {
+		_ = sock.Close()
 	}
 	if err := coordination.RemoveRunDir(cs.dir); err != nil {
 		r.log.Warn().Err(err).Msg("remove run directory; the reconciler will retry")

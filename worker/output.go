@@ -53,9 +53,15 @@ type outputPublisher struct {
 	// that no output event precedes the run's started event.
 	held    bool
 	pending []*nats.Msg
+	// gate, when set, is closed once the started event is stored: close
+	// waits for it before publishing held messages (publishStarted).
+	gate <-chan struct{}
 
 	stop chan struct{}
 	done chan struct{}
+	// flusherOn is set once the flusher runs (startFlusherLocked); closed
+	// once close began.
+	flusherOn, closed bool
 }
 
 func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attempt int) *outputPublisher {
@@ -70,14 +76,24 @@ func newOutputPublisher(js jetstream.JetStream, runID string, seq uint64, attemp
 		done:    make(chan struct{}),
 		held:    true,
 	}
-	go o.flusher()
 	return o
+}
+
+// startFlusherLocked starts the flusher on the first output: a run that
+// writes nothing costs no goroutine and no ticker. Not after close.
+func (o *outputPublisher) startFlusherLocked() {
+	if o.flusherOn || o.closed {
+		return
+	}
+	o.flusherOn = true
+	go o.flusher()
 }
 
 // append buffers p, already masked, for publishing.
 func (o *outputPublisher) append(stream string, p []byte) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.startFlusherLocked()
 	if stream == messages.StreamStderr {
 		o.errTail = append(o.errTail, p[max(0, len(p)-errTailBytes):]...)
 		if len(o.errTail) > errTailBytes {
@@ -189,12 +205,28 @@ func (o *outputPublisher) lastErrLine() string {
 // every output message or ctx ends. It returns the total bytes published and
 // the first publish error.
 func (o *outputPublisher) close(ctx context.Context) (int64, error) {
+	o.mu.Lock()
+	o.closed = true
+	flusherOn := o.flusherOn
+	o.mu.Unlock()
 	close(o.stop)
-	<-o.done
+	if flusherOn {
+		<-o.done
+	}
 	o.flushMasked()
-	o.release()
 	o.mu.Lock()
 	o.flushLocked()
+	wait := o.held && len(o.pending) > 0 && o.gate != nil
+	o.mu.Unlock()
+	if wait {
+		// Held output waits for the started event.
+		select {
+		case <-o.gate:
+		case <-ctx.Done():
+		}
+	}
+	o.release()
+	o.mu.Lock()
 	futures, total, err := o.futures, o.total, o.err
 	o.futures = nil
 	o.mu.Unlock()

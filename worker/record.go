@@ -70,8 +70,9 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 }
 
 // publishFinished publishes the run's finished event from its recorded final
-// state.
+// state, after its started event.
 func (r *run) publishFinished(ctx context.Context) {
+	r.waitStarted()
 	r.event(ctx, finishedEvent(r.state))
 }
 
@@ -163,12 +164,59 @@ func (r *run) ack() {
 
 // event publishes a JSON event for the run and waits for its ack.
 func (r *run) event(ctx context.Context, ev messages.Event) {
+	if err := r.w.store.publish(ctx, r.eventMsg(ev)); err != nil {
+		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
+	}
+}
+
+// eventMsg stamps ev as this delivery's (run id, time, attempt, worker)
+// and builds its message.
+func (r *run) eventMsg(ev messages.Event) *nats.Msg {
 	ev.RunID = r.req.ID
 	ev.Time = time.Now().UTC()
 	ev.Attempt = int(r.meta.NumDelivered)
 	ev.Worker = r.w.cfg.ID
-	if err := r.w.store.publish(ctx, eventMsg(ev, r.meta.Sequence.Stream)); err != nil {
-		r.log.Warn().Err(err).Str("type", string(ev.Type)).Msg("publish event")
+	return eventMsg(ev, r.meta.Sequence.Stream)
+}
+
+// publishStarted publishes the started event of container id without
+// waiting for the server's ack, so the run goes on meanwhile (one round
+// trip less per run). What must follow the event still does: out holds
+// the run's output until the event is stored (no output event precedes
+// started, docs/wire.md), and the finished event waits for it
+// (waitStarted). A publish that fails or gets no ack within
+// opAttemptTimeout is retried as event does (its Nats-Msg-Id deduplicates
+// it); a failure for good is logged, and the output released all the same,
+// as before.
+func (r *run) publishStarted(ctx context.Context, containerID string, out *outputPublisher) {
+	m := r.eventMsg(messages.Event{Type: messages.EventStarted, ContainerID: containerID})
+	stored := make(chan struct{})
+	r.startedStored = stored
+	out.gate = stored
+	f, err := r.w.js.PublishMsgAsync(m)
+	go func() {
+		// Ends once the event is acknowledged, or retryOp gives up (ctx
+		// ends or opMaxElapsed passes).
+		defer close(stored)
+		defer out.release()
+		if err == nil {
+			select {
+			case <-f.Ok():
+				return
+			case <-f.Err():
+			}
+		}
+		if err := r.w.store.publish(ctx, m); err != nil {
+			r.log.Warn().Err(err).Str("type", string(messages.EventStarted)).Msg("publish event")
+		}
+	}()
+}
+
+// waitStarted waits until the started event is stored (or its publish
+// failed for good): every event after it is published after that.
+func (r *run) waitStarted() {
+	if r.startedStored != nil {
+		<-r.startedStored
 	}
 }
 

@@ -52,6 +52,9 @@ type run struct {
 	stopReason string
 	// mask masks the run's secrets in what it shows (mask.go).
 	mask *masker
+	// startedStored is closed once the started event is stored (or its
+	// publish failed for good); nil before publishStarted.
+	startedStored chan struct{}
 	// startCommitted is set, under w.mu, once the run's container may
 	// start: a cancel then stops it rather than preventing it
 	// (startclaim.go).
@@ -75,6 +78,7 @@ type run struct {
 // order it states; the deferred call is only a safety net for paths that
 // ended without recording (the run state changed under this delivery).
 func (r *run) execute(ctx context.Context, prof Profile) {
+	defer r.waitStarted()
 	defer func() { r.release(r.state.State.Final()) }()
 	defer r.w.untrack(r)
 	p, err := r.prepare(ctx, prof)
@@ -164,7 +168,8 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 	r.mask = newMasker(prof, w.cfg.LookupEnv)
 	r.state.Coordination = "off"
 	plan, err := planAgent(prof, r.req.Prompt, p.coordOn)
-	r.state.Receipt = buildReceipt(prof, plan, ContainerSpec{}, p.timeout, r.req.Prompt)
+	digest := w.profileDigest(r.req.Profile, prof)
+	r.state.Receipt = buildReceiptDigest(prof, digest, plan, ContainerSpec{}, p.timeout, r.req.Prompt)
 	if err != nil {
 		return p, err
 	}
@@ -189,7 +194,7 @@ func (r *run) prepare(ctx context.Context, prof Profile) (prepared, error) {
 	if err := r.stageWorkspace(ctx, &p.spec, prof); err != nil {
 		return p, err
 	}
-	r.state.Receipt = buildReceipt(prof, plan, p.spec, p.timeout, r.req.Prompt)
+	r.state.Receipt = buildReceiptDigest(prof, digest, plan, p.spec, p.timeout, r.req.Prompt)
 	r.state.Receipt.WorkspaceGit = r.state.WorkspaceGit
 	if r.bridge != "" {
 		r.state.Receipt.BridgeDigest = "sha256:" + r.bridge
@@ -257,8 +262,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		r.log.Warn().Err(err).Msg("record running state")
 	}
 	w.failpoint(FailpointRunning)
-	r.event(ctx, messages.Event{Type: messages.EventStarted, ContainerID: c.ID()})
-	s.out.release()
+	r.publishStarted(ctx, c.ID(), s.out)
 	if r.cs != nil && r.cs.sess != nil {
 		if err := r.cs.sess.SetState(ctx, messages.StateRunning); err != nil {
 			r.log.Warn().Err(err).Msg("coordination presence")

@@ -20,18 +20,31 @@ import (
 // before.
 //
 // A directory enters the pool only when nothing of its run can reach it:
-// the run's container was removed (not just stopped), its session detached
-// without error (its socket removed), and the run staged nothing in it
-// besides mcp.json (no backend files, no egress socket). The container
-// mounted it read-only, so mcp.json is the file the worker wrote; take
-// checks it all the same. A pool that is nil pools nothing.
+// the run's container was removed (not just stopped), its session ended
+// without error, and the run staged nothing in it besides mcp.json (no
+// backend files, no egress socket). The container mounted it read-only, so
+// mcp.json is the file the worker wrote; take checks it all the same.
+//
+// A directory whose run's session closed for good keeps its coordination
+// socket bound (coordination.Session.CloseKeepSocket): binding a socket and
+// unlinking it were the largest cost left per coordination run. The next
+// session serves it (coordination.Host.ServeSocket), which first closes,
+// unread, any connection the earlier run's container left waiting in its
+// backlog. A pool that is nil pools nothing.
 type runDirPool struct {
 	root string // StateDir/p, mode 0700
 	max  int    // idle directories kept at most
 
 	mu   sync.Mutex
-	idle []string
+	idle []pooledDir
 	next int
+}
+
+// pooledDir is an idle directory and, when its session kept it, its bound
+// socket.
+type pooledDir struct {
+	dir  string
+	sock *coordination.Socket
 }
 
 // newRunDirPool returns a pool under root keeping at most max idle
@@ -41,39 +54,42 @@ func newRunDirPool(root string, max int) *runDirPool {
 }
 
 // take moves an idle directory to dst (a run's directory, which must not
-// exist) and reports whether it did; false means the caller stages dst
-// itself. The directory's times are set to now before it moves, so the
-// reconciler never takes it for a stale one.
-func (p *runDirPool) take(dst string) bool {
+// exist) and reports whether it did, with the directory's bound socket
+// (nil when it has none), now at dst/coordination.SocketName; false means
+// the caller stages dst itself. The directory's times are set to now before
+// it moves, so the reconciler never takes it for a stale one.
+func (p *runDirPool) take(dst string) (bool, *coordination.Socket) {
 	if p == nil {
-		return false
+		return false, nil
 	}
 	p.mu.Lock()
 	n := len(p.idle)
 	if n == 0 {
 		p.mu.Unlock()
-		return false
+		return false, nil
 	}
-	dir := p.idle[n-1]
+	d := p.idle[n-1]
 	p.idle = p.idle[:n-1]
 	p.mu.Unlock()
-	fi, err := os.Lstat(filepath.Join(dir, coordination.MCPConfigName))
+	fi, err := os.Lstat(filepath.Join(d.dir, coordination.MCPConfigName))
 	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == coordination.MCPConfigMode &&
 		fi.Size() == int64(len(coordination.MCPConfig()))
 	if ok {
 		now := time.Now()
-		ok = os.Chtimes(dir, now, now) == nil && os.Rename(dir, dst) == nil
+		ok = os.Chtimes(d.dir, now, now) == nil && os.Rename(d.dir, dst) == nil
 	}
 	if !ok {
-		_ = os.RemoveAll(dir)
+		d.close()
+		return false, nil
 	}
-	return ok
+	return true, d.sock
 }
 
-// put moves the run directory dir into the pool and reports whether it
-// did; false means the caller removes dir. The caller vouches that dir
-// holds only mcp.json and that no container mounts it any more.
-func (p *runDirPool) put(dir string) bool {
+// put moves the run directory dir into the pool, with its bound socket
+// sock (nil for none), and reports whether it did; false means the caller
+// closes sock and removes dir. The caller vouches that dir holds only
+// mcp.json and sock's file, and that no container mounts it any more.
+func (p *runDirPool) put(dir string, sock *coordination.Socket) bool {
 	if p == nil {
 		return false
 	}
@@ -89,9 +105,17 @@ func (p *runDirPool) put(dir string) bool {
 		return false
 	}
 	p.mu.Lock()
-	p.idle = append(p.idle, name)
+	p.idle = append(p.idle, pooledDir{dir: name, sock: sock})
 	p.mu.Unlock()
 	return true
+}
+
+// close closes d's socket and removes d's directory.
+func (d pooledDir) close() {
+	if d.sock != nil {
+		_ = d.sock.Close()
+	}
+	_ = coordination.RemoveRunDir(d.dir)
 }
 
 // drain removes every idle directory and the pool's root when it is then
@@ -104,8 +128,8 @@ func (p *runDirPool) drain() {
 	idle := p.idle
 	p.idle = nil
 	p.mu.Unlock()
-	for _, dir := range idle {
-		_ = coordination.RemoveRunDir(dir)
+	for _, d := range idle {
+		d.close()
 	}
 	_ = os.Remove(p.root)
 }

@@ -3,14 +3,18 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/workertest"
@@ -22,6 +26,7 @@ type seenDir struct {
 	info  os.FileInfo
 	names []string
 	mcp   []byte
+	sock  os.FileInfo // the socket file, if any
 	// pooled is how many directories the pool held meanwhile.
 	pooled int
 }
@@ -41,6 +46,7 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 				}
 			}
 			s.mcp, _ = os.ReadFile(filepath.Join(s.path, coordination.MCPConfigName))
+			s.sock, _ = os.Lstat(filepath.Join(s.path, coordination.SocketName))
 			// The pool is StateDir/p; the run directory is StateDir/r/<hex>.
 			pool, _ := os.ReadDir(filepath.Join(filepath.Dir(filepath.Dir(s.path)), "p"))
 			s.pooled = len(pool)
@@ -52,9 +58,10 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 }
 
 // A coordination run's directory leaves its path when the run ends, kept in
-// the worker's pool holding only mcp.json; the next run takes the same
-// directory under its own path, with mcp.json intact and its own socket; a
-// stopped worker leaves no pool behind.
+// the worker's pool holding mcp.json and its socket, still bound; the next
+// run takes the same directory under its own path, with mcp.json intact,
+// and its session serves the same socket; a stopped worker leaves no pool
+// behind.
 func TestRunDirsPooled(t *testing.T) {
 	t.Parallel()
 	stateDir := workertest.StateDir(t)
@@ -76,8 +83,10 @@ func TestRunDirsPooled(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "run a's directory is gone from its path and pooled")
 	left, err := os.ReadDir(filepath.Join(pool, pooled[0].Name()))
 	require.NoError(t, err)
-	require.Len(t, left, 1)
-	require.Equal(t, coordination.MCPConfigName, left[0].Name(), "the socket went with the session")
+	require.Len(t, left, 2)
+	sockA, err := os.Lstat(filepath.Join(pool, pooled[0].Name(), coordination.SocketName))
+	require.NoError(t, err, "the socket stays with the pooled directory")
+	require.Equal(t, os.ModeSocket|coordination.SocketMode, sockA.Mode())
 
 	b.submit(t, messages.RunRequest{ID: "pool-b", Profile: "shell", Prompt: "true"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "pool-b").State)
@@ -88,6 +97,7 @@ func TestRunDirsPooled(t *testing.T) {
 	require.ElementsMatch(t, []string{coordination.MCPConfigName, coordination.SocketName}, bs.names)
 	require.Equal(t, coordination.MCPConfig(), bs.mcp)
 	require.Equal(t, coordination.RunDirMode, bs.info.Mode().Perm())
+	require.True(t, os.SameFile(sockA, bs.sock), "run b's session serves the socket run a's kept bound")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -150,4 +160,40 @@ func TestTamperedPooledRunDirDropped(t *testing.T) {
 	require.Equal(t, coordination.MCPConfig(), bs.mcp, "run b did not get the tampered directory")
 	_, err := os.Stat(filepath.Dir(mcp))
 	require.True(t, os.IsNotExist(err), "the tampered directory was removed: %v", err)
+}
+
+// A connection left waiting on a pooled directory's socket (as a process of
+// the earlier run's container could leave one before the container was
+// removed) is closed unread when the next run takes the directory: the
+// next run's session never answers it, and the run is recorded as one
+// whose bridge never connected.
+func TestPooledSocketDropsWaitingConnections(t *testing.T) {
+	t.Parallel()
+	stateDir := workertest.StateDir(t)
+	rt := workertest.NewRuntime()
+	seen := recordRunDirs(t, rt)
+	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
+	pool := filepath.Join(stateDir, "p")
+
+	b.submit(t, messages.RunRequest{ID: "stale-a", Profile: "shell", Prompt: "true"})
+	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "stale-a").State)
+	<-seen
+	var pooled []os.DirEntry
+	require.Eventually(t, func() bool { pooled, _ = os.ReadDir(pool); return len(pooled) == 1 }, 10*time.Second, 10*time.Millisecond)
+	c, err := net.Dial("unix", filepath.Join(pool, pooled[0].Name(), coordination.SocketName))
+	require.NoError(t, err, "the pooled socket is bound")
+	defer c.Close()
+	_, err = io.WriteString(c, "POST "+relay.PathHello+" HTTP/1.1\r\nHost: run\r\nContent-Length: 0\r\n\r\n")
+	require.NoError(t, err)
+
+	b.submit(t, messages.RunRequest{ID: "stale-b", Profile: "shell", Prompt: "true"})
+	st := b.waitFinal(t, "stale-b")
+	bs := <-seen
+	require.Zero(t, bs.pooled, "run b took the pooled directory")
+	require.Equal(t, messages.StateSucceeded, st.State)
+	require.False(t, st.BridgeConnected, "the waiting request never reached run b's session")
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	n, err := c.Read(make([]byte, 64))
+	require.Zero(t, n, "no answer")
+	require.True(t, errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET), "the waiting connection was closed: %v", err)
 }

@@ -274,6 +274,9 @@ type Worker struct {
 	tools *bridgeStager
 	// install identifies this installation in container labels.
 	install string
+	// digests holds each configured profile's digest (profileDigest) by
+	// name, computed once in New: the profiles do not change after it.
+	digests map[string]string
 	// egress is the egress proxy's configuration and proof (egress.go).
 	egress *egressState
 
@@ -316,7 +319,12 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	reg := prometheus.NewRegistry()
+	digests := make(map[string]string, len(cfg.Profiles))
+	for name, p := range cfg.Profiles {
+		digests[name] = profileDigest(p)
+	}
 	return &Worker{
+		digests: digests,
 		reg:     reg,
 		metrics: newMetrics(reg, cfg.ID, cfg.Pool),
 		cfg:     cfg,
