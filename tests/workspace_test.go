@@ -208,14 +208,14 @@ func TestWorkspaceRefused(t *testing.T) {
 	require.True(t, st.WorkspaceResult.WorkspaceFull, "the result says the workspace was full")
 
 	// Without workspace_mib the kernel still bounds it: the built-in shell
-	// profile's workspace is memory_mib/2 = 256 MiB.
+	// profile's workspace is (memory_mib - tmp_mib - home_mib)/2 = 192 MiB.
 	r = run(t, url, jetcrewBin, "submit", "--id", "ws-default-full", "--wait", "--workspace", small,
-		"df -k /workspace | tail -1; head -c 300000000 /dev/zero > fill.bin")
+		"df -k /workspace | tail -1; head -c 220000000 /dev/zero > fill.bin")
 	require.NotEqual(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, " 262144 ", "a 256 MiB file system")
+	require.Contains(t, r.stdout, " 196608 ", "a 192 MiB file system")
 	st = status(t, url, "ws-default-full")
 	require.Equal(t, messages.StateFailed, st.State)
-	require.Contains(t, st.Reason, "no space left in the workspace: workspace_mib is 256 MiB")
+	require.Contains(t, st.Reason, "no space left in the workspace: workspace_mib is 192 MiB")
 	for _, id := range []string{"ws-full", "ws-default-full"} {
 		requireNoVolumes(t, id)
 	}

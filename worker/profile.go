@@ -104,8 +104,10 @@ type Profile struct {
 	// WorkspaceMiB is the size, in MiB, of the workspace of a run (a
 	// request with a workspace): a tmpfs volume of the engine's, so the
 	// kernel bounds what the run can write there (ENOSPC), and its pages
-	// count against the run's memory limit. Default MemoryMiB/2; it must be
-	// below MemoryMiB. See docs/workspaces.md.
+	// count against the run's memory limit, as /tmp's and home's do.
+	// Default half of what MemoryMiB leaves beside TmpMiB and HomeMiB (192
+	// for the defaults), at least 1; a value set must leave room beside
+	// them (checkWorkspaceMiB). See docs/workspaces.md.
 	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
 	// GitRemotes lists the git remotes a request's workspace may name
 	// instead of a snapshot: each an http(s) URL, exact or ending in "*"
@@ -219,9 +221,6 @@ func (p Profile) withDefaults() (Profile, error) {
 	if p.MemoryMiB == 0 {
 		p.MemoryMiB = DefaultMemoryMiB
 	}
-	if p.WorkspaceMiB == 0 {
-		p.WorkspaceMiB = p.MemoryMiB / 2
-	}
 	if p.CPUs == 0 {
 		p.CPUs = DefaultCPUs
 	}
@@ -233,6 +232,11 @@ func (p Profile) withDefaults() (Profile, error) {
 	}
 	if p.HomeMiB == 0 {
 		p.HomeMiB = DefaultHomeMiB
+	}
+	if p.WorkspaceMiB == 0 {
+		p.WorkspaceMiB = defaultWorkspaceMiB(p)
+	} else if err := p.checkWorkspaceMiB(); err != nil {
+		return p, err
 	}
 	if p.MaxOutputMiB == 0 {
 		p.MaxOutputMiB = DefaultMaxOutputMiB

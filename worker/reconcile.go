@@ -238,9 +238,9 @@ func (w *Worker) removeStaleRunDirs(active map[string]bool) {
 	}
 }
 
-// removeRunContainers removes every container of runID not in this worker's
-// active set: earlier deliveries' containers, whoever created them, then
-// their workspace volumes, now free.
+// removeRunContainers removes every container of runID, whoever created
+// it (earlier deliveries' containers: the caller's delivery has none yet),
+// then the run's workspace volumes that no delivery of this worker uses.
 func (w *Worker) removeRunContainers(ctx context.Context, runID string) error {
 	cs, err := w.cfg.Runtime.ListManaged(ctx)
 	if err != nil {

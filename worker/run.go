@@ -40,6 +40,9 @@ type run struct {
 	// containerGone is set by release once the run's container was
 	// removed: nothing of it mounts the run's directory any more.
 	containerGone bool
+	// stopFailed is set by supervise when stopping the run's container
+	// failed: it may still run, so its workspace is not captured.
+	stopFailed bool
 	// bridge is the SHA-256 (hex) of the staged bridge the run mounts, if
 	// any: set before the run is tracked, read by the bridge's gc.
 	bridge string
@@ -307,6 +310,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 		// grace, SIGKILL); wait for that to finish.
 		if status, err = r.stopAndWait(s.c); err != nil {
 			r.log.Warn().Err(err).Msg("stop container")
+			r.stopFailed = true
 		}
 	case ctx.Err() != nil:
 		// The worker is shutting down hard.
@@ -316,6 +320,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 		f.TimedOut = true
 		if status, err = r.stopAndWait(s.c); err != nil {
 			r.log.Warn().Err(err).Msg("stop timed-out container")
+			r.stopFailed = true
 		}
 	default:
 		f.WaitErr = err

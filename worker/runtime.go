@@ -49,6 +49,10 @@ type VolumeSpec struct {
 	SizeBytes int64
 	// UID and GID own the volume's root directory (mode 0755).
 	UID, GID int
+	// Inodes bounds the files and directories it can hold (the tmpfs
+	// nr_inodes option); 0 leaves the kernel's default (half the RAM's
+	// pages).
+	Inodes int64
 	// Labels are set on the volume (LabelManaged, LabelRunID, ...).
 	Labels map[string]string
 }
@@ -190,6 +194,10 @@ type Mount struct {
 	// Volume makes Source a volume name (mounted without copying the
 	// image's content at Target into it).
 	Volume bool `json:",omitempty"`
+	// VolumeSpec, for a volume mount, is the volume's spec: should the
+	// volume be missing when the container is created, the engine creates
+	// it so, never as an unbounded directory of its disk.
+	VolumeSpec *VolumeSpec `json:",omitempty"`
 	// Target is the path in the container.
 	Target string
 	// ReadOnly mounts it read-only.

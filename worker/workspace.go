@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,8 +32,9 @@ type WorkspaceConfig struct {
 	// Buckets configures the workspace and result buckets when the worker
 	// creates them; Replicas defaults to the provisioning's replicas.
 	Buckets workspace.BucketConfig
-	// CaptureTimeout bounds the capture container of one run (start to
-	// exit). Default 10 minutes.
+	// CaptureTimeout bounds the capture of one run, from the run's end
+	// (the capture container's ready line, the signal, the capture) to the
+	// capture container's exit. Default 10 minutes.
 	CaptureTimeout time.Duration
 }
 
@@ -136,9 +138,10 @@ type runWorkspace struct {
 	// volume.
 	dir string
 	// volume names the delivery's tmpfs volume, the run's /workspace, of
-	// mib MiB (Runtime.CreateVolume).
+	// mib MiB (Runtime.CreateVolume), vol its spec.
 	volume string
 	mib    int64
+	vol    VolumeSpec
 	// snapshot is the cached snapshot file (snapcache.go), tool the staged
 	// jetcrew binary running the in-jail commands, toolDigest its SHA-256
 	// (hex).
@@ -217,9 +220,15 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	// The volume and the capture container that holds it start while the
 	// snapshot downloads; the snapshot reaches the capture container
 	// through a link in its read-only input directory.
-	rw.capture = captureSpec(*spec, rw, cfg)
+	rw.vol = VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid,
+		Inodes: 2*int64(cfg.MaxFiles) + 10000, Labels: maps.Clone(spec.Labels)}
+	rw.vol.Labels[LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
+	// The wait is bounded, so a capture container a crashed worker left
+	// behind gives the volume back on its own.
+	waitMax := runTimeout(r.req, prof, r.w.cfg.DefaultTimeout) + r.w.cfg.StopGrace + cfg.CaptureTimeout + 10*time.Minute
+	rw.capture = captureSpec(*spec, rw, cfg, waitMax)
 	held := make(chan error, 1)
-	go func() { held <- r.startCapture(ctx, spec.Labels, uid, gid) }() // workspace_jail.go
+	go func() { held <- r.startCapture(ctx) }() // workspace_jail.go
 	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)
 	herr := <-held
 	switch {
@@ -325,6 +334,12 @@ func (r *run) dropWorkspace() {
 func (r *run) captureWorkspace(ctx context.Context, o outcome) string {
 	reason := o.Reason
 	if r.ws == nil || o.Unpack != "" {
+		return reason
+	}
+	if r.stopFailed {
+		// The run's processes may still write: a capture would read a
+		// live tree, against the capture's promise.
+		r.state.WorkspaceResult = &messages.WorkspaceResult{Error: "not captured: the run's container could not be stopped"}
 		return reason
 	}
 	start := time.Now()

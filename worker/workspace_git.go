@@ -30,10 +30,27 @@ func (p Profile) validateWorkspace() error {
 	if p.WorkspaceMiB < 0 {
 		return errors.New("workspace_mib is negative")
 	}
-	if p.WorkspaceMiB >= p.MemoryMiB {
-		return fmt.Errorf("workspace_mib %d must be below memory_mib %d: the workspace is a tmpfs whose pages count against the run's memory limit, so a run would meet the OOM killer before ENOSPC", p.WorkspaceMiB, p.MemoryMiB)
-	}
+
 	return p.validateGitRemotes()
+}
+
+// defaultWorkspaceMiB returns the default workspace_mib of p (its memory,
+// tmp and home sizes defaulted): half of what memory_mib leaves beside the
+// /tmp and home tmpfs, at least 1 MiB.
+func defaultWorkspaceMiB(p Profile) int64 {
+	return max(1, (p.MemoryMiB-p.TmpMiB-p.HomeMiB)/2)
+}
+
+// checkWorkspaceMiB refuses a workspace_mib that, with tmp_mib and
+// home_mib, leaves the run no memory of its own: the three are tmpfs whose
+// pages count against memory_mib, so the run would meet the OOM killer
+// before ENOSPC.
+func (p Profile) checkWorkspaceMiB() error {
+	if p.WorkspaceMiB > 0 && p.WorkspaceMiB+p.TmpMiB+p.HomeMiB >= p.MemoryMiB {
+		return fmt.Errorf("workspace_mib %d with tmp_mib %d and home_mib %d leaves nothing of memory_mib %d: the three are tmpfs whose pages count against the run's memory limit, so a run would meet the OOM killer before ENOSPC; raise memory_mib or lower workspace_mib",
+			p.WorkspaceMiB, p.TmpMiB, p.HomeMiB, p.MemoryMiB)
+	}
+	return nil
 }
 
 // validateGitRemotes checks the profile's git_remotes: each an http or

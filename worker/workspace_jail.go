@@ -47,7 +47,7 @@ func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Argv: spec.Cmd}
 	spec.Cmd = append([]string{JailToolPath}, args.ArgList()...)
 	spec.Mounts = append(spec.Mounts,
-		Mount{Source: rw.volume, Volume: true, Target: messages.WorkspaceDir},
+		Mount{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
 		Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true})
 	spec.WorkingDir = messages.WorkspaceDir
@@ -61,9 +61,9 @@ func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 // the command `jetcrew workspace capture --wait`. The runtime adds the hardening every
 // container gets (read-only root, no capabilities, no new privileges,
 // init).
-func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) ContainerSpec {
+func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig, waitMax time.Duration) ContainerSpec {
 	args := workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir,
-		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true}
+		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true, WaitMax: waitMax}
 	return ContainerSpec{
 		Name:        run.Name + "-capture",
 		Image:       run.Image,
@@ -74,17 +74,28 @@ func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) Conta
 		Labels:      maps.Clone(run.Labels),
 		Network:     "none",
 		OCIRuntime:  run.OCIRuntime,
-		MemoryBytes: run.MemoryBytes,
+		MemoryBytes: captureMemory(run.MemoryBytes, rw.mib<<20),
 		NanoCPUs:    run.NanoCPUs,
 		PidsLimit:   run.PidsLimit,
 		Tmpfs:       map[string]string{"/tmp": "size=16m,mode=1777"},
 		Mounts: []Mount{
-			{Source: rw.volume, Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
+			{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir, ReadOnly: true},
 			{Source: rw.in(), Target: JailCaptureInPath, ReadOnly: true},
 			{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 			{Source: rw.scratch(), Target: JailScratchPath},
 		},
 	}
+}
+
+// captureMemory returns the capture container's memory limit, in bytes,
+// for a run of memory bytes whose workspace is volume bytes: what the run
+// may use beside a full workspace, at least a quarter of memory and at
+// least min(memory, 64 MiB) (the engine refuses less than 6 MiB). Once the
+// run's container is gone, the tree's tmpfs pages count against no
+// container's limit (the kernel charged them to the run's, now removed), so
+// this keeps a run, capture included, within about its memory_mib.
+func captureMemory(memory, volume int64) int64 {
+	return max(memory-volume, memory/4, min(memory, 64<<20))
 }
 
 // captureExit is how the capture container ended (its Wait).
@@ -93,19 +104,17 @@ type captureExit struct {
 	err error
 }
 
-// startCapture creates the delivery's tmpfs volume (rw.mib MiB, owned by
-// uid:gid, the run's labels) and starts the capture container, which
+// startCapture creates the delivery's tmpfs volume (rw.vol) and starts
+// the capture container, which
 // waits for SIGUSR1: while it runs, the engine keeps the volume mounted, so
 // the tree outlives the run's container until the capture (a tmpfs volume
 // is unmounted, its content lost, when no running container mounts it).
 // Its stdout goes to capture.tar in the delivery's directory, up to the
 // stream cap. An error wrapping ErrPermanent means the engine refused the
 // volume or the container for good.
-func (r *run) startCapture(ctx context.Context, labels map[string]string, uid, gid int) error {
+func (r *run) startCapture(ctx context.Context) error {
 	rw := r.ws
-	vol := VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid, Labels: maps.Clone(labels)}
-	vol.Labels[LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
-	if err := r.w.cfg.Runtime.CreateVolume(ctx, vol); err != nil {
+	if err := r.w.cfg.Runtime.CreateVolume(ctx, rw.vol); err != nil {
 		return fmt.Errorf("create the workspace volume: %w", err)
 	}
 	f, err := os.OpenFile(filepath.Join(rw.dir, "capture.tar"), os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
@@ -117,7 +126,7 @@ func (r *run) startCapture(ctx context.Context, labels map[string]string, uid, g
 	rw.captureOut = &captureOutput{f: f, max: streamCap, ready: make(chan struct{})}
 	spec := rw.capture
 	spec.Labels = maps.Clone(spec.Labels)
-	spec.Labels[LabelCreated] = vol.Labels[LabelCreated]
+	spec.Labels[LabelCreated] = rw.vol.Labels[LabelCreated]
 	c, err := r.w.cfg.Runtime.Start(ctx, spec, rw.captureOut.write)
 	if err != nil {
 		return fmt.Errorf("start the capture container: %w", err)
@@ -169,6 +178,14 @@ func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.C
 	select {
 	case <-out.ready:
 		if err := rw.captureC.Signal(ctx, "SIGUSR1"); err != nil {
+			// It may have exited meanwhile: how it exited says more.
+			select {
+			case ex = <-rw.captureExit:
+				if ex.err == nil {
+					return nil, fmt.Errorf("the capture container exited before the capture (exit code %d, OOM killed %t): %s", ex.st.Code, ex.st.OOMKilled, out.lastLine())
+				}
+			default:
+			}
 			return nil, fmt.Errorf("signal the capture container: %w", err)
 		}
 		select {

@@ -3,6 +3,7 @@ package worker
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -20,20 +21,20 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	t.Parallel()
 	tool := strings.Repeat("a", 64)
 	snap := strings.Repeat("b", 64)
-	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
+	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", mib: 16, snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
 	spec := ContainerSpec{
 		Name: "jetcrew-r1-7-1", Image: "img", Cmd: []string{"/bin/sh", "-c", "echo hi"}, User: "1000:1000", WorkingDir: "/home/agent",
 		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true"}, Network: "bridge", OCIRuntime: "runsc",
 		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
 	}
-	rw.capture = captureSpec(spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
+	rw.capture = captureSpec(spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10}, time.Hour)
 	jailWorkspace(&spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 
 	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
 		"--max-bytes", "1000", "--max-files", "10", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
 	require.Equal(t, messages.WorkspaceDir, spec.WorkingDir)
 	require.Equal(t, []Mount{
-		{Source: "jetcrew-r1-7-1-ws", Volume: true, Target: messages.WorkspaceDir},
+		{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
 		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 	}, spec.Mounts)
@@ -48,13 +49,16 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, "none", c.Network, "the capture container has no network, whatever the run had")
 	require.Equal(t, [6]any{"img", "1000:1000", "runsc", int64(64 << 20), int64(5e8), int64(32)},
 		[6]any{c.Image, c.User, c.OCIRuntime, c.MemoryBytes, c.NanoCPUs, c.PidsLimit})
+	require.Equal(t, int64(320<<20), captureMemory(512<<20, 192<<20), "what the run may use beside a full workspace")
+	require.Equal(t, int64(64<<20), captureMemory(64<<20, 60<<20), "at least min(memory, 64 MiB)")
+	require.Equal(t, int64(256<<20), captureMemory(1<<30, 900<<20), "at least a quarter of memory")
 	require.Equal(t, spec.Labels, c.Labels, "the reconciler sees it as the run's")
 	args, err := workspace.ParseJailArgs(c.Cmd[2:])
 	require.NoError(t, err)
 	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
-		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}, Wait: true}, args)
+		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}, Wait: true, WaitMax: time.Hour}, args)
 	require.Equal(t, []Mount{
-		{Source: "jetcrew-r1-7-1-ws", Volume: true, Target: messages.WorkspaceDir, ReadOnly: true},
+		{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/in", Target: JailCaptureInPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},

@@ -12,16 +12,18 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
 
 // The in-jail commands. A worker never unpacks a snapshot nor reads a run's
 // tree itself: it prefixes the run's command with `jetcrew workspace exec`
-// (unpack as the run's user, then exec the agent) and, once the run's
-// container has exited, runs `jetcrew workspace capture` in a second
-// container of the same hardening, reading its result as one tar stream on
-// stdout (docs/workspaces.md, "Where each step runs").
+// (unpack as the run's user, then exec the agent) and runs `jetcrew
+// workspace capture --wait` in a second container of the same hardening,
+// started before the run's (it holds the tree's volume mounted), which
+// captures once signalled after the run's container has exited, the result
+// one tar stream on stdout (docs/workspaces.md, "Where each step runs").
 
 // JailExitCode is the exit code of `jetcrew workspace exec` and `jetcrew
 // workspace capture` when they fail; the last line of their stderr then
@@ -73,6 +75,10 @@ type JailArgs struct {
 	// stays mounted, its content kept, between the run's end and the
 	// capture.
 	Wait bool
+	// WaitMax bounds that wait (0: none); past it capture exits 143, so a
+	// capture container a worker left behind (it crashed) gives the
+	// volume's memory back on its own.
+	WaitMax time.Duration
 }
 
 // ParseJailArgs parses the arguments after "workspace": a command (exec or
@@ -93,6 +99,7 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.Int64Var(&a.MaxBytes, "max-bytes", 0, "bytes cap")
 	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
 	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
+	fs.DurationVar(&a.WaitMax, "wait-max", 0, "capture: bound of the wait for SIGUSR1")
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -118,6 +125,9 @@ func (a JailArgs) ArgList() []string {
 		if a.Wait {
 			out = append(out, "--wait")
 		}
+		if a.WaitMax > 0 {
+			out = append(out, "--wait-max", a.WaitMax.String())
+		}
 		return out
 	}
 	return append(append(out, "--"), a.Argv...)
@@ -135,7 +145,7 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if a.Command == "capture" {
-		if a.Wait && !waitForCapture(stderr) {
+		if a.Wait && !waitForCapture(stderr, a.WaitMax) {
 			return 143
 		}
 		ReportFull(a.Dir, stderr)
@@ -158,30 +168,43 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // CaptureReadyLine is the line `jetcrew workspace capture --wait` prints
-// on stderr once it handles SIGUSR1: a SIGUSR1 sent before would end the
-// process (the signal's default action), so the worker waits for it.
+// on stderr once it handles SIGUSR1: a SIGUSR1 sent before would be lost
+// (the Go runtime catches and ignores it until signal.Notify), so the
+// worker waits for this line before it signals.
 const CaptureReadyLine = JailErrPrefix + "capture waits for SIGUSR1"
 
 // waitForCapture prints CaptureReadyLine on stderr and blocks until the
-// process receives SIGUSR1 (true) or SIGTERM (false).
-func waitForCapture(stderr io.Writer) bool {
+// process receives SIGUSR1 (true), or SIGTERM or max has passed (false;
+// max 0: no bound).
+func waitForCapture(stderr io.Writer, max time.Duration) bool {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGUSR1, syscall.SIGTERM)
 	defer signal.Stop(ch)
 	fmt.Fprintln(stderr, CaptureReadyLine)
-	return <-ch == syscall.SIGUSR1
+	var timeout <-chan time.Time
+	if max > 0 {
+		timeout = time.After(max)
+	}
+	select {
+	case sig := <-ch:
+		return sig == syscall.SIGUSR1
+	case <-timeout:
+		fmt.Fprintf(stderr, "%scapture failed: no signal within %s\n", JailErrPrefix, max)
+		return false
+	}
 }
 
 // FullLine is the line capture prints on stderr, before it reads the
 // tree, when the workspace's file system has no space left: the run wrote
-// up to its size (workspace_mib).
+// up to its size (workspace_mib) or used up its inodes.
 const FullLine = JailErrPrefix + "the workspace has no space left"
 
 // ReportFull prints FullLine on stderr when the file system at dir has no
-// block left for an unprivileged writer (statfs f_bavail is 0).
+// block or no inode left for an unprivileged writer (statfs f_bavail or
+// f_ffree is 0).
 func ReportFull(dir string, stderr io.Writer) {
 	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) == nil && st.Bavail == 0 {
+	if syscall.Statfs(dir, &st) == nil && (st.Bavail == 0 || st.Ffree == 0) {
 		fmt.Fprintln(stderr, FullLine)
 	}
 }

@@ -181,8 +181,12 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 	}
 	for _, m := range spec.Mounts {
 		if m.Volume {
-			// The engine would create a missing volume, a directory of
-			// its disk with no size bound: it must exist already.
+			// Without its spec, the engine would create a missing volume
+			// as a directory of its disk with no size bound: it must
+			// exist already.
+			if m.VolumeSpec != nil {
+				continue
+			}
 			if _, err := r.cli.VolumeInspect(ctx, m.Source); err != nil {
 				return nil, fmt.Errorf("docker: volume %s for %s: %w", m.Source, m.Target, classify(opVolumeInspect, err))
 			}

@@ -172,9 +172,15 @@ func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)
 			}
 			target("volume", m.Target)
 			// NoCopy: the volume starts empty, never filled from the
-			// image's content at Target.
+			// image's content at Target. With its spec, a volume the
+			// engine finds missing is created as the same bounded tmpfs.
+			opts := &mount.VolumeOptions{NoCopy: true}
+			if vs := m.VolumeSpec; vs != nil {
+				opts.Labels = vs.Labels
+				opts.DriverConfig = &mount.Driver{Name: "local", Options: tmpfsOptions(*vs)}
+			}
 			mounts = append(mounts, mount.Mount{Type: mount.TypeVolume, Source: m.Source, Target: m.Target,
-				ReadOnly: m.ReadOnly, VolumeOptions: &mount.VolumeOptions{NoCopy: true}})
+				ReadOnly: m.ReadOnly, VolumeOptions: opts})
 			continue
 		}
 		if !path.IsAbs(m.Source) {

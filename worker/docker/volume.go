@@ -14,7 +14,7 @@ import (
 
 // CreateVolume implements worker.Runtime with VolumeCreate: a volume of the
 // "local" driver whose options (type=tmpfs, device=tmpfs,
-// o=size=N,uid=U,gid=G,mode=0755,nosuid,nodev) make the engine mount a
+// o=size=N,uid=U,gid=G,mode=0755,nosuid,nodev[,nr_inodes=I]) make the engine mount a
 // fresh tmpfs of spec.SizeBytes bytes when a container that mounts it
 // starts (moby's volume/local driver, the options of `docker volume create
 // --opt`). A volume of that name already there is removed first, so its
@@ -28,19 +28,24 @@ func (r *Runtime) CreateVolume(ctx context.Context, spec worker.VolumeSpec) erro
 		return err
 	}
 	_, err := r.cli.VolumeCreate(ctx, volume.CreateOptions{
-		Name:   spec.Name,
-		Driver: "local",
-		DriverOpts: map[string]string{
-			"type":   "tmpfs",
-			"device": "tmpfs",
-			"o":      fmt.Sprintf("size=%d,uid=%d,gid=%d,mode=0755,nosuid,nodev", spec.SizeBytes, spec.UID, spec.GID),
-		},
-		Labels: spec.Labels,
+		Name:       spec.Name,
+		Driver:     "local",
+		DriverOpts: tmpfsOptions(spec),
+		Labels:     spec.Labels,
 	})
 	if err != nil {
 		return classify(opVolumeCreate, err)
 	}
 	return nil
+}
+
+// tmpfsOptions returns the local driver's options of spec's tmpfs volume.
+func tmpfsOptions(spec worker.VolumeSpec) map[string]string {
+	o := fmt.Sprintf("size=%d,uid=%d,gid=%d,mode=0755,nosuid,nodev", spec.SizeBytes, spec.UID, spec.GID)
+	if spec.Inodes > 0 {
+		o += fmt.Sprintf(",nr_inodes=%d", spec.Inodes)
+	}
+	return map[string]string{"type": "tmpfs", "device": "tmpfs", "o": o}
 }
 
 // RemoveVolume implements worker.Runtime with VolumeRemove (not forced: a

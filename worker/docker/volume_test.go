@@ -69,6 +69,21 @@ func TestDockerTmpfsVolume(t *testing.T) {
 	require.ErrorIs(t, err, worker.ErrPermanent)
 	_, err = rt.cli.VolumeInspect(ctx, name)
 	require.Error(t, err, "no volume was created")
+
+	// With its spec, a missing volume is created by the engine as the same
+	// bounded tmpfs, labelled.
+	spec := worker.VolumeSpec{Name: name, SizeBytes: 1 << 20, UID: 65532, GID: 65532, Inodes: 100, Labels: labels}
+	auto := sandboxSpec(t, rt, "df -k /ws | tail -1; df -i /ws | tail -1")
+	auto.Mounts = []worker.Mount{{Source: name, Volume: true, VolumeSpec: &spec, Target: "/ws"}}
+	st, rec = run(t, rt, auto)
+	require.Equal(t, 0, st.Code, rec.Stderr())
+	require.Regexp(t, `tmpfs\s+1024\s`, rec.Stdout(), "a 1 MiB tmpfs")
+	require.Regexp(t, `tmpfs\s+100\s`, rec.Stdout(), "100 inodes")
+	v, err := rt.cli.VolumeInspect(ctx, name)
+	require.NoError(t, err)
+	require.Equal(t, labels[worker.LabelRunID], v.Labels[worker.LabelRunID])
+	require.NoError(t, rt.Remove(ctx, auto.Name))
+	require.NoError(t, rt.RemoveVolume(ctx, name))
 }
 
 // TestDockerSignal: Signal reaches the container's process through its
