@@ -21,7 +21,7 @@ import (
 
 // gitCmd runs git in dir with a fixed identity and no user or system
 // config, and returns its trimmed output.
-func gitCmd(t *testing.T, dir string, args ...string) string {
+func gitCmd(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -109,30 +109,51 @@ func TestSnapshotGitWorkTree(t *testing.T) {
 	gitCmd(t, out, "fsck", "--strict")
 }
 
-// TestSnapshotCache: a second snapshot of the same HEAD reuses the packed
-// history from the cache and gives the same bytes; a damaged cache entry is
-// rebuilt, never used.
+// TestSnapshotCache: a second snapshot of the same HEAD takes the packed
+// history, the index file and the list of loose objects from the cache and
+// gives the same bytes; an entry with a damaged pack, or listing a loose
+// object the repository no longer has loose, is rebuilt, never used.
 func TestSnapshotCache(t *testing.T) {
 	t.Parallel()
 	dir := testRepo(t)
+	gitCmd(t, dir, "gc", "-q")
+	gitCmd(t, dir, "commit", "-qam", "third: loose objects beside the pack")
 	cache := t.TempDir()
-	var a, b, c bytes.Buffer
-	ia, err := workspace.Snapshot(dir, &a, workspace.SnapshotOptions{})
-	require.NoError(t, err)
-	_, err = workspace.Snapshot(dir, &b, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	pack := filepath.Join(cache, ia.Head+".pack")
-	require.FileExists(t, pack)
-	ic, err := workspace.Snapshot(dir, &c, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	require.Equal(t, a.Bytes(), b.Bytes())
-	require.Equal(t, a.Bytes(), c.Bytes())
+	snap := func(o workspace.SnapshotOptions) (workspace.Info, []byte) {
+		var b bytes.Buffer
+		info, err := workspace.Snapshot(dir, &b, o)
+		require.NoError(t, err)
+		return info, b.Bytes()
+	}
+	cached := workspace.SnapshotOptions{CacheDir: cache}
+	ia, a := snap(workspace.SnapshotOptions{})
+	require.Len(t, packNames(tarNames(t, a)), 2)
+	_, b := snap(cached)
+	base := filepath.Join(cache, ia.Head)
+	for _, ext := range []string{".pack", ".idx", ".index", ".json"} {
+		require.FileExists(t, base+ext)
+	}
+	ic, c := snap(cached)
+	require.Equal(t, a, b)
+	require.Equal(t, a, c)
 	require.Equal(t, ia, ic)
-	require.NoError(t, os.WriteFile(pack, []byte("damaged, longer than a trailer......"), 0o600))
-	var d bytes.Buffer
-	_, err = workspace.Snapshot(dir, &d, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	require.Equal(t, a.Bytes(), d.Bytes())
+
+	// The entry is used: a changed index file shows.
+	tamper := func() { require.NoError(t, os.WriteFile(base+".index", []byte("from the cache"), 0o600)) }
+	tamper()
+	_, d := snap(cached)
+	require.Equal(t, "from the cache", tarNames(t, d)[".git/index"])
+	// A damaged pack: rebuilt.
+	require.NoError(t, os.WriteFile(base+".pack", []byte("damaged, longer than a trailer......"), 0o600))
+	_, e := snap(cached)
+	require.Equal(t, a, e)
+	// A listed loose object packed since: rebuilt.
+	tamper()
+	gitCmd(t, dir, "gc", "-q")
+	_, want := snap(workspace.SnapshotOptions{})
+	_, f := snap(cached)
+	require.Equal(t, want, f)
+	require.NotEqual(t, a, f)
 }
 
 func TestSnapshotPlainDirAndLimits(t *testing.T) {
@@ -421,36 +442,89 @@ func TestCaptureHandMadeTar(t *testing.T) {
 	require.Contains(t, string(c.Patch), "-one\n+two\n")
 }
 
-// TestSnapshotLooseOrPacked: the snapshot's pack depends only on the
-// objects, not on how the repository stores them: loose objects (read
-// straight from their files) and the same objects in git's packs, deltas
-// included (read through go-git), give the same bytes; the history spans
-// many chunks of the parallel encoder and git verifies it.
+// TestSnapshotLooseOrPacked: objects of HEAD's history that the
+// repository stores loose travel as the same loose object files, byte for
+// byte; packed ones (deltas included) as one pack of whole objects; a
+// repository holding both gives both. Above the loose-object cap every
+// object is packed, and that pack depends only on the objects: the same
+// bytes as the snapshot of the repository after git gc. Each snapshot is
+// deterministic and git reads each as the same history. Not parallel: it
+// sets the cap.
 func TestSnapshotLooseOrPacked(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	gitCmd(t, dir, "init", "-q", "-b", "main")
-	for c := range 3 {
+	commit := func(c int) {
 		for i := range 60 {
 			write(t, dir, fmt.Sprintf("d%d/f%d.txt", i%4, i), strings.Repeat(fmt.Sprintf("line %d of file %d\n", c, i), 50+i))
 		}
 		gitCmd(t, dir, "add", "-A")
 		gitCmd(t, dir, "commit", "-qm", fmt.Sprintf("commit %d", c))
 	}
-	var loose, packed bytes.Buffer
-	il, err := workspace.Snapshot(dir, &loose, workspace.SnapshotOptions{})
-	require.NoError(t, err)
+	for c := range 3 {
+		commit(c)
+	}
+	snap := func() (workspace.Info, []byte) {
+		var b bytes.Buffer
+		info, err := workspace.Snapshot(dir, &b, workspace.SnapshotOptions{})
+		require.NoError(t, err)
+		var again bytes.Buffer
+		_, err = workspace.Snapshot(dir, &again, workspace.SnapshotOptions{})
+		require.NoError(t, err)
+		require.Equal(t, b.Bytes(), again.Bytes(), "deterministic")
+		return info, b.Bytes()
+	}
+	objects := strings.Fields(gitCmd(t, dir, "rev-list", "--objects", "--no-object-names", "HEAD"))
+	il, loose := snap()
+	names := tarNames(t, loose)
+	for _, o := range objects {
+		disk, err := os.ReadFile(filepath.Join(dir, ".git", "objects", o[:2], o[2:]))
+		require.NoError(t, err)
+		require.Equal(t, string(disk), names[".git/objects/"+o[:2]+"/"+o[2:]], "object %s: its file as it is", o)
+	}
+	require.Empty(t, packNames(names), "every object loose")
+
+	restore := workspace.SetMaxLooseObjects(len(objects) - 1)
+	ic, capped := snap()
+	restore()
 	gitCmd(t, dir, "gc", "-q", "--aggressive")
 	require.True(t, strings.HasPrefix(gitCmd(t, dir, "count-objects"), "0 objects"), "every object packed")
-	ip, err := workspace.Snapshot(dir, &packed, workspace.SnapshotOptions{})
-	require.NoError(t, err)
-	require.Equal(t, il, ip)
-	require.Equal(t, loose.Bytes(), packed.Bytes())
+	ip, packed := snap()
+	require.Equal(t, ic, ip)
+	require.Equal(t, capped, packed, "over the cap, the pack of loose objects is the pack of packed ones")
+	require.Len(t, packNames(tarNames(t, packed)), 2, "one pack and its index")
+	require.Equal(t, il.Commits, ip.Commits)
 	require.Equal(t, 3, il.Commits)
 
-	out := t.TempDir()
-	require.NoError(t, workspace.Unpack(bytes.NewReader(loose.Bytes()), out, workspace.UnpackOptions{}))
-	require.Equal(t, "commit 2\ncommit 1\ncommit 0", gitCmd(t, out, "log", "--format=%s"))
-	require.Empty(t, gitCmd(t, out, "status", "--porcelain"))
-	gitCmd(t, out, "fsck", "--strict", "--full")
+	commit(3)
+	im, mixed := snap()
+	require.Equal(t, 4, im.Commits)
+	mnames := tarNames(t, mixed)
+	require.Len(t, packNames(mnames), 2)
+	var looseNames []string
+	for n := range mnames {
+		if len(n) == len(".git/objects/xx/")+38 && strings.HasPrefix(n, ".git/objects/") {
+			looseNames = append(looseNames, n)
+		}
+	}
+	require.Len(t, looseNames, len(strings.Fields(gitCmd(t, dir, "rev-list", "--objects", "--no-object-names", "HEAD", "^HEAD~1"))),
+		"the new commit's objects are loose files beside the pack")
+
+	for _, snapshot := range [][]byte{loose, packed, mixed} {
+		out := t.TempDir()
+		require.NoError(t, workspace.Unpack(bytes.NewReader(snapshot), out, workspace.UnpackOptions{}))
+		require.Contains(t, gitCmd(t, out, "log", "--format=%s"), "commit 2\ncommit 1\ncommit 0")
+		require.Empty(t, gitCmd(t, out, "status", "--porcelain"))
+		gitCmd(t, out, "fsck", "--strict", "--full")
+	}
+}
+
+// packNames returns the names of a snapshot's pack files.
+func packNames(names map[string]string) []string {
+	var out []string
+	for n := range names {
+		if strings.HasPrefix(n, ".git/objects/pack/") && !strings.HasSuffix(n, "/") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
