@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	"github.com/go-git/go-billy/v5"
-	"github.com/go-git/go-billy/v5/util"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/klauspost/compress/zlib"
@@ -114,6 +113,13 @@ var zlibReaders sync.Pool
 // objects from 6,700 on (gc.auto).
 var maxLooseObjects = 10000
 
+// minLooseFileBytes is the smallest loose object file a snapshot's .git
+// holds as it is; smaller loose objects go into the pack. A tar entry
+// costs 512 bytes of header and pads its file to 512 bytes, about a small
+// object's own size, while inflating and compressing one again costs
+// little.
+const minLooseFileBytes = 2048
+
 // looseFile is one loose object file of a repository: its bytes as they
 // are on disk (zlib of "<type> <size>\0<content>", never inflated whole),
 // and the type and size its header declares.
@@ -130,10 +136,10 @@ func (f looseFile) name() string {
 	return "objects/" + hx[:2] + "/" + hx[2:]
 }
 
-// readFiles reads, of hashes, the objects stored loose in l: each file's
-// bytes as they are, with the type and size of its header (only the header
-// is inflated), in the order of hashes. rest are the hashes that are not
-// loose objects. Up to GOMAXPROCS goroutines read, each a share of hashes;
+// readFiles reads, of hashes, the objects stored loose in l in files of at
+// least minLooseFileBytes: each file's bytes as they are, with the type
+// and size of its header (only the header is inflated), in the order of
+// hashes. rest are the other hashes (packed, or in smaller files). Up to GOMAXPROCS goroutines read, each a share of hashes;
 // they have ended when readFiles returns.
 func (l *looseObjects) readFiles(hashes []plumbing.Hash) (files []looseFile, rest []plumbing.Hash, err error) {
 	got := make([]looseFile, len(hashes))
@@ -162,14 +168,26 @@ func (l *looseObjects) readFiles(hashes []plumbing.Hash) (files []looseFile, res
 }
 
 // readFile reads loose object h's file and its header; a zero looseFile
-// and no error when h is not a loose object.
+// and no error when h is not a loose object or its file is smaller than
+// minLooseFileBytes.
 func (l *looseObjects) readFile(h plumbing.Hash) (looseFile, error) {
 	f := looseFile{hash: h}
-	data, err := util.ReadFile(l.fs, l.fs.Join("objects", f.name()[len("objects/"):]))
-	if errors.Is(err, fs.ErrNotExist) {
+	p := l.fs.Join("objects", f.name()[len("objects/"):])
+	st, err := l.fs.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && st.Size() < minLooseFileBytes {
 		return looseFile{}, nil
 	}
 	if err != nil {
+		return looseFile{}, err
+	}
+	fd, err := l.fs.Open(p)
+	if err != nil {
+		return looseFile{}, err
+	}
+	defer fd.Close()
+	// A loose object file never changes: exactly its size is read.
+	data := make([]byte, st.Size())
+	if _, err := io.ReadFull(fd, data); err != nil {
 		return looseFile{}, err
 	}
 	// The header is the object's first bytes: inflating a prefix of the

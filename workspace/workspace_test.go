@@ -3,6 +3,8 @@ package workspace_test
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -117,7 +119,9 @@ func TestSnapshotCache(t *testing.T) {
 	t.Parallel()
 	dir := testRepo(t)
 	gitCmd(t, dir, "gc", "-q")
-	gitCmd(t, dir, "commit", "-qam", "third: loose objects beside the pack")
+	write(t, dir, "big.txt", randomText(t, 8192))
+	gitCmd(t, dir, "add", "big.txt")
+	gitCmd(t, dir, "commit", "-qam", "third: a loose object file beside the pack")
 	cache := t.TempDir()
 	snap := func(o workspace.SnapshotOptions) (workspace.Info, []byte) {
 		var b bytes.Buffer
@@ -128,6 +132,7 @@ func TestSnapshotCache(t *testing.T) {
 	cached := workspace.SnapshotOptions{CacheDir: cache}
 	ia, a := snap(workspace.SnapshotOptions{})
 	require.Len(t, packNames(tarNames(t, a)), 2)
+	require.Len(t, looseNames(tarNames(t, a)), 1, "big.txt's blob")
 	_, b := snap(cached)
 	base := filepath.Join(cache, ia.Head)
 	for _, ext := range []string{".pack", ".idx", ".index", ".json"} {
@@ -443,19 +448,23 @@ func TestCaptureHandMadeTar(t *testing.T) {
 }
 
 // TestSnapshotLooseOrPacked: objects of HEAD's history that the
-// repository stores loose travel as the same loose object files, byte for
-// byte; packed ones (deltas included) as one pack of whole objects; a
-// repository holding both gives both. Above the loose-object cap every
-// object is packed, and that pack depends only on the objects: the same
-// bytes as the snapshot of the repository after git gc. Each snapshot is
-// deterministic and git reads each as the same history. Not parallel: it
-// sets the cap.
+// repository stores loose, in files of 2 KiB or more, travel as the same
+// loose object files, byte for byte; the others (small loose ones, packed
+// ones, deltas included) as one pack of whole objects. Above the
+// loose-object cap every object is packed, and that pack depends only on
+// the objects: the same bytes as the snapshot of the repository after git
+// gc. Each snapshot is deterministic and git reads each as the same
+// history. Not parallel: it sets the cap.
 func TestSnapshotLooseOrPacked(t *testing.T) {
 	dir := t.TempDir()
 	gitCmd(t, dir, "init", "-q", "-b", "main")
 	commit := func(c int) {
 		for i := range 60 {
-			write(t, dir, fmt.Sprintf("d%d/f%d.txt", i%4, i), strings.Repeat(fmt.Sprintf("line %d of file %d\n", c, i), 50+i))
+			text := strings.Repeat(fmt.Sprintf("line %d of file %d\n", c, i), 50+i) // small once compressed
+			if i%3 == 0 {
+				text = randomText(t, 5000+100*i) // about 2.8 KiB or more once compressed
+			}
+			write(t, dir, fmt.Sprintf("d%d/f%d.txt", i%4, i), text)
 		}
 		gitCmd(t, dir, "add", "-A")
 		gitCmd(t, dir, "commit", "-qm", fmt.Sprintf("commit %d", c))
@@ -463,7 +472,7 @@ func TestSnapshotLooseOrPacked(t *testing.T) {
 	for c := range 3 {
 		commit(c)
 	}
-	snap := func() (workspace.Info, []byte) {
+	snap := func() (workspace.Info, map[string]string, []byte) {
 		var b bytes.Buffer
 		info, err := workspace.Snapshot(dir, &b, workspace.SnapshotOptions{})
 		require.NoError(t, err)
@@ -471,43 +480,51 @@ func TestSnapshotLooseOrPacked(t *testing.T) {
 		_, err = workspace.Snapshot(dir, &again, workspace.SnapshotOptions{})
 		require.NoError(t, err)
 		require.Equal(t, b.Bytes(), again.Bytes(), "deterministic")
-		return info, b.Bytes()
+		return info, tarNames(t, b.Bytes()), b.Bytes()
 	}
-	objects := strings.Fields(gitCmd(t, dir, "rev-list", "--objects", "--no-object-names", "HEAD"))
-	il, loose := snap()
-	names := tarNames(t, loose)
-	for _, o := range objects {
-		disk, err := os.ReadFile(filepath.Join(dir, ".git", "objects", o[:2], o[2:]))
-		require.NoError(t, err)
-		require.Equal(t, string(disk), names[".git/objects/"+o[:2]+"/"+o[2:]], "object %s: its file as it is", o)
+	// bigLoose lists the objects reachable from revs stored in loose
+	// files of 2 KiB or more.
+	bigLoose := func(revs ...string) map[string]string {
+		out := map[string]string{}
+		for _, o := range strings.Fields(gitCmd(t, dir, append([]string{"rev-list", "--objects", "--no-object-names"}, revs...)...)) {
+			disk, err := os.ReadFile(filepath.Join(dir, ".git", "objects", o[:2], o[2:]))
+			if err == nil && len(disk) >= 2048 {
+				out[".git/objects/"+o[:2]+"/"+o[2:]] = string(disk)
+			}
+		}
+		return out
 	}
-	require.Empty(t, packNames(names), "every object loose")
+	il, lnames, loose := snap()
+	big := bigLoose("HEAD")
+	require.Equal(t, 3*20, len(big), "the random files' blobs")
+	lfiles := looseNames(lnames)
+	require.Len(t, lfiles, len(big))
+	for _, n := range lfiles {
+		require.Equal(t, big[n], lnames[n], "%s: the file as it is", n)
+	}
+	require.Len(t, packNames(lnames), 2, "the other objects in one pack and its index")
 
-	restore := workspace.SetMaxLooseObjects(len(objects) - 1)
-	ic, capped := snap()
+	restore := workspace.SetMaxLooseObjects(len(big) - 1)
+	ic, _, capped := snap()
 	restore()
 	gitCmd(t, dir, "gc", "-q", "--aggressive")
 	require.True(t, strings.HasPrefix(gitCmd(t, dir, "count-objects"), "0 objects"), "every object packed")
-	ip, packed := snap()
+	ip, pnames, packed := snap()
 	require.Equal(t, ic, ip)
 	require.Equal(t, capped, packed, "over the cap, the pack of loose objects is the pack of packed ones")
-	require.Len(t, packNames(tarNames(t, packed)), 2, "one pack and its index")
+	require.Len(t, packNames(pnames), 2, "one pack and its index")
+	require.Empty(t, looseNames(pnames))
 	require.Equal(t, il.Commits, ip.Commits)
 	require.Equal(t, 3, il.Commits)
 
 	commit(3)
-	im, mixed := snap()
+	im, mnames, mixed := snap()
 	require.Equal(t, 4, im.Commits)
-	mnames := tarNames(t, mixed)
 	require.Len(t, packNames(mnames), 2)
-	var looseNames []string
-	for n := range mnames {
-		if len(n) == len(".git/objects/xx/")+38 && strings.HasPrefix(n, ".git/objects/") {
-			looseNames = append(looseNames, n)
-		}
+	require.Len(t, looseNames(mnames), 20, "the new commit's random blobs are loose files beside the pack")
+	for n, disk := range bigLoose("HEAD", "^HEAD~1") {
+		require.Equal(t, disk, mnames[n])
 	}
-	require.Len(t, looseNames, len(strings.Fields(gitCmd(t, dir, "rev-list", "--objects", "--no-object-names", "HEAD", "^HEAD~1"))),
-		"the new commit's objects are loose files beside the pack")
 
 	for _, snapshot := range [][]byte{loose, packed, mixed} {
 		out := t.TempDir()
@@ -516,6 +533,27 @@ func TestSnapshotLooseOrPacked(t *testing.T) {
 		require.Empty(t, gitCmd(t, out, "status", "--porcelain"))
 		gitCmd(t, out, "fsck", "--strict", "--full")
 	}
+}
+
+// randomText returns n bytes of hex of random bytes (about half as large
+// once compressed).
+func randomText(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, (n+1)/2)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)[:n]
+}
+
+// looseNames returns the names of a snapshot's loose object files.
+func looseNames(names map[string]string) []string {
+	var out []string
+	for n := range names {
+		if len(n) == len(".git/objects/xx/")+38 && strings.HasPrefix(n, ".git/objects/") && !strings.HasPrefix(n, ".git/objects/pack/") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // packNames returns the names of a snapshot's pack files.
