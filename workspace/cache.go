@@ -29,7 +29,7 @@ type cacheMeta struct {
 // cacheDir's entry for gd.head and the repository's loose objects lo, and
 // reports whether it found a whole one (the pack's trailer must match its
 // checksum, and every loose object listed must still be in lo).
-func (gd *gitDir) loadCache(cacheDir string, lo *looseObjects) bool {
+func (gd *gitDir) loadCache(cacheDir string, lo *looseDir) bool {
 	base := filepath.Join(cacheDir, gd.head)
 	var meta cacheMeta
 	b, err := os.ReadFile(base + ".json")
@@ -73,7 +73,7 @@ func loadCachedPack(base, sum string) (pack, idx []byte) {
 
 // loadLoose reads the loose object files names (hex hashes) from lo, or
 // returns nil when one is missing or unreadable.
-func loadLoose(lo *looseObjects, names []string) []looseFile {
+func loadLoose(lo *looseDir, names []string) []looseFile {
 	if lo == nil {
 		return nil
 	}

@@ -59,7 +59,8 @@ func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 		return gd, nil
 	}
 	gd.head = head.String()
-	lo := newLooseObjects(repo.Storer)
+	lo := openLooseDir(repo.Storer)
+	defer lo.Close()
 	if cacheDir != "" && gd.loadCache(cacheDir, lo) {
 		return gd, nil
 	}
@@ -87,7 +88,7 @@ func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 // storeObjects sets gd's loose files, pack and commit count for the
 // objects hashes of s (lo: s's loose objects, nil when s is not on disk),
 // and returns each object's size.
-func (gd *gitDir) storeObjects(s storer.EncodedObjectStorer, lo *looseObjects, hashes []plumbing.Hash) (map[plumbing.Hash]int64, error) {
+func (gd *gitDir) storeObjects(s storer.EncodedObjectStorer, lo *looseDir, hashes []plumbing.Hash) (map[plumbing.Hash]int64, error) {
 	sizes := make(map[plumbing.Hash]int64, len(hashes))
 	rest := hashes
 	if lo != nil {

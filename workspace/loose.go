@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -136,12 +138,47 @@ func (f looseFile) name() string {
 	return "objects/" + hx[:2] + "/" + hx[2:]
 }
 
+// looseDir reads the loose object files of a repository's objects
+// directory through an os.Root (go-billy's chroot resolves every path
+// component itself, several lstat calls a file).
+type looseDir struct {
+	root *os.Root
+}
+
+// openLooseDir opens the objects directory of s when s is a repository on
+// disk (go-git's filesystem storage; the common directory of a linked work
+// tree), else returns nil. The caller closes it.
+func openLooseDir(s storer.EncodedObjectStorer) *looseDir {
+	type onDisk interface{ Filesystem() billy.Filesystem }
+	d, ok := s.(onDisk)
+	if !ok || d.Filesystem() == nil {
+		return nil
+	}
+	objects, err := d.Filesystem().Chroot("objects")
+	if err != nil || !filepath.IsAbs(objects.Root()) {
+		return nil
+	}
+	root, err := os.OpenRoot(objects.Root())
+	if err != nil {
+		return nil
+	}
+	return &looseDir{root: root}
+}
+
+// Close closes the directory; a nil looseDir is fine.
+func (l *looseDir) Close() {
+	if l != nil {
+		_ = l.root.Close()
+	}
+}
+
 // readFiles reads, of hashes, the objects stored loose in l in files of at
 // least minLooseFileBytes: each file's bytes as they are, with the type
 // and size of its header (only the header is inflated), in the order of
-// hashes. rest are the other hashes (packed, or in smaller files). Up to GOMAXPROCS goroutines read, each a share of hashes;
-// they have ended when readFiles returns.
-func (l *looseObjects) readFiles(hashes []plumbing.Hash) (files []looseFile, rest []plumbing.Hash, err error) {
+// hashes. rest are the other hashes (packed, or in smaller files). Up to
+// GOMAXPROCS goroutines read, each a share of hashes; they have ended when
+// readFiles returns.
+func (l *looseDir) readFiles(hashes []plumbing.Hash) (files []looseFile, rest []plumbing.Hash, err error) {
 	got := make([]looseFile, len(hashes))
 	errs := make([]error, len(hashes))
 	var wg sync.WaitGroup
@@ -170,21 +207,20 @@ func (l *looseObjects) readFiles(hashes []plumbing.Hash) (files []looseFile, res
 // readFile reads loose object h's file and its header; a zero looseFile
 // and no error when h is not a loose object or its file is smaller than
 // minLooseFileBytes.
-func (l *looseObjects) readFile(h plumbing.Hash) (looseFile, error) {
+func (l *looseDir) readFile(h plumbing.Hash) (looseFile, error) {
 	f := looseFile{hash: h}
-	p := l.fs.Join("objects", f.name()[len("objects/"):])
-	st, err := l.fs.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && st.Size() < minLooseFileBytes {
+	fd, err := l.root.Open(f.name()[len("objects/"):])
+	if errors.Is(err, fs.ErrNotExist) {
 		return looseFile{}, nil
 	}
 	if err != nil {
 		return looseFile{}, err
 	}
-	fd, err := l.fs.Open(p)
-	if err != nil {
+	defer fd.Close()
+	st, err := fd.Stat()
+	if err != nil || st.Size() < minLooseFileBytes {
 		return looseFile{}, err
 	}
-	defer fd.Close()
 	// A loose object file never changes: exactly its size is read.
 	data := make([]byte, st.Size())
 	if _, err := io.ReadFull(fd, data); err != nil {

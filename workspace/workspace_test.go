@@ -566,3 +566,28 @@ func packNames(names map[string]string) []string {
 	}
 	return out
 }
+
+// TestSnapshotLinkedWorkTree: a work tree made by git worktree add keeps
+// its objects in the main repository's directory; its loose objects travel
+// as files too, and git reads the snapshot.
+func TestSnapshotLinkedWorkTree(t *testing.T) {
+	t.Parallel()
+	dir := testRepo(t)
+	linked := filepath.Join(t.TempDir(), "linked")
+	gitCmd(t, dir, "worktree", "add", "-q", "-b", "other", linked)
+	write(t, linked, "big.txt", randomText(t, 8192))
+	gitCmd(t, linked, "add", "big.txt")
+	gitCmd(t, linked, "commit", "-qm", "big")
+	var b bytes.Buffer
+	info, err := workspace.Snapshot(linked, &b, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.Equal(t, 3, info.Commits)
+	blob := gitCmd(t, linked, "rev-parse", "HEAD:big.txt")
+	names := tarNames(t, b.Bytes())
+	require.Contains(t, names, ".git/objects/"+blob[:2]+"/"+blob[2:])
+	require.Equal(t, "ref: refs/heads/other\n", names[".git/HEAD"])
+	out := t.TempDir()
+	require.NoError(t, workspace.Unpack(bytes.NewReader(b.Bytes()), out, workspace.UnpackOptions{}))
+	require.Equal(t, "big\nsecond\nfirst", gitCmd(t, out, "log", "--format=%s"))
+	gitCmd(t, out, "fsck", "--strict", "--full")
+}
