@@ -17,7 +17,9 @@ import (
 // BenchmarkSnapshot snapshots the work tree make bench's TestWorkspace
 // submits (bench/workspace_test.go's benchRepo): 1,000 files of 50 KiB
 // (hex of random bytes) in ten directories, two commits rewriting every
-// file, every object loose; no cache. For CPU profiles of the snapshot:
+// file, every object loose; no cache; loose: as they are (object files
+// copied), packed: every object packed (the path of a repository whose
+// objects are in git's packs). For CPU profiles of the snapshot:
 // go test ./workspace -run XXX -bench Snapshot -cpuprofile cpu.prof
 func BenchmarkSnapshot(b *testing.B) {
 	dir := b.TempDir()
@@ -33,8 +35,19 @@ func BenchmarkSnapshot(b *testing.B) {
 		gitCmd(b, dir, "add", "-A")
 		gitCmd(b, dir, "commit", "-qm", fmt.Sprint(c))
 	}
-	for b.Loop() {
-		_, err := workspace.Snapshot(dir, io.Discard, workspace.SnapshotOptions{})
-		require.NoError(b, err)
-	}
+	b.Run("loose", func(b *testing.B) {
+		for b.Loop() {
+			_, err := workspace.Snapshot(dir, io.Discard, workspace.SnapshotOptions{})
+			require.NoError(b, err)
+		}
+	})
+	// Every object inflated and packed, as for a repository whose
+	// objects are in git's packs.
+	b.Run("packed", func(b *testing.B) {
+		defer workspace.SetMaxLooseObjects(0)()
+		for b.Loop() {
+			_, err := workspace.Snapshot(dir, io.Discard, workspace.SnapshotOptions{})
+			require.NoError(b, err)
+		}
+	})
 }
