@@ -42,10 +42,12 @@ func write(t *testing.T, dir, name, content string) {
 }
 
 // testRepo makes a git repository with two commits, an ignored file, an
-// untracked file and an uncommitted change.
+// untracked file and an uncommitted change. Its objects are loose; one,
+// big.txt's blob, in a file large enough to travel as it is.
 func testRepo(t *testing.T) string {
 	dir := t.TempDir()
 	gitCmd(t, dir, "init", "-q", "-b", "main")
+	write(t, dir, "big.txt", randomText(t, 8192))
 	write(t, dir, ".gitignore", "*.log\nbuild/\n")
 	write(t, dir, "main.go", "package main\n\nfunc main() { println(\"foo\") }\n")
 	write(t, dir, "sub/a.txt", "a\n")
@@ -86,6 +88,8 @@ func TestSnapshotGitWorkTree(t *testing.T) {
 	require.Equal(t, 2, info.Commits)
 	require.EqualValues(t, b.Len(), info.Size)
 	names := tarNames(t, b.Bytes())
+	require.Len(t, looseNames(names), 1, "big.txt's blob as a loose object file")
+	require.Len(t, packNames(names), 2, "the other objects in a pack")
 	require.Contains(t, names, "new.txt", "untracked, not ignored: kept")
 	require.Contains(t, names["main.go"], "\"foo\", 1", "uncommitted change kept")
 	require.NotContains(t, names, "debug.log")
