@@ -85,7 +85,7 @@ func loadLoose(lo *looseDir, names []string) []looseFile {
 		}
 		hashes = append(hashes, plumbing.Hash(b))
 	}
-	files, rest, err := lo.readFiles(hashes)
+	files, rest, err := lo.readFiles(hashes, -1)
 	if err != nil || len(rest) > 0 {
 		return nil
 	}

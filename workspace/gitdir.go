@@ -92,12 +92,9 @@ func (gd *gitDir) storeObjects(s storer.EncodedObjectStorer, lo *looseDir, hashe
 	sizes := make(map[plumbing.Hash]int64, len(hashes))
 	rest := hashes
 	if lo != nil {
-		files, packs, err := lo.readFiles(hashes)
-		if err != nil {
+		var err error
+		if gd.loose, rest, err = lo.readFiles(hashes, maxLooseObjects); err != nil {
 			return nil, err
-		}
-		if len(files) <= maxLooseObjects {
-			gd.loose, rest = files, packs
 		}
 	}
 	for _, f := range gd.loose {

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-git/go-billy/v5"
 	"github.com/go-git/go-git/v5/plumbing"
@@ -175,22 +176,32 @@ func (l *looseDir) Close() {
 // readFiles reads, of hashes, the objects stored loose in l in files of at
 // least minLooseFileBytes: each file's bytes as they are, with the type
 // and size of its header (only the header is inflated), in the order of
-// hashes. rest are the other hashes (packed, or in smaller files). Up to
-// GOMAXPROCS goroutines read, each a share of hashes; they have ended when
-// readFiles returns.
-func (l *looseDir) readFiles(hashes []plumbing.Hash) (files []looseFile, rest []plumbing.Hash, err error) {
+// hashes. rest are the other hashes (packed, or in smaller files). More
+// than limit such files (limit < 0: no limit) stop the reading: no file,
+// and every hash in rest. Up to GOMAXPROCS goroutines read, each a share
+// of hashes; they have ended when readFiles returns.
+func (l *looseDir) readFiles(hashes []plumbing.Hash, limit int) (files []looseFile, rest []plumbing.Hash, err error) {
 	got := make([]looseFile, len(hashes))
 	errs := make([]error, len(hashes))
+	var found atomic.Int64
 	var wg sync.WaitGroup
 	n := max(1, min(runtime.GOMAXPROCS(0), len(hashes)))
 	for w := range n {
 		wg.Go(func() {
 			for i := w; i < len(hashes); i += n {
-				got[i], errs[i] = l.readFile(hashes[i])
+				if limit >= 0 && found.Load() > int64(limit) {
+					return
+				}
+				if got[i], errs[i] = l.readFile(hashes[i]); got[i].data != nil {
+					found.Add(1)
+				}
 			}
 		})
 	}
 	wg.Wait()
+	if limit >= 0 && found.Load() > int64(limit) {
+		return nil, hashes, nil
+	}
 	for i, f := range got {
 		switch {
 		case errs[i] != nil:
