@@ -67,7 +67,7 @@ var quotes = []quote{
 			f["raw_object_put_get_untar_ms"]/1000, f["workspace_submit_to_tree_ms"]/f["raw_object_put_get_untar_ms"])
 	}},
 	{"../BENCHMARKS.md", func(f map[string]float64) string {
-		return fmt.Sprintf("the snapshot %.1f s, of which packing HEAD's history %.1f s", f["workspace_stage_snapshot_ms"]/1000, f["workspace_stage_history_ms"]/1000)
+		return fmt.Sprintf("the snapshot %.1f s, of which HEAD's history %.1f s", f["workspace_stage_snapshot_ms"]/1000, f["workspace_stage_history_ms"]/1000)
 	}},
 	{"../docs/deploy.md", func(f map[string]float64) string {
 		return fmt.Sprintf("do %.1f, %.1f and %.1f runs/s", f["scale_1w_runs_per_s"], f["scale_2w_runs_per_s"], f["scale_4w_runs_per_s"])

@@ -138,7 +138,7 @@ func recordWsStages(t *testing.T, samples []wsStages) {
 	}{
 		{"workspace_stage_snapshot_ms", "submit side, whole snapshot into its temporary file (the four parts below and the file)", func(s wsStages) float64 { return s.snapshot }},
 		{"workspace_stage_git_open_ms", "snapshot: open the repository, read its index", func(s wsStages) float64 { return s.git }},
-		{"workspace_stage_history_ms", "snapshot: list HEAD's history, pack it (no deltas, zlib BestSpeed), index file", func(s wsStages) float64 { return s.history }},
+		{"workspace_stage_history_ms", "snapshot: list HEAD's history, read its loose object files (copied as they are), pack the others (no deltas, zlib BestSpeed), index file", func(s wsStages) float64 { return s.history }},
 		{"workspace_stage_walk_ms", "snapshot: list the work tree, ignore rules applied", func(s wsStages) float64 { return s.walk }},
 		{"workspace_stage_write_ms", "snapshot: read the files, write the tar (.git and tree) and its SHA-256", func(s wsStages) float64 { return s.write }},
 		{"workspace_stage_upload_ms", "submit side: look the digest up, Object Store put of the snapshot file", func(s wsStages) float64 { return s.upload }},

@@ -89,7 +89,7 @@ func TestWorkspace(t *testing.T) {
 	record(t, "raw_object_put_get_untar_ms", Figure{Value: round(median(raw), 0), Unit: "ms", Samples: len(raw), Repeats: raw,
 		What: "the same snapshot file moved by hand: Object Store put + get (nats.go, as `nats object put/get` do) + `tar -xf`"})
 	record(t, "workspace_submit_to_tree_ms", Figure{Value: round(median(jet), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(jet), Repeats: jet,
-		What: "`submit --workspace` → the run's process sees the tree: snapshot (walk, pack HEAD's history, tar, SHA-256) + upload + submit → worker download, digest check, tar header scan → container start → unpack inside the run's container → process reads the clock"})
+		What: "`submit --workspace` → the run's process sees the tree: snapshot (walk, HEAD's history: loose object files copied, the rest packed; tar, SHA-256) + upload + submit → worker download, digest check, tar header scan → container start → unpack inside the run's container → process reads the clock"})
 	for i, part := range []string{"put", "get", "untar"} {
 		record(t, "raw_object_"+part+"_ms", Figure{Value: round(median(rawParts[i]), 0), Unit: "ms", Baseline: "raw_object_put_get_untar_ms", Samples: len(rawParts[i]), Repeats: rawParts[i],
 			What: "part of `raw_object_put_get_untar_ms`: the " + part})

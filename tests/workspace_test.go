@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,6 +53,11 @@ func testWorkspaceRun(t *testing.T, upArgs []string) {
 	git(t, repo, "init", "-q", "-b", "main")
 	require.NoError(t, os.WriteFile(filepath.Join(repo, "main.go"), []byte("package main\n\nfunc main() { println(\"foo\") }\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(repo, ".gitignore"), []byte("*.log\n"), 0o644))
+	// Random text: its blob's loose file is large enough to travel as it
+	// is (docs/workspaces.md), beside the pack of the other objects.
+	data := make([]byte, 4096)
+	_, _ = rand.Read(data)
+	require.NoError(t, os.WriteFile(filepath.Join(repo, "data.txt"), []byte(hex.EncodeToString(data)), 0o644))
 	git(t, repo, "add", "-A")
 	git(t, repo, "commit", "-qm", "start")
 	require.NoError(t, os.WriteFile(filepath.Join(repo, "secret.log"), []byte("ignored: never uploaded\n"), 0o644))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -15,29 +16,39 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/format/index"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/revlist"
+	"github.com/go-git/go-git/v5/plumbing/storer"
 )
 
 // minimalConfig is the .git/config of every snapshot: nothing of the
 // submitter's repository (remotes, hooks paths, filters, aliases) travels.
 const minimalConfig = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
 
-// gitDir is the .git directory of a snapshot, built in memory.
+// gitDir is the .git directory of a snapshot, built in memory: the loose
+// object files it holds as they are, the pack of the other objects (none
+// when packSum is empty) with its index, and the index file.
 type gitDir struct {
 	ref     plumbing.ReferenceName
 	head    string
 	commits int
+	loose   []looseFile
 	pack    []byte
 	idx     []byte
 	packSum string
 	index   []byte
 }
 
-// buildGitDir builds the .git of a snapshot of repo: HEAD's history as one
-// pack with its index, and an index file matching HEAD's tree.
+// buildGitDir builds the .git of a snapshot of repo: HEAD's history, and
+// an index file matching HEAD's tree. The objects of that history stored
+// loose in repo are kept as loose object files, their bytes copied as they
+// are (nothing inflated but their headers); the others (in repo's packs,
+// or all of them when more than maxLooseObjects are loose, or repo is not
+// on disk) make one pack with its index (encodePack).
 //
-// With a cacheDir, the pack, its index and the index file of a HEAD are
-// kept there (named by the HEAD commit) and reused by the next snapshot of
-// the same HEAD: only the work tree is read again.
+// With a cacheDir, the pack, its index, the index file and the list of
+// loose objects of a HEAD are kept there (named by the HEAD commit) and
+// reused by the next snapshot of the same HEAD while every listed loose
+// object is still there: only the loose files and the work tree are read
+// again.
 func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 	ref, head, err := headRef(repo)
 	if err != nil {
@@ -48,29 +59,61 @@ func buildGitDir(repo *git.Repository, cacheDir string) (*gitDir, error) {
 		return gd, nil
 	}
 	gd.head = head.String()
-	if cacheDir != "" && gd.loadCache(cacheDir) {
+	lo := openLooseDir(repo.Storer)
+	defer lo.Close()
+	if cacheDir != "" && gd.loadCache(cacheDir, lo) {
 		return gd, nil
 	}
 	hashes, err := revlist.Objects(repo.Storer, []plumbing.Hash{head}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list history of %s: %w", head, err)
 	}
-	var p packed
-	if p, err = encodePack(repo.Storer, hashes); err != nil {
+	sizes, err := gd.storeObjects(repo.Storer, lo, hashes)
+	if err != nil {
 		return nil, err
 	}
-	gd.pack, gd.idx, gd.packSum, gd.commits = p.pack, p.idx, p.sum, p.commits
 	commit, err := repo.CommitObject(head)
 	if err != nil {
 		return nil, err
 	}
-	if gd.index, err = headIndex(commit, p.sizes); err != nil {
+	if gd.index, err = headIndex(commit, sizes); err != nil {
 		return nil, err
 	}
 	if cacheDir != "" {
 		gd.saveCache(cacheDir)
 	}
 	return gd, nil
+}
+
+// storeObjects sets gd's loose files, pack and commit count for the
+// objects hashes of s (lo: s's loose objects, nil when s is not on disk),
+// and returns each object's size.
+func (gd *gitDir) storeObjects(s storer.EncodedObjectStorer, lo *looseDir, hashes []plumbing.Hash) (map[plumbing.Hash]int64, error) {
+	sizes := make(map[plumbing.Hash]int64, len(hashes))
+	rest := hashes
+	if lo != nil {
+		var err error
+		if gd.loose, rest, err = lo.readFiles(hashes, maxLooseObjects); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range gd.loose {
+		sizes[f.hash] = f.size
+		if f.typ == plumbing.CommitObject {
+			gd.commits++
+		}
+	}
+	if len(rest) == 0 {
+		return sizes, nil
+	}
+	p, err := encodePack(s, rest)
+	if err != nil {
+		return nil, err
+	}
+	gd.pack, gd.idx, gd.packSum = p.pack, p.idx, p.sum
+	gd.commits += p.commits
+	maps.Copy(sizes, p.sizes)
+	return sizes, nil
 }
 
 // headIndex returns a git index (version 2) listing commit's tree, with
@@ -133,11 +176,20 @@ func (gd *gitDir) write(tw *tarWriter) error {
 			}
 			files = append(files, file{rp, []byte(gd.head + "\n")})
 		}
-		files = append(files,
-			file{".git/index", gd.index},
-			file{".git/objects/pack/pack-" + gd.packSum + ".idx", gd.idx},
-			file{".git/objects/pack/pack-" + gd.packSum + ".pack", gd.pack},
-		)
+		files = append(files, file{".git/index", gd.index})
+		if gd.packSum != "" {
+			files = append(files,
+				file{".git/objects/pack/pack-" + gd.packSum + ".idx", gd.idx},
+				file{".git/objects/pack/pack-" + gd.packSum + ".pack", gd.pack},
+			)
+		}
+		for _, f := range gd.loose {
+			name := ".git/" + f.name()
+			if d := path.Dir(name); !slices.Contains(dirs, d) {
+				dirs = append(dirs, d)
+			}
+			files = append(files, file{name, f.data})
+		}
 	}
 	slices.SortFunc(dirs, strings.Compare)
 	for _, d := range dirs {

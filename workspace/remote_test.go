@@ -17,8 +17,9 @@ import (
 )
 
 // A commit fetched from a git remote (a loopback git http-backend) becomes
-// the very snapshot Snapshot makes of a clean clone of it: same bytes, same
-// digest. Branch, tag and HEAD resolve; a missing ref and the byte bound
+// the very snapshot Snapshot makes of a clean clone of it (every object in
+// a pack, as a clone over a transport makes it: --no-local): same bytes,
+// same digest. Branch, tag and HEAD resolve; a missing ref and the byte bound
 // fail with their errors.
 func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	t.Parallel()
@@ -53,7 +54,7 @@ func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	require.True(t, info.Git)
 
 	clone := t.TempDir()
-	workertest.Git(t, clone, "clone", "-q", "-b", "main", src, ".")
+	workertest.Git(t, clone, "clone", "-q", "--no-local", "-b", "main", src, ".")
 	var want bytes.Buffer
 	winfo, err := workspace.Snapshot(clone, &want, workspace.SnapshotOptions{})
 	require.NoError(t, err)

@@ -23,8 +23,9 @@ type SnapshotOptions struct {
 	// MaxFiles bounds the number of entries of the tree; 0 means no bound.
 	MaxFiles int
 	// CacheDir, when set, keeps the packed history of each HEAD snapshotted
-	// (see buildGitDir), so the next snapshot of the same HEAD reads only
-	// the work tree. Its files may be deleted at any time.
+	// and the list of its loose objects (see buildGitDir), so the next
+	// snapshot of the same HEAD reads only the work tree and the loose
+	// object files. Its files may be deleted at any time.
 	CacheDir string
 }
 
@@ -53,8 +54,9 @@ type Stages struct {
 	// Git is opening the repository and reading its index (zero for a
 	// plain directory).
 	Git time.Duration
-	// History is listing HEAD's history and packing it, with the index
-	// file (near zero when SnapshotOptions.CacheDir had that HEAD).
+	// History is listing HEAD's history, reading its loose object files
+	// and packing its other objects, with the index file (only the loose
+	// files are read when SnapshotOptions.CacheDir had that HEAD).
 	History time.Duration
 	// Walk is listing the tree, ignore rules applied.
 	Walk time.Duration
@@ -67,9 +69,11 @@ type Stages struct {
 // depend only on the tree's content (see docs/workspaces.md). When dir is a
 // git work tree the snapshot holds what git would keep (tracked files,
 // untracked files that are not ignored, uncommitted changes as they are on
-// disk) and a fresh .git holding HEAD's history as one pack, HEAD, its
-// branch, an index matching HEAD and a minimal config (nothing of the
-// repository's own config, hooks or other refs). Otherwise it holds the
+// disk) and a fresh .git holding HEAD's history (the objects the
+// repository stores loose as their files, copied as they are, the others as
+// one pack: see buildGitDir), HEAD, its branch, an index matching HEAD and
+// a minimal config (nothing of the repository's own config, hooks or other
+// refs). Otherwise it holds the
 // directory as it is. Only directories, regular files and symlinks are
 // kept. It returns the snapshot's digest and size.
 func Snapshot(dir string, w io.Writer, o SnapshotOptions) (Info, error) {

@@ -3,6 +3,8 @@ package workspace_test
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -21,7 +23,7 @@ import (
 
 // gitCmd runs git in dir with a fixed identity and no user or system
 // config, and returns its trimmed output.
-func gitCmd(t *testing.T, dir string, args ...string) string {
+func gitCmd(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -40,10 +42,12 @@ func write(t *testing.T, dir, name, content string) {
 }
 
 // testRepo makes a git repository with two commits, an ignored file, an
-// untracked file and an uncommitted change.
+// untracked file and an uncommitted change. Its objects are loose; one,
+// big.txt's blob, in a file large enough to travel as it is.
 func testRepo(t *testing.T) string {
 	dir := t.TempDir()
 	gitCmd(t, dir, "init", "-q", "-b", "main")
+	write(t, dir, "big.txt", randomText(t, 8192))
 	write(t, dir, ".gitignore", "*.log\nbuild/\n")
 	write(t, dir, "main.go", "package main\n\nfunc main() { println(\"foo\") }\n")
 	write(t, dir, "sub/a.txt", "a\n")
@@ -84,6 +88,8 @@ func TestSnapshotGitWorkTree(t *testing.T) {
 	require.Equal(t, 2, info.Commits)
 	require.EqualValues(t, b.Len(), info.Size)
 	names := tarNames(t, b.Bytes())
+	require.Len(t, looseNames(names), 1, "big.txt's blob as a loose object file")
+	require.Len(t, packNames(names), 2, "the other objects in a pack")
 	require.Contains(t, names, "new.txt", "untracked, not ignored: kept")
 	require.Contains(t, names["main.go"], "\"foo\", 1", "uncommitted change kept")
 	require.NotContains(t, names, "debug.log")
@@ -109,30 +115,54 @@ func TestSnapshotGitWorkTree(t *testing.T) {
 	gitCmd(t, out, "fsck", "--strict")
 }
 
-// TestSnapshotCache: a second snapshot of the same HEAD reuses the packed
-// history from the cache and gives the same bytes; a damaged cache entry is
-// rebuilt, never used.
+// TestSnapshotCache: a second snapshot of the same HEAD takes the packed
+// history, the index file and the list of loose objects from the cache and
+// gives the same bytes; an entry with a damaged pack, or listing a loose
+// object the repository no longer has loose, is rebuilt, never used.
 func TestSnapshotCache(t *testing.T) {
 	t.Parallel()
 	dir := testRepo(t)
+	gitCmd(t, dir, "gc", "-q")
+	write(t, dir, "big.txt", randomText(t, 8192))
+	gitCmd(t, dir, "add", "big.txt")
+	gitCmd(t, dir, "commit", "-qam", "third: a loose object file beside the pack")
 	cache := t.TempDir()
-	var a, b, c bytes.Buffer
-	ia, err := workspace.Snapshot(dir, &a, workspace.SnapshotOptions{})
-	require.NoError(t, err)
-	_, err = workspace.Snapshot(dir, &b, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	pack := filepath.Join(cache, ia.Head+".pack")
-	require.FileExists(t, pack)
-	ic, err := workspace.Snapshot(dir, &c, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	require.Equal(t, a.Bytes(), b.Bytes())
-	require.Equal(t, a.Bytes(), c.Bytes())
+	snap := func(o workspace.SnapshotOptions) (workspace.Info, []byte) {
+		var b bytes.Buffer
+		info, err := workspace.Snapshot(dir, &b, o)
+		require.NoError(t, err)
+		return info, b.Bytes()
+	}
+	cached := workspace.SnapshotOptions{CacheDir: cache}
+	ia, a := snap(workspace.SnapshotOptions{})
+	require.Len(t, packNames(tarNames(t, a)), 2)
+	require.Len(t, looseNames(tarNames(t, a)), 1, "big.txt's blob")
+	_, b := snap(cached)
+	base := filepath.Join(cache, ia.Head)
+	for _, ext := range []string{".pack", ".idx", ".index", ".json"} {
+		require.FileExists(t, base+ext)
+	}
+	ic, c := snap(cached)
+	require.Equal(t, a, b)
+	require.Equal(t, a, c)
 	require.Equal(t, ia, ic)
-	require.NoError(t, os.WriteFile(pack, []byte("damaged, longer than a trailer......"), 0o600))
-	var d bytes.Buffer
-	_, err = workspace.Snapshot(dir, &d, workspace.SnapshotOptions{CacheDir: cache})
-	require.NoError(t, err)
-	require.Equal(t, a.Bytes(), d.Bytes())
+
+	// The entry is used: a changed index file shows.
+	tamper := func() { require.NoError(t, os.WriteFile(base+".index", []byte("from the cache"), 0o600)) }
+	tamper()
+	_, d := snap(cached)
+	require.Equal(t, "from the cache", tarNames(t, d)[".git/index"])
+	// A damaged pack: rebuilt.
+	require.NoError(t, os.WriteFile(base+".pack", []byte("damaged, longer than a trailer......"), 0o600))
+	_, e := snap(cached)
+	require.Equal(t, a, e)
+	// A listed loose object packed since: rebuilt.
+	tamper()
+	gitCmd(t, dir, "gc", "-q")
+	_, want := snap(workspace.SnapshotOptions{})
+	_, f := snap(cached)
+	require.Equal(t, want, f)
+	require.NotEqual(t, a, f)
 }
 
 func TestSnapshotPlainDirAndLimits(t *testing.T) {
@@ -421,36 +451,147 @@ func TestCaptureHandMadeTar(t *testing.T) {
 	require.Contains(t, string(c.Patch), "-one\n+two\n")
 }
 
-// TestSnapshotLooseOrPacked: the snapshot's pack depends only on the
-// objects, not on how the repository stores them: loose objects (read
-// straight from their files) and the same objects in git's packs, deltas
-// included (read through go-git), give the same bytes; the history spans
-// many chunks of the parallel encoder and git verifies it.
+// TestSnapshotLooseOrPacked: objects of HEAD's history that the
+// repository stores loose, in files of 2 KiB or more, travel as the same
+// loose object files, byte for byte; the others (small loose ones, packed
+// ones, deltas included) as one pack of whole objects. Above the
+// loose-object cap every object is packed, and that pack depends only on
+// the objects: the same bytes as the snapshot of the repository after git
+// gc. Each snapshot is deterministic and git reads each as the same
+// history. Not parallel: it sets the cap.
 func TestSnapshotLooseOrPacked(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	gitCmd(t, dir, "init", "-q", "-b", "main")
-	for c := range 3 {
+	commit := func(c int) {
 		for i := range 60 {
-			write(t, dir, fmt.Sprintf("d%d/f%d.txt", i%4, i), strings.Repeat(fmt.Sprintf("line %d of file %d\n", c, i), 50+i))
+			text := strings.Repeat(fmt.Sprintf("line %d of file %d\n", c, i), 50+i) // small once compressed
+			if i%3 == 0 {
+				text = randomText(t, 5000+100*i) // about 2.8 KiB or more once compressed
+			}
+			write(t, dir, fmt.Sprintf("d%d/f%d.txt", i%4, i), text)
 		}
 		gitCmd(t, dir, "add", "-A")
 		gitCmd(t, dir, "commit", "-qm", fmt.Sprintf("commit %d", c))
 	}
-	var loose, packed bytes.Buffer
-	il, err := workspace.Snapshot(dir, &loose, workspace.SnapshotOptions{})
-	require.NoError(t, err)
+	for c := range 3 {
+		commit(c)
+	}
+	snap := func() (workspace.Info, map[string]string, []byte) {
+		var b bytes.Buffer
+		info, err := workspace.Snapshot(dir, &b, workspace.SnapshotOptions{})
+		require.NoError(t, err)
+		var again bytes.Buffer
+		_, err = workspace.Snapshot(dir, &again, workspace.SnapshotOptions{})
+		require.NoError(t, err)
+		require.Equal(t, b.Bytes(), again.Bytes(), "deterministic")
+		return info, tarNames(t, b.Bytes()), b.Bytes()
+	}
+	// bigLoose lists the objects reachable from revs stored in loose
+	// files of 2 KiB or more.
+	bigLoose := func(revs ...string) map[string]string {
+		out := map[string]string{}
+		for _, o := range strings.Fields(gitCmd(t, dir, append([]string{"rev-list", "--objects", "--no-object-names"}, revs...)...)) {
+			disk, err := os.ReadFile(filepath.Join(dir, ".git", "objects", o[:2], o[2:]))
+			if err == nil && len(disk) >= 2048 {
+				out[".git/objects/"+o[:2]+"/"+o[2:]] = string(disk)
+			}
+		}
+		return out
+	}
+	il, lnames, loose := snap()
+	big := bigLoose("HEAD")
+	require.Equal(t, 3*20, len(big), "the random files' blobs")
+	lfiles := looseNames(lnames)
+	require.Len(t, lfiles, len(big))
+	for _, n := range lfiles {
+		require.Equal(t, big[n], lnames[n], "%s: the file as it is", n)
+	}
+	require.Len(t, packNames(lnames), 2, "the other objects in one pack and its index")
+
+	restore := workspace.SetMaxLooseObjects(len(big) - 1)
+	ic, _, capped := snap()
+	restore()
 	gitCmd(t, dir, "gc", "-q", "--aggressive")
 	require.True(t, strings.HasPrefix(gitCmd(t, dir, "count-objects"), "0 objects"), "every object packed")
-	ip, err := workspace.Snapshot(dir, &packed, workspace.SnapshotOptions{})
-	require.NoError(t, err)
-	require.Equal(t, il, ip)
-	require.Equal(t, loose.Bytes(), packed.Bytes())
+	ip, pnames, packed := snap()
+	require.Equal(t, ic, ip)
+	require.Equal(t, capped, packed, "over the cap, the pack of loose objects is the pack of packed ones")
+	require.Len(t, packNames(pnames), 2, "one pack and its index")
+	require.Empty(t, looseNames(pnames))
+	require.Equal(t, il.Commits, ip.Commits)
 	require.Equal(t, 3, il.Commits)
 
+	commit(3)
+	im, mnames, mixed := snap()
+	require.Equal(t, 4, im.Commits)
+	require.Len(t, packNames(mnames), 2)
+	require.Len(t, looseNames(mnames), 20, "the new commit's random blobs are loose files beside the pack")
+	for n, disk := range bigLoose("HEAD", "^HEAD~1") {
+		require.Equal(t, disk, mnames[n])
+	}
+
+	for _, snapshot := range [][]byte{loose, packed, mixed} {
+		out := t.TempDir()
+		require.NoError(t, workspace.Unpack(bytes.NewReader(snapshot), out, workspace.UnpackOptions{}))
+		require.Contains(t, gitCmd(t, out, "log", "--format=%s"), "commit 2\ncommit 1\ncommit 0")
+		require.Empty(t, gitCmd(t, out, "status", "--porcelain"))
+		gitCmd(t, out, "fsck", "--strict", "--full")
+	}
+}
+
+// randomText returns n bytes of hex of random bytes (about half as large
+// once compressed).
+func randomText(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, (n+1)/2)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)[:n]
+}
+
+// looseNames returns the names of a snapshot's loose object files.
+func looseNames(names map[string]string) []string {
+	var out []string
+	for n := range names {
+		if len(n) == len(".git/objects/xx/")+38 && strings.HasPrefix(n, ".git/objects/") && !strings.HasPrefix(n, ".git/objects/pack/") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// packNames returns the names of a snapshot's pack files.
+func packNames(names map[string]string) []string {
+	var out []string
+	for n := range names {
+		if strings.HasPrefix(n, ".git/objects/pack/") && !strings.HasSuffix(n, "/") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestSnapshotLinkedWorkTree: a work tree made by git worktree add keeps
+// its objects in the main repository's directory; its loose objects travel
+// as files too, and git reads the snapshot.
+func TestSnapshotLinkedWorkTree(t *testing.T) {
+	t.Parallel()
+	dir := testRepo(t)
+	linked := filepath.Join(t.TempDir(), "linked")
+	gitCmd(t, dir, "worktree", "add", "-q", "-b", "other", linked)
+	write(t, linked, "big.txt", randomText(t, 8192))
+	gitCmd(t, linked, "add", "big.txt")
+	gitCmd(t, linked, "commit", "-qm", "big")
+	var b bytes.Buffer
+	info, err := workspace.Snapshot(linked, &b, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.Equal(t, 3, info.Commits)
+	blob := gitCmd(t, linked, "rev-parse", "HEAD:big.txt")
+	names := tarNames(t, b.Bytes())
+	require.Contains(t, names, ".git/objects/"+blob[:2]+"/"+blob[2:])
+	require.Equal(t, "ref: refs/heads/other\n", names[".git/HEAD"])
 	out := t.TempDir()
-	require.NoError(t, workspace.Unpack(bytes.NewReader(loose.Bytes()), out, workspace.UnpackOptions{}))
-	require.Equal(t, "commit 2\ncommit 1\ncommit 0", gitCmd(t, out, "log", "--format=%s"))
-	require.Empty(t, gitCmd(t, out, "status", "--porcelain"))
+	require.NoError(t, workspace.Unpack(bytes.NewReader(b.Bytes()), out, workspace.UnpackOptions{}))
+	require.Equal(t, "big\nsecond\nfirst", gitCmd(t, out, "log", "--format=%s"))
 	gitCmd(t, out, "fsck", "--strict", "--full")
 }
