@@ -42,8 +42,8 @@ type reconciler struct {
 	listVolumes  func(ctx context.Context) ([]ManagedVolume, error)
 	removeVolume func(ctx context.Context, name string) error
 	liveVolume   func(name string) bool
-	now       func() time.Time
-	log       zerolog.Logger
+	now          func() time.Time
+	log          zerolog.Logger
 }
 
 // Run reconciles every interval until ctx ends.
@@ -174,7 +174,7 @@ func (w *Worker) newReconciler() *reconciler {
 		},
 		listVolumes: w.cfg.Runtime.ListManagedVolumes, removeVolume: w.cfg.Runtime.RemoveVolume,
 		liveVolume: func(name string) bool { return w.isLive(volumeKey(name)) },
-		now: time.Now, log: w.log,
+		now:        time.Now, log: w.log,
 	}
 }
 

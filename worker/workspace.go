@@ -1,12 +1,10 @@
 package worker
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -369,32 +367,30 @@ func (r *run) captureWorkspace(ctx context.Context, o outcome) string {
 // uploadResults stores c's objects (patch, bundle, artifacts) in the result
 // bucket under ResultObjectName and lists them in res.Objects. The names
 // depend only on the run id and attempt, so a retried upload replaces.
-func (r *run) uploadResults(ctx context.Context, c *workspace.Captured, res *messages.WorkspaceResult) error {
+func (r *run) uploadResults(ctx context.Context, c *workspace.CaptureStream, res *messages.WorkspaceResult) error {
 	_, store, err := r.w.stores(ctx)
 	if err != nil {
 		return err
 	}
 	attempt := int(r.meta.NumDelivered)
-	for _, o := range []struct {
-		kind string
-		data []byte
-	}{{messages.ResultPatch, c.Patch}, {messages.ResultBundle, c.Bundle}, {messages.ResultArtifacts, c.Artifacts}} {
-		if o.data == nil {
+	for _, kind := range []string{messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts} {
+		o, ok := c.Object(kind)
+		if !ok {
 			continue
 		}
-		name := messages.ResultObjectName(r.req.ID, r.meta.Sequence.Stream, attempt, o.kind)
-		// Tries of their own, not retryOp's 5s each: an object may be large.
+		name := messages.ResultObjectName(r.req.ID, r.meta.Sequence.Stream, attempt, kind)
+		// Tries of their own, not retryOp's 5s each: an object may be
+		// large. Each reads the object afresh from the capture's file.
 		err := backoff.Retry(func() error {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			_, err := store.Put(pctx, jetstream.ObjectMeta{Name: name}, bytes.NewReader(o.data))
+			_, err := store.Put(pctx, jetstream.ObjectMeta{Name: name}, io.NewSectionReader(o.Data, 0, o.Size))
 			return err
 		}, backoff.WithContext(backoff.WithMaxRetries(backoff.NewExponentialBackOff(), 4), ctx))
 		if err != nil {
 			return fmt.Errorf("store %s: %w", name, err)
 		}
-		sum := sha256.Sum256(o.data)
-		res.Objects = append(res.Objects, messages.ResultObject{Name: name, Size: int64(len(o.data)), SHA256: hex.EncodeToString(sum[:])})
+		res.Objects = append(res.Objects, messages.ResultObject{Name: name, Size: o.Size, SHA256: o.SHA256})
 	}
 	return nil
 }

@@ -156,7 +156,7 @@ func maxCaptureStream(cfg WorkspaceConfig) (stream, object int64) {
 // from which the result is read (workspace.ReadCaptureStream). The
 // container is removed whatever happens, in the background once it has
 // exited (r.ws.captureGone closes when done).
-func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.Captured, error) {
+func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.CaptureStream, error) {
 	rw := r.ws
 	if rw.captureC == nil {
 		return nil, errors.New("no capture container")
@@ -207,10 +207,13 @@ func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.C
 		return nil, err
 	}
 	_, objectCap := maxCaptureStream(cfg)
-	if _, err := out.f.Seek(0, 0); err != nil {
+	info, err := out.f.Stat()
+	if err != nil {
 		return nil, err
 	}
-	return workspace.ReadCaptureStream(out.f, objectCap)
+	// The objects stay in the file: read, hashed and uploaded from it,
+	// never held in the worker's memory.
+	return workspace.ReadCaptureStream(out.f, info.Size(), objectCap)
 }
 
 // removeCapture removes the capture container c, within 30 seconds; a

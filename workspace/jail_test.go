@@ -3,6 +3,8 @@ package workspace_test
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,13 +75,21 @@ func TestCaptureStreamRoundTrip(t *testing.T) {
 	c := &workspace.Captured{Result: messages.WorkspaceResult{Base: "b", Head: "h", Commits: 1, FilesChanged: 2}, Patch: []byte{}, Bundle: []byte("bundle")}
 	var b bytes.Buffer
 	require.NoError(t, workspace.WriteCaptureStream(&b, c))
-	got, err := workspace.ReadCaptureStream(bytes.NewReader(b.Bytes()), 100)
+	got, err := workspace.ReadCaptureStream(bytes.NewReader(b.Bytes()), int64(b.Len()), 100)
 	require.NoError(t, err)
 	require.Equal(t, c.Result, got.Result)
-	require.NotNil(t, got.Patch, "an empty patch is still a patch")
-	require.Empty(t, got.Patch)
-	require.Equal(t, []byte("bundle"), got.Bundle)
-	require.Nil(t, got.Artifacts)
+	patch, ok := got.Object(messages.ResultPatch)
+	require.True(t, ok, "an empty patch is still a patch")
+	require.Zero(t, patch.Size)
+	bundle, ok := got.Object(messages.ResultBundle)
+	require.True(t, ok)
+	data, err := bundle.Bytes()
+	require.NoError(t, err)
+	require.Equal(t, []byte("bundle"), data, "read from its place in the stream")
+	sum := sha256.Sum256([]byte("bundle"))
+	require.Equal(t, [2]any{int64(6), hex.EncodeToString(sum[:])}, [2]any{bundle.Size, bundle.SHA256})
+	_, ok = got.Object(messages.ResultArtifacts)
+	require.False(t, ok)
 
 	file := func(name, data string) tar.Header {
 		return tar.Header{Name: name, Typeflag: tar.TypeReg, Size: int64(len(data)), Mode: 0o444}
@@ -108,7 +118,7 @@ func TestCaptureStreamRoundTrip(t *testing.T) {
 		"symlink":         tarOf(t, tar.Header{Name: "result.json", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd"}),
 		"not a tar":       []byte("garbage"),
 	} {
-		_, err := workspace.ReadCaptureStream(bytes.NewReader(stream), 100)
+		_, err := workspace.ReadCaptureStream(bytes.NewReader(stream), int64(len(stream)), 100)
 		require.ErrorIs(t, err, workspace.ErrBadCaptureStream, name)
 	}
 }
@@ -152,11 +162,15 @@ func TestJailUnpackAndCapture(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := workspace.JailMain([]string{"capture", "--snapshot", snap, "--dir", ws, "--scratch", t.TempDir(), "--run-id", "j1"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
-	c, err := workspace.ReadCaptureStream(&out, 1<<20)
+	c, err := workspace.ReadCaptureStream(bytes.NewReader(out.Bytes()), int64(out.Len()), 1<<20)
 	require.NoError(t, err)
 	require.Equal(t, info.Head, c.Result.Base)
 	require.Equal(t, 1, c.Result.FilesChanged)
-	require.Contains(t, string(c.Patch), "+changed")
+	patch, ok := c.Object(messages.ResultPatch)
+	require.True(t, ok)
+	data, err := patch.Bytes()
+	require.NoError(t, err)
+	require.Contains(t, string(data), "+changed")
 
 	// A failure is one line on stderr and the jail exit code.
 	errOut.Reset()
