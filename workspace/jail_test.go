@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -199,4 +200,24 @@ func TestCaptureTreeBeforeGit(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gitCmd(t, src, "rev-parse", "HEAD"), c.Result.Base)
 	require.Contains(t, string(c.Patch), "-one\n+two\n")
+}
+
+// TestCaptureStreamObjectsNotHeld: reading a stream with a 32 MiB object
+// allocates a small fraction of it: the object is hashed as it is read and
+// left in the stream's source.
+func TestCaptureStreamObjectsNotHeld(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 32<<20)
+	var b bytes.Buffer
+	require.NoError(t, workspace.WriteCaptureStream(&b, &workspace.Captured{Bundle: big}))
+	src := bytes.NewReader(b.Bytes())
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	c, err := workspace.ReadCaptureStream(src, int64(b.Len()), 64<<20)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	o, ok := c.Object(messages.ResultBundle)
+	require.True(t, ok)
+	require.Equal(t, int64(32<<20), o.Size)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "the object was not copied into memory")
 }
