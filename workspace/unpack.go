@@ -49,8 +49,9 @@ func Unpack(r io.Reader, dir string, o UnpackOptions) error {
 		return err
 	}
 	var total int64
+	dirs := map[string]bool{".": true}
 	return eachEntry(r, o.MaxFiles, func(tr *tar.Reader, hdr *tar.Header, name string) error {
-		if err := unpackEntry(root, tr, hdr, name, &total, o.MaxBytes); err != nil {
+		if err := unpackEntry(root, dirs, tr, hdr, name, &total, o.MaxBytes); err != nil {
 			return err
 		}
 		return own(name)
@@ -66,10 +67,20 @@ func cleanName(n string) (string, error) {
 	return c, nil
 }
 
-func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, total *int64, max int64) error {
+// unpackEntry writes one entry under root. dirs holds the directories this
+// unpack made or found (a real directory, never a symlink), so a file's
+// parent is made once, not once per file (os.Root's MkdirAll opens each
+// component); every open still goes through root, which refuses to leave
+// it.
+func unpackEntry(root *os.Root, dirs map[string]bool, tr *tar.Reader, hdr *tar.Header, name string, total *int64, max int64) error {
 	perm := os.FileMode(hdr.Mode) & 0o755
-	if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
+	if parent := path.Dir(name); !dirs[parent] {
+		if err := root.MkdirAll(parent, 0o755); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
+		}
+		for d := parent; d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+		}
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -79,6 +90,7 @@ func unpackEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, to
 		if fi, err := root.Lstat(name); err != nil || !fi.IsDir() {
 			return fmt.Errorf("%w: %s: not a directory", ErrBadArchive, name)
 		}
+		dirs[name] = true
 		return nil
 	case tar.TypeSymlink:
 		if err := root.Symlink(hdr.Linkname, name); err != nil {
