@@ -135,22 +135,31 @@ func TestRunDirNotPooledWhileContainerRemains(t *testing.T) {
 	require.Empty(t, pooled)
 }
 
-// A pooled directory whose mcp.json is not the one the worker wrote is
-// never handed to a run: it is removed and the run stages a new directory.
-func TestTamperedPooledRunDirDropped(t *testing.T) {
-	t.Parallel()
+// poolOneRunDir starts a worker of concurrency 1 whose runs' directories
+// seen reports, runs a coordination run id to success and waits until its
+// directory is the pool's only one; it returns the test bundle, seen (the
+// run's report already taken) and that directory.
+func poolOneRunDir(t *testing.T, id string) (*testBundle, <-chan seenDir, string) {
+	t.Helper()
 	stateDir := workertest.StateDir(t)
 	rt := workertest.NewRuntime()
 	seen := recordRunDirs(t, rt)
 	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
 	pool := filepath.Join(stateDir, "p")
-
-	b.submit(t, messages.RunRequest{ID: "tamper-a", Profile: "shell", Prompt: "true"})
-	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "tamper-a").State)
+	b.submit(t, messages.RunRequest{ID: id, Profile: "shell", Prompt: "true"})
+	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, id).State)
 	<-seen
 	var pooled []os.DirEntry
 	require.Eventually(t, func() bool { pooled, _ = os.ReadDir(pool); return len(pooled) == 1 }, 10*time.Second, 10*time.Millisecond)
-	mcp := filepath.Join(pool, pooled[0].Name(), coordination.MCPConfigName)
+	return b, seen, filepath.Join(pool, pooled[0].Name())
+}
+
+// A pooled directory whose mcp.json is not the one the worker wrote is
+// never handed to a run: it is removed and the run stages a new directory.
+func TestTamperedPooledRunDirDropped(t *testing.T) {
+	t.Parallel()
+	b, seen, dir := poolOneRunDir(t, "tamper-a")
+	mcp := filepath.Join(dir, coordination.MCPConfigName)
 	require.NoError(t, os.Chmod(mcp, 0o644))
 	require.NoError(t, os.WriteFile(mcp, []byte(`{"mcpServers":{}}`), 0o644))
 
@@ -169,18 +178,8 @@ func TestTamperedPooledRunDirDropped(t *testing.T) {
 // whose bridge never connected.
 func TestPooledSocketDropsWaitingConnections(t *testing.T) {
 	t.Parallel()
-	stateDir := workertest.StateDir(t)
-	rt := workertest.NewRuntime()
-	seen := recordRunDirs(t, rt)
-	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
-	pool := filepath.Join(stateDir, "p")
-
-	b.submit(t, messages.RunRequest{ID: "stale-a", Profile: "shell", Prompt: "true"})
-	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "stale-a").State)
-	<-seen
-	var pooled []os.DirEntry
-	require.Eventually(t, func() bool { pooled, _ = os.ReadDir(pool); return len(pooled) == 1 }, 10*time.Second, 10*time.Millisecond)
-	c, err := net.Dial("unix", filepath.Join(pool, pooled[0].Name(), coordination.SocketName))
+	b, seen, dir := poolOneRunDir(t, "stale-a")
+	c, err := net.Dial("unix", filepath.Join(dir, coordination.SocketName))
 	require.NoError(t, err, "the pooled socket is bound")
 	defer c.Close()
 	_, err = io.WriteString(c, "POST "+relay.PathHello+" HTTP/1.1\r\nHost: run\r\nContent-Length: 0\r\n\r\n")

@@ -87,6 +87,15 @@ func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig, waitM
 	}
 }
 
+// early returns why a capture container that exited before its capture
+// gave no result: its wait's error, else its exit and out's last line.
+func (ex captureExit) early(out *captureOutput) error {
+	if ex.err != nil {
+		return ex.err
+	}
+	return fmt.Errorf("the capture container exited before the capture (exit code %d, OOM killed %t): %s", ex.st.Code, ex.st.OOMKilled, out.lastLine())
+}
+
 // captureMemory returns the capture container's memory limit, in bytes,
 // for a run of memory bytes whose workspace is volume bytes: what the run
 // may use beside a full workspace, at least a quarter of memory and at
@@ -181,9 +190,7 @@ func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.C
 			// It may have exited meanwhile: how it exited says more.
 			select {
 			case ex = <-rw.captureExit:
-				if ex.err == nil {
-					return nil, fmt.Errorf("the capture container exited before the capture (exit code %d, OOM killed %t): %s", ex.st.Code, ex.st.OOMKilled, out.lastLine())
-				}
+				return nil, ex.early(out)
 			default:
 			}
 			return nil, fmt.Errorf("signal the capture container: %w", err)
@@ -194,9 +201,7 @@ func (r *run) runCapture(ctx context.Context, cfg WorkspaceConfig) (*workspace.C
 			return nil, fmt.Errorf("the capture container did not end within %s", cfg.CaptureTimeout)
 		}
 	case ex = <-rw.captureExit:
-		if ex.err == nil {
-			ex.err = fmt.Errorf("the capture container exited before the capture (exit code %d, OOM killed %t): %s", ex.st.Code, ex.st.OOMKilled, out.lastLine())
-		}
+		ex.err = ex.early(out)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("the capture container was not ready within %s", cfg.CaptureTimeout)
 	}

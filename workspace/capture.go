@@ -232,7 +232,7 @@ func addTarEntry(st storer.EncodedObjectStorer, b *treeBuilder, tr *tar.Reader, 
 			return err
 		}
 	}
-	h, _, err := storeBlob(st, int64(len(data)), func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	h, err := storeBlob(st, int64(len(data)), func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, nil)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 			if err != nil {
 				return plumbing.ZeroHash, err
 			}
-			h, _, err := storeBlob(st, int64(len(target)), func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(target)), nil })
+			h, err := storeBlob(st, int64(len(target)), func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(target)), nil }, nil)
 			if err != nil {
 				return plumbing.ZeroHash, err
 			}
@@ -68,7 +68,7 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 			// A new object counts against the budget before it is stored
 			// (held in memory while it is written): a file over the cap is
 			// refused having been hashed only.
-			h, _, err := storeBlobIf(st, e.info.Size(), func() (io.ReadCloser, error) {
+			h, err := storeBlob(st, e.info.Size(), func() (io.ReadCloser, error) {
 				return root.OpenFile(e.path, os.O_RDONLY|syscallNoFollow|syscallNonBlock, 0)
 			}, func() error {
 				if budget += e.info.Size(); o.MaxBytes > 0 && budget > o.MaxBytes {

@@ -85,33 +85,31 @@ func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbi
 // storeBlob stores the size bytes read from r as a blob in s, unless s
 // already holds it, and returns its hash. open is called once more to store
 // a blob s lacks, so unchanged files cost one read and no memory.
-func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error)) (plumbing.Hash, bool, error) {
-	return storeBlobIf(s, size, open, nil)
-}
-
-// storeBlobIf is storeBlob that, when the blob is not stored yet, calls
-// admit (unless nil) before storing it, and returns admit's error instead.
-func storeBlobIf(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, bool, error) {
+//
+// When s lacks the blob, admit (unless nil) is called before it is stored,
+// and its error is returned instead: a caller's budget is checked before
+// the blob is held in memory.
+func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, error) {
 	hasher := plumbing.NewHasher(plumbing.BlobObject, size)
 	r, err := open()
 	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.ZeroHash, err
 	}
 	n, err := io.Copy(hasher, io.LimitReader(r, size))
 	r.Close()
 	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.ZeroHash, err
 	}
 	if n != size {
-		return plumbing.ZeroHash, false, fmt.Errorf("file changed while it was read")
+		return plumbing.ZeroHash, fmt.Errorf("file changed while it was read")
 	}
 	h := hasher.Sum()
 	if s.HasEncodedObject(h) == nil {
-		return h, false, nil
+		return h, nil
 	}
 	if admit != nil {
 		if err := admit(); err != nil {
-			return plumbing.ZeroHash, false, err
+			return plumbing.ZeroHash, err
 		}
 	}
 	o := s.NewEncodedObject()
@@ -119,10 +117,10 @@ func storeBlobIf(s storer.EncodedObjectStorer, size int64, open func() (io.ReadC
 	o.SetSize(size)
 	w, err := o.Writer()
 	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.ZeroHash, err
 	}
 	if r, err = open(); err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.ZeroHash, err
 	}
 	_, err = io.Copy(w, io.LimitReader(r, size))
 	r.Close()
@@ -130,11 +128,11 @@ func storeBlobIf(s storer.EncodedObjectStorer, size int64, open func() (io.ReadC
 		err = cerr
 	}
 	if err != nil {
-		return plumbing.ZeroHash, false, err
+		return plumbing.ZeroHash, err
 	}
 	got, err := s.SetEncodedObject(o)
 	if err == nil && got != h {
 		err = fmt.Errorf("file changed while it was read")
 	}
-	return got, true, err
+	return got, err
 }

@@ -67,8 +67,8 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 		}
 		switch a.Command {
 		case "capture":
-			workspace.ReportFull(a.Dir, errWriter{out})
-			if err := workspace.JailCapture(a, outWriter{out}); err != nil {
+			workspace.ReportFull(a.Dir, streamWriter{out, messages.StreamStderr})
+			if err := workspace.JailCapture(a, streamWriter{out, messages.StreamStdout}); err != nil {
 				return fail(err)
 			}
 			return worker.ExitStatus{}
@@ -84,18 +84,13 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 	}
 }
 
-// outWriter writes to a container's stdout.
-type outWriter struct{ out worker.OutputFunc }
-
-func (w outWriter) Write(p []byte) (int, error) {
-	w.out(messages.StreamStdout, p)
-	return len(p), nil
+// streamWriter writes to one of a container's output streams.
+type streamWriter struct {
+	out    worker.OutputFunc
+	stream string
 }
 
-// errWriter writes to a container's stderr.
-type errWriter struct{ out worker.OutputFunc }
-
-func (w errWriter) Write(p []byte) (int, error) {
-	w.out(messages.StreamStderr, p)
+func (w streamWriter) Write(p []byte) (int, error) {
+	w.out(w.stream, p)
 	return len(p), nil
 }
