@@ -237,6 +237,9 @@ func (c Config) validate() error {
 	if c.FetchWait < time.Second {
 		return fmt.Errorf("worker: fetch wait %s must be at least 1s", c.FetchWait)
 	}
+	if c.Workspace.GitFetches < 0 {
+		return fmt.Errorf("worker: git fetches %d must be at least 1 (0 for the default)", c.Workspace.GitFetches)
+	}
 	return nil
 }
 
@@ -297,7 +300,8 @@ type Worker struct {
 	bg          sync.WaitGroup     // the other services
 	stops       sync.WaitGroup     // container stops in flight (stopAsync)
 
-	wsStores wsStores // the workspace and result buckets, found on first use
+	wsStores wsStores   // the workspace and result buckets, found on first use
+	git      *gitFlight // shares and bounds git resolutions (workspace_git.go)
 }
 
 type activeRun struct {
@@ -334,6 +338,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		active:  make(map[string]*activeRun),
 		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
 		tools:   &bridgeStager{dir: filepath.Join(cfg.StateDir, "tool"), what: "workspace tool (the jetcrew binary of WorkspaceTool)"},
+		git:     newGitFlight(cfg.Workspace.withDefaults(1).GitFetches),
 		stopped: make(chan struct{}),
 	}, nil
 }
@@ -403,6 +408,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	fetchCtx, fetchCancel := context.WithCancel(context.Background())
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
+	w.git.start(runsCtx)
 	w.startEgress(bgCtx)
 	runServices(bgCtx, &w.bg,
 		&cancelListener{unsubscribe: unsubscribe},
@@ -508,6 +514,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		<-done
 	}
 	w.runsCancel()
+	w.git.stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
 	w.bgCancel()
 	w.bg.Wait()
 	w.stops.Wait()

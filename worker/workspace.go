@@ -34,6 +34,13 @@ type WorkspaceConfig struct {
 	// (the capture container's ready line, the signal, the capture) to the
 	// capture container's exit. Default 10 minutes.
 	CaptureTimeout time.Duration
+	// GitFetches is the most git fetches (fetch, snapshot, store) the
+	// worker makes at once, whatever its concurrency; each holds up to
+	// MaxBytes of objects in the worker's memory, so the worker's memory
+	// for git sources is bounded by GitFetches × MaxBytes. Runs on one
+	// remote and ref resolved at the same time share one resolution.
+	// Default 2.
+	GitFetches int
 }
 
 func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
@@ -45,6 +52,9 @@ func (c WorkspaceConfig) withDefaults(replicas int) WorkspaceConfig {
 	}
 	if c.CaptureTimeout == 0 {
 		c.CaptureTimeout = 10 * time.Minute
+	}
+	if c.GitFetches == 0 {
+		c.GitFetches = 2
 	}
 	if c.Buckets.Replicas == 0 {
 		c.Buckets.Replicas = replicas

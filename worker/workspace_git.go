@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/workspace"
@@ -151,11 +153,13 @@ func gitCacheName(remote, refName, want string) string {
 // commit and, unless the cache object of that commit names a snapshot the
 // bucket still holds, fetches the commit and its history with go-git,
 // writes its snapshot (workspace.Remote.Snapshot) and stores it under its
-// digest, then the cache object. It records the source, commit and digest
-// in r.state.WorkspaceGit. A remote the profile does not allow, a ref the
-// remote lacks, a refused repository or one over the workspace byte cap
-// fails the run; anything else (the remote or the store unreachable) is a
-// transientError.
+// digest, then the cache object. Runs asking for the same remote and ref
+// at the same time share one resolution, and the worker fetches at most
+// WorkspaceConfig.GitFetches at once (gitFlight). It records the source,
+// commit and digest in r.state.WorkspaceGit. A remote the profile does not
+// allow, a ref the remote lacks, a refused repository or one over the
+// workspace byte cap fails the run; anything else (the remote or the store
+// unreachable, the worker stopping) is a transientError.
 func (r *run) resolveGitWorkspace(ctx context.Context, prof Profile, src messages.GitSource) (messages.WorkspaceRef, error) {
 	if err := prof.checkGitSource(&messages.WorkspaceRef{Git: &src}); err != nil {
 		return messages.WorkspaceRef{}, err
@@ -163,16 +167,17 @@ func (r *run) resolveGitWorkspace(ctx context.Context, prof Profile, src message
 	ctx, cancel := context.WithTimeout(ctx, GitFetchTimeout)
 	defer cancel()
 	start := time.Now()
-	ref, fetched, err := r.fetchGitSnapshot(ctx, src)
+	g, shared, err := r.w.git.resolve(ctx, src, r.w.resolveGit)
 	if err != nil {
 		if isGitRefused(err) {
 			return messages.WorkspaceRef{}, fmt.Errorf("workspace: %w", err)
 		}
 		return messages.WorkspaceRef{}, transientError{fmt.Errorf("fetch workspace from git: %w", err)}
 	}
-	r.log.Info().Str("git_url", src.URL).Str("git_ref", src.Ref).Str("commit", r.state.WorkspaceGit.Commit).
-		Bool("fetched", fetched).Dur("resolved_in", time.Since(start)).Msg("git workspace resolved")
-	return ref, nil
+	r.state.WorkspaceGit = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: g.commit, Digest: g.ref.Digest}
+	r.log.Info().Str("git_url", src.URL).Str("git_ref", src.Ref).Str("commit", g.commit).
+		Bool("fetched", g.fetched).Bool("shared", shared).Dur("resolved_in", time.Since(start)).Msg("git workspace resolved")
+	return g.ref, nil
 }
 
 // isGitRefused reports whether err means the git source itself is
@@ -182,58 +187,153 @@ func isGitRefused(err error) bool {
 		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
 }
 
-// fetchGitSnapshot is resolveGitWorkspace's work: it returns the snapshot's
-// reference and whether it fetched (false: the cache had it).
-func (r *run) fetchGitSnapshot(ctx context.Context, src messages.GitSource) (messages.WorkspaceRef, bool, error) {
-	ws, _, err := r.w.stores(ctx)
-	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+// gitResolution is what one resolution of a git source found: the snapshot
+// to stage, the commit it holds, and whether it was fetched (false: the
+// cache had it).
+type gitResolution struct {
+	ref     messages.WorkspaceRef
+	commit  string
+	fetched bool
+}
+
+// gitFlight shares and bounds a worker's git resolutions. Runs asking for
+// the same remote and ref while a resolution of it is in flight share that
+// one (golang.org/x/sync/singleflight): one listing, at most one fetch. At
+// most cap(fetches) fetches run at once, whatever the worker's
+// concurrency; each holds up to the workspace byte cap of objects in
+// memory. A resolution runs under the worker's runs context, not a run's:
+// a run that gives up (cancelled, timed out) leaves it to the runs still
+// waiting for it. stop cancels nothing itself (the worker's runs context
+// ends first) but waits for every resolution to return.
+type gitFlight struct {
+	group   singleflight.Group
+	fetches chan struct{}
+
+	mu       sync.Mutex
+	ctx      context.Context // the worker's runs context (start)
+	stopping bool
+	running  sync.WaitGroup
+}
+
+// newGitFlight returns a gitFlight allowing n fetches at once.
+func newGitFlight(n int) *gitFlight {
+	return &gitFlight{fetches: make(chan struct{}, n), ctx: context.Background()}
+}
+
+// start sets the context resolutions run under: the worker's runs
+// context, which Stop cancels.
+func (g *gitFlight) start(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ctx = ctx
+}
+
+// stop refuses new resolutions and waits for those running to return.
+func (g *gitFlight) stop() {
+	g.mu.Lock()
+	g.stopping = true
+	g.mu.Unlock()
+	g.running.Wait()
+}
+
+// resolve returns the resolution of src, made by do under the worker's
+// runs context and GitFetchTimeout, or shared with one in flight (shared
+// is then true). It returns early with ctx's error when ctx ends first;
+// the resolution goes on for the runs still waiting.
+func (g *gitFlight) resolve(ctx context.Context, src messages.GitSource, do func(context.Context, messages.GitSource) (gitResolution, error)) (res gitResolution, shared bool, err error) {
+	ch := g.group.DoChan(src.URL+"\n"+src.Ref, func() (any, error) {
+		g.mu.Lock()
+		if g.stopping {
+			g.mu.Unlock()
+			return gitResolution{}, errors.New("the worker is stopping")
+		}
+		g.running.Add(1)
+		fctx := g.ctx
+		g.mu.Unlock()
+		defer g.running.Done()
+		fctx, cancel := context.WithTimeout(fctx, GitFetchTimeout)
+		defer cancel()
+		return do(fctx, src)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return gitResolution{}, r.Shared, r.Err
+		}
+		return r.Val.(gitResolution), r.Shared, nil
+	case <-ctx.Done():
+		return gitResolution{}, false, ctx.Err()
 	}
-	cfg := r.w.cfg.Workspace.withDefaults(r.w.cfg.Provision.Replicas)
+}
+
+// acquireFetch takes one of the worker's fetch slots, waiting at most
+// until ctx ends; releaseFetch gives it back.
+func (g *gitFlight) acquireFetch(ctx context.Context) error {
+	select {
+	case g.fetches <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for one of the worker's git fetches: %w", ctx.Err())
+	}
+}
+
+func (g *gitFlight) releaseFetch() { <-g.fetches }
+
+// resolveGit is one resolution of src (see resolveGitWorkspace): list,
+// resolve the ref, look for the commit's cache object, and only without
+// one fetch (in one of the worker's fetch slots), snapshot and store.
+func (w *Worker) resolveGit(ctx context.Context, src messages.GitSource) (gitResolution, error) {
+	ws, _, err := w.stores(ctx)
+	if err != nil {
+		return gitResolution{}, err
+	}
+	cfg := w.cfg.Workspace.withDefaults(w.cfg.Provision.Replicas)
 	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
 	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	defer rem.Close()
 	rr, err := rem.Resolve(src.Ref)
 	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	cacheName := gitCacheName(src.URL, rr.Name.String(), rr.Want.String())
 	if ent, ok := readGitCache(ctx, ws, cacheName); ok {
 		ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
 		if workspace.Stored(ctx, ws, ref) {
-			r.state.WorkspaceGit = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: ent.Commit, Digest: ent.Digest}
-			return ref, false, nil
+			return gitResolution{ref: ref, commit: ent.Commit}, nil
 		}
 	}
+	if err := w.git.acquireFetch(ctx); err != nil {
+		return gitResolution{}, err
+	}
+	defer w.git.releaseFetch()
 	// The snapshot is written to a file of the worker's workspace
 	// directory (the reconciler removes one a crash leaves).
-	dir := filepath.Join(r.w.cfg.StateDir, "ws")
+	dir := filepath.Join(w.cfg.StateDir, "ws")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	f, err := os.CreateTemp(dir, "git-*.tar")
 	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
 	info, err := rem.Snapshot(ctx, rr, f)
 	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	up, err := workspace.StoreSnapshot(ctx, ws, f, info)
 	if err != nil {
-		return messages.WorkspaceRef{}, false, err
+		return gitResolution{}, err
 	}
 	ent, _ := json.Marshal(gitCacheEntry{Digest: info.Digest, Commit: info.Head})
 	if _, err := ws.PutBytes(ctx, cacheName, ent); err != nil {
 		// Only the cache is lost: the next run on this commit fetches again.
-		r.log.Warn().Err(err).Msg("store git cache entry")
+		w.log.Warn().Err(err).Str("git_url", src.URL).Msg("store git cache entry")
 	}
-	r.state.WorkspaceGit = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: info.Head, Digest: info.Digest}
-	return up.Ref, true, nil
+	return gitResolution{ref: up.Ref, commit: info.Head, fetched: true}, nil
 }
 
 // readGitCache reads the cache object name of bucket ws; ok is false when

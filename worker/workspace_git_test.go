@@ -2,11 +2,13 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -191,5 +193,58 @@ func TestGitRemotesValidated(t *testing.T) {
 		} else {
 			require.ErrorContains(t, err, "git_remotes", tc.remotes)
 		}
+	}
+}
+
+// Runs on one remote and ref whose resolutions overlap share one: the
+// server sees one listing and one fetch for four runs, all on the same
+// commit. Fetches of different repositories wait for one of the worker's
+// fetch slots: with GitFetches 1 the server never serves two at once,
+// with 2 it does (so the first check can fail).
+func TestGitFetchesSharedAndBounded(t *testing.T) {
+	t.Parallel()
+	const delay = time.Second
+	for _, slots := range []int{1, 2} {
+		t.Run(fmt.Sprintf("slots=%d", slots), func(t *testing.T) {
+			t.Parallel()
+			g := workertest.StartGitServer(t)
+			g.UploadPackDelay.Store(int64(delay))
+			b := setup(t, func(c *worker.Config) {
+				c.Profiles = gitProfiles(g.URL + "/*")
+				c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
+				c.Concurrency = 4
+				c.Workspace.GitFetches = slots
+			})
+			if slots == 1 {
+				g.NewRepo(t, "shared", map[string]string{"README": "shared\n"})
+				ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/shared", Ref: "main"}}
+				for i := range 4 {
+					b.submit(t, messages.RunRequest{ID: fmt.Sprintf("s%d", i), Profile: "git", Workspace: ws})
+				}
+				var commits []string
+				for i := range 4 {
+					st := b.waitFinal(t, fmt.Sprintf("s%d", i))
+					require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+					commits = append(commits, st.WorkspaceGit.Commit)
+				}
+				require.Equal(t, []string{commits[0], commits[0], commits[0], commits[0]}, commits)
+				require.Equal(t, int64(1), g.Lists.Load(), "four overlapping runs on one ref list the remote once")
+				require.Equal(t, int64(1), g.UploadPacks.Load(), "and fetch once")
+			}
+			// Three repositories at once.
+			before := g.UploadPacks.Load()
+			for i := range 3 {
+				name := fmt.Sprintf("repo%d", i)
+				g.NewRepo(t, name, map[string]string{"README": name + "\n"})
+				ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/" + name, Ref: "main"}}
+				b.submit(t, messages.RunRequest{ID: "d" + name, Profile: "git", Workspace: ws})
+			}
+			for i := range 3 {
+				st := b.waitFinal(t, fmt.Sprintf("drepo%d", i))
+				require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+			}
+			require.Equal(t, before+3, g.UploadPacks.Load())
+			require.Equal(t, int64(slots), g.MaxUploadPacksInFlight.Load(), "fetches at once against the worker's %d slots", slots)
+		})
 	}
 }

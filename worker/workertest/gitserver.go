@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // GitServer is a git smart-HTTP server on a loopback port, serving the
@@ -27,6 +28,14 @@ type GitServer struct {
 	UploadPacks atomic.Int64
 	// Lists counts GET .../info/refs requests: reference listings.
 	Lists atomic.Int64
+	// UploadPackDelay, in nanoseconds, holds every fetch that long before
+	// it is served (0, the default: none); tests set it to make fetches
+	// overlap.
+	UploadPackDelay atomic.Int64
+	// MaxUploadPacksInFlight is the most fetches the server was serving at
+	// once (counted from their arrival, the delay included).
+	MaxUploadPacksInFlight atomic.Int64
+	inFlight               atomic.Int64
 }
 
 // StartGitServer starts a GitServer on a random loopback port, serving the
@@ -52,6 +61,12 @@ func StartGitServer(t testing.TB) *GitServer {
 		switch {
 		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack"):
 			g.UploadPacks.Add(1)
+			n := g.inFlight.Add(1)
+			defer g.inFlight.Add(-1)
+			for m := g.MaxUploadPacksInFlight.Load(); n > m && !g.MaxUploadPacksInFlight.CompareAndSwap(m, n); {
+				m = g.MaxUploadPacksInFlight.Load()
+			}
+			time.Sleep(time.Duration(g.UploadPackDelay.Load()))
 		case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs"):
 			g.Lists.Add(1)
 		}
