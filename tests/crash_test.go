@@ -194,7 +194,7 @@ func (ct *containerTracker) event(line []byte) {
 	if !strings.HasPrefix(run, ct.prefix) {
 		return
 	}
-	key := roleKey(run, e.Actor.Attributes["name"])
+	key := roleKey(run, e.Actor.Attributes[worker.LabelRole])
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	if ct.running[key] == nil {
@@ -210,27 +210,24 @@ func (ct *containerTracker) event(line []byte) {
 	}
 }
 
-// roleKey keys a container of run by its role: a workspace run's capture
-// container runs beside the run's own by design (it holds the workspace
-// volume), so each role is counted on its own.
-func roleKey(run, name string) string {
-	if strings.HasSuffix(name, "-capture") {
-		return run + "/capture"
-	}
-	return run + "/run"
+// roleKey keys a container of run by its role (worker.LabelRole): a
+// workspace run's capture container runs beside the run's own by design
+// (it holds the workspace volume), so each role is counted on its own.
+func roleKey(run, role string) string {
+	return run + "/" + role
 }
 
 func (ct *containerTracker) poll(ctx context.Context) {
 	out, err := exec.CommandContext(ctx, "docker", "ps", "--filter", "label="+worker.LabelManaged+"=true",
-		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}} {{.Names}}`).Output()
+		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}} {{.Label "`+worker.LabelRole+`"}}`).Output()
 	if err != nil {
 		return
 	}
 	n := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		run, name, _ := strings.Cut(line, " ")
+		run, role, _ := strings.Cut(line, " ")
 		if strings.HasPrefix(run, ct.prefix) {
-			n[roleKey(run, name)]++
+			n[roleKey(run, role)]++
 		}
 	}
 	ct.mu.Lock()
@@ -246,7 +243,7 @@ func (ct *containerTracker) poll(ctx context.Context) {
 func (ct *containerTracker) mostRunning(run string) (most, starts int) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
-	return max(ct.most[run+"/run"], ct.most[run+"/capture"]), ct.starts[run]
+	return max(ct.most[roleKey(run, worker.RoleRun)], ct.most[roleKey(run, worker.RoleCapture)]), ct.starts[run]
 }
 
 // allRunContainers returns the names of every container of run, its
@@ -263,15 +260,10 @@ func allRunContainers(t *testing.T, run string) []string {
 // volume from staging to capture, and a killed worker leaves it as it was.
 func runContainers(t *testing.T, run string) []string {
 	t.Helper()
-	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.State}} {{.Names}}").Output()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run,
+		"--filter", "label="+worker.LabelRole+"="+worker.RoleRun, "--format", "{{.State}}").Output()
 	require.NoError(t, err)
-	var states []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if state, name, ok := strings.Cut(line, " "); ok && !strings.HasSuffix(name, "-capture") {
-			states = append(states, state)
-		}
-	}
-	return states
+	return strings.Fields(string(out))
 }
 
 // crashCase is one crash point and what must come of the run it kills.

@@ -1039,6 +1039,7 @@ func TestJailLabelsAndName(t *testing.T) {
 	require.Equal(t, b.workerID, l[worker.LabelWorker])
 	require.Equal(t, "1", l[worker.LabelAttempt])
 	require.Equal(t, "lab", l[worker.LabelProfile])
+	require.Equal(t, worker.RoleRun, l[worker.LabelRole])
 	require.Equal(t, install, l[worker.LabelInstall])
 	created, err := time.Parse(time.RFC3339Nano, l[worker.LabelCreated])
 	require.NoError(t, err)

@@ -127,6 +127,7 @@ func (w *Worker) proofSpec(id, dir, bridge string) ContainerSpec {
 		Labels: map[string]string{
 			LabelManaged: "true", LabelRunID: id, LabelWorker: w.cfg.ID, LabelAttempt: "1",
 			LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), LabelProfile: "egress-proof", LabelInstall: w.install,
+			LabelRole: RoleEgressProof,
 		},
 		Network:     "none",
 		MemoryBytes: 64 << 20,

@@ -143,6 +143,25 @@ const (
 	// two installations sharing one Docker engine never reap each other's
 	// containers.
 	LabelInstall = "io.jetcrew.install"
+	// LabelRole says what a container or volume is to its run: RoleRun,
+	// RoleCapture, RoleWorkspace or RoleEgressProof. Operators filter on
+	// it (`docker ps --filter label=io.jetcrew.role=capture`); the
+	// reconciler treats every role alike.
+	LabelRole = "io.jetcrew.role"
+)
+
+// Values of LabelRole.
+const (
+	// RoleRun is the run's own container, the one the agent runs in.
+	RoleRun = "run"
+	// RoleCapture is a workspace run's capture container, which holds the
+	// workspace volume from staging to the capture (docs/workspaces.md).
+	RoleCapture = "capture"
+	// RoleWorkspace is a workspace run's tmpfs volume.
+	RoleWorkspace = "workspace"
+	// RoleEgressProof is the container a worker starts at start-up to
+	// prove its egress rules (egressproof.go).
+	RoleEgressProof = "egress-proof"
 )
 
 // ContainerSpec is a runtime-neutral description of one run container. The

@@ -117,6 +117,7 @@ func BuildSpec(in SpecInput) (ContainerSpec, error) {
 			LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
 			LabelProfile: p.Name,
 			LabelInstall: in.Install,
+			LabelRole:    RoleRun,
 		},
 		Network:     p.Network,
 		OCIRuntime:  p.Runtime,

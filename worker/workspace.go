@@ -231,6 +231,7 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	rw.vol = VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid,
 		Inodes: 2*int64(cfg.MaxFiles) + 10000, Labels: maps.Clone(spec.Labels)}
 	rw.vol.Labels[LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
+	rw.vol.Labels[LabelRole] = RoleWorkspace
 	// The wait is bounded, so a capture container a crashed worker left
 	// behind gives the volume back on its own.
 	waitMax := runTimeout(r.req, prof, r.w.cfg.DefaultTimeout) + r.w.cfg.StopGrace + cfg.CaptureTimeout + 10*time.Minute

@@ -55,13 +55,16 @@ func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 
 // captureSpec returns the capture container's spec, from the run's
 // (before jailWorkspace): the run's image, user, OCI runtime, memory, CPU
-// and pids limits and labels (so the reconciler treats it as the run's),
+// and pids limits and labels (so the reconciler treats it as the run's;
+// LabelRole is RoleCapture),
 // network none, a small /tmp, the volume, the input directory (the
 // snapshot) and the tool read-only, the scratch directory writable, and
 // the command `jetcrew workspace capture --wait`. The runtime adds the hardening every
 // container gets (read-only root, no capabilities, no new privileges,
 // init).
 func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig, waitMax time.Duration) ContainerSpec {
+	labels := maps.Clone(run.Labels)
+	labels[LabelRole] = RoleCapture
 	args := workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir,
 		Scratch: JailScratchPath, RunID: run.Labels[LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true, WaitMax: waitMax}
 	return ContainerSpec{
@@ -71,7 +74,7 @@ func captureSpec(run ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig, waitM
 		Env:         []string{"HOME=/tmp"},
 		User:        run.User,
 		WorkingDir:  "/",
-		Labels:      maps.Clone(run.Labels),
+		Labels:      labels,
 		Network:     "none",
 		OCIRuntime:  run.OCIRuntime,
 		MemoryBytes: captureMemory(run.MemoryBytes, rw.mib<<20),

@@ -69,7 +69,8 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 	require.Equal(t, os.FileMode(0o444), info.Mode().Perm())
 	var capture int
 	for _, s := range b.rt.Starts() {
-		if strings.HasSuffix(s.Name, "-capture") {
+		if s.Labels[worker.LabelRole] == worker.RoleCapture {
+			require.True(t, strings.HasSuffix(s.Name, "-capture"))
 			capture++
 			require.Equal(t, "none", s.Network)
 		}
@@ -80,7 +81,7 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 		for _, m := range s.Mounts {
 			if m.Target == messages.WorkspaceDir {
 				require.True(t, m.Volume, "the tree is a volume")
-				require.Equal(t, strings.HasSuffix(s.Name, "-capture"), m.ReadOnly, "read-only in the capture container only")
+				require.Equal(t, s.Labels[worker.LabelRole] == worker.RoleCapture, m.ReadOnly, "read-only in the capture container only")
 				vols = append(vols, m.Source)
 			}
 		}

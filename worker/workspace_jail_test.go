@@ -24,7 +24,7 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", mib: 16, snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
 	spec := ContainerSpec{
 		Name: "jetcrew-r1-7-1", Image: "img", Cmd: []string{"/bin/sh", "-c", "echo hi"}, User: "1000:1000", WorkingDir: "/home/agent",
-		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true"}, Network: "bridge", OCIRuntime: "runsc",
+		Labels: map[string]string{LabelRunID: "r1", LabelManaged: "true", LabelRole: RoleRun}, Network: "bridge", OCIRuntime: "runsc",
 		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
 	}
 	rw.capture = captureSpec(spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10}, time.Hour)
@@ -52,6 +52,10 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, int64(320<<20), captureMemory(512<<20, 192<<20), "what the run may use beside a full workspace")
 	require.Equal(t, int64(64<<20), captureMemory(64<<20, 60<<20), "at least min(memory, 64 MiB)")
 	require.Equal(t, int64(256<<20), captureMemory(1<<30, 900<<20), "at least a quarter of memory")
+	require.Equal(t, RoleRun, spec.Labels[LabelRole])
+	require.Equal(t, RoleCapture, c.Labels[LabelRole])
+	delete(c.Labels, LabelRole)
+	delete(spec.Labels, LabelRole)
 	require.Equal(t, spec.Labels, c.Labels, "the reconciler sees it as the run's")
 	args, err := workspace.ParseJailArgs(c.Cmd[2:])
 	require.NoError(t, err)
