@@ -35,11 +35,12 @@ type WorkspaceConfig struct {
 	// capture container's exit. Default 10 minutes.
 	CaptureTimeout time.Duration
 	// GitFetches is the most git fetches (fetch, snapshot, store) the
-	// worker makes at once, whatever its concurrency; each holds up to
-	// MaxBytes of objects in the worker's memory, so the worker's memory
-	// for git sources is bounded by GitFetches × MaxBytes. Runs on one
-	// remote and ref resolved at the same time share one resolution.
-	// Default 2.
+	// worker makes at once, whatever its concurrency. Each holds the
+	// fetched objects in the worker's memory: up to MaxBytes inflated,
+	// beside the pack as received (also at most MaxBytes) and go-git's
+	// buffers, so the worker's memory for git sources grows with
+	// GitFetches, not with its concurrency. Runs on one remote and ref
+	// resolved at the same time share one resolution. Default 2.
 	GitFetches int
 }
 
