@@ -108,17 +108,18 @@ func TestNoopThroughputCluster(t *testing.T) {
 		"noop_nocoord_runs_per_s on the three-node cluster, everything R3")
 }
 
-// throughput measures the raw loop and the noop runs with coordination on
-// and off, in turns, reps times, and records the medians as
-// raw_js_<infix>msgs_per_s, noop_<infix>runs_per_s and
-// noop_<infix>nocoord_runs_per_s.
+// throughput measures the raw loop, the bare run plan and the noop runs
+// with coordination on and off, in turns, reps times, and records the
+// medians as raw_js_<infix>msgs_per_s, raw_js_<infix>runplan_runs_per_s,
+// noop_<infix>runs_per_s and noop_<infix>nocoord_runs_per_s.
 func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, coordWhat, nocoordWhat string) {
 	t.Helper()
 	raw := rawJetStreamLoop(t, b, nRaw)
+	plan := rawRunPlanLoop(t, b, nNocoord)
 	startNoopWorker(t, b)
 	coord := noopRunLoop(t, b, "shell", nRuns)
 	nocoord := noopRunLoop(t, b, "nocoord", nNocoord)
-	var rawR, coordR, nocoordR []float64
+	var rawR, planR, coordR, nocoordR []float64
 	for i := range reps {
 		prof := func(name string) string {
 			if i > 0 {
@@ -127,11 +128,14 @@ func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, 
 			return fmt.Sprintf("%s-%s.cpu.prof", name, b.label)
 		}
 		rawR = append(rawR, raw(prof("raw-js")))
+		planR = append(planR, plan(prof("raw-runplan")))
 		coordR = append(coordR, coord(prof("noop-shell")))
 		nocoordR = append(nocoordR, nocoord(prof("noop-nocoord")))
 	}
 	rawName := "raw_js_" + infix + "msgs_per_s"
 	record(t, rawName, Figure{Value: median(rawR), Repeats: rawR, Unit: "msgs/s", Samples: nRaw, What: rawWhat})
+	record(t, "raw_js_"+infix+"runplan_runs_per_s", Figure{Value: median(planR), Repeats: planR, Unit: "runs/s", Baseline: rawName, Samples: nNocoord,
+		What: "the JetStream floor under a coordination-off no-op run: bare nats.go making its message plan, no jetcrew code (queued state KV create + request publish with Nats-Msg-Id; pull, running state CAS, started event async, final state CAS, finished event, ack; a real run's payload sizes); same server, submitters and pullers as the raw loop"})
 	record(t, "noop_"+infix+"runs_per_s", Figure{Value: median(coordR), Repeats: coordR, Unit: "runs/s", Baseline: rawName, Samples: nRuns, What: coordWhat})
 	record(t, "noop_"+infix+"nocoord_runs_per_s", Figure{Value: median(nocoordR), Repeats: nocoordR, Unit: "runs/s", Baseline: rawName, Samples: nNocoord, What: nocoordWhat})
 }
