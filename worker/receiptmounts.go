@@ -37,6 +37,10 @@ const (
 	// unpacks the snapshot inside the container; its digest is the
 	// SHA-256 of the binary.
 	MountRoleWorkspaceTool = "workspace-tool"
+	// MountRoleWorkspaceGate is the run's gate directory at JailGatePath,
+	// read-only, where the worker lets `jetcrew workspace exec` go on once
+	// the capture container holds the workspace; it carries no digest.
+	MountRoleWorkspaceGate = "workspace-gate"
 	// MountRoleOther is any other bind mount; it carries no digest.
 	MountRoleOther = "bind"
 )
@@ -55,6 +59,8 @@ func receiptMounts(spec ContainerSpec, plan AgentPlan) []messages.ReceiptMount {
 			rm.Role, rm.Digest = MountRoleBridge, mountDigest(m.Source)
 		case messages.WorkspaceDir:
 			rm.Role = MountRoleWorkspace
+		case JailGatePath:
+			rm.Role = MountRoleWorkspaceGate
 		case JailSnapshotPath, JailToolPath:
 			// Both staged files are named by their SHA-256, checked when
 			// staged: "<hex>.tar" and "<hex>".

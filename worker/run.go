@@ -250,7 +250,13 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	}
 	s.c = c
 	r.state.Receipt.ImageID = c.ImageID()
+	herr := r.holdWorkspace() // workspace_jail.go
 	r.setContainer(c)
+	if herr != nil {
+		// The run's container waits in exec: release removes it.
+		_, _ = s.out.close(ctx)
+		return s, herr
+	}
 	if r.startedCancelled(c) {
 		r.stopContainer(c)
 	}

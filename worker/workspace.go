@@ -165,7 +165,31 @@ type runWorkspace struct {
 	captureExit chan captureExit
 	stopWait    context.CancelFunc
 	captureGone chan struct{}
+	// held reports once whether the capture container started (startCapture's
+	// error); waitHeld takes it, heldErr keeps it.
+	held     chan error
+	heldOnce sync.Once
+	heldErr  error
 }
+
+// waitHeld waits for the capture container's start, once, and returns its
+// error: nil when the capture container runs and holds the volume.
+func (rw *runWorkspace) waitHeld() error {
+	rw.heldOnce.Do(func() {
+		if rw.held != nil {
+			rw.heldErr = <-rw.held
+		}
+	})
+	return rw.heldErr
+}
+
+// gate is the run container's read-only gate directory: the worker writes
+// heldFile into it once the capture container holds the volume, and `jetcrew
+// workspace exec` waits for that file before it unpacks.
+func (rw *runWorkspace) gate() string { return filepath.Join(rw.dir, "gate") }
+
+// heldFile is the name of the file in gate that lets exec go on.
+const heldFile = "held"
 
 func (rw *runWorkspace) scratch() string { return filepath.Join(rw.dir, "scratch") }
 
@@ -237,24 +261,22 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	// behind gives the volume back on its own.
 	waitMax := runTimeout(r.req, prof, r.w.cfg.DefaultTimeout) + r.w.cfg.StopGrace + cfg.CaptureTimeout + 10*time.Minute
 	rw.capture = captureSpec(*spec, rw, cfg, waitMax)
-	held := make(chan error, 1)
-	go func() { held <- r.startCapture(ctx) }() // workspace_jail.go
+	// The run's container does not wait for the capture container's start
+	// (holdWorkspace, in start, does): it waits inside, in `jetcrew
+	// workspace exec`, for the gate's file.
+	rw.held = make(chan error, 1)
+	go func() { rw.held <- r.startCapture(ctx) }() // workspace_jail.go
 	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)
-	herr := <-held
-	switch {
-	case err != nil && isSnapshotRefused(err):
-		return fmt.Errorf("workspace: %w", err)
-	case err != nil:
+	if err != nil {
+		_ = rw.waitHeld() // dropWorkspace then removes what it made
+		if isSnapshotRefused(err) {
+			return fmt.Errorf("workspace: %w", err)
+		}
 		return transientError{fmt.Errorf("stage workspace: %w", err)}
 	}
 	rw.snapshot = path
-	if herr != nil {
-		if errors.Is(herr, ErrPermanent) {
-			return fmt.Errorf("workspace: %w", herr)
-		}
-		return transientError{fmt.Errorf("stage workspace: %w", herr)}
-	}
 	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
+		_ = rw.waitHeld()
 		return transientError{fmt.Errorf("stage workspace: %w", err)}
 	}
 	r.w.failpoint(FailpointAfterStage)
@@ -284,14 +306,14 @@ func makeWorkspaceDirs(rw *runWorkspace, uid, gid int) error {
 	if err := os.MkdirAll(rw.dir, 0o700); err != nil {
 		return err
 	}
-	for _, d := range []string{rw.scratch(), rw.in()} {
+	for _, d := range []string{rw.scratch(), rw.in(), rw.gate()} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return err
 		}
 	}
 	// Empty, the worker's: the run's user owns scratch from here on. The
 	// parent stays 0700 (root's).
-	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755))
+	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755), os.Chmod(rw.gate(), 0o755))
 }
 
 // dropWorkspace removes the capture container (or waits for its removal
@@ -306,6 +328,7 @@ func (r *run) dropWorkspace() {
 	if rw == nil {
 		return
 	}
+	_ = rw.waitHeld() // startCapture may still be running
 	if rw.captureGone != nil {
 		<-rw.captureGone // bounded by the removal's own timeout
 	} else if rw.captureC != nil {

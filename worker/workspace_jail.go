@@ -35,21 +35,27 @@ const (
 	// directory; the snapshot appears in it as snapshot.tar once
 	// downloaded (the container starts before that).
 	JailCaptureInPath = "/run/jetcrew-ws/in"
+	// JailGatePath is the run container's read-only gate directory: the
+	// worker writes "held" into it once the capture container holds the
+	// workspace volume, and `jetcrew workspace exec` waits for it before it
+	// unpacks.
+	JailGatePath = "/run/jetcrew-ws/gate"
 )
 
 // jailWorkspace wires a staged workspace into the run's spec: the
 // delivery's volume writable at messages.WorkspaceDir (the working
-// directory), the snapshot and the tool read-only, and the command
-// prefixed with `jetcrew workspace exec`, which unpacks as the run's user
-// and execs the original argv.
+// directory), the snapshot, the tool and the gate directory read-only, and
+// the command prefixed with `jetcrew workspace exec`, which waits for the
+// gate's held file, unpacks as the run's user and execs the original argv.
 func jailWorkspace(spec *ContainerSpec, rw *runWorkspace, cfg WorkspaceConfig) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
-		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Argv: spec.Cmd}
+		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Argv: spec.Cmd, Held: JailGatePath + "/" + heldFile}
 	spec.Cmd = append([]string{JailToolPath}, args.ArgList()...)
 	spec.Mounts = append(spec.Mounts,
 		Mount{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
 		Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
-		Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true})
+		Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+		Mount{Source: rw.gate(), Target: JailGatePath, ReadOnly: true})
 	spec.WorkingDir = messages.WorkspaceDir
 }
 
@@ -150,6 +156,32 @@ func (r *run) startCapture(ctx context.Context) error {
 		st, err := c.Wait(wctx)
 		rw.captureExit <- captureExit{st, err}
 	}()
+	return nil
+}
+
+// holdWorkspace lets a workspace run's container, c, go on once the capture
+// container holds the volume: it waits for the capture container's start
+// (begun during staging, usually done by now) and writes the gate's held
+// file, for which `jetcrew workspace exec` waits before it unpacks. Until
+// then the run's container only waits, so it cannot end, and unmount the
+// tree, before the capture container holds it; the worker does not stop it
+// meanwhile (start calls this before setContainer, so a cancel waits). An
+// error wrapping ErrPermanent means the engine refused the capture
+// container for good; any other error is a transientError.
+func (r *run) holdWorkspace() error {
+	rw := r.ws
+	if rw == nil {
+		return nil
+	}
+	if err := rw.waitHeld(); err != nil {
+		if errors.Is(err, ErrPermanent) {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	if err := os.WriteFile(filepath.Join(rw.gate(), heldFile), nil, 0o444); err != nil {
+		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
 	return nil
 }
 

@@ -31,17 +31,19 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	jailWorkspace(&spec, rw, WorkspaceConfig{MaxBytes: 1000, MaxFiles: 10})
 
 	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
-		"--max-bytes", "1000", "--max-files", "10", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
+		"--max-bytes", "1000", "--max-files", "10", "--held", JailGatePath + "/held", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
 	require.Equal(t, messages.WorkspaceDir, spec.WorkingDir)
 	require.Equal(t, []Mount{
 		{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
 		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+		{Source: rw.gate(), Target: JailGatePath, ReadOnly: true},
 	}, spec.Mounts)
 	require.Equal(t, []messages.ReceiptMount{
 		{Target: messages.WorkspaceDir, Role: MountRoleWorkspace},
 		{Target: JailSnapshotPath, Role: MountRoleSnapshot, Digest: "sha256:" + snap, ReadOnly: true},
 		{Target: JailToolPath, Role: MountRoleWorkspaceTool, Digest: "sha256:" + tool, ReadOnly: true},
+		{Target: JailGatePath, Role: MountRoleWorkspaceGate, ReadOnly: true},
 	}, receiptMounts(spec, AgentPlan{}))
 
 	c := rw.capture

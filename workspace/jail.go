@@ -81,7 +81,24 @@ type JailArgs struct {
 	// capture container a worker left behind (it crashed) gives the
 	// volume's memory back on its own.
 	WaitMax time.Duration
+	// Held, for exec, is a file whose appearance says the workspace volume
+	// is held by the capture container: exec waits for it (at most
+	// HeldWaitMax) before it unpacks and execs the command, so the run's
+	// container, started while the capture container may still be
+	// starting, neither writes the tree nor ends (unmounting it) before the
+	// capture container holds it. "" means no wait.
+	Held string
 }
+
+// HeldWaitMax bounds exec's wait for JailArgs.Held; past it exec fails
+// (kind UnpackOther). The worker writes the file as soon as the capture
+// container has started, or stops the run's container.
+const HeldWaitMax = 10 * time.Minute
+
+// heldPoll is how often exec looks for JailArgs.Held. The file is written
+// from the host into a read-only bind mount: polling sees it under every
+// OCI runtime (gVisor's file system included), which inotify would not.
+const heldPoll = 2 * time.Millisecond
 
 // ParseJailArgs parses the arguments after "workspace": a command (exec or
 // capture) and its flags; exec takes its argv after "--". It returns an
@@ -102,6 +119,7 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
 	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
 	fs.DurationVar(&a.WaitMax, "wait-max", 0, "capture: bound of the wait for SIGUSR1")
+	fs.StringVar(&a.Held, "held", "", "exec: wait for this file after unpacking")
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -132,6 +150,9 @@ func (a JailArgs) ArgList() []string {
 		}
 		return out
 	}
+	if a.Held != "" {
+		out = append(out, "--held", a.Held)
+	}
 	return append(append(out, "--"), a.Argv...)
 }
 
@@ -157,6 +178,10 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if a.Held != "" && !waitHeld(a.Held, HeldWaitMax) {
+		fmt.Fprintln(stderr, JailFailure(a, fmt.Errorf("the workspace was not held by a capture container within %s", HeldWaitMax)))
+		return JailExitCode
+	}
 	if err := JailUnpack(a); err != nil {
 		fmt.Fprintln(stderr, JailFailure(a, err))
 		return JailExitCode
@@ -167,6 +192,21 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "%sexec %s: %s\n", JailErrPrefix, a.Argv[0], oneLine(err.Error()))
 	return 127
+}
+
+// waitHeld reports whether path exists, looking every heldPoll until max
+// has passed.
+func waitHeld(path string, max time.Duration) bool {
+	deadline := time.Now().Add(max)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(heldPoll)
+	}
 }
 
 // CaptureReadyLine is the line `jetcrew workspace capture --wait` prints

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -130,6 +131,7 @@ func TestJailArgs(t *testing.T) {
 	t.Parallel()
 	for _, a := range []workspace.JailArgs{
 		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Argv: []string{"/bin/sh", "-c", "--max-bytes 1"}},
+		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Held: "/gate/held", Argv: []string{"true"}},
 		{Command: "capture", Snapshot: "/s.tar", Dir: "/workspace", Scratch: "/scratch", RunID: "r1", MaxBytes: 5, MaxFiles: 6},
 	} {
 		got, err := workspace.ParseJailArgs(a.ArgList()[1:])
@@ -176,6 +178,19 @@ func TestJailUnpackAndCapture(t *testing.T) {
 	// A failure is one line on stderr and the jail exit code.
 	errOut.Reset()
 	code = workspace.JailMain([]string{"exec", "--snapshot", filepath.Join(t.TempDir(), "missing.tar"), "--dir", t.TempDir(), "--", "true"}, &out, &errOut)
+	require.Equal(t, workspace.JailExitCode, code)
+	require.True(t, strings.HasPrefix(errOut.String(), "jetcrew workspace: unpack failed (error): "), errOut.String())
+
+	// With --held, exec touches nothing before the file appears: the
+	// unpack (failing here) comes after it.
+	errOut.Reset()
+	held := filepath.Join(t.TempDir(), "held")
+	const after = 300 * time.Millisecond
+	timer := time.AfterFunc(after, func() { _ = os.WriteFile(held, nil, 0o444) })
+	defer timer.Stop()
+	start := time.Now()
+	code = workspace.JailMain([]string{"exec", "--held", held, "--snapshot", filepath.Join(t.TempDir(), "missing.tar"), "--dir", t.TempDir(), "--", "true"}, &out, &errOut)
+	require.GreaterOrEqual(t, time.Since(start), after, "exec waited for the held file")
 	require.Equal(t, workspace.JailExitCode, code)
 	require.True(t, strings.HasPrefix(errOut.String(), "jetcrew workspace: unpack failed (error): "), errOut.String())
 }
