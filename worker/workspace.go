@@ -156,7 +156,7 @@ type runWorkspace struct {
 	// (hex).
 	snapshot, tool, toolDigest string
 	// capture is the spec of the capture container, made from the run's;
-	// captureC the container, started (waiting) before the run's, its
+	// captureC the container, started (waiting) during staging, its
 	// output taken by captureOut and its exit reported on captureExit;
 	// captureGone, once its removal started, closes when it is removed.
 	capture     ContainerSpec
@@ -206,11 +206,13 @@ func (w *Worker) workspaceDir(runID string, seq uint64, attempt int) string {
 // stageWorkspace, when the request names a workspace, fetches its snapshot
 // (checked: digest, caps, a header scan) into the worker's cache, creates
 // the delivery's tmpfs volume of the profile's workspace_mib, owned by the
-// profile's user, and starts the capture container, which waits and holds
-// the volume mounted until the capture (workspace_jail.go). The volume is
-// mounted writable at messages.WorkspaceDir, the container's working
-// directory, beside the snapshot and the jetcrew binary, read-only; the
-// run's command is prefixed with `jetcrew workspace exec`, which unpacks
+// profile's user, and begins to start the capture container, which waits
+// and holds the volume mounted until the capture (workspace_jail.go); it
+// does not wait for that start (holdWorkspace, in start, does). The volume
+// is mounted writable at messages.WorkspaceDir, the container's working
+// directory, beside the snapshot, the jetcrew binary and the gate
+// directory, read-only; the run's command is prefixed with `jetcrew
+// workspace exec`, which waits for the gate's held file, then unpacks
 // inside the container, as the run's user, before it execs the agent. A
 // refused, missing, corrupt or oversized snapshot is an error retrying
 // cannot fix (the run fails, with a dead letter, before the run's container

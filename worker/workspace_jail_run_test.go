@@ -2,9 +2,12 @@ package worker_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,4 +138,60 @@ func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
 	require.Equal(t, messages.StateFailed, st.State)
 	require.Contains(t, st.Reason, "workspace snapshot not found")
 	require.Nil(t, st.ExitCode, "the run's container never started")
+}
+
+// TestWorkspaceCaptureRefused: the run's container starts beside the
+// capture container and waits, in exec, for the worker's held file. When
+// the engine refuses the capture container, the run's agent never runs and
+// its container is removed: for good (ErrPermanent) the run fails with the
+// reason; otherwise the request is retried and the next delivery runs.
+func TestWorkspaceCaptureRefused(t *testing.T) {
+	t.Parallel()
+	for _, permanent := range []bool{true, false} {
+		t.Run(fmt.Sprintf("permanent=%t", permanent), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			ref := uploadDir(t, b)
+			var refused, agents atomic.Int32
+			b.rt.StartErr = func(spec worker.ContainerSpec) error {
+				if spec.Labels[worker.LabelRole] != worker.RoleCapture || refused.Add(1) > 1 {
+					return nil
+				}
+				if permanent {
+					return fmt.Errorf("no such image: %w", worker.ErrPermanent)
+				}
+				return errors.New("engine busy")
+			}
+			b.rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
+				return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+					agents.Add(1)
+					return worker.ExitStatus{}
+				}, nil
+			}
+			b.submit(t, messages.RunRequest{ID: "cr", Profile: "shell", Prompt: "x", Workspace: &ref})
+			st := b.waitFinal(t, "cr")
+			var runs int
+			for _, s := range b.rt.Starts() {
+				if s.Labels[worker.LabelRole] == worker.RoleRun {
+					runs++
+				}
+			}
+			if permanent {
+				require.Equal(t, messages.StateFailed, st.State)
+				require.Contains(t, st.Reason, "no such image")
+				require.Equal(t, 1, st.Attempts)
+				require.Zero(t, agents.Load(), "the agent never ran: exec waited for the held file")
+				require.Equal(t, 1, runs, "the run's container had started beside the capture container")
+			} else {
+				require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+				require.Equal(t, 2, st.Attempts)
+				require.Equal(t, int32(1), agents.Load(), "only the second delivery's agent ran")
+				require.Equal(t, 2, runs)
+				require.NotNil(t, st.WorkspaceResult)
+				require.Empty(t, st.WorkspaceResult.Error)
+			}
+			require.Eventually(t, func() bool { return b.rt.Live() == 0 && len(b.rt.Volumes()) == 0 }, 10*time.Second, 10*time.Millisecond,
+				"no container or volume left")
+		})
+	}
 }

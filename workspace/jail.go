@@ -23,9 +23,10 @@ import (
 // tree itself: it prefixes the run's command with `jetcrew workspace exec`
 // (unpack as the run's user, then exec the agent) and runs `jetcrew
 // workspace capture --wait` in a second container of the same hardening,
-// started before the run's (it holds the tree's volume mounted), which
-// captures once signalled after the run's container has exited, the result
-// one tar stream on stdout (docs/workspaces.md, "Where each step runs").
+// started during staging (it holds the tree's volume mounted; exec waits
+// until it has started), which captures once signalled after the run's
+// container has exited, the result one tar stream on stdout
+// (docs/workspaces.md, "Where each step runs").
 
 // JailExitCode is the exit code of `jetcrew workspace exec` and `jetcrew
 // workspace capture` when they fail; the last line of their stderr then
@@ -73,9 +74,9 @@ type JailArgs struct {
 	Argv []string
 	// Wait makes capture wait for SIGUSR1 before it reads the tree (a
 	// SIGTERM first ends it with exit code 143): the worker starts the
-	// capture container before the run's, so that the workspace volume
-	// stays mounted, its content kept, between the run's end and the
-	// capture.
+	// capture container during staging, and the run's exec waits (Held)
+	// until it has started, so that the workspace volume stays mounted,
+	// its content kept, between the run's end and the capture.
 	Wait bool
 	// WaitMax bounds that wait (0: none); past it capture exits 143, so a
 	// capture container a worker left behind (it crashed) gives the

@@ -2,7 +2,9 @@ package workertest
 
 import (
 	"context"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -22,6 +24,9 @@ func jailArgs(spec worker.ContainerSpec) (workspace.JailArgs, bool) {
 		return workspace.JailArgs{Command: "invalid: " + err.Error()}, true
 	}
 	a.Snapshot, a.Dir, a.Scratch = hostPath(spec, a.Snapshot), hostPath(spec, a.Dir), hostPath(spec, a.Scratch)
+	if a.Held != "" {
+		a.Held = hostPath(spec, a.Held)
+	}
 	return a, true
 }
 
@@ -56,7 +61,8 @@ func waitForSignal(signals <-chan string, b Behaviour) Behaviour {
 
 // jailBehaviour runs the in-jail workspace commands in process, as the
 // Docker runtime's containers run the staged binary: exec unpacks (as the
-// test's user, no chown) and then behaves as inner on the spec whose Cmd is
+// test's user, no chown), after waiting for the held file when it has
+// one, and then behaves as inner on the spec whose Cmd is
 // the original argv; capture writes its stream on stdout. A failure prints
 // workspace.JailFailure's line on stderr and exits workspace.JailExitCode.
 func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
@@ -73,6 +79,9 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 			}
 			return worker.ExitStatus{}
 		case "exec":
+			if a.Held != "" && !waitFile(ctx, a.Held) {
+				return worker.ExitStatus{Code: 143} // stopped while waiting
+			}
 			if err := workspace.JailUnpack(a); err != nil {
 				return fail(err)
 			}
@@ -81,6 +90,21 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 		}
 		out(messages.StreamStderr, []byte(a.Command+"\n"))
 		return worker.ExitStatus{Code: 2}
+	}
+}
+
+// waitFile reports whether path exists, looking every millisecond until it
+// does (true) or ctx ends (false): exec's wait for the held file.
+func waitFile(ctx context.Context, path string) bool {
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 

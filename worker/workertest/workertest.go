@@ -51,6 +51,9 @@ type Runtime struct {
 	// RemoveErr, when set, is asked before each Remove: an error it returns
 	// makes that Remove fail, leaving the container in place.
 	RemoveErr func(id string) error
+	// StartErr, when set, is asked before each Start, capture containers'
+	// included: an error it returns makes that Start fail with it.
+	StartErr func(spec worker.ContainerSpec) error
 
 	mu         sync.Mutex
 	seq        int
@@ -72,6 +75,11 @@ func NewRuntime() *Runtime {
 // turned into a bind mount of the volume's directory (Starts keeps the
 // spec as given).
 func (r *Runtime) Start(ctx context.Context, given worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
+	if r.StartErr != nil {
+		if err := r.StartErr(given); err != nil {
+			return nil, err
+		}
+	}
 	behave := r.Behave
 	if behave == nil {
 		behave = ScriptBehaviour
