@@ -72,6 +72,8 @@ func TestClassify(t *testing.T) {
 			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "bad-archive", Reason: "workspace: not a valid workspace snapshot: x"}},
 		{"unpack: other", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (error): open: EIO"}, pol,
 			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "error", Reason: "workspace: unpack failed: open: EIO"}},
+		{"unpack: not held in time, retried", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (not-held): the workspace was not held by a capture container within 10m0s"}, pol,
+			outcome{Action: actionRetry, Unpack: "not-held", Reason: "workspace: the workspace was not held by a capture container within 10m0s"}},
 		{"exit 121 without the line is the agent's", exitFacts{Status: exit(121), LastErr: "mine"}, pol, final(messages.StateFailed, "exit code 121: mine")},
 	}
 	for _, tc := range cases {

@@ -253,8 +253,12 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	herr := r.holdWorkspace() // workspace_jail.go
 	r.setContainer(c)
 	if herr != nil {
-		// The run's container waits in exec: release removes it.
+		// The run's container waits in exec, nothing unpacked: release
+		// removes it.
 		_, _ = s.out.close(ctx)
+		if r.cancelledBeforeStart(ctx) {
+			return s, errRecorded
+		}
 		return s, herr
 	}
 	if r.startedCancelled(c) {

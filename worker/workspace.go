@@ -266,6 +266,16 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	// The run's container does not wait for the capture container's start
 	// (holdWorkspace, in start, does): it waits inside, in `jetcrew
 	// workspace exec`, for the gate's file.
+	// The volume exists before either container is created: a container
+	// created first would make the engine create it (from the mount's
+	// spec), and CreateVolume's removal of a leftover would then find it
+	// in use.
+	if err := r.w.cfg.Runtime.CreateVolume(ctx, rw.vol); err != nil {
+		if errors.Is(err, ErrPermanent) {
+			return fmt.Errorf("workspace: create the workspace volume: %w", err)
+		}
+		return transientError{fmt.Errorf("stage workspace: create the workspace volume: %w", err)}
+	}
 	rw.held = make(chan error, 1)
 	go func() { rw.held <- r.startCapture(ctx) }() // workspace_jail.go
 	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)

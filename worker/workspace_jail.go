@@ -122,8 +122,7 @@ type captureExit struct {
 	err error
 }
 
-// startCapture creates the delivery's tmpfs volume (rw.vol) and starts
-// the capture container, which
+// startCapture starts the capture container, which
 // waits for SIGUSR1: while it runs, the engine keeps the volume mounted, so
 // the tree outlives the run's container until the capture (a tmpfs volume
 // is unmounted, its content lost, when no running container mounts it).
@@ -132,9 +131,6 @@ type captureExit struct {
 // volume or the container for good.
 func (r *run) startCapture(ctx context.Context) error {
 	rw := r.ws
-	if err := r.w.cfg.Runtime.CreateVolume(ctx, rw.vol); err != nil {
-		return fmt.Errorf("create the workspace volume: %w", err)
-	}
 	f, err := os.OpenFile(filepath.Join(rw.dir, "capture.tar"), os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
@@ -165,9 +161,12 @@ func (r *run) startCapture(ctx context.Context) error {
 // file, for which `jetcrew workspace exec` waits before it unpacks. Until
 // then the run's container only waits, so it cannot end, and unmount the
 // tree, before the capture container holds it; the worker does not stop it
-// meanwhile (start calls this before setContainer, so a cancel waits). An
-// error wrapping ErrPermanent means the engine refused the capture
-// container for good; any other error is a transientError.
+// meanwhile (start calls this before setContainer, so a cancel waits, and
+// a cancel that came meanwhile makes this return an error without writing
+// the file: the run's container never unpacks). Once the file is written,
+// exec unpacks the whole tree before it heeds a stop. An error wrapping
+// ErrPermanent means the engine refused the capture container for good; a
+// transientError that it could not start now.
 func (r *run) holdWorkspace() error {
 	rw := r.ws
 	if rw == nil {
@@ -178,6 +177,12 @@ func (r *run) holdWorkspace() error {
 			return fmt.Errorf("workspace: %w", err)
 		}
 		return transientError{fmt.Errorf("stage workspace: %w", err)}
+	}
+	if r.cancelled.Load() {
+		// A cancel came while the capture container started: the run's
+		// container, waiting in exec, is removed before it unpacks
+		// anything (start records the run cancelled).
+		return errors.New("cancelled before the workspace was held")
 	}
 	if err := os.WriteFile(filepath.Join(rw.gate(), heldFile), nil, 0o444); err != nil {
 		return transientError{fmt.Errorf("stage workspace: %w", err)}

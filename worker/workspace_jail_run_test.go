@@ -195,3 +195,44 @@ func TestWorkspaceCaptureRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkspaceCancelWhileHeld: a cancel that comes while the capture
+// container is still starting (the run's container already started,
+// waiting in exec) ends the run cancelled without its agent, without
+// unpacking, without a result, and leaves nothing behind.
+func TestWorkspaceCancelWhileHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ref := uploadDir(t, b)
+	release := make(chan struct{})
+	b.rt.StartErr = func(spec worker.ContainerSpec) error {
+		if spec.Labels[worker.LabelRole] == worker.RoleCapture {
+			<-release
+		}
+		return nil
+	}
+	var agents atomic.Int32
+	b.rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+			agents.Add(1)
+			return worker.ExitStatus{}
+		}, nil
+	}
+	b.submit(t, messages.RunRequest{ID: "ch", Profile: "shell", Prompt: "x", Workspace: &ref})
+	require.Eventually(t, func() bool {
+		for _, s := range b.rt.Starts() {
+			if s.Labels[worker.LabelRole] == worker.RoleRun {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "the run's container starts while the capture container is still starting")
+	b.cancel(t, "ch")
+	close(release)
+	st := b.waitFinal(t, "ch")
+	require.Equal(t, messages.StateCancelled, st.State, st.Reason)
+	require.Zero(t, agents.Load())
+	require.Nil(t, st.WorkspaceResult, "nothing was unpacked, nothing captured")
+	require.Eventually(t, func() bool { return b.rt.Live() == 0 && len(b.rt.Volumes()) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"no container or volume left")
+}

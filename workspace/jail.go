@@ -50,9 +50,16 @@ const (
 	// UnpackBadArchive: the snapshot is not a valid workspace snapshot
 	// (ErrBadArchive).
 	UnpackBadArchive = "bad-archive"
+	// UnpackNotHeld: no capture container held the workspace within
+	// HeldWaitMax (ErrNotHeld): an infrastructure failure, retried.
+	UnpackNotHeld = "not-held"
 	// UnpackOther: any other failure (a missing snapshot mount, EIO).
 	UnpackOther = "error"
 )
+
+// ErrNotHeld is exec's failure when the held file (JailArgs.Held) did not
+// appear within HeldWaitMax.
+var ErrNotHeld = errors.New("the workspace was not held by a capture container")
 
 // JailArgs are the arguments of an in-jail command.
 type JailArgs struct {
@@ -92,8 +99,9 @@ type JailArgs struct {
 }
 
 // HeldWaitMax bounds exec's wait for JailArgs.Held; past it exec fails
-// (kind UnpackOther). The worker writes the file as soon as the capture
-// container has started, or stops the run's container.
+// with ErrNotHeld (kind UnpackNotHeld, which the worker retries). The
+// worker writes the file as soon as the capture container has started, or
+// removes the run's container when it cannot start.
 const HeldWaitMax = 10 * time.Minute
 
 // heldPoll is how often exec looks for JailArgs.Held. The file is written
@@ -120,7 +128,7 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
 	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
 	fs.DurationVar(&a.WaitMax, "wait-max", 0, "capture: bound of the wait for SIGUSR1")
-	fs.StringVar(&a.Held, "held", "", "exec: wait for this file after unpacking")
+	fs.StringVar(&a.Held, "held", "", "exec: wait for this file before unpacking")
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -179,14 +187,31 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if a.Held != "" && !waitHeld(a.Held, HeldWaitMax) {
-		fmt.Fprintln(stderr, JailFailure(a, fmt.Errorf("the workspace was not held by a capture container within %s", HeldWaitMax)))
-		return JailExitCode
+	// A stop (SIGTERM, SIGINT) before the command runs ends exec with 143,
+	// but never in the middle of the unpack once the tree is held: the
+	// capture then reads a whole tree, not a half-written one.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(stop)
+	if a.Held != "" {
+		switch waitHeld(a.Held, HeldWaitMax, stop) {
+		case heldStopped:
+			return 143
+		case heldTimedOut:
+			fmt.Fprintln(stderr, JailFailure(a, fmt.Errorf("%w within %s", ErrNotHeld, HeldWaitMax)))
+			return JailExitCode
+		}
 	}
 	if err := JailUnpack(a); err != nil {
 		fmt.Fprintln(stderr, JailFailure(a, err))
 		return JailExitCode
 	}
+	select {
+	case <-stop:
+		return 143
+	default:
+	}
+	signal.Stop(stop)
 	bin, err := exec.LookPath(a.Argv[0])
 	if err == nil {
 		err = syscall.Exec(bin, a.Argv, os.Environ())
@@ -195,18 +220,36 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	return 127
 }
 
-// waitHeld reports whether path exists, looking every heldPoll until max
-// has passed.
-func waitHeld(path string, max time.Duration) bool {
+// Outcomes of waitHeld.
+const (
+	heldSeen = iota
+	heldStopped
+	heldTimedOut
+)
+
+// waitHeld looks for path every heldPoll until it exists (heldSeen), a
+// signal arrives on stop while it does not (heldStopped: the worker stopped
+// the container before it held the tree, so nothing is unpacked), or max
+// has passed (heldTimedOut). A signal that arrives once path exists is left
+// for the caller, who unpacks first.
+func waitHeld(path string, max time.Duration, stop chan os.Signal) int {
 	deadline := time.Now().Add(max)
 	for {
 		if _, err := os.Stat(path); err == nil {
-			return true
+			return heldSeen
 		}
 		if time.Now().After(deadline) {
-			return false
+			return heldTimedOut
 		}
-		time.Sleep(heldPoll)
+		select {
+		case sig := <-stop:
+			if _, err := os.Stat(path); err == nil {
+				stop <- sig // held after all: unpack, then stop
+				return heldSeen
+			}
+			return heldStopped
+		case <-time.After(heldPoll):
+		}
 	}
 }
 
@@ -283,6 +326,8 @@ func UnpackKind(err error) string {
 		return UnpackTooLarge
 	case errors.Is(err, ErrBadArchive):
 		return UnpackBadArchive
+	case errors.Is(err, ErrNotHeld):
+		return UnpackNotHeld
 	}
 	return UnpackOther
 }
