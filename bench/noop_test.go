@@ -258,31 +258,20 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 	require.NoError(t, sub.SetPendingLimits(-1, -1))
 	require.NoError(t, watch.Flush())
 
-	submit := func(count int) {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range noopSubmitters {
-			wg.Go(func() {
-				for next.Add(1) <= int64(count) {
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					id, err := d.Submit(ctx, messages.RunRequest{Profile: profile, Prompt: "noop"})
-					cancel()
-					if err != nil {
-						t.Errorf("submit: %v", err)
-						return
-					}
-					mine.submitted(id)
-				}
-			})
-		}
-		wg.Wait()
-	}
 	round1 := func(count int) time.Duration {
 		mine.reset()
 		finished.Store(0)
 		target.Store(int64(count))
 		start := time.Now()
-		submit(count)
+		submitAll(t, count, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			id, err := d.Submit(ctx, messages.RunRequest{Profile: profile, Prompt: "noop"})
+			if err == nil {
+				mine.submitted(id)
+			}
+			return err
+		})
 		select {
 		case <-done:
 		case <-time.After(2 * time.Minute):
@@ -291,17 +280,7 @@ func noopRunLoop(t *testing.T, b bed, profile string, n int) func(prof string) f
 		require.Zero(t, failed.Load(), "%s: runs that did not succeed", profile)
 		return time.Since(start)
 	}
-	round1(noopWarmup)
-	return func(prof string) float64 {
-		stop := cpuProfile(t, prof)
-		cpu0 := processCPU(t)
-		elapsed := round1(n)
-		cpu := processCPU(t) - cpu0
-		stop()
-		t.Logf("%s %s: %d runs in %s, process CPU %s (%.0f µs per run)", b.label, profile, n, elapsed.Round(time.Millisecond),
-			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
-		return round(float64(n)/elapsed.Seconds(), 1)
-	}
+	return timedLoop(t, b.label+" "+profile, "run", n, round1)
 }
 
 // rawJetStreamLoop creates a WorkQueue stream with noopConcurrency pullers
@@ -329,69 +308,12 @@ func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 	// About the size of a run request.
 	payload := []byte(`{"v":1,"id":"01JABCDEFGHJKMNPQRSTVWXYZ0","profile":"shell","prompt":"noop","pool":"default","labels":{"bench":"raw"},"env":{"A":"1"},"timeout":"1h0m0s","padding":"xxxxxxxxxxxxxxxxxxxx"}`)
 
-	var acked, target atomic.Int64
-	done := make(chan struct{}, 1)
-	pctx, stopPullers := context.WithCancel(ctx)
-	var pullers sync.WaitGroup
-	for range noopConcurrency {
-		pullers.Go(func() {
-			// Ends when the test does (stopPullers).
-			for pctx.Err() == nil {
-				fctx, cancel := context.WithTimeout(pctx, 5*time.Second)
-				batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
-				if err != nil {
-					cancel()
-					continue
-				}
-				for m := range batch.Messages() {
-					if err := m.DoubleAck(fctx); err != nil && pctx.Err() == nil {
-						t.Errorf("ack: %v", err)
-					}
-					if acked.Add(1) == target.Load() {
-						done <- struct{}{}
-					}
-				}
-				cancel()
-			}
-		})
-	}
-	t.Cleanup(func() { stopPullers(); pullers.Wait() })
-
-	round1 := func(count int) time.Duration {
-		acked.Store(0)
-		target.Store(int64(count))
-		start := time.Now()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range noopSubmitters {
-			wg.Go(func() {
-				for next.Add(1) <= int64(count) {
-					if _, err := pubJS.Publish(ctx, "bench.raw", payload); err != nil {
-						t.Errorf("publish: %v", err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("only %d of %d messages acked", acked.Load(), count)
-		}
-		return time.Since(start)
-	}
-	round1(noopWarmup)
-	return func(prof string) float64 {
-		stop := cpuProfile(t, prof)
-		cpu0 := processCPU(t)
-		elapsed := round1(n)
-		cpu := processCPU(t) - cpu0
-		stop()
-		t.Logf("%s raw: %d messages in %s, process CPU %s (%.0f µs per message)", b.label, n, elapsed.Round(time.Millisecond),
-			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
-		return round(float64(n)/elapsed.Seconds(), 1)
-	}
+	return pulledLoop(t, b.label+" raw", "message", n, cons,
+		func() error {
+			_, err := pubJS.Publish(ctx, "bench.raw", payload)
+			return err
+		},
+		func(ctx context.Context, m jetstream.Msg) error { return m.DoubleAck(ctx) })
 }
 
 // runTracker matches finished events with the runs a loop submitted, in

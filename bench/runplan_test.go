@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,9 +29,12 @@ const (
 	planFinishedBytes = 795
 )
 
-// headerQueuedRev carries the queued state's revision in a bare run-plan
-// request, so the puller's first state write can compare and set on it.
-const headerQueuedRev = "Bench-Queued-Rev"
+// Headers of a bare run-plan request: the queued state's revision, so the
+// puller's first state write can compare and set on it, and the run's id.
+const (
+	headerQueuedRev = "Bench-Queued-Rev"
+	headerRun       = "Bench-Run"
+)
 
 // rawRunPlanLoop is the JetStream floor under a no-op run: bare nats.go
 // calls making the stored writes and the requests a coordination-off run
@@ -44,9 +46,8 @@ const headerQueuedRev = "Bench-Queued-Rev"
 // without waiting for its PubAck, write the final state (compare and set),
 // publish the finished event, and ack. Sizes are a real run's
 // (plan*Bytes); storage, replicas and connections as in rawJetStreamLoop.
-// It returns a function that does n runs and returns runs per second from
-// the first submit to the last ack, with a CPU profile into prof unless
-// prof is empty.
+// It returns pulledLoop's function for rounds of n runs: runs per second
+// from the first submit to the last ack.
 func rawRunPlanLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 	t.Helper()
 	ctx := context.Background()
@@ -76,87 +77,31 @@ func rawRunPlanLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 	queued, request, running, started, final, finished :=
 		pad(planQueuedBytes), pad(planRequestBytes), pad(planRunningBytes), pad(planStartedBytes), pad(planFinalBytes), pad(planFinishedBytes)
 
-	var acked, target atomic.Int64
-	done := make(chan struct{}, 1)
-	pctx, stopPullers := context.WithCancel(ctx)
-	var pullers sync.WaitGroup
-	for range noopConcurrency {
-		pullers.Go(func() {
-			// Ends when the test does (stopPullers).
-			for pctx.Err() == nil {
-				fctx, cancel := context.WithTimeout(pctx, 5*time.Second)
-				batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
-				if err != nil {
-					cancel()
-					continue
-				}
-				for m := range batch.Messages() {
-					if err := runPlan(fctx, subJS, subStates, m, running, started, final, finished); err != nil && pctx.Err() == nil {
-						t.Errorf("run plan: %v", err)
-					}
-					if acked.Add(1) == target.Load() {
-						done <- struct{}{}
-					}
-				}
-				cancel()
-			}
-		})
-	}
-	t.Cleanup(func() { stopPullers(); pullers.Wait() })
-
 	var ids atomic.Int64
-	round1 := func(count int) time.Duration {
-		acked.Store(0)
-		target.Store(int64(count))
-		start := time.Now()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range noopSubmitters {
-			wg.Go(func() {
-				for next.Add(1) <= int64(count) {
-					id := fmt.Sprintf("run%09d", ids.Add(1))
-					rev, err := states.Create(ctx, id, queued)
-					if err != nil {
-						t.Errorf("queued state: %v", err)
-						return
-					}
-					msg := nats.NewMsg("bench.plan.runs")
-					msg.Data = request
-					msg.Header.Set(headerQueuedRev, strconv.FormatUint(rev, 10))
-					msg.Header.Set("Bench-Run", id)
-					if _, err := pubJS.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
-						t.Errorf("publish: %v", err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("only %d of %d run plans acked", acked.Load(), count)
-		}
-		return time.Since(start)
-	}
-	round1(noopWarmup)
-	return func(prof string) float64 {
-		stop := cpuProfile(t, prof)
-		cpu0 := processCPU(t)
-		elapsed := round1(n)
-		cpu := processCPU(t) - cpu0
-		stop()
-		t.Logf("%s raw run plan: %d runs in %s, process CPU %s (%.0f µs per run)", b.label, n, elapsed.Round(time.Millisecond),
-			cpu.Round(time.Millisecond), float64(cpu.Microseconds())/float64(n))
-		return round(float64(n)/elapsed.Seconds(), 1)
-	}
+	return pulledLoop(t, b.label+" raw run plan", "run", n, cons,
+		func() error {
+			id := fmt.Sprintf("run%09d", ids.Add(1))
+			rev, err := states.Create(ctx, id, queued)
+			if err != nil {
+				return fmt.Errorf("queued state: %w", err)
+			}
+			msg := nats.NewMsg("bench.plan.runs")
+			msg.Data = request
+			msg.Header.Set(headerQueuedRev, strconv.FormatUint(rev, 10))
+			msg.Header.Set(headerRun, id)
+			_, err = pubJS.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+			return err
+		},
+		func(ctx context.Context, m jetstream.Msg) error {
+			return runPlan(ctx, subJS, subStates, m, running, started, final, finished)
+		})
 }
 
 // runPlan is a puller's part of one bare run plan for request m: running
 // state, started event (PubAck not awaited), final state, finished event,
 // ack.
 func runPlan(ctx context.Context, js jetstream.JetStream, states jetstream.KeyValue, m jetstream.Msg, running, started, final, finished []byte) error {
-	id := m.Headers().Get("Bench-Run")
+	id := m.Headers().Get(headerRun)
 	rev, err := strconv.ParseUint(m.Headers().Get(headerQueuedRev), 10, 64)
 	if err != nil {
 		return err

@@ -250,7 +250,7 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	r.ws = rw // dropWorkspace gives up what follows, whatever fails
 	start := time.Now()
 	if err := makeWorkspaceDirs(rw, uid, gid); err != nil {
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
+		return stageError(err, false)
 	}
 	// The volume and the capture container that holds it start while the
 	// snapshot downloads; the snapshot reaches the capture container
@@ -271,30 +271,32 @@ func (r *run) stageWorkspace(ctx context.Context, spec *ContainerSpec, prof Prof
 	// spec), and CreateVolume's removal of a leftover would then find it
 	// in use.
 	if err := r.w.cfg.Runtime.CreateVolume(ctx, rw.vol); err != nil {
-		if errors.Is(err, ErrPermanent) {
-			return fmt.Errorf("workspace: create the workspace volume: %w", err)
-		}
-		return transientError{fmt.Errorf("stage workspace: create the workspace volume: %w", err)}
+		return stageError(fmt.Errorf("create the workspace volume: %w", err), errors.Is(err, ErrPermanent))
 	}
 	rw.held = make(chan error, 1)
 	go func() { rw.held <- r.startCapture(ctx) }() // workspace_jail.go
 	path, err := r.w.cachedSnapshot(ctx, *ref, cfg)
 	if err != nil {
-		_ = rw.waitHeld() // dropWorkspace then removes what it made
-		if isSnapshotRefused(err) {
-			return fmt.Errorf("workspace: %w", err)
-		}
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
+		return stageError(err, isSnapshotRefused(err)) // release waits for startCapture and removes what it made
 	}
 	rw.snapshot = path
 	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
-		_ = rw.waitHeld()
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
+		return stageError(err, false)
 	}
 	r.w.failpoint(FailpointAfterStage)
 	jailWorkspace(spec, rw, cfg)
 	r.log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
+}
+
+// stageError is err as staging reports it: "workspace: …", which fails the
+// run, when permanent; else a transientError "stage workspace: …", which
+// hands the request back for a retry.
+func stageError(err error, permanent bool) error {
+	if permanent {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return transientError{fmt.Errorf("stage workspace: %w", err)}
 }
 
 // volumeKey is the key of a delivery's volume in the worker's live set.

@@ -173,10 +173,7 @@ func (r *run) holdWorkspace() error {
 		return nil
 	}
 	if err := rw.waitHeld(); err != nil {
-		if errors.Is(err, ErrPermanent) {
-			return fmt.Errorf("workspace: %w", err)
-		}
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
+		return stageError(err, errors.Is(err, ErrPermanent))
 	}
 	if r.cancelled.Load() {
 		// A cancel came while the capture container started: the run's
@@ -185,7 +182,7 @@ func (r *run) holdWorkspace() error {
 		return errors.New("cancelled before the workspace was held")
 	}
 	if err := os.WriteFile(filepath.Join(rw.gate(), heldFile), nil, 0o444); err != nil {
-		return transientError{fmt.Errorf("stage workspace: %w", err)}
+		return stageError(err, false)
 	}
 	return nil
 }

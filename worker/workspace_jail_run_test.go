@@ -140,6 +140,31 @@ func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
 	require.Nil(t, st.ExitCode, "the run's container never started")
 }
 
+// countAgents makes rt's containers agents that exit 0 at once and returns
+// how many ran: an agent runs only after exec's wait and unpack.
+func countAgents(rt *workertest.Runtime) *atomic.Int32 {
+	var n atomic.Int32
+	rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+			n.Add(1)
+			return worker.ExitStatus{}
+		}, nil
+	}
+	return &n
+}
+
+// runStarts returns how many of rt's started containers were runs' own
+// (worker.RoleRun), not capture containers.
+func runStarts(rt *workertest.Runtime) int {
+	n := 0
+	for _, s := range rt.Starts() {
+		if s.Labels[worker.LabelRole] == worker.RoleRun {
+			n++
+		}
+	}
+	return n
+}
+
 // TestWorkspaceCaptureRefused: the run's container starts beside the
 // capture container and waits, in exec, for the worker's held file. When
 // the engine refuses the capture container, the run's agent never runs and
@@ -152,7 +177,7 @@ func TestWorkspaceCaptureRefused(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			ref := uploadDir(t, b)
-			var refused, agents atomic.Int32
+			var refused atomic.Int32
 			b.rt.StartErr = func(spec worker.ContainerSpec) error {
 				if spec.Labels[worker.LabelRole] != worker.RoleCapture || refused.Add(1) > 1 {
 					return nil
@@ -162,20 +187,10 @@ func TestWorkspaceCaptureRefused(t *testing.T) {
 				}
 				return errors.New("engine busy")
 			}
-			b.rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-				return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-					agents.Add(1)
-					return worker.ExitStatus{}
-				}, nil
-			}
+			agents := countAgents(b.rt)
 			b.submit(t, messages.RunRequest{ID: "cr", Profile: "shell", Prompt: "x", Workspace: &ref})
 			st := b.waitFinal(t, "cr")
-			var runs int
-			for _, s := range b.rt.Starts() {
-				if s.Labels[worker.LabelRole] == worker.RoleRun {
-					runs++
-				}
-			}
+			runs := runStarts(b.rt)
 			if permanent {
 				require.Equal(t, messages.StateFailed, st.State)
 				require.Contains(t, st.Reason, "no such image")
@@ -211,22 +226,9 @@ func TestWorkspaceCancelWhileHeld(t *testing.T) {
 		}
 		return nil
 	}
-	var agents atomic.Int32
-	b.rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-			agents.Add(1)
-			return worker.ExitStatus{}
-		}, nil
-	}
+	agents := countAgents(b.rt)
 	b.submit(t, messages.RunRequest{ID: "ch", Profile: "shell", Prompt: "x", Workspace: &ref})
-	require.Eventually(t, func() bool {
-		for _, s := range b.rt.Starts() {
-			if s.Labels[worker.LabelRole] == worker.RoleRun {
-				return true
-			}
-		}
-		return false
-	}, 10*time.Second, 5*time.Millisecond, "the run's container starts while the capture container is still starting")
+	require.Eventually(t, func() bool { return runStarts(b.rt) > 0 }, 10*time.Second, 5*time.Millisecond, "the run's container starts while the capture container is still starting")
 	b.cancel(t, "ch")
 	close(release)
 	st := b.waitFinal(t, "ch")

@@ -194,7 +194,7 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(stop)
 	if a.Held != "" {
-		switch waitHeld(a.Held, HeldWaitMax, stop) {
+		switch waitHeld(fileExists(a.Held), HeldWaitMax, stop) {
 		case heldStopped:
 			return 143
 		case heldTimedOut:
@@ -227,15 +227,23 @@ const (
 	heldTimedOut
 )
 
-// waitHeld looks for path every heldPoll until it exists (heldSeen), a
-// signal arrives on stop while it does not (heldStopped: the worker stopped
-// the container before it held the tree, so nothing is unpacked), or max
-// has passed (heldTimedOut). A signal that arrives once path exists is left
-// for the caller, who unpacks first.
-func waitHeld(path string, max time.Duration, stop chan os.Signal) int {
+// fileExists returns a function reporting whether path exists.
+func fileExists(path string) func() bool {
+	return func() bool {
+		_, err := os.Stat(path)
+		return err == nil
+	}
+}
+
+// waitHeld asks held every heldPoll until it is true (heldSeen), a signal
+// arrives on stop while it is not (heldStopped: the worker stopped the
+// container before it held the tree, so nothing is unpacked), or max has
+// passed (heldTimedOut). A signal that arrives once held is true is left
+// on stop for the caller, who unpacks first.
+func waitHeld(held func() bool, max time.Duration, stop chan os.Signal) int {
 	deadline := time.Now().Add(max)
 	for {
-		if _, err := os.Stat(path); err == nil {
+		if held() {
 			return heldSeen
 		}
 		if time.Now().After(deadline) {
@@ -243,8 +251,13 @@ func waitHeld(path string, max time.Duration, stop chan os.Signal) int {
 		}
 		select {
 		case sig := <-stop:
-			if _, err := os.Stat(path); err == nil {
-				stop <- sig // held after all: unpack, then stop
+			if held() {
+				// Held after all: unpack, then stop. Not blocking: a stop
+				// that came meanwhile already fills the channel.
+				select {
+				case stop <- sig:
+				default:
+				}
 				return heldSeen
 			}
 			return heldStopped
