@@ -19,9 +19,8 @@ import (
 	"time"
 
 	"github.com/docker/docker/client"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // Command is how the figures in results.json were produced, and GoCommand
@@ -270,7 +269,7 @@ func binary(t testing.TB, name string) string {
 
 // profiles loads a profile file adding "nocoord" (the built-in shell profile
 // with coordination off) to the built-in "shell" (coordination on).
-func profiles(t testing.TB) worker.Profiles {
+func profiles(t testing.TB) profile.Profiles {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(path, []byte(`[profiles.nocoord]
@@ -278,7 +277,7 @@ image        = "jetcrew-sandbox:latest"
 command      = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 `), 0o644))
-	ps, err := worker.LoadProfiles(path)
+	ps, err := profile.LoadProfiles(path)
 	require.NoError(t, err)
 	return ps
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -77,8 +78,8 @@ func threeNodeCluster(t *testing.T) bed {
 }
 
 // noopBehaviour is a container that exits 0 at once, writing nothing.
-func noopBehaviour(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-	return worker.ExitStatus{}
+func noopBehaviour(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+	return jail.ExitStatus{}
 }
 
 // TestNoopThroughput measures runs per second through the whole path —
@@ -145,7 +146,7 @@ func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, 
 func startNoopWorker(t *testing.T, b bed) {
 	t.Helper()
 	rt := workertest.NewRuntime()
-	rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) { return noopBehaviour, nil }
+	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) { return noopBehaviour, nil }
 	w, err := worker.New(b.connect(t), worker.Config{
 		ID: "bench-noop", Runtime: rt, Concurrency: noopConcurrency, Profiles: profiles(t),
 		StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),

@@ -22,7 +22,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -69,7 +69,7 @@ max_output_mib = -1
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		cs, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", worker.LabelWorker+"="+id))})
+		cs, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+id))})
 		for _, c := range cs {
 			_ = cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
 		}
@@ -137,7 +137,7 @@ func containerMem(t *testing.T, cli *client.Client, workerID string) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cs, err := cli.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", worker.LabelWorker+"="+workerID))})
+	cs, err := cli.ContainerList(ctx, container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+workerID))})
 	if err != nil || len(cs) == 0 {
 		return 0
 	}

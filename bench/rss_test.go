@@ -26,7 +26,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -87,7 +87,7 @@ func TestWorkerRSS(t *testing.T) {
 		// Whatever the worker left behind.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		cs, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", worker.LabelWorker+"="+id))})
+		cs, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+id))})
 		for _, c := range cs {
 			_ = cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
 		}
@@ -200,7 +200,7 @@ func shimRSS(t *testing.T, cli interface {
 	ContainerList(context.Context, container.ListOptions) ([]container.Summary, error)
 }, workerID string) float64 {
 	t.Helper()
-	cs, err := cli.ContainerList(context.Background(), container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", worker.LabelWorker+"="+workerID))})
+	cs, err := cli.ContainerList(context.Background(), container.ListOptions{Filters: filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+workerID))})
 	require.NoError(t, err)
 	ids := map[string]bool{}
 	for _, c := range cs {

@@ -21,6 +21,8 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -58,7 +60,7 @@ func TestDispatchToStartRuntimes(t *testing.T) {
 	for _, r := range usable {
 		fmt.Fprintf(&toml, "[profiles.rt-%s]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nruntime = %q\n\n", r, r)
 	}
-	ps, err := worker.ParseProfiles("runtimes", []byte(toml.String()))
+	ps, err := profile.ParseProfiles("runtimes", []byte(toml.String()))
 	require.NoError(t, err)
 
 	s := workertest.StartServer(t)
@@ -171,7 +173,7 @@ func firstOutputSample(t *testing.T, cli *client.Client, d *dispatcher.Dispatche
 	require.NoError(t, err)
 	require.Equal(t, messages.StateSucceeded, fin.State, "run %s: %s", id, fin.Reason)
 	require.False(t, first.IsZero(), "run %s: no output", id)
-	waitGone(t, cli, filters.NewArgs(filters.Arg("label", worker.LabelRunID+"="+id)))
+	waitGone(t, cli, filters.NewArgs(filters.Arg("label", jail.LabelRunID+"="+id)))
 	return ms(first.Sub(t0))
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -140,7 +141,7 @@ func jetcrewSample(t *testing.T, cli *client.Client, d *dispatcher.Dispatcher, p
 	ran, err := probeTime(out.Bytes())
 	require.NoError(t, err)
 	require.False(t, startedAt.IsZero(), "no started event")
-	waitGone(t, cli, filters.NewArgs(filters.Arg("label", worker.LabelRunID+"="+id)))
+	waitGone(t, cli, filters.NewArgs(filters.Arg("label", jail.LabelRunID+"="+id)))
 	return ms(ran.Sub(t0)), ms(startedAt.Sub(t0))
 }
 

@@ -18,11 +18,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 )
 
-func TestBucketWorkersName(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, worker.BucketWorkers, dispatcher.BucketWorkers)
-}
-
 func TestVisible(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want string }{

@@ -13,6 +13,7 @@ import (
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -51,10 +52,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(stateDir)
-	shell, off := worker.ShellProfile(), false
+	shell, off := profile.ShellProfile(), false
 	shell.Coordination = &off
 	w, err := worker.New(nc, worker.Config{ID: "example", Runtime: workertest.NewRuntime(),
-		Profiles: worker.Profiles{"shell": shell}, StateDir: stateDir})
+		Profiles: profile.Profiles{"shell": shell}, StateDir: stateDir})
 	if err != nil {
 		log.Fatal(err)
 	}

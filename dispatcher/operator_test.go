@@ -14,6 +14,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -24,11 +26,11 @@ import (
 // and run directory, which outlive its request (a worker issue).
 func (b *testBundle) startWorker(t *testing.T, rt *workertest.Runtime, concurrency int) *worker.Worker {
 	t.Helper()
-	shell, off := worker.ShellProfile(), false
+	shell, off := profile.ShellProfile(), false
 	shell.Coordination = &off
 	log := workertest.Logger(t)
 	w, err := worker.New(b.nc, worker.Config{ID: "dispatcher-test", Runtime: rt, Concurrency: concurrency, FetchWait: time.Second,
-		Profiles: worker.Profiles{"shell": shell}, Logger: &log, StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t)})
+		Profiles: profile.Profiles{"shell": shell}, Logger: &log, StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t)})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() {
@@ -41,20 +43,20 @@ func (b *testBundle) startWorker(t *testing.T, rt *workertest.Runtime, concurren
 
 // failFirst is a fake container behaviour: the first container of each run
 // exits 3, later ones run the prompt as a workertest script.
-func failFirst() func(worker.ContainerSpec) (workertest.Behaviour, error) {
+func failFirst() func(jail.ContainerSpec) (workertest.Behaviour, error) {
 	var (
 		mu   sync.Mutex
 		seen = map[string]bool{}
 	)
-	return func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-		id := spec.Labels[worker.LabelRunID]
+	return func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+		id := spec.Labels[jail.LabelRunID]
 		mu.Lock()
 		first := !seen[id]
 		seen[id] = true
 		mu.Unlock()
 		if first {
-			return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-				return worker.ExitStatus{Code: 3}
+			return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+				return jail.ExitStatus{Code: 3}
 			}, nil
 		}
 		return workertest.ScriptBehaviour(spec)

@@ -13,12 +13,6 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// BucketWorkers is the key-value bucket holding one key per live worker
-// (its id), whose value is the time of its latest heartbeat (RFC 3339). It
-// is the worker package's BucketWorkers, named here because the dispatcher
-// does not import the worker.
-const BucketWorkers = "jetcrew-workers"
-
 // PoolStats is what the pool's durable consumer (workers-<pool> on
 // JETCREW_RUNS) says about the pool's queue.
 type PoolStats struct {
@@ -82,12 +76,12 @@ type WorkerBeat struct {
 
 // Workers returns the live workers (the keys of the jetcrew-workers
 // bucket), sorted by id. A worker's key expires a few heartbeats after it
-// stops (worker.WorkerTTL). The error wraps ErrNotProvisioned when the
+// stops (messages.WorkerTTL). The error wraps ErrNotProvisioned when the
 // bucket does not exist.
 func (d *Dispatcher) Workers(ctx context.Context) ([]WorkerBeat, error) {
-	kv, err := d.js.KeyValue(ctx, BucketWorkers)
+	kv, err := d.js.KeyValue(ctx, messages.BucketWorkers)
 	if err != nil {
-		return nil, fmt.Errorf("workers: bucket %s: %w", BucketWorkers, classify(err))
+		return nil, fmt.Errorf("workers: bucket %s: %w", messages.BucketWorkers, classify(err))
 	}
 	lister, err := kv.ListKeys(ctx)
 	if err != nil {

@@ -68,8 +68,7 @@ type ReceiptLimits struct {
 type ReceiptMount struct {
 	// Target is the path inside the container.
 	Target string `json:"target"`
-	// Role says what is mounted: "run-dir" (the run's staged directory),
-	// "bridge" (the jetcrew-bridge binary) or "bind".
+	// Role says what is mounted: one of the MountRole* values.
 	Role string `json:"role"`
 	// Digest is "sha256:<hex>" of the content: the bridge binary's bytes,
 	// or the run directory's staged files; empty for "bind".
@@ -77,6 +76,33 @@ type ReceiptMount struct {
 	// ReadOnly is true for a read-only mount.
 	ReadOnly bool `json:"read_only"`
 }
+
+// Roles of a run's mounts in its receipt (ReceiptMount.Role).
+const (
+	// MountRoleRunDir is the run's staged directory at /run/jetcrew: its
+	// files (ReceiptMount.Digest covers their paths, modes and contents)
+	// and the bridge's socket.
+	MountRoleRunDir = "run-dir"
+	// MountRoleBridge is the jetcrew-bridge binary at /opt/jetcrew/bridge;
+	// its digest is the SHA-256 of the binary.
+	MountRoleBridge = "bridge"
+	// MountRoleWorkspace is the run's writable workspace tree at
+	// WorkspaceDir; it carries no digest (the snapshot's mount does).
+	MountRoleWorkspace = "workspace"
+	// MountRoleSnapshot is the run's workspace snapshot, read-only; its
+	// digest is the snapshot's ("sha256:<hex>", as the request names it).
+	MountRoleSnapshot = "workspace-snapshot"
+	// MountRoleWorkspaceTool is the jetcrew binary that unpacks the
+	// snapshot inside the container; its digest is the SHA-256 of the
+	// binary.
+	MountRoleWorkspaceTool = "workspace-tool"
+	// MountRoleWorkspaceGate is the run's read-only gate directory, where
+	// the worker lets `jetcrew workspace exec` go on once the capture
+	// container holds the workspace; it carries no digest.
+	MountRoleWorkspaceGate = "workspace-gate"
+	// MountRoleOther is any other bind mount; it carries no digest.
+	MountRoleOther = "bind"
+)
 
 // ReceiptFile is one file written for a run.
 type ReceiptFile struct {

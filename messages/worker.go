@@ -2,6 +2,29 @@ package messages
 
 import "time"
 
+// WorkerTTL is how long a worker's key in BucketWorkers lives without a
+// heartbeat (a worker refreshes it every WorkerTTL/3), and so how long
+// after a worker dies its containers count as orphans: 15 seconds.
+const WorkerTTL = 15 * time.Second
+
+// StreamAdvisories is the stream capturing the MaxDeliver advisories of
+// JETCREW_RUNS' consumers
+// ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.JETCREW_RUNS.>), so that a
+// request whose last delivery died with its worker is moved to the
+// dead-letter stream even when no worker was up when the server announced
+// it. Only workers read it.
+const StreamAdvisories = "JETCREW_ADVISORIES"
+
+// ConsumerAdvisories is the durable consumer every worker shares on
+// StreamAdvisories.
+const ConsumerAdvisories = "dead-letterer"
+
+// SubjectStopPrefix prefixes the internal request a worker sends to the
+// worker holding a run to stop it, jetcrew.ctl.stop.<run_id>; only workers
+// publish and subscribe to it (package roles grants it), and only the worker
+// holding the run replies, with a CancelReply.
+const SubjectStopPrefix = "jetcrew.ctl.stop"
+
 // BucketWorkers is the key-value bucket of live workers: one key per worker
 // (its id), refreshed every few seconds and expiring a few heartbeats after
 // the worker stops refreshing it. Its value is a WorkerPresence. Clients read

@@ -30,7 +30,6 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // Role names one of jetcrew's NATS roles.
@@ -72,10 +71,10 @@ type Grant struct {
 var (
 	kvRuns        = "KV_" + messages.BucketRuns
 	kvPeers       = "KV_" + coordination.BucketPeers
-	kvWorkers     = "KV_" + worker.BucketWorkers
+	kvWorkers     = "KV_" + messages.BucketWorkers
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, worker.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
 	readStreams   = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
 )
 
@@ -120,7 +119,7 @@ func read(s string) []string {
 
 // durableStreams are the streams with durable consumers: the pools'
 // workers-<pool>, the dead-letterer and the runs' inboxes.
-var durableStreams = []string{messages.StreamRuns, worker.StreamAdvisories, coordination.StreamName}
+var durableStreams = []string{messages.StreamRuns, messages.StreamAdvisories, coordination.StreamName}
 
 // manage is what provisioning stream s and consuming it with durable
 // consumers takes, without deleting or purging it.
@@ -200,8 +199,8 @@ func workerGrant() Grant {
 		coordination.SubjectPrefix + ".*.*",
 		"$KV." + messages.BucketRuns + ".>",
 		"$KV." + coordination.BucketPeers + ".>",
-		"$KV." + worker.BucketWorkers + ".>",
-		worker.SubjectStopPrefix + ".*",
+		"$KV." + messages.BucketWorkers + ".>",
+		messages.SubjectStopPrefix + ".*",
 		"$O." + messages.BucketResults + ".>",
 		// An object stored again under its name replaces the old chunks.
 		api + "STREAM.PURGE." + objResults,
@@ -215,7 +214,7 @@ func workerGrant() Grant {
 		Publish: pub,
 		Subscribe: []string{inbox(Worker),
 			messages.SubjectCancelPrefix + ".*",
-			worker.SubjectStopPrefix + ".*",
+			messages.SubjectStopPrefix + ".*",
 		},
 		Responses: true,
 	}
@@ -242,7 +241,7 @@ func operator() Grant {
 func observer() Grant {
 	pub := []string{api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
 		api + "STREAM.INFO." + messages.StreamRuns,
-		api + "STREAM.INFO." + worker.StreamAdvisories}
+		api + "STREAM.INFO." + messages.StreamAdvisories}
 	for _, s := range readStreams {
 		pub = append(pub, read(s)...)
 	}

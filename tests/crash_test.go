@@ -26,7 +26,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -141,7 +142,7 @@ func trackContainers(t *testing.T, prefix string) *containerTracker {
 	ct := &containerTracker{prefix: prefix, running: map[string]map[string]bool{}, most: map[string]int{}, starts: map[string]int{}}
 	since := strconv.FormatInt(time.Now().Add(-time.Second).Unix(), 10)
 	ev := exec.Command("docker", "events", "--since", since, "--filter", "type=container",
-		"--filter", "label="+worker.LabelManaged+"=true", "--format", "{{json .}}")
+		"--filter", "label="+jail.LabelManaged+"=true", "--format", "{{json .}}")
 	out, err := ev.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, ev.Start())
@@ -190,11 +191,11 @@ func (ct *containerTracker) event(line []byte) {
 	if json.Unmarshal(line, &e) != nil {
 		return
 	}
-	run := e.Actor.Attributes[worker.LabelRunID]
+	run := e.Actor.Attributes[jail.LabelRunID]
 	if !strings.HasPrefix(run, ct.prefix) {
 		return
 	}
-	key := roleKey(run, e.Actor.Attributes[worker.LabelRole])
+	key := roleKey(run, e.Actor.Attributes[jail.LabelRole])
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	if ct.running[key] == nil {
@@ -210,7 +211,7 @@ func (ct *containerTracker) event(line []byte) {
 	}
 }
 
-// roleKey keys a container of run by its role (worker.LabelRole): a
+// roleKey keys a container of run by its role (jail.LabelRole): a
 // workspace run's capture container runs beside the run's own by design
 // (it holds the workspace volume), so each role is counted on its own.
 func roleKey(run, role string) string {
@@ -218,8 +219,8 @@ func roleKey(run, role string) string {
 }
 
 func (ct *containerTracker) poll(ctx context.Context) {
-	out, err := exec.CommandContext(ctx, "docker", "ps", "--filter", "label="+worker.LabelManaged+"=true",
-		"--filter", "status=running", "--format", `{{.Label "`+worker.LabelRunID+`"}} {{.Label "`+worker.LabelRole+`"}}`).Output()
+	out, err := exec.CommandContext(ctx, "docker", "ps", "--filter", "label="+jail.LabelManaged+"=true",
+		"--filter", "status=running", "--format", `{{.Label "`+jail.LabelRunID+`"}} {{.Label "`+jail.LabelRole+`"}}`).Output()
 	if err != nil {
 		return
 	}
@@ -243,14 +244,14 @@ func (ct *containerTracker) poll(ctx context.Context) {
 func (ct *containerTracker) mostRunning(run string) (most, starts int) {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
-	return max(ct.most[roleKey(run, worker.RoleRun)], ct.most[roleKey(run, worker.RoleCapture)]), ct.starts[run]
+	return max(ct.most[roleKey(run, jail.RoleRun)], ct.most[roleKey(run, jail.RoleCapture)]), ct.starts[run]
 }
 
 // allRunContainers returns the names of every container of run, its
 // capture containers included.
 func allRunContainers(t *testing.T, run string) []string {
 	t.Helper()
-	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run, "--format", "{{.Names}}").Output()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+jail.LabelRunID+"="+run, "--format", "{{.Names}}").Output()
 	require.NoError(t, err)
 	return strings.Fields(string(out))
 }
@@ -260,8 +261,8 @@ func allRunContainers(t *testing.T, run string) []string {
 // volume from staging to capture, and a killed worker leaves it as it was.
 func runContainers(t *testing.T, run string) []string {
 	t.Helper()
-	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+worker.LabelRunID+"="+run,
-		"--filter", "label="+worker.LabelRole+"="+worker.RoleRun, "--format", "{{.State}}").Output()
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label="+jail.LabelRunID+"="+run,
+		"--filter", "label="+jail.LabelRole+"="+jail.RoleRun, "--format", "{{.State}}").Output()
 	require.NoError(t, err)
 	return strings.Fields(string(out))
 }
@@ -307,35 +308,35 @@ func TestCrashPoints(t *testing.T) {
 		failer = `echo failing >&2; exit 3`
 	)
 	cases := []crashCase{
-		{name: "after-fetch", point: worker.FailpointAfterFetch, prompt: quick,
+		{name: "after-fetch", point: stage.FailpointAfterFetch, prompt: quick,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "after-start", point: worker.FailpointAfterStart, prompt: long, left: "running", replaced: true,
+		{name: "after-start", point: stage.FailpointAfterStart, prompt: long, left: "running", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "running", point: worker.FailpointRunning, prompt: long, left: "running", replaced: true,
+		{name: "running", point: stage.FailpointRunning, prompt: long, left: "running", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "after-exit", point: worker.FailpointAfterExit, prompt: quick, left: "exited", replaced: true,
+		{name: "after-exit", point: stage.FailpointAfterExit, prompt: quick, left: "exited", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "after-result", point: worker.FailpointAfterResult, prompt: quick, left: "exited", replaced: true,
+		{name: "after-result", point: stage.FailpointAfterResult, prompt: quick, left: "exited", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 1},
-		{name: "after-result-failed", point: worker.FailpointAfterResult, prompt: failer, left: "exited", replaced: true,
+		{name: "after-result-failed", point: stage.FailpointAfterResult, prompt: failer, left: "exited", replaced: true,
 			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
-		{name: "after-dead-letter", point: worker.FailpointAfterDeadLetter, prompt: failer, left: "exited", replaced: true,
+		{name: "after-dead-letter", point: stage.FailpointAfterDeadLetter, prompt: failer, left: "exited", replaced: true,
 			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 1},
 		// Workspace runs: killed with the workspace staged, and with the
 		// result stored but not the final state. Each attempt captures its
 		// own result; the state names the last one's, whole.
-		{name: "after-stage", point: worker.FailpointAfterStage, prompt: `echo done > out.txt`, workspace: true,
+		{name: "after-stage", point: stage.FailpointAfterStage, prompt: `echo done > out.txt`, workspace: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "after-capture", point: worker.FailpointAfterCapture, prompt: `echo done > out.txt`, workspace: true,
+		{name: "after-capture", point: stage.FailpointAfterCapture, prompt: `echo done > out.txt`, workspace: true,
 			left: "exited", replaced: true, want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
 		// A replay whose worker dies: its redelivery is still the replay.
-		{name: "replay-running", point: worker.FailpointRunning, prompt: `sleep 2; echo failing >&2; exit 3`,
+		{name: "replay-running", point: stage.FailpointRunning, prompt: `sleep 2; echo failing >&2; exit 3`,
 			replay: true, left: "running", replaced: true, replays: 1,
 			want: messages.StateFailed, exitCode: intp(3), attempts: 2, reason: "exit code 3", deadLetters: 2},
 		// Every delivery dies: the MaxDeliver advisory dead-letters it.
-		{name: "max-deliver", point: worker.FailpointAfterFetch, prompt: quick, kills: 2, maxDeliver: 2,
+		{name: "max-deliver", point: stage.FailpointAfterFetch, prompt: quick, kills: 2, maxDeliver: 2,
 			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
-		{name: "max-deliver-running", point: worker.FailpointRunning, prompt: `sleep 60`, kills: 2, maxDeliver: 2, left: "running",
+		{name: "max-deliver-running", point: stage.FailpointRunning, prompt: `sleep 60`, kills: 2, maxDeliver: 2, left: "running",
 			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
 	}
 	for _, c := range cases {
@@ -345,7 +346,7 @@ func TestCrashPoints(t *testing.T) {
 			crashRun(t, c, id)
 			most, starts := ct.mostRunning(id)
 			require.LessOrEqual(t, most, 1, "two containers of one run ran at once")
-			if c.point != worker.FailpointAfterFetch {
+			if c.point != stage.FailpointAfterFetch {
 				require.Positive(t, starts, "the container tracker saw no container start")
 			}
 		})

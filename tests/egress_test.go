@@ -23,6 +23,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -186,7 +187,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	}
 	inj := prof("inj") + `egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 `
-	profiles, err := worker.ParseProfiles("egress-test", []byte(prof("api")+prof("other")+inj))
+	profiles, err := profile.ParseProfiles("egress-test", []byte(prof("api")+prof("other")+inj))
 	require.NoError(t, err)
 	rt, err := docker.New(context.Background(), docker.Config{})
 	require.NoError(t, err)

@@ -34,6 +34,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -290,14 +291,14 @@ func TestOCIRuntimeCheckAtStart(t *testing.T) {
 	require.NoError(t, err)
 	have := slices.Sorted(maps.Keys(info.Runtimes))
 
-	profiles, err := worker.ParseProfiles(t.Name(), []byte(jailProfile("nope", `runtime = "jetcrew-no-such-runtime"`)))
+	profiles, err := profile.ParseProfiles(t.Name(), []byte(jailProfile("nope", `runtime = "jetcrew-no-such-runtime"`)))
 	require.NoError(t, err)
 	s := workertest.StartServer(t)
 	w, err := worker.New(workertest.Connect(t, s), worker.Config{ID: "jt-" + randomHex(t), Runtime: rt, Profiles: profiles,
 		BridgePath: jailBridge, StateDir: workertest.StateDir(t)})
 	require.NoError(t, err)
 	err = w.Start(context.Background())
-	require.ErrorIs(t, err, worker.ErrOCIRuntimeMissing)
+	require.ErrorIs(t, err, profile.ErrOCIRuntimeMissing)
 	require.ErrorContains(t, err, `profile "nope" names runtime "jetcrew-no-such-runtime"; the engine offers: `+strings.Join(have, ", "))
 }
 

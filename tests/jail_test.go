@@ -48,6 +48,8 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -104,16 +106,16 @@ func jailDocker(t *testing.T) (*docker.Runtime, *client.Client) {
 // asked of it: every spec, and the engine's view of every container
 // (ContainerInspect right after Start, before the worker can remove it).
 type recordingRuntime struct {
-	worker.Runtime
+	jail.Runtime
 	cli *client.Client
 
 	mu       sync.Mutex
-	specs    map[string]worker.ContainerSpec      // by run id
+	specs    map[string]jail.ContainerSpec        // by run id
 	inspects map[string]container.InspectResponse // by run id
 }
 
-func (r *recordingRuntime) Start(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
-	runID := spec.Labels[worker.LabelRunID]
+func (r *recordingRuntime) Start(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) (jail.Container, error) {
+	runID := spec.Labels[jail.LabelRunID]
 	r.mu.Lock()
 	r.specs[runID] = spec
 	r.mu.Unlock()
@@ -129,7 +131,7 @@ func (r *recordingRuntime) Start(ctx context.Context, spec worker.ContainerSpec,
 	return c, nil
 }
 
-func (r *recordingRuntime) spec(runID string) (worker.ContainerSpec, bool) {
+func (r *recordingRuntime) spec(runID string) (jail.ContainerSpec, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s, ok := r.specs[runID]
@@ -163,9 +165,9 @@ func startJail(t *testing.T, profilesTOML string, mod func(*worker.Config)) *jai
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	profiles, err := worker.ParseProfiles(t.Name(), []byte(profilesTOML))
+	profiles, err := profile.ParseProfiles(t.Name(), []byte(profilesTOML))
 	require.NoError(t, err)
-	rec := &recordingRuntime{Runtime: rt, cli: cli, specs: map[string]worker.ContainerSpec{}, inspects: map[string]container.InspectResponse{}}
+	rec := &recordingRuntime{Runtime: rt, cli: cli, specs: map[string]jail.ContainerSpec{}, inspects: map[string]container.InspectResponse{}}
 	cfg := worker.Config{
 		ID:             "jt-" + randomHex(t),
 		Runtime:        rec,
@@ -523,7 +525,7 @@ cat /proc/self/mountinfo`
 	for _, l := range strings.Split(report, "\n") {
 		if s, ok := strings.CutPrefix(l, "socket="); ok {
 			sockets = append(sockets, s)
-			require.True(t, slices.ContainsFunc(spec.Mounts, func(m worker.Mount) bool {
+			require.True(t, slices.ContainsFunc(spec.Mounts, func(m jail.Mount) bool {
 				return strings.HasPrefix(s, strings.TrimSuffix(m.Target, "/")+"/")
 			}), "unix socket %s outside the worker's mounts", s)
 		}
@@ -818,7 +820,7 @@ func startPeer(t *testing.T, cli *client.Client, netName string) string {
 	ctx := context.Background()
 	init := true
 	created, err := cli.ContainerCreate(ctx,
-		&container.Config{Image: worker.SandboxImage, User: "65532:65532", Cmd: []string{"nc", "-ll", "-p", "8080", "-e", "/bin/echo", "pong"},
+		&container.Config{Image: profile.SandboxImage, User: "65532:65532", Cmd: []string{"nc", "-ll", "-p", "8080", "-e", "/bin/echo", "pong"},
 			Labels: map[string]string{"io.jetcrew.test": "jail"}},
 		&container.HostConfig{NetworkMode: container.NetworkMode(netName), ReadonlyRootfs: true, CapDrop: []string{"ALL"},
 			SecurityOpt: []string{"no-new-privileges:true"}, Init: &init},
@@ -1034,14 +1036,14 @@ func TestJailLabelsAndName(t *testing.T) {
 	// jetcrew-<run id>-<request's stream sequence>-<delivery number>
 	require.Regexp(t, `^/jetcrew-labelled-[0-9]+-1$`, info.Name)
 	l := info.Config.Labels
-	require.Equal(t, "true", l[worker.LabelManaged])
-	require.Equal(t, "labelled", l[worker.LabelRunID])
-	require.Equal(t, b.workerID, l[worker.LabelWorker])
-	require.Equal(t, "1", l[worker.LabelAttempt])
-	require.Equal(t, "lab", l[worker.LabelProfile])
-	require.Equal(t, worker.RoleRun, l[worker.LabelRole])
-	require.Equal(t, install, l[worker.LabelInstall])
-	created, err := time.Parse(time.RFC3339Nano, l[worker.LabelCreated])
+	require.Equal(t, "true", l[jail.LabelManaged])
+	require.Equal(t, "labelled", l[jail.LabelRunID])
+	require.Equal(t, b.workerID, l[jail.LabelWorker])
+	require.Equal(t, "1", l[jail.LabelAttempt])
+	require.Equal(t, "lab", l[jail.LabelProfile])
+	require.Equal(t, jail.RoleRun, l[jail.LabelRole])
+	require.Equal(t, install, l[jail.LabelInstall])
+	created, err := time.Parse(time.RFC3339Nano, l[jail.LabelCreated])
 	require.NoError(t, err)
 	require.WithinDuration(t, submitted, created, 30*time.Second)
 
@@ -1053,7 +1055,7 @@ func TestJailLabelsAndName(t *testing.T) {
 		_ = dup.Remove(ctx)
 	}
 	require.ErrorIs(t, err, docker.ErrNameInUse)
-	require.NotErrorIs(t, err, worker.ErrPermanent)
+	require.NotErrorIs(t, err, jail.ErrPermanent)
 
 	st := b.waitFinal(t, "labelled")
 	require.Equal(t, messages.StateSucceeded, st.State, "the refused duplicate did not disturb the run")
@@ -1082,7 +1084,7 @@ func TestJailReconciler(t *testing.T) {
 	stream, err := js.Stream(ctx, messages.StreamRuns)
 	require.NoError(t, err)
 	install := strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
-	live, err := js.KeyValue(ctx, worker.BucketWorkers)
+	live, err := js.KeyValue(ctx, messages.BucketWorkers)
 	require.NoError(t, err)
 	_, err = live.Put(ctx, "alive-worker", []byte(time.Now().UTC().Format(time.RFC3339Nano)))
 	require.NoError(t, err)
@@ -1106,12 +1108,12 @@ func TestJailReconciler(t *testing.T) {
 	ids := map[string]string{}
 	for name, o := range cases {
 		ids[name] = createLabelled(t, cli, "orphan-"+name+"-"+randomHex(t), o.state, map[string]string{
-			worker.LabelManaged: "true",
-			worker.LabelRunID:   "orphan-" + name,
-			worker.LabelWorker:  o.owner,
-			worker.LabelAttempt: "1",
-			worker.LabelCreated: o.created.UTC().Format(time.RFC3339Nano),
-			worker.LabelInstall: o.install,
+			jail.LabelManaged: "true",
+			jail.LabelRunID:   "orphan-" + name,
+			jail.LabelWorker:  o.owner,
+			jail.LabelAttempt: "1",
+			jail.LabelCreated: o.created.UTC().Format(time.RFC3339Nano),
+			jail.LabelInstall: o.install,
 		})
 	}
 
@@ -1150,7 +1152,7 @@ func createLabelled(t *testing.T, cli *client.Client, name, state string, labels
 	}
 	init := true
 	created, err := cli.ContainerCreate(ctx,
-		&container.Config{Image: worker.SandboxImage, User: "65532:65532", Cmd: cmd, Labels: labels},
+		&container.Config{Image: profile.SandboxImage, User: "65532:65532", Cmd: cmd, Labels: labels},
 		&container.HostConfig{NetworkMode: "none", ReadonlyRootfs: true, CapDrop: []string{"ALL"},
 			SecurityOpt: []string{"no-new-privileges:true"}, Init: &init},
 		nil, nil, "jetcrew-test-"+name)
@@ -1179,7 +1181,7 @@ func createLabelled(t *testing.T, cli *client.Client, name, state string, labels
 // worker refuses rather than run the agent under a weaker runtime. This is
 // the per-run check (a runtime removed after the worker started): the
 // recording runtime here does not list the engine's runtimes, so the start
-// check (worker.OCIRuntimeLister) does not refuse the profile first. The
+// check (jail.OCIRuntimeLister) does not refuse the profile first. The
 // success path under a second runtime is TestGVisorJail's.
 func TestJailOCIRuntime(t *testing.T) {
 	t.Parallel()

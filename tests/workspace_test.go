@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // git runs the git CLI in dir with a fixed identity and no user or system
@@ -244,7 +244,7 @@ func requireNoVolumes(t *testing.T, id string) {
 	var out []byte
 	require.Eventually(t, func() bool {
 		var err error
-		out, err = exec.Command("docker", "volume", "ls", "-q", "--filter", "label="+worker.LabelRunID+"="+id).Output()
+		out, err = exec.Command("docker", "volume", "ls", "-q", "--filter", "label="+jail.LabelRunID+"="+id).Output()
 		return err == nil && len(bytes.TrimSpace(out)) == 0
 	}, 30*time.Second, 200*time.Millisecond, "volumes of %s left: %s", id, out)
 }

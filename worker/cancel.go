@@ -11,12 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/runstate"
 )
-
-// subjectStopPrefix prefixes the internal request a worker answers when it
-// runs the named run: jetcrew.ctl.stop.<run_id>. Only the worker holding the
-// run replies.
-const subjectStopPrefix = "jetcrew.ctl.stop"
 
 // cancelQueue is the queue group of the cancel subscription: one worker
 // answers each cancel request.
@@ -30,7 +26,7 @@ func (w *Worker) subscribeControl() (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	ss, err := w.nc.Subscribe(subjectStopPrefix+".*", w.onStop)
+	ss, err := w.nc.Subscribe(messages.SubjectStopPrefix+".*", w.onStop)
 	if err != nil {
 		_ = cs.Unsubscribe()
 		return nil, err
@@ -62,9 +58,9 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 5 {
-		prev, rev, err := w.store.load(ctx, id)
+		prev, rev, err := w.store.Load(ctx, id)
 		switch {
-		case err != nil && !isNotFound(err):
+		case err != nil && !runstate.IsNotFound(err):
 			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "read run state: " + err.Error()})
 			return
 		case err != nil:
@@ -72,7 +68,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			// Record the cancel so the request is skipped when it arrives.
 			st := messages.RunState{Version: messages.StateVersion, ID: id, State: messages.StateCancelled,
 				Reason: "cancelled before any worker saw the request", Worker: w.cfg.ID}
-			if ok, err := w.store.finalize(ctx, messages.StateNone, st, 0); err != nil {
+			if ok, err := w.store.Finalize(ctx, messages.StateNone, st, 0); err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
 			} else if !ok {
@@ -84,8 +80,8 @@ func (w *Worker) onCancel(m *nats.Msg) {
 		case prev.State.Final() && prev.State != messages.StateSucceeded && !prev.CancelPending:
 			// A replay of it may be queued: mark the record so that one is
 			// skipped. The run itself stays as it ended.
-			if err := w.store.markCancelPending(ctx, prev, rev); err != nil {
-				if errors.Is(err, errFenced) {
+			if err := w.store.MarkCancelPending(ctx, prev, rev); err != nil {
+				if errors.Is(err, runstate.ErrFenced) {
 					continue
 				}
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "record cancel: " + err.Error()})
@@ -114,7 +110,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			st.State = messages.StateCancelled
 			st.Reason = "cancelled while " + string(prev.State)
 			st.FinishedAt = time.Now().UTC()
-			ok, err := w.store.finalize(ctx, prev.State, st, rev)
+			ok, err := w.store.Finalize(ctx, prev.State, st, rev)
 			if err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
@@ -132,7 +128,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 
 // askStop asks the worker holding run id to stop it, and returns its reply.
 func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
-	resp, err := w.nc.Request(subjectStopPrefix+"."+id, nil, 2*time.Second)
+	resp, err := w.nc.Request(messages.SubjectStopPrefix+"."+id, nil, 2*time.Second)
 	if err != nil {
 		return messages.CancelReply{}, false
 	}
@@ -143,37 +139,17 @@ func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
 	return r, true
 }
 
-// onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run:
-// it marks the run cancelled and stops its container (SIGTERM, then SIGKILL
-// after StopGrace). Other workers stay silent.
+// onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run
+// (runner.Runner.StopRun); other workers stay silent.
 func (w *Worker) onStop(m *nats.Msg) {
-	id := lastToken(m.Subject)
-	w.mu.Lock()
-	a := w.active[id]
-	var c Container
-	var committed bool
-	if a != nil {
-		// Under w.mu: the run's commitStart, and a container tracked after
-		// this, see the flag (startclaim.go).
-		a.run.cancelled.Store(true)
-		c, committed = a.container, a.run.startCommitted
+	if r, ok := w.runs.StopRun(lastToken(m.Subject)); ok {
+		reply(m, r)
 	}
-	w.mu.Unlock()
-	if a == nil {
-		return
-	}
-	if !committed {
-		w.log.Info().Str("run_id", id).Msg("cancel before the container started: it will not start")
-		reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
-			Message: "run was claimed but its container had not started; it is cancelled and will not run"})
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	a.run.event(ctx, messages.Event{Type: messages.EventCancel, Reason: "cancel requested; stopping the container"})
-	cancel()
-	if c != nil {
-		w.stopAsync(c, a.run.log, "stop cancelled container")
-	}
-	reply(m, messages.CancelReply{RunID: id, Result: messages.CancelStopping, State: messages.StateRunning, Worker: w.cfg.ID,
-		Message: fmt.Sprintf("SIGTERM now, SIGKILL after %s; the run will end cancelled", w.cfg.StopGrace)})
+}
+
+// claimedByDelivery reports whether a queued record was written by a
+// delivery that claimed the run (not by the submitter or a cancel): its
+// worker may be about to start it, so a cancel asks that worker.
+func claimedByDelivery(st messages.RunState) bool {
+	return st.State == messages.StateQueued && st.StreamSeq != 0
 }

@@ -5,24 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
-)
-
-// Resources that keep a request whose last delivery died with its worker
-// from being lost. The server announces such a request only once, with a
-// core NATS advisory; capturing the advisory in a stream means it is
-// handled even when no worker is up at that moment.
-const (
-	// StreamAdvisories captures the MaxDeliver advisories of JETCREW_RUNS'
-	// consumers: $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.JETCREW_RUNS.>.
-	StreamAdvisories = "JETCREW_ADVISORIES"
-	// consumerAdvisories is the durable consumer every worker shares on it.
-	consumerAdvisories = "dead-letterer"
+	"github.com/jetcrew/jetcrew/worker/runstate"
 )
 
 // maxDeliverAdvisory is the part of the server's
@@ -38,7 +26,7 @@ type maxDeliverAdvisory struct {
 func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
 	if err := retryProvision(ctx, func(ctx context.Context) error {
 		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-			Name:        StreamAdvisories,
+			Name:        messages.StreamAdvisories,
 			Description: "MaxDeliver advisories of jetcrew's run consumers, so no exhausted request is lost",
 			Subjects:    []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + messages.StreamRuns + ".>"},
 			Retention:   jetstream.WorkQueuePolicy,
@@ -48,13 +36,13 @@ func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg Provis
 		})
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("provision stream %s: %w", StreamAdvisories, err)
+		return nil, fmt.Errorf("provision stream %s: %w", messages.StreamAdvisories, err)
 	}
 	var c jetstream.Consumer
 	err := retryProvision(ctx, func(ctx context.Context) error {
 		var err error
-		c, err = js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
-			Durable:    consumerAdvisories,
+		c, err = js.CreateOrUpdateConsumer(ctx, messages.StreamAdvisories, jetstream.ConsumerConfig{
+			Durable:    messages.ConsumerAdvisories,
 			AckPolicy:  jetstream.AckExplicitPolicy,
 			AckWait:    30 * time.Second,
 			MaxDeliver: -1,
@@ -63,7 +51,7 @@ func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg Provis
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("provision consumer %s: %w", consumerAdvisories, err)
+		return nil, fmt.Errorf("provision consumer %s: %w", messages.ConsumerAdvisories, err)
 	}
 	return c, nil
 }
@@ -97,17 +85,17 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 	pool, _ := messages.PoolFromSubject(raw.Subject)
 	meta := &jetstream.MsgMetadata{Timestamp: raw.Time, NumDelivered: adv.Deliveries}
 	meta.Sequence.Stream = raw.Sequence
-	id := salvageID(raw.Data)
+	id := messages.SalvageRunID(raw.Data)
 	if req, err := messages.DecodeRunRequest(raw.Data); err == nil && req.ID != "" {
 		id = req.ID
 	}
 	if id == "" {
-		id = DeriveRunID(meta)
+		id = runstate.DeriveRunID(meta)
 	}
 	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
 
-	prev, rev, err := w.store.load(ctx, id)
-	if err != nil && !isNotFound(err) {
+	prev, rev, err := w.store.Load(ctx, id)
+	if err != nil && !runstate.IsNotFound(err) {
 		return err
 	}
 	st, from := prev, prev.State
@@ -120,7 +108,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		st.Attempts = int(adv.Deliveries)
 		st.ContainerID, st.ExitCode = "", nil
 		st.FinishedAt = time.Now().UTC()
-		ok, err := w.store.finalize(ctx, from, st, rev)
+		ok, err := w.store.Finalize(ctx, from, st, rev)
 		if err != nil {
 			return err
 		}
@@ -133,7 +121,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		// No delivery is left to clean up after the last one, whose worker
 		// died: its container may still run. Remove the run's containers
 		// now, not when the reconciler finds them orphaned.
-		if err := w.removeRunContainers(ctx, id); err != nil {
+		if err := w.runs.RemoveRunContainers(ctx, id); err != nil {
 			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
 		}
 	}
@@ -141,8 +129,8 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		if st.Pool == "" {
 			st.Pool = pool
 		}
-		dl := deadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)
-		copySignature(dl.Header, raw.Header)
+		dl := runstate.DeadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)
+		runstate.CopySignature(dl.Header, raw.Header)
 		if _, err := w.js.PublishMsg(ctx, dl); err != nil {
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
@@ -151,10 +139,4 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		return fmt.Errorf("remove request %d: %w", raw.Sequence, err)
 	}
 	return nil
-}
-
-// deadLetterMsgID is the Nats-Msg-Id of a run's dead letter for the request
-// at stream sequence seq: one dead letter per request message.
-func deadLetterMsgID(runID string, seq uint64) string {
-	return "dl-" + runID + "-" + strconv.FormatUint(seq, 10)
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // presence returns the heartbeat value this worker writes under its id in
-// BucketWorkers: a messages.WorkerPresence announcing its pool, so clients
+// messages.BucketWorkers: a messages.WorkerPresence announcing its pool, so clients
 // can tell that a pool has no live worker.
 func (w *Worker) presence() []byte {
 	b, _ := json.Marshal(messages.WorkerPresence{

@@ -2,24 +2,13 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
-)
-
-// Resource names the worker adds to the messages contract.
-const (
-	// BucketWorkers holds one key per live worker, refreshed every
-	// heartbeat and expiring after WorkerTTL.
-	// Its values are messages.WorkerPresence documents.
-	BucketWorkers = messages.BucketWorkers
-	// WorkerTTL is how long a worker's heartbeat key lives, and so how
-	// long after a worker dies its containers count as orphans.
-	WorkerTTL = 15 * time.Second
 )
 
 // ProvisionConfig sizes the JetStream resources Provision creates. Zero
@@ -189,22 +178,36 @@ func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}, {
-		Bucket:      BucketWorkers,
+		Bucket:      messages.BucketWorkers,
 		Description: "jetcrew live workers (heartbeats)",
 		History:     1,
-		TTL:         WorkerTTL,
+		TTL:         messages.WorkerTTL,
 		Storage:     jetstream.MemoryStorage,
 		Replicas:    cfg.Replicas,
 	}}
 }
 
-// isNotFound reports whether err says a JetStream key or message does not exist.
-func isNotFound(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound)
-}
+// provisionAttemptTimeout bounds one try of creating a stream, bucket or
+// consumer: on a new R3 cluster one can take longer than the JetStream API's
+// 5 second default. A try cut short is harmless (the server goes on, and the
+// next try of the same configuration succeeds), while a long one stalls a
+// worker whose request was lost to a node restart.
+const provisionAttemptTimeout = 10 * time.Second
 
-// isRevisionConflict reports whether err is a key-value compare-and-set
-// conflict: Create of an existing key, or Update with a stale revision.
-func isRevisionConflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+// retryProvision is retryOp for provisioning calls: 10 seconds a try, for up
+// to 3 minutes; each failed try is told to ctx's provisionNotify.
+func retryProvision(ctx context.Context, op func(ctx context.Context) error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 500 * time.Millisecond
+	b.MaxInterval = 10 * time.Second
+	b.MaxElapsedTime = 3 * time.Minute
+	return backoff.RetryNotify(func() error {
+		actx, cancel := context.WithTimeout(ctx, provisionAttemptTimeout)
+		defer cancel()
+		err := op(actx)
+		if err != nil && ctx.Err() != nil {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(b, ctx), provisionNotify(ctx))
 }

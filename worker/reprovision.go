@@ -11,10 +11,10 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// ensureProvisioned checks, on every heartbeat (WorkerTTL/3), that what the
+// ensureProvisioned checks, on every heartbeat (messages.WorkerTTL/3), that what the
 // worker needs still exists, and provisions everything again when something
 // is missing: a nats-server restarted on the same store loses the
-// memory-storage buckets (the heartbeats in BucketWorkers, coordination's
+// memory-storage buckets (the heartbeats in messages.BucketWorkers, coordination's
 // presence in coordination.BucketPeers), and one restarted on an empty store
 // loses everything. Without this, every later run's coordination would be
 // unavailable and the reconciler would take every worker for dead. It
@@ -41,7 +41,7 @@ func (w *Worker) ensureProvisioned(ctx context.Context) error {
 // pool's consumer (lost, with its stream, when the store is), since any one
 // missing provisions everything again.
 func (w *Worker) missingResource(ctx context.Context) (string, error) {
-	for _, b := range []string{BucketWorkers, coordination.BucketPeers} {
+	for _, b := range []string{messages.BucketWorkers, coordination.BucketPeers} {
 		_, err := w.js.KeyValue(ctx, b)
 		switch {
 		case errors.Is(err, jetstream.ErrBucketNotFound):

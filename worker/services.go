@@ -164,32 +164,3 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
-
-// tickUntilStopped calls f every interval (counted from the end of the
-// previous call) until the returned function is called; that function
-// waits for a call in progress to end. It runs on a timer, not a goroutine
-// of its own: most runs end before the first tick, and a goroutine and a
-// ticker per run were a cost of every run (issue 16).
-func tickUntilStopped(interval time.Duration, f func()) (stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	mu.Lock()
-	defer mu.Unlock()
-	var t *time.Timer
-	t = time.AfterFunc(interval, func() {
-		// Ends after one call of f; the timer starts the next.
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		f()
-		t.Reset(interval)
-	})
-	return func() {
-		mu.Lock() // waits for a call of f in progress
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
-}

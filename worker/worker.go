@@ -28,6 +28,17 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/runner"
+	"github.com/jetcrew/jetcrew/worker/runstate"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/stage/bridge"
+	"github.com/jetcrew/jetcrew/worker/stage/coord"
+	"github.com/jetcrew/jetcrew/worker/stage/proxy"
+	"github.com/jetcrew/jetcrew/worker/stage/rundir"
+	"github.com/jetcrew/jetcrew/worker/stage/secrets"
+	"github.com/jetcrew/jetcrew/worker/stage/tree"
 )
 
 // Config configures a Worker. Zero fields take the documented defaults (see
@@ -42,10 +53,11 @@ type Config struct {
 	// Concurrency is the most runs at once. The worker never holds more
 	// requests than free slots. Default 4.
 	Concurrency int
-	// Profiles are the profiles requests may name. Default DefaultProfiles().
-	Profiles Profiles
+	// Profiles are the profiles requests may name, resolved
+	// (profile.Profile.Resolve). Default profile.DefaultProfiles().
+	Profiles profile.Profiles
 	// Runtime runs the containers. Required.
-	Runtime Runtime
+	Runtime jail.Runtime
 	// Logger receives structured logs. Default: a disabled logger.
 	Logger *zerolog.Logger
 	// Provision sizes the streams and the consumer; its Pool is set from
@@ -94,12 +106,12 @@ type Config struct {
 	// commands unpack a run's snapshot and capture its result inside the
 	// jail (docs/workspaces.md). Workspace runs mount a content-addressed
 	// copy of it (StateDir/tool/<sha256>, mode 0555) read-only at
-	// JailToolPath. Default: BridgePath. When it cannot be staged,
+	// tree.JailToolPath. Default: BridgePath. When it cannot be staged,
 	// workspace runs are refused with that reason.
 	WorkspaceTool string
 	// Workspace bounds and stores the workspaces of runs whose request names
 	// one.
-	Workspace WorkspaceConfig
+	Workspace tree.Config
 	// EgressResolver resolves the names runs of egress profiles ask for.
 	// Default net.DefaultResolver; tests give a fixed table.
 	EgressResolver egress.Resolver
@@ -128,30 +140,13 @@ type Config struct {
 	// egress proof must not reach on any of the host's addresses.
 	EgressProbePorts []int
 	// Failpoint, when set, is called with the name of each crash point a
-	// run passes (see the Failpoint* constants), so crash tests can kill
+	// run passes (the stage.Failpoint* constants), so crash tests can kill
 	// the worker process exactly there. Nil in production.
 	Failpoint func(name string)
 }
 
-// Crash points passed to Config.Failpoint, in the order a run reaches them.
-const (
-	FailpointAfterFetch      = "after-fetch"       // request received, nothing recorded
-	FailpointAfterStage      = "after-stage"       // workspace staged, container not created
-	FailpointAfterStart      = "after-start"       // container created and started
-	FailpointRunning         = "running"           // running state recorded
-	FailpointAfterExit       = "after-exit"        // process exited, result not recorded
-	FailpointAfterCapture    = "after-capture"     // workspace result stored, final state not recorded
-	FailpointAfterResult     = "after-result"      // final state recorded, request not removed
-	FailpointAfterDeadLetter = "after-dead-letter" // dead letter published, request not removed
-)
-
-func (w *Worker) failpoint(name string) {
-	if w.cfg.Failpoint != nil {
-		w.cfg.Failpoint(name)
-	}
-}
-
-// WithDefaults returns a copy of c with every zero field set to its default.
+// WithDefaults returns a copy of c with every zero field set to its
+// default, its Provision and Workspace included.
 func (c Config) WithDefaults() Config {
 	if c.ID == "" {
 		host, _ := os.Hostname()
@@ -169,7 +164,7 @@ func (c Config) WithDefaults() Config {
 		c.Concurrency = 4
 	}
 	if c.Profiles == nil {
-		c.Profiles = DefaultProfiles()
+		c.Profiles = profile.DefaultProfiles()
 	}
 	if c.Logger == nil {
 		l := zerolog.Nop()
@@ -196,7 +191,7 @@ func (c Config) WithDefaults() Config {
 		c.OrphanGrace = 30 * time.Second
 	}
 	if c.EgressProbeImage == "" {
-		c.EgressProbeImage = SandboxImage
+		c.EgressProbeImage = profile.SandboxImage
 	}
 	if c.EgressProbeOutside == "" {
 		c.EgressProbeOutside = "1.1.1.1:443"
@@ -212,6 +207,7 @@ func (c Config) WithDefaults() Config {
 	if c.WorkspaceTool == "" {
 		c.WorkspaceTool = c.BridgePath
 	}
+	c.Workspace = c.Workspace.WithDefaults(c.Provision.Replicas)
 	return c
 }
 
@@ -264,32 +260,27 @@ type Worker struct {
 	js  jetstream.JetStream
 	log zerolog.Logger
 	// store owns every write of the jetcrew-runs bucket.
-	store *stateStore
+	store *runstate.Store
 	live  jetstream.KeyValue
 	cons  jetstream.Consumer
 	coord *coordination.Host
-	// bridges stages the bridge binary runs mount.
-	bridges *bridgeStager
-	// runDirs keeps finished runs' directories for later runs (set by
-	// prepareStateDir).
-	runDirs *runDirPool
-	// tools stages the jetcrew binary workspace runs mount (WorkspaceTool).
-	tools *bridgeStager
+	// holds is the registry of what live runs hold on the host.
+	holds *stage.Holds
+	// The stages' factories, made by Start (stages), and the run engine.
+	runDirs *rundir.Dirs
+	bridges *bridge.Bridges
+	trees   *tree.Trees
+	proxies *proxy.Proxies
+	runs    *runner.Runner
 	// install identifies this installation in container labels.
 	install string
-	// digests holds each configured profile's digest (profileDigest) by
-	// name, computed once in New: the profiles do not change after it.
-	digests map[string]string
-	// egress is the egress proxy's configuration and proof (egress.go).
-	egress *egressState
 
 	reg     *prometheus.Registry
-	metrics *metrics
+	metrics *runner.Metrics
 
 	mu      sync.Mutex
-	active  map[string]*activeRun // by run id
-	started bool                  // Start was called
-	running bool                  // Start succeeded
+	started bool // Start was called
+	running bool // Start succeeded
 	stopped chan struct{}
 
 	stopOnce    sync.Once
@@ -298,15 +289,6 @@ type Worker struct {
 	bgCancel    context.CancelFunc // stops the other services
 	pulling     sync.WaitGroup     // the pull loop
 	bg          sync.WaitGroup     // the other services
-	stops       sync.WaitGroup     // container stops in flight (stopAsync)
-
-	wsStores wsStores   // the workspace and result buckets, found on first use
-	git      *gitFlight // shares and bounds git resolutions (workspace_git.go)
-}
-
-type activeRun struct {
-	run       *run
-	container Container
 }
 
 // New returns a Worker using nc, configured by cfg with defaults applied.
@@ -318,27 +300,19 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	// An async publish whose server dies before acking would otherwise wait
 	// forever: bound it, and the output publisher re-publishes it.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(opAttemptTimeout))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(runstate.OpAttemptTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	reg := prometheus.NewRegistry()
-	digests := make(map[string]string, len(cfg.Profiles))
-	for name, p := range cfg.Profiles {
-		digests[name] = profileDigest(p)
-	}
 	return &Worker{
-		digests: digests,
 		reg:     reg,
-		metrics: newMetrics(reg, cfg.ID, cfg.Pool),
+		metrics: runner.NewMetrics(reg, cfg.ID, cfg.Pool),
 		cfg:     cfg,
 		nc:      nc,
 		js:      js,
 		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
-		active:  make(map[string]*activeRun),
-		bridges: &bridgeStager{dir: filepath.Join(cfg.StateDir, "bin")},
-		tools:   &bridgeStager{dir: filepath.Join(cfg.StateDir, "tool"), what: "workspace tool (the jetcrew binary of WorkspaceTool)"},
-		git:     newGitFlight(cfg.Workspace.withDefaults(1).GitFetches),
+		holds:   &stage.Holds{},
 		stopped: make(chan struct{}),
 	}, nil
 }
@@ -363,11 +337,23 @@ func (w *Worker) Ready() bool {
 		return false
 	default:
 	}
-	return running && w.nc.IsConnected() && w.egressReady()
+	return running && w.nc.IsConnected() && w.proxies.Ready()
 }
 
 // ID returns the worker's id.
 func (w *Worker) ID() string { return w.cfg.ID }
+
+// KillEgress cuts the egress proxy of run runID as a crash would: its
+// listener and every open connection. Its supervisor reopens it after
+// Config.EgressRestartDelay; meanwhile the run's connections fail (the
+// container has no other way out). It reports whether the run is live here
+// with an egress proxy. For drills and tests.
+func (w *Worker) KillEgress(runID string) bool {
+	w.mu.Lock()
+	running := w.running
+	w.mu.Unlock()
+	return running && w.runs.KillEgress(runID)
+}
 
 // Start provisions the JetStream resources, removes orphaned containers, and
 // starts the worker's services: the pull loop (one pull request per run
@@ -388,16 +374,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// The workspace and result buckets exist before any client needs them
 	// (a submitter may not create streams).
-	if _, _, err := w.stores(ctx); err != nil {
+	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
 		return fmt.Errorf("worker: workspace buckets: %w", err)
 	}
 	rc := w.newReconciler()
 	if err := rc.reconcile(ctx); err != nil {
 		return fmt.Errorf("worker: reconcile containers: %w", err)
 	}
-	adv, err := w.js.Consumer(ctx, StreamAdvisories, consumerAdvisories)
+	adv, err := w.js.Consumer(ctx, messages.StreamAdvisories, messages.ConsumerAdvisories)
 	if err != nil {
-		return fmt.Errorf("worker: consumer %s: %w", consumerAdvisories, err)
+		return fmt.Errorf("worker: consumer %s: %w", messages.ConsumerAdvisories, err)
 	}
 	unsubscribe, err := w.subscribeControl()
 	if err != nil {
@@ -408,15 +394,15 @@ func (w *Worker) Start(ctx context.Context) error {
 	fetchCtx, fetchCancel := context.WithCancel(context.Background())
 	runsCtx, runsCancel := context.WithCancel(context.Background())
 	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
-	w.git.start(runsCtx)
-	w.startEgress(bgCtx)
+	w.trees.Start(runsCtx)
+	w.proxies.Start(bgCtx, &w.bg)
 	runServices(bgCtx, &w.bg,
 		&cancelListener{unsubscribe: unsubscribe},
 		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
 		rc,
-		&heartbeat{interval: WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
+		&heartbeat{interval: messages.WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
 	)
-	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.handle, log: w.log}
+	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.runs.Handle, log: w.log}
 	w.pulling.Add(1)
 	go func() {
 		defer w.pulling.Done()
@@ -430,8 +416,8 @@ func (w *Worker) Start(ctx context.Context) error {
 }
 
 // setUp provisions the streams, buckets and consumers the worker uses,
-// the coordination host and the state directory, and writes the first
-// heartbeat.
+// the coordination host and the state directory, builds the stages'
+// factories and the run engine, and writes the first heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
 	if err := w.checkOCIRuntimes(ctx); err != nil {
 		return err
@@ -456,11 +442,6 @@ func (w *Worker) setUp(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	log := w.log
-	w.coord, err = coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: w.onCoordEvent})
-	if err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
 	if err := w.prepareStateDir(); err != nil {
 		return err
 	}
@@ -468,13 +449,51 @@ func (w *Worker) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
-	w.store = &stateStore{kv: runs, js: w.js, workerID: w.cfg.ID, log: w.log}
-	if w.live, err = w.js.KeyValue(ctx, BucketWorkers); err != nil {
-		return fmt.Errorf("worker: bucket %s: %w", BucketWorkers, err)
+	w.store = runstate.NewStore(runs, w.js, w.cfg.ID, w.log)
+	if w.live, err = w.js.KeyValue(ctx, messages.BucketWorkers); err != nil {
+		return fmt.Errorf("worker: bucket %s: %w", messages.BucketWorkers, err)
+	}
+	if err := w.compose(); err != nil {
+		return err
 	}
 	if err := w.heartbeat(ctx); err != nil {
 		return fmt.Errorf("worker: heartbeat: %w", err)
 	}
+	return nil
+}
+
+// compose builds the stages' factories and the run engine: the composition
+// root of a run.
+func (w *Worker) compose() error {
+	c := w.cfg
+	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, w.holds, w.log)
+	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), w.holds)
+	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
+		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log})
+	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
+		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
+		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log,
+		Proof: proxy.ProofConfig{Runtime: c.Runtime, Image: c.EgressProbeImage, Outside: c.EgressProbeOutside, Ports: c.EgressProbePorts,
+			Bridge: w.bridges.Stage, Dir: w.runDirs.Path}})
+	log := w.log
+	var err error
+	// The host reports coordination steps to the run engine, made below.
+	w.coord, err = coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: func(ev coordination.Event) { w.runs.OnCoordEvent(ev) }})
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	digests := make(map[string]string, len(c.Profiles))
+	for name, p := range c.Profiles {
+		digests[name] = p.Digest()
+	}
+	w.runs = runner.New(runner.Config{
+		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Digests: digests, Runtime: c.Runtime,
+		NC: w.nc, JS: w.js, Store: w.store, Holds: w.holds,
+		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
+			Coord: coord.New(w.coord), Proxies: w.proxies},
+		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
+		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Metrics: w.metrics, Log: w.log,
+	})
 	return nil
 }
 
@@ -514,20 +533,16 @@ func (w *Worker) Stop(ctx context.Context) error {
 		<-done
 	}
 	w.runsCancel()
-	w.git.stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
+	w.trees.Stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
 	w.bgCancel()
 	w.bg.Wait()
-	w.stops.Wait()
-	// The per-run directories are gone with their runs, and no run refers
-	// to a staged bridge any more; remove their parents when empty (a
-	// default state dir is per worker id).
-	_ = w.bridges.gc(nil)
-	_ = os.Remove(w.bridges.dir)
-	w.runDirs.drain()
-	_ = w.tools.gc(nil)
-	_ = os.Remove(w.tools.dir)
-	_ = os.Remove(filepath.Join(w.cfg.StateDir, "r"))
-	_ = os.Remove(filepath.Join(w.cfg.StateDir, "ws"))
+	w.runs.Wait()
+	// The per-run directories are gone with their runs, and no run holds a
+	// staged binary any more; remove their parents when empty (a default
+	// state dir is per worker id).
+	w.bridges.Drain()
+	w.runDirs.Drain()
+	w.trees.Drain()
 	_ = os.Remove(w.cfg.StateDir)
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -545,18 +560,4 @@ func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 func (w *Worker) heartbeat(ctx context.Context) error {
 	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
 	return err
-}
-
-// stopAsync stops container c (SIGTERM, SIGKILL after StopGrace) in a
-// goroutine Stop waits for, logging a failure with what.
-func (w *Worker) stopAsync(c Container, log zerolog.Logger, what string) {
-	w.stops.Add(1)
-	go func() {
-		defer w.stops.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+30*time.Second)
-		defer cancel()
-		if err := c.Stop(ctx, w.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
-			log.Warn().Err(err).Msg(what)
-		}
-	}()
 }

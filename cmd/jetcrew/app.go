@@ -8,11 +8,10 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // app is the command line program with its outside world: standard streams,
@@ -25,7 +24,7 @@ type app struct {
 	getenv func(string) string
 	// newRuntime returns the container runtime workers use and a function
 	// that releases it; the Docker runtime outside tests.
-	newRuntime func(ctx context.Context, log zerolog.Logger) (worker.Runtime, func() error, error)
+	newRuntime func(ctx context.Context, log zerolog.Logger) (jail.Runtime, func() error, error)
 	// force is closed when a graceful stop must be cut short (a second
 	// interrupt). Nil means never.
 	force <-chan struct{}

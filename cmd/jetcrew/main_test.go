@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -50,14 +50,14 @@ type testApp struct {
 	stdout, stderr *syncBuffer
 }
 
-func newTestApp(env map[string]string, rt worker.Runtime) *testApp {
+func newTestApp(env map[string]string, rt jail.Runtime) *testApp {
 	out, errb := &syncBuffer{}, &syncBuffer{}
 	a := newApp()
 	a.bridgePath = testBridge
 	a.stdin = strings.NewReader("")
 	a.stdout, a.stderr = out, errb
 	a.getenv = func(k string) string { return env[k] }
-	a.newRuntime = func(context.Context, zerolog.Logger) (worker.Runtime, func() error, error) {
+	a.newRuntime = func(context.Context, zerolog.Logger) (jail.Runtime, func() error, error) {
 		if rt == nil {
 			rt = workertest.NewRuntime()
 		}
@@ -111,7 +111,7 @@ func startWorker(t *testing.T, s *server.Server, args ...string) {
 
 // startWorkerWith runs `jetcrew worker` with the container runtime rt
 // against s until the test ends.
-func startWorkerWith(t *testing.T, s *server.Server, rt worker.Runtime, args ...string) {
+func startWorkerWith(t *testing.T, s *server.Server, rt jail.Runtime, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a := newTestApp(nil, rt)
@@ -452,7 +452,7 @@ func TestUpPortInUse(t *testing.T) {
 func TestUpRuntimeUnavailable(t *testing.T) {
 	t.Parallel()
 	up := newTestApp(nil, nil)
-	up.newRuntime = func(context.Context, zerolog.Logger) (worker.Runtime, func() error, error) {
+	up.newRuntime = func(context.Context, zerolog.Logger) (jail.Runtime, func() error, error) {
 		return nil, nil, errFakeDocker
 	}
 	code := up.run(t.Context(), []string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir()})

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -26,15 +26,15 @@ func failFirstRuntime() *workertest.Runtime {
 		mu   sync.Mutex
 		seen = map[string]bool{}
 	)
-	rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-		id := spec.Labels[worker.LabelRunID]
+	rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+		id := spec.Labels[jail.LabelRunID]
 		mu.Lock()
 		first := !seen[id]
 		seen[id] = true
 		mu.Unlock()
 		if first {
-			return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-				return worker.ExitStatus{Code: 3}
+			return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+				return jail.ExitStatus{Code: 3}
 			}, nil
 		}
 		return workertest.ScriptBehaviour(spec)

@@ -4,9 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/spf13/cobra"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // profilesCmd is `jetcrew profiles check FILE`: it validates a profile file
@@ -23,7 +22,7 @@ func (a *app) profilesCmd() *cobra.Command {
 		Short: "Validate a profile file and print each profile's effective configuration",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ps, err := worker.LoadProfiles(args[0])
+			ps, err := profile.LoadProfiles(args[0])
 			if err != nil {
 				return usageError(err)
 			}

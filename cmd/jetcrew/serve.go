@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage/tree"
 )
 
 // workerOptions are the flags of the worker `up` and `worker` start.
@@ -27,10 +29,10 @@ type workerOptions struct {
 	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
-	metricsAddr       string                 // --metrics-addr; see metrics.go
-	replicas          int                    // --replicas (worker only); see metrics.go
-	egressCADir       string                 // --egress-ca-dir; see egress.go
-	workspace         worker.WorkspaceConfig // --workspace-*, --result-*; see workspace.go
+	metricsAddr       string      // --metrics-addr; see metrics.go
+	replicas          int         // --replicas (worker only); see metrics.go
+	egressCADir       string      // --egress-ca-dir; see egress.go
+	workspace         tree.Config // --workspace-*, --result-*; see workspace.go
 	caps              streamCapFlags
 }
 
@@ -63,7 +65,7 @@ func (o *workerOptions) addPoolFlags(fs *pflag.FlagSet) {
 
 // check validates the options and loads the profiles; a mistake is a usage
 // error, found before anything starts.
-func (o *workerOptions) check() (worker.Profiles, error) {
+func (o *workerOptions) check() (profile.Profiles, error) {
 	if o.concurrency < 1 {
 		return nil, usageError(fmt.Errorf("--concurrency %d: must be at least 1", o.concurrency))
 	}
@@ -95,9 +97,9 @@ func (o *workerOptions) check() (worker.Profiles, error) {
 		return nil, err
 	}
 	if o.profiles == "" {
-		return worker.DefaultProfiles(), nil
+		return profile.DefaultProfiles(), nil
 	}
-	ps, err := worker.LoadProfiles(o.profiles)
+	ps, err := profile.LoadProfiles(o.profiles)
 	if err != nil {
 		return nil, usageError(err)
 	}
@@ -110,7 +112,7 @@ func (o *workerOptions) check() (worker.Profiles, error) {
 // to the stream. ready is called once the worker has started (its streams
 // exist). An error means the worker could not start or failed is what ended
 // it; a stop asked for through ctx returns nil.
-func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, profiles worker.Profiles, ready func(*worker.Worker), failed <-chan string) error {
+func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, profiles profile.Profiles, ready func(*worker.Worker), failed <-chan string) error {
 	rt, closeRuntime, err := a.newRuntime(ctx, a.log)
 	if err != nil {
 		if ctx.Err() != nil {

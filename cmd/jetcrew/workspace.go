@@ -13,7 +13,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/stage/tree"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
@@ -70,7 +70,7 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 
 // addWorkerWorkspaceFlags adds the worker's workspace limits and bucket
 // settings (worker and up).
-func addWorkerWorkspaceFlags(fs *pflag.FlagSet, c *worker.WorkspaceConfig) {
+func addWorkerWorkspaceFlags(fs *pflag.FlagSet, c *tree.Config) {
 	fs.Int64Var(&c.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes,
 		"largest workspace snapshot, unpacked tree and captured change a run may have, each in bytes; a larger one fails the run")
 	fs.IntVar(&c.GitFetches, "git-fetches", 2,

@@ -12,8 +12,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
-
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // drainTimeout is how long Wait lets the attach stream run on after the
@@ -51,7 +50,7 @@ type Container struct {
 	copyErr  error
 
 	mu     sync.Mutex
-	status *worker.ExitStatus // set by the first successful Wait
+	status *jail.ExitStatus // set by the first successful Wait
 
 	// imageID is the engine's id of the container's image.
 	imageID string
@@ -61,7 +60,7 @@ type Container struct {
 	stopped atomic.Bool
 }
 
-var _ worker.Container = (*Container)(nil)
+var _ jail.Container = (*Container)(nil)
 
 // ID returns the Docker container id (64 hex digits).
 func (c *Container) ID() string { return c.id }
@@ -82,7 +81,7 @@ func (c *Container) waitExit(respC <-chan container.WaitResponse, errC <-chan er
 
 // copyOutput demultiplexes the attach stream into output until EOF, then
 // closes the connection.
-func (c *Container) copyOutput(output worker.OutputFunc) {
+func (c *Container) copyOutput(output jail.OutputFunc) {
 	c.copyErr = demux(c.hijack.Reader, output)
 	c.hijack.Close()
 	close(c.copyDone)
@@ -97,7 +96,7 @@ func (c *Container) release() {
 	})
 }
 
-// Wait implements worker.Container. It returns once the engine's
+// Wait implements jail.Container. It returns once the engine's
 // "next-exit" wait has fired and the attach stream has reached EOF (so every
 // byte the process wrote has gone to the OutputFunc), reading the result
 // with ContainerInspect: Code from State.ExitCode (128+n for signal n; 137
@@ -112,7 +111,7 @@ func (c *Container) release() {
 // calls return the same status at once. When the output stream broke
 // instead of ending cleanly, Wait returns the exit status together with an
 // error saying the output is incomplete.
-func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
+func (c *Container) Wait(ctx context.Context) (jail.ExitStatus, error) {
 	c.mu.Lock()
 	if c.status != nil {
 		defer c.mu.Unlock()
@@ -123,10 +122,10 @@ func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 	select {
 	case <-c.waitDone:
 	case <-ctx.Done():
-		return worker.ExitStatus{}, ctx.Err()
+		return jail.ExitStatus{}, ctx.Err()
 	}
 	if c.waitErr != nil {
-		return worker.ExitStatus{}, classify(opWait, c.waitErr)
+		return jail.ExitStatus{}, classify(opWait, c.waitErr)
 	}
 
 	drain := time.NewTimer(drainTimeout)
@@ -140,13 +139,13 @@ func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
 		<-c.copyDone
 		copyErr = errOutputTimeout
 	case <-ctx.Done():
-		return worker.ExitStatus{}, ctx.Err()
+		return jail.ExitStatus{}, ctx.Err()
 	}
 	c.release()
 
 	status, err := c.inspectExit(ctx)
 	if err != nil {
-		return worker.ExitStatus{}, err
+		return jail.ExitStatus{}, err
 	}
 	if copyErr != nil {
 		return status, fmt.Errorf("docker: output of container %s is incomplete: %w", c.id, copyErr)
@@ -169,7 +168,7 @@ const oomSettle = 3 * time.Second
 const oomPoll = 50 * time.Millisecond
 
 // inspectExit reads how the exited container ended.
-func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) {
+func (c *Container) inspectExit(ctx context.Context) (jail.ExitStatus, error) {
 	st, found, err := c.inspectOnce(ctx)
 	if err != nil || !found || st.Code != 137 || st.OOMKilled || c.stopped.Load() {
 		return st, err
@@ -207,7 +206,7 @@ func (c *Container) inspectExit(ctx context.Context) (worker.ExitStatus, error) 
 // inspectOnce reads the exited container's state once (retrying transient
 // errors). found is false when the container no longer exists; the status
 // then comes from the wait's answer.
-func (c *Container) inspectOnce(ctx context.Context) (st worker.ExitStatus, found bool, err error) {
+func (c *Container) inspectOnce(ctx context.Context) (st jail.ExitStatus, found bool, err error) {
 	var info container.InspectResponse
 	err = retry(ctx, c.rt.cfg.RetryTimeout, func(ctx context.Context) error {
 		var err error
@@ -216,24 +215,24 @@ func (c *Container) inspectOnce(ctx context.Context) (st worker.ExitStatus, foun
 	})
 	switch {
 	case cerrdefs.IsNotFound(err):
-		st = worker.ExitStatus{Code: int(c.waitResp.StatusCode)}
+		st = jail.ExitStatus{Code: int(c.waitResp.StatusCode)}
 		if c.waitResp.Error != nil {
 			st.Error = c.waitResp.Error.Message
 		}
 		return st, false, nil
 	case err != nil:
-		return worker.ExitStatus{}, false, classify(opInspect, err)
+		return jail.ExitStatus{}, false, classify(opInspect, err)
 	case info.State == nil:
-		return worker.ExitStatus{}, false, fmt.Errorf("docker: %s of %s: no state in the answer", opInspect, c.id)
+		return jail.ExitStatus{}, false, fmt.Errorf("docker: %s of %s: no state in the answer", opInspect, c.id)
 	}
-	return worker.ExitStatus{
+	return jail.ExitStatus{
 		Code:      info.State.ExitCode,
 		OOMKilled: info.State.OOMKilled,
 		Error:     info.State.Error,
 	}, true, nil
 }
 
-// Stop implements worker.Container with ContainerStop: the engine sends the
+// Stop implements jail.Container with ContainerStop: the engine sends the
 // container's StopSignal (SIGTERM, set by Start) to its init process, which
 // forwards it to the command, and SIGKILL when grace (rounded up to whole
 // seconds; zero or less sends SIGKILL right after SIGTERM, so either may end
@@ -250,7 +249,7 @@ func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
 	return classify(opStop, err)
 }
 
-// Remove implements worker.Container: it force-removes the container and
+// Remove implements jail.Container: it force-removes the container and
 // its anonymous volumes (ContainerRemove with Force and RemoveVolumes; gone
 // already counts as removed), then closes the output stream and waits,
 // within ctx, for the output goroutine to end, so the OutputFunc is not

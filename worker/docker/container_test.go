@@ -9,9 +9,8 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // inspectFake answers ContainerInspect from a script of states, the last
@@ -47,15 +46,15 @@ func TestInspectExitWaitsForLateOOM(t *testing.T) {
 	tests := []struct {
 		name      string
 		states    []*container.State
-		want      worker.ExitStatus
+		want      jail.ExitStatus
 		wantCalls int
 		slow      bool
 	}{
-		{"OOM recorded late", []*container.State{exited(137, false), exited(137, false), exited(137, true)}, worker.ExitStatus{Code: 137, OOMKilled: true}, 3, false},
-		{"OOM recorded at once", []*container.State{exited(137, true)}, worker.ExitStatus{Code: 137, OOMKilled: true}, 1, false},
-		{"other codes are not looked at again", []*container.State{exited(143, false)}, worker.ExitStatus{Code: 143}, 1, false},
-		{"killed, never OOM: gives up after oomSettle", []*container.State{exited(137, false)}, worker.ExitStatus{Code: 137}, 0, true},
-		{"removed meanwhile", []*container.State{exited(137, false), nil}, worker.ExitStatus{Code: 137}, 2, false},
+		{"OOM recorded late", []*container.State{exited(137, false), exited(137, false), exited(137, true)}, jail.ExitStatus{Code: 137, OOMKilled: true}, 3, false},
+		{"OOM recorded at once", []*container.State{exited(137, true)}, jail.ExitStatus{Code: 137, OOMKilled: true}, 1, false},
+		{"other codes are not looked at again", []*container.State{exited(143, false)}, jail.ExitStatus{Code: 143}, 1, false},
+		{"killed, never OOM: gives up after oomSettle", []*container.State{exited(137, false)}, jail.ExitStatus{Code: 137}, 0, true},
+		{"removed meanwhile", []*container.State{exited(137, false), nil}, jail.ExitStatus{Code: 137}, 2, false},
 	}
 	t.Run("stopped by Stop: the SIGKILL is ours", func(t *testing.T) {
 		t.Parallel()
@@ -64,7 +63,7 @@ func TestInspectExitWaitsForLateOOM(t *testing.T) {
 		c.stopped.Store(true)
 		st, err := c.inspectExit(context.Background())
 		require.NoError(t, err)
-		require.Equal(t, worker.ExitStatus{Code: 137}, st)
+		require.Equal(t, jail.ExitStatus{Code: 137}, st)
 		require.Equal(t, 1, f.calls)
 	})
 	for _, tt := range tests {

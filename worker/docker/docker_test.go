@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // sandboxImage is the image deploy/sandbox/build.sh builds.
@@ -124,7 +124,7 @@ func randomSuffix(t *testing.T) string {
 
 // sandboxSpec returns a hardened spec running script with sh -c under a
 // fresh random name; the container is removed when the test ends.
-func sandboxSpec(t *testing.T, rt *Runtime, script string) worker.ContainerSpec {
+func sandboxSpec(t *testing.T, rt *Runtime, script string) jail.ContainerSpec {
 	t.Helper()
 	name := "jetcrew-test-" + randomSuffix(t)
 	t.Cleanup(func() {
@@ -134,21 +134,21 @@ func sandboxSpec(t *testing.T, rt *Runtime, script string) worker.ContainerSpec 
 			t.Errorf("cleanup: remove %s: %v", name, err)
 		}
 	})
-	return worker.ContainerSpec{
+	return jail.ContainerSpec{
 		Name:        name,
 		Image:       sandboxImage,
 		Cmd:         []string{"sh", "-c", script},
 		Env:         []string{"HOME=/home/agent"},
 		User:        agentUser,
 		WorkingDir:  "/home/agent",
-		Labels:      map[string]string{worker.LabelRunID: "test-" + name},
+		Labels:      map[string]string{jail.LabelRunID: "test-" + name},
 		Network:     "none",
 		MemoryBytes: 256 << 20,
 		NanoCPUs:    1e9,
 		PidsLimit:   64,
-		Tmpfs: map[string]string{
-			"/tmp":        "size=16m,mode=1777",
-			"/home/agent": "size=8m,mode=0700,uid=65532,gid=65532",
+		Tmpfs: jail.TmpfsMounts{
+			{Target: "/tmp", SizeBytes: 16 << 20, Mode: 0o1777},
+			{Target: "/home/agent", SizeBytes: 8 << 20, Mode: 0o700, UID: 65532, GID: 65532},
 		},
 	}
 }
@@ -205,7 +205,7 @@ func (r *recorder) lines() []string {
 }
 
 // start starts spec and returns the container and its output.
-func start(t *testing.T, rt *Runtime, spec worker.ContainerSpec) (worker.Container, *recorder) {
+func start(t *testing.T, rt *Runtime, spec jail.ContainerSpec) (jail.Container, *recorder) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -216,7 +216,7 @@ func start(t *testing.T, rt *Runtime, spec worker.ContainerSpec) (worker.Contain
 }
 
 // run starts spec and waits for it to exit.
-func run(t *testing.T, rt *Runtime, spec worker.ContainerSpec) (worker.ExitStatus, *recorder) {
+func run(t *testing.T, rt *Runtime, spec jail.ContainerSpec) (jail.ExitStatus, *recorder) {
 	t.Helper()
 	c, rec := start(t, rt, spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -240,7 +240,7 @@ func TestDockerExitCodeAndOutput(t *testing.T) {
 	rt := newDockerRuntime(t)
 
 	st, rec := run(t, rt, sandboxSpec(t, rt, "echo hello; echo err >&2; exit 3"))
-	require.Equal(t, worker.ExitStatus{Code: 3}, st)
+	require.Equal(t, jail.ExitStatus{Code: 3}, st)
 	require.Equal(t, "hello\n", rec.Stdout())
 	require.Equal(t, "err\n", rec.Stderr())
 }
@@ -420,9 +420,9 @@ func TestDockerBindMountMissingSource(t *testing.T) {
 	rt := newDockerRuntime(t)
 
 	spec := sandboxSpec(t, rt, "true")
-	spec.Mounts = []worker.Mount{{Source: filepath.Join(t.TempDir(), "missing"), Target: "/data"}}
+	spec.Mounts = []jail.Mount{{Source: filepath.Join(t.TempDir(), "missing"), Target: "/data"}}
 	_, err := rt.Start(context.Background(), spec, func(string, []byte) {})
-	require.ErrorIs(t, err, worker.ErrPermanent)
+	require.ErrorIs(t, err, jail.ErrPermanent)
 	require.ErrorContains(t, err, "no such file or directory")
 	_, err = rt.cli.ContainerInspect(context.Background(), spec.Name)
 	require.True(t, cerrdefs.IsNotFound(err), "no container was created: %v", err)
@@ -436,14 +436,14 @@ func TestDockerEngineRefusesMissingBindSource(t *testing.T) {
 	rt := newDockerRuntime(t)
 
 	spec := sandboxSpec(t, rt, "true")
-	spec.Mounts = []worker.Mount{{Source: filepath.Join(t.TempDir(), "missing"), Target: "/data"}}
+	spec.Mounts = []jail.Mount{{Source: filepath.Join(t.TempDir(), "missing"), Target: "/data"}}
 	cfg, host, netCfg, err := containerConfig(spec)
 	require.NoError(t, err)
 	_, err = rt.cli.ContainerCreate(context.Background(), cfg, host, netCfg, nil, spec.Name)
 	require.Error(t, err)
 	t.Logf("engine refused: %v", err)
 	require.ErrorContains(t, err, "bind source path does not exist")
-	require.ErrorIs(t, classify(opCreate, err), worker.ErrPermanent)
+	require.ErrorIs(t, classify(opCreate, err), jail.ErrPermanent)
 }
 
 func TestDockerBindMounts(t *testing.T) {
@@ -463,7 +463,7 @@ if touch /ro/new 2>/dev/null; then echo ro=writable; else echo ro=readonly; fi
 echo written >/rw/new && echo rw=writable
 `
 	spec := sandboxSpec(t, rt, script)
-	spec.Mounts = []worker.Mount{
+	spec.Mounts = []jail.Mount{
 		{Source: ro, Target: "/ro", ReadOnly: true},
 		{Source: rw, Target: "/rw"},
 	}
@@ -516,7 +516,7 @@ func TestDockerNameConflict(t *testing.T) {
 	_, err = rt.Start(context.Background(), spec, func(string, []byte) {})
 	require.ErrorIs(t, err, ErrNameInUse)
 	require.True(t, cerrdefs.IsConflict(err), "still an errdefs conflict: %v", err)
-	require.NotErrorIs(t, err, worker.ErrPermanent)
+	require.NotErrorIs(t, err, jail.ErrPermanent)
 	t.Logf("conflict: %v", err)
 
 	info, err := rt.cli.ContainerInspect(context.Background(), spec.Name)
@@ -531,7 +531,7 @@ func TestDockerMissingImage(t *testing.T) {
 	spec := sandboxSpec(t, rt, "true")
 	spec.Image = "jetcrew-missing-" + randomSuffix(t) + ":latest"
 	_, err := rt.Start(context.Background(), spec, func(string, []byte) {})
-	require.ErrorIs(t, err, worker.ErrPermanent)
+	require.ErrorIs(t, err, jail.ErrPermanent)
 	require.ErrorContains(t, err, fmt.Sprintf("image %q not found on this Docker engine; build it (make images) or fix the profile", spec.Image))
 }
 
@@ -543,11 +543,13 @@ func TestDockerStartFailureRemovesContainer(t *testing.T) {
 	rt := newDockerRuntime(t)
 
 	spec := sandboxSpec(t, rt, "echo never")
-	spec.Tmpfs = map[string]string{"/tmp": "size=lots"}
+	// A tmpfs over a file: the engine takes the spec and fails only when
+	// it mounts it, at start.
+	spec.Tmpfs = append(spec.Tmpfs, jail.Tmpfs{Target: "/bin/sh", SizeBytes: 1 << 20, Mode: 0o755})
 	var calls int
 	_, err := rt.Start(context.Background(), spec, func(string, []byte) { calls++ })
 	require.Error(t, err)
-	t.Logf("start refused: %v (permanent: %v)", err, errors.Is(err, worker.ErrPermanent))
+	t.Logf("start refused: %v (permanent: %v)", err, errors.Is(err, jail.ErrPermanent))
 	require.ErrorContains(t, err, "docker container start")
 	_, err = rt.cli.ContainerInspect(context.Background(), spec.Name)
 	require.True(t, cerrdefs.IsNotFound(err), "the container was removed: %v", err)
@@ -564,7 +566,7 @@ func TestDockerUnknownOCIRuntime(t *testing.T) {
 	spec := sandboxSpec(t, rt, "true")
 	spec.OCIRuntime = "jetcrew-no-such-runtime"
 	_, err := rt.Start(context.Background(), spec, func(string, []byte) {})
-	require.ErrorIs(t, err, worker.ErrPermanent)
+	require.ErrorIs(t, err, jail.ErrPermanent)
 	t.Logf("Start refused: %v", err)
 	require.ErrorContains(t, err, `OCI runtime "jetcrew-no-such-runtime" is not installed on this Docker engine (available: `)
 	require.Regexp(t, `\(available: [^)]*\brunc\b`, err.Error())
@@ -576,7 +578,7 @@ func TestDockerUnknownOCIRuntime(t *testing.T) {
 	_, err = rt.cli.ContainerCreate(context.Background(), cfg, host, netCfg, nil, spec.Name)
 	require.Error(t, err)
 	t.Logf("engine refused: %v", err)
-	require.ErrorIs(t, classify(opCreate, err), worker.ErrPermanent)
+	require.ErrorIs(t, classify(opCreate, err), jail.ErrPermanent)
 
 	spec.OCIRuntime = "runc"
 	st, rec := run(t, rt, spec)
@@ -611,7 +613,7 @@ func TestDockerStopGrace(t *testing.T) {
 		require.Less(t, time.Since(began), 10*time.Second, "the process exited on SIGTERM, well before the grace")
 		st, err := c.Wait(context.Background())
 		require.NoError(t, err)
-		require.Equal(t, worker.ExitStatus{Code: 143}, st)
+		require.Equal(t, jail.ExitStatus{Code: 143}, st)
 		require.Equal(t, "ready\ngot TERM\n", rec.Stdout())
 	})
 	t.Run("TERM ignored", func(t *testing.T) {
@@ -685,8 +687,8 @@ func TestDockerListManagedAndRemove(t *testing.T) {
 	require.NotNil(t, found, "a created, never started container is listed")
 	require.Equal(t, spec.Name, found.Name)
 	require.Equal(t, "created", found.State)
-	require.Equal(t, "true", found.Labels[worker.LabelManaged])
-	require.Equal(t, spec.Labels[worker.LabelRunID], found.Labels[worker.LabelRunID])
+	require.Equal(t, "true", found.Labels[jail.LabelManaged])
+	require.Equal(t, spec.Labels[jail.LabelRunID], found.Labels[jail.LabelRunID])
 	require.WithinDuration(t, time.Now(), found.Created, time.Minute)
 
 	require.NoError(t, rt.Remove(ctx, created.ID))
@@ -696,7 +698,7 @@ func TestDockerListManagedAndRemove(t *testing.T) {
 	require.NoError(t, rt.Remove(ctx, created.ID), "a missing container counts as removed")
 }
 
-func findManaged(list []worker.ManagedContainer, id string) *worker.ManagedContainer {
+func findManaged(list []jail.ManagedContainer, id string) *jail.ManagedContainer {
 	for i := range list {
 		if list[i].ID == id {
 			return &list[i]

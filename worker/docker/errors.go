@@ -10,15 +10,14 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
-
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // ErrNameInUse is wrapped by the error Start returns when a container with
 // spec.Name already exists (the Engine answers 409 Conflict): the delivery
 // it names already has a container. The error also still satisfies
 // errdefs.IsConflict from github.com/containerd/errdefs. It does not wrap
-// worker.ErrPermanent: the existing container is the reconciler's to judge.
+// jail.ErrPermanent: the existing container is the reconciler's to judge.
 var ErrNameInUse = errors.New("container name already in use")
 
 // classify wraps err, returned by the daemon for the call op, with what it
@@ -26,7 +25,7 @@ var ErrNameInUse = errors.New("container name already in use")
 //
 //   - 409 Conflict on create: ErrNameInUse.
 //   - 400 Bad Request (invalid argument), 401, 403, 404 and 501: the engine
-//     refused the request itself; the error wraps worker.ErrPermanent.
+//     refused the request itself; the error wraps jail.ErrPermanent.
 //   - anything else (connection failures, 5xx, timeouts, a cancelled ctx) is
 //     transient: retrying later may succeed.
 //
@@ -38,7 +37,7 @@ func classify(op string, err error) error {
 	case op == opCreate && cerrdefs.IsConflict(err):
 		return fmt.Errorf("docker %s: %w: %w", op, ErrNameInUse, err)
 	case permanent(err):
-		return fmt.Errorf("docker %s: %w: %w", op, err, worker.ErrPermanent)
+		return fmt.Errorf("docker %s: %w: %w", op, err, jail.ErrPermanent)
 	default:
 		return fmt.Errorf("docker %s: %w", op, err)
 	}

@@ -11,9 +11,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // connectionFailed returns the error the Docker client gives when the
@@ -59,7 +58,7 @@ func TestClassify(t *testing.T) {
 			err := classify(tt.op, tt.err)
 			require.ErrorIs(t, err, tt.err)
 			require.ErrorContains(t, err, "docker "+tt.op+": ")
-			require.Equal(t, tt.permanent, errors.Is(err, worker.ErrPermanent), "permanent: %v", err)
+			require.Equal(t, tt.permanent, errors.Is(err, jail.ErrPermanent), "permanent: %v", err)
 			require.Equal(t, tt.nameInUse, errors.Is(err, ErrNameInUse), "name in use: %v", err)
 		})
 	}
@@ -180,7 +179,7 @@ func TestStartImageErrors(t *testing.T) {
 			return image.InspectResponse{}, fmt.Errorf("No such image: %w", cerrdefs.ErrNotFound)
 		}}, Config{}.withDefaults())
 		_, err := rt.Start(context.Background(), validSpecWithoutMounts(), nil)
-		require.ErrorIs(t, err, worker.ErrPermanent)
+		require.ErrorIs(t, err, jail.ErrPermanent)
 		require.ErrorContains(t, err, `image "jetcrew-sandbox:latest" not found on this Docker engine; build it (make images) or fix the profile`)
 	})
 	t.Run("unreachable daemon is transient", func(t *testing.T) {
@@ -192,7 +191,7 @@ func TestStartImageErrors(t *testing.T) {
 		}}, Config{RetryTimeout: 300 * time.Millisecond}.withDefaults())
 		_, err := rt.Start(context.Background(), validSpecWithoutMounts(), nil)
 		require.Error(t, err)
-		require.NotErrorIs(t, err, worker.ErrPermanent)
+		require.NotErrorIs(t, err, jail.ErrPermanent)
 		require.Greater(t, calls, 1, "retried")
 	})
 	t.Run("refused spec makes no call", func(t *testing.T) {
@@ -201,20 +200,20 @@ func TestStartImageErrors(t *testing.T) {
 		spec := validSpecWithoutMounts()
 		spec.User = "0:0"
 		_, err := rt.Start(context.Background(), spec, nil)
-		require.ErrorIs(t, err, worker.ErrPermanent)
+		require.ErrorIs(t, err, jail.ErrPermanent)
 	})
 	t.Run("missing bind source makes no call", func(t *testing.T) {
 		t.Parallel()
 		rt := newRuntime(&fakeClient{}, Config{}.withDefaults())
 		spec := validSpecWithoutMounts()
-		spec.Mounts = []worker.Mount{{Source: "/nonexistent/jetcrew", Target: "/data"}}
+		spec.Mounts = []jail.Mount{{Source: "/nonexistent/jetcrew", Target: "/data"}}
 		_, err := rt.Start(context.Background(), spec, nil)
-		require.ErrorIs(t, err, worker.ErrPermanent)
+		require.ErrorIs(t, err, jail.ErrPermanent)
 		require.ErrorContains(t, err, "bind mount source for /data: stat /nonexistent/jetcrew: no such file or directory")
 	})
 }
 
-func validSpecWithoutMounts() worker.ContainerSpec {
+func validSpecWithoutMounts() jail.ContainerSpec {
 	s := validSpec()
 	s.Mounts = nil
 	return s

@@ -7,8 +7,7 @@ import (
 
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
-
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // oomWatcher follows the engine's "oom" container events for jetcrew's
@@ -29,7 +28,7 @@ type oomWatcher struct {
 const oomMemory = 10 * time.Minute
 
 // watchOOM subscribes to the engine's oom events for containers labelled
-// worker.LabelManaged, resubscribing after an error, until stop is called.
+// jail.LabelManaged, resubscribing after an error, until stop is called.
 func (r *Runtime) watchOOM() {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &oomWatcher{seen: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
@@ -40,7 +39,7 @@ func (r *Runtime) watchOOM() {
 		opts := events.ListOptions{Filters: filters.NewArgs(
 			filters.Arg("type", string(events.ContainerEventType)),
 			filters.Arg("event", string(events.ActionOOM)),
-			filters.Arg("label", worker.LabelManaged+"=true"),
+			filters.Arg("label", jail.LabelManaged+"=true"),
 		)}
 		for ctx.Err() == nil {
 			msgs, errs := r.cli.Events(ctx, opts)

@@ -20,10 +20,9 @@ import (
 	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/rs/zerolog"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // cleanupTimeout bounds the removal Start does after a failure, which runs
@@ -87,7 +86,7 @@ type apiClient interface {
 	Close() error
 }
 
-// Runtime is the Docker Engine implementation of worker.Runtime. Create it
+// Runtime is the Docker Engine implementation of jail.Runtime. Create it
 // with New; it is safe for concurrent use. Close releases its connections.
 type Runtime struct {
 	cli apiClient
@@ -105,7 +104,7 @@ type Runtime struct {
 	oom *oomWatcher
 }
 
-var _ worker.Runtime = (*Runtime)(nil)
+var _ jail.Runtime = (*Runtime)(nil)
 
 // New connects to the Docker Engine named by cfg.Host (or the environment),
 // negotiating the API version, and pings it. It fails when the daemon cannot
@@ -151,13 +150,13 @@ func (r *Runtime) Close() error {
 	return r.cli.Close()
 }
 
-// Start implements worker.Runtime. It refuses an invalid spec (see the
+// Start implements jail.Runtime. It refuses an invalid spec (see the
 // package doc for what is enforced) and a bind mount whose source does not
-// exist with an error wrapping worker.ErrPermanent, before any daemon call.
-// It then refuses, with worker.ErrPermanent, a spec.OCIRuntime the engine
+// exist with an error wrapping jail.ErrPermanent, before any daemon call.
+// It then refuses, with jail.ErrPermanent, a spec.OCIRuntime the engine
 // does not have (checked against the engine's Info, cached for
 // Config.OCIRuntimesTTL): the run fails rather than run under a weaker
-// runtime. It then inspects the image (missing: worker.ErrPermanent, as the
+// runtime. It then inspects the image (missing: jail.ErrPermanent, as the
 // engine never pulls here), creates the container named spec.Name (already taken:
 // an error wrapping ErrNameInUse), attaches to stdout and stderr (no logs,
 // no stdin), registers a "next-exit" wait and starts it.
@@ -170,11 +169,11 @@ func (r *Runtime) Close() error {
 // ctx bounds Start only: the container, its output and its wait are not tied
 // to it. The returned Container is a *Container.
 //
-// Errors from the daemon wrap worker.ErrPermanent when the engine refused
+// Errors from the daemon wrap jail.ErrPermanent when the engine refused
 // the request itself (HTTP 400, 401, 403, 404, 501: for example an unknown
 // OCI runtime); an unreachable daemon, a 5xx (such as a mount failing in the
 // OCI runtime at start) or a timeout does not.
-func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output worker.OutputFunc) (worker.Container, error) {
+func (r *Runtime) Start(ctx context.Context, spec jail.ContainerSpec, output jail.OutputFunc) (jail.Container, error) {
 	cfg, hostCfg, netCfg, err := containerConfig(spec)
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
@@ -193,7 +192,7 @@ func (r *Runtime) Start(ctx context.Context, spec worker.ContainerSpec, output w
 			continue
 		}
 		if _, err := os.Stat(m.Source); err != nil {
-			return nil, fmt.Errorf("docker: bind mount source for %s: %w: %w", m.Target, err, worker.ErrPermanent)
+			return nil, fmt.Errorf("docker: bind mount source for %s: %w: %w", m.Target, err, jail.ErrPermanent)
 		}
 	}
 	if err := r.checkOCIRuntime(ctx, spec.OCIRuntime); err != nil {
@@ -246,14 +245,14 @@ func (r *Runtime) checkImage(ctx context.Context, ref string) (string, error) {
 		return err
 	})
 	if cerrdefs.IsNotFound(err) {
-		return "", fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, worker.ErrPermanent)
+		return "", fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, jail.ErrPermanent)
 	}
 	return id, classify(opImageInspect, err)
 }
 
 // checkOCIRuntime returns nil when name is empty (the engine's default
 // runtime) or is one of the engine's OCI runtimes, and otherwise an error
-// wrapping worker.ErrPermanent that names the runtimes the engine has.
+// wrapping jail.ErrPermanent that names the runtimes the engine has.
 func (r *Runtime) checkOCIRuntime(ctx context.Context, name string) error {
 	if name == "" {
 		return nil
@@ -267,10 +266,10 @@ func (r *Runtime) checkOCIRuntime(ctx context.Context, name string) error {
 	}
 	return fmt.Errorf("docker: OCI runtime %q is not installed on this Docker engine (available: %s); "+
 		"register it in the daemon's \"runtimes\" (daemon.json) or change the profile: %w",
-		name, strings.Join(names, ", "), worker.ErrPermanent)
+		name, strings.Join(names, ", "), jail.ErrPermanent)
 }
 
-// OCIRuntimes implements worker.OCIRuntimeLister: the names of the engine's
+// OCIRuntimes implements jail.OCIRuntimeLister: the names of the engine's
 // OCI runtimes (Info's Runtimes), sorted, cached for Config.OCIRuntimesTTL.
 func (r *Runtime) OCIRuntimes(ctx context.Context) ([]string, error) {
 	return r.ociRuntimes(ctx)
@@ -304,7 +303,7 @@ func (r *Runtime) ociRuntimes(ctx context.Context) ([]string, error) {
 // attachAndStart attaches to the created container, registers the exit wait
 // and starts it. On error it returns the Container too when its goroutines
 // were already started, so the caller can end them.
-func (r *Runtime) attachAndStart(ctx context.Context, id, name string, output worker.OutputFunc) (*Container, error) {
+func (r *Runtime) attachAndStart(ctx context.Context, id, name string, output jail.OutputFunc) (*Container, error) {
 	hijack, err := r.cli.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
 	if err != nil {
 		return nil, classify(opAttach, err)
@@ -339,29 +338,29 @@ func (r *Runtime) attachAndStart(ctx context.Context, id, name string, output wo
 	return c, nil
 }
 
-// ListManaged implements worker.Runtime: it lists containers in every state
-// (ContainerList with All) filtered by the label worker.LabelManaged=true.
+// ListManaged implements jail.Runtime: it lists containers in every state
+// (ContainerList with All) filtered by the label jail.LabelManaged=true.
 // Created is the engine's creation time, to the second.
-func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, error) {
+func (r *Runtime) ListManaged(ctx context.Context) ([]jail.ManagedContainer, error) {
 	var list []container.Summary
 	err := retry(ctx, r.cfg.RetryTimeout, func(ctx context.Context) error {
 		var err error
 		list, err = r.cli.ContainerList(ctx, container.ListOptions{
 			All:     true,
-			Filters: filters.NewArgs(filters.Arg("label", worker.LabelManaged+"=true")),
+			Filters: filters.NewArgs(filters.Arg("label", jail.LabelManaged+"=true")),
 		})
 		return err
 	})
 	if err != nil {
 		return nil, classify(opList, err)
 	}
-	out := make([]worker.ManagedContainer, 0, len(list))
+	out := make([]jail.ManagedContainer, 0, len(list))
 	for _, s := range list {
 		var name string
 		if len(s.Names) > 0 {
 			name = trimSlash(s.Names[0])
 		}
-		out = append(out, worker.ManagedContainer{
+		out = append(out, jail.ManagedContainer{
 			ID:      s.ID,
 			Name:    name,
 			State:   string(s.State),
@@ -372,7 +371,7 @@ func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, e
 	return out, nil
 }
 
-// Remove implements worker.Runtime: ContainerRemove with Force (the process
+// Remove implements jail.Runtime: ContainerRemove with Force (the process
 // is killed if running) and RemoveVolumes. A container that does not exist,
 // or whose removal is already in progress, counts as removed.
 func (r *Runtime) Remove(ctx context.Context, id string) error {

@@ -11,9 +11,8 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/client"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // ociFake answers Info with the given runtimes (or err) and counts the
@@ -54,7 +53,7 @@ func (f *ociFake) Calls() int {
 func TestStartOCIRuntime(t *testing.T) {
 	t.Parallel()
 
-	spec := func(runtime string) worker.ContainerSpec {
+	spec := func(runtime string) jail.ContainerSpec {
 		s := validSpecWithoutMounts()
 		s.OCIRuntime = runtime
 		return s
@@ -66,7 +65,7 @@ func TestStartOCIRuntime(t *testing.T) {
 		f := &ociFake{runtimes: []string{"runc", "io.containerd.runc.v2"}}
 		rt := newRuntime(f, Config{}.withDefaults())
 		_, err := rt.Start(context.Background(), spec("runsc"), nil)
-		require.ErrorIs(t, err, worker.ErrPermanent)
+		require.ErrorIs(t, err, jail.ErrPermanent)
 		require.EqualError(t, err, `docker: OCI runtime "runsc" is not installed on this Docker engine `+
 			`(available: io.containerd.runc.v2, runc); register it in the daemon's "runtimes" (daemon.json) `+
 			`or change the profile: permanent runtime error`)
@@ -94,7 +93,7 @@ func TestStartOCIRuntime(t *testing.T) {
 		rt.now = func() time.Time { return now }
 		for range 5 {
 			_, err := rt.Start(context.Background(), spec("runsc"), nil)
-			require.ErrorIs(t, err, worker.ErrPermanent)
+			require.ErrorIs(t, err, jail.ErrPermanent)
 		}
 		require.Equal(t, 1, f.Calls(), "one Info for five Starts within the TTL")
 
@@ -113,7 +112,7 @@ func TestStartOCIRuntime(t *testing.T) {
 		rt := newRuntime(f, Config{RetryTimeout: 200 * time.Millisecond}.withDefaults())
 		_, err := rt.Start(context.Background(), spec("runc"), nil)
 		require.Error(t, err)
-		require.NotErrorIs(t, err, worker.ErrPermanent)
+		require.NotErrorIs(t, err, jail.ErrPermanent)
 		require.ErrorContains(t, err, "docker info: ")
 		calls := f.Calls()
 

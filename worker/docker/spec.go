@@ -12,8 +12,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
-
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // minMemoryBytes is the smallest memory limit the Docker Engine accepts
@@ -29,16 +28,16 @@ var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
 // containerConfig translates spec into the Engine API's create request. It
 // is pure: it calls neither the daemon nor the file system (Start checks that
 // bind sources exist). It refuses a spec that would weaken the sandbox, with
-// an error wrapping worker.ErrPermanent that lists every problem found.
+// an error wrapping jail.ErrPermanent that lists every problem found.
 //
 // The hardening is not configurable: ReadonlyRootfs, CapDrop ALL,
 // no-new-privileges, Init (tini as PID 1, which forwards signals and reaps
 // zombies), no TTY and no stdin, MemorySwap equal to Memory (no swap), a
 // pids limit, an open-file limit (RunNofile), log driver "none" (the engine
 // keeps no copy of the output), a private IPC namespace and AutoRemove off (the exit status is
-// read by inspecting the exited container). The label worker.LabelManaged is
+// read by inspecting the exited container). The label jail.LabelManaged is
 // always set to "true", so the reconciler sees every container made here.
-func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.HostConfig, *network.NetworkingConfig, error) {
+func containerConfig(spec jail.ContainerSpec) (*container.Config, *container.HostConfig, *network.NetworkingConfig, error) {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 
@@ -83,7 +82,7 @@ func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.H
 
 	mounts := checkMounts(spec, bad)
 	if len(problems) > 0 {
-		return nil, nil, nil, fmt.Errorf("invalid container spec %q: %s: %w", spec.Name, strings.Join(problems, "; "), worker.ErrPermanent)
+		return nil, nil, nil, fmt.Errorf("invalid container spec %q: %s: %w", spec.Name, strings.Join(problems, "; "), jail.ErrPermanent)
 	}
 
 	cfg, host := engineConfig(spec, netMode, mounts)
@@ -92,10 +91,10 @@ func containerConfig(spec worker.ContainerSpec) (*container.Config, *container.H
 
 // engineConfig builds the engine's container and host configuration of a
 // checked spec, with the hardening containerConfig describes.
-func engineConfig(spec worker.ContainerSpec, netMode string, mounts []mount.Mount) (*container.Config, *container.HostConfig) {
+func engineConfig(spec jail.ContainerSpec, netMode string, mounts []mount.Mount) (*container.Config, *container.HostConfig) {
 	labels := make(map[string]string, len(spec.Labels)+1)
 	maps.Copy(labels, spec.Labels)
-	labels[worker.LabelManaged] = "true"
+	labels[jail.LabelManaged] = "true"
 
 	pids := spec.PidsLimit
 	init := true
@@ -123,7 +122,7 @@ func engineConfig(spec worker.ContainerSpec, netMode string, mounts []mount.Moun
 		Init:           &init,
 		IpcMode:        container.IPCModePrivate,
 		AutoRemove:     false,
-		Tmpfs:          maps.Clone(spec.Tmpfs),
+		Tmpfs:          spec.Tmpfs.Options(),
 		Mounts:         mounts,
 		Resources: container.Resources{
 			Memory:     spec.MemoryBytes,
@@ -145,7 +144,7 @@ var volumeName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
 // targets, none at / nor twice, valid tmpfs options, absolute bind
 // sources, valid volume names), calling bad for each problem, and returns
 // the bind and volume mounts for the engine.
-func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)) []mount.Mount {
+func checkMounts(spec jail.ContainerSpec, bad func(format string, args ...any)) []mount.Mount {
 	targets := make(map[string]bool)
 	target := func(kind, p string) {
 		switch {
@@ -158,10 +157,10 @@ func checkMounts(spec worker.ContainerSpec, bad func(format string, args ...any)
 		}
 		targets[path.Clean(p)] = true
 	}
-	for _, p := range slices.Sorted(maps.Keys(spec.Tmpfs)) {
-		target("tmpfs", p)
-		if err := checkTmpfsOptions(spec.Tmpfs[p]); err != nil {
-			bad("tmpfs %s: %v", p, err)
+	for _, t := range spec.Tmpfs {
+		target("tmpfs", t.Target)
+		if err := t.Validate(); err != nil && path.IsAbs(t.Target) && path.Clean(t.Target) != "/" {
+			bad("%v", err)
 		}
 	}
 	mounts := make([]mount.Mount, 0, len(spec.Mounts))
@@ -225,35 +224,6 @@ func checkUser(user string) error {
 		return fmt.Errorf("user %q is root", user)
 	case g == 0:
 		return fmt.Errorf("user %q has the root group", user)
-	}
-	return nil
-}
-
-// tmpfsValueOptions and tmpfsFlags are the tmpfs options the engine's
-// parser accepts (size, mode, uid, ... take a value). The engine checks them
-// only when the container starts; checking them here turns a typo in a
-// profile into a refused spec instead of a failed start.
-var (
-	tmpfsValueOptions = []string{"size", "mode", "uid", "gid", "nr_inodes", "nr_blocks", "mpol"}
-	tmpfsFlags        = []string{
-		"ro", "rw", "exec", "noexec", "suid", "nosuid", "dev", "nodev",
-		"sync", "async", "dirsync", "atime", "noatime", "diratime", "nodiratime",
-		"relatime", "norelatime", "strictatime", "nostrictatime", "mand", "nomand",
-	}
-)
-
-// checkTmpfsOptions checks the names in a comma-separated tmpfs option list;
-// the values are left to the engine.
-func checkTmpfsOptions(opts string) error {
-	if opts == "" {
-		return nil
-	}
-	for opt := range strings.SplitSeq(opts, ",") {
-		key, _, hasValue := strings.Cut(opt, "=")
-		if hasValue && slices.Contains(tmpfsValueOptions, key) || !hasValue && slices.Contains(tmpfsFlags, key) {
-			continue
-		}
-		return fmt.Errorf("unknown option %q", opt)
 	}
 	return nil
 }

@@ -5,26 +5,25 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // validSpec returns a spec containerConfig accepts.
-func validSpec() worker.ContainerSpec {
-	return worker.ContainerSpec{
+func validSpec() jail.ContainerSpec {
+	return jail.ContainerSpec{
 		Name:        "jetcrew-01J0000000000000000000000-1",
 		Image:       "jetcrew-sandbox:latest",
 		Cmd:         []string{"sh", "-c", "echo hi"},
 		Env:         []string{"HOME=/home/agent", "EMPTY="},
 		User:        "65532:65532",
 		WorkingDir:  "/home/agent",
-		Labels:      map[string]string{worker.LabelRunID: "r1"},
+		Labels:      map[string]string{jail.LabelRunID: "r1"},
 		MemoryBytes: 256 << 20,
 		NanoCPUs:    1e9,
 		PidsLimit:   64,
-		Tmpfs:       map[string]string{"/tmp": "size=16m,mode=1777"},
-		Mounts:      []worker.Mount{{Source: "/srv/repo", Target: "/work", ReadOnly: true}},
+		Tmpfs:       jail.TmpfsMounts{{Target: "/tmp", SizeBytes: 16 << 20, Mode: 0o1777}},
+		Mounts:      []jail.Mount{{Source: "/srv/repo", Target: "/work", ReadOnly: true}},
 	}
 }
 
@@ -45,7 +44,7 @@ func TestContainerConfigHardening(t *testing.T) {
 	require.False(t, cfg.OpenStdin)
 	require.False(t, cfg.AttachStdin)
 	require.Equal(t, "SIGTERM", cfg.StopSignal)
-	require.Equal(t, map[string]string{worker.LabelRunID: "r1", worker.LabelManaged: "true"}, cfg.Labels)
+	require.Equal(t, map[string]string{jail.LabelRunID: "r1", jail.LabelManaged: "true"}, cfg.Labels)
 
 	require.True(t, host.ReadonlyRootfs)
 	require.Equal(t, []string{"ALL"}, []string(host.CapDrop))
@@ -85,8 +84,9 @@ func TestContainerConfigDoesNotAlias(t *testing.T) {
 	host.Tmpfs["/other"] = ""
 	require.Equal(t, "sh", spec.Cmd[0])
 	require.Equal(t, "HOME=/home/agent", spec.Env[0])
-	require.NotContains(t, spec.Tmpfs, "/other")
-	require.NotContains(t, spec.Labels, worker.LabelManaged, "the spec's labels are not modified")
+	_, other := spec.Tmpfs.Get("/other")
+	require.False(t, other)
+	require.NotContains(t, spec.Labels, jail.LabelManaged, "the spec's labels are not modified")
 }
 
 func TestContainerConfigPassesThrough(t *testing.T) {
@@ -94,41 +94,41 @@ func TestContainerConfigPassesThrough(t *testing.T) {
 
 	tests := []struct {
 		name  string
-		edit  func(*worker.ContainerSpec)
+		edit  func(*jail.ContainerSpec)
 		check func(*testing.T, *container.Config, *container.HostConfig)
 	}{
 		{
 			name: "bridge network",
-			edit: func(s *worker.ContainerSpec) { s.Network = "bridge" },
+			edit: func(s *jail.ContainerSpec) { s.Network = "bridge" },
 			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
 				require.Equal(t, container.NetworkMode("bridge"), h.NetworkMode)
 			},
 		},
 		{
 			name: "named network",
-			edit: func(s *worker.ContainerSpec) { s.Network = "jetcrew-egress" },
+			edit: func(s *jail.ContainerSpec) { s.Network = "jetcrew-egress" },
 			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
 				require.Equal(t, container.NetworkMode("jetcrew-egress"), h.NetworkMode)
 			},
 		},
 		{
 			name: "oci runtime",
-			edit: func(s *worker.ContainerSpec) { s.OCIRuntime = "runsc" },
+			edit: func(s *jail.ContainerSpec) { s.OCIRuntime = "runsc" },
 			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
 				require.Equal(t, "runsc", h.Runtime)
 			},
 		},
 		{
 			name: "managed label forced true",
-			edit: func(s *worker.ContainerSpec) { s.Labels = map[string]string{worker.LabelManaged: "false"} },
+			edit: func(s *jail.ContainerSpec) { s.Labels = map[string]string{jail.LabelManaged: "false"} },
 			check: func(t *testing.T, c *container.Config, _ *container.HostConfig) {
-				require.Equal(t, "true", c.Labels[worker.LabelManaged])
+				require.Equal(t, "true", c.Labels[jail.LabelManaged])
 			},
 		},
 		{
 			name: "read-write bind, no tmpfs, no cpu limit",
-			edit: func(s *worker.ContainerSpec) {
-				s.Mounts = []worker.Mount{{Source: "/a", Target: "/b"}}
+			edit: func(s *jail.ContainerSpec) {
+				s.Mounts = []jail.Mount{{Source: "/a", Target: "/b"}}
 				s.Tmpfs = nil
 				s.NanoCPUs = 0
 			},
@@ -141,16 +141,16 @@ func TestContainerConfigPassesThrough(t *testing.T) {
 		},
 		{
 			name: "tmpfs flags",
-			edit: func(s *worker.ContainerSpec) {
-				s.Tmpfs = map[string]string{"/tmp": "rw,exec,nosuid,nodev,size=1g,mode=1777,uid=1,gid=2,nr_inodes=1k", "/run": ""}
+			edit: func(s *jail.ContainerSpec) {
+				s.Tmpfs = jail.TmpfsMounts{{Target: "/tmp", SizeBytes: 1 << 30, Mode: 0o1777, UID: 1, GID: 2}, {Target: "/run", SizeBytes: 1000, Mode: 0o755}}
 			},
 			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
-				require.Len(t, h.Tmpfs, 2)
+				require.Equal(t, map[string]string{"/tmp": "size=1024m,mode=1777,uid=1,gid=2", "/run": "size=1000,mode=0755"}, h.Tmpfs)
 			},
 		},
 		{
 			name: "user with large ids",
-			edit: func(s *worker.ContainerSpec) { s.User = "100000:100001" },
+			edit: func(s *jail.ContainerSpec) { s.User = "100000:100001" },
 			check: func(t *testing.T, c *container.Config, _ *container.HostConfig) {
 				require.Equal(t, "100000:100001", c.User)
 			},
@@ -173,54 +173,57 @@ func TestContainerConfigRefuses(t *testing.T) {
 
 	tests := []struct {
 		name string
-		edit func(*worker.ContainerSpec)
+		edit func(*jail.ContainerSpec)
 		want string // substring of the error
 	}{
-		{"no user", func(s *worker.ContainerSpec) { s.User = "" }, "user is empty"},
-		{"uid 0", func(s *worker.ContainerSpec) { s.User = "0" }, `user "0" is root`},
-		{"root by name", func(s *worker.ContainerSpec) { s.User = "root" }, `user "root" is root`},
-		{"root:root", func(s *worker.ContainerSpec) { s.User = "root:root" }, "is root"},
-		{"0:gid", func(s *worker.ContainerSpec) { s.User = "0:65532" }, `user "0:65532" is root`},
-		{"00:gid", func(s *worker.ContainerSpec) { s.User = "00:65532" }, "is root"},
-		{"root group", func(s *worker.ContainerSpec) { s.User = "65532:0" }, "root group"},
-		{"no gid", func(s *worker.ContainerSpec) { s.User = "65532" }, "has no group"},
-		{"names", func(s *worker.ContainerSpec) { s.User = "agent:agent" }, "not numeric"},
-		{"negative", func(s *worker.ContainerSpec) { s.User = "-1:-1" }, "not numeric"},
-		{"no name", func(s *worker.ContainerSpec) { s.Name = "" }, "name"},
-		{"bad name", func(s *worker.ContainerSpec) { s.Name = "a/b" }, "name"},
-		{"no image", func(s *worker.ContainerSpec) { s.Image = "" }, "image is empty"},
-		{"no cmd", func(s *worker.ContainerSpec) { s.Cmd = nil }, "cmd is empty"},
-		{"env without =", func(s *worker.ContainerSpec) { s.Env = []string{"FOO"} }, `env entry "FOO"`},
-		{"env empty key", func(s *worker.ContainerSpec) { s.Env = []string{"=x"} }, "env entry"},
-		{"relative workdir", func(s *worker.ContainerSpec) { s.WorkingDir = "work" }, "working dir"},
-		{"host network", func(s *worker.ContainerSpec) { s.Network = "host" }, "network"},
-		{"container network", func(s *worker.ContainerSpec) { s.Network = "container:x" }, "network"},
-		{"no memory limit", func(s *worker.ContainerSpec) { s.MemoryBytes = 0 }, "memory limit"},
-		{"tiny memory limit", func(s *worker.ContainerSpec) { s.MemoryBytes = 1 << 20 }, "memory limit"},
-		{"no pids limit", func(s *worker.ContainerSpec) { s.PidsLimit = 0 }, "pids limit"},
-		{"negative cpus", func(s *worker.ContainerSpec) { s.NanoCPUs = -1 }, "cpu limit"},
-		{"relative tmpfs", func(s *worker.ContainerSpec) { s.Tmpfs = map[string]string{"tmp": ""} }, "tmpfs target"},
-		{"tmpfs on root", func(s *worker.ContainerSpec) { s.Tmpfs = map[string]string{"/": ""} }, "root file system"},
-		{"unknown tmpfs option", func(s *worker.ContainerSpec) {
-			s.Tmpfs = map[string]string{"/tmp": "size=16m,bogus=1"}
-		}, `tmpfs /tmp: unknown option "bogus=1"`},
-		{"tmpfs size without value", func(s *worker.ContainerSpec) {
-			s.Tmpfs = map[string]string{"/tmp": "size"}
-		}, `unknown option "size"`},
-		{"relative source", func(s *worker.ContainerSpec) {
-			s.Mounts = []worker.Mount{{Source: "repo", Target: "/work"}}
+		{"no user", func(s *jail.ContainerSpec) { s.User = "" }, "user is empty"},
+		{"uid 0", func(s *jail.ContainerSpec) { s.User = "0" }, `user "0" is root`},
+		{"root by name", func(s *jail.ContainerSpec) { s.User = "root" }, `user "root" is root`},
+		{"root:root", func(s *jail.ContainerSpec) { s.User = "root:root" }, "is root"},
+		{"0:gid", func(s *jail.ContainerSpec) { s.User = "0:65532" }, `user "0:65532" is root`},
+		{"00:gid", func(s *jail.ContainerSpec) { s.User = "00:65532" }, "is root"},
+		{"root group", func(s *jail.ContainerSpec) { s.User = "65532:0" }, "root group"},
+		{"no gid", func(s *jail.ContainerSpec) { s.User = "65532" }, "has no group"},
+		{"names", func(s *jail.ContainerSpec) { s.User = "agent:agent" }, "not numeric"},
+		{"negative", func(s *jail.ContainerSpec) { s.User = "-1:-1" }, "not numeric"},
+		{"no name", func(s *jail.ContainerSpec) { s.Name = "" }, "name"},
+		{"bad name", func(s *jail.ContainerSpec) { s.Name = "a/b" }, "name"},
+		{"no image", func(s *jail.ContainerSpec) { s.Image = "" }, "image is empty"},
+		{"no cmd", func(s *jail.ContainerSpec) { s.Cmd = nil }, "cmd is empty"},
+		{"env without =", func(s *jail.ContainerSpec) { s.Env = []string{"FOO"} }, `env entry "FOO"`},
+		{"env empty key", func(s *jail.ContainerSpec) { s.Env = []string{"=x"} }, "env entry"},
+		{"relative workdir", func(s *jail.ContainerSpec) { s.WorkingDir = "work" }, "working dir"},
+		{"host network", func(s *jail.ContainerSpec) { s.Network = "host" }, "network"},
+		{"container network", func(s *jail.ContainerSpec) { s.Network = "container:x" }, "network"},
+		{"no memory limit", func(s *jail.ContainerSpec) { s.MemoryBytes = 0 }, "memory limit"},
+		{"tiny memory limit", func(s *jail.ContainerSpec) { s.MemoryBytes = 1 << 20 }, "memory limit"},
+		{"no pids limit", func(s *jail.ContainerSpec) { s.PidsLimit = 0 }, "pids limit"},
+		{"negative cpus", func(s *jail.ContainerSpec) { s.NanoCPUs = -1 }, "cpu limit"},
+		{"relative tmpfs", func(s *jail.ContainerSpec) { s.Tmpfs = jail.TmpfsMounts{{Target: "tmp", SizeBytes: 1, Mode: 0o700}} }, "tmpfs target"},
+		{"tmpfs on root", func(s *jail.ContainerSpec) { s.Tmpfs = jail.TmpfsMounts{{Target: "/", SizeBytes: 1, Mode: 0o700}} }, "root file system"},
+		{"tmpfs without a size", func(s *jail.ContainerSpec) {
+			s.Tmpfs = jail.TmpfsMounts{{Target: "/tmp", Mode: 0o1777}}
+		}, `tmpfs /tmp: size 0 bytes must be positive`},
+		{"tmpfs mode beyond 07777", func(s *jail.ContainerSpec) {
+			s.Tmpfs = jail.TmpfsMounts{{Target: "/tmp", SizeBytes: 1 << 20, Mode: 0o17777}}
+		}, `tmpfs /tmp: mode 17777 has bits beyond 07777`},
+		{"tmpfs of a negative owner", func(s *jail.ContainerSpec) {
+			s.Tmpfs = jail.TmpfsMounts{{Target: "/tmp", SizeBytes: 1 << 20, Mode: 0o700, UID: -1}}
+		}, `tmpfs /tmp: owner -1:0 is negative`},
+		{"relative source", func(s *jail.ContainerSpec) {
+			s.Mounts = []jail.Mount{{Source: "repo", Target: "/work"}}
 		}, "bind source"},
-		{"relative target", func(s *worker.ContainerSpec) {
-			s.Mounts = []worker.Mount{{Source: "/repo", Target: "work"}}
+		{"relative target", func(s *jail.ContainerSpec) {
+			s.Mounts = []jail.Mount{{Source: "/repo", Target: "work"}}
 		}, "bind target"},
-		{"bind on root", func(s *worker.ContainerSpec) {
-			s.Mounts = []worker.Mount{{Source: "/repo", Target: "/"}}
+		{"bind on root", func(s *jail.ContainerSpec) {
+			s.Mounts = []jail.Mount{{Source: "/repo", Target: "/"}}
 		}, "root file system"},
-		{"duplicate target", func(s *worker.ContainerSpec) {
-			s.Mounts = []worker.Mount{{Source: "/a", Target: "/work"}, {Source: "/b", Target: "/work/"}}
+		{"duplicate target", func(s *jail.ContainerSpec) {
+			s.Mounts = []jail.Mount{{Source: "/a", Target: "/work"}, {Source: "/b", Target: "/work/"}}
 		}, "mounted twice"},
-		{"bind over tmpfs", func(s *worker.ContainerSpec) {
-			s.Mounts = []worker.Mount{{Source: "/a", Target: "/tmp"}}
+		{"bind over tmpfs", func(s *jail.ContainerSpec) {
+			s.Mounts = []jail.Mount{{Source: "/a", Target: "/tmp"}}
 		}, "mounted twice"},
 	}
 	for _, tt := range tests {
@@ -229,7 +232,7 @@ func TestContainerConfigRefuses(t *testing.T) {
 			spec := validSpec()
 			tt.edit(&spec)
 			_, _, _, err := containerConfig(spec)
-			require.ErrorIs(t, err, worker.ErrPermanent)
+			require.ErrorIs(t, err, jail.ErrPermanent)
 			require.ErrorContains(t, err, tt.want)
 		})
 	}

@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // Stream ids in the multiplexed attach stream's frame headers (the framing
@@ -36,7 +36,7 @@ const maxSystemFrame = 64 << 10
 // demux returns nil at a clean EOF (between frames), io.ErrUnexpectedEOF when
 // the stream ends inside a frame, an error carrying the daemon's message for
 // a system-error frame, and otherwise the read error.
-func demux(r io.Reader, out worker.OutputFunc) error {
+func demux(r io.Reader, out jail.OutputFunc) error {
 	var hdr [frameHeaderLen]byte
 	buf := make([]byte, messages.MaxOutputChunk)
 	for {

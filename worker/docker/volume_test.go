@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetcrew/jetcrew/worker"
 )
 
 // TestDockerTmpfsVolume: a volume from CreateVolume is a tmpfs of its size
@@ -19,16 +18,16 @@ func TestDockerTmpfsVolume(t *testing.T) {
 	rt := newDockerRuntime(t)
 	ctx := context.Background()
 	name := "jetcrew-test-" + randomSuffix(t) + "-ws"
-	labels := map[string]string{worker.LabelManaged: "true", worker.LabelRunID: "vol-" + name}
-	require.NoError(t, rt.CreateVolume(ctx, worker.VolumeSpec{Name: name, SizeBytes: 1 << 20, UID: 65532, GID: 65532, Labels: labels}))
+	labels := map[string]string{jail.LabelManaged: "true", jail.LabelRunID: "vol-" + name}
+	require.NoError(t, rt.CreateVolume(ctx, jail.VolumeSpec{Name: name, SizeBytes: 1 << 20, UID: 65532, GID: 65532, Labels: labels}))
 	t.Cleanup(func() { _ = rt.RemoveVolume(context.Background(), name) })
 
 	holder := sandboxSpec(t, rt, "sleep 60")
-	holder.Mounts = []worker.Mount{{Source: name, Volume: true, Target: "/ws", ReadOnly: true}}
+	holder.Mounts = []jail.Mount{{Source: name, Volume: true, Target: "/ws", ReadOnly: true}}
 	hc, _ := start(t, rt, holder)
 
 	writer := sandboxSpec(t, rt, "stat -c '%u:%g %a' /ws; echo kept > /ws/a; dd if=/dev/zero of=/ws/fill bs=1M count=2 || echo ENOSPC; df -k /ws | tail -1")
-	writer.Mounts = []worker.Mount{{Source: name, Volume: true, Target: "/ws"}}
+	writer.Mounts = []jail.Mount{{Source: name, Volume: true, Target: "/ws"}}
 	st, rec := run(t, rt, writer)
 	require.Equal(t, 0, st.Code, rec.Stderr())
 	require.Contains(t, rec.Stdout(), "65532:65532 755\n")
@@ -37,21 +36,21 @@ func TestDockerTmpfsVolume(t *testing.T) {
 	require.Regexp(t, `tmpfs\s+1024\s`, rec.Stdout(), "a 1 MiB tmpfs")
 
 	reader := sandboxSpec(t, rt, "cat /ws/a")
-	reader.Mounts = []worker.Mount{{Source: name, Volume: true, Target: "/ws", ReadOnly: true}}
+	reader.Mounts = []jail.Mount{{Source: name, Volume: true, Target: "/ws", ReadOnly: true}}
 	st, rec = run(t, rt, reader)
 	require.Equal(t, 0, st.Code, rec.Stderr())
 	require.Equal(t, "kept\n", rec.Stdout(), "the holder kept the tmpfs mounted")
 
 	vols, err := rt.ListManagedVolumes(ctx)
 	require.NoError(t, err)
-	var found *worker.ManagedVolume
+	var found *jail.ManagedVolume
 	for i := range vols {
 		if vols[i].Name == name {
 			found = &vols[i]
 		}
 	}
 	require.NotNil(t, found)
-	require.Equal(t, labels[worker.LabelRunID], found.Labels[worker.LabelRunID])
+	require.Equal(t, labels[jail.LabelRunID], found.Labels[jail.LabelRunID])
 	require.WithinDuration(t, time.Now(), found.Created, 5*time.Minute)
 
 	require.Error(t, rt.RemoveVolume(ctx, name), "a mounted volume stays")
@@ -64,24 +63,24 @@ func TestDockerTmpfsVolume(t *testing.T) {
 	// A volume that does not exist is refused, never created by the engine
 	// (which would make an unbounded directory of its disk).
 	missing := sandboxSpec(t, rt, "true")
-	missing.Mounts = []worker.Mount{{Source: name, Volume: true, Target: "/ws"}}
+	missing.Mounts = []jail.Mount{{Source: name, Volume: true, Target: "/ws"}}
 	_, err = rt.Start(ctx, missing, func(string, []byte) {})
-	require.ErrorIs(t, err, worker.ErrPermanent)
+	require.ErrorIs(t, err, jail.ErrPermanent)
 	_, err = rt.cli.VolumeInspect(ctx, name)
 	require.Error(t, err, "no volume was created")
 
 	// With its spec, a missing volume is created by the engine as the same
 	// bounded tmpfs, labelled.
-	spec := worker.VolumeSpec{Name: name, SizeBytes: 1 << 20, UID: 65532, GID: 65532, Inodes: 100, Labels: labels}
+	spec := jail.VolumeSpec{Name: name, SizeBytes: 1 << 20, UID: 65532, GID: 65532, Inodes: 100, Labels: labels}
 	auto := sandboxSpec(t, rt, "df -k /ws | tail -1; df -i /ws | tail -1")
-	auto.Mounts = []worker.Mount{{Source: name, Volume: true, VolumeSpec: &spec, Target: "/ws"}}
+	auto.Mounts = []jail.Mount{{Source: name, Volume: true, VolumeSpec: &spec, Target: "/ws"}}
 	st, rec = run(t, rt, auto)
 	require.Equal(t, 0, st.Code, rec.Stderr())
 	require.Regexp(t, `tmpfs\s+1024\s`, rec.Stdout(), "a 1 MiB tmpfs")
 	require.Regexp(t, `tmpfs\s+100\s`, rec.Stdout(), "100 inodes")
 	v, err := rt.cli.VolumeInspect(ctx, name)
 	require.NoError(t, err)
-	require.Equal(t, labels[worker.LabelRunID], v.Labels[worker.LabelRunID])
+	require.Equal(t, labels[jail.LabelRunID], v.Labels[jail.LabelRunID])
 	require.NoError(t, rt.Remove(ctx, auto.Name))
 	require.NoError(t, rt.RemoveVolume(ctx, name))
 }

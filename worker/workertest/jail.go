@@ -7,16 +7,17 @@ import (
 	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage/tree"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // jailArgs returns the in-jail workspace command a spec runs (its argv
-// starts with worker.JailToolPath and "workspace"), its paths turned into
+// starts with tree.JailToolPath and "workspace"), its paths turned into
 // the host paths of the spec's mounts (resolveVolumes made volume mounts
 // bind mounts), and whether it runs one.
-func jailArgs(spec worker.ContainerSpec) (workspace.JailArgs, bool) {
-	if len(spec.Cmd) < 2 || spec.Cmd[0] != worker.JailToolPath || spec.Cmd[1] != "workspace" {
+func jailArgs(spec jail.ContainerSpec) (workspace.JailArgs, bool) {
+	if len(spec.Cmd) < 2 || spec.Cmd[0] != tree.JailToolPath || spec.Cmd[1] != "workspace" {
 		return workspace.JailArgs{}, false
 	}
 	a, err := workspace.ParseJailArgs(spec.Cmd[2:])
@@ -32,7 +33,7 @@ func jailArgs(spec worker.ContainerSpec) (workspace.JailArgs, bool) {
 
 // hostPath returns the host path of container path p through spec's
 // mounts; p itself when no mount holds it.
-func hostPath(spec worker.ContainerSpec, p string) string {
+func hostPath(spec jail.ContainerSpec, p string) string {
 	for _, m := range spec.Mounts {
 		if p == m.Target {
 			return m.Source
@@ -48,12 +49,12 @@ func hostPath(spec worker.ContainerSpec, p string) string {
 // signals, as `jetcrew workspace capture --wait` does; a stop first ends
 // it with exit code 143.
 func waitForSignal(signals <-chan string, b Behaviour) Behaviour {
-	return func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+	return func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 		out(messages.StreamStderr, []byte(workspace.CaptureReadyLine+"\n"))
 		select {
 		case <-signals:
 		case <-ctx.Done():
-			return worker.ExitStatus{Code: 143}
+			return jail.ExitStatus{Code: 143}
 		}
 		return b(ctx, spec, out)
 	}
@@ -66,10 +67,10 @@ func waitForSignal(signals <-chan string, b Behaviour) Behaviour {
 // the original argv; capture writes its stream on stdout. A failure prints
 // workspace.JailFailure's line on stderr and exits workspace.JailExitCode.
 func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
-	return func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
-		fail := func(err error) worker.ExitStatus {
+	return func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
+		fail := func(err error) jail.ExitStatus {
 			out(messages.StreamStderr, []byte(workspace.JailFailure(a, err)+"\n"))
-			return worker.ExitStatus{Code: workspace.JailExitCode}
+			return jail.ExitStatus{Code: workspace.JailExitCode}
 		}
 		switch a.Command {
 		case "capture":
@@ -77,10 +78,10 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 			if err := workspace.JailCapture(a, streamWriter{out, messages.StreamStdout}); err != nil {
 				return fail(err)
 			}
-			return worker.ExitStatus{}
+			return jail.ExitStatus{}
 		case "exec":
 			if a.Held != "" && !waitFile(ctx, a.Held) {
-				return worker.ExitStatus{Code: 143} // stopped while waiting
+				return jail.ExitStatus{Code: 143} // stopped while waiting
 			}
 			if err := workspace.JailUnpack(a); err != nil {
 				return fail(err)
@@ -89,7 +90,7 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 			return inner(ctx, spec, out)
 		}
 		out(messages.StreamStderr, []byte(a.Command+"\n"))
-		return worker.ExitStatus{Code: 2}
+		return jail.ExitStatus{Code: 2}
 	}
 }
 
@@ -110,7 +111,7 @@ func waitFile(ctx context.Context, path string) bool {
 
 // streamWriter writes to one of a container's output streams.
 type streamWriter struct {
-	out    worker.OutputFunc
+	out    jail.OutputFunc
 	stream string
 }
 

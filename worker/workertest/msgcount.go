@@ -13,6 +13,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
 // subjectCounter counts every message the server routes, as a subscriber to
@@ -82,16 +84,16 @@ type MessageCount struct {
 // own connection, and counts every message the server routes from each
 // submit to the run's ack, as a subscriber to ">" sees them (issue 16). The
 // worker heartbeat (per worker, not per run) is left out.
-func MessagesPerRun(t testing.TB, profile string, runs int, newSubmit func(nc *nats.Conn) SubmitFunc) MessageCount {
+func MessagesPerRun(t testing.TB, profileName string, runs int, newSubmit func(nc *nats.Conn) SubmitFunc) MessageCount {
 	t.Helper()
 	s := StartServer(t)
 	rt := NewRuntime()
-	rt.Behave = func(worker.ContainerSpec) (Behaviour, error) {
-		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
-			return worker.ExitStatus{}
+	rt.Behave = func(jail.ContainerSpec) (Behaviour, error) {
+		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+			return jail.ExitStatus{}
 		}, nil
 	}
-	ps, err := worker.ParseProfiles("count.toml", []byte(`[profiles.nocoord]
+	ps, err := profile.ParseProfiles("count.toml", []byte(`[profiles.nocoord]
 image        = "jetcrew-sandbox:latest"
 command      = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
@@ -123,7 +125,7 @@ coordination = false
 	run := func(i int) {
 		// The id is generated, as most submitters leave it: a chosen one
 		// costs a state read (the id-in-use check).
-		id, err := submit(ctx, profile, i)
+		id, err := submit(ctx, profileName, i)
 		require.NoError(t, err)
 		select {
 		case got := <-finished:

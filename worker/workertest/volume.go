@@ -7,22 +7,22 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // fakeVolume is a volume of the fake runtime: a directory, unbounded.
 type fakeVolume struct {
 	dir     string
-	spec    worker.VolumeSpec
+	spec    jail.VolumeSpec
 	created time.Time
 }
 
-// CreateVolume implements worker.Runtime: the volume is a new empty
+// CreateVolume implements jail.Runtime: the volume is a new empty
 // directory (mode 0755) under a temporary directory of the runtime's; its
 // size is not enforced. A volume of that name already there is replaced.
-func (r *Runtime) CreateVolume(ctx context.Context, spec worker.VolumeSpec) error {
+func (r *Runtime) CreateVolume(ctx context.Context, spec jail.VolumeSpec) error {
 	if spec.SizeBytes <= 0 {
-		return fmt.Errorf("%w: volume %q: size %d bytes", worker.ErrPermanent, spec.Name, spec.SizeBytes)
+		return fmt.Errorf("%w: volume %q: size %d bytes", jail.ErrPermanent, spec.Name, spec.SizeBytes)
 	}
 	if err := r.RemoveVolume(ctx, spec.Name); err != nil {
 		return err
@@ -44,7 +44,7 @@ func (r *Runtime) CreateVolume(ctx context.Context, spec worker.VolumeSpec) erro
 	return nil
 }
 
-// RemoveVolume implements worker.Runtime: the volume's directory is
+// RemoveVolume implements jail.Runtime: the volume's directory is
 // removed; a volume that a container not yet removed mounts is an error,
 // as the engine's.
 func (r *Runtime) RemoveVolume(ctx context.Context, name string) error {
@@ -65,24 +65,24 @@ func (r *Runtime) RemoveVolume(ctx context.Context, name string) error {
 	return os.RemoveAll(v.dir)
 }
 
-// ListManagedVolumes implements worker.Runtime.
-func (r *Runtime) ListManagedVolumes(ctx context.Context) ([]worker.ManagedVolume, error) {
+// ListManagedVolumes implements jail.Runtime.
+func (r *Runtime) ListManagedVolumes(ctx context.Context) ([]jail.ManagedVolume, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []worker.ManagedVolume
+	var out []jail.ManagedVolume
 	for name, v := range r.volumes {
-		if v.spec.Labels[worker.LabelManaged] == "true" {
-			out = append(out, worker.ManagedVolume{Name: name, Labels: v.spec.Labels, Created: v.created})
+		if v.spec.Labels[jail.LabelManaged] == "true" {
+			out = append(out, jail.ManagedVolume{Name: name, Labels: v.spec.Labels, Created: v.created})
 		}
 	}
 	return out, nil
 }
 
 // Volumes returns the specs of the volumes not yet removed.
-func (r *Runtime) Volumes() []worker.VolumeSpec {
+func (r *Runtime) Volumes() []jail.VolumeSpec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]worker.VolumeSpec, 0, len(r.volumes))
+	out := make([]jail.VolumeSpec, 0, len(r.volumes))
 	for _, v := range r.volumes {
 		out = append(out, v.spec)
 	}
@@ -99,8 +99,8 @@ func (r *Runtime) volumePath(name string) string {
 
 // resolveVolumes returns spec with each volume mount turned into a bind
 // mount of the volume's directory ("" when the volume does not exist).
-func (r *Runtime) resolveVolumes(spec worker.ContainerSpec) worker.ContainerSpec {
-	mounts := make([]worker.Mount, len(spec.Mounts))
+func (r *Runtime) resolveVolumes(spec jail.ContainerSpec) jail.ContainerSpec {
+	mounts := make([]jail.Mount, len(spec.Mounts))
 	for i, m := range spec.Mounts {
 		if m.Volume {
 			m.Source, m.Volume = r.volumePath(m.Source), false

@@ -21,7 +21,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 // StartServer starts an embedded nats-server with JetStream on a random
@@ -36,9 +36,9 @@ func Connect(t testing.TB, s *server.Server) *nats.Conn { return coordtest.Conne
 // Behaviour is what a fake container does: it receives the spec, writes
 // output through out, and returns its exit status. ctx is cancelled when
 // the container is stopped; a stopped behaviour should return exit code 143.
-type Behaviour func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus
+type Behaviour func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus
 
-// Runtime is a fake worker.Runtime. Its Behave function chooses the
+// Runtime is a fake jail.Runtime. Its Behave function chooses the
 // Behaviour for each spec; by default the prompt (the last argv element) is
 // read as a tiny script (see Script). The in-jail workspace commands run in
 // process (jail.go): a workspace run's container unpacks its snapshot, then
@@ -47,20 +47,20 @@ type Behaviour func(ctx context.Context, spec worker.ContainerSpec, out worker.O
 type Runtime struct {
 	// Behave returns the behaviour of a container, or an error to make
 	// Start fail with it. Nil means ScriptBehaviour.
-	Behave func(spec worker.ContainerSpec) (Behaviour, error)
+	Behave func(spec jail.ContainerSpec) (Behaviour, error)
 	// RemoveErr, when set, is asked before each Remove: an error it returns
 	// makes that Remove fail, leaving the container in place.
 	RemoveErr func(id string) error
 	// StartErr, when set, is asked before each Start, capture containers'
 	// included: an error it returns makes that Start fail with it.
-	StartErr func(spec worker.ContainerSpec) error
+	StartErr func(spec jail.ContainerSpec) error
 
 	mu         sync.Mutex
 	seq        int
 	containers map[string]*Container
 	volumes    map[string]fakeVolume
 	volumeBase string
-	starts     []worker.ContainerSpec
+	starts     []jail.ContainerSpec
 	running    int
 	maxRunning int
 }
@@ -70,11 +70,11 @@ func NewRuntime() *Runtime {
 	return &Runtime{containers: map[string]*Container{}, volumes: map[string]fakeVolume{}}
 }
 
-// Start implements worker.Runtime. A name already in use is refused, as
+// Start implements jail.Runtime. A name already in use is refused, as
 // Docker does. Behave and the behaviour see the spec with each volume mount
 // turned into a bind mount of the volume's directory (Starts keeps the
 // spec as given).
-func (r *Runtime) Start(ctx context.Context, given worker.ContainerSpec, out worker.OutputFunc) (worker.Container, error) {
+func (r *Runtime) Start(ctx context.Context, given jail.ContainerSpec, out jail.OutputFunc) (jail.Container, error) {
 	if r.StartErr != nil {
 		if err := r.StartErr(given); err != nil {
 			return nil, err
@@ -138,22 +138,22 @@ func (r *Runtime) Start(ctx context.Context, given worker.ContainerSpec, out wor
 	return c, nil
 }
 
-// ListManaged implements worker.Runtime.
-func (r *Runtime) ListManaged(ctx context.Context) ([]worker.ManagedContainer, error) {
+// ListManaged implements jail.Runtime.
+func (r *Runtime) ListManaged(ctx context.Context) ([]jail.ManagedContainer, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []worker.ManagedContainer
+	var out []jail.ManagedContainer
 	for _, c := range r.containers {
 		state := "running"
 		if c.exited {
 			state = "exited"
 		}
-		out = append(out, worker.ManagedContainer{ID: c.id, Name: c.name, State: state, Labels: c.spec.Labels, Created: c.created})
+		out = append(out, jail.ManagedContainer{ID: c.id, Name: c.name, State: state, Labels: c.spec.Labels, Created: c.created})
 	}
 	return out, nil
 }
 
-// Remove implements worker.Runtime.
+// Remove implements jail.Runtime.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if r.RemoveErr != nil {
 		if err := r.RemoveErr(id); err != nil {
@@ -171,10 +171,10 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 }
 
 // Starts returns the specs of every container started, in order.
-func (r *Runtime) Starts() []worker.ContainerSpec {
+func (r *Runtime) Starts() []jail.ContainerSpec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]worker.ContainerSpec(nil), r.starts...)
+	return append([]jail.ContainerSpec(nil), r.starts...)
 }
 
 // MaxRunning returns the most containers that ran at once.
@@ -194,44 +194,44 @@ func (r *Runtime) Live() int {
 // Container is a fake container.
 type Container struct {
 	id, name string
-	spec     worker.ContainerSpec
+	spec     jail.ContainerSpec
 	cancel   context.CancelFunc
 	done     chan struct{}
 	created  time.Time
 	rt       *Runtime
-	status   worker.ExitStatus
+	status   jail.ExitStatus
 	exited   bool
 	signals  chan string
 }
 
-// ID implements worker.Container.
+// ID implements jail.Container.
 func (c *Container) ID() string { return c.id }
 
-// ImageID implements worker.Container: a fake has no image id.
+// ImageID implements jail.Container: a fake has no image id.
 func (c *Container) ImageID() string { return "" }
 
-// Wait implements worker.Container.
-func (c *Container) Wait(ctx context.Context) (worker.ExitStatus, error) {
+// Wait implements jail.Container.
+func (c *Container) Wait(ctx context.Context) (jail.ExitStatus, error) {
 	select {
 	case <-c.done:
 		c.rt.mu.Lock()
 		defer c.rt.mu.Unlock()
 		return c.status, nil
 	case <-ctx.Done():
-		return worker.ExitStatus{}, ctx.Err()
+		return jail.ExitStatus{}, ctx.Err()
 	}
 }
 
-// Stop implements worker.Container: it cancels the behaviour's context.
+// Stop implements jail.Container: it cancels the behaviour's context.
 func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
 	c.cancel()
 	return nil
 }
 
-// Remove implements worker.Container.
+// Remove implements jail.Container.
 func (c *Container) Remove(ctx context.Context) error { return c.rt.Remove(ctx, c.id) }
 
-// Signal implements worker.Container: a behaviour waiting for a signal (a
+// Signal implements jail.Container: a behaviour waiting for a signal (a
 // capture container started with --wait) goes on; a container that has
 // exited is an error, as the engine's.
 func (c *Container) Signal(ctx context.Context, sig string) error {
@@ -252,12 +252,12 @@ func (c *Container) Signal(ctx context.Context, sig string) error {
 // to stderr, "sleep DURATION" waits (returning 143 when stopped), "exit N"
 // ends with code N, "oom" ends as the kernel's OOM killer would (137,
 // OOMKilled). The script "" exits 0.
-func ScriptBehaviour(spec worker.ContainerSpec) (Behaviour, error) {
+func ScriptBehaviour(spec jail.ContainerSpec) (Behaviour, error) {
 	script := ""
 	if len(spec.Cmd) > 0 {
 		script = spec.Cmd[len(spec.Cmd)-1]
 	}
-	return func(ctx context.Context, _ worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+	return func(ctx context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 		for _, stmt := range strings.Split(script, ";") {
 			verb, arg, _ := strings.Cut(strings.TrimSpace(stmt), " ")
 			switch verb {
@@ -270,17 +270,17 @@ func ScriptBehaviour(spec worker.ContainerSpec) (Behaviour, error) {
 				select {
 				case <-time.After(d):
 				case <-ctx.Done():
-					return worker.ExitStatus{Code: 143}
+					return jail.ExitStatus{Code: 143}
 				}
 			case "exit":
 				var code int
 				fmt.Sscanf(arg, "%d", &code)
-				return worker.ExitStatus{Code: code}
+				return jail.ExitStatus{Code: code}
 			case "oom":
-				return worker.ExitStatus{Code: 137, OOMKilled: true}
+				return jail.ExitStatus{Code: 137, OOMKilled: true}
 			}
 		}
-		return worker.ExitStatus{}
+		return jail.ExitStatus{}
 	}, nil
 }
 

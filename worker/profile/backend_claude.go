@@ -1,0 +1,80 @@
+package profile
+
+import (
+	"fmt"
+
+	"github.com/jetcrew/jetcrew/coordination"
+)
+
+// BackendClaude runs Claude Code: claude -p --output-format stream-json
+// --verbose --mcp-config <file> --strict-mcp-config.
+const BackendClaude = "claude"
+
+func init() { registerBackend(BackendClaude, claudeBackend{}) }
+
+// claudeBackend is Claude Code. Its init event lists each MCP server's
+// status, which proves (or disproves) the bridge at once.
+type claudeBackend struct{}
+
+func (claudeBackend) plan(p Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
+	plan.Argv = append(exe("claude"), "-p", "--output-format", "stream-json", "--verbose")
+	if coord {
+		plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config")
+		plan.InitCheck = true
+	} else {
+		// An empty config with --strict-mcp-config: no MCP server at
+		// all, not whatever the image's user settings list.
+		none := coordination.ContainerRunDir + "/mcp-none.json"
+		plan.Files = append(plan.Files, StagedFile{Path: none, Mode: 0o444, Data: []byte(`{"mcpServers":{}}`)})
+		plan.Argv = append(plan.Argv, "--mcp-config", none, "--strict-mcp-config")
+	}
+	switch p.PermissionMode {
+	case "", "bypassPermissions":
+		plan.Argv = append(plan.Argv, "--dangerously-skip-permissions")
+	default:
+		plan.Argv = append(plan.Argv, "--permission-mode", p.PermissionMode)
+	}
+	return false, nil
+}
+
+func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, string) {
+	text := ""
+	switch kind {
+	case "system":
+		kind += "/" + jstr(v, "subtype")
+		if jstr(v, "subtype") == "init" {
+			servers, _ := v["mcp_servers"].([]any)
+			ps.summary.MCPServers = map[string]string{}
+			for _, s := range servers {
+				if m, ok := s.(map[string]any); ok {
+					ps.summary.MCPServers[jstr(m, "name")] = jstr(m, "status")
+				}
+			}
+			ps.reportMCP(ps.summary.MCPServers[coordination.MCPServerName])
+		}
+	case "assistant":
+		if msg, ok := v["message"].(map[string]any); ok {
+			text = textParts(msg)
+		}
+	case "result":
+		ps.final = jstr(v, "result")
+		text = ps.final
+		ps.summary.IsError, _ = v["is_error"].(bool)
+		ps.summary.CostUSD, _ = v["total_cost_usd"].(float64)
+		if n, ok := v["num_turns"].(float64); ok {
+			ps.summary.Turns = int(n)
+		}
+	}
+	return kind, text
+}
+
+func (claudeBackend) structured() bool { return true }
+
+// validate checks permission_mode: one of Claude Code's documented modes.
+func (claudeBackend) validate(p Profile) error {
+	switch p.PermissionMode {
+	case "", "default", "acceptEdits", "bypassPermissions", "plan", "dontAsk":
+		return nil
+	}
+	return fmt.Errorf("permission_mode %q is not one of default, acceptEdits, bypassPermissions, plan, dontAsk", p.PermissionMode)
+}

@@ -1,0 +1,57 @@
+package profile
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jetcrew/jetcrew/coordination"
+)
+
+// BackendCodex runs Codex CLI: codex exec --json with a writable CODEX_HOME
+// holding config.toml's [mcp_servers.jetcrew].
+const BackendCodex = "codex"
+
+func init() { registerBackend(BackendCodex, codexBackend{}) }
+
+// codexBackend is Codex CLI.
+type codexBackend struct{}
+
+func (codexBackend) plan(p Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
+	plan.Argv = append(exe("codex"), "exec", "--json", "--skip-git-repo-check")
+	var toml strings.Builder
+	if coord {
+		fmt.Fprintf(&toml, "[mcp_servers.%s]\ncommand = %q\nargs = []\nstartup_timeout_sec = 30\ntool_timeout_sec = 60\n",
+			coordination.MCPServerName, coordination.BridgePath)
+	}
+	plan.Files = append(plan.Files, StagedFile{Path: HomeSeedPath + "/.codex/config.toml", Mode: 0o444, Data: []byte(toml.String())})
+	plan.Env = append(plan.Env, "CODEX_HOME="+p.Home+"/.codex")
+	// "-": codex exec reads the prompt from standard input.
+	plan.Argv = append(plan.Argv, "-")
+	return false, nil
+}
+
+func (codexBackend) parse(kind string, v map[string]any, ps *Parser) (string, string) {
+	text := ""
+	switch kind {
+	case "item.completed":
+		if item, ok := v["item"].(map[string]any); ok && jstr(item, "type") == "agent_message" {
+			ps.final = jstr(item, "text")
+			text = ps.final
+		}
+	case "turn.failed":
+		ps.summary.IsError = true
+		if e, ok := v["error"].(map[string]any); ok {
+			text = jstr(e, "message")
+		}
+	case "error":
+		text = jstr(v, "message")
+	case "turn.completed":
+		ps.summary.Turns++
+	}
+	return kind, text
+}
+
+func (codexBackend) structured() bool { return true }
+
+// validate has nothing to check: the CLI reads no key of its own.
+func (codexBackend) validate(Profile) error { return nil }

@@ -1,0 +1,85 @@
+package runner
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// TestClassify covers every branch of the outcome classification: cancel,
+// each watchdog, shutdown hand-back, a failed wait, timeout, OOM, exit codes
+// (with and without the agent's own error, with each stderr diagnosis), and
+// the profile's retries left or not.
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	spec := ContainerSpec{PidsLimit: 64, Tmpfs: map[string]string{"/tmp": "size=64m"}}
+	pol := outcomePolicy{Attempt: 1, Retries: 0, WorkerID: "w1", Spec: spec}
+	withRetries := pol
+	withRetries.Retries = 1
+	lastTry := withRetries
+	lastTry.Attempt = 2
+	mib := withRetries
+	mib.WorkspaceMiB = 2
+	exit := func(code int) ExitStatus { return ExitStatus{Code: code} }
+	agentErr := &messages.AgentSummary{IsError: true}
+	final := func(st messages.State, reason string) outcome {
+		return outcome{Action: actionFinal, State: st, Reason: reason}
+	}
+	cases := []struct {
+		name string
+		f    exitFacts
+		p    outcomePolicy
+		want outcome
+	}{
+		{"exit 0", exitFacts{Status: exit(0)}, pol, final(messages.StateSucceeded, "")},
+		{"exit 3", exitFacts{Status: exit(3)}, pol, final(messages.StateFailed, "exit code 3")},
+		{"exit 3 with stderr", exitFacts{Status: exit(3), LastErr: "boom"}, pol, final(messages.StateFailed, "exit code 3: boom")},
+		{"exit with runtime error", exitFacts{Status: ExitStatus{Code: 1, Error: "oci"}}, pol, final(messages.StateFailed, "exit code 1: oci")},
+		{"tmpfs full", exitFacts{Status: exit(1), LastErr: "write: No space left on device"}, pol,
+			final(messages.StateFailed, "exit code 1 (no space left on device: a tmpfs is full; /tmp is size=64m): write: No space left on device")},
+		{"pids limit", exitFacts{Status: exit(2), LastErr: "sh: can't fork"}, pol,
+			final(messages.StateFailed, "exit code 2 (pids limit of 64 reached: process creation failed): sh: can't fork")},
+		{"agent reported error", exitFacts{Status: exit(1), Summary: agentErr, Result: "bad\nthing", LastErr: "x"}, pol,
+			final(messages.StateFailed, "exit code 1: the agent reported: bad thing")},
+		{"agent error without result", exitFacts{Status: exit(1), Summary: agentErr}, pol, final(messages.StateFailed, "exit code 1")},
+		{"agent error but exit 0", exitFacts{Status: exit(0), Summary: agentErr, Result: "r"}, pol, final(messages.StateSucceeded, "")},
+		{"oom", exitFacts{Status: ExitStatus{Code: 137, OOMKilled: true}}, withRetries, final(messages.StateFailed, "oom")},
+		{"timeout", exitFacts{Status: exit(143), TimedOut: true, Timeout: 2 * time.Second}, withRetries,
+			final(messages.StateTimedOut, "timed out after 2s")},
+		{"stalled", exitFacts{Status: exit(143), StopKind: stopStalled, StopReason: "no progress"}, withRetries,
+			final(messages.StateStalled, "no progress")},
+		{"bridge not reached", exitFacts{Status: exit(143), StopKind: stopBridge, StopReason: "no bridge"}, withRetries,
+			final(messages.StateFailed, "no bridge")},
+		{"cancel wins over a watchdog", exitFacts{Status: exit(143), Cancelled: true, StopKind: stopStalled}, pol,
+			final(messages.StateCancelled, "cancelled by request")},
+		{"cancel wins over shutdown", exitFacts{Status: exit(143), Cancelled: true, Shutdown: true}, pol,
+			final(messages.StateCancelled, "cancelled by request")},
+		{"shutdown hands back", exitFacts{Status: exit(143), Shutdown: true}, pol,
+			outcome{Action: actionHandBack, Reason: "handed back: worker w1 shut down"}},
+		{"wait failed: retry", exitFacts{WaitErr: errors.New("engine gone")}, pol,
+			outcome{Action: actionRetry, Reason: "wait for container: engine gone"}},
+		{"retries left", exitFacts{Status: exit(3)}, withRetries,
+			outcome{Action: actionRetry, Reason: "exit code 3 (attempt 1; the profile allows 1 retries)"}},
+		{"no retries left", exitFacts{Status: exit(3)}, lastTry, final(messages.StateFailed, "exit code 3")},
+		{"unpack: no space, never retried", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (no-space): write a: no space left on device"}, mib,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "no-space",
+				Reason: "workspace: too large: the snapshot does not fit the profile's workspace_mib (2 MiB)"}},
+		{"unpack: bad archive", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (bad-archive): not a valid workspace snapshot: x"}, withRetries,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "bad-archive", Reason: "workspace: not a valid workspace snapshot: x"}},
+		{"unpack: other", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (error): open: EIO"}, pol,
+			outcome{Action: actionFinal, State: messages.StateFailed, Unpack: "error", Reason: "workspace: unpack failed: open: EIO"}},
+		{"unpack: not held in time, retried", exitFacts{Status: exit(121), LastErr: "jetcrew workspace: unpack failed (not-held): the workspace was not held by a capture container within 10m0s"}, pol,
+			outcome{Action: actionRetry, Unpack: "not-held", Reason: "workspace: the workspace was not held by a capture container within 10m0s"}},
+		{"exit 121 without the line is the agent's", exitFacts{Status: exit(121), LastErr: "mine"}, pol, final(messages.StateFailed, "exit code 121: mine")},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, classify(tc.f, tc.p))
+		})
+	}
+}

@@ -1,0 +1,71 @@
+package runner
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+)
+
+// buildReceipt describes what a run uses: profile p (whose digest is
+// digest, computed once per profile), its plan, its container's spec and
+// the mounts the stages added (by role and digest, never by host path:
+// receipts go to every reader of the runs bucket), its timeout. It takes no
+// environment values and no file contents; the prompt shows as "<prompt>".
+func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jail.ContainerSpec, mounts []messages.ReceiptMount, timeout time.Duration, prompt string) *messages.Receipt {
+	rc := &messages.Receipt{
+		Profile:       p.Name,
+		ProfileDigest: digest,
+		Backend:       p.Backend,
+		Image:         p.Image,
+		User:          p.User,
+		Runtime:       p.Runtime,
+		Network:       p.Network,
+		Egress:        p.Egress,
+		Limits:        messages.ReceiptLimits{MemoryBytes: p.MemoryMiB << 20, CPUs: p.CPUs, Pids: p.Pids},
+		Tmpfs:         spec.Tmpfs.Options(),
+		MCPServers:    append([]string{}, plan.MCPServers...),
+		Files:         []messages.ReceiptFile{},
+		Unsupported:   plan.Unsupported,
+	}
+	for _, a := range spec.Cmd {
+		if prompt != "" && strings.Contains(a, prompt) {
+			a = strings.ReplaceAll(a, prompt, "<prompt>")
+		}
+		rc.Argv = append(rc.Argv, a)
+	}
+	if timeout > 0 {
+		rc.Timeout = timeout.String()
+	}
+	if d := p.StallTimeoutDuration(); d > 0 {
+		rc.StallTimeout = d.String()
+	}
+	if p.BridgeRequired() && len(plan.MCPServers) > 0 {
+		rc.BridgeDeadline = p.BridgeDeadlineDuration().String()
+	}
+	rc.Mounts = mounts
+	if rc.Mounts == nil {
+		rc.Mounts = []messages.ReceiptMount{}
+	}
+	if len(plan.MCPServers) > 0 {
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: coordination.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", coordination.MCPConfigMode)})
+	}
+	for _, f := range plan.Files {
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: f.Path, Mode: fmt.Sprintf("%04o", f.Mode.Perm())})
+	}
+	names := map[string]bool{}
+	for _, kv := range spec.Env {
+		k, _, _ := strings.Cut(kv, "=")
+		names[k] = true
+	}
+	for k := range names {
+		rc.EnvNames = append(rc.EnvNames, k)
+	}
+	sort.Strings(rc.EnvNames)
+	return rc
+}

@@ -1,0 +1,175 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage/proxy"
+)
+
+// registry is the one registry of the runs this worker holds, by run id:
+// cancels, stops, coordination events and the reconciler find a run here.
+// What runs hold on the host (directories, volumes, cached files) is in the
+// stage.Holds beside it. A delivery is in it from before it claims its run
+// (handle) until its outcome is recorded.
+type registry struct {
+	mu   sync.Mutex
+	runs map[string]*entry
+}
+
+// entry is a live run and its container (nil while being created).
+type entry struct {
+	run       *run
+	container jail.Container
+}
+
+// newerThan reports whether r is a later delivery of the same request
+// than o, or a later request for the same run id.
+func (r *run) newerThan(o *run) bool {
+	rs, os := r.meta.Sequence.Stream, o.meta.Sequence.Stream
+	return rs > os || rs == os && r.meta.NumDelivered > o.meta.NumDelivered
+}
+
+// track records r, with its container c (nil while being created), as the
+// run's live attempt on this worker, unless a newer attempt of the run is
+// already tracked: cancels and stops go to the newest.
+func (g *registry) track(r *run, c jail.Container) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a := g.runs[r.req.ID]; a != nil && a.run != r && a.run.newerThan(r) {
+		return
+	}
+	g.runs[r.req.ID] = &entry{run: r, container: c}
+}
+
+// untrack removes r, only if it is r that is tracked: an attempt winding
+// down never untracks the one that superseded it.
+func (g *registry) untrack(r *run) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a := g.runs[r.req.ID]; a != nil && a.run == r {
+		delete(g.runs, r.req.ID)
+	}
+}
+
+// get returns the live run of id, nil when this worker holds none.
+func (g *registry) get(id string) *run {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if a := g.runs[id]; a != nil {
+		return a.run
+	}
+	return nil
+}
+
+// Holds reports whether a delivery of run runID is in flight on this
+// worker (its container may still be being created).
+func (e *Runner) Holds(runID string) bool { return e.live.get(runID) != nil }
+
+// Containers returns the ids of the live runs' containers.
+func (e *Runner) Containers() map[string]bool {
+	e.live.mu.Lock()
+	defer e.live.mu.Unlock()
+	out := make(map[string]bool, len(e.live.runs))
+	for _, a := range e.live.runs {
+		if a.container != nil { // nil while its container is being created
+			out[a.container.ID()] = true
+		}
+	}
+	return out
+}
+
+// OnCoordEvent records a coordination step on the run's event subject
+// jetcrew.events.<run_id>.coord (a core publish, captured by the events
+// stream, so a slow server never blocks the bridge), counts it, and counts
+// as the run's progress. The coordination host calls it.
+func (e *Runner) OnCoordEvent(ev coordination.Event) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(messages.SubjectEvents(ev.RunID, messages.EventCoord))
+	m.Data = b
+	m.Header.Set(messages.HeaderRunID, ev.RunID)
+	if err := e.cfg.NC.PublishMsg(m); err != nil {
+		e.log.Warn().Err(err).Str("run_id", ev.RunID).Msg("publish coordination event")
+	}
+	if r := e.live.get(ev.RunID); r != nil && r.sr != nil {
+		r.sr.Progress.Touch()
+	}
+	switch ev.Kind {
+	case coordination.EventSent:
+		e.cfg.Metrics.coordMsgs.WithLabelValues("sent").Inc()
+	case coordination.EventRead:
+		e.cfg.Metrics.coordMsgs.WithLabelValues("read").Add(float64(len(ev.MessageIDs)))
+	}
+}
+
+// KillEgress cuts the egress proxy of run runID as a crash would: its
+// listener and every open connection; its supervisor reopens it after the
+// worker's egress restart delay, the run's connections failing meanwhile.
+// It reports whether the run is live here with an egress proxy. For drills
+// and tests.
+func (e *Runner) KillEgress(runID string) bool {
+	r := e.live.get(runID)
+	if r == nil {
+		return false
+	}
+	for _, s := range r.stages {
+		if p, ok := s.(*proxy.Stage); ok {
+			return p.Kill()
+		}
+	}
+	return false
+}
+
+// RemoveRunContainers removes every container of runID in this
+// installation, whoever created it (earlier deliveries' containers: the
+// caller's delivery has none yet), then the run's workspace volumes no
+// live run of this worker holds.
+func (e *Runner) RemoveRunContainers(ctx context.Context, runID string) error {
+	rt := e.cfg.Runtime
+	cs, err := rt.ListManaged(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		if c.Labels[jail.LabelRunID] != runID || c.Labels[jail.LabelInstall] != e.cfg.Install {
+			continue
+		}
+		e.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("run_id", runID).
+			Msg("removing an earlier delivery's container")
+		if err := rt.Remove(ctx, c.ID); err != nil {
+			return fmt.Errorf("remove %s: %w", c.Name, err)
+		}
+	}
+	vs, err := rt.ListManagedVolumes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		if v.Labels[jail.LabelRunID] != runID || v.Labels[jail.LabelInstall] != e.cfg.Install || e.cfg.Stages.Trees.VolumeHeld(v.Name) {
+			continue
+		}
+		e.log.Info().Str("volume", v.Name).Str("run_id", runID).Msg("removing an earlier delivery's volume")
+		if err := rt.RemoveVolume(ctx, v.Name); err != nil {
+			return fmt.Errorf("remove volume %s: %w", v.Name, err)
+		}
+	}
+	return nil
+}
+
+// shortID returns the first 12 characters of a container id.
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

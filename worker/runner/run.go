@@ -1,0 +1,466 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/runstate"
+	"github.com/jetcrew/jetcrew/worker/stage"
+)
+
+// run is one delivery of one request being handled.
+type run struct {
+	e    *Runner
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata
+	req  messages.RunRequest
+	log  zerolog.Logger
+	// rec is the run's record as this delivery holds it.
+	rec record
+	// sr is the run as its stages see it, and stages its list; both set
+	// by prepare.
+	sr     *stage.Run
+	stages []stage.Stage
+	// mask masks the run's secrets in what it shows (the secrets stage's);
+	// nil masks nothing.
+	mask stage.Masker
+	// ctl is the run's container and the stop asked for it.
+	ctl control
+	// cancelled is set when a cancel request reached the run.
+	cancelled atomic.Bool
+	// startCommitted is set, under the registry's lock, once the run's
+	// container may start: a cancel then stops it rather than preventing
+	// it (cancel.go).
+	startCommitted bool
+	// releaseOnce makes release give up the run's resources once.
+	releaseOnce sync.Once
+	// stopFailed is set by supervise when stopping the run's container
+	// failed: it may still run, so its workspace is not captured.
+	stopFailed bool
+	// startedStored is closed once the started event is stored (or its
+	// publish failed for good); nil before publishStarted.
+	startedStored chan struct{}
+}
+
+// execute runs a claimed request in four steps: prepare (plan, spec,
+// receipt, the stages' Prestart), start (the container, the stages'
+// Poststart, the running state), supervise (wait, timeout, cancel and the
+// stages' checks, down to plain exit facts) and conclude (classify the
+// facts, the stages' Exited, then record). A step that fails records the
+// outcome through abort. What the run holds is given up by release; the
+// deferred call is only a safety net for paths that ended without
+// recording (the run state changed under this delivery).
+func (r *run) execute(ctx context.Context, prof *profile.Profile) {
+	defer r.waitStarted()
+	defer func() { r.release(r.rec.st.State.Final()) }()
+	defer r.e.live.untrack(r)
+	p, err := r.prepare(ctx, prof)
+	if err != nil {
+		r.abort(ctx, err)
+		return
+	}
+	s, err := r.start(ctx, p)
+	if err != nil {
+		r.abort(ctx, err)
+		return
+	}
+	facts := r.supervise(ctx, p, s)
+	r.conclude(ctx, p, facts)
+}
+
+// prepared is what prepare makes of a request before anything starts.
+type prepared struct {
+	prof *profile.Profile
+	spec jail.ContainerSpec
+}
+
+// started is a run's live container and the readers of its output.
+type started struct {
+	c      jail.Container
+	out    *outputPublisher
+	parser *profile.Parser
+}
+
+// errRecorded is returned by a step that has already recorded the run's
+// outcome (or found it no longer this delivery's to record): abort does
+// nothing more.
+var errRecorded = errors.New("outcome already recorded")
+
+// abort records the outcome of a step's error: nothing for errRecorded, a
+// retry for a stage.TransientError, the run failed for any other error (its
+// text is the reason).
+func (r *run) abort(ctx context.Context, err error) {
+	var te stage.TransientError
+	switch {
+	case errors.Is(err, errRecorded):
+	case errors.As(err, &te):
+		r.retry(ctx, te.Err)
+	default:
+		r.fail(ctx, err.Error(), nil)
+	}
+}
+
+// runTimeout is the bound of a run: the request's timeout, else the
+// profile's, else the worker's default.
+func runTimeout(req messages.RunRequest, prof *profile.Profile, def time.Duration) time.Duration {
+	if req.Timeout != 0 {
+		return time.Duration(req.Timeout)
+	}
+	if t := prof.TimeoutDuration(); t != 0 {
+		return t
+	}
+	return def
+}
+
+// prepare plans the agent's command line, builds the container spec and
+// the receipt, builds the run's stage list and calls each Prestarter,
+// merging what it adds into the spec. Every outcome carries the receipt, a
+// failure here included: it describes the plan until the spec exists.
+func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, error) {
+	e := r.e
+	attempt := int(r.meta.NumDelivered)
+	if attempt > 1 {
+		// An earlier delivery's container belongs to a worker that lost the
+		// run (it died or missed AckWait): remove it before starting ours so
+		// two containers of one run never overlap.
+		if err := e.RemoveRunContainers(ctx, r.req.ID); err != nil {
+			return prepared{}, stage.Transient(fmt.Errorf("remove earlier containers: %w", err))
+		}
+	}
+	p := prepared{prof: prof}
+	timeout := runTimeout(r.req, prof, e.cfg.DefaultTimeout)
+	r.rec.st.Coordination = "off"
+	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
+	digest := e.digest(r.req.Profile, prof)
+	r.rec.st.Receipt = buildReceipt(prof, digest, plan, jail.ContainerSpec{}, nil, timeout, r.req.Prompt)
+	if err != nil {
+		return p, err
+	}
+	base, err := BuildSpec(SpecInput{
+		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: e.cfg.WorkerID,
+		Install: e.cfg.Install, Now: time.Now(), LookupEnv: e.cfg.LookupEnv, Plan: plan,
+	})
+	if err != nil {
+		return p, err
+	}
+	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
+		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
+	r.stages = e.stagesFor(r.sr)
+	r.rec.noters = r.rec.noters[:0]
+	for _, s := range r.stages {
+		if n, ok := s.(stage.Noter); ok {
+			r.rec.noters = append(r.rec.noters, n)
+		}
+	}
+	p.spec = base
+	p.spec.Env = slices.Clip(p.spec.Env)
+	mounts := []messages.ReceiptMount{}
+	var dir stage.Dir
+	for _, s := range r.stages {
+		ps, ok := s.(stage.Prestarter)
+		if !ok {
+			continue
+		}
+		var resp stage.PrestartResponse
+		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir}, &resp); err != nil {
+			return p, err
+		}
+		p.spec.Env = append(p.spec.Env, resp.Env...)
+		for _, m := range resp.Mounts {
+			p.spec.Mounts = append(p.spec.Mounts, m.Mount)
+			mounts = append(mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
+		}
+		if len(resp.Wrap) > 0 {
+			p.spec.Cmd = append(slices.Clip(resp.Wrap), p.spec.Cmd...)
+		}
+		if resp.WorkingDir != "" {
+			p.spec.WorkingDir = resp.WorkingDir
+		}
+		if resp.Dir != nil {
+			dir = resp.Dir
+		}
+		if resp.Mask != nil {
+			r.mask = resp.Mask
+		}
+	}
+	r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, timeout, r.req.Prompt)
+	return p, nil
+}
+
+// start starts the container with its output wired to the output events,
+// the agent parser and the progress clock, calls each Poststarter,
+// records the running state and publishes the started event.
+func (r *run) start(ctx context.Context, p prepared) (started, error) {
+	e := r.e
+	prog := r.sr.Progress
+	prog.Touch()
+	s := started{
+		parser: profile.NewParser(p.prof.Backend, r.agentEvent, r.onMCPStatus),
+		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
+	}
+	s.out.budget = p.prof.MaxOutputBytes()
+	s.out.mask, s.out.onStdout = r.mask, s.parser.Feed // the parser sees masked output
+	output := func(stream string, b []byte) {
+		prog.Touch()
+		s.out.write(stream, b)
+	}
+	if !r.commitStart(ctx) {
+		_, _ = s.out.close(ctx)
+		return s, errRecorded
+	}
+	c, err := e.cfg.Runtime.Start(ctx, p.spec, output)
+	if err != nil {
+		_, _ = s.out.close(ctx)
+		if r.cancelledBeforeStart(ctx) {
+			return s, errRecorded
+		}
+		if errors.Is(err, jail.ErrPermanent) {
+			return s, err
+		}
+		return s, stage.Transient(fmt.Errorf("start container: %w", err))
+	}
+	s.c = c
+	r.rec.st.Receipt.ImageID = c.ImageID()
+	perr := r.poststart(ctx, c)
+	r.setContainer(c)
+	if perr != nil {
+		// The run's container waits (in exec, for a workspace), nothing
+		// unpacked: release removes it.
+		_, _ = s.out.close(ctx)
+		if r.cancelledBeforeStart(ctx) {
+			return s, errRecorded
+		}
+		return s, perr
+	}
+	if r.startedCancelled(c) {
+		r.stopContainer(c)
+	}
+	e.cfg.Failpoint(stage.FailpointAfterStart)
+	e.cfg.Metrics.started.Inc()
+	e.cfg.Metrics.queueWait.Observe(time.Since(r.meta.Timestamp).Seconds())
+	if err := r.rec.toRunning(ctx, c.ID()); err != nil {
+		if errors.Is(err, runstate.ErrFenced) {
+			r.lost(ctx, s.out)
+			return s, errRecorded
+		}
+		r.log.Warn().Err(err).Msg("record running state")
+	}
+	e.cfg.Failpoint(stage.FailpointRunning)
+	r.publishStarted(ctx, c.ID(), s.out)
+	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", p.prof.Name).Msg("run started")
+	return s, nil
+}
+
+// poststart calls each Poststarter with the started container c, and
+// returns the first error.
+func (r *run) poststart(ctx context.Context, c jail.Container) error {
+	for _, s := range r.stages {
+		if ps, ok := s.(stage.Poststarter); ok {
+			if err := ps.Poststart(ctx, &stage.PoststartRequest{Run: r.sr, Container: c, Cancelled: r.cancelled.Load}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// onMCPStatus passes the agent CLI's report of the jetcrew MCP server's
+// status to the stages that watch it; a stop one asks for stops the run.
+func (r *run) onMCPStatus(status string) {
+	for _, s := range r.stages {
+		if o, ok := s.(stage.MCPObserver); ok {
+			if stop := o.MCPStatus(status); stop != nil {
+				r.stopFor(*stop)
+			}
+		}
+	}
+}
+
+// supervise waits for the container's end (bounded by the run's timeout),
+// with the stages' checks on, and stops the container when a cancel, a
+// stage, the timeout or a worker shutdown ended the wait. It returns the
+// exit facts, the output closed; it records nothing.
+func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
+	// The stall clock starts with the checks, once the container runs: a
+	// container the engine was slow to create or start (seconds under
+	// load) has not been idle meanwhile.
+	r.sr.Progress.Touch()
+	stopWatch := r.watch()
+	waitCtx, cancelWait := context.WithTimeout(ctx, r.sr.Timeout)
+	status, err := s.c.Wait(waitCtx)
+	cancelWait()
+	stopWatch()
+	r.e.cfg.Failpoint(stage.FailpointAfterExit)
+	f := exitFacts{Cancelled: r.cancelled.Load(), Timeout: r.sr.Timeout, Stop: r.ctl.stopped()}
+	switch {
+	case err == nil:
+	case f.Cancelled || f.Stop != nil:
+		// A cancel request or a stage stopped the container (SIGTERM,
+		// grace, SIGKILL); wait for that to finish.
+		if status, err = r.stopAndWait(s.c); err != nil {
+			r.log.Warn().Err(err).Msg("stop container")
+			r.stopFailed = true
+		}
+	case ctx.Err() != nil:
+		// The worker is shutting down hard.
+		f.Shutdown = true
+		_, _ = r.stopAndWait(s.c)
+	case errors.Is(err, context.DeadlineExceeded):
+		f.TimedOut = true
+		if status, err = r.stopAndWait(s.c); err != nil {
+			r.log.Warn().Err(err).Msg("stop timed-out container")
+			r.stopFailed = true
+		}
+	default:
+		f.WaitErr = err
+	}
+	f.Status = status
+	f.Result, f.Summary = s.parser.Outcome()
+	f.LastErr = s.out.lastErrLine()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runstate.OpMaxElapsed)
+	defer cancel()
+	f.OutputBytes, f.OutputErr = s.out.close(cctx)
+	r.noteDroppedOutput(s.out)
+	return f
+}
+
+// conclude classifies the exit facts, lets the stages see the exit
+// (Exited), and records the outcome: a final state, a retry, or a
+// hand-back on shutdown.
+func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
+	o := classify(f, outcomePolicy{
+		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec, WorkspaceMiB: p.prof.WorkspaceMiB,
+	})
+	if f.WaitErr == nil && !f.Shutdown {
+		st := &r.rec.st
+		st.Result, st.Agent = clipResult(f.Result), f.Summary
+		st.ExitCode = &f.Status.Code
+		st.OOMKilled = f.Status.OOMKilled
+		st.OutputBytes = f.OutputBytes
+		if f.OutputErr != nil {
+			r.log.Warn().Err(f.OutputErr).Msg("some output events were not acknowledged")
+		}
+		req := stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
+			Unpack: o.Unpack, StopFailed: r.stopFailed}
+		for _, s := range r.stages {
+			if ex, ok := s.(stage.Exiter); ok {
+				var resp stage.ExitedResponse
+				ex.Exited(ctx, &req, &resp)
+				if resp.Reason != "" {
+					req.Reason = resp.Reason
+				}
+			}
+		}
+		o.Reason = req.Reason
+	}
+	switch o.Action {
+	case actionHandBack:
+		r.handBack(ctx, o.Reason)
+	case actionRetry:
+		// The container is gone with the retry: the next delivery starts
+		// its own.
+		r.rec.st.ContainerID = ""
+		r.retry(ctx, errors.New(o.Reason))
+	default:
+		r.finish(ctx, o.State, o.Reason)
+	}
+}
+
+// release gives up what the run holds, once: its container (removed), then
+// each stage's Release in reverse list order. The caller records the state
+// first and removes the request from the stream after.
+func (r *run) release(final bool) {
+	r.releaseOnce.Do(func() {
+		gone := false
+		if c := r.ctl.current(); c != nil {
+			gone = r.removeContainer(c)
+		}
+		req := stage.ReleaseRequest{Run: r.sr, Final: final, ContainerGone: gone}
+		for _, s := range slices.Backward(r.stages) {
+			if rel, ok := s.(stage.Releaser); ok {
+				rel.Release(&req)
+			}
+		}
+	})
+}
+
+// lost ends this delivery's part in a run whose state changed under it: a
+// cancel finalised it, or a later delivery claimed it. The container, if
+// any, is stopped, then the run's resources released; the request is acked
+// only when the run is final (nothing is left to do), and otherwise left to
+// the delivery that holds it.
+func (r *run) lost(ctx context.Context, out *outputPublisher) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	if c := r.ctl.current(); c != nil {
+		_, _ = r.stopAndWait(c)
+	}
+	r.release(r.rec.st.State.Final())
+	if out != nil {
+		_, _ = out.close(ctx)
+	}
+	prev, _, err := r.e.cfg.Store.Load(ctx, r.req.ID)
+	if err == nil && prev.State.Final() {
+		r.log.Info().Str("state", string(prev.State)).Msg("run was finalised elsewhere (cancelled?); acking")
+		r.ack()
+		return
+	}
+	r.log.Warn().Str("holder", prev.Worker).Int("holder_attempt", prev.Attempts).
+		Msg("lease lost: another delivery holds the run; stopping without recording anything")
+}
+
+// stopAndWait stops c with the worker's grace period and waits for its
+// exit.
+func (r *run) stopAndWait(c jail.Container) (jail.ExitStatus, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.e.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx, r.e.cfg.StopGrace); err != nil {
+		return jail.ExitStatus{Code: -1}, err
+	}
+	return c.Wait(ctx)
+}
+
+// handBack releases the run's resources (its container already stopped),
+// records it queued again with reason and hands the request back (Nak), for
+// a worker that is shutting down.
+func (r *run) handBack(ctx context.Context, reason string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	r.release(false)
+	r.rec.st.ContainerID = ""
+	r.rec.st.ExitCode = nil
+	if err := r.rec.toQueued(ctx, reason); err != nil {
+		if errors.Is(err, runstate.ErrFenced) {
+			r.log.Info().Msg("run no longer ours; not handing it back")
+			return
+		}
+		r.log.Warn().Err(err).Msg("record handed-back state")
+	}
+	if err := r.msg.Nak(); err != nil {
+		r.log.Warn().Err(err).Msg("nak on shutdown")
+	}
+	r.log.Info().Msg("run handed back on shutdown")
+}
+
+// removeContainer removes c and reports whether it did, logging a failure
+// (the reconciler retries).
+func (r *run) removeContainer(c jail.Container) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Remove(ctx); err != nil {
+		r.log.Warn().Err(err).Str("container_id", shortID(c.ID())).Msg("remove container; the reconciler will retry")
+		return false
+	}
+	return true
+}

@@ -1,0 +1,135 @@
+// Package runner is the run engine: it takes one delivered run request to
+// an outcome. A delivery is read and checked against the run's record
+// (delivery.go: decode, decide, claim, admit); a claimed run executes its
+// stages (run.go: prepare → start → supervise → conclude, iterating the
+// list stages.go builds) and records its outcome (record.go); classify
+// (classify.go) is the one pure decision of which final state, which
+// reason, retry or not. The worker (package worker) is its composition
+// root: it pulls the requests, runs the fleet services and builds the
+// stages' factories this engine is given.
+//
+// Delivery is at least once: every step is idempotent by run id.
+package runner
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/runstate"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/stage/bridge"
+	"github.com/jetcrew/jetcrew/worker/stage/coord"
+	"github.com/jetcrew/jetcrew/worker/stage/proxy"
+	"github.com/jetcrew/jetcrew/worker/stage/rundir"
+	"github.com/jetcrew/jetcrew/worker/stage/secrets"
+	"github.com/jetcrew/jetcrew/worker/stage/tree"
+)
+
+// Config configures a Runner. Every field is required unless it says
+// otherwise; the worker fills them from its own Config.
+type Config struct {
+	// WorkerID names the worker in run states, events and labels; Pool is
+	// the pool it serves; Install identifies the installation
+	// (jail.LabelInstall).
+	WorkerID, Pool, Install string
+	// Profiles are the resolved profiles requests may name; Digests their
+	// digests by name (profile.Profile.Digest, computed once).
+	Profiles profile.Profiles
+	Digests  map[string]string
+	// Runtime runs the containers.
+	Runtime jail.Runtime
+	// NC and JS reach NATS: events, the runs' output, dead letters.
+	NC *nats.Conn
+	JS jetstream.JetStream
+	// Store writes the runs' records.
+	Store *runstate.Store
+	// Stages are the stages' per-worker factories.
+	Stages Stages
+	// Holds is the worker's registry of what live runs hold.
+	Holds *stage.Holds
+	// DefaultTimeout bounds a run whose request and profile set none.
+	DefaultTimeout time.Duration
+	// StopGrace is the time between SIGTERM and SIGKILL when a run is
+	// stopped.
+	StopGrace time.Duration
+	// InProgressInterval is how often a live run tells the server it is
+	// still in progress (resetting AckWait).
+	InProgressInterval time.Duration
+	// MaxDeliver is the consumer's most deliveries of one request: a
+	// retry on the last one fails the run.
+	MaxDeliver int
+	// LookupEnv reads the worker's environment (env_from_host).
+	LookupEnv func(string) (string, bool)
+	// Failpoint, when set, is called at each crash point a run passes
+	// (stage.Failpoint*); nil in production.
+	Failpoint func(name string)
+	// Metrics are the worker's metrics.
+	Metrics *Metrics
+	// Log receives the runs' logs.
+	Log zerolog.Logger
+}
+
+// Stages are the per-worker factories of the stages a run's list is built
+// from (stages.go).
+type Stages struct {
+	Secrets *secrets.Secrets
+	RunDirs *rundir.Dirs
+	Bridges *bridge.Bridges
+	Trees   *tree.Trees
+	Coord   *coord.Coord
+	Proxies *proxy.Proxies
+}
+
+// Runner runs one worker's deliveries. Create it with New. Safe for
+// concurrent use: the worker calls Handle from one goroutine per run slot.
+type Runner struct {
+	cfg Config
+	log zerolog.Logger
+	// live is the registry of the runs this worker holds (registry.go).
+	live registry
+	// stops counts container stops in flight (stopAsync).
+	stops sync.WaitGroup
+}
+
+// New returns the Runner configured by cfg. It does no I/O.
+func New(cfg Config) *Runner {
+	if cfg.Failpoint == nil {
+		cfg.Failpoint = func(string) {}
+	}
+	return &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}}}
+}
+
+// Wait waits for every container stop the runner started (after the last
+// run ended).
+func (e *Runner) Wait() { e.stops.Wait() }
+
+// stopAsync stops container c (SIGTERM, SIGKILL after StopGrace) in a
+// goroutine Wait waits for, logging a failure with what.
+func (e *Runner) stopAsync(c jail.Container, log zerolog.Logger, what string) {
+	e.stops.Add(1)
+	go func() {
+		defer e.stops.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.StopGrace+30*time.Second)
+		defer cancel()
+		if err := c.Stop(ctx, e.cfg.StopGrace); err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn().Err(err).Msg(what)
+		}
+	}()
+}
+
+// digest returns the digest of profile p, configured under name: the one
+// computed at start, or p's own.
+func (e *Runner) digest(name string, p *profile.Profile) string {
+	if d, ok := e.cfg.Digests[name]; ok {
+		return d
+	}
+	return p.Digest()
+}

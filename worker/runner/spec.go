@@ -1,0 +1,107 @@
+package runner
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+)
+
+// SpecInput is everything BuildSpec combines into a jail.ContainerSpec.
+type SpecInput struct {
+	// Profile is the resolved profile, defaults applied.
+	Profile *profile.Profile
+	// Request is the validated run request, its ID set.
+	Request messages.RunRequest
+	// Seq is the request message's JETCREW_RUNS stream sequence.
+	Seq uint64
+	// Attempt is the delivery number, from 1.
+	Attempt int
+	// WorkerID is the id of the worker creating the container.
+	WorkerID string
+	// Install identifies the installation (see jail.LabelInstall).
+	Install string
+	// Now is the creation time recorded in jail.LabelCreated.
+	Now time.Time
+	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
+	// os.LookupEnv in production.
+	LookupEnv func(string) (string, bool)
+	// Plan is the backend's plan for the run (profile.Profile.Plan).
+	Plan profile.Plan
+}
+
+// BuildSpec turns a profile and a run request into the run container's
+// spec, before its stages add theirs (mounts, environment, a command
+// prefix). It is a pure function of its input (no Docker calls), so every
+// rule of the jail can be tested without a daemon. It returns an error,
+// which retrying cannot fix, when a variable named in Profile.EnvFromHost
+// is not set on the worker.
+func BuildSpec(in SpecInput) (jail.ContainerSpec, error) {
+	p, r := in.Profile, in.Request
+	cmd := in.Plan.ContainerArgv()
+
+	// Later entries win in Docker's env list, so the order is: the request's
+	// non-secret env, the profile's fixed env, secrets from the host, then
+	// jetcrew's own variables, which nothing can override.
+	env := make([]string, 0, len(r.Env)+len(p.Env)+len(p.EnvFromHost)+4)
+	env = appendSorted(env, r.Env)
+	env = appendSorted(env, p.Env)
+	env = append(env, in.Plan.Env...)
+	for _, name := range p.EnvFromHost {
+		v, ok := in.LookupEnv(name)
+		if !ok {
+			return jail.ContainerSpec{}, fmt.Errorf("profile %q: env_from_host %s is not set in the worker's environment", p.Name, name)
+		}
+		env = append(env, name+"="+v)
+	}
+	env = append(env,
+		"HOME="+p.Home,
+		"JETCREW_RUN_ID="+r.ID,
+		"JETCREW_GROUP="+r.GroupOrID(),
+		"JETCREW_PROFILE="+p.Name,
+	)
+	uid, gid := p.Owner()
+	return jail.ContainerSpec{
+		Name:       jail.ContainerName(r.ID, in.Seq, in.Attempt),
+		Image:      p.Image,
+		Cmd:        cmd,
+		Env:        env,
+		User:       p.User,
+		WorkingDir: p.WorkDir,
+		Labels: map[string]string{
+			jail.LabelManaged: "true",
+			jail.LabelRunID:   r.ID,
+			jail.LabelWorker:  in.WorkerID,
+			jail.LabelAttempt: strconv.Itoa(in.Attempt),
+			jail.LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
+			jail.LabelProfile: p.Name,
+			jail.LabelInstall: in.Install,
+			jail.LabelRole:    jail.RoleRun,
+		},
+		Network:     p.Network,
+		OCIRuntime:  p.Runtime,
+		MemoryBytes: p.MemoryMiB << 20,
+		NanoCPUs:    int64(p.CPUs * 1e9),
+		PidsLimit:   p.Pids,
+		Tmpfs: jail.TmpfsMounts{
+			{Target: "/tmp", SizeBytes: p.TmpMiB << 20, Mode: 0o1777},
+			{Target: p.Home, SizeBytes: p.HomeMiB << 20, Mode: 0o700, UID: uid, GID: gid},
+		},
+	}, nil
+}
+
+func appendSorted(env []string, m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+m[k])
+	}
+	return env
+}

@@ -1,0 +1,202 @@
+// Package coord is the stage that gives a run its coordination: the
+// session of the run's bridge socket in its directory (the MCP bridge's
+// peers, messages and inbox, on NATS), the run's presence in its group,
+// and the bridge deadline: a run whose agent must start the jetcrew MCP
+// server and does not in time is stopped and fails.
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/stage"
+)
+
+// Values of messages.RunState.Coordination this stage records ("off" is
+// the engine's, for a run without coordination).
+const (
+	// Available: the run's bridge socket is served.
+	Available = "available"
+	// Unavailable: the socket could not be served (NATS trouble); the run
+	// goes on, its agent told so on every tool call.
+	Unavailable = "unavailable"
+	// Unused: the profile let the run go without its bridge, and it did.
+	Unused = "unused"
+)
+
+// Coord serves the coordination sessions of one worker's runs through its
+// coordination host.
+type Coord struct {
+	host *coordination.Host
+}
+
+// New returns the Coord serving sessions through host.
+func New(host *coordination.Host) *Coord { return &Coord{host: host} }
+
+// For returns the stage of one run.
+func (c *Coord) For(run *stage.Run) *Stage {
+	s := &Stage{c: c, required: run.Profile.BridgeRequired()}
+	if s.required {
+		s.deadline = run.Profile.BridgeDeadlineDuration()
+	}
+	return s
+}
+
+// Stage is one run's coordination.
+type Stage struct {
+	c *Coord
+	// required: the agent must reach its bridge within deadline.
+	required bool
+	deadline time.Duration
+	dir      stage.Dir
+	sess   *coordination.Session
+	status string
+	// started is when the bridge deadline's clock started (Poststart).
+	started time.Time
+	// proved is set when the agent CLI reported the jetcrew MCP server
+	// connected.
+	proved atomic.Bool
+	// recorded is set once the bridge's connection was recorded while the
+	// run lived; exited once the container exited.
+	recorded, exited atomic.Bool
+}
+
+// Name returns "coordination".
+func (s *Stage) Name() string { return "coordination" }
+
+// Prestart serves the run's bridge socket in its directory: the socket a
+// pooled directory kept bound, else a new bind. A socket that cannot be
+// served (NATS trouble) is recorded as coordination "unavailable" and the
+// run goes on. It sets JETCREW_MCP_CONFIG.
+func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
+	if req.Dir == nil {
+		return errors.New("coordination needs the run's directory")
+	}
+	s.dir = req.Dir
+	run := req.Run
+	info := coordination.RunInfo{RunID: run.ID(), Group: run.Request.GroupOrID(), Profile: run.Request.Profile}
+	path := filepath.Join(s.dir.Path(), coordination.SocketName)
+	var err error
+	if k := s.dir.TakeSocket(); k != nil {
+		if s.sess, err = s.c.host.ServeSocket(ctx, info, path, k); err != nil {
+			run.Log.Debug().Err(err).Msg("kept coordination socket not served; binding a new one")
+		}
+	}
+	if s.sess == nil {
+		s.sess, err = s.c.host.Serve(ctx, info, path)
+	}
+	if err != nil {
+		run.Log.Warn().Err(err).Msg("coordination unavailable for this run")
+		s.status = Unavailable
+	} else {
+		s.status = Available
+	}
+	resp.Env = append(resp.Env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
+	return nil
+}
+
+// Poststart records the run running in its group's presence (a failure is
+// logged; the presence refresher retries) and starts the bridge deadline.
+func (s *Stage) Poststart(ctx context.Context, req *stage.PoststartRequest) error {
+	s.started = time.Now()
+	if s.sess != nil {
+		if err := s.sess.SetState(ctx, messages.StateRunning); err != nil {
+			req.Run.Log.Warn().Err(err).Msg("coordination presence")
+		}
+	}
+	return nil
+}
+
+// connected reports whether the run's bridge has reached its socket.
+func (s *Stage) connected() bool { return s.sess != nil && s.sess.Connected() }
+
+// CheckEvery is a tenth of the bridge deadline, between 50ms and 1s (1s
+// without one: the bridge's connection is still recorded while the run
+// lives).
+func (s *Stage) CheckEvery() time.Duration {
+	if s.deadline <= 0 {
+		return time.Second
+	}
+	return min(time.Second, max(50*time.Millisecond, s.deadline/10))
+}
+
+// Check records the bridge's first connection while the run lives (changed
+// is then true), and stops a run whose profile requires the bridge when the
+// agent neither connected nor reported the MCP server connected within the
+// bridge deadline (the run fails).
+func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
+	if s.connected() {
+		return nil, !s.recorded.Swap(true)
+	}
+	if !s.required || s.proved.Load() {
+		return nil, false
+	}
+	if over := now.Sub(s.started) - s.deadline; over > 0 {
+		return &stage.Stop{State: messages.StateFailed, Overdue: over,
+			Reason: fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, s.deadline)}, false
+	}
+	return nil, false
+}
+
+// MCPStatus takes the agent CLI's report of the jetcrew MCP server's
+// status: connected proves the bridge; anything else stops the run, which
+// would otherwise work without coordination.
+func (s *Stage) MCPStatus(status string) *stage.Stop {
+	if status != "connected" {
+		return &stage.Stop{State: messages.StateFailed,
+			Reason: fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", coordination.MCPServerName, status)}
+	}
+	s.proved.Store(true)
+	return nil
+}
+
+// Exited notes that the container exited, for Note's "unused".
+func (s *Stage) Exited(context.Context, *stage.ExitedRequest, *stage.ExitedResponse) {
+	s.exited.Store(true)
+}
+
+// Note records the run's coordination and whether its bridge connected.
+func (s *Stage) Note(st *messages.RunState) {
+	st.Coordination = s.status
+	st.BridgeConnected = st.BridgeConnected || s.connected()
+	if s.exited.Load() && s.status == Available && !st.BridgeConnected && !s.required {
+		st.Coordination = Unused
+	}
+}
+
+// Release ends the session: a finished run leaves its group and its inbox
+// is deleted; a run handed back keeps both (detach). When the run is final
+// and its container gone, the socket stays bound and goes back to the
+// directory for the pool; a session that did not end cleanly keeps the
+// directory out of the pool.
+func (s *Stage) Release(req *stage.ReleaseRequest) {
+	if s.sess == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	switch {
+	case req.Final && req.ContainerGone:
+		var k *coordination.Socket
+		if k, err = s.sess.CloseKeepSocket(ctx); err == nil {
+			s.dir.KeepSocket(k)
+		}
+	case req.Final:
+		err = s.sess.Close(ctx)
+	default:
+		err = s.sess.Detach(ctx)
+	}
+	if err != nil {
+		s.dir.Taint() // it may have left its socket
+		if !errors.Is(err, context.Canceled) {
+			req.Run.Log.Warn().Err(err).Msg("end coordination session")
+		}
+	}
+}

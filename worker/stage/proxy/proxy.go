@@ -1,0 +1,256 @@
+// Package proxy is the stage that gives a run of a profile with an egress
+// allowlist its egress proxy: the worker's end of the run's only way out
+// (network none; the launcher's relay joins 127.0.0.1:3128 in the
+// container to the proxy's socket in the run's directory). It also holds
+// the worker's egress machinery: the proxy configuration, the
+// installation's egress CA for egress_inject, and the start-up proof that
+// the jail reaches its proxy and nothing else.
+package proxy
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
+)
+
+// Config configures a worker's Proxies.
+type Config struct {
+	// WorkerID and Pool label the egress metric; WorkerID and Install the
+	// proof container.
+	WorkerID, Pool, Install string
+	// Profiles are the worker's profiles: the proof and the CA are made
+	// only when one has an egress allowlist (egress_inject).
+	Profiles profile.Profiles
+	// NC publishes each egress attempt on jetcrew.events.<run_id>.egress.
+	NC *nats.Conn
+	// Registry receives jetcrew_egress_attempts_total{result}.
+	Registry prometheus.Registerer
+	// Resolver resolves the names runs ask for; nil means
+	// net.DefaultResolver.
+	Resolver egress.Resolver
+	// UpstreamRoots verifies the real hosts' certificates on the proxy's
+	// own TLS connections for egress_inject hosts; nil means the system's.
+	UpstreamRoots *x509.CertPool
+	// RestartDelay is how long a run's proxy stays down after its
+	// listener failed before it is reopened.
+	RestartDelay time.Duration
+	// CADir keeps the installation's egress CA; "" means <user config
+	// dir>/jetcrew/egress-ca/<Install>.
+	CADir string
+	// LookupEnv reads the worker's environment for egress_inject values.
+	LookupEnv func(string) (string, bool)
+	// Proof configures the start-up proof.
+	Proof ProofConfig
+	// Log receives the machinery's logs.
+	Log zerolog.Logger
+}
+
+// Proxies is one worker's egress machinery. Create it with New; Start
+// starts the proof.
+type Proxies struct {
+	cfg  Config
+	ecfg egress.Config
+	// caPEM is the egress CA's certificate, for profiles with
+	// egress_inject; nil when none has.
+	caPEM []byte
+	// proved is closed when the proof has an outcome; err is its failure.
+	proved chan struct{}
+	err    error
+	once   sync.Once
+}
+
+// New returns the Proxies of a worker configured by cfg, registering its
+// metric. It does no I/O.
+func New(cfg Config) *Proxies {
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "jetcrew",
+		ConstLabels: prometheus.Labels{"worker": cfg.WorkerID, "pool": cfg.Pool},
+		Name:        "egress_attempts_total", Help: "Connection attempts of runs through their egress proxy, by result (allowed, refused)."},
+		[]string{"result"})
+	cfg.Registry.MustRegister(attempts)
+	p := &Proxies{cfg: cfg, proved: make(chan struct{})}
+	observe := func(allowed bool) {
+		if allowed {
+			attempts.WithLabelValues("allowed").Inc()
+		} else {
+			attempts.WithLabelValues("refused").Inc()
+		}
+	}
+	p.ecfg = egress.Config{Resolver: cfg.Resolver, Logger: cfg.Log, Publish: p.publish, Observe: observe,
+		RestartDelay: cfg.RestartDelay, UpstreamRoots: cfg.UpstreamRoots}
+	return p
+}
+
+// needed reports whether any profile has an egress allowlist.
+func (p *Proxies) needed() bool {
+	for _, prof := range p.cfg.Profiles {
+		if prof.HasEgress() {
+			return true
+		}
+	}
+	return false
+}
+
+// Start loads the egress CA and starts the start-up proof in the
+// background, counted in wg (it ends with ctx), when a profile has an
+// allowlist; otherwise runs need no proof. Runs of egress profiles wait for
+// the proof's outcome.
+func (p *Proxies) Start(ctx context.Context, wg *sync.WaitGroup) {
+	if !p.needed() {
+		p.settle(nil)
+		return
+	}
+	if err := p.loadCA(); err != nil {
+		p.cfg.Log.Error().Err(err).Msg("egress CA: runs of profiles with an egress allowlist are refused")
+		p.settle(err)
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := p.prove(ctx)
+		if err != nil {
+			p.cfg.Log.Error().Err(err).Msg("egress proof failed: runs of profiles with an egress allowlist are refused")
+		} else {
+			p.cfg.Log.Info().Msg("egress proof passed: the jail reaches its proxy and nothing else")
+		}
+		p.settle(err)
+	}()
+}
+
+func (p *Proxies) settle(err error) {
+	p.once.Do(func() { p.err = err; close(p.proved) })
+}
+
+// Ready reports whether the start-up proof passed (or none is needed).
+func (p *Proxies) Ready() bool {
+	select {
+	case <-p.proved:
+		return p.err == nil
+	default:
+		return false
+	}
+}
+
+// awaitProof waits for the start-up proof and returns its failure.
+func (p *Proxies) awaitProof(ctx context.Context) error {
+	select {
+	case <-p.proved:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if p.err != nil {
+		return fmt.Errorf("egress refused: the worker's egress proof failed, so no run of an egress profile runs here: %w", p.err)
+	}
+	return nil
+}
+
+// publish publishes an egress attempt on jetcrew.events.<run_id>.egress: a
+// core publish, captured by the events stream, so a slow server never
+// holds up the proxy.
+func (p *Proxies) publish(ev messages.EgressEvent) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg(messages.SubjectEvents(ev.RunID, messages.EventEgress))
+	m.Data = b
+	m.Header.Set(messages.HeaderRunID, ev.RunID)
+	if err := p.cfg.NC.PublishMsg(m); err != nil {
+		p.cfg.Log.Warn().Err(err).Str("run_id", ev.RunID).Msg("publish egress event")
+	}
+}
+
+// For returns the stage of one run whose profile has an egress allowlist.
+func (p *Proxies) For(*stage.Run) *Stage { return &Stage{p: p} }
+
+// Stage is one run's egress proxy.
+type Stage struct {
+	p    *Proxies
+	sess *egress.Session
+}
+
+// Name returns "egress".
+func (s *Stage) Name() string { return "egress" }
+
+// Prestart opens the run's egress proxy on the socket in its directory,
+// once the worker's proof passed, with the profile's header injections
+// (their values from the worker's environment; the CA staged beside the
+// socket), and points the container's HTTP clients at the relay
+// (profile.ProxyEnv, and profile.ProxyTrustEnv with injections). A proof
+// that failed, or an injected variable that is not set, fails the run.
+func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
+	if req.Dir == nil {
+		return fmt.Errorf("egress needs the run's directory")
+	}
+	req.Dir.Taint() // the socket and the CA staged there: never pooled
+	if err := s.p.awaitProof(ctx); err != nil {
+		return err
+	}
+	prof := req.Run.Profile
+	inj, err := s.p.injections(prof)
+	if err != nil {
+		return err
+	}
+	if len(inj) > 0 {
+		if err := s.p.stageCA(req.Dir.Path()); err != nil {
+			return err
+		}
+	}
+	sess, err := egress.Open(s.p.ecfg, req.Run.ID(), prof.EgressPolicy(), filepath.Join(req.Dir.Path(), profile.EgressSocketName), inj...)
+	if err != nil {
+		return err
+	}
+	s.sess = sess
+	resp.Env = append(resp.Env, profile.ProxyEnv()...)
+	if len(prof.EgressInject) > 0 {
+		resp.Env = append(resp.Env, profile.ProxyTrustEnv()...)
+	}
+	return nil
+}
+
+// Note records the run's egress totals: once the run is final, its proxy
+// is closed (the container has ended) and the totals are its last.
+func (s *Stage) Note(st *messages.RunState) {
+	if s.sess == nil {
+		return
+	}
+	if st.State.Final() {
+		t := s.sess.Close()
+		st.Egress = &t
+		return
+	}
+	if st.Egress == nil {
+		st.Egress = &messages.EgressTotals{}
+	}
+}
+
+// Release stops the run's proxy (every open tunnel is cut).
+func (s *Stage) Release(*stage.ReleaseRequest) {
+	if s.sess != nil {
+		s.sess.Close()
+	}
+}
+
+// Kill cuts the run's proxy as a crash would: its listener and every open
+// connection; its supervisor reopens it after Config.RestartDelay. It
+// reports whether the run has a proxy. For drills and tests.
+func (s *Stage) Kill() bool {
+	if s.sess == nil {
+		return false
+	}
+	s.sess.Kill()
+	return true
+}

@@ -1,0 +1,134 @@
+package rundir
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jetcrew/jetcrew/coordination"
+)
+
+// pool keeps the directories of finished runs that held nothing but
+// mcp.json, under StateDir/p/, for later runs to take: creating a run
+// directory and writing its mcp.json, then removing both, were most of a
+// coordination-on run's cost in the noop benchmark (four journalled
+// file-system operations per run, each slower than the run's NATS round
+// trips on a busy host). A pooled directory goes back and forth by rename;
+// the run's own path (Dirs.Path) exists only while the run holds it.
+//
+// A directory enters the pool only when nothing of its run can reach it:
+// the run's container was removed (not just stopped), its session ended
+// without error, and the run staged nothing in it besides mcp.json (no
+// backend files, no egress socket). The container mounted it read-only, so
+// mcp.json is the file the worker wrote; take checks it all the same.
+//
+// A directory whose run's session closed for good keeps its coordination
+// socket bound (coordination.Session.CloseKeepSocket): binding a socket and
+// unlinking it were the largest cost left per coordination run. The next
+// session serves it (coordination.Host.ServeSocket), which first closes,
+// unread, any connection the earlier run's container left waiting in its
+// backlog. A pool that is nil pools nothing.
+type pool struct {
+	root string // StateDir/p, mode 0700
+	max  int    // idle directories kept at most
+
+	mu   sync.Mutex
+	idle []pooledDir
+	next int
+}
+
+// pooledDir is an idle directory and, when its session kept it, its bound
+// socket.
+type pooledDir struct {
+	dir  string
+	sock *coordination.Socket
+}
+
+// newPool returns a pool under root keeping at most max idle
+// directories. root must exist, mode 0700.
+func newPool(root string, max int) *pool {
+	return &pool{root: root, max: max}
+}
+
+// take moves an idle directory to dst (a run's directory, which must not
+// exist) and reports whether it did, with the directory's bound socket
+// (nil when it has none), now at dst/coordination.SocketName; false means
+// the caller stages dst itself. The directory's times are set to now before
+// it moves, so the reconciler never takes it for a stale one.
+func (p *pool) take(dst string) (bool, *coordination.Socket) {
+	if p == nil {
+		return false, nil
+	}
+	p.mu.Lock()
+	n := len(p.idle)
+	if n == 0 {
+		p.mu.Unlock()
+		return false, nil
+	}
+	d := p.idle[n-1]
+	p.idle = p.idle[:n-1]
+	p.mu.Unlock()
+	fi, err := os.Lstat(filepath.Join(d.dir, coordination.MCPConfigName))
+	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == coordination.MCPConfigMode &&
+		fi.Size() == int64(len(coordination.MCPConfig()))
+	if ok {
+		now := time.Now()
+		ok = os.Chtimes(d.dir, now, now) == nil && os.Rename(d.dir, dst) == nil
+	}
+	if !ok {
+		d.close()
+		return false, nil
+	}
+	return true, d.sock
+}
+
+// put moves the run directory dir into the pool, with its bound socket
+// sock (nil for none), and reports whether it did; false means the caller
+// closes sock and removes dir. The caller vouches that dir holds only
+// mcp.json and sock's file, and that no container mounts it any more.
+func (p *pool) put(dir string, sock *coordination.Socket) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	if len(p.idle) >= p.max {
+		p.mu.Unlock()
+		return false
+	}
+	name := filepath.Join(p.root, strconv.Itoa(p.next))
+	p.next++
+	p.mu.Unlock()
+	if os.Rename(dir, name) != nil {
+		return false
+	}
+	p.mu.Lock()
+	p.idle = append(p.idle, pooledDir{dir: name, sock: sock})
+	p.mu.Unlock()
+	return true
+}
+
+// close closes d's socket and removes d's directory.
+func (d pooledDir) close() {
+	if d.sock != nil {
+		_ = d.sock.Close()
+	}
+	_ = coordination.RemoveRunDir(d.dir)
+}
+
+// drain removes every idle directory and the pool's root when it is then
+// empty (the worker stops).
+func (p *pool) drain() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, d := range idle {
+		d.close()
+	}
+	_ = os.Remove(p.root)
+}

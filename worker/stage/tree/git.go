@@ -1,0 +1,254 @@
+package tree
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// GitFetchTimeout bounds one git source's resolution: listing the remote's
+// references, fetching the commit and its history, and storing the
+// snapshot. Past it the request is handed back for a retry.
+const GitFetchTimeout = 5 * time.Minute
+
+// gitCacheEntry is the content of a git cache object: the snapshot made of
+// one commit of one remote.
+type gitCacheEntry struct {
+	Digest string `json:"digest"`
+	Commit string `json:"commit"`
+}
+
+// gitCacheName returns the name, in the workspace bucket, of the cache
+// object of a remote's reference refName at object want (a commit or an
+// annotated tag): "git/<hex SHA-256 of url, newline, refName>/<want>". The
+// reference is part of the key because the snapshot's HEAD names it.
+func gitCacheName(remote, refName, want string) string {
+	sum := sha256.Sum256([]byte(remote + "\n" + refName))
+	return "git/" + hex.EncodeToString(sum[:]) + "/" + want
+}
+
+// resolveGitWorkspace turns a request's git source into the snapshot the
+// run stages: it lists the remote's references, resolves src.Ref to a
+// commit and, unless the cache object of that commit names a snapshot the
+// bucket still holds, fetches the commit and its history with go-git,
+// writes its snapshot (workspace.Remote.Snapshot) and stores it under its
+// digest, then the cache object. Runs asking for the same remote and ref
+// at the same time share one resolution, and the worker fetches at most
+// Config.GitFetches at once (gitFlight). It records the source,
+// commit and digest, for Note. A remote the profile does not
+// allow, a ref the remote lacks, a refused repository or one over the
+// workspace byte cap fails the run; anything else (the remote or the store
+// unreachable, the worker stopping) is transient.
+func (s *Stage) resolveGitWorkspace(ctx context.Context, prof *profile.Profile, src messages.GitSource) (messages.WorkspaceRef, error) {
+	if err := prof.CheckGitSource(&messages.WorkspaceRef{Git: &src}); err != nil {
+		return messages.WorkspaceRef{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, GitFetchTimeout)
+	defer cancel()
+	start := time.Now()
+	g, shared, err := s.t.git.resolve(ctx, src, s.t.resolveGit)
+	if err != nil {
+		if isGitRefused(err) {
+			return messages.WorkspaceRef{}, fmt.Errorf("workspace: %w", err)
+		}
+		return messages.WorkspaceRef{}, stage.Transient(fmt.Errorf("fetch workspace from git: %w", err))
+	}
+	s.git = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: g.commit, Digest: g.ref.Digest}
+	s.run.Log.Info().Str("git_url", src.URL).Str("git_ref", src.Ref).Str("commit", g.commit).
+		Bool("fetched", g.fetched).Bool("shared", shared).Dur("resolved_in", time.Since(start)).Msg("git workspace resolved")
+	return g.ref, nil
+}
+
+// isGitRefused reports whether err means the git source itself is
+// unusable, so retrying cannot help.
+func isGitRefused(err error) bool {
+	return errors.Is(err, workspace.ErrRefNotFound) || errors.Is(err, workspace.ErrRemoteRefused) ||
+		errors.Is(err, workspace.ErrTooLarge) || errors.Is(err, workspace.ErrBadArchive)
+}
+
+// gitResolution is what one resolution of a git source found: the snapshot
+// to stage, the commit it holds, and whether it was fetched (false: the
+// cache had it).
+type gitResolution struct {
+	ref     messages.WorkspaceRef
+	commit  string
+	fetched bool
+}
+
+// gitFlight shares and bounds a worker's git resolutions. Runs asking for
+// the same remote and ref while a resolution of it is in flight share that
+// one (golang.org/x/sync/singleflight): one listing, at most one fetch. At
+// most cap(fetches) fetches run at once, whatever the worker's
+// concurrency; each holds up to the workspace byte cap of objects in
+// memory. A resolution runs under the worker's runs context, not a run's:
+// a run that gives up (cancelled, timed out) leaves it to the runs still
+// waiting for it. stop cancels nothing itself (the worker's runs context
+// ends first) but waits for every resolution to return.
+type gitFlight struct {
+	group   singleflight.Group
+	fetches chan struct{}
+
+	mu       sync.Mutex
+	ctx      context.Context // the worker's runs context (start)
+	stopping bool
+	running  sync.WaitGroup
+}
+
+// newGitFlight returns a gitFlight allowing n fetches at once.
+func newGitFlight(n int) *gitFlight {
+	return &gitFlight{fetches: make(chan struct{}, n), ctx: context.Background()}
+}
+
+// start sets the context resolutions run under: the worker's runs
+// context, which Stop cancels.
+func (g *gitFlight) start(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ctx = ctx
+}
+
+// stop refuses new resolutions and waits for those running to return.
+func (g *gitFlight) stop() {
+	g.mu.Lock()
+	g.stopping = true
+	g.mu.Unlock()
+	g.running.Wait()
+}
+
+// resolve returns the resolution of src, made by do under the worker's
+// runs context and GitFetchTimeout, or shared with one in flight (shared
+// is then true). It returns early with ctx's error when ctx ends first;
+// the resolution goes on for the runs still waiting.
+func (g *gitFlight) resolve(ctx context.Context, src messages.GitSource, do func(context.Context, messages.GitSource) (gitResolution, error)) (res gitResolution, shared bool, err error) {
+	ch := g.group.DoChan(src.URL+"\n"+src.Ref, func() (any, error) {
+		g.mu.Lock()
+		if g.stopping {
+			g.mu.Unlock()
+			return gitResolution{}, errors.New("the worker is stopping")
+		}
+		g.running.Add(1)
+		fctx := g.ctx
+		g.mu.Unlock()
+		defer g.running.Done()
+		fctx, cancel := context.WithTimeout(fctx, GitFetchTimeout)
+		defer cancel()
+		return do(fctx, src)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return gitResolution{}, r.Shared, r.Err
+		}
+		return r.Val.(gitResolution), r.Shared, nil
+	case <-ctx.Done():
+		return gitResolution{}, false, ctx.Err()
+	}
+}
+
+// acquireFetch takes one of the worker's fetch slots, waiting at most
+// until ctx ends; releaseFetch gives it back.
+func (g *gitFlight) acquireFetch(ctx context.Context) error {
+	select {
+	case g.fetches <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for one of the worker's git fetches: %w", ctx.Err())
+	}
+}
+
+func (g *gitFlight) releaseFetch() { <-g.fetches }
+
+// resolveGit is one resolution of src (see resolveGitWorkspace): list,
+// resolve the ref, look for the commit's cache object, and only without
+// one fetch (in one of the worker's fetch slots), snapshot and store.
+func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitResolution, error) {
+	ws, _, err := t.stores(ctx)
+	if err != nil {
+		return gitResolution{}, err
+	}
+	cfg := t.cfg
+	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
+	if err != nil {
+		return gitResolution{}, err
+	}
+	defer rem.Close()
+	rr, err := rem.Resolve(src.Ref)
+	if err != nil {
+		return gitResolution{}, err
+	}
+	cacheName := gitCacheName(src.URL, rr.Name.String(), rr.Want.String())
+	if ent, ok := readGitCache(ctx, ws, cacheName); ok {
+		ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
+		if workspace.Stored(ctx, ws, ref) {
+			return gitResolution{ref: ref, commit: ent.Commit}, nil
+		}
+	}
+	if err := t.git.acquireFetch(ctx); err != nil {
+		return gitResolution{}, err
+	}
+	defer t.git.releaseFetch()
+	// The snapshot is written to a file of the worker's workspace
+	// directory (the reconciler removes one a crash leaves).
+	dir := filepath.Join(t.stateDir, "ws")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return gitResolution{}, err
+	}
+	f, err := os.CreateTemp(dir, "git-*.tar")
+	if err != nil {
+		return gitResolution{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	info, err := rem.Snapshot(ctx, rr, f)
+	if err != nil {
+		return gitResolution{}, err
+	}
+	up, err := workspace.StoreSnapshot(ctx, ws, f, info)
+	if err != nil {
+		return gitResolution{}, err
+	}
+	ent, _ := json.Marshal(gitCacheEntry{Digest: info.Digest, Commit: info.Head})
+	if _, err := ws.PutBytes(ctx, cacheName, ent); err != nil {
+		// Only the cache is lost: the next run on this commit fetches again.
+		t.log.Warn().Err(err).Str("git_url", src.URL).Msg("store git cache entry")
+	}
+	return gitResolution{ref: up.Ref, commit: info.Head, fetched: true}, nil
+}
+
+// readGitCache reads the cache object name of bucket ws; ok is false when
+// it is missing or malformed (a bucket writer may have put anything).
+func readGitCache(ctx context.Context, ws jetstream.ObjectStore, name string) (gitCacheEntry, bool) {
+	info, err := ws.GetInfo(ctx, name)
+	if err != nil || info.Deleted || info.Size > 1024 {
+		return gitCacheEntry{}, false
+	}
+	b, err := ws.GetBytes(ctx, name)
+	if err != nil {
+		return gitCacheEntry{}, false
+	}
+	var ent gitCacheEntry
+	if json.Unmarshal(b, &ent) != nil || len(ent.Commit) != 40 || strings.Trim(ent.Commit, "0123456789abcdef") != "" {
+		return gitCacheEntry{}, false
+	}
+	ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
+	if ref.Validate() != nil {
+		return gitCacheEntry{}, false
+	}
+	return ent, true
+}
