@@ -110,7 +110,7 @@ func TestPoolsAndWorkers(t *testing.T) {
 	require.Equal(t, "default", pools[0].Pool)
 	require.Equal(t, PoolStats{Pool: "gpu", Queued: 1, MaxAckPending: 7}, pools[1])
 
-	kv, err := b.js.KeyValue(t.Context(), BucketWorkers)
+	kv, err := b.js.KeyValue(t.Context(), messages.BucketWorkers)
 	require.NoError(t, err)
 	beat := time.Now().UTC().Truncate(time.Millisecond)
 	_, err = kv.Put(t.Context(), "w2", []byte(beat.Format(time.RFC3339Nano)))

@@ -12,12 +12,14 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
-func agentProfiles(t *testing.T, extra string) worker.Profiles {
+func agentProfiles(t *testing.T, extra string) profile.Profiles {
 	t.Helper()
-	ps, err := worker.ParseProfiles("agents.toml", []byte(`
+	ps, err := profile.ParseProfiles("agents.toml", []byte(`
 [profiles.claude]
 backend = "claude"
 image = "agents:test"
@@ -35,7 +37,7 @@ stall_timeout = "400ms"
 
 func recorded(t *testing.T, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile("testdata/agent-output/" + name)
+	b, err := os.ReadFile("profile/testdata/agent-output/" + name)
 	require.NoError(t, err)
 	return b
 }
@@ -48,11 +50,11 @@ func TestClaudeFailedBridgeStopsRun(t *testing.T) {
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return func(ctx context.Context, _ worker.ContainerSpec, o worker.OutputFunc) worker.ExitStatus {
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out[:bytes.IndexByte(out, '\n')+1]) // the init event, and then it would work on
 				<-ctx.Done()
-				return worker.ExitStatus{Code: 143}
+				return jail.ExitStatus{Code: 143}
 			}, nil
 		}
 		c.Runtime = rt
@@ -75,10 +77,10 @@ func TestClaudeResultExtracted(t *testing.T) {
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return func(ctx context.Context, _ worker.ContainerSpec, o worker.OutputFunc) worker.ExitStatus {
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out)
-				return worker.ExitStatus{Code: 1}
+				return jail.ExitStatus{Code: 1}
 			}, nil
 		}
 		c.Runtime = rt
@@ -106,11 +108,11 @@ func TestCodexNoBridgeAndStall(t *testing.T) {
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "[profiles.codex-nodeadline]\nbackend='codex'\nimage='agents:test'\nbridge_deadline='1h'\nstall_timeout='400ms'\n")
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return func(ctx context.Context, _ worker.ContainerSpec, o worker.OutputFunc) worker.ExitStatus {
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out)
 				<-ctx.Done()
-				return worker.ExitStatus{Code: 143}
+				return jail.ExitStatus{Code: 143}
 			}, nil
 		}
 		c.Runtime = rt
@@ -135,8 +137,8 @@ func TestReceiptOnEarlyFailure(t *testing.T) {
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return nil, fmt.Errorf("image %q not found: %w", "agents:test", worker.ErrPermanent)
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return nil, fmt.Errorf("image %q not found: %w", "agents:test", jail.ErrPermanent)
 		}
 		c.Runtime = rt
 	})

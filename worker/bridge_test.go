@@ -13,14 +13,16 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
 // commandProfiles are command profiles with coordination on: one that must
 // reach its bridge (the default), one that opts out, one that is handed the
 // MCP config's path as an argument.
-func commandProfiles(t *testing.T) worker.Profiles {
+func commandProfiles(t *testing.T) profile.Profiles {
 	t.Helper()
-	ps, err := worker.ParseProfiles("cmd.toml", []byte(`
+	ps, err := profile.ParseProfiles("cmd.toml", []byte(`
 [profiles.must]
 image = "i"
 command = ["/bin/sh", "-c", "{prompt}"]
@@ -99,7 +101,7 @@ func TestRunMountsStagedBridge(t *testing.T) {
 	digest := hex.EncodeToString(sum[:])
 	require.Equal(t, "sha256:"+digest, st.Receipt.BridgeDigest)
 	staged := filepath.Join(stateDir, "bin", digest)
-	require.Contains(t, b.rt.Starts()[0].Mounts, worker.Mount{Source: staged, Target: "/opt/jetcrew/bridge", ReadOnly: true})
+	require.Contains(t, b.rt.Starts()[0].Mounts, jail.Mount{Source: staged, Target: "/opt/jetcrew/bridge", ReadOnly: true})
 	fi, err := os.Stat(staged)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o555), fi.Mode().Perm())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -108,7 +109,7 @@ func TestClusterNodeLossEveryRunOnce(t *testing.T) {
 	starts := map[string]int{}
 	for _, rt := range rts {
 		for _, s := range rt.Starts() {
-			starts[s.Labels[worker.LabelRunID]]++
+			starts[s.Labels[jail.LabelRunID]]++
 		}
 	}
 	for i := range n {

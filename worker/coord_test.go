@@ -13,11 +13,13 @@ import (
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // runDirOf returns the host source of a spec's /run/jetcrew mount.
-func runDirOf(spec worker.ContainerSpec) string {
+func runDirOf(spec jail.ContainerSpec) string {
 	for _, m := range spec.Mounts {
 		if m.Target == coordination.ContainerRunDir {
 			return m.Source
@@ -32,7 +34,7 @@ func runDirOf(spec worker.ContainerSpec) string {
 func TestCoordinationThroughStagedSockets(t *testing.T) {
 	t.Parallel()
 	type report struct {
-		spec    worker.ContainerSpec
+		spec    jail.ContainerSpec
 		mcpMode os.FileMode
 		got     []relay.Message
 		peers   []relay.Peer
@@ -41,23 +43,23 @@ func TestCoordinationThroughStagedSockets(t *testing.T) {
 	reports := make(chan report, 2)
 	b := setup(t, func(c *worker.Config) {
 		rt := workertest.NewRuntime()
-		rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-			return func(ctx context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 				rep := report{spec: spec}
 				defer func() { reports <- rep }()
 				dir := runDirOf(spec)
 				fi, err := os.Stat(filepath.Join(dir, coordination.MCPConfigName))
 				if err != nil {
 					rep.err = err
-					return worker.ExitStatus{Code: 1}
+					return jail.ExitStatus{Code: 1}
 				}
 				rep.mcpMode = fi.Mode().Perm()
 				cl := relay.NewClient(filepath.Join(dir, coordination.SocketName))
 				defer cl.Close()
 				if rep.err = cl.Hello(ctx); rep.err != nil {
-					return worker.ExitStatus{Code: 1}
+					return jail.ExitStatus{Code: 1}
 				}
-				me := spec.Labels[worker.LabelRunID]
+				me := spec.Labels[jail.LabelRunID]
 				peer := map[string]string{"p1": "p2", "p2": "p1"}[me]
 				// Wait until the peer is present, then greet it.
 				deadline := time.Now().Add(10 * time.Second)
@@ -70,11 +72,11 @@ func TestCoordinationThroughStagedSockets(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 				if _, rep.err = cl.Send(ctx, relay.SendRequest{To: peer, Body: "hello from " + me}); rep.err != nil {
-					return worker.ExitStatus{Code: 1}
+					return jail.ExitStatus{Code: 1}
 				}
 				in, err := cl.Inbox(ctx, relay.InboxRequest{WaitSeconds: 10})
 				rep.got, rep.err = in.Messages, err
-				return worker.ExitStatus{}
+				return jail.ExitStatus{}
 			}, nil
 		}
 		c.Runtime = rt
@@ -84,7 +86,7 @@ func TestCoordinationThroughStagedSockets(t *testing.T) {
 	for range 2 {
 		rep := <-reports
 		require.NoError(t, rep.err)
-		me := rep.spec.Labels[worker.LabelRunID]
+		me := rep.spec.Labels[jail.LabelRunID]
 		require.Equal(t, os.FileMode(0o444), rep.mcpMode)
 		require.Len(t, rep.got, 1, me)
 		peer := map[string]string{"p1": "p2", "p2": "p1"}[me]
@@ -134,7 +136,7 @@ func TestCoordinationBridgeMissingRefusesRun(t *testing.T) {
 
 func TestCoordinationOff(t *testing.T) {
 	t.Parallel()
-	ps, err := worker.ParseProfiles("p.toml", []byte("[profiles.solo]\nimage='jetcrew-sandbox:latest'\ncommand=['/bin/sh','-c','{prompt}']\ncoordination=false\n"))
+	ps, err := profile.ParseProfiles("p.toml", []byte("[profiles.solo]\nimage='jetcrew-sandbox:latest'\ncommand=['/bin/sh','-c','{prompt}']\ncoordination=false\n"))
 	require.NoError(t, err)
 	b := setup(t, func(c *worker.Config) { c.Profiles = ps; c.BridgePath = "/nonexistent" })
 	b.submit(t, messages.RunRequest{ID: "off1", Profile: "solo", Prompt: "out x"})

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
 // A worker whose egress proof fails (here: the fake runtime's probe never
@@ -14,7 +16,7 @@ import (
 // the reason, never running them open; other profiles still run.
 func TestEgressProofFailureRefusesRuns(t *testing.T) {
 	t.Parallel()
-	profiles, err := worker.ParseProfiles("t", []byte(`[profiles.eg]
+	profiles, err := profile.ParseProfiles("t", []byte(`[profiles.eg]
 image = "img"
 command = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
@@ -30,7 +32,7 @@ egress = ["api.example.com:443"]
 	b.submit(t, messages.RunRequest{ID: "sh1", Profile: "shell", Prompt: "out hi"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "sh1").State)
 	for _, s := range b.rt.Starts() {
-		if s.Labels[worker.LabelRunID] == "eg1" {
+		if s.Labels[jail.LabelRunID] == "eg1" {
 			t.Fatalf("a run of an egress profile was started despite the failed proof: %+v", s)
 		}
 	}
@@ -39,14 +41,14 @@ egress = ["api.example.com:443"]
 // Profiles with egress keep network none and refuse any other network.
 func TestEgressProfileValidation(t *testing.T) {
 	t.Parallel()
-	_, err := worker.ParseProfiles("t", []byte(`[profiles.eg]
+	_, err := profile.ParseProfiles("t", []byte(`[profiles.eg]
 image = "img"
 command = ["x"]
 network = "bridge"
 egress = ["api.example.com:443"]
 `))
 	require.ErrorContains(t, err, "network none")
-	_, err = worker.ParseProfiles("t", []byte(`[profiles.eg]
+	_, err = profile.ParseProfiles("t", []byte(`[profiles.eg]
 image = "img"
 command = ["x"]
 egress = ["api.example.com"]
@@ -71,9 +73,9 @@ egress = ["api.example.com:443", "*.example.org:443"]
 		{`egress_inject = [{ host = "api.example.com:443", header = "x-api-key", from_env = "1K" }]`, "from_env"},
 		{"env_from_host = [\"K\"]\n" + `egress_inject = [{ host = "api.example.com:443", header = "x-api-key", from_env = "K" }]`, "env_from_host"},
 	} {
-		_, err := worker.ParseProfiles("t", []byte(base+tc.inject+"\n"))
+		_, err := profile.ParseProfiles("t", []byte(base+tc.inject+"\n"))
 		require.ErrorContains(t, err, tc.want, tc.inject)
 	}
-	_, err := worker.ParseProfiles("t", []byte(base+`egress_inject = [{ host = "api.example.com:443", header = "Authorization", from_env = "K", prefix = "Bearer " }]`+"\n"))
+	_, err := profile.ParseProfiles("t", []byte(base+`egress_inject = [{ host = "api.example.com:443", header = "Authorization", from_env = "K", prefix = "Bearer " }]`+"\n"))
 	require.NoError(t, err)
 }

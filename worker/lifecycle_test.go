@@ -12,6 +12,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -195,15 +197,15 @@ func TestCancelQueuedReplay(t *testing.T) {
 // it, a non-zero exit is final at once.
 func TestProfileRetriesFailedAgent(t *testing.T) {
 	t.Parallel()
-	ps, err := worker.ParseProfiles("p.toml", []byte("[profiles.retry]\nimage='i'\ncommand=['/bin/sh','-c','{prompt}']\nretries=1\n"))
+	ps, err := profile.ParseProfiles("p.toml", []byte("[profiles.retry]\nimage='i'\ncommand=['/bin/sh','-c','{prompt}']\nretries=1\n"))
 	require.NoError(t, err)
 	var calls atomic.Int32
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = ps
 		rt := workertest.NewRuntime()
-		rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-			if spec.Labels[worker.LabelProfile] == "retry" && calls.Add(1) == 1 {
-				return workertest.ScriptBehaviour(worker.ContainerSpec{Cmd: []string{"err flaky; exit 1"}})
+		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+			if spec.Labels[jail.LabelProfile] == "retry" && calls.Add(1) == 1 {
+				return workertest.ScriptBehaviour(jail.ContainerSpec{Cmd: []string{"err flaky; exit 1"}})
 			}
 			return workertest.ScriptBehaviour(spec)
 		}

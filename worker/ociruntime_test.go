@@ -8,6 +8,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -24,11 +25,11 @@ func (r listingRuntime) OCIRuntimes(context.Context) ([]string, error) { return 
 func TestProfileRuntimeNames(t *testing.T) {
 	t.Parallel()
 	for _, rt := range []string{"runc", "runsc", "runsc-net", "crun", "kata-runtime", "sysbox-runc", "io.containerd.runc.v2"} {
-		_, err := worker.ParseProfiles("p", []byte("[profiles.x]\nimage = \"i\"\ncommand = [\"true\"]\nruntime = \""+rt+"\"\n"))
+		_, err := profile.ParseProfiles("p", []byte("[profiles.x]\nimage = \"i\"\ncommand = [\"true\"]\nruntime = \""+rt+"\"\n"))
 		require.NoError(t, err, rt)
 	}
 	for _, rt := range []string{"run sc", "../runsc", "runsc;rm", "a/b"} {
-		_, err := worker.ParseProfiles("p", []byte("[profiles.x]\nimage = \"i\"\ncommand = [\"true\"]\nruntime = \""+rt+"\"\n"))
+		_, err := profile.ParseProfiles("p", []byte("[profiles.x]\nimage = \"i\"\ncommand = [\"true\"]\nruntime = \""+rt+"\"\n"))
 		require.ErrorContains(t, err, "is not a runtime name", rt)
 	}
 }
@@ -39,7 +40,7 @@ func TestProfileRuntimeNames(t *testing.T) {
 // engine has them all; the receipt records the runtime.
 func TestStartRefusesMissingOCIRuntime(t *testing.T) {
 	t.Parallel()
-	profiles, err := worker.ParseProfiles("p", []byte(`
+	profiles, err := profile.ParseProfiles("p", []byte(`
 [profiles.gvisor]
 image = "img"
 command = ["/bin/sh", "-c", "{prompt}"]
@@ -55,7 +56,7 @@ runtime = "runsc"
 			ID: "w1", Runtime: rt, Profiles: profiles})
 		require.NoError(t, err)
 		err = w.Start(context.Background())
-		require.ErrorIs(t, err, worker.ErrOCIRuntimeMissing)
+		require.ErrorIs(t, err, profile.ErrOCIRuntimeMissing)
 		require.EqualError(t, err, `worker: OCI runtime not offered by the engine: profile "gvisor" names runtime "runsc"; `+
 			`the engine offers: io.containerd.runc.v2, runc (register the runtime in the daemon's "runtimes", docs/jail.md)`)
 	})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
 const baseProfile = "[profiles.p]\nimage = \"i\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\n"
@@ -37,17 +38,17 @@ func TestProfileLoaderRefusesUnsafeValues(t *testing.T) {
 		"request_env = [\"A-B\"]\n":           `request_env "A-B" is neither`,
 	}
 	for extra, want := range bad {
-		_, err := worker.ParseProfiles("bad.toml", []byte(baseProfile+extra))
+		_, err := profile.ParseProfiles("bad.toml", []byte(baseProfile+extra))
 		require.ErrorContains(t, err, want, extra)
 		require.ErrorContains(t, err, "bad.toml", extra)
 	}
-	_, err := worker.ParseProfiles("bad.toml", []byte("[Profiles.p]\nimage = \"i\"\ncommand = [\"x\"]\n"))
+	_, err := profile.ParseProfiles("bad.toml", []byte("[Profiles.p]\nimage = \"i\"\ncommand = [\"x\"]\n"))
 	require.ErrorContains(t, err, `key "Profiles" is not "profiles"`)
 
-	ps, err := worker.ParseProfiles("ok.toml", []byte(baseProfile+"home = \"/workspace/agent\"\nuser = \"2147483647:1000\"\nrequest_env = [\"GREETING\", \"APP_*\"]\nenv = { path = \"x\" }\n"))
+	ps, err := profile.ParseProfiles("ok.toml", []byte(baseProfile+"home = \"/workspace/agent\"\nuser = \"2147483647:1000\"\nrequest_env = [\"GREETING\", \"APP_*\"]\nenv = { path = \"x\" }\n"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"GREETING", "APP_*"}, ps["p"].RequestEnv)
-	require.Equal(t, []string{"*"}, worker.ShellProfile().RequestEnv)
+	require.Equal(t, []string{"*"}, profile.ShellProfile().RequestEnv)
 }
 
 // A request's env reaches the run only through its profile's request_env,
@@ -56,7 +57,7 @@ func TestProfileLoaderRefusesUnsafeValues(t *testing.T) {
 // staged, naming the byte; stdin carries it (item 20).
 func TestRequestEnvAllowlistAndNULPrompt(t *testing.T) {
 	t.Parallel()
-	ps, err := worker.ParseProfiles("p.toml", []byte(`
+	ps, err := profile.ParseProfiles("p.toml", []byte(`
 [profiles.strict]
 image = "jetcrew-sandbox:latest"
 command = ["/bin/sh", "-c", "{prompt}"]

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
@@ -16,13 +17,13 @@ func TestReconcilerFixtures(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	old, young := now.Add(-time.Hour), now.Add(-time.Second)
-	c := func(id, install, owner string, created time.Time) ManagedContainer {
-		return ManagedContainer{ID: id, Name: "n-" + id, Created: created,
-			Labels: map[string]string{LabelInstall: install, LabelWorker: owner, LabelRunID: "run-" + id}}
+	c := func(id, install, owner string, created time.Time) jail.ManagedContainer {
+		return jail.ManagedContainer{ID: id, Name: "n-" + id, Created: created,
+			Labels: map[string]string{jail.LabelInstall: install, jail.LabelWorker: owner, jail.LabelRunID: "run-" + id}}
 	}
 	labelled := c("labelled-young", "i1", "dead", old)
-	labelled.Labels[LabelCreated] = young.Format(time.RFC3339Nano)
-	fixture := []ManagedContainer{
+	labelled.Labels[jail.LabelCreated] = young.Format(time.RFC3339Nano)
+	fixture := []jail.ManagedContainer{
 		c("active", "i1", "self", old),        // a run in flight: kept
 		c("other-install", "i2", "dead", old), // another installation: kept
 		c("young", "i1", "dead", young),       // inside the grace: kept
@@ -34,10 +35,10 @@ func TestReconcilerFixtures(t *testing.T) {
 	}
 	var removed []string
 	lookups := map[string]int{}
-	var swept map[string]bool
+	swept := 0
 	rc := &reconciler{
 		install: "i1", self: "self", grace: time.Minute, interval: time.Hour,
-		list: func(context.Context) ([]ManagedContainer, error) { return fixture, nil },
+		list: func(context.Context) ([]jail.ManagedContainer, error) { return fixture, nil },
 		remove: func(_ context.Context, id string) error {
 			removed = append(removed, id)
 			if id == "dead-owner-2" {
@@ -45,22 +46,20 @@ func TestReconcilerFixtures(t *testing.T) {
 			}
 			return nil
 		},
-		active: func() (map[string]bool, map[string]bool) {
-			return map[string]bool{"active": true}, map[string]bool{"/d/active": true}
-		},
+		active: func() map[string]bool { return map[string]bool{"active": true} },
 		alive: func(_ context.Context, id string) (bool, error) {
 			lookups[id]++
 			return id == "peer", nil
 		},
-		sweepDirs: func(active map[string]bool) { swept = active },
-		now:       func() time.Time { return now },
-		log:       zerolog.Nop(),
+		sweep: func() { swept++ },
+		now:   func() time.Time { return now },
+		log:   zerolog.Nop(),
 	}
 	err := rc.reconcile(context.Background())
 	require.ErrorContains(t, err, "remove n-dead-owner-2: engine says no", "a failed removal is reported, the others still done")
 	require.Equal(t, []string{"dead-owner", "self-leftover", "dead-owner-2"}, removed)
 	require.Equal(t, map[string]int{"dead": 1, "peer": 1}, lookups)
-	require.Equal(t, map[string]bool{"/d/active": true}, swept, "the run directories of runs in flight are kept")
+	require.Equal(t, 1, swept, "each pass sweeps what the stages left (their sweepers keep what live runs hold)")
 
 	rc.alive = func(context.Context, string) (bool, error) { return false, errors.New("kv down") }
 	removed = nil
@@ -74,11 +73,11 @@ func TestReconcilerVolumes(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	old, young := now.Add(-time.Hour), now.Add(-time.Second)
-	v := func(name, install, owner string, created time.Time) ManagedVolume {
-		return ManagedVolume{Name: name, Created: created,
-			Labels: map[string]string{LabelInstall: install, LabelWorker: owner, LabelRunID: "run-" + name}}
+	v := func(name, install, owner string, created time.Time) jail.ManagedVolume {
+		return jail.ManagedVolume{Name: name, Created: created,
+			Labels: map[string]string{jail.LabelInstall: install, jail.LabelWorker: owner, jail.LabelRunID: "run-" + name}}
 	}
-	fixture := []ManagedVolume{
+	fixture := []jail.ManagedVolume{
 		v("live", "i1", "self", old),           // a delivery in flight: kept
 		v("other-install", "i1x", "dead", old), // another installation: kept
 		v("young", "i1", "dead", young),        // inside the grace: kept
@@ -90,10 +89,10 @@ func TestReconcilerVolumes(t *testing.T) {
 	var removed []string
 	rc := &reconciler{
 		install: "i1", self: "self", grace: time.Minute,
-		list:        func(context.Context) ([]ManagedContainer, error) { return nil, nil },
-		active:      func() (map[string]bool, map[string]bool) { return nil, nil },
+		list:        func(context.Context) ([]jail.ManagedContainer, error) { return nil, nil },
+		active:      func() map[string]bool { return nil },
 		alive:       func(_ context.Context, id string) (bool, error) { return id == "peer", nil },
-		listVolumes: func(context.Context) ([]ManagedVolume, error) { return fixture, nil },
+		listVolumes: func(context.Context) ([]jail.ManagedVolume, error) { return fixture, nil },
 		removeVolume: func(_ context.Context, name string) error {
 			removed = append(removed, name)
 			if name == "in-use" {
@@ -102,7 +101,7 @@ func TestReconcilerVolumes(t *testing.T) {
 			return nil
 		},
 		liveVolume: func(name string) bool { return name == "live" },
-		sweepDirs:  func(map[string]bool) {},
+		sweep:      func() {},
 		now:        func() time.Time { return now },
 		log:        zerolog.Nop(),
 	}

@@ -78,13 +78,13 @@ func TestReprovisionAfterServerRestart(t *testing.T) {
 	t.Cleanup(cl.Close)
 	js, err := jetstream.New(cl)
 	require.NoError(t, err)
-	_, err = js.KeyValue(context.Background(), worker.BucketWorkers)
+	_, err = js.KeyValue(context.Background(), messages.BucketWorkers)
 	require.ErrorIs(t, err, jetstream.ErrBucketNotFound, "the restart lost the memory bucket (the bug's premise)")
 
 	// Within a heartbeat or two (WorkerTTL/3 each), both buckets are back
 	// and the worker's heartbeat with them.
 	require.Eventually(t, func() bool {
-		live, err := js.KeyValue(context.Background(), worker.BucketWorkers)
+		live, err := js.KeyValue(context.Background(), messages.BucketWorkers)
 		if err != nil {
 			return false
 		}
@@ -94,7 +94,7 @@ func TestReprovisionAfterServerRestart(t *testing.T) {
 		}
 		_, err = js.KeyValue(context.Background(), coordination.BucketPeers)
 		return err == nil
-	}, 3*worker.WorkerTTL/2, 100*time.Millisecond, "the worker re-provisioned nothing")
+	}, 3*messages.WorkerTTL/2, 100*time.Millisecond, "the worker re-provisioned nothing")
 
 	data := []byte(`{"id":"after","profile":"shell","prompt":"out hello"}`)
 	_, err = js.Publish(context.Background(), messages.SubjectRuns(messages.DefaultPool), data)

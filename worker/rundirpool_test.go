@@ -17,6 +17,7 @@ import (
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -36,8 +37,8 @@ type seenDir struct {
 func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 	t.Helper()
 	seen := make(chan seenDir, 8)
-	rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(_ context.Context, spec worker.ContainerSpec, _ worker.OutputFunc) worker.ExitStatus {
+	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+		return func(_ context.Context, spec jail.ContainerSpec, _ jail.OutputFunc) jail.ExitStatus {
 			s := seenDir{path: runDirOf(spec)}
 			s.info, _ = os.Stat(s.path)
 			if es, err := os.ReadDir(s.path); err == nil {
@@ -51,7 +52,7 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 			pool, _ := os.ReadDir(filepath.Join(filepath.Dir(filepath.Dir(s.path)), "p"))
 			s.pooled = len(pool)
 			seen <- s
-			return worker.ExitStatus{}
+			return jail.ExitStatus{}
 		}, nil
 	}
 	return seen

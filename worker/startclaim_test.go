@@ -9,6 +9,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -34,7 +36,7 @@ func TestCancelBeforeStartNeverStarts(t *testing.T) {
 	g := newGate()
 	b := setup(t, func(c *worker.Config) {
 		c.Failpoint = func(name string) {
-			if name == worker.FailpointBeforeStart {
+			if name == stage.FailpointBeforeStart {
 				g.wait()
 			}
 		}
@@ -65,7 +67,7 @@ func TestCancelWhileCreatingStops(t *testing.T) {
 	t.Parallel()
 	g := newGate()
 	b := setup(t, nil)
-	b.rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+	b.rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 		g.wait() // the engine is slow to create the container
 		return workertest.ScriptBehaviour(spec)
 	}

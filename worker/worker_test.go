@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -160,8 +161,8 @@ func TestRunSucceeds(t *testing.T) {
 	spec := b.rt.Starts()[0]
 	require.Regexp(t, `^jetcrew-ok1-[0-9]+-1$`, spec.Name, "run id, request sequence, delivery")
 	require.Contains(t, spec.Env, "JETCREW_RUN_ID=ok1")
-	require.Equal(t, "ok1", spec.Labels[worker.LabelRunID])
-	require.Equal(t, "w1", spec.Labels[worker.LabelWorker])
+	require.Equal(t, "ok1", spec.Labels[jail.LabelRunID])
+	require.Equal(t, "w1", spec.Labels[jail.LabelWorker])
 }
 
 // The ack comes only after the final state is recorded: whenever the
@@ -292,7 +293,7 @@ func TestDerivedIDStableAcrossRedelivery(t *testing.T) {
 	var calls atomic.Int32
 	b := setup(t, func(c *worker.Config) {
 		rt := workertest.NewRuntime()
-		rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
+		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 			if calls.Add(1) == 1 {
 				return nil, workertest.ErrTransient
 			}
@@ -362,7 +363,7 @@ func TestTransientStartErrorRetriesThenDeadLetters(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) { return nil, workertest.ErrTransient }
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) { return nil, workertest.ErrTransient }
 		c.Runtime = rt
 		c.Provision.MaxDeliver = 2
 	})
@@ -378,8 +379,8 @@ func TestPermanentStartErrorNotRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return nil, fmt.Errorf("image missing: %w", worker.ErrPermanent)
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return nil, fmt.Errorf("image missing: %w", jail.ErrPermanent)
 		}
 		c.Runtime = rt
 	})
@@ -404,14 +405,14 @@ func TestLargeOutputChunked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
 		rt := workertest.NewRuntime()
-		rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-			return func(ctx context.Context, _ worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 				line := []byte(strings.Repeat("y", 200<<10) + "\n")
 				out("stdout", line[:1000])
 				out("stdout", line[1000:])
 				out("stderr", []byte{0xff, 0xfe, '\n'})
 				out("stdout", []byte("tail"))
-				return worker.ExitStatus{}
+				return jail.ExitStatus{}
 			}, nil
 		}
 		c.Runtime = rt
@@ -439,17 +440,17 @@ func TestOrphanReconcile(t *testing.T) {
 	nc := workertest.Connect(t, s)
 	rt := workertest.NewRuntime()
 	// A container left by a dead worker "gone", older than the grace period.
-	_, err := rt.Start(context.Background(), worker.ContainerSpec{
+	_, err := rt.Start(context.Background(), jail.ContainerSpec{
 		Name: "jetcrew-orphan-1", Cmd: []string{"sleep 1h"},
-		Labels: map[string]string{worker.LabelManaged: "true", worker.LabelRunID: "orphan", worker.LabelWorker: "gone",
-			worker.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
+		Labels: map[string]string{jail.LabelManaged: "true", jail.LabelRunID: "orphan", jail.LabelWorker: "gone",
+			jail.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
 	}, func(string, []byte) {})
 	require.NoError(t, err)
 	// A young one of the same dead worker: inside the grace period, kept.
-	_, err = rt.Start(context.Background(), worker.ContainerSpec{
+	_, err = rt.Start(context.Background(), jail.ContainerSpec{
 		Name: "jetcrew-young-1", Cmd: []string{"sleep 1h"},
-		Labels: map[string]string{worker.LabelManaged: "true", worker.LabelRunID: "young", worker.LabelWorker: "gone",
-			worker.LabelCreated: time.Now().Format(time.RFC3339Nano)},
+		Labels: map[string]string{jail.LabelManaged: "true", jail.LabelRunID: "young", jail.LabelWorker: "gone",
+			jail.LabelCreated: time.Now().Format(time.RFC3339Nano)},
 	}, func(string, []byte) {})
 	require.NoError(t, err)
 	// Containers are matched to the installation by the stream's creation time.
@@ -463,15 +464,15 @@ func TestOrphanReconcile(t *testing.T) {
 	for _, name := range []string{"orphan", "young"} {
 		for _, c := range rt.Starts() {
 			if c.Name == "jetcrew-"+name+"-1" {
-				c.Labels[worker.LabelInstall] = install
+				c.Labels[jail.LabelInstall] = install
 			}
 		}
 	}
 	// One of another installation on the same engine: never touched.
-	_, err = rt.Start(context.Background(), worker.ContainerSpec{
+	_, err = rt.Start(context.Background(), jail.ContainerSpec{
 		Name: "jetcrew-foreign-1", Cmd: []string{"sleep 1h"},
-		Labels: map[string]string{worker.LabelManaged: "true", worker.LabelRunID: "foreign", worker.LabelWorker: "gone",
-			worker.LabelInstall: "elsewhere", worker.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
+		Labels: map[string]string{jail.LabelManaged: "true", jail.LabelRunID: "foreign", jail.LabelWorker: "gone",
+			jail.LabelInstall: "elsewhere", jail.LabelCreated: time.Now().Add(-time.Hour).Format(time.RFC3339Nano)},
 	}, func(string, []byte) {})
 	require.NoError(t, err)
 	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w2", Runtime: rt, OrphanGrace: time.Minute})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 	"github.com/jetcrew/jetcrew/workspace"
 )
@@ -53,16 +54,16 @@ func TestClusterWorkspaceAnyNode(t *testing.T) {
 
 	// The worker on node 2 runs it; its "agent" edits the mounted tree.
 	rt := workertest.NewRuntime()
-	rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+	rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			for _, m := range spec.Mounts {
 				if m.Target == messages.WorkspaceDir && !m.ReadOnly && spec.WorkingDir == m.Target {
 					if err := os.WriteFile(filepath.Join(m.Source, "a.txt"), []byte("two\n"), 0o644); err == nil {
-						return worker.ExitStatus{}
+						return jail.ExitStatus{}
 					}
 				}
 			}
-			return worker.ExitStatus{Code: 9}
+			return jail.ExitStatus{Code: 9}
 		}, nil
 	}
 	nc2, err := nats.Connect(c.Nodes[2].ClientURL())

@@ -14,22 +14,24 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // gitProfiles returns the built-in shell profile allowing remotes, as
 // "git", and the shell profile itself (no git remotes).
-func gitProfiles(remotes ...string) worker.Profiles {
-	p := worker.ShellProfile()
+func gitProfiles(remotes ...string) profile.Profiles {
+	p := profile.ShellProfile()
 	p.Name, p.GitRemotes = "git", remotes
-	return worker.Profiles{"git": p, "shell": worker.ShellProfile()}
+	return profile.Profiles{"git": p, "shell": profile.ShellProfile()}
 }
 
 // workspaceEditor is a fake container that, when /workspace is mounted
 // writable as its working directory, prints README's content and .git/HEAD
 // and appends a line to README; otherwise it exits 9.
-func workspaceEditor(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-	return func(_ context.Context, spec worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+func workspaceEditor(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+	return func(_ context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 		for _, m := range spec.Mounts {
 			if m.Target != messages.WorkspaceDir || m.ReadOnly || spec.WorkingDir != m.Target {
 				continue
@@ -37,15 +39,15 @@ func workspaceEditor(spec worker.ContainerSpec) (workertest.Behaviour, error) {
 			readme, err1 := os.ReadFile(filepath.Join(m.Source, "README"))
 			head, err2 := os.ReadFile(filepath.Join(m.Source, ".git", "HEAD"))
 			if err1 != nil || err2 != nil {
-				return worker.ExitStatus{Code: 8}
+				return jail.ExitStatus{Code: 8}
 			}
 			out("stdout", append(readme, head...))
 			if os.WriteFile(filepath.Join(m.Source, "README"), append(readme, "edited\n"...), 0o644) != nil {
-				return worker.ExitStatus{Code: 7}
+				return jail.ExitStatus{Code: 7}
 			}
-			return worker.ExitStatus{}
+			return jail.ExitStatus{}
 		}
-		return worker.ExitStatus{Code: 9}
+		return jail.ExitStatus{Code: 9}
 	}, nil
 }
 
@@ -187,7 +189,7 @@ func TestGitRemotesValidated(t *testing.T) {
 		{`["https://git.example.com/org/?x=1"]`, false},
 		{`["https:///org/*"]`, false},
 	} {
-		_, err := worker.ParseProfiles("t.toml", []byte("[profiles.p]\nimage = \"x\"\ncommand = [\"true\"]\ngit_remotes = "+tc.remotes+"\n"))
+		_, err := profile.ParseProfiles("t.toml", []byte("[profiles.p]\nimage = \"x\"\ncommand = [\"true\"]\ngit_remotes = "+tc.remotes+"\n"))
 		if tc.ok {
 			require.NoError(t, err, tc.remotes)
 		} else {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 	"github.com/jetcrew/jetcrew/workspace"
 )
@@ -40,8 +42,8 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 	b := setup(t, func(c *worker.Config) { c.StateDir = state })
 	ref := uploadDir(t, b)
 	seen := make(chan string, 3)
-	b.rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+	b.rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			for _, m := range spec.Mounts {
 				if m.Target == messages.WorkspaceDir {
 					data, _ := os.ReadFile(filepath.Join(m.Source, "a.txt"))
@@ -49,7 +51,7 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 					_ = os.WriteFile(filepath.Join(m.Source, "b.txt"), []byte("new\n"), 0o644)
 				}
 			}
-			return worker.ExitStatus{}
+			return jail.ExitStatus{}
 		}, nil
 	}
 	for _, id := range []string{"c1", "c2", "c3"} {
@@ -72,7 +74,7 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 	require.Equal(t, os.FileMode(0o444), info.Mode().Perm())
 	var capture int
 	for _, s := range b.rt.Starts() {
-		if s.Labels[worker.LabelRole] == worker.RoleCapture {
+		if s.Labels[jail.LabelRole] == jail.RoleCapture {
 			require.True(t, strings.HasSuffix(s.Name, "-capture"))
 			capture++
 			require.Equal(t, "none", s.Network)
@@ -84,7 +86,7 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 		for _, m := range s.Mounts {
 			if m.Target == messages.WorkspaceDir {
 				require.True(t, m.Volume, "the tree is a volume")
-				require.Equal(t, s.Labels[worker.LabelRole] == worker.RoleCapture, m.ReadOnly, "read-only in the capture container only")
+				require.Equal(t, s.Labels[jail.LabelRole] == jail.RoleCapture, m.ReadOnly, "read-only in the capture container only")
 				vols = append(vols, m.Source)
 			}
 		}
@@ -99,14 +101,14 @@ func TestWorkspaceSnapshotCachedOnce(t *testing.T) {
 // and a dead letter, even with retries left, and nothing is captured.
 func TestWorkspaceUnpackFailureIsFinal(t *testing.T) {
 	t.Parallel()
-	ps, err := worker.ParseProfiles("p.toml", []byte("[profiles.tiny]\nimage='jetcrew-sandbox:latest'\ncommand=['/bin/sh','-c','{prompt}']\ncoordination=false\nretries=3\n"))
+	ps, err := profile.ParseProfiles("p.toml", []byte("[profiles.tiny]\nimage='jetcrew-sandbox:latest'\ncommand=['/bin/sh','-c','{prompt}']\ncoordination=false\nretries=3\n"))
 	require.NoError(t, err)
 	b := setup(t, func(c *worker.Config) { c.Profiles = ps })
 	ref := uploadDir(t, b)
-	b.rt.Behave = func(spec worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(_ context.Context, _ worker.ContainerSpec, out worker.OutputFunc) worker.ExitStatus {
+	b.rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+		return func(_ context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 			out(messages.StreamStderr, []byte("jetcrew workspace: unpack failed (no-space): write a.txt: no space left on device\n"))
-			return worker.ExitStatus{Code: workspace.JailExitCode}
+			return jail.ExitStatus{Code: workspace.JailExitCode}
 		}, nil
 	}
 	b.submit(t, messages.RunRequest{ID: "u1", Profile: "tiny", Prompt: "x", Workspace: &ref})
@@ -144,21 +146,21 @@ func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
 // how many ran: an agent runs only after exec's wait and unpack.
 func countAgents(rt *workertest.Runtime) *atomic.Int32 {
 	var n atomic.Int32
-	rt.Behave = func(worker.ContainerSpec) (workertest.Behaviour, error) {
-		return func(context.Context, worker.ContainerSpec, worker.OutputFunc) worker.ExitStatus {
+	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			n.Add(1)
-			return worker.ExitStatus{}
+			return jail.ExitStatus{}
 		}, nil
 	}
 	return &n
 }
 
 // runStarts returns how many of rt's started containers were runs' own
-// (worker.RoleRun), not capture containers.
+// (jail.RoleRun), not capture containers.
 func runStarts(rt *workertest.Runtime) int {
 	n := 0
 	for _, s := range rt.Starts() {
-		if s.Labels[worker.LabelRole] == worker.RoleRun {
+		if s.Labels[jail.LabelRole] == jail.RoleRun {
 			n++
 		}
 	}
@@ -178,12 +180,12 @@ func TestWorkspaceCaptureRefused(t *testing.T) {
 			b := setup(t, nil)
 			ref := uploadDir(t, b)
 			var refused atomic.Int32
-			b.rt.StartErr = func(spec worker.ContainerSpec) error {
-				if spec.Labels[worker.LabelRole] != worker.RoleCapture || refused.Add(1) > 1 {
+			b.rt.StartErr = func(spec jail.ContainerSpec) error {
+				if spec.Labels[jail.LabelRole] != jail.RoleCapture || refused.Add(1) > 1 {
 					return nil
 				}
 				if permanent {
-					return fmt.Errorf("no such image: %w", worker.ErrPermanent)
+					return fmt.Errorf("no such image: %w", jail.ErrPermanent)
 				}
 				return errors.New("engine busy")
 			}
@@ -220,8 +222,8 @@ func TestWorkspaceCancelWhileHeld(t *testing.T) {
 	b := setup(t, nil)
 	ref := uploadDir(t, b)
 	release := make(chan struct{})
-	b.rt.StartErr = func(spec worker.ContainerSpec) error {
-		if spec.Labels[worker.LabelRole] == worker.RoleCapture {
+	b.rt.StartErr = func(spec jail.ContainerSpec) error {
+		if spec.Labels[jail.LabelRole] == jail.RoleCapture {
 			<-release
 		}
 		return nil

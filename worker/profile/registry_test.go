@@ -13,7 +13,7 @@ import (
 // the registered backends, and each registered backend plans a run.
 func TestBackendsDocumented(t *testing.T) {
 	t.Parallel()
-	doc, err := os.ReadFile("../docs/backends.md")
+	doc, err := os.ReadFile("../../docs/backends.md")
 	require.NoError(t, err)
 	var documented []string
 	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z0-9_-]+)` \\|").FindAllStringSubmatch(string(doc), -1) {

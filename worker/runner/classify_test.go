@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage"
 )
 
 // TestClassify covers every branch of the outcome classification: cancel,
@@ -16,7 +18,7 @@ import (
 // the profile's retries left or not.
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	spec := ContainerSpec{PidsLimit: 64, Tmpfs: map[string]string{"/tmp": "size=64m"}}
+	spec := jail.ContainerSpec{PidsLimit: 64, Tmpfs: jail.TmpfsMounts{{Target: "/tmp", SizeBytes: 64 << 20, Mode: 0o1777}}}
 	pol := outcomePolicy{Attempt: 1, Retries: 0, WorkerID: "w1", Spec: spec}
 	withRetries := pol
 	withRetries.Retries = 1
@@ -24,7 +26,7 @@ func TestClassify(t *testing.T) {
 	lastTry.Attempt = 2
 	mib := withRetries
 	mib.WorkspaceMiB = 2
-	exit := func(code int) ExitStatus { return ExitStatus{Code: code} }
+	exit := func(code int) jail.ExitStatus { return jail.ExitStatus{Code: code} }
 	agentErr := &messages.AgentSummary{IsError: true}
 	final := func(st messages.State, reason string) outcome {
 		return outcome{Action: actionFinal, State: st, Reason: reason}
@@ -38,23 +40,23 @@ func TestClassify(t *testing.T) {
 		{"exit 0", exitFacts{Status: exit(0)}, pol, final(messages.StateSucceeded, "")},
 		{"exit 3", exitFacts{Status: exit(3)}, pol, final(messages.StateFailed, "exit code 3")},
 		{"exit 3 with stderr", exitFacts{Status: exit(3), LastErr: "boom"}, pol, final(messages.StateFailed, "exit code 3: boom")},
-		{"exit with runtime error", exitFacts{Status: ExitStatus{Code: 1, Error: "oci"}}, pol, final(messages.StateFailed, "exit code 1: oci")},
+		{"exit with runtime error", exitFacts{Status: jail.ExitStatus{Code: 1, Error: "oci"}}, pol, final(messages.StateFailed, "exit code 1: oci")},
 		{"tmpfs full", exitFacts{Status: exit(1), LastErr: "write: No space left on device"}, pol,
-			final(messages.StateFailed, "exit code 1 (no space left on device: a tmpfs is full; /tmp is size=64m): write: No space left on device")},
+			final(messages.StateFailed, "exit code 1 (no space left on device: a tmpfs is full; /tmp is size=64m,mode=1777): write: No space left on device")},
 		{"pids limit", exitFacts{Status: exit(2), LastErr: "sh: can't fork"}, pol,
 			final(messages.StateFailed, "exit code 2 (pids limit of 64 reached: process creation failed): sh: can't fork")},
 		{"agent reported error", exitFacts{Status: exit(1), Summary: agentErr, Result: "bad\nthing", LastErr: "x"}, pol,
 			final(messages.StateFailed, "exit code 1: the agent reported: bad thing")},
 		{"agent error without result", exitFacts{Status: exit(1), Summary: agentErr}, pol, final(messages.StateFailed, "exit code 1")},
 		{"agent error but exit 0", exitFacts{Status: exit(0), Summary: agentErr, Result: "r"}, pol, final(messages.StateSucceeded, "")},
-		{"oom", exitFacts{Status: ExitStatus{Code: 137, OOMKilled: true}}, withRetries, final(messages.StateFailed, "oom")},
+		{"oom", exitFacts{Status: jail.ExitStatus{Code: 137, OOMKilled: true}}, withRetries, final(messages.StateFailed, "oom")},
 		{"timeout", exitFacts{Status: exit(143), TimedOut: true, Timeout: 2 * time.Second}, withRetries,
 			final(messages.StateTimedOut, "timed out after 2s")},
-		{"stalled", exitFacts{Status: exit(143), StopKind: stopStalled, StopReason: "no progress"}, withRetries,
+		{"stalled", exitFacts{Status: exit(143), Stop: &stage.Stop{State: messages.StateStalled, Reason: "no progress"}}, withRetries,
 			final(messages.StateStalled, "no progress")},
-		{"bridge not reached", exitFacts{Status: exit(143), StopKind: stopBridge, StopReason: "no bridge"}, withRetries,
+		{"bridge not reached", exitFacts{Status: exit(143), Stop: &stage.Stop{State: messages.StateFailed, Reason: "no bridge"}}, withRetries,
 			final(messages.StateFailed, "no bridge")},
-		{"cancel wins over a watchdog", exitFacts{Status: exit(143), Cancelled: true, StopKind: stopStalled}, pol,
+		{"cancel wins over a watchdog", exitFacts{Status: exit(143), Cancelled: true, Stop: &stage.Stop{State: messages.StateStalled}}, pol,
 			final(messages.StateCancelled, "cancelled by request")},
 		{"cancel wins over shutdown", exitFacts{Status: exit(143), Cancelled: true, Shutdown: true}, pol,
 			final(messages.StateCancelled, "cancelled by request")},

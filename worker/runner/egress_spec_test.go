@@ -9,6 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/stage/bridge"
+	"github.com/jetcrew/jetcrew/worker/stage/proxy"
+	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
 
 // The spec of a run of an egress profile: network none, the launcher with
@@ -22,21 +27,28 @@ func TestEgressSpec(t *testing.T) {
 	}{{"plain", false, false}, {"egress", true, false}, {"inject", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := Profile{Name: "p", Image: "img", Command: []string{"/bin/sh", "-c", "{prompt}"}}
+			p := profile.Profile{Name: "p", Image: "img", Command: []string{"/bin/sh", "-c", "{prompt}"}, Coordination: new(bool)}
 			if tc.egress {
 				p.Egress = []string{"api.example.com:443"}
 			}
 			if tc.inject {
-				p.EgressInject = []EgressInject{{Host: "api.example.com:443", Header: "x-api-key", FromEnv: "K"}}
+				p.EgressInject = []profile.EgressInject{{Host: "api.example.com:443", Header: "x-api-key", FromEnv: "K"}}
 			}
-			p, err := p.withDefaults()
+			p, err := p.Resolve()
 			require.NoError(t, err)
-			require.NoError(t, p.validate())
-			plan, err := planAgent(p, "echo hi", false)
+			plan, err := p.Plan("echo hi", false)
 			require.NoError(t, err)
-			spec, err := BuildSpec(SpecInput{Profile: p, Request: messages.RunRequest{ID: "r1", Prompt: "echo hi"}, Seq: 1, Attempt: 1,
-				Now: time.Now(), LookupEnv: func(string) (string, bool) { return "", false }, Plan: plan, RunDir: "/x", BridgePath: "/b"})
+			spec, err := BuildSpec(SpecInput{Profile: &p, Request: messages.RunRequest{ID: "r1", Prompt: "echo hi"}, Seq: 1, Attempt: 1,
+				Now: time.Now(), LookupEnv: func(string) (string, bool) { return "", false }, Plan: plan})
 			require.NoError(t, err)
+			// The run's list has the egress stage exactly when the profile
+			// has egress; it adds the proxy's variables.
+			e := &Runner{cfg: Config{Stages: Stages{Proxies: &proxy.Proxies{}, RunDirs: &rundir.Dirs{}, Bridges: &bridge.Bridges{}}}}
+			list := e.stagesFor(&stage.Run{Profile: &p, Plan: plan})
+			require.Equal(t, tc.egress, slices.ContainsFunc(list, func(s stage.Stage) bool { _, ok := s.(*proxy.Stage); return ok }))
+			if tc.egress {
+				merge(&spec, nil, &stage.PrestartResponse{Env: proxy.Env(&p)})
+			}
 			require.Equal(t, "none", spec.Network)
 			hasEnv := func(kv string) bool { return slices.Contains(spec.Env, kv) }
 			require.Equal(t, tc.egress, hasEnv("HTTPS_PROXY=http://127.0.0.1:3128"))

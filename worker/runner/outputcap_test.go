@@ -11,9 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/runstate"
 )
 
-// provisionedJS starts an embedded server with the worker's streams and
+// provisionedJS starts an embedded server with the events stream and
 // returns a JetStream context on it, as the worker makes it.
 func provisionedJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
@@ -25,16 +27,16 @@ func provisionedJS(t *testing.T) jetstream.JetStream {
 	nc, err := nats.Connect(s.ClientURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(opAttemptTimeout))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(runstate.OpAttemptTimeout))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = Provision(ctx, js, ProvisionConfig{})
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: messages.StreamEvents, Subjects: []string{messages.SubjectEventsPrefix + ".>"}})
 	require.NoError(t, err)
 	return js
 }
 
-// TestOutputWindowBounded proves issue 13 item 2's first half: however fast
+// TestOutputWindowBounded: however fast
 // a run writes, the worker holds at most outputWindow unacknowledged output
 // publishes, and forgets acknowledged ones (before, every chunk's future was
 // kept until the run ended: 1 GB of output, 1.22 GB of worker RSS). The
@@ -75,7 +77,7 @@ func TestOutputBudget(t *testing.T) {
 	t.Parallel()
 	js := provisionedJS(t)
 	o := newOutputPublisher(js, "budget1", 1, 1)
-	o.budget = Profile{MaxOutputMiB: 1}.MaxOutputBytes()
+	o.budget = profile.Profile{MaxOutputMiB: 1}.MaxOutputBytes()
 	o.release()
 	chunk := make([]byte, 100<<10)
 	for range 30 { // 3000 KiB
@@ -85,10 +87,11 @@ func TestOutputBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, n)
 	require.EqualValues(t, 30*len(chunk)-(1<<20), o.droppedBytes())
-	require.Zero(t, Profile{MaxOutputMiB: -1}.MaxOutputBytes(), "-1 is unlimited")
-	p, err := Profile{Name: "x", Image: "i", Command: []string{"c"}}.withDefaults()
+	require.Zero(t, profile.Profile{MaxOutputMiB: -1}.MaxOutputBytes(), "-1 is unlimited")
+	p, err := profile.Profile{Name: "x", Image: "i", Command: []string{"c"}}.Resolve()
 	require.NoError(t, err)
-	require.EqualValues(t, DefaultMaxOutputMiB<<20, p.MaxOutputBytes())
+	require.EqualValues(t, profile.DefaultMaxOutputMiB<<20, p.MaxOutputBytes())
 	p.MaxOutputMiB = -2
-	require.ErrorContains(t, p.validate(), "max_output_mib -2 must be positive, or -1 for unlimited")
+	_, err = p.Resolve()
+	require.ErrorContains(t, err, "max_output_mib -2 must be positive, or -1 for unlimited")
 }

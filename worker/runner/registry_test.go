@@ -11,6 +11,9 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
 
 // TestAttemptsShareNothing proves issue 13 item 17's rule: two deliveries
@@ -20,32 +23,43 @@ import (
 // neither untracks nor overrides the second in the active set.
 func TestAttemptsShareNothing(t *testing.T) {
 	t.Parallel()
-	w := &Worker{cfg: Config{StateDir: t.TempDir()}, active: map[string]*activeRun{}, log: zerolog.Nop()}
-	attempt := func(n uint64) *run {
-		return &run{w: w, req: messages.RunRequest{ID: "across"}, log: zerolog.Nop(),
+	root := filepath.Join(t.TempDir(), "r")
+	require.NoError(t, os.Mkdir(root, 0o700))
+	holds := &stage.Holds{}
+	dirs := rundir.New(root, "", 0, holds, zerolog.Nop())
+	e := &Runner{live: registry{runs: map[string]*entry{}}}
+	p := profile.ShellProfile()
+	attempt := func(n uint64) (*run, *rundir.Stage) {
+		r := &run{e: e, req: messages.RunRequest{ID: "across"}, log: zerolog.Nop(),
 			meta: &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: 7}, NumDelivered: n}}
+		r.sr = &stage.Run{Request: r.req, Profile: &p, Seq: 7, Attempt: int(n), Holds: holds, Log: zerolog.Nop()}
+		return r, dirs.For(r.sr)
 	}
-	a1, a2 := attempt(1), attempt(2)
-	require.NotEqual(t, a1.dir(), a2.dir())
-	require.Equal(t, a1.dir(), attempt(1).dir(), "an attempt's directory is stable")
-	require.LessOrEqual(t, len(filepath.Join(a2.dir(), coordination.SocketName)), 107)
+	a1, d1 := attempt(1)
+	a2, d2 := attempt(2)
+	_, d1again := attempt(1)
+	require.NotEqual(t, d1.Path(), d2.Path())
+	require.Equal(t, d1.Path(), d1again.Path(), "an attempt's directory is stable")
+	require.LessOrEqual(t, len(filepath.Join(d2.Path(), coordination.SocketName)), 107)
 
-	for _, r := range []*run{a1, a2} {
-		require.NoError(t, coordination.StageRunDir(r.dir()))
+	for _, pair := range []struct {
+		r *run
+		d *rundir.Stage
+	}{{a1, d1}, {a2, d2}} {
+		require.NoError(t, pair.d.Prestart(t.Context(), &stage.PrestartRequest{Run: pair.r.sr}, &stage.PrestartResponse{}))
 	}
-	w.track(a1, nil)
-	w.track(a2, nil)
-	w.track(a1, nil) // attempt 1's container appears late: attempt 2 stays tracked
+	e.live.track(a1, nil)
+	e.live.track(a2, nil)
+	e.live.track(a1, nil) // attempt 1's container appears late: attempt 2 stays tracked
 
 	// Attempt 1 winds down: its directory goes, attempt 2's stays.
-	cs1 := &coordSession{dir: a1.dir()}
-	cs1.end(a1, false)
-	w.untrack(a1)
-	_, err := os.Stat(a1.dir())
+	d1.Release(&stage.ReleaseRequest{Run: a1.sr})
+	e.live.untrack(a1)
+	_, err := os.Stat(d1.Path())
 	require.ErrorIs(t, err, os.ErrNotExist)
-	_, err = os.Stat(filepath.Join(a2.dir(), coordination.MCPConfigName))
+	_, err = os.Stat(filepath.Join(d2.Path(), coordination.MCPConfigName))
 	require.NoError(t, err, "attempt 2's staged files survive attempt 1's cleanup")
-	require.Same(t, a2, w.active["across"].run, "attempt 1 neither untracks nor overrides attempt 2")
-	w.untrack(a2)
-	require.Empty(t, w.active)
+	require.Same(t, a2, e.live.get("across"), "attempt 1 neither untracks nor overrides attempt 2")
+	e.live.untrack(a2)
+	require.Empty(t, e.live.runs)
 }

@@ -176,17 +176,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, err
 		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir}, &resp); err != nil {
 			return p, err
 		}
-		p.spec.Env = append(p.spec.Env, resp.Env...)
-		for _, m := range resp.Mounts {
-			p.spec.Mounts = append(p.spec.Mounts, m.Mount)
-			mounts = append(mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
-		}
-		if len(resp.Wrap) > 0 {
-			p.spec.Cmd = append(slices.Clip(resp.Wrap), p.spec.Cmd...)
-		}
-		if resp.WorkingDir != "" {
-			p.spec.WorkingDir = resp.WorkingDir
-		}
+		mounts = merge(&p.spec, mounts, &resp)
 		if resp.Dir != nil {
 			dir = resp.Dir
 		}
@@ -260,6 +250,23 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	r.publishStarted(ctx, c.ID(), s.out)
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", p.prof.Name).Msg("run started")
 	return s, nil
+}
+
+// merge adds what a Prestarter's resp adds to the container to spec, and
+// its mounts' receipt entries to mounts, which it returns.
+func merge(spec *jail.ContainerSpec, mounts []messages.ReceiptMount, resp *stage.PrestartResponse) []messages.ReceiptMount {
+	spec.Env = append(spec.Env, resp.Env...)
+	for _, m := range resp.Mounts {
+		spec.Mounts = append(spec.Mounts, m.Mount)
+		mounts = append(mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
+	}
+	if len(resp.Wrap) > 0 {
+		spec.Cmd = append(slices.Clip(resp.Wrap), spec.Cmd...)
+	}
+	if resp.WorkingDir != "" {
+		spec.WorkingDir = resp.WorkingDir
+	}
+	return mounts
 }
 
 // poststart calls each Poststarter with the started container c, and

@@ -73,11 +73,17 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 	}
 	s.digest = digest
 	s.release = req.Run.Holds.Hold(holdPrefix + digest)
-	resp.Mounts = append(resp.Mounts, stage.Mount{
+	resp.Mounts = append(resp.Mounts, Mount(path, digest))
+	return nil
+}
+
+// Mount is the mount of the bridge staged at path with SHA-256 digest
+// (hex): read-only at coordination.BridgePath, receipt role "bridge".
+func Mount(path, digest string) stage.Mount {
+	return stage.Mount{
 		Mount: jail.Mount{Source: path, Target: coordination.BridgePath, ReadOnly: true},
 		Role:  messages.MountRoleBridge, Digest: "sha256:" + digest,
-	})
-	return nil
+	}
 }
 
 // Note names the staged bridge in the receipt (BridgeDigest).

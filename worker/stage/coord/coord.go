@@ -97,9 +97,13 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	} else {
 		s.status = Available
 	}
-	resp.Env = append(resp.Env, "JETCREW_MCP_CONFIG="+coordination.ContainerMCPConfigPath)
+	resp.Env = append(resp.Env, Env()...)
 	return nil
 }
+
+// Env is what coordination adds to a run's environment:
+// JETCREW_MCP_CONFIG, the path of its mcp.json.
+func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + coordination.ContainerMCPConfigPath} }
 
 // Poststart records the run running in its group's presence (a failure is
 // logged; the presence refresher retries) and starts the bridge deadline.

@@ -214,11 +214,19 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		return err
 	}
 	s.sess = sess
-	resp.Env = append(resp.Env, profile.ProxyEnv()...)
-	if len(prof.EgressInject) > 0 {
-		resp.Env = append(resp.Env, profile.ProxyTrustEnv()...)
-	}
+	resp.Env = append(resp.Env, Env(prof)...)
 	return nil
+}
+
+// Env is what a run of profile p gets in its environment for its egress
+// proxy: profile.ProxyEnv, and profile.ProxyTrustEnv when the profile has
+// injections (the container then trusts the egress CA).
+func Env(p *profile.Profile) []string {
+	env := profile.ProxyEnv()
+	if len(p.EgressInject) > 0 {
+		env = append(env, profile.ProxyTrustEnv()...)
+	}
+	return env
 }
 
 // Note records the run's egress totals: once the run is final, its proxy

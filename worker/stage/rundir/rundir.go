@@ -153,11 +153,18 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 		return err
 	}
 	resp.Dir = s
-	resp.Mounts = append(resp.Mounts, stage.Mount{
-		Mount: jail.Mount{Source: s.path, Target: coordination.ContainerRunDir, ReadOnly: true},
-		Role:  messages.MountRoleRunDir, Digest: Digest(run.Plan),
-	})
+	resp.Mounts = append(resp.Mounts, Mount(s.path, run.Plan))
 	return nil
+}
+
+// Mount is the mount of the run directory at path staged for plan:
+// read-only at coordination.ContainerRunDir, receipt role "run-dir", the
+// digest of its files.
+func Mount(path string, plan profile.Plan) stage.Mount {
+	return stage.Mount{
+		Mount: jail.Mount{Source: path, Target: coordination.ContainerRunDir, ReadOnly: true},
+		Role:  messages.MountRoleRunDir, Digest: Digest(plan),
+	}
 }
 
 // stageFiles writes the plan's files into dir: each 0444 (then its own

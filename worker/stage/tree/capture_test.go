@@ -9,6 +9,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
@@ -22,30 +23,29 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	t.Parallel()
 	tool := strings.Repeat("a", 64)
 	snap := strings.Repeat("b", 64)
-	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", mib: 16, snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool}
+	rw := &runWorkspace{dir: "/state/ws/x-1-1", volume: "jetcrew-r1-7-1-ws", mib: 16, snapshot: "/state/snap/" + snap + ".tar", tool: "/state/tool/" + tool, toolDigest: tool}
 	spec := jail.ContainerSpec{
 		Name: "jetcrew-r1-7-1", Image: "img", Cmd: []string{"/bin/sh", "-c", "echo hi"}, User: "1000:1000", WorkingDir: "/home/agent",
 		Labels: map[string]string{jail.LabelRunID: "r1", jail.LabelManaged: "true", jail.LabelRole: jail.RoleRun}, Network: "bridge", OCIRuntime: "runsc",
 		MemoryBytes: 64 << 20, NanoCPUs: 5e8, PidsLimit: 32,
 	}
 	rw.capture = captureSpec(spec, rw, Config{MaxBytes: 1000, MaxFiles: 10}, time.Hour)
-	jailWorkspace(&spec, rw, Config{MaxBytes: 1000, MaxFiles: 10})
+	var resp stage.PrestartResponse
+	jailWorkspace(&resp, rw, Config{MaxBytes: 1000, MaxFiles: 10})
 
 	require.Equal(t, []string{JailToolPath, "workspace", "exec", "--snapshot", JailSnapshotPath, "--dir", messages.WorkspaceDir,
-		"--max-bytes", "1000", "--max-files", "10", "--held", JailGatePath + "/held", "--", "/bin/sh", "-c", "echo hi"}, spec.Cmd)
-	require.Equal(t, messages.WorkspaceDir, spec.WorkingDir)
-	require.Equal(t, []jail.Mount{
-		{Source: "jetcrew-r1-7-1-ws", Volume: true, jail.VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
-		{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
-		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
-		{Source: rw.gate(), Target: JailGatePath, ReadOnly: true},
-	}, spec.Mounts)
-	require.Equal(t, []messages.ReceiptMount{
-		{Target: messages.WorkspaceDir, Role: MountRoleWorkspace},
-		{Target: JailSnapshotPath, Role: MountRoleSnapshot, Digest: "sha256:" + snap, ReadOnly: true},
-		{Target: JailToolPath, Role: MountRoleWorkspaceTool, Digest: "sha256:" + tool, ReadOnly: true},
-		{Target: JailGatePath, Role: MountRoleWorkspaceGate, ReadOnly: true},
-	}, receiptMounts(spec, AgentPlan{}))
+		"--max-bytes", "1000", "--max-files", "10", "--held", JailGatePath + "/held", "--", "/bin/sh", "-c", "echo hi"}, append(resp.Wrap, spec.Cmd...))
+	require.Equal(t, messages.WorkspaceDir, resp.WorkingDir)
+	require.Equal(t, []stage.Mount{
+		{Mount: jail.Mount{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
+			Role: messages.MountRoleWorkspace},
+		{Mount: jail.Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+			Role: messages.MountRoleSnapshot, Digest: "sha256:" + snap},
+		{Mount: jail.Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+			Role: messages.MountRoleWorkspaceTool, Digest: "sha256:" + tool},
+		{Mount: jail.Mount{Source: rw.gate(), Target: JailGatePath, ReadOnly: true},
+			Role: messages.MountRoleWorkspaceGate},
+	}, resp.Mounts)
 
 	c := rw.capture
 	require.Equal(t, "jetcrew-r1-7-1-capture", c.Name)
@@ -65,7 +65,7 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir, Scratch: JailScratchPath,
 		RunID: "r1", MaxBytes: 1000, MaxFiles: 10, Argv: []string{}, Wait: true, WaitMax: time.Hour}, args)
 	require.Equal(t, []jail.Mount{
-		{Source: "jetcrew-r1-7-1-ws", Volume: true, jail.VolumeSpec: &rw.vol, Target: messages.WorkspaceDir, ReadOnly: true},
+		{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/in", Target: JailCaptureInPath, ReadOnly: true},
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},

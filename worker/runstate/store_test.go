@@ -1,14 +1,15 @@
-package worker_test
+package runstate_test
 
 import (
 	"context"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -24,30 +25,34 @@ func TestStateStoreRefusesIllegalEdges(t *testing.T) {
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketRuns})
 	require.NoError(t, err)
 	st := messages.RunState{Version: messages.StateVersion, ID: "r1", State: messages.StateRunning}
+	store := runstate.NewStore(kv, js, "test", zerolog.Nop())
+	cas := func(ctx context.Context, from messages.State, st messages.RunState, rev uint64) (uint64, error) {
+		return store.CAS(ctx, from, &st, rev)
+	}
 
-	_, err = worker.StoreCAS(ctx, kv, js, messages.StateNone, st, 0)
+	_, err = cas(ctx, messages.StateNone, st, 0)
 	require.ErrorContains(t, err, "illegal run state transition none → running")
 	_, err = kv.Get(ctx, "r1")
 	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "an illegal edge writes nothing")
 
 	st.State = messages.StateQueued
-	rev, err := worker.StoreCAS(ctx, kv, js, messages.StateNone, st, 0)
+	rev, err := cas(ctx, messages.StateNone, st, 0)
 	require.NoError(t, err)
 
 	st.State = messages.StateSucceeded
-	_, err = worker.StoreCAS(ctx, kv, js, messages.StateQueued, st, rev)
+	_, err = cas(ctx, messages.StateQueued, st, rev)
 	require.ErrorContains(t, err, "illegal run state transition queued → succeeded")
 	e, err := kv.Get(ctx, "r1")
 	require.NoError(t, err)
 	require.Equal(t, rev, e.Revision(), "an illegal edge leaves the record as it was")
 
 	st.State = messages.StateRunning
-	rev2, err := worker.StoreCAS(ctx, kv, js, messages.StateQueued, st, rev)
+	rev2, err := cas(ctx, messages.StateQueued, st, rev)
 	require.NoError(t, err)
 	st.State = messages.StateCancelled
-	_, err = worker.StoreCAS(ctx, kv, js, messages.StateRunning, st, rev)
-	require.ErrorIs(t, err, worker.ErrFenced, "a stale revision is fenced")
+	_, err = cas(ctx, messages.StateRunning, st, rev)
+	require.ErrorIs(t, err, runstate.ErrFenced, "a stale revision is fenced")
 	st.State = messages.StateSucceeded
-	_, err = worker.StoreCAS(ctx, kv, js, messages.StateRunning, st, rev2)
+	_, err = cas(ctx, messages.StateRunning, st, rev2)
 	require.NoError(t, err)
 }
