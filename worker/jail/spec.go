@@ -172,4 +172,3 @@ type VolumeSpec struct {
 	// Labels are set on the volume (LabelManaged, LabelRunID, ...).
 	Labels map[string]string
 }
-

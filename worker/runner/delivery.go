@@ -37,7 +37,8 @@ func (e *Runner) Handle(ctx context.Context, msg jetstream.Msg) {
 	// first state read until the outcome is recorded, so a slow key-value
 	// write (a leader election, say) never lets AckWait hand the request to
 	// a second worker while this one still acts on it.
-	stopProgress := r.keepInProgress()
+	d := delivery{r}
+	stopProgress := d.keepInProgress()
 	defer stopProgress()
 
 	// Tracked before any claim is written: a cancel that sees the claim
@@ -47,12 +48,12 @@ func (e *Runner) Handle(ctx context.Context, msg jetstream.Msg) {
 	// Most first deliveries find no state (the submitter writes none):
 	// claim by creating it, and read only when one exists.
 	if meta.NumDelivered == 1 {
-		switch created, err := r.claimNew(ctx); {
+		switch created, err := d.claimNew(ctx); {
 		case err != nil:
 			r.retry(ctx, fmt.Errorf("claim run: %w", err))
 			return
 		case created:
-			if prof, ok := r.admit(ctx, pool, decErr); ok {
+			if prof, ok := d.admit(ctx, pool, decErr); ok {
 				r.execute(ctx, prof)
 			}
 			return
@@ -66,15 +67,15 @@ func (e *Runner) Handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if err == nil {
 		r.rec.from = prev.State
-		if r.resume(ctx, prev, rev) {
+		if d.resume(ctx, prev, rev) {
 			return
 		}
 	}
 	r.rec.rev = rev
-	if !r.claim(ctx) {
+	if !d.claim(ctx) {
 		return
 	}
-	if prof, ok := r.admit(ctx, pool, decErr); ok {
+	if prof, ok := d.admit(ctx, pool, decErr); ok {
 		r.execute(ctx, prof)
 	}
 }
@@ -111,15 +112,21 @@ func (e *Runner) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, s
 		RequestDigest: messages.RequestDigest(msg.Data()),
 	}
 	r.log = e.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
+	r.ctl.e, r.ctl.log = e, r.log
 	return r, pool, decErr
 }
+
+// delivery is a run seen as the delivered message it came in: what the
+// request and the run's record say before it may execute (read, decide,
+// claim, admit), and the refusals that end it there.
+type delivery struct{ *run }
 
 // resume acts on a request whose run id already has a recorded state prev
 // (at revision rev), as decide says. It returns true when the delivery is
 // done (acked, dead-lettered again, refused, or skipped as cancelled);
 // false when the run is to be claimed and run, with its queue time and
 // replay count carried over.
-func (r *run) resume(ctx context.Context, prev messages.RunState, rev uint64) bool {
+func (r delivery) resume(ctx context.Context, prev messages.RunState, rev uint64) bool {
 	meta := r.meta
 	v := r.decide(prev)
 	if (v == verdictAck || v == verdictRedeadLetter) && meta.NumDelivered > 1 {
@@ -175,7 +182,7 @@ func (r *run) resume(ctx context.Context, prev messages.RunState, rev uint64) bo
 // for it (a compare-and-set against "no record", so a run some delivery or
 // a cancel recorded is never overwritten): the lease, as claim takes it,
 // one read fewer. It reports false, and writes nothing, when a state exists.
-func (r *run) claimNew(ctx context.Context) (bool, error) {
+func (r delivery) claimNew(ctx context.Context) (bool, error) {
 	if err := r.rec.put(ctx); err != nil {
 		r.rec.from = messages.StateNone
 		if errors.Is(err, runstate.ErrFenced) {
@@ -192,7 +199,7 @@ func (r *run) claimNew(ctx context.Context) (bool, error) {
 // delivery claimed it, or a cancel finalised it) can no longer record
 // anything. It returns false when the run is not this delivery's to run
 // (handed back to decide again, or to retry).
-func (r *run) claim(ctx context.Context) bool {
+func (r delivery) claim(ctx context.Context) bool {
 	if err := r.rec.put(ctx); err != nil {
 		if errors.Is(err, runstate.ErrFenced) {
 			r.log.Info().Msg("state changed while claiming the run; handing the request back to decide again")
@@ -208,7 +215,7 @@ func (r *run) claim(ctx context.Context) bool {
 // admit checks a claimed request (it decoded, it names the pool it was
 // published to and a profile this worker has) and returns its profile; it
 // fails the run and returns false otherwise.
-func (r *run) admit(ctx context.Context, pool string, decErr error) (*profile.Profile, bool) {
+func (r delivery) admit(ctx context.Context, pool string, decErr error) (*profile.Profile, bool) {
 	if decErr != nil {
 		r.fail(ctx, decErr.Error(), nil)
 		return nil, false
@@ -257,7 +264,7 @@ const (
 //   - the state belongs to another message: a duplicate submit. Refused when
 //     that run succeeded or is still queued or running; run anew (a replay)
 //     when it failed, timed out or was cancelled.
-func (r *run) decide(prev messages.RunState) verdict {
+func (r delivery) decide(prev messages.RunState) verdict {
 	seq := r.meta.Sequence.Stream
 	switch {
 	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut || prev.State == messages.StateStalled):
@@ -281,7 +288,7 @@ func (r *run) decide(prev messages.RunState) verdict {
 
 // refuseDuplicate acks a second request for a run id without running it,
 // and says so on the run's events and in the log.
-func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
+func (r delivery) refuseDuplicate(ctx context.Context, prev messages.RunState) {
 	reason := r.duplicateReason(prev)
 	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
 	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
@@ -291,7 +298,7 @@ func (r *run) refuseDuplicate(ctx context.Context, prev messages.RunState) {
 // keepInProgress sends InProgress every InProgressInterval until the
 // returned function is called, so a run longer than AckWait is not
 // redelivered.
-func (r *run) keepInProgress() func() {
+func (r delivery) keepInProgress() func() {
 	return tickUntilStopped(r.e.cfg.InProgressInterval, func() {
 		if err := r.msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			r.log.Warn().Err(err).Msg("in-progress")
@@ -304,13 +311,13 @@ func (r *run) keepInProgress() func() {
 // submitter reusing a run id. Such a message is never a redelivery or a
 // replay of the recorded run, so handle refuses it as a duplicate. A state
 // without a digest (written before digests existed) is not compared.
-func (r *run) otherRequest(prev messages.RunState) bool {
+func (r delivery) otherRequest(prev messages.RunState) bool {
 	return prev.RequestDigest != "" && r.rec.st.RequestDigest != "" && prev.RequestDigest != r.rec.st.RequestDigest
 }
 
 // duplicateReason says why a request for a run id that has a state is
 // refused.
-func (r *run) duplicateReason(prev messages.RunState) string {
+func (r delivery) duplicateReason(prev messages.RunState) string {
 	if r.otherRequest(prev) {
 		return fmt.Sprintf("duplicate request refused: run id %s is already used by a different request (%s, request stream sequence %d, this one %d); submit with a new id",
 			r.req.ID, prev.State, prev.StreamSeq, r.meta.Sequence.Stream)

@@ -3,8 +3,10 @@ package runner
 import (
 	"context"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 )
 
 // outputWindow is the most output messages of one run published and not
@@ -72,12 +74,12 @@ func (o *outputPublisher) droppedBytes() int64 {
 	return o.dropped
 }
 
-// noteDroppedOutput records in the run's state, and logs, the output its
-// budget dropped.
-func (r *run) noteDroppedOutput(out *outputPublisher) {
-	if d := out.droppedBytes(); d > 0 {
-		r.rec.st.OutputDroppedBytes = d
-		r.log.Warn().Int64("dropped_bytes", d).Int64("published_bytes", r.rec.st.OutputBytes).
+// noteDropped records in the run's state st, and logs to log, the output
+// the budget dropped.
+func (o *outputPublisher) noteDropped(st *messages.RunState, log zerolog.Logger) {
+	if d := o.droppedBytes(); d > 0 {
+		st.OutputDroppedBytes = d
+		log.Warn().Int64("dropped_bytes", d).Int64("published_bytes", st.OutputBytes).
 			Msg("output past the profile's max_output_mib was dropped")
 	}
 }

@@ -30,11 +30,11 @@ type entry struct {
 	container jail.Container
 }
 
-// newerThan reports whether r is a later delivery of the same request
-// than o, or a later request for the same run id.
-func (r *run) newerThan(o *run) bool {
-	rs, os := r.meta.Sequence.Stream, o.meta.Sequence.Stream
-	return rs > os || rs == os && r.meta.NumDelivered > o.meta.NumDelivered
+// newer reports whether a is a later delivery of the same request than b,
+// or a later request for the same run id.
+func newer(a, b *run) bool {
+	as, bs := a.meta.Sequence.Stream, b.meta.Sequence.Stream
+	return as > bs || as == bs && a.meta.NumDelivered > b.meta.NumDelivered
 }
 
 // track records r, with its container c (nil while being created), as the
@@ -43,7 +43,7 @@ func (r *run) newerThan(o *run) bool {
 func (g *registry) track(r *run, c jail.Container) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if a := g.runs[r.req.ID]; a != nil && a.run != r && a.run.newerThan(r) {
+	if a := g.runs[r.req.ID]; a != nil && a.run != r && newer(a.run, r) {
 		return
 	}
 	g.runs[r.req.ID] = &entry{run: r, container: c}

@@ -223,7 +223,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	s.c = c
 	r.rec.st.Receipt.ImageID = c.ImageID()
 	perr := r.poststart(ctx, c)
-	r.setContainer(c)
+	r.ctl.set(c)
 	if perr != nil {
 		// The run's container waits (in exec, for a workspace), nothing
 		// unpacked: release removes it.
@@ -234,7 +234,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		return s, perr
 	}
 	if r.startedCancelled(c) {
-		r.stopContainer(c)
+		r.ctl.stopAsync(c)
 	}
 	e.cfg.Failpoint(stage.FailpointAfterStart)
 	e.cfg.Metrics.started.Inc()
@@ -288,7 +288,7 @@ func (r *run) onMCPStatus(status string) {
 	for _, s := range r.stages {
 		if o, ok := s.(stage.MCPObserver); ok {
 			if stop := o.MCPStatus(status); stop != nil {
-				r.stopFor(*stop)
+				r.ctl.stopFor(*stop)
 			}
 		}
 	}
@@ -315,17 +315,17 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 	case f.Cancelled || f.Stop != nil:
 		// A cancel request or a stage stopped the container (SIGTERM,
 		// grace, SIGKILL); wait for that to finish.
-		if status, err = r.stopAndWait(s.c); err != nil {
+		if status, err = r.ctl.stopAndWait(s.c); err != nil {
 			r.log.Warn().Err(err).Msg("stop container")
 			r.stopFailed = true
 		}
 	case ctx.Err() != nil:
 		// The worker is shutting down hard.
 		f.Shutdown = true
-		_, _ = r.stopAndWait(s.c)
+		_, _ = r.ctl.stopAndWait(s.c)
 	case errors.Is(err, context.DeadlineExceeded):
 		f.TimedOut = true
-		if status, err = r.stopAndWait(s.c); err != nil {
+		if status, err = r.ctl.stopAndWait(s.c); err != nil {
 			r.log.Warn().Err(err).Msg("stop timed-out container")
 			r.stopFailed = true
 		}
@@ -338,7 +338,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runstate.OpMaxElapsed)
 	defer cancel()
 	f.OutputBytes, f.OutputErr = s.out.close(cctx)
-	r.noteDroppedOutput(s.out)
+	s.out.noteDropped(&r.rec.st, r.log)
 	return f
 }
 
@@ -391,7 +391,7 @@ func (r *run) release(final bool) {
 	r.releaseOnce.Do(func() {
 		gone := false
 		if c := r.ctl.current(); c != nil {
-			gone = r.removeContainer(c)
+			gone = r.ctl.remove(c)
 		}
 		req := stage.ReleaseRequest{Run: r.sr, Final: final, ContainerGone: gone}
 		for _, s := range slices.Backward(r.stages) {
@@ -411,7 +411,7 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StopGrace+30*time.Second)
 	defer cancel()
 	if c := r.ctl.current(); c != nil {
-		_, _ = r.stopAndWait(c)
+		_, _ = r.ctl.stopAndWait(c)
 	}
 	r.release(r.rec.st.State.Final())
 	if out != nil {
@@ -425,17 +425,6 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	}
 	r.log.Warn().Str("holder", prev.Worker).Int("holder_attempt", prev.Attempts).
 		Msg("lease lost: another delivery holds the run; stopping without recording anything")
-}
-
-// stopAndWait stops c with the worker's grace period and waits for its
-// exit.
-func (r *run) stopAndWait(c jail.Container) (jail.ExitStatus, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.e.cfg.StopGrace+30*time.Second)
-	defer cancel()
-	if err := c.Stop(ctx, r.e.cfg.StopGrace); err != nil {
-		return jail.ExitStatus{Code: -1}, err
-	}
-	return c.Wait(ctx)
 }
 
 // handBack releases the run's resources (its container already stopped),
@@ -458,16 +447,4 @@ func (r *run) handBack(ctx context.Context, reason string) {
 		r.log.Warn().Err(err).Msg("nak on shutdown")
 	}
 	r.log.Info().Msg("run handed back on shutdown")
-}
-
-// removeContainer removes c and reports whether it did, logging a failure
-// (the reconciler retries).
-func (r *run) removeContainer(c jail.Container) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Remove(ctx); err != nil {
-		r.log.Warn().Err(err).Str("container_id", shortID(c.ID())).Msg("remove container; the reconciler will retry")
-		return false
-	}
-	return true
 }

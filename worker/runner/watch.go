@@ -8,12 +8,16 @@ import (
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/rs/zerolog"
 )
 
 // control is a run's container and the stop asked for it: the first stop
 // wins, and a stop asked for before the container exists happens as soon
 // as it does.
 type control struct {
+	e   *Runner
+	log zerolog.Logger
+
 	mu        sync.Mutex
 	container jail.Container
 	stop      *stage.Stop
@@ -33,39 +37,62 @@ func (c *control) stopped() *stage.Stop {
 	return c.stop
 }
 
-// setContainer records the run's started container, and stops it at once
-// when a stage asked for that while it was starting.
-func (r *run) setContainer(c jail.Container) {
-	r.ctl.mu.Lock()
-	r.ctl.container = c
-	stop := r.ctl.stop
-	r.ctl.mu.Unlock()
+// set records the run's started container, and stops it at once when a
+// stage asked for that while it was starting.
+func (c *control) set(ctr jail.Container) {
+	c.mu.Lock()
+	c.container = ctr
+	stop := c.stop
+	c.mu.Unlock()
 	if stop != nil {
-		r.stopContainer(c)
+		c.stopAsync(ctr)
 	}
 }
 
 // stopFor stops the run's container, once, for a stage's stop: the first
 // one wins. Asked before the container is known, the stop happens as soon
 // as it is.
-func (r *run) stopFor(stop stage.Stop) {
-	r.ctl.mu.Lock()
-	if r.ctl.stop != nil {
-		r.ctl.mu.Unlock()
+func (c *control) stopFor(stop stage.Stop) {
+	c.mu.Lock()
+	if c.stop != nil {
+		c.mu.Unlock()
 		return
 	}
-	r.ctl.stop = &stop
-	c := r.ctl.container
-	r.ctl.mu.Unlock()
-	r.log.Warn().Str("state", string(stop.State)).Msg(stop.Reason)
-	if c != nil {
-		r.stopContainer(c)
+	c.stop = &stop
+	ctr := c.container
+	c.mu.Unlock()
+	c.log.Warn().Str("state", string(stop.State)).Msg(stop.Reason)
+	if ctr != nil {
+		c.stopAsync(ctr)
 	}
 }
 
-// stopContainer stops c in the background (Runner.stopAsync).
-func (r *run) stopContainer(c jail.Container) {
-	r.e.stopAsync(c, r.log, "stop container")
+// stopAsync stops ctr in the background (Runner.stopAsync).
+func (c *control) stopAsync(ctr jail.Container) {
+	c.e.stopAsync(ctr, c.log, "stop container")
+}
+
+// stopAndWait stops ctr with the worker's grace period and waits for its
+// exit.
+func (c *control) stopAndWait(ctr jail.Container) (jail.ExitStatus, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.e.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	if err := ctr.Stop(ctx, c.e.cfg.StopGrace); err != nil {
+		return jail.ExitStatus{Code: -1}, err
+	}
+	return ctr.Wait(ctx)
+}
+
+// remove removes ctr and reports whether it did, logging a failure (the
+// reconciler retries).
+func (c *control) remove(ctr jail.Container) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ctr.Remove(ctx); err != nil {
+		c.log.Warn().Err(err).Str("container_id", shortID(ctr.ID())).Msg("remove container; the reconciler will retry")
+		return false
+	}
+	return true
 }
 
 // watch calls the run's Checkers until the returned function is called,
@@ -106,7 +133,7 @@ func (r *run) watch() func() {
 			cancel()
 		}
 		if stop != nil {
-			r.stopFor(*stop)
+			r.ctl.stopFor(*stop)
 		}
 	})
 }

@@ -55,8 +55,8 @@ type Stage struct {
 	required bool
 	deadline time.Duration
 	dir      stage.Dir
-	sess   *coordination.Session
-	status string
+	sess     *coordination.Session
+	status   string
 	// started is when the bridge deadline's clock started (Poststart).
 	started time.Time
 	// proved is set when the agent CLI reported the jetcrew MCP server
