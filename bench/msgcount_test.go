@@ -12,7 +12,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/worker/workertest/msgcount"
 )
 
 // msgcountRuns is how many no-op runs each count averages over.
@@ -24,7 +24,7 @@ const msgcountRuns = 50
 // the replies to them. worker/msgcount_test.go holds the budget (10) in
 // make test; this records the figures.
 func TestMessagesPerRun(t *testing.T) {
-	submit := func(nc *nats.Conn) workertest.SubmitFunc {
+	submit := func(nc *nats.Conn) msgcount.SubmitFunc {
 		d, err := dispatcher.New(nc)
 		require.NoError(t, err)
 		return func(ctx context.Context, profile string, i int) (string, error) {
@@ -35,7 +35,7 @@ func TestMessagesPerRun(t *testing.T) {
 		{"shell", "messages_per_noop_run", "built-in shell profile (coordination on)"},
 		{"nocoord", "messages_per_noop_nocoord_run", "coordination off"},
 	} {
-		c := workertest.MessagesPerRun(t, p.profile, msgcountRuns, submit)
+		c := msgcount.MessagesPerRun(t, p.profile, msgcountRuns, submit)
 		record(t, p.name, Figure{Value: c.PerRun, Unit: "msgs", Samples: msgcountRuns,
 			What: "publishes and requests the server routes per no-op run, submit (generated id) to ack, as a subscriber to `>` sees them; " + p.what + "; one run at a time, fake runtime, worker heartbeat left out"})
 		record(t, p.name+"_replies", Figure{Value: c.RepliesPerRun, Unit: "msgs", Samples: msgcountRuns,

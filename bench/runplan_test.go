@@ -17,7 +17,7 @@ import (
 )
 
 // Payload sizes of a no-op run's messages, in bytes, as the message count
-// (workertest.MessagesPerRun's trace) shows them: the queued state the
+// (msgcount.MessagesPerRun's trace) shows them: the queued state the
 // dispatcher writes, the run request, the running state, the started
 // event, the final state and the finished event.
 const (

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/worker/workertest/msgcount"
 )
 
 // budget is the most messages (publishes and requests) a no-op run may
@@ -21,8 +21,8 @@ const budget = 10.0
 // dispatcherSubmit submits through a dispatcher on nc, with a generated id
 // (as most submitters leave it: a chosen one costs a state read, the
 // id-in-use check).
-func dispatcherSubmit(t testing.TB) func(nc *nats.Conn) workertest.SubmitFunc {
-	return func(nc *nats.Conn) workertest.SubmitFunc {
+func dispatcherSubmit(t testing.TB) func(nc *nats.Conn) msgcount.SubmitFunc {
+	return func(nc *nats.Conn) msgcount.SubmitFunc {
 		d, err := dispatcher.New(nc)
 		require.NoError(t, err)
 		return func(ctx context.Context, profile string, i int) (string, error) {
@@ -40,7 +40,7 @@ func TestMessagesPerNoopRun(t *testing.T) {
 	for _, profile := range []string{"shell", "nocoord"} {
 		t.Run(profile, func(t *testing.T) {
 			t.Parallel()
-			c := workertest.MessagesPerRun(t, profile, 10, dispatcherSubmit(t))
+			c := msgcount.MessagesPerRun(t, profile, 10, dispatcherSubmit(t))
 			keys := make([]string, 0, len(c.BySubject))
 			for k := range c.BySubject {
 				keys = append(keys, k)

@@ -3,21 +3,22 @@ package workertest
 import (
 	"context"
 	"os"
+	"path"
 	"strings"
 	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
-	"github.com/jetcrew/jetcrew/worker/stage/tree"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // jailArgs returns the in-jail workspace command a spec runs (its argv
-// starts with tree.JailToolPath and "workspace"), its paths turned into
+// runs a binary named jetcrew, the staged tool, with "workspace"), its
+// paths turned into
 // the host paths of the spec's mounts (resolveVolumes made volume mounts
 // bind mounts), and whether it runs one.
 func jailArgs(spec jail.ContainerSpec) (workspace.JailArgs, bool) {
-	if len(spec.Cmd) < 2 || spec.Cmd[0] != tree.JailToolPath || spec.Cmd[1] != "workspace" {
+	if len(spec.Cmd) < 2 || path.Base(spec.Cmd[0]) != "jetcrew" || spec.Cmd[1] != "workspace" {
 		return workspace.JailArgs{}, false
 	}
 	a, err := workspace.ParseJailArgs(spec.Cmd[2:])

@@ -17,7 +17,6 @@ import (
 	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
-	"github.com/jetcrew/jetcrew/worker/runstate"
 )
 
 // proofTimeout bounds the start-up proof's container.
@@ -132,7 +131,7 @@ func (p *Proxies) proveOnce(ctx context.Context) error {
 		return fmt.Errorf("the proof container did not finish: %w (output: %s)", err, lines)
 	}
 	if st.Code != 0 || sess.Totals().Refused == 0 {
-		return fmt.Errorf("the jail of egress profiles does not hold (exit %d): %s: %w", st.Code, runstate.OneLine(lines), jail.ErrPermanent)
+		return fmt.Errorf("the jail of egress profiles does not hold (exit %d): %s: %w", st.Code, strings.ReplaceAll(lines, "\n", "; "), jail.ErrPermanent)
 	}
 	p.cfg.Log.Debug().Str("output", lines).Msg("egress proof output")
 	return nil

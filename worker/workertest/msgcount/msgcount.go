@@ -1,4 +1,9 @@
-package workertest
+// Package msgcount counts the messages a run costs: it starts a real
+// worker on the fake runtime of worker/workertest and an embedded server,
+// and traces what the server routes from each submit to the run's ack. It
+// composes a whole worker, so it lives beside workertest (whose fakes
+// import only the runtime contract), not in it.
+package msgcount
 
 import (
 	"context"
@@ -15,6 +20,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // subjectCounter counts every message the server routes, as a subscriber to
@@ -86,9 +92,9 @@ type MessageCount struct {
 // worker heartbeat (per worker, not per run) is left out.
 func MessagesPerRun(t testing.TB, profileName string, runs int, newSubmit func(nc *nats.Conn) SubmitFunc) MessageCount {
 	t.Helper()
-	s := StartServer(t)
-	rt := NewRuntime()
-	rt.Behave = func(jail.ContainerSpec) (Behaviour, error) {
+	s := workertest.StartServer(t)
+	rt := workertest.NewRuntime()
+	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			return jail.ExitStatus{}
 		}, nil
@@ -99,9 +105,9 @@ command      = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 `))
 	require.NoError(t, err)
-	w, err := worker.New(Connect(t, s), worker.Config{
+	w, err := worker.New(workertest.Connect(t, s), worker.Config{
 		ID: "count", Runtime: rt, Concurrency: 1, Profiles: ps,
-		StateDir: StateDir(t), BridgePath: BridgeFile(t),
+		StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
 		FetchWait: 30 * time.Second,
 	})
 	require.NoError(t, err)
@@ -111,12 +117,12 @@ coordination = false
 		defer cancel()
 		_ = w.Stop(ctx)
 	})
-	submit := newSubmit(Connect(t, s))
+	submit := newSubmit(workertest.Connect(t, s))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The spy's subscriptions cost no messages of their own: it waits for
 	// each run's finished event as a plain subscriber.
-	spy := Connect(t, s)
+	spy := workertest.Connect(t, s)
 	finished := make(chan string, 1)
 	_, err = spy.Subscribe(messages.SubjectEventsPrefix+".*."+string(messages.EventFinished), func(m *nats.Msg) {
 		finished <- strings.Split(m.Subject, ".")[2]
