@@ -11,4 +11,9 @@
 // private, shared or the host's own addresses refused unless the profile
 // lists the address; a tunnel's TLS ClientHello must name (SNI) the CONNECT
 // host. Every attempt, allowed or refused, is a messages.EgressEvent.
+//
+// A request is decided and sent upstream in the context of the run's
+// connection (it ends when the connection closes), not in the request's own,
+// which Go's server cancels when the run half-closes the connection after
+// its request (golang/go#18527), as the launcher's relay does.
 package egress

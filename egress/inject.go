@@ -23,6 +23,9 @@ type mitmTarget struct {
 	port   int
 	target netip.AddrPort
 	inj    Injection
+	// conn is the context of the run's connection (connCtx): the
+	// requests read from the tunnel go upstream in it.
+	conn context.Context
 }
 
 // injection returns the injection for host:port, if any.
@@ -35,7 +38,7 @@ func (s *Session) injection(host string, port int) (Injection, bool) {
 // certificate signed by the CA (goproxy's ConnectMitm), so handleInjected
 // sees each request.
 func (s *Session) mitmAction(ctx *goproxy.ProxyCtx, ev messages.EgressEvent, target netip.AddrPort, in Injection) *goproxy.ConnectAction {
-	ctx.UserData = &mitmTarget{name: ev.Host, port: ev.Port, target: target, inj: in}
+	ctx.UserData = &mitmTarget{name: ev.Host, port: ev.Port, target: target, inj: in, conn: connCtx(ctx.Req)}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(s.cfg.CA)}
 }
 
@@ -79,7 +82,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		}
 		return resp, err
 	})
-	return req.WithContext(context.WithValue(req.Context(), dialKey{}, m.target)), nil
+	return req.WithContext(context.WithValue(m.conn, dialKey{}, m.target)), nil
 }
 
 // certStore caches the certificates signed for injected hosts, by name.

@@ -112,7 +112,7 @@ type Session struct {
 	totals   messages.EgressTotals
 	events   int
 	open     int
-	conns    map[net.Conn]struct{} // hijacked tunnel ends, closed by Kill
+	conns    map[net.Conn]struct{} // the run's connections and the tunnels' upstream ends, closed by Kill
 	srv      *http.Server
 	closed   bool
 	restarts int
@@ -191,7 +191,7 @@ func (s *Session) listen() (net.Listener, error) {
 func (s *Session) supervise(l net.Listener) {
 	defer close(s.done)
 	for {
-		srv := &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+		srv := &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, ConnContext: connContext, ErrorLog: log.New(io.Discard, "", 0)}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -201,7 +201,7 @@ func (s *Session) supervise(l net.Listener) {
 		s.srv = srv
 		close(s.up)
 		s.mu.Unlock()
-		err := srv.Serve(l)
+		err := srv.Serve(connListener{Listener: l, s: s})
 		s.mu.Lock()
 		s.up = make(chan struct{})
 		closed := s.closed

@@ -28,7 +28,12 @@ import (
 // table is a Resolver with fixed answers.
 type table map[string][]netip.Addr
 
-func (t table) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+// LookupNetIP answers from the table, and fails as a real resolver does
+// when ctx has ended.
+func (t table) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if a, ok := t[host]; ok {
 		return a, nil
 	}

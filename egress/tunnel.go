@@ -35,7 +35,9 @@ type attempt struct {
 func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
 	p.Logger = log.New(io.Discard, "", 0)
-	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.record(messages.EgressEvent{Time: time.Now().UTC(), Method: r.Method, Host: normalizeHost(r.Host),
+			Reason: "not a proxy request (send an absolute URL, or CONNECT)"})
 		http.Error(w, "jetcrew egress proxy: send proxy requests (absolute URL or CONNECT)", http.StatusBadRequest)
 	})
 	d := &net.Dialer{Timeout: s.cfg.DialTimeout}
@@ -71,7 +73,7 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		ev.Host, reason = hostport, err.Error()
 	} else {
 		ev.Port = port
-		ev.Host, target, reason = s.decide(ctx.Req.Context(), host, port)
+		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port)
 	}
 	if reason != "" {
 		ev.Reason = reason
@@ -99,8 +101,6 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 		return
 	}
 	defer s.release()
-	s.track(client, true)
-	defer s.track(client, false)
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
@@ -188,7 +188,8 @@ func closeWrite(c net.Conn) {
 }
 
 // handleHTTP decides a plain-HTTP proxy request: refused with 403 and an
-// event, or sent on to goproxy's transport with the checked address.
+// event (a protocol upgrade too), or sent on to goproxy's transport with the
+// checked address, in the context of the run's connection (connCtx).
 func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	if m, ok := ctx.UserData.(*mitmTarget); ok {
 		return s.handleInjected(req, ctx, m)
@@ -209,9 +210,16 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 		return refuse(err.Error())
 	}
 	ev.Port = port
+	if req.Header.Get("Upgrade") != "" {
+		// goproxy's relay of an upgraded connection (WebSocket) never
+		// closes the run's side and skips the response hooks that record
+		// the attempt; wss:// goes through CONNECT like any TLS.
+		ev.Host = normalizeHost(host)
+		return refuse(fmt.Sprintf("protocol upgrade (Upgrade: %q) over plain HTTP is not forwarded; use TLS through CONNECT (wss://)", req.Header.Get("Upgrade")))
+	}
 	var target netip.AddrPort
 	var reason string
-	ev.Host, target, reason = s.decide(req.Context(), host, port)
+	ev.Host, target, reason = s.decide(connCtx(req), host, port)
 	if reason != "" {
 		return refuse(reason)
 	}
@@ -225,7 +233,7 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 		req.Body = a.up
 	}
 	ctx.UserData = a
-	return req.WithContext(context.WithValue(req.Context(), dialKey{}, target)), nil
+	return req.WithContext(context.WithValue(connCtx(req), dialKey{}, target)), nil
 }
 
 // handleResponse counts an allowed plain-HTTP response's body and records
