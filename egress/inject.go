@@ -61,9 +61,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	if err != nil || normalizeHost(host) != m.name || port != m.port {
 		return refuse(fmt.Sprintf("the request names %q inside the tunnel to %s", req.URL.Host, net.JoinHostPort(m.name, strconv.Itoa(m.port))))
 	}
-	if !s.acquire() {
-		return refuse(fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen))
-	}
+	s.begin()
 	req.Header.Del(m.inj.Header)
 	req.Header.Set(m.inj.Header, m.inj.Value)
 	ev.Allowed, ev.Addr = true, m.target.String()
@@ -74,7 +72,8 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	}
 	ctx.UserData = a
 	// goproxy's MITM loop skips the response handlers when the round trip
-	// fails: record the failure here, so no attempt or slot is lost.
+	// fails: record the failure here, so no attempt is lost and Close does
+	// not wait for it.
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := s.proxy.Tr.RoundTrip(req)
 		if err != nil {

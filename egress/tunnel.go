@@ -51,7 +51,8 @@ func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 			return d.DialContext(ctx, "tcp", ap.String())
 		},
 		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-		MaxIdleConnsPerHost: 4,
+		MaxIdleConns:        maxIdleUpstream,
+		MaxIdleConnsPerHost: maxIdleUpstream,
 		IdleConnTimeout:     30 * time.Second,
 	}
 	p.ConnectDial = func(string, string) (net.Conn, error) { return nil, errRefused }
@@ -94,28 +95,26 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 // the checked address and copies both ways, then records the attempt.
 func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.AddrPort) {
 	defer client.Close()
-	if !s.acquire() {
-		_, _ = io.WriteString(client, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n")
-		ev.Reason = fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen)
-		s.record(ev)
-		return
-	}
-	defer s.release()
+	s.begin()
+	defer s.end()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
 	// Dial the checked address while the ClientHello comes: one round trip
 	// less before the handshake. Nothing is sent upstream before the hello
-	// passed the SNI check; a refused tunnel's connection is closed unused.
+	// passed the SNI check; a refused tunnel's connection is closed unused,
+	// and a dial still under way is cancelled when the tunnel ends, so no
+	// upstream descriptor outlives the run's connection.
 	type dialed struct {
 		c   net.Conn
 		err error
 	}
 	dialc := make(chan dialed, 1)
+	dctx, cancelDial := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	defer cancelDial()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
-		defer cancel()
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", target.String())
+		// Ends with the dial: at the latest when the tunnel returns.
+		c, err := (&net.Dialer{}).DialContext(dctx, "tcp", target.String())
 		dialc <- dialed{c, err}
 	}()
 	_ = client.SetReadDeadline(time.Now().Add(s.cfg.HelloTimeout))
@@ -133,6 +132,7 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	}
 	if ev.Reason != "" {
 		s.record(ev)
+		cancelDial()
 		go func() {
 			if d := <-dialc; d.c != nil {
 				_ = d.c.Close()
@@ -180,8 +180,7 @@ func pipe(a, b net.Conn) (aToB, bToA int64) {
 
 // closeWrite half-closes c when it can, else closes it.
 func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
+	if cw, ok := c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 		return
 	}
 	_ = c.Close()
@@ -223,9 +222,7 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 	if reason != "" {
 		return refuse(reason)
 	}
-	if !s.acquire() {
-		return refuse(fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen))
-	}
+	s.begin()
 	ev.Allowed, ev.Addr = true, target.String()
 	a := &attempt{ev: ev}
 	if req.Body != nil {
@@ -257,7 +254,7 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 }
 
 // finishAttempt records an allowed plain-HTTP (or injected) request once,
-// with the bytes received, and frees its connection slot.
+// with the bytes received, and ends it (begin).
 func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
 	a.once.Do(func() {
 		if a.up != nil {
@@ -265,7 +262,7 @@ func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
 		}
 		a.ev.BytesDown, a.ev.Reason = down, reason
 		s.record(a.ev)
-		s.release()
+		s.end()
 	})
 }
 
