@@ -162,6 +162,13 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	s.record(ev)
 }
 
+// tunnelBuf is the buffer of each direction of a tunnel: one TLS record's
+// worth. The run's end is a clientConn, which counts every byte for the idle
+// bound, so the kernel cannot splice a tunnel; each direction copies
+// through its own buffer, held while the tunnel lives (io.Copy's default
+// would be 32 KiB, through the connections' ReadFrom and WriteTo).
+const tunnelBuf = 16 << 10
+
 // pipe copies a to b and b to a until both directions end, and returns the
 // bytes copied each way.
 func pipe(a, b net.Conn) (aToB, bToA int64) {
@@ -169,13 +176,22 @@ func pipe(a, b net.Conn) (aToB, bToA int64) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		bToA, _ = io.Copy(a, b)
+		bToA = copyConn(a, b)
 		closeWrite(a)
 	}()
-	aToB, _ = io.Copy(b, a)
+	aToB = copyConn(b, a)
 	closeWrite(b)
 	wg.Wait()
 	return aToB, bToA
+}
+
+// copyConn copies src to dst until either fails or src ends, through a
+// tunnelBuf buffer, and returns the bytes copied.
+func copyConn(dst io.Writer, src io.Reader) int64 {
+	// Hidden behind plain Reader and Writer, the connections cannot take
+	// the copy over with a buffer of their own.
+	n, _ := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, tunnelBuf))
+	return n
 }
 
 // closeWrite half-closes c when it can, else closes it.
