@@ -36,8 +36,12 @@ func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
 	p.Logger = log.New(io.Discard, "", 0)
 	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.record(messages.EgressEvent{Time: time.Now().UTC(), Method: r.Method, Host: normalizeHost(r.Host),
-			Reason: "not a proxy request (send an absolute URL, or CONNECT)"})
+		ev := messages.EgressEvent{Time: time.Now().UTC(), Method: r.Method, Host: r.Host,
+			Reason: "not a proxy request (send an absolute URL, or CONNECT)"}
+		if host, port, err := splitHostPort(r.Host, 80); err == nil {
+			ev.Host, ev.Port = normalizeHost(host), port
+		}
+		s.record(ev)
 		http.Error(w, "jetcrew egress proxy: send proxy requests (absolute URL or CONNECT)", http.StatusBadRequest)
 	})
 	d := &net.Dialer{Timeout: s.cfg.DialTimeout}
