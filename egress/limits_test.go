@@ -313,7 +313,10 @@ func (b *bundle) eventually(t *testing.T, ok func(messages.EgressEvent) bool) {
 // TestSocketDeadlines proves the time bounds of issue 24 item 16: in
 // whatever state a run leaves a connection to its proxy, it is closed in
 // bounded time, and an attempt it carried is recorded. Config bounds here:
-// 1 s to read a whole request, 1 s without a byte either way.
+// 1 s to read a whole request, 1 s without a byte either way; each
+// connection must be closed within 6 s (net/http lingers 0.5 s before it
+// closes after an error answer; a loaded machine adds more). Before the
+// bounds, none was closed within the 9 s the test then waited.
 func TestSocketDeadlines(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
@@ -368,7 +371,7 @@ func TestSocketDeadlines(t *testing.T) {
 		b := deadlineBundle(t, entries...)
 		c := dial(t, b)
 		trickle(c, "GET http://api.test:"+pp+"/ HTTP/1.1\r\nX-Slow: "+strings.Repeat("a", 1000))
-		closedWithin(t, c, 4*time.Second)
+		closedWithin(t, c, 6*time.Second)
 	})
 	t.Run("body sent slowly", func(t *testing.T) {
 		t.Parallel()
@@ -377,7 +380,7 @@ func TestSocketDeadlines(t *testing.T) {
 		_, err := fmt.Fprintf(c, "POST http://api.test:%s/ HTTP/1.1\r\nHost: api.test:%s\r\nContent-Length: 100000\r\n\r\n", pp, pp)
 		require.NoError(t, err)
 		trickle(c, "x")
-		closedWithin(t, c, 4*time.Second)
+		closedWithin(t, c, 6*time.Second)
 		b.eventually(t, func(ev messages.EgressEvent) bool { return ev.Method == http.MethodPost && ev.Reason != "" })
 	})
 	t.Run("idle tunnel", func(t *testing.T) {
@@ -393,7 +396,7 @@ func TestSocketDeadlines(t *testing.T) {
 		tc := tls.Client(&readerConn{Conn: c, r: br}, &tls.Config{ServerName: "api.test", InsecureSkipVerify: true})
 		require.NoError(t, tc.Handshake())
 		// Then nothing either way.
-		closedWithin(t, tc, 4*time.Second)
+		closedWithin(t, tc, 6*time.Second)
 		b.eventually(t, func(ev messages.EgressEvent) bool {
 			return ev.Method == http.MethodConnect && ev.Allowed && ev.BytesDown > 0
 		})
@@ -404,7 +407,7 @@ func TestSocketDeadlines(t *testing.T) {
 		c := dial(t, b)
 		_, err := fmt.Fprintf(c, "GET http://api.test:%s/never HTTP/1.1\r\nHost: api.test:%s\r\n\r\n", pp, pp)
 		require.NoError(t, err)
-		closedWithin(t, c, 4*time.Second)
+		closedWithin(t, c, 6*time.Second)
 		b.eventually(t, func(ev messages.EgressEvent) bool { return ev.Allowed && strings.Contains(ev.Reason, "upstream") })
 	})
 	t.Run("answer never read", func(t *testing.T) {
@@ -431,7 +434,7 @@ func TestSocketDeadlines(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
-		closedWithin(t, &readerConn{Conn: c, r: br}, 4*time.Second)
+		closedWithin(t, &readerConn{Conn: c, r: br}, 6*time.Second)
 	})
 }
 
@@ -493,7 +496,7 @@ func TestSocketTunnelDialEndsWithTunnel(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		_, err = io.WriteString(c, "not a TLS ClientHello\r\n\r\n")
 		require.NoError(t, err)
-		closedWithin(t, &readerConn{Conn: c, r: br}, 4*time.Second)
+		closedWithin(t, &readerConn{Conn: c, r: br}, 6*time.Second)
 		require.NoError(t, c.Close())
 	}
 	require.Eventually(t, func() bool { return openFDs(t)-base <= 4 }, 2*time.Second, 20*time.Millisecond,
