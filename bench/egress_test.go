@@ -129,7 +129,7 @@ func TestEgressProxy(t *testing.T) {
 	defer srv.Close()
 	pu, _ := url.Parse(srv.URL)
 	b := egressBench{port: pu.Port(), sock: filepath.Join(t.TempDir(), "egress.sock")}
-	sess, err := egress.Open(egress.Config{Resolver: loopResolver{}, MaxOpen: 4 * egressTunnels, MaxEvents: 1},
+	sess, err := egress.Open(egress.Config{Resolver: loopResolver{}, MaxConns: 4 * egressTunnels, MaxEvents: 1},
 		"bench", egress.MustPolicy("api.bench.test:"+b.port, "127.0.0.1:"+b.port), b.sock)
 	require.NoError(t, err)
 	defer sess.Close()

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
+	"github.com/jetcrew/jetcrew/internal/connlimit"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -203,7 +204,7 @@ func (s *Session) serve() {
 	go func() {
 		// Ends when Detach or Close shuts the server down.
 		defer s.bg.Done()
-		if err := s.srv.Serve(&capListener{Listener: s.ln, max: MaxConnsPerSession}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(connlimit.New(MaxConnsPerSession, tooManyConns, nil).Listener(s.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error().Err(err).Msg("coordination socket stopped serving")
 		}
 	}()

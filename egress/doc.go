@@ -11,4 +11,16 @@
 // private, shared or the host's own addresses refused unless the profile
 // lists the address; a tunnel's TLS ClientHello must name (SNI) the CONNECT
 // host. Every attempt, allowed or refused, is a messages.EgressEvent.
+//
+// What a run can make the worker hold through its socket is bounded
+// (Config.MaxConns, RequestReadTimeout, IdleTimeout and their defaults):
+// connections past the cap are answered 429 and closed at once, through
+// the limiter the coordination socket uses (internal/connlimit); a request
+// must be read whole in time; a connection moving no byte is closed; and no
+// upstream connection outlives the run's connection it serves.
+//
+// A request is decided and sent upstream in the context of the run's
+// connection (it ends when the connection closes), not in the request's own,
+// which Go's server cancels when the run half-closes the connection after
+// its request (golang/go#18527), as the launcher's relay does.
 package egress

@@ -23,6 +23,9 @@ type mitmTarget struct {
 	port   int
 	target netip.AddrPort
 	inj    Injection
+	// conn is the context of the run's connection (connCtx): the
+	// requests read from the tunnel go upstream in it.
+	conn context.Context
 }
 
 // injection returns the injection for host:port, if any.
@@ -35,7 +38,7 @@ func (s *Session) injection(host string, port int) (Injection, bool) {
 // certificate signed by the CA (goproxy's ConnectMitm), so handleInjected
 // sees each request.
 func (s *Session) mitmAction(ctx *goproxy.ProxyCtx, ev messages.EgressEvent, target netip.AddrPort, in Injection) *goproxy.ConnectAction {
-	ctx.UserData = &mitmTarget{name: ev.Host, port: ev.Port, target: target, inj: in}
+	ctx.UserData = &mitmTarget{name: ev.Host, port: ev.Port, target: target, inj: in, conn: connCtx(ctx.Req)}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(s.cfg.CA)}
 }
 
@@ -58,9 +61,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	if err != nil || normalizeHost(host) != m.name || port != m.port {
 		return refuse(fmt.Sprintf("the request names %q inside the tunnel to %s", req.URL.Host, net.JoinHostPort(m.name, strconv.Itoa(m.port))))
 	}
-	if !s.acquire() {
-		return refuse(fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen))
-	}
+	s.begin()
 	req.Header.Del(m.inj.Header)
 	req.Header.Set(m.inj.Header, m.inj.Value)
 	ev.Allowed, ev.Addr = true, m.target.String()
@@ -71,7 +72,8 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	}
 	ctx.UserData = a
 	// goproxy's MITM loop skips the response handlers when the round trip
-	// fails: record the failure here, so no attempt or slot is lost.
+	// fails: record the failure here, so no attempt is lost and Close does
+	// not wait for it.
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
 		resp, err := s.proxy.Tr.RoundTrip(req)
 		if err != nil {
@@ -79,7 +81,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		}
 		return resp, err
 	})
-	return req.WithContext(context.WithValue(req.Context(), dialKey{}, m.target)), nil
+	return req.WithContext(context.WithValue(m.conn, dialKey{}, m.target)), nil
 }
 
 // certStore caches the certificates signed for injected hosts, by name.

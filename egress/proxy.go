@@ -19,6 +19,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/internal/connlimit"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -50,9 +51,28 @@ type Config struct {
 	DialTimeout time.Duration
 	// HelloTimeout bounds the wait for a tunnel's TLS ClientHello. Default 10s.
 	HelloTimeout time.Duration
-	// MaxOpen is the most connections (tunnels and plain-HTTP requests) one
-	// session has open at once; more are refused. Default 64.
-	MaxOpen int
+	// MaxConns is the most connections the run has open at once to its
+	// session's socket, whatever each carries: a request being read, one
+	// waiting for its host, a tunnel, a kept-alive connection between
+	// requests. A connection past it is answered 429 Too Many Requests and
+	// closed at once, and is a refused attempt (an event without a host:
+	// its request is never read). Default DefaultMaxConns; negative is an
+	// error.
+	MaxConns int
+	// RequestReadTimeout bounds reading one whole request from the run,
+	// headers and body together (a plain-HTTP request, or a CONNECT before
+	// its tunnel), from its first byte; the headers alone have at most 10
+	// seconds of it. A request not read in time is cut off and its
+	// connection closed. Default DefaultRequestReadTimeout; negative is an
+	// error.
+	RequestReadTimeout time.Duration
+	// IdleTimeout closes a connection of the run that moves no byte either
+	// way for that long: a tunnel, a request waiting for its host's answer,
+	// an answer the run does not read. A kept-alive connection between
+	// requests is closed after a minute, or IdleTimeout when shorter. The
+	// attempt it carried is recorded. Default DefaultIdleTimeout; negative
+	// is an error.
+	IdleTimeout time.Duration
 	// MaxEvents is the most events one session publishes; later attempts
 	// are only counted (EgressTotals.EventsDropped). Default 1000.
 	MaxEvents int
@@ -69,6 +89,50 @@ type Config struct {
 	RestartDelay time.Duration
 }
 
+// The bounds of one run's egress socket: the defaults of Config.MaxConns,
+// Config.RequestReadTimeout and Config.IdleTimeout. With them, the worker
+// holds at most about 2×DefaultMaxConns+5 descriptors for a run's egress
+// (the run's connections, their upstream ends, a few idle upstream ones,
+// the listener), whatever the run does.
+const (
+	// DefaultMaxConns is the most connections a run has open to its egress
+	// socket at once.
+	DefaultMaxConns = 64
+	// DefaultRequestReadTimeout bounds reading one whole request (headers
+	// and body) from the run.
+	DefaultRequestReadTimeout = time.Minute
+	// DefaultIdleTimeout closes a connection of the run that moves no byte
+	// either way for 15 minutes: longer than the 10 minutes the hosted-model
+	// SDKs wait for an answer by default, so a slow answer is not cut.
+	DefaultIdleTimeout = 15 * time.Minute
+)
+
+// Bounds of the session's server that follow from the Config's.
+const (
+	// headerTimeout bounds reading a request's headers (or
+	// RequestReadTimeout when shorter).
+	headerTimeout = 10 * time.Second
+	// keepAliveIdle closes a kept-alive connection between requests (or
+	// IdleTimeout when shorter).
+	keepAliveIdle = time.Minute
+	// maxIdleUpstream bounds the session's idle connections to hosts, kept
+	// for plain-HTTP and injected requests.
+	maxIdleUpstream = 4
+)
+
+// validate returns an error naming the first bound that is negative.
+func (c Config) validate() error {
+	switch {
+	case c.MaxConns < 0:
+		return fmt.Errorf("egress: MaxConns %d is negative", c.MaxConns)
+	case c.RequestReadTimeout < 0:
+		return fmt.Errorf("egress: RequestReadTimeout %s is negative", c.RequestReadTimeout)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("egress: IdleTimeout %s is negative", c.IdleTimeout)
+	}
+	return nil
+}
+
 func (c Config) withDefaults() Config {
 	if c.Resolver == nil {
 		c.Resolver = net.DefaultResolver
@@ -82,8 +146,14 @@ func (c Config) withDefaults() Config {
 	if c.HelloTimeout == 0 {
 		c.HelloTimeout = 10 * time.Second
 	}
-	if c.MaxOpen == 0 {
-		c.MaxOpen = 64
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.RequestReadTimeout == 0 {
+		c.RequestReadTimeout = DefaultRequestReadTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.MaxEvents == 0 {
 		c.MaxEvents = 1000
@@ -107,12 +177,13 @@ type Session struct {
 	inject map[string]Injection // by "name:port"
 	log    zerolog.Logger
 	proxy  *goproxy.ProxyHttpServer
+	lim    *connlimit.Limit // Config.MaxConns, across the listener's restarts
 
 	mu       sync.Mutex
 	totals   messages.EgressTotals
 	events   int
-	open     int
-	conns    map[net.Conn]struct{} // hijacked tunnel ends, closed by Kill
+	open     int                   // attempts in flight, recorded when they end
+	conns    map[net.Conn]struct{} // the run's connections and the tunnels' upstream ends, closed by Kill
 	srv      *http.Server
 	closed   bool
 	restarts int
@@ -140,9 +211,12 @@ type Injection struct {
 // Open starts the egress proxy of run runID on the unix socket at path
 // (mode 0666, in a directory only the run's container mounts), allowing
 // what policy lists and setting the injections' headers. It returns an
-// error when the socket cannot be made, or for an injection without a CA or
-// whose host the policy does not list.
+// error when the socket cannot be made, for a negative bound in cfg, or for
+// an injection without a CA or whose host the policy does not list.
 func Open(cfg Config, runID string, policy Policy, path string, inject ...Injection) (*Session, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	byHost := make(map[string]Injection, len(inject))
 	for _, in := range inject {
@@ -163,6 +237,12 @@ func Open(cfg Config, runID string, policy Policy, path string, inject ...Inject
 		done:  make(chan struct{}),
 	}
 	s.proxy = s.newProxy()
+	reason := fmt.Sprintf("too many connections to the run's egress proxy (at most %d at once)", cfg.MaxConns)
+	body := "jetcrew egress: refused: " + reason + "\n"
+	reply := fmt.Appendf(nil, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	s.lim = connlimit.New(cfg.MaxConns, reply, func() {
+		s.record(messages.EgressEvent{Time: time.Now().UTC(), Reason: reason})
+	})
 	l, err := s.listen()
 	if err != nil {
 		return nil, err
@@ -188,10 +268,24 @@ func (s *Session) listen() (net.Listener, error) {
 // supervise serves l; when serving stops while the session is open (the
 // listener failed, or Kill), it waits RestartDelay and listens again. It
 // ends when Close is called.
+//
+// The server holds at most MaxConns connections of the run (s.lim, also
+// across restarts), reads each request within RequestReadTimeout (headers
+// within headerTimeout of it), closes a kept-alive connection after
+// keepAliveIdle, and every connection after IdleTimeout without a byte
+// (clientConn). It has no write timeout: an answer may stream for as long as
+// bytes move.
 func (s *Session) supervise(l net.Listener) {
 	defer close(s.done)
 	for {
-		srv := &http.Server{Handler: s.proxy, ReadHeaderTimeout: 30 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+		srv := &http.Server{
+			Handler:           s.proxy,
+			ReadHeaderTimeout: min(headerTimeout, s.cfg.RequestReadTimeout),
+			ReadTimeout:       s.cfg.RequestReadTimeout,
+			IdleTimeout:       min(keepAliveIdle, s.cfg.IdleTimeout),
+			ConnContext:       connContext,
+			ErrorLog:          log.New(io.Discard, "", 0),
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -201,7 +295,7 @@ func (s *Session) supervise(l net.Listener) {
 		s.srv = srv
 		close(s.up)
 		s.mu.Unlock()
-		err := srv.Serve(l)
+		err := srv.Serve(connListener{Listener: s.lim.Listener(l), s: s})
 		s.mu.Lock()
 		s.up = make(chan struct{})
 		closed := s.closed
@@ -286,8 +380,8 @@ const closeWait = 5 * time.Second
 
 // Close stops the session: the listener, every open connection and the
 // supervisor, and removes the socket. It waits (up to 5s) until every
-// connection it cut has been recorded, and returns the final totals. Safe
-// to call twice.
+// connection it cut has been recorded, closes the idle connections to
+// hosts, and returns the final totals. Safe to call twice.
 func (s *Session) Close() messages.EgressTotals {
 	s.mu.Lock()
 	s.closed = true
@@ -303,6 +397,7 @@ func (s *Session) Close() messages.EgressTotals {
 			break
 		}
 	}
+	s.proxy.Tr.CloseIdleConnections()
 	return s.Totals()
 }
 
@@ -325,7 +420,8 @@ func (s *Session) record(ev messages.EgressEvent) {
 		s.totals.EventsDropped++
 	}
 	s.mu.Unlock()
-	if !ev.Allowed {
+	if !ev.Allowed && publish { // past MaxEvents, a refusal is only counted, not logged either
+
 		s.log.Info().Str("host", ev.Host).Int("port", ev.Port).Str("reason", ev.Reason).Msg("egress refused")
 	}
 	if s.cfg.Observe != nil {
@@ -336,18 +432,16 @@ func (s *Session) record(ev messages.EgressEvent) {
 	}
 }
 
-// acquire takes one of the session's MaxOpen connection slots.
-func (s *Session) acquire() bool {
+// begin counts an allowed attempt in flight until end, so that Close waits
+// for its event. The attempts in flight are at most the run's connections
+// (Config.MaxConns): each carries one at a time.
+func (s *Session) begin() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.open >= s.cfg.MaxOpen {
-		return false
-	}
 	s.open++
-	return true
+	s.mu.Unlock()
 }
 
-func (s *Session) release() {
+func (s *Session) end() {
 	s.mu.Lock()
 	s.open--
 	s.mu.Unlock()

@@ -28,7 +28,12 @@ import (
 // table is a Resolver with fixed answers.
 type table map[string][]netip.Addr
 
-func (t table) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+// LookupNetIP answers from the table, and fails as a real resolver does
+// when ctx has ended.
+func (t table) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if a, ok := t[host]; ok {
 		return a, nil
 	}
@@ -323,16 +328,16 @@ func atoi(t *testing.T, s string) int {
 	return n
 }
 
-// The caps a run cannot exceed: open connections (MaxOpen: a further one
-// gets 429 and a refusal) and published events (MaxEvents: later attempts
-// are only counted).
+// The caps a run cannot exceed: open connections (MaxConns: a further one
+// gets 429 and a refusal, even while the open one is a tunnel) and published
+// events (MaxEvents: later attempts are only counted).
 func TestProxyCaps(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
 	p := port(t, srv.URL)
 	b := &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}
-	sess, err := Open(Config{Resolver: table{"api.test": {netip.MustParseAddr("127.0.0.1")}}, MaxOpen: 1, MaxEvents: 3,
+	sess, err := Open(Config{Resolver: table{"api.test": {netip.MustParseAddr("127.0.0.1")}}, MaxConns: 1, MaxEvents: 3,
 		Publish: func(ev messages.EgressEvent) { b.mu.Lock(); b.events = append(b.events, ev); b.mu.Unlock() }},
 		"run1", MustPolicy("api.test:"+p, "127.0.0.1:"+p), b.path)
 	require.NoError(t, err)

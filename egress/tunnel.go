@@ -35,7 +35,13 @@ type attempt struct {
 func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 	p := goproxy.NewProxyHttpServer()
 	p.Logger = log.New(io.Discard, "", 0)
-	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ev := messages.EgressEvent{Time: time.Now().UTC(), Method: r.Method, Host: r.Host,
+			Reason: "not a proxy request (send an absolute URL, or CONNECT)"}
+		if host, port, err := splitHostPort(r.Host, 80); err == nil {
+			ev.Host, ev.Port = normalizeHost(host), port
+		}
+		s.record(ev)
 		http.Error(w, "jetcrew egress proxy: send proxy requests (absolute URL or CONNECT)", http.StatusBadRequest)
 	})
 	d := &net.Dialer{Timeout: s.cfg.DialTimeout}
@@ -49,7 +55,8 @@ func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 			return d.DialContext(ctx, "tcp", ap.String())
 		},
 		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-		MaxIdleConnsPerHost: 4,
+		MaxIdleConns:        maxIdleUpstream,
+		MaxIdleConnsPerHost: maxIdleUpstream,
 		IdleConnTimeout:     30 * time.Second,
 	}
 	p.ConnectDial = func(string, string) (net.Conn, error) { return nil, errRefused }
@@ -71,7 +78,7 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		ev.Host, reason = hostport, err.Error()
 	} else {
 		ev.Port = port
-		ev.Host, target, reason = s.decide(ctx.Req.Context(), host, port)
+		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port)
 	}
 	if reason != "" {
 		ev.Reason = reason
@@ -92,30 +99,26 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 // the checked address and copies both ways, then records the attempt.
 func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.AddrPort) {
 	defer client.Close()
-	if !s.acquire() {
-		_, _ = io.WriteString(client, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n")
-		ev.Reason = fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen)
-		s.record(ev)
-		return
-	}
-	defer s.release()
-	s.track(client, true)
-	defer s.track(client, false)
+	s.begin()
+	defer s.end()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
 	// Dial the checked address while the ClientHello comes: one round trip
 	// less before the handshake. Nothing is sent upstream before the hello
-	// passed the SNI check; a refused tunnel's connection is closed unused.
+	// passed the SNI check; a refused tunnel's connection is closed unused,
+	// and a dial still under way is cancelled when the tunnel ends, so no
+	// upstream descriptor outlives the run's connection.
 	type dialed struct {
 		c   net.Conn
 		err error
 	}
 	dialc := make(chan dialed, 1)
+	dctx, cancelDial := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	defer cancelDial()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
-		defer cancel()
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", target.String())
+		// Ends with the dial: at the latest when the tunnel returns.
+		c, err := (&net.Dialer{}).DialContext(dctx, "tcp", target.String())
 		dialc <- dialed{c, err}
 	}()
 	_ = client.SetReadDeadline(time.Now().Add(s.cfg.HelloTimeout))
@@ -133,6 +136,7 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	}
 	if ev.Reason != "" {
 		s.record(ev)
+		cancelDial()
 		go func() {
 			if d := <-dialc; d.c != nil {
 				_ = d.c.Close()
@@ -162,6 +166,13 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	s.record(ev)
 }
 
+// tunnelBuf is the buffer of each direction of a tunnel: one TLS record's
+// worth. The run's end is a clientConn, which counts every byte for the idle
+// bound, so the kernel cannot splice a tunnel; each direction copies
+// through its own buffer, held while the tunnel lives (io.Copy's default
+// would be 32 KiB, through the connections' ReadFrom and WriteTo).
+const tunnelBuf = 16 << 10
+
 // pipe copies a to b and b to a until both directions end, and returns the
 // bytes copied each way.
 func pipe(a, b net.Conn) (aToB, bToA int64) {
@@ -169,26 +180,35 @@ func pipe(a, b net.Conn) (aToB, bToA int64) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		bToA, _ = io.Copy(a, b)
+		bToA = copyConn(a, b)
 		closeWrite(a)
 	}()
-	aToB, _ = io.Copy(b, a)
+	aToB = copyConn(b, a)
 	closeWrite(b)
 	wg.Wait()
 	return aToB, bToA
 }
 
+// copyConn copies src to dst until either fails or src ends, through a
+// tunnelBuf buffer, and returns the bytes copied.
+func copyConn(dst io.Writer, src io.Reader) int64 {
+	// Hidden behind plain Reader and Writer, the connections cannot take
+	// the copy over with a buffer of their own.
+	n, _ := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, tunnelBuf))
+	return n
+}
+
 // closeWrite half-closes c when it can, else closes it.
 func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
+	if cw, ok := c.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
 		return
 	}
 	_ = c.Close()
 }
 
 // handleHTTP decides a plain-HTTP proxy request: refused with 403 and an
-// event, or sent on to goproxy's transport with the checked address.
+// event (a protocol upgrade too), or sent on to goproxy's transport with the
+// checked address, in the context of the run's connection (connCtx).
 func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
 	if m, ok := ctx.UserData.(*mitmTarget); ok {
 		return s.handleInjected(req, ctx, m)
@@ -209,15 +229,20 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 		return refuse(err.Error())
 	}
 	ev.Port = port
+	if req.Header.Get("Upgrade") != "" {
+		// goproxy's relay of an upgraded connection (WebSocket) never
+		// closes the run's side and skips the response hooks that record
+		// the attempt; wss:// goes through CONNECT like any TLS.
+		ev.Host = normalizeHost(host)
+		return refuse(fmt.Sprintf("protocol upgrade (Upgrade: %q) over plain HTTP is not forwarded; use TLS through CONNECT (wss://)", req.Header.Get("Upgrade")))
+	}
 	var target netip.AddrPort
 	var reason string
-	ev.Host, target, reason = s.decide(req.Context(), host, port)
+	ev.Host, target, reason = s.decide(connCtx(req), host, port)
 	if reason != "" {
 		return refuse(reason)
 	}
-	if !s.acquire() {
-		return refuse(fmt.Sprintf("too many open connections (the run's cap is %d)", s.cfg.MaxOpen))
-	}
+	s.begin()
 	ev.Allowed, ev.Addr = true, target.String()
 	a := &attempt{ev: ev}
 	if req.Body != nil {
@@ -225,7 +250,7 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 		req.Body = a.up
 	}
 	ctx.UserData = a
-	return req.WithContext(context.WithValue(req.Context(), dialKey{}, target)), nil
+	return req.WithContext(context.WithValue(connCtx(req), dialKey{}, target)), nil
 }
 
 // handleResponse counts an allowed plain-HTTP response's body and records
@@ -249,7 +274,7 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 }
 
 // finishAttempt records an allowed plain-HTTP (or injected) request once,
-// with the bytes received, and frees its connection slot.
+// with the bytes received, and ends it (begin).
 func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
 	a.once.Do(func() {
 		if a.up != nil {
@@ -257,7 +282,7 @@ func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
 		}
 		a.ev.BytesDown, a.ev.Reason = down, reason
 		s.record(a.ev)
-		s.release()
+		s.end()
 	})
 }
 

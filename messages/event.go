@@ -129,7 +129,9 @@ type EgressEvent struct {
 	RunID string `json:"run_id"`
 	// Time is when the attempt started.
 	Time time.Time `json:"time"`
-	// Method is "CONNECT" for a tunnel, else the plain-HTTP request's method.
+	// Method is "CONNECT" for a tunnel, else the plain-HTTP request's method;
+	// empty (as Host and Port) for a connection refused before its request
+	// was read, past the run's cap on connections to its egress proxy.
 	Method string `json:"method"`
 	// Host is the name (or address) the agent asked for, lowercased.
 	Host string `json:"host"`

@@ -34,13 +34,17 @@ func hostServicePorts(natsURL, metricsAddr string) []int {
 
 // printEgress prints a refused egress attempt as a lifecycle line ("---
 // egress refused: CONNECT evil.example:443: not in the profile's egress
-// allowlist"); allowed attempts print nothing.
+// allowlist", or only the reason for a connection refused before its
+// request was read); allowed attempts print nothing.
 func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
 	var e messages.EgressEvent
 	if err := json.Unmarshal(ev.Data, &e); err != nil || e.Allowed {
 		return nil
 	}
 	line := fmt.Sprintf("--- egress refused: %s %s: %s", e.Method, net.JoinHostPort(e.Host, strconv.Itoa(e.Port)), e.Reason)
+	if e.Method == "" && e.Host == "" {
+		line = "--- egress refused: " + e.Reason
+	}
 	if !p.atLineStart {
 		line = "\n" + line
 		p.atLineStart = true

@@ -20,13 +20,15 @@ func TestWatchPrintsEgressRefusals(t *testing.T) {
 	for _, ev := range []messages.EgressEvent{
 		{Method: "CONNECT", Host: "api.anthropic.com", Port: 443, Allowed: true, BytesDown: 10},
 		{Method: "CONNECT", Host: "evil.example", Port: 443, Reason: "not in the profile's egress allowlist"},
+		{Reason: "too many connections to the run's egress proxy (at most 64 at once)"},
 	} {
 		b, err := json.Marshal(ev)
 		require.NoError(t, err)
 		require.NoError(t, p.print(dispatcher.WatchEvent{Type: messages.EventEgress, Data: b}))
 	}
 	require.Empty(t, out.String())
-	require.Equal(t, "--- egress refused: CONNECT evil.example:443: not in the profile's egress allowlist\n", errOut.String())
+	require.Equal(t, "--- egress refused: CONNECT evil.example:443: not in the profile's egress allowlist\n"+
+		"--- egress refused: too many connections to the run's egress proxy (at most 64 at once)\n", errOut.String())
 }
 
 // status shows a run's egress totals, and nothing about egress for a run
