@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -57,6 +58,9 @@ func newTestApp(env map[string]string, rt worker.Runtime) *testApp {
 	a.stdin = strings.NewReader("")
 	a.stdout, a.stderr = out, errb
 	a.getenv = func(k string) string { return env[k] }
+	// Tests never read the real user's NATS configuration: only an
+	// XDG_CONFIG_HOME in env gives them one.
+	a.natsConfigRoot = func() (string, error) { return "", errors.New("no configuration directory in tests") }
 	a.newRuntime = func(context.Context, zerolog.Logger) (worker.Runtime, func() error, error) {
 		if rt == nil {
 			rt = workertest.NewRuntime()

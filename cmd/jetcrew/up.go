@@ -55,7 +55,9 @@ By default the server has no authentication, and --listen must then be a
 loopback address. --auth gives it one NKey user per role (submitter, worker,
 operator, observer; docs/security.md): their seeds go to <data>/auth/<role>.nk
 (mode 0600, kept across restarts) and a NATS CLI context per role,
-jetcrew-<role>, is written, so that 'nats --context jetcrew-submitter ...' and
+jetcrew-<role>, is written where the NATS CLI reads them ($XDG_CONFIG_HOME,
+else the home directory of the user in the password database, not $HOME) and
+printed with its file, so that 'nats --context jetcrew-submitter ...' and
 'jetcrew --context jetcrew-operator failed' work. --tlscert and --tlskey make
 the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
