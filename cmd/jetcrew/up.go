@@ -165,6 +165,10 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return err
 	}
 	consoleConn := upConsoleConn{url: url, opts: consoleOpts, keys: keys}
+	consoleConn.token, consoleConn.tokenFile, err = a.upConsoleToken(keys, uiListener != nil, dataDir)
+	if err != nil {
+		return err
+	}
 	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {
 		return err

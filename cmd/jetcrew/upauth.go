@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -115,6 +117,40 @@ func loadOrCreateSeed(path string) (nkeys.KeyPair, error) {
 		return nil, fmt.Errorf("%s: not an NKey user seed", path)
 	}
 	return kp, nil
+}
+
+// loadOrCreateToken reads the secret token in the file at path, or creates
+// one there (32 random bytes in hex, mode 0600, never overwriting a file). A
+// file readable by others, or empty, is refused.
+func loadOrCreateToken(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", err
+		}
+		tok := hex.EncodeToString(b)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return "", fmt.Errorf("create %s: %w", path, err)
+		}
+		_, werr := f.WriteString(tok + "\n")
+		if err := errors.Join(werr, f.Close()); err != nil {
+			return "", fmt.Errorf("write %s: %w", path, err)
+		}
+		return tok, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s is mode %o: a token must be readable by its owner only (chmod 600)", path, st.Mode().Perm())
+	}
+	tok := strings.TrimSpace(string(data))
+	if tok == "" {
+		return "", fmt.Errorf("%s is empty: remove it for a new token", path)
+	}
+	return tok, nil
 }
 
 // serverTLS sets opts to serve TLS only, with the certificate and key the
