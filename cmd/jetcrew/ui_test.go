@@ -189,10 +189,27 @@ func TestUpAuthConsole(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 
 	// `ui` with the operator's credentials and no token of its own is
-	// refused before it serves anything.
+	// refused before it serves anything; with one, it requires it.
 	code, _, stderr = e.as(t, roles.Operator, "ui", "--listen", "127.0.0.1:0")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, stderr, "JETCREW_UI_TOKEN")
+	ctx, cancel := context.WithCancel(t.Context())
+	a := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-operator", uiTokenEnv: "ui-t0ken"}, nil)
+	done := make(chan int, 1)
+	go func() { done <- a.run(ctx, []string{"ui", "--listen", "127.0.0.1:0"}) }()
+	require.Eventually(t, func() bool {
+		m := uiURLLine.FindStringSubmatch(a.stdout.String())
+		if m != nil {
+			ui = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 20*time.Millisecond, "stderr: %s", a.stderr.String())
+	code, _ = do(http.MethodGet, "/runs", nil, false)
+	require.Equal(t, http.StatusSeeOther, code, "to the login form")
+	token = "ui-t0ken"
+	require.Contains(t, get("/runs"), "cs2")
+	cancel()
+	require.Equal(t, 0, <-done, a.stderr.String())
 }
 
 // noFollow is an HTTP client that returns redirects instead of following
