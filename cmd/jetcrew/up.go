@@ -58,7 +58,9 @@ operator, observer; docs/security.md): their seeds go to <data>/auth/<role>.nk
 jetcrew-<role>, is written where the NATS CLI reads them ($XDG_CONFIG_HOME,
 else the home directory of the user in the password database, not $HOME) and
 printed with its file, so that 'nats --context jetcrew-submitter ...' and
-'jetcrew --context jetcrew-operator failed' work. --tlscert and --tlskey make
+'jetcrew --context jetcrew-operator failed' work. The console then acts as the
+operator and every request needs a token: $JETCREW_UI_TOKEN, else the one in
+<data>/auth/ui.token (mode 0600, kept), printed as JETCREW_UI_TOKEN_FILE=<path>. --tlscert and --tlskey make
 the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
