@@ -282,14 +282,18 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	c := b.submit(t, messages.RunRequest{Group: "team", Prompt: "out c"})
 	b.coordSend(t, "team", a, c, "please review <b>this</b>\x1b[0m")
 	b.coordSend(t, "other", a, c, "not this group")
+	b.coordOperator(t, "team", a, c, "forged sender")
 	// A run has a state (and a row) once a worker has taken it: the
 	// submitter writes none.
 	require.Eventually(t, func() bool {
 		_, body := b.get(t, "/groups/team")
 		return strings.Contains(body, a) && strings.Contains(body, c)
 	}, 10*time.Second, 20*time.Millisecond, "both runs of the group listed")
-	stream := b.readSSE(t, "/live/group/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "please review") })
+	stream := b.readSSE(t, "/live/group/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "forged sender") })
 	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
+	// An operator's message is from "operator" whatever Jetcrew-From says
+	// (issue 24 item 9), as the runs read it.
+	require.Contains(t, stream, `"from":"operator","to":"`+c+`","text":"forged sender"`)
 	require.NotContains(t, stream, "not this group")
 }
 

@@ -57,8 +57,10 @@ const maxMessageText = 4096
 type liveMessage struct {
 	Seq  uint64 `json:"seq"`
 	Time string `json:"time"`
-	// From is the sending run as the worker stamped it (header
-	// Jetcrew-From), "operator" when absent.
+	// From is the sender as the runs read it (coordination.Sender): the
+	// run the worker stamped (header Jetcrew-From) on a run's message;
+	// "operator" on an operator subject whatever the header says, and
+	// when the header is absent or no run id.
 	From string `json:"from"`
 	// To is the recipient: a run id, "all" or "operator".
 	To string `json:"to"`
@@ -68,13 +70,10 @@ type liveMessage struct {
 }
 
 func groupMessage(m dispatcher.StreamMsg) liveMessage {
-	from := m.Header.Get(coordination.HeaderFrom)
-	if from == "" {
-		from = coordination.RecipientOperator
-	}
+	from, to := coordination.Sender(m.Subject, m.Header.Get(coordination.HeaderFrom))
 	return liveMessage{
 		Seq: m.Sequence, Time: clock(m.Time),
-		From: visible(from), To: visible(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]),
+		From: visible(from), To: visible(to),
 		Text: visible(shortText(string(m.Data), maxMessageText)), Bytes: len(m.Data),
 	}
 }

@@ -108,6 +108,18 @@ func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
 	require.NoError(t, err)
 }
 
+// coordOperator publishes what `nats pub -H Jetcrew-From:<claim>
+// jetcrew.coord.<g>.<to>.operator` does: an operator's message whose header
+// claims to be from run claim.
+func (b *bundle) coordOperator(t *testing.T, g, claim, to, body string) {
+	t.Helper()
+	m := nats.NewMsg(coordination.SubjectFromOperator(g, to))
+	m.Data = []byte(body)
+	m.Header.Set(coordination.HeaderFrom, claim)
+	_, err := b.js.PublishMsg(t.Context(), m)
+	require.NoError(t, err)
+}
+
 // get fetches path from the console with a loopback Host and returns the
 // status and body.
 func (b *bundle) get(t *testing.T, path string, hdr ...string) (int, string) {

@@ -31,11 +31,15 @@ func inboxFilters(run RunInfo) []string {
 	}
 }
 
-// sender returns who sent a coordination message on subject with the
-// Jetcrew-From header from, and to whom: a message on an operator subject
-// (SubjectFromOperator) is from RecipientOperator whatever from says (the
-// worker re-stamps it), as is one without a valid run id in from.
-func sender(subject, from string) (sentBy, to string) {
+// Sender returns who sent a coordination message on subject with the
+// Jetcrew-From header from, and to whom, exactly as a run's inbox delivers
+// it: a message on an operator subject (SubjectFromOperator) is from
+// RecipientOperator whatever from says (the worker re-stamps it), as is one
+// without a valid run id in from; to is the recipient token (a run id,
+// RecipientAll or RecipientOperator), never the operator suffix. Whoever
+// shows a conversation (the console) derives the sender here, so that it
+// shows what the runs read and never a header a publisher chose.
+func Sender(subject, from string) (sentBy, to string) {
 	rest := strings.TrimPrefix(subject, SubjectPrefix+".")
 	toks := strings.Split(rest, ".")
 	if len(toks) == 3 && toks[2] == OperatorSuffix {

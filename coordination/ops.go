@@ -347,7 +347,7 @@ func (s *Session) ack(msgs []jetstream.Msg) {
 // toMessage converts a stream message for the agent; skip is true for this
 // run's own "all" messages.
 func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
-	from, to := sender(m.Subject(), m.Headers().Get(HeaderFrom))
+	from, to := Sender(m.Subject(), m.Headers().Get(HeaderFrom))
 	msg = relay.Message{From: from, To: to, Body: string(m.Data())}
 	if meta, err := m.Metadata(); err == nil {
 		msg.ID = strconv.FormatUint(meta.Sequence.Stream, 10)

@@ -163,7 +163,7 @@ func (c *Captured) stats(patch *object.Patch) {
 		} else if from != nil {
 			name = from.Path()
 		}
-		fs := messages.FileStat{Path: name, Binary: fp.IsBinary()}
+		fs := messages.FileStat{Path: name, Binary: binaryChange(fp)}
 		for _, ch := range fp.Chunks() {
 			n := strings.Count(ch.Content(), "\n")
 			if !strings.HasSuffix(ch.Content(), "\n") && ch.Content() != "" {

@@ -33,6 +33,11 @@ type app struct {
 	// the worker's default, the running executable itself.
 	bridgePath string
 
+	// natsConfigRoot returns where the NATS CLI keeps its configuration
+	// when XDG_CONFIG_HOME is not set (contextRoot): natsCLIConfigRoot
+	// outside tests.
+	natsConfigRoot func() (string, error)
+
 	// conn are the NATS connection options (connopts.go).
 	conn connOptions
 	// refuse ends the running command with a cause: a permissions
@@ -51,6 +56,8 @@ func newApp() *app {
 		getenv:     os.Getenv,
 		newRuntime: newDockerRuntime,
 		log:        zerolog.Nop(),
+		// The NATS CLI's own resolution (contextRoot).
+		natsConfigRoot: natsCLIConfigRoot,
 	}
 }
 

@@ -66,17 +66,34 @@ func (a *app) resolvedConn() connOptions {
 	return o
 }
 
-// contextRoot is the directory the NATS CLI keeps its contexts under:
-// $XDG_CONFIG_HOME, else $HOME/.config (read through a.getenv, so tests
-// choose it). Empty when neither is set: no stored context exists then.
-func (a *app) contextRoot() string {
+// contextRoot is the directory the NATS CLI keeps its configuration under
+// (contexts in <root>/nats/context), resolved as the NATS CLI resolves it
+// (package natscontext): $XDG_CONFIG_HOME, else .config in the home
+// directory of the user the process runs as, from the password database,
+// never $HOME (sudo, CI and containers often point HOME elsewhere, where
+// the NATS CLI would not look). XDG_CONFIG_HOME is read through a.getenv
+// and the rest through a.natsConfigRoot, so tests choose both.
+func (a *app) contextRoot() (string, error) {
 	if x := a.getenv("XDG_CONFIG_HOME"); x != "" {
-		return x
+		return x, nil
 	}
-	if h := a.getenv("HOME"); h != "" {
-		return filepath.Join(h, ".config")
+	root, err := a.natsConfigRoot()
+	if err != nil {
+		return "", fmt.Errorf("the NATS CLI's configuration directory (XDG_CONFIG_HOME is not set): %w", err)
 	}
-	return ""
+	return root, nil
+}
+
+// natsCLIConfigRoot is the NATS CLI's own answer to where its configuration
+// lives: the root natscontext.ContextPath puts a context under
+// (<root>/nats/context/<name>.json). It reads XDG_CONFIG_HOME from the
+// process's environment, then the password database.
+func natsCLIConfigRoot() (string, error) {
+	p, err := natscontext.ContextPath(contextPrefix + "probe")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(filepath.Dir(filepath.Dir(p))), nil
 }
 
 // natsContext loads the NATS CLI context the options name (or the selected
@@ -108,10 +125,10 @@ func (a *app) natsContext(url string) (*natscontext.Context, error) {
 		}
 		return c, nil
 	}
-	root := a.contextRoot()
-	if root == "" {
+	root, err := a.contextRoot()
+	if err != nil {
 		if o.context != "" {
-			return nil, fmt.Errorf("NATS context %q: neither XDG_CONFIG_HOME nor HOME is set, so there are no stored contexts", o.context)
+			return nil, fmt.Errorf("NATS context %q: no stored contexts: %w", o.context, err)
 		}
 		return natscontext.New("", false, opts...)
 	}

@@ -2,10 +2,14 @@ package main
 
 import (
 	"os"
+	"os/user"
 	"path/filepath"
 	"testing"
 
+	"github.com/nats-io/jsm.go/natscontext"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/roles"
 )
 
 // The connection options follow the NATS CLI: a flag wins over its
@@ -65,4 +69,50 @@ func TestConnOptionsNoConfigDir(t *testing.T) {
 	a = newTestApp(map[string]string{"NATS_CONTEXT": "prod"}, nil)
 	_, err = a.natsContext("")
 	require.ErrorContains(t, err, "no stored contexts")
+}
+
+// Issue 24 item 11: jetcrew reads and `up --auth` writes contexts where the
+// NATS CLI (natscontext) looks: $XDG_CONFIG_HOME, else .config in the home
+// directory the password database gives, never $HOME (which sudo, CI and
+// containers point elsewhere).
+func TestContextRootLikeNATSCLI(t *testing.T) {
+	t.Parallel()
+	elsewhere := t.TempDir()
+	a := newTestApp(map[string]string{"HOME": elsewhere}, nil)
+	a.natsConfigRoot = newApp().natsConfigRoot
+	root, err := a.contextRoot()
+	require.NoError(t, err)
+	require.NotEqual(t, filepath.Join(elsewhere, ".config"), root, "$HOME is not where the NATS CLI looks")
+	want := os.Getenv("XDG_CONFIG_HOME")
+	if want == "" {
+		u, err := user.Current()
+		require.NoError(t, err)
+		want = filepath.Join(u.HomeDir, ".config")
+	}
+	require.Equal(t, want, root)
+	p, err := natscontext.ContextPath("jetcrew-submitter")
+	require.NoError(t, err)
+	require.Equal(t, p, natscontext.NewFileBackendAt(root).Path("jetcrew-submitter"), "the path the NATS CLI reads")
+
+	xdg := t.TempDir()
+	a = newTestApp(map[string]string{"HOME": elsewhere, "XDG_CONFIG_HOME": xdg}, nil)
+	root, err = a.contextRoot()
+	require.NoError(t, err)
+	require.Equal(t, xdg, root)
+}
+
+// `up --auth` prints each context's file beside its name and seed, and the
+// NATS CLI's own registry finds it there.
+func TestUpAuthPrintsContextFiles(t *testing.T) {
+	t.Parallel()
+	xdg := t.TempDir()
+	a := newTestApp(map[string]string{"XDG_CONFIG_HOME": xdg}, nil)
+	keys, _, err := ensureRoleKeys(filepath.Join(t.TempDir(), authDirName))
+	require.NoError(t, err)
+	require.NoError(t, a.announceAuth("nats://127.0.0.1:4222", keys))
+	file := filepath.Join(xdg, "nats", "context", "jetcrew-submitter.json")
+	require.Contains(t, a.stdout.String(), "NATS_CONTEXT_SUBMITTER=jetcrew-submitter\t# context "+file+", seed "+keys[roles.Submitter]+"\n")
+	c, err := natscontext.NewRegistry(natscontext.NewFileBackendAt(xdg)).Load(t.Context(), "jetcrew-submitter")
+	require.NoError(t, err)
+	require.Equal(t, keys[roles.Submitter], c.NKey())
 }

@@ -35,15 +35,17 @@ func hostServicePorts(natsURL, metricsAddr string) []int {
 // printEgress prints a refused egress attempt as a lifecycle line ("---
 // egress refused: CONNECT evil.example:443: not in the profile's egress
 // allowlist", or only the reason for a connection refused before its
-// request was read); allowed attempts print nothing.
+// request was read); allowed attempts print nothing. The method, host and
+// reason are the run's choice, so shown escaped (visibleName).
 func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
 	var e messages.EgressEvent
 	if err := json.Unmarshal(ev.Data, &e); err != nil || e.Allowed {
 		return nil
 	}
-	line := fmt.Sprintf("--- egress refused: %s %s: %s", e.Method, net.JoinHostPort(e.Host, strconv.Itoa(e.Port)), e.Reason)
+	line := fmt.Sprintf("--- egress refused: %s %s: %s", visibleName(e.Method),
+		visibleName(net.JoinHostPort(e.Host, strconv.Itoa(e.Port))), visibleName(e.Reason))
 	if e.Method == "" && e.Host == "" {
-		line = "--- egress refused: " + e.Reason
+		line = "--- egress refused: " + visibleName(e.Reason)
 	}
 	if !p.atLineStart {
 		line = "\n" + line

@@ -31,6 +31,18 @@ func TestWatchPrintsEgressRefusals(t *testing.T) {
 		"--- egress refused: too many connections to the run's egress proxy (at most 64 at once)\n", errOut.String())
 }
 
+// A refused attempt's method and host are the run's choice: shown escaped
+// (issue 24 item 17), one line whatever they hold.
+func TestEgressRefusalEscaped(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	p := &runPrinter{stdout: &bytes.Buffer{}, stderr: &errOut, atLineStart: true}
+	b, err := json.Marshal(messages.EgressEvent{Method: "CONNECT\x1b]0;t\a", Host: "moc.elpmaxe\u202e.evil\nforged", Port: 443, Reason: "not allowed\u009b"})
+	require.NoError(t, err)
+	require.NoError(t, p.print(dispatcher.WatchEvent{Type: messages.EventEgress, Data: b}))
+	require.Equal(t, `--- egress refused: CONNECT\x1b]0;t\a moc.elpmaxe\u202e.evil\nforged:443: not allowed\u009b`+"\n", errOut.String())
+}
+
 // status shows a run's egress totals, and nothing about egress for a run
 // without them.
 func TestStatusShowsEgress(t *testing.T) {

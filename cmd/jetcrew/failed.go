@@ -103,7 +103,7 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) erro
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 		return err
 	}
 	if len(entries) == 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -57,6 +58,9 @@ func newTestApp(env map[string]string, rt jail.Runtime) *testApp {
 	a.stdin = strings.NewReader("")
 	a.stdout, a.stderr = out, errb
 	a.getenv = func(k string) string { return env[k] }
+	// Tests never read the real user's NATS configuration: only an
+	// XDG_CONFIG_HOME in env gives them one.
+	a.natsConfigRoot = func() (string, error) { return "", errors.New("no configuration directory in tests") }
 	a.newRuntime = func(context.Context, zerolog.Logger) (jail.Runtime, func() error, error) {
 		if rt == nil {
 			rt = workertest.NewRuntime()

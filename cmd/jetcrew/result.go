@@ -44,7 +44,7 @@ state's workspace_result record (docs/wire.md).`,
 			}
 			if asJSON {
 				b, _ := json.MarshalIndent(st.WorkspaceResult, "", "  ")
-				_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+				_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 				return err
 			}
 			return printResult(a.stdout, st)
@@ -76,9 +76,12 @@ func (a *app) resultState(ctx context.Context, url, id string) (messages.RunStat
 	return st, nil
 }
 
-// printResult writes a run's workspace result for people.
+// printResult writes a run's workspace result for people: everything shown
+// escaped (visible), and every name the run chose (its files' paths, its
+// objects and artifacts, the error naming them) as one field (visibleName).
 func printResult(w io.Writer, st messages.RunState) error {
 	r := st.WorkspaceResult
+	w = visible(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, format string, v ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, v...)) }
 	row("run", "%s", st.ID)
@@ -94,23 +97,23 @@ func printResult(w io.Writer, st messages.RunState) error {
 	}
 	row("changed", "%d files, %d insertions(+), %d deletions(-)", r.FilesChanged, r.Insertions, r.Deletions)
 	if r.Error != "" {
-		row("error", "%s", r.Error)
+		row("error", "%s", visibleName(r.Error))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, f := range r.Files {
 		if f.Binary {
-			fmt.Fprintf(w, "  %s | binary\n", f.Path)
+			fmt.Fprintf(w, "  %s | binary\n", visibleName(f.Path))
 		} else {
-			fmt.Fprintf(w, "  %s | +%d -%d\n", f.Path, f.Insertions, f.Deletions)
+			fmt.Fprintf(w, "  %s | +%d -%d\n", visibleName(f.Path), f.Insertions, f.Deletions)
 		}
 	}
 	for _, o := range r.Objects {
-		fmt.Fprintf(w, "object %s (%d bytes, sha256 %s)\n", o.Name, o.Size, o.SHA256)
+		fmt.Fprintf(w, "object %s (%d bytes, sha256 %s)\n", visibleName(o.Name), o.Size, visibleName(o.SHA256))
 	}
 	for _, o := range r.Artifacts {
-		fmt.Fprintf(w, "artifact %s (%d bytes)\n", o.Name, o.Size)
+		fmt.Fprintf(w, "artifact %s (%d bytes)\n", visibleName(o.Name), o.Size)
 	}
 	return nil
 }
@@ -136,7 +139,10 @@ func (a *app) diffCmd() *cobra.Command {
 		Long: `diff prints the patch from the workspace as submitted (HEAD plus the
 uncommitted changes it was submitted with) to the run's head, binary files
 included, as "git apply" reads it in the work tree it was submitted from. A
-run that changed nothing prints nothing.`,
+run that changed nothing prints nothing. Piped or redirected, the patch is
+exact; on a terminal, what a terminal would obey (escape sequences, other
+control characters, bidi controls, bytes that are not UTF-8) is shown
+escaped (\x1b, \u202e), so a hostile run cannot disguise its change.`,
 		Example: `  jetcrew diff RUN_ID | git apply`,
 		Args:    exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -147,7 +153,7 @@ run that changed nothing prints nothing.`,
 			if err != nil {
 				return err
 			}
-			_, err = a.stdout.Write(b)
+			_, err = outputWriter(a.stdout, false).Write(b)
 			return err
 		},
 	}
@@ -179,7 +185,7 @@ HEAD it was submitted from). Applying the same run twice is a no-op.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "branch %s at %s (%d commits on %s)\n", ref.Short(), head, st.WorkspaceResult.Commits, shortID(st.WorkspaceResult.Base))
+			fmt.Fprintf(visible(a.stdout), "branch %s at %s (%d commits on %s)\n", ref.Short(), head, st.WorkspaceResult.Commits, visibleName(shortID(st.WorkspaceResult.Base)))
 			return nil
 		},
 	}
@@ -194,8 +200,10 @@ func (a *app) artifactsCmd() *cobra.Command {
 		Use:   "artifacts [flags] RUN_ID",
 		Short: "List or fetch the files a workspace run left in .jetcrew/artifacts",
 		Long: `artifacts lists the regular files the run left under .jetcrew/artifacts of its
-workspace, with sizes and SHA-256. With --get NAME it writes that file to
-stdout, or to -o FILE.`,
+workspace, with sizes and SHA-256, one a line, tab-separated; a name's
+control characters (tab and newline included) and bidi controls are shown
+escaped (\t, \u202e). With --get NAME it writes that file to stdout (exact
+when piped, escaped on a terminal, as diff), or to -o FILE (exact).`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if get == "" {
@@ -204,7 +212,7 @@ stdout, or to -o FILE.`,
 					return err
 				}
 				for _, o := range st.WorkspaceResult.Artifacts {
-					fmt.Fprintf(a.stdout, "%s\t%d\t%s\n", o.Name, o.Size, o.SHA256)
+					fmt.Fprintf(a.stdout, "%s\t%d\t%s\n", visibleName(o.Name), o.Size, visibleName(o.SHA256))
 				}
 				return nil
 			}
@@ -221,8 +229,9 @@ stdout, or to -o FILE.`,
 	return cmd
 }
 
-// writeArtifact copies file name of the artifacts tar to out (stdout when
-// empty).
+// writeArtifact copies file name of the artifacts tar to out, or to stdout
+// when out is empty: exact when stdout is a pipe or a file, escaped on a
+// terminal (outputWriter, in one write so no character is split).
 func (a *app) writeArtifact(tarball []byte, name, out string) error {
 	tr := tar.NewReader(bytes.NewReader(tarball))
 	for {
@@ -237,7 +246,11 @@ func (a *app) writeArtifact(tarball []byte, name, out string) error {
 			continue
 		}
 		if out == "" {
-			_, err = io.Copy(a.stdout, tr)
+			data, err := io.ReadAll(tr)
+			if err != nil {
+				return err
+			}
+			_, err = outputWriter(a.stdout, false).Write(data)
 			return err
 		}
 		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)

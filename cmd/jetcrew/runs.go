@@ -100,7 +100,7 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 		return err
 	}
 	return printRuns(a.stdout, runs)

@@ -56,7 +56,7 @@ func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error 
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 		return err
 	}
 	return printState(a.stdout, st)

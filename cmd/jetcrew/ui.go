@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -24,6 +25,14 @@ import (
 // a flag, so it never shows in the process list.
 const uiTokenEnv = "JETCREW_UI_TOKEN"
 
+// errConsoleNeedsToken is why a console is not served: its NATS server
+// requires authentication and no console token was given. The console acts
+// with its connection's credentials; without a token of its own every
+// local user and process could act with them, no NATS credentials needed.
+var errConsoleNeedsToken = errors.New("the NATS server requires authentication, so the console needs a token of its own " +
+	"(environment variable JETCREW_UI_TOKEN; every request must then carry it, or log in at /login): " +
+	"without one every local user and process could act with this connection's credentials")
+
 // consoleStartWait bounds how long serving the console waits for the run
 // states to load before it answers with what it has.
 const consoleStartWait = 5 * time.Second
@@ -39,9 +48,11 @@ events, groups' conversations and dead letters, with cancel and replay. It
 prints the console's URL on stdout as JETCREW_UI=<url> and serves until
 interrupted.
 
-It listens on loopback by default. Any other address needs an auth token in
-the environment variable JETCREW_UI_TOKEN: every request must then carry it
-(the login form, or "Authorization: Bearer <token>").`,
+It listens on loopback by default. Any other address, and any NATS server
+that requires authentication, needs an auth token in the environment
+variable JETCREW_UI_TOKEN: every request must then carry it (the login form,
+or "Authorization: Bearer <token>"), so that nobody acts with the console's
+NATS credentials without it.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runUI(cmd.Context(), a.natsURL(url), listen)
@@ -63,7 +74,10 @@ func (a *app) runUI(ctx context.Context, url, listen string) error {
 		return err
 	}
 	defer nc.Close()
-	stop, err := a.serveConsole(ctx, nc, l)
+	stop, err := a.serveConsole(ctx, nc, l, a.getenv(uiTokenEnv))
+	if errors.Is(err, errConsoleNeedsToken) {
+		return usageError(err)
+	}
 	if err != nil {
 		return err
 	}
@@ -92,16 +106,23 @@ func (a *app) consoleListener(addr string, explicit bool) (net.Listener, error) 
 	return nil, fmt.Errorf("console: %w", err)
 }
 
-// serveConsole serves the console on l over nc, prints JETCREW_UI=<url> on
-// stdout, and returns the function that stops it (graceful, a few seconds
-// at most; safe to call twice). l is closed by the returned function, or on error.
-func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener) (func(), error) {
+// serveConsole serves the console on l over nc, every request needing
+// token when it is not empty, prints JETCREW_UI=<url> on stdout, and
+// returns the function that stops it (graceful, a few seconds at most; safe
+// to call twice). A server that requires authentication needs a token
+// (errConsoleNeedsToken). l is closed by the returned function, or on
+// error.
+func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, token string) (func(), error) {
+	if token == "" && nc.AuthRequired() {
+		_ = l.Close()
+		return nil, errConsoleNeedsToken
+	}
 	d, err := dispatcher.New(nc)
 	if err != nil {
 		_ = l.Close()
 		return nil, err
 	}
-	c, err := console.New(console.Config{Dispatcher: d, Token: a.getenv(uiTokenEnv), Log: a.log})
+	c, err := console.New(console.Config{Dispatcher: d, Token: token, Log: a.log})
 	if err != nil {
 		_ = l.Close()
 		return nil, err
@@ -146,12 +167,33 @@ func (a *app) upConsoleListener(o upOptions) (net.Listener, error) {
 
 // upConsoleConn is how `up`'s console reaches the embedded server: through
 // up's own connection; with --auth, through one of its own as the operator
-// role (which reads everything and may cancel and replay).
+// role (which reads everything and may cancel and replay), behind a token.
 type upConsoleConn struct {
 	url  string
 	opts []nats.Option // the in-process options, without credentials
 	keys roleKeys      // nil without --auth
 	nc   *nats.Conn    // up's own connection
+	// token is what every console request must carry: JETCREW_UI_TOKEN;
+	// with --auth and no such variable, the one in tokenFile.
+	token, tokenFile string
+}
+
+// uiTokenFile names the file under <data>/auth holding the console token
+// of `up --auth` when JETCREW_UI_TOKEN is not set.
+const uiTokenFile = "ui.token"
+
+// upConsoleToken returns the token `up`'s console requires and, when it
+// comes from a file, the file: JETCREW_UI_TOKEN when set; else, with --auth
+// (keys) and a console to serve, the token in <data>/auth/ui.token, created
+// (mode 0600) on first use and kept across restarts, like the seeds beside
+// it; else none (no authentication: every local process is trusted).
+func (a *app) upConsoleToken(keys roleKeys, serve bool, dataDir string) (token, file string, err error) {
+	if t := a.getenv(uiTokenEnv); t != "" || keys == nil || !serve {
+		return t, "", nil
+	}
+	file = filepath.Join(dataDir, authDirName, uiTokenFile)
+	token, err = loadOrCreateToken(file)
+	return token, file, err
 }
 
 // operatorAuth is what `up --auth`'s console connects with: the operator
@@ -184,11 +226,14 @@ func (a *app) upConsole(ctx context.Context, cc upConsoleConn, l net.Listener) f
 		}
 		closeNC = nc.Close
 	}
-	stop, err := a.serveConsole(ctx, nc, l)
+	stop, err := a.serveConsole(ctx, nc, l, cc.token)
 	if err != nil {
 		closeNC()
 		a.log.Error().Err(err).Msg("console not served")
 		return func() {}
+	}
+	if cc.tokenFile != "" {
+		fmt.Fprintf(a.stdout, "JETCREW_UI_TOKEN_FILE=%s\n", cc.tokenFile)
 	}
 	return sync.OnceFunc(func() {
 		stop()

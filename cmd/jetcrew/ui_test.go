@@ -5,6 +5,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -83,65 +86,132 @@ func TestUIListenNeedsToken(t *testing.T) {
 	require.NoError(t, l.Close())
 }
 
-// `up --auth` serves its console as the operator role: every page, live
-// stream and action works without a permissions violation (authUp's
-// cleanup checks up's log for one).
+// `up --auth` serves its console as the operator role, behind a token
+// (issue 24 item 10): with the token in the file it prints as
+// JETCREW_UI_TOKEN_FILE=, every page, live stream and action works without
+// a permissions violation (authUp's cleanup checks up's log for one);
+// without it, nothing: no page, no CSRF token, no cancel. `ui` on a server
+// that requires authentication refuses to serve without JETCREW_UI_TOKEN.
 func TestUpAuthConsole(t *testing.T) {
 	t.Parallel()
 	e := authUp(t, "--ui", "127.0.0.1:0")
-	var ui string
+	var ui, tokenFile string
 	require.Eventually(t, func() bool {
 		m := uiURLLine.FindStringSubmatch(e.stdout.String())
-		if m != nil {
-			ui = m[1]
+		f := regexp.MustCompile(`(?m)^JETCREW_UI_TOKEN_FILE=(.+)$`).FindStringSubmatch(e.stdout.String())
+		if m != nil && f != nil {
+			ui, tokenFile = m[1], f[1]
 		}
-		return m != nil
-	}, 10*time.Second, 20*time.Millisecond)
+		return m != nil && f != nil
+	}, 10*time.Second, 20*time.Millisecond, "stdout: %s", e.stdout.String())
+	require.Equal(t, filepath.Join(e.data, authDirName, uiTokenFile), tokenFile)
+	fi, err := os.Stat(tokenFile)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	raw, err := os.ReadFile(tokenFile)
+	require.NoError(t, err)
+	token := strings.TrimSpace(string(raw))
+	require.Len(t, token, 64)
+
 	code, _, stderr := e.as(t, roles.Submitter, "submit", "--wait", "--id", "cs1", "exit 3")
 	require.Equal(t, 3, code, stderr)
 	code, _, stderr = e.as(t, roles.Submitter, "submit", "--id", "cs2", "sleep 1h")
 	require.Equal(t, 0, code, stderr)
 
-	get := func(path string, stream bool) string {
+	// do sends one request with the token when bearer is set, never
+	// following a redirect, and returns the status and (up to 64 KiB of)
+	// the body.
+	do := func(method, path string, form url.Values, bearer bool) (int, string) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ui+path, nil)
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		req, err := http.NewRequestWithContext(ctx, method, ui+strings.TrimPrefix(path, "/"), body)
 		require.NoError(t, err)
-		resp, err := http.DefaultClient.Do(req)
+		req.Header.Set("Accept", "text/html")
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		if bearer {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := noFollow.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, path)
 		buf := make([]byte, 64<<10)
 		n, _ := io.ReadAtLeast(resp.Body, buf, 1)
-		if !stream {
-			rest, _ := io.ReadAll(resp.Body)
-			return string(buf[:n]) + string(rest)
-		}
-		return string(buf[:n])
+		return resp.StatusCode, string(buf[:n])
 	}
-	require.Eventually(t, func() bool { return strings.Contains(get("/dead-letters", false), "cs1") }, 10*time.Second, 50*time.Millisecond)
-	overview := get("/", false)
+	get := func(path string) string {
+		code, body := do(http.MethodGet, path, nil, true)
+		require.Equal(t, http.StatusOK, code, path)
+		return body
+	}
+	require.Eventually(t, func() bool { return strings.Contains(get("/dead-letters"), "cs1") }, 10*time.Second, 50*time.Millisecond)
+	overview := get("/")
 	require.NotContains(t, overview, `class="alert"`, "the operator reads pools and workers")
 	require.Contains(t, overview, "default")
 	// cs2 has a state once a worker claimed it (the submitter writes none).
-	require.Eventually(t, func() bool { return strings.Contains(get("/runs", false), "cs2") }, 10*time.Second, 50*time.Millisecond)
-	require.Contains(t, get("/runs/cs1", false), "exit code 3")
-	require.Contains(t, get("/live/run/cs1", true), "event: ")
-	get("/live/group/cs1", true)
-	get("/groups/cs1", false)
-
-	// The cancel button, as the browser posts it.
-	page := get("/runs/cs2", false)
+	require.Eventually(t, func() bool { return strings.Contains(get("/runs"), "cs2") }, 10*time.Second, 50*time.Millisecond)
+	require.Contains(t, get("/runs/cs1"), "exit code 3")
+	require.Contains(t, get("/live/run/cs1"), "event: ")
+	get("/live/group/cs1")
+	get("/groups/cs1")
+	page := get("/runs/cs2")
 	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(page)
 	require.NotNil(t, csrf)
-	resp, err := http.PostForm(ui+"runs/cs2/cancel", map[string][]string{"csrf": {csrf[1]}})
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode, "redirected to the run's page")
+
+	// Without the token: no page, no stream, no action, even with the
+	// page's CSRF token.
+	for _, path := range []string{"/", "/runs", "/runs/cs2", "/dead-letters", "/live/run/cs1", "/groups/cs1"} {
+		code, body := do(http.MethodGet, path, nil, false)
+		require.Contains(t, []int{http.StatusSeeOther, http.StatusUnauthorized}, code, path)
+		require.NotContains(t, body, "cs1", path)
+		require.NotContains(t, body, "cs2", path)
+	}
+	code, _ = do(http.MethodPost, "/runs/cs2/cancel", url.Values{"csrf": {csrf[1]}}, false)
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _ = do(http.MethodPost, "/runs/cs1/replay", url.Values{"csrf": {csrf[1]}}, false)
+	require.Equal(t, http.StatusUnauthorized, code)
+	_, stdout, _ := e.as(t, roles.Observer, "status", "cs2")
+	require.Contains(t, stdout, "running", "nothing was cancelled")
+
+	// The cancel button, as the browser posts it once logged in.
+	code, _ = do(http.MethodPost, "/runs/cs2/cancel", url.Values{"csrf": {csrf[1]}}, true)
+	require.Equal(t, http.StatusSeeOther, code, "redirected to the run's page")
 	// A running run's cancel is answered "stopping"; the state says
 	// cancelled once its container stopped, a moment later.
 	require.Eventually(t, func() bool {
 		code, stdout, _ := e.as(t, roles.Observer, "status", "cs2")
 		return code == 0 && strings.Contains(stdout, "cancel")
 	}, 10*time.Second, 50*time.Millisecond)
+
+	// `ui` with the operator's credentials and no token of its own is
+	// refused before it serves anything; with one, it requires it.
+	code, _, stderr = e.as(t, roles.Operator, "ui", "--listen", "127.0.0.1:0")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr, "JETCREW_UI_TOKEN")
+	ctx, cancel := context.WithCancel(t.Context())
+	a := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-operator", uiTokenEnv: "ui-t0ken"}, nil)
+	done := make(chan int, 1)
+	go func() { done <- a.run(ctx, []string{"ui", "--listen", "127.0.0.1:0"}) }()
+	require.Eventually(t, func() bool {
+		m := uiURLLine.FindStringSubmatch(a.stdout.String())
+		if m != nil {
+			ui = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 20*time.Millisecond, "stderr: %s", a.stderr.String())
+	code, _ = do(http.MethodGet, "/runs", nil, false)
+	require.Equal(t, http.StatusSeeOther, code, "to the login form")
+	token = "ui-t0ken"
+	require.Contains(t, get("/runs"), "cs2")
+	cancel()
+	require.Equal(t, 0, <-done, a.stderr.String())
 }
+
+// noFollow is an HTTP client that returns redirects instead of following
+// them.
+var noFollow = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

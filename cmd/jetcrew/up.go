@@ -55,8 +55,12 @@ By default the server has no authentication, and --listen must then be a
 loopback address. --auth gives it one NKey user per role (submitter, worker,
 operator, observer; docs/security.md): their seeds go to <data>/auth/<role>.nk
 (mode 0600, kept across restarts) and a NATS CLI context per role,
-jetcrew-<role>, is written, so that 'nats --context jetcrew-submitter ...' and
-'jetcrew --context jetcrew-operator failed' work. --tlscert and --tlskey make
+jetcrew-<role>, is written where the NATS CLI reads them ($XDG_CONFIG_HOME,
+else the home directory of the user in the password database, not $HOME) and
+printed with its file, so that 'nats --context jetcrew-submitter ...' and
+'jetcrew --context jetcrew-operator failed' work. The console then acts as the
+operator and every request needs a token: $JETCREW_UI_TOKEN, else the one in
+<data>/auth/ui.token (mode 0600, kept), printed as JETCREW_UI_TOKEN_FILE=<path>. --tlscert and --tlskey make
 the server TLS-only (with --tlsca the contexts trust that CA).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -163,6 +167,10 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 		return err
 	}
 	consoleConn := upConsoleConn{url: url, opts: consoleOpts, keys: keys}
+	consoleConn.token, consoleConn.tokenFile, err = a.upConsoleToken(keys, uiListener != nil, dataDir)
+	if err != nil {
+		return err
+	}
 	nc, err := a.dial(url, "jetcrew up", inProcess...)
 	if err != nil {
 		return err

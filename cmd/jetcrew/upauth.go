@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -117,6 +119,40 @@ func loadOrCreateSeed(path string) (nkeys.KeyPair, error) {
 	return kp, nil
 }
 
+// loadOrCreateToken reads the secret token in the file at path, or creates
+// one there (32 random bytes in hex, mode 0600, never overwriting a file). A
+// file readable by others, or empty, is refused.
+func loadOrCreateToken(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		b := make([]byte, 32)
+		if _, err := rand.Read(b); err != nil {
+			return "", err
+		}
+		tok := hex.EncodeToString(b)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return "", fmt.Errorf("create %s: %w", path, err)
+		}
+		_, werr := f.WriteString(tok + "\n")
+		if err := errors.Join(werr, f.Close()); err != nil {
+			return "", fmt.Errorf("write %s: %w", path, err)
+		}
+		return tok, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s is mode %o: a token must be readable by its owner only (chmod 600)", path, st.Mode().Perm())
+	}
+	tok := strings.TrimSpace(string(data))
+	if tok == "" {
+		return "", fmt.Errorf("%s is empty: remove it for a new token", path)
+	}
+	return tok, nil
+}
+
 // serverTLS sets opts to serve TLS only, with the certificate and key the
 // connection options name (--tlscert/--tlskey); nothing when neither is
 // given.
@@ -137,21 +173,22 @@ func (a *app) serverTLS(opts *server.Options) error {
 }
 
 // writeContexts writes a NATS CLI context per role, jetcrew-<role>, for the
-// server at url with the role's seed file (and --tlsca, when given), under
-// the NATS CLI's configuration directory, and returns their names by role.
+// server at url with the role's seed file (and --tlsca, when given), where
+// the NATS CLI reads them (contextRoot), and returns their files by role.
 func (a *app) writeContexts(url string, keys roleKeys) (map[roles.Role]string, error) {
-	root := a.contextRoot()
-	if root == "" {
-		return nil, errors.New("cannot write NATS contexts: neither XDG_CONFIG_HOME nor HOME is set")
+	root, err := a.contextRoot()
+	if err != nil {
+		return nil, fmt.Errorf("cannot write NATS contexts: %w", err)
 	}
-	reg := natscontext.NewRegistry(natscontext.NewFileBackendAt(root), natscontext.WithoutSelection())
+	backend := natscontext.NewFileBackendAt(root)
+	reg := natscontext.NewRegistry(backend, natscontext.WithoutSelection())
 	ca := a.conn.tlsCA
 	if ca != "" {
 		if abs, err := filepath.Abs(ca); err == nil {
 			ca = abs
 		}
 	}
-	names := map[roles.Role]string{}
+	files := map[roles.Role]string{}
 	for _, r := range roles.All {
 		name := contextPrefix + string(r)
 		c, err := natscontext.New(name, false,
@@ -166,16 +203,18 @@ func (a *app) writeContexts(url string, keys roleKeys) (map[roles.Role]string, e
 		if err := reg.Save(context.Background(), c, name); err != nil {
 			return nil, fmt.Errorf("save NATS context %s: %w", name, err)
 		}
-		names[r] = name
+		files[r] = backend.Path(name)
 	}
-	return names, nil
+	return files, nil
 }
 
-// printAuth tells where the role users and contexts are.
+// printAuth tells where the role users and contexts are: per role, the
+// context's name, its file and the seed file.
 func (a *app) printAuth(keys roleKeys, contexts map[roles.Role]string) {
-	fmt.Fprintf(a.stdout, "# one NKey user per role (seed files, mode 0600) and a NATS CLI context for each:\n")
+	fmt.Fprintf(a.stdout, "# one NKey user per role (seed files, mode 0600) and a NATS CLI context for each, where the NATS CLI reads them:\n")
 	for _, r := range roles.All {
-		fmt.Fprintf(a.stdout, "NATS_CONTEXT_%s=%s\t# seed %s\n", strings.ToUpper(string(r)), contexts[r], keys[r])
+		fmt.Fprintf(a.stdout, "NATS_CONTEXT_%s=%s\t# context %s, seed %s\n", strings.ToUpper(string(r)),
+			contextPrefix+string(r), contexts[r], keys[r])
 	}
 }
 

@@ -28,6 +28,35 @@ func TestVisibleString(t *testing.T) {
 	}
 }
 
+// A name is one field: newline and tab are escaped too.
+func TestVisibleName(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"report ünïcode ✓.txt":   "report ünïcode ✓.txt",
+		"a\nb\tc":                `a\nb\tc`,
+		"invoice\u202efdp.sh":    `invoice\u202efdp.sh`,
+		"c1\u009b31m\u2067x\xff": `c1\u009b31m\u2067x\xff`,
+	} {
+		require.Equal(t, want, visibleName(in), "%q", in)
+	}
+}
+
+// JSON output decodes to the same values, with nothing a terminal obeys.
+func TestInertJSON(t *testing.T) {
+	t.Parallel()
+	v := map[string]string{"name": "invoice\u202efdp.sh", "c1": "\u009b2J\x7f", "esc": "\x1b[0m", "plain": "ünïcode ✓ <&>"}
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	out := inertJSON(b)
+	require.NotContains(t, string(out), "\u202e")
+	require.NotContains(t, string(out), "\u009b")
+	require.NotContains(t, string(out), "\x7f")
+	require.Contains(t, string(out), `invoice\u202efdp.sh`)
+	var got map[string]string
+	require.NoError(t, json.Unmarshal(out, &got))
+	require.Equal(t, v, got)
+}
+
 // Issue 13 item 14: what a run wrote reaches the operator's terminal through
 // status, failed and the lifecycle lines escaped; --json stays exact.
 func TestHumanOutputEscapesControlCharacters(t *testing.T) {

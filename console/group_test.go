@@ -1,0 +1,44 @@
+package console
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/dispatcher"
+)
+
+// Issue 24 item 9: the conversation shows each message's sender as the runs
+// read it (coordination.Sender), never a Jetcrew-From a publisher chose: a
+// message on an operator subject is from "operator" whatever its header
+// says, and its recipient is the run it names, not the "operator" suffix.
+func TestGroupMessageSender(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, subject, from string
+		wantFrom, wantTo    string
+	}{
+		{"operator subject claiming a run", "jetcrew.coord.team.bob.operator", "alice", "operator", "bob"},
+		{"operator subject to all claiming a run", "jetcrew.coord.team.all.operator", "bob", "operator", "all"},
+		{"operator subject without header", "jetcrew.coord.team.bob.operator", "", "operator", "bob"},
+		{"worker-stamped run message", "jetcrew.coord.team.bob", "alice", "alice", "bob"},
+		{"run message to the operator", "jetcrew.coord.team.operator", "alice", "alice", "operator"},
+		{"four tokens without header", "jetcrew.coord.team.bob", "", "operator", "bob"},
+		{"header that is no run id", "jetcrew.coord.team.bob", "al ice\u202e", "operator", "bob"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := nats.Header{}
+			if tc.from != "" {
+				h.Set(coordination.HeaderFrom, tc.from)
+			}
+			m := groupMessage(dispatcher.StreamMsg{Subject: tc.subject, Header: h, Data: []byte("hi")})
+			require.Equal(t, tc.wantFrom, m.From)
+			require.Equal(t, tc.wantTo, m.To)
+			from, to := coordination.Sender(tc.subject, tc.from)
+			require.Equal(t, [2]string{from, to}, [2]string{m.From, m.To}, "the console shows what the runs read")
+		})
+	}
+}
