@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	"github.com/jetcrew/jetcrew/coordination/relay"
 )
@@ -27,14 +28,41 @@ func unavailable(err error) *apiError {
 		msg: fmt.Sprintf("%s: the worker cannot reach NATS (%v); try again later", relay.ErrUnavailable, err)}
 }
 
+// sessionKey keys the Session in the context of a request on its socket
+// (http.Server.BaseContext).
+type sessionKey struct{}
+
+// sessionOf returns the session whose socket r came in on.
+func sessionOf(r *http.Request) *Session { return r.Context().Value(sessionKey{}).(*Session) }
+
+// relayMux routes the relay endpoints of every session, built once: the
+// session of a request is in its context (sessionOf). Building a router per
+// session was a measurable part of a coordination run's cost.
+var relayMux = sync.OnceValue(newRelayMux)
+
 // handler routes the relay endpoints. Every request, whatever its outcome,
 // counts as the bridge having connected.
 func (s *Session) handler() http.Handler {
+	mux := relayMux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.connectOnce.Do(func() {
+			s.connected.Store(true)
+			s.log.Info().Msg("bridge connected")
+			s.emit(Event{Kind: EventConnected})
+			s.joinLate()
+		})
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// newRelayMux returns the router of the relay endpoints.
+func newRelayMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+relay.PathHello, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("GET "+relay.PathStatus, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
 		var st relay.Status
 		err := s.allowCall(callRead)
 		if err == nil {
@@ -43,6 +71,7 @@ func (s *Session) handler() http.Handler {
 		s.reply(w, st, err)
 	})
 	mux.HandleFunc("POST "+relay.PathSend, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
 		var resp relay.SendResponse
 		if err := s.allowCall(callSend); err != nil {
 			s.reply(w, resp, err) // counted, not reported one by one
@@ -64,6 +93,7 @@ func (s *Session) handler() http.Handler {
 		s.reply(w, resp, err)
 	})
 	mux.HandleFunc("POST "+relay.PathInbox, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
 		var resp relay.InboxResponse
 		if err := s.allowCall(callRead); err != nil {
 			s.reply(w, resp, err) // counted, not reported one by one
@@ -84,15 +114,7 @@ func (s *Session) handler() http.Handler {
 		}
 		s.reply(w, resp, err)
 	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.connectOnce.Do(func() {
-			s.connected.Store(true)
-			s.log.Info().Msg("bridge connected")
-			s.emit(Event{Kind: EventConnected})
-			s.joinLate()
-		})
-		mux.ServeHTTP(w, r)
-	})
+	return mux
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {

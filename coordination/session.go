@@ -3,6 +3,7 @@ package coordination
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -197,8 +198,11 @@ func (s *Session) serve() {
 		WriteTimeout:      responseWriteTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
-		BaseContext:       func(net.Listener) context.Context { return s.ctx },
-		ErrorLog:          stdlog.New(logWriter{s.log}, "coordination socket: ", 0),
+		BaseContext:       func(net.Listener) context.Context { return context.WithValue(s.ctx, sessionKey{}, s) },
+		// A unix socket speaks HTTP/1.1 to the relay: no HTTP/2 set-up
+		// per session.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ErrorLog:     stdlog.New(logWriter{s.log}, "coordination socket: ", 0),
 	}
 	s.bg.Add(2)
 	go func() {

@@ -127,7 +127,7 @@ func runTimeout(req messages.RunRequest, prof *profile.Profile, def time.Duratio
 // the receipt, builds the run's stage list and calls each Prestarter,
 // merging what it adds into the spec. Every outcome carries the receipt, a
 // failure here included: it describes the plan until the spec exists.
-func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, error) {
+func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, err error) {
 	e := r.e
 	attempt := int(r.meta.NumDelivered)
 	if attempt > 1 {
@@ -138,12 +138,16 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, err
 			return prepared{}, stage.Transient(fmt.Errorf("remove earlier containers: %w", err))
 		}
 	}
-	p := prepared{prof: prof}
+	p = prepared{prof: prof}
 	timeout := runTimeout(r.req, prof, e.cfg.DefaultTimeout)
 	r.rec.st.Coordination = "off"
 	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
 	digest := e.digest(r.req.Profile, prof)
-	r.rec.st.Receipt = buildReceipt(prof, digest, plan, jail.ContainerSpec{}, nil, timeout, r.req.Prompt)
+	// The receipt describes the plan until the spec exists, then the spec
+	// and the mounts the stages added so far: a run that fails here
+	// carries it too.
+	var mounts []messages.ReceiptMount
+	defer func() { r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, timeout, r.req.Prompt) }()
 	if err != nil {
 		return p, err
 	}
@@ -165,7 +169,6 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, err
 	}
 	p.spec = base
 	p.spec.Env = slices.Clip(p.spec.Env)
-	mounts := []messages.ReceiptMount{}
 	var dir stage.Dir
 	for _, s := range r.stages {
 		ps, ok := s.(stage.Prestarter)
@@ -184,7 +187,6 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (prepared, err
 			r.mask = resp.Mask
 		}
 	}
-	r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, timeout, r.req.Prompt)
 	return p, nil
 }
 

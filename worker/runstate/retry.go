@@ -24,22 +24,46 @@ const (
 // Each try gets its own context of at most OpAttemptTimeout. It returns the
 // last error.
 func RetryOp(ctx context.Context, op func(ctx context.Context) error) error {
+	// The first try needs no backoff: most succeed.
+	start := time.Now()
+	err := try(ctx, op)
+	var perm *backoff.PermanentError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &perm):
+		return perm.Err
+	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 5 * time.Second
-	b.MaxElapsedTime = OpMaxElapsed
-	err := backoff.Retry(func() error {
-		actx, cancel := context.WithTimeout(ctx, OpAttemptTimeout)
-		defer cancel()
-		err := op(actx)
-		if err != nil && ctx.Err() != nil {
-			return backoff.Permanent(err)
-		}
+	// The next try waits as backoff's own second try would.
+	t := time.NewTimer(b.InitialInterval)
+	select {
+	case <-ctx.Done():
+		t.Stop()
 		return err
-	}, backoff.WithContext(b, ctx))
-	var perm *backoff.PermanentError
+	case <-t.C:
+	}
+	b.MaxElapsedTime = OpMaxElapsed - time.Since(start)
+	if b.MaxElapsedTime <= 0 {
+		return err
+	}
+	err = backoff.Retry(func() error { return try(ctx, op) }, backoff.WithContext(b, ctx))
 	if errors.As(err, &perm) {
 		return perm.Err
+	}
+	return err
+}
+
+// try is one try of op, in a context of at most OpAttemptTimeout; an error
+// once ctx has ended is permanent.
+func try(ctx context.Context, op func(ctx context.Context) error) error {
+	actx, cancel := context.WithTimeout(ctx, OpAttemptTimeout)
+	defer cancel()
+	err := op(actx)
+	if err != nil && ctx.Err() != nil {
+		return backoff.Permanent(err)
 	}
 	return err
 }

@@ -5,9 +5,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"golang.org/x/sys/unix"
 )
 
 // pool keeps the directories of finished runs that held nothing but
@@ -55,8 +55,9 @@ func newPool(root string, max int) *pool {
 // take moves an idle directory to dst (a run's directory, which must not
 // exist) and reports whether it did, with the directory's bound socket
 // (nil when it has none), now at dst/coordination.SocketName; false means
-// the caller stages dst itself. The directory's times are set to now before
-// it moves, so the reconciler never takes it for a stale one.
+// the caller stages dst itself. The run holds dst (stage.Holds) before it
+// takes a directory, so a sweep never takes it for a stale one, whatever
+// its times.
 func (p *pool) take(dst string) (bool, *coordination.Socket) {
 	if p == nil {
 		return false, nil
@@ -72,11 +73,7 @@ func (p *pool) take(dst string) (bool, *coordination.Socket) {
 	p.mu.Unlock()
 	fi, err := os.Lstat(filepath.Join(d.dir, coordination.MCPConfigName))
 	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == coordination.MCPConfigMode &&
-		fi.Size() == int64(len(coordination.MCPConfig()))
-	if ok {
-		now := time.Now()
-		ok = os.Chtimes(d.dir, now, now) == nil && os.Rename(d.dir, dst) == nil
-	}
+		fi.Size() == mcpConfigSize && rename(d.dir, dst) == nil
 	if !ok {
 		d.close()
 		return false, nil
@@ -100,7 +97,7 @@ func (p *pool) put(dir string, sock *coordination.Socket) bool {
 	name := filepath.Join(p.root, strconv.Itoa(p.next))
 	p.next++
 	p.mu.Unlock()
-	if os.Rename(dir, name) != nil {
+	if rename(dir, name) != nil {
 		return false
 	}
 	p.mu.Lock()
@@ -131,4 +128,14 @@ func (p *pool) drain() {
 		d.close()
 	}
 	_ = os.Remove(p.root)
+}
+
+// mcpConfigSize is the size of the mcp.json a pooled directory holds.
+var mcpConfigSize = int64(len(coordination.MCPConfig()))
+
+// rename moves old to new, which must not exist, in one renameat2 call
+// (RENAME_NOREPLACE): os.Rename looks at new first, a system call more on
+// every run that takes a pooled directory.
+func rename(old, new string) error {
+	return unix.Renameat2(unix.AT_FDCWD, old, unix.AT_FDCWD, new, unix.RENAME_NOREPLACE)
 }
