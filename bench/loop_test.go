@@ -54,12 +54,21 @@ func timedLoop(t *testing.T, label, unit string, n int, round1 func(count int) t
 // pulledLoop is a bare JetStream loop on cons: noopConcurrency pullers,
 // until the test ends, each fetch one message at a time and pass it to
 // handle (which acks it); a round has submitAll call submit count times
-// and ends when handle has returned count times. It returns timedLoop's
-// function for rounds of n items.
-func pulledLoop(t *testing.T, label, unit string, n int, cons jetstream.Consumer, submit func() error, handle func(context.Context, jetstream.Msg) error) func(prof string) float64 {
+// and ends when handle has returned count times, or, when finished is
+// set, when it has been called count times (a watcher of the items'
+// finished events, as the no-op loop watches its runs'). It returns
+// timedLoop's function for rounds of n items.
+func pulledLoop(t *testing.T, label, unit string, n int, cons jetstream.Consumer, submit func() error, handle func(context.Context, jetstream.Msg) error, finished *func()) func(prof string) float64 {
 	t.Helper()
-	var handled, target atomic.Int64
+	var handled, seen, target atomic.Int64
 	done := make(chan struct{}, 1)
+	if finished != nil {
+		*finished = func() {
+			if seen.Add(1) == target.Load() {
+				done <- struct{}{}
+			}
+		}
+	}
 	pctx, stopPullers := context.WithCancel(context.Background())
 	var pullers sync.WaitGroup
 	for range noopConcurrency {
@@ -75,7 +84,7 @@ func pulledLoop(t *testing.T, label, unit string, n int, cons jetstream.Consumer
 					if err := handle(fctx, m); err != nil && pctx.Err() == nil {
 						t.Errorf("%s: %v", label, err)
 					}
-					if handled.Add(1) == target.Load() {
+					if handled.Add(1) == target.Load() && finished == nil {
 						done <- struct{}{}
 					}
 				}
@@ -86,6 +95,7 @@ func pulledLoop(t *testing.T, label, unit string, n int, cons jetstream.Consumer
 	t.Cleanup(func() { stopPullers(); pullers.Wait() })
 	return timedLoop(t, label, unit, n, func(count int) time.Duration {
 		handled.Store(0)
+		seen.Store(0)
 		target.Store(int64(count))
 		start := time.Now()
 		submitAll(t, count, submit)

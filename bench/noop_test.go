@@ -83,8 +83,8 @@ func noopBehaviour(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.Ex
 }
 
 // TestNoopThroughput measures runs per second through the whole path —
-// dispatcher.Submit (queued state + publish) → JETCREW_RUNS → a worker's pull
-// → claim, running and final states in jetcrew-runs, started and finished
+// dispatcher.Submit (publish) → JETCREW_RUNS → a worker's pull → claim
+// (the queued state created), running and final states in jetcrew-runs, started and finished
 // events on JETCREW_EVENTS, ack — with a runtime whose containers exit at
 // once, against a bare JetStream loop with the same shape on the same
 // embedded server: publishers doing synchronous publishes, pullers each
@@ -136,7 +136,7 @@ func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, 
 	rawName := "raw_js_" + infix + "msgs_per_s"
 	record(t, rawName, Figure{Value: median(rawR), Repeats: rawR, Unit: "msgs/s", Samples: nRaw, What: rawWhat})
 	record(t, "raw_js_"+infix+"runplan_runs_per_s", Figure{Value: median(planR), Repeats: planR, Unit: "runs/s", Baseline: rawName, Samples: nNocoord,
-		What: "the JetStream floor under a coordination-off no-op run: bare nats.go making its message plan, no jetcrew code (queued state KV create + request publish with Nats-Msg-Id; pull, running state CAS, started event async, final state CAS, finished event, ack; a real run's payload sizes); same server, submitters and pullers as the raw loop"})
+		What: "the JetStream floor under a coordination-off no-op run: bare nats.go making its message plan, no jetcrew code (request publish with Nats-Msg-Id; pull, queued state KV create, running state CAS, started event async, final state CAS, finished event, each event with a run's headers and Nats-Msg-Id, ack; a watcher reading each finished event's state; a real run's payload sizes); same server, submitters and pullers as the raw loop"})
 	record(t, "noop_"+infix+"runs_per_s", Figure{Value: median(coordR), Repeats: coordR, Unit: "runs/s", Baseline: rawName, Samples: nRuns, What: coordWhat})
 	record(t, "noop_"+infix+"nocoord_runs_per_s", Figure{Value: median(nocoordR), Repeats: nocoordR, Unit: "runs/s", Baseline: rawName, Samples: nNocoord, What: nocoordWhat})
 }
@@ -314,7 +314,7 @@ func rawJetStreamLoop(t *testing.T, b bed, n int) func(prof string) float64 {
 			_, err := pubJS.Publish(ctx, "bench.raw", payload)
 			return err
 		},
-		func(ctx context.Context, m jetstream.Msg) error { return m.DoubleAck(ctx) })
+		func(ctx context.Context, m jetstream.Msg) error { return m.DoubleAck(ctx) }, nil)
 }
 
 // runTracker matches finished events with the runs a loop submitted, in

@@ -167,7 +167,7 @@ func (r delivery) resume(ctx context.Context, prev messages.RunState, rev uint64
 			return true
 		}
 	default:
-		// A redelivery (or the submitter's record): the same request,
+		// A redelivery (or an older client's queued record): the same request,
 		// so a replay stays counted.
 		r.rec.st.Replays = prev.Replays
 	}
