@@ -20,7 +20,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
@@ -304,6 +306,49 @@ func TestSubmitRefusesInvalidBeforeConnecting(t *testing.T) {
 			require.NotContains(t, stderr, "connect to NATS")
 		})
 	}
+}
+
+// submit --workspace checks the request before connecting and, once the
+// snapshot is uploaded, only what the workspace field adds: the request
+// published names the snapshot, and one that the field makes too large is a
+// usage error with nothing published.
+func TestSubmitWorkspaceRequest(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	js, err := jetstream.New(workertest.Connect(t, s))
+	require.NoError(t, err)
+	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n"), 0o644))
+
+	code, stdout, stderr := cli(t, s.ClientURL(), "submit", "--id", "ws-1", "--workspace", dir, "cat main.go")
+	require.Equal(t, 0, code, "stderr: %s", stderr)
+	require.Equal(t, "ws-1\n", stdout)
+	runs, err := js.Stream(t.Context(), messages.StreamRuns)
+	require.NoError(t, err)
+	msg, err := runs.GetMsg(t.Context(), 1)
+	require.NoError(t, err)
+	req, err := messages.DecodeRunRequest(msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, "ws-1", req.ID)
+	require.NotNil(t, req.Workspace)
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, req.Workspace.Digest)
+	require.Contains(t, stderr, "--- workspace "+dir+": "+req.Workspace.Name)
+
+	// A prompt that fits alone but not beside the workspace field.
+	one, err := dispatcher.Encode(messages.RunRequest{ID: "ws-big", Profile: "shell", Prompt: "x"})
+	require.NoError(t, err)
+	data, err := json.Marshal(one.Request())
+	require.NoError(t, err)
+	code, _, stderr = cli(t, s.ClientURL(), "submit", "--id", "ws-big", "--workspace", dir,
+		strings.Repeat("x", messages.MaxRequestBytes-len(data)+1))
+	require.Equal(t, exitUsage, code, "stderr: %s", stderr)
+	require.Contains(t, stderr, "jetcrew: submit: invalid run request: encoded request is")
+	require.Contains(t, stderr, "largest allowed")
+	info, err := runs.Info(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs, "nothing is published for a refused request")
 }
 
 func TestSubmitNotProvisioned(t *testing.T) {

@@ -118,10 +118,10 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 // jetcrew's streams and bucket do not exist yet.
 var provisionPoll = time.Second
 
-// submitWhenProvisioned calls submit (a dispatcher's Submit) and, when jetcrew's streams and bucket
-// do not exist yet (a worker starting against the server creates them), says
-// so and, with keepWaiting, tries again every provisionPoll until they do or
-// ctx ends.
+// submitWhenProvisioned calls submit (the publish of the request) and, when
+// jetcrew's streams and bucket do not exist yet (a worker starting against
+// the server creates them), says so and, with keepWaiting, tries again every
+// provisionPoll until they do or ctx ends.
 func (a *app) submitWhenProvisioned(ctx context.Context, submit func(context.Context) (string, error), keepWaiting, quiet bool) (string, error) {
 	said := false
 	for {
