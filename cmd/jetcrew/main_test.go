@@ -171,6 +171,32 @@ func TestNATSURLUsedByCommands(t *testing.T) {
 	require.Contains(t, stderr, "nats://127.0.0.1:2")
 }
 
+// Every command that takes a RUN_ID starts the same way (runDispatcher): an
+// id that cannot be a run id is a usage error before any connection, and a
+// good one connects to the server --nats, else NATS_URL, names.
+func TestRunIDCommands(t *testing.T) {
+	t.Parallel()
+	badID := messages.ValidateToken("run id", "a.b")
+	require.Error(t, badID)
+	for _, name := range []string{"status", "watch", "cancel", "replay", "result", "diff", "apply", "artifacts"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := cli(t, "nats://127.0.0.1:1", name, "a.b")
+			require.Equal(t, exitUsage, code, "stderr: %s", stderr)
+			require.Empty(t, stdout)
+			require.Equal(t, "jetcrew: "+badID.Error()+"\nRun 'jetcrew "+name+" --help' for usage.\n", stderr)
+
+			code, _, stderr = cli(t, "nats://127.0.0.1:1", name, "some-run")
+			require.Equal(t, 1, code, "stderr: %s", stderr)
+			require.Contains(t, stderr, "connect to NATS at nats://127.0.0.1:1")
+
+			code, _, stderr = cli(t, "nats://127.0.0.1:1", name, "--nats", "nats://127.0.0.1:2", "some-run")
+			require.Equal(t, 1, code, "stderr: %s", stderr)
+			require.Contains(t, stderr, "connect to NATS at nats://127.0.0.1:2")
+		})
+	}
+}
+
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "nats://127.0.0.1:4222", redactURL("nats://127.0.0.1:4222"))
