@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -195,6 +198,46 @@ func TestRunIDCommands(t *testing.T) {
 			require.Contains(t, stderr, "connect to NATS at nats://127.0.0.1:2")
 		})
 	}
+}
+
+// The command list in main.go's doc comment names every command there is,
+// and only those.
+func TestMainDocListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	var documented []string
+	for _, line := range strings.Split(f.Doc.Text(), "\n") {
+		rest, ok := strings.CutPrefix(line, "\tjetcrew ")
+		if !ok {
+			continue
+		}
+		usage, _, _ := strings.Cut(rest, "  ") // before the description
+		var words []string
+		for _, w := range strings.Fields(usage) {
+			if strings.Trim(w, "abcdefghijklmnopqrstuvwxyz") != "" {
+				break // an argument, a flag or a prompt
+			}
+			words = append(words, w)
+		}
+		if len(words) > 0 {
+			documented = append(documented, strings.Join(words, " "))
+		}
+	}
+	var registered []string
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if !c.HasSubCommands() {
+			registered = append(registered, strings.TrimPrefix(c.CommandPath(), "jetcrew "))
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	for _, c := range newApp().rootCmd().Commands() {
+		walk(c)
+	}
+	require.ElementsMatch(t, registered, documented)
 }
 
 func TestRedactURL(t *testing.T) {

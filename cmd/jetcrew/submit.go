@@ -33,7 +33,8 @@ type submitOptions struct {
 	// fetches as the run's workspace.
 	gitURL, gitRef string
 	signKey        string // --sign-key: NKey user seed file signing the request
-	// keepWaiting keeps --wait waiting when no live worker serves the pool.
+	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
+	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
 }
 
