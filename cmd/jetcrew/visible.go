@@ -12,9 +12,10 @@ import (
 // reason, a dead letter's headers, a worker's message, and a run's output
 // when it goes to a terminal) may hold bytes a terminal obeys: escape
 // sequences that retitle the window, erase lines or move the cursor, bidi
-// overrides that reorder text. Those are shown escaped instead (issue 13,
-// item 14). JSON output (--json) stays exact: encoding/json escapes control
-// characters itself.
+// overrides that reorder text. Those are shown escaped instead, so what a
+// run wrote cannot disguise itself or rewrite the operator's screen. JSON
+// output (--json) stays exact: encoding/json escapes control characters
+// itself.
 
 // visibleString returns s with every control character but newline and tab,
 // every bidi control and every byte that is not UTF-8 written as a Go escape

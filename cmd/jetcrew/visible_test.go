@@ -28,7 +28,7 @@ func TestVisibleString(t *testing.T) {
 	}
 }
 
-// Issue 13 item 14: what a run wrote reaches the operator's terminal through
+// What a run wrote reaches the operator's terminal through
 // status, failed and the lifecycle lines escaped; --json stays exact.
 func TestHumanOutputEscapesControlCharacters(t *testing.T) {
 	t.Parallel()

@@ -12,9 +12,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// How a waiting submit reports a run that stays queued (issue 13, item 15):
-// the first look comes soon, so a pool without workers is told within
-// seconds; later lines come every queueReportEvery.
+// How a waiting submit reports a run that stays queued: the first look
+// comes soon, so a submit to a pool without workers says so within seconds
+// instead of waiting in silence; later lines come every queueReportEvery.
 var (
 	queueFirstLook   = 1500 * time.Millisecond
 	queueReportEvery = 10 * time.Second
