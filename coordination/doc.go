@@ -30,7 +30,7 @@
 //     expiring PeerTTL after it does not. A run that named no group is
 //     alone in the group of its own id; it is written when its bridge first
 //     connects, so a run that never uses coordination costs no presence
-//     write or delete (issue 16).
+//     write or delete.
 //
 // # People
 //

@@ -16,7 +16,7 @@ import (
 // in the same directory once the worker has moved it to that run's path
 // (Host.ServeSocket). Binding a new socket, setting its mode and unlinking
 // it when the run ends were the largest single cost of a coordination-on
-// run in the noop benchmark (issue 16); a directory the worker pools keeps
+// run in the noop benchmark (bench/); a directory the worker pools keeps
 // its socket bound instead.
 //
 // A Socket is only ever served again after every connection waiting in its

@@ -712,7 +712,7 @@ func TestInboxMaxAndOrder(t *testing.T) {
 
 // A run that named no group (its group is its own id) costs no presence
 // write or inbox consumer until its bridge connects, and its Close then sends
-// nothing; once connected it is listed like any other run (issue 16).
+// nothing; once connected it is listed like any other run.
 func TestSoloRunJoinsOnConnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

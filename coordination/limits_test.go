@@ -19,8 +19,8 @@ import (
 )
 
 // holdConn dials path and sends a request announcing a 100000-byte body with
-// one byte of it, then holds the connection, as the attack in issue 13 item
-// 1 did.
+// one byte of it, then holds the connection: a run trying to pin the
+// worker's connections with bodies it never finishes.
 func holdConn(t *testing.T, path string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("unix", path)
@@ -32,7 +32,7 @@ func holdConn(t *testing.T, path string) net.Conn {
 }
 
 // TestSocketBoundsPerSession proves what a run can make the worker hold
-// through its socket (issue 13 item 1): at most MaxConnsPerSession
+// through its socket, whatever the agent does: at most MaxConnsPerSession
 // connections (the next is answered 503 and closed), each request read
 // within the read timeout (a body announced and never sent is cut off), and
 // a body no larger than relay.MaxRequestBytes. Another run's socket and the
@@ -94,7 +94,8 @@ func TestSocketBoundsPerSession(t *testing.T) {
 }
 
 // TestRateLimitedCallsCounted proves the per-run token buckets on bridge
-// calls (issue 13 item 3): sends, refused ones included, and reads each have
+// calls, which keep one run from flooding its group or the worker: sends,
+// refused ones included, and reads each have
 // a burst then a rate; a call past it gets a clear "rate limited" tool
 // error; and refusals for rate are counted in a few events, not stored one
 // by one.

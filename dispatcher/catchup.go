@@ -26,9 +26,8 @@ const maxCatchUp = 100000
 // Watch calls it before it makes a finished event from the run's final
 // state: a consumer placed on a node still catching up after a restart can
 // stay silent for a while, and an event that was only not read yet must not
-// be reported gone (issue 13, item 24). It asks the stream leader (the
-// JetStream message-get API, not a direct get, which any replica may answer
-// from behind).
+// be reported gone. It asks the stream leader (the JetStream message-get
+// API, not a direct get, which any replica may answer from behind).
 func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, from watchFrom, st messages.RunState, fn func(WatchEvent) error) (messages.Event, bool, error) {
 	var fin *messages.Event
 	next := max(after+1, from.afterEvent+1)

@@ -1,12 +1,15 @@
 // Package dispatcher is the client side of jetcrew: it submits run requests
-// to the JETCREW_RUNS stream, reads run states from the jetcrew-runs bucket
-// and follows a run's events on JETCREW_EVENTS.
+// to the JETCREW_RUNS stream, reads run states from the jetcrew-runs bucket,
+// follows a run's events on JETCREW_EVENTS, cancels runs, lists and replays
+// dead letters, and uploads workspace snapshots and reads their results.
 //
 // It speaks only the public wire contract of package messages (see
 // docs/wire.md), so anything it does a client in another language can do
-// too. It creates no stream, bucket or consumer other than the ephemeral
-// ordered consumer Watch reads with: workers provision the resources, and a
-// Dispatcher used before any worker ran returns ErrNotProvisioned.
+// too. Workers provision jetcrew's streams, buckets and consumers, and a
+// Dispatcher used before any worker ran returns ErrNotProvisioned. It
+// creates only the ephemeral ordered consumers Watch, WatchReplay and
+// FollowMessages read with, and, when UploadWorkspace finds them missing,
+// the workspace and result buckets.
 //
 // A Dispatcher is safe for concurrent use.
 package dispatcher

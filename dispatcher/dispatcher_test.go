@@ -130,24 +130,61 @@ func TestNewNilConn(t *testing.T) {
 func TestEncode(t *testing.T) {
 	t.Parallel()
 
-	req, data, err := Encode(messages.RunRequest{Profile: "shell", Prompt: "echo hi"})
+	e, err := Encode(messages.RunRequest{Profile: "shell", Prompt: "echo hi"})
 	require.NoError(t, err)
+	req := e.Request()
 	_, err = ulid.ParseStrict(req.ID)
 	require.NoError(t, err, "assigned id %q is not a ULID", req.ID)
+	require.False(t, e.chosenID, "an assigned id is not the caller's")
 	require.Equal(t, messages.DefaultPool, req.Pool)
 	require.Equal(t, messages.RequestVersion, req.Version)
-	back, err := messages.DecodeRunRequest(data)
+	back, err := messages.DecodeRunRequest(e.data)
 	require.NoError(t, err)
 	require.Equal(t, req, back)
 
-	req2, _, err := Encode(messages.RunRequest{Profile: "shell"})
+	e2, err := Encode(messages.RunRequest{Profile: "shell"})
 	require.NoError(t, err)
-	require.NotEqual(t, req.ID, req2.ID)
+	require.NotEqual(t, req.ID, e2.Request().ID)
 
-	req3, _, err := Encode(messages.RunRequest{ID: "mine", Profile: "shell", Pool: "gpu"})
+	e3, err := Encode(messages.RunRequest{ID: "mine", Profile: "shell", Pool: "gpu"})
 	require.NoError(t, err)
-	require.Equal(t, "mine", req3.ID)
-	require.Equal(t, "gpu", req3.Pool)
+	require.Equal(t, "mine", e3.Request().ID)
+	require.Equal(t, "gpu", e3.Request().Pool)
+	require.True(t, e3.chosenID)
+
+	_, err = Encode(messages.RunRequest{Profile: "a b"})
+	require.ErrorIs(t, err, messages.ErrInvalidRequest)
+}
+
+func TestEncodedWithWorkspace(t *testing.T) {
+	t.Parallel()
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(digest), Digest: digest}
+
+	e, err := Encode(messages.RunRequest{ID: "ws", Profile: "shell"})
+	require.NoError(t, err)
+	w, err := e.WithWorkspace(ref)
+	require.NoError(t, err)
+	require.Nil(t, e.Request().Workspace, "WithWorkspace returns a copy")
+	require.Equal(t, &ref, w.Request().Workspace)
+	require.True(t, w.chosenID)
+	back, err := messages.DecodeRunRequest(w.data)
+	require.NoError(t, err)
+	require.Equal(t, w.Request(), back)
+
+	_, err = e.WithWorkspace(messages.WorkspaceRef{Name: "x", Digest: "not a digest"})
+	require.ErrorIs(t, err, messages.ErrInvalidRequest)
+
+	// The prompt fits alone, not with the workspace field beside it.
+	big, err := Encode(messages.RunRequest{ID: "big", Profile: "shell",
+		Prompt: strings.Repeat("x", messages.MaxRequestBytes-len(`{"version":1,"id":"big","profile":"shell","prompt":"","pool":"default"}`))})
+	require.NoError(t, err)
+	_, err = big.WithWorkspace(ref)
+	require.ErrorIs(t, err, messages.ErrInvalidRequest)
+	require.ErrorContains(t, err, "largest allowed")
+
+	_, err = Encoded{}.WithWorkspace(ref)
+	require.ErrorIs(t, err, messages.ErrInvalidRequest)
 }
 
 func TestSubmit(t *testing.T) {
@@ -182,6 +219,27 @@ func TestSubmit(t *testing.T) {
 	// so a submitter needs no write access to the bucket.
 	_, err = b.d.Status(t.Context(), id)
 	require.ErrorIs(t, err, ErrRunNotFound)
+}
+
+func TestSubmitEncoded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+
+	_, err := b.d.SubmitEncoded(t.Context(), Encoded{}, nil)
+	require.ErrorIs(t, err, messages.ErrInvalidRequest)
+	require.Zero(t, b.streamMsgs(t, messages.StreamRuns), "nothing is published for an Encoded that Encode did not make")
+
+	e, err := Encode(messages.RunRequest{Profile: "shell", Prompt: "echo hi"})
+	require.NoError(t, err)
+	id, err := b.d.SubmitEncoded(t.Context(), e, nil)
+	require.NoError(t, err)
+	require.Equal(t, e.Request().ID, id)
+	st, err := b.js.Stream(t.Context(), messages.StreamRuns)
+	require.NoError(t, err)
+	msg, err := st.GetMsg(t.Context(), 1)
+	require.NoError(t, err)
+	require.Equal(t, e.data, msg.Data, "the encoding Encode made is what is published")
+	require.Equal(t, id, msg.Header.Get(jetstream.MsgIDHeader))
 }
 
 func TestSubmitPoolAndGroup(t *testing.T) {
@@ -222,7 +280,7 @@ func TestSubmitDuplicate(t *testing.T) {
 	require.NoError(t, err)
 
 	id, err := b.d.Submit(t.Context(), req)
-	require.ErrorIs(t, err, ErrDuplicateSubmit, "a duplicate publish says so (issue 13 item 19)")
+	require.ErrorIs(t, err, ErrDuplicateSubmit, "a duplicate publish says so")
 	require.ErrorContains(t, err, "jetcrew replay dup")
 	require.Equal(t, "dup", id)
 	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamRuns), "the duplicate publish must be dropped")

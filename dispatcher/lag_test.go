@@ -11,7 +11,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// Issue 13 item 24: following a run survives a consumer that delivers
+// Following a run survives a consumer that delivers
 // nothing for a while (as one placed on a node still catching up): when the
 // run's state is final but its events were not read yet, Watch reads them
 // from the stream rather than saying the finished event is gone.

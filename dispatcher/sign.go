@@ -21,7 +21,11 @@ func (d *Dispatcher) SubmitSigned(ctx context.Context, req messages.RunRequest, 
 	if key == nil {
 		return "", fmt.Errorf("submit: nil signing key")
 	}
-	return d.submit(ctx, req, key)
+	e, err := Encode(req)
+	if err != nil {
+		return "", fmt.Errorf("submit: %w", err)
+	}
+	return d.publish(ctx, e, key)
 }
 
 // LoadSigningKey reads an NKey user seed ("SU…") from path, the file

@@ -24,28 +24,72 @@ func NewRunID() string {
 	return ulid.MustNew(ulid.Now(), entropy).String()
 }
 
+// Encoded is a run request ready to publish: completed with its defaults
+// and run id, checked and encoded to JSON by Encode. Submit publishes one
+// it makes itself; SubmitEncoded publishes one the caller made, so a
+// program can refuse a bad request before it even connects. The zero value
+// holds no request.
+type Encoded struct {
+	req  messages.RunRequest
+	data []byte
+	// chosenID is true when the caller named the run id: only such an id
+	// can be in use already (see checkSameRequest).
+	chosenID bool
+}
+
 // Encode applies the request defaults (Version, Pool) to req, assigns a new
-// run id (NewRunID) when req.ID is empty, validates it and encodes it to
-// JSON. It returns the completed request and its encoding, or an error
-// wrapping messages.ErrInvalidRequest when the request breaks a rule or its
-// encoding is larger than messages.MaxRequestBytes. It does no I/O; Submit
-// calls it first.
-func Encode(req messages.RunRequest) (messages.RunRequest, []byte, error) {
-	req = req.WithDefaults()
-	if req.ID == "" {
-		req.ID = NewRunID()
+// run id (NewRunID) when req.ID is empty, checks it against the rules of
+// messages.RunRequest and encodes it to JSON. It is the client's one check
+// of a request (a worker checks it again, strictly, when it decodes it):
+// Submit and SubmitSigned call it, and SubmitEncoded publishes what it
+// returns without checking again. The error wraps
+// messages.ErrInvalidRequest when the request breaks a rule or its encoding
+// is larger than messages.MaxRequestBytes. It does no I/O.
+func Encode(req messages.RunRequest) (Encoded, error) {
+	e := Encoded{req: req.WithDefaults(), chosenID: req.ID != ""}
+	if e.req.ID == "" {
+		e.req.ID = NewRunID()
 	}
-	if err := req.Validate(); err != nil {
-		return req, nil, err
+	if err := e.req.Validate(); err != nil {
+		return Encoded{}, err
 	}
-	data, err := json.Marshal(req)
+	return e.encode()
+}
+
+// Request returns the completed request: defaults applied, run id assigned.
+func (e Encoded) Request() messages.RunRequest { return e.req }
+
+// WithWorkspace returns e with its request's Workspace set to ref: for a
+// snapshot uploaded (UploadWorkspace) after the rest of the request was
+// encoded. Only what changes is checked: ref (messages.WorkspaceRef.Validate)
+// and the size of the new encoding; the error wraps
+// messages.ErrInvalidRequest as Encode's does.
+func (e Encoded) WithWorkspace(ref messages.WorkspaceRef) (Encoded, error) {
+	if e.data == nil {
+		return Encoded{}, errNotEncoded
+	}
+	if err := ref.Validate(); err != nil {
+		return Encoded{}, err
+	}
+	e.req.Workspace = &ref
+	return e.encode()
+}
+
+// errNotEncoded is the error for an Encoded that Encode did not make.
+var errNotEncoded = fmt.Errorf("%w: not made by Encode", messages.ErrInvalidRequest)
+
+// encode sets e.data to the JSON encoding of e.req, which must have passed
+// its checks, and refuses an encoding larger than messages.MaxRequestBytes.
+func (e Encoded) encode() (Encoded, error) {
+	data, err := json.Marshal(e.req)
 	if err != nil {
-		return req, nil, fmt.Errorf("%w: encode: %w", messages.ErrInvalidRequest, err)
+		return Encoded{}, fmt.Errorf("%w: encode: %w", messages.ErrInvalidRequest, err)
 	}
 	if len(data) > messages.MaxRequestBytes {
-		return req, nil, fmt.Errorf("%w: encoded request is %d bytes, largest allowed is %d", messages.ErrInvalidRequest, len(data), messages.MaxRequestBytes)
+		return Encoded{}, fmt.Errorf("%w: encoded request is %d bytes, largest allowed is %d", messages.ErrInvalidRequest, len(data), messages.MaxRequestBytes)
 	}
-	return req, data, nil
+	e.data = data
+	return e, nil
 }
 
 // Submit publishes a run request and returns its run id.
@@ -61,29 +105,40 @@ func Encode(req messages.RunRequest) (messages.RunRequest, []byte, error) {
 // docs/security.md).
 //
 // When the caller chose the id, Submit first reads that run's state: a
-// different request under an id whose state records another request's
-// digest is refused before anything is published, with an error wrapping
-// ErrIDInUse (the worker refuses it too). Within the stream's duplicate
-// window (2 minutes) the server drops a second publish of the same id, and
-// Submit returns the id with an error wrapping ErrDuplicateSubmit.
+// request under an id whose state records another request's digest is
+// refused before anything is published, with an error wrapping ErrIDInUse
+// (the worker refuses it too).
 //
-// Submitting the same id again is safe: within the stream's duplicate window
-// (2 minutes) the server drops the second publish; after it, a worker refuses
-// a request whose run already succeeded or is still in progress.
+// Submitting the same id again is safe: within the stream's duplicate
+// window (2 minutes) the server drops the second publish, and Submit
+// returns the id with an error wrapping ErrDuplicateSubmit; after it, a
+// worker refuses a request whose run already succeeded or is still in
+// progress.
 //
 // When jetcrew's streams do not exist the error wraps ErrNotProvisioned.
 func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (string, error) {
-	return d.submit(ctx, req, nil)
-}
-
-// submit is Submit, signing the request with key when it is not nil.
-func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nkeys.KeyPair) (string, error) {
-	// A generated id is new: only an id the caller chose can be in use.
-	chosenID := req.ID != ""
-	req, data, err := Encode(req)
+	e, err := Encode(req)
 	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
 	}
+	return d.publish(ctx, e, nil)
+}
+
+// SubmitEncoded is Submit for a request Encode already completed and
+// checked, signed with key as SubmitSigned signs unless key is nil. It
+// checks nothing again; an Encoded that Encode did not make is refused with
+// an error wrapping messages.ErrInvalidRequest.
+func (d *Dispatcher) SubmitEncoded(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
+	if e.data == nil {
+		return "", fmt.Errorf("submit: %w", errNotEncoded)
+	}
+	return d.publish(ctx, e, key)
+}
+
+// publish is Submit after Encode, signing the request with key when it is
+// not nil.
+func (d *Dispatcher) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
+	req, data := e.req, e.data
 	msg := nats.NewMsg(messages.SubjectRuns(req.Pool))
 	msg.Data = data
 	if key != nil {
@@ -91,7 +146,7 @@ func (d *Dispatcher) submit(ctx context.Context, req messages.RunRequest, key nk
 			return "", fmt.Errorf("submit run %s: %w", req.ID, err)
 		}
 	}
-	if chosenID {
+	if e.chosenID {
 		if err := d.checkSameRequest(ctx, req.ID, messages.RequestDigest(data)); err != nil {
 			return "", err
 		}

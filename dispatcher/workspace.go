@@ -20,9 +20,10 @@ import (
 var ErrNoResult = errors.New("no workspace result")
 
 // UploadWorkspace snapshots dir and stores the snapshot in the workspace
-// bucket, created with b when missing, unless the bucket already holds it
-// (same digest): see workspace.Upload. The returned Ref is the request's
-// workspace field.
+// bucket, unless the bucket already holds it (same digest): see
+// workspace.Upload. The workspace and result buckets are created with b
+// when missing (workspace.EnsureBuckets). The returned Ref is the request's
+// workspace field (Encoded.WithWorkspace).
 func (d *Dispatcher) UploadWorkspace(ctx context.Context, dir string, o workspace.SnapshotOptions, b workspace.BucketConfig) (workspace.Uploaded, error) {
 	ws, _, err := workspace.EnsureBuckets(ctx, d.js, b)
 	if err != nil {

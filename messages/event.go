@@ -28,8 +28,7 @@ const (
 	// (body: AgentEvent).
 	EventAgent EventType = "agent"
 	// EventCoord: a coordination step of the run (its bridge connected, a
-	// message sent, read or refused); the body is the coordination
-	// package's Event JSON.
+	// message sent, read or refused); body: CoordEvent.
 	EventCoord EventType = "coord"
 	// EventEgress: one connection attempt of the run through its egress
 	// proxy, allowed or refused (body: EgressEvent). Only profiles with an

@@ -85,8 +85,8 @@ func SalvageRunID(data []byte) string {
 // RequestDigest returns the digest of an encoded run request as published:
 // "sha256:" and the hex SHA-256 of data without the JSON white space around
 // the value (a shell pipe that adds a newline does not make another
-// request; anything inside the object does). The dispatcher records it
-// in the run's queued state and the worker in every state it writes
+// request; anything inside the object does). The worker records it in
+// every state it writes, from the claim that creates the run's record on
 // (RunState.RequestDigest), so a request that reuses a run id with another
 // body is told apart from a redelivery or a replay of the same request.
 func RequestDigest(data []byte) string {

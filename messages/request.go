@@ -45,9 +45,10 @@ type RunRequest struct {
 	// Version is the request format version; 0 or absent means
 	// RequestVersion. Any other value is refused.
 	Version int `json:"version,omitempty"`
-	// ID identifies the run: a subject token (see ValidateToken). When empty
-	// the dispatcher assigns a ULID, and a worker receiving a request without
-	// one derives it from the stream message (see the worker package).
+	// ID identifies the run: a subject token that is none of ReservedNames
+	// (see ValidateName). When empty, dispatcher.Encode assigns a ULID; a
+	// worker receiving a request without one derives a ULID from the stream
+	// message (its time and sequence; docs/wire.md, "Submitting a run").
 	ID string `json:"id,omitempty"`
 	// Profile names the worker-side profile to run with. Required.
 	Profile string `json:"profile"`

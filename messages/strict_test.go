@@ -9,7 +9,8 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// Issue 13 item 4: keys are matched exactly and once, at every depth.
+// Keys are matched exactly and once, at every depth, so that no other JSON
+// reader of a request can see something else than what the worker acts on.
 func TestDecodeRunRequestExactKeys(t *testing.T) {
 	t.Parallel()
 	for body, want := range map[string]string{
@@ -33,8 +34,9 @@ func TestDecodeRunRequestExactKeys(t *testing.T) {
 	require.Len(t, r.Env, 2)
 }
 
-// Issue 13 item 5: a refused request keeps the id it carries, whatever else
-// is wrong with it; an ambiguous, reserved or unreadable one gives none.
+// A refused request keeps the id it carries, whatever else is wrong with it
+// (its failure is recorded where its submitter looks); an ambiguous,
+// reserved or unreadable one gives none.
 func TestSalvageRunID(t *testing.T) {
 	t.Parallel()
 	big := strings.Repeat("x", 300<<10)

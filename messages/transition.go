@@ -28,7 +28,7 @@ type Transition struct {
 // it while its replay was queued; and it may be rewritten in place to mark
 // a cancel pending.
 var Transitions = []Transition{
-	{StateNone, StateQueued, "submitter records the request, or a worker claims it"},
+	{StateNone, StateQueued, "a worker's claim creates the record (a submitter writes none; an older client's queued record is still accepted)"},
 	{StateNone, StateCancelled, "cancel before any worker saw the request"},
 	{StateNone, StateFailed, "MaxDeliver exhausted before any state was written"},
 	{StateQueued, StateQueued, "claim by a delivery; retry of a set-up failure"},

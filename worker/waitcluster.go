@@ -12,7 +12,7 @@ import (
 
 // A worker that starts before its NATS cluster can serve JetStream (a fresh
 // cluster electing its meta leader, a node catching up) waits for it instead
-// of exiting (issue 13, item 23): every provisioning step is tried until it
+// of exiting: every provisioning step is tried until it
 // succeeds or the worker is stopped, and every failed try is logged with what
 // the worker waits for and when it tries again. An error waiting cannot cure
 // (clusterNotReady) still fails Start at once.

@@ -81,9 +81,10 @@ func (s *rawSession) alive(id int) {
 
 func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
-// Issue 13 item 22: under 2025-03-26 a batch is answered as JSON-RPC says
-// (one array of the requests' responses; nothing for notifications); a batch
-// of two notifications does not end the session; bad batches get errors.
+// Under 2025-03-26, the protocol version with batching, a batch is answered
+// as JSON-RPC says (one array of the requests' responses; nothing for
+// notifications); a batch of two notifications does not end the session;
+// bad batches get errors.
 func TestBatchesUnder20250326(t *testing.T) {
 	t.Parallel()
 	s := startRaw(t, "2025-03-26")

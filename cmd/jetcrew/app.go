@@ -41,7 +41,8 @@ type app struct {
 	// conn are the NATS connection options (connopts.go).
 	conn connOptions
 	// refuse ends the running command with a cause: a permissions
-	// violation the server reported to a client command (see dispatcher).
+	// violation the server reported to a client command (see
+	// app.dispatcher).
 	refuse context.CancelCauseFunc
 
 	logLevel string

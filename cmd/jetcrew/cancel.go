@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
-	"github.com/jetcrew/jetcrew/messages"
 )
 
 func (a *app) cancelCmd() *cobra.Command {
@@ -31,7 +30,7 @@ A run id no worker has seen yet is recorded cancelled too. cancel exits 0 for
 these, and 1 when the cancel failed or no worker answered.`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runCancel(cmd.Context(), a.natsURL(url), args[0])
+			return a.runCancel(cmd.Context(), url, args[0])
 		},
 	}
 	natsFlag(cmd, &url)
@@ -39,10 +38,7 @@ these, and 1 when the cancel failed or no worker answered.`,
 }
 
 func (a *app) runCancel(ctx context.Context, url, id string) error {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(url, "jetcrew cancel")
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew cancel")
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
-// Issue 13 item 19: a second submit of a used id within the duplicate window
+// A second submit of a used id within the duplicate window
 // says so and exits non-zero instead of following the first run; a different
 // body under a used id is refused, never merged with the first run.
 func TestSubmitUsedIDSaysSo(t *testing.T) {
@@ -38,10 +38,11 @@ func TestSubmitUsedIDSaysSo(t *testing.T) {
 	require.NotContains(t, stderr, "--- finished")
 }
 
-// Issue 13 item 8: replay uses only a dead letter a worker wrote for the run
-// (its body is the request the run's state records); a forged one on the
-// run's subject, one for a run nobody ran and one naming another run are
-// refused. A raw request reusing a failed run's id with another body is not
+// Replay uses only a dead letter a worker wrote for the run (its body is the
+// request the run's state records), since whoever may publish on
+// jetcrew.failed.> could otherwise have their request run under the run's
+// id: a forged one on the run's subject, one for a run nobody ran and one
+// naming another run are refused. A raw request reusing a failed run's id with another body is not
 // a replay: the worker refuses it and the run stays as it was.
 func TestReplayOnlyWorkerWrittenDeadLetters(t *testing.T) {
 	t.Parallel()

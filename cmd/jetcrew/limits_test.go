@@ -15,8 +15,8 @@ import (
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
-// TestStreamCapsAndStoreLimit proves issue 13 item 2's second half: `up`'s
-// embedded server has a store limit (--store-max-mib, default 4096 MiB) that
+// TestStreamCapsAndStoreLimit proves that what jetcrew stores cannot fill
+// the disk: `up`'s embedded server has a store limit (--store-max-mib, default 4096 MiB) that
 // holds every stream at its default byte cap, and every stream a worker
 // provisions has a byte cap, set from the flags.
 func TestStreamCapsAndStoreLimit(t *testing.T) {

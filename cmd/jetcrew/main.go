@@ -1,19 +1,26 @@
 // Command jetcrew runs commands and AI agents in hardened Docker containers,
 // fed by NATS JetStream.
 //
-//	jetcrew up                   an embedded NATS server and a worker, in one process
-//	jetcrew worker               a worker against any NATS server
-//	jetcrew submit 'echo hi'     submit a run (--wait follows it to its end)
-//	jetcrew status RUN_ID        a run's state
-//	jetcrew watch RUN_ID         follow a run's output and events
-//	jetcrew cancel RUN_ID        cancel a queued or running run
-//	jetcrew failed               list dead letters (failed runs' requests)
-//	jetcrew replay RUN_ID        submit a failed run again from its dead letter
-//	jetcrew roles users DIR      NATS users per role for a real server
-//	jetcrew runs                 list runs (--state, --pool, --group, --label ...)
-//	jetcrew ui                   serve the web console (also served by up)
-//	jetcrew bridge               the coordination bridge, inside a run container
+//	jetcrew up                      an embedded NATS server and a worker, in one process
+//	jetcrew worker                  a worker against any NATS server
+//	jetcrew submit 'echo hi'        submit a run (--wait follows it to its end)
+//	jetcrew status RUN_ID           a run's state
+//	jetcrew watch RUN_ID            follow a run's output and events
+//	jetcrew cancel RUN_ID           cancel a queued or running run
+//	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
+//	jetcrew failed                  list dead letters (failed runs' requests)
+//	jetcrew replay RUN_ID           submit a failed run again from its dead letter
+//	jetcrew result RUN_ID           what a workspace run changed
+//	jetcrew diff RUN_ID             the patch of everything a workspace run changed
+//	jetcrew apply RUN_ID            branch jetcrew/RUN_ID with a workspace run's commits
+//	jetcrew artifacts RUN_ID        list or fetch the files a workspace run left
+//	jetcrew ui                      serve the web console (also served by up)
+//	jetcrew profiles check FILE     check a profile file, print each profile's effective configuration
+//	jetcrew roles permissions       the roles' permissions as nats-server variables
+//	jetcrew roles users DIR         NATS users per role for a real server
+//	jetcrew bridge                  the coordination bridge, inside a run container
 //	jetcrew workspace exec|capture  unpack and capture a workspace, inside the jail
+//	jetcrew --version               the build: version, commit, Go version
 //
 // Every command that connects takes the NATS CLI's connection options
 // (--context, --creds, --nkey, --tlsca, ...); docs/security.md.

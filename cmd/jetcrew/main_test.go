@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,9 +21,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
@@ -173,6 +178,72 @@ func TestNATSURLUsedByCommands(t *testing.T) {
 	require.Contains(t, stderr, "nats://127.0.0.1:2")
 }
 
+// Every command that takes a RUN_ID starts the same way (runDispatcher): an
+// id that cannot be a run id is a usage error before any connection, and a
+// good one connects to the server --nats, else NATS_URL, names.
+func TestRunIDCommands(t *testing.T) {
+	t.Parallel()
+	badID := messages.ValidateToken("run id", "a.b")
+	require.Error(t, badID)
+	for _, name := range []string{"status", "watch", "cancel", "replay", "result", "diff", "apply", "artifacts"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := cli(t, "nats://127.0.0.1:1", name, "a.b")
+			require.Equal(t, exitUsage, code, "stderr: %s", stderr)
+			require.Empty(t, stdout)
+			require.Equal(t, "jetcrew: "+badID.Error()+"\nRun 'jetcrew "+name+" --help' for usage.\n", stderr)
+
+			code, _, stderr = cli(t, "nats://127.0.0.1:1", name, "some-run")
+			require.Equal(t, 1, code, "stderr: %s", stderr)
+			require.Contains(t, stderr, "connect to NATS at nats://127.0.0.1:1")
+
+			code, _, stderr = cli(t, "nats://127.0.0.1:1", name, "--nats", "nats://127.0.0.1:2", "some-run")
+			require.Equal(t, 1, code, "stderr: %s", stderr)
+			require.Contains(t, stderr, "connect to NATS at nats://127.0.0.1:2")
+		})
+	}
+}
+
+// The command list in main.go's doc comment names every command there is,
+// and only those.
+func TestMainDocListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	var documented []string
+	for _, line := range strings.Split(f.Doc.Text(), "\n") {
+		rest, ok := strings.CutPrefix(line, "\tjetcrew ")
+		if !ok {
+			continue
+		}
+		usage, _, _ := strings.Cut(rest, "  ") // before the description
+		var words []string
+		for _, w := range strings.Fields(usage) {
+			if strings.Trim(w, "abcdefghijklmnopqrstuvwxyz") != "" {
+				break // an argument, a flag or a prompt
+			}
+			words = append(words, w)
+		}
+		if len(words) > 0 {
+			documented = append(documented, strings.Join(words, " "))
+		}
+	}
+	var registered []string
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if !c.HasSubCommands() {
+			registered = append(registered, strings.TrimPrefix(c.CommandPath(), "jetcrew "))
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	for _, c := range newApp().rootCmd().Commands() {
+		walk(c)
+	}
+	require.ElementsMatch(t, registered, documented)
+}
+
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "nats://127.0.0.1:4222", redactURL("nats://127.0.0.1:4222"))
@@ -308,6 +379,49 @@ func TestSubmitRefusesInvalidBeforeConnecting(t *testing.T) {
 			require.NotContains(t, stderr, "connect to NATS")
 		})
 	}
+}
+
+// submit --workspace checks the request before connecting and, once the
+// snapshot is uploaded, only what the workspace field adds: the request
+// published names the snapshot, and one that the field makes too large is a
+// usage error with nothing published.
+func TestSubmitWorkspaceRequest(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	js, err := jetstream.New(workertest.Connect(t, s))
+	require.NoError(t, err)
+	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n"), 0o644))
+
+	code, stdout, stderr := cli(t, s.ClientURL(), "submit", "--id", "ws-1", "--workspace", dir, "cat main.go")
+	require.Equal(t, 0, code, "stderr: %s", stderr)
+	require.Equal(t, "ws-1\n", stdout)
+	runs, err := js.Stream(t.Context(), messages.StreamRuns)
+	require.NoError(t, err)
+	msg, err := runs.GetMsg(t.Context(), 1)
+	require.NoError(t, err)
+	req, err := messages.DecodeRunRequest(msg.Data)
+	require.NoError(t, err)
+	require.Equal(t, "ws-1", req.ID)
+	require.NotNil(t, req.Workspace)
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, req.Workspace.Digest)
+	require.Contains(t, stderr, "--- workspace "+dir+": "+req.Workspace.Name)
+
+	// A prompt that fits alone but not beside the workspace field.
+	one, err := dispatcher.Encode(messages.RunRequest{ID: "ws-big", Profile: "shell", Prompt: "x"})
+	require.NoError(t, err)
+	data, err := json.Marshal(one.Request())
+	require.NoError(t, err)
+	code, _, stderr = cli(t, s.ClientURL(), "submit", "--id", "ws-big", "--workspace", dir,
+		strings.Repeat("x", messages.MaxRequestBytes-len(data)+1))
+	require.Equal(t, exitUsage, code, "stderr: %s", stderr)
+	require.Contains(t, stderr, "jetcrew: submit: invalid run request: encoded request is")
+	require.Contains(t, stderr, "largest allowed")
+	info, err := runs.Info(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs, "nothing is published for a refused request")
 }
 
 func TestSubmitNotProvisioned(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // defaultNATSURL is the server commands talk to when neither --nats nor
@@ -93,6 +94,18 @@ func (a *app) dispatcher(urls, name string) (*dispatcher.Dispatcher, func(), err
 		return nil, nil, err
 	}
 	return d, nc.Close, nil
+}
+
+// runDispatcher is the prologue of the commands that take a RUN_ID (status,
+// watch, cancel, replay, result, diff, apply, artifacts): it refuses an id
+// that cannot be a run id (messages.ValidateToken) with a usage error,
+// before connecting, then connects as dispatcher does, as name, to the
+// server the command's --nats flag (urlFlag) or NATS_URL names (natsURL).
+func (a *app) runDispatcher(urlFlag, id, name string) (*dispatcher.Dispatcher, func(), error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return nil, nil, usageError(err)
+	}
+	return a.dispatcher(a.natsURL(urlFlag), name)
 }
 
 // redactURL returns a NATS URL list with any password or token replaced,

@@ -40,7 +40,7 @@ run's exit code when it failed with one, else 1.`,
   jetcrew replay --wait 01JXAMPLE0000000000000000`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runReplay(cmd.Context(), a.natsURL(url), args[0], wait, quiet)
+			return a.runReplay(cmd.Context(), url, args[0], wait, quiet)
 		},
 	}
 	natsFlag(cmd, &url)
@@ -50,10 +50,7 @@ run's exit code when it failed with one, else 1.`,
 }
 
 func (a *app) runReplay(ctx context.Context, url, id string, wait, quiet bool) error {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(url, "jetcrew replay")
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew replay")
 	if err != nil {
 		return err
 	}

@@ -58,10 +58,7 @@ state's workspace_result record (docs/wire.md).`,
 // resultState returns the state of run id, which must have a workspace
 // result.
 func (a *app) resultState(ctx context.Context, url, id string) (messages.RunState, error) {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return messages.RunState{}, usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew result")
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew result")
 	if err != nil {
 		return messages.RunState{}, err
 	}
@@ -120,10 +117,7 @@ func printResult(w io.Writer, st messages.RunState) error {
 
 // fetch returns the result object kind of run id.
 func (a *app) fetch(ctx context.Context, url, id, kind string) ([]byte, messages.RunState, error) {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return nil, messages.RunState{}, usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew "+kind)
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew "+kind)
 	if err != nil {
 		return nil, messages.RunState{}, err
 	}

@@ -193,9 +193,9 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 }
 
 // failpointFromEnv returns a worker failpoint for crash tests: when
-// JETCREW_FAILPOINT names a crash point (worker.Failpoint*), the process kills
-// itself with SIGKILL on reaching it, as a crash would. Unset (production), it
-// returns nil.
+// JETCREW_FAILPOINT names a crash point (the stage.Failpoint* constants of
+// worker/stage), the process kills itself with SIGKILL on reaching it, as a
+// crash would. Unset (production), it returns nil.
 func failpointFromEnv() func(string) {
 	want := os.Getenv("JETCREW_FAILPOINT")
 	if want == "" {

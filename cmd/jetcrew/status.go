@@ -30,7 +30,7 @@ With --json it prints the state record itself (docs/wire.md, "Run state").
 A run that has no state exits 1 with "run not found".`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runStatus(cmd.Context(), a.natsURL(url), args[0], asJSON)
+			return a.runStatus(cmd.Context(), url, args[0], asJSON)
 		},
 	}
 	natsFlag(cmd, &url)
@@ -39,10 +39,7 @@ A run that has no state exits 1 with "run not found".`,
 }
 
 func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(url, "jetcrew status")
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew status")
 	if err != nil {
 		return err
 	}

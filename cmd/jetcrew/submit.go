@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -33,7 +33,8 @@ type submitOptions struct {
 	// fetches as the run's workspace.
 	gitURL, gitRef string
 	signKey        string // --sign-key: NKey user seed file signing the request
-	// keepWaiting keeps --wait waiting when no live worker serves the pool.
+	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
+	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
 }
 
@@ -162,13 +163,13 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	if err != nil {
 		return usageError(err)
 	}
-	// Refuse a bad request before connecting; Submit checks again.
-	req, _, err = dispatcher.Encode(req)
+	// The client's one check of the request, before connecting: a bad
+	// request is a usage error, and nothing is uploaded or published.
+	enc, err := dispatcher.Encode(req)
 	if err != nil {
 		return usageError(err)
 	}
-
-	submit, err := signer(o.signKey)
+	key, err := signingKey(o.signKey)
 	if err != nil {
 		return usageError(err)
 	}
@@ -178,15 +179,17 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	}
 	defer closeNATS()
 	if o.workspace != "" {
-		if req.Workspace, err = a.uploadWorkspace(ctx, d, o); err != nil {
+		ref, err := a.uploadWorkspace(ctx, d, o)
+		if err != nil {
 			return err
 		}
-	}
-	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return submit(ctx, d, req) }, o.keepWaiting, o.quiet)
-	if err != nil {
-		if errors.Is(err, messages.ErrInvalidRequest) {
-			return usageError(err)
+		if enc, err = enc.WithWorkspace(ref); err != nil {
+			return usageError(fmt.Errorf("submit: %w", err))
 		}
+	}
+	req = enc.Request()
+	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return d.SubmitEncoded(ctx, enc, key) }, o.keepWaiting, o.quiet)
+	if err != nil {
 		// A duplicate publish or a used id: say so, follow nothing, exit 1.
 		return err
 	}
@@ -329,20 +332,16 @@ func shortID(id string) string {
 	return id
 }
 
-// signer returns how to submit: signed with the NKey seed in keyFile, or
-// plainly when keyFile is empty. A key that cannot be read is an error
-// before anything is published.
-func signer(keyFile string) (func(context.Context, *dispatcher.Dispatcher, messages.RunRequest) (string, error), error) {
+// signingKey loads the NKey seed in keyFile that submit signs the request
+// with; nil, for an unsigned request, when keyFile is empty. A key that
+// cannot be read is an error before anything is published.
+func signingKey(keyFile string) (nkeys.KeyPair, error) {
 	if keyFile == "" {
-		return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
-			return d.Submit(ctx, req)
-		}, nil
+		return nil, nil
 	}
 	kp, err := dispatcher.LoadSigningKey(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--sign-key: %w", err)
 	}
-	return func(ctx context.Context, d *dispatcher.Dispatcher, req messages.RunRequest) (string, error) {
-		return d.SubmitSigned(ctx, req, kp)
-	}, nil
+	return kp, nil
 }

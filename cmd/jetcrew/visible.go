@@ -12,12 +12,13 @@ import (
 // reason, a dead letter's headers, a worker's message, and a run's output
 // when it goes to a terminal) may hold bytes a terminal obeys: escape
 // sequences that retitle the window, erase lines or move the cursor, bidi
-// overrides that reorder text. Those are shown escaped instead (issue 13,
-// item 14), and so is every name a run chose (its files, artifacts and
-// objects), with newline and tab too, wherever it is printed (issue 24,
-// item 17). JSON output (--json) stays exact: encoding/json escapes C0
-// control characters itself, and inertJSON writes the others a terminal
-// obeys as \u escapes, which decode to the same strings.
+// overrides that reorder text. Those are shown escaped instead, so what a
+// run wrote cannot disguise itself or rewrite the operator's screen, and so
+// is every name a run chose (its files, artifacts and objects), with
+// newline and tab too, wherever it is printed. JSON output (--json) stays
+// exact: encoding/json escapes C0 control characters itself, and inertJSON
+// writes the others a terminal obeys as \u escapes, which decode to the
+// same strings.
 
 // visibleString returns s with every control character but newline and tab,
 // every bidi control and every byte that is not UTF-8 written as a Go escape

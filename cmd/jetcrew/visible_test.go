@@ -57,7 +57,7 @@ func TestInertJSON(t *testing.T) {
 	require.Equal(t, v, got)
 }
 
-// Issue 13 item 14: what a run wrote reaches the operator's terminal through
+// What a run wrote reaches the operator's terminal through
 // status, failed and the lifecycle lines escaped; --json stays exact.
 func TestHumanOutputEscapesControlCharacters(t *testing.T) {
 	t.Parallel()

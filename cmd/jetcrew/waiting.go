@@ -12,9 +12,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// How a waiting submit reports a run that stays queued (issue 13, item 15):
-// the first look comes soon, so a pool without workers is told within
-// seconds; later lines come every queueReportEvery.
+// How a waiting submit reports a run that stays queued: the first look
+// comes soon, so a submit to a pool without workers says so within seconds
+// instead of waiting in silence; later lines come every queueReportEvery.
 var (
 	queueFirstLook   = 1500 * time.Millisecond
 	queueReportEvery = 10 * time.Second
@@ -118,10 +118,10 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 // jetcrew's streams and bucket do not exist yet.
 var provisionPoll = time.Second
 
-// submitWhenProvisioned calls submit (a dispatcher's Submit) and, when jetcrew's streams and bucket
-// do not exist yet (a worker starting against the server creates them), says
-// so and, with keepWaiting, tries again every provisionPoll until they do or
-// ctx ends.
+// submitWhenProvisioned calls submit (the publish of the request) and, when
+// jetcrew's streams and bucket do not exist yet (a worker starting against
+// the server creates them), says so and, with keepWaiting, tries again every
+// provisionPoll until they do or ctx ends.
 func (a *app) submitWhenProvisioned(ctx context.Context, submit func(context.Context) (string, error), keepWaiting, quiet bool) (string, error) {
 	said := false
 	for {

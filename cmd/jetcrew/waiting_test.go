@@ -13,7 +13,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
-// Issue 13 item 15: waiting on nothing is said within seconds. A submit
+// Waiting on nothing is said within seconds, not endured in silence. A submit
 // --wait to a pool no live worker serves exits 1 saying so (the run stays
 // queued); with --keep-waiting it reports the queued run's age and its
 // pool's depth and runs once a worker of the pool comes. watch of an id known
@@ -79,7 +79,7 @@ func TestWaitingOnNothingIsSaid(t *testing.T) {
 	require.Equal(t, "at last\n", sub.stdout.String())
 }
 
-// Issue 13 item 23: a submit against an installation that is still being
+// A submit against an installation that is still being
 // provisioned says so, and with --keep-waiting waits for it.
 func TestSubmitWaitsForProvisioning(t *testing.T) {
 	t.Parallel()

@@ -31,7 +31,7 @@ watch exits like 'submit --wait': 0 when the run succeeded, the run's exit
 code when it failed with one, else 1.`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runWatch(cmd.Context(), a.natsURL(url), args[0], quiet, keepWaiting)
+			return a.runWatch(cmd.Context(), url, args[0], quiet, keepWaiting)
 		},
 	}
 	natsFlag(cmd, &url)
@@ -41,10 +41,7 @@ code when it failed with one, else 1.`,
 }
 
 func (a *app) runWatch(ctx context.Context, url, id string, quiet, keepWaiting bool) error {
-	if err := messages.ValidateToken("run id", id); err != nil {
-		return usageError(err)
-	}
-	d, closeNATS, err := a.dispatcher(url, "jetcrew watch")
+	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew watch")
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func (o submitOptions) gitWorkspace() (*messages.WorkspaceRef, error) {
 
 // uploadWorkspace snapshots o.workspace into the workspace bucket (once per
 // content) and returns the request's workspace field.
-func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (*messages.WorkspaceRef, error) {
+func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (messages.WorkspaceRef, error) {
 	so := workspace.SnapshotOptions{MaxBytes: o.wsMax}
 	if dir, err := os.UserCacheDir(); err == nil {
 		// HEAD's packed history, reused while HEAD does not move.
@@ -52,7 +52,7 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 	}
 	up, err := d.UploadWorkspace(ctx, o.workspace, so, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
 	if err != nil {
-		return nil, fmt.Errorf("workspace %s: %w", o.workspace, err)
+		return messages.WorkspaceRef{}, fmt.Errorf("workspace %s: %w", o.workspace, err)
 	}
 	if !o.quiet {
 		how := fmt.Sprintf("snapshot %s, uploaded in %s", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
@@ -65,7 +65,7 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 		}
 		fmt.Fprintf(a.stderr, "--- workspace %s: %s (%s; %d bytes, %d files; %s)\n", o.workspace, up.Ref.Name, kind, up.Info.Size, up.Info.Files, how)
 	}
-	return &up.Ref, nil
+	return up.Ref, nil
 }
 
 // addWorkerWorkspaceFlags adds the worker's workspace limits and bucket

@@ -80,7 +80,7 @@ func TestDecodeRequests(t *testing.T) {
 		`[]`:                                "cannot unmarshal array",
 		`nope`:                              "invalid character",
 		`{"to":"a.b","body":"hi"}`:          "not a run id",
-		// Issue 13 item 4: exact keys, each once.
+		// Exact keys, each once (messages.DecodeStrictJSON).
 		`{"to":"a","body":"hi","To":"b"}`:                                        `key "To" is not "to"`,
 		`{"to":"a","body":"hi","body":"evil"}`:                                   `key "body" appears twice`,
 		`{"to":"a","body":"hi","BODY":"evil"}`:                                   `key "BODY" is not "body"`,

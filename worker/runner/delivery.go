@@ -256,8 +256,9 @@ const (
 //   - the state belongs to this very message (same stream sequence): a
 //     redelivery. Final: ack (re-publishing the dead letter first when the
 //     run did not succeed). Not final: run it.
-//   - the state was written before any worker saw a message (sequence 0,
-//     by the dispatcher or a cancel): run it, or ack when already final
+//   - the state was written before any worker saw a message (sequence 0:
+//     a cancel recorded it, or an older client's submit): run it, or ack
+//     when already final
 //     (cancelled while queued).
 //   - the state belongs to another request body (RequestDigest): a reused
 //     run id, refused.

@@ -88,7 +88,7 @@ type MessageCount struct {
 // (the built-in profiles plus "nocoord", coordination off), submits runs of
 // profile one after another through the submitter newSubmit makes on its
 // own connection, and counts every message the server routes from each
-// submit to the run's ack, as a subscriber to ">" sees them (issue 16). The
+// submit to the run's ack, as a subscriber to ">" sees them. The
 // worker heartbeat (per worker, not per run) is left out.
 func MessagesPerRun(t testing.TB, profileName string, runs int, newSubmit func(nc *nats.Conn) SubmitFunc) MessageCount {
 	t.Helper()
