@@ -92,7 +92,7 @@ func TestCoordRoundTrip(t *testing.T) {
 	record(t, "raw_nats_rtt_p99_ms", Figure{Value: round(percentile(raw, 0.99), 3), Unit: "ms", Samples: len(raw), What: rawWhat})
 	const what = "agent A `send` → bridge process → socket → worker Host → JETCREW_COORD → Host → socket → bridge process → agent B `inbox` returns it (two MCP calls over stdio, back to back)"
 	// The path persists the message, so its fair floor is a JetStream
-	// publish → fetch, not a core request/reply (issue 16).
+	// publish → fetch, not a core request/reply.
 	record(t, "coord_rtt_p50_ms", Figure{Value: round(median(rtts), 3), Unit: "ms", Baseline: "raw_js_pubfetch_rtt_p50_ms", Samples: len(rtts), What: what})
 	record(t, "coord_rtt_p99_ms", Figure{Value: round(percentile(rtts, 0.99), 3), Unit: "ms", Baseline: "raw_js_pubfetch_rtt_p99_ms", Samples: len(rtts), What: what})
 }

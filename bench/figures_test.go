@@ -3,7 +3,7 @@ package bench
 // This file has no build tag: `make test` runs it. It checks that the figures
 // the prose quotes (BENCHMARKS.md, docs/deploy.md) are the ones the latest
 // `make bench` recorded in bench/results.json, so a new measurement cannot
-// leave the text describing an older one (issue 13, item 25).
+// leave the text describing an older one.
 
 import (
 	"encoding/json"

@@ -19,7 +19,7 @@ import (
 const msgcountRuns = 50
 
 // TestMessagesPerRun records what a no-op run costs on the server, end to
-// end, as a subscriber to ">" sees it (issue 16): publishes and requests
+// end, as a subscriber to ">" sees it: publishes and requests
 // per run with coordination on (the built-in shell profile) and off, and
 // the replies to them. worker/msgcount_test.go holds the budget (10) in
 // make test; this records the figures.

@@ -30,7 +30,7 @@ import (
 const outputFloodBytes = 1_000_000_000
 
 // TestWorkerRSSOutputFlood measures the worker's resident set while one run
-// writes 1 GB of output (issue 13 item 2): a real `bin/jetcrew worker`, a
+// writes 1 GB of output: a real `bin/jetcrew worker`, a
 // profile with max_output_mib = -1 (every byte published, so the bounded
 // window of unacknowledged publishes is what is measured, not the budget)
 // and a 512 MiB container running `head -c 1000000000 /dev/zero`. It

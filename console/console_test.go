@@ -292,7 +292,7 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	stream := b.readSSE(t, "/live/group/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "forged sender") })
 	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
 	// An operator's message is from "operator" whatever Jetcrew-From says
-	// (issue 24 item 9), as the runs read it.
+	//, as the runs read it.
 	require.Contains(t, stream, `"from":"operator","to":"`+c+`","text":"forged sender"`)
 	require.NotContains(t, stream, "not this group")
 }

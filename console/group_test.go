@@ -10,7 +10,7 @@ import (
 	"github.com/jetcrew/jetcrew/dispatcher"
 )
 
-// Issue 24 item 9: the conversation shows each message's sender as the runs
+// The conversation shows each message's sender as the runs
 // read it (coordination.Sender), never a Jetcrew-From a publisher chose: a
 // message on an operator subject is from "operator" whatever its header
 // says, and its recipient is the run it names, not the "operator" suffix.

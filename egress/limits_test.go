@@ -148,7 +148,7 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-// TestSocketConnectionsBounded proves issue 24 item 16 on the egress
+// TestSocketConnectionsBounded holds on the egress
 // socket: a run that opens far more connections than its cap (1000 against
 // DefaultMaxConns, from another process, as the run's processes are) gets
 // every connection past the cap answered 429 and closed at once, each one a
@@ -310,7 +310,7 @@ func (b *bundle) eventually(t *testing.T, ok func(messages.EgressEvent) bool) {
 	}, 5*time.Second, 10*time.Millisecond, "%+v", b.recorded())
 }
 
-// TestSocketDeadlines proves the time bounds of issue 24 item 16: in
+// TestSocketDeadlines proves the egress socket's time bounds: in
 // whatever state a run leaves a connection to its proxy, it is closed in
 // bounded time, and an attempt it carried is recorded. Config bounds here:
 // 1 s to read a whole request, 1 s without a byte either way; each

@@ -36,7 +36,7 @@ func (b *bundle) halfClosed(t *testing.T, raw string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-// TestProxyPlainHTTPHalfClosed proves issue 24 item 5 for every kind of
+// TestProxyPlainHTTPHalfClosed holds for every kind of
 // plain-HTTP request: a run whose connection to its proxy is half-closed
 // once the request is sent (the relay does that) still gets the host's
 // answer, by listed address and by listed name, GET and POST with a body,

@@ -1,6 +1,6 @@
 package tests
 
-// Issue 13 ("Hardening"), proven through the real worker on a real Docker
+// The hardening rules, proven through the real worker on a real Docker
 // engine: what a run can make the worker spend, and final states that tell
 // one story.
 
@@ -18,8 +18,8 @@ import (
 )
 
 // TestJailChildOOMConsistent: a subshell fills the memory limit and is
-// OOM-killed, the main shell prints "survived" and exits 0 (issue 13 item
-// 21). The outcome follows the main process: succeeded, exit code 0, no
+// OOM-killed, the main shell prints "survived" and exits 0. The outcome
+// follows the main process: succeeded, exit code 0, no
 // reason, and the state and finished event carry oom_killed. A main process
 // killed at the limit stays failed, reason "oom", exit 137
 // (TestJailMemoryOOM).
@@ -44,7 +44,7 @@ func TestJailChildOOMConsistent(t *testing.T) {
 
 // TestJailOutputBudget: a run writing 5 MB under max_output_mib = 1 goes
 // on to succeed; 1 MiB of its output is published, the rest counted in
-// output_dropped_bytes (issue 13 item 2).
+// output_dropped_bytes.
 func TestJailOutputBudget(t *testing.T) {
 	t.Parallel()
 	b := startJail(t, jailProfile("small", "max_output_mib = 1"), nil)
@@ -59,7 +59,7 @@ func TestJailOutputBudget(t *testing.T) {
 
 // TestJailSecretsMasked: a run under a profile with env_from_host = ["KEY"]
 // prints its key, whole and split across two writes 300 ms apart (so two
-// output chunks), and fails (issue 13 item 12). The value appears in none
+// output chunks), and fails. The value appears in none
 // of: its output events, its state's reason, its dead letter's headers, its
 // finished event, the worker's log; "***" stands in its place.
 func TestJailSecretsMasked(t *testing.T) {

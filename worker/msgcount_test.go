@@ -15,7 +15,7 @@ import (
 )
 
 // budget is the most messages (publishes and requests) a no-op run may
-// cost, coordination on or off (issue 16; the peer job queue's task costs 10).
+// cost, coordination on or off.
 const budget = 10.0
 
 // dispatcherSubmit submits through a dispatcher on nc, with a generated id
@@ -33,7 +33,7 @@ func dispatcherSubmit(t testing.TB) func(nc *nats.Conn) msgcount.SubmitFunc {
 
 // TestMessagesPerNoopRun counts the messages a no-op run costs on the
 // server end to end, as a subscriber to ">" sees them: publishes and
-// requests (issue 16's budget: at most 10, coordination on or off), and the
+// requests, and the
 // replies to them besides (logged).
 func TestMessagesPerNoopRun(t *testing.T) {
 	t.Parallel()

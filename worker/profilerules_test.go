@@ -12,8 +12,8 @@ import (
 
 const baseProfile = "[profiles.p]\nimage = \"i\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\n"
 
-// The profile loader refuses, naming file, profile and key, what issue 13
-// found it accepting: inexact or duplicate keys (item 4), the worker's own
+// The profile loader refuses, naming file, profile and key, what it once
+// accepted: inexact or duplicate keys (item 4), the worker's own
 // connection variables, homes outside HomePrefixes and out-of-range ids
 // (item 13), and loader/runtime/proxy variables in request_env (item 7).
 func TestProfileLoaderRefusesUnsafeValues(t *testing.T) {

@@ -51,7 +51,7 @@ func (r *restartableServer) restart() {
 	r.start()
 }
 
-// TestReprovisionAfterServerRestart proves issue 13 item 16: nats-server
+// TestReprovisionAfterServerRestart: nats-server
 // restarted on the same store under a live worker loses the memory-storage
 // buckets (heartbeats, coordination presence); the worker finds them missing
 // and provisions them again, so its heartbeat is back and a later run's

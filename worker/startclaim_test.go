@@ -27,7 +27,7 @@ func (g *gate) wait() {
 	<-g.open
 }
 
-// TestCancelBeforeStartNeverStarts proves issue 13 item 18, cancel first:
+// TestCancelBeforeStartNeverStarts, cancel first:
 // a cancel that lands after the worker claimed the run but before its
 // container is created is answered "will not run", and no container of the
 // run is ever created; the run ends cancelled with no output.
@@ -59,7 +59,7 @@ func TestCancelBeforeStartNeverStarts(t *testing.T) {
 	require.Empty(t, output(b.events(t, "race1"), messages.StreamStdout))
 }
 
-// TestCancelWhileCreatingStops proves issue 13 item 18, start first: a
+// TestCancelWhileCreatingStops, start first: a
 // cancel that lands while the container is being created finds the run
 // running and is answered "stopping" (never "will not run"); the container
 // is stopped as soon as it exists and the run ends cancelled.

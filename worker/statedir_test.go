@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestStateDirPrivate proves issue 13 item 9: the default state dir is a
+// TestStateDirPrivate: the default state dir is a
 // new private directory with an unpredictable name, and a configured one
 // that someone else could have prepared (wrong mode, another owner, a
 // symlink, a symlinked r/) is refused, never chmodded or followed.

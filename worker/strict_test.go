@@ -11,7 +11,7 @@ import (
 
 // A request is read exactly as any other JSON parser or person reads it: a
 // key that is not exactly a documented name, or that appears twice, makes it
-// invalid (issue 13, item 4). Its failure is recorded under the id it
+// invalid. Its failure is recorded under the id it
 // carries, whatever else is wrong with it (item 5), unless that id is
 // ambiguous or reserved (item 6).
 func TestStrictRawRequestsKeepTheirID(t *testing.T) {

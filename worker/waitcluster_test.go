@@ -34,7 +34,7 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// Issue 13 item 23: provisioning a fresh R3 cluster takes seconds (measured
+// Provisioning a fresh R3 cluster takes seconds (measured
 // and logged here), and a worker started while its cluster cannot serve
 // JetStream (two of three nodes down: no meta leader) waits for it, logging
 // what it waits for, instead of exiting; it is ready seconds after quorum.

@@ -11,7 +11,7 @@ import (
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
-// Issue 24 item 21: the diffstat calls binary only a change of binary
+// The diffstat calls binary only a change of binary
 // content. An empty file added, an empty file removed, a change of mode
 // alone and a rename alone are text changes of no lines (go-git reports
 // every change without hunks as binary); the patch still applies.

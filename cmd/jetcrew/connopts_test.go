@@ -71,7 +71,7 @@ func TestConnOptionsNoConfigDir(t *testing.T) {
 	require.ErrorContains(t, err, "no stored contexts")
 }
 
-// Issue 24 item 11: jetcrew reads and `up --auth` writes contexts where the
+// Jetcrew reads and `up --auth` writes contexts where the
 // NATS CLI (natscontext) looks: $XDG_CONFIG_HOME, else .config in the home
 // directory the password database gives, never $HOME (which sudo, CI and
 // containers point elsewhere).

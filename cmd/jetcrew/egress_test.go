@@ -31,8 +31,8 @@ func TestWatchPrintsEgressRefusals(t *testing.T) {
 		"--- egress refused: too many connections to the run's egress proxy (at most 64 at once)\n", errOut.String())
 }
 
-// A refused attempt's method and host are the run's choice: shown escaped
-// (issue 24 item 17), one line whatever they hold.
+// A refused attempt's method and host are the run's choice: shown escaped,
+// one line whatever they hold.
 func TestEgressRefusalEscaped(t *testing.T) {
 	t.Parallel()
 	var errOut bytes.Buffer

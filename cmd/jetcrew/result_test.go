@@ -108,7 +108,7 @@ func requireInert(t *testing.T, out string, what ...any) {
 	}
 }
 
-// Issue 24 item 17: every name a run chose reaches the submitter's terminal
+// Every name a run chose reaches the submitter's terminal
 // escaped, as status and failed show reasons: result's files, objects,
 // artifacts and error, artifacts' list, and a newline or a tab in a name
 // forges no line or column. diff and artifacts --get are exact when piped

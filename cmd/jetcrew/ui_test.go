@@ -86,8 +86,8 @@ func TestUIListenNeedsToken(t *testing.T) {
 	require.NoError(t, l.Close())
 }
 
-// `up --auth` serves its console as the operator role, behind a token
-// (issue 24 item 10): with the token in the file it prints as
+// `up --auth` serves its console as the operator role, behind a token:
+// with the token in the file it prints as
 // JETCREW_UI_TOKEN_FILE=, every page, live stream and action works without
 // a permissions violation (authUp's cleanup checks up's log for one);
 // without it, nothing: no page, no CSRF token, no cancel. `ui` on a server

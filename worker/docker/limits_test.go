@@ -9,7 +9,7 @@ import (
 )
 
 // TestDockerRunLimitsFromInside checks, on a real engine, that a run's
-// processes see the open-file limit (issue 13 item 1) and that the engine
+// processes see the open-file limit and that the engine
 // keeps no log of the run's output (item 11): the container's HostConfig
 // says log driver "none" and the nofile ulimit, and the process itself sees
 // RunNofile as its soft and hard limit.

@@ -16,7 +16,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
 
-// TestAttemptsShareNothing proves issue 13 item 17's rule: two deliveries
+// TestAttemptsShareNothing: two deliveries
 // of one request on one worker (attempt 1 winding down when attempt 2
 // arrives, as after a NATS restart) have their own run directories, the
 // first one's cleanup leaves the second's staged files alone, and it
