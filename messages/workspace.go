@@ -216,10 +216,28 @@ type WorkspaceResult struct {
 	// when it was captured, whether the capture succeeded or not: the run
 	// wrote up to the profile's workspace_mib (and got ENOSPC there).
 	WorkspaceFull bool `json:"workspace_full,omitempty"`
+	// Refused lists the paths, relative to the workspace, that the
+	// capture left out of the commits, patch, diffstat and artifacts
+	// because their names cannot be held safely: a name holding a C0
+	// control character (U+0000 to U+001F) or DEL anywhere, and in a
+	// commit also a path component git refuses to check out ("." or "..",
+	// ".git" in any case or spelling HFS+ or NTFS treat as it, such as
+	// "git~1"). A directory so named is listed once, for everything under
+	// it. Sorted, at most MaxRefused entries (RefusedCount counts all); a
+	// name that is not valid UTF-8 has U+FFFD for each byte JSON cannot
+	// carry. Everything else of the run is captured, and Error says that
+	// paths were left out. Absent when none was.
+	Refused []string `json:"refused,omitempty"`
+	// RefusedCount counts the paths left out (Refused lists at most
+	// MaxRefused of them).
+	RefusedCount int `json:"refused_count,omitempty"`
 }
 
 // MaxResultFiles bounds WorkspaceResult.Files.
 const MaxResultFiles = 200
+
+// MaxRefused bounds WorkspaceResult.Refused.
+const MaxRefused = 100
 
 // FileStat is one file's line of a diffstat.
 type FileStat struct {
