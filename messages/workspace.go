@@ -11,7 +11,14 @@ import (
 const (
 	// BucketWorkspaces is the Object Store bucket holding workspace
 	// snapshots, each a tar named by its content digest (WorkspaceObjectName).
+	// Only workers write it: a snapshot a submitter uploaded, once its bytes
+	// were checked against its digest, and the snapshots of git sources.
 	BucketWorkspaces = "jetcrew-workspaces"
+	// BucketUploads is the Object Store bucket submitters upload snapshots
+	// to, under the same names; any submitter may write any object there,
+	// so a worker takes one only when its bytes hash to the request's
+	// digest, and then stores it in BucketWorkspaces.
+	BucketUploads = "jetcrew-uploads"
 	// BucketResults is the Object Store bucket holding what runs changed,
 	// under ResultObjectName.
 	BucketResults = "jetcrew-results"
