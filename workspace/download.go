@@ -43,8 +43,12 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 // Fetch is the worker's download of a snapshot: it writes the object ref
 // names to file path, its bytes hashing to ref.Digest (see Download), from
 // the workspace bucket of s or, when that does not hold those bytes
-// (missing, or a broken object), from its uploads bucket, where any
-// submitter may have written anything under that name. Bytes taken from
+// (missing, or a broken object) and ref names the object by its digest
+// (messages.WorkspaceObjectName, as submit does), from its uploads bucket,
+// where any submitter may have written anything under that name; only
+// there can the bytes that hash to the digest be the name's, so a request
+// pairing another digest's name with its own digest never makes a worker
+// replace that name's object. Bytes taken from
 // the uploads bucket are then stored in the workspace bucket (a broken
 // object there replaced), so the next run, on any worker, finds them
 // checked; the upload stays until the bucket's TTL (a worker may still be
@@ -55,7 +59,8 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 // store's, worth a retry.
 func Fetch(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) error {
 	werr := s.workspaces().download(ctx, ref, path, max)
-	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
+	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) ||
+		ref.Name != messages.WorkspaceObjectName(ref.Digest) {
 		return werr
 	}
 	uerr := s.uploads().download(ctx, ref, path, max)

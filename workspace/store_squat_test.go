@@ -109,6 +109,20 @@ func TestSquattedSnapshot(t *testing.T) {
 	require.True(t, up.Reused)
 	require.Equal(t, messages.BucketWorkspaces, up.Bucket)
 
+	// A request pairing the victim's name with another digest, whose bytes
+	// the attacker uploaded under that name, never makes the worker
+	// replace the victim's object: only a name made of its digest is taken
+	// from the uploads bucket.
+	var eb bytes.Buffer
+	edir := t.TempDir()
+	write(t, edir, "a.txt", "the attacker's\n")
+	einfo, err := workspace.Snapshot(edir, &eb, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	_, err = ws.Uploads.PutBytes(ctx, name, eb.Bytes())
+	require.NoError(t, err)
+	require.ErrorIs(t, workspace.Download(ctx, ws, messages.WorkspaceRef{Name: name, Digest: einfo.Digest}, out, 0), workspace.ErrDigestMismatch)
+	require.True(t, workspace.Stored(ctx, ws, ref), "the victim's object is untouched")
+
 	// Squatted before the first upload and never repaired: the worker
 	// refuses the bytes (the digest check holds) and says so.
 	other := t.TempDir()
