@@ -59,8 +59,20 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 // store's, worth a retry.
 func Fetch(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) error {
 	werr := s.workspaces().download(ctx, ref, path, max)
-	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) ||
-		ref.Name != messages.WorkspaceObjectName(ref.Digest) {
+	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
+		return werr
+	}
+	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
+		if errors.Is(werr, ErrSnapshotMissing) {
+			// Say what the uploads bucket holds under that name.
+			_, err := s.uploads().checkStored(ctx, ref, max)
+			if err == nil {
+				return fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
+			}
+			if !errors.Is(err, ErrSnapshotMissing) {
+				return err
+			}
+		}
 		return werr
 	}
 	uerr := s.uploads().download(ctx, ref, path, max)
