@@ -65,7 +65,7 @@ type wsStages struct {
 	// queue: upload done → the worker begins staging (publish, fetch,
 	// claim, plan). staging: the worker's download, digest check and
 	// header scan into its snapshot cache (its "workspace staged" log
-	// line). container: staged → the run's process reads the clock
+	// line), and the copy of the checked upload into jetcrew-workspaces. container: staged → the run's process reads the clock
 	// (create, start, the in-jail unpack, exec).
 	queue, staging, container float64
 	// download and unpack: the same snapshot downloaded (digest checked)
@@ -74,9 +74,9 @@ type wsStages struct {
 }
 
 // wsStagesSample submits a run on repo like wsSample and returns its
-// stages; it deletes the snapshot afterwards, so the next sample uploads
-// again.
-func wsStagesSample(t *testing.T, d *dispatcher.Dispatcher, obs jetstream.ObjectStore, tap *logTap, repo, stateDir string) (workspace.Uploaded, wsStages) {
+// stages; it deletes the snapshot afterwards, from both buckets, so the
+// next sample uploads again.
+func wsStagesSample(t *testing.T, d *dispatcher.Dispatcher, obs *workspace.SnapshotStore, tap *logTap, repo, stateDir string) (workspace.Uploaded, wsStages) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -101,6 +101,7 @@ func wsStagesSample(t *testing.T, d *dispatcher.Dispatcher, obs jetstream.Object
 	}
 	s.download, s.unpack = stageByHand(t, ctx, obs, up.Ref)
 	require.NoError(t, obs.Delete(ctx, up.Ref.Name))
+	require.NoError(t, obs.Uploads.Delete(ctx, up.Ref.Name))
 	// The worker keeps downloaded snapshots by digest (StateDir/snap); the
 	// next sample, of the same tree, must download it again.
 	cached, err := filepath.Glob(filepath.Join(stateDir, "snap", "*.tar"))

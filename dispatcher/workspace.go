@@ -19,11 +19,11 @@ import (
 // workspace result, or its result has no object of the asked kind.
 var ErrNoResult = errors.New("no workspace result")
 
-// UploadWorkspace snapshots dir and stores the snapshot in the workspace
-// bucket, unless the bucket already holds it (same digest): see
-// workspace.Upload. The workspace and result buckets are created with b
-// when missing (workspace.EnsureBuckets). The returned Ref is the request's
-// workspace field (Encoded.WithWorkspace).
+// UploadWorkspace snapshots dir and uploads the snapshot to the uploads
+// bucket, unless the workspace bucket or the uploads bucket already holds
+// its bytes (the buckets created with b when missing): see
+// workspace.Submit. The returned Ref is the request's workspace field
+// (Encoded.WithWorkspace).
 func (d *Dispatcher) UploadWorkspace(ctx context.Context, dir string, o workspace.SnapshotOptions, b workspace.BucketConfig) (workspace.Uploaded, error) {
 	ws, _, err := workspace.EnsureBuckets(ctx, d.js, b)
 	if err != nil {

@@ -94,6 +94,26 @@ func TestRunStateWireGolden(t *testing.T) {
 	golden(t, "event-finished.json", append(b, '\n'))
 }
 
+// A workspace result's wire form, refused names included: each is the
+// path as it is, JSON escaping its control characters.
+func TestWorkspaceResultWireGolden(t *testing.T) {
+	t.Parallel()
+	res := messages.WorkspaceResult{
+		Base: "0b2144a4763d577b78267b76e5a27377155a1646", Head: "4dc2d701adfec4f756e7b0e8f3d55c1c4de8b364",
+		Commits: 1, FilesChanged: 1, Insertions: 1, Deletions: 1,
+		Files:   []messages.FileStat{{Path: "main.go", Insertions: 1, Deletions: 1}},
+		Objects: []messages.ResultObject{{Name: "r1/7-1/patch", Size: 251, SHA256: "2efc"}},
+		Error:   "2 paths left out: their names hold a control character, or a component git will not check out (see refused)",
+		Refused: []string{"esc\x1b[31mred.txt", "nested/.GIT"}, RefusedCount: 2,
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	require.NoError(t, err)
+	golden(t, "workspace-result.json", append(b, '\n'))
+	var back messages.WorkspaceResult
+	require.NoError(t, messages.DecodeStrictJSON(b, &back))
+	require.Equal(t, res, back)
+}
+
 func TestDecodeRunRequestRejects(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -11,7 +11,14 @@ import (
 const (
 	// BucketWorkspaces is the Object Store bucket holding workspace
 	// snapshots, each a tar named by its content digest (WorkspaceObjectName).
+	// Only workers write it: a snapshot a submitter uploaded, once its bytes
+	// were checked against its digest, and the snapshots of git sources.
 	BucketWorkspaces = "jetcrew-workspaces"
+	// BucketUploads is the Object Store bucket submitters upload snapshots
+	// to, under the same names; any submitter may write any object there,
+	// so a worker takes one only when its bytes hash to the request's
+	// digest, and then stores it in BucketWorkspaces.
+	BucketUploads = "jetcrew-uploads"
 	// BucketResults is the Object Store bucket holding what runs changed,
 	// under ResultObjectName.
 	BucketResults = "jetcrew-results"
@@ -216,10 +223,28 @@ type WorkspaceResult struct {
 	// when it was captured, whether the capture succeeded or not: the run
 	// wrote up to the profile's workspace_mib (and got ENOSPC there).
 	WorkspaceFull bool `json:"workspace_full,omitempty"`
+	// Refused lists the paths, relative to the workspace, that the
+	// capture left out of the commits, patch, diffstat and artifacts
+	// because their names cannot be held safely: a name holding a C0
+	// control character (U+0000 to U+001F) or DEL anywhere, and in a
+	// commit also a path component git refuses to check out ("." or "..",
+	// ".git" in any case or spelling HFS+ or NTFS treat as it, such as
+	// "git~1"). A directory so named is listed once, for everything under
+	// it. Sorted, at most MaxRefused entries (RefusedCount counts all); a
+	// name that is not valid UTF-8 has U+FFFD for each byte JSON cannot
+	// carry. Everything else of the run is captured, and Error says that
+	// paths were left out. Absent when none was.
+	Refused []string `json:"refused,omitempty"`
+	// RefusedCount counts the paths left out (Refused lists at most
+	// MaxRefused of them).
+	RefusedCount int `json:"refused_count,omitempty"`
 }
 
 // MaxResultFiles bounds WorkspaceResult.Files.
 const MaxResultFiles = 200
+
+// MaxRefused bounds WorkspaceResult.Refused.
+const MaxRefused = 100
 
 // FileStat is one file's line of a diffstat.
 type FileStat struct {

@@ -7,14 +7,16 @@
 // The roles:
 //
 //   - Submitter publishes run requests (to every pool, or to the pools it is
-//     given), uploads workspace snapshots, and reads run states, events and
-//     results. It cannot write a run state,
-//     publish where agents read (coordination), cancel or replay runs, or
-//     touch a stream's configuration.
+//     given), uploads workspace snapshots to the uploads bucket (never to
+//     the workspace bucket: only workers write that, once they have checked
+//     a snapshot's bytes), and reads run states, events and results. It
+//     cannot write a run state, publish where agents read (coordination),
+//     cancel or replay runs, or touch a stream's configuration.
 //   - Worker does what a worker does: provision jetcrew's streams, buckets
-//     and consumers (never delete or purge a stream), take requests, write
-//     states, events and dead letters, relay coordination as its runs, answer
-//     cancels.
+//     and consumers (never delete a stream, nor purge one but to replace an
+//     object of its own buckets), take requests, write states, events, dead
+//     letters, results and the workspace bucket's snapshots, relay
+//     coordination as its runs, answer cancels.
 //   - Operator cancels, replays, reads dead letters, manages every stream
 //     through the JetStream API and talks to runs as "operator"
 //     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
@@ -73,9 +75,10 @@ var (
 	kvPeers       = "KV_" + coordination.BucketPeers
 	kvWorkers     = "KV_" + messages.BucketWorkers
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
+	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
-	readStreams   = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
+	readStreams   = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
 )
 
 // InboxPrefix returns the inbox prefix role r's clients must use,
@@ -183,9 +186,11 @@ func submitter(pools []string) Grant {
 	pub = append(pub, read(kvWorkers)...)
 	pub = append(pub, api+"STREAM.INFO."+messages.StreamRuns, api+"STREAM.MSG.GET."+messages.StreamRuns,
 		api+"STREAM.INFO."+messages.StreamFailed)
-	// Workspaces in (upload to the bucket workers create), results out.
-	pub = append(pub, "$O."+messages.BucketWorkspaces+".>")
+	// Workspaces in (uploaded to the uploads bucket, which workers create
+	// and check; the workspace bucket read only), results out.
+	pub = append(pub, "$O."+messages.BucketUploads+".>")
 	pub = append(pub, read(objWorkspaces)...)
+	pub = append(pub, read(objUploads)...)
 	pub = append(pub, read(objResults)...)
 	return Grant{Publish: pub, Subscribe: []string{inbox(Submitter)}}
 }
@@ -202,8 +207,12 @@ func workerGrant() Grant {
 		"$KV." + messages.BucketWorkers + ".>",
 		messages.SubjectStopPrefix + ".*",
 		"$O." + messages.BucketResults + ".>",
+		// Snapshots checked by their bytes, and git sources' snapshots:
+		// only workers write the workspace bucket.
+		"$O." + messages.BucketWorkspaces + ".>",
 		// An object stored again under its name replaces the old chunks.
 		api + "STREAM.PURGE." + objResults,
+		api + "STREAM.PURGE." + objWorkspaces,
 		api + "INFO",
 		api + "STREAM.NAMES",
 	}

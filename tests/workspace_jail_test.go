@@ -203,7 +203,10 @@ ln -s ` + secret + ` .jetcrew/artifacts/leak; ln -s /etc/passwd .jetcrew/artifac
 
 	wr := st.WorkspaceResult
 	require.NotNil(t, wr)
-	require.Empty(t, wr.Error)
+	// The one name a result cannot hold is left out and listed; the rest
+	// is captured.
+	require.Equal(t, []string{"new\nline"}, wr.Refused)
+	require.Equal(t, "1 path left out: their names hold a control character, or a component git will not check out (see refused)", wr.Error)
 	require.Equal(t, 1, wr.FilesChanged, "a.txt")
 	require.Len(t, wr.Artifacts, 1, "artifact symlinks are skipped")
 	require.Equal(t, "ok.txt", wr.Artifacts[0].Name)

@@ -13,9 +13,11 @@ const maxArtifactFiles = 10000
 
 // artifacts returns a tar of the regular files under ArtifactsDir of root
 // (nil when there are none) and their list. ArtifactsDir and each of its
-// parents must be real directories; symlinks under it are left out. A tar
-// over max bytes (0: no bound) is an error wrapping ErrTooLarge.
-func artifacts(root *os.Root, max int64) ([]byte, []messages.ResultObject, error) {
+// parents must be real directories; symlinks under it are left out, and so
+// is a name holding a control character (recorded in refused, as its path
+// in the workspace): artifacts are listed and fetched by name. A tar over
+// max bytes (0: no bound) is an error wrapping ErrTooLarge.
+func artifacts(root *os.Root, max int64, refused refusedPaths) ([]byte, []messages.ResultObject, error) {
 	for p := messages.ArtifactsDir; p != "."; p = path.Dir(p) {
 		fi, err := root.Lstat(p)
 		if err != nil || !fi.IsDir() {
@@ -27,7 +29,13 @@ func artifacts(root *os.Root, max int64) ([]byte, []messages.ResultObject, error
 		return nil, nil, nil
 	}
 	defer sub.Close()
-	entries, err := walk(sub, "", walkOptions{maxFiles: maxArtifactFiles})
+	entries, err := walk(sub, "", walkOptions{maxFiles: maxArtifactFiles, refuse: func(p string) bool {
+		if !hasControl(p) {
+			return false
+		}
+		refused.add(messages.ArtifactsDir + "/" + p)
+		return true
+	}})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -62,7 +63,11 @@ var captureAuthor = object.Signature{Name: "jetcrew", Email: "jetcrew@localhost"
 // left out, ArtifactsDir left out), the patch and diffstat from the base to
 // that head, a bundle of the new commits and a tar of the artifacts. dir is
 // read only through an os.Root, symlinks as their text, and only regular
-// files, directories and symlinks are looked at.
+// files, directories and symlinks are looked at. A path whose name cannot
+// be held safely (treeRefuses; for artifacts a control character) is left
+// out of all of these, the run's commits rewritten without it, and listed
+// in the result's Refused (see messages.WorkspaceResult): it never fails
+// the capture.
 func Capture(dir string, o CaptureOptions) (*Captured, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -70,7 +75,8 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 	}
 	defer root.Close()
 	st := filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
-	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot)
+	refused := refusedPaths{}
+	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot, refused)
 	if err != nil {
 		return nil, fmt.Errorf("read the submitted snapshot: %w", err)
 	}
@@ -78,10 +84,10 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 	parent := base
 	if isGit {
 		var note string
-		parent, note = copyRunCommits(st, dir, root, base, o.MaxBytes)
+		parent, note = copyRunCommits(st, dir, root, base, o.MaxBytes, refused)
 		c.Result.Error = note
 	}
-	head, err := commitWorkTree(st, root, dir, parent, isGit, o)
+	head, err := commitWorkTree(st, root, dir, parent, isGit, o, refused)
 	if err != nil {
 		return nil, err
 	}
@@ -89,11 +95,14 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 		c.Result.Base = base.String()
 	}
 	c.Result.Head = head.String()
-	if err := c.describe(st, submitted, base, head, o.RunID); err != nil {
+	if err := c.describe(st, submitted, base, head, o.RunID, refused); err != nil {
 		return nil, err
 	}
-	c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes)
-	return c, err
+	if c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes, refused); err != nil {
+		return nil, err
+	}
+	refused.record(&c.Result)
+	return c, nil
 }
 
 // loadBase loads the snapshot's objects into st: a git snapshot's pack and
@@ -105,9 +114,11 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 //
 // A git snapshot's object files (packs with their indexes, loose objects)
 // are copied as they are into scratch's objects directory, where st finds
-// them: nothing is decompressed or parsed until an object is needed.
-func loadBase(st *filesystem.Storage, scratch, snapshot string) (base, submitted plumbing.Hash, isGit bool, err error) {
-	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot)
+// them: nothing is decompressed or parsed until an object is needed. A
+// work tree path treeRefuses is left out of the submitted tree and
+// recorded in refused.
+func loadBase(st *filesystem.Storage, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
+	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot, refused)
 	return
 }
 
@@ -137,7 +148,7 @@ func copyObjectFile(scratch, rel string, r io.Reader) error {
 	return err
 }
 
-func readSnapshot(st *filesystem.Storage, scratch, snapshot string) (plumbing.Hash, plumbing.Hash, bool, error) {
+func readSnapshot(st *filesystem.Storage, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
 	z := plumbing.ZeroHash
 	f, err := os.Open(snapshot)
 	if err != nil {
@@ -191,6 +202,8 @@ func readSnapshot(st *filesystem.Storage, scratch, snapshot string) (plumbing.Ha
 				}
 			}
 		case strings.HasPrefix(name, ".git/"):
+		case (hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink) && refusedPrefix(name) != "":
+			refused.add(refusedPrefix(name))
 		case hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink:
 			if err := addTarEntry(st, b, tr, hdr, name); err != nil {
 				return z, z, false, err
@@ -254,9 +267,10 @@ func storeCommit(st storer.EncodedObjectStorer, tree, parent plumbing.Hash, sig 
 }
 
 // copyRunCommits returns the run's HEAD commit, its objects copied from the
-// run's .git into st, or base when the run's repository cannot be read (the
-// note then says why).
-func copyRunCommits(st *filesystem.Storage, dir string, root *os.Root, base plumbing.Hash, max int64) (plumbing.Hash, string) {
+// run's .git into st and its commits rewritten without the paths
+// treeRefuses (recorded in refused; see sanitizer), or base when the run's
+// repository cannot be read (the note then says why).
+func copyRunCommits(st *filesystem.Storage, dir string, root *os.Root, base plumbing.Hash, max int64, refused refusedPaths) (plumbing.Hash, string) {
 	fi, err := root.Lstat(".git")
 	if err != nil || !fi.IsDir() {
 		return base, "the run removed or replaced .git; its commits, if any, are lost (uncommitted changes are captured)"
@@ -273,12 +287,24 @@ func copyRunCommits(st *filesystem.Storage, dir string, root *os.Root, base plum
 	if head == base {
 		return base, ""
 	}
-	if err := copyObjects(st, run, head, base, max); err != nil {
+	copied, err := copyObjects(st, run, head, base, max)
+	if err != nil {
 		return base, "the run's commits cannot be read: " + err.Error()
 	}
 	if _, err := object.GetCommit(st, head); err != nil {
 		return base, "the run's HEAD is not a commit: " + err.Error()
 	}
+	// Rewritten into a refusedPaths of its own: a failure loses none of
+	// the paths the work tree's walk will refuse again.
+	own := refusedPaths{}
+	s, err := newSanitizer(st, base, copied, own)
+	if err == nil {
+		head, err = s.commit(head)
+	}
+	if err != nil {
+		return base, "the run's commits cannot be read: " + err.Error()
+	}
+	maps.Copy(refused, own)
 	return head, ""
 }
 

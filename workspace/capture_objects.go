@@ -14,9 +14,10 @@ const maxRunCommits = 10000
 
 // copyObjects copies into st every object reachable from commit head in src
 // that st lacks, stopping at commits st already holds (the submitted
-// history). More than max bytes of objects (0: no bound) or more than
-// maxRunCommits commits is an error wrapping ErrTooLarge.
-func copyObjects(st, src storer.EncodedObjectStorer, head, _ plumbing.Hash, max int64) error {
+// history), and returns the commits it copied. More than max bytes of
+// objects (0: no bound) or more than maxRunCommits commits is an error
+// wrapping ErrTooLarge.
+func copyObjects(st, src storer.EncodedObjectStorer, head, _ plumbing.Hash, max int64) ([]plumbing.Hash, error) {
 	var budget int64
 	cp := func(h plumbing.Hash) (plumbing.EncodedObject, bool, error) {
 		if st.HasEncodedObject(h) == nil {
@@ -35,30 +36,32 @@ func copyObjects(st, src storer.EncodedObjectStorer, head, _ plumbing.Hash, max 
 		}
 		return o, true, nil
 	}
+	var commits []plumbing.Hash
 	pending := []plumbing.Hash{head}
 	for n := 0; len(pending) > 0; n++ {
 		if n >= maxRunCommits {
-			return fmt.Errorf("%w: more than %d new commits", ErrTooLarge, maxRunCommits)
+			return nil, fmt.Errorf("%w: more than %d new commits", ErrTooLarge, maxRunCommits)
 		}
 		h := pending[len(pending)-1]
 		pending = pending[:len(pending)-1]
 		o, copied, err := cp(h)
 		if err != nil || !copied {
 			if err != nil {
-				return err
+				return nil, err
 			}
 			continue
 		}
 		c, err := object.DecodeCommit(st, o)
 		if err != nil {
-			return fmt.Errorf("commit %s: %w", h, err)
+			return nil, fmt.Errorf("commit %s: %w", h, err)
 		}
 		if err := copyTree(st, src, c.TreeHash, cp); err != nil {
-			return err
+			return nil, err
 		}
+		commits = append(commits, h)
 		pending = append(pending, c.ParentHashes...)
 	}
-	return nil
+	return commits, nil
 }
 
 // copyTree copies tree h and the objects under it that st lacks.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -21,30 +22,56 @@ import (
 
 // commitWorkTree stores the work tree at root as a tree (what git would
 // keep when isGit) and returns parent when that tree is parent's, else a
-// new commit of it on parent.
-func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, parent plumbing.Hash, isGit bool, o CaptureOptions) (plumbing.Hash, error) {
+// new commit of it on parent. A path treeRefuses is left out and recorded
+// in refused; where parent holds an entry at that path (only the base can:
+// the run's commits are rewritten without theirs), that entry is kept as
+// it is.
+func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, parent plumbing.Hash, isGit bool, o CaptureOptions, refused refusedPaths) (plumbing.Hash, error) {
 	var parentTree plumbing.Hash
-	var tracked []string
 	if !parent.IsZero() {
 		pc, err := object.GetCommit(st, parent)
 		if err != nil {
 			return plumbing.ZeroHash, err
 		}
 		parentTree = pc.TreeHash
-		t, err := pc.Tree()
-		if err != nil {
-			return plumbing.ZeroHash, err
+	}
+	// Listed without go-git's path checks, which fail a whole listing on
+	// one refused name.
+	parentIdx, err := treeIndex(st, parentTree)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	var tracked, refusedHere []string
+	for p, e := range parentIdx {
+		if e.Mode != filemode.Dir && e.Mode != filemode.Submodule {
+			tracked = append(tracked, p)
 		}
-		_ = t.Files().ForEach(func(f *object.File) error { tracked = append(tracked, f.Name); return nil })
 	}
 	entries, err := walk(root, dir, walkOptions{
 		gitignore: isGit, tracked: trackedSet(tracked), maxFiles: o.MaxFiles,
 		skip: func(p string, _ bool) bool { return path.Base(p) == ".git" || underArtifacts(p) },
+		refuse: func(p string) bool {
+			if !treeRefuses(p) {
+				return false
+			}
+			refused.add(p)
+			refusedHere = append(refusedHere, p)
+			return true
+		},
 	})
 	if err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("walk the workspace: %w", err)
 	}
 	b := newTreeBuilder()
+	for _, p := range refusedHere {
+		switch e, ok := parentIdx[p]; {
+		case !ok:
+		case e.Mode == filemode.Dir:
+			b.addTree(p, e.Hash)
+		default:
+			b.add(p, e.Mode, e.Hash)
+		}
+	}
 	var budget int64
 	for _, e := range entries {
 		switch {
@@ -103,8 +130,10 @@ func underArtifacts(p string) bool {
 }
 
 // describe fills c's diffstat and patch, from the submitted tree to
-// head's, and its commit count and bundle, base..head.
-func (c *Captured) describe(st storer.EncodedObjectStorer, submitted, base, head plumbing.Hash, runID string) error {
+// head's, and its commit count and bundle, base..head. A change of a path
+// treeRefuses (a base's entry kept as it was, a submitted file left out)
+// is left out of the patch and diffstat, and recorded in refused.
+func (c *Captured) describe(st storer.EncodedObjectStorer, submitted, base, head plumbing.Hash, runID string, refused refusedPaths) error {
 	hc, err := object.GetCommit(st, head)
 	if err != nil {
 		return err
@@ -122,6 +151,15 @@ func (c *Captured) describe(st storer.EncodedObjectStorer, submitted, base, head
 		if err != nil {
 			return err
 		}
+		changes = slices.DeleteFunc(changes, func(ch *object.Change) bool {
+			for _, n := range []string{ch.From.Name, ch.To.Name} {
+				if p := refusedPrefix(n); n != "" && p != "" {
+					refused.add(p)
+					return true
+				}
+			}
+			return false
+		})
 		patch, err := changes.Patch()
 		if err != nil {
 			return err

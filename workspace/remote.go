@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 
+	"github.com/go-git/go-billy/v5/osfs"
+
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
-	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
@@ -20,7 +24,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
-	"github.com/go-git/go-git/v5/storage/memory"
+	"github.com/go-git/go-git/v5/storage/filesystem"
 )
 
 // Errors of a git remote that retrying cannot fix, wrapped by OpenRemote's,
@@ -37,9 +41,11 @@ var (
 // RemoteOptions bound a fetch from a git remote.
 type RemoteOptions struct {
 	// MaxBytes bounds, each in bytes: what is read from the network (all
-	// responses together), the objects held in memory once inflated, and
-	// the snapshot written. 0 means no bound. Past it the fetch fails with
-	// an error wrapping ErrTooLarge.
+	// responses together), the objects of the fetched pack once inflated
+	// (counted from the sizes the pack declares, before anything is
+	// inflated, with packObjectCost more for each object), and the
+	// snapshot written. 0 means no bound. Past it the fetch fails with an
+	// error wrapping ErrTooLarge.
 	MaxBytes int64
 	// MaxFiles bounds the entries of the commit's tree; 0 means no bound.
 	MaxFiles int
@@ -47,6 +53,11 @@ type RemoteOptions struct {
 	// (which honours HTTPS_PROXY, HTTP_PROXY and NO_PROXY). Redirects are
 	// never followed: a remote that answers with one is refused.
 	Transport http.RoundTripper
+	// TempDir is where Snapshot writes the fetched pack and its index, in
+	// a directory of its own ("jetcrew-git-*", mode 0700) removed before
+	// it returns; at most MaxBytes of pack, and its index. "" means
+	// os.TempDir().
+	TempDir string
 }
 
 // Remote is a git remote whose references were listed by OpenRemote; its
@@ -169,17 +180,32 @@ func (r *Remote) Resolve(ref string) (RemoteRef, error) {
 }
 
 // Snapshot fetches rr's commit and all its history (no other reference,
-// no submodule, no LFS object) into memory and writes the snapshot of that
-// commit to w, in the format Snapshot gives a clean clone of it: the
-// commit's tree, and a .git holding its history as one pack, HEAD on the
-// branch (detached for a tag or a detached HEAD), an index and the minimal
-// config. Equal commits give equal bytes. It returns the snapshot's Info;
-// Info.Head is the commit (an annotated tag is peeled).
+// no submodule, no LFS object) and writes the snapshot of that commit to
+// w, in the format Snapshot gives a clean clone of it: the commit's tree,
+// and a .git holding its history as one pack, HEAD on the branch (detached
+// for a tag or a detached HEAD), an index and the minimal config. Equal
+// commits give equal bytes. It returns the snapshot's Info; Info.Head is
+// the commit (an annotated tag is peeled).
+//
+// The pack is written to a file under RemoteOptions.TempDir as it
+// arrives, and its objects are read from there: before any object is
+// inflated, the sizes the pack declares (a delta's target size included)
+// are summed against MaxBytes (checkPack), and inflating never goes past
+// a declared size, so a compressed bomb fails with ErrTooLarge having cost
+// its bytes on the wire. Objects over largeObjectBytes are streamed from
+// the file, never held whole; indexing the pack holds one object at a time
+// (and go-git's cache of delta bases), each at most MaxBytes.
 func (r *Remote) Snapshot(ctx context.Context, rr RemoteRef, w io.Writer) (Info, error) {
-	st := &boundedStorage{Storage: memory.NewStorage(), max: r.o.MaxBytes}
-	if err := r.fetch(ctx, st, rr.Want); err != nil {
+	dir, err := os.MkdirTemp(r.o.TempDir, "jetcrew-git-*")
+	if err != nil {
 		return Info{}, err
 	}
+	defer os.RemoveAll(dir)
+	st, err := r.fetch(ctx, dir, rr.Want)
+	if err != nil {
+		return Info{}, err
+	}
+	defer st.Close()
 	commit, err := peelCommit(st, rr.Want)
 	if err != nil {
 		return Info{}, fmt.Errorf("%w: %s: %s: %w", ErrBadArchive, r.url, rr.Name, err)
@@ -201,19 +227,20 @@ func (r *Remote) Snapshot(ctx context.Context, rr RemoteRef, w io.Writer) (Info,
 	return snapshotCommit(repo, commit, w, r.o)
 }
 
-// fetch asks the remote for want and everything it reaches and stores what
-// comes back in st.
-func (r *Remote) fetch(ctx context.Context, st storer.Storer, want plumbing.Hash) error {
+// fetch asks the remote for want and everything it reaches, writes the
+// pack it sends into dir (a .git directory: objects/pack/pack-<sum>.pack),
+// checks it (checkPack), indexes it, and returns the storage of dir.
+func (r *Remote) fetch(ctx context.Context, dir string, want plumbing.Hash) (*filesystem.Storage, error) {
 	req := packp.NewUploadPackRequestFromCapabilities(r.caps)
 	req.Wants = []plumbing.Hash{want}
 	if r.caps.Supports(capability.NoProgress) {
 		if err := req.Capabilities.Set(capability.NoProgress); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	resp, err := r.sess.UploadPack(ctx, req)
 	if err != nil {
-		return remoteError(r.url, err)
+		return nil, remoteError(r.url, err)
 	}
 	defer resp.Close()
 	var pack io.Reader = resp
@@ -223,10 +250,31 @@ func (r *Remote) fetch(ctx context.Context, st storer.Storer, want plumbing.Hash
 	case req.Capabilities.Supports(capability.Sideband):
 		pack = sideband.NewDemuxer(sideband.Sideband, resp)
 	}
-	if err := packfile.UpdateObjectStorage(st, pack); err != nil {
-		return remoteError(r.url, fmt.Errorf("read pack: %w", err))
+	packDir := filepath.Join(dir, "objects", "pack")
+	if err := os.MkdirAll(packDir, 0o700); err != nil {
+		return nil, err
 	}
-	return nil
+	f, err := os.CreateTemp(packDir, "fetch-*.tmp")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// What the remote sends is bounded on the network (limitTransport).
+	if _, err := io.Copy(f, pack); err != nil {
+		return nil, remoteError(r.url, fmt.Errorf("read pack: %w", err))
+	}
+	sum, err := indexPack(f, packDir, r.o.MaxBytes)
+	if err != nil {
+		return nil, remoteError(r.url, fmt.Errorf("read pack: %w", err))
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(f.Name(), filepath.Join(packDir, "pack-"+sum.String()+".pack")); err != nil {
+		return nil, err
+	}
+	return filesystem.NewStorageWithOptions(osfs.New(dir, osfs.WithBoundOS()), cache.NewObjectLRU(fetchCacheBytes),
+		filesystem.Options{ExclusiveAccess: true, LargeObjectThreshold: largeObjectBytes}), nil
 }
 
 // peelCommit returns the commit h names: h itself, or the commit an
@@ -251,23 +299,6 @@ func peelCommit(s storer.EncodedObjectStorer, h plumbing.Hash) (*object.Commit, 
 		}
 	}
 	return nil, errors.New("tag chain too long")
-}
-
-// boundedStorage is an in-memory storage refusing objects past max bytes
-// (inflated) in all.
-type boundedStorage struct {
-	*memory.Storage
-	max, n int64
-}
-
-// SetEncodedObject stores o unless the objects stored would exceed max
-// bytes.
-func (s *boundedStorage) SetEncodedObject(o plumbing.EncodedObject) (plumbing.Hash, error) {
-	s.n += o.Size()
-	if s.max > 0 && s.n > s.max {
-		return plumbing.ZeroHash, fmt.Errorf("%w: the fetched objects exceed %d bytes", ErrTooLarge, s.max)
-	}
-	return s.Storage.SetEncodedObject(o)
 }
 
 // limitTransport fails a response body once all bodies together gave more

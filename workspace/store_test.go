@@ -16,7 +16,9 @@ import (
 )
 
 // TestUploadOnceDownloadChecked uploads the same work tree ten times: one
-// object is stored, the other nine find it by digest. The worker's download
+// object is stored, in the uploads bucket, the other nine find its bytes
+// there. The worker's download takes it from there, its bytes checked,
+// into the workspace bucket, where the next upload finds it. The download
 // refuses a missing object, a wrong digest and an object over its cap.
 func TestUploadOnceDownloadChecked(t *testing.T) {
 	t.Parallel()
@@ -34,23 +36,31 @@ func TestUploadOnceDownloadChecked(t *testing.T) {
 		up, err := workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{})
 		require.NoError(t, err)
 		require.Equal(t, i > 0, up.Reused, "upload %d", i)
+		require.Equal(t, messages.BucketUploads, up.Bucket)
 		refs = append(refs, up.Ref)
 	}
 	for _, r := range refs {
 		require.Equal(t, refs[0], r)
 	}
-	st, err := ws.Status(ctx)
+	st, err := ws.Uploads.Status(ctx)
 	require.NoError(t, err)
-	objs, err := ws.List(ctx)
+	objs, err := ws.Uploads.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, objs, 1, "ten runs share one object")
 	require.Less(t, st.Size(), 2*objs[0].Size+4096, "stored once")
+	_, err = ws.List(ctx)
+	require.ErrorIs(t, err, jetstream.ErrNoObjectsFound, "only a worker writes the workspace bucket")
 
 	out := filepath.Join(t.TempDir(), "s.tar")
 	require.NoError(t, workspace.Download(ctx, ws, refs[0], out, 0))
 	fi, err := os.Stat(out)
 	require.NoError(t, err)
 	require.EqualValues(t, objs[0].Size, fi.Size())
+	require.True(t, workspace.Stored(ctx, ws, refs[0]), "checked into the workspace bucket")
+	up, err := workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.True(t, up.Reused)
+	require.Equal(t, messages.BucketWorkspaces, up.Bucket)
 
 	bad := refs[0]
 	bad.Digest = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
@@ -61,14 +71,16 @@ func TestUploadOnceDownloadChecked(t *testing.T) {
 	require.ErrorIs(t, workspace.Download(ctx, ws, refs[0], out, 100), workspace.ErrTooLarge)
 	_, err = workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{MaxBytes: 100})
 	require.ErrorIs(t, err, workspace.ErrTooLarge)
-	objs, err = ws.List(ctx)
+	objs, err = ws.Uploads.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, objs, 1, "a refused upload stores nothing")
 }
 
 // TestDownloadRefusesAReplacedObject: an object put again under the name
-// with other bytes (any NATS client can) fails the digest check before a
-// byte is written, and a malformed digest is a mismatch, never a panic.
+// with other bytes (any NATS client allowed to write the bucket can) fails
+// the digest check before a byte is written, and a malformed digest is a
+// mismatch, never a panic. With the uploads bucket beside it, the worker
+// takes the checked bytes from there and repairs the object.
 func TestDownloadRefusesAReplacedObject(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -78,14 +90,23 @@ func TestDownloadRefusesAReplacedObject(t *testing.T) {
 	require.NoError(t, err)
 	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
 	require.NoError(t, err)
-	up, err := workspace.Upload(ctx, ws, testRepo(t), workspace.SnapshotOptions{})
+	dir := testRepo(t)
+	up, err := workspace.Upload(ctx, ws.ObjectStore, dir, workspace.SnapshotOptions{})
 	require.NoError(t, err)
 	_, err = ws.PutBytes(ctx, up.Ref.Name, []byte("other bytes"))
 	require.NoError(t, err)
 	out := filepath.Join(t.TempDir(), "s.tar")
-	require.ErrorIs(t, workspace.Download(ctx, ws, up.Ref, out, 0), workspace.ErrDigestMismatch)
+	require.ErrorIs(t, workspace.Download(ctx, ws.ObjectStore, up.Ref, out, 0), workspace.ErrDigestMismatch)
 	require.NoFileExists(t, out)
 	short := up.Ref
 	short.Digest = "sha"
-	require.ErrorIs(t, workspace.Download(ctx, ws, short, out, 0), workspace.ErrDigestMismatch)
+	require.ErrorIs(t, workspace.Download(ctx, ws.ObjectStore, short, out, 0), workspace.ErrDigestMismatch)
+
+	// The submitter's upload goes to the uploads bucket; the worker checks
+	// it and replaces the broken object.
+	again, err := workspace.Upload(ctx, ws, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.False(t, again.Reused)
+	require.NoError(t, workspace.Download(ctx, ws, up.Ref, out, 0))
+	require.NoError(t, workspace.Download(ctx, ws.ObjectStore, up.Ref, out, 0), "repaired")
 }

@@ -29,6 +29,10 @@ type walkOptions struct {
 	tracked func(p string) bool
 	// skip reports paths left out entirely (".git", the artifacts dir).
 	skip func(p string, dir bool) bool
+	// refuse, unless nil, reports paths whose names may not be kept
+	// (asked after skip and the ignore rules): they are left out, a
+	// directory with everything under it. It records them itself.
+	refuse func(p string) bool
 	// maxFiles bounds the number of entries; 0 means no bound.
 	maxFiles int
 }
@@ -78,6 +82,9 @@ func walk(root *os.Root, dir string, o walkOptions) ([]entry, error) {
 				continue
 			}
 			if m != nil && m.Match(strings.Split(p, "/"), isDir) && !tracks(o.tracked, p, isDir) {
+				continue
+			}
+			if o.refuse != nil && o.refuse(p) {
 				continue
 			}
 			info, err := root.Lstat(p)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"slices"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -19,10 +18,20 @@ type treeBuilder struct {
 	dirs map[string][]object.TreeEntry
 	// linked holds the directories already entered in their parent.
 	linked map[string]bool
+	// fixed holds the directories added whole (addTree), written as
+	// they are.
+	fixed map[string]bool
 }
 
 func newTreeBuilder() *treeBuilder {
-	return &treeBuilder{dirs: map[string][]object.TreeEntry{"": nil}, linked: map[string]bool{}}
+	return &treeBuilder{dirs: map[string][]object.TreeEntry{"": nil}, linked: map[string]bool{}, fixed: map[string]bool{}}
+}
+
+// addTree records an existing tree (hash h) as the directory at slash
+// path p, nothing to be added under it.
+func (b *treeBuilder) addTree(p string, h plumbing.Hash) {
+	b.fixed[p] = true
+	b.add(p, filemode.Dir, h)
 }
 
 // add records a file (blob hash h, mode m) at slash path p.
@@ -57,29 +66,15 @@ func (b *treeBuilder) write(s storer.EncodedObjectStorer) (plumbing.Hash, error)
 func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbing.Hash, error) {
 	entries := b.dirs[dir]
 	for i := range entries {
-		if entries[i].Mode == filemode.Dir {
-			h, err := b.writeDir(s, path.Join(dir, entries[i].Name))
+		if sub := joinPath(dir, entries[i].Name); entries[i].Mode == filemode.Dir && !b.fixed[sub] {
+			h, err := b.writeDir(s, sub)
 			if err != nil {
 				return plumbing.ZeroHash, err
 			}
 			entries[i].Hash = h
 		}
 	}
-	// Git orders tree entries by name, a directory's name as if it ended
-	// with '/'.
-	key := func(e object.TreeEntry) string {
-		if e.Mode == filemode.Dir {
-			return e.Name + "/"
-		}
-		return e.Name
-	}
-	slices.SortFunc(entries, func(a, c object.TreeEntry) int { return strings.Compare(key(a), key(c)) })
-	t := &object.Tree{Entries: entries}
-	o := s.NewEncodedObject()
-	if err := t.Encode(o); err != nil {
-		return plumbing.ZeroHash, err
-	}
-	return s.SetEncodedObject(o)
+	return storeTree(s, entries)
 }
 
 // storeBlob stores the size bytes read from r as a blob in s, unless s

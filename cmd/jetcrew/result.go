@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -111,6 +112,13 @@ func printResult(w io.Writer, st messages.RunState) error {
 	}
 	for _, o := range r.Artifacts {
 		fmt.Fprintf(w, "artifact %s (%d bytes)\n", visibleName(o.Name), o.Size)
+	}
+	// Quoted: the names hold control characters.
+	for _, p := range r.Refused {
+		fmt.Fprintf(w, "refused %s\n", strconv.Quote(p))
+	}
+	if n := r.RefusedCount - len(r.Refused); n > 0 {
+		fmt.Fprintf(w, "refused: %d more\n", n)
 	}
 	return nil
 }

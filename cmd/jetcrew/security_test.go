@@ -256,6 +256,17 @@ func rawAttempts() []rawAttempt {
 		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
 		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
 	}
+	// Object chunks: harmless to the buckets, which both exist once up's
+	// worker started.
+	objectWrite := func(bucket string) func(rc roleConn) error {
+		subj := "$O." + bucket + ".C.role-matrix"
+		return func(rc roleConn) error {
+			return rc.try(subj, func(ctx context.Context) error {
+				_, err := rc.js.Publish(ctx, subj, []byte("chunk"))
+				return err
+			})
+		}
+	}
 	subscribe := func(subj string) func(rc roleConn) error {
 		return func(rc roleConn) error {
 			return rc.try(subj, func(context.Context) error {
@@ -273,6 +284,10 @@ func rawAttempts() []rawAttempt {
 		{"coordination publish as the operator", fromOperator, []roles.Role{roles.Operator}},
 		{"run state write", stateWrite, []roles.Role{roles.Worker}},
 		{"run event publish", event, []roles.Role{roles.Worker}},
+		// Only workers write the workspace bucket, with bytes they checked;
+		// submitters upload to the uploads bucket.
+		{"workspace bucket write", objectWrite(messages.BucketWorkspaces), []roles.Role{roles.Worker}},
+		{"uploads bucket write", objectWrite(messages.BucketUploads), []roles.Role{roles.Submitter}},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
 	}
@@ -488,4 +503,29 @@ func TestSeedModeChecked(t *testing.T) {
 	_, _, err = ensureRoleKeys(dir)
 	require.ErrorContains(t, err, "not an NKey user seed")
 	require.NotContains(t, err.Error(), "garbage")
+}
+
+// Under --auth a submitter's snapshot goes to the uploads bucket, and the
+// worker, which alone writes the workspace bucket, takes it from there
+// once its bytes match the request's digest; the next submit of the same
+// tree finds it there by its bytes and uploads nothing.
+func TestSubmitWorkspaceUnderAuth(t *testing.T) {
+	t.Parallel()
+	e := authUp(t)
+	repo := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644))
+	code, _, errOut := e.as(t, roles.Submitter, "submit", "--id", "ws-auth-1", "--workspace", repo, "--wait", "out hi")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "uploaded in")
+	code, _, errOut = e.as(t, roles.Submitter, "submit", "--id", "ws-auth-2", "--workspace", repo, "--wait", "out hi")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, "already stored, not uploaded again")
+	rc := e.conn(t, roles.Observer)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	obs, err := rc.js.ObjectStore(ctx, messages.BucketWorkspaces)
+	require.NoError(t, err)
+	objs, err := obs.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, 1, "the worker stored the checked snapshot")
 }

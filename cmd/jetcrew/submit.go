@@ -61,8 +61,10 @@ With --workspace DIR the run works on a snapshot of DIR, writable at
 /workspace (its working directory): for a git work tree, what git would keep
 (tracked files, untracked files that are not ignored, uncommitted changes)
 and HEAD's history; otherwise the directory as it is. The snapshot is one
-object in the jetcrew-workspaces Object Store bucket, named by its SHA-256
-and uploaded only when the bucket does not hold it yet. When the run ends,
+object named by its SHA-256, uploaded to the jetcrew-uploads Object Store
+bucket unless jetcrew-workspaces (which only workers write, once they have
+checked a snapshot's bytes) or jetcrew-uploads holds its bytes already
+(read back and hashed, not taken from the object's record). When the run ends,
 what it changed is kept: see jetcrew result, diff, apply and artifacts.
 
 With --git URL [--ref REF] the run works on a commit of a git remote

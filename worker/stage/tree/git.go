@@ -183,7 +183,20 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 		return gitResolution{}, err
 	}
 	cfg := t.cfg
-	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
+	// The fetched pack, its index and the snapshot go to a directory of
+	// the worker's workspace directory, held while the resolution lives
+	// (Sweep spares it; it removes one a crash leaves).
+	root := filepath.Join(t.stateDir, "ws")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return gitResolution{}, err
+	}
+	dir, err := os.MkdirTemp(root, "git-")
+	if err != nil {
+		return gitResolution{}, err
+	}
+	defer t.holds.Hold(holdGitFile + dir)()
+	defer os.RemoveAll(dir)
+	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, TempDir: dir})
 	if err != nil {
 		return gitResolution{}, err
 	}
@@ -203,17 +216,10 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 		return gitResolution{}, err
 	}
 	defer t.git.releaseFetch()
-	// The snapshot is written to a file of the worker's workspace
-	// directory (the reconciler removes one a crash leaves).
-	dir := filepath.Join(t.stateDir, "ws")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return gitResolution{}, err
-	}
-	f, err := os.CreateTemp(dir, "git-*.tar")
+	f, err := os.Create(filepath.Join(dir, "snapshot.tar"))
 	if err != nil {
 		return gitResolution{}, err
 	}
-	defer os.Remove(f.Name())
 	defer f.Close()
 	info, err := rem.Snapshot(ctx, rr, f)
 	if err != nil {

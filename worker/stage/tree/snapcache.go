@@ -83,7 +83,7 @@ func (t *Trees) fetchSnapshot(ctx context.Context, ref messages.WorkspaceRef, cf
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name()) // gone after the rename
-	if err := workspace.Download(ctx, ws, ref, tmp.Name(), cfg.MaxBytes); err != nil {
+	if err := workspace.Fetch(ctx, ws, ref, tmp.Name(), cfg.MaxBytes); err != nil {
 		return err
 	}
 	f, err := os.Open(tmp.Name())

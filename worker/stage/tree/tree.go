@@ -128,7 +128,8 @@ type Trees struct {
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 
 	mu       sync.Mutex
-	ws, res  jetstream.ObjectStore
+	ws       *workspace.SnapshotStore
+	res      jetstream.ObjectStore
 	resolved bool
 }
 
@@ -183,13 +184,13 @@ func (t *Trees) VolumeHeld(name string) bool { return t.holds.Held(holdVolume + 
 // EnsureBuckets returns the workspace and result buckets, creating them on
 // first use; the worker calls it at start, so they exist before any client
 // needs them (a submitter may not create streams).
-func (t *Trees) EnsureBuckets(ctx context.Context) (ws, res jetstream.ObjectStore, err error) {
+func (t *Trees) EnsureBuckets(ctx context.Context) (ws *workspace.SnapshotStore, res jetstream.ObjectStore, err error) {
 	return t.stores(ctx)
 }
 
 // stores returns the workspace and result buckets, creating them on first
 // use.
-func (t *Trees) stores(ctx context.Context) (jetstream.ObjectStore, jetstream.ObjectStore, error) {
+func (t *Trees) stores(ctx context.Context) (*workspace.SnapshotStore, jetstream.ObjectStore, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.resolved {

@@ -1,0 +1,228 @@
+package workspace
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// ErrSnapshotMissing and ErrDigestMismatch are wrapped by Download's errors
+// for a request whose snapshot cannot be used; retrying cannot help.
+var (
+	ErrSnapshotMissing = errors.New("workspace snapshot not found")
+	ErrDigestMismatch  = errors.New("workspace snapshot digest mismatch")
+)
+
+// Download writes the object ref names from obs to file path, refusing an
+// object over max bytes before reading it (ErrTooLarge), and checks its
+// bytes against ref.Digest (ErrDigestMismatch): the store's record of the
+// object must name ref.Digest, checked before a byte is read and again on
+// the record the read used, and nats.go checks the bytes against that
+// record as it reaches their end, so the bytes are hashed once. A missing
+// object is ErrSnapshotMissing; other errors are the store's, worth a retry.
+// Given a *SnapshotStore with an uploads bucket, as EnsureBuckets returns,
+// it is Fetch.
+func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, path string, max int64) error {
+	if s, ok := obs.(*SnapshotStore); ok && s.Uploads != nil {
+		return Fetch(ctx, s, ref, path, max)
+	}
+	return bucketFor(obs).download(ctx, ref, path, max)
+}
+
+// Fetch is the worker's download of a snapshot: it writes the object ref
+// names to file path, its bytes hashing to ref.Digest (see Download), from
+// the workspace bucket of s or, when that does not hold those bytes
+// (missing, or a broken object) and ref names the object by its digest
+// (messages.WorkspaceObjectName, as submit does), from its uploads bucket,
+// where any submitter may have written anything under that name; only
+// there can the bytes that hash to the digest be the name's, so a request
+// pairing another digest's name with its own digest never makes a worker
+// replace that name's object. Bytes taken from
+// the uploads bucket are then stored in the workspace bucket (a broken
+// object there replaced), so the next run, on any worker, finds them
+// checked; the upload stays until the bucket's TTL (a worker may still be
+// reading it). Its errors are Download's: ErrSnapshotMissing when neither
+// bucket has the object (the workspace bucket's answer when the uploads
+// bucket has none), ErrDigestMismatch when the uploads bucket's bytes
+// differ too, ErrTooLarge over max bytes; a failure to store is the
+// store's, worth a retry.
+func Fetch(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) error {
+	werr := s.workspaces().download(ctx, ref, path, max)
+	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
+		return werr
+	}
+	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
+		if errors.Is(werr, ErrSnapshotMissing) {
+			// Say what the uploads bucket holds under that name.
+			_, err := s.uploads().checkStored(ctx, ref, max)
+			if err == nil {
+				return fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
+			}
+			if !errors.Is(err, ErrSnapshotMissing) {
+				return err
+			}
+		}
+		return werr
+	}
+	uerr := s.uploads().download(ctx, ref, path, max)
+	if errors.Is(uerr, ErrSnapshotMissing) {
+		if errors.Is(werr, ErrSnapshotMissing) {
+			// Another worker may have taken it meanwhile.
+			return s.workspaces().download(ctx, ref, path, max)
+		}
+		return werr
+	}
+	if uerr != nil {
+		return uerr
+	}
+	if errors.Is(werr, ErrSnapshotMissing) {
+		// Not stored again when another worker stored it meanwhile (only
+		// workers write the workspace bucket).
+		if info, err := s.ObjectStore.GetInfo(ctx, ref.Name); err == nil && !info.Deleted && info.Digest == objDigest(ref.Digest) {
+			return nil
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	meta := jetstream.ObjectMeta{Name: ref.Name, Description: "jetcrew workspace snapshot (tar), checked by a worker"}
+	if _, err := s.ObjectStore.Put(ctx, meta, f); err != nil {
+		return fmt.Errorf("store the checked snapshot in %s: %w", messages.BucketWorkspaces, err)
+	}
+	return nil
+}
+
+// download is Download from b alone.
+func (b bucket) download(ctx context.Context, ref messages.WorkspaceRef, path string, max int64) error {
+	info, err := b.checkStored(ctx, ref, max)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := b.read(ctx, ref, info, f); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// objectReadMax bounds a read of an object when the caller's context has
+// no deadline (nats.go would otherwise give it its default request
+// timeout, 5 s, whatever the object's size).
+const objectReadMax = time.Hour
+
+// read copies the object ref names, whose record was info, from b to w,
+// and returns the bytes copied. The chunks info names must be in b's
+// stream (chunksHeld). nats.go checks the bytes against the record the
+// read uses as it reaches their end, and that record must name ref's
+// digest and size (ErrDigestMismatch otherwise), so the bytes copied hash
+// to ref's digest when it returns no error.
+func (b bucket) read(ctx context.Context, ref messages.WorkspaceRef, info *jetstream.ObjectInfo, w io.Writer) (int64, error) {
+	if err := b.chunksHeld(ctx, info); err != nil {
+		return 0, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, objectReadMax)
+		defer cancel()
+	}
+	r, err := b.obs.Get(ctx, ref.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, b.bucketName(ctx))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("get snapshot: %w", err)
+	}
+	defer r.Close()
+	n, err := io.Copy(w, io.LimitReader(r, int64(info.Size)+1))
+	if errors.Is(err, jetstream.ErrDigestMismatch) {
+		return n, fmt.Errorf("%w: object %q in %s: its bytes differ from its record's digest", ErrDigestMismatch, ref.Name, b.bucketName(ctx))
+	}
+	if err != nil {
+		return n, fmt.Errorf("download snapshot: %w", err)
+	}
+	// The object may have been replaced between GetInfo and Get: the
+	// record the read was checked against must name ref's digest.
+	read, err := r.Info()
+	if err != nil {
+		return n, fmt.Errorf("download snapshot: %w", err)
+	}
+	if err := sameDigest(ref, read); err != nil {
+		return n, err
+	}
+	if n != int64(read.Size) {
+		return n, fmt.Errorf("%w: object %q gave %d bytes, its record says %d", ErrDigestMismatch, ref.Name, n, read.Size)
+	}
+	return n, nil
+}
+
+// CheckStored reads ref's object record (one Object Store info request)
+// and returns it when the object is there, at most max bytes (0: no cap)
+// and recorded with ref's digest. Its errors wrap ErrSnapshotMissing
+// (deleted, expired or never uploaded), ErrTooLarge or ErrDigestMismatch;
+// any other error is the store's. It reads the record's claim alone: a
+// worker calls it before a download (which then checks the bytes), and
+// before each use of a snapshot it has cached (whose bytes were checked
+// when it was downloaded), so a snapshot deleted from the bucket is
+// withdrawn at once. Given a *SnapshotStore it reads the workspace bucket.
+func CheckStored(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {
+	return bucketFor(obs).checkStored(ctx, ref, max)
+}
+
+func (b bucket) checkStored(ctx context.Context, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {
+	info, err := b.obs.GetInfo(ctx, ref.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, b.bucketName(ctx))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot info: %w", err)
+	}
+	if max > 0 && info.Size > uint64(max) {
+		return nil, fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
+	}
+	if err := sameDigest(ref, info); err != nil {
+		return nil, err
+	}
+	return info, nil
+}
+
+// sameDigest returns an error wrapping ErrDigestMismatch unless the store's
+// record info names the digest ref names.
+func sameDigest(ref messages.WorkspaceRef, info *jetstream.ObjectInfo) error {
+	want := objDigest(ref.Digest)
+	if want != "" && info.Digest == want {
+		return nil
+	}
+	got := info.Digest
+	if b, err := jetstream.DecodeObjectDigest(info.Digest); err == nil {
+		got = "sha256:" + hex.EncodeToString(b)
+	}
+	return fmt.Errorf("%w: object %q has %s, the request names %s", ErrDigestMismatch, ref.Name, got, ref.Digest)
+}
+
+// objDigest returns the Object Store's form of a "sha256:<hex>" digest
+// ("SHA-256=<base64url>"), or "" for anything else.
+func objDigest(d string) string {
+	x, ok := strings.CutPrefix(d, "sha256:")
+	b, err := hex.DecodeString(x)
+	if !ok || err != nil || len(b) != sha256.Size {
+		return ""
+	}
+	return "SHA-256=" + base64.URLEncoding.EncodeToString(b)
+}
