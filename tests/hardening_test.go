@@ -6,6 +6,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +62,9 @@ func TestJailOutputBudget(t *testing.T) {
 // prints its key, whole and split across two writes 300 ms apart (so two
 // output chunks), and fails. The value appears in none
 // of: its output events, its state's reason, its dead letter's headers, its
-// finished event, the worker's log; "***" stands in its place.
+// finished event, the worker's log; "***" stands in its place. Nor is it in
+// the container's configuration as the engine shows it (`docker inspect`:
+// environment, labels, command line): the launcher sets it at start.
 func TestJailSecretsMasked(t *testing.T) {
 	t.Parallel()
 	const secret = "sk-live-7f3a9c21e4"
@@ -84,6 +87,12 @@ func TestJailSecretsMasked(t *testing.T) {
 	require.Greater(t, len(out.chunks), 1, "the output came in several chunks")
 	require.Equal(t, "401 ***\n", string(out.stderr))
 	require.Equal(t, "exit code 1: 401 ***", st.Reason)
+	info, ok := b.rt.inspect("masked")
+	require.True(t, ok)
+	inspected, err := json.Marshal(info)
+	require.NoError(t, err)
+	require.NotContains(t, string(inspected), "7f3a9c21e4", "docker inspect of the run's container")
+	require.NotContains(t, strings.Join(info.Config.Env, "\n"), "KEY=", "the secret's variable is not in Config.Env")
 
 	var all strings.Builder
 	for _, m := range b.events(t, "masked") {

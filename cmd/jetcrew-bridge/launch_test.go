@@ -60,3 +60,37 @@ func TestJetcrewBridgeSubcommand(t *testing.T) {
 	require.Empty(t, out, "stdout belongs to JSON-RPC frames alone")
 	require.Contains(t, stderr.String(), "takes no arguments")
 }
+
+// The launcher sets the env file's variables over the container's own,
+// never HOME nor JETCREW_*, and passes the rest through.
+func TestLaunchEnvFile(t *testing.T) {
+	t.Parallel()
+	bin, err := buildBridge()
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "launch-env.json")
+	require.NoError(t, os.WriteFile(file, []byte(`["API_KEY=sk-live=1","PLAIN=from-file","HOME=/evil","JETCREW_RUN_ID=other","not a var","TOKEN=multi\nline"]`), 0o444))
+	cmd := exec.Command(bin, "launch", "--env-file", file, "--", "env")
+	cmd.Env = []string{"HOME=/home/agent", "PATH=/usr/bin:/bin", "PLAIN=from-container", "JETCREW_RUN_ID=r1", "KEEP=1"}
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	env := map[string]string{}
+	for _, kv := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	require.Equal(t, "sk-live=1", env["API_KEY"])
+	require.Equal(t, "from-file", env["PLAIN"], "the file wins over the container's environment")
+	require.Equal(t, "/home/agent", env["HOME"], "HOME is the worker's")
+	require.Equal(t, "r1", env["JETCREW_RUN_ID"], "JETCREW_ variables are the worker's")
+	require.Equal(t, "1", env["KEEP"])
+	require.Equal(t, "multi", env["TOKEN"], "a value may hold a newline")
+
+	require.NoError(t, os.WriteFile(file, []byte(`{"not":"an array"}`), 0o444))
+	cmd = exec.Command(bin, "launch", "--env-file", file, "--", "true")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.Error(t, cmd.Run())
+	require.Contains(t, stderr.String(), "is not a JSON array of strings")
+	require.NotContains(t, stderr.String(), "an array", "the file's content is never echoed")
+}

@@ -1,6 +1,7 @@
 package bridgecmd
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,16 +10,23 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"golang.org/x/sys/unix"
 )
 
 // launchCommand is the first argument that makes the bridge binary act as
 // the agent's launcher instead of an MCP server:
 //
-//	/opt/jetcrew/bridge launch [--home-seed DIR] [--stdin FILE] [--egress-relay ADDR=SOCKET] -- ARGV...
+//	/opt/jetcrew/bridge launch [--env-file FILE] [--home-seed DIR] [--stdin FILE] [--egress-relay ADDR=SOCKET] -- ARGV...
 //
-// The worker starts agent CLIs this way. The launcher copies the files the
+// The worker starts agent CLIs this way. The launcher sets the variables
+// the worker staged in FILE (a JSON array of "KEY=VALUE" strings: the run's
+// secrets, bound at start and so never in the container's configuration)
+// in the agent's environment, over the container's own, but never HOME nor
+// a JETCREW_ variable, which the worker sets; copies the files the
 // worker staged under DIR (read-only, in the run's /run/jetcrew) into the
 // writable $HOME, so a CLI that must write beside its configuration (Codex's
 // CODEX_HOME, say) finds it there; connects FILE (the run's prompt) to
@@ -36,8 +44,17 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 	seed := fs.String("home-seed", "", "directory whose files are copied into $HOME before the agent starts")
 	stdin := fs.String("stdin", "", "file connected to the agent's standard input")
 	relay := fs.String("egress-relay", "", "ADDR=SOCKET: relay TCP connections on ADDR to the egress proxy's unix SOCKET")
+	envFile := fs.String("env-file", "", "JSON array of KEY=VALUE strings set in the agent's environment")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	env := os.Environ()
+	if *envFile != "" {
+		var err error
+		if env, err = withEnvFile(env, *envFile); err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: env file: %v\n", err)
+			return 1
+		}
 	}
 	argv := fs.Args()
 	if len(argv) == 0 {
@@ -77,9 +94,44 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 		fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
 		return 127
 	}
-	err = unix.Exec(path, argv, os.Environ())
+	err = unix.Exec(path, argv, env)
 	fmt.Fprintf(stderr, "jetcrew-bridge launch: exec %s: %v\n", path, err)
 	return 127
+}
+
+// maxEnvFile bounds the env file launch reads, in bytes.
+const maxEnvFile = 1 << 20
+
+// withEnvFile returns env with the "KEY=VALUE" entries of the JSON array in
+// the file at path set over it; HOME and JETCREW_* entries are skipped, as
+// are entries that are not KEY=VALUE with a valid name. The file holds
+// secrets: it is read once, never echoed.
+func withEnvFile(env []string, path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxEnvFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxEnvFile {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxEnvFile)
+	}
+	var set []string
+	if err := json.Unmarshal(data, &set); err != nil {
+		return nil, fmt.Errorf("%s is not a JSON array of strings", path)
+	}
+	for _, kv := range set {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || !messages.ValidEnvName(k) || k == "HOME" || strings.HasPrefix(k, "JETCREW_") {
+			continue
+		}
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		env = append(env, kv)
+	}
+	return env, nil
 }
 
 // copyTree copies the regular files and directories under src into dst,

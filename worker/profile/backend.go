@@ -75,6 +75,10 @@ const (
 	HomeSeedPath = messages.ContainerHomeSeedPath
 	// LaunchPath is the bridge binary acting as the agent's launcher.
 	LaunchPath = coordination.BridgePath
+	// LaunchEnvPath is the file of the variables the launcher sets at start
+	// (Plan.EnvFile), staged read-only in the run's directory: a JSON array
+	// of "KEY=VALUE" strings.
+	LaunchEnvPath = coordination.ContainerRunDir + "/launch-env.json"
 )
 
 // maxArgPrompt is the longest prompt substituted into an argument, in bytes:
@@ -114,15 +118,23 @@ type Plan struct {
 	// InitCheck is true when the CLI reports its MCP servers' status in its
 	// output (Claude Code's init event), which then proves the bridge.
 	InitCheck bool
+	// EnvFile has the launcher set the variables the worker stages at
+	// LaunchEnvPath (the profile's env_from_host secrets) in the agent's
+	// environment at start: bound late, never in the container's
+	// configuration.
+	EnvFile bool
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher
 // when the plan needs it.
 func (p Plan) ContainerArgv() []string {
-	if !p.Launch && !p.EgressRelay {
+	if !p.Launch && !p.EgressRelay && !p.EnvFile {
 		return p.Argv
 	}
 	argv := []string{LaunchPath, "launch"}
+	if p.EnvFile {
+		argv = append(argv, "--env-file", LaunchEnvPath)
+	}
 	if p.Launch {
 		argv = append(argv, "--stdin", PromptPath)
 	}
@@ -145,7 +157,7 @@ func (p Plan) ContainerArgv() []string {
 func (p Profile) Plan(prompt string, coord bool) (Plan, error) {
 	// A profile with an egress allowlist reaches out only through the
 	// relay the launcher starts (egress.go).
-	plan := Plan{EgressRelay: len(p.Egress) > 0}
+	plan := Plan{EgressRelay: len(p.Egress) > 0, EnvFile: len(p.EnvFromHost) > 0}
 	b, err := lookupBackend(p.Backend)
 	if err != nil {
 		return plan, err

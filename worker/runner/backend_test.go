@@ -45,13 +45,11 @@ func TestBackendGolden(t *testing.T) {
 			require.NoError(t, err)
 			plan, err := p.Plan("fix the bug", true)
 			require.NoError(t, err)
-			spec, err := BuildSpec(SpecInput{
+			spec := BuildSpec(SpecInput{
 				Profile: &p, Plan: plan,
 				Request: messages.RunRequest{ID: "r1", Profile: "ref", Prompt: "fix the bug", Group: "g"}.WithDefaults(),
 				Attempt: 1, WorkerID: "w", Now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC),
-				LookupEnv: func(string) (string, bool) { return "sk-secret", true },
 			})
-			require.NoError(t, err)
 			// What the run-directory, bridge and coordination stages add.
 			mounts := merge(&spec, nil, &stage.PrestartResponse{Mounts: []stage.Mount{rundir.Mount("/state/r/x", plan)}})
 			mounts = merge(&spec, mounts, &stage.PrestartResponse{Mounts: []stage.Mount{bridge.Mount("/usr/local/bin/jetcrew-bridge", "00")}})
@@ -81,13 +79,18 @@ func TestBackendGolden(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, string(want), string(got))
 			// The secret reaches the container by name only in receipts.
-			rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, time.Hour, "fix the bug")
+			rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, p.EnvFromHost, time.Hour, "fix the bug")
 			rb, _ := json.Marshal(rc)
 			require.NotContains(t, string(rb), "sk-secret")
 			require.NotContains(t, string(rb), "fix the bug")
 			require.Contains(t, rc.EnvNames, "API_KEY")
+			// The secret's variable is bound by the launcher at start: it
+			// is in no part of the container's configuration.
+			sb, _ := json.Marshal(spec)
+			require.NotContains(t, string(sb), "API_KEY")
+			require.Contains(t, strings.Join(spec.Cmd, " "), "launch --env-file "+profile.LaunchEnvPath)
 			if b != profile.BackendCommand {
-				require.Contains(t, strings.Join(spec.Cmd, " "), "launch --stdin /run/jetcrew/prompt", "agent CLIs read the prompt on stdin")
+				require.Contains(t, strings.Join(spec.Cmd, " "), "--stdin /run/jetcrew/prompt", "agent CLIs read the prompt on stdin")
 				require.NotContains(t, spec.Cmd, "fix the bug", "the prompt is never an argument of an agent CLI")
 			}
 		})

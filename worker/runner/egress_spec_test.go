@@ -38,8 +38,8 @@ func TestEgressSpec(t *testing.T) {
 			require.NoError(t, err)
 			plan, err := p.Plan("echo hi", false)
 			require.NoError(t, err)
-			spec, err := BuildSpec(SpecInput{Profile: &p, Request: messages.RunRequest{ID: "r1", Prompt: "echo hi"}, Seq: 1, Attempt: 1,
-				Now: time.Now(), LookupEnv: func(string) (string, bool) { return "", false }, Plan: plan})
+			spec := BuildSpec(SpecInput{Profile: &p, Request: messages.RunRequest{ID: "r1", Prompt: "echo hi"}, Seq: 1, Attempt: 1,
+				Now: time.Now(), Plan: plan})
 			require.NoError(t, err)
 			// The run's list has the egress stage exactly when the profile
 			// has egress; it adds the proxy's variables.

@@ -15,9 +15,11 @@ import (
 // buildReceipt describes what a run uses: profile p (whose digest is
 // digest, computed once per profile), its plan, its container's spec and
 // the mounts the stages added (by role and digest, never by host path:
-// receipts go to every reader of the runs bucket), its timeout. It takes no
-// environment values and no file contents; the prompt shows as "<prompt>".
-func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jail.ContainerSpec, mounts []messages.ReceiptMount, timeout time.Duration, prompt string) *messages.Receipt {
+// receipts go to every reader of the runs bucket), the names of the
+// variables the launcher sets at start (launchEnv), its timeout. It takes
+// no environment values and no file contents; the prompt shows as
+// "<prompt>".
+func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jail.ContainerSpec, mounts []messages.ReceiptMount, launchEnv []string, timeout time.Duration, prompt string) *messages.Receipt {
 	rc := &messages.Receipt{
 		Profile:       p.Name,
 		ProfileDigest: digest,
@@ -58,9 +60,15 @@ func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jai
 	for _, f := range plan.Files {
 		rc.Files = append(rc.Files, messages.ReceiptFile{Path: f.Path, Mode: fmt.Sprintf("%04o", f.Mode.Perm())})
 	}
+	if plan.EnvFile {
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: profile.LaunchEnvPath, Mode: "0444"})
+	}
 	names := map[string]bool{}
 	for _, kv := range spec.Env {
 		k, _, _ := strings.Cut(kv, "=")
+		names[k] = true
+	}
+	for _, k := range launchEnv {
 		names[k] = true
 	}
 	for k := range names {

@@ -35,11 +35,10 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	require.NoError(t, err)
 	plan, err := p.Plan("fix the bug", true)
 	require.NoError(t, err)
-	spec, err := BuildSpec(SpecInput{
+	spec := BuildSpec(SpecInput{
 		Profile: &p, Plan: plan,
 		Request: messages.RunRequest{ID: "r1", Profile: "ref", Prompt: "fix the bug"}.WithDefaults(),
 		Attempt: 1, WorkerID: "w-secret-id", Now: time.Now(),
-		LookupEnv: func(string) (string, bool) { return "", false },
 	})
 	require.NoError(t, err)
 	// The run-directory and bridge stages stage for real, under stateDir.
@@ -58,7 +57,7 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 		mounts = merge(&spec, mounts, &resp)
 	}
 	require.Len(t, spec.Mounts, 2)
-	rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, time.Minute, "fix the bug")
+	rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, nil, time.Minute, "fix the bug")
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), host)

@@ -147,17 +147,17 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	// and the mounts the stages added so far: a run that fails here
 	// carries it too.
 	var mounts []messages.ReceiptMount
-	defer func() { r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, timeout, r.req.Prompt) }()
+	var launchEnv []string
+	defer func() {
+		r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, launchEnv, timeout, r.req.Prompt)
+	}()
 	if err != nil {
 		return p, err
 	}
-	base, err := BuildSpec(SpecInput{
+	base := BuildSpec(SpecInput{
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: e.cfg.WorkerID,
-		Install: e.cfg.Install, Now: time.Now(), LookupEnv: e.cfg.LookupEnv, Plan: plan,
+		Install: e.cfg.Install, Now: time.Now(), Plan: plan,
 	})
-	if err != nil {
-		return p, err
-	}
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
 		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
 	r.stages = e.stagesFor(r.sr)
@@ -180,6 +180,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 			return p, err
 		}
 		mounts = merge(&p.spec, mounts, &resp)
+		launchEnv = append(launchEnv, resp.LaunchEnvNames...)
 		if resp.Dir != nil {
 			dir = resp.Dir
 		}

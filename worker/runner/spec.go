@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"fmt"
 	"sort"
 	"strconv"
 	"time"
@@ -27,9 +26,6 @@ type SpecInput struct {
 	Install string
 	// Now is the creation time recorded in jail.LabelCreated.
 	Now time.Time
-	// LookupEnv reads the worker's environment for Profile.EnvFromHost;
-	// os.LookupEnv in production.
-	LookupEnv func(string) (string, bool)
 	// Plan is the backend's plan for the run (profile.Profile.Plan).
 	Plan profile.Plan
 }
@@ -37,27 +33,21 @@ type SpecInput struct {
 // BuildSpec turns a profile and a run request into the run container's
 // spec, before its stages add theirs (mounts, environment, a command
 // prefix). It is a pure function of its input (no Docker calls), so every
-// rule of the jail can be tested without a daemon. It returns an error,
-// which retrying cannot fix, when a variable named in Profile.EnvFromHost
-// is not set on the worker.
-func BuildSpec(in SpecInput) (jail.ContainerSpec, error) {
+// rule of the jail can be tested without a daemon.
+func BuildSpec(in SpecInput) jail.ContainerSpec {
 	p, r := in.Profile, in.Request
 	cmd := in.Plan.ContainerArgv()
 
-	// Later entries win in Docker's env list, so the order is: the request's
-	// non-secret env, the profile's fixed env, secrets from the host, then
-	// jetcrew's own variables, which nothing can override.
-	env := make([]string, 0, len(r.Env)+len(p.Env)+len(p.EnvFromHost)+4)
+	// Later entries win in Docker's env list, so the order is: the
+	// request's non-secret env, the profile's fixed env, the backend's,
+	// then jetcrew's own variables, which nothing can override. The
+	// profile's secrets (env_from_host) are not here: the launcher sets
+	// them at start (the secrets stage), so they are in no container
+	// configuration.
+	env := make([]string, 0, len(r.Env)+len(p.Env)+len(in.Plan.Env)+4)
 	env = appendSorted(env, r.Env)
 	env = appendSorted(env, p.Env)
 	env = append(env, in.Plan.Env...)
-	for _, name := range p.EnvFromHost {
-		v, ok := in.LookupEnv(name)
-		if !ok {
-			return jail.ContainerSpec{}, fmt.Errorf("profile %q: env_from_host %s is not set in the worker's environment", p.Name, name)
-		}
-		env = append(env, name+"="+v)
-	}
 	env = append(env,
 		"HOME="+p.Home,
 		"JETCREW_RUN_ID="+r.ID,
@@ -91,7 +81,7 @@ func BuildSpec(in SpecInput) (jail.ContainerSpec, error) {
 			{Target: "/tmp", SizeBytes: p.TmpMiB << 20, Mode: 0o1777},
 			{Target: p.Home, SizeBytes: p.HomeMiB << 20, Mode: 0o700, UID: uid, GID: gid},
 		},
-	}, nil
+	}
 }
 
 func appendSorted(env []string, m map[string]string) []string {

@@ -22,15 +22,14 @@ func TestBuildSpecShellGolden(t *testing.T) {
 	shell := profile.ShellProfile()
 	plan, err := shell.Plan("echo hi", false)
 	require.NoError(t, err)
-	spec, err := BuildSpec(SpecInput{
+	spec := BuildSpec(SpecInput{
 		Plan:    plan,
 		Profile: &shell,
 		Request: messages.RunRequest{ID: "r1", Profile: "shell", Prompt: "echo hi", Group: "g",
 			Env: map[string]string{"B": "2", "A": "1"}}.WithDefaults(),
-		Attempt:   2,
-		WorkerID:  "w1",
-		Now:       time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC),
-		LookupEnv: func(string) (string, bool) { return "", false },
+		Attempt:  2,
+		WorkerID: "w1",
+		Now:      time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC),
 	})
 	require.NoError(t, err)
 	got, err := json.MarshalIndent(spec, "", "  ")
@@ -46,23 +45,20 @@ func TestBuildSpecShellGolden(t *testing.T) {
 
 func TestBuildSpecJail(t *testing.T) {
 	t.Parallel()
-	secret := "sk-very-secret"
 	p := profile.ShellProfile()
 	p.EnvFromHost = []string{"API_KEY"}
 	p.Env = map[string]string{"FIXED": "1"}
 	plan, err := p.Plan("x", false)
 	require.NoError(t, err)
-	spec, err := BuildSpec(SpecInput{
+	spec := BuildSpec(SpecInput{
 		Plan:    plan,
 		Profile: &p,
 		// The request tries to override jetcrew's own and the profile's variables.
-		Request:   messages.RunRequest{ID: "r2", Profile: "shell", Prompt: "x", Env: map[string]string{"FIXED": "0", "HOME": "/"}},
-		Attempt:   1,
-		WorkerID:  "w",
-		Now:       time.Now(),
-		LookupEnv: func(k string) (string, bool) { return secret, k == "API_KEY" },
+		Request:  messages.RunRequest{ID: "r2", Profile: "shell", Prompt: "x", Env: map[string]string{"FIXED": "0", "HOME": "/"}},
+		Attempt:  1,
+		WorkerID: "w",
+		Now:      time.Now(),
 	})
-	require.NoError(t, err)
 	require.Equal(t, "jetcrew-r2-0-1", spec.Name)
 	require.Equal(t, "65532:65532", spec.User)
 	require.Equal(t, "none", spec.Network)
@@ -71,7 +67,9 @@ func TestBuildSpecJail(t *testing.T) {
 	require.Equal(t, int64(256), spec.PidsLimit)
 	require.Equal(t, "size=64m,mode=1777", tmpfsOptions(spec, "/tmp"))
 	require.Equal(t, "size=64m,mode=0700,uid=65532,gid=65532", tmpfsOptions(spec, "/home/agent"))
-	require.Equal(t, []string{"/bin/sh", "-c", "x"}, spec.Cmd)
+	// The profile's secret is bound by the launcher at start (the secrets
+	// stage stages its value), never in the container's configuration.
+	require.Equal(t, []string{profile.LaunchPath, "launch", "--env-file", profile.LaunchEnvPath, "--", "/bin/sh", "-c", "x"}, spec.Cmd)
 	// Docker takes the last of repeated variables: the profile's and
 	// jetcrew's own come after the request's.
 	last := map[string]string{}
@@ -81,10 +79,6 @@ func TestBuildSpecJail(t *testing.T) {
 	}
 	require.Equal(t, "1", last["FIXED"])
 	require.Equal(t, "/home/agent", last["HOME"])
-	require.Equal(t, secret, last["API_KEY"])
+	require.NotContains(t, last, "API_KEY")
 	require.Equal(t, "r2", last["JETCREW_GROUP"])
-
-	_, err = BuildSpec(SpecInput{Profile: &p, Request: messages.RunRequest{ID: "r3", Profile: "shell"},
-		Attempt: 1, Now: time.Now(), LookupEnv: func(string) (string, bool) { return "", false }})
-	require.ErrorContains(t, err, "env_from_host API_KEY is not set")
 }

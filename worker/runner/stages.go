@@ -14,13 +14,13 @@ func (e *Runner) stagesFor(run *stage.Run) []stage.Stage {
 	p, plan, f := run.Profile, run.Plan, &e.cfg.Stages
 	coordOn := p.CoordinationOn()
 	list := make([]stage.Stage, 0, 7)
-	if len(p.EnvFromHost) > 0 {
-		list = append(list, f.Secrets.For(run)) // the masker, before anything can fail with a secret
-	}
-	if coordOn || len(plan.Files) > 0 || plan.EgressRelay {
+	if coordOn || len(plan.Files) > 0 || plan.EgressRelay || plan.EnvFile {
 		list = append(list, f.RunDirs.For(run)) // the run's directory, which later stages use
 	}
-	if coordOn || plan.Launch || plan.EgressRelay {
+	if plan.EnvFile {
+		list = append(list, f.Secrets.For(run)) // the masker, before anything can fail with a secret
+	}
+	if coordOn || plan.Launch || plan.EgressRelay || plan.EnvFile {
 		list = append(list, f.Bridges.For(run)) // the bridge: MCP server, launcher, egress relay
 	}
 	if run.Request.Workspace != nil {

@@ -134,6 +134,10 @@ type PrestartResponse struct {
 	// Env are KEY=VALUE entries appended to the container's environment,
 	// after the engine's own (so none overrides JETCREW_*).
 	Env []string
+	// LaunchEnvNames name the variables the launcher sets in the agent's
+	// environment at start (profile.Plan.EnvFile), for the receipt: their
+	// values are in no container configuration and no record.
+	LaunchEnvNames []string
 	// Mounts are appended to the container's mounts.
 	Mounts []Mount
 	// Wrap, when set, becomes the head of the container's command: the

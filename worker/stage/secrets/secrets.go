@@ -1,11 +1,18 @@
-// Package secrets is the stage that keeps a run's secrets (its profile's
-// env_from_host values, as set on the worker) out of everything the run
-// shows: it gives the engine the run's masker.
+// Package secrets is the stage that hands a run its secrets (its
+// profile's env_from_host values, as set on the worker) through the
+// launcher at start, never through the container's configuration, and
+// keeps them out of everything the run shows: it gives the engine the
+// run's masker.
 package secrets
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -104,7 +111,7 @@ func (m *masker) Flush(name string) []byte {
 	return rest
 }
 
-// Secrets gives runs their maskers, reading the worker's environment.
+// Secrets binds runs' secrets: it reads the worker's environment.
 type Secrets struct {
 	lookup func(string) (string, bool)
 }
@@ -123,10 +130,46 @@ type Stage struct{ s *Secrets }
 // Name returns "secrets".
 func (s *Stage) Name() string { return "secrets" }
 
-// Prestart gives the engine the run's masker (none when no variable the
-// profile names holds a value worth masking).
+// Prestart reads the values of the profile's env_from_host variables from
+// the worker's environment and stages them in the run's directory at
+// profile.LaunchEnvPath (a JSON array of "KEY=VALUE", mode 0444 in a
+// directory only the run mounts), where the launcher reads them when the
+// agent starts: no secret is in the container's configuration (its
+// environment, labels or command line), so nobody who can read the
+// engine's configuration (docker inspect) sees one. It gives the engine the
+// run's masker, and the names for the receipt. A variable that is not set
+// on the worker fails the run (retrying cannot help).
 func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
-	if m := newMasker(req.Run.Profile, s.s.lookup); m != nil {
+	prof := req.Run.Profile
+	if req.Dir == nil {
+		return errors.New("secrets need the run's directory")
+	}
+	env := make([]string, 0, len(prof.EnvFromHost))
+	for _, name := range prof.EnvFromHost {
+		v, ok := s.s.lookup(name)
+		if !ok {
+			return fmt.Errorf("profile %q: env_from_host %s is not set in the worker's environment", prof.Name, name)
+		}
+		env = append(env, name+"="+v)
+	}
+	// Nothing of a run that held secrets goes back to the pool of
+	// directories.
+	req.Dir.Taint()
+	data, err := json.Marshal(env)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(req.Dir.Path(), filepath.Base(profile.LaunchEnvPath))
+	_ = os.Remove(path)
+	if err := os.WriteFile(path, data, 0o444); err != nil {
+		return fmt.Errorf("stage the run's secrets: %w", err)
+	}
+	// The worker's umask may have taken the run user's read bit.
+	if err := os.Chmod(path, 0o444); err != nil {
+		return fmt.Errorf("stage the run's secrets: %w", err)
+	}
+	resp.LaunchEnvNames = append(resp.LaunchEnvNames, prof.EnvFromHost...)
+	if m := newMasker(prof, s.s.lookup); m != nil {
 		resp.Mask = m
 	}
 	return nil
