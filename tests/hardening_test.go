@@ -7,6 +7,8 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +116,48 @@ func TestJailSecretsMasked(t *testing.T) {
 	require.NotContains(t, all.String(), "7f3a9c21e4", "events and dead letter")
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "401 ***") }, 10*time.Second, 20*time.Millisecond)
 	require.NotContains(t, logs.String(), "7f3a9c21e4", "worker log")
+}
+
+// TestJailMountsNameNoHostPath: a worker without a state directory of its
+// own makes one under the neutral state root (worker.DefaultStateRoot, as
+// root), so what a run sees of its mounts in /proc/self/mountinfo names
+// nothing of the host: not the worker's temporary directory, its id or the
+// host's name; the run directory and the bridge are bound from the state
+// root, under a random name. Stopped, the worker leaves nothing there.
+func TestJailMountsNameNoHostPath(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Fatal("the neutral state root needs the worker to run as root, as CI and the deploy guide do")
+	}
+	b := startJail(t, jailProfile("mounts", "coordination = true\nrequire_bridge = false"), func(c *worker.Config) { c.StateDir = "" })
+	st, out := b.runScript(t, "mountinfo", "mounts", "cat /proc/self/mountinfo")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	info := string(out.stdout)
+	leaks := []string{os.TempDir() + "/", b.workerID}
+	if host, _ := os.Hostname(); len(host) >= 6 {
+		leaks = append(leaks, host)
+	}
+	for _, leak := range leaks {
+		require.NotContains(t, info, leak, "mountinfo names the host")
+	}
+	roots := map[string]string{} // mount point → its root in the host's file system
+	for _, line := range strings.Split(info, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 {
+			roots[f[4]] = f[3]
+		}
+	}
+	for _, target := range []string{"/run/jetcrew", "/opt/jetcrew/bridge"} {
+		require.Contains(t, roots, target)
+		require.True(t, strings.HasPrefix(roots[target], worker.DefaultStateRoot+"/w-"), "%s is bound from %s", target, roots[target])
+	}
+	rel, _ := strings.CutPrefix(roots["/run/jetcrew"], worker.DefaultStateRoot+"/")
+	stateDir := filepath.Join(worker.DefaultStateRoot, strings.SplitN(rel, "/", 2)[0])
+	_, err := os.Stat(stateDir)
+	require.NoError(t, err, "the worker's state directory, while it runs")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, b.w.Stop(ctx))
+	_, err = os.Stat(stateDir)
+	require.ErrorIs(t, err, os.ErrNotExist, "a stopped worker leaves nothing of its state directory")
 }

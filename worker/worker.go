@@ -84,14 +84,21 @@ type Config struct {
 	// LookupEnv reads the worker's environment for profiles' env_from_host.
 	// Default os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// StateRoot is where a worker without StateDir makes its state
+	// directory. Default: DefaultStateRoot when the worker may create it
+	// (as root), else os.TempDir().
+	StateRoot string
 	// StateDir holds the per-run directories staged for containers (the
 	// bridge socket and mcp.json), under StateDir/r/. It must be a path the
 	// Docker engine sees as the worker does (same host), and short: a unix
 	// socket path is at most 107 bytes. It must be a directory the worker's
 	// user owns with mode 0700, or missing (then created so); anything
-	// else, a symlink included, makes Start fail. Default: a new private
-	// directory with an unpredictable name, <os.TempDir()>/jetcrew-<random>,
-	// created by Start.
+	// else, a symlink included, makes Start fail; what the worker staged in
+	// it is removed when it stops. Default: a new private directory with an
+	// unpredictable name under StateRoot (w-<random> under
+	// DefaultStateRoot, else jetcrew-<random>), made by Start with a marker
+	// naming the worker's process and removed whole by Stop; a later
+	// worker of the same user reclaims one whose process is gone.
 	StateDir string
 	// BridgePath is the host path of the static bridge binary: the jetcrew
 	// binary (which runs as the bridge under the name "bridge") or a
@@ -274,6 +281,9 @@ type Worker struct {
 	runs    *runner.Runner
 	// install identifies this installation in container labels.
 	install string
+	// ownStateDir is set when the worker made its state directory (no
+	// StateDir configured): Stop removes it whole.
+	ownStateDir bool
 
 	reg     *prometheus.Registry
 	metrics *runner.Metrics
@@ -543,7 +553,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.bridges.Drain()
 	w.runDirs.Drain()
 	w.trees.Drain()
-	_ = os.Remove(w.cfg.StateDir)
+	w.removeStateDir()
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = w.live.Delete(dctx, w.cfg.ID)

@@ -62,7 +62,14 @@ func (r *Runtime) RemoveVolume(ctx context.Context, name string) error {
 		}
 	}
 	delete(r.volumes, name)
-	return os.RemoveAll(v.dir)
+	err := os.RemoveAll(v.dir)
+	if len(r.volumes) == 0 && r.volumeBase != "" {
+		// The last volume gone, so is their base: a test leaves nothing
+		// in $TMPDIR.
+		_ = os.Remove(r.volumeBase)
+		r.volumeBase = ""
+	}
+	return err
 }
 
 // ListManagedVolumes implements jail.Runtime.
