@@ -131,18 +131,20 @@ func requireAgentsImage(t *testing.T) {
 // coordEnv is a `jetcrew up` with the agent profile.
 type coordEnv struct {
 	url string
-	// tmp is the TMPDIR jetcrew up runs with: its worker stages every run
-	// directory (socket, mcp.json) under tmp/jetcrew-<worker id>/r/.
+	// tmp is the test's directory: jetcrew up's worker has its state
+	// directory there (--state-dir) and stages every run directory
+	// (socket, mcp.json) under tmp/state/r/.
 	tmp string
 	// bridge is the host's bridge binary: the jetcrew binary itself, which
 	// the worker stages (a content-addressed copy) and mounts.
 	bridge string
 }
 
-// coordUp starts `jetcrew up --profiles` with the agent profile, its
-// TMPDIR a short directory of the test's own so that every run directory
-// the worker stages lies under a path the test knows. It sets TMPDIR for
-// the test (t.Setenv), so coordination tests do not run in parallel.
+// coordUp starts `jetcrew up --profiles` with the agent profile, its state
+// directory in a short directory of the test's own so that every run
+// directory the worker stages lies under a path the test knows. It sets
+// TMPDIR for the test (t.Setenv), so coordination tests do not run in
+// parallel.
 func coordUp(t *testing.T, upArgs ...string) coordEnv {
 	t.Helper()
 	requireAgentsImage(t)
@@ -153,7 +155,7 @@ func coordUp(t *testing.T, upArgs ...string) coordEnv {
 	profiles := filepath.Join(tmp, "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte(agentProfiles), 0o644))
 	return coordEnv{
-		url:    up(t, append([]string{"--profiles", profiles}, upArgs...)...),
+		url:    up(t, append([]string{"--profiles", profiles, "--state-dir", filepath.Join(tmp, "state")}, upArgs...)...),
 		tmp:    tmp,
 		bridge: jetcrewBin,
 	}

@@ -62,13 +62,14 @@ func TestJetcrewBridgeSubcommand(t *testing.T) {
 }
 
 // The launcher sets the env file's variables over the container's own,
-// never HOME nor JETCREW_*, and passes the rest through.
+// never over HOME nor a JETCREW_ variable the container has, and passes
+// the rest through.
 func TestLaunchEnvFile(t *testing.T) {
 	t.Parallel()
 	bin, err := buildBridge()
 	require.NoError(t, err)
 	file := filepath.Join(t.TempDir(), "launch-env.json")
-	require.NoError(t, os.WriteFile(file, []byte(`["API_KEY=sk-live=1","PLAIN=from-file","HOME=/evil","JETCREW_RUN_ID=other","not a var","TOKEN=multi\nline"]`), 0o444))
+	require.NoError(t, os.WriteFile(file, []byte(`["API_KEY=sk-live=1","PLAIN=from-file","HOME=/evil","JETCREW_RUN_ID=other","JETCREW_TEST_SECRET=s3","not a var","TOKEN=multi\nline"]`), 0o444))
 	cmd := exec.Command(bin, "launch", "--env-file", file, "--", "env")
 	cmd.Env = []string{"HOME=/home/agent", "PATH=/usr/bin:/bin", "PLAIN=from-container", "JETCREW_RUN_ID=r1", "KEEP=1"}
 	out, err := cmd.Output()
@@ -82,7 +83,8 @@ func TestLaunchEnvFile(t *testing.T) {
 	require.Equal(t, "sk-live=1", env["API_KEY"])
 	require.Equal(t, "from-file", env["PLAIN"], "the file wins over the container's environment")
 	require.Equal(t, "/home/agent", env["HOME"], "HOME is the worker's")
-	require.Equal(t, "r1", env["JETCREW_RUN_ID"], "JETCREW_ variables are the worker's")
+	require.Equal(t, "r1", env["JETCREW_RUN_ID"], "JETCREW_ variables the container has are the worker's")
+	require.Equal(t, "s3", env["JETCREW_TEST_SECRET"], "a JETCREW_ name the worker does not set passes")
 	require.Equal(t, "1", env["KEEP"])
 	require.Equal(t, "multi", env["TOKEN"], "a value may hold a newline")
 

@@ -19,6 +19,7 @@ import (
 // workerOptions are the flags of the worker `up` and `worker` start.
 type workerOptions struct {
 	bridge            string
+	stateDir          string
 	profiles          string
 	concurrency       int
 	pool              string
@@ -39,6 +40,7 @@ type workerOptions struct {
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.profiles, "profiles", "", "TOML profile file (default: the built-in shell profile only)")
 	fs.StringVar(&o.bridge, "bridge", "", "a separate bridge binary (static jetcrew-bridge) to stage into runs (default: this jetcrew executable, run as `jetcrew bridge`)")
+	fs.StringVar(&o.stateDir, "state-dir", "", "a fixed state directory (absolute; missing, or the worker's with mode 0700) for the runs' directories and staged binaries; emptied of them when the worker stops (default: a new private one under /var/lib/jetcrew/state, as root, else $TMPDIR, removed whole when the worker stops)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
 		"on stop, how long to let runs finish before stopping them and handing them back")
@@ -144,6 +146,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		OrphanGrace:       o.orphanGrace,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
+		StateDir:          o.stateDir,
 		WorkspaceTool:     a.workspaceTool(),
 		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),

@@ -25,8 +25,9 @@ import (
 // The worker starts agent CLIs this way. The launcher sets the variables
 // the worker staged in FILE (a JSON array of "KEY=VALUE" strings: the run's
 // secrets, bound at start and so never in the container's configuration)
-// in the agent's environment, over the container's own, but never HOME nor
-// a JETCREW_ variable, which the worker sets; copies the files the
+// in the agent's environment, over the container's own, but never over
+// HOME nor a JETCREW_ variable the container has (the worker's own);
+// copies the files the
 // worker staged under DIR (read-only, in the run's /run/jetcrew) into the
 // writable $HOME, so a CLI that must write beside its configuration (Codex's
 // CODEX_HOME, say) finds it there; connects FILE (the run's prompt) to
@@ -103,9 +104,10 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 const maxEnvFile = 1 << 20
 
 // withEnvFile returns env with the "KEY=VALUE" entries of the JSON array in
-// the file at path set over it; HOME and JETCREW_* entries are skipped, as
-// are entries that are not KEY=VALUE with a valid name. The file holds
-// secrets: it is read once, never echoed.
+// the file at path set over it; an entry for HOME, or for a JETCREW_
+// variable env already has (the worker sets those), is skipped, as are
+// entries that are not KEY=VALUE with a valid name. The file holds secrets:
+// it is read once, never echoed.
 func withEnvFile(env []string, path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -125,7 +127,8 @@ func withEnvFile(env []string, path string) ([]string, error) {
 	}
 	for _, kv := range set {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || !messages.ValidEnvName(k) || k == "HOME" || strings.HasPrefix(k, "JETCREW_") {
+		has := slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		if !ok || !messages.ValidEnvName(k) || k == "HOME" || has && strings.HasPrefix(k, "JETCREW_") {
 			continue
 		}
 		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
