@@ -457,14 +457,7 @@ func TestInboxLongPoll(t *testing.T) {
 		done <- result{out.Messages, time.Since(start)}
 	}()
 	// Wait until b's long poll is parked on the server, then send.
-	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(context.Background(), coordination.StreamName, coordination.InboxName("b"))
-		if err != nil {
-			return false
-		}
-		info, err := cons.Info(context.Background())
-		return err == nil && info.NumWaiting > 0
-	}, 10*time.Second, 10*time.Millisecond)
+	coordtest.WaitLongPoll(t, b.srv, "b")
 	send(t, a, "b", "wake up")
 	r := <-done
 	require.Len(t, r.msgs, 1)

@@ -354,14 +354,14 @@ func TestRunNATSDown(t *testing.T) {
 
 func TestRunStopsOnSignal(t *testing.T) {
 	t.Parallel()
-	_, sockA, _ := world(t)
+	srv, sockA, _ := world(t)
 	br := startRun(t, sockA)
 	cs := br.client(t)
 	// A long poll is in flight when the signal comes.
 	go func() {
 		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "inbox", Arguments: map[string]any{"wait_seconds": 30}})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	coordtest.WaitLongPoll(t, srv, "a")
 	start := time.Now()
 	br.cancel()
 	require.Equal(t, 0, br.exitCode(t))
@@ -436,7 +436,7 @@ func execBridge(t *testing.T, socket string) (*exec.Cmd, io.WriteCloser, *stdout
 
 func TestBinary(t *testing.T) {
 	t.Parallel()
-	_, sockA, sockB := world(t)
+	srv, sockA, sockB := world(t)
 	cmdA, inA, tapA, errA := execBridge(t, sockA)
 	cmdB, inB, tapB, _ := execBridge(t, sockB)
 	ca, cb := connectClient(t, tapA, inA), connectClient(t, tapB, inB)
@@ -454,7 +454,7 @@ func TestBinary(t *testing.T) {
 	go func() {
 		_, _ = cb.CallTool(context.Background(), &mcp.CallToolParams{Name: "inbox", Arguments: map[string]any{"wait_seconds": 30}})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	coordtest.WaitLongPoll(t, srv, "b")
 	start := time.Now()
 	require.NoError(t, cmdB.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmdB.Wait())
