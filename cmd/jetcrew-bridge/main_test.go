@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
@@ -382,14 +383,18 @@ func TestRunRefusesArguments(t *testing.T) {
 // binDir holds the bridge binary the tests build; TestMain removes it.
 var binDir string
 
+// TestMain fails the package's tests when a goroutine outlives them (the
+// in-process bridges, their tool calls and stdout taps included), then
+// removes binDir.
 func TestMain(m *testing.M) {
 	var err error
 	if binDir, err = os.MkdirTemp("", "jetcrew-bridge-test"); err != nil {
 		panic(err)
 	}
-	code := m.Run()
-	_ = os.RemoveAll(binDir)
-	os.Exit(code)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		_ = os.RemoveAll(binDir)
+		os.Exit(code)
+	}))
 }
 
 // buildBridge builds the real binary, static (CGO_ENABLED=0), once per test
