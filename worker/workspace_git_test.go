@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,10 +147,7 @@ func TestGitWorkspaceRefused(t *testing.T) {
 // the deliveries run out.
 func TestGitWorkspaceUnreachableRetries(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close()) // nothing listens there now
+	addr := fmt.Sprintf("127.0.0.1:%d", workertest.ReservePort(t)) // nothing listens there
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = gitProfiles("http://" + addr + "/*")
 		c.Provision.MaxDeliver = 2

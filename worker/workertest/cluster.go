@@ -23,7 +23,7 @@ type Cluster struct {
 // down when the test ends. It fails the test when the cluster has no
 // JetStream meta leader within 20 seconds.
 //
-// Every node's client and route ports are reserved (reservePort) before
+// Every node's client and route ports are reserved (ReservePort) before
 // any node starts and stay reserved until the test ends: each node must
 // know every route port before it starts, and a killed node restarts on
 // its ports, so no test running beside this one can take a port in
@@ -33,7 +33,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{t: t}
 	ports := make([]int, 2*n) // n client ports, then n route ports
 	for i := range ports {
-		ports[i] = reservePort(t)
+		ports[i] = ReservePort(t)
 	}
 	clientPorts, routePorts := ports[:n], ports[n:]
 	var routes []*url.URL
@@ -54,7 +54,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		})
 	}
 	c.Nodes = make([]*server.Server, n)
-	// Registered after reservePort's cleanups, so it runs before them: the
+	// Registered after ReservePort's cleanups, so it runs before them: the
 	// nodes are down before their ports are let go.
 	t.Cleanup(func() {
 		for _, s := range c.Nodes {
@@ -112,16 +112,17 @@ func (c *Cluster) Kill(i int) {
 // Restart starts node i again on the same ports and store.
 func (c *Cluster) Restart(i int) { c.startNode(i) }
 
-// reservePort returns a free loopback TCP port that stays reserved until
+// ReservePort returns a free loopback TCP port that stays reserved until
 // the test ends: a socket bound to it with SO_REUSEADDR that never
 // listens. A listener that also sets SO_REUSEADDR (as every Go listener,
 // nats-server's included, does) may bind the port beside it, at once or
 // after an earlier listener on it closed; while it is bound the kernel
 // never picks the port for anyone else's ephemeral bind or outgoing
-// connection. (Listening on a port found free and closing it again, as
-// this helper once did, let a test running beside this one take the port
-// before the node bound it.)
-func reservePort(t testing.TB) int {
+// connection. Until a listener binds it, a connection to it is refused.
+// (Listening on a port found free and closing it again, as StartCluster
+// once did, lets a test running beside this one take the port in
+// between.)
+func ReservePort(t testing.TB) int {
 	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
