@@ -227,11 +227,12 @@ func TestLiveRunsStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	id := dispatcher.NewRunID()
-	go func() {
-		time.Sleep(200 * time.Millisecond) // the stream is open by then; the check below does not depend on it
-		_, _ = b.d.Submit(context.Background(), messages.RunRequest{ID: id, Profile: "shell", Prompt: "out hi"})
-	}()
-	stream := b.readSSE(t, "/live/runs?pool=default", 10*time.Second, func(s string) bool {
+	// The handler subscribes before it answers: the run is submitted
+	// once the stream is open, never before.
+	stream := b.readSSEOpened(t, "/live/runs?pool=default", 10*time.Second, func() {
+		_, err := b.d.Submit(context.Background(), messages.RunRequest{ID: id, Profile: "shell", Prompt: "out hi"})
+		require.NoError(t, err)
+	}, func(s string) bool {
 		return strings.Contains(s, `"id":"`+id+`","state":"succeeded"`)
 	})
 	require.Contains(t, stream, `"id":"`+id+`","state":"queued"`)

@@ -164,6 +164,13 @@ var noRedirect = &http.Client{
 // the data read so far, or the timeout; it returns what it read.
 func (b *bundle) readSSE(t *testing.T, path string, timeout time.Duration, stop func(string) bool) string {
 	t.Helper()
+	return b.readSSEOpened(t, path, timeout, func() {}, stop)
+}
+
+// readSSEOpened is readSSE that calls opened once the response's headers
+// have arrived: the handler is streaming by then.
+func (b *bundle) readSSEOpened(t *testing.T, path string, timeout time.Duration, opened func(), stop func(string) bool) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.srv.URL+path, nil)
@@ -172,6 +179,7 @@ func (b *bundle) readSSE(t *testing.T, path string, timeout time.Duration, stop 
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	opened()
 	var sb strings.Builder
 	buf := make([]byte, 4096)
 	for !stop(sb.String()) {

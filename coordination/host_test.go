@@ -169,9 +169,15 @@ func TestRoundTripBetweenTwoRuns(t *testing.T) {
 
 	// Broadcasts reach every other run, and not their sender.
 	send(t, bb, "all", "hello everyone")
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		require.Equal(t, 0, status(t, bb).Unread, "own broadcast is not unread")
-	}
+	// The server counts a stored message in b's inbox consumer in the
+	// background: once it has, b's status must not count its own.
+	inboxB, err := b.js.Consumer(context.Background(), coordination.StreamName, coordination.InboxName("run-b"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := inboxB.Info(context.Background())
+		return err == nil && info.NumPending == 1
+	}, 5*time.Second, 10*time.Millisecond, "the server never counted the broadcast in b's inbox")
+	require.Equal(t, 0, status(t, bb).Unread, "own broadcast is not unread")
 	got := inbox(t, a, 0)
 	require.Len(t, got, 1)
 	require.Equal(t, "run-b", got[0].From)
@@ -451,14 +457,7 @@ func TestInboxLongPoll(t *testing.T) {
 		done <- result{out.Messages, time.Since(start)}
 	}()
 	// Wait until b's long poll is parked on the server, then send.
-	require.Eventually(t, func() bool {
-		cons, err := b.js.Consumer(context.Background(), coordination.StreamName, coordination.InboxName("b"))
-		if err != nil {
-			return false
-		}
-		info, err := cons.Info(context.Background())
-		return err == nil && info.NumWaiting > 0
-	}, 10*time.Second, 10*time.Millisecond)
+	coordtest.WaitLongPoll(t, b.srv, "b")
 	send(t, a, "b", "wake up")
 	r := <-done
 	require.Len(t, r.msgs, 1)

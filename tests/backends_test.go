@@ -272,6 +272,7 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 // One `jetcrew up`, one run per backend, the failure cases and a long
 // prompt, all at once.
 func TestBackends(t *testing.T) {
+	needsDocker(t)
 	requireAgentsImage(t)
 	started := time.Now()
 	t.Setenv(backendSecretEnv, backendSecret)

@@ -64,6 +64,7 @@ func readmeCoord(key, group, id, text string) string {
 
 // The README's coordination commands are the ones the tests run.
 func TestCoordREADMECommands(t *testing.T) {
+	needsDocker(t)
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "README.md"))
 	require.NoError(t, err)
 	_, rest, ok := strings.Cut(string(b), "\n"+readmeCoordSection+"\n")
@@ -516,6 +517,7 @@ func (l *lockedBuffer) String() string {
 // CLI; the worker, Docker, NATS and each agent from inside agree on what
 // happened.
 func TestCoordRoundTrip(t *testing.T) {
+	needsDocker(t)
 	for _, mode := range authModes {
 		t.Run(mode.name, func(t *testing.T) { testCoordRoundTrip(t, mode.args) })
 	}
@@ -643,6 +645,7 @@ func testCoordRoundTrip(t *testing.T, upArgs []string) {
 // A run can reach only the runs of its own group, cannot sign a message
 // with another sender, and sees no socket but its own.
 func TestCoordIsolation(t *testing.T) {
+	needsDocker(t)
 	env := coordUp(t)
 	const group, otherGroup = "coord-iso", "coord-iso-other"
 	a, b, c := "coord-iso-a", "coord-iso-b", "coord-iso-c"

@@ -300,6 +300,7 @@ func intp(i int) *int { return &i }
 
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	prefix := "crash-" + opsSuffix(t) + "-"
 	ct := trackContainers(t, prefix)
 	const (
@@ -481,6 +482,7 @@ func crashRun(t *testing.T, c crashCase, id string) {
 // then stops it and hands it back; a fresh worker runs it to the end.
 func TestDrainHandsBackOnSIGTERM(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	s := workertest.StartServer(t)
 	url := s.ClientURL()
 	js := natsClient(t, url)

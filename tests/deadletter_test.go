@@ -177,6 +177,7 @@ func sleepUntil(deadline int64) {
 
 func TestDeadLetterREADMECommandsAllTested(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	for _, c := range readmeNATSCommands(t) {
 		used := false
 		for _, prefix := range readmeCommands {
@@ -191,6 +192,7 @@ func TestDeadLetterREADMECommandsAllTested(t *testing.T) {
 // refused visibly (a duplicate event, the state untouched).
 func TestDeadLetterNATSCLIReplay(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	url := up(t)
 	js := natsClient(t, url)
 	id := "dl-nats-" + opsSuffix(t)
@@ -263,6 +265,7 @@ func TestDeadLetterNATSCLIReplay(t *testing.T) {
 // runs it once.
 func TestReplayCLI(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	url := up(t)
 	js := natsClient(t, url)
 	sfx := opsSuffix(t)
@@ -345,6 +348,7 @@ func TestReplayCLI(t *testing.T) {
 // a queued one.
 func TestCancelNATSCLI(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	url := up(t, "--concurrency", "1")
 	js := natsClient(t, url)
 	sfx := opsSuffix(t)

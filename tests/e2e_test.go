@@ -43,10 +43,20 @@ func repoRoot() string {
 	}
 }
 
+// skipReason, set by TestMain when JETCREW_SKIP_DOCKER=1, is why every
+// test of the package skips (needsDocker).
+var skipReason string
+
+// TestMain builds the binaries and images the tests use and runs them. It
+// fails every test when that cannot be done (Docker or the NATS CLI
+// missing), unless JETCREW_SKIP_DOCKER=1 asks to skip them deliberately:
+// then it prepares nothing and every test reports itself skipped (go test
+// -v shows each SKIP), after a banner on stdout.
 func TestMain(m *testing.M) {
 	if os.Getenv("JETCREW_SKIP_DOCKER") == "1" {
-		fmt.Println("JETCREW_SKIP_DOCKER=1: end-to-end tests skipped deliberately")
-		os.Exit(0)
+		skipReason = "JETCREW_SKIP_DOCKER=1: end-to-end test skipped deliberately (it needs Docker and the NATS CLI)"
+		fmt.Println("#### JETCREW_SKIP_DOCKER=1: SKIPPING every end-to-end test of github.com/jetcrew/jetcrew/tests deliberately: none of them ran ####")
+		os.Exit(m.Run())
 	}
 	err := prepare()
 	if err != nil {
@@ -60,6 +70,15 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(filepath.Dir(jetcrewBin))
 	}
 	os.Exit(code)
+}
+
+// needsDocker skips t when JETCREW_SKIP_DOCKER=1 asked TestMain to skip
+// the end-to-end tests; every test of the package calls it first.
+func needsDocker(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
 }
 
 func prepare() error {
@@ -213,6 +232,7 @@ func waitFinal(t *testing.T, url, id string) messages.RunState {
 // The main path, end to end on real parts: submit → JetStream → worker →
 // jailed container → result.
 func TestSubmitWaitShell(t *testing.T) {
+	needsDocker(t)
 	for _, mode := range authModes {
 		t.Run(mode.name, func(t *testing.T) { testSubmitWaitShell(t, mode.args) })
 	}
@@ -262,6 +282,7 @@ func testSubmitWaitShell(t *testing.T, upArgs []string) {
 }
 
 func TestSubmitWaitFailureKeepsExitCodeAndOutput(t *testing.T) {
+	needsDocker(t)
 	url := up(t)
 	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "e2e-fail", "--wait", `echo to-stdout; echo to-stderr >&2; exit 3`)
 	require.NotEqual(t, 0, r.code)
@@ -289,6 +310,7 @@ func TestSubmitWaitFailureKeepsExitCodeAndOutput(t *testing.T) {
 // A request published by the stock NATS CLI runs the same way; one without
 // an id gets one.
 func TestRawNATSPublish(t *testing.T) {
+	needsDocker(t)
 	url := up(t)
 	r := run(t, url, natsBin, "pub", "--jetstream", "jetcrew.runs.default", `{"id":"e2e-raw","profile":"shell","prompt":"echo hi from raw"}`)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -322,6 +344,7 @@ func TestRawNATSPublish(t *testing.T) {
 
 // The dispatcher refuses an invalid request before publishing it.
 func TestSubmitRefusesInvalid(t *testing.T) {
+	needsDocker(t)
 	url := up(t)
 	r := run(t, url, jetcrewBin, "submit", "--profile", "shell", "--id", "bad.id", "true")
 	require.NotEqual(t, 0, r.code)

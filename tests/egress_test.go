@@ -239,6 +239,7 @@ func (e egressEnv) submit(t *testing.T, id, profile, prompt string) {
 // back) and a run of the inj profile gets its key added by the proxy.
 func TestEgressAllowlist(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	e := startEgressWorker(t)
 	script := egressScript(e.provider, e.gateway, e.natsPort)
 	ids := map[string]string{"api": "eg-api-" + opsSuffix(t), "other": "eg-other-" + opsSuffix(t), "shell": "eg-shell-" + opsSuffix(t)}

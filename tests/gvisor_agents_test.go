@@ -24,6 +24,7 @@ import (
 // all at once. It is the gVisor twin of TestCoordRoundTrip and TestBackends,
 // with the assertions that hold under both runtimes.
 func TestGVisorAgents(t *testing.T) {
+	needsDocker(t)
 	requireGVisor(t)
 	requireAgentsImage(t)
 	started := time.Now()
@@ -93,6 +94,7 @@ func TestGVisorAgents(t *testing.T) {
 // with the same checks as TestEgressAllowlist.
 func TestGVisorEgress(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	requireGVisor(t)
 	e := startEgressWorkerWith(t, fmt.Sprintf("runtime = %q", gvisorRuntime))
 	id := "gv-eg-api-" + opsSuffix(t)

@@ -101,6 +101,7 @@ func gvisorProfile(name, extra string) string {
 // run on one shared worker, in parallel.
 func TestGVisorJail(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	requireGVisor(t)
 	b := startJail(t, gvisorProfile("g", "user = \"4242:4343\"\nmemory_mib = 96\ncpus = 0.5")+
 		gvisorProfile("gtight", "memory_mib = 32")+
@@ -286,6 +287,7 @@ echo "routes=$(tail -n +2 /proc/net/route | awk '{print $1":"$2}' | tr '\n' ,)"`
 // profile, the runtime and what the engine offers (read from the engine).
 func TestOCIRuntimeCheckAtStart(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	rt, cli := jailDocker(t)
 	info, err := cli.Info(context.Background())
 	require.NoError(t, err)
@@ -307,6 +309,7 @@ func TestOCIRuntimeCheckAtStart(t *testing.T) {
 // loopback is not the run's. Traffic goes only to the test's network.
 func TestGVisorNamedNetwork(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	requireGVisor(t)
 	requireGVisorNet(t)
 	_, cli := jailDocker(t)

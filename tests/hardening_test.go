@@ -28,6 +28,7 @@ import (
 // (TestJailMemoryOOM).
 func TestJailChildOOMConsistent(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("tight", "memory_mib = 32"), nil)
 
 	st, out := b.runScript(t, "childoom", "tight",
@@ -50,6 +51,7 @@ func TestJailChildOOMConsistent(t *testing.T) {
 // output_dropped_bytes.
 func TestJailOutputBudget(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("small", "max_output_mib = 1"), nil)
 
 	st, out := b.runScript(t, "budget", "small", `head -c 5000000 /dev/zero; echo done >&2`)
@@ -69,6 +71,7 @@ func TestJailOutputBudget(t *testing.T) {
 // environment, labels, command line): the launcher sets it at start.
 func TestJailSecretsMasked(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	const secret = "sk-live-7f3a9c21e4"
 	logs := &lockedBuffer{}
 	b := startJail(t, jailProfile("keyed", `env_from_host = ["KEY"]`), func(c *worker.Config) {

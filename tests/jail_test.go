@@ -70,7 +70,7 @@ var (
 // the jail tests, building the test image first (deploy/testimage/build.sh
 // is a no-op when the image is up to date), and finds the jetcrew-bridge
 // binary next to the jetcrew binary TestMain built. It fails the test when Docker
-// is unreachable; TestMain has already exited when JETCREW_SKIP_DOCKER=1.
+// is unreachable; under JETCREW_SKIP_DOCKER=1 no test gets here (needsDocker).
 func jailDocker(t *testing.T) (*docker.Runtime, *client.Client) {
 	t.Helper()
 	jailOnce.Do(func() {
@@ -327,6 +327,7 @@ func values(out []byte) map[string]string {
 // limits the profile sets are the ones the kernel enforces.
 func TestJailIdentity(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("ident", `user = "4242:4343"
 memory_mib = 96
 cpus = 0.5
@@ -439,6 +440,7 @@ func removeRaw(t *testing.T, cli *client.Client, id string) {
 // or containerd socket is reachable.
 func TestJailFilesystem(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("fs", ""), nil)
 
 	script := `
@@ -538,6 +540,7 @@ cat /proc/self/mountinfo`
 // container exists; nothing is created at the missing path.
 func TestJailMissingBindSource(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	missing := filepath.Join(t.TempDir(), "no-such-bridge")
 	b := startJail(t, jailProfile("nobridge", ""), func(c *worker.Config) { c.BridgePath = missing })
 
@@ -581,6 +584,7 @@ func mountOptions(t *testing.T, mountinfo, target string, flags ...string) []str
 // run's failure reason says a tmpfs is full.
 func TestJailTmpfsFull(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("small", "tmp_mib = 1\nhome_mib = 2"), nil)
 
 	script := `
@@ -608,6 +612,7 @@ exit $rc`
 // itself keep forking normally.
 func TestJailPidsLimit(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("bomb", "pids = 32")+jailProfile("busy", ""), func(c *worker.Config) { c.Concurrency = 2 })
 
 	// The neighbour forks a process every 50ms for more than 10 seconds,
@@ -660,6 +665,7 @@ exit 2`
 // it before the container was removed.
 func TestJailMemoryOOM(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("tight", "memory_mib = 32"), nil)
 
 	st, out := b.runScript(t, "oom", "tight", `echo start; x=aaaaaaaaaaaaaaaa; while :; do x=$x$x; done`)
@@ -700,6 +706,7 @@ func finishedEvent(t *testing.T, b *jailBundle, id string) messages.Event {
 // route. Traffic only ever goes to loopback or to the test's own network.
 func TestJailNetwork(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	_, cli := jailDocker(t)
 	ctx := context.Background()
 
@@ -846,6 +853,7 @@ func startPeer(t *testing.T, cli *client.Client, netName string) string {
 // orphans to exit, counts zombies, and then lets cat end the run.
 func TestJailInitReapsOrphans(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("reaper", "pids = 512"), nil)
 
 	script := reaperScript(200)
@@ -905,6 +913,7 @@ func ptr[T any](v T) *T { return &v }
 // is over.
 func TestJailTimeoutStopsWithGrace(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	const grace = 5 * time.Second
 	const timeout = time.Second
 	b := startJail(t, jailProfile("slow", ""), func(c *worker.Config) { c.StopGrace = grace })
@@ -935,6 +944,7 @@ func TestJailTimeoutStopsWithGrace(t *testing.T) {
 // 1, 42 and 143 (the last from a real SIGTERM), each recorded with its code.
 func TestJailExitCodes(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("quick", ""), func(c *worker.Config) { c.Concurrency = 8 })
 
 	scripts := map[int]string{0: "exit 0", 1: "exit 1", 42: "echo bye; exit 42", 143: "kill -TERM $$"}
@@ -969,6 +979,7 @@ func TestJailExitCodes(t *testing.T) {
 // daemon's, and not asserted (see docs/jail.md).
 func TestJailOutput(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("out", ""), nil)
 
 	t.Run("interleaved", func(t *testing.T) {
@@ -1021,6 +1032,7 @@ func TestJailOutput(t *testing.T) {
 // delivery cannot be created; it is removed once the outcome is recorded.
 func TestJailLabelsAndName(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	b := startJail(t, jailProfile("lab", ""), nil)
 	ctx := context.Background()
 	stream, err := b.js.Stream(ctx, messages.StreamRuns)
@@ -1073,6 +1085,7 @@ func TestJailLabelsAndName(t *testing.T) {
 // worker and those of another installation.
 func TestJailReconciler(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	_, cli := jailDocker(t)
 	ctx := context.Background()
 	s := workertest.StartServer(t)
@@ -1185,6 +1198,7 @@ func createLabelled(t *testing.T, cli *client.Client, name, state string, labels
 // success path under a second runtime is TestGVisorJail's.
 func TestJailOCIRuntime(t *testing.T) {
 	t.Parallel()
+	needsDocker(t)
 	const missing = "jetcrew-no-such-runtime"
 	b := startJail(t, jailProfile("gvisor", fmt.Sprintf("runtime = %q", missing)), nil)
 	info, err := b.cli.Info(context.Background())

@@ -21,6 +21,7 @@ import (
 // change as a branch on that commit. A second run on the same commit
 // fetches nothing; a profile without git_remotes refuses the remote.
 func TestWorkspaceFromGit(t *testing.T) {
+	needsDocker(t)
 	g := workertest.StartGitServer(t)
 	src := g.NewRepo(t, "repo.git", map[string]string{"main.go": "package main\n\nfunc main() { println(\"foo\") }\n"})
 	head := workertest.Git(t, src, "rev-parse", "HEAD")

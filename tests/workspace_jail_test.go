@@ -80,6 +80,7 @@ func dirUnchanged(t *testing.T, dir string) func() {
 // before any container starts: failed with the reason, a dead letter,
 // never run, nothing written outside.
 func TestWorkspaceHostileSnapshotRefused(t *testing.T) {
+	needsDocker(t)
 	url := up(t, "--workspace-max-bytes", "10000000")
 	// The bucket exists once a first snapshot went through submit.
 	small := t.TempDir()
@@ -153,6 +154,7 @@ func hostileConfig(marker string) string {
 // ends as the run ended, with a result that holds none of the host's
 // bytes; no marker appears on the host and nothing outside is touched.
 func TestWorkspaceHostileContent(t *testing.T) {
+	needsDocker(t)
 	data := t.TempDir()
 	url := up(t, "--data", data)
 	marker := filepath.Join(t.TempDir(), "pwned")
@@ -226,6 +228,7 @@ ln -s ` + secret + ` .jetcrew/artifacts/leak; ln -s /etc/passwd .jetcrew/artifac
 // on the tree's tmpfs): the run fails with that reason and a dead letter,
 // no retry, the agent's command never ran and nothing is captured.
 func TestWorkspaceUnpackNoSpace(t *testing.T) {
+	needsDocker(t)
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\nretries = 2\n"), 0o644))
 	url := up(t, "--profiles", profiles)
@@ -274,6 +277,7 @@ func looseObject(t *testing.T, typ string, body []byte, size int) (string, []byt
 // outcome, its result says what went wrong, no marker appears and the next
 // run succeeds.
 func TestWorkspaceRunWritesHostileGit(t *testing.T) {
+	needsDocker(t)
 	url := up(t)
 	marker := filepath.Join(t.TempDir(), "pwned")
 	repo := t.TempDir()

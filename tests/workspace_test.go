@@ -40,6 +40,7 @@ func git(t *testing.T, dir string, args ...string) string {
 // what a run leaves uncommitted (commits made inside a run are covered by
 // the workspace package's tests).
 func TestWorkspaceRun(t *testing.T) {
+	needsDocker(t)
 	for _, mode := range authModes {
 		t.Run(mode.name, func(t *testing.T) { testWorkspaceRun(t, mode.args) })
 	}
@@ -172,6 +173,7 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 // or a snapshot over the worker's cap fails with that reason and a dead
 // letter; it never runs on an empty directory.
 func TestWorkspaceRefused(t *testing.T) {
+	needsDocker(t)
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\n"), 0o644))
 	url, logs := upLogged(t, "--workspace-max-bytes", "100000", "--profiles", profiles)

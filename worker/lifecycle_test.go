@@ -165,11 +165,24 @@ func TestFencedDeliveryRecordsNothing(t *testing.T) {
 	cs, _ := b.rt.ListManaged(context.Background())
 	require.Len(t, cs, 1)
 	require.NoError(t, b.rt.Remove(context.Background(), cs[0].ID))
-	time.Sleep(300 * time.Millisecond)
+	// The delivery sees its container gone, finds the lease taken at its
+	// write and gives the run up: its Handle returns.
+	require.Eventually(t, func() bool { return runsInFlight(b.w) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the fenced delivery never ended")
+	// Its state writes wait for the server, so any write is visible now.
 	got, _ := b.state(t, "f1")
 	require.Equal(t, "w-other", got.Worker, "the fenced delivery overwrote the new holder's state")
 	require.False(t, got.State.Final())
-	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamRuns), "the fenced delivery acked a run it no longer holds")
+	// An ack is not waited for: the flush puts any ack it sent on the
+	// server, which then removes the request from the work queue in the
+	// background, well within the 300 ms watched here.
+	require.NoError(t, b.nc.Flush())
+	runs, err := b.js.Stream(context.Background(), messages.StreamRuns)
+	require.NoError(t, err)
+	require.Never(t, func() bool {
+		info, err := runs.Info(context.Background())
+		return err != nil || info.State.Msgs != 1
+	}, 300*time.Millisecond, 20*time.Millisecond, "the fenced delivery acked a run it no longer holds (or the stream could not be read)")
 }
 
 // A replay still queued when its run is cancelled is skipped on arrival.

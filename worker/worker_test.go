@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -101,6 +102,22 @@ func (b *testBundle) streamMsgs(t *testing.T, name string) uint64 {
 	info, err := s.Info(context.Background())
 	require.NoError(t, err)
 	return info.State.Msgs
+}
+
+// runsInFlight reads w's jetcrew_runs_in_flight gauge: the deliveries it
+// is handling (their Handle has not returned). It is NaN when the gauge
+// cannot be read.
+func runsInFlight(w *worker.Worker) float64 {
+	mfs, err := w.Registry().Gather()
+	if err != nil {
+		return math.NaN()
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "jetcrew_runs_in_flight" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return math.NaN()
 }
 
 // events returns every event of a run in stream order.
@@ -326,19 +343,36 @@ func TestInProgressKeepsLongRunAlive(t *testing.T) {
 // other requests stay pending on the stream, not in the worker.
 func TestOneMessagePerFreeSlot(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *worker.Config) { c.Concurrency = 2 })
+	// Every run holds its slot until release is closed.
+	release := make(chan struct{})
+	b := setup(t, func(c *worker.Config) {
+		c.Concurrency = 2
+		c.Runtime.(*workertest.Runtime).Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, _ jail.OutputFunc) jail.ExitStatus {
+				select {
+				case <-release:
+					return jail.ExitStatus{}
+				case <-ctx.Done():
+					return jail.ExitStatus{Code: 143}
+				}
+			}, nil
+		}
+	})
 	for i := range 6 {
-		b.submit(t, messages.RunRequest{ID: fmt.Sprintf("s%d", i), Profile: "shell", Prompt: "sleep 1500ms"})
+		b.submit(t, messages.RunRequest{ID: fmt.Sprintf("s%d", i), Profile: "shell"})
 	}
 	cons, err := b.js.Consumer(context.Background(), messages.StreamRuns, messages.ConsumerName("default"))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return len(b.rt.Starts()) >= 2 }, 5*time.Second, 10*time.Millisecond)
-	for range 10 {
+	require.Eventually(t, func() bool { return len(b.rt.Starts()) == 2 }, 5*time.Second, 10*time.Millisecond)
+	// Both slots stay busy: a worker that pulled ahead of its free slots
+	// would hold a third request within one pull's round trip, far less
+	// than the 500 ms watched here.
+	require.Never(t, func() bool {
 		info, err := cons.Info(context.Background())
-		require.NoError(t, err)
-		require.LessOrEqual(t, info.NumAckPending, 2, "worker holds more requests than free slots")
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err != nil || info.NumAckPending > 2
+	}, 500*time.Millisecond, 20*time.Millisecond, "worker holds more requests than free slots (or the consumer could not be read)")
+	require.Len(t, b.rt.Starts(), 2)
+	close(release)
 	for i := range 6 {
 		require.Equal(t, messages.StateSucceeded, b.waitFinal(t, fmt.Sprintf("s%d", i)).State)
 	}

@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,10 +147,7 @@ func TestGitWorkspaceRefused(t *testing.T) {
 // the deliveries run out.
 func TestGitWorkspaceUnreachableRetries(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close()) // nothing listens there now
+	addr := fmt.Sprintf("127.0.0.1:%d", workertest.ReservePort(t)) // nothing listens there
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = gitProfiles("http://" + addr + "/*")
 		c.Provision.MaxDeliver = 2
@@ -198,31 +194,49 @@ func TestGitRemotesValidated(t *testing.T) {
 	}
 }
 
+// The worker's git resolution, in which a run waits for a shared one
+// (gitFlight.resolve), and its wait for a fetch slot (acquireFetch), named
+// as a stack trace names them, for workertest.Parked.
+const (
+	gitResolveWait = "github.com/jetcrew/jetcrew/worker/stage/tree.(*gitFlight).resolve"
+	gitFetchWait   = "github.com/jetcrew/jetcrew/worker/stage/tree.(*gitFlight).acquireFetch"
+)
+
 // Runs on one remote and ref whose resolutions overlap share one: the
 // server sees one listing and one fetch for four runs, all on the same
 // commit. Fetches of different repositories wait for one of the worker's
 // fetch slots: with GitFetches 1 the server never serves two at once,
 // with 2 it does (so the first check can fail).
+//
+// The overlaps are made certain, not hoped for: the server holds the
+// listing until all four runs wait on a resolution, and holds the fetches
+// until each of the three resolutions has either reached the server or
+// waits for a slot.
 func TestGitFetchesSharedAndBounded(t *testing.T) {
 	t.Parallel()
-	const delay = time.Second
 	for _, slots := range []int{1, 2} {
 		t.Run(fmt.Sprintf("slots=%d", slots), func(t *testing.T) {
 			t.Parallel()
 			g := workertest.StartGitServer(t)
-			g.UploadPackDelay.Store(int64(delay))
-			b := setup(t, func(c *worker.Config) {
-				c.Profiles = gitProfiles(g.URL + "/*")
-				c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
-				c.Concurrency = 4
-				c.Workspace.GitFetches = slots
+			var b *testBundle
+			workertest.Label(t, func() {
+				b = setup(t, func(c *worker.Config) {
+					c.Profiles = gitProfiles(g.URL + "/*")
+					c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
+					c.Concurrency = 4
+					c.Workspace.GitFetches = slots
+				})
 			})
 			if slots == 1 {
 				g.NewRepo(t, "shared", map[string]string{"README": "shared\n"})
 				ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/shared", Ref: "main"}}
+				release := g.HoldListings(t)
 				for i := range 4 {
 					b.submit(t, messages.RunRequest{ID: fmt.Sprintf("s%d", i), Profile: "git", Workspace: ws})
 				}
+				require.Eventually(t, func() bool { return workertest.Parked(t, gitResolveWait) == 4 }, 20*time.Second, 5*time.Millisecond,
+					"the four runs never all waited on a git resolution (%d listings arrived)", g.Lists.Load())
+				release()
 				var commits []string
 				for i := range 4 {
 					st := b.waitFinal(t, fmt.Sprintf("s%d", i))
@@ -235,12 +249,17 @@ func TestGitFetchesSharedAndBounded(t *testing.T) {
 			}
 			// Three repositories at once.
 			before := g.UploadPacks.Load()
+			release := g.HoldFetches(t)
 			for i := range 3 {
 				name := fmt.Sprintf("repo%d", i)
 				g.NewRepo(t, name, map[string]string{"README": name + "\n"})
 				ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: g.URL + "/" + name, Ref: "main"}}
 				b.submit(t, messages.RunRequest{ID: "d" + name, Profile: "git", Workspace: ws})
 			}
+			require.Eventually(t, func() bool {
+				return g.UploadPacks.Load()-before+int64(workertest.Parked(t, gitFetchWait)) == 3
+			}, 20*time.Second, 5*time.Millisecond, "the three resolutions never all reached the server or a wait for a fetch slot")
+			release()
 			for i := range 3 {
 				st := b.waitFinal(t, fmt.Sprintf("drepo%d", i))
 				require.Equal(t, messages.StateSucceeded, st.State, st.Reason)

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
@@ -354,14 +355,14 @@ func TestRunNATSDown(t *testing.T) {
 
 func TestRunStopsOnSignal(t *testing.T) {
 	t.Parallel()
-	_, sockA, _ := world(t)
+	srv, sockA, _ := world(t)
 	br := startRun(t, sockA)
 	cs := br.client(t)
 	// A long poll is in flight when the signal comes.
 	go func() {
 		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "inbox", Arguments: map[string]any{"wait_seconds": 30}})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	coordtest.WaitLongPoll(t, srv, "a")
 	start := time.Now()
 	br.cancel()
 	require.Equal(t, 0, br.exitCode(t))
@@ -382,14 +383,18 @@ func TestRunRefusesArguments(t *testing.T) {
 // binDir holds the bridge binary the tests build; TestMain removes it.
 var binDir string
 
+// TestMain fails the package's tests when a goroutine outlives them (the
+// in-process bridges, their tool calls and stdout taps included), then
+// removes binDir.
 func TestMain(m *testing.M) {
 	var err error
 	if binDir, err = os.MkdirTemp("", "jetcrew-bridge-test"); err != nil {
 		panic(err)
 	}
-	code := m.Run()
-	_ = os.RemoveAll(binDir)
-	os.Exit(code)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		_ = os.RemoveAll(binDir)
+		os.Exit(code)
+	}))
 }
 
 // buildBridge builds the real binary, static (CGO_ENABLED=0), once per test
@@ -436,7 +441,7 @@ func execBridge(t *testing.T, socket string) (*exec.Cmd, io.WriteCloser, *stdout
 
 func TestBinary(t *testing.T) {
 	t.Parallel()
-	_, sockA, sockB := world(t)
+	srv, sockA, sockB := world(t)
 	cmdA, inA, tapA, errA := execBridge(t, sockA)
 	cmdB, inB, tapB, _ := execBridge(t, sockB)
 	ca, cb := connectClient(t, tapA, inA), connectClient(t, tapB, inB)
@@ -454,7 +459,7 @@ func TestBinary(t *testing.T) {
 	go func() {
 		_, _ = cb.CallTool(context.Background(), &mcp.CallToolParams{Name: "inbox", Arguments: map[string]any{"wait_seconds": 30}})
 	}()
-	time.Sleep(200 * time.Millisecond)
+	coordtest.WaitLongPoll(t, srv, "b")
 	start := time.Now()
 	require.NoError(t, cmdB.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmdB.Wait())

@@ -79,6 +79,34 @@ func Provisioned(t testing.TB) (*server.Server, *nats.Conn, jetstream.JetStream)
 	return s, nc, js
 }
 
+// WaitLongPoll waits until an inbox call of run runID is parked on s: its
+// inbox consumer holds a waiting pull request (the long poll of an inbox
+// call that found nothing). It fails the test after 10 seconds.
+func WaitLongPoll(t testing.TB, s *server.Server, runID string) {
+	t.Helper()
+	js, err := jetstream.New(Connect(t, s))
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info, err := func() (*jetstream.ConsumerInfo, error) {
+			cons, err := js.Consumer(ctx, coordination.StreamName, coordination.InboxName(runID))
+			if err != nil {
+				return nil, err
+			}
+			return cons.Info(ctx)
+		}()
+		cancel()
+		if err == nil && info.NumWaiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no inbox call of run %s is waiting (last error: %v)", runID, err)
+		}
+	}
+}
+
 // SocketDir returns a new directory with a short path, removed when the test
 // ends. Unix socket paths are limited to 107 bytes, which t.TempDir() can
 // exceed for long test names.

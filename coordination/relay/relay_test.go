@@ -114,6 +114,7 @@ func serveSocket(t *testing.T, h http.Handler) string {
 func TestClientErrors(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
+	polling := make(chan struct{}, 1) // an inbox call reached the server
 	path := serveSocket(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case relay.PathStatus:
@@ -122,6 +123,10 @@ func TestClientErrors(t *testing.T) {
 			w.WriteHeader(http.StatusNotFound)
 			_ = json.NewEncoder(w).Encode(relay.ErrorResponse{Code: relay.CodeUnknownPeer, Error: `unknown peer "x"`})
 		case relay.PathInbox:
+			select {
+			case polling <- struct{}{}:
+			default:
+			}
 			select {
 			case <-release:
 			case <-r.Context().Done():
@@ -152,7 +157,13 @@ func TestClientErrors(t *testing.T) {
 		_, err := c.Inbox(ctx, relay.InboxRequest{WaitSeconds: 30})
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-polling:
+	case err := <-done:
+		t.Fatalf("the long poll ended before it reached the server: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long poll never reached the server")
+	}
 	c.Close()
 	select {
 	case err := <-done:

@@ -2,9 +2,9 @@ package workertest
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,10 +22,20 @@ type Cluster struct {
 // StartCluster starts an n-node JetStream cluster on loopback and shuts it
 // down when the test ends. It fails the test when the cluster has no
 // JetStream meta leader within 20 seconds.
+//
+// Every node's client and route ports are reserved (ReservePort) before
+// any node starts and stay reserved until the test ends: each node must
+// know every route port before it starts, and a killed node restarts on
+// its ports, so no test running beside this one can take a port in
+// between.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t}
-	clientPorts, routePorts := freePorts(t, n), freePorts(t, n)
+	ports := make([]int, 2*n) // n client ports, then n route ports
+	for i := range ports {
+		ports[i] = ReservePort(t)
+	}
+	clientPorts, routePorts := ports[:n], ports[n:]
 	var routes []*url.URL
 	for _, p := range routePorts {
 		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
@@ -44,9 +54,8 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		})
 	}
 	c.Nodes = make([]*server.Server, n)
-	for i := range n {
-		c.startNode(i)
-	}
+	// Registered after ReservePort's cleanups, so it runs before them: the
+	// nodes are down before their ports are let go.
 	t.Cleanup(func() {
 		for _, s := range c.Nodes {
 			if s != nil {
@@ -55,6 +64,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			}
 		}
 	})
+	for i := range n {
+		c.startNode(i)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, s := range c.Nodes {
@@ -75,11 +87,11 @@ func (c *Cluster) startNode(i int) {
 	if err != nil {
 		c.t.Fatalf("node %d: %v", i, err)
 	}
+	c.Nodes[i] = s // shut down by the cleanup, even when it never gets ready
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		c.t.Fatalf("node %d not ready", i)
 	}
-	c.Nodes[i] = s
 }
 
 // URLs returns every node's client URL, comma separated, for nats.Connect.
@@ -100,20 +112,33 @@ func (c *Cluster) Kill(i int) {
 // Restart starts node i again on the same ports and store.
 func (c *Cluster) Restart(i int) { c.startNode(i) }
 
-func freePorts(t testing.TB, n int) []int {
+// ReservePort returns a free loopback TCP port that stays reserved until
+// the test ends: a socket bound to it with SO_REUSEADDR that never
+// listens. A listener that also sets SO_REUSEADDR (as every Go listener,
+// nats-server's included, does) may bind the port beside it, at once or
+// after an earlier listener on it closed; while it is bound the kernel
+// never picks the port for anyone else's ephemeral bind or outgoing
+// connection. Until a listener binds it, a connection to it is refused.
+// (Listening on a port found free and closing it again, as StartCluster
+// once did, lets a test running beside this one take the port in
+// between.)
+func ReservePort(t testing.TB) int {
 	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("free port: %v", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatalf("reserve port: socket: %v", err)
 	}
-	for _, l := range ls {
-		_ = l.Close()
+	syscall.CloseOnExec(fd)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		t.Fatalf("reserve port: SO_REUSEADDR: %v", err)
 	}
-	return ports
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("reserve port: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("reserve port: getsockname: %v", err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }

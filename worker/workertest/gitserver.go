@@ -9,9 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // GitServer is a git smart-HTTP server on a loopback port, serving the
@@ -28,14 +28,15 @@ type GitServer struct {
 	UploadPacks atomic.Int64
 	// Lists counts GET .../info/refs requests: reference listings.
 	Lists atomic.Int64
-	// UploadPackDelay, in nanoseconds, holds every fetch that long before
-	// it is served (0, the default: none); tests set it to make fetches
-	// overlap.
-	UploadPackDelay atomic.Int64
 	// MaxUploadPacksInFlight is the most fetches the server was serving at
-	// once (counted from their arrival, the delay included).
+	// once (counted from their arrival, the time held included).
 	MaxUploadPacksInFlight atomic.Int64
 	inFlight               atomic.Int64
+
+	// holdLists and holdFetches are closed when the listings, and the
+	// fetches, held by HoldListings and HoldFetches may go on (nil: none
+	// held).
+	holdLists, holdFetches atomic.Pointer[chan struct{}]
 }
 
 // StartGitServer starts a GitServer on a random loopback port, serving the
@@ -66,9 +67,10 @@ func StartGitServer(t testing.TB) *GitServer {
 			for m := g.MaxUploadPacksInFlight.Load(); n > m && !g.MaxUploadPacksInFlight.CompareAndSwap(m, n); {
 				m = g.MaxUploadPacksInFlight.Load()
 			}
-			time.Sleep(time.Duration(g.UploadPackDelay.Load()))
+			wait(r, &g.holdFetches)
 		case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs"):
 			g.Lists.Add(1)
+			wait(r, &g.holdLists)
 		}
 		h.ServeHTTP(w, r)
 	})}
@@ -76,6 +78,37 @@ func StartGitServer(t testing.TB) *GitServer {
 	t.Cleanup(func() { _ = srv.Close() })
 	g.URL = "http://" + l.Addr().String()
 	return g
+}
+
+// HoldListings holds every reference listing that arrives from now on
+// (counted in Lists on arrival) until release is called, and returns
+// release. The test's end releases them too.
+func (g *GitServer) HoldListings(t testing.TB) (release func()) { return hold(t, &g.holdLists) }
+
+// HoldFetches holds every fetch that arrives from now on (counted in
+// UploadPacks and MaxUploadPacksInFlight on arrival) until release is
+// called, and returns release. The test's end releases them too.
+func (g *GitServer) HoldFetches(t testing.TB) (release func()) { return hold(t, &g.holdFetches) }
+
+func hold(t testing.TB, gate *atomic.Pointer[chan struct{}]) (release func()) {
+	ch := make(chan struct{})
+	gate.Store(&ch)
+	release = sync.OnceFunc(func() {
+		gate.CompareAndSwap(&ch, nil)
+		close(ch)
+	})
+	t.Cleanup(release)
+	return release
+}
+
+// wait holds request r while gate holds a channel that is still open.
+func wait(r *http.Request, gate *atomic.Pointer[chan struct{}]) {
+	if ch := gate.Load(); ch != nil {
+		select {
+		case <-*ch:
+		case <-r.Context().Done():
+		}
+	}
 }
 
 // Git runs the git CLI in dir with a fixed identity and no user or system
