@@ -128,6 +128,7 @@ func TestJailSecretsMasked(t *testing.T) {
 // host's name; the run directory and the bridge are bound from the state
 // root, under a random name. Stopped, the worker leaves nothing there.
 func TestJailMountsNameNoHostPath(t *testing.T) {
+	needsDocker(t)
 	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Fatal("the neutral state root needs the worker to run as root, as CI and the deploy guide do")
