@@ -24,6 +24,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
 // The agent backends end to end: every backend's run goes through a real
@@ -224,16 +225,17 @@ func runEvents(msgs []storedMsg, id string) ([]messages.AgentEvent, []coordinati
 
 // requireBackendReceipt checks the receipt of a run of c's backend under
 // profile: what ran, as whom, with which mounts, files and variable names.
-func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profile, bridgeDigest string) {
+func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, profileName, bridgeDigest string) {
 	t.Helper()
 	require.NotNil(t, rc, "every outcome carries a receipt")
-	require.Equal(t, profile, rc.Profile)
+	require.Equal(t, profileName, rc.Profile)
 	require.Len(t, rc.ProfileDigest, 64)
 	require.Equal(t, c.backend, rc.Backend)
 	require.Equal(t, "65532:65532", rc.User)
 	require.Equal(t, "none", rc.Network)
 
-	argv := []string{coordination.BridgePath, "launch", "--stdin", "/run/jetcrew/prompt"}
+	// The launcher binds the profile's secret at start (--env-file).
+	argv := []string{coordination.BridgePath, "launch", "--env-file", profile.LaunchEnvPath, "--stdin", "/run/jetcrew/prompt"}
 	if c.homeSeed {
 		argv = append(argv, "--home-seed", "/run/jetcrew/home")
 	}
@@ -260,6 +262,7 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	files := append([]messages.ReceiptFile{
 		{Path: coordination.ContainerMCPConfigPath, Mode: "0444"},
 		{Path: "/run/jetcrew/prompt", Mode: "0444"},
+		{Path: profile.LaunchEnvPath, Mode: "0444"},
 	}, c.files...)
 	require.ElementsMatch(t, files, rc.Files)
 	env := append([]string{"HOME", "JETCREW_GROUP", "JETCREW_MCP_CONFIG", "JETCREW_PROFILE", "JETCREW_RUN_ID", backendSecretEnv}, c.env...)
