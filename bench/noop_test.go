@@ -145,7 +145,7 @@ func throughput(t *testing.T, b bed, nRaw, nRuns, nNocoord int, infix, rawWhat, 
 // built-in profiles plus "nocoord", until the test ends.
 func startNoopWorker(t *testing.T, b bed) {
 	t.Helper()
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) { return noopBehaviour, nil }
 	w, err := worker.New(b.connect(t), worker.Config{
 		ID: "bench-noop", Runtime: rt, Concurrency: noopConcurrency, Profiles: profiles(t),

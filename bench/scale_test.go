@@ -98,7 +98,7 @@ func scaleRun(t *testing.T, k int) float64 {
 	ws := make([]*worker.Worker, k)
 	for i := range k {
 		w, err := worker.New(workertest.Connect(t, s), worker.Config{
-			ID: fmt.Sprintf("bench-scale-%d", i), Runtime: workertest.NewRuntime(), Concurrency: scaleConcurrency,
+			ID: fmt.Sprintf("bench-scale-%d", i), Runtime: workertest.NewTestRuntime(t), Concurrency: scaleConcurrency,
 			StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
 		})
 		require.NoError(t, err)

@@ -43,7 +43,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
-		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewRuntime(), FetchWait: time.Second,
+		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewTestRuntime(t), FetchWait: time.Second,
 		Logger: new(workertest.Logger(t))})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))

@@ -97,7 +97,7 @@ func (b *testBundle) publishDeadLetter(t *testing.T, pool, id string, body strin
 func TestCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.startWorker(t, workertest.NewRuntime(), 1)
+	b.startWorker(t, workertest.NewTestRuntime(t), 1)
 	ctx := t.Context()
 
 	running, err := b.d.Submit(ctx, messages.RunRequest{Profile: "shell", Prompt: "sleep 1m"})
@@ -229,7 +229,7 @@ func TestFailedNotProvisioned(t *testing.T) {
 func TestReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	rt.Behave = failFirst()
 	b.startWorker(t, rt, 2)
 	ctx := t.Context()
@@ -349,7 +349,7 @@ func TestWatchReplayRefused(t *testing.T) {
 	require.NoError(t, err)
 	// Meanwhile the run succeeded through another request.
 	b.putState(t, messages.RunState{ID: "raced", State: messages.StateSucceeded, StreamSeq: 100, Pool: "default"})
-	b.startWorker(t, workertest.NewRuntime(), 1)
+	b.startWorker(t, workertest.NewTestRuntime(t), 1)
 
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()

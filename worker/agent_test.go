@@ -49,7 +49,7 @@ func TestClaudeFailedBridgeStopsRun(t *testing.T) {
 	out := recorded(t, "claude-2.1.332-bridge-failed-not-logged-in.jsonl")
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out[:bytes.IndexByte(out, '\n')+1]) // the init event, and then it would work on
@@ -76,7 +76,7 @@ func TestClaudeResultExtracted(t *testing.T) {
 	out := recorded(t, "claude-2.1.332-connected-not-logged-in.jsonl")
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out)
@@ -107,7 +107,7 @@ func TestCodexNoBridgeAndStall(t *testing.T) {
 	out := recorded(t, "codex-0.171.0-no-network.jsonl")
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "[profiles.codex-nodeadline]\nbackend='codex'\nimage='agents:test'\nbridge_deadline='1h'\nstall_timeout='400ms'\n")
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, _ jail.ContainerSpec, o jail.OutputFunc) jail.ExitStatus {
 				o("stdout", out)
@@ -136,7 +136,7 @@ func TestReceiptOnEarlyFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = agentProfiles(t, "")
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return nil, fmt.Errorf("image %q not found: %w", "agents:test", jail.ErrPermanent)
 		}

@@ -39,7 +39,7 @@ func TestClusterNodeLossEveryRunOnce(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 200*time.Millisecond)
 
-	rts := []*workertest.Runtime{workertest.NewRuntime(), workertest.NewRuntime()}
+	rts := []*workertest.Runtime{workertest.NewTestRuntime(t), workertest.NewTestRuntime(t)}
 	for i, rt := range rts {
 		log := workertest.Logger(t)
 		w, err := worker.New(connect(), worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: fmt.Sprintf("cw%d", i), Runtime: rt, Concurrency: 8,

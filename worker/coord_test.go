@@ -42,7 +42,7 @@ func TestCoordinationThroughStagedSockets(t *testing.T) {
 	}
 	reports := make(chan report, 2)
 	b := setup(t, func(c *worker.Config) {
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 				rep := report{spec: spec}

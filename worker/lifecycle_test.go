@@ -126,7 +126,7 @@ func TestMaxDeliverAdvisoryDeadLetters(t *testing.T) {
 			return err == nil && m != nil
 		}, 5*time.Second, 10*time.Millisecond)
 	}
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w9", Runtime: rt, FetchWait: time.Second,
 		Provision: worker.ProvisionConfig{AckWait: 500 * time.Millisecond, MaxDeliver: 2}})
 	require.NoError(t, err)
@@ -215,7 +215,7 @@ func TestProfileRetriesFailedAgent(t *testing.T) {
 	var calls atomic.Int32
 	b := setup(t, func(c *worker.Config) {
 		c.Profiles = ps
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 			if spec.Labels[jail.LabelProfile] == "retry" && calls.Add(1) == 1 {
 				return workertest.ScriptBehaviour(jail.ContainerSpec{Cmd: []string{"err flaky; exit 1"}})

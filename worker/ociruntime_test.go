@@ -51,7 +51,7 @@ runtime = "runsc"
 	t.Run("missing", func(t *testing.T) {
 		t.Parallel()
 		s := workertest.StartServer(t)
-		rt := listingRuntime{workertest.NewRuntime(), []string{"io.containerd.runc.v2", "runc"}}
+		rt := listingRuntime{workertest.NewTestRuntime(t), []string{"io.containerd.runc.v2", "runc"}}
 		w, err := worker.New(workertest.Connect(t, s), worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
 			ID: "w1", Runtime: rt, Profiles: profiles})
 		require.NoError(t, err)
@@ -63,7 +63,7 @@ runtime = "runsc"
 
 	t.Run("present", func(t *testing.T) {
 		t.Parallel()
-		rt := listingRuntime{workertest.NewRuntime(), []string{"crun", "runc", "runsc"}}
+		rt := listingRuntime{workertest.NewTestRuntime(t), []string{"crun", "runc", "runsc"}}
 		b := setup(t, func(c *worker.Config) { c.Runtime = rt; c.Profiles = profiles })
 		b.submit(t, messages.RunRequest{ID: "g1", Profile: "gvisor", Prompt: "exit 0"})
 		st := b.waitFinal(t, "g1")

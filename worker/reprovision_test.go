@@ -63,7 +63,7 @@ func TestReprovisionAfterServerRestart(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w1",
-		Runtime: workertest.NewRuntime(), Concurrency: 2, FetchWait: 2 * time.Second})
+		Runtime: workertest.NewTestRuntime(t), Concurrency: 2, FetchWait: 2 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() {

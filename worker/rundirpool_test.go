@@ -66,7 +66,7 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 func TestRunDirsPooled(t *testing.T) {
 	t.Parallel()
 	stateDir := workertest.StateDir(t)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	seen := recordRunDirs(t, rt)
 	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
 	pool := filepath.Join(stateDir, "p")
@@ -113,7 +113,7 @@ func TestRunDirsPooled(t *testing.T) {
 func TestRunDirNotPooledWhileContainerRemains(t *testing.T) {
 	t.Parallel()
 	stateDir := workertest.StateDir(t)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	rt.RemoveErr = func(string) error { return errors.New("daemon unavailable") }
 	seen := recordRunDirs(t, rt)
 	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
@@ -143,7 +143,7 @@ func TestRunDirNotPooledWhileContainerRemains(t *testing.T) {
 func poolOneRunDir(t *testing.T, id string) (*testBundle, <-chan seenDir, string) {
 	t.Helper()
 	stateDir := workertest.StateDir(t)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	seen := recordRunDirs(t, rt)
 	b := setup(t, func(c *worker.Config) { c.StateDir, c.Runtime, c.Concurrency = stateDir, rt, 1 })
 	pool := filepath.Join(stateDir, "p")

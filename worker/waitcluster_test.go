@@ -71,7 +71,7 @@ func TestWorkerWaitsForTheCluster(t *testing.T) {
 	var logs lockedBuffer
 	log := zerolog.New(&logs)
 	w, err := worker.New(connect(), worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "waiter",
-		Runtime: workertest.NewRuntime(), Concurrency: 2, FetchWait: time.Second, Provision: prov, Logger: &log})
+		Runtime: workertest.NewTestRuntime(t), Concurrency: 2, FetchWait: time.Second, Provision: prov, Logger: &log})
 	require.NoError(t, err)
 	started := make(chan error, 1)
 	go func() { started <- w.Start(t.Context()) }()

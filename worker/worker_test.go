@@ -38,7 +38,7 @@ func setup(t *testing.T, mod func(*worker.Config)) *testBundle {
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	cfg := worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w1", Runtime: rt, Concurrency: 2, FetchWait: 2 * time.Second}
 	if mod != nil {
 		mod(&cfg)
@@ -309,7 +309,7 @@ func TestDerivedIDStableAcrossRedelivery(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	b := setup(t, func(c *worker.Config) {
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 			if calls.Add(1) == 1 {
 				return nil, workertest.ErrTransient
@@ -396,7 +396,7 @@ func TestFinalRunNotRunAgain(t *testing.T) {
 func TestTransientStartErrorRetriesThenDeadLetters(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) { return nil, workertest.ErrTransient }
 		c.Runtime = rt
 		c.Provision.MaxDeliver = 2
@@ -412,7 +412,7 @@ func TestTransientStartErrorRetriesThenDeadLetters(t *testing.T) {
 func TestPermanentStartErrorNotRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return nil, fmt.Errorf("image missing: %w", jail.ErrPermanent)
 		}
@@ -438,7 +438,7 @@ func TestTimeout(t *testing.T) {
 func TestLargeOutputChunked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *worker.Config) {
-		rt := workertest.NewRuntime()
+		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 				line := []byte(strings.Repeat("y", 200<<10) + "\n")
@@ -472,7 +472,7 @@ func TestOrphanReconcile(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
 	nc := workertest.Connect(t, s)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	// A container left by a dead worker "gone", older than the grace period.
 	_, err := rt.Start(context.Background(), jail.ContainerSpec{
 		Name: "jetcrew-orphan-1", Cmd: []string{"sleep 1h"},
@@ -530,7 +530,7 @@ func TestStopHandsBackRuns(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
 	nc := workertest.Connect(t, s)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t), ID: "w3", Runtime: rt, Concurrency: 1, FetchWait: time.Second})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))

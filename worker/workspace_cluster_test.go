@@ -53,7 +53,7 @@ func TestClusterWorkspaceAnyNode(t *testing.T) {
 	require.NoError(t, err)
 
 	// The worker on node 2 runs it; its "agent" edits the mounted tree.
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			for _, m := range spec.Mounts {

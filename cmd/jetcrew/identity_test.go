@@ -19,7 +19,7 @@ import (
 func TestSubmitUsedIDSaysSo(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	startWorkerWith(t, s, workertest.NewRuntime(), "--id", "w-dup", "--profiles", plainShellProfiles(t))
+	startWorkerWith(t, s, workertest.NewTestRuntime(t), "--id", "w-dup", "--profiles", plainShellProfiles(t))
 	url := s.ClientURL()
 
 	code, _, stderr := cli(t, url, "submit", "--wait", "--id", "X", "out first; exit 3")
@@ -47,7 +47,7 @@ func TestSubmitUsedIDSaysSo(t *testing.T) {
 func TestReplayOnlyWorkerWrittenDeadLetters(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	startWorkerWith(t, s, rt, "--id", "w-replay", "--profiles", plainShellProfiles(t))
 	url := s.ClientURL()
 	nc := workertest.Connect(t, s)

@@ -68,7 +68,8 @@ func newTestApp(env map[string]string, rt jail.Runtime) *testApp {
 	a.natsConfigRoot = func() (string, error) { return "", errors.New("no configuration directory in tests") }
 	a.newRuntime = func(context.Context, zerolog.Logger) (jail.Runtime, func() error, error) {
 		if rt == nil {
-			rt = workertest.NewRuntime()
+			fake := workertest.NewRuntime()
+			return fake, func() error { fake.Close(); return nil }, nil
 		}
 		return rt, func() error { return nil }, nil
 	}
@@ -115,7 +116,7 @@ func cli(t *testing.T, url string, args ...string) (int, string, string) {
 // startWorker runs `jetcrew worker` against s until the test ends.
 func startWorker(t *testing.T, s *server.Server, args ...string) {
 	t.Helper()
-	startWorkerWith(t, s, workertest.NewRuntime(), args...)
+	startWorkerWith(t, s, workertest.NewTestRuntime(t), args...)
 }
 
 // startWorkerWith runs `jetcrew worker` with the container runtime rt
@@ -521,7 +522,7 @@ func TestUp(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	up := newTestApp(nil, workertest.NewRuntime())
+	up := newTestApp(nil, workertest.NewTestRuntime(t))
 	done := make(chan int, 1)
 	go func() {
 		done <- up.run(ctx, []string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--concurrency", "1"})
@@ -558,7 +559,7 @@ func TestUpPortInUse(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 
-	up := newTestApp(nil, workertest.NewRuntime())
+	up := newTestApp(nil, workertest.NewTestRuntime(t))
 	start := time.Now()
 	code := up.run(t.Context(), []string{"up", "--listen", l.Addr().String(), "--data", t.TempDir()})
 	require.Equal(t, 1, code)

@@ -29,7 +29,7 @@ type running struct {
 func runInBackground(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	a := newTestApp(nil, workertest.NewRuntime())
+	a := newTestApp(nil, workertest.NewTestRuntime(t))
 	done := make(chan int, 1)
 	go func() { done <- a.run(ctx, args) }()
 	code, stopped := -1, false
@@ -153,7 +153,7 @@ func TestMetricsAddrInUse(t *testing.T) {
 	defer l.Close()
 	s := workertest.StartServer(t)
 
-	a := newTestApp(nil, workertest.NewRuntime())
+	a := newTestApp(nil, workertest.NewTestRuntime(t))
 	code := a.run(t.Context(), []string{"worker", "--nats", s.ClientURL(), "--metrics-addr", l.Addr().String()})
 	require.Equal(t, exitFailure, code)
 	require.Contains(t, a.stderr.String(), "--metrics-addr")

@@ -20,8 +20,8 @@ import (
 
 // failFirstRuntime is a fake runtime whose first container of each run
 // exits 3; later ones run their prompt as a workertest script.
-func failFirstRuntime() *workertest.Runtime {
-	rt := workertest.NewRuntime()
+func failFirstRuntime(t testing.TB) *workertest.Runtime {
+	rt := workertest.NewTestRuntime(t)
 	var (
 		mu   sync.Mutex
 		seen = map[string]bool{}
@@ -61,7 +61,7 @@ coordination = false
 func TestFailedAndReplay(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	rt := failFirstRuntime()
+	rt := failFirstRuntime(t)
 	startWorkerWith(t, s, rt, "--id", "replay-worker", "--profiles", plainShellProfiles(t))
 	url := s.ClientURL()
 
@@ -133,7 +133,7 @@ func TestFailedAndReplay(t *testing.T) {
 func TestReplayWithoutWait(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	rt := failFirstRuntime()
+	rt := failFirstRuntime(t)
 	startWorkerWith(t, s, rt, "--profiles", plainShellProfiles(t))
 	url := s.ClientURL()
 
@@ -159,7 +159,7 @@ func TestReplayWithoutWait(t *testing.T) {
 func TestCancelCommand(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	startWorkerWith(t, s, workertest.NewRuntime(), "--concurrency", "1", "--id", "cancel-worker")
+	startWorkerWith(t, s, workertest.NewTestRuntime(t), "--concurrency", "1", "--id", "cancel-worker")
 	url := s.ClientURL()
 
 	code, stdout, stderr := cli(t, url, "submit", "--id", "long", "sleep 1m")
@@ -201,7 +201,7 @@ func TestCancelNoWorker(t *testing.T) {
 func TestWorkerFlagsReachTheConsumer(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)
-	startWorkerWith(t, s, workertest.NewRuntime(), "--ack-wait", "4s", "--max-deliver", "3",
+	startWorkerWith(t, s, workertest.NewTestRuntime(t), "--ack-wait", "4s", "--max-deliver", "3",
 		"--orphan-grace", "5s", "--reconcile-interval", "10s")
 	nc := workertest.Connect(t, s)
 	code, _, _ := cli(t, s.ClientURL(), "failed")

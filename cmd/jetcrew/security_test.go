@@ -35,7 +35,7 @@ type authEnv struct {
 // authUp starts `jetcrew up --auth` with args until the test ends.
 func authUp(t *testing.T, args ...string) authEnv {
 	t.Helper()
-	e := authEnv{xdg: t.TempDir(), data: t.TempDir(), rt: workertest.NewRuntime()}
+	e := authEnv{xdg: t.TempDir(), data: t.TempDir(), rt: workertest.NewTestRuntime(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	up := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg}, e.rt)
 	e.stdout = up.stdout
@@ -365,7 +365,7 @@ func TestUpAuthFiles(t *testing.T) {
 func TestUpListenNeedsAuth(t *testing.T) {
 	t.Parallel()
 	for _, listen := range []string{"0.0.0.0:0", ":0", "192.0.2.1:0"} {
-		up := newTestApp(nil, workertest.NewRuntime())
+		up := newTestApp(nil, workertest.NewTestRuntime(t))
 		code := up.run(t.Context(), []string{"up", "--listen", listen, "--data", t.TempDir()})
 		require.Equal(t, exitUsage, code, listen)
 		require.Contains(t, up.stderr.String(), "add --auth", listen)
@@ -471,7 +471,7 @@ func TestWorkerWithContext(t *testing.T) {
 	t.Parallel()
 	e := authUp(t, "--concurrency", "1")
 	ctx, cancel := context.WithCancel(context.Background())
-	w := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-worker"}, workertest.NewRuntime())
+	w := newTestApp(map[string]string{"XDG_CONFIG_HOME": e.xdg, "NATS_CONTEXT": "jetcrew-worker"}, workertest.NewTestRuntime(t))
 	done := make(chan int, 1)
 	go func() { done <- w.run(ctx, []string{"worker", "--pool", "gpu", "--id", "ctx-worker"}) }()
 	code, out, errOut := e.as(t, roles.Submitter, "submit", "--pool", "gpu", "--wait", "out on gpu")

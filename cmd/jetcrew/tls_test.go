@@ -66,7 +66,7 @@ func TestUpTLS(t *testing.T) {
 	ca, cert, key := writeCerts(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	up := newTestApp(nil, workertest.NewRuntime())
+	up := newTestApp(nil, workertest.NewTestRuntime(t))
 	done := make(chan int, 1)
 	go func() {
 		done <- up.run(ctx, []string{"up", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--tlscert", cert, "--tlskey", key})

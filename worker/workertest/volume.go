@@ -29,6 +29,9 @@ func (r *Runtime) CreateVolume(ctx context.Context, spec jail.VolumeSpec) error 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("create volume %s: the fake runtime is closed", spec.Name)
+	}
 	if r.volumeBase == "" {
 		base, err := os.MkdirTemp("", "jetcrew-fake-volumes-")
 		if err != nil {

@@ -60,14 +60,39 @@ type Runtime struct {
 	containers map[string]*Container
 	volumes    map[string]fakeVolume
 	volumeBase string
+	closed     bool // Close was called: no volume is made any more
 	starts     []jail.ContainerSpec
 	running    int
 	maxRunning int
 }
 
-// NewRuntime returns a Runtime with no containers.
+// NewRuntime returns a Runtime with no containers. Its volumes are
+// directories under a temporary directory of its own, made on the first
+// CreateVolume and removed with its last volume, or by Close.
 func NewRuntime() *Runtime {
 	return &Runtime{containers: map[string]*Container{}, volumes: map[string]fakeVolume{}}
+}
+
+// NewTestRuntime is NewRuntime for test t: whatever volumes are left when
+// the test ends are removed then (Close), so a test leaves nothing in
+// $TMPDIR.
+func NewTestRuntime(t testing.TB) *Runtime {
+	r := NewRuntime()
+	t.Cleanup(r.Close)
+	return r
+}
+
+// Close removes every volume's directory, whatever containers still mount
+// them; a later CreateVolume fails.
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	if r.volumeBase != "" {
+		_ = os.RemoveAll(r.volumeBase)
+		r.volumeBase = ""
+	}
+	clear(r.volumes)
 }
 
 // Start implements jail.Runtime. A name already in use is refused, as

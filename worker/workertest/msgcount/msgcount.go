@@ -93,7 +93,7 @@ type MessageCount struct {
 func MessagesPerRun(t testing.TB, profileName string, runs int, newSubmit func(nc *nats.Conn) SubmitFunc) MessageCount {
 	t.Helper()
 	s := workertest.StartServer(t)
-	rt := workertest.NewRuntime()
+	rt := workertest.NewTestRuntime(t)
 	rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
 		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
 			return jail.ExitStatus{}
