@@ -545,3 +545,22 @@ func TestWaitAfterSubmit(t *testing.T) {
 	require.Equal(t, messages.StateSucceeded, got.State)
 	require.Equal(t, 0, *got.ExitCode)
 }
+
+// A pool holding its most requests refuses the next submit, which says so
+// (ErrQueueFull); the requests already queued stay.
+func TestSubmitPoolFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := worker.Provision(t.Context(), b.js, worker.ProvisionConfig{RunsMaxPerPool: 2})
+	require.NoError(t, err)
+	for range 2 {
+		_, err := b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "p"})
+		require.NoError(t, err)
+	}
+	_, err = b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "p"})
+	require.ErrorIs(t, err, ErrQueueFull)
+	require.ErrorContains(t, err, "maximum messages per subject exceeded")
+	require.Equal(t, uint64(2), b.streamMsgs(t, messages.StreamRuns))
+	_, err = b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "q"})
+	require.NoError(t, err, "another pool still takes requests")
+}
