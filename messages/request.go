@@ -48,8 +48,9 @@ var ErrInvalidRequest = errors.New("invalid run request")
 // profile named by Profile decides the image, command, user, limits, network
 // and mounts; nothing here can choose them.
 //
-// Its JSON form is published to jetcrew.runs.<pool> on stream StreamRuns. The
-// JSON Schema is docs/run-request.schema.json.
+// Its JSON form is published to jetcrew.runs.<pool> (SubjectRuns; an
+// operator's replay to SubjectReplay) on stream StreamRuns. The JSON Schema
+// is docs/run-request.schema.json.
 type RunRequest struct {
 	// Version is the request format version; 0 or absent means
 	// RequestVersion. Any other value is refused.

@@ -55,8 +55,9 @@ type ProvisionConfig struct {
 	// Default DefaultRunsMaxAge.
 	RunsMaxAge time.Duration
 	// RunsMaxPerPool is the most requests one pool's subject holds in
-	// JETCREW_RUNS, queued and in hand together; past it a submit to that
-	// pool is refused, nothing queued is dropped. Default DefaultRunsMaxPerPool; -1 means no limit.
+	// JETCREW_RUNS, queued and in hand together (and as many again on its
+	// replay subject); past it a submit to that pool is refused, nothing
+	// queued is dropped. Default DefaultRunsMaxPerPool; -1 means no limit.
 	RunsMaxPerPool int64
 }
 
@@ -119,7 +120,8 @@ func (c ProvisionConfig) validate() error {
 // existing stream is updated to them, unless a pool holds more requests
 // than RunsMaxPerPool (see checkPoolsFit). JETCREW_EVENTS and
 // JETCREW_FAILED: limits retention, file storage.
-// The consumer: durable, pull, explicit ack, filtered on jetcrew.runs.<pool>.
+// The consumer: durable, pull, explicit ack, filtered on jetcrew.runs.<pool>
+// and jetcrew.runs.<pool>.replay.
 func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -145,15 +147,16 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 	err := retryProvision(ctx, func(ctx context.Context) error {
 		var err error
 		cons, err = js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
-			Durable:       messages.ConsumerName(cfg.Pool),
-			Description:   "jetcrew workers of pool " + cfg.Pool,
-			FilterSubject: messages.SubjectRuns(cfg.Pool),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.AckWait,
-			MaxDeliver:    cfg.MaxDeliver,
-			MaxAckPending: cfg.MaxAckPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			Replicas:      cfg.Replicas,
+			Durable:     messages.ConsumerName(cfg.Pool),
+			Description: "jetcrew workers of pool " + cfg.Pool,
+			// The pool's requests, and its operators' replays.
+			FilterSubjects: []string{messages.SubjectRuns(cfg.Pool), messages.SubjectReplay(cfg.Pool)},
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        cfg.AckWait,
+			MaxDeliver:     cfg.MaxDeliver,
+			MaxAckPending:  cfg.MaxAckPending,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+			Replicas:       cfg.Replicas,
 		})
 		return err
 	})
@@ -168,7 +171,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{{
 		Name:        messages.StreamRuns,
-		Description: "jetcrew run requests, one subject per pool",
+		Description: "jetcrew run requests: jetcrew.runs.<pool>, and operators' replays on jetcrew.runs.<pool>.replay",
 		Subjects:    []string{messages.SubjectRunsPrefix + ".>"},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,

@@ -176,6 +176,14 @@ func TestProvisionUpdatesExistingRunsStream(t *testing.T) {
 	require.Equal(t, uint64(2), info.State.Msgs, "queued requests are kept (the oversized one until its max age)")
 	require.Equal(t, jetstream.JSErrCodeStreamMessageExceedsMaximum, publishErrCode(t, js, messages.SubjectRuns("nopool"), huge, nil))
 
+	// The pool's consumer, made with one filter subject, now takes the
+	// pool's replay subject too.
+	cons, err := js.Consumer(ctx, messages.StreamRuns, messages.ConsumerName("default"))
+	require.NoError(t, err)
+	require.Empty(t, cons.CachedInfo().Config.FilterSubject)
+	require.Equal(t, []string{messages.SubjectRuns("default"), messages.SubjectReplay("default")}, cons.CachedInfo().Config.FilterSubjects)
+	require.Equal(t, uint64(1), cons.CachedInfo().NumPending, "its queued request is still pending")
+
 	// Provisioning again with the same configuration changes nothing.
 	_, err = worker.Provision(ctx, js, worker.ProvisionConfig{})
 	require.NoError(t, err)
