@@ -352,6 +352,16 @@ func TestOverviewReportsUnservedPool(t *testing.T) {
 	require.Contains(t, body, "(the stream&#39;s max age); start a worker with --pool nopool, or remove them: nats stream purge JETCREW_RUNS --subject jetcrew.runs.nopool")
 	require.Contains(t, body, `<a href="/runs?pool=nopool">nopool</a> <span class="muted">(no worker serves it)</span>`)
 	require.NotContains(t, body, "pool default", "the served pool raises nothing")
+
+	// Requests spread over many pools: a row and an alert for the first
+	// few, one line for the rest.
+	for i := range dispatcher.MaxOldestLookups + 3 {
+		_, err := b.js.Publish(t.Context(), messages.SubjectRuns(fmt.Sprintf("p%02d", i)), []byte(`{"profile":"shell"}`))
+		require.NoError(t, err)
+	}
+	_, body = b.get(t, "/overview/fragment")
+	require.Equal(t, dispatcher.MaxOldestLookups, strings.Count(body, "(no worker serves it)"))
+	require.Contains(t, body, "4 more pool(s) that no worker serves hold 4 request(s) in JETCREW_RUNS")
 }
 
 // fakeWatcher replays scripted watches: each call of WatchRuns sends one

@@ -74,8 +74,19 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}
 	}
+	// A submitter may spread requests over many pools: the first
+	// dispatcher.MaxOldestLookups get a row and an alert each, the rest
+	// one line.
+	var shown, more int
+	var moreRequests uint64
 	for _, u := range unserved {
-		if byPool[u.Pool] == nil {
+		switch {
+		case byPool[u.Pool] != nil:
+		case shown == dispatcher.MaxOldestLookups:
+			more++
+			moreRequests += u.Requests
+		default:
+			shown++
 			byPool[u.Pool] = &poolRow{PoolStats: dispatcher.PoolStats{Pool: u.Pool, Queued: u.Requests}, OldestQueued: u.Oldest, Unserved: &u}
 		}
 	}
@@ -116,6 +127,9 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		d.Workers = append(d.Workers, workerRow{WorkerBeat: w, Held: held[w.ID]})
 	}
 	d.Alerts = alerts(d.Pools, len(workers), time.Now())
+	if more > 0 {
+		d.Alerts = append(d.Alerts, fmt.Sprintf("%d more pool(s) that no worker serves hold %d request(s) in %s", more, moreRequests, messages.StreamRuns))
+	}
 	return d
 }
 

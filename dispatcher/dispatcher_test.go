@@ -564,3 +564,27 @@ func TestSubmitPoolFull(t *testing.T) {
 	_, err = b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "q"})
 	require.NoError(t, err, "another pool still takes requests")
 }
+
+// Requests for a pool without a workers-<pool> consumer are listed, its
+// replay subject's counted with them, with when the oldest is removed;
+// a served pool's are not.
+func TestUnservedPools(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}) // provisions pool default's consumer
+	ctx := t.Context()
+	for _, subj := range []string{messages.SubjectRuns("nopool"), messages.SubjectReplay("nopool"), messages.SubjectRuns("default")} {
+		_, err := b.js.Publish(ctx, subj, []byte(`{"profile":"shell"}`))
+		require.NoError(t, err)
+	}
+	got, err := b.d.UnservedPools(ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "nopool", got[0].Pool)
+	require.Equal(t, uint64(2), got[0].Requests)
+	require.WithinDuration(t, time.Now(), got[0].Oldest, time.Minute)
+	require.Equal(t, worker.DefaultRunsMaxAge, got[0].Expires.Sub(got[0].Oldest))
+
+	nb := setup(t, setupOpts{noProvision: true})
+	_, err = nb.d.UnservedPools(ctx)
+	require.ErrorIs(t, err, ErrNotProvisioned)
+}

@@ -32,8 +32,14 @@ type UnservedPool struct {
 	Expires time.Time
 }
 
+// MaxOldestLookups is the most unserved pools UnservedPools reads the
+// oldest request of (one message read each), the first by name: a
+// submitter may spread requests over many pools.
+const MaxOldestLookups = 16
+
 // UnservedPools returns the pools that hold requests in JETCREW_RUNS but
-// have no workers-<pool> consumer, sorted by pool. Their requests stay
+// have no workers-<pool> consumer, sorted by pool; the first
+// MaxOldestLookups of them with their oldest request's time. Their requests stay
 // until the stream's max age removes them, a worker of the pool starts,
 // or an operator purges them (nats stream purge JETCREW_RUNS --subject
 // jetcrew.runs.<pool>). The error wraps ErrNotProvisioned when the stream
@@ -72,21 +78,29 @@ func (d *Dispatcher) UnservedPools(ctx context.Context) ([]UnservedPool, error) 
 			byPool[pool] = p
 		}
 		p.Requests += n
-		m, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
-		if err != nil {
-			continue // taken or removed meanwhile: Oldest stays unknown
-		}
-		if p.Oldest.IsZero() || m.Time.Before(p.Oldest) {
-			p.Oldest = m.Time.UTC()
-		}
 	}
 	out := make([]UnservedPool, 0, len(byPool))
 	for _, p := range byPool {
-		if maxAge := info.Config.MaxAge; maxAge > 0 && !p.Oldest.IsZero() {
-			p.Expires = p.Oldest.Add(maxAge)
-		}
 		out = append(out, *p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pool < out[j].Pool })
+	for i := range out[:min(len(out), MaxOldestLookups)] {
+		p := &out[i]
+		for _, subj := range []string{messages.SubjectRuns(p.Pool), messages.SubjectReplay(p.Pool)} {
+			if info.State.Subjects[subj] == 0 {
+				continue
+			}
+			m, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
+			if err != nil {
+				continue // taken or removed meanwhile: Oldest stays unknown
+			}
+			if p.Oldest.IsZero() || m.Time.Before(p.Oldest) {
+				p.Oldest = m.Time.UTC()
+			}
+		}
+		if maxAge := info.Config.MaxAge; maxAge > 0 && !p.Oldest.IsZero() {
+			p.Expires = p.Oldest.Add(maxAge)
+		}
+	}
 	return out, nil
 }
