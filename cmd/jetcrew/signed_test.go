@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,9 +147,11 @@ signed_by = ["`+pub+`"]
 	}
 	_, err = rc.js.PublishMsg(t.Context(), copyOf(messages.SubjectRuns("default")))
 	require.NoError(t, err)
-	code, _, errOut = e.as(t, roles.Submitter, "watch", "sr1")
-	require.Equal(t, 3, code, errOut)
-	require.Contains(t, errOut, "signed requests run once; only an operator replays one, on jetcrew.runs.default.replay")
+	// watch shows every event of the run, the refusal's once it is out.
+	require.Eventually(t, func() bool {
+		code, _, errOut = e.as(t, roles.Submitter, "watch", "sr1")
+		return code == 3 && strings.Contains(errOut, "signed requests run once; only an operator replays one, on jetcrew.runs.default.replay")
+	}, 10*time.Second, 50*time.Millisecond, "watch: %s", errOut)
 	require.Len(t, e.rt.Starts(), 1, "the submitter's copy did not run")
 	// The replay subject is the operator's.
 	require.ErrorIs(t, rc.try(messages.SubjectReplay("default"), func(ctx context.Context) error {
