@@ -150,7 +150,9 @@ func startNoopWorker(t *testing.T, b bed) {
 	w, err := worker.New(b.connect(t), worker.Config{
 		ID: "bench-noop", Runtime: rt, Concurrency: noopConcurrency, Profiles: profiles(t),
 		StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
-		Provision: worker.ProvisionConfig{Replicas: b.replicas},
+		// A round submits all its runs at once, more than a pool holds
+		// by default (worker.DefaultRunsMaxPerPool).
+		Provision: worker.ProvisionConfig{Replicas: b.replicas, RunsMaxPerPool: -1},
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))

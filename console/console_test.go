@@ -311,6 +311,7 @@ func TestMaxStreams(t *testing.T) {
 
 func TestAlerts(t *testing.T) {
 	t.Parallel()
+	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	pool := func(p dispatcher.PoolStats, queuedRuns int) poolRow {
 		return poolRow{PoolStats: p, QueuedRuns: queuedRuns}
 	}
@@ -330,9 +331,38 @@ func TestAlerts(t *testing.T) {
 			[]string{"pool a is at its max ack pending (4 runs in flight): new runs wait"}},
 		{"state says queued, consumer empty, no worker", []poolRow{pool(dispatcher.PoolStats{Pool: "b"}, 1)}, 0,
 			[]string{"pool b has 1 queued run(s) and no worker is alive"}},
+		{"requests for a pool nobody serves", []poolRow{{PoolStats: dispatcher.PoolStats{Pool: "nopool", Queued: 300},
+			Unserved: &dispatcher.UnservedPool{Pool: "nopool", Requests: 300, Oldest: now.Add(-time.Hour), Expires: now.Add(167 * time.Hour)}}}, 1,
+			[]string{"pool nopool has 300 request(s) in JETCREW_RUNS and no worker serves it (no workers-nopool consumer): the oldest was stored 1h0m0s ago and is removed in 167h0m0s (the stream's max age); start a worker with --pool nopool, or remove them: nats stream purge JETCREW_RUNS --subject jetcrew.runs.nopool"}},
 	} {
-		require.Equal(t, tc.want, alerts(tc.pools, tc.workers), tc.name)
+		require.Equal(t, tc.want, alerts(tc.pools, tc.workers, now), tc.name)
 	}
+}
+
+// Requests published to a pool no worker serves show on the overview, as
+// an alert and a row, with when they are removed.
+func TestOverviewReportsUnservedPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for i := range 3 {
+		_, err := b.js.Publish(t.Context(), messages.SubjectRuns("nopool"), fmt.Appendf(nil, `{"id":"n%d","profile":"shell","pool":"nopool"}`, i))
+		require.NoError(t, err)
+	}
+	_, body := b.get(t, "/overview/fragment")
+	require.Contains(t, body, "pool nopool has 3 request(s) in JETCREW_RUNS and no worker serves it (no workers-nopool consumer): the oldest was stored ")
+	require.Contains(t, body, "(the stream&#39;s max age); start a worker with --pool nopool, or remove them: nats stream purge JETCREW_RUNS --subject jetcrew.runs.nopool")
+	require.Contains(t, body, `<a href="/runs?pool=nopool">nopool</a> <span class="muted">(no worker serves it)</span>`)
+	require.NotContains(t, body, "pool default", "the served pool raises nothing")
+
+	// Requests spread over many pools: a row and an alert for the first
+	// few, one line for the rest.
+	for i := range dispatcher.MaxOldestLookups + 3 {
+		_, err := b.js.Publish(t.Context(), messages.SubjectRuns(fmt.Sprintf("p%02d", i)), []byte(`{"profile":"shell"}`))
+		require.NoError(t, err)
+	}
+	_, body = b.get(t, "/overview/fragment")
+	require.Equal(t, dispatcher.MaxOldestLookups, strings.Count(body, "(no worker serves it)"))
+	require.Contains(t, body, "4 more pool(s) that no worker serves hold 4 request(s) in JETCREW_RUNS")
 }
 
 // fakeWatcher replays scripted watches: each call of WatchRuns sends one

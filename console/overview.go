@@ -30,6 +30,9 @@ type poolRow struct {
 	StartedPerMin, FailedPerMin int
 	// OldestQueued is the queue time of the pool's oldest queued run.
 	OldestQueued time.Time
+	// Unserved is set for a pool whose requests wait in JETCREW_RUNS
+	// with no workers-<pool> consumer to take them (Queued counts them).
+	Unserved *dispatcher.UnservedPool
 }
 
 // workerRow is one live worker on the overview.
@@ -63,9 +66,29 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	if err != nil {
 		d.Errors = append(d.Errors, err.Error())
 	}
+	unserved, err := c.d.UnservedPools(r.Context())
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
 	byPool := map[string]*poolRow{}
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}
+	}
+	// A submitter may spread requests over many pools: the first
+	// dispatcher.MaxOldestLookups get a row and an alert each, the rest
+	// one line.
+	var shown, more int
+	var moreRequests uint64
+	for _, u := range unserved {
+		switch {
+		case byPool[u.Pool] != nil:
+		case shown == dispatcher.MaxOldestLookups:
+			more++
+			moreRequests += u.Requests
+		default:
+			shown++
+			byPool[u.Pool] = &poolRow{PoolStats: dispatcher.PoolStats{Pool: u.Pool, Queued: u.Requests}, OldestQueued: u.Oldest, Unserved: &u}
+		}
 	}
 	held := map[string]int{}
 	d.States = map[messages.State]int{}
@@ -103,17 +126,23 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	for _, w := range workers {
 		d.Workers = append(d.Workers, workerRow{WorkerBeat: w, Held: held[w.ID]})
 	}
-	d.Alerts = alerts(d.Pools, len(workers))
+	d.Alerts = alerts(d.Pools, len(workers), time.Now())
+	if more > 0 {
+		d.Alerts = append(d.Alerts, fmt.Sprintf("%d more pool(s) that no worker serves hold %d request(s) in %s", more, moreRequests, messages.StreamRuns))
+	}
 	return d
 }
 
-// alerts lists what a person should act on: a pool with queued runs that
-// no worker takes, and a pool at its max ack pending.
-func alerts(pools []poolRow, liveWorkers int) []string {
+// alerts lists what a person should act on: requests for a pool no worker
+// serves, a pool with queued runs that no worker takes, and a pool at its
+// max ack pending.
+func alerts(pools []poolRow, liveWorkers int, now time.Time) []string {
 	var out []string
 	for _, p := range pools {
 		queued := max(int(p.Queued), p.QueuedRuns)
 		switch {
+		case p.Unserved != nil:
+			out = append(out, unservedAlert(*p.Unserved, now))
 		case queued > 0 && liveWorkers == 0:
 			out = append(out, fmt.Sprintf("pool %s has %d queued run(s) and no worker is alive", p.Pool, queued))
 		case p.Queued > 0 && p.Waiting == 0 && p.InFlight == 0:
@@ -124,6 +153,21 @@ func alerts(pools []poolRow, liveWorkers int) []string {
 		}
 	}
 	return out
+}
+
+// unservedAlert says that u's requests wait for a worker of a pool no
+// worker serves, until when, and how to remove them.
+func unservedAlert(u dispatcher.UnservedPool, now time.Time) string {
+	a := fmt.Sprintf("pool %s has %d request(s) in %s and no worker serves it (no %s consumer)",
+		u.Pool, u.Requests, messages.StreamRuns, messages.ConsumerName(u.Pool))
+	if !u.Oldest.IsZero() {
+		a += fmt.Sprintf(": the oldest was stored %s ago", now.Sub(u.Oldest).Round(time.Second))
+		if !u.Expires.IsZero() {
+			a += fmt.Sprintf(" and is removed in %s (the stream's max age)", max(u.Expires.Sub(now), 0).Round(time.Second))
+		}
+	}
+	return a + fmt.Sprintf("; start a worker with --pool %s, or remove them: nats stream purge %s --subject %s",
+		u.Pool, messages.StreamRuns, messages.SubjectRuns(u.Pool))
 }
 
 // overview serves GET /.

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,13 +74,21 @@ func (d *Dispatcher) runsBucket(ctx context.Context) (jetstream.KeyValue, error)
 	return kv, nil
 }
 
+// jsErrStoreFailed is the JetStream error code of a publish the stream
+// would not store; its description says which limit refused it
+// ("maximum messages per subject exceeded", "maximum bytes exceeded").
+const jsErrStoreFailed jetstream.ErrorCode = 10077
+
 // classify wraps err with ErrNotProvisioned or ErrNoJetStream when it says
-// a jetcrew resource or JetStream itself is missing, and returns it
-// unchanged otherwise.
+// a jetcrew resource or JetStream itself is missing, with ErrQueueFull when
+// a stream's limit refused a publish, and returns it unchanged otherwise.
 func classify(err error) error {
+	var apiErr *jetstream.APIError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStoreFailed && strings.HasPrefix(apiErr.Description, "maximum "):
+		return fmt.Errorf("%w: %w", ErrQueueFull, err)
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled),
 		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount),
 		// Nobody answers the JetStream API: JetStream is off. (A publish

@@ -545,3 +545,46 @@ func TestWaitAfterSubmit(t *testing.T) {
 	require.Equal(t, messages.StateSucceeded, got.State)
 	require.Equal(t, 0, *got.ExitCode)
 }
+
+// A pool holding its most requests refuses the next submit, which says so
+// (ErrQueueFull); the requests already queued stay.
+func TestSubmitPoolFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := worker.Provision(t.Context(), b.js, worker.ProvisionConfig{RunsMaxPerPool: 2})
+	require.NoError(t, err)
+	for range 2 {
+		_, err := b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "p"})
+		require.NoError(t, err)
+	}
+	_, err = b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "p"})
+	require.ErrorIs(t, err, ErrQueueFull)
+	require.ErrorContains(t, err, "maximum messages per subject exceeded")
+	require.Equal(t, uint64(2), b.streamMsgs(t, messages.StreamRuns))
+	_, err = b.d.Submit(t.Context(), messages.RunRequest{Profile: "shell", Pool: "q"})
+	require.NoError(t, err, "another pool still takes requests")
+}
+
+// Requests for a pool without a workers-<pool> consumer are listed, its
+// replay subject's counted with them, with when the oldest is removed;
+// a served pool's are not.
+func TestUnservedPools(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{}) // provisions pool default's consumer
+	ctx := t.Context()
+	for _, subj := range []string{messages.SubjectRuns("nopool"), messages.SubjectReplay("nopool"), messages.SubjectRuns("default")} {
+		_, err := b.js.Publish(ctx, subj, []byte(`{"profile":"shell"}`))
+		require.NoError(t, err)
+	}
+	got, err := b.d.UnservedPools(ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "nopool", got[0].Pool)
+	require.Equal(t, uint64(2), got[0].Requests)
+	require.WithinDuration(t, time.Now(), got[0].Oldest, time.Minute)
+	require.Equal(t, worker.DefaultRunsMaxAge, got[0].Expires.Sub(got[0].Oldest))
+
+	nb := setup(t, setupOpts{noProvision: true})
+	_, err = nb.d.UnservedPools(ctx)
+	require.ErrorIs(t, err, ErrNotProvisioned)
+}

@@ -50,3 +50,11 @@ var ErrDuplicateSubmit = errors.New("duplicate submit: this run id was already s
 // recorded state belongs to a request with another body: a used id names
 // that request for good, and a different one is refused, not merged.
 var ErrIDInUse = errors.New("run id already used by a different request")
+
+// ErrQueueFull is wrapped by the error Submit and Replay return when
+// JETCREW_RUNS refused to store the request for one of its limits: the
+// pool's subject holds the most requests a pool may (the workers'
+// --runs-max-per-pool, default 512), or the stream holds its most bytes
+// (--runs-max-mib). Nothing was queued, and nothing queued was dropped:
+// submit again once workers have taken some, or raise the limit.
+var ErrQueueFull = errors.New("JETCREW_RUNS is full for this pool (its most requests per pool, or the stream's byte cap): nothing was queued; submit again once workers have taken some")

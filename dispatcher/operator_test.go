@@ -321,7 +321,7 @@ func TestReplayDeduplicated(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ReplayMsgID(id, seq), m.Header.Get(jetstream.MsgIDHeader))
 	require.Equal(t, `{"id":"dup","profile":"shell","prompt":"exit 3"}`, string(m.Data), "the body unchanged")
-	require.Equal(t, messages.SubjectRuns("default"), m.Subject)
+	require.Equal(t, messages.SubjectReplay("default"), m.Subject, "on the operator's replay subject")
 }
 
 func TestReplayRefusesUnfinished(t *testing.T) {

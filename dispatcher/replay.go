@@ -19,7 +19,8 @@ type Replayed struct {
 	// carries no id: the worker then derives a new one from the new message
 	// (docs/wire.md), and the replay cannot be followed by id.
 	RunID string
-	// Pool is the pool the request was published to: the dead letter's.
+	// Pool is the pool the request was published to (on its replay
+	// subject): the dead letter's.
 	Pool string
 	// DeadLetter is the dead letter whose body was published.
 	DeadLetter DeadLetter
@@ -45,10 +46,13 @@ func ReplayMsgID(id string, seq uint64) string {
 }
 
 // Replay submits a failed run again: it takes the run's latest dead letter
-// (LastDeadLetter) and publishes its body, unchanged, to
-// jetcrew.runs.<pool> of the dead letter's pool, with Nats-Msg-Id
+// (LastDeadLetter) and publishes its body, unchanged (a signed request with
+// its signature headers), to the replay subject of the dead letter's pool,
+// jetcrew.runs.<pool>.replay (messages.SubjectReplay), with Nats-Msg-Id
 // ReplayMsgID. A worker runs it anew under the same run id and counts it in
-// the run state's Replays.
+// the run state's Replays. The replay subject is the operator's: it is the
+// only one on which a signed request may run again, and a submitter may
+// not publish to it (docs/security.md).
 //
 // Replay first reads the run's state and refuses, with an error wrapping
 // ErrReplayRefused and publishing nothing, when the run succeeded (a worker
@@ -85,7 +89,7 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 	}
 	r.eventsAfter = info.State.LastSeq
 
-	msg := nats.NewMsg(messages.SubjectRuns(dl.Pool))
+	msg := nats.NewMsg(messages.SubjectReplay(dl.Pool))
 	msg.Data = dl.Request
 	if dl.Signer != "" {
 		// A signed request stays signed: the body is unchanged.
@@ -96,7 +100,7 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		jetstream.WithMsgID(ReplayMsgID(dl.RunID, dl.Sequence)),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if err != nil {
-		return Replayed{}, fmt.Errorf("replay run %s: publish to %s: %w", id, messages.SubjectRuns(dl.Pool), classify(err))
+		return Replayed{}, fmt.Errorf("replay run %s: publish to %s: %w", id, messages.SubjectReplay(dl.Pool), classify(err))
 	}
 	r.Sequence, r.Duplicate = ack.Sequence, ack.Duplicate
 	return r, nil

@@ -191,12 +191,25 @@ func TestSubjects(t *testing.T) {
 	require.Equal(t, "jetcrew.events.r1.>", messages.SubjectEventsAll("r1"))
 	require.Equal(t, "jetcrew.failed.gpu.r1", messages.SubjectFailed("gpu", "r1"))
 	require.Equal(t, "workers-gpu", messages.ConsumerName("gpu"))
-	p, err := messages.PoolFromSubject("jetcrew.runs.gpu")
-	require.NoError(t, err)
-	require.Equal(t, "gpu", p)
-	for _, bad := range []string{"jetcrew.runs.", "jetcrew.runs.a.b", "other.runs.a", "jetcrew.runs"} {
+	require.Equal(t, "jetcrew.runs.gpu.replay", messages.SubjectReplay("gpu"))
+	for subject, want := range map[string]struct {
+		pool   string
+		replay bool
+	}{
+		"jetcrew.runs.gpu":           {"gpu", false},
+		"jetcrew.runs.gpu.replay":    {"gpu", true},
+		"jetcrew.runs.replay":        {"replay", false},
+		"jetcrew.runs.replay.replay": {"replay", true},
+	} {
+		p, err := messages.PoolFromSubject(subject)
+		require.NoError(t, err, subject)
+		require.Equal(t, want.pool, p, subject)
+		require.Equal(t, want.replay, messages.IsReplaySubject(subject), subject)
+	}
+	for _, bad := range []string{"jetcrew.runs.", "jetcrew.runs.a.b", "other.runs.a", "jetcrew.runs", "jetcrew.runs..replay", "jetcrew.runs.a.b.replay", "jetcrew.runs.a.replay.replay"} {
 		_, err := messages.PoolFromSubject(bad)
 		require.Error(t, err, bad)
+		require.False(t, messages.IsReplaySubject(bad), bad)
 	}
 }
 
@@ -246,4 +259,23 @@ func TestEgressWireGolden(t *testing.T) {
 	b, err = json.MarshalIndent(messages.RunState{ID: "r1", State: messages.StateSucceeded, Egress: &tot, UpdatedAt: at}, "", "  ")
 	require.NoError(t, err)
 	golden(t, "run-state-egress.json", append(b, '\n'))
+}
+
+// A subject PoolFromSubject accepts is exactly its pool's runs or replay
+// subject, and its pool is one token.
+func FuzzPoolFromSubject(f *testing.F) {
+	for _, s := range []string{"jetcrew.runs.gpu", "jetcrew.runs.gpu.replay", "jetcrew.runs..replay", "jetcrew.runs.a.b", "jetcrew.runs.replay"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, subject string) {
+		pool, err := messages.PoolFromSubject(subject)
+		if err != nil {
+			require.False(t, messages.IsReplaySubject(subject))
+			return
+		}
+		require.NotEmpty(t, pool)
+		require.NotContains(t, pool, ".")
+		require.True(t, subject == messages.SubjectRuns(pool) || subject == messages.SubjectReplay(pool), subject)
+		require.Equal(t, subject == messages.SubjectReplay(pool), messages.IsReplaySubject(subject))
+	})
 }

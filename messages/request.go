@@ -18,6 +18,15 @@ const RequestVersion = 1
 const (
 	// MaxRequestBytes is the largest encoded run request accepted, in bytes.
 	MaxRequestBytes = 256 << 10
+	// MaxRequestHeaderBytes is what a run request message's headers may
+	// take beside its body, in bytes, as NATS encodes them ("NATS/1.0",
+	// then "Name: value" lines): room for Nats-Msg-Id, the signature
+	// headers (HeaderSigner, HeaderSignature) and a client's tracing.
+	MaxRequestHeaderBytes = 4 << 10
+	// MaxRequestMsgBytes is the largest run request message StreamRuns
+	// stores, headers and body together (its max_msg_size): a larger
+	// publish is refused by the stream.
+	MaxRequestMsgBytes = MaxRequestBytes + MaxRequestHeaderBytes
 	// MaxEnvVars is the largest number of entries in RunRequest.Env.
 	MaxEnvVars = 64
 	// MaxEnvValueBytes is the longest value of one RunRequest.Env entry, in bytes.
@@ -39,8 +48,9 @@ var ErrInvalidRequest = errors.New("invalid run request")
 // profile named by Profile decides the image, command, user, limits, network
 // and mounts; nothing here can choose them.
 //
-// Its JSON form is published to jetcrew.runs.<pool> on stream StreamRuns. The
-// JSON Schema is docs/run-request.schema.json.
+// Its JSON form is published to jetcrew.runs.<pool> (SubjectRuns; an
+// operator's replay to SubjectReplay) on stream StreamRuns. The JSON Schema
+// is docs/run-request.schema.json.
 type RunRequest struct {
 	// Version is the request format version; 0 or absent means
 	// RequestVersion. Any other value is refused.

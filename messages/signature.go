@@ -10,6 +10,12 @@ package messages
 //
 // Any NATS client can produce them: sign the body bytes with the Ed25519 key
 // the NKey seed holds (nkeys' KeyPair.Sign) and publish with the headers.
+//
+// A signed body must name its run id (RunRequest.ID), and a signed request
+// runs once: the same signed body published again is refused, whatever the
+// run's outcome, unless it comes on the pool's replay subject
+// (SubjectReplay), which only operators may publish to (docs/security.md,
+// "A signed request runs once").
 const (
 	// HeaderSigner carries the NKey user public key that signed the request.
 	HeaderSigner = "Jetcrew-Signer"

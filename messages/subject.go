@@ -17,8 +17,8 @@ import (
 // Names of the JetStream resources jetcrew uses. They are part of the public
 // wire contract: changing one is a breaking change.
 const (
-	// StreamRuns is the WorkQueue stream holding run requests, one subject
-	// per pool (SubjectRuns).
+	// StreamRuns is the WorkQueue stream holding run requests: a pool's on
+	// SubjectRuns, its operators' replays on SubjectReplay.
 	StreamRuns = "JETCREW_RUNS"
 	// StreamEvents is the limits-retention stream holding run events
 	// (SubjectEvents).
@@ -97,14 +97,37 @@ func SubjectEventsAll(runID string) string {
 	return SubjectEventsPrefix + "." + runID + ".>"
 }
 
-// PoolFromSubject returns the pool token of a jetcrew.runs.<pool> subject, or
-// an error when subject is not of that form.
+// SubjectReplayToken is the last token of a pool's replay subject
+// (SubjectReplay).
+const SubjectReplayToken = "replay"
+
+// SubjectReplay returns the subject an operator replays a run of pool on,
+// jetcrew.runs.<pool>.replay. A pool's workers take requests from it as from
+// SubjectRuns(pool), and it is the only subject on which a request for a
+// profile that requires signed requests may run a run that has already
+// ended again: the roles let operators publish to it, never submitters
+// (docs/security.md, "Signed run requests"). It does not validate pool.
+func SubjectReplay(pool string) string {
+	return SubjectRuns(pool) + "." + SubjectReplayToken
+}
+
+// PoolFromSubject returns the pool token of a jetcrew.runs.<pool> or
+// jetcrew.runs.<pool>.replay subject, or an error when subject is of
+// neither form.
 func PoolFromSubject(subject string) (string, error) {
 	rest, ok := strings.CutPrefix(subject, SubjectRunsPrefix+".")
+	rest = strings.TrimSuffix(rest, "."+SubjectReplayToken)
 	if !ok || rest == "" || strings.Contains(rest, ".") {
-		return "", fmt.Errorf("subject %q is not of the form %s.<pool>", subject, SubjectRunsPrefix)
+		return "", fmt.Errorf("subject %q is not of the form %s.<pool> or %s.<pool>.%s", subject, SubjectRunsPrefix, SubjectRunsPrefix, SubjectReplayToken)
 	}
 	return rest, nil
+}
+
+// IsReplaySubject reports whether subject is a pool's replay subject,
+// jetcrew.runs.<pool>.replay (SubjectReplay).
+func IsReplaySubject(subject string) bool {
+	pool, err := PoolFromSubject(subject)
+	return err == nil && subject == SubjectReplay(pool)
 }
 
 // ConsumerName returns the name of the durable pull consumer shared by every

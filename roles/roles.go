@@ -232,7 +232,9 @@ func workerGrant() Grant {
 func operator() Grant {
 	return Grant{
 		Publish: []string{
-			messages.SubjectRuns("*"), // replay
+			messages.SubjectRuns("*"),
+			// Replays: the only subject a signed request runs again from.
+			messages.SubjectReplay("*"),
 			messages.SubjectCancelPrefix + ".*",
 			coordination.SubjectFromOperator("*", "*"),
 			api + ">",

@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -45,6 +47,18 @@ type ProvisionConfig struct {
 	// FailedMaxBytes caps JETCREW_FAILED, in bytes; when full, the oldest
 	// dead letters go first. Default DefaultFailedMaxBytes; -1 means no cap.
 	FailedMaxBytes int64
+	// RunsMaxAge is how long a request stays in JETCREW_RUNS: one no worker
+	// takes (its pool is served by nobody) is removed then. It counts from
+	// the publish, so it must outlast the wait in the queue and every
+	// attempt of the run (a request removed while a worker holds it is not
+	// redelivered if that worker dies); at least messages.MaxTimeout.
+	// Default DefaultRunsMaxAge.
+	RunsMaxAge time.Duration
+	// RunsMaxPerPool is the most requests one pool's subject holds in
+	// JETCREW_RUNS, queued and in hand together (and as many again on its
+	// replay subject); past it a submit to that pool is refused, nothing
+	// queued is dropped. Default DefaultRunsMaxPerPool; -1 means no limit.
+	RunsMaxPerPool int64
 }
 
 func (c ProvisionConfig) withDefaults() ProvisionConfig {
@@ -75,7 +89,22 @@ func (c ProvisionConfig) withDefaults() ProvisionConfig {
 	c.RunsMaxBytes = streamCap(c.RunsMaxBytes, DefaultRunsMaxBytes)
 	c.EventsMaxBytes = streamCap(c.EventsMaxBytes, DefaultEventsMaxBytes)
 	c.FailedMaxBytes = streamCap(c.FailedMaxBytes, DefaultFailedMaxBytes)
+	if c.RunsMaxAge == 0 {
+		c.RunsMaxAge = DefaultRunsMaxAge
+	}
+	c.RunsMaxPerPool = streamCap(c.RunsMaxPerPool, DefaultRunsMaxPerPool)
 	return c
+}
+
+// validate checks a configuration withDefaults completed.
+func (c ProvisionConfig) validate() error {
+	if err := messages.ValidateToken("pool", c.Pool); err != nil {
+		return err
+	}
+	if c.RunsMaxAge < messages.MaxTimeout {
+		return fmt.Errorf("runs max age %s is shorter than the longest run timeout a request may ask for (%s): a request could be removed while it runs", c.RunsMaxAge, messages.MaxTimeout)
+	}
+	return nil
 }
 
 // Provision creates or updates the streams, key-value buckets and the pool's
@@ -85,11 +114,20 @@ func (c ProvisionConfig) withDefaults() ProvisionConfig {
 //
 // Stream JETCREW_RUNS: WorkQueue retention, file storage, subjects
 // jetcrew.runs.>, AllowDirect (so `nats stream view` works), the duplicate
-// window. JETCREW_EVENTS and JETCREW_FAILED: limits retention, file storage.
-// The consumer: durable, pull, explicit ack, filtered on jetcrew.runs.<pool>.
+// window, and its limits: messages no larger than
+// messages.MaxRequestMsgBytes, RunsMaxAge, RunsMaxPerPool requests per
+// subject (refusing more, never dropping one), RunsMaxBytes in all. An
+// existing stream is updated to them, unless a pool holds more requests
+// than RunsMaxPerPool (see checkPoolsFit). JETCREW_EVENTS and
+// JETCREW_FAILED: limits retention, file storage.
+// The consumer: durable, pull, explicit ack, filtered on jetcrew.runs.<pool>
+// and jetcrew.runs.<pool>.replay.
 func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig) (jetstream.Consumer, error) {
 	cfg = cfg.withDefaults()
-	if err := messages.ValidateToken("pool", cfg.Pool); err != nil {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkPoolsFit(ctx, js, cfg.RunsMaxPerPool); err != nil {
 		return nil, err
 	}
 	for _, sc := range streamConfigs(cfg) {
@@ -109,15 +147,16 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 	err := retryProvision(ctx, func(ctx context.Context) error {
 		var err error
 		cons, err = js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
-			Durable:       messages.ConsumerName(cfg.Pool),
-			Description:   "jetcrew workers of pool " + cfg.Pool,
-			FilterSubject: messages.SubjectRuns(cfg.Pool),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.AckWait,
-			MaxDeliver:    cfg.MaxDeliver,
-			MaxAckPending: cfg.MaxAckPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			Replicas:      cfg.Replicas,
+			Durable:     messages.ConsumerName(cfg.Pool),
+			Description: "jetcrew workers of pool " + cfg.Pool,
+			// The pool's requests, and its operators' replays.
+			FilterSubjects: []string{messages.SubjectRuns(cfg.Pool), messages.SubjectReplay(cfg.Pool)},
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        cfg.AckWait,
+			MaxDeliver:     cfg.MaxDeliver,
+			MaxAckPending:  cfg.MaxAckPending,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+			Replicas:       cfg.Replicas,
 		})
 		return err
 	})
@@ -132,7 +171,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg ProvisionConfig)
 func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{{
 		Name:        messages.StreamRuns,
-		Description: "jetcrew run requests, one subject per pool",
+		Description: "jetcrew run requests: jetcrew.runs.<pool>, and operators' replays on jetcrew.runs.<pool>.replay",
 		Subjects:    []string{messages.SubjectRunsPrefix + ".>"},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
@@ -140,8 +179,13 @@ func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
 		Duplicates:  cfg.DuplicateWindow,
 		AllowDirect: true,
 		MaxBytes:    cfg.RunsMaxBytes,
-		// Full: refuse the submit rather than drop a queued request.
-		Discard: jetstream.DiscardNew,
+		MaxMsgSize:  messages.MaxRequestMsgBytes,
+		MaxAge:      cfg.RunsMaxAge,
+		// Full, or the pool full: refuse the submit rather than drop a
+		// queued request.
+		Discard:              jetstream.DiscardNew,
+		MaxMsgsPerSubject:    cfg.RunsMaxPerPool,
+		DiscardNewPerSubject: cfg.RunsMaxPerPool > 0,
 	}, {
 		Name:        messages.StreamEvents,
 		Description: "jetcrew run events",
@@ -210,4 +254,65 @@ func retryProvision(ctx context.Context, op func(ctx context.Context) error) err
 		}
 		return err
 	}, backoff.WithContext(b, ctx), provisionNotify(ctx))
+}
+
+// ErrPoolOverLimit is wrapped by the error Provision returns when a subject
+// of an existing JETCREW_RUNS holds more requests than the per-pool limit
+// it would set (ProvisionConfig.RunsMaxPerPool): JetStream applies a lower
+// per-subject limit by dropping the oldest messages, queued requests here.
+var ErrPoolOverLimit = errors.New("a pool holds more requests than the per-pool limit")
+
+// checkPoolsFit refuses, with an error wrapping ErrPoolOverLimit, a
+// per-pool limit (limit; -1: none) below what a subject of the existing
+// JETCREW_RUNS holds. A stream that does not exist yet, or whose own limit
+// is already as low, passes without reading its subjects. Another client
+// publishing between this check and the update can still lose its oldest
+// requests past the limit.
+func checkPoolsFit(ctx context.Context, js jetstream.JetStream, limit int64) error {
+	if limit <= 0 {
+		return nil
+	}
+	var info *jetstream.StreamInfo
+	err := retryProvision(ctx, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, messages.StreamRuns)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if old := s.CachedInfo().Config.MaxMsgsPerSubject; old > 0 && old <= limit {
+			return nil
+		}
+		info, err = s.Info(ctx, jetstream.WithSubjectFilter(messages.SubjectRunsPrefix+".>"))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("provision stream %s: read its subjects: %w", messages.StreamRuns, err)
+	}
+	if info == nil {
+		return nil
+	}
+	subjects := make([]string, 0, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		if n > uint64(limit) {
+			subjects = append(subjects, subj)
+		}
+	}
+	if len(subjects) == 0 {
+		return nil
+	}
+	slices.Sort(subjects)
+	subj := subjects[0]
+	return fmt.Errorf("provision stream %s: %w: %s holds %d requests (%d subject(s) over), more than the per-pool limit %d, and JetStream would drop the oldest; start with a per-pool limit of at least %d (--runs-max-per-pool, -1 for none) or let the pool drain",
+		messages.StreamRuns, ErrPoolOverLimit, subj, info.State.Subjects[subj], len(subjects), limit, maxCount(info.State.Subjects))
+}
+
+// maxCount returns the largest count of counts.
+func maxCount(counts map[string]uint64) uint64 {
+	var m uint64
+	for _, n := range counts {
+		m = max(m, n)
+	}
+	return m
 }

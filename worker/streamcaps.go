@@ -1,5 +1,7 @@
 package worker
 
+import "time"
+
 // Default byte caps of the worker's streams (ProvisionConfig). Together with
 // coordination.MaxStreamBytes they fit well within `jetcrew up`'s default
 // store limit (--store-max-mib 4096).
@@ -26,3 +28,17 @@ func streamCap(v, def int64) int64 {
 	}
 	return v
 }
+
+// Defaults of JETCREW_RUNS' other limits (ProvisionConfig).
+const (
+	// DefaultRunsMaxAge is how long a request stays in JETCREW_RUNS,
+	// taken or not: 7 days, room for a day's wait in the queue and five
+	// attempts (max deliver) of the longest run a request may ask for
+	// (messages.MaxTimeout, 24 hours).
+	DefaultRunsMaxAge = 7 * 24 * time.Hour
+	// DefaultRunsMaxPerPool is the most requests one pool holds in
+	// JETCREW_RUNS: 512. At the largest request (messages.MaxRequestMsgBytes,
+	// 260 KiB) that is 130 MiB, about half of the default DefaultRunsMaxBytes,
+	// so one pool cannot fill the stream for the others.
+	DefaultRunsMaxPerPool = 512
+)

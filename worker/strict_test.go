@@ -17,7 +17,10 @@ import (
 func TestStrictRawRequestsKeepTheirID(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	big := strings.Repeat("y", 300<<10)
+	// Past messages.MaxRequestBytes but within the stream's message size
+	// limit (a larger message is refused at publish, see
+	// TestRunsStreamRefusesOversizedRequest).
+	big := strings.Repeat("y", messages.MaxRequestBytes)
 	cases := []struct {
 		body   string
 		id     string // expected run id; "" means derived

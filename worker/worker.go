@@ -231,6 +231,9 @@ func (c Config) validate() error {
 	if c.Concurrency < 1 {
 		return fmt.Errorf("worker: concurrency %d must be at least 1", c.Concurrency)
 	}
+	if err := c.Provision.validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	if c.InProgressInterval >= c.Provision.AckWait {
 		return fmt.Errorf("worker: in-progress interval %s must be shorter than AckWait %s", c.InProgressInterval, c.Provision.AckWait)
 	}

@@ -70,3 +70,46 @@ func TestStreamCapsAndStoreLimit(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--events-max-mib 0: must be positive, or -1 for no cap")
 }
+
+// JETCREW_RUNS' limits beside its byte cap: a request no worker takes is
+// removed after --runs-max-age (default 7 days), one pool holds at most
+// --runs-max-per-pool requests (default 512), and no message is larger than
+// the largest valid request. The flags set them on `worker` and `up`, and
+// refuse values that would lose requests.
+func TestRunsLimitFlags(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	startWorker(t, s)
+	js, err := jetstream.New(workertest.Connect(t, s))
+	require.NoError(t, err)
+	st, err := js.Stream(context.Background(), messages.StreamRuns)
+	require.NoError(t, err)
+	cfg := st.CachedInfo().Config
+	require.Equal(t, 7*24*time.Hour, cfg.MaxAge)
+	require.EqualValues(t, 512, cfg.MaxMsgsPerSubject)
+	require.True(t, cfg.DiscardNewPerSubject)
+	require.EqualValues(t, messages.MaxRequestMsgBytes, cfg.MaxMsgSize)
+
+	s2 := workertest.StartServer(t)
+	startWorker(t, s2, "--runs-max-age", "48h", "--runs-max-per-pool", "10")
+	js2, err := jetstream.New(workertest.Connect(t, s2))
+	require.NoError(t, err)
+	st, err = js2.Stream(context.Background(), messages.StreamRuns)
+	require.NoError(t, err)
+	cfg = st.CachedInfo().Config
+	require.Equal(t, 48*time.Hour, cfg.MaxAge)
+	require.EqualValues(t, 10, cfg.MaxMsgsPerSubject)
+
+	for _, cmd := range []string{"worker", "up"} {
+		for _, tc := range []struct{ flag, value, want string }{
+			{"--runs-max-age", "1h", "--runs-max-age 1h0m0s: must be at least 24h0m0s"},
+			{"--runs-max-per-pool", "0", "--runs-max-per-pool 0: must be positive, or -1 for no limit"},
+			{"--runs-max-per-pool", "-2", "--runs-max-per-pool -2: must be positive, or -1 for no limit"},
+			{"--runs-max-per-pool", "3", "--runs-max-per-pool 3 is below --concurrency 4"},
+		} {
+			code, _, stderr := cli(t, s2.ClientURL(), cmd, tc.flag, tc.value)
+			require.Equal(t, exitUsage, code, "%s %s %s: %s", cmd, tc.flag, tc.value, stderr)
+			require.Contains(t, stderr, tc.want)
+		}
+	}
+}

@@ -106,7 +106,7 @@ func TestFailedAndReplay(t *testing.T) {
 	code, stdout, stderr = cli(t, url, "replay", "--wait", "flaky")
 	require.Equal(t, 0, code, "stderr: %s", stderr)
 	require.Equal(t, "second time lucky\n", stdout)
-	require.Regexp(t, `--- replayed run flaky: dead letter \d+ \(failed, exit code 3\) published to jetcrew.runs.default as JETCREW_RUNS sequence \d+`, stderr)
+	require.Regexp(t, `--- replayed run flaky: dead letter \d+ \(failed, exit code 3\) published to jetcrew.runs.default.replay as JETCREW_RUNS sequence \d+`, stderr)
 	require.Contains(t, stderr, "--- finished: succeeded")
 	require.NotContains(t, stderr, "failed (exit code 3)\n", "the failed run's events are not replayed")
 

@@ -22,8 +22,11 @@ func (a *app) replayCmd() *cobra.Command {
 		Short: "Submit a failed run again, from its dead letter",
 		Long: `replay submits a failed run again: it takes the run's latest dead letter on
 JETCREW_FAILED (subject jetcrew.failed.<pool>.<run_id>) and publishes its
-body, unchanged, to jetcrew.runs.<pool>. A worker runs it anew under the same
-run id; the run's state counts it in "replays".
+body, unchanged (a signed request with its signature), to the pool's replay
+subject, jetcrew.runs.<pool>.replay. A worker runs it anew under the same run
+id; the run's state counts it in "replays". The replay subject needs the
+operator role: a signed request runs again only from there, never when
+published again to jetcrew.runs.<pool>.
 
 The request is published with Nats-Msg-Id replay-<run_id>-<dead letter
 sequence>: replaying the same dead letter twice within the duplicate window
@@ -61,7 +64,7 @@ func (a *app) runReplay(ctx context.Context, url, id string, wait, quiet bool) e
 	}
 	what := fmt.Sprintf("dead letter %d (%s, %s) published to %s as %s sequence %d",
 		r.DeadLetter.Sequence, r.DeadLetter.State, oneLine(r.DeadLetter.Reason, 80),
-		messages.SubjectRuns(r.Pool), messages.StreamRuns, r.Sequence)
+		messages.SubjectReplay(r.Pool), messages.StreamRuns, r.Sequence)
 	if r.Duplicate {
 		what = fmt.Sprintf("dead letter %d was already replayed as %s sequence %d; not published again",
 			r.DeadLetter.Sequence, messages.StreamRuns, r.Sequence)

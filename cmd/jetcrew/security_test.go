@@ -252,6 +252,15 @@ func rawAttempts() []rawAttempt {
 			return err
 		})
 	}
+	// A replay: the only subject a signed request runs again from. (No
+	// worker serves the pool: what an operator publishes waits there.)
+	replay := func(rc roleConn) error {
+		subj := messages.SubjectReplay("role-matrix")
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte(`{"id":"role-matrix","profile":"shell","pool":"role-matrix"}`))
+			return err
+		})
+	}
 	streamDelete := func(rc roleConn) error {
 		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
 		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
@@ -284,6 +293,7 @@ func rawAttempts() []rawAttempt {
 		{"coordination publish as the operator", fromOperator, []roles.Role{roles.Operator}},
 		{"run state write", stateWrite, []roles.Role{roles.Worker}},
 		{"run event publish", event, []roles.Role{roles.Worker}},
+		{"replay subject publish", replay, []roles.Role{roles.Operator}},
 		// Only workers write the workspace bucket, with bytes they checked;
 		// submitters upload to the uploads bucket.
 		{"workspace bucket write", objectWrite(messages.BucketWorkspaces), []roles.Role{roles.Worker}},

@@ -95,6 +95,9 @@ func (o *workerOptions) check() (profile.Profiles, error) {
 	if err := o.caps.check(); err != nil {
 		return nil, err
 	}
+	if o.caps.runsPerPool > 0 && int64(o.concurrency) > o.caps.runsPerPool {
+		return nil, usageError(fmt.Errorf("--runs-max-per-pool %d is below --concurrency %d: the pool never holds enough requests to fill the worker's slots", o.caps.runsPerPool, o.concurrency))
+	}
 	if err := o.checkScaleOut(); err != nil {
 		return nil, err
 	}

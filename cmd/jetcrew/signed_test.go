@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -104,4 +107,83 @@ func TestSignKeyInvalid(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "no NKey user seed")
 	require.NotContains(t, errOut, "connect")
+}
+
+// A signed request runs once under --auth. A submitter who publishes the
+// same signed bytes again — a copy of a failed run's request, or one with
+// no id — gets nothing run; it may not publish to the replay subject; the
+// operator's `jetcrew replay` runs the failed run again.
+func TestSignedReplayUnderAuth(t *testing.T) {
+	t.Parallel()
+	signer, signerFile := writeSeed(t)
+	pub, err := signer.PublicKey()
+	require.NoError(t, err)
+	profiles := filepath.Join(t.TempDir(), "profiles.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte(`[profiles.signed]
+image = "jetcrew-sandbox:latest"
+command = ["/bin/sh", "-c", "{prompt}"]
+signed_by = ["`+pub+`"]
+`), 0o644))
+	e := authUp(t, "--profiles", profiles)
+
+	code, _, errOut := e.as(t, roles.Submitter, "submit", "--profile", "signed", "--sign-key", signerFile, "--id", "sr1", "--wait", "out once; exit 3")
+	require.Equal(t, 3, code, errOut)
+	require.Len(t, e.rt.Starts(), 1)
+
+	// The request as the submitter read it (the same bytes, the same
+	// headers), published again.
+	rc := e.conn(t, roles.Submitter)
+	ops := e.conn(t, roles.Operator)
+	failed, err := ops.js.Stream(t.Context(), messages.StreamFailed)
+	require.NoError(t, err)
+	dl, err := failed.GetLastMsgForSubject(t.Context(), messages.SubjectFailed("default", "sr1"))
+	require.NoError(t, err)
+	copyOf := func(subject string) *nats.Msg {
+		m := nats.NewMsg(subject)
+		m.Data = dl.Data
+		m.Header.Set(messages.HeaderSigner, dl.Header.Get(messages.HeaderSigner))
+		m.Header.Set(messages.HeaderSignature, dl.Header.Get(messages.HeaderSignature))
+		return m
+	}
+	_, err = rc.js.PublishMsg(t.Context(), copyOf(messages.SubjectRuns("default")))
+	require.NoError(t, err)
+	// watch shows every event of the run, the refusal's once it is out.
+	require.Eventually(t, func() bool {
+		code, _, errOut = e.as(t, roles.Submitter, "watch", "sr1")
+		return code == 3 && strings.Contains(errOut, "signed requests run once; only an operator replays one, on jetcrew.runs.default.replay")
+	}, 10*time.Second, 50*time.Millisecond, "watch: %s", errOut)
+	require.Len(t, e.rt.Starts(), 1, "the submitter's copy did not run")
+	// The replay subject is the operator's.
+	require.ErrorIs(t, rc.try(messages.SubjectReplay("default"), func(ctx context.Context) error {
+		_, err := rc.js.PublishMsg(ctx, copyOf(messages.SubjectReplay("default")))
+		return err
+	}), errRefused)
+
+	// The operator replays it: it runs again, under the same id.
+	code, _, errOut = e.as(t, roles.Operator, "replay", "--wait", "sr1")
+	require.Equal(t, 3, code, errOut)
+	require.Contains(t, errOut, "published to jetcrew.runs.default.replay")
+	require.Len(t, e.rt.Starts(), 2)
+	code, out, errOut := e.as(t, roles.Submitter, "status", "sr1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `replays:\s+1`, out)
+
+	// A signed body without an id, as the README's nats pub example
+	// makes it, never runs, however often it is published.
+	body := []byte(`{"profile":"signed","prompt":"out no id"}`)
+	sig, err := signer.Sign(body)
+	require.NoError(t, err)
+	for range 2 {
+		m := nats.NewMsg(messages.SubjectRuns("default"))
+		m.Data = body
+		m.Header.Set(messages.HeaderSigner, pub)
+		m.Header.Set(messages.HeaderSignature, base64.StdEncoding.EncodeToString(sig))
+		_, err = rc.js.PublishMsg(t.Context(), m)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		st, err := failed.Info(t.Context())
+		return err == nil && st.State.Msgs == 4 // sr1 twice, and the two id-less copies
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Len(t, e.rt.Starts(), 2, "no id-less signed copy ran")
 }

@@ -24,8 +24,8 @@ var (
 type errNoWorker struct{ pool, id string }
 
 func (e errNoWorker) Error() string {
-	return fmt.Sprintf("no live worker serves pool %s (workers announce their pools in the %s bucket): run %s stays queued until one starts; "+
-		"follow it later with `jetcrew watch %s`, or give --keep-waiting to wait for one", e.pool, messages.BucketWorkers, e.id, e.id)
+	return fmt.Sprintf("no live worker serves pool %s (workers announce their pools in the %s bucket): run %s stays queued until one starts, and is removed if none takes it within %s's max age (the workers' --runs-max-age, 7 days by default); "+
+		"follow it later with `jetcrew watch %s`, or give --keep-waiting to wait for one", e.pool, messages.BucketWorkers, e.id, messages.StreamRuns, e.id)
 }
 
 // syncWriter serialises writes of the run printer and the queue reporter.

@@ -56,3 +56,20 @@ func VerifySignature(h nats.Header, body []byte, signedBy []string) error {
 	}
 	return nil
 }
+
+// VerifySignedRequest is VerifySignature for a run request whose body names
+// run id bodyID ("" when it names none): a profile that lists signers also
+// refuses a signed body without an id. Such a body's run id is derived from
+// the message it came in, so every copy of it published again would run
+// under a new id; with the id in the signed body, the worker's record of
+// that id refuses the copies (docs/security.md, "Signed run requests").
+// The error wraps ErrSignature.
+func VerifySignedRequest(h nats.Header, body []byte, bodyID string, signedBy []string) error {
+	if err := VerifySignature(h, body, signedBy); err != nil {
+		return err
+	}
+	if len(signedBy) > 0 && bodyID == "" {
+		return fmt.Errorf("%w: a signed request must name its run id in its body (\"id\"): without one, every copy of it published again would run under a new id", ErrSignature)
+	}
+	return nil
+}

@@ -66,6 +66,34 @@ func TestVerifySignature(t *testing.T) {
 	}
 }
 
+// A signed body must name its run id; an unsigned profile takes one
+// without, and a bad signature is refused first.
+func TestVerifySignedRequest(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := kp.PublicKey()
+	require.NoError(t, err)
+	body := []byte(`{"profile":"p"}`)
+	sig, err := kp.Sign(body)
+	require.NoError(t, err)
+	h := nats.Header{}
+	h.Set(messages.HeaderSigner, pub)
+	h.Set(messages.HeaderSignature, base64.StdEncoding.EncodeToString(sig))
+
+	err = VerifySignedRequest(h, body, "", []string{pub})
+	require.ErrorIs(t, err, ErrSignature)
+	require.ErrorContains(t, err, `a signed request must name its run id in its body ("id")`)
+	require.NoError(t, VerifySignedRequest(nats.Header{}, body, "", nil), "an unsigned profile")
+	require.ErrorContains(t, VerifySignedRequest(nats.Header{}, body, "", []string{pub}), "no Jetcrew-Signer")
+
+	withID := []byte(`{"id":"r1","profile":"p"}`)
+	sig, err = kp.Sign(withID)
+	require.NoError(t, err)
+	h.Set(messages.HeaderSignature, base64.StdEncoding.EncodeToString(sig))
+	require.NoError(t, VerifySignedRequest(h, withID, "r1", []string{pub}))
+}
+
 func TestSignedByValidated(t *testing.T) {
 	t.Parallel()
 	_, err := ParseProfiles("p.toml", []byte("[profiles.x]\nimage='i'\ncommand=['a']\nsigned_by=['SUAAAA']\n"))

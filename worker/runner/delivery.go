@@ -94,8 +94,10 @@ func (e *Runner) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, s
 	}
 	if req.ID == "" {
 		req.ID = runstate.DeriveRunID(meta)
+		r.idDerived = true
 	}
 	r.req = req
+	r.operatorReplay = messages.IsReplaySubject(msg.Subject())
 	r.rec.st = messages.RunState{
 		Version:   messages.StateVersion,
 		ID:        req.ID,
@@ -158,6 +160,10 @@ func (r delivery) resume(ctx context.Context, prev messages.RunState, rev uint64
 		r.refuseDuplicate(ctx, prev)
 		return true
 	case verdictReplay:
+		if r.signedProfile() && !r.operatorReplay {
+			r.refuseSignedReplay(ctx, prev)
+			return true
+		}
 		r.rec.st.Replays = prev.Replays + 1
 		if prev.CancelPending {
 			// Cancelled while this replay was queued: skip it.
@@ -230,7 +236,11 @@ func (r delivery) admit(ctx context.Context, pool string, decErr error) (*profil
 		return nil, false
 	}
 	prof := &p
-	if err := profile.VerifySignature(r.msg.Headers(), r.msg.Data(), prof.SignedBy); err != nil {
+	bodyID := r.req.ID
+	if r.idDerived {
+		bodyID = ""
+	}
+	if err := profile.VerifySignedRequest(r.msg.Headers(), r.msg.Data(), bodyID, prof.SignedBy); err != nil {
 		r.fail(ctx, err.Error(), nil)
 		return nil, false
 	}
@@ -264,7 +274,9 @@ const (
 //     run id, refused.
 //   - the state belongs to another message: a duplicate submit. Refused when
 //     that run succeeded or is still queued or running; run anew (a replay)
-//     when it failed, timed out or was cancelled.
+//     when it failed, timed out or was cancelled. (resume refuses that
+//     replay too for a signed profile's request that did not come on the
+//     pool's replay subject.)
 func (r delivery) decide(prev messages.RunState) verdict {
 	seq := r.meta.Sequence.Stream
 	switch {
@@ -285,6 +297,28 @@ func (r delivery) decide(prev messages.RunState) verdict {
 	default:
 		return verdictReplay
 	}
+}
+
+// signedProfile reports whether the request names a profile of this worker
+// that requires signed requests (signed_by).
+func (r delivery) signedProfile() bool {
+	p, ok := r.e.cfg.Profiles[r.req.Profile]
+	return ok && len(p.SignedBy) > 0
+}
+
+// refuseSignedReplay acks, without running it, a request that would run
+// again a run of a signed profile that has ended (prev): a signed request
+// runs once, and only an operator replays it, on the pool's replay subject.
+// Anyone who read the request (a submitter may read queued requests,
+// headers included) could publish the same signed bytes again; the
+// signature cannot tell the copy from the original, the subject it came on
+// can. The refusal is said on the run's events and in the log.
+func (r delivery) refuseSignedReplay(ctx context.Context, prev messages.RunState) {
+	reason := fmt.Sprintf("duplicate request refused: run %s is already %s, and profile %s's signed requests run once; only an operator replays one, on %s (jetcrew replay) (request stream sequence %d, this one %d)",
+		r.req.ID, prev.State, r.req.Profile, messages.SubjectReplay(r.rec.st.Pool), prev.StreamSeq, r.meta.Sequence.Stream)
+	r.log.Warn().Str("state", string(prev.State)).Msg(reason)
+	r.event(ctx, messages.Event{Type: messages.EventDuplicate, State: prev.State, Reason: reason})
+	r.ack()
 }
 
 // refuseDuplicate acks a second request for a run id without running it,

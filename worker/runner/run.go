@@ -26,6 +26,14 @@ type run struct {
 	meta *jetstream.MsgMetadata
 	req  messages.RunRequest
 	log  zerolog.Logger
+	// idDerived is set when the request's body names no id: req.ID was
+	// derived from the message (runstate.DeriveRunID), and another message
+	// with the same body gets another.
+	idDerived bool
+	// operatorReplay is set when the request arrived on its pool's replay
+	// subject (messages.SubjectReplay), which only operators may publish
+	// to.
+	operatorReplay bool
 	// rec is the run's record as this delivery holds it.
 	rec record
 	// sr is the run as its stages see it, and stages its list; both set
