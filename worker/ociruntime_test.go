@@ -45,6 +45,7 @@ func TestStartRefusesMissingOCIRuntime(t *testing.T) {
 image = "img"
 command = ["/bin/sh", "-c", "{prompt}"]
 runtime = "runsc"
+require_bridge = false
 `))
 	require.NoError(t, err)
 

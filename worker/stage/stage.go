@@ -237,13 +237,25 @@ type ExitedRequest struct {
 	// StopFailed is true when the container could not be stopped: its
 	// processes may still run.
 	StopFailed bool
+	// Stopped is true when the process did not exit on its own: a cancel,
+	// a stage's stop or the run's timeout stopped the container.
+	Stopped bool
 }
 
-// ExitedResponse is what an Exiter changes of the outcome.
+// ExitedResponse is what an Exiter changes of the outcome. The engine calls
+// the Exiters in list order; each sees in its ExitedRequest the outcome as
+// the ones before it left it.
 type ExitedResponse struct {
 	// Reason, when set, replaces the outcome's reason (a stage that can
 	// say more of why).
 	Reason string
+	// Fail, when set, ends a run that ends now (ExitedRequest.Final)
+	// failed, whatever the engine classified, with Reason (which must be
+	// set) as its reason: a stage's own rule of how a run may not end
+	// (coordination: an agent that exited before it reached its bridge).
+	// A cancelled run stays cancelled, and a run handed back for another
+	// delivery is handed back: Fail, and its Reason, are then ignored.
+	Fail bool
 }
 
 // Noter is a stage that owns part of the run's record.
