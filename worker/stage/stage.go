@@ -19,7 +19,8 @@
 //	Check      each Checker, periodically, while the container runs
 //	exit       the engine classifies the exit
 //	Exited     each Exiter, when the container exited on its own or was
-//	           stopped (not on a worker shutdown)
+//	           stopped (not on a worker shutdown); each may amend the
+//	           outcome (a reason, or a final outcome failed)
 //	Note       each Noter, before every write of the run's record
 //	Release    each Releaser, once, in reverse order, after the engine
 //	           removed the container
