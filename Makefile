@@ -18,7 +18,8 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 # Images
 #
 # images builds the sandbox image run containers use. It needs a reachable
-# Docker engine and apt (for busybox-static); no registry. It is a no-op when
+# Docker engine and apt (busybox-static, curl and its libraries,
+# ca-certificates); no registry. It is a no-op when
 # the image is already built from the current inputs (FORCE=1 rebuilds).
 # ---------------------------------------------------------------------------
 

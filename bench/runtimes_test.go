@@ -58,7 +58,7 @@ func TestDispatchToStartRuntimes(t *testing.T) {
 
 	var toml strings.Builder
 	for _, r := range usable {
-		fmt.Fprintf(&toml, "[profiles.rt-%s]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nruntime = %q\n\n", r, r)
+		fmt.Fprintf(&toml, "[profiles.rt-%s]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\nruntime = %q\n\n", r, r)
 	}
 	ps, err := profile.ParseProfiles("runtimes", []byte(toml.String()))
 	require.NoError(t, err)

@@ -72,6 +72,26 @@ func dockerCLI(t *testing.T, args ...string) string {
 // holding the provider's certificate.
 func startProvider(t *testing.T, image string) (provider, gateway netip.Addr, roots *x509.CertPool) {
 	t.Helper()
+	p := startProviderOn(t, image)
+	return p.addr, p.gateway, p.roots
+}
+
+// providerOn is a running stand-in provider (startProviderOn).
+type providerOn struct {
+	// network is the Docker network it is on, made for it; name is its
+	// container's name, which the engine's DNS resolves there.
+	network, name string
+	addr, gateway netip.Addr
+	// certPEM is its certificate; roots holds it.
+	certPEM string
+	roots   *x509.CertPool
+}
+
+// startProviderOn starts the stand-in provider (HTTP on :80, HTTPS on :443
+// for *.provider.test) on a network of its own, both removed when the test
+// ends.
+func startProviderOn(t *testing.T, image string) providerOn {
+	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	suffix := hex.EncodeToString(b)
@@ -82,11 +102,12 @@ func startProvider(t *testing.T, image string) (provider, gateway netip.Addr, ro
 	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", name).Run() })
 	ip := dockerCLI(t, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name)
 	gw := dockerCLI(t, "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", netName)
-	roots = x509.NewCertPool()
+	p := providerOn{network: netName, name: name, addr: netip.MustParseAddr(ip), gateway: netip.MustParseAddr(gw), roots: x509.NewCertPool()}
 	require.Eventually(t, func() bool {
-		return roots.AppendCertsFromPEM([]byte(dockerCLI(t, "logs", name)))
+		p.certPEM = dockerCLI(t, "logs", name)
+		return p.roots.AppendCertsFromPEM([]byte(p.certPEM))
 	}, 20*time.Second, 50*time.Millisecond, "the provider never printed its certificate")
-	return netip.MustParseAddr(ip), netip.MustParseAddr(gw), roots
+	return p
 }
 
 type fixedResolver map[string][]netip.Addr
@@ -155,6 +176,8 @@ type egressEnv struct {
 	provider netip.Addr
 	gateway  netip.Addr
 	natsPort int
+	// certPEM is the provider's certificate.
+	certPEM string
 }
 
 // startEgressWorker starts the provider, a NATS server and a worker whose
@@ -169,8 +192,19 @@ func startEgressWorker(t *testing.T) egressEnv {
 // line) in every profile, such as an OCI runtime.
 func startEgressWorkerWith(t *testing.T, extra string) egressEnv {
 	t.Helper()
+	return startEgressWorkerImage(t, "", extra)
+}
+
+// startEgressWorkerImage is startEgressWorkerWith with the profiles' image
+// ("": the fixture's, which has the egress-fixture client).
+func startEgressWorkerImage(t *testing.T, runImage, extra string) egressEnv {
+	t.Helper()
 	image := egressFixtureImage(t)
-	provider, gateway, roots := startProvider(t, image)
+	p := startProviderOn(t, image)
+	provider, gateway, roots := p.addr, p.gateway, p.roots
+	if runImage == "" {
+		runImage = image
+	}
 	srv := workertest.StartServer(t)
 	nc := workertest.Connect(t, srv)
 	js, err := jetstream.New(nc)
@@ -183,7 +217,7 @@ command = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3]s:80"]
 %[4]s
-`, own, image, provider, extra)
+`, own, runImage, provider, extra)
 	}
 	inj := prof("inj") + `egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 `
@@ -217,7 +251,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		_ = w.Stop(ctx)
 	})
 	require.Eventually(t, w.Ready, 60*time.Second, 50*time.Millisecond, "the egress proof never passed")
-	return egressEnv{w: w, js: js, url: srv.ClientURL(), provider: provider, gateway: gateway, natsPort: port}
+	return egressEnv{w: w, js: js, url: srv.ClientURL(), provider: provider, gateway: gateway, natsPort: port, certPEM: p.certPEM}
 }
 
 // submit publishes a run request.

@@ -27,7 +27,7 @@ func TestWorkspaceFromGit(t *testing.T) {
 	head := workertest.Git(t, src, "rev-parse", "HEAD")
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, fmt.Appendf(nil,
-		"[profiles.git]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\ngit_remotes = [%q]\n", g.URL+"/*"), 0o644))
+		"[profiles.git]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\ngit_remotes = [%q]\n", g.URL+"/*"), 0o644))
 	url := up(t, "--profiles", profiles)
 	remote := g.URL + "/repo.git"
 

@@ -230,7 +230,7 @@ ln -s ` + secret + ` .jetcrew/artifacts/leak; ln -s /etc/passwd .jetcrew/artifac
 func TestWorkspaceUnpackNoSpace(t *testing.T) {
 	needsDocker(t)
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
-	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\nretries = 2\n"), 0o644))
+	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\nworkspace_mib = 1\nretries = 2\n"), 0o644))
 	url := up(t, "--profiles", profiles)
 	big := t.TempDir()
 	blob := make([]byte, 3<<20)

@@ -175,7 +175,7 @@ mkdir -p .jetcrew/artifacts; echo 42 > .jetcrew/artifacts/report.txt`
 func TestWorkspaceRefused(t *testing.T) {
 	needsDocker(t)
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
-	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nworkspace_mib = 1\n"), 0o644))
+	require.NoError(t, os.WriteFile(profiles, []byte("[profiles.small]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\nworkspace_mib = 1\n"), 0o644))
 	url, logs := upLogged(t, "--workspace-max-bytes", "100000", "--profiles", profiles)
 	t.Cleanup(func() { t.Log(logs.String()) })
 	zero := "sha256:" + strings.Repeat("0", 64)

@@ -210,7 +210,7 @@ func TestCancelQueuedReplay(t *testing.T) {
 // it, a non-zero exit is final at once.
 func TestProfileRetriesFailedAgent(t *testing.T) {
 	t.Parallel()
-	ps, err := profile.ParseProfiles("p.toml", []byte("[profiles.retry]\nimage='i'\ncommand=['/bin/sh','-c','{prompt}']\nretries=1\n"))
+	ps, err := profile.ParseProfiles("p.toml", []byte("[profiles.retry]\nimage='i'\ncommand=['/bin/sh','-c','{prompt}']\nretries=1\nrequire_bridge=false\n"))
 	require.NoError(t, err)
 	var calls atomic.Int32
 	b := setup(t, func(c *worker.Config) {

@@ -428,9 +428,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// setUp provisions the streams, buckets and consumers the worker uses,
-// the coordination host and the state directory, builds the stages'
-// factories and the run engine, and writes the first heartbeat.
+// setUp checks the OCI runtimes the profiles name (listed by the engine,
+// then each proved by a container), provisions the streams, buckets and
+// consumers the worker uses, the coordination host and the state
+// directory, builds the stages' factories and the run engine, and writes
+// the first heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
 	if err := w.checkOCIRuntimes(ctx); err != nil {
 		return err
@@ -450,6 +452,9 @@ func (w *Worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
+	if err := w.proveOCIRuntimes(ctx); err != nil {
+		return err
+	}
 	if err := w.untilProvisioned(ctx, "coordination's stream and bucket", func(ctx context.Context) error {
 		return coordination.Provision(ctx, w.js, w.cfg.Provision.Replicas)
 	}); err != nil {

@@ -45,6 +45,7 @@ func TestSignedRequests(t *testing.T) {
 	require.NoError(t, os.WriteFile(profiles, []byte(`[profiles.signed]
 image = "jetcrew-sandbox:latest"
 command = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
 signed_by = ["`+pub+`"]
 `), 0o644))
 	e := authUp(t, "--profiles", profiles)

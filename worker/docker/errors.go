@@ -20,6 +20,14 @@ import (
 // jail.ErrPermanent: the existing container is the reconciler's to judge.
 var ErrNameInUse = errors.New("container name already in use")
 
+// imageNotFound is the error of a spec whose image the engine does not
+// have: its text is the wrapped error's, and it matches jail.ErrImageNotFound
+// as well as what it wraps (jail.ErrPermanent).
+type imageNotFound struct{ error }
+
+func (e imageNotFound) Unwrap() error        { return e.error }
+func (e imageNotFound) Is(target error) bool { return target == jail.ErrImageNotFound }
+
 // classify wraps err, returned by the daemon for the call op, with what it
 // means for the caller. It is the one place that decides:
 //

@@ -180,7 +180,16 @@ func TestStartImageErrors(t *testing.T) {
 		}}, Config{}.withDefaults())
 		_, err := rt.Start(context.Background(), validSpecWithoutMounts(), nil)
 		require.ErrorIs(t, err, jail.ErrPermanent)
-		require.ErrorContains(t, err, `image "jetcrew-sandbox:latest" not found on this Docker engine; build it (make images) or fix the profile`)
+		require.ErrorIs(t, err, jail.ErrImageNotFound, "the worker's runtime proof falls back to another image on it")
+		require.EqualError(t, err, `docker: image "jetcrew-sandbox:latest" not found on this Docker engine; build it (make images) or fix the profile: permanent runtime error`)
+	})
+	t.Run("an unreachable daemon is no missing image", func(t *testing.T) {
+		t.Parallel()
+		rt := newRuntime(&fakeClient{imageInspect: func(string) (image.InspectResponse, error) {
+			return image.InspectResponse{}, fmt.Errorf("restarting: %w", cerrdefs.ErrUnavailable)
+		}}, Config{RetryTimeout: 100 * time.Millisecond}.withDefaults())
+		_, err := rt.Start(context.Background(), validSpecWithoutMounts(), nil)
+		require.NotErrorIs(t, err, jail.ErrImageNotFound)
 	})
 	t.Run("unreachable daemon is transient", func(t *testing.T) {
 		t.Parallel()

@@ -245,7 +245,7 @@ func (r *Runtime) checkImage(ctx context.Context, ref string) (string, error) {
 		return err
 	})
 	if cerrdefs.IsNotFound(err) {
-		return "", fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, jail.ErrPermanent)
+		return "", imageNotFound{fmt.Errorf("docker: image %q not found on this Docker engine; build it (make images) or fix the profile: %w", ref, jail.ErrPermanent)}
 	}
 	return id, classify(opImageInspect, err)
 }

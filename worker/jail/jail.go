@@ -100,3 +100,8 @@ type ExitStatus struct {
 // ErrPermanent is wrapped by runtime errors that retrying cannot fix: a
 // missing image, a refused spec.
 var ErrPermanent = errors.New("permanent runtime error")
+
+// ErrImageNotFound is matched (errors.Is) by the error Start returns when
+// the spec's image is not on the engine (which never pulls); that error
+// wraps ErrPermanent too.
+var ErrImageNotFound = errors.New("image not found on the engine")

@@ -24,7 +24,7 @@ const (
 	// containers.
 	LabelInstall = "io.jetcrew.install"
 	// LabelRole says what a container or volume is to its run: RoleRun,
-	// RoleCapture, RoleWorkspace or RoleEgressProof. Operators filter on
+	// RoleCapture, RoleWorkspace, RoleEgressProof or RoleRuntimeProof. Operators filter on
 	// it (`docker ps --filter label=io.jetcrew.role=capture`); the
 	// reconciler treats every role alike.
 	LabelRole = "io.jetcrew.role"
@@ -42,6 +42,10 @@ const (
 	// RoleEgressProof is the container a worker starts at start-up to
 	// prove its egress rules.
 	RoleEgressProof = "egress-proof"
+	// RoleRuntimeProof is a container a worker starts (and removes) at
+	// start-up to prove that an OCI runtime a profile names can start
+	// containers on its engine.
+	RoleRuntimeProof = "runtime-proof"
 )
 
 // ContainerName returns the name of the container for one delivery of a

@@ -52,14 +52,16 @@ type Profile struct {
 	// BridgeDeadline is how long a run's process (any backend, command
 	// included) has to start the jetcrew MCP server (proved by the bridge's
 	// first connection, or by Claude Code's init event) before the run is
-	// stopped and ends failed; default 2m. It applies while coordination is
-	// on and RequireBridge is not false.
+	// stopped and ends failed; default 2m. A process that exits on its own
+	// before that proof fails its run too, whatever its exit code. Both
+	// apply while coordination is on and RequireBridge is not false.
 	BridgeDeadline string `toml:"bridge_deadline" json:"bridge_deadline,omitempty"`
 	// RequireBridge, when false, lets a run with coordination on go without
-	// ever reaching its bridge: no bridge deadline, and a run whose bridge
-	// never connected records coordination "unused" in its state and its
-	// finished event. Default true; the built-in shell profile sets false
-	// (/bin/sh is not an MCP client).
+	// ever reaching its bridge: no bridge deadline, no failure for exiting
+	// before it, and a run whose bridge never connected records
+	// coordination "unused" in its state and its finished event. Default
+	// true; the built-in shell profile sets false (/bin/sh is not an MCP
+	// client), and so must any command profile whose process is not one.
 	RequireBridge *bool `toml:"require_bridge" json:"require_bridge,omitempty"`
 	// User is "uid:gid", numeric and never 0. Default "65532:65532".
 	User string `toml:"user" json:"user"`

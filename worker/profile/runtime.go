@@ -11,6 +11,11 @@ import (
 // names an OCI runtime the engine does not offer.
 var ErrOCIRuntimeMissing = errors.New("OCI runtime not offered by the engine")
 
+// ErrOCIRuntimeUnusable is wrapped by the error Start returns when a profile
+// names an OCI runtime the engine offers but that cannot start a container
+// (crun on a host whose cgroups are hybrid, for one).
+var ErrOCIRuntimeUnusable = errors.New("OCI runtime cannot start containers")
+
 // validRuntimeName reports whether s can name an OCI runtime in a profile:
 // non-empty, at most 64 bytes of letters, digits, '.', '-' and '_' (the
 // names daemon.json registers, such as "runsc", "io.containerd.runc.v2").
@@ -24,6 +29,18 @@ func validRuntimeName(s string) bool {
 		}
 	}
 	return true
+}
+
+// OCIRuntimes returns each OCI runtime the profiles name (the engine's
+// default, "", left out) with the profiles naming it, sorted by name.
+func (ps Profiles) OCIRuntimes() map[string][]Profile {
+	out := map[string][]Profile{}
+	for _, name := range ps.Names() {
+		if p := ps[name]; p.Runtime != "" {
+			out[p.Runtime] = append(out[p.Runtime], p)
+		}
+	}
+	return out
 }
 
 // CheckOCIRuntimes returns nil when every profile's runtime is empty (the

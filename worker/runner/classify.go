@@ -42,6 +42,10 @@ type exitFacts struct {
 	OutputErr   error
 }
 
+// stopped reports whether the process did not exit on its own: a cancel,
+// a stage's stop or the timeout stopped it.
+func (f exitFacts) stopped() bool { return f.Cancelled || f.Stop != nil || f.TimedOut }
+
 // outcomePolicy is what classify needs besides the facts.
 type outcomePolicy struct {
 	// Attempt is this delivery's number, from 1.
@@ -124,6 +128,22 @@ func classify(f exitFacts, p outcomePolicy) outcome {
 		return outcome{Action: actionRetry, Reason: fmt.Sprintf("%s (attempt %d; the profile allows %d retries)", reason, p.Attempt, p.Retries)}
 	}
 	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason}
+}
+
+// amend returns o as a stage's Exited response changes it: Fail ends a
+// final outcome failed with the response's reason (a cancel still wins; a
+// retry or a hand-back stays one, and the response is then ignored); a
+// reason alone replaces the outcome's. It does no I/O.
+func (o outcome) amend(resp stage.ExitedResponse) outcome {
+	switch {
+	case resp.Fail:
+		if o.Action == actionFinal && o.State != messages.StateCancelled && resp.Reason != "" {
+			o.State, o.Reason = messages.StateFailed, resp.Reason
+		}
+	case resp.Reason != "":
+		o.Reason = resp.Reason
+	}
+	return o
 }
 
 // unpackFailed starts the line `jetcrew workspace exec` prints when the

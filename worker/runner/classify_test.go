@@ -85,3 +85,42 @@ func TestClassify(t *testing.T) {
 		})
 	}
 }
+
+// TestAmend covers how a stage's Exited response changes a classified
+// outcome: a reason replaces the outcome's; Fail ends a final outcome
+// failed with the response's reason, but not a cancel, a retry or a
+// hand-back, nor without a reason.
+func TestAmend(t *testing.T) {
+	t.Parallel()
+	final := func(st messages.State, reason string) outcome {
+		return outcome{Action: actionFinal, State: st, Reason: reason}
+	}
+	retry := outcome{Action: actionRetry, Reason: "exit code 3 (attempt 1; the profile allows 1 retries)"}
+	handBack := outcome{Action: actionHandBack, Reason: "handed back: worker w1 shut down"}
+	blind := stage.ExitedResponse{Fail: true, Reason: "no bridge: exit code 0"}
+	cases := []struct {
+		name string
+		o    outcome
+		resp stage.ExitedResponse
+		want outcome
+	}{
+		{"nothing", final(messages.StateSucceeded, ""), stage.ExitedResponse{}, final(messages.StateSucceeded, "")},
+		{"reason", final(messages.StateFailed, "exit code 1"), stage.ExitedResponse{Reason: "exit code 1 (full)"}, final(messages.StateFailed, "exit code 1 (full)")},
+		{"fail a success", final(messages.StateSucceeded, ""), blind, final(messages.StateFailed, "no bridge: exit code 0")},
+		{"fail a failure", final(messages.StateFailed, "exit code 3"), blind, final(messages.StateFailed, "no bridge: exit code 0")},
+		{"fail an oom", final(messages.StateFailed, "oom"), blind, final(messages.StateFailed, "no bridge: exit code 0")},
+		{"fail a timeout", final(messages.StateTimedOut, "timed out after 2s"), blind, final(messages.StateFailed, "no bridge: exit code 0")},
+		{"a cancel wins", final(messages.StateCancelled, "cancelled by request"), blind, final(messages.StateCancelled, "cancelled by request")},
+		{"a retry stays", retry, blind, retry},
+		{"a hand-back stays", handBack, blind, handBack},
+		{"fail without a reason", final(messages.StateSucceeded, ""), stage.ExitedResponse{Fail: true}, final(messages.StateSucceeded, "")},
+		{"unpack kind kept", outcome{Action: actionFinal, State: messages.StateFailed, Reason: "workspace: x", Unpack: "bad-archive"}, blind,
+			outcome{Action: actionFinal, State: messages.StateFailed, Reason: "no bridge: exit code 0", Unpack: "bad-archive"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, tc.o.amend(tc.resp))
+		})
+	}
+}

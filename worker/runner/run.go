@@ -353,9 +353,9 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 	return f
 }
 
-// conclude classifies the exit facts, lets the stages see the exit
-// (Exited), and records the outcome: a final state, a retry, or a
-// hand-back on shutdown.
+// conclude classifies the exit facts, lets the stages see the exit and
+// amend the outcome (Exited, in list order), and records the outcome: a
+// final state, a retry, or a hand-back on shutdown.
 func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	o := classify(f, outcomePolicy{
 		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec, WorkspaceMiB: p.prof.WorkspaceMiB,
@@ -369,18 +369,14 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		if f.OutputErr != nil {
 			r.log.Warn().Err(f.OutputErr).Msg("some output events were not acknowledged")
 		}
-		req := stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
-			Unpack: o.Unpack, StopFailed: r.stopFailed}
 		for _, s := range r.stages {
 			if ex, ok := s.(stage.Exiter); ok {
 				var resp stage.ExitedResponse
-				ex.Exited(ctx, &req, &resp)
-				if resp.Reason != "" {
-					req.Reason = resp.Reason
-				}
+				ex.Exited(ctx, &stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
+					Unpack: o.Unpack, StopFailed: r.stopFailed, Stopped: f.stopped()}, &resp)
+				o = o.amend(resp)
 			}
 		}
-		o.Reason = req.Reason
 	}
 	switch o.Action {
 	case actionHandBack:

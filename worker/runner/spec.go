@@ -54,24 +54,33 @@ func BuildSpec(in SpecInput) jail.ContainerSpec {
 		"JETCREW_GROUP="+r.GroupOrID(),
 		"JETCREW_PROFILE="+p.Name,
 	)
+	spec := ProfileSpec(p)
+	spec.Name = jail.ContainerName(r.ID, in.Seq, in.Attempt)
+	spec.Cmd = cmd
+	spec.Env = env
+	spec.Labels = map[string]string{
+		jail.LabelManaged: "true",
+		jail.LabelRunID:   r.ID,
+		jail.LabelWorker:  in.WorkerID,
+		jail.LabelAttempt: strconv.Itoa(in.Attempt),
+		jail.LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
+		jail.LabelProfile: p.Name,
+		jail.LabelInstall: in.Install,
+		jail.LabelRole:    jail.RoleRun,
+	}
+	return spec, nil
+}
+
+// ProfileSpec returns the part of a container's spec that the profile
+// alone decides: image, user, working directory, network, OCI runtime,
+// limits and the tmpfs at /tmp and HOME. It has no name, command,
+// environment or labels.
+func ProfileSpec(p *profile.Profile) jail.ContainerSpec {
 	uid, gid := p.Owner()
 	return jail.ContainerSpec{
-		Name:       jail.ContainerName(r.ID, in.Seq, in.Attempt),
-		Image:      p.Image,
-		Cmd:        cmd,
-		Env:        env,
-		User:       p.User,
-		WorkingDir: p.WorkDir,
-		Labels: map[string]string{
-			jail.LabelManaged: "true",
-			jail.LabelRunID:   r.ID,
-			jail.LabelWorker:  in.WorkerID,
-			jail.LabelAttempt: strconv.Itoa(in.Attempt),
-			jail.LabelCreated: in.Now.UTC().Format(time.RFC3339Nano),
-			jail.LabelProfile: p.Name,
-			jail.LabelInstall: in.Install,
-			jail.LabelRole:    jail.RoleRun,
-		},
+		Image:       p.Image,
+		User:        p.User,
+		WorkingDir:  p.WorkDir,
 		Network:     p.Network,
 		OCIRuntime:  p.Runtime,
 		MemoryBytes: p.MemoryMiB << 20,

@@ -19,7 +19,8 @@
 //	Check      each Checker, periodically, while the container runs
 //	exit       the engine classifies the exit
 //	Exited     each Exiter, when the container exited on its own or was
-//	           stopped (not on a worker shutdown)
+//	           stopped (not on a worker shutdown); each may amend the
+//	           outcome (a reason, or a final outcome failed)
 //	Note       each Noter, before every write of the run's record
 //	Release    each Releaser, once, in reverse order, after the engine
 //	           removed the container
@@ -241,13 +242,25 @@ type ExitedRequest struct {
 	// StopFailed is true when the container could not be stopped: its
 	// processes may still run.
 	StopFailed bool
+	// Stopped is true when the process did not exit on its own: a cancel,
+	// a stage's stop or the run's timeout stopped the container.
+	Stopped bool
 }
 
-// ExitedResponse is what an Exiter changes of the outcome.
+// ExitedResponse is what an Exiter changes of the outcome. The engine calls
+// the Exiters in list order; each sees in its ExitedRequest the outcome as
+// the ones before it left it.
 type ExitedResponse struct {
 	// Reason, when set, replaces the outcome's reason (a stage that can
 	// say more of why).
 	Reason string
+	// Fail, when set, ends a run that ends now (ExitedRequest.Final)
+	// failed, whatever the engine classified, with Reason (which must be
+	// set) as its reason: a stage's own rule of how a run may not end
+	// (coordination: an agent that exited before it reached its bridge).
+	// A cancelled run stays cancelled, and a run handed back for another
+	// delivery is handed back: Fail, and its Reason, are then ignored.
+	Fail bool
 }
 
 // Noter is a stage that owns part of the run's record.

@@ -2,7 +2,8 @@
 // session of the run's bridge socket in its directory (the MCP bridge's
 // peers, messages and inbox, on NATS), the run's presence in its group,
 // and the bridge deadline: a run whose agent must start the jetcrew MCP
-// server and does not in time is stopped and fails.
+// server and does not in time is stopped and fails, and one whose agent
+// exits before it did fails too, whatever its exit code.
 package coord
 
 import (
@@ -130,15 +131,23 @@ func (s *Stage) CheckEvery() time.Duration {
 	return min(time.Second, max(50*time.Millisecond, s.deadline/10))
 }
 
+// unproven reports whether the run is held to its bridge and has not
+// reached it: the profile requires the bridge, the worker serves the run's
+// socket (one it could not serve is the worker's trouble, not the agent's:
+// the run goes on, coordination "unavailable"), and neither has the bridge
+// connected nor has the agent CLI reported the MCP server connected.
+func (s *Stage) unproven() bool {
+	return s.required && s.status == Available && !s.connected() && !s.proved.Load()
+}
+
 // Check records the bridge's first connection while the run lives (changed
-// is then true), and stops a run whose profile requires the bridge when the
-// agent neither connected nor reported the MCP server connected within the
-// bridge deadline (the run fails).
+// is then true), and stops a run whose agent has not reached its bridge
+// (unproven) within the bridge deadline (the run fails).
 func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
 	if s.connected() {
 		return nil, !s.recorded.Swap(true)
 	}
-	if !s.required || s.proved.Load() {
+	if !s.unproven() {
 		return nil, false
 	}
 	if over := now.Sub(s.started) - s.deadline; over > 0 {
@@ -160,9 +169,31 @@ func (s *Stage) MCPStatus(status string) *stage.Stop {
 	return nil
 }
 
-// Exited notes that the container exited, for Note's "unused".
-func (s *Stage) Exited(context.Context, *stage.ExitedRequest, *stage.ExitedResponse) {
+// Exited notes that the container exited, for Note's "unused", and holds
+// a run that ends now to its bridge: a process that exited on its own
+// before its bridge connected (unproven) fails the run, whatever its exit
+// code, with ExitedBeforeBridge's reason. A run that was stopped keeps its
+// outcome (the bridge deadline's stop included), and so does one whose
+// workspace never unpacked (the agent never ran). A profile with
+// require_bridge = false is never held.
+func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
 	s.exited.Store(true)
+	if !req.Final || req.Stopped || req.Unpack != "" || !s.unproven() {
+		return
+	}
+	exit := req.Reason
+	if req.State == messages.StateSucceeded {
+		exit = "exit code 0"
+	}
+	resp.Fail, resp.Reason = true, ExitedBeforeBridge(exit)
+}
+
+// ExitedBeforeBridge is the reason of a run whose agent exited before it
+// reached its bridge; exit says how it exited ("exit code 0", or the
+// reason the exit alone would have given).
+func ExitedBeforeBridge(exit string) string {
+	return fmt.Sprintf("the agent exited before it started the %s MCP server (its bridge never connected; a profile whose command is no MCP client sets require_bridge = false): %s",
+		coordination.MCPServerName, exit)
 }
 
 // Note records the run's coordination and whether its bridge connected.
