@@ -68,7 +68,7 @@ func BuildSpec(in SpecInput) jail.ContainerSpec {
 		jail.LabelInstall: in.Install,
 		jail.LabelRole:    jail.RoleRun,
 	}
-	return spec, nil
+	return spec
 }
 
 // ProfileSpec returns the part of a container's spec that the profile
