@@ -133,7 +133,7 @@ func TestJailMountsNameNoHostPath(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the neutral state root needs the worker to run as root, as CI and the deploy guide do")
 	}
-	b := startJail(t, jailProfile("mounts", "coordination = true\nrequire_bridge = false"), func(c *worker.Config) { c.StateDir = "" })
+	b := startJail(t, jailProfile("mounts", "coordination = true"), func(c *worker.Config) { c.StateDir = "" })
 	st, out := b.runScript(t, "mountinfo", "mounts", "cat /proc/self/mountinfo")
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
 	info := string(out.stdout)
