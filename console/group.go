@@ -9,6 +9,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -48,7 +49,14 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
 			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
 		},
-		func(m dispatcher.StreamMsg) (string, any) { return "message", groupMessage(m) })
+		func(m dispatcher.StreamMsg) (string, any) {
+			if origin.Relayed(m.Header) {
+				// Relayed into the group's subjects by the server (another
+				// stream's RePublish, a source): no run reads it.
+				return "", nil
+			}
+			return "message", groupMessage(m)
+		})
 }
 
 // maxMessageText is how much of a message's body the group page shows,

@@ -708,3 +708,35 @@ func TestSubmitWorkspaceUnderAuth(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, objs, 1, "the worker stored the checked snapshot")
 }
+
+// A consumer's deliver subject is not checked against its creator's
+// permissions either: a reader may create a push consumer on a stream it
+// follows that delivers to jetcrew.cancel.<run> or jetcrew.ctl.stop.<run>,
+// where the workers listen. Neither a submitter nor an observer cancels or
+// stops a run that way: the server delivers only while someone subscribes
+// to that very subject, which no reader may, and the workers ignore what a
+// consumer delivered (worker.TestCancelRefusesServerDeliveries).
+func TestReadersCannotCancelThroughAConsumer(t *testing.T) {
+	t.Parallel()
+	e := authUp(t)
+	const victim = "deliver-victim"
+	code, _, errOut := e.as(t, roles.Submitter, "submit", "--id", victim, "sleep 1m")
+	require.Equal(t, 0, code, errOut)
+	state := func() string {
+		_, out, _ := e.as(t, roles.Observer, "status", victim)
+		return out
+	}
+	require.Eventually(t, func() bool { return strings.Contains(state(), "running") }, 15*time.Second, 20*time.Millisecond)
+
+	for _, r := range []roles.Role{roles.Submitter, roles.Observer} {
+		rc := e.conn(t, r)
+		for i, subj := range []string{messages.SubjectCancelPrefix + "." + victim, messages.SubjectStopPrefix + "." + victim} {
+			_, err := rc.js.CreateConsumer(t.Context(), messages.StreamEvents, jetstream.ConsumerConfig{
+				Name: fmt.Sprintf("deliver-%s-%d", r, i), DeliverSubject: subj, FilterSubject: messages.SubjectEventsAll(victim),
+				AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Second})
+			require.NoError(t, err, "%s follows the events", r)
+		}
+	}
+	require.Never(t, func() bool { return !strings.Contains(state(), "running") }, 3*time.Second, 100*time.Millisecond,
+		"a delivery to the cancel and stop subjects cancelled the run")
+}
