@@ -283,6 +283,7 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	c := b.submit(t, messages.RunRequest{Group: "team", Prompt: "out c"})
 	b.coordSend(t, "team", a, c, "please review <b>this</b>\x1b[0m")
 	b.coordSend(t, "other", a, c, "not this group")
+	b.coordRelayed(t, "team", a, c, "relayed by the server")
 	b.coordOperator(t, "team", a, c, "forged sender")
 	// A run has a state (and a row) once a worker has taken it: the
 	// submitter writes none.
@@ -296,6 +297,8 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	//, as the runs read it.
 	require.Contains(t, stream, `"from":"operator","to":"`+c+`","text":"forged sender"`)
 	require.NotContains(t, stream, "not this group")
+	// The runs never read what the server relayed: neither does the page.
+	require.NotContains(t, stream, "relayed by the server")
 }
 
 // The live-stream cap refuses one stream more with 503.

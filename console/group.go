@@ -9,6 +9,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -32,8 +33,10 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}, Rev: rev})
 }
 
-// liveGroup serves GET /live/group/{group}: every message of the group on
-// JETCREW_COORD (subjects jetcrew.coord.<group>.>), oldest first then live,
+// liveGroup serves GET /live/group/{group}: every message of the group as
+// JETCREW_COORD_VIEW mirrors JETCREW_COORD (subjects
+// jetcrew.coord.<group>.>; readers may not consume JETCREW_COORD, whose
+// consumers are the runs' inboxes), oldest first then live,
 // as "message" server-sent events, and "state" events as the group's runs
 // change state.
 func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
@@ -44,9 +47,16 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 	}
 	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g },
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
-			return c.followMessages(ctx, coordination.StreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
+			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
 		},
-		func(m dispatcher.StreamMsg) (string, any) { return "message", groupMessage(m) })
+		func(m dispatcher.StreamMsg) (string, any) {
+			if origin.Relayed(m.Header) {
+				// Relayed into the group's subjects by the server (another
+				// stream's RePublish, a source): no run reads it.
+				return "", nil
+			}
+			return "message", groupMessage(m)
+		})
 }
 
 // maxMessageText is how much of a message's body the group page shows,

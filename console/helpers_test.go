@@ -120,6 +120,30 @@ func (b *bundle) coordOperator(t *testing.T, g, claim, to, body string) {
 	require.NoError(t, err)
 }
 
+// coordRelayed puts on JETCREW_COORD, subject jetcrew.coord.<g>.<to>, a
+// message claiming to be from run from, through a stream whose RePublish
+// targets that subject (what someone allowed to configure streams could
+// do), and waits until JETCREW_COORD stored it.
+func (b *bundle) coordRelayed(t *testing.T, g, from, to, body string) {
+	t.Helper()
+	ctx := t.Context()
+	subj := coordination.SubjectPrefix + "." + g + "." + to
+	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.in"},
+		RePublish: &jetstream.RePublish{Source: "relay.in", Destination: subj}})
+	require.NoError(t, err)
+	m := nats.NewMsg("relay.in")
+	m.Data = []byte(body)
+	m.Header.Set(coordination.HeaderFrom, from)
+	_, err = b.js.PublishMsg(ctx, m)
+	require.NoError(t, err)
+	coord, err := b.js.Stream(ctx, coordination.StreamName)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := coord.GetLastMsgForSubject(ctx, subj)
+		return err == nil && string(got.Data) == body
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
 // get fetches path from the console with a loopback Host and returns the
 // status and body.
 func (b *bundle) get(t *testing.T, path string, hdr ...string) (int, string) {

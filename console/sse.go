@@ -65,8 +65,8 @@ func (s *sse) ping() error {
 // serveLive is the stream every live page of one subject serves: the
 // "state" events of the runs match keeps (those changed since the page's
 // revision first, then live), beside the events open's source produces,
-// each turned into a server-sent event by event, with keep-alive pings,
-// until the client goes or a source ends.
+// each turned into a server-sent event by event (none when event names
+// it ""), with keep-alive pings, until the client goes or a source ends.
 func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match func(*messages.RunState) bool,
 	open func(context.Context) <-chan T, event func(T) (string, any)) {
 	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), match)
@@ -104,8 +104,9 @@ func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match 
 			if !ok {
 				return
 			}
-			name, val := event(v)
-			err = s.send(name, val)
+			if name, val := event(v); name != "" {
+				err = s.send(name, val)
+			}
 		}
 		if err != nil {
 			return

@@ -23,7 +23,13 @@
 //     it). Reading acknowledges; a run's own "all" messages are skipped. The
 //     consumer survives the bridge, the Session and the worker; Close
 //     deletes it when this session used it, and InactiveThreshold is the
-//     safety net.
+//     safety net. Only workers create, read or change consumers on
+//     JETCREW_COORD (package roles): whoever could create one could change
+//     an inbox, since the server reads a create naming an existing consumer
+//     as an update.
+//   - Stream JETCREW_COORD_VIEW (Provision) mirrors JETCREW_COORD for its
+//     readers (the console, `nats sub --stream`), who follow it with
+//     consumers of their own.
 //   - Bucket jetcrew-coord-peers is the presence list: one key
 //     "<group>.<run_id>" per served run of a named group (a Presence
 //     document), written by Serve, refreshed while its Session lives and
@@ -36,7 +42,8 @@
 //
 // Operators take part with the stock NATS CLI:
 //
-//	nats sub 'jetcrew.coord.<group>.>'             # the whole conversation
+//	nats sub 'jetcrew.coord.<group>.>'             # the whole conversation, live
+//	nats sub --stream JETCREW_COORD_VIEW --all -T 'jetcrew.coord.<group>.>' # so far
 //	nats pub jetcrew.coord.<group>.<run_id>.operator 'text' # to one run
 //	nats pub jetcrew.coord.<group>.all.operator 'text'      # to every run of the group
 //

@@ -744,3 +744,56 @@ func TestSoloRunJoinsOnConnect(t *testing.T) {
 	require.Len(t, st.Peers, 1)
 	require.Equal(t, "solo", st.Peers[0].RunID)
 }
+
+// A message the server relayed into a run's inbox subject (another
+// stream's RePublish, a source of JETCREW_COORD) is not a message a worker
+// wrote: the run never reads it, whatever Jetcrew-From it carries. (Under
+// package roles only workers configure streams; this is for a server whose
+// permissions let someone else.)
+func TestInboxRefusesRelayedMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	_, victim := b.serve(t, h, "victim", "g")
+	_, peer := b.serve(t, h, "peer", "g")
+	ctx := context.Background()
+
+	// RePublish: a stream of someone's republishing to the run's subject.
+	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.in"},
+		RePublish: &jetstream.RePublish{Source: "relay.in", Destination: coordination.Subject("g", "victim")}})
+	require.NoError(t, err)
+	m := nats.NewMsg("relay.in")
+	m.Header.Set(coordination.HeaderFrom, "peer")
+	m.Data = []byte("republished")
+	_, err = b.js.PublishMsg(ctx, m)
+	require.NoError(t, err)
+	// Sources: JETCREW_COORD sourcing a stream of someone's, transformed
+	// onto the run's subject.
+	_, err = b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORIGIN", Subjects: []string{"origin.in"}})
+	require.NoError(t, err)
+	m = nats.NewMsg("origin.in")
+	m.Header.Set(coordination.HeaderFrom, "peer")
+	m.Data = []byte("sourced")
+	_, err = b.js.PublishMsg(ctx, m)
+	require.NoError(t, err)
+	coord, err := b.js.Stream(ctx, coordination.StreamName)
+	require.NoError(t, err)
+	cfg := coord.CachedInfo().Config
+	cfg.Sources = []*jetstream.StreamSource{{Name: "ORIGIN", SubjectTransforms: []jetstream.SubjectTransformConfig{
+		{Source: "origin.in", Destination: coordination.Subject("g", "victim")}}}}
+	_, err = b.js.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := coord.Info(ctx)
+		return err == nil && info.State.Msgs >= 2
+	}, 5*time.Second, 10*time.Millisecond, "both relays stored on the run's subject")
+
+	// The peer's own message, after them, is the only one the run reads.
+	send(t, peer, "victim", "really from the peer")
+	msgs := inbox(t, victim, 1)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "really from the peer", msgs[0].Body)
+	require.Equal(t, "peer", msgs[0].From)
+	require.Empty(t, inbox(t, victim, 0), "the relayed messages are not handed out later either")
+	requireUnread(t, victim, 0)
+}

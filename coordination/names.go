@@ -13,6 +13,11 @@ const (
 	// StreamName is the limits-retention stream holding every coordination
 	// message, subjects jetcrew.coord.>.
 	StreamName = messages.StreamCoord
+	// ViewStreamName mirrors StreamName for whoever reads the
+	// conversations. StreamName's consumers are the runs' inboxes, which
+	// only workers may create, change, read from or delete (see package
+	// roles); everyone else follows the mirror.
+	ViewStreamName = messages.StreamCoordView
 	// BucketPeers is the presence key-value bucket: one key
 	// "<group>.<run_id>" per queued or running run that has a session,
 	// holding a Presence document. Keys expire PeerTTL after their last

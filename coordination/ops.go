@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/internal/origin"
 )
 
 // maxOwnAll bounds how many of its own unread "all" messages a session
@@ -345,8 +346,15 @@ func (s *Session) ack(msgs []jetstream.Msg) {
 }
 
 // toMessage converts a stream message for the agent; skip is true for this
-// run's own "all" messages.
+// run's own "all" messages, and for a message the server relayed into the
+// run's subjects (origin.Relayed: another stream's RePublish, a source of
+// JETCREW_COORD), which no worker or operator published, whatever its
+// Jetcrew-From says. Skipped messages are acknowledged all the same.
 func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
+	if origin.Relayed(m.Headers()) {
+		s.log.Warn().Str("subject", m.Subject()).Msg("a message relayed into the run's inbox by the server, not published by a worker or an operator: dropped")
+		return relay.Message{}, true
+	}
 	from, to := Sender(m.Subject(), m.Headers().Get(HeaderFrom))
 	msg = relay.Message{From: from, To: to, Body: string(m.Data())}
 	if meta, err := m.Metadata(); err == nil {

@@ -14,8 +14,9 @@ const MaxStreamBytes = 256 << 20
 // Provision creates or updates the JetStream resources coordination needs:
 // stream JETCREW_COORD (limits retention, file storage, subjects
 // jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, MaxStreamBytes
-// (the oldest messages go first when it is full), AllowDirect) and
-// the presence bucket BucketPeers (TTL PeerTTL, history 1, memory storage).
+// (the oldest messages go first when it is full), AllowDirect), its mirror
+// JETCREW_COORD_VIEW for readers (the same limits), and the presence
+// bucket BucketPeers (TTL PeerTTL, history 1, memory storage).
 // replicas is the replica count of both: 1 on one server, 3 on a cluster; 0
 // means 1. It is safe to call from every worker at once, and on every start.
 // Per-run inbox consumers are created by Host.Serve, not here.
@@ -41,6 +42,21 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 		AllowDirect: true,
 	}); err != nil {
 		return fmt.Errorf("provision stream %s: %w", StreamName, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        ViewStreamName,
+		Description: "jetcrew coordination messages for readers: a mirror of " + StreamName + ", whose consumers are the runs' inboxes",
+		Mirror:      &jetstream.StreamSource{Name: StreamName},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		MaxAge:      MaxAge,
+		MaxMsgSize:  MaxMsgBytes,
+		MaxBytes:    MaxStreamBytes,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}); err != nil {
+		return fmt.Errorf("provision stream %s: %w", ViewStreamName, err)
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketPeers,

@@ -2,14 +2,11 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -39,6 +36,10 @@ func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, fr
 		if err != nil {
 			return messages.Event{}, false, err
 		}
+		next = m.Sequence + 1
+		if origin.Relayed(m.Header) {
+			continue // no worker published it
+		}
 		ev, err := parseStoredEvent(m)
 		if err != nil {
 			return messages.Event{}, false, err
@@ -57,7 +58,6 @@ func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, fr
 		case ev.Type == messages.EventStarted:
 			fin = nil
 		}
-		next = m.Sequence + 1
 	}
 	if fin != nil && finishOf(st, *fin) {
 		return *fin, true, nil
@@ -69,46 +69,5 @@ func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, fr
 // subject, asked of the stream leader. The error wraps jetstream.ErrMsgNotFound
 // when there is none.
 func (d *Dispatcher) leaderGet(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
-	req, _ := json.Marshal(struct {
-		Seq  uint64 `json:"seq"`
-		Next string `json:"next_by_subj"`
-	}{seq, subject})
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := d.js.Conn().RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+messages.StreamEvents, req)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", messages.StreamEvents, err)
-	}
-	var r struct {
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Header  []byte    `json:"hdrs"`
-			Data    []byte    `json:"data"`
-			Time    time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("read %s: %w", messages.StreamEvents, err)
-	}
-	if r.Error != nil {
-		if r.Error.Code == 404 {
-			return nil, jetstream.ErrMsgNotFound
-		}
-		return nil, fmt.Errorf("read %s: %s", messages.StreamEvents, r.Error.Description)
-	}
-	if r.Message == nil {
-		return nil, jetstream.ErrMsgNotFound
-	}
-	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Time: r.Message.Time}
-	if len(r.Message.Header) > 0 {
-		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
-			return nil, fmt.Errorf("read %s: headers of %d: %w", messages.StreamEvents, m.Sequence, err)
-		}
-	}
-	return m, nil
+	return origin.Get(ctx, d.js.Conn(), messages.StreamEvents, seq, subject, "")
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -72,9 +73,14 @@ func (d *Dispatcher) FollowMessages(ctx context.Context, stream string, filters 
 // jetcrew.events.*.coord for every coordination event), as FollowMessages
 // reads them. Unlike Watch it never ends by itself: a run's finished event
 // is passed on like any other. A finished event whose body cannot be
-// decoded is skipped. Its errors are FollowMessages'.
+// decoded is skipped, and so is an event the server relayed into the
+// stream (another stream's RePublish, a source: origin.Relayed), which no
+// worker published. Its errors are FollowMessages'.
 func (d *Dispatcher) Follow(ctx context.Context, filters []string, fn func(WatchEvent) error) error {
 	return d.FollowMessages(ctx, messages.StreamEvents, filters, func(m StreamMsg) error {
+		if origin.Relayed(m.Header) {
+			return nil
+		}
 		ev, err := parseStoredEvent(&jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Sequence, Header: m.Header, Data: m.Data, Time: m.Time})
 		if err != nil {
 			return nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -28,46 +29,80 @@ type RunUpdate struct {
 
 // WatchRuns calls fn with the state of every run stored in the jetcrew-runs
 // bucket, then the Synced marker, then every change as it happens, until
-// ctx ends. A state that cannot be decoded is skipped. It returns an error
-// wrapping ErrNotProvisioned when the bucket does not exist, and nil once
-// ctx has ended; fn runs on WatchRuns' goroutine, one update at a time.
+// ctx ends. A state is what a worker wrote: a record the server relayed into
+// the bucket (another stream's RePublish, a source: origin.Relayed) is
+// passed over, and a run whose newest record is one is reported with the
+// newest a worker wrote. A state that cannot be decoded is skipped. It
+// returns an error wrapping ErrNotProvisioned when the bucket does not
+// exist, and nil once ctx has ended; fn runs on WatchRuns' goroutine, one
+// update at a time.
 func (d *Dispatcher) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
-	kv, err := d.runsBucket(ctx)
-	if err != nil {
-		return fmt.Errorf("watch runs: %w", err)
-	}
-	w, err := kv.WatchAll(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	prefix := "$KV." + messages.BucketRuns + "."
+	cons, err := d.js.OrderedConsumer(ctx, runsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
 	if err != nil {
 		return fmt.Errorf("watch runs: %w", classify(err))
 	}
-	defer func() { _ = w.Stop() }()
+	synced := cons.CachedInfo().NumPending == 0
+	if synced {
+		fn(RunUpdate{Synced: true})
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("watch runs: %w", classify(err))
+	}
+	msgs, errc, done := readEvents(ctx, it)
+	defer func() {
+		cancel()
+		it.Stop()
+		<-done
+	}()
 	for {
+		var m jetstream.Msg
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
+		case err := <-errc:
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch runs: the watch of bucket %s ended: %w", messages.BucketRuns, err)
+		case m = <-msgs:
+		}
+		id := strings.TrimPrefix(m.Subject(), prefix)
+		data, h, ok := m.Data(), m.Headers(), true
+		if origin.Relayed(h) {
+			// A change no worker made: passed over live; while syncing, the
+			// newest record a worker wrote stands for it.
+			ok = false
+			if !synced {
+				if own, _, err := origin.Newest(ctx, d.js.Conn(), runsStream, m.Subject()); err == nil {
+					data, h, ok = own.Data, own.Header, true
 				}
-				return fmt.Errorf("watch runs: the watch of bucket %s ended", messages.BucketRuns)
 			}
-			if e == nil {
-				fn(RunUpdate{Synced: true})
-				continue
+		}
+		switch {
+		case !ok:
+		case h.Get(kvOperation) != "":
+			fn(RunUpdate{ID: id, Deleted: true})
+		default:
+			if st, err := decodeState(id, data); err == nil {
+				fn(RunUpdate{ID: id, State: st})
 			}
-			if e.Operation() != jetstream.KeyValuePut {
-				fn(RunUpdate{ID: e.Key(), Deleted: true})
-				continue
-			}
-			st, err := decodeState(e.Key(), e.Value())
-			if err != nil {
-				continue
-			}
-			fn(RunUpdate{ID: e.Key(), State: st})
+		}
+		if meta, err := m.Metadata(); !synced && err == nil && meta.NumPending == 0 {
+			synced = true
+			fn(RunUpdate{Synced: true})
 		}
 	}
 }
+
+// runsStream is the stream of the jetcrew-runs bucket.
+const runsStream = "KV_" + messages.BucketRuns
 
 // RunFilter selects runs by their state record. The zero value selects
 // every run; each set field narrows the selection.

@@ -8,30 +8,33 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// Status returns the current state of run id, as stored in the jetcrew-runs
-// bucket. It returns an error wrapping ErrRunNotFound when the bucket has no
-// state for id, messages.ErrInvalidToken when id cannot be a run id, and
+// Status returns the current state of run id, as the newest record a
+// worker wrote in the jetcrew-runs bucket: a record the server relayed into
+// the bucket (another stream's RePublish, a source: origin.Relayed) is
+// passed over, whatever it says. It returns an error wrapping
+// ErrRunNotFound when the bucket has no worker's state for id,
+// messages.ErrInvalidToken when id cannot be a run id, and
 // ErrNotProvisioned when the bucket does not exist.
 func (d *Dispatcher) Status(ctx context.Context, id string) (messages.RunState, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return messages.RunState{}, fmt.Errorf("status: %w", err)
 	}
-	kv, err := d.runsBucket(ctx)
-	if err != nil {
-		return messages.RunState{}, fmt.Errorf("status of run %s: %w", id, err)
-	}
-	e, err := kv.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	m, _, err := origin.Newest(ctx, d.js.Conn(), runsStream, "$KV."+messages.BucketRuns+"."+id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Header.Get(kvOperation) != "") {
 		return messages.RunState{}, fmt.Errorf("run %s: %w", id, ErrRunNotFound)
 	}
 	if err != nil {
 		return messages.RunState{}, fmt.Errorf("status of run %s: %w", id, classify(err))
 	}
-	return decodeState(id, e.Value())
+	return decodeState(id, m.Data)
 }
+
+// kvOperation is the header a key-value delete or purge marker carries.
+const kvOperation = "KV-Operation"
 
 func decodeState(id string, data []byte) (messages.RunState, error) {
 	var st messages.RunState

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -233,6 +235,11 @@ func (w *watcher) checkRefused(ctx context.Context) error {
 // onEvent handles one event read from the stream: it passes it to fn and
 // reports the run's end (its finished event) with end true.
 func (w *watcher) onEvent(ctx context.Context, m jetstream.Msg) (messages.Event, bool, error) {
+	if origin.Relayed(m.Headers()) {
+		// The server relayed it into the run's subjects (another stream's
+		// RePublish, a source): no worker published it.
+		return messages.Event{}, false, nil
+	}
 	ev, err := parseEvent(m)
 	if err != nil {
 		return messages.Event{}, false, fmt.Errorf("watch run %s: %w", w.id, err)
@@ -303,7 +310,9 @@ func (w *watcher) onState(e jetstream.KeyValueEntry) (messages.Event, bool) {
 
 // onGrace ends the watch when the grace period for the finished event has
 // passed: with that event if the stream's leader has it, else with one made
-// from the final state (FromState).
+// from the final state (FromState) as a worker recorded it. A final state
+// no worker wrote (Status passes over what the server relayed into the
+// bucket) ends nothing: the watch goes on.
 func (w *watcher) onGrace(ctx context.Context) (messages.Event, bool, error) {
 	if w.pending > 0 {
 		// Still catching up: the finished event may be among the events
@@ -311,6 +320,15 @@ func (w *watcher) onGrace(ctx context.Context) (messages.Event, bool, error) {
 		w.grace.Reset(w.d.finishedGrace)
 		return messages.Event{}, false, nil
 	}
+	st, err := w.d.Status(ctx, w.id)
+	if err != nil && !errors.Is(err, ErrRunNotFound) {
+		return messages.Event{}, false, fmt.Errorf("watch run %s: %w", w.id, err)
+	}
+	if err != nil || !st.State.Final() || (w.from.requestSeq != 0 && st.StreamSeq != w.from.requestSeq) {
+		w.grace, w.graceC = nil, nil // the next final state starts it again
+		return messages.Event{}, false, nil
+	}
+	w.final = st
 	if w.lastFin != nil && finishOf(w.final, *w.lastFin) {
 		return *w.lastFin, true, nil
 	}

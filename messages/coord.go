@@ -9,6 +9,11 @@ const (
 	// StreamCoord is the limits-retention stream holding every coordination
 	// message, subjects jetcrew.coord.>.
 	StreamCoord = "JETCREW_COORD"
+	// StreamCoordView mirrors StreamCoord for everyone who reads the
+	// conversations (the console, `nats sub --stream`): StreamCoord's
+	// consumers are the runs' inboxes, which only workers may create, read
+	// or change.
+	StreamCoordView = "JETCREW_COORD_VIEW"
 	// BucketCoordPeers is the presence key-value bucket: one key
 	// "<group>.<run_id>" per queued or running run that has a session.
 	BucketCoordPeers = "jetcrew-coord-peers"

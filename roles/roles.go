@@ -17,11 +17,18 @@
 //     object of its own buckets), take requests, write states, events, dead
 //     letters, results and the workspace bucket's snapshots, relay
 //     coordination as its runs, answer cancels.
-//   - Operator cancels, replays, reads dead letters, manages every stream
-//     through the JetStream API and talks to runs as "operator"
+//   - Operator cancels, replays, reads dead letters, purges and deletes
+//     jetcrew's streams and talks to runs as "operator"
 //     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
-//     or write a run state.
+//     or write a run state, not even through the server: it configures no
+//     stream (a RePublish or a source is the server publishing) and deletes
+//     no single message.
 //   - Observer only reads: states, events, dead letters, coordination.
+//
+// Only workers touch a durable consumer (a pool's, the dead-letterer's, a
+// run's inbox): everyone else follows streams that have none, with
+// ephemeral consumers, and reads the conversations from JETCREW_COORD's
+// mirror.
 package roles
 
 import (
@@ -77,9 +84,23 @@ var (
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
-	readStreams   = []string{messages.StreamEvents, messages.StreamFailed, coordination.StreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
+	// readStreams are what operators and observers read and follow: every
+	// stream without durable consumers (coordination through its mirror).
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvWorkers, objWorkspaces, objUploads, objResults}
 )
+
+// durableStreams are the streams with durable consumers: the pools'
+// workers-<pool> on JETCREW_RUNS, the dead-letterer's on
+// JETCREW_ADVISORIES, the runs' inboxes (inbox-<run_id>) on JETCREW_COORD.
+// Only workers create, change, fetch from, acknowledge or delete a consumer
+// there. A consumer's name is one subject token, which no permission
+// matches by a prefix, and a create naming an existing consumer changes it
+// (its filter, its ack wait), so a role allowed any consumer on one of these
+// streams could point a run's inbox at a subject nobody writes, or drain it.
+// Others inspect them (info, messages by sequence or subject); the
+// conversations are read from JETCREW_COORD_VIEW, JETCREW_COORD's mirror.
+var durableStreams = []string{messages.StreamRuns, messages.StreamAdvisories, coordination.StreamName}
 
 // InboxPrefix returns the inbox prefix role r's clients must use,
 // _INBOX_jetcrew_<role>: the replies to their requests (JetStream
@@ -99,45 +120,64 @@ func inbox(r Role) string { return InboxPrefix(r) + ".>" }
 // api prefixes the JetStream API.
 const api = "$JS.API."
 
-// read is what reading stream s takes: its info, getting its messages and
-// following it with an ephemeral (ordered) consumer, which its reader
-// deletes when done: allowed only on streams without durable consumers, so
-// a reader can never delete a worker's or a run's consumer.
-func read(s string) []string {
-	g := []string{
+// inspect is what looking at stream s takes: its info and its messages by
+// sequence or subject. Nothing of it changes s or its consumers.
+func inspect(s string) []string {
+	return []string{
 		api + "STREAM.INFO." + s,
 		api + "STREAM.MSG.GET." + s,
 		api + "DIRECT.GET." + s,
 		api + "DIRECT.GET." + s + ".>",
+	}
+}
+
+// follow is what reading stream s with ephemeral (ordered) consumers takes,
+// which the reader deletes when done. Only the workers follow a stream of
+// durableStreams.
+func follow(s string) []string {
+	return []string{
 		api + "CONSUMER.CREATE." + s + ".>",
 		api + "CONSUMER.INFO." + s + ".>",
 		api + "CONSUMER.MSG.NEXT." + s + ".>",
 		"$JS.FC." + s + ".>",
+		api + "CONSUMER.DELETE." + s + ".>",
 	}
-	if !slices.Contains(durableStreams, s) {
-		g = append(g, api+"CONSUMER.DELETE."+s+".>")
-	}
-	return g
 }
 
-// durableStreams are the streams with durable consumers: the pools'
-// workers-<pool>, the dead-letterer and the runs' inboxes.
-var durableStreams = []string{messages.StreamRuns, messages.StreamAdvisories, coordination.StreamName}
+// read is what reading stream s takes: inspecting it and following it. It
+// panics on a stream with durable consumers, which only workers follow (a
+// programming error: the streams are constants).
+func read(s string) []string {
+	if slices.Contains(durableStreams, s) {
+		panic("roles: stream " + s + " has durable consumers: only workers follow it")
+	}
+	return append(inspect(s), follow(s)...)
+}
 
 // manage is what provisioning stream s and consuming it with durable
-// consumers takes, without deleting or purging it.
+// consumers takes, without deleting or purging it: the workers' alone.
+// Creating or updating a stream is the only way to a RePublish, a source or
+// a subject transform, with which the server publishes where the
+// configuring user may not; deleting a message makes an older one a
+// subject's latest.
 func manage(s string) []string {
-	g := append(read(s),
+	return append(append(inspect(s), follow(s)...),
 		api+"STREAM.CREATE."+s,
 		api+"STREAM.UPDATE."+s,
 		api+"STREAM.MSG.DELETE."+s,
 		api+"CONSUMER.DURABLE.CREATE."+s+".>",
 		"$JS.ACK."+s+".>",
 	)
-	if slices.Contains(durableStreams, s) {
-		g = append(g, api+"CONSUMER.DELETE."+s+".>")
+}
+
+// poolConsumers is what looking at the pools' consumers takes (their info,
+// as the console's overview shows it), never changing or fetching from one.
+func poolConsumers() []string {
+	return []string{
+		api + "CONSUMER.LIST." + messages.StreamRuns,
+		api + "CONSUMER.NAMES." + messages.StreamRuns,
+		api + "CONSUMER.INFO." + messages.StreamRuns + ".>",
 	}
-	return g
 }
 
 // Permissions returns role r's grant. pools limits the pools a submitter
@@ -230,32 +270,48 @@ func workerGrant() Grant {
 }
 
 func operator() Grant {
+	pub := []string{
+		messages.SubjectRuns("*"),
+		// Replays: the only subject a signed request runs again from.
+		messages.SubjectReplay("*"),
+		messages.SubjectCancelPrefix + ".*",
+		coordination.SubjectFromOperator("*", "*"),
+		api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
+	}
+	for _, s := range readStreams {
+		pub = append(pub, read(s)...)
+	}
+	for _, s := range durableStreams {
+		pub = append(pub, inspect(s)...)
+	}
+	pub = append(pub, poolConsumers()...)
+	// Managing jetcrew's streams is purging and deleting them; configuring
+	// one, or deleting one message, is the workers' (see manage).
+	for _, s := range allStreams {
+		pub = append(pub, api+"STREAM.PURGE."+s, api+"STREAM.DELETE."+s)
+	}
 	return Grant{
-		Publish: []string{
-			messages.SubjectRuns("*"),
-			// Replays: the only subject a signed request runs again from.
-			messages.SubjectReplay("*"),
-			messages.SubjectCancelPrefix + ".*",
-			coordination.SubjectFromOperator("*", "*"),
-			api + ">",
-			"$JS.ACK.>",
-			"$JS.FC.>",
-		},
+		Publish: pub,
 		Subscribe: []string{inbox(Operator),
 			messages.SubjectEventsPrefix + ".>",
 			coordination.SubjectPrefix + ".>",
-			"$JS.EVENT.>",
+			// Runs that exhausted their deliveries, and streams' changes:
+			// advisories that name no reader's consumer (a consumer's name
+			// is what guards an ephemeral one).
+			"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",
+			"$JS.EVENT.ADVISORY.STREAM.>",
 		},
 	}
 }
 
 func observer() Grant {
-	pub := []string{api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
-		api + "STREAM.INFO." + messages.StreamRuns,
-		api + "STREAM.INFO." + messages.StreamAdvisories}
+	pub := []string{api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST"}
 	for _, s := range readStreams {
 		pub = append(pub, read(s)...)
 	}
+	pub = append(pub, api+"STREAM.INFO."+messages.StreamRuns,
+		api+"STREAM.INFO."+messages.StreamAdvisories,
+		api+"STREAM.INFO."+coordination.StreamName)
 	return Grant{
 		Publish: pub,
 		Subscribe: []string{inbox(Observer),

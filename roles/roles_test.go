@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/roles"
 )
 
@@ -113,6 +114,55 @@ func TestCoordinationPublishers(t *testing.T) {
 			require.NotEqual(t, ">", s, r)
 			require.NotEqual(t, "jetcrew.>", s, r)
 			require.NotEqual(t, "jetcrew.coord.>", s, r)
+		}
+	}
+}
+
+// Only workers configure a stream (a RePublish, a source or a subject
+// transform publishes as the server, which no permission sees), delete a
+// stream's message or restore a stream, and only workers touch a consumer
+// on the streams with durable ones (a create naming an existing consumer
+// updates it); no role, the worker included, creates a stream of another
+// name.
+func TestOnlyWorkersConfigureStreamsOrTouchDurables(t *testing.T) {
+	t.Parallel()
+	jetcrews := []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, messages.StreamCoord,
+		messages.StreamCoordView, messages.StreamAdvisories, "KV_" + messages.BucketRuns, "KV_" + messages.BucketWorkers,
+		"KV_" + messages.BucketCoordPeers, "OBJ_" + messages.BucketWorkspaces, "OBJ_" + messages.BucketUploads, "OBJ_" + messages.BucketResults}
+	var workersOnly []string
+	for _, s := range jetcrews {
+		workersOnly = append(workersOnly, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s, "$JS.API.STREAM.MSG.DELETE."+s)
+	}
+	for _, s := range []string{messages.StreamRuns, messages.StreamAdvisories, messages.StreamCoord} {
+		for _, name := range []string{"inbox-victim", "workers-default", messages.ConsumerAdvisories} {
+			workersOnly = append(workersOnly,
+				"$JS.API.CONSUMER.CREATE."+s+"."+name,
+				"$JS.API.CONSUMER.CREATE."+s+"."+name+".jetcrew.coord.g.nobody",
+				"$JS.API.CONSUMER.DURABLE.CREATE."+s+"."+name,
+				"$JS.API.CONSUMER.MSG.NEXT."+s+"."+name,
+				"$JS.API.CONSUMER.DELETE."+s+"."+name,
+				"$JS.ACK."+s+"."+name+".1.2.3.4.5")
+		}
+	}
+	nobody := []string{"$JS.API.STREAM.CREATE.RELAY", "$JS.API.STREAM.UPDATE.RELAY", "$JS.API.STREAM.RESTORE." + messages.StreamCoord,
+		"$JS.API.STREAM.RESTORE.KV_" + messages.BucketRuns, "$JS.API.CONSUMER.CREATE." + messages.StreamCoord,
+		"$JS.API.CONSUMER.PAUSE." + messages.StreamCoord + ".inbox-victim"}
+	for _, r := range roles.All {
+		g, err := roles.Permissions(r)
+		require.NoError(t, err)
+		allowed := func(subject string) bool {
+			for _, p := range g.Publish {
+				if server.SubjectMatchesFilter(subject, p) {
+					return true
+				}
+			}
+			return false
+		}
+		for _, subj := range workersOnly {
+			require.Equal(t, r == roles.Worker, allowed(subj), "%s may publish %s", r, subj)
+		}
+		for _, subj := range nobody {
+			require.False(t, allowed(subj), "%s may publish %s", r, subj)
 		}
 	}
 }

@@ -50,7 +50,7 @@ var readmeCoordCommands = map[string]string{
 	"live":   "nats sub 'jetcrew.coord.GROUP.>'",
 	"to-run": "nats pub jetcrew.coord.GROUP.RUN_ID.operator 'text'",
 	"to-all": "nats pub jetcrew.coord.GROUP.all.operator 'text'",
-	"stream": "nats sub --stream JETCREW_COORD --all --terminate-at-end 'jetcrew.coord.GROUP.>'",
+	"stream": "nats sub --stream JETCREW_COORD_VIEW --all --terminate-at-end 'jetcrew.coord.GROUP.>'",
 }
 
 // readmeCoord returns README's coordination command key for group and run

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 )
@@ -34,6 +35,16 @@ func (w *Worker) subscribeControl() (func(), error) {
 	return func() { _ = cs.Drain(); _ = ss.Drain() }, nil
 }
 
+// delivered reports whether m reached a control subject through the server
+// rather than from a requester: a consumer's delivery (its reply subject is
+// an acknowledgement's, $JS.ACK.…) or a stream's RePublish
+// (origin.Relayed). Neither is checked against the permissions of whoever
+// configured it, so a reader allowed a consumer on any stream could
+// otherwise cancel or stop any run.
+func delivered(m *nats.Msg) bool {
+	return strings.HasPrefix(m.Reply, "$JS.ACK.") || origin.Relayed(m.Header)
+}
+
 func lastToken(subject string) string {
 	return subject[strings.LastIndexByte(subject, '.')+1:]
 }
@@ -48,8 +59,13 @@ func reply(m *nats.Msg, r messages.CancelReply) {
 // is delivered; a running one is stopped by the worker that holds it; a
 // final one is left alone. The state write is a compare-and-set, so a
 // worker claiming the run at the same moment either sees the cancel or
-// makes this request look again.
+// makes this request look again. What the server delivered or relayed to the
+// subject (delivered) is no request: it is ignored.
 func (w *Worker) onCancel(m *nats.Msg) {
+	if delivered(m) {
+		w.log.Warn().Str("subject", m.Subject).Msg("a cancel the server delivered or relayed, not a request: ignored")
+		return
+	}
 	id := lastToken(m.Subject)
 	if err := messages.ValidateToken("run id", id); err != nil {
 		reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
@@ -68,7 +84,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			// Record the cancel so the request is skipped when it arrives.
 			st := messages.RunState{Version: messages.StateVersion, ID: id, State: messages.StateCancelled,
 				Reason: "cancelled before any worker saw the request", Worker: w.cfg.ID}
-			if ok, err := w.store.Finalize(ctx, messages.StateNone, st, 0); err != nil {
+			if ok, err := w.store.Finalize(ctx, messages.StateNone, st, rev); err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
 			} else if !ok {
@@ -142,6 +158,10 @@ func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
 // onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run
 // (runner.Runner.StopRun); other workers stay silent.
 func (w *Worker) onStop(m *nats.Msg) {
+	if delivered(m) {
+		w.log.Warn().Str("subject", m.Subject).Msg("a stop request the server delivered or relayed, not a request: ignored")
+		return
+	}
 	if r, ok := w.runs.StopRun(lastToken(m.Subject)); ok {
 		reply(m, r)
 	}

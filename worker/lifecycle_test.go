@@ -3,10 +3,12 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -234,4 +236,60 @@ func TestProfileRetriesFailedAgent(t *testing.T) {
 	require.Equal(t, messages.StateFailed, st.State)
 	require.Equal(t, 2, st.Attempts, "one retry, then final")
 	require.Equal(t, 4, *st.ExitCode)
+}
+
+// A push consumer's deliver subject and a stream's RePublish are publishes
+// by the server, checked against nobody's permissions: a reader could make
+// the server deliver to jetcrew.cancel.<run> or jetcrew.ctl.stop.<run>.
+// The workers answer requests, never what the server delivered or relayed
+// there.
+func TestCancelRefusesServerDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.submit(t, messages.RunRequest{ID: "d1", Profile: "shell", Prompt: "sleep 1h"})
+	require.Eventually(t, func() bool { st, _ := b.state(t, "d1"); return st.State == messages.StateRunning }, 5*time.Second, 10*time.Millisecond)
+	ctx := t.Context()
+	js, err := jetstream.New(b.nc)
+	require.NoError(t, err)
+	targets := []string{messages.SubjectCancel("d1"), messages.SubjectStopPrefix + ".d1"}
+	// The server delivers to a subject only while someone subscribes to it
+	// by its very name: so do we, and see every delivery arrive.
+	arrived := make(chan *nats.Msg, 8)
+	for _, subj := range targets {
+		sub, err := b.nc.ChanSubscribe(subj, arrived)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	require.NoError(t, b.nc.Flush())
+
+	// A push consumer of a stream of someone's, delivering to each.
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "CONTROL", Subjects: []string{"control.in"}})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "control.in", nil)
+	require.NoError(t, err)
+	for i, subj := range targets {
+		_, err = js.CreateConsumer(ctx, "CONTROL", jetstream.ConsumerConfig{Name: fmt.Sprintf("deliver-%d", i), DeliverSubject: subj,
+			AckPolicy: jetstream.AckNonePolicy})
+		require.NoError(t, err)
+	}
+	// A stream republishing to each.
+	for i, subj := range targets {
+		src := fmt.Sprintf("relay.%d", i)
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: fmt.Sprintf("RELAY%d", i), Subjects: []string{src},
+			RePublish: &jetstream.RePublish{Source: src, Destination: subj}})
+		require.NoError(t, err)
+		_, err = js.Publish(ctx, src, nil)
+		require.NoError(t, err)
+	}
+	for range 4 {
+		select {
+		case <-arrived:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a delivery did not arrive")
+		}
+	}
+	require.Never(t, func() bool { st, _ := b.state(t, "d1"); return st.State != messages.StateRunning }, time.Second, 20*time.Millisecond,
+		"a delivery cancelled or stopped the run")
+	require.Equal(t, messages.CancelStopping, b.cancel(t, "d1").Result, "a request still does")
+	require.Equal(t, messages.StateCancelled, b.waitFinal(t, "d1").State)
 }

@@ -3,8 +3,9 @@ package worker
 import "time"
 
 // Default byte caps of the worker's streams (ProvisionConfig). Together with
-// coordination.MaxStreamBytes they fit well within `jetcrew up`'s default
-// store limit (--store-max-mib 4096).
+// coordination.MaxStreamBytes (twice: JETCREW_COORD and its mirror
+// JETCREW_COORD_VIEW) they fit well within `jetcrew up`'s default store
+// limit (--store-max-mib 4096).
 const (
 	// DefaultRunsMaxBytes caps JETCREW_RUNS: 256 MiB of queued requests
 	// (at most 256 KiB each).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -193,11 +194,11 @@ func TestRoleMatrix(t *testing.T) {
 	}
 
 	// What no role but one may do, tried raw on the bus.
-	raw := rawAttempts()
 	conns := map[roles.Role]roleConn{}
 	for _, r := range all {
 		conns[r] = e.conn(t, r)
 	}
+	raw := rawAttempts(t, conns[roles.Worker])
 	for _, op := range raw {
 		for _, r := range []roles.Role{roles.Submitter, roles.Observer, roles.Worker, roles.Operator} {
 			err := op.do(conns[r])
@@ -218,9 +219,35 @@ type rawAttempt struct {
 	ok   []roles.Role
 }
 
+// Durable consumers the role matrix creates as the worker, standing for a
+// run's inbox and a pool's consumer: what no other role may change, read
+// from or delete.
+const (
+	matrixInbox = coordination.InboxPrefix + "rolematrix"
+	matrixPool  = "workers-rolematrix"
+)
+
 // rawAttempts are the things only one role may do: speak as a run, speak as
-// the operator, write a run state, publish an event, delete a stream.
-func rawAttempts() []rawAttempt {
+// the operator, write a run state, publish an event, delete a stream; and
+// what only workers may do to consumers and streams: change, read from or
+// delete a durable consumer (a run's inbox, a pool's), configure a stream
+// (a RePublish or a source is the server publishing where the role may
+// not), delete a stream's message. w, a worker's connection, creates the
+// durables they aim at.
+func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := w.js.CreateOrUpdateConsumer(ctx, coordination.StreamName, jetstream.ConsumerConfig{
+		Durable: matrixInbox, FilterSubject: coordination.Subject("rolematrix", "victim"), AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	_, err = w.js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
+		Durable: matrixPool, FilterSubject: messages.SubjectRuns("rolematrix"), AckPolicy: jetstream.AckExplicitPolicy})
+	require.NoError(t, err)
+	runsStream, err := w.js.Stream(ctx, "KV_"+messages.BucketRuns)
+	require.NoError(t, err)
+	runsConfig := runsStream.CachedInfo().Config
+
 	forged := func(rc roleConn) error {
 		subj := coordination.Subject("crew", "victim")
 		return rc.try(subj, func(ctx context.Context) error {
@@ -284,6 +311,61 @@ func rawAttempts() []rawAttempt {
 			})
 		}
 	}
+	request := func(subj, body string) func(rc roleConn) error {
+		return func(rc roleConn) error {
+			return rc.try(subj, func(ctx context.Context) error {
+				_, err := rc.nc.RequestWithContext(ctx, subj, []byte(body))
+				return err
+			})
+		}
+	}
+	updateDurable := func(stream, name, filter string) func(rc roleConn) error {
+		subj := "$JS.API.CONSUMER.CREATE." + stream + "." + name + "." + filter
+		return func(rc roleConn) error {
+			return rc.try(subj, func(ctx context.Context) error {
+				// Pointed at a subject nobody writes, its messages held for an hour.
+				_, err := rc.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, FilterSubject: filter,
+					AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour})
+				return err
+			})
+		}
+	}
+	fetch := func(stream, name string) func(rc roleConn) error {
+		return request("$JS.API.CONSUMER.MSG.NEXT."+stream+"."+name, `{"batch":1,"no_wait":true}`)
+	}
+	// follow is what a reader of stream does: an ephemeral consumer, named
+	// here so that a refusal can be told by its subject.
+	follow := func(stream, filter string) func(rc roleConn) error {
+		return func(rc roleConn) error {
+			name := "rolematrix-" + connID(rc)
+			subj := "$JS.API.CONSUMER.CREATE." + stream + "." + name + "." + filter
+			return rc.try(subj, func(ctx context.Context) error {
+				_, err := rc.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{Name: name, FilterSubject: filter,
+					AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 5 * time.Second})
+				return err
+			})
+		}
+	}
+	relayStream := func(rc roleConn) error {
+		subj := "$JS.API.STREAM.CREATE.ROLEMATRIX_RELAY"
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.CreateStream(ctx, jetstream.StreamConfig{Name: "ROLEMATRIX_RELAY", Subjects: []string{messages.SubjectCancelPrefix + ".rolematrix-relay"},
+				RePublish: &jetstream.RePublish{Source: messages.SubjectCancelPrefix + ".rolematrix-relay", Destination: "$KV." + messages.BucketRuns + ".rolematrix-victim"}})
+			return err
+		})
+	}
+	// The bucket's own configuration again: a no-op for the worker, who may.
+	runsUpdate := func(rc roleConn) error {
+		subj := "$JS.API.STREAM.UPDATE." + runsConfig.Name
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.UpdateStream(ctx, runsConfig)
+			return err
+		})
+	}
+	ackOthers := func(rc roleConn) error {
+		subj := "$JS.ACK." + coordination.StreamName + "." + matrixInbox + ".1.1.1.0.0"
+		return rc.try(subj, func(context.Context) error { return rc.nc.Publish(subj, nil) })
+	}
 	return []rawAttempt{
 		// Replies are private to a role: the worker's fetched run requests
 		// arrive under its inbox prefix, which no other role may read.
@@ -298,8 +380,105 @@ func rawAttempts() []rawAttempt {
 		// submitters upload to the uploads bucket.
 		{"workspace bucket write", objectWrite(messages.BucketWorkspaces), []roles.Role{roles.Worker}},
 		{"uploads bucket write", objectWrite(messages.BucketUploads), []roles.Role{roles.Submitter}},
+		// Nobody but the workers changes, reads from or deletes a durable
+		// consumer: a run's inbox, a pool's.
+		{"update a run's inbox", updateDurable(coordination.StreamName, matrixInbox, coordination.Subject("rolematrix", "nobody")), []roles.Role{roles.Worker}},
+		{"update a run's inbox, named in the body", request("$JS.API.CONSUMER.CREATE."+coordination.StreamName,
+			`{"stream_name":"`+coordination.StreamName+`","config":{"name":"`+matrixInbox+`","filter_subject":"jetcrew.coord.rolematrix.nobody","ack_policy":"explicit"}}`), nil},
+		{"update a run's inbox, legacy durable subject", request("$JS.API.CONSUMER.DURABLE.CREATE."+coordination.StreamName+"."+matrixInbox,
+			`{"stream_name":"`+coordination.StreamName+`","config":{"durable_name":"`+matrixInbox+`","filter_subject":"jetcrew.coord.rolematrix.nobody","ack_policy":"explicit"}}`), []roles.Role{roles.Worker}},
+		{"fetch from a run's inbox", fetch(coordination.StreamName, matrixInbox), []roles.Role{roles.Worker}},
+		{"acknowledge a run's message", ackOthers, []roles.Role{roles.Worker}},
+		{"pause a run's inbox", request("$JS.API.CONSUMER.PAUSE."+coordination.StreamName+"."+matrixInbox, `{}`), nil},
+		{"update a pool's consumer", updateDurable(messages.StreamRuns, matrixPool, messages.SubjectRuns("rolematrix")), []roles.Role{roles.Worker}},
+		{"fetch from a pool's consumer", fetch(messages.StreamRuns, matrixPool), []roles.Role{roles.Worker}},
+		// Readers follow the conversations on the mirror, where no durable lives.
+		{"follow coordination with a consumer", follow(coordination.StreamName, "jetcrew.coord.rolematrix.>"), []roles.Role{roles.Worker}},
+		{"follow the conversations' mirror", follow(messages.StreamCoordView, "jetcrew.coord.rolematrix.>"), []roles.Role{roles.Observer, roles.Worker, roles.Operator}},
+		{"delete a run's inbox", request("$JS.API.CONSUMER.DELETE."+coordination.StreamName+"."+matrixInbox, ``), []roles.Role{roles.Worker}},
+		// Nobody but the workers configures a stream: a stream's RePublish
+		// and sources are publishes by the server, which no permission sees.
+		{"create a stream republishing into run states", relayStream, nil},
+		{"update the run states' stream", runsUpdate, []roles.Role{roles.Worker}},
+		// A deleted message makes an older one the latest: a finished event
+		// of an earlier request, say. (A bucket's stream denies deletes,
+		// unless its configuration is changed.)
+		{"delete a stream's message", request("$JS.API.STREAM.MSG.DELETE."+messages.StreamEvents, `{"seq":1099511627776}`), []roles.Role{roles.Worker}},
+		{"restore a stream", request("$JS.API.STREAM.RESTORE.ROLEMATRIX_RESTORE", `{"config":{"name":"ROLEMATRIX_RESTORE"},"state":{}}`), nil},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
+	}
+}
+
+// connID returns a name token unique to rc's connection.
+func connID(rc roleConn) string {
+	id, _ := rc.nc.GetClientID()
+	return fmt.Sprint(id)
+}
+
+// The operator may publish on jetcrew.cancel.<x>, and a stream's RePublish
+// is a publish by the server, which the operator's permissions never see.
+// A stream on jetcrew.cancel.<x> republishing to a run's state (making a
+// run that exits 3 report succeeded) or to a run's inbox (as from one of
+// its peers) is refused: only workers create or change streams.
+func TestOperatorCannotRelayThroughAStream(t *testing.T) {
+	t.Parallel()
+	e := authUp(t)
+	const victim = "relay-victim"
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := e.as(t, roles.Submitter, "submit", "--id", victim, "--group", "crew", "--wait", "sleep 8s; exit 3")
+		done <- code
+	}()
+	w := e.conn(t, roles.Worker)
+	require.Eventually(t, func() bool {
+		kv, err := w.js.KeyValue(t.Context(), messages.BucketRuns)
+		if err != nil {
+			return false
+		}
+		ent, err := kv.Get(t.Context(), victim)
+		return err == nil && strings.Contains(string(ent.Value()), `"running"`)
+	}, 15*time.Second, 20*time.Millisecond)
+
+	op := e.conn(t, roles.Operator)
+	forged, err := json.Marshal(messages.RunState{Version: messages.StateVersion, ID: victim, State: messages.StateSucceeded,
+		ExitCode: new(int), FinishedAt: time.Now().UTC()})
+	require.NoError(t, err)
+	relays := []struct {
+		name, dest string
+		hdr        nats.Header
+		body       []byte
+	}{
+		{"RELAY_STATE", "$KV." + messages.BucketRuns + "." + victim, nil, forged},
+		{"RELAY_INBOX", coordination.Subject("crew", victim), nats.Header{coordination.HeaderFrom: []string{"a-peer"}}, []byte("from your peer")},
+	}
+	refusals := make([]error, len(relays))
+	for i, rl := range relays {
+		src := messages.SubjectCancelPrefix + "." + strings.ToLower(rl.name)
+		err := op.try("$JS.API.STREAM.CREATE."+rl.name, func(ctx context.Context) error {
+			_, err := op.js.CreateStream(ctx, jetstream.StreamConfig{Name: rl.name, Subjects: []string{src},
+				RePublish: &jetstream.RePublish{Source: src, Destination: rl.dest}})
+			return err
+		})
+		// The attack, whether or not the stream was let through.
+		m := nats.NewMsg(src)
+		m.Header, m.Data = rl.hdr, rl.body
+		require.NoError(t, op.nc.PublishMsg(m))
+		require.NoError(t, op.nc.Flush())
+		refusals[i] = err
+	}
+	select {
+	case code := <-done:
+		require.Equal(t, 3, code, "submit --wait reports the run's own exit")
+	case <-time.After(30 * time.Second):
+		t.Fatal("submit --wait did not return")
+	}
+	coord, err := w.js.Stream(t.Context(), coordination.StreamName)
+	require.NoError(t, err)
+	_, err = coord.GetLastMsgForSubject(t.Context(), coordination.Subject("crew", victim))
+	require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "nothing reached the run's inbox")
+	for i, err := range refusals {
+		require.ErrorIs(t, err, errRefused, "a stream republishing to %s as the operator", relays[i].dest)
 	}
 }
 
@@ -538,4 +717,36 @@ func TestSubmitWorkspaceUnderAuth(t *testing.T) {
 	objs, err := obs.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, objs, 1, "the worker stored the checked snapshot")
+}
+
+// A consumer's deliver subject is not checked against its creator's
+// permissions either: a reader may create a push consumer on a stream it
+// follows that delivers to jetcrew.cancel.<run> or jetcrew.ctl.stop.<run>,
+// where the workers listen. Neither a submitter nor an observer cancels or
+// stops a run that way: the server delivers only while someone subscribes
+// to that very subject, which no reader may, and the workers ignore what a
+// consumer delivered (worker.TestCancelRefusesServerDeliveries).
+func TestReadersCannotCancelThroughAConsumer(t *testing.T) {
+	t.Parallel()
+	e := authUp(t)
+	const victim = "deliver-victim"
+	code, _, errOut := e.as(t, roles.Submitter, "submit", "--id", victim, "sleep 1m")
+	require.Equal(t, 0, code, errOut)
+	state := func() string {
+		_, out, _ := e.as(t, roles.Observer, "status", victim)
+		return out
+	}
+	require.Eventually(t, func() bool { return strings.Contains(state(), "running") }, 15*time.Second, 20*time.Millisecond)
+
+	for _, r := range []roles.Role{roles.Submitter, roles.Observer} {
+		rc := e.conn(t, r)
+		for i, subj := range []string{messages.SubjectCancelPrefix + "." + victim, messages.SubjectStopPrefix + "." + victim} {
+			_, err := rc.js.CreateConsumer(t.Context(), messages.StreamEvents, jetstream.ConsumerConfig{
+				Name: fmt.Sprintf("deliver-%s-%d", r, i), DeliverSubject: subj, FilterSubject: messages.SubjectEventsAll(victim),
+				AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Second})
+			require.NoError(t, err, "%s follows the events", r)
+		}
+	}
+	require.Never(t, func() bool { return !strings.Contains(state(), "running") }, 3*time.Second, 100*time.Millisecond,
+		"a delivery to the cancel and stop subjects cancelled the run")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/roles"
 )
 
@@ -157,7 +159,13 @@ func TestUpAuthConsole(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(get("/runs"), "cs2") }, 10*time.Second, 50*time.Millisecond)
 	require.Contains(t, get("/runs/cs1"), "exit code 3")
 	require.Contains(t, get("/live/run/cs1"), "event: ")
-	get("/live/group/cs1")
+	// The conversation, which the operator reads from JETCREW_COORD's
+	// mirror (JETCREW_COORD's consumers are the runs' inboxes, the
+	// workers' alone).
+	op := e.conn(t, roles.Operator)
+	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator("cs1", "cs1"), []byte("hello crew")))
+	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/cs1", token, "hello crew") },
+		10*time.Second, 50*time.Millisecond)
 	get("/groups/cs1")
 	page := get("/runs/cs2")
 	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(page)
@@ -215,3 +223,26 @@ func TestUpAuthConsole(t *testing.T) {
 // noFollow is an HTTP client that returns redirects instead of following
 // them.
 var noFollow = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// readSSE reads the event stream at url with the console's token for up to
+// two seconds and reports whether want arrived.
+func readSSE(t *testing.T, url, token, want string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := noFollow.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), want) {
+			return true
+		}
+	}
+	return false
+}

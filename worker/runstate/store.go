@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -47,18 +48,51 @@ func NewStore(kv jetstream.KeyValue, js jetstream.JetStream, workerID string, lo
 // it. A delivery must then stop acting for the run.
 var ErrFenced = errors.New("run state changed under this delivery (lease lost)")
 
-// Load returns the recorded state of run id and its revision in the bucket;
-// a missing record is jetstream.ErrKeyNotFound (see IsNotFound).
+// runsStream is the stream of the runs bucket.
+const runsStream = "KV_" + messages.BucketRuns
+
+// kvOperation is the header a key-value delete or purge marker carries.
+const kvOperation = "KV-Operation"
+
+// Load returns the recorded state of run id and the revision a
+// compare-and-set of it must name. The recorded state is the newest record
+// a worker wrote: a record the server relayed into the bucket (another
+// stream's RePublish, a source: origin.Relayed) is none, whatever it says,
+// and the revision is then the relayed record's, so that the next write
+// replaces it. A run without a worker's record is jetstream.ErrKeyNotFound
+// (IsNotFound), with the revision of whatever the key holds (0: nothing).
 func (s *Store) Load(ctx context.Context, id string) (messages.RunState, uint64, error) {
 	var st messages.RunState
-	e, err := s.kv.Get(ctx, id)
+	m, rev, err := s.newest(ctx, id)
 	if err != nil {
-		return st, 0, err
+		return st, rev, err
 	}
-	if err := json.Unmarshal(e.Value(), &st); err != nil {
+	if err := json.Unmarshal(m.Data, &st); err != nil {
 		return st, 0, fmt.Errorf("decode state of %s: %w", id, err)
 	}
-	return st, e.Revision(), nil
+	return st, rev, nil
+}
+
+// newest returns the newest record of run id a worker wrote (Load) and the
+// revision of the key's newest entry; a delete marker or no record of a
+// worker's is jetstream.ErrKeyNotFound.
+func (s *Store) newest(ctx context.Context, id string) (*jetstream.RawStreamMsg, uint64, error) {
+	m, rev, err := origin.Newest(ctx, s.js.Conn(), runsStream, "$KV."+messages.BucketRuns+"."+id)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		if rev != 0 {
+			s.log.Warn().Str("run_id", id).Uint64("revision", rev).Msg("the run's only records were relayed into the bucket by the server, not written by a worker: ignoring them")
+		}
+		return nil, rev, jetstream.ErrKeyNotFound
+	case err != nil:
+		return nil, 0, err
+	case m.Sequence != rev:
+		s.log.Warn().Str("run_id", id).Uint64("revision", rev).Msg("a record relayed into the bucket by the server, not written by a worker: reading past it")
+	}
+	if op := m.Header.Get(kvOperation); op != "" {
+		return nil, rev, jetstream.ErrKeyNotFound
+	}
+	return m, rev, nil
 }
 
 // CAS writes st, stamped with the time, only if the stored revision is
@@ -69,7 +103,9 @@ func (s *Store) Load(ctx context.Context, id string) (messages.RunState, uint64,
 //
 // A try whose reply is lost is tried again; when the retry then conflicts,
 // the stored record is read back, and if it is the very record this call
-// wrote (the lost reply's write landed), the write counts as done.
+// wrote (the lost reply's write landed), the write counts as done. A
+// conflict with records only the server relayed into the bucket since rev
+// (see Load) is no lost lease: the write is tried again over them.
 func (s *Store) CAS(ctx context.Context, from messages.State, st *messages.RunState, rev uint64) (uint64, error) {
 	if err := messages.CheckTransition(from, st.State); err != nil {
 		return 0, fmt.Errorf("run %s: %w", st.ID, err)
@@ -96,18 +132,25 @@ func (s *Store) CAS(ctx context.Context, from messages.State, st *messages.RunSt
 		if !isRevisionConflict(err) {
 			return err
 		}
-		if tries > 1 {
-			if e, gerr := s.kv.Get(ctx, st.ID); gerr == nil && bytes.Equal(e.Value(), b) {
-				rev = e.Revision()
-				return nil
-			} else if gerr != nil && !IsNotFound(gerr) {
-				return gerr
-			}
+		m, newest, gerr := s.newest(ctx, st.ID)
+		switch {
+		case gerr != nil && !IsNotFound(gerr):
+			return gerr
+		case gerr == nil && tries > 1 && bytes.Equal(m.Data, b):
+			rev = newest
+			return nil
+		case newest > rev && (gerr != nil || m.Sequence <= rev):
+			// No worker wrote since rev: only the server relayed.
+			rev = newest
+			return errRelayedOver
 		}
 		return backoff.Permanent(ErrFenced)
 	})
 	return rev, err
 }
+
+// errRelayedOver makes CAS try again over records the server relayed.
+var errRelayedOver = errors.New("run state: records relayed by the server since the last write; writing over them")
 
 // Finalize records the final state st for a run no delivery of this worker
 // holds (a cancel, an exhausted MaxDeliver), compare-and-set against rev
