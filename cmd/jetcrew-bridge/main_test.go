@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jetcrew/jetcrew/internal/leaktest"
+
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
@@ -391,10 +393,10 @@ func TestMain(m *testing.M) {
 	if binDir, err = os.MkdirTemp("", "jetcrew-bridge-test"); err != nil {
 		panic(err)
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(m, append(leaktest.Known(), goleak.Cleanup(func(code int) {
 		_ = os.RemoveAll(binDir)
 		os.Exit(code)
-	}))
+	}))...)
 }
 
 // buildBridge builds the real binary, static (CGO_ENABLED=0), once per test
