@@ -46,14 +46,20 @@ const maxVerifyPath = 4096
 //     file or directory the tree lacks and none missing;
 //   - its .git holds nothing else that a run's git would read: the minimal
 //     config, HEAD's branch as its only reference, object files, and an
-//     index listing exactly the commit's tree.
+//     index listing exactly the commit's tree;
+//   - every object its .git holds hashes to its name (each one a pack
+//     index lists, at the offset the index gives, and each loose file), so
+//     the history a run's git reads, below commit, is made of genuine
+//     objects (which objects are there is not checked: one missing is an
+//     error to the run's git, never a lie).
 //
-// The objects of the history below commit are not read. A snapshot that
-// fails a check is ErrWrongCommit ("workspace snapshot does not hold
-// commit C: why"); other errors are r's. It reads the whole of r once for
-// the files and, for the git objects it needs, only their parts; it holds
-// at most one commit or tree object (up to 64 MiB) at a time beside one
-// entry per path of the tree. o.MaxFiles bounds the tree's entries.
+// A snapshot that fails a check is ErrWrongCommit ("workspace snapshot
+// does not hold commit C: why"); other errors are r's. It reads the
+// snapshot's files once and its objects once more (each inflated as a
+// stream into its hash, at most o.MaxBytes), then the commit and its trees
+// again; it holds at most one commit or tree object (up to 64 MiB) at a
+// time beside one entry per path of the tree. o.MaxFiles bounds the tree's
+// entries.
 func VerifyCommit(r io.ReaderAt, size int64, commit string, o UnpackOptions) error {
 	wrong := func(format string, a ...any) error {
 		return fmt.Errorf("%w %s: %s", ErrWrongCommit, commit, fmt.Sprintf(format, a...))
@@ -78,6 +84,9 @@ func VerifyCommit(r io.ReaderAt, size int64, commit string, o UnpackOptions) err
 	}
 	if head != commit {
 		return wrong("its HEAD is %s", head)
+	}
+	if err := g.checkObjects(o.MaxBytes); err != nil {
+		return wrong("%v", err)
 	}
 	typ, data, err := g.object(want)
 	if err != nil {
@@ -318,29 +327,179 @@ func readPackObject(r io.ReaderAt, pack fileSpan, off int64) (plumbing.ObjectTyp
 		return 0, nil, fmt.Errorf("offset %d is outside the pack", off)
 	}
 	br := bufio.NewReader(io.NewSectionReader(r, pack.off+off, pack.size-off))
-	b, err := br.ReadByte()
+	typ, size, err := packEntryHeader(br)
 	if err != nil {
 		return 0, nil, err
+	}
+	data, err := inflate(br, size)
+	return typ, data, err
+}
+
+// packEntryHeader reads a pack entry's header: the object's type and
+// inflated size. A delta is refused: a snapshot's pack holds whole
+// objects.
+func packEntryHeader(br *bufio.Reader) (plumbing.ObjectType, int64, error) {
+	b, err := br.ReadByte()
+	if err != nil {
+		return 0, 0, err
 	}
 	typ, size := plumbing.ObjectType((b>>4)&7), int64(b&15)
 	for shift := 4; b&0x80 != 0; shift += 7 {
 		if shift > 56 {
-			return 0, nil, errors.New("malformed entry header")
+			return 0, 0, errors.New("malformed entry header")
 		}
 		if b, err = br.ReadByte(); err != nil {
-			return 0, nil, err
+			return 0, 0, err
 		}
 		size |= int64(b&0x7f) << shift
 	}
 	switch typ {
 	case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
+		return typ, size, nil
 	case plumbing.OFSDeltaObject, plumbing.REFDeltaObject:
-		return 0, nil, errors.New("stored as a delta, which a snapshot's pack never holds")
+		return 0, 0, errors.New("stored as a delta, which a snapshot's pack never holds")
 	default:
-		return 0, nil, fmt.Errorf("entry of type %d", typ)
+		return 0, 0, fmt.Errorf("entry of type %d", typ)
 	}
-	data, err := inflate(br, size)
-	return typ, data, err
+}
+
+// checkObjects hashes every object g's .git holds against its name, so
+// whatever a run's git reads from it is what its name says: each object a
+// pack's index lists, read at the offset the index gives (git reads it
+// there), and each loose object file. Objects are inflated as streams
+// into the hash, at most max bytes each (0: no bound); nothing is held.
+func (g *snapshotGit) checkObjects(max int64) error {
+	zr := &objectReader{}
+	for name, idx := range g.idxs {
+		pack, ok := g.packs[name]
+		if !ok {
+			continue // git reads nothing through an index without its pack
+		}
+		if err := zr.checkPack(g.r, idx, pack, max); err != nil {
+			return fmt.Errorf("%s.pack: %w", name, err)
+		}
+	}
+	for h, span := range g.loose {
+		got, err := zr.hashLoose(g.r, span, max)
+		if err != nil {
+			return fmt.Errorf("loose object %s: %w", h, err)
+		}
+		if got != h {
+			return fmt.Errorf("the object stored as %s hashes to %s", h, got)
+		}
+	}
+	return nil
+}
+
+// objectReader inflates objects one after another, reusing its readers.
+type objectReader struct {
+	br *bufio.Reader
+	z  io.ReadCloser
+}
+
+// inflater returns a zlib reader of r.
+func (o *objectReader) inflater(r io.Reader) (io.Reader, error) {
+	if o.z == nil {
+		z, err := zlib.NewReader(r)
+		o.z = z
+		return z, err
+	}
+	return o.z, o.z.(zlib.Resetter).Reset(r, nil)
+}
+
+// hashStream hashes size bytes of r as an object of typ; fewer is an
+// error.
+func hashStream(r io.Reader, typ plumbing.ObjectType, size, max int64) (plumbing.Hash, error) {
+	if max > 0 && size > max {
+		return plumbing.ZeroHash, fmt.Errorf("%s of %d bytes, over the %d a snapshot may hold", typ, size, max)
+	}
+	h := plumbing.NewHasher(typ, size)
+	if _, err := io.CopyN(h, r, size); err != nil {
+		return plumbing.ZeroHash, fmt.Errorf("shorter than the %d bytes it declares: %w", size, err)
+	}
+	return h.Sum(), nil
+}
+
+// checkPack hashes each object the index idx lists, read from pack at its
+// offset, against its name.
+func (o *objectReader) checkPack(r io.ReaderAt, idx, pack fileSpan, max int64) error {
+	head := make([]byte, 8+256*4)
+	if idx.size < int64(len(head)) {
+		return errors.New("its index is truncated")
+	}
+	if _, err := r.ReadAt(head, idx.off); err != nil {
+		return err
+	}
+	if !bytes.Equal(head[:8], idxMagic) {
+		return errors.New("its index is not of version 2")
+	}
+	n := int64(binary.BigEndian.Uint32(head[8+4*255:]))
+	const names = 8 + 256*4
+	if names+28*n+40 > idx.size {
+		return errors.New("its index is truncated")
+	}
+	nr := bufio.NewReader(io.NewSectionReader(r, idx.off+names, 20*n))
+	or := bufio.NewReader(io.NewSectionReader(r, idx.off+names+24*n, 4*n))
+	var name plumbing.Hash
+	b := make([]byte, 8)
+	for range n {
+		if _, err := io.ReadFull(nr, name[:]); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(or, b[:4]); err != nil {
+			return err
+		}
+		off := int64(binary.BigEndian.Uint32(b))
+		if off&0x80000000 != 0 {
+			at := names + 28*n + 8*(off&0x7fffffff)
+			if at+8 > idx.size {
+				return errors.New("its index is truncated")
+			}
+			if _, err := r.ReadAt(b, idx.off+at); err != nil {
+				return err
+			}
+			off = int64(binary.BigEndian.Uint64(b) & (1<<63 - 1))
+		}
+		if off < 12 || off >= pack.size {
+			return fmt.Errorf("object %s: offset %d is outside the pack", name, off)
+		}
+		sr := io.NewSectionReader(r, pack.off+off, pack.size-off)
+		if o.br == nil {
+			o.br = bufio.NewReader(sr)
+		} else {
+			o.br.Reset(sr)
+		}
+		typ, size, err := packEntryHeader(o.br)
+		if err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+		z, err := o.inflater(o.br)
+		if err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+		got, err := hashStream(z, typ, size, max)
+		if err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+		if got != name {
+			return fmt.Errorf("the object stored as %s hashes to %s", name, got)
+		}
+	}
+	return nil
+}
+
+// hashLoose returns the name a loose object file's content hashes to.
+func (o *objectReader) hashLoose(r io.ReaderAt, span fileSpan, max int64) (plumbing.Hash, error) {
+	z, err := o.inflater(io.NewSectionReader(r, span.off, span.size))
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	br := bufio.NewReader(z)
+	typ, size, err := looseHeader(br)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return hashStream(br, typ, size, max)
 }
 
 // readLooseObject reads a loose object file: zlib of "<type> <size>\0"

@@ -4,10 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/zlib"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -122,8 +124,9 @@ func looseObject(t *testing.T, typ string, content []byte) []byte {
 
 // VerifyCommit accepts the snapshot of a git source's commit (on a branch,
 // or detached) and refuses, with ErrWrongCommit and the reason, a valid
-// snapshot of another commit, one whose files are another tree, and one
-// whose .git would show a run something else than the commit.
+// snapshot of another commit, one whose files are another tree, one whose
+// .git would show a run something else than the commit, and one holding
+// an object that does not hash to its name.
 func TestVerifyCommit(t *testing.T) {
 	t.Parallel()
 	src, first, second := verifyRepo(t)
@@ -138,6 +141,7 @@ func TestVerifyCommit(t *testing.T) {
 	require.Equal(t, "ref: refs/heads/main\n", string(entry(t, good, ".git/HEAD")))
 	require.Contains(t, tarNames(t, good), "sub/", "the submodule is an empty directory")
 
+	readme := workertest.Git(t, src, "rev-parse", second+":README")
 	edits := []struct {
 		name   string
 		snap   []byte
@@ -182,6 +186,15 @@ func TestVerifyCommit(t *testing.T) {
 			rewriteTar(t, detached, replace(".git/HEAD", []byte(second+"\n")), map[string][]byte{
 				".git/objects/" + second[:2] + "/" + second[2:]: looseObject(t, "commit", commitObject(t, src, first)),
 			}), second, "the object stored as " + second + " hashes to " + first},
+		{"a blob that does not hash to its name", rewriteTar(t, good, nil, map[string][]byte{
+			".git/objects/" + readme[:2] + "/" + readme[2:]: looseObject(t, "blob", []byte("not two\n")),
+		}), second, "the object stored as " + readme + " hashes to "},
+		{"a pack index naming the wrong objects", rewriteTar(t, good, func(h *tar.Header, d []byte) (*tar.Header, []byte) {
+			if strings.HasSuffix(h.Name, ".idx") {
+				d = swapFirstOffsets(t, d)
+			}
+			return h, d
+		}, nil), second, "pack-"},
 	}
 	for _, tc := range edits {
 		err := verify(tc.snap, tc.commit)
@@ -189,6 +202,8 @@ func TestVerifyCommit(t *testing.T) {
 		require.ErrorContains(t, err, "workspace snapshot does not hold commit "+tc.commit+": "+tc.why, tc.name)
 	}
 
+	swapped := edits[len(edits)-1]
+	require.ErrorContains(t, verify(swapped.snap, second), "the object stored as", swapped.name)
 	require.ErrorContains(t, verify(good, "nope"), "is not 40 lowercase hex digits")
 	require.NotErrorIs(t, verify(good, "nope"), workspace.ErrWrongCommit)
 }
@@ -197,4 +212,20 @@ func TestVerifyCommit(t *testing.T) {
 func commitObject(t *testing.T, src, h string) []byte {
 	t.Helper()
 	return []byte(workertest.Git(t, src, "cat-file", "commit", h) + "\n")
+}
+
+// swapFirstOffsets returns a pack index (version 2) whose first two
+// objects' offsets are swapped: each name leads to the other's object.
+func swapFirstOffsets(t *testing.T, idx []byte) []byte {
+	t.Helper()
+	idx = bytes.Clone(idx)
+	n := int(binary.BigEndian.Uint32(idx[8+4*255:]))
+	require.GreaterOrEqual(t, n, 2)
+	offs := 8 + 256*4 + 24*n
+	a, b := idx[offs:offs+4], idx[offs+4:offs+8]
+	var tmp [4]byte
+	copy(tmp[:], a)
+	copy(a, b)
+	copy(b, tmp[:])
+	return idx
 }
