@@ -375,7 +375,7 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	}
 	if s.git != nil {
 		if err := s.verifyGitSnapshot(ctx, path, *ref, s.git.Commit, s.gitCache); err != nil { // git.go
-			return stageError(err, errors.Is(err, workspace.ErrWrongCommit))
+			return stageError(err, errors.Is(err, workspace.ErrWrongCommit) || isSnapshotRefused(err))
 		}
 	}
 	rw.snapshot = path
