@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,16 +20,27 @@ import (
 // the jailed run sees its tree and history at /workspace; the state names
 // the commit; `jetcrew apply` in a clone of the remote gets the run's
 // change as a branch on that commit. A second run on the same commit
-// fetches nothing; a profile without git_remotes refuses the remote.
+// fetches nothing; a profile without git_remotes refuses the remote. Run
+// with and without --auth: under --auth the worker stores the snapshot and
+// the cache object in jetcrew-workspaces as the worker role, and the
+// commands act as the submitter.
 func TestWorkspaceFromGit(t *testing.T) {
 	needsDocker(t)
+	for _, mode := range authModes {
+		t.Run(mode.name, func(t *testing.T) { testWorkspaceFromGit(t, mode.args) })
+	}
+}
+
+// testWorkspaceFromGit is TestWorkspaceFromGit on an `up` started with
+// upArgs, against a git server of its own.
+func testWorkspaceFromGit(t *testing.T, upArgs []string) {
 	g := workertest.StartGitServer(t)
 	src := g.NewRepo(t, "repo.git", map[string]string{"main.go": "package main\n\nfunc main() { println(\"foo\") }\n"})
 	head := workertest.Git(t, src, "rev-parse", "HEAD")
 	profiles := filepath.Join(t.TempDir(), "profiles.toml")
 	require.NoError(t, os.WriteFile(profiles, fmt.Appendf(nil,
 		"[profiles.git]\nimage = \"jetcrew-sandbox:latest\"\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\ngit_remotes = [%q]\n", g.URL+"/*"), 0o644))
-	url := up(t, "--profiles", profiles)
+	url := up(t, append(slices.Clone(upArgs), "--profiles", profiles)...)
 	remote := g.URL + "/repo.git"
 
 	r := run(t, url, jetcrewBin, "submit", "--id", "wg-1", "--wait", "--profile", "git", "--git", remote, "--ref", "main",
@@ -55,7 +67,7 @@ func TestWorkspaceFromGit(t *testing.T) {
 	clone := t.TempDir()
 	workertest.Git(t, clone, "clone", "-q", remote, ".")
 	a := exec.Command(jetcrewBin, "apply", "wg-1")
-	a.Dir, a.Env = clone, append(os.Environ(), "NATS_URL="+url)
+	a.Dir, a.Env = clone, append(append(os.Environ(), "NATS_URL="+url), authEnv(url, "submitter")...)
 	out, err := a.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "branch jetcrew/wg-1")

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -268,4 +271,88 @@ func TestGitFetchesSharedAndBounded(t *testing.T) {
 			require.Equal(t, int64(slots), g.MaxUploadPacksInFlight.Load(), "fetches at once against the worker's %d slots", slots)
 		})
 	}
+}
+
+// gitCacheObject is the name of the git cache object of a remote's ref at
+// commit (docs/workspaces.md: "git/<hex SHA-256 of url, newline, full ref
+// name>/<object id>").
+func gitCacheObject(url, refName, commit string) string {
+	sum := sha256.Sum256([]byte(url + "\n" + refName))
+	return "git/" + hex.EncodeToString(sum[:]) + "/" + commit
+}
+
+// A git cache entry is used only once its snapshot proves to hold the
+// commit the remote lists. An entry planted for the branch's new commit,
+// naming the valid snapshot of its old one (as any bucket writer could),
+// fails the run before its container starts, without a retry, and is
+// deleted: the next run fetches the commit and runs on it. An entry
+// claiming another commit than the listed one is ignored: the run
+// fetches.
+func TestGitCacheEntryCheckedAgainstItsCommit(t *testing.T) {
+	t.Parallel()
+	g := workertest.StartGitServer(t)
+	src := g.NewRepo(t, "repo", map[string]string{"README": "one\n"})
+	first := workertest.Git(t, src, "rev-parse", "HEAD")
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = gitProfiles(g.URL + "/*")
+		c.Runtime.(*workertest.Runtime).Behave = workspaceEditor
+	})
+	url := g.URL + "/repo"
+	ws := &messages.WorkspaceRef{Git: &messages.GitSource{URL: url, Ref: "main"}}
+	b.submit(t, messages.RunRequest{ID: "c1", Profile: "git", Workspace: ws})
+	st := b.waitFinal(t, "c1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, first, st.WorkspaceGit.Commit)
+	oldSnapshot := st.WorkspaceGit.Digest
+
+	ctx := context.Background()
+	obs, err := b.js.ObjectStore(ctx, messages.BucketWorkspaces)
+	require.NoError(t, err)
+	commit := func(content string) string {
+		require.NoError(t, os.WriteFile(filepath.Join(src, "README"), []byte(content), 0o644))
+		workertest.Git(t, src, "commit", "-qam", content)
+		return workertest.Git(t, src, "rev-parse", "HEAD")
+	}
+	plant := func(commit, claims string) string {
+		name := gitCacheObject(url, "refs/heads/main", commit)
+		_, err := obs.PutBytes(ctx, name, fmt.Appendf(nil, `{"digest":%q,"commit":%q}`, oldSnapshot, claims))
+		require.NoError(t, err)
+		return name
+	}
+
+	// The branch moves; its new commit's entry names the old snapshot.
+	second := commit("two\n")
+	planted := plant(second, second)
+	b.submit(t, messages.RunRequest{ID: "c2", Profile: "git", Workspace: ws})
+	st = b.waitFinal(t, "c2")
+	require.Equal(t, messages.StateFailed, st.State)
+	require.Contains(t, st.Reason, "workspace: workspace snapshot does not hold commit "+second+": its HEAD is "+first)
+	require.Equal(t, 1, st.Attempts, "not retried")
+	b.deadLetter(t, "default", "c2")
+	for _, c := range b.rt.Starts() {
+		if c.Labels[jail.LabelRunID] == "c2" {
+			require.NotEqual(t, jail.RoleRun, c.Labels[jail.LabelRole], "the run's container never started")
+		}
+	}
+	require.Equal(t, int64(1), g.UploadPacks.Load(), "the entry was taken, nothing fetched")
+	_, err = obs.GetInfo(ctx, planted)
+	require.ErrorIs(t, err, jetstream.ErrObjectNotFound, "the entry is deleted")
+
+	// The next run fetches the commit and runs on it.
+	b.submit(t, messages.RunRequest{ID: "c3", Profile: "git", Workspace: ws})
+	st = b.waitFinal(t, "c3")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, second, st.WorkspaceGit.Commit)
+	require.Equal(t, "two\nref: refs/heads/main\n", output(b.events(t, "c3"), "stdout"))
+	require.Equal(t, int64(2), g.UploadPacks.Load())
+
+	// An entry claiming the old commit under the new one's name: ignored.
+	third := commit("three\n")
+	plant(third, first)
+	b.submit(t, messages.RunRequest{ID: "c4", Profile: "git", Workspace: ws})
+	st = b.waitFinal(t, "c4")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, third, st.WorkspaceGit.Commit)
+	require.Equal(t, "three\nref: refs/heads/main\n", output(b.events(t, "c4"), "stdout"))
+	require.Equal(t, int64(3), g.UploadPacks.Load())
 }

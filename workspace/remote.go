@@ -71,7 +71,10 @@ type Remote struct {
 	sess transport.UploadPackSession
 	hc   *http.Client
 	refs storer.ReferenceStorer
-	caps *capability.List
+	// peeled holds the peeled values the remote advertised, by reference
+	// name (an annotated tag's commit).
+	peeled map[string]plumbing.Hash
+	caps   *capability.List
 }
 
 // RemoteRef is one reference of a Remote, as Resolve found it.
@@ -82,6 +85,11 @@ type RemoteRef struct {
 	// Want is the object the reference names: a commit, or an annotated
 	// tag.
 	Want plumbing.Hash
+	// Commit is the commit the listing says the reference names: the
+	// peeled value the remote advertised for it (an annotated tag's
+	// commit), else Want. The listing is the remote's word: only a fetch
+	// (Snapshot's Info.Head) proves it.
+	Commit plumbing.Hash
 }
 
 // OpenRemote lists the references of the git repository at url (http or
@@ -116,7 +124,7 @@ func OpenRemote(ctx context.Context, url string, o RemoteOptions) (*Remote, erro
 		rem.Close()
 		return nil, remoteError(url, err)
 	}
-	rem.caps = ar.Capabilities
+	rem.caps, rem.peeled = ar.Capabilities, ar.Peeled
 	return rem, nil
 }
 
@@ -172,11 +180,20 @@ func (r *Remote) Resolve(ref string) (RemoteRef, error) {
 			if err != nil {
 				return RemoteRef{}, fmt.Errorf("%w: %s names %s, which %s does not have", ErrRefNotFound, n, got.Target(), r.url)
 			}
-			return RemoteRef{Name: target.Name(), Want: target.Hash()}, nil
+			return r.remoteRef(target), nil
 		}
-		return RemoteRef{Name: got.Name(), Want: got.Hash()}, nil
+		return r.remoteRef(got), nil
 	}
 	return RemoteRef{}, fmt.Errorf("%w: %s has no branch, tag or reference %q", ErrRefNotFound, r.url, cmp.Or(ref, "HEAD"))
+}
+
+// remoteRef is the RemoteRef of the hash reference ref.
+func (r *Remote) remoteRef(ref *plumbing.Reference) RemoteRef {
+	rr := RemoteRef{Name: ref.Name(), Want: ref.Hash(), Commit: ref.Hash()}
+	if c, ok := r.peeled[ref.Name().String()]; ok {
+		rr.Commit = c
+	}
+	return rr
 }
 
 // Snapshot fetches rr's commit and all its history (no other reference,

@@ -46,6 +46,7 @@ func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	rr, err := rem.Resolve("main")
 	require.NoError(t, err)
 	require.Equal(t, "refs/heads/main", rr.Name.String())
+	require.Equal(t, head, rr.Commit.String())
 	var got bytes.Buffer
 	info, err := rem.Snapshot(ctx, rr, &got)
 	require.NoError(t, err)
@@ -67,6 +68,8 @@ func TestRemoteSnapshotEqualsCloneSnapshot(t *testing.T) {
 	// A tag: detached at its commit. HEAD: the remote's branch.
 	rr, err = rem.Resolve("v1")
 	require.NoError(t, err)
+	require.Equal(t, workertest.Git(t, src, "rev-parse", "v1"), rr.Want.String(), "the annotated tag")
+	require.Equal(t, head, rr.Commit.String(), "the commit the remote advertised as its peeled value")
 	got.Reset()
 	info, err = rem.Snapshot(ctx, rr, &got)
 	require.NoError(t, err)

@@ -48,7 +48,8 @@ func gitCacheName(remote, refName, want string) string {
 // commit and, unless the cache object of that commit names a snapshot the
 // bucket still holds, fetches the commit and its history with go-git,
 // writes its snapshot (workspace.Remote.Snapshot) and stores it under its
-// digest, then the cache object. Runs asking for the same remote and ref
+// digest, then the cache object. Prestart then checks the downloaded
+// snapshot against the commit (verifyGitSnapshot) before the run uses it. Runs asking for the same remote and ref
 // at the same time share one resolution, and the worker fetches at most
 // Config.GitFetches at once (gitFlight). It records the source,
 // commit and digest, for Note. A remote the profile does not
@@ -70,6 +71,7 @@ func (s *Stage) resolveGitWorkspace(ctx context.Context, prof *profile.Profile, 
 		return messages.WorkspaceRef{}, stage.Transient(fmt.Errorf("fetch workspace from git: %w", err))
 	}
 	s.git = &messages.GitSource{URL: src.URL, Ref: src.Ref, Commit: g.commit, Digest: g.ref.Digest}
+	s.gitCache = g.cacheName
 	s.run.Log.Info().Str("git_url", src.URL).Str("git_ref", src.Ref).Str("commit", g.commit).
 		Bool("fetched", g.fetched).Bool("shared", shared).Dur("resolved_in", time.Since(start)).Msg("git workspace resolved")
 	return g.ref, nil
@@ -83,12 +85,14 @@ func isGitRefused(err error) bool {
 }
 
 // gitResolution is what one resolution of a git source found: the snapshot
-// to stage, the commit it holds, and whether it was fetched (false: the
-// cache had it).
+// to stage, the commit it is to hold (checked once the snapshot is
+// downloaded: verifyGitSnapshot), the name of the commit's cache object
+// and whether it was fetched (false: the cache object named the snapshot).
 type gitResolution struct {
-	ref     messages.WorkspaceRef
-	commit  string
-	fetched bool
+	ref       messages.WorkspaceRef
+	commit    string
+	cacheName string
+	fetched   bool
 }
 
 // gitFlight shares and bounds a worker's git resolutions. Runs asking for
@@ -206,10 +210,14 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 		return gitResolution{}, err
 	}
 	cacheName := gitCacheName(src.URL, rr.Name.String(), rr.Want.String())
-	if ent, ok := readGitCache(ctx, ws, cacheName); ok {
+	// The entry is used for the commit the remote lists, never for the one
+	// it claims: an entry claiming another is ignored (the fetch replaces
+	// it), and the snapshot it names must prove to hold the listed commit
+	// before the run uses it (verifyGitSnapshot).
+	if ent, ok := readGitCache(ctx, ws, cacheName); ok && ent.Commit == rr.Commit.String() {
 		ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
 		if workspace.Stored(ctx, ws, ref) {
-			return gitResolution{ref: ref, commit: ent.Commit}, nil
+			return gitResolution{ref: ref, commit: ent.Commit, cacheName: cacheName}, nil
 		}
 	}
 	if err := t.git.acquireFetch(ctx); err != nil {
@@ -234,7 +242,81 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 		// Only the cache is lost: the next run on this commit fetches again.
 		t.log.Warn().Err(err).Str("git_url", src.URL).Msg("store git cache entry")
 	}
-	return gitResolution{ref: up.Ref, commit: info.Head, fetched: true}, nil
+	return gitResolution{ref: up.Ref, commit: info.Head, cacheName: cacheName, fetched: true}, nil
+}
+
+// verifyGitSnapshot checks that the cached snapshot file path, of
+// snapshot ref, holds commit (workspace.VerifyCommit): HEAD, the commit's
+// object, its tree as the files. A snapshot is checked once for a commit
+// while it stays in the worker's cache (its bytes, checked against its
+// digest, never change). A snapshot that does not hold the commit is
+// workspace.ErrWrongCommit, and the cache object cacheName is deleted when
+// it still names that snapshot, so the next run fetches the commit.
+func (s *Stage) verifyGitSnapshot(ctx context.Context, path string, ref messages.WorkspaceRef, commit, cacheName string) error {
+	t := s.t
+	key := strings.TrimPrefix(ref.Digest, "sha256:")
+	if t.verifiedCommit(key) == commit {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = workspace.VerifyCommit(f, fi.Size(), commit, workspace.UnpackOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles})
+	if errors.Is(err, workspace.ErrWrongCommit) {
+		s.run.Log.Warn().Err(err).Str("snapshot", ref.Name).Str("git_cache", cacheName).Msg("a git snapshot does not hold its commit; its cache entry is dropped")
+		t.dropGitCache(ctx, cacheName, ref.Digest)
+	}
+	if err != nil {
+		return err
+	}
+	t.setVerified(key, commit)
+	s.run.Log.Debug().Str("snapshot", ref.Name).Dur("verified_in", time.Since(start)).Msg("git snapshot holds its commit")
+	return nil
+}
+
+// dropGitCache deletes the cache object name when it names the snapshot
+// digest: one that another worker has since replaced with another
+// snapshot is left to be checked on its own.
+func (t *Trees) dropGitCache(ctx context.Context, name, digest string) {
+	ws, _, err := t.stores(ctx)
+	if err != nil {
+		return
+	}
+	if ent, ok := readGitCache(ctx, ws, name); ok && ent.Digest != digest {
+		return
+	}
+	if err := ws.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.log.Warn().Err(err).Str("git_cache", name).Msg("delete a git cache entry; its snapshot is checked again by each run")
+	}
+}
+
+// verifiedCommit returns the commit the cached snapshot of hex digest key
+// was found to hold ("" when none was checked).
+func (t *Trees) verifiedCommit(key string) string {
+	t.verifiedMu.Lock()
+	defer t.verifiedMu.Unlock()
+	return t.verified[key]
+}
+
+func (t *Trees) setVerified(key, commit string) {
+	t.verifiedMu.Lock()
+	defer t.verifiedMu.Unlock()
+	t.verified[key] = commit
+}
+
+// forgetVerified forgets what was checked of the cached snapshot of hex
+// digest key, once its file is removed.
+func (t *Trees) forgetVerified(key string) {
+	t.verifiedMu.Lock()
+	defer t.verifiedMu.Unlock()
+	delete(t.verified, key)
 }
 
 // readGitCache reads the cache object name of bucket ws; ok is false when

@@ -118,6 +118,10 @@ func (t *Trees) removeStaleSnapshots(grace time.Duration) {
 			}
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				t.log.Warn().Err(err).Str("file", path).Msg("remove cached snapshot")
+				return
+			}
+			if key, ok := strings.CutSuffix(e.Name(), ".tar"); ok {
+				t.forgetVerified(key)
 			}
 		})
 	}

@@ -127,6 +127,11 @@ type Trees struct {
 	tools     *staged.Stager
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 
+	// verified maps a cached snapshot (its digest's hex) to the commit it
+	// was found to hold (verifyGitSnapshot).
+	verifiedMu sync.Mutex
+	verified   map[string]string
+
 	mu       sync.Mutex
 	ws       *workspace.SnapshotStore
 	res      jetstream.ObjectStore
@@ -138,7 +143,7 @@ func New(d Deps) *Trees {
 	return &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
 		holds: d.Holds, log: d.Log,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
-		git:   newGitFlight(d.Config.GitFetches)}
+		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}}
 }
 
 // Start sets the context git resolutions run under: the worker's runs
@@ -212,10 +217,11 @@ type Stage struct {
 	t   *Trees
 	run *stage.Run
 	rw  *runWorkspace
-	// git is the run's git source, resolved; result what the capture
-	// recorded.
-	git    *messages.GitSource
-	result *messages.WorkspaceResult
+	// git is the run's git source, resolved, gitCache the name of its
+	// commit's cache object; result what the capture recorded.
+	git      *messages.GitSource
+	gitCache string
+	result   *messages.WorkspaceResult
 	// releases gives up what the run holds in Holds.
 	releases []func()
 }
@@ -366,6 +372,11 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	path, err := s.cachedSnapshot(ctx, *ref)
 	if err != nil {
 		return stageError(err, isSnapshotRefused(err)) // release waits for startCapture and removes what it made
+	}
+	if s.git != nil {
+		if err := s.verifyGitSnapshot(ctx, path, *ref, s.git.Commit, s.gitCache); err != nil { // git.go
+			return stageError(err, errors.Is(err, workspace.ErrWrongCommit) || isSnapshotRefused(err))
+		}
 	}
 	rw.snapshot = path
 	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
