@@ -1,6 +1,9 @@
 package main
 
 import (
+	"github.com/jetcrew/jetcrew/internal/leaktest"
+	"go.uber.org/goleak"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -83,7 +86,9 @@ var testBridge string
 
 // TestMain makes the stand-in bridge, and points TMPDIR at a directory of
 // its own, removed at the end, so the state directories of the tests'
-// workers (os.TempDir()/jetcrew-<id>) go with it.
+// workers (os.TempDir()/jetcrew-<id>) go with it. It fails the package's
+// tests when a goroutine outlives them (every command's server, worker,
+// console and connection included).
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "jc-cmd")
 	if err != nil {
@@ -99,9 +104,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	goleak.VerifyTestMain(m, append(leaktest.Known(), goleak.Cleanup(func(code int) {
+		_ = os.RemoveAll(dir)
+		os.Exit(code)
+	}))...)
 }
 
 // cli runs one command line in a fresh app with NATS_URL=url and returns

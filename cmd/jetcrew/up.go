@@ -21,8 +21,13 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 )
 
-// serverReadyTimeout bounds the embedded server's start.
-const serverReadyTimeout = 10 * time.Second
+// serverReadyTimeout bounds the embedded server's start; serverReadyStep
+// is how long one readiness check waits before the fatal errors the server
+// logged are looked at again.
+const (
+	serverReadyTimeout = 10 * time.Second
+	serverReadyStep    = 50 * time.Millisecond
+)
 
 type upOptions struct {
 	listen  string
@@ -206,18 +211,20 @@ func (a *app) startServer(sopts *server.Options) (*server.Server, *serverLogger,
 	debug, trace := slog.enable()
 	s.SetLoggerV2(slog, debug, trace, false)
 	go s.Start()
-	// The readiness check ends by itself within serverReadyTimeout.
-	readyc := make(chan bool, 1)
-	go func() { readyc <- s.ReadyForConnections(serverReadyTimeout) }()
-	select {
-	case ok := <-readyc:
-		if !ok {
+	// Readiness is checked in short steps, with the fatal channel looked at
+	// between them, so no goroutine outlives a server that failed to start.
+	deadline := time.Now().Add(serverReadyTimeout)
+	for !s.ReadyForConnections(serverReadyStep) {
+		select {
+		case msg := <-slog.fatal:
+			s.Shutdown()
+			return nil, nil, fmt.Errorf("nats-server: %s", msg)
+		default:
+		}
+		if time.Now().After(deadline) {
 			s.Shutdown()
 			return nil, nil, fmt.Errorf("nats-server: not ready for connections within %s", serverReadyTimeout)
 		}
-	case msg := <-slog.fatal:
-		s.Shutdown()
-		return nil, nil, fmt.Errorf("nats-server: %s", msg)
 	}
 	return s, slog, nil
 }
