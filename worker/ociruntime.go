@@ -10,6 +10,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+	"github.com/rs/zerolog"
+
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runner"
@@ -27,10 +30,23 @@ type OCIRuntimeLister interface {
 	OCIRuntimes(ctx context.Context) ([]string, error)
 }
 
-// checkOCIRuntimes is Start's check that the engine offers every OCI
-// runtime the profiles name; nil when the Runtime cannot list them.
-func (w *Worker) checkOCIRuntimes(ctx context.Context) error {
-	l, ok := w.cfg.Runtime.(OCIRuntimeLister)
+// runtimeCheck is Start's check of the OCI runtimes the profiles name:
+// listed by the engine (check), then each proved by a container (prove).
+type runtimeCheck struct {
+	runtime  jail.Runtime
+	profiles profile.Profiles
+	workerID string
+	// install is the installation's label value (jail.LabelInstall); set
+	// once the runs stream exists, before prove.
+	install string
+	log     zerolog.Logger
+}
+
+// check is Start's check that the engine offers every OCI runtime the
+// profiles name; nil when the Runtime cannot list them. The error wraps
+// profile.ErrOCIRuntimeMissing for a runtime the engine lacks.
+func (r *runtimeCheck) check(ctx context.Context) error {
+	l, ok := r.runtime.(OCIRuntimeLister)
 	if !ok {
 		return nil
 	}
@@ -38,24 +54,26 @@ func (w *Worker) checkOCIRuntimes(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: list the engine's OCI runtimes: %w", err)
 	}
-	if err := w.cfg.Profiles.CheckOCIRuntimes(names); err != nil {
+	if err := r.profiles.CheckOCIRuntimes(names); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.log.Debug().Strs("oci_runtimes", names).Msg("engine's OCI runtimes")
+	r.log.Debug().Strs("oci_runtimes", names).Msg("engine's OCI runtimes")
 	return nil
 }
 
 // Bounds of the proof of an OCI runtime.
 const (
 	// runtimeProofTries is how many times a proof container is tried when
-	// the engine's error is not permanent, a second more after each try.
+	// the engine's error is not permanent, runtimeProofPause apart.
 	runtimeProofTries = 3
+	// runtimeProofPause is the pause between two tries of a proof.
+	runtimeProofPause = time.Second
 	// runtimeProofWait bounds the wait for a started proof container's
 	// exit before it is removed anyway.
 	runtimeProofWait = 10 * time.Second
 )
 
-// proveOCIRuntimes is Start's proof that every OCI runtime a profile names
+// prove is Start's proof that every OCI runtime a profile names
 // can start a container: an engine lists a runtime it cannot use alike (crun
 // on a host whose cgroups are hybrid answers every start with HTTP 500, which
 // a run would take for a transient failure and retry). For each runtime it
@@ -65,29 +83,28 @@ const (
 // /bin/true (a missing one still starts the container: its init reports the
 // failed exec). A runtime that cannot start it fails the start with the
 // engine's own error (profile.ErrOCIRuntimeUnusable), and so does one that
-// no image could prove. Nil when the Runtime cannot list runtimes
-// (checkOCIRuntimes).
-func (w *Worker) proveOCIRuntimes(ctx context.Context) error {
-	if _, ok := w.cfg.Runtime.(OCIRuntimeLister); !ok {
+// no image could prove. Nil when the Runtime cannot list runtimes (check).
+func (r *runtimeCheck) prove(ctx context.Context) error {
+	if _, ok := r.runtime.(OCIRuntimeLister); !ok {
 		return nil
 	}
-	byRuntime := w.cfg.Profiles.OCIRuntimes()
+	byRuntime := r.profiles.OCIRuntimes()
 	names := make([]string, 0, len(byRuntime))
 	for rt := range byRuntime {
 		names = append(names, rt)
 	}
 	sort.Strings(names)
 	for _, rt := range names {
-		if err := w.proveOCIRuntime(ctx, rt, byRuntime[rt]); err != nil {
+		if err := r.proveRuntime(ctx, rt, byRuntime[rt]); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}
 	return nil
 }
 
-// proveOCIRuntime proves runtime rt with the profiles naming it, sorted by
-// name (proveOCIRuntimes).
-func (w *Worker) proveOCIRuntime(ctx context.Context, rt string, profs []profile.Profile) error {
+// proveRuntime proves runtime rt with the profiles naming it, sorted by
+// name (prove).
+func (r *runtimeCheck) proveRuntime(ctx context.Context, rt string, profs []profile.Profile) error {
 	type try struct {
 		prof  profile.Profile
 		image string
@@ -105,10 +122,10 @@ func (w *Worker) proveOCIRuntime(ctx context.Context, rt string, profs []profile
 	}
 	add(profs[0], profile.SandboxImage)
 	for _, t := range tries {
-		err := w.startRuntimeProof(ctx, t.prof, t.image)
+		err := r.start(ctx, t.prof, t.image)
 		switch {
 		case err == nil:
-			w.log.Info().Str("oci_runtime", rt).Str("profile", t.prof.Name).Str("image", t.image).Msg("OCI runtime proved: it started a container")
+			r.log.Info().Str("oci_runtime", rt).Str("profile", t.prof.Name).Str("image", t.image).Msg("OCI runtime proved: it started a container")
 			return nil
 		case errors.Is(err, jail.ErrImageNotFound):
 			continue
@@ -123,27 +140,31 @@ func (w *Worker) proveOCIRuntime(ctx context.Context, rt string, profs []profile
 		profile.ErrOCIRuntimeUnusable, rt, profs[0].Name, images)
 }
 
-// startRuntimeProof starts the proof container of p's runtime with image
-// and removes it: nil once it started. A failure the runtime does not call
-// permanent is tried again, runtimeProofTries times in all.
-func (w *Worker) startRuntimeProof(ctx context.Context, p profile.Profile, image string) error {
-	var err error
-	for try := 1; ; try++ {
-		if err = w.startRuntimeProofOnce(ctx, p, image); err == nil || errors.Is(err, jail.ErrPermanent) || try == runtimeProofTries {
-			return err
+// start starts the proof container of p's runtime with image and removes
+// it: nil once it started. A failure the runtime does not call permanent
+// (jail.ErrPermanent) is tried again, runtimeProofTries times in all.
+func (r *runtimeCheck) start(ctx context.Context, p profile.Profile, image string) error {
+	b := backoff.WithContext(backoff.WithMaxRetries(backoff.NewConstantBackOff(runtimeProofPause), runtimeProofTries-1), ctx)
+	err := backoff.RetryNotify(func() error {
+		err := r.startOnce(ctx, p, image)
+		if errors.Is(err, jail.ErrPermanent) {
+			return backoff.Permanent(err)
 		}
-		w.log.Debug().Err(err).Str("oci_runtime", p.Runtime).Int("try", try).Msg("OCI runtime proof failed; trying again")
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Duration(try) * time.Second):
-		}
+		return err
+	}, b, func(err error, _ time.Duration) {
+		r.log.Debug().Err(err).Str("oci_runtime", p.Runtime).Msg("OCI runtime proof failed; trying again")
+	})
+	var perm *backoff.PermanentError
+	if errors.As(err, &perm) {
+		return perm.Err
 	}
+	return err
 }
 
-func (w *Worker) startRuntimeProofOnce(ctx context.Context, p profile.Profile, image string) error {
-	spec := w.runtimeProofSpec(p, image)
-	c, err := w.cfg.Runtime.Start(ctx, spec, func(string, []byte) {})
+// startOnce starts and removes one proof container (start).
+func (r *runtimeCheck) startOnce(ctx context.Context, p profile.Profile, image string) error {
+	spec := r.spec(p, image)
+	c, err := r.runtime.Start(ctx, spec, func(string, []byte) {})
 	if err != nil {
 		return err
 	}
@@ -153,28 +174,28 @@ func (w *Worker) startRuntimeProofOnce(ctx context.Context, p profile.Profile, i
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := c.Remove(rctx); err != nil {
-		w.log.Warn().Err(err).Str("container", spec.Name).Msg("remove the OCI runtime's proof container; the reconciler will")
+		r.log.Warn().Err(err).Str("container", spec.Name).Msg("remove the OCI runtime's proof container; the reconciler will")
 	}
 	return nil
 }
 
-// runtimeProofSpec is the proof container of p's runtime: p's jail
+// spec is the proof container of p's runtime: p's jail
 // (runner.ProfileSpec: user, limits, tmpfs, runtime) with image, network
 // none, the command /bin/true, and labels that make it the worker's
 // (jail.RoleRuntimeProof), so the reconciler removes one left behind.
-func (w *Worker) runtimeProofSpec(p profile.Profile, image string) jail.ContainerSpec {
+func (r *runtimeCheck) spec(p profile.Profile, image string) jail.ContainerSpec {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	id := "runtime-proof-" + hex.EncodeToString(b)
 	spec := runner.ProfileSpec(&p)
-	spec.Name = "jetcrew-" + id + "-" + w.cfg.ID
+	spec.Name = "jetcrew-" + id + "-" + r.workerID
 	spec.Image = image
 	spec.Network = "none"
 	spec.Cmd = []string{"/bin/true"}
 	spec.Env = []string{"HOME=" + p.Home}
 	spec.Labels = map[string]string{
-		jail.LabelManaged: "true", jail.LabelRunID: id, jail.LabelWorker: w.cfg.ID, jail.LabelAttempt: "1",
-		jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelProfile: p.Name, jail.LabelInstall: w.install,
+		jail.LabelManaged: "true", jail.LabelRunID: id, jail.LabelWorker: r.workerID, jail.LabelAttempt: "1",
+		jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelProfile: p.Name, jail.LabelInstall: r.install,
 		jail.LabelRole: jail.RoleRuntimeProof,
 	}
 	return spec

@@ -434,7 +434,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // directory, builds the stages' factories and the run engine, and writes
 // the first heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
-	if err := w.checkOCIRuntimes(ctx); err != nil {
+	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.cfg.Profiles, workerID: w.cfg.ID, log: w.log}
+	if err := runtimes.check(ctx); err != nil {
 		return err
 	}
 	var cons jetstream.Consumer
@@ -452,7 +453,8 @@ func (w *Worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("worker: stream %s: %w", messages.StreamRuns, err)
 	}
 	w.install = strconv.FormatInt(stream.CachedInfo().Created.UnixNano(), 36)
-	if err := w.proveOCIRuntimes(ctx); err != nil {
+	runtimes.install = w.install
+	if err := runtimes.prove(ctx); err != nil {
 		return err
 	}
 	if err := w.untilProvisioned(ctx, "coordination's stream and bucket", func(ctx context.Context) error {
