@@ -75,7 +75,16 @@ func (d *Dispatcher) QueueDepth(ctx context.Context, pool string) (uint64, error
 // MaxRequestScan requests are read, and a queue longer than that counts as
 // holding it). A run id known nowhere was never submitted, or everything of
 // it expired: waiting for it would wait forever.
+//
+// The request is looked for first: a worker removes it (ack or term) only
+// after it has recorded the run's state, dead letter or events, so a run
+// whose request is gone by the time it is looked for is found by the
+// looks after it; looked for last, a request taken and refused between
+// the looks was found nowhere.
 func (d *Dispatcher) RunKnown(ctx context.Context, id string) (bool, error) {
+	if queued, err := d.requestQueued(ctx, id); err != nil || queued {
+		return queued, err
+	}
 	if _, err := d.Status(ctx, id); err == nil {
 		return true, nil
 	} else if !errors.Is(err, ErrRunNotFound) {
@@ -97,7 +106,7 @@ func (d *Dispatcher) RunKnown(ctx context.Context, id string) (bool, error) {
 			return true, nil
 		}
 	}
-	return d.requestQueued(ctx, id)
+	return false, nil
 }
 
 // requestQueued looks for run id's request among the first MaxRequestScan
