@@ -86,6 +86,9 @@ type Event struct {
 	Worker string `json:"worker,omitempty"`
 	// ContainerID is set on EventStarted and EventFinished.
 	ContainerID string `json:"container_id,omitempty"`
+	// Warm is true on EventStarted and EventFinished when the run started
+	// in a warm container (a profile's warm pool) instead of a new one.
+	Warm bool `json:"warm,omitempty"`
 	// State is the run's final state, on EventFinished.
 	State State `json:"state,omitempty"`
 	// ExitCode is the process's exit code, on EventFinished when it ran.

@@ -17,6 +17,11 @@ type Receipt struct {
 	// the container was created.
 	Image   string `json:"image"`
 	ImageID string `json:"image_id,omitempty"`
+	// Warm is true when the run started in a warm container: one made
+	// before the run with this receipt's jail (the worker checks that it
+	// is the one a new container would have), handed the run's command,
+	// environment and working directory at its start.
+	Warm bool `json:"warm,omitempty"`
 	// User is the container's uid:gid.
 	User string `json:"user"`
 	// Runtime is the OCI runtime ("" = the engine's default, runc).

@@ -61,6 +61,9 @@ type RunState struct {
 	Worker string `json:"worker,omitempty"`
 	// ContainerID is the Docker container id of the latest attempt.
 	ContainerID string `json:"container_id,omitempty"`
+	// Warm is true when the run started in a warm container (a profile's
+	// warm pool, claimed and handed the run) instead of a new one.
+	Warm bool `json:"warm,omitempty"`
 	// ExitCode is the process exit code; nil until the process has exited.
 	ExitCode *int `json:"exit_code,omitempty"`
 	// OOMKilled is true when the kernel's OOM killer killed a process of

@@ -42,4 +42,23 @@ type WorkerPresence struct {
 	Concurrency int `json:"concurrency"`
 	// Time is when the worker last refreshed the key.
 	Time time.Time `json:"time"`
+	// Warm are the worker's warm pools, one per profile that keeps warm
+	// containers (the profile's warm), by profile name; absent when none
+	// does.
+	Warm []WarmPool `json:"warm,omitempty"`
+}
+
+// WarmPool is one profile's warm pool on a worker: how many warm
+// containers it keeps and how many are ready now.
+type WarmPool struct {
+	// Profile is the profile's name.
+	Profile string `json:"profile"`
+	// Target is how many warm containers the worker keeps for it (the
+	// profile's warm, within the worker's --warm-max); Ready how many
+	// wait for a run now.
+	Target int `json:"target"`
+	Ready  int `json:"ready"`
+	// Error is the engine's last refusal to create one while the pool
+	// backs off; empty when the last creation succeeded.
+	Error string `json:"error,omitempty"`
 }

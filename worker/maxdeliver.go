@@ -121,7 +121,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		// No delivery is left to clean up after the last one, whose worker
 		// died: its container may still run. Remove the run's containers
 		// now, not when the reconciler finds them orphaned.
-		if err := w.runs.RemoveRunContainers(ctx, id); err != nil {
+		if err := w.runs.RemoveRunContainers(ctx, id, st.ContainerID); err != nil {
 			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
 		}
 	}

@@ -31,6 +31,12 @@ type reconciler struct {
 	// holds reports whether this worker holds run id now (its container may
 	// still be being created, not yet known by id); nil: never.
 	holds func(runID string) bool
+	// warmOwned reports whether this worker's warm pool holds the warm
+	// container named name (being made, ready, or claimed and not yet its
+	// run's); nil: never. A warm container of this worker that neither it
+	// nor a run holds is an orphan at once, whatever its age (one left by
+	// this worker's earlier process, found when it starts).
+	warmOwned func(name string) bool
 	// alive reports whether worker id has a live heartbeat.
 	alive func(ctx context.Context, id string) (bool, error)
 	// sweep removes what the stages left on the host that no live run
@@ -72,6 +78,18 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		if activeContainers[c.ID] {
 			continue
 		}
+		if rc.ownWarm(c) {
+			// The pool is asked first: a container it hands a run is in
+			// the run's registry before the pool lets it go.
+			if rc.warmOwned != nil && rc.warmOwned(c.Name) || rc.active()[c.ID] {
+				continue
+			}
+			rc.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
+			if err := rc.remove(ctx, c.ID); err != nil {
+				errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
+			}
+			continue
+		}
 		orphan, err := rc.orphan(ctx, c.Labels, c.Created, alive)
 		if err != nil {
 			return err
@@ -86,6 +104,12 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(append(errs, rc.reconcileVolumes(ctx, alive))...)
+}
+
+// ownWarm reports whether c is a warm container of this worker (of this
+// installation).
+func (rc *reconciler) ownWarm(c jail.ManagedContainer) bool {
+	return c.Labels[jail.LabelRole] == jail.RoleWarm && c.Labels[jail.LabelWorker] == rc.self && c.Labels[jail.LabelInstall] == rc.install
 }
 
 // reconcileVolumes removes this installation's volumes that no delivery of
@@ -155,13 +179,23 @@ func (rc *reconciler) orphan(ctx context.Context, labels map[string]string, crea
 	return !live, nil
 }
 
+// activeContainers returns the ids of the containers this worker's runs
+// and warm pool hold.
+func (w *Worker) activeContainers() map[string]bool {
+	m := w.runs.Containers()
+	for _, id := range w.warm.ContainerIDs() {
+		m[id] = true
+	}
+	return m
+}
+
 // newReconciler wires the reconciler to this worker: its runtime, its
 // active runs, the workers bucket and its state directory.
 func (w *Worker) newReconciler() *reconciler {
 	return &reconciler{
 		install: w.install, self: w.cfg.ID, grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval,
 		list: w.cfg.Runtime.ListManaged, remove: w.cfg.Runtime.Remove,
-		active: w.runs.Containers, holds: w.runs.Holds,
+		active: w.activeContainers, holds: w.runs.Holds, warmOwned: w.warm.Owns,
 		alive: func(ctx context.Context, id string) (bool, error) {
 			_, err := w.live.Get(ctx, id)
 			if runstate.IsNotFound(err) {

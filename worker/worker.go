@@ -39,6 +39,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 	"github.com/jetcrew/jetcrew/worker/stage/secrets"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
+	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
 // Config configures a Worker. Zero fields take the documented defaults (see
@@ -81,6 +82,13 @@ type Config struct {
 	// OrphanGrace is how old a container with no live owner must be before
 	// the reconciler removes it. Default 30 seconds.
 	OrphanGrace time.Duration
+	// WarmMax is the most warm containers the worker keeps, all profiles
+	// together (profile.Profile.Warm asks for them; profiles in name order
+	// fill it). Default warm.DefaultMax (8); negative keeps none.
+	WarmMax int
+	// WarmMaxIdle is how long a warm container waits for a run before it
+	// is replaced. Default warm.DefaultMaxIdle (30 minutes).
+	WarmMaxIdle time.Duration
 	// LookupEnv reads the worker's environment for profiles' env_from_host.
 	// Default os.LookupEnv.
 	LookupEnv func(string) (string, bool)
@@ -281,6 +289,7 @@ type Worker struct {
 	bridges *bridge.Bridges
 	trees   *tree.Trees
 	proxies *proxy.Proxies
+	warm    *warm.Pool
 	runs    *runner.Runner
 	// install identifies this installation in container labels.
 	install string
@@ -415,6 +424,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		rc,
 		&heartbeat{interval: messages.WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
 	)
+	w.warm.Start()
 	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.runs.Handle, log: w.log}
 	w.pulling.Add(1)
 	go func() {
@@ -502,6 +512,8 @@ func (w *Worker) compose() error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
+		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Registry: w.reg, Log: w.log})
 	digests := make(map[string]string, len(c.Profiles))
 	for name, p := range c.Profiles {
 		digests[name] = p.Digest()
@@ -512,7 +524,7 @@ func (w *Worker) compose() error {
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(w.coord), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
-		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Metrics: w.metrics, Log: w.log,
+		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})
 	return nil
 }
@@ -542,6 +554,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	w.fetchCancel()
+	// No new run claims a warm container now: the pool's go (a run that
+	// claimed one has it).
+	w.warm.Stop(ctx)
 	done := make(chan struct{})
 	go func() { w.pulling.Wait(); close(done) }()
 	var err error

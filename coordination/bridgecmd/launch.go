@@ -21,6 +21,7 @@ import (
 // the agent's launcher instead of an MCP server:
 //
 //	/opt/jetcrew/bridge launch [--env-file FILE] [--home-seed DIR] [--stdin FILE] [--egress-relay ADDR=SOCKET] -- ARGV...
+//	/opt/jetcrew/bridge launch --handoff SOCKET
 //
 // The worker starts agent CLIs this way. The launcher sets the variables
 // the worker staged in FILE (a JSON array of "KEY=VALUE" strings: the run's
@@ -33,7 +34,8 @@ import (
 // CODEX_HOME, say) finds it there; connects FILE (the run's prompt) to
 // standard input, so a long prompt never travels as an argument; and then
 // replaces itself with ARGV (execve), so the agent is the process the init
-// reaps and the signals reach.
+// reaps and the signals reach. With --handoff it is a warm container's
+// command instead: it waits for its run on SOCKET (waitForRun).
 const launchCommand = "launch"
 
 // launch implements launchCommand. It returns only on failure, with exit
@@ -46,8 +48,16 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 	stdin := fs.String("stdin", "", "file connected to the agent's standard input")
 	relay := fs.String("egress-relay", "", "ADDR=SOCKET: relay TCP connections on ADDR to the egress proxy's unix SOCKET")
 	envFile := fs.String("env-file", "", "JSON array of KEY=VALUE strings set in the agent's environment")
+	handoff := fs.String("handoff", "", "wait on this unix socket for the run to start (a warm container)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *handoff != "" {
+		if fs.NArg() > 0 || *seed != "" || *stdin != "" || *relay != "" || *envFile != "" {
+			fmt.Fprintln(stderr, "jetcrew-bridge launch: --handoff takes no other flag and no command")
+			return 2
+		}
+		return waitForRun(*handoff, stderr)
 	}
 	env := os.Environ()
 	if *envFile != "" {

@@ -24,9 +24,11 @@ const (
 	// containers.
 	LabelInstall = "io.jetcrew.install"
 	// LabelRole says what a container or volume is to its run: RoleRun,
-	// RoleCapture, RoleWorkspace, RoleEgressProof or RoleRuntimeProof. Operators filter on
-	// it (`docker ps --filter label=io.jetcrew.role=capture`); the
-	// reconciler treats every role alike.
+	// RoleCapture, RoleWorkspace, RoleEgressProof, RoleRuntimeProof or
+	// RoleWarm. Operators filter on it (`docker ps --filter
+	// label=io.jetcrew.role=capture`); the reconciler treats every role
+	// alike, but for a warm container of its own worker found when that
+	// worker starts (an orphan at once).
 	LabelRole = "io.jetcrew.role"
 )
 
@@ -46,6 +48,10 @@ const (
 	// start-up to prove that an OCI runtime a profile names can start
 	// containers on its engine.
 	RoleRuntimeProof = "runtime-proof"
+	// RoleWarm is a warm container (worker/warm): made for a profile,
+	// before any run, it has no LabelRunID and keeps its role when a run
+	// claims it (labels cannot change); the run's record names it by id.
+	RoleWarm = "warm"
 )
 
 // ContainerName returns the name of the container for one delivery of a

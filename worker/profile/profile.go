@@ -122,6 +122,13 @@ type Profile struct {
 	// before it ends failed; bounded by the consumer's max deliver. Default
 	// 0: an agent's failure is final.
 	Retries int `toml:"retries" json:"retries,omitempty"`
+	// Warm is how many warm containers of this profile each worker keeps
+	// started and waiting for a run (worker/warm): a run that finds one
+	// ready starts in milliseconds instead of a container start. Bounded
+	// by the worker's --warm-max over all profiles; 0 (default) keeps
+	// none. It needs coordination on: a warm container waits in the
+	// jetcrew launcher the bridge stage mounts.
+	Warm int `toml:"warm" json:"warm,omitempty"`
 	// Coordination turns the run's MCP coordination bridge on (default) or
 	// off. When on and the bridge cannot be staged, runs are refused.
 	Coordination *bool `toml:"coordination" json:"coordination"`

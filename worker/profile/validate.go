@@ -27,6 +27,12 @@ func (p Profile) validate() error {
 	if p.Retries < 0 || p.Retries > 10 {
 		return fmt.Errorf("retries %d must be between 0 and 10", p.Retries)
 	}
+	if p.Warm < 0 || p.Warm > MaxWarm {
+		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
+	}
+	if p.Warm > 0 && !p.CoordinationOn() {
+		return errors.New("warm needs coordination on: a warm container waits for its run in the jetcrew launcher, which only a profile with coordination on mounts")
+	}
 	if p.stallTimeout < 0 || p.bridgeDeadline < 0 {
 		return errors.New("stall_timeout and bridge_deadline must not be negative")
 	}
@@ -165,3 +171,6 @@ func underHomePrefixes(path string) bool {
 	}
 	return false
 }
+
+// MaxWarm is the most warm containers one profile may ask a worker to keep.
+const MaxWarm = 64

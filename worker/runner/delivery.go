@@ -67,6 +67,7 @@ func (e *Runner) Handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if err == nil {
 		r.rec.from = prev.State
+		r.prevContainer = prev.ContainerID
 		if d.resume(ctx, prev, rev) {
 			return
 		}
@@ -134,7 +135,7 @@ func (r delivery) resume(ctx context.Context, prev messages.RunState, rev uint64
 	if (v == verdictAck || v == verdictRedeadLetter) && meta.NumDelivered > 1 {
 		// The delivery that recorded the outcome died before removing
 		// the request; remove its container too.
-		if err := r.e.RemoveRunContainers(ctx, r.req.ID); err != nil {
+		if err := r.e.RemoveRunContainers(ctx, r.req.ID, prev.ContainerID); err != nil {
 			r.log.Warn().Err(err).Msg("remove the finished run's containers; the reconciler will retry")
 		}
 	}

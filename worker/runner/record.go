@@ -188,7 +188,7 @@ func (r *run) eventMsg(ev messages.Event) *nats.Msg {
 // it); a failure for good is logged, and the output released all the same,
 // as before.
 func (r *run) publishStarted(ctx context.Context, containerID string, out *outputPublisher) {
-	m := r.eventMsg(messages.Event{Type: messages.EventStarted, ContainerID: containerID})
+	m := r.eventMsg(messages.Event{Type: messages.EventStarted, ContainerID: containerID, Warm: r.rec.st.Warm})
 	stored := make(chan struct{})
 	r.startedStored = stored
 	out.gate = stored

@@ -132,16 +132,18 @@ func (e *Runner) KillEgress(runID string) bool {
 
 // RemoveRunContainers removes every container of runID in this
 // installation, whoever created it (earlier deliveries' containers: the
-// caller's delivery has none yet), then the run's workspace volumes no
-// live run of this worker holds.
-func (e *Runner) RemoveRunContainers(ctx context.Context, runID string) error {
+// caller's delivery has none yet): those labelled with the run's id, and
+// the one its record names (recorded, a container id of this installation;
+// a warm container a run claimed carries no run id), then the run's
+// workspace volumes no live run of this worker holds.
+func (e *Runner) RemoveRunContainers(ctx context.Context, runID, recorded string) error {
 	rt := e.cfg.Runtime
 	cs, err := rt.ListManaged(ctx)
 	if err != nil {
 		return err
 	}
 	for _, c := range cs {
-		if c.Labels[jail.LabelRunID] != runID || c.Labels[jail.LabelInstall] != e.cfg.Install {
+		if c.Labels[jail.LabelRunID] != runID && (recorded == "" || c.ID != recorded) || c.Labels[jail.LabelInstall] != e.cfg.Install {
 			continue
 		}
 		e.log.Info().Str("container_id", shortID(c.ID)).Str("name", c.Name).Str("run_id", runID).

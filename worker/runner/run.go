@@ -17,6 +17,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
 // run is one delivery of one request being handled.
@@ -59,6 +60,13 @@ type run struct {
 	// startedStored is closed once the started event is stored (or its
 	// publish failed for good); nil before publishStarted.
 	startedStored chan struct{}
+	// warm is the warm container the run claimed, until it is handed the
+	// run (it is then the run's container, in ctl) or discarded.
+	warm *warm.Container
+	// prevContainer is the container id the run's record named when this
+	// delivery read it: an earlier delivery's, removed before this one
+	// starts its own.
+	prevContainer string
 }
 
 // execute runs a claimed request in four steps: prepare (plan, spec,
@@ -142,7 +150,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		// An earlier delivery's container belongs to a worker that lost the
 		// run (it died or missed AckWait): remove it before starting ours so
 		// two containers of one run never overlap.
-		if err := e.RemoveRunContainers(ctx, r.req.ID); err != nil {
+		if err := e.RemoveRunContainers(ctx, r.req.ID, r.prevContainer); err != nil {
 			return prepared{}, stage.Transient(fmt.Errorf("remove earlier containers: %w", err))
 		}
 	}
@@ -168,6 +176,14 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	})
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
 		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
+	// A warm container is claimed before the stages stage: its run
+	// directory becomes the run's. A workspace run starts cold (its
+	// volume and capture container are made for the run).
+	if prof.Warm > 0 && r.req.Workspace == nil {
+		if r.warm = e.cfg.Warm.Claim(prof); r.warm != nil {
+			r.sr.WarmDir = r.warm.Dir()
+		}
+	}
 	r.stages = e.stagesFor(r.sr)
 	r.rec.noters = r.rec.noters[:0]
 	for _, s := range r.stages {
@@ -196,7 +212,26 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 			r.mask = resp.Mask
 		}
 	}
+	if r.warm != nil {
+		// The warm container must be the one a cold start would create,
+		// but for what a hand-off binds late; else it goes, unused.
+		if err := r.warm.Matches(p.spec); err != nil {
+			r.log.Error().Err(err).Msg("warm container does not match the run; starting cold")
+			e.cfg.Warm.Replaced(r.warm, "mismatch")
+			r.discardWarm(ctx)
+		}
+	}
 	return p, nil
+}
+
+// discardWarm gives up the warm container the run claimed and was not
+// handed: it is removed (what the run staged in its directory stays the
+// run's).
+func (r *run) discardWarm(ctx context.Context) {
+	if r.warm != nil {
+		r.warm.Discard(ctx)
+		r.warm = nil
+	}
 }
 
 // start starts the container with its output wired to the output events,
@@ -220,7 +255,24 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		_, _ = s.out.close(ctx)
 		return s, errRecorded
 	}
-	c, err := e.cfg.Runtime.Start(ctx, p.spec, output)
+	var c jail.Container
+	var err error
+	var handed *warm.Container
+	if r.warm != nil {
+		if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
+			r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
+			e.cfg.Warm.Replaced(r.warm, "exited")
+			r.discardWarm(ctx)
+			c, err = nil, nil
+		} else {
+			handed, r.warm = r.warm, nil // the run's container now
+			r.rec.st.Warm = true
+			r.rec.st.Receipt.Warm = true
+		}
+	}
+	if c == nil {
+		c, err = e.cfg.Runtime.Start(ctx, p.spec, output)
+	}
 	if err != nil {
 		_, _ = s.out.close(ctx)
 		if r.cancelledBeforeStart(ctx) {
@@ -235,6 +287,9 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	r.rec.st.Receipt.ImageID = c.ImageID()
 	perr := r.poststart(ctx, c)
 	r.ctl.set(c)
+	if handed != nil {
+		handed.Handed()
+	}
 	if perr != nil {
 		// The run's container waits (in exec, for a workspace), nothing
 		// unpacked: release removes it.
@@ -396,6 +451,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 // first and removes the request from the stream after.
 func (r *run) release(final bool) {
 	r.releaseOnce.Do(func() {
+		r.discardWarm(context.Background())
 		gone := false
 		if c := r.ctl.current(); c != nil {
 			gone = r.ctl.remove(c)

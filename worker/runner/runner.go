@@ -31,6 +31,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 	"github.com/jetcrew/jetcrew/worker/stage/secrets"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
+	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
 // Config configures a Runner. Every field is required unless it says
@@ -71,6 +72,11 @@ type Config struct {
 	// Failpoint, when set, is called at each crash point a run passes
 	// (stage.Failpoint*); nil in production.
 	Failpoint func(name string)
+	// Warm hands out warm containers: a run of a profile that keeps them
+	// (profile.Profile.Warm), without a workspace, claims one before its
+	// stages stage and is handed it instead of a new container. Nil keeps
+	// every run cold.
+	Warm *warm.Pool
 	// Metrics are the worker's metrics.
 	Metrics *Metrics
 	// Log receives the runs' logs.

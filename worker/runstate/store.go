@@ -194,7 +194,7 @@ func (s *Store) Publish(ctx context.Context, m *nats.Msg) error {
 func FinishedEvent(st messages.RunState) messages.Event {
 	return messages.Event{
 		RunID: st.ID, Type: messages.EventFinished, State: st.State, ExitCode: st.ExitCode, OOMKilled: st.OOMKilled,
-		Reason: st.Reason, ContainerID: st.ContainerID, Receipt: st.Receipt, Result: st.Result,
+		Reason: st.Reason, ContainerID: st.ContainerID, Warm: st.Warm, Receipt: st.Receipt, Result: st.Result,
 		Coordination: st.Coordination, WorkspaceResult: st.WorkspaceResult,
 	}
 }

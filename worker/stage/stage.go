@@ -78,6 +78,10 @@ type Run struct {
 	// Failpoint is called with the name of each crash point the run
 	// passes (worker/runner's Failpoint constants); never nil.
 	Failpoint func(name string)
+	// WarmDir is the host path of the run directory of the warm container
+	// the run claimed (worker/warm), which the run-directory stage takes
+	// over instead of staging one; "" for a cold run.
+	WarmDir string
 }
 
 // ID returns the run's id.

@@ -62,6 +62,7 @@ type Runtime struct {
 	volumeBase string
 	closed     bool // Close was called: no volume is made any more
 	starts     []jail.ContainerSpec
+	handoffs   []jail.ContainerSpec
 	running    int
 	maxRunning int
 }
@@ -114,6 +115,11 @@ func (r *Runtime) Start(ctx context.Context, given jail.ContainerSpec, out jail.
 	signals := make(chan string, 1)
 	ja, jailed := jailArgs(spec)
 	switch {
+	case warmLauncher(spec):
+		var err error
+		if b, err = r.warmBehaviour(spec, behave); err != nil {
+			return nil, err
+		}
 	case jailed && ja.Command == "capture":
 		// A capture container: the workspace command alone, whatever
 		// Behave says, after the signal when it waits for one.

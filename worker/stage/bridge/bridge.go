@@ -40,6 +40,11 @@ func New(src, dir string, holds *stage.Holds) *Bridges {
 // regular file or dynamically linked, saying how to fix it.
 func (b *Bridges) Stage() (path, digest string, err error) { return b.stager.Stage(b.src) }
 
+// Hold holds the staged copy with digest (hex) until the returned release
+// is called, as a run's bridge stage does: GC spares it. A warm container
+// (worker/warm) holds the copy it mounts.
+func (b *Bridges) Hold(digest string) (release func()) { return b.holds.Hold(holdPrefix + digest) }
+
 // GC removes the staged copies no live run holds (the current one stays).
 func (b *Bridges) GC() error { return b.stager.GC(b.holds.Keys(holdPrefix)) }
 

@@ -86,6 +86,20 @@ func (d *Dirs) Drain() {
 	_ = os.Remove(d.root)
 }
 
+// Warm stages a new run directory named key (one per warm container, see
+// worker/warm) holding mcp.json, held until the returned release is
+// called; a run that claims the container takes the directory over
+// (stage.Run.WarmDir).
+func (d *Dirs) Warm(key string) (path string, release func(), err error) {
+	path = d.Path(key)
+	release = d.holds.Hold(holdPrefix + path)
+	if err := coordination.StageRunDir(path); err != nil {
+		release()
+		return "", nil, fmt.Errorf("warm container's run directory: %w", err)
+	}
+	return path, release, nil
+}
+
 // For returns the stage of one run.
 func (d *Dirs) For(run *stage.Run) *Stage {
 	return &Stage{d: d, path: d.Path(run.Key())}
@@ -131,11 +145,25 @@ func (s *Stage) Taint() { s.poolable = false }
 // a new one with mcp.json (coordination.StageRunDir), then the backend's
 // files, every file 0444 in directories 0755. It mounts the directory
 // read-only at coordination.ContainerRunDir (receipt role "run-dir", the
-// digest of the staged files). A directory that cannot be staged refuses
-// the run.
+// digest of the staged files). A run that claimed a warm container takes
+// that container's directory instead (stage.Run.WarmDir), renamed to the
+// run's path. A directory that cannot be staged refuses the run.
 func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	run := req.Run
 	s.release = run.Holds.Hold(holdPrefix + s.path)
+	if run.WarmDir != "" {
+		// A warm container's directory, which it mounts: moved to the
+		// run's path (the mount follows it), never pooled afterwards.
+		if err := rename(run.WarmDir, s.path); err != nil {
+			return fmt.Errorf("run directory cannot be taken from its warm container: %w", err)
+		}
+		if err := stageFiles(s.path, run.Plan.Files); err != nil {
+			return err
+		}
+		resp.Dir = s
+		resp.Mounts = append(resp.Mounts, Mount(s.path, run.Plan))
+		return nil
+	}
 	took, sock := s.d.pool.take(s.path)
 	if !took {
 		if err := coordination.StageRunDir(s.path); err != nil {

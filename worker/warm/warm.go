@@ -1,0 +1,757 @@
+// Package warm keeps the worker's warm containers: for each profile that
+// asks for them (profile.Profile.Warm), containers created and started with
+// everything of the profile's jail and nothing of a run, each with a run
+// directory of its own in which its launcher (the staged jetcrew binary,
+// `launch --handoff`) waits on a hand-off socket. A delivery claims one
+// (Pool.Claim), the run's stages stage into its directory (which the
+// run-directory stage moves to the run's path: stage.Run.WarmDir), and the
+// engine hands the launcher the run (Container.Handoff): its command,
+// environment and working directory, bound late, exactly as a cold
+// container of the run would have them. One container serves one run and
+// is removed after it, as a cold one is; the pool makes another in the
+// background.
+//
+// The model is the warm pools of the sandbox systems jetcrew is compared
+// with (Kubernetes agent-sandbox's SandboxWarmPool and SandboxClaim,
+// OpenHands' warm servers): a container start, the whole of a cold run's
+// start latency, moves out of the run's path.
+package warm
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage/bridge"
+	"github.com/jetcrew/jetcrew/worker/stage/rundir"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMax is the most warm containers a worker keeps, all profiles
+	// together, when Config.Max is zero (the worker's --warm-max).
+	DefaultMax = 8
+	// DefaultMaxIdle is how long a warm container waits for a run before
+	// it is replaced (the worker's --warm-max-idle).
+	DefaultMaxIdle = 30 * time.Minute
+	// DefaultCheckEvery is how often the pool looks at its containers'
+	// idle age and at their profiles' images.
+	DefaultCheckEvery = 10 * time.Second
+	// DefaultReadyTimeout bounds a new container's start, until its
+	// launcher waits on its hand-off socket.
+	DefaultReadyTimeout = time.Minute
+	// handoffTimeout bounds a hand-off: the launcher's acknowledgment.
+	handoffTimeout = 10 * time.Second
+)
+
+// ImageLister is implemented by a jail.Runtime that can tell the engine's
+// id of an image reference (the Docker runtime's ImageID); the pool uses
+// it to replace the warm containers of a profile whose image was rebuilt.
+// A Runtime without it keeps a warm container until its idle age.
+type ImageLister interface {
+	// ImageID returns the engine's id of the image ref.
+	ImageID(ctx context.Context, ref string) (string, error)
+}
+
+// Config configures a Pool. Runtime, Profiles, Spec, Dirs, Bridges and
+// Registry are required.
+type Config struct {
+	// Runtime creates and removes the containers.
+	Runtime jail.Runtime
+	// Profiles are the worker's profiles; those with Warm > 0 get a pool.
+	Profiles profile.Profiles
+	// WorkerID and Install go on the containers' labels.
+	WorkerID, Install string
+	// Max is the most warm containers kept, all profiles together
+	// (profiles in name order fill it); 0 means DefaultMax, negative none.
+	Max int
+	// MaxIdle replaces a container that waited this long; 0 means
+	// DefaultMaxIdle.
+	MaxIdle time.Duration
+	// CheckEvery is how often idle ages and images are checked; 0 means
+	// DefaultCheckEvery.
+	CheckEvery time.Duration
+	// ReadyTimeout bounds a container's start until its launcher waits; 0
+	// means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// Spec returns the part of a container's spec the profile alone
+	// decides (runner.ProfileSpec): the warm container's jail, which a
+	// run's spec must match to be handed it.
+	Spec func(*profile.Profile) jail.ContainerSpec
+	// Dirs makes the containers' run directories; Bridges stages the
+	// bridge binary their launcher is.
+	Dirs    *rundir.Dirs
+	Bridges *bridge.Bridges
+	// Registry receives the pool's metrics; WorkerID and Pool label them.
+	Registry prometheus.Registerer
+	Pool     string
+	Log      zerolog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Max == 0 {
+		c.Max = DefaultMax
+	}
+	if c.MaxIdle == 0 {
+		c.MaxIdle = DefaultMaxIdle
+	}
+	if c.CheckEvery == 0 {
+		c.CheckEvery = DefaultCheckEvery
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	return c
+}
+
+// Pool keeps the warm containers of every profile that asks for them.
+// Create it with New, run it with Start, end it with Stop. Safe for
+// concurrent use.
+type Pool struct {
+	cfg     Config
+	targets map[string]int // profile name → containers to keep
+	names   []string       // profiles with a target, sorted
+	m       metrics
+
+	mu       sync.Mutex
+	ready    map[string][]*Container // by profile, oldest first
+	creating map[string]int          // by profile
+	owned    map[string]*Container   // by container name: every container the pool has not handed off or removed
+	failure  map[string]failure      // by profile: the last failed creation
+	stopped  bool
+
+	wake   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// failure is a profile's last failed creation and when to try again.
+type failure struct {
+	err   error
+	at    time.Time
+	retry time.Time
+	b     *backoff.ExponentialBackOff
+}
+
+// New returns the pool of cfg's profiles; it creates nothing until Start.
+func New(cfg Config) *Pool {
+	cfg = cfg.withDefaults()
+	p := &Pool{
+		cfg: cfg, targets: map[string]int{}, ready: map[string][]*Container{}, creating: map[string]int{},
+		owned: map[string]*Container{}, failure: map[string]failure{}, wake: make(chan struct{}, 1),
+	}
+	budget := max(cfg.Max, 0)
+	for _, name := range cfg.Profiles.Names() {
+		prof := cfg.Profiles[name]
+		if n := min(prof.Warm, budget); n > 0 {
+			p.targets[name] = n
+			p.names = append(p.names, name)
+			budget -= n
+		}
+	}
+	p.m = newMetrics(cfg.Registry, cfg.WorkerID, cfg.Pool, p)
+	return p
+}
+
+// Enabled reports whether any profile keeps warm containers.
+func (p *Pool) Enabled() bool { return p != nil && len(p.names) > 0 }
+
+// Start starts the pool's background work: it fills every profile's pool,
+// refills it after each claim, and replaces containers that died, idled
+// past MaxIdle or run an image that changed, until Stop.
+func (p *Pool) Start() {
+	if !p.Enabled() {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.run(ctx)
+	}()
+}
+
+// Stop ends the background work and removes every warm container the pool
+// holds (ready or being made), with its directory. Claimed containers are
+// their runs'.
+func (p *Pool) Stop(ctx context.Context) {
+	if !p.Enabled() {
+		return
+	}
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+	p.mu.Lock()
+	var all []*Container
+	for _, cs := range p.ready {
+		all = append(all, cs...)
+	}
+	p.ready = map[string][]*Container{}
+	p.mu.Unlock()
+	for _, c := range all {
+		c.remove(ctx)
+	}
+}
+
+// Owns reports whether the container named name is one the pool holds
+// (being made, ready, or claimed and not yet handed off): the reconciler
+// spares it.
+func (p *Pool) Owns(name string) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.owned[name]
+	return ok
+}
+
+// ContainerIDs returns the ids of the started containers the pool holds.
+func (p *Pool) ContainerIDs() []string {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := make([]string, 0, len(p.owned))
+	for _, c := range p.owned {
+		if c.c != nil {
+			ids = append(ids, c.c.ID())
+		}
+	}
+	return ids
+}
+
+// Status returns every profile's pool, by profile name: its target, its
+// ready containers and the last creation failure while it backs off.
+func (p *Pool) Status() []messages.WarmPool {
+	if !p.Enabled() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]messages.WarmPool, 0, len(p.names))
+	for _, name := range p.names {
+		st := messages.WarmPool{Profile: name, Target: p.targets[name], Ready: len(p.ready[name])}
+		if f, ok := p.failure[name]; ok {
+			st.Error = f.err.Error()
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// Claim takes a ready warm container of prof for one run: nil when the
+// profile keeps none or none is ready (counted as missed). The caller
+// hands it the run (Handoff) or gives it back unused (Discard); either
+// way the pool makes another.
+func (p *Pool) Claim(prof *profile.Profile) *Container {
+	if !p.Enabled() || p.targets[prof.Name] == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	var c *Container
+	for cs := p.ready[prof.Name]; len(cs) > 0; cs = p.ready[prof.Name] {
+		// The most recently made first: the oldest age out.
+		c, p.ready[prof.Name] = cs[len(cs)-1], cs[:len(cs)-1]
+		if c.alive() {
+			break
+		}
+		c = nil
+	}
+	p.mu.Unlock()
+	p.poke()
+	if c == nil {
+		p.m.missed.WithLabelValues(prof.Name).Inc()
+		return nil
+	}
+	c.claimed.Store(true)
+	p.m.claimed.WithLabelValues(prof.Name).Inc()
+	return c
+}
+
+// poke wakes the background work (a refill).
+func (p *Pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run fills the pools and checks them every CheckEvery until ctx ends.
+func (p *Pool) run(ctx context.Context) {
+	tick := time.NewTicker(p.cfg.CheckEvery)
+	defer tick.Stop()
+	p.fill(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-tick.C:
+			p.check(ctx)
+		}
+		p.fill(ctx)
+	}
+}
+
+// fill makes the containers each profile lacks, one at a time, skipping a
+// profile that is backing off after a failure.
+func (p *Pool) fill(ctx context.Context) {
+	for {
+		name := p.next()
+		if name == "" || ctx.Err() != nil {
+			return
+		}
+		err := p.create(ctx, name)
+		p.mu.Lock()
+		p.creating[name]--
+		if err != nil && ctx.Err() == nil {
+			f, ok := p.failure[name]
+			if !ok {
+				f.b = backoff.NewExponentialBackOff()
+				f.b.InitialInterval, f.b.MaxInterval, f.b.MaxElapsedTime = time.Second, time.Minute, 0
+			}
+			f.err, f.at = err, time.Now()
+			f.retry = f.at.Add(f.b.NextBackOff())
+			p.failure[name] = f
+			p.mu.Unlock()
+			p.cfg.Log.Warn().Err(err).Str("profile", name).Time("retry_at", f.retry).Msg("warm container could not be made; backing off")
+			continue
+		}
+		if err == nil {
+			delete(p.failure, name)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// next returns the first profile (by name) with fewer containers ready or
+// being made than its target and not backing off, counting one more being
+// made for it; "" when there is none.
+func (p *Pool) next() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return ""
+	}
+	now := time.Now()
+	for _, name := range p.names {
+		if f, ok := p.failure[name]; ok && now.Before(f.retry) {
+			continue
+		}
+		if len(p.ready[name])+p.creating[name] < p.targets[name] {
+			p.creating[name]++
+			return name
+		}
+	}
+	return ""
+}
+
+// check replaces the containers that idled past MaxIdle, that died, or
+// whose profile's image is now another (ImageLister).
+func (p *Pool) check(ctx context.Context) {
+	images := map[string]string{}
+	if il, ok := p.cfg.Runtime.(ImageLister); ok {
+		for _, name := range p.names {
+			if id, err := il.ImageID(ctx, p.cfg.Profiles[name].Image); err == nil {
+				images[name] = id
+			}
+		}
+	}
+	var stale []*Container
+	reasons := map[*Container]string{}
+	p.mu.Lock()
+	for name, cs := range p.ready {
+		keep := cs[:0]
+		for _, c := range cs {
+			switch {
+			case !c.alive():
+				reasons[c] = "exited"
+			case time.Since(c.made) > p.cfg.MaxIdle:
+				reasons[c] = "idle"
+			case images[name] != "" && c.c.ImageID() != "" && images[name] != c.c.ImageID():
+				reasons[c] = "image"
+			default:
+				keep = append(keep, c)
+				continue
+			}
+			stale = append(stale, c)
+		}
+		p.ready[name] = keep
+	}
+	p.mu.Unlock()
+	for _, c := range stale {
+		p.m.replaced.WithLabelValues(c.profile, reasons[c]).Inc()
+		p.cfg.Log.Info().Str("profile", c.profile).Str("name", c.name).Str("reason", reasons[c]).Msg("replacing a warm container")
+		c.remove(ctx)
+	}
+}
+
+// create makes one warm container of profile name and waits until its
+// launcher reached the hand-off socket; it is then ready.
+func (p *Pool) create(ctx context.Context, name string) error {
+	prof := p.cfg.Profiles[name]
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	key := "w" + hex.EncodeToString(b[:])
+	c := &Container{pool: p, profile: name, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
+		died: make(chan struct{}), watchDone: make(chan struct{})}
+	p.mu.Lock()
+	p.owned[c.name] = c
+	p.mu.Unlock()
+	ok := false
+	defer func() {
+		if !ok {
+			c.remove(context.WithoutCancel(ctx))
+		}
+	}()
+
+	dir, release, err := p.cfg.Dirs.Warm(key)
+	if err != nil {
+		return err
+	}
+	c.dir, c.releaseDir = dir, release
+	binPath, digest, err := p.cfg.Bridges.Stage()
+	if err != nil {
+		return err
+	}
+	c.releaseBin = p.cfg.Bridges.Hold(digest)
+	sock := filepath.Join(dir, messages.HandoffName)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("hand-off socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	c.ln = ln
+	if err := os.Chmod(sock, coordination.SocketMode); err != nil {
+		return fmt.Errorf("hand-off socket: %w", err)
+	}
+
+	spec := p.cfg.Spec(&prof)
+	spec.Name = c.name
+	spec.Cmd = []string{messages.ContainerBridgePath, "launch", "--handoff", messages.ContainerHandoffPath}
+	spec.Env = []string{"HOME=" + prof.Home}
+	spec.Labels = map[string]string{
+		jail.LabelManaged: "true", jail.LabelWorker: p.cfg.WorkerID, jail.LabelInstall: p.cfg.Install,
+		jail.LabelProfile: name, jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelRole: jail.RoleWarm,
+	}
+	spec.Mounts = []jail.Mount{rundir.Mount(dir, profile.Plan{}).Mount, bridge.Mount(binPath, digest).Mount}
+	c.spec = spec
+	ctr, err := p.cfg.Runtime.Start(ctx, spec, c.output)
+	if err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	p.mu.Lock()
+	c.c = ctr
+	p.mu.Unlock()
+
+	// The launcher connects once it runs.
+	actx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
+	defer cancel()
+	stopDeadline := context.AfterFunc(actx, func() { _ = ln.SetDeadline(time.Unix(1, 0)) })
+	conn, err := ln.AcceptUnix()
+	stopDeadline()
+	if err != nil {
+		return fmt.Errorf("its launcher did not reach the hand-off socket within %s: %w", p.cfg.ReadyTimeout, err)
+	}
+	// One connection is all it takes: the socket goes.
+	_ = ln.Close()
+	_ = os.Remove(sock)
+	c.ln, c.conn = nil, conn
+	c.made = time.Now()
+	go c.watch()
+
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		return nil // ok stays false: removed
+	}
+	p.ready[name] = append(p.ready[name], c)
+	p.mu.Unlock()
+	ok = true
+	p.cfg.Log.Debug().Str("profile", name).Str("name", c.name).Msg("warm container ready")
+	return nil
+}
+
+// Container is one warm container, from its creation to its hand-off (or
+// removal).
+type Container struct {
+	pool    *Pool
+	profile string
+	name    string
+	spec    jail.ContainerSpec
+	dir     string
+	made    time.Time
+
+	c          jail.Container
+	ln         *net.UnixListener // until the launcher connected
+	conn       *net.UnixConn     // the launcher's hand-off connection
+	releaseDir func()
+	releaseBin func()
+
+	// out is where the container's output goes: nothing until its run's
+	// hand-off, then the run's.
+	out     atomic.Pointer[jail.OutputFunc]
+	claimed atomic.Bool
+	// died is closed when the launcher's connection ended before a
+	// hand-off (the container exited or was killed); watchDone when watch
+	// returned.
+	died      chan struct{}
+	diedOnce  sync.Once
+	watchDone chan struct{}
+	gone      sync.Once
+}
+
+// output passes the container's output to its run once handed off; what
+// it writes before (a launcher's error) is logged.
+func (c *Container) output(stream string, b []byte) {
+	if f := c.out.Load(); f != nil {
+		(*f)(stream, b)
+		return
+	}
+	c.pool.cfg.Log.Warn().Str("name", c.name).Str("stream", stream).Bytes("output", b).Msg("warm container wrote before its hand-off")
+}
+
+// alive reports whether the launcher still waits.
+func (c *Container) alive() bool {
+	select {
+	case <-c.died:
+		return false
+	default:
+		return true
+	}
+}
+
+// watch waits until the launcher's connection ends before a hand-off (the
+// container died: it is then replaced, unless a run claimed it, which then
+// finds it dead) or a hand-off interrupts it (a read deadline in the past).
+func (c *Container) watch() {
+	defer close(c.watchDone)
+	var b [1]byte
+	_, err := c.conn.Read(b[:]) // the launcher never writes before its hand-off
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && c.claimed.Load() {
+		return // a hand-off takes the connection
+	}
+	c.diedOnce.Do(func() { close(c.died) })
+	if c.claimed.Load() {
+		return
+	}
+	c.pool.m.replaced.WithLabelValues(c.profile, "exited").Inc()
+	c.pool.cfg.Log.Warn().Str("profile", c.profile).Str("name", c.name).Msg("warm container died while waiting; replacing it")
+	c.pool.mu.Lock()
+	c.pool.ready[c.profile] = slices.DeleteFunc(c.pool.ready[c.profile], func(x *Container) bool { return x == c })
+	c.pool.mu.Unlock()
+	c.remove(context.Background())
+	c.pool.poke()
+}
+
+// Name returns the container's name.
+func (c *Container) Name() string { return c.name }
+
+// Dir returns the host path of the container's run directory, which the
+// claiming run's run-directory stage takes over (stage.Run.WarmDir).
+func (c *Container) Dir() string { return c.dir }
+
+// Matches returns nil when spec, a run's container spec as a cold start
+// would create it, has the jail of this container: every field but the
+// ones a hand-off binds late (name, command, environment, working
+// directory, labels) and the run directory's host path. An error says what
+// differs: the run must not have this container.
+func (c *Container) Matches(spec jail.ContainerSpec) error {
+	a, b := jailOf(c.spec), jailOf(spec)
+	if reflect.DeepEqual(a, b) {
+		return nil
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return fmt.Errorf("warm container %s has another jail than the run's: %s, the run's %s", c.name, ja, jb)
+}
+
+// jailOf returns spec without what a hand-off binds late, its mounts
+// sorted by target.
+func jailOf(spec jail.ContainerSpec) jail.ContainerSpec {
+	spec.Name, spec.Cmd, spec.Env, spec.WorkingDir, spec.Labels = "", nil, nil, "", nil
+	spec.Mounts = slices.Clone(spec.Mounts)
+	for i, m := range spec.Mounts {
+		if m.Target == messages.ContainerRunDir {
+			spec.Mounts[i].Source = ""
+		}
+	}
+	sort.Slice(spec.Mounts, func(i, j int) bool { return spec.Mounts[i].Target < spec.Mounts[j].Target })
+	return spec
+}
+
+// ErrDied is returned by Handoff when the container is no longer waiting.
+var ErrDied = errors.New("warm container is no longer waiting")
+
+// Handoff hands the container the run whose cold container would be spec:
+// its launcher sets spec.Env over its environment, changes to
+// spec.WorkingDir and executes spec.Cmd, its output going to output from
+// then on. It returns the running container, now the run's (the caller
+// removes it when the run ends, and calls Handed once its registry holds
+// it), or an error after which the caller Discards it.
+func (c *Container) Handoff(ctx context.Context, spec jail.ContainerSpec, output jail.OutputFunc) (jail.Container, error) {
+	// Take the connection from watch, then look again: it may have seen
+	// the launcher go.
+	_ = c.conn.SetReadDeadline(time.Unix(1, 0))
+	<-c.watchDone
+	if !c.alive() {
+		return nil, ErrDied
+	}
+	data, err := json.Marshal(messages.Handoff{Argv: spec.Cmd, Env: spec.Env, Dir: spec.WorkingDir})
+	if err != nil {
+		return nil, err
+	}
+	c.out.Store(&output)
+	deadline := time.Now().Add(handoffTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = c.conn.SetDeadline(deadline)
+	if _, err := c.conn.Write(append(data, '\n')); err != nil {
+		return nil, fmt.Errorf("hand-off: %w", err)
+	}
+	ack, err := bufio.NewReader(c.conn).ReadString('\n')
+	if err != nil || ack != messages.HandoffAck {
+		return nil, fmt.Errorf("hand-off: the launcher did not acknowledge (%q): %w", ack, errors.Join(err, ErrDied))
+	}
+	_ = c.conn.Close()
+	return c.c, nil
+}
+
+// Handed tells the pool the run that was handed the container now holds
+// it (in its registry, where the reconciler looks): the pool lets it go.
+func (c *Container) Handed() { c.pool.forget(c) }
+
+// Discard gives the container back unused, after a claim whose run could
+// not have it (or no longer needs it): it is removed, with its directory
+// unless the run took that over (the run removes its own).
+func (c *Container) Discard(ctx context.Context) {
+	c.remove(ctx)
+}
+
+// forget drops the container from the pool's holdings once its run owns
+// it; the run's directory is the run's, and so is the bridge copy (the
+// run's bridge stage holds it).
+func (p *Pool) forget(c *Container) {
+	p.mu.Lock()
+	delete(p.owned, c.name)
+	p.mu.Unlock()
+	c.gone.Do(func() {
+		if c.releaseDir != nil {
+			c.releaseDir()
+		}
+		if c.releaseBin != nil {
+			c.releaseBin()
+		}
+	})
+}
+
+// remove removes the container and what it holds: its directory, when it
+// is still the container's (a run that claimed the container moved it),
+// its hold on the bridge copy.
+func (c *Container) remove(ctx context.Context) {
+	c.gone.Do(func() {
+		p := c.pool
+		if c.ln != nil {
+			_ = c.ln.Close()
+		}
+		if c.conn != nil {
+			c.claimed.Store(true) // watch ends quietly
+			_ = c.conn.Close()
+		}
+		if c.c != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			if err := p.cfg.Runtime.Remove(rctx, c.c.ID()); err != nil {
+				p.cfg.Log.Warn().Err(err).Str("name", c.name).Msg("remove warm container; the reconciler will")
+			}
+			cancel()
+		}
+		if c.dir != "" {
+			if err := os.RemoveAll(c.dir); err != nil {
+				p.cfg.Log.Warn().Err(err).Str("dir", c.dir).Msg("remove warm container's directory")
+			}
+		}
+		if c.releaseDir != nil {
+			c.releaseDir()
+		}
+		if c.releaseBin != nil {
+			c.releaseBin()
+		}
+		p.mu.Lock()
+		delete(p.owned, c.name)
+		p.mu.Unlock()
+	})
+}
+
+// metrics are the pool's Prometheus metrics.
+type metrics struct {
+	claimed  *prometheus.CounterVec
+	missed   *prometheus.CounterVec
+	replaced *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, workerID, pool string, p *Pool) metrics {
+	labels := prometheus.Labels{"worker": workerID, "pool": pool}
+	counter := func(name, help string, by ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "jetcrew", Subsystem: "warm", Name: name, Help: help, ConstLabels: labels}, by)
+	}
+	m := metrics{
+		claimed:  counter("claimed_total", "Runs that started in a warm container, by profile.", "profile"),
+		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that found none ready and started cold, by profile.", "profile"),
+		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch).", "profile", "reason"),
+	}
+	ready := readyCollector{p: p, desc: prometheus.NewDesc("jetcrew_warm_ready", "Warm containers ready now, by profile.", []string{"profile"}, labels)}
+	reg.MustRegister(m.claimed, m.missed, m.replaced, ready)
+	return m
+}
+
+// readyCollector reports each profile's ready warm containers at scrape
+// time.
+type readyCollector struct {
+	p    *Pool
+	desc *prometheus.Desc
+}
+
+func (r readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- r.desc }
+
+func (r readyCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range r.p.Status() {
+		ch <- prometheus.MustNewConstMetric(r.desc, prometheus.GaugeValue, float64(st.Ready), st.Profile)
+	}
+}
+
+// Replaced counts a claimed container given back because the run could
+// not have it (reason "mismatch": its jail is not the run's, or "exited":
+// it died before its hand-off).
+func (p *Pool) Replaced(c *Container, reason string) {
+	p.m.replaced.WithLabelValues(c.profile, reason).Inc()
+}

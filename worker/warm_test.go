@@ -1,0 +1,190 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// warmProfiles is one profile keeping n warm containers, with a secret
+// from the worker's environment.
+func warmProfiles(t *testing.T, n int) profile.Profiles {
+	t.Helper()
+	ps, err := profile.ParseProfiles("warm.toml", fmt.Appendf(nil, `
+[profiles.hot]
+image = "jetcrew-sandbox:latest"
+command = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
+env_from_host = ["WARM_SECRET"]
+warm = %d
+`, n))
+	require.NoError(t, err)
+	return ps
+}
+
+// warmReady waits until the worker's pool of profile hot holds n ready
+// containers (the jetcrew_warm_ready gauge).
+func warmReady(t *testing.T, w *worker.Worker, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		mfs, err := w.Registry().Gather()
+		if err != nil {
+			return false
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "jetcrew_warm_ready" {
+				for _, m := range mf.GetMetric() {
+					if m.GetGauge().GetValue() == float64(n) {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond, "the warm pool never held %d ready containers", n)
+}
+
+// counter reads the sum of a counter's series.
+func counter(t *testing.T, w *worker.Worker, name string) float64 {
+	t.Helper()
+	mfs, err := w.Registry().Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// A run of a profile that keeps warm containers starts in one: it is
+// handed the run's command, environment and working directory (the
+// secret through the launcher's env file, never in any container's
+// configuration), its state, receipt and started event say warm, and
+// ten runs on a pool of two use ten different containers, each removed
+// after its run; the pool refills; Stop removes the pool.
+func TestWarmRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 2)
+		c.LookupEnv = func(k string) (string, bool) {
+			if k == "WARM_SECRET" {
+				return "s3cret-value", true
+			}
+			return "", false
+		}
+	})
+	warmReady(t, b.w, 2)
+	require.Len(t, b.rt.Starts(), 2, "the pool starts its containers before any run")
+
+	ids := map[string]bool{}
+	for i := range 10 {
+		id := fmt.Sprintf("warm-%d", i)
+		warmReady(t, b.w, 2)
+		b.submit(t, messages.RunRequest{ID: id, Profile: "hot", Prompt: "out hello " + id})
+		st := b.waitFinal(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.True(t, st.Warm, "run %s started warm", id)
+		require.True(t, st.Receipt.Warm)
+		require.False(t, ids[st.ContainerID], "one container, one run")
+		ids[st.ContainerID] = true
+		evs := b.events(t, id)
+		require.Equal(t, "hello "+id+"\n", output(evs, "stdout"))
+		for _, m := range evs {
+			if strings.HasSuffix(m.Subject(), ".started") {
+				require.Contains(t, string(m.Data()), `"warm":true`)
+			}
+		}
+	}
+	require.EqualValues(t, 10, counter(t, b.w, "jetcrew_warm_claimed_total"))
+
+	hs := b.rt.Handoffs()
+	require.Len(t, hs, 10)
+	for _, h := range hs {
+		require.Equal(t, jail.RoleWarm, h.Labels[jail.LabelRole])
+		require.Contains(t, h.Env, "JETCREW_PROFILE=hot")
+		require.True(t, strings.HasPrefix(h.Cmd[0], messages.ContainerBridgePath), "the secret comes through the launcher: %v", h.Cmd)
+		require.Contains(t, h.Cmd, "--env-file")
+	}
+	for _, s := range b.rt.Starts() {
+		require.NotContains(t, strings.Join(s.Env, " "), "s3cret-value", "no secret in a container's configuration")
+		require.NotContains(t, strings.Join(s.Cmd, " "), "s3cret-value")
+		require.Equal(t, jail.RoleWarm, s.Labels[jail.LabelRole], "every run started warm")
+	}
+	warmReady(t, b.w, 2)
+	require.Equal(t, 2, b.rt.Live(), "each run's container went with its run; the pool holds two")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.w.Stop(ctx))
+	require.Zero(t, b.rt.Live(), "Stop removes the pool")
+}
+
+// A run that finds no warm container ready starts cold and is counted
+// missed: here the engine refuses every warm container, and the pool backs
+// off and says why.
+func TestWarmMissStartsCold(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+		rt := c.Runtime.(*workertest.Runtime)
+		rt.StartErr = func(spec jail.ContainerSpec) error {
+			if spec.Labels[jail.LabelRole] == jail.RoleWarm {
+				return errors.New("engine says no")
+			}
+			return nil
+		}
+	})
+	b.submit(t, messages.RunRequest{ID: "cold-1", Profile: "hot", Prompt: "out cold"})
+	st := b.waitFinal(t, "cold-1")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm)
+	require.False(t, st.Receipt.Warm)
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"))
+	require.Equal(t, jail.RoleRun, b.rt.Starts()[0].Labels[jail.LabelRole])
+	require.Eventually(t, func() bool {
+		ws := b.w.WarmStatus()
+		return len(ws) == 1 && strings.Contains(ws[0].Error, "engine says no")
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// A warm container that dies while it waits is replaced and never handed
+// a run.
+func TestWarmContainerDiedIsReplaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+	})
+	warmReady(t, b.w, 1)
+	first := b.rt.Starts()[0].Name
+	cs, err := b.rt.ListManaged(context.Background())
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	require.NoError(t, b.rt.Remove(context.Background(), cs[0].ID)) // killed from outside
+	require.Eventually(t, func() bool { return counter(t, b.w, "jetcrew_warm_replaced_total") == 1 }, 10*time.Second, 10*time.Millisecond)
+	warmReady(t, b.w, 1)
+
+	b.submit(t, messages.RunRequest{ID: "after-death", Profile: "hot", Prompt: "out ok"})
+	st := b.waitFinal(t, "after-death")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.True(t, st.Warm)
+	hs := b.rt.Handoffs()
+	require.Len(t, hs, 1)
+	require.NotEqual(t, first, hs[0].Name, "the dead container was never handed a run")
+}
