@@ -14,6 +14,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
+	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
 // workerOptions are the flags of the worker `up` and `worker` start.
@@ -30,6 +31,8 @@ type workerOptions struct {
 	maxAckPending     int
 	orphanGrace       time.Duration
 	reconcileInterval time.Duration
+	warmMax           int
+	warmMaxIdle       time.Duration
 	metricsAddr       string      // --metrics-addr; see metrics.go
 	replicas          int         // --replicas (worker only); see metrics.go
 	egressCADir       string      // --egress-ca-dir; see egress.go
@@ -54,6 +57,10 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 		"how old a container with no live owner must be before it is removed")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", time.Minute,
 		"how often to look for orphaned containers")
+	fs.IntVar(&o.warmMax, "warm-max", warm.DefaultMax,
+		"most warm containers kept, all profiles together (a profile's warm asks for them; profiles in name order fill it); 0 keeps none")
+	fs.DurationVar(&o.warmMaxIdle, "warm-max-idle", warm.DefaultMaxIdle,
+		"how long a warm container waits for a run before it is replaced")
 	o.addMetricsFlag(fs)
 	addWorkerWorkspaceFlags(fs, &o.workspace)
 	o.caps.add(fs)
@@ -91,6 +98,12 @@ func (o *workerOptions) check() (profile.Profiles, error) {
 	}
 	if o.reconcileInterval <= 0 {
 		return nil, usageError(fmt.Errorf("--reconcile-interval %s: must be positive", o.reconcileInterval))
+	}
+	if o.warmMax < 0 {
+		return nil, usageError(fmt.Errorf("--warm-max %d: must not be negative", o.warmMax))
+	}
+	if o.warmMaxIdle < time.Second {
+		return nil, usageError(fmt.Errorf("--warm-max-idle %s: must be at least 1s", o.warmMaxIdle))
 	}
 	if err := o.caps.check(); err != nil {
 		return nil, err
@@ -147,6 +160,8 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Logger:            &log,
 		Provision:         prov,
 		OrphanGrace:       o.orphanGrace,
+		WarmMax:           cmp.Or(o.warmMax, -1), // 0 on the command line keeps none
+		WarmMaxIdle:       o.warmMaxIdle,
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
 		StateDir:          o.stateDir,

@@ -85,6 +85,9 @@ func printState(w io.Writer, st messages.RunState) error {
 	}
 	if st.ContainerID != "" {
 		row("container", "%s", shortID(st.ContainerID))
+		if st.Warm {
+			row("warm", "%s", "yes (started in a warm container)")
+		}
 	}
 	row("queued", "%s", formatTime(st.QueuedAt))
 	if !st.StartedAt.IsZero() {
