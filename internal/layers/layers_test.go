@@ -49,6 +49,8 @@ var rules = []rule{
 		to: []string{"worker/..."}, unless: []string{"worker/stage", "worker/profile/...", "worker/jail"}},
 	{why: "a stage imports no other stage, no engine and no driver", from: "worker/stage/*",
 		to: []string{"worker/..."}, unless: []string{"worker/stage", "worker/stage/internal/...", "worker/profile/...", "worker/jail", "worker/internal/..."}},
+	{why: "the warm pool sits beside the stages, below the engine: it hands containers to runs and knows none", from: "worker/warm",
+		to: []string{"worker", "worker/runner", "worker/docker", "worker/workertest/...", "dispatcher/...", "console/..."}},
 	{why: "the run engine is composed by the worker, never the other way", from: "worker/runner",
 		to: []string{"worker", "worker/docker", "worker/workertest/...", "dispatcher/...", "console/..."}},
 	{why: "roles name subjects and buckets: no engine", from: "roles", to: []string{"worker/...", "dispatcher/..."}},

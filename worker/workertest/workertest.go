@@ -51,6 +51,11 @@ type Runtime struct {
 	// RemoveErr, when set, is asked before each Remove: an error it returns
 	// makes that Remove fail, leaving the container in place.
 	RemoveErr func(id string) error
+	// Images, when set, names the engine's image id of an image
+	// reference: a container records the id at its start (ImageID) and
+	// the runtime answers it (ImageID, as the Docker runtime's). Nil: no
+	// image has an id.
+	Images func(ref string) string
 	// StartErr, when set, is asked before each Start, capture containers'
 	// included: an error it returns makes that Start fail with it.
 	StartErr func(spec jail.ContainerSpec) error
@@ -152,6 +157,9 @@ func (r *Runtime) Start(ctx context.Context, given jail.ContainerSpec, out jail.
 	id := fmt.Sprintf("fake%060d", r.seq)
 	cctx, cancel := context.WithCancel(context.Background())
 	c := &Container{id: id, name: spec.Name, spec: given, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r, signals: signals}
+	if r.Images != nil {
+		c.imageID = r.Images(spec.Image)
+	}
 	r.containers[id] = c
 	r.starts = append(r.starts, given)
 	r.running++
@@ -233,13 +241,24 @@ type Container struct {
 	status   jail.ExitStatus
 	exited   bool
 	signals  chan string
+	imageID  string
 }
 
 // ID implements jail.Container.
 func (c *Container) ID() string { return c.id }
 
-// ImageID implements jail.Container: a fake has no image id.
-func (c *Container) ImageID() string { return "" }
+// ImageID implements jail.Container: the id Runtime.Images named for the
+// container's image at its start, else "".
+func (c *Container) ImageID() string { return c.imageID }
+
+// ImageID returns the image id Images names for ref now ("" without
+// Images), as the Docker runtime's ImageID does (worker/warm.ImageLister).
+func (r *Runtime) ImageID(_ context.Context, ref string) (string, error) {
+	if r.Images == nil {
+		return "", nil
+	}
+	return r.Images(ref), nil
+}
 
 // Wait implements jail.Container.
 func (c *Container) Wait(ctx context.Context) (jail.ExitStatus, error) {
