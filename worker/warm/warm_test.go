@@ -54,8 +54,8 @@ func newPool(t *testing.T, rt jail.Runtime, toml string, mod func(*warm.Config))
 	}
 	cfg := warm.Config{
 		Runtime: rt, Profiles: ps, WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
-		Dirs:    rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
-		Bridges: bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
+		Dirs:     rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
+		Bridges:  bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
 		Registry: prometheus.NewRegistry(), Log: zerolog.Nop(),
 	}
 	if mod != nil {
