@@ -165,6 +165,9 @@ func toLive(ev dispatcher.WatchEvent, carry map[string][]byte) (string, liveEven
 		if e.Worker != "" {
 			le.Kind = visible(e.Worker)
 		}
+		if e.Warm && ev.Type == messages.EventStarted {
+			le.Text = joinText(le.Text, "in a warm container")
+		}
 	}
 	return "event", le
 }

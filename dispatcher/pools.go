@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -65,19 +66,36 @@ func (d *Dispatcher) Pools(ctx context.Context) ([]PoolStats, error) {
 	return out, nil
 }
 
-// WorkerBeat is one live worker: its id and its latest heartbeat.
+// WorkerBeat is one live worker: its id, its latest heartbeat and what it
+// announces in it (messages.WorkerPresence).
 type WorkerBeat struct {
-	// ID is the worker id.
+	// ID is the worker id (its key in the jetcrew-workers bucket).
 	ID string
 	// Beat is the time of the worker's latest heartbeat; zero when its
-	// value cannot be read as a time.
+	// value cannot be read.
 	Beat time.Time
+	// Pool is the pool whose runs the worker takes, Concurrency its number
+	// of run slots; empty and 0 for a worker of an older version, whose
+	// value is its heartbeat's time alone.
+	Pool        string
+	Concurrency int
+	// Warm are the worker's warm pools, one per profile that keeps warm
+	// containers, by profile name; nil when none does.
+	Warm []messages.WarmPool
+}
+
+// Presence returns b as the worker's heartbeat value (docs/wire.md,
+// "Worker presence").
+func (b WorkerBeat) Presence() messages.WorkerPresence {
+	return messages.WorkerPresence{Worker: b.ID, Pool: b.Pool, Concurrency: b.Concurrency, Time: b.Beat, Warm: b.Warm}
 }
 
 // Workers returns the live workers (the keys of the jetcrew-workers
-// bucket), sorted by id. A worker's key expires a few heartbeats after it
-// stops (messages.WorkerTTL). The error wraps ErrNotProvisioned when the
-// bucket does not exist.
+// bucket), sorted by id, each with what its heartbeat value
+// (messages.WorkerPresence) says; a value that is a bare RFC 3339 time
+// (older workers) gives the beat alone. A worker's key expires a few
+// heartbeats after it stops (messages.WorkerTTL). The error wraps
+// ErrNotProvisioned when the bucket does not exist.
 func (d *Dispatcher) Workers(ctx context.Context) ([]WorkerBeat, error) {
 	kv, err := d.js.KeyValue(ctx, messages.BucketWorkers)
 	if err != nil {
@@ -90,14 +108,29 @@ func (d *Dispatcher) Workers(ctx context.Context) ([]WorkerBeat, error) {
 	defer func() { _ = lister.Stop() }()
 	var out []WorkerBeat
 	for key := range lister.Keys() {
-		wb := WorkerBeat{ID: key}
-		if e, err := kv.Get(ctx, key); err == nil {
-			wb.Beat, _ = time.Parse(time.RFC3339Nano, string(e.Value()))
-		} else if errors.Is(err, jetstream.ErrKeyNotFound) {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue // expired meanwhile
+		}
+		wb := WorkerBeat{ID: key}
+		if err == nil {
+			wb = workerBeat(key, e.Value())
 		}
 		out = append(out, wb)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+// workerBeat reads worker id's heartbeat value: a messages.WorkerPresence,
+// or the bare RFC 3339 time older workers wrote.
+func workerBeat(id string, value []byte) WorkerBeat {
+	wb := WorkerBeat{ID: id}
+	var p messages.WorkerPresence
+	if err := json.Unmarshal(value, &p); err == nil {
+		wb.Beat, wb.Pool, wb.Concurrency, wb.Warm = p.Time, p.Pool, p.Concurrency, p.Warm
+		return wb
+	}
+	wb.Beat, _ = time.Parse(time.RFC3339Nano, string(value))
+	return wb
 }

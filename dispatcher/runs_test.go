@@ -117,9 +117,19 @@ func TestPoolsAndWorkers(t *testing.T) {
 	require.NoError(t, err)
 	_, err = kv.Put(t.Context(), "w1", []byte("not a time"))
 	require.NoError(t, err)
+	// A worker's value is its presence (worker/presence.go): pool,
+	// concurrency and warm pools come from it, the beat from its time.
+	warm := []messages.WarmPool{{Profile: "hot", Target: 2, Ready: 1}, {Profile: "shell", Target: 1, Error: "image not found"}}
+	p, err := json.Marshal(messages.WorkerPresence{Worker: "w3", Pool: "gpu", Concurrency: 4, Time: beat, Warm: warm})
+	require.NoError(t, err)
+	_, err = kv.Put(t.Context(), "w3", p)
+	require.NoError(t, err)
 	ws, err := b.d.Workers(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, []WorkerBeat{{ID: "w1"}, {ID: "w2", Beat: beat}}, ws)
+	w3 := WorkerBeat{ID: "w3", Beat: beat, Pool: "gpu", Concurrency: 4, Warm: warm}
+	require.Equal(t, []WorkerBeat{{ID: "w1"}, {ID: "w2", Beat: beat}, w3}, ws,
+		"an older worker's bare time gives the beat alone; an unreadable value, the id alone")
+	require.Equal(t, messages.WorkerPresence{Worker: "w3", Pool: "gpu", Concurrency: 4, Time: beat, Warm: warm}, w3.Presence())
 }
 
 func TestFollow(t *testing.T) {

@@ -8,6 +8,7 @@
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
 //	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
+//	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests)
 //	jetcrew replay RUN_ID           submit a failed run again from its dead letter
 //	jetcrew result RUN_ID           what a workspace run changed

@@ -314,6 +314,9 @@ func describeEvent(ev dispatcher.WatchEvent) string {
 		if e.ContainerID != "" {
 			fmt.Fprintf(&b, ", container %s", shortID(e.ContainerID))
 		}
+		if e.Warm {
+			b.WriteString(" (warm)")
+		}
 	case messages.EventFinished:
 		b.WriteString(": " + describeOutcome(e))
 		if ev.FromState {
