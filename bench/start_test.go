@@ -59,8 +59,12 @@ func probeTime(out []byte) (time.Time, error) {
 // process runs — read from the process itself, which prints the wall clock
 // as its first act — against a bare ContainerCreate + ContainerStart of the
 // same image and command through the Docker API (network none, nothing
-// else), timed the same way. Samples alternate between the kinds, one
-// container at a time, each removed before the next begins.
+// else), timed the same way. A fourth kind is the same run started warm
+// (issue 25): a profile with the shell profile's jail keeping warmPool warm
+// containers, the pool full when each sample begins (the sampler waits for
+// the refill, untimed), each sample checked to have started warm (its
+// state's warm). Samples alternate between the kinds, one container at a
+// time, each removed before the next begins.
 func TestDispatchToStart(t *testing.T) {
 	cli := dockerClient(t)
 	s := workertest.StartServer(t)
@@ -71,8 +75,10 @@ func TestDispatchToStart(t *testing.T) {
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	workerID := "bench-start-" + hex.EncodeToString(suffix)
+	ps := profiles(t)
+	ps["warm"] = warmShell(t, "warm", warmPool)
 	w, err := worker.New(workertest.Connect(t, s), worker.Config{
-		ID: workerID, Runtime: rt, Concurrency: 2, Profiles: profiles(t),
+		ID: workerID, Runtime: rt, Concurrency: 2, Profiles: ps,
 		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
 	})
 	require.NoError(t, err)
@@ -85,16 +91,27 @@ func TestDispatchToStart(t *testing.T) {
 	d, err := dispatcher.New(workertest.Connect(t, s))
 	require.NoError(t, err)
 
-	var jet, jetStarted, jetNoCoord, raw, rawAPI []float64
+	var jet, jetStarted, jetNoCoord, raw, rawAPI, hot, hotStarted []float64
+	notWarm := 0
+	waitWarmFull(t, w, "warm")
 	for i := range startWarmup + startSamples {
-		p, started := jetcrewSample(t, cli, d, "shell")
-		q, _ := jetcrewSample(t, cli, d, "nocoord")
+		p := jetcrewSample(t, cli, d, "shell")
+		q := jetcrewSample(t, cli, d, "nocoord")
+		h := jetcrewSample(t, cli, d, "warm")
+		// The refill (a container start) ends before the next sample, so
+		// that it competes with none.
+		waitWarmFull(t, w, "warm")
 		r, api := rawSample(t, cli, workerID)
 		if i < startWarmup {
 			continue
 		}
-		jet, jetStarted, jetNoCoord = append(jet, p), append(jetStarted, started), append(jetNoCoord, q)
+		jet, jetStarted, jetNoCoord = append(jet, p.process), append(jetStarted, p.started), append(jetNoCoord, q.process)
 		raw, rawAPI = append(raw, r), append(rawAPI, api)
+		if !h.warm {
+			notWarm++
+			continue
+		}
+		hot, hotStarted = append(hot, h.process), append(hotStarted, h.started)
 	}
 
 	const rawWhat = "bare Docker API: ContainerCreate (jetcrew-sandbox:latest, `sh -c adjtimex`, network none, nothing else) + ContainerStart, until the process reads the clock"
@@ -111,12 +128,32 @@ func TestDispatchToStart(t *testing.T) {
 		What: "as dispatch_to_start_p50_ms with coordination off in the profile (no bridge mounts, no inbox)"})
 	record(t, "dispatch_to_started_event_p50_ms", Figure{Value: round(median(jetStarted), 1), Unit: "ms", Baseline: "raw_docker_api_p50_ms", Samples: len(jetStarted),
 		What: "submit → the worker stamps the `started` event (after ContainerStart returned and the running state was written); coordination on"})
+
+	require.NotEmpty(t, hot, "no sample of the warm profile started warm")
+	warmWhat := fmt.Sprintf("warm start (issue 25): submit → the run's own process reads the clock (adjtimex, its first act), the built-in shell profile's jail with warm = %d: dispatcher.Submit → worker pull → claim → a warm container claimed, the run's stages staged into its run directory → hand-off (command, environment, working directory over its socket) → the waiting launcher execs the command — one run at a time, the pool refilled before each sample (waited for, untimed), so every sample is a warm start; a sample whose state does not say warm is left out and counted in warm_dispatch_to_start_not_warm (%d of %d)", warmPool, notWarm, len(hot)+notWarm)
+	record(t, "warm_dispatch_to_start_p50_ms", Figure{Value: round(median(hot), 1), Unit: "ms", Baseline: "raw_docker_start_p50_ms", Samples: len(hot),
+		What: warmWhat + "; issue 25's goal: ≤ 25 ms, ≤ 0.1× the bare create + start"})
+	record(t, "warm_dispatch_to_start_p99_ms", Figure{Value: round(percentile(hot, 0.99), 1), Unit: "ms", Baseline: "raw_docker_start_p99_ms", Samples: len(hot),
+		What: "as warm_dispatch_to_start_p50_ms, p99 by nearest rank (with 100 samples, the second slowest); issue 25's goal: ≤ 100 ms"})
+	record(t, "warm_dispatch_to_started_event_p50_ms", Figure{Value: round(median(hotStarted), 1), Unit: "ms", Baseline: "dispatch_to_started_event_p50_ms", Samples: len(hotStarted),
+		What: "warm start: submit → the worker stamps the `started` event (after the launcher acknowledged the hand-off and the running state was written)"})
+	record(t, "warm_dispatch_to_start_not_warm", Figure{Value: float64(notWarm), Unit: "runs", Samples: len(hot) + notWarm,
+		What: "samples of the warm profile whose run state did not say warm although the pool was full when they were submitted (left out of the warm figures)"})
+}
+
+// startSample is one run's start: how long after the submit began its
+// process read the clock and the worker stamped its started event, in ms,
+// and whether it started warm (its state's warm).
+type startSample struct {
+	process, started float64
+	warm             bool
 }
 
 // jetcrewSample submits one run of profile and returns how long after the
 // submit began its process read the clock, and when the worker stamped the
-// started event, in ms. It returns once the run's container is gone.
-func jetcrewSample(t *testing.T, cli *client.Client, d *dispatcher.Dispatcher, profile string) (process, started float64) {
+// started event, in ms, and whether its state says it started warm. It
+// returns once the run's container is gone.
+func jetcrewSample(t *testing.T, cli *client.Client, d *dispatcher.Dispatcher, profile string) startSample {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -141,8 +178,14 @@ func jetcrewSample(t *testing.T, cli *client.Client, d *dispatcher.Dispatcher, p
 	ran, err := probeTime(out.Bytes())
 	require.NoError(t, err)
 	require.False(t, startedAt.IsZero(), "no started event")
+	st, err := d.Status(ctx, id)
+	require.NoError(t, err)
 	waitGone(t, cli, filters.NewArgs(filters.Arg("label", jail.LabelRunID+"="+id)))
-	return ms(ran.Sub(t0)), ms(startedAt.Sub(t0))
+	if st.ContainerID != "" {
+		// A warm container has no run's labels: it was made before its run.
+		waitGone(t, cli, filters.NewArgs(filters.Arg("id", st.ContainerID)))
+	}
+	return startSample{process: ms(ran.Sub(t0)), started: ms(startedAt.Sub(t0)), warm: st.Warm}
 }
 
 // rawSample creates and starts one container of the sandbox image with the

@@ -11,12 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
@@ -116,13 +118,57 @@ func TestWorkspace(t *testing.T) {
 	record(t, "workspace_tenth_run_start_ms", Figure{Value: round(starts[9], 0), Unit: "ms", Baseline: "workspace_first_run_start_ms",
 		What: "the tenth: submit (snapshot taken, upload skipped) → process reads the clock"})
 
-	// Capture of a 1,000-file change.
-	var capture []float64
+	// Capture of a 1,000-file change, against git doing the same by hand.
+	var capture, rawCapture []float64
 	for range wsRepeats {
 		capture = append(capture, captureSample(t, d, small))
+		rawCapture = append(rawCapture, rawGitCaptureSample(t, small))
 	}
-	record(t, "workspace_capture_1000_files_ms", Figure{Value: round(median(capture), 0), Unit: "ms", Samples: len(capture), Repeats: capture,
-		What: "a run appends a line to each of 1,000 files, then reads the clock as its last act → its state is final with the result (capture: walk, hash, commit, patch, bundle; upload)"})
+	record(t, "raw_git_capture_1000_files_ms", Figure{Value: round(median(rawCapture), 0), Unit: "ms", Samples: len(rawCapture), Repeats: rawCapture,
+		What: "the same 1,000-file change captured by hand: a copy of the workspace's repository on a tmpfs (/dev/shm; the run's workspace is a tmpfs volume), each file appended to as the run does (untimed), then `git add -A && git commit -q && git bundle create` (the new commit, base..HEAD) `&& git diff --binary` base HEAD (git " + gitVersion(t) + "); no upload"})
+	record(t, "workspace_capture_1000_files_ms", Figure{Value: round(median(capture), 0), Unit: "ms", Baseline: "raw_git_capture_1000_files_ms", Samples: len(capture), Repeats: capture,
+		What: "a run appends a line to each of 1,000 files, then reads the clock as its last act → its state is final with the result (capture: walk, hash, commit, patch, bundle; upload); issue 25's goal, once workspace runs start warm: ≤ 1.5× the same change captured by hand with git"})
+}
+
+// rawGitCaptureSample copies repo to a new directory on a tmpfs
+// (/dev/shm), appends a line to each of its 1,000 files as captureSample's
+// run does (untimed), and returns how long git takes to capture the
+// change as a run's result: add, commit, a bundle of the new commit and a
+// binary diff of it, in ms.
+func rawGitCaptureSample(t *testing.T, repo string) float64 {
+	t.Helper()
+	var fs unix.Statfs_t
+	require.NoError(t, unix.Statfs("/dev/shm", &fs))
+	require.EqualValues(t, unix.TMPFS_MAGIC, fs.Type, "/dev/shm must be a tmpfs")
+	tmp, err := os.MkdirTemp("/dev/shm", "bench-capture-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	dir := filepath.Join(tmp, "ws")
+	sh := func(script string) {
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=b", "GIT_AUTHOR_EMAIL=b@x", "GIT_COMMITTER_NAME=b", "GIT_COMMITTER_EMAIL=b@x")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	out, err := exec.Command("cp", "-a", repo, dir).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	sh("for f in d*/f*.txt; do echo changed >> $f; done")
+	t0 := time.Now()
+	sh("base=$(git rev-parse HEAD) && git add -A && git commit -q -m run && git bundle create -q ../run.bundle $base..HEAD && git diff --binary $base HEAD > ../run.patch")
+	took := ms(time.Since(t0))
+	st, err := os.Stat(filepath.Join(tmp, "run.patch"))
+	require.NoError(t, err)
+	require.Positive(t, st.Size())
+	return took
+}
+
+// gitVersion returns git's version number.
+func gitVersion(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "version").Output()
+	require.NoError(t, err)
+	return strings.TrimPrefix(strings.TrimSpace(string(out)), "git version ")
 }
 
 // benchRepo makes a git work tree of 1,000 files of 2*half bytes (hex of
