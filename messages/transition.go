@@ -31,7 +31,7 @@ var Transitions = []Transition{
 	{StateNone, StateQueued, "a worker's claim creates the record (a submitter writes none; an older client's queued record is still accepted)"},
 	{StateNone, StateCancelled, "cancel before any worker saw the request"},
 	{StateNone, StateFailed, "MaxDeliver exhausted before any state was written"},
-	{StateQueued, StateQueued, "claim by a delivery; retry of a set-up failure"},
+	{StateQueued, StateQueued, "claim by a delivery; retry of a set-up failure; the warm container named before its hand-off"},
 	{StateQueued, StateRunning, "container started"},
 	{StateQueued, StateFailed, "invalid request, set-up failure, retries exhausted, MaxDeliver"},
 	{StateQueued, StateCancelled, "cancel while queued"},

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -187,4 +189,58 @@ func TestWarmContainerDiedIsReplaced(t *testing.T) {
 	hs := b.rt.Handoffs()
 	require.Len(t, hs, 1)
 	require.NotEqual(t, first, hs[0].Name, "the dead container was never handed a run")
+}
+
+// A run names the warm container it claims in its state before the
+// hand-off: the container carries no run id label, so a worker that dies
+// between the hand-off and the running state leaves a record by which the
+// next delivery finds and removes it.
+func TestWarmContainerRecordedBeforeHandoff(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	recorded := make(chan messages.RunState, 1)
+	b = setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+		c.Failpoint = func(name string) {
+			if name != stage.FailpointAfterStart {
+				return
+			}
+			// The agent runs; the record still says queued.
+			kv, err := b.js.KeyValue(context.Background(), messages.BucketRuns)
+			if err != nil {
+				close(recorded)
+				return
+			}
+			e, err := kv.Get(context.Background(), "named")
+			if err != nil {
+				close(recorded)
+				return
+			}
+			var st messages.RunState
+			_ = json.Unmarshal(e.Value(), &st)
+			recorded <- st
+		}
+	})
+	warmReady(t, b.w, 1)
+	cs, err := b.rt.ListManaged(context.Background())
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	warmID := cs[0].ID
+
+	b.submit(t, messages.RunRequest{ID: "named", Profile: "hot", Prompt: "out ok"})
+	var st messages.RunState
+	select {
+	case s, ok := <-recorded:
+		require.True(t, ok, "the run's state could not be read at the hand-off")
+		st = s
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run never started")
+	}
+	require.Equal(t, messages.StateQueued, st.State)
+	require.Equal(t, warmID, st.ContainerID, "the warm container is recorded before the hand-off")
+	final := b.waitFinal(t, "named")
+	require.Equal(t, messages.StateSucceeded, final.State, final.Reason)
+	require.True(t, final.Warm)
+	require.Equal(t, warmID, final.ContainerID)
 }

@@ -285,6 +285,16 @@ func (rc *record) toRunning(ctx context.Context, containerID string) error {
 	return rc.put(ctx)
 }
 
+// nameContainer records containerID as the run's container while the
+// run is still queued: the id of a warm container it is about to hand the
+// run to, which carries no run id label. A delivery after a crash between
+// the hand-off and the running state then finds (and removes) it by the
+// record, as it finds a cold container by its label.
+func (rc *record) nameContainer(ctx context.Context, containerID string) error {
+	rc.st.ContainerID = containerID
+	return rc.put(ctx)
+}
+
 // toQueued records the run queued again, for reason (a retry, a
 // hand-back): its container is gone.
 func (rc *record) toQueued(ctx context.Context, reason string) error {

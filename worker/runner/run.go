@@ -259,6 +259,14 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	var err error
 	var handed *warm.Container
 	if r.warm != nil {
+		if err := r.rec.nameContainer(ctx, r.warm.ContainerID()); err != nil {
+			if errors.Is(err, runstate.ErrFenced) {
+				r.lost(ctx, s.out)
+				return s, errRecorded
+			}
+			_, _ = s.out.close(ctx)
+			return s, stage.Transient(fmt.Errorf("record the warm container: %w", err))
+		}
 		if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
 			r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
 			e.cfg.Warm.Replaced(r.warm, "exited")

@@ -576,6 +576,12 @@ func (c *Container) watch() {
 // Name returns the container's name.
 func (c *Container) Name() string { return c.name }
 
+// ContainerID returns the Docker container id of the warm container. A
+// warm container carries no run id label, so a claiming run records this
+// id in its state before the hand-off: a delivery after a crash finds the
+// container by it.
+func (c *Container) ContainerID() string { return c.c.ID() }
+
 // Dir returns the host path of the container's run directory, which the
 // claiming run's run-directory stage takes over (stage.Run.WarmDir).
 func (c *Container) Dir() string { return c.dir }
