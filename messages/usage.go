@@ -1,0 +1,116 @@
+package messages
+
+import "time"
+
+// Tokens counts a model response's tokens by kind, as the provider reported
+// them: Anthropic Messages' usage (input_tokens, output_tokens,
+// cache_read_input_tokens, cache_creation_input_tokens), OpenAI's usage
+// (prompt_tokens or input_tokens, of which prompt_tokens_details.cached_tokens
+// are counted as CacheRead and not in Input; completion_tokens or
+// output_tokens), Gemini's usageMetadata (promptTokenCount, of which
+// cachedContentTokenCount is CacheRead; candidatesTokenCount plus
+// thoughtsTokenCount). Input never includes the cache kinds, so the four
+// add up to what was billed.
+type Tokens struct {
+	// Input counts the uncached input (prompt) tokens.
+	Input int64 `json:"input"`
+	// Output counts the generated tokens, reasoning included.
+	Output int64 `json:"output"`
+	// CacheRead counts input tokens read from the provider's prompt cache.
+	CacheRead int64 `json:"cache_read,omitempty"`
+	// CacheWrite counts input tokens written to the provider's prompt cache
+	// (Anthropic's cache_creation_input_tokens).
+	CacheWrite int64 `json:"cache_write,omitempty"`
+}
+
+// Add returns t plus u, kind by kind.
+func (t Tokens) Add(u Tokens) Tokens {
+	return Tokens{Input: t.Input + u.Input, Output: t.Output + u.Output,
+		CacheRead: t.CacheRead + u.CacheRead, CacheWrite: t.CacheWrite + u.CacheWrite}
+}
+
+// Model API formats the egress proxy meters (UsageEvent.Format), told
+// apart by the request's path.
+const (
+	// FormatAnthropic is Anthropic's Messages API (POST /v1/messages).
+	FormatAnthropic = "anthropic-messages"
+	// FormatOpenAIChat is OpenAI's Chat Completions API (POST
+	// .../chat/completions).
+	FormatOpenAIChat = "openai-chat"
+	// FormatOpenAIResponses is OpenAI's Responses API (POST .../responses).
+	FormatOpenAIResponses = "openai-responses"
+	// FormatGemini is Gemini's generateContent and streamGenerateContent
+	// (POST .../models/<model>:generateContent).
+	FormatGemini = "gemini"
+)
+
+// UsageEvent is the body of an EventUsage: one model response through the
+// run's egress proxy to a host it injects a key for, with the usage the
+// provider reported in it. It is published when the response ends.
+type UsageEvent struct {
+	// RunID is the run.
+	RunID string `json:"run_id"`
+	// Time is when the request was sent.
+	Time time.Time `json:"time"`
+	// Host is the model API's host name.
+	Host string `json:"host"`
+	// Format is the API's format (FormatAnthropic, ...); empty for a
+	// request to an injected host that is no model request the proxy
+	// knows (counted, with Known false).
+	Format string `json:"format,omitempty"`
+	// Model is the model, from the response when it names one, else from
+	// the request.
+	Model string `json:"model,omitempty"`
+	// Status is the response's HTTP status.
+	Status int `json:"status"`
+	// Stream is true for a streamed (server-sent events) response.
+	Stream bool `json:"stream,omitempty"`
+	// Known is false when the response carried no usage the proxy could
+	// read (an error, a stream without its usage chunk, an unknown format,
+	// a body past the parser's bound): Tokens are then zero and the
+	// request is counted in UsageTotals.Unknown.
+	Known bool `json:"known"`
+	// Tokens are the response's tokens by kind.
+	Tokens Tokens `json:"tokens"`
+	// CostUSD is what the tokens cost by the worker's price table, in US
+	// dollars; absent when the table has no price for the model (or there
+	// is no table).
+	CostUSD *float64 `json:"cost_usd,omitempty"`
+	// DurationMS is from the request to the response's end, in
+	// milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// UsageTotals sums a run's model usage (its UsageEvents), kept in its
+// RunState and on its finished event.
+type UsageTotals struct {
+	// Requests counts the model requests (every request to a host the
+	// proxy injects a key for, Known or not, refused by a budget or not).
+	Requests int64 `json:"requests"`
+	// Unknown counts the requests whose usage could not be read.
+	Unknown int64 `json:"unknown,omitempty"`
+	// Tokens sums the tokens by kind.
+	Tokens Tokens `json:"tokens"`
+	// CostUSD sums the priced responses' costs, in US dollars.
+	CostUSD float64 `json:"cost_usd"`
+	// Unpriced counts Known responses the price table had no price for
+	// (their tokens are in Tokens, not in CostUSD).
+	Unpriced int64 `json:"unpriced,omitempty"`
+	// Refused counts model requests a budget refused.
+	Refused int64 `json:"refused,omitempty"`
+}
+
+// Add counts ev into t.
+func (t *UsageTotals) Add(ev UsageEvent) {
+	t.Requests++
+	if !ev.Known {
+		t.Unknown++
+		return
+	}
+	t.Tokens = t.Tokens.Add(ev.Tokens)
+	if ev.CostUSD != nil {
+		t.CostUSD += *ev.CostUSD
+	} else {
+		t.Unpriced++
+	}
+}
