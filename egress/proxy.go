@@ -189,6 +189,8 @@ type Session struct {
 	restarts int
 	up       chan struct{} // closed while a listener serves; replaced on restart
 
+	meter meter // the model requests to injected hosts
+
 	done chan struct{}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -27,6 +28,8 @@ type attempt struct {
 	ev   messages.EgressEvent
 	up   *countingReader
 	once sync.Once
+	// model is the metering of a request to an injected host.
+	model *metered
 }
 
 // newProxy builds the goproxy server with the session's policy: CONNECT is
@@ -266,7 +269,13 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 			reason = "upstream: " + ctx.Error.Error()
 		}
 		s.finishAttempt(a, 0, reason)
+		if a.model != nil {
+			s.endModel(a.model, usage.Result{})
+		}
 		return resp
+	}
+	if a.model != nil {
+		s.wrapModel(a.model, resp)
 	}
 	cr := &countingReader{r: resp.Body}
 	resp.Body = &closeHook{countingReader: cr, close: func() { s.finishAttempt(a, cr.n.Load(), "") }}

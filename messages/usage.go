@@ -84,8 +84,9 @@ type UsageEvent struct {
 // UsageTotals sums a run's model usage (its UsageEvents), kept in its
 // RunState and on its finished event.
 type UsageTotals struct {
-	// Requests counts the model requests (every request to a host the
-	// proxy injects a key for, Known or not, refused by a budget or not).
+	// Requests counts the model requests sent upstream (every request to
+	// a host the proxy injects a key for, Known or not; those a budget
+	// refused are counted in Refused instead).
 	Requests int64 `json:"requests"`
 	// Unknown counts the requests whose usage could not be read.
 	Unknown int64 `json:"unknown,omitempty"`
@@ -113,4 +114,24 @@ func (t *UsageTotals) Add(ev UsageEvent) {
 	} else {
 		t.Unpriced++
 	}
+}
+
+// BudgetEvent is the body of an EventBudget.
+type BudgetEvent struct {
+	// RunID is the run.
+	RunID string `json:"run_id"`
+	// Time is when the request past the budget was refused.
+	Time time.Time `json:"time"`
+	// Budget is the profile key of the budget reached: "max_cost_usd",
+	// "max_output_tokens", "max_model_requests".
+	Budget string `json:"budget"`
+	// Limit and Spent are in the budget's unit (US dollars, tokens,
+	// requests).
+	Limit float64 `json:"limit"`
+	Spent float64 `json:"spent"`
+	// Action is what the worker does: "fail" (the run ends failed with
+	// Reason).
+	Action string `json:"action"`
+	// Reason says which budget and how much was spent.
+	Reason string `json:"reason"`
 }

@@ -122,6 +122,20 @@ type Profile struct {
 	// before it ends failed; bounded by the consumer's max deliver. Default
 	// 0: an agent's failure is final.
 	Retries int `toml:"retries" json:"retries,omitempty"`
+	// MaxCostUSD is the run's model budget in US dollars, by the worker's
+	// price table (--prices), enforced by its egress proxy on the hosts of
+	// egress_inject: the first model request after the run's priced usage
+	// reached it is answered with the provider's quota error and the run
+	// ends failed (egress.Limits; the overshoot bound is documented
+	// there). 0 (default): none. Needs egress_inject.
+	MaxCostUSD float64 `toml:"max_cost_usd" json:"max_cost_usd,omitempty"`
+	// MaxOutputTokens is the run's budget of output tokens, as the model
+	// API reported them (as MaxCostUSD). 0 (default): none.
+	MaxOutputTokens int64 `toml:"max_output_tokens" json:"max_output_tokens,omitempty"`
+	// MaxModelRequests is the most model requests the run may send (as
+	// MaxCostUSD; counted when sent, so never overshot). 0 (default):
+	// none.
+	MaxModelRequests int64 `toml:"max_model_requests" json:"max_model_requests,omitempty"`
 	// Warm is how many warm containers of this profile each worker keeps
 	// started and waiting for a run (worker/warm): a run that finds one
 	// ready starts in milliseconds instead of a container start. Bounded

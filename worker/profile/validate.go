@@ -3,6 +3,7 @@ package profile
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -26,6 +27,9 @@ func (p Profile) validate() error {
 	}
 	if p.Retries < 0 || p.Retries > 10 {
 		return fmt.Errorf("retries %d must be between 0 and 10", p.Retries)
+	}
+	if err := p.validateBudgets(); err != nil {
+		return err
 	}
 	if p.Warm < 0 || p.Warm > MaxWarm {
 		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
@@ -174,3 +178,24 @@ func underHomePrefixes(path string) bool {
 
 // MaxWarm is the most warm containers one profile may ask a worker to keep.
 const MaxWarm = 64
+
+// validateBudgets checks the model budgets: not negative, finite, and only
+// on a profile whose proxy meters a host (egress_inject), the only place
+// they can be enforced.
+func (p Profile) validateBudgets() error {
+	if p.MaxCostUSD < 0 || math.IsNaN(p.MaxCostUSD) || math.IsInf(p.MaxCostUSD, 0) {
+		return fmt.Errorf("max_cost_usd %v must be a positive number of US dollars, or 0 for none", p.MaxCostUSD)
+	}
+	if p.MaxOutputTokens < 0 || p.MaxModelRequests < 0 {
+		return errors.New("max_output_tokens and max_model_requests must not be negative")
+	}
+	if p.HasBudget() && len(p.EgressInject) == 0 {
+		return errors.New("max_cost_usd, max_output_tokens and max_model_requests need egress_inject: the egress proxy meters (and enforces budgets on) only the hosts it adds a key for, which the agent then cannot reach another way")
+	}
+	return nil
+}
+
+// HasBudget reports whether the profile sets a model budget.
+func (p Profile) HasBudget() bool {
+	return p.MaxCostUSD > 0 || p.MaxOutputTokens > 0 || p.MaxModelRequests > 0
+}

@@ -1,0 +1,256 @@
+package egress
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/jetcrew/jetcrew/egress/usage"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Bounds of the metering of one model request.
+const (
+	// maxMeteredRequest is how much of a model request's body the proxy
+	// reads to learn its model and whether it streams; a larger body goes
+	// upstream unread (its model is then taken from the response).
+	maxMeteredRequest = 8 << 20
+	// maxMeteredJSON is how much of a response that is not a stream the
+	// proxy keeps to read its usage at the end; past it the response is
+	// passed on whole but its usage is unknown.
+	maxMeteredJSON = 16 << 20
+	// maxModelName is the longest model name an event keeps, in bytes (the
+	// run chooses it): a longer one is cut.
+	maxModelName = 128
+)
+
+// Limits are a run's budgets, enforced by its egress proxy on the model
+// requests to the hosts it injects a key for (the only way the run reaches
+// them). A zero field is no limit. A request is refused, with the
+// provider's own quota error (usage.QuotaError), once the run's totals
+// have reached a limit; a request in flight when its limit is crossed
+// completes, so a run overshoots a token or cost limit by at most what the
+// requests it had in flight at that moment spent (each connection carries
+// one request at a time, so at most Config.MaxConns responses), and a
+// request limit never (requests are counted when they are sent).
+type Limits struct {
+	// MaxCostUSD is the most the run may spend, in US dollars by the
+	// price table (profile key max_cost_usd). Responses the table has no
+	// price for cost nothing here.
+	MaxCostUSD float64
+	// MaxOutputTokens is the most output tokens the run may be sent
+	// (profile key max_output_tokens).
+	MaxOutputTokens int64
+	// MaxRequests is the most model requests the run may send (profile
+	// key max_model_requests), Known usage or not.
+	MaxRequests int64
+}
+
+// Budget names the limit a run reached: the profile key, the limit and
+// what the run had spent of it when it was reached.
+type Budget struct {
+	// Key is the profile key: "max_cost_usd", "max_output_tokens",
+	// "max_model_requests".
+	Key string
+	// Limit and Spent are in the key's unit (US dollars, tokens,
+	// requests).
+	Limit, Spent float64
+}
+
+// String says which budget was reached and how much was spent.
+func (b Budget) String() string {
+	switch b.Key {
+	case "max_cost_usd":
+		return fmt.Sprintf("budget reached: max_cost_usd %s (spent %s USD)", formatFloat(b.Limit), formatFloat(b.Spent))
+	case "max_output_tokens":
+		return fmt.Sprintf("budget reached: max_output_tokens %d (spent %d output tokens)", int64(b.Limit), int64(b.Spent))
+	default:
+		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", b.Key, int64(b.Limit), int64(b.Spent))
+	}
+}
+
+func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// Metering is how a session meters its run's model requests: every request
+// to a host it injects a key for (Injection) is metered; other hosts are
+// never seen in clear.
+type Metering struct {
+	// Prices prices the tokens; nil prices nothing (only tokens are
+	// counted).
+	Prices *usage.Prices
+	// Limits are the run's budgets.
+	Limits Limits
+	// Publish receives one UsageEvent per model response, within
+	// Config.MaxEvents (past it the totals still count). It must not block
+	// for long.
+	Publish func(messages.UsageEvent)
+	// Observe, when set, is told of every usage event, past MaxEvents too:
+	// for metrics. It must not block.
+	Observe func(messages.UsageEvent)
+	// Reached is called once, from the proxy's goroutine, when the run
+	// first sends a model request past one of its Limits (the budget that
+	// was reached): a run that reaches a limit with its last request ends
+	// as it would have. It must not block.
+	Reached func(Budget)
+}
+
+// meter is a session's metering state.
+type meter struct {
+	mu       sync.Mutex
+	m        Metering
+	totals   messages.UsageTotals
+	inflight int64
+	events   int
+	reached  *Budget
+	told     bool
+}
+
+// Meter sets how the session meters its run's model requests. Call it
+// before the run's container starts: requests before it are metered with
+// no prices, limits or publisher.
+func (s *Session) Meter(m Metering) {
+	s.meter.mu.Lock()
+	s.meter.m = m
+	s.meter.mu.Unlock()
+}
+
+// Usage returns the run's model usage so far.
+func (s *Session) Usage() messages.UsageTotals {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.totals
+}
+
+// Reached returns the budget the run reached, if it did.
+func (s *Session) Reached() (Budget, bool) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	if s.meter.reached == nil {
+		return Budget{}, false
+	}
+	return *s.meter.reached, true
+}
+
+// over returns the first of l the totals have reached (requests counted
+// with those in flight), or nil.
+func (mt *meter) over() *Budget {
+	l, t := mt.m.Limits, mt.totals
+	switch {
+	case l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests:
+		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}
+	case l.MaxOutputTokens > 0 && t.Tokens.Output >= l.MaxOutputTokens:
+		return &Budget{Key: "max_output_tokens", Limit: float64(l.MaxOutputTokens), Spent: float64(t.Tokens.Output)}
+	case l.MaxCostUSD > 0 && t.CostUSD >= l.MaxCostUSD:
+		return &Budget{Key: "max_cost_usd", Limit: l.MaxCostUSD, Spent: t.CostUSD}
+	}
+	return nil
+}
+
+// note records b as the budget reached, the first time, and returns the
+// callback to tell (nil when already told).
+func (mt *meter) note(b *Budget) func() {
+	if b == nil || mt.told {
+		return nil
+	}
+	mt.told, mt.reached = true, b
+	if f := mt.m.Reached; f != nil {
+		bb := *b
+		return func() { f(bb) }
+	}
+	return nil
+}
+
+// budgetHeader names, on the proxy's answer to a model request past a
+// budget, the budget that was reached.
+const budgetHeader = "Jetcrew-Budget"
+
+// metered is one model request in flight.
+type metered struct {
+	ev  messages.UsageEvent
+	req usage.Request
+}
+
+// beginModel starts metering req, a request to an injected host, or
+// refuses it when the run has reached a budget: then it returns the
+// response to send the run instead (the provider's quota error).
+func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
+	format := usage.Detect(req.Method, req.URL.Path)
+	mt := &s.meter
+	mt.mu.Lock()
+	b := mt.over()
+	if b != nil {
+		mt.totals.Refused++
+		tell := mt.note(b)
+		mt.mu.Unlock()
+		if tell != nil {
+			tell()
+		}
+		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
+		resp := goproxy.NewResponse(req, ct, status, string(body))
+		resp.Header.Set(budgetHeader, b.String())
+		return nil, resp
+	}
+	mt.inflight++
+	mt.mu.Unlock()
+	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
+	if req.Body != nil && req.Body != http.NoBody {
+		m.req, req.Body = usage.RequestInfo(format, req.URL.Path, req.Body, maxMeteredRequest)
+	}
+	// Go's transport then asks for gzip itself and decompresses it, so
+	// the proxy reads the usage in clear and the run gets the body in
+	// clear; an encoding the run asked for (br, zstd) would hide it.
+	req.Header.Del("Accept-Encoding")
+	return m, nil
+}
+
+// wrapModel meters resp, the answer to m: its body passes through
+// unchanged as it arrives, and its usage is recorded when it ends.
+func (s *Session) wrapModel(m *metered, resp *http.Response) {
+	m.ev.Status = resp.StatusCode
+	resp.Body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Body, maxMeteredJSON,
+		func(r usage.Result) { s.endModel(m, r) })
+}
+
+// endModel records the usage of m's response: its event and the run's
+// totals. A request that failed
+// upstream ends with a zero Result (unknown usage).
+func (s *Session) endModel(m *metered, r usage.Result) {
+	ev := m.ev
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	ev.Model = m.req.Model
+	if r.Model != "" {
+		ev.Model = r.Model
+	}
+	if len(ev.Model) > maxModelName {
+		ev.Model = strings.ToValidUTF8(ev.Model[:maxModelName], "")
+	}
+	ev.Stream = m.req.Stream || r.Stream
+	ev.Known = r.Known
+	mt := &s.meter
+	mt.mu.Lock()
+	if r.Known {
+		ev.Tokens = r.Tokens
+		if c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens); ok {
+			ev.CostUSD = &c
+		}
+	}
+	mt.inflight--
+	mt.totals.Add(ev)
+	publish := mt.events < s.cfg.MaxEvents
+	if publish {
+		mt.events++
+	}
+	pub, obs := mt.m.Publish, mt.m.Observe
+	mt.mu.Unlock()
+	if obs != nil {
+		obs(ev)
+	}
+	if publish && pub != nil {
+		pub(ev)
+	}
+}
