@@ -1,8 +1,10 @@
 package egress
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -253,4 +255,36 @@ func (s *Session) endModel(m *metered, r usage.Result) {
 	if publish && pub != nil {
 		pub(ev)
 	}
+}
+
+// meteredAddr refuses target, the checked address of a connection to a
+// host the session does not inject a key for, when it is the address and
+// port of one it does (resolved now): another name for a metered host would
+// otherwise carry the run's model requests past the metering and its
+// budgets (with a key the run brought itself). It returns the refusal's
+// reason, or "".
+func (s *Session) meteredAddr(ctx context.Context, target netip.AddrPort) string {
+	for _, in := range s.inject {
+		if in.Port != int(target.Port()) {
+			continue
+		}
+		if a, err := netip.ParseAddr(in.Name); err == nil {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+		addrs, err := s.cfg.Resolver.LookupNetIP(rctx, "ip", in.Name)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+		}
+	}
+	return ""
 }
