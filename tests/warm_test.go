@@ -60,23 +60,29 @@ type warmRuntime struct {
 
 	mu sync.Mutex
 	// warmLeft is how many more warm containers may start; negative: no
-	// limit.
+	// limit. wake is closed (and replaced) when allowWarm raises it.
 	warmLeft int
+	wake     chan struct{}
 	inspects map[string]container.InspectResponse // by container id
 	order    []string                             // container ids, in start order
 }
 
 func (r *warmRuntime) Start(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) (jail.Container, error) {
-	if spec.Labels[jail.LabelRole] == jail.RoleWarm {
+	for spec.Labels[jail.LabelRole] == jail.RoleWarm {
 		r.mu.Lock()
-		blocked := r.warmLeft == 0
-		if r.warmLeft > 0 {
-			r.warmLeft--
+		if r.warmLeft != 0 {
+			if r.warmLeft > 0 {
+				r.warmLeft--
+			}
+			r.mu.Unlock()
+			break
 		}
+		wake := r.wake
 		r.mu.Unlock()
-		if blocked {
-			<-ctx.Done() // the pool's Stop
+		select {
+		case <-ctx.Done(): // the pool's Stop
 			return nil, ctx.Err()
+		case <-wake:
 		}
 	}
 	c, err := r.Runtime.Start(ctx, spec, out)
@@ -90,6 +96,15 @@ func (r *warmRuntime) Start(ctx context.Context, spec jail.ContainerSpec, out ja
 		r.mu.Unlock()
 	}
 	return c, nil
+}
+
+// allowWarm lets the pool start n more warm containers.
+func (r *warmRuntime) allowWarm(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.warmLeft += n
+	close(r.wake)
+	r.wake = make(chan struct{})
 }
 
 // inspect returns the engine's view of container id right after its start.
@@ -123,7 +138,7 @@ func startWarm(t *testing.T, profilesTOML string, warmLimit int, mod func(*worke
 	_, cli := jailDocker(t)
 	var wr *warmRuntime
 	b := startJail(t, profilesTOML, func(c *worker.Config) {
-		wr = &warmRuntime{Runtime: c.Runtime, cli: cli, warmLeft: warmLimit, inspects: map[string]container.InspectResponse{}}
+		wr = &warmRuntime{Runtime: c.Runtime, cli: cli, warmLeft: warmLimit, wake: make(chan struct{}), inspects: map[string]container.InspectResponse{}}
 		c.Runtime = wr
 		if mod != nil {
 			mod(c)
@@ -561,13 +576,17 @@ func btoi(b bool) int {
 // container and before its start was decided (held at the before-start
 // point, in-process) is answered "will not run", ends cancelled, and its
 // agent never starts: no started event, no output, the warm container it
-// claimed removed unused; the pool makes another.
+// claimed removed unused, no warm start counted
+// (jetcrew_warm_claimed_total counts the warm starts); the pool makes
+// another.
 func TestWarmCancelWhileClaiming(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
 	reached, open := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	b, wr := startWarm(t, jailProfile("hot", "warm = 1"), -1, func(c *worker.Config) {
+	// The pool makes one container until the test allows another, so the
+	// claim shows in the pool's ready count.
+	b, wr := startWarm(t, jailProfile("hot", "warm = 1"), 1, func(c *worker.Config) {
 		c.Failpoint = func(name string) {
 			if name == stage.FailpointBeforeStart {
 				once.Do(func() { close(reached) })
@@ -584,7 +603,8 @@ func TestWarmCancelWhileClaiming(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the run never reached its start")
 	}
-	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_claimed_total"), "the run holds the warm container")
+	require.Equal(t, 0, b.w.WarmStatus()[0].Ready, "the run holds the warm container")
+	require.False(t, containerGone(t, b.cli, claimed))
 	resp, err := b.nc.Request(messages.SubjectCancel("cancel-me"), nil, 10*time.Second)
 	require.NoError(t, err)
 	var r messages.CancelReply
@@ -605,8 +625,11 @@ func TestWarmCancelWhileClaiming(t *testing.T) {
 	require.Empty(t, out.stderr)
 	require.False(t, hasEvent(t, b, "cancel-me", messages.EventStarted), "no started event")
 	for _, id := range wr.warmIDs() {
-		require.NotEqual(t, jail.RoleRun, wr.inspect(t, id).Config.Labels[jail.LabelRole])
+		require.NotEqual(t, jail.RoleRun, wr.inspect(t, id).Config.Labels[jail.LabelRole], "no cold container either")
 	}
+	require.Zero(t, warmCount(t, b, "jetcrew_warm_claimed_total"), "no warm start")
+	require.Zero(t, warmCount(t, b, "jetcrew_warm_missed_total"), "nor a cold one")
+	wr.allowWarm(1)
 	warmReady(t, b, 1)
 	require.NotEqual(t, claimed, wr.warmIDs()[len(wr.warmIDs())-1], "the pool made another")
 }
