@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -516,15 +517,28 @@ func TestWarmSecretNotInInspect(t *testing.T) {
 
 // TestWarmContainerKilledIsReplaced: a warm container killed from outside
 // (`docker kill`) while it waits is counted replaced
-// (jetcrew_warm_replaced_total), removed, and a new one takes its place;
-// the next run starts warm in the new one and succeeds. A container killed
-// right before a run is submitted is never handed that run either: the run
-// succeeds in another container, whether the pool had noticed the death
-// yet or not.
+// (jetcrew_warm_replaced_total), removed, and a new one, under a new name,
+// takes its place; the next run starts warm in the new one and succeeds.
+// One killed after a run claimed it, before its hand-off (the run held at
+// the before-start point, in-process), is never handed that run either:
+// the run starts cold in a container of its own and succeeds, and the
+// dead one is counted replaced and removed.
 func TestWarmContainerKilledIsReplaced(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
-	b, wr := startWarm(t, jailProfile("hot", "warm = 1"), -1, nil)
+	var hold atomic.Pointer[chan struct{}] // non-nil: the next run waits at its start
+	reached := make(chan struct{}, 1)
+	b, wr := startWarm(t, jailProfile("hot", "warm = 1"), -1, func(c *worker.Config) {
+		c.Failpoint = func(name string) {
+			if name != stage.FailpointBeforeStart {
+				return
+			}
+			if open := hold.Load(); open != nil {
+				reached <- struct{}{}
+				<-*open
+			}
+		}
+	})
 	ctx := context.Background()
 	nameRE := warmNameRE(b.workerID)
 
@@ -547,29 +561,36 @@ func TestWarmContainerKilledIsReplaced(t *testing.T) {
 	require.Equal(t, "ok\n", string(out.stdout))
 	require.True(t, st.Warm)
 	require.Equal(t, replacement, st.ContainerID, "the run took the replacement, not the killed container")
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_claimed_total"))
 
-	// Killed, then a run at once: the pool may not have seen the death.
+	// Killed once a run claimed it, before the hand-off.
 	warmReady(t, b, 1)
 	ids = wr.warmIDs()
-	killed2 := ids[len(ids)-1]
-	require.NoError(t, b.cli.ContainerKill(ctx, killed2, "KILL"))
-	st, out = b.runScript(t, "right-after-kill", "hot", `echo ok`)
-	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
-	require.Equal(t, "ok\n", string(out.stdout))
-	require.NotEqual(t, killed2, st.ContainerID, "the killed container was never handed the run")
-	require.NotEqual(t, killed, st.ContainerID)
-	t.Logf("the run right after the kill started warm=%v", st.Warm)
-	require.Eventually(t, func() bool { return warmCount(t, b, "jetcrew_warm_replaced_total") == 2 }, 30*time.Second, 20*time.Millisecond,
-		"the second dead warm container is counted replaced too")
-	require.Eventually(t, func() bool { return containerGone(t, b.cli, killed2) }, 30*time.Second, 50*time.Millisecond)
-	require.EqualValues(t, 1+btoi(st.Warm), warmCount(t, b, "jetcrew_warm_claimed_total"))
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
+	claimed := ids[len(ids)-1]
+	open := make(chan struct{})
+	hold.Store(&open)
+	b.submit(t, "killed-when-claimed", "hot", `echo ok`, time.Minute)
+	select {
+	case <-reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run never reached its start")
 	}
-	return 0
+	hold.Store(nil)
+	require.NoError(t, b.cli.ContainerKill(ctx, claimed, "KILL"))
+	require.Eventually(t, func() bool {
+		info, err := b.cli.ContainerInspect(ctx, claimed)
+		return err == nil && !info.State.Running
+	}, 30*time.Second, 20*time.Millisecond, "the claimed container is dead")
+	close(open)
+	st = b.waitFinal(t, "killed-when-claimed")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, "ok\n", string(b.output(t, "killed-when-claimed").stdout))
+	require.False(t, st.Warm, "started cold")
+	require.NotEqual(t, claimed, st.ContainerID, "the dead container was never handed the run")
+	require.Equal(t, jail.RoleRun, wr.inspect(t, st.ContainerID).Config.Labels[jail.LabelRole])
+	require.EqualValues(t, 2, warmCount(t, b, "jetcrew_warm_replaced_total"), "the dead claimed container is counted replaced")
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_claimed_total"), "and no warm start")
+	require.Eventually(t, func() bool { return containerGone(t, b.cli, claimed) }, 30*time.Second, 50*time.Millisecond)
 }
 
 // TestWarmCancelWhileClaiming: a run cancelled after it claimed a warm
