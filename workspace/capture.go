@@ -74,7 +74,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 		return nil, err
 	}
 	defer root.Close()
-	st := filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
+	st := newCaptureStore(filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault()), captureMemBytes)
 	refused := refusedPaths{}
 	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot, refused)
 	if err != nil {
@@ -117,7 +117,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 // them: nothing is decompressed or parsed until an object is needed. A
 // work tree path treeRefuses is left out of the submitted tree and
 // recorded in refused.
-func loadBase(st *filesystem.Storage, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
+func loadBase(st storer.EncodedObjectStorer, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
 	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot, refused)
 	return
 }
@@ -148,7 +148,7 @@ func copyObjectFile(scratch, rel string, r io.Reader) error {
 	return err
 }
 
-func readSnapshot(st *filesystem.Storage, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
+func readSnapshot(st storer.EncodedObjectStorer, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
 	z := plumbing.ZeroHash
 	f, err := os.Open(snapshot)
 	if err != nil {
@@ -270,7 +270,7 @@ func storeCommit(st storer.EncodedObjectStorer, tree, parent plumbing.Hash, sig 
 // run's .git into st and its commits rewritten without the paths
 // treeRefuses (recorded in refused; see sanitizer), or base when the run's
 // repository cannot be read (the note then says why).
-func copyRunCommits(st *filesystem.Storage, dir string, root *os.Root, base plumbing.Hash, max int64, refused refusedPaths) (plumbing.Hash, string) {
+func copyRunCommits(st storer.EncodedObjectStorer, dir string, root *os.Root, base plumbing.Hash, max int64, refused refusedPaths) (plumbing.Hash, string) {
 	fi, err := root.Lstat(".git")
 	if err != nil || !fi.IsDir() {
 		return base, "the run removed or replaced .git; its commits, if any, are lost (uncommitted changes are captured)"

@@ -160,6 +160,16 @@ type objectSource struct {
 // copyObject writes object h's pack entry (type and size header, then its
 // content compressed by enc) to w and returns its type and size.
 func (src objectSource) copyObject(h plumbing.Hash, w *bytes.Buffer, enc *entryEncoder) (plumbing.ObjectType, int64, error) {
+	if m, ok := src.s.(heldObjects); ok {
+		if o, ok := m.heldObject(h); ok {
+			r, err := o.Reader()
+			if err != nil {
+				return 0, 0, err
+			}
+			writeEntryHeader(w, o.Type(), o.Size())
+			return o.Type(), o.Size(), enc.compress(w, r, o.Size())
+		}
+	}
 	if src.loose != nil {
 		t, size, ok, err := src.loose.copyObject(h, w, enc)
 		if ok || err != nil {
@@ -177,6 +187,12 @@ func (src objectSource) copyObject(h plumbing.Hash, w *bytes.Buffer, enc *entryE
 	}
 	defer r.Close()
 	return o.Type(), o.Size(), enc.compress(w, r, o.Size())
+}
+
+// heldObjects is a store holding some objects in memory (captureStore):
+// encodePack takes those from it before it looks for a loose file.
+type heldObjects interface {
+	heldObject(h plumbing.Hash) (*plumbing.MemoryObject, bool)
 }
 
 // entryEncoder compresses pack entries; one goroutine uses one, so its

@@ -295,6 +295,61 @@ func TestCaptureRoundTrip(t *testing.T) {
 		"the patch and the branch agree (build/ was ignored at submit time, never part of the run)")
 }
 
+// TestCaptureInMemoryOrOnDisk captures one run's changes (a commit of its
+// own, edits, a removal, a binary file, a symlink, an artifact) with the
+// objects the capture makes held in memory, on disk, and partly each: the
+// result, patch, bundle and artifacts are the same bytes. Not parallel: it
+// sets the capture's memory bound and clock.
+func TestCaptureInMemoryOrOnDisk(t *testing.T) {
+	defer workspace.SetCaptureClock(epochPlus)()
+	src := testRepo(t)
+	for i := range 40 {
+		write(t, src, fmt.Sprintf("pkg/%d.txt", i), strings.Repeat(fmt.Sprintf("line %d\n", i), 10+i))
+	}
+	gitCmd(t, src, "add", "-A")
+	gitCmd(t, src, "commit", "-qm", "more")
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(src, f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	ws := t.TempDir()
+	sf, err := os.Open(snap)
+	require.NoError(t, err)
+	require.NoError(t, workspace.Unpack(sf, ws, workspace.UnpackOptions{}))
+	require.NoError(t, sf.Close())
+	for i := range 40 {
+		if i%3 == 0 {
+			write(t, ws, fmt.Sprintf("pkg/%d.txt", i), fmt.Sprintf("run %d\n", i))
+		}
+	}
+	gitCmd(t, ws, "commit", "-qam", "run commit")
+	write(t, ws, "pkg/1.txt", "uncommitted\n")
+	require.NoError(t, os.Remove(filepath.Join(ws, "pkg", "2.txt")))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "blob.bin"), []byte{0, 1, 2, 255, 0, 7}, 0o644))
+	require.NoError(t, os.Symlink("/etc/shadow", filepath.Join(ws, "shadow")))
+	write(t, ws, messages.ArtifactsDir+"/report.txt", "42\n")
+
+	var want *workspace.Captured
+	for _, bound := range []int64{0, 600, 1 << 30} {
+		restore := workspace.SetCaptureMemBytes(bound)
+		c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "r1", Snapshot: snap, Scratch: t.TempDir()})
+		restore()
+		require.NoError(t, err)
+		require.Empty(t, c.Result.Error)
+		require.Equal(t, 2, c.Result.Commits)
+		if want == nil {
+			want = c
+			continue
+		}
+		require.Equal(t, want.Result, c.Result, "memory bound %d", bound)
+		require.Equal(t, want.Patch, c.Patch, "memory bound %d", bound)
+		require.Equal(t, want.Bundle, c.Bundle, "memory bound %d", bound)
+		require.Equal(t, want.Artifacts, c.Artifacts, "memory bound %d", bound)
+	}
+}
+
 func TestCapturePlainDir(t *testing.T) {
 	t.Parallel()
 	src := t.TempDir()
