@@ -74,7 +74,12 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 		return nil, err
 	}
 	defer root.Close()
-	st := newCaptureStore(filesystem.NewStorage(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault()), captureMemBytes)
+	// The snapshot's packs stay open once read (a pack opened again for
+	// each object read from it was most of the patch's time).
+	fs := filesystem.NewStorageWithOptions(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault(),
+		filesystem.Options{KeepDescriptors: true})
+	defer fs.Close()
+	st := newCaptureStore(fs, captureMemBytes)
 	refused := refusedPaths{}
 	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot, refused)
 	if err != nil {
