@@ -122,7 +122,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 // them: nothing is decompressed or parsed until an object is needed. A
 // work tree path treeRefuses is left out of the submitted tree and
 // recorded in refused.
-func loadBase(st storer.EncodedObjectStorer, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
+func loadBase(st *captureStore, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
 	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot, refused)
 	return
 }
@@ -131,8 +131,9 @@ func loadBase(st storer.EncodedObjectStorer, scratch, snapshot string, refused r
 // packs, their indexes and loose objects, relative to .git/objects.
 var objectFileRE = regexp.MustCompile(`^(pack/pack-[0-9a-f]{40}\.(pack|idx)|[0-9a-f]{2}/[0-9a-f]{38})$`)
 
-// copyObjectFile copies one object file of a snapshot into scratch.
-func copyObjectFile(scratch, rel string, r io.Reader) error {
+// copyObjectFile copies one object file of a snapshot into scratch, and
+// tells st of it.
+func copyObjectFile(st *captureStore, scratch, rel string, r io.Reader) error {
 	p := filepath.Join(scratch, "objects", filepath.FromSlash(rel))
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
@@ -150,10 +151,13 @@ func copyObjectFile(scratch, rel string, r io.Reader) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return st.addObjectFile(rel, p)
 }
 
-func readSnapshot(st storer.EncodedObjectStorer, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
+func readSnapshot(st *captureStore, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
 	z := plumbing.ZeroHash
 	f, err := os.Open(snapshot)
 	if err != nil {
@@ -183,7 +187,7 @@ func readSnapshot(st storer.EncodedObjectStorer, scratch, snapshot string, refus
 		case name == ".git":
 			isGit = true
 		case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
-			if err := copyObjectFile(scratch, strings.TrimPrefix(name, ".git/objects/"), tr); err != nil {
+			if err := copyObjectFile(st, scratch, strings.TrimPrefix(name, ".git/objects/"), tr); err != nil {
 				return z, z, false, err
 			}
 		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):

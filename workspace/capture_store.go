@@ -1,8 +1,14 @@
 package workspace
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+
 	"github.com/go-git/go-billy/v5"
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/storage/filesystem"
 )
@@ -28,10 +34,23 @@ var captureMemBytes int64 = 32 << 20
 // NewEncodedObject gives one) and fits; held objects are never changed
 // after SetEncodedObject. Not safe for concurrent writes; readers may run
 // concurrently once writing is done (encodePack's goroutines do).
+//
+// Nothing but the store writes fs's objects directory, so the store knows
+// what fs holds without asking it: the loose files it wrote or was told of
+// (addObjectFile) and the names of the packs' indexes. HasEncodedObject,
+// asked for every file of the snapshot and of the work tree, so answers
+// with no system call; fs looked for a loose file first, resolving its
+// path component by component, whatever the answer.
 type captureStore struct {
 	fs        *filesystem.Storage
 	mem       map[plumbing.Hash]*plumbing.MemoryObject
 	held, max int64
+	// loose holds the objects fs has as loose files, packs the indexes
+	// of its packs (object names and offsets only), packFiles which of a
+	// pack's two files (1: .pack, 2: .idx) were added, by pack name.
+	loose     map[plumbing.Hash]struct{}
+	packs     []*idxfile.MemoryIndex
+	packFiles map[string]int
 }
 
 var _ storer.EncodedObjectStorer = (*captureStore)(nil)
@@ -39,7 +58,50 @@ var _ storer.EncodedObjectStorer = (*captureStore)(nil)
 // newCaptureStore returns a store over fs holding up to max bytes of
 // object content in memory.
 func newCaptureStore(fs *filesystem.Storage, max int64) *captureStore {
-	return &captureStore{fs: fs, mem: map[plumbing.Hash]*plumbing.MemoryObject{}, max: max}
+	return &captureStore{fs: fs, mem: map[plumbing.Hash]*plumbing.MemoryObject{}, max: max,
+		loose: map[plumbing.Hash]struct{}{}, packFiles: map[string]int{}}
+}
+
+// addObjectFile tells s of an object file written into fs's objects
+// directory at path, rel its name there (objectFileRE): a loose object,
+// or a pack or its index. Once both files of a pack are there, its index
+// is read (the pack checksum it names must be the pack's name, as go-git
+// requires) and fs reads its pack list again.
+func (s *captureStore) addObjectFile(rel, path string) error {
+	name, ok := strings.CutPrefix(rel, "pack/")
+	if !ok {
+		s.loose[plumbing.NewHash(strings.Replace(rel, "/", "", 1))] = struct{}{}
+		return nil
+	}
+	pack, ext, _ := strings.Cut(name, ".")
+	if ext == "pack" {
+		s.packFiles[pack] |= 1
+	} else {
+		s.packFiles[pack] |= 2
+	}
+	if s.packFiles[pack] != 3 {
+		return nil
+	}
+	idxPath := path
+	if ext == "pack" {
+		idxPath = strings.TrimSuffix(path, ".pack") + ".idx"
+	}
+	f, err := os.Open(idxPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	idx := idxfile.NewMemoryIndex()
+	if err := idxfile.NewDecoder(f).Decode(idx); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if want := plumbing.NewHash(strings.TrimPrefix(pack, "pack-")); !bytes.Equal(idx.PackfileChecksum[:], want[:]) {
+		return fmt.Errorf("%s: %w: its index is of pack %s", name, idxfile.ErrMalformedIdxFile, plumbing.Hash(idx.PackfileChecksum))
+	}
+	idx.CRC32 = nil // not needed to find a name
+	s.packs = append(s.packs, idx)
+	s.fs.Reindex()
+	return nil
 }
 
 // NewEncodedObject returns an empty in-memory object.
@@ -50,7 +112,11 @@ func (s *captureStore) NewEncodedObject() plumbing.EncodedObject { return &plumb
 func (s *captureStore) SetEncodedObject(o plumbing.EncodedObject) (plumbing.Hash, error) {
 	mo, ok := o.(*plumbing.MemoryObject)
 	if !ok || s.held+o.Size() > s.max || o.Type() == plumbing.OFSDeltaObject || o.Type() == plumbing.REFDeltaObject {
-		return s.fs.SetEncodedObject(o)
+		h, err := s.fs.SetEncodedObject(o)
+		if err == nil {
+			s.loose[h] = struct{}{}
+		}
+		return h, err
 	}
 	h := mo.Hash()
 	if _, ok := s.mem[h]; !ok {
@@ -93,12 +159,20 @@ func (s *captureStore) IterEncodedObjects(t plumbing.ObjectType) (storer.Encoded
 }
 
 // HasEncodedObject returns nil when s holds object h, else
-// plumbing.ErrObjectNotFound (or fs's error).
+// plumbing.ErrObjectNotFound.
 func (s *captureStore) HasEncodedObject(h plumbing.Hash) error {
 	if _, ok := s.mem[h]; ok {
 		return nil
 	}
-	return s.fs.HasEncodedObject(h)
+	if _, ok := s.loose[h]; ok {
+		return nil
+	}
+	for _, idx := range s.packs {
+		if ok, _ := idx.Contains(h); ok {
+			return nil
+		}
+	}
+	return plumbing.ErrObjectNotFound
 }
 
 // EncodedObjectSize returns the size of object h's content.
