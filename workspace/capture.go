@@ -69,22 +69,54 @@ var captureAuthor = object.Signature{Name: "jetcrew", Email: "jetcrew@localhost"
 // in the result's Refused (see messages.WorkspaceResult): it never fails
 // the capture.
 func Capture(dir string, o CaptureOptions) (*Captured, error) {
+	b := loadCaptureBase(o)
+	defer b.close()
+	return b.capture(dir, o)
+}
+
+// captureBase is what a capture reads of the snapshot alone, before it
+// looks at the tree: the store (the snapshot's object files copied into
+// scratch, the submitted tree's objects), the base commit, the submitted
+// tree, whether it is a git snapshot, the paths it refused, or why the
+// snapshot could not be read. A capture container loads it while the run
+// runs (preloadCapture), so the run's end waits for the tree alone.
+type captureBase struct {
+	fs              *filesystem.Storage
+	st              *captureStore
+	refused         refusedPaths
+	base, submitted plumbing.Hash
+	isGit           bool
+	err             error
+}
+
+// loadCaptureBase reads the snapshot o.Snapshot into a store in o.Scratch
+// (loadBase); a failure is kept in the result's err. The caller closes it.
+func loadCaptureBase(o CaptureOptions) *captureBase {
+	// The snapshot's packs stay open once read (a pack opened again for
+	// each object read from it was most of the patch's time).
+	fs := filesystem.NewStorageWithOptions(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault(),
+		filesystem.Options{KeepDescriptors: true})
+	b := &captureBase{fs: fs, st: newCaptureStore(fs, captureMemBytes), refused: refusedPaths{}}
+	b.base, b.submitted, b.isGit, b.err = loadBase(b.st, o.Scratch, o.Snapshot, b.refused)
+	return b
+}
+
+// close closes the files the store keeps open.
+func (b *captureBase) close() { _ = b.fs.Close() }
+
+// capture records what the run changed in the workspace at dir relative to
+// the snapshot b was loaded from (see Capture). It changes b's store: one
+// capture per captureBase.
+func (b *captureBase) capture(dir string, o CaptureOptions) (*Captured, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer root.Close()
-	// The snapshot's packs stay open once read (a pack opened again for
-	// each object read from it was most of the patch's time).
-	fs := filesystem.NewStorageWithOptions(osfs.New(o.Scratch, osfs.WithBoundOS()), cache.NewObjectLRUDefault(),
-		filesystem.Options{KeepDescriptors: true})
-	defer fs.Close()
-	st := newCaptureStore(fs, captureMemBytes)
-	refused := refusedPaths{}
-	base, submitted, isGit, err := loadBase(st, o.Scratch, o.Snapshot, refused)
-	if err != nil {
-		return nil, fmt.Errorf("read the submitted snapshot: %w", err)
+	if b.err != nil {
+		return nil, fmt.Errorf("read the submitted snapshot: %w", b.err)
 	}
+	st, refused, base, isGit := b.st, b.refused, b.base, b.isGit
 	c := &Captured{}
 	parent := base
 	if isGit {
@@ -100,7 +132,7 @@ func Capture(dir string, o CaptureOptions) (*Captured, error) {
 		c.Result.Base = base.String()
 	}
 	c.Result.Head = head.String()
-	if err := c.describe(st, submitted, base, head, o.RunID, refused); err != nil {
+	if err := c.describe(st, b.submitted, base, head, o.RunID, refused); err != nil {
 		return nil, err
 	}
 	if c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes, refused); err != nil {

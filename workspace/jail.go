@@ -177,11 +177,18 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if a.Command == "capture" {
-		if a.Wait && !waitForCapture(stderr, a.WaitMax) {
-			return 143
+		var pre <-chan *captureBase
+		if a.Wait {
+			stop := make(chan struct{})
+			pre = preloadCapture(a, stop)
+			signalled := waitForCapture(stderr, a.WaitMax)
+			close(stop)
+			if !signalled {
+				return 143
+			}
 		}
 		ReportFull(a.Dir, stderr)
-		if err := JailCapture(a, stdout); err != nil {
+		if err := jailCapture(a, stdout, pre); err != nil {
 			fmt.Fprintln(stderr, JailFailure(a, err))
 			return JailExitCode
 		}
@@ -348,12 +355,61 @@ func UnpackKind(err error) string {
 // JailCapture captures a.Dir against a.Snapshot (Capture, scratch in
 // a.Scratch) and writes the result to w as a capture stream (see
 // WriteCaptureStream).
-func JailCapture(a JailArgs, w io.Writer) error {
-	c, err := Capture(a.Dir, CaptureOptions{RunID: a.RunID, Snapshot: a.Snapshot, Scratch: a.Scratch, MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles})
+func JailCapture(a JailArgs, w io.Writer) error { return jailCapture(a, w, nil) }
+
+// jailCapture is JailCapture with the snapshot read by preloadCapture,
+// when pre is not nil and gives a captureBase, else read now.
+func jailCapture(a JailArgs, w io.Writer, pre <-chan *captureBase) error {
+	o := a.captureOptions()
+	var b *captureBase
+	if pre != nil {
+		b = <-pre
+	}
+	if b == nil {
+		b = loadCaptureBase(o)
+	}
+	defer b.close()
+	c, err := b.capture(a.Dir, o)
 	if err != nil {
 		return err
 	}
 	return WriteCaptureStream(w, c)
+}
+
+// captureOptions returns the options of capture's JailArgs.
+func (a JailArgs) captureOptions() CaptureOptions {
+	return CaptureOptions{RunID: a.RunID, Snapshot: a.Snapshot, Scratch: a.Scratch, MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles}
+}
+
+// snapshotPoll is how often a waiting capture looks for its snapshot
+// (preloadCapture), which the worker links into the capture container's
+// input directory once downloaded. The run's container starts after that,
+// and the capture is needed only once it has ended.
+const snapshotPoll = 10 * time.Millisecond
+
+// preloadCapture reads the snapshot of a waiting capture while the run
+// runs: once a.Snapshot exists (the worker links it into the capture
+// container's input directory, whole, after the container started; it is
+// looked for every snapshotPoll), it loads it (loadCaptureBase) and sends the
+// result on the channel it returns. When stop closes before the snapshot
+// is there, it sends nil instead (the capture reads it then). The
+// goroutine ends once it has sent; a load under way when stop closes is
+// waited for, not begun again.
+func preloadCapture(a JailArgs, stop <-chan struct{}) <-chan *captureBase {
+	out := make(chan *captureBase, 1)
+	exists := fileExists(a.Snapshot)
+	go func() {
+		for !exists() {
+			select {
+			case <-stop:
+				out <- nil
+				return
+			case <-time.After(snapshotPoll):
+			}
+		}
+		out <- loadCaptureBase(a.captureOptions())
+	}()
+	return out
 }
 
 // Names of a capture stream's entries.

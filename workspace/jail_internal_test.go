@@ -37,3 +37,59 @@ func TestWaitHeld(t *testing.T) {
 	require.Equal(t, 2, looks)
 	require.Len(t, stop, 1, "the stop is left for after the unpack")
 }
+
+// TestPreloadCapture: a waiting capture reads its snapshot once the worker
+// links it in, before the signal, and captures from it what Capture
+// captures; stopped before the snapshot is there, it leaves the reading to
+// the capture.
+func TestPreloadCapture(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "a.txt"), []byte("one\n"), 0o644))
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = Snapshot(src, f, SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	ws := t.TempDir()
+	sf, err := os.Open(snap)
+	require.NoError(t, err)
+	require.NoError(t, Unpack(sf, ws, UnpackOptions{}))
+	require.NoError(t, sf.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "a.txt"), []byte("two\n"), 0o644))
+
+	in := filepath.Join(t.TempDir(), "snapshot.tar")
+	args := func() JailArgs {
+		return JailArgs{Command: "capture", Snapshot: in, Dir: ws, Scratch: t.TempDir(), RunID: "p1"}
+	}
+	a := args()
+	stop := make(chan struct{})
+	pre := preloadCapture(a, stop)
+	time.Sleep(3 * snapshotPoll)
+	require.NoError(t, os.Link(snap, in))
+	var b *captureBase
+	select {
+	case b = <-pre:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the snapshot was not loaded once linked in")
+	}
+	close(stop)
+	require.NotNil(t, b)
+	require.NoError(t, b.err)
+	got, err := b.capture(ws, a.captureOptions())
+	b.close()
+	require.NoError(t, err)
+	want, err := Capture(ws, args().captureOptions())
+	require.NoError(t, err)
+	require.Equal(t, want.Patch, got.Patch)
+	require.Equal(t, want.Result.Files, got.Result.Files)
+	require.Equal(t, 1, got.Result.FilesChanged)
+
+	stop = make(chan struct{})
+	a = args()
+	a.Snapshot = filepath.Join(t.TempDir(), "never.tar")
+	pre = preloadCapture(a, stop)
+	close(stop)
+	require.Nil(t, <-pre, "stopped before the snapshot came: nothing loaded")
+}
