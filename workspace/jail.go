@@ -188,10 +188,12 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		ReportFull(a.Dir, stderr)
-		if err := jailCapture(a, stdout, pre); err != nil {
+		out := &countWriter{w: stdout}
+		if err := jailCapture(a, out, pre); err != nil {
 			fmt.Fprintln(stderr, JailFailure(a, err))
 			return JailExitCode
 		}
+		fmt.Fprintf(stderr, "%s%d\n", CaptureWrittenPrefix, out.n)
 		return 0
 	}
 	// A stop (SIGTERM, SIGINT) before the command runs ends exec with 143,
@@ -299,6 +301,15 @@ func waitForCapture(stderr io.Writer, max time.Duration) bool {
 		return false
 	}
 }
+
+// CaptureWrittenPrefix starts the line `jetcrew workspace capture` prints
+// on stderr once it has written its whole stream to stdout and captured
+// without error, followed by the stream's length in bytes: the worker
+// takes the stream once it holds that many bytes, without waiting for the
+// container's exit (stdout and stderr reach it on separate paths, so the
+// line may come before the last bytes). Nothing is written after it but
+// the exit, 0.
+const CaptureWrittenPrefix = JailErrPrefix + "capture written, bytes: "
 
 // FullLine is the line capture prints on stderr, before it reads the
 // tree, when the workspace's file system has no space left: the run wrote

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,6 +166,8 @@ func TestJailUnpackAndCapture(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := workspace.JailMain([]string{"capture", "--snapshot", snap, "--dir", ws, "--scratch", t.TempDir(), "--run-id", "j1"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
+	require.Equal(t, fmt.Sprintf("%s%d\n", workspace.CaptureWrittenPrefix, out.Len()), errOut.String(),
+		"the stream's length, announced once it is written")
 	c, err := workspace.ReadCaptureStream(bytes.NewReader(out.Bytes()), int64(out.Len()), 1<<20)
 	require.NoError(t, err)
 	require.Equal(t, info.Head, c.Result.Base)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -145,7 +146,7 @@ func (s *Stage) startCapture(ctx context.Context) error {
 	}
 	cfg := s.t.cfg
 	streamCap, _ := maxCaptureStream(cfg)
-	rw.captureOut = &captureOutput{f: f, max: streamCap, ready: make(chan struct{})}
+	rw.captureOut = newCaptureOutput(f, streamCap)
 	spec := rw.capture
 	spec.Labels = maps.Clone(spec.Labels)
 	spec.Labels[jail.LabelCreated] = rw.vol.Labels[jail.LabelCreated]
@@ -243,6 +244,11 @@ func (s *Stage) runCapture(ctx context.Context, cfg Config) (*workspace.CaptureS
 		}
 		select {
 		case ex = <-rw.captureExit:
+		case <-out.written:
+			// The whole stream is here and the capture said it succeeded:
+			// its exit (0) is not waited for; the container is removed in
+			// the background.
+			ex = captureExit{}
 		case <-ctx.Done():
 			return nil, fmt.Errorf("the capture container did not end within %s", cfg.CaptureTimeout)
 		}
@@ -279,17 +285,36 @@ func (s *Stage) removeCapture(c jail.Container) {
 
 // captureOutput takes the capture container's output: stdout into f up to
 // max bytes, the last line of stderr.
-// ready closes when stderr carries workspace.CaptureReadyLine.
+// ready closes when stderr carries workspace.CaptureReadyLine; written
+// once stderr has said the stream is written (workspace.CaptureWrittenPrefix)
+// and f holds all of it.
 type captureOutput struct {
-	mu        sync.Mutex
-	f         *os.File
-	n, max    int64
-	over      bool
-	err       error
-	lastErr   string
-	ready     chan struct{}
-	readySeen bool
-	full      bool // stderr carried workspace.FullLine
+	mu          sync.Mutex
+	f           *os.File
+	n, max      int64
+	over        bool
+	err         error
+	lastErr     string
+	ready       chan struct{}
+	readySeen   bool
+	full        bool  // stderr carried workspace.FullLine
+	want        int64 // the stream's length the capture announced, -1 until then
+	written     chan struct{}
+	writtenSeen bool
+}
+
+// newCaptureOutput returns a captureOutput writing stdout into f, up to
+// max bytes.
+func newCaptureOutput(f *os.File, max int64) *captureOutput {
+	return &captureOutput{f: f, max: max, ready: make(chan struct{}), want: -1, written: make(chan struct{})}
+}
+
+// checkWritten closes written once the announced stream is whole in f.
+func (o *captureOutput) checkWritten() {
+	if !o.writtenSeen && o.want >= 0 && o.n == o.want && !o.over && o.err == nil {
+		o.writtenSeen = true
+		close(o.written)
+	}
 }
 
 func (o *captureOutput) write(stream string, p []byte) {
@@ -303,6 +328,14 @@ func (o *captureOutput) write(stream string, p []byte) {
 				close(o.ready)
 			}
 			o.full = o.full || slices.Contains(lines, workspace.FullLine)
+			for _, l := range lines {
+				if v, ok := strings.CutPrefix(l, workspace.CaptureWrittenPrefix); ok && o.want < 0 {
+					if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+						o.want = n
+					}
+				}
+			}
+			o.checkWritten()
 			o.lastErr = lines[len(lines)-1]
 			if len(o.lastErr) > 1024 {
 				o.lastErr = o.lastErr[:1024]
@@ -319,6 +352,7 @@ func (o *captureOutput) write(stream string, p []byte) {
 	}
 	o.n += int64(len(p))
 	_, o.err = o.f.Write(p)
+	o.checkWritten()
 }
 
 // workspaceFull reports whether the capture said the workspace was full.

@@ -1,6 +1,8 @@
 package tree
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,4 +72,51 @@ func TestJailWorkspaceSpec(t *testing.T) {
 		{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 		{Source: "/state/ws/x-1-1/scratch", Target: JailScratchPath},
 	}, c.Mounts)
+}
+
+// TestCaptureOutputWritten: the capture's stream counts as written once
+// stderr has announced its length and stdout has brought all of it, in
+// either order; a wrong length or a stream over the cap never does (the
+// worker then waits for the container's exit).
+func TestCaptureOutputWritten(t *testing.T) {
+	t.Parallel()
+	isWritten := func(o *captureOutput) bool {
+		select {
+		case <-o.written:
+			return true
+		default:
+			return false
+		}
+	}
+	newOut := func(max int64) *captureOutput {
+		f, err := os.Create(filepath.Join(t.TempDir(), "capture.tar"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = f.Close() })
+		return newCaptureOutput(f, max)
+	}
+	done := workspace.CaptureWrittenPrefix + "10\n"
+
+	o := newOut(100)
+	o.write(messages.StreamStdout, []byte("01234"))
+	o.write(messages.StreamStderr, []byte(done))
+	require.False(t, isWritten(o), "5 of 10 bytes")
+	o.write(messages.StreamStdout, []byte("56789"))
+	require.True(t, isWritten(o))
+	o.write(messages.StreamStderr, []byte(done)) // closes once
+
+	o = newOut(100)
+	o.write(messages.StreamStdout, []byte("0123456789"))
+	require.False(t, isWritten(o), "no announcement yet")
+	o.write(messages.StreamStderr, []byte("jetcrew workspace: other\n"+done))
+	require.True(t, isWritten(o))
+
+	o = newOut(100)
+	o.write(messages.StreamStdout, []byte("0123456789x"))
+	o.write(messages.StreamStderr, []byte(done))
+	require.False(t, isWritten(o), "more bytes than announced")
+
+	o = newOut(8)
+	o.write(messages.StreamStdout, []byte("0123456789"))
+	o.write(messages.StreamStderr, []byte(done))
+	require.False(t, isWritten(o), "over the cap")
 }
