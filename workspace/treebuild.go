@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -85,6 +86,9 @@ func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbi
 // and its error is returned instead: a caller's budget is checked before
 // the blob is held in memory.
 func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, error) {
+	if size <= smallBlobBytes {
+		return storeSmallBlob(s, size, open, admit)
+	}
 	hasher := plumbing.NewHasher(plumbing.BlobObject, size)
 	r, err := open()
 	if err != nil {
@@ -119,6 +123,58 @@ func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadClo
 	}
 	_, err = io.Copy(w, io.LimitReader(r, size))
 	r.Close()
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	got, err := s.SetEncodedObject(o)
+	if err == nil && got != h {
+		err = fmt.Errorf("file changed while it was read")
+	}
+	return got, err
+}
+
+// smallBlobBytes is the largest blob storeBlob reads once, into memory,
+// to hash it and to store it: a smaller file is read (opened) once, not
+// twice.
+const smallBlobBytes = 64 << 10
+
+// storeSmallBlob is storeBlob for a blob of at most smallBlobBytes: its
+// size bytes are read once into memory, hashed, and stored from there
+// when s lacks them (admit first, as storeBlob does).
+func storeSmallBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, error) {
+	r, err := open()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	data := make([]byte, size)
+	n, err := io.ReadFull(r, data)
+	r.Close()
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) && size > 0 {
+		return plumbing.ZeroHash, fmt.Errorf("file changed while it was read")
+	}
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	h := plumbing.ComputeHash(plumbing.BlobObject, data[:n])
+	if s.HasEncodedObject(h) == nil {
+		return h, nil
+	}
+	if admit != nil {
+		if err := admit(); err != nil {
+			return plumbing.ZeroHash, err
+		}
+	}
+	o := s.NewEncodedObject()
+	o.SetType(plumbing.BlobObject)
+	o.SetSize(size)
+	w, err := o.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	_, err = w.Write(data)
 	if cerr := w.Close(); err == nil {
 		err = cerr
 	}
