@@ -528,32 +528,47 @@ func (s *Stage) Note(st *messages.RunState) {
 }
 
 // uploadResults stores c's objects (patch, bundle, artifacts) in the result
-// bucket under ResultObjectName and lists them in res.Objects. The names
-// depend only on the run id and attempt, so a retried upload replaces.
+// bucket under ResultObjectName, all at once, and lists them in
+// res.Objects in that order. The names depend only on the run id and
+// attempt, so a retried upload replaces.
 func (s *Stage) uploadResults(ctx context.Context, c *workspace.CaptureStream, res *messages.WorkspaceResult) error {
 	_, store, err := s.t.stores(ctx)
 	if err != nil {
 		return err
 	}
 	attempt := s.run.Attempt
+	var objects []workspace.CaptureObject
+	var names []string
 	for _, kind := range []string{messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts} {
-		o, ok := c.Object(kind)
-		if !ok {
-			continue
+		if o, ok := c.Object(kind); ok {
+			objects = append(objects, o)
+			names = append(names, messages.ResultObjectName(s.run.Request.ID, s.run.Seq, attempt, kind))
 		}
-		name := messages.ResultObjectName(s.run.Request.ID, s.run.Seq, attempt, kind)
-		// Tries of their own, not runstate.RetryOp's 5s each: an object may be
-		// large. Each reads the object afresh from the capture's file.
-		err := backoff.Retry(func() error {
-			pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			defer cancel()
-			_, err := store.Put(pctx, jetstream.ObjectMeta{Name: name}, io.NewSectionReader(o.Data, 0, o.Size))
-			return err
-		}, backoff.WithContext(backoff.WithMaxRetries(backoff.NewExponentialBackOff(), 4), ctx))
-		if err != nil {
-			return fmt.Errorf("store %s: %w", name, err)
+	}
+	errs := make([]error, len(objects))
+	var wg sync.WaitGroup
+	for i, o := range objects {
+		wg.Go(func() {
+			// Tries of their own, not runstate.RetryOp's 5s each: an object
+			// may be large. Each reads the object afresh from the capture's
+			// file (a SectionReader each: safe side by side).
+			err := backoff.Retry(func() error {
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				defer cancel()
+				_, err := store.Put(pctx, jetstream.ObjectMeta{Name: names[i]}, io.NewSectionReader(o.Data, 0, o.Size))
+				return err
+			}, backoff.WithContext(backoff.WithMaxRetries(backoff.NewExponentialBackOff(), 4), ctx))
+			if err != nil {
+				errs[i] = fmt.Errorf("store %s: %w", names[i], err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, o := range objects {
+		if errs[i] != nil {
+			return errs[i]
 		}
-		res.Objects = append(res.Objects, messages.ResultObject{Name: name, Size: o.Size, SHA256: o.SHA256})
+		res.Objects = append(res.Objects, messages.ResultObject{Name: names[i], Size: o.Size, SHA256: o.SHA256})
 	}
 	return nil
 }
