@@ -440,4 +440,4 @@ func TestWrapCloseError(t *testing.T) {
 type errCloser struct{ err error }
 
 func (errCloser) Read([]byte) (int, error) { return 0, io.EOF }
-func (e errCloser) Close() error         { return e.err }
+func (e errCloser) Close() error           { return e.err }
