@@ -18,8 +18,8 @@ import (
 )
 
 const (
-	sse  = "text/event-stream"
-	json = "application/json"
+	ctSSE  = "text/event-stream"
+	ctJSON = "application/json"
 )
 
 // wrapCase is a response to read and the Result it must give.
@@ -37,19 +37,19 @@ type wrapCase struct {
 // not, and the usage each says.
 var wrapCases = []wrapCase{
 	{
-		name: "anthropic stream", format: messages.FormatAnthropic, status: 200, ct: sse, fixture: "anthropic-stream.sse",
+		name: "anthropic stream", format: messages.FormatAnthropic, status: 200, ct: ctSSE, fixture: "anthropic-stream.sse",
 		req:  usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5", Stream: true},
 		want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 25, Output: 15}, Known: true, Stream: true},
 	},
 	{
 		// message_delta's counts are cumulative: two deltas (89, then 96
 		// with the input and cache counts repeated) give 96, not 185.
-		name: "anthropic stream with cache and cumulative deltas", format: messages.FormatAnthropic, status: 200, ct: sse, fixture: "anthropic-stream-cache.sse",
+		name: "anthropic stream with cache and cumulative deltas", format: messages.FormatAnthropic, status: 200, ct: ctSSE, fixture: "anthropic-stream-cache.sse",
 		req:  usage.Request{Format: messages.FormatAnthropic, Model: "claude-opus-4-1", Stream: true},
 		want: usage.Result{Model: "claude-opus-4-1-20250805", Tokens: messages.Tokens{Input: 472, Output: 96, CacheRead: 20480, CacheWrite: 1024}, Known: true, Stream: true},
 	},
 	{
-		name: "anthropic message", format: messages.FormatAnthropic, status: 200, ct: json, fixture: "anthropic-message.json",
+		name: "anthropic message", format: messages.FormatAnthropic, status: 200, ct: ctJSON, fixture: "anthropic-message.json",
 		req:  usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5"},
 		want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 2095, Output: 503, CacheRead: 10000, CacheWrite: 2051}, Known: true},
 	},
@@ -63,47 +63,47 @@ var wrapCases = []wrapCase{
 		want: usage.Result{Model: "<synthetic>", Known: true},
 	},
 	{
-		name: "anthropic overloaded", format: messages.FormatAnthropic, status: 529, ct: json, fixture: "anthropic-error.json",
+		name: "anthropic overloaded", format: messages.FormatAnthropic, status: 529, ct: ctJSON, fixture: "anthropic-error.json",
 		req:  usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5", Stream: true},
 		want: usage.Result{Model: "claude-sonnet-4-5"},
 	},
 	{
-		name: "openai chat stream with include_usage", format: messages.FormatOpenAIChat, status: 200, ct: sse, fixture: "openai-chat-stream-usage.sse",
+		name: "openai chat stream with include_usage", format: messages.FormatOpenAIChat, status: 200, ct: ctSSE, fixture: "openai-chat-stream-usage.sse",
 		req:  usage.Request{Format: messages.FormatOpenAIChat, Model: "gpt-4o", Stream: true, IncludeUsage: true},
 		want: usage.Result{Model: "gpt-4o-2024-08-06", Tokens: messages.Tokens{Input: 86, Output: 300, CacheRead: 1920}, Known: true, Stream: true},
 	},
 	{
-		name: "openai chat stream without include_usage", format: messages.FormatOpenAIChat, status: 200, ct: sse, fixture: "openai-chat-stream-nousage.sse",
+		name: "openai chat stream without include_usage", format: messages.FormatOpenAIChat, status: 200, ct: ctSSE, fixture: "openai-chat-stream-nousage.sse",
 		req:  usage.Request{Format: messages.FormatOpenAIChat, Model: "gpt-4o", Stream: true},
 		want: usage.Result{Model: "gpt-4o-2024-08-06", Stream: true},
 	},
 	{
-		name: "openai chat completion", format: messages.FormatOpenAIChat, status: 200, ct: json, fixture: "openai-chat-completion.json",
+		name: "openai chat completion", format: messages.FormatOpenAIChat, status: 200, ct: ctJSON, fixture: "openai-chat-completion.json",
 		req:  usage.Request{Format: messages.FormatOpenAIChat, Model: "o4-mini"},
 		want: usage.Result{Model: "o4-mini-2025-04-16", Tokens: messages.Tokens{Input: 93, Output: 1046, CacheRead: 1024}, Known: true},
 	},
 	{
-		name: "openai rate limited", format: messages.FormatOpenAIChat, status: 429, ct: json, fixture: "openai-error.json",
+		name: "openai rate limited", format: messages.FormatOpenAIChat, status: 429, ct: ctJSON, fixture: "openai-error.json",
 		req:  usage.Request{Format: messages.FormatOpenAIChat, Model: "gpt-4o"},
 		want: usage.Result{Model: "gpt-4o"},
 	},
 	{
-		name: "openai responses stream", format: messages.FormatOpenAIResponses, status: 200, ct: sse, fixture: "openai-responses-stream.sse",
+		name: "openai responses stream", format: messages.FormatOpenAIResponses, status: 200, ct: ctSSE, fixture: "openai-responses-stream.sse",
 		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5-codex", Stream: true},
 		want: usage.Result{Model: "gpt-5-codex", Tokens: messages.Tokens{Input: 366, Output: 612, CacheRead: 4864}, Known: true, Stream: true},
 	},
 	{
-		name: "openai responses stream incomplete", format: messages.FormatOpenAIResponses, status: 200, ct: sse, fixture: "openai-responses-incomplete.sse",
+		name: "openai responses stream incomplete", format: messages.FormatOpenAIResponses, status: 200, ct: ctSSE, fixture: "openai-responses-incomplete.sse",
 		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5-codex", Stream: true},
 		want: usage.Result{Model: "gpt-5-codex", Tokens: messages.Tokens{Input: 5230, Output: 256}, Known: true, Stream: true},
 	},
 	{
-		name: "openai response", format: messages.FormatOpenAIResponses, status: 200, ct: json, fixture: "openai-responses-response.json",
+		name: "openai response", format: messages.FormatOpenAIResponses, status: 200, ct: ctJSON, fixture: "openai-responses-response.json",
 		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-4.1"},
 		want: usage.Result{Model: "gpt-4.1-2025-04-14", Tokens: messages.Tokens{Input: 328, Output: 52}, Known: true},
 	},
 	{
-		name: "gemini stream alt=sse", format: messages.FormatGemini, status: 200, ct: sse, fixture: "gemini-stream.sse",
+		name: "gemini stream alt=sse", format: messages.FormatGemini, status: 200, ct: ctSSE, fixture: "gemini-stream.sse",
 		req:  usage.Request{Format: messages.FormatGemini, Model: "gemini-2.5-pro", Stream: true},
 		want: usage.Result{Model: "gemini-2.5-pro", Tokens: messages.Tokens{Input: 176, Output: 212, CacheRead: 1024}, Known: true, Stream: true},
 	},
@@ -118,16 +118,16 @@ var wrapCases = []wrapCase{
 		want: usage.Result{Model: "gemini-2.5-flash", Tokens: messages.Tokens{Input: 8, Output: 1032}, Known: true},
 	},
 	{
-		name: "gemini quota", format: messages.FormatGemini, status: 429, ct: json, fixture: "gemini-error.json",
+		name: "gemini quota", format: messages.FormatGemini, status: 429, ct: ctJSON, fixture: "gemini-error.json",
 		req:  usage.Request{Format: messages.FormatGemini, Model: "gemini-2.5-flash", Stream: true},
 		want: usage.Result{Model: "gemini-2.5-flash"},
 	},
 	{
-		name: "unknown format", format: "", status: 200, ct: json, fixture: "anthropic-message.json",
+		name: "unknown format", format: "", status: 200, ct: ctJSON, fixture: "anthropic-message.json",
 		want: usage.Result{},
 	},
 	{
-		name: "a stream sent as JSON", format: messages.FormatAnthropic, status: 200, ct: json, fixture: "anthropic-stream.sse",
+		name: "a stream sent as JSON", format: messages.FormatAnthropic, status: 200, ct: ctJSON, fixture: "anthropic-stream.sse",
 		req:  usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5", Stream: true},
 		want: usage.Result{Model: "claude-sonnet-4-5"},
 	},
@@ -152,12 +152,12 @@ func TestWrap(t *testing.T) {
 func TestWrapNotJSON(t *testing.T) {
 	t.Parallel()
 	for _, format := range []string{messages.FormatAnthropic, messages.FormatOpenAIChat, messages.FormatOpenAIResponses, messages.FormatGemini} {
-		for _, ct := range []string{json, sse, "text/html"} {
+		for _, ct := range []string{ctJSON, ctSSE, "text/html"} {
 			t.Run(format+" "+ct, func(t *testing.T) {
 				t.Parallel()
 				data := []byte("<html><body>502 Bad Gateway</body></html>\n\ndata: {not json\n\n")
 				got := wrapRead(t, format, usage.Request{Model: "m"}, 200, ct, data, whole, 0)
-				require.Equal(t, usage.Result{Model: "m", Stream: ct == sse}, got)
+				require.Equal(t, usage.Result{Model: "m", Stream: ct == ctSSE}, got)
 			})
 		}
 	}
@@ -190,7 +190,7 @@ func TestWrapPassesEventsAtOnce(t *testing.T) {
 	first := data[:bytes.Index(data, []byte("\n\n"))+2]
 	pr, pw := io.Pipe()
 	var rec results
-	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, sse, pr, 0, rec.done)
+	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, ctSSE, pr, 0, rec.done)
 	more := make(chan struct{})
 	go func() {
 		_, _ = pw.Write(first)
@@ -242,19 +242,19 @@ func TestWrapEndedEarly(t *testing.T) {
 		err  error
 		want usage.Result
 	}{
-		{name: "closed after message_start", ct: sse, data: stream[:afterStart],
+		{name: "closed after message_start", ct: ctSSE, data: stream[:afterStart],
 			want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 25, Output: 1}, Known: true, Stream: true}},
-		{name: "broken after message_start", ct: sse, data: stream[:afterStart], err: io.ErrUnexpectedEOF,
+		{name: "broken after message_start", ct: ctSSE, data: stream[:afterStart], err: io.ErrUnexpectedEOF,
 			want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 25, Output: 1}, Known: true, Stream: true}},
-		{name: "closed inside message_start", ct: sse, data: stream[:afterStart-10],
+		{name: "closed inside message_start", ct: ctSSE, data: stream[:afterStart-10],
 			want: usage.Result{Model: "claude-sonnet-4-5", Stream: true}},
-		{name: "closed before any byte", ct: sse,
+		{name: "closed before any byte", ct: ctSSE,
 			want: usage.Result{Model: "claude-sonnet-4-5", Stream: true}},
-		{name: "JSON closed half way", ct: json, data: message[:len(message)/2],
+		{name: "JSON closed half way", ct: ctJSON, data: message[:len(message)/2],
 			want: usage.Result{Model: "claude-sonnet-4-5"}},
-		{name: "JSON closed when whole, before EOF", ct: json, data: message,
+		{name: "JSON closed when whole, before EOF", ct: ctJSON, data: message,
 			want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 2095, Output: 503, CacheRead: 10000, CacheWrite: 2051}, Known: true}},
-		{name: "JSON broken when whole", ct: json, data: message, err: errors.New("connection reset"),
+		{name: "JSON broken when whole", ct: ctJSON, data: message, err: errors.New("connection reset"),
 			want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 2095, Output: 503, CacheRead: 10000, CacheWrite: 2051}, Known: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -292,7 +292,7 @@ func TestWrapConcurrentClose(t *testing.T) {
 	for i := range 200 {
 		pr, pw := io.Pipe()
 		var calls atomic.Int32
-		body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, sse, pr, 0, func(usage.Result) { calls.Add(1) })
+		body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, ctSSE, pr, 0, func(usage.Result) { calls.Add(1) })
 		go func() {
 			for {
 				if _, err := pw.Write(data); err != nil {
@@ -348,7 +348,7 @@ func TestWrapLongLines(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for _, sizes := range []func() int{whole, oneByte, randomSizes(1), randomSizes(2)} {
-				got := wrapRead(t, messages.FormatAnthropic, usage.Request{}, 200, sse, []byte(tc.data), sizes, 1024)
+				got := wrapRead(t, messages.FormatAnthropic, usage.Request{}, 200, ctSSE, []byte(tc.data), sizes, 1024)
 				require.Equal(t, tc.want, got)
 			}
 		})
@@ -360,15 +360,15 @@ func TestWrapJSONPastBound(t *testing.T) {
 	t.Parallel()
 	data := fixture(t, "openai-chat-completion.json")
 	req := usage.Request{Format: messages.FormatOpenAIChat, Model: "o4-mini"}
-	require.Equal(t, usage.Result{Model: "o4-mini"}, wrapRead(t, messages.FormatOpenAIChat, req, 200, json, data, randomSizes(3), int64(len(data)-1)))
-	require.True(t, wrapRead(t, messages.FormatOpenAIChat, req, 200, json, data, randomSizes(3), int64(len(data))).Known)
+	require.Equal(t, usage.Result{Model: "o4-mini"}, wrapRead(t, messages.FormatOpenAIChat, req, 200, ctJSON, data, randomSizes(3), int64(len(data)-1)))
+	require.True(t, wrapRead(t, messages.FormatOpenAIChat, req, 200, ctJSON, data, randomSizes(3), int64(len(data))).Known)
 }
 
 // A last event the stream did not end with a blank line still counts.
 func TestWrapLastEventWithoutBlankLine(t *testing.T) {
 	t.Parallel()
 	data := bytes.TrimRight(fixture(t, "gemini-stream.sse"), "\r\n")
-	got := wrapRead(t, messages.FormatGemini, usage.Request{}, 200, sse, data, oneByte, 0)
+	got := wrapRead(t, messages.FormatGemini, usage.Request{}, 200, ctSSE, data, oneByte, 0)
 	require.Equal(t, usage.Result{Model: "gemini-2.5-pro", Tokens: messages.Tokens{Input: 176, Output: 212, CacheRead: 1024}, Known: true, Stream: true}, got)
 }
 
@@ -409,7 +409,7 @@ func TestWrapOddStreams(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for _, sizes := range []func() int{whole, oneByte} {
-				require.Equal(t, tc.want, wrapRead(t, tc.format, usage.Request{}, 200, sse, []byte(tc.data), sizes, 0))
+				require.Equal(t, tc.want, wrapRead(t, tc.format, usage.Request{}, 200, ctSSE, []byte(tc.data), sizes, 0))
 			}
 		})
 	}
@@ -419,7 +419,7 @@ func TestWrapOddStreams(t *testing.T) {
 func TestWrapNilDone(t *testing.T) {
 	t.Parallel()
 	data := fixture(t, "anthropic-stream.sse")
-	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, sse, io.NopCloser(bytes.NewReader(data)), 0, nil)
+	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, ctSSE, io.NopCloser(bytes.NewReader(data)), 0, nil)
 	got, err := io.ReadAll(body)
 	require.NoError(t, err)
 	require.Equal(t, data, got)
@@ -431,7 +431,7 @@ func TestWrapCloseError(t *testing.T) {
 	t.Parallel()
 	var rec results
 	closeErr := fmt.Errorf("close failed")
-	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, json, errCloser{closeErr}, 0, rec.done)
+	body := usage.Wrap(messages.FormatAnthropic, usage.Request{}, 200, ctJSON, errCloser{closeErr}, 0, rec.done)
 	require.ErrorIs(t, body.Close(), closeErr)
 	require.False(t, rec.only(t).Known)
 }
