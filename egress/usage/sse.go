@@ -9,9 +9,10 @@ import "bytes"
 // ignored, since every metered format names its event in its data). A
 // line ending in a lone "\r" is not recognised: no provider sends one.
 //
-// Memory is bounded by max: a line longer than max is dropped (and with it
-// the event it belongs to) up to its end; so is an event whose data would
-// grow past max. Neither stops the stream.
+// Memory is bounded by max: a line longer than max bytes (its "\n" not
+// counted) is dropped, and with it the event it belongs to, whatever its
+// field; so is an event whose data would grow past max. Neither stops the
+// stream, and the outcome does not depend on how the stream was split.
 type sse struct {
 	max int
 	// line holds the start of a line whose end has not arrived.
@@ -46,6 +47,11 @@ func (s *sse) write(p []byte) {
 			continue
 		}
 		line := chunk
+		if len(s.line) == 0 && len(chunk) > s.max {
+			// A whole long line in one piece: dropped as if split.
+			s.skipEvent = true
+			continue
+		}
 		if len(s.line) > 0 {
 			if len(s.line)+len(chunk) > s.max {
 				s.dropLine()
