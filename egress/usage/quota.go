@@ -27,19 +27,41 @@ import (
 // "x-should-retry: false"; a caller that does not want the refused
 // request repeated sets it.
 func QuotaError(format, msg string) (status int, contentType string, body []byte) {
+	type detail struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	type openaiDetail struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	}
+	type googleDetail struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+		Status  string `json:"status"`
+	}
 	var v any
 	switch format {
 	case messages.FormatAnthropic:
-		v = map[string]any{"type": "error", "error": map[string]any{"type": "rate_limit_error", "message": msg}}
+		v = struct {
+			Type  string `json:"type"`
+			Error detail `json:"error"`
+		}{"error", detail{"rate_limit_error", msg}}
 	case messages.FormatOpenAIChat, messages.FormatOpenAIResponses:
-		v = map[string]any{"error": map[string]any{"message": msg, "type": "insufficient_quota", "param": nil, "code": "insufficient_quota"}}
+		v = struct {
+			Error openaiDetail `json:"error"`
+		}{openaiDetail{Message: msg, Type: "insufficient_quota", Code: "insufficient_quota"}}
 	case messages.FormatGemini:
-		v = map[string]any{"error": map[string]any{"code": http.StatusTooManyRequests, "message": msg, "status": "RESOURCE_EXHAUSTED"}}
+		v = struct {
+			Error googleDetail `json:"error"`
+		}{googleDetail{http.StatusTooManyRequests, msg, "RESOURCE_EXHAUSTED"}}
 	default:
 		return http.StatusTooManyRequests, "text/plain; charset=utf-8", []byte(msg)
 	}
 	b, err := json.Marshal(v)
-	if err != nil { // maps of strings always marshal
+	if err != nil { // structs of strings always marshal
 		panic(err)
 	}
 	return http.StatusTooManyRequests, "application/json", b

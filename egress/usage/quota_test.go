@@ -30,7 +30,7 @@ func TestQuotaError(t *testing.T) {
 		status, ct, body := usage.QuotaError(tc.format, msg)
 		require.Equal(t, 429, status, tc.format)
 		require.Equal(t, tc.ct, ct, tc.format)
-		require.JSONEq(t, tc.want, string(body), tc.format)
+		require.Equal(t, tc.want, string(body), tc.format) // the documented key order, exactly
 	}
 	status, ct, body := usage.QuotaError("", msg)
 	require.Equal(t, 429, status)

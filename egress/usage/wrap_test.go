@@ -344,6 +344,10 @@ func TestWrapLongLines(t *testing.T) {
 		{name: "long multi-line event skipped", data: start + longMultiline + delta, want: want(42)},
 		{name: "long usage event skipped", data: start + delta + longDelta, want: want(42)},
 		{name: "long line at the end", data: start + delta + long[:3000], want: want(42)},
+		{name: "event of short lines past the bound skipped", want: want(42),
+			data: start + delta + "data: {\"type\":\"message_delta\",\n" + strings.Repeat("data: "+strings.Repeat(" ", 400)+"\n", 3) + "data: \"usage\":{\"output_tokens\":44}}\n\n"},
+		{name: "event of short lines within the bound read", want: want(45),
+			data: start + delta + "data: {\"type\":\"message_delta\",\n" + strings.Repeat("data: "+strings.Repeat(" ", 200)+"\n", 3) + "data: \"usage\":{\"output_tokens\":45}}\n\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -352,6 +356,21 @@ func TestWrapLongLines(t *testing.T) {
 				require.Equal(t, tc.want, got)
 			}
 		})
+	}
+}
+
+// Events larger than the buffers kept between events (64 KiB) are read
+// within the default bound.
+func TestWrapLargeEvents(t *testing.T) {
+	t.Parallel()
+	text := strings.Repeat("z", 200<<10)
+	data := "event: message_start\n" +
+		`data: {"type":"message_start","message":{"model":"claude-haiku-4-5","usage":{"input_tokens":10,"output_tokens":1}}}` + "\n\n" +
+		`data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + text + `"}}` + "\n\n" +
+		`data: {"type":"message_delta","pad":"` + text + `","usage":{"output_tokens":70000}}` + "\n\n"
+	want := usage.Result{Model: "claude-haiku-4-5", Tokens: messages.Tokens{Input: 10, Output: 70000}, Known: true, Stream: true}
+	for _, sizes := range []func() int{whole, randomSizes(4)} {
+		require.Equal(t, want, wrapRead(t, messages.FormatAnthropic, usage.Request{}, 200, ctSSE, []byte(data), sizes, 0))
 	}
 }
 
