@@ -45,7 +45,8 @@ const DefaultMaxJSON = 1 << 20
 // maxJSON it passes on but its usage is unknown). maxJSON also bounds the
 // memory of a stream: a line or an event longer than maxJSON is skipped
 // (OpenAI Responses' response.completed repeats the whole output, so it
-// must be large enough for the largest response). A maxJSON <= 0 is
+// must be large enough for the largest response); a stream holds at most
+// about twice maxJSON (a line and an event's data). A maxJSON <= 0 is
 // DefaultMaxJSON. A response with status >= 400, of an unknown format, is
 // passed on unread, with Known false.
 //
