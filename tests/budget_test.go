@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/egress/usage"
@@ -139,6 +140,7 @@ func TestEgressBudget(t *testing.T) {
 
 	t.Run("budget", func(t *testing.T) {
 		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
+		all := eventsToFinished(t, e.js, budget)
 		out, _ := egressRunOutput(t, e.js, budget)
 		reached := "budget reached: max_model_requests 2 (2 model requests sent)"
 		require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
@@ -176,7 +178,7 @@ func TestEgressBudget(t *testing.T) {
 		var usageEvents []messages.UsageEvent
 		var budgetEvents []messages.BudgetEvent
 		var finished []messages.Event
-		for _, m := range workertest.Events(t, e.js, budget) {
+		for _, m := range all {
 			require.NotContains(t, string(m.Data()), providerKey, m.Subject())
 			switch m.Subject() {
 			case messages.SubjectEvents(budget, messages.EventUsage):
@@ -222,6 +224,7 @@ func TestEgressBudget(t *testing.T) {
 
 	t.Run("bypass", func(t *testing.T) {
 		st := waitState(t, e.url, bypass, func(s messages.RunState) bool { return s.State.Final() })
+		all := eventsToFinished(t, e.js, bypass)
 		out, events := egressRunOutput(t, e.js, bypass)
 		require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
 		res := scriptLines(out)
@@ -275,10 +278,28 @@ func TestEgressBudget(t *testing.T) {
 		data, err := json.Marshal(st)
 		require.NoError(t, err)
 		require.NotContains(t, string(data), providerKey)
-		for _, m := range workertest.Events(t, e.js, bypass) {
+		for _, m := range all {
 			require.NotContains(t, string(m.Data()), providerKey, m.Subject())
 		}
 	})
+}
+
+// eventsToFinished returns run id's events once they include its finished
+// event, which follows the final state by the time the run's container is
+// removed (so every event the run published is in by then).
+func eventsToFinished(t *testing.T, js jetstream.JetStream, id string) []jetstream.Msg {
+	t.Helper()
+	var all []jetstream.Msg
+	require.Eventually(t, func() bool {
+		all = workertest.Events(t, js, id)
+		for _, m := range all {
+			if m.Subject() == messages.SubjectEvents(id, messages.EventFinished) {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "run %s has no finished event", id)
+	return all
 }
 
 // requireUsage requires that got is want, with a cost of costUSD (to
