@@ -1,8 +1,10 @@
 package egress
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,8 @@ const (
 	// proxy keeps to read its usage at the end; past it the response is
 	// passed on whole but its usage is unknown.
 	maxMeteredJSON = 16 << 20
+	// spendTimeout bounds adding one response to the shared budgets.
+	spendTimeout = 30 * time.Second
 	// maxModelName is the longest model name an event keeps, in bytes (the
 	// run chooses it): a longer one is cut.
 	maxModelName = 128
@@ -54,7 +58,11 @@ type Limits struct {
 // Budget names the limit a run reached: the profile key, the limit and
 // what the run had spent of it when it was reached.
 type Budget struct {
-	// Key is the profile key: "max_cost_usd", "max_output_tokens",
+	// Scope is "" for the run's own budget, messages.BudgetScopeGroup or
+	// messages.BudgetScopePool for one it shares (profile keys
+	// group_budget, pool_budget).
+	Scope string
+	// Key is the budget's key: "max_cost_usd", "max_output_tokens",
 	// "max_model_requests".
 	Key string
 	// Limit and Spent are in the key's unit (US dollars, tokens,
@@ -62,15 +70,21 @@ type Budget struct {
 	Limit, Spent float64
 }
 
-// String says which budget was reached and how much was spent.
+// String says which budget was reached and how much was spent ("budget
+// reached: max_cost_usd 2.5 (spent 2.5123 USD)"; a shared one is named
+// "group_budget.max_cost_usd").
 func (b Budget) String() string {
+	key := b.Key
+	if b.Scope != "" {
+		key = b.Scope + "_budget." + b.Key
+	}
 	switch b.Key {
 	case "max_cost_usd":
-		return fmt.Sprintf("budget reached: max_cost_usd %s (spent %s USD)", formatFloat(b.Limit), formatFloat(b.Spent))
+		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), strconv.FormatFloat(b.Spent, 'f', 4, 64))
 	case "max_output_tokens":
-		return fmt.Sprintf("budget reached: max_output_tokens %d (spent %d output tokens)", int64(b.Limit), int64(b.Spent))
+		return fmt.Sprintf("budget reached: %s %d (spent %d output tokens)", key, int64(b.Limit), int64(b.Spent))
 	default:
-		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", b.Key, int64(b.Limit), int64(b.Spent))
+		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", key, int64(b.Limit), int64(b.Spent))
 	}
 }
 
@@ -93,10 +107,34 @@ type Metering struct {
 	// for metrics. It must not block.
 	Observe func(messages.UsageEvent)
 	// Reached is called once, from the proxy's goroutine, when the run
-	// first sends a model request past one of its Limits (the budget that
-	// was reached): a run that reaches a limit with its last request ends
-	// as it would have. It must not block.
+	// first sends a model request past one of its Limits or a Shared
+	// budget and the request is refused (the budget that was reached): a
+	// run that reaches a limit with its last request ends as it would
+	// have. It must not block.
 	Reached func(Budget)
+	// Shared are the budgets the run shares with other runs (its group's,
+	// its pool's), kept outside the session; nil: none.
+	Shared Shared
+	// Pause, when set, holds a request past a budget instead of refusing
+	// it at once (profile key on_budget = "pause"): it is called with the
+	// budget and blocks until the budget was raised (Raise; true: the
+	// request is looked at again) or it gives up (false: the request is
+	// refused and Reached called) or ctx (the run's connection) ends.
+	Pause func(ctx context.Context, b Budget) bool
+}
+
+// Shared is a budget a run shares with other runs, on any worker: its
+// group's or its pool's over a window (worker/stage/proxy keeps them in
+// a NATS key-value bucket).
+type Shared interface {
+	// Over returns the shared budget the run's group or pool has reached
+	// (nil when none): called before each model request. An error lets
+	// the request go (and is logged): a budget store that cannot be read
+	// does not stop every run.
+	Over(ctx context.Context) (*Budget, error)
+	// Spend adds a finished model response's usage to the shared totals.
+	// It is called on a goroutine of its own, which Close waits for.
+	Spend(ctx context.Context, ev messages.UsageEvent)
 }
 
 // meter is a session's metering state.
@@ -108,6 +146,12 @@ type meter struct {
 	events   int
 	reached  *Budget
 	told     bool
+	// paused counts the requests held past a budget now; pausedOn is
+	// the budget the latest was held for.
+	paused   int
+	pausedOn Budget
+	// spends are the Shared.Spend calls in flight.
+	spends sync.WaitGroup
 }
 
 // Meter sets how the session meters its run's model requests. Call it
@@ -124,6 +168,39 @@ func (s *Session) Usage() messages.UsageTotals {
 	s.meter.mu.Lock()
 	defer s.meter.mu.Unlock()
 	return s.meter.totals
+}
+
+// Raise adds to the run's own Limits (an operator's grant): a limit that
+// was 0 (none) stays none. Requests held past a budget (Metering.Pause)
+// look again when their Pause returns.
+func (s *Session) Raise(by Limits) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	l := &s.meter.m.Limits
+	if l.MaxCostUSD > 0 {
+		l.MaxCostUSD += by.MaxCostUSD
+	}
+	if l.MaxOutputTokens > 0 {
+		l.MaxOutputTokens += by.MaxOutputTokens
+	}
+	if l.MaxRequests > 0 {
+		l.MaxRequests += by.MaxRequests
+	}
+}
+
+// Limits returns the run's own limits as they are now (raised by grants).
+func (s *Session) Limits() Limits {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.m.Limits
+}
+
+// Paused returns the budget the run's requests are held for, when some
+// are (Metering.Pause).
+func (s *Session) Paused() (Budget, bool) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.pausedOn, s.meter.paused > 0
 }
 
 // Reached returns the budget the run reached, if it did.
@@ -176,14 +253,35 @@ type metered struct {
 }
 
 // beginModel starts metering req, a request to an injected host, or
-// refuses it when the run has reached a budget: then it returns the
-// response to send the run instead (the provider's quota error).
+// refuses it when the run has reached a budget (after holding it, with
+// Metering.Pause, until the budget is raised or the pause gives up): then
+// it returns the response to send the run instead (the provider's quota
+// error).
 func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
 	format := usage.Detect(req.Method, req.URL.Path)
 	mt := &s.meter
-	mt.mu.Lock()
-	b := mt.over()
-	if b != nil {
+	for {
+		b := s.overBudget(connCtx(req))
+		if b == nil {
+			break
+		}
+		mt.mu.Lock()
+		pause := mt.m.Pause
+		if pause != nil {
+			mt.paused++
+			mt.pausedOn = *b
+		}
+		mt.mu.Unlock()
+		if pause != nil {
+			ok := pause(connCtx(req), *b)
+			mt.mu.Lock()
+			mt.paused--
+			mt.mu.Unlock()
+			if ok {
+				continue
+			}
+		}
+		mt.mu.Lock()
 		mt.totals.Refused++
 		tell := mt.note(b)
 		mt.mu.Unlock()
@@ -195,8 +293,6 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 		resp.Header.Set(budgetHeader, b.String())
 		return nil, resp
 	}
-	mt.inflight++
-	mt.mu.Unlock()
 	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
 	if req.Body != nil && req.Body != http.NoBody {
 		m.req, req.Body = usage.RequestInfo(format, req.URL.Path, req.Body, maxMeteredRequest)
@@ -206,6 +302,32 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 	// clear; an encoding the run asked for (br, zstd) would hide it.
 	req.Header.Del("Accept-Encoding")
 	return m, nil
+}
+
+// overBudget returns the budget the run has reached, its own or a shared
+// one, or nil; when it has reached none, the request is counted in flight
+// (atomically with the check of the run's own budgets).
+func (s *Session) overBudget(ctx context.Context) *Budget {
+	mt := &s.meter
+	mt.mu.Lock()
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared != nil {
+		b, err := shared.Over(ctx)
+		if err != nil {
+			s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
+		}
+		if b != nil {
+			return b
+		}
+	}
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	if b := mt.over(); b != nil {
+		return b
+	}
+	mt.inflight++
+	return nil
 }
 
 // wrapModel meters resp, the answer to m: its body passes through
@@ -245,12 +367,55 @@ func (s *Session) endModel(m *metered, r usage.Result) {
 	if publish {
 		mt.events++
 	}
-	pub, obs := mt.m.Publish, mt.m.Observe
+	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
+	if shared != nil {
+		mt.spends.Add(1)
+	}
 	mt.mu.Unlock()
+	if shared != nil {
+		go func() {
+			defer mt.spends.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
+			defer cancel()
+			shared.Spend(ctx, ev)
+		}()
+	}
 	if obs != nil {
 		obs(ev)
 	}
 	if publish && pub != nil {
 		pub(ev)
 	}
+}
+
+// meteredAddr refuses target, the checked address of a connection to a
+// host the session does not inject a key for, when it is the address and
+// port of one it does (resolved now): another name for a metered host would
+// otherwise carry the run's model requests past the metering and its
+// budgets (with a key the run brought itself). It returns the refusal's
+// reason, or "".
+func (s *Session) meteredAddr(ctx context.Context, target netip.AddrPort) string {
+	for _, in := range s.inject {
+		if in.Port != int(target.Port()) {
+			continue
+		}
+		if a, err := netip.ParseAddr(in.Name); err == nil {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+		addrs, err := s.cfg.Resolver.LookupNetIP(rctx, "ip", in.Name)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+		}
+	}
+	return ""
 }

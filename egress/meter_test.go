@@ -360,3 +360,39 @@ func TestMeterUnknownUsage(t *testing.T) {
 	require.EqualValues(t, 2, tot.Requests)
 	require.EqualValues(t, 2, tot.Unknown)
 }
+
+// The metered host cannot be reached past the metering: another listed
+// name for its address and port, or the address itself when listed, is
+// refused (a run with a key of its own would otherwise spend unmetered).
+func TestMeterOtherNameRefused(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewTLSServer(&anthropicStandIn{})
+	t.Cleanup(srv.Close)
+	p := port(t, srv.URL)
+	ca, _, err := LoadOrCreateCA(t.TempDir(), "test CA")
+	require.NoError(t, err)
+	b := &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}
+	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	sess, err := Open(Config{Resolver: table{"example.com": lo, "alias.example": lo}, CA: ca,
+		Publish: func(ev messages.EgressEvent) { b.mu.Lock(); b.events = append(b.events, ev); b.mu.Unlock() }},
+		"run1", MustPolicy("example.com:"+p, "alias.example:"+p, "127.0.0.1:"+p), b.path,
+		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
+	require.NoError(t, err)
+	t.Cleanup(func() { sess.Close() })
+	b.sess = sess
+	c := b.client()
+	for _, host := range []string{"alias.example", "127.0.0.1"} {
+		_, err := c.Post("https://"+host+":"+p+"/v1/messages", "application/json", strings.NewReader(`{"model":"m"}`))
+		require.Error(t, err, "%s: the tunnel is refused", host)
+	}
+	var reasons []string
+	for _, ev := range b.recorded() {
+		require.False(t, ev.Allowed, "%+v", ev)
+		reasons = append(reasons, ev.Reason)
+	}
+	require.Len(t, reasons, 2)
+	for _, r := range reasons {
+		require.Contains(t, r, "a host the proxy meters")
+	}
+	require.Zero(t, sess.Usage().Requests)
+}

@@ -383,7 +383,9 @@ const closeWait = 5 * time.Second
 // Close stops the session: the listener, every open connection and the
 // supervisor, and removes the socket. It waits (up to 5s) until every
 // connection it cut has been recorded, closes the idle connections to
-// hosts, and returns the final totals. Safe to call twice.
+// hosts, waits for the model usage being added to shared budgets (each
+// addition bounded by 30s), and returns the final totals. Safe to call
+// twice.
 func (s *Session) Close() messages.EgressTotals {
 	s.mu.Lock()
 	s.closed = true
@@ -400,6 +402,7 @@ func (s *Session) Close() messages.EgressTotals {
 		}
 	}
 	s.proxy.Tr.CloseIdleConnections()
+	s.meter.spends.Wait() // each bounded by spendTimeout
 	return s.Totals()
 }
 

@@ -92,6 +92,12 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 	if in, ok := s.injection(ev.Host, ev.Port); ok {
 		return s.mitmAction(ctx, ev, target, in), hostport
 	}
+	if reason := s.meteredAddr(connCtx(ctx.Req), target); reason != "" {
+		ev.Reason = reason
+		s.record(ev)
+		ctx.Resp = goproxy.NewResponse(ctx.Req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
+		return goproxy.RejectConnect, hostport
+	}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.tunnel(client, ev, target)
 	}}, hostport
@@ -242,6 +248,9 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 	var target netip.AddrPort
 	var reason string
 	ev.Host, target, reason = s.decide(connCtx(req), host, port)
+	if reason == "" {
+		reason = s.meteredAddr(connCtx(req), target)
+	}
 	if reason != "" {
 		return refuse(reason)
 	}

@@ -134,4 +134,22 @@ type ReceiptBudgets struct {
 	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
 	// MaxModelRequests counts model requests.
 	MaxModelRequests int64 `json:"max_model_requests,omitempty"`
+	// Group and Pool are the budgets the run shares with its group and
+	// its pool, when it has them.
+	Group *ReceiptSharedBudget `json:"group,omitempty"`
+	Pool  *ReceiptSharedBudget `json:"pool,omitempty"`
+	// OnBudget is "fail" or "pause".
+	OnBudget string `json:"on_budget,omitempty"`
+}
+
+// ReceiptSharedBudget is a budget runs share: its limits (zero: none) and
+// window.
+type ReceiptSharedBudget struct {
+	// Name is the group or pool.
+	Name             string  `json:"name"`
+	MaxCostUSD       float64 `json:"max_cost_usd,omitempty"`
+	MaxOutputTokens  int64   `json:"max_output_tokens,omitempty"`
+	MaxModelRequests int64   `json:"max_model_requests,omitempty"`
+	// Window is a Go duration string.
+	Window string `json:"window"`
 }

@@ -212,8 +212,8 @@ func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
 	}}
 }
 
-// bucketConfigs are the key-value buckets Provision creates: the run states
-// and the workers' heartbeats.
+// bucketConfigs are the key-value buckets Provision creates: the run
+// states, the workers' heartbeats and the shared budgets.
 func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{{
 		Bucket:      messages.BucketRuns,
@@ -227,6 +227,13 @@ func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
 		History:     1,
 		TTL:         messages.WorkerTTL,
 		Storage:     jetstream.MemoryStorage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Bucket:      messages.BucketBudgets,
+		Description: "jetcrew shared model budgets (groups', pools') by window, and operators' grants",
+		History:     1,
+		TTL:         messages.BudgetKeyMaxAge,
+		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}}
 }

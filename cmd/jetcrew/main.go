@@ -7,6 +7,7 @@
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
+//	jetcrew budget RUN_ID [+USD]     raise a run's (or --group's) model budget
 //	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests)

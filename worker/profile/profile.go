@@ -136,6 +136,23 @@ type Profile struct {
 	// MaxCostUSD; counted when sent, so never overshot). 0 (default):
 	// none.
 	MaxModelRequests int64 `toml:"max_model_requests" json:"max_model_requests,omitempty"`
+	// GroupBudget is the budget every run of a group shares (the
+	// request's group, else its id), on any worker, over a window;
+	// PoolBudget the one every run of the pool shares. Kept in the
+	// jetcrew-budgets key-value bucket. Nil: none. Needs egress_inject.
+	GroupBudget *SharedBudget `toml:"group_budget" json:"group_budget,omitempty"`
+	PoolBudget  *SharedBudget `toml:"pool_budget" json:"pool_budget,omitempty"`
+	// OnBudget is what happens to a run's model request past a budget:
+	// "fail" (or "", the default) answers it with the provider's quota error and ends
+	// the run failed; "pause" holds it (and the run's later ones) until an
+	// operator raises the budget (jetcrew budget) or BudgetPause passes,
+	// then fails as "fail" does.
+	OnBudget string `toml:"on_budget" json:"on_budget,omitempty"`
+	// BudgetPause is how long "pause" holds a request, a Go duration;
+	// default DefaultBudgetPause.
+	BudgetPause string `toml:"budget_pause" json:"budget_pause,omitempty"`
+	budgetPause time.Duration
+
 	// Warm is how many warm containers of this profile each worker keeps
 	// started and waiting for a run (worker/warm): a run that finds one
 	// ready starts in milliseconds instead of a container start. Bounded
@@ -299,6 +316,7 @@ func (p Profile) withDefaults() (Profile, error) {
 		{"timeout", p.Timeout, &p.timeout, 0},
 		{"stall_timeout", p.StallTimeout, &p.stallTimeout, stallDefault},
 		{"bridge_deadline", p.BridgeDeadline, &p.bridgeDeadline, 2 * time.Minute},
+		{"budget_pause", p.BudgetPause, &p.budgetPause, DefaultBudgetPause},
 	} {
 		*d.dst = d.def
 		if d.s != "" {
@@ -309,8 +327,31 @@ func (p Profile) withDefaults() (Profile, error) {
 			*d.dst = v
 		}
 	}
+	for _, sb := range []**SharedBudget{&p.GroupBudget, &p.PoolBudget} {
+		if *sb == nil {
+			continue
+		}
+		b := **sb // a copy: the parsed profile's stays as written
+		b.window = 24 * time.Hour
+		if b.Window != "" {
+			v, err := time.ParseDuration(b.Window)
+			if err != nil {
+				return p, fmt.Errorf("budget window: %w", err)
+			}
+			b.window = v
+		}
+		*sb = &b
+	}
 	return p, nil
 }
+
+// What on_budget may say.
+const (
+	// OnBudgetFail refuses a request past a budget and ends the run.
+	OnBudgetFail = "fail"
+	// OnBudgetPause holds it until the budget is raised.
+	OnBudgetPause = "pause"
+)
 
 // CoordinationOn reports whether runs of the profile get the coordination
 // bridge.
@@ -377,3 +418,31 @@ func (ps Profiles) Names() []string {
 	sort.Strings(names)
 	return names
 }
+
+// SharedBudget is a budget runs share (Profile.GroupBudget, PoolBudget):
+// what they may spend together within each window. Zero fields are no
+// limit.
+type SharedBudget struct {
+	// MaxCostUSD is in US dollars by the worker's price table.
+	MaxCostUSD float64 `toml:"max_cost_usd" json:"max_cost_usd,omitempty"`
+	// MaxOutputTokens counts output tokens.
+	MaxOutputTokens int64 `toml:"max_output_tokens" json:"max_output_tokens,omitempty"`
+	// MaxModelRequests counts model requests.
+	MaxModelRequests int64 `toml:"max_model_requests" json:"max_model_requests,omitempty"`
+	// Window is how long a budget lasts before it starts again, a Go
+	// duration from 1m to 168h (messages.MaxBudgetWindow); windows are
+	// aligned to the Unix epoch. Default "24h".
+	Window string `toml:"window" json:"window,omitempty"`
+	window time.Duration
+}
+
+// WindowDuration returns the budget's window.
+func (b *SharedBudget) WindowDuration() time.Duration { return b.window }
+
+// DefaultBudgetPause is how long on_budget = "pause" holds a request by
+// default.
+const DefaultBudgetPause = 15 * time.Minute
+
+// BudgetPauseDuration returns how long on_budget = "pause" holds a
+// request.
+func (p Profile) BudgetPauseDuration() time.Duration { return p.budgetPause }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -189,13 +190,38 @@ func (p Profile) validateBudgets() error {
 	if p.MaxOutputTokens < 0 || p.MaxModelRequests < 0 {
 		return errors.New("max_output_tokens and max_model_requests must not be negative")
 	}
+	for name, b := range map[string]*SharedBudget{"group_budget": p.GroupBudget, "pool_budget": p.PoolBudget} {
+		if b == nil {
+			continue
+		}
+		if b.MaxCostUSD < 0 || math.IsNaN(b.MaxCostUSD) || math.IsInf(b.MaxCostUSD, 0) || b.MaxOutputTokens < 0 || b.MaxModelRequests < 0 {
+			return fmt.Errorf("%s: max_cost_usd, max_output_tokens and max_model_requests must be positive, or 0 for none", name)
+		}
+		if b.window < time.Minute || b.window > messages.MaxBudgetWindow {
+			return fmt.Errorf("%s: window %s must be between 1m and %s", name, b.window, messages.MaxBudgetWindow)
+		}
+	}
+	switch p.OnBudget {
+	case "", OnBudgetFail, OnBudgetPause:
+	default:
+		return fmt.Errorf("on_budget %q must be %q or %q", p.OnBudget, OnBudgetFail, OnBudgetPause)
+	}
+	if p.budgetPause < time.Second || p.budgetPause > 24*time.Hour {
+		return fmt.Errorf("budget_pause %s must be between 1s and 24h", p.budgetPause)
+	}
 	if p.HasBudget() && len(p.EgressInject) == 0 {
-		return errors.New("max_cost_usd, max_output_tokens and max_model_requests need egress_inject: the egress proxy meters (and enforces budgets on) only the hosts it adds a key for, which the agent then cannot reach another way")
+		return errors.New("max_cost_usd, max_output_tokens, max_model_requests, group_budget and pool_budget need egress_inject: the egress proxy meters (and enforces budgets on) only the hosts it adds a key for, which the agent then cannot reach another way")
 	}
 	return nil
 }
 
-// HasBudget reports whether the profile sets a model budget.
+// HasBudget reports whether the profile sets a model budget of its own
+// runs' or a shared one.
 func (p Profile) HasBudget() bool {
-	return p.MaxCostUSD > 0 || p.MaxOutputTokens > 0 || p.MaxModelRequests > 0
+	return p.MaxCostUSD > 0 || p.MaxOutputTokens > 0 || p.MaxModelRequests > 0 || p.GroupBudget.set() || p.PoolBudget.set()
+}
+
+// set reports whether b limits anything.
+func (b *SharedBudget) set() bool {
+	return b != nil && (b.MaxCostUSD > 0 || b.MaxOutputTokens > 0 || b.MaxModelRequests > 0)
 }

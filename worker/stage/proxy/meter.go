@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 )
 
@@ -98,41 +101,58 @@ func pricesDigest(p *usage.Prices) string {
 }
 
 // meter makes the run's proxy meter its model requests, with the
-// profile's budgets and the worker's price table.
+// profile's budgets (its own, its group's and pool's, paused or failed as
+// on_budget says) and the worker's price table.
 func (s *Stage) meter(run *stage.Run) {
 	prof := run.Profile
-	s.metered, s.profile = true, prof.Name
+	s.metered, s.profile, s.run = true, prof.Name, run
 	if prof.HasBudget() {
-		s.budgets = &messages.ReceiptBudgets{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxModelRequests: prof.MaxModelRequests}
+		s.budgets = &messages.ReceiptBudgets{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxModelRequests: prof.MaxModelRequests,
+			Group: receiptShared(run.Request.GroupOrID(), prof.GroupBudget), Pool: receiptShared(run.Request.WithDefaults().Pool, prof.PoolBudget),
+			OnBudget: cmp.Or(prof.OnBudget, profile.OnBudgetFail)}
 	}
-	s.sess.Meter(egress.Metering{
+	m := egress.Metering{
 		Prices:  s.p.cfg.Prices,
 		Limits:  egress.Limits{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxRequests: prof.MaxModelRequests},
 		Publish: s.p.publishUsage,
 		Observe: func(ev messages.UsageEvent) { s.p.metrics.observe(s.profile, ev) },
 		Reached: func(b egress.Budget) {
-			s.p.metrics.refused.WithLabelValues(s.profile, b.Key).Inc()
-			s.p.publishBudget(messages.BudgetEvent{RunID: run.ID(), Time: time.Now().UTC(), Budget: b.Key,
+			s.p.metrics.refused.WithLabelValues(s.profile, budgetName(b)).Inc()
+			s.p.publishBudget(messages.BudgetEvent{RunID: run.ID(), Time: time.Now().UTC(), Budget: budgetName(b),
 				Limit: b.Limit, Spent: b.Spent, Action: "fail", Reason: b.String()})
 		},
-	})
+	}
+	if s.p.budgets != nil {
+		if sh := s.shared(run); sh != nil {
+			s.sh, m.Shared = sh, sh
+		}
+		if prof.OnBudget == profile.OnBudgetPause {
+			m.Pause = func(ctx context.Context, b egress.Budget) bool { return s.pause(ctx, run, b) }
+		}
+	}
+	s.sess.Meter(m)
 }
 
-// CheckEvery is how often a metered run's usage is written to its record
-// and its budget looked at: twice a second. (The proxy refuses a request
-// past a budget at once; this only ends the run.)
+// CheckEvery is how often a metered run's usage is written to its record,
+// an operator's grant applied and its budget looked at: twice a second.
+// (The proxy refuses a request past a budget at once; this only ends the
+// run.)
 func (s *Stage) CheckEvery() time.Duration { return 500 * time.Millisecond }
 
-// Check asks for the record to be written when the run's usage changed,
-// and stops the run, failed, once its proxy refused a request past a
-// budget.
+// Check applies a grant (jetcrew budget) to a run with budgets, asks for
+// the record to be written when the run's usage or pause changed, and
+// stops the run, failed, once its proxy refused a request past a budget.
 func (s *Stage) Check(time.Time) (*stage.Stop, bool) {
 	if !s.metered {
 		return nil, false
 	}
+	if s.budgets != nil && s.p.budgets != nil {
+		s.granted(context.Background(), s.run)
+	}
 	u := s.sess.Usage()
-	changed := u != s.seen
-	s.seen = u
+	_, paused := s.sess.Paused()
+	changed := u != s.seen || paused != s.wasPaused
+	s.seen, s.wasPaused = u, paused
 	if b, ok := s.sess.Reached(); ok {
 		return &stage.Stop{State: messages.StateFailed, Reason: b.String()}, changed
 	}
@@ -162,4 +182,13 @@ func (p *Proxies) publishJSON(runID string, typ messages.EventType, v any) {
 	if err := p.cfg.NC.PublishMsg(m); err != nil {
 		p.cfg.Log.Warn().Err(err).Str("run_id", runID).Str("event", string(typ)).Msg("publish event")
 	}
+}
+
+// receiptShared is b, the budget shared by name, as the receipt shows it.
+func receiptShared(name string, b *profile.SharedBudget) *messages.ReceiptSharedBudget {
+	if b == nil {
+		return nil
+	}
+	return &messages.ReceiptSharedBudget{Name: name, MaxCostUSD: b.MaxCostUSD, MaxOutputTokens: b.MaxOutputTokens,
+		MaxModelRequests: b.MaxModelRequests, Window: b.WindowDuration().String()}
 }

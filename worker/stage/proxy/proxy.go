@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -66,6 +67,7 @@ type Config struct {
 // starts the proof.
 type Proxies struct {
 	cfg     Config
+	budgets *budgetStore
 	ecfg    egress.Config
 	metrics *usageMetrics
 	// caPEM is the egress CA's certificate, for profiles with
@@ -86,6 +88,10 @@ func New(cfg Config) *Proxies {
 		[]string{"result"})
 	cfg.Registry.MustRegister(attempts)
 	p := &Proxies{cfg: cfg, proved: make(chan struct{}), metrics: newUsageMetrics(cfg)}
+	if cfg.NC != nil {
+		js, _ := jetstream.New(cfg.NC) // fails only for a nil connection
+		p.budgets = &budgetStore{js: js}
+	}
 	observe := func(allowed bool) {
 		if allowed {
 			attempts.WithLabelValues("allowed").Inc()
@@ -190,8 +196,16 @@ type Stage struct {
 	metered bool
 	budgets *messages.ReceiptBudgets
 	profile string
-	// seen is the usage last written to the record (Check).
+	// seen is the usage last written to the record (Check); sh the run's
+	// shared budgets (nil: none).
 	seen messages.UsageTotals
+	sh   *sharedBudgets
+	run  *stage.Run
+	// pmu guards the pause (on_budget = "pause") and the grant applied.
+	pmu         sync.Mutex
+	pausedSince time.Time
+	grant       messages.BudgetSpend
+	wasPaused   bool
 }
 
 // Name returns "egress".
@@ -262,6 +276,12 @@ func (s *Stage) Note(st *messages.RunState) {
 	}
 	u := s.sess.Usage()
 	st.Usage = &u
+	switch b, paused := s.sess.Paused(); {
+	case paused:
+		st.Budget = "paused: " + b.String() + " (jetcrew budget raises it)"
+	default:
+		st.Budget = ""
+	}
 	if b, ok := s.sess.Reached(); ok {
 		st.Budget = b.String()
 	}
