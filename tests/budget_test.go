@@ -76,11 +76,11 @@ sleep 60
 `, messagesBody(false), messagesBody(true))
 }
 
-// bypassScript tries to reach the provider past the metering: directly
-// (network none), through the proxy by the provider's address, by a name
-// the profile does not list, and by another listed name of the same
-// address with the agent's own key; then once through the metered name.
-// Each line is "<check> <what happened>".
+// bypassScript tries to reach the provider past the metering, with the
+// agent's own key (post's): directly (network none), through the proxy by
+// the provider's address, by a name the profile does not list, and by
+// another listed name of the same address; then once through the metered
+// name. Each line is "<check> <what happened>".
 func bypassScript(provider netip.Addr) string {
 	return fmt.Sprintf(`m='%[2]s'
 if nc -w 2 %[1]s 443 </dev/null >/dev/null 2>&1; then echo "direct ok"; else echo "direct fail"; fi
@@ -123,11 +123,14 @@ func keyTag(key string) string {
 // names the price table and the budgets; the key is nowhere in the state
 // or the events.
 //
-// bypass: a run of the same profile cannot reach the provider directly
-// (network none), nor through the proxy by its address or by an unlisted
-// name; it can by the metered name (metered). Another listed name of the
-// same address (api.provider.test, not injected) is tried with the
-// agent's own key and what happens is reported (see the comment there).
+// bypass: a run of the same profile, with a key of its own, cannot reach
+// the provider past the metering: not directly (network none), not
+// through the proxy by the provider's address or by a name the profile
+// does not list, and not by another name the profile lists
+// (api.provider.test, not injected) that resolves to the metered host's
+// address (403, an egress event naming the metered host). Only its
+// request to the metered name is answered, with the worker's key, and
+// counted.
 func TestEgressBudget(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
@@ -173,7 +176,7 @@ func TestEgressBudget(t *testing.T) {
 		require.NotNil(t, st.Receipt)
 		require.Equal(t, prices.Digest, st.Receipt.Prices)
 		require.True(t, strings.HasPrefix(st.Receipt.Prices, "sha256:"), st.Receipt.Prices)
-		require.Equal(t, &messages.ReceiptBudgets{MaxCostUSD: 1, MaxModelRequests: 2}, st.Receipt.Budgets)
+		require.Equal(t, &messages.ReceiptBudgets{MaxCostUSD: 1, MaxModelRequests: 2, OnBudget: "fail"}, st.Receipt.Budgets)
 
 		var usageEvents []messages.UsageEvent
 		var budgetEvents []messages.BudgetEvent
@@ -238,41 +241,23 @@ func TestEgressBudget(t *testing.T) {
 			"unlisted name: %s", res["unlisted"])
 		require.True(t, strings.HasPrefix(res["metered"], "status=200 "+keyTag(providerKey)), "metered: %s", res["metered"])
 
-		addr := netip.AddrPortFrom(e.provider, 443).String()
-		var refusedAddr, refusedUnlisted, aliasAllowed bool
+		require.True(t, strings.HasPrefix(res["alias"], "status=error ") && strings.Contains(res["alias"], "Forbidden"),
+			"another name of the metered address: %s", res["alias"])
+
+		var refusedAddr, refusedUnlisted, refusedAlias bool
 		for _, ev := range events {
+			require.False(t, ev.Allowed && ev.Host != "inj.provider.test", "allowed past the metering: %+v", ev)
 			switch {
 			case !ev.Allowed && ev.Host == e.provider.String() && strings.Contains(ev.Reason, "address literal"):
 				refusedAddr = true
 			case !ev.Allowed && ev.Host == "other.provider.test" && strings.Contains(ev.Reason, "allowlist"):
 				refusedUnlisted = true
-			case ev.Allowed && ev.Host == "api.provider.test" && ev.Addr == addr:
-				aliasAllowed = true
+			case !ev.Allowed && ev.Host == "api.provider.test" && strings.Contains(ev.Reason, "inj.provider.test, a host the proxy meters"):
+				refusedAlias = true
 			}
 		}
-		require.True(t, refusedAddr && refusedUnlisted, "egress events: %+v", events)
-
-		// Another name of the same address. The allowlist lists names,
-		// and the proxy does not ask whether a listed name that it does
-		// not inject a key for resolves to the address of one it does: if
-		// it lets the tunnel through, the provider answers the agent's own
-		// key, unmetered. Issue 26 asks for this to be refused; until the
-		// proxy does, this records what happens rather than failing.
-		alias := res["alias"]
-		switch {
-		case strings.HasPrefix(alias, "status=error ") && strings.Contains(alias, "Forbidden"):
-			t.Logf("alias: refused by the proxy: %s", alias)
-		case strings.HasPrefix(alias, "status=200 "):
-			require.True(t, aliasAllowed, "egress events: %+v", events)
-			require.True(t, strings.HasPrefix(alias, "status=200 "+keyTag("sk-fake-from-the-agent")), "alias: %s", alias)
-			t.Logf("BYPASS: api.provider.test, listed but not injected, resolves to the metered host's address %s; "+
-				"the proxy tunnelled it, the provider answered the agent's own key (%s) and the run's usage did not count it: %s",
-				addr, "sk-fake-from-the-agent", alias)
-		default:
-			t.Fatalf("alias: unexpected %q", alias)
-		}
-		// Only the request to the metered name is counted, whatever became
-		// of the others.
+		require.True(t, refusedAddr && refusedUnlisted && refusedAlias, "egress events: %+v", events)
+		// Only the request to the metered name is counted.
 		requireUsage(t, messages.UsageTotals{Requests: 1, Tokens: fixtureTokens}, fixtureCostUSD, st.Usage)
 		require.Empty(t, st.Budget)
 		data, err := json.Marshal(st)
