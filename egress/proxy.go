@@ -190,6 +190,7 @@ type Session struct {
 	up       chan struct{} // closed while a listener serves; replaced on restart
 
 	meter meter // the model requests to injected hosts
+	asker asker // the hosts put to an operator (egress_ask)
 
 	done chan struct{}
 }
@@ -464,7 +465,11 @@ func (s *Session) track(c net.Conn, on bool) {
 
 // decide applies the policy to a requested host and port. It returns the
 // normalised host and the address to connect to, or the refusal's reason.
-func (s *Session) decide(ctx context.Context, host string, port int) (string, netip.AddrPort, string) {
+//
+// A name the allowlist does not list but the session's ask list does
+// (AskFor) is put to the operator first: the connection waits for the
+// answer, which ev.Decision records (ev may be nil).
+func (s *Session) decide(ctx context.Context, host string, port int, ev *messages.EgressEvent) (string, netip.AddrPort, string) {
 	host = normalizeHost(host)
 	if a, err := netip.ParseAddr(host); err == nil {
 		a = a.Unmap()
@@ -474,7 +479,16 @@ func (s *Session) decide(ctx context.Context, host string, port int) (string, ne
 		return host, netip.AddrPortFrom(a, uint16(port)), ""
 	}
 	if !s.policy.AllowsName(host, port) {
-		return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		d, asked := s.askOperator(ctx, host, port)
+		if !asked {
+			return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		}
+		if ev != nil {
+			ev.Decision = d.String()
+		}
+		if !d.Allow {
+			return host, netip.AddrPort{}, "asked: " + d.String()
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
