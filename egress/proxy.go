@@ -84,6 +84,11 @@ type Config struct {
 	// opens its own TLS connection for an injected host; nil means the
 	// system's roots.
 	UpstreamRoots *x509.CertPool
+	// Unmetered turns the metering of injected hosts off (no usage read,
+	// no budgets enforced): the injected path as it was before metering,
+	// the baseline make bench measures the metering's own cost against.
+	// A worker never sets it.
+	Unmetered bool
 	// RestartDelay is how long a session's listener stays down after it
 	// failed (or Kill) before it is opened again. Default 200ms.
 	RestartDelay time.Duration
