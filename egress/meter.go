@@ -128,12 +128,13 @@ type Metering struct {
 // a NATS key-value bucket).
 type Shared interface {
 	// Over returns the shared budget the run's group or pool has reached
-	// (nil when none): called before each model request. An error lets
-	// the request go (and is logged): a budget store that cannot be read
-	// does not stop every run.
+	// (nil when none), and otherwise counts the request in them: called
+	// before each model request. An error lets the request go (and is
+	// logged): a budget store that cannot be read does not stop every run.
 	Over(ctx context.Context) (*Budget, error)
-	// Spend adds a finished model response's usage to the shared totals.
-	// It is called on a goroutine of its own, which Close waits for.
+	// Spend adds a finished model response's cost and tokens to the shared
+	// totals. It is called on a goroutine of its own, which Close waits
+	// for.
 	Spend(ctx context.Context, ev messages.UsageEvent)
 }
 
@@ -305,29 +306,32 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 }
 
 // overBudget returns the budget the run has reached, its own or a shared
-// one, or nil; when it has reached none, the request is counted in flight
-// (atomically with the check of the run's own budgets).
+// one, or nil; when it has reached none, the request is counted: in
+// flight against the run's own budgets (atomically with their check), and
+// by Shared.Over in the shared ones.
 func (s *Session) overBudget(ctx context.Context) *Budget {
 	mt := &s.meter
 	mt.mu.Lock()
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared != nil {
-		b, err := shared.Over(ctx)
-		if err != nil {
-			s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
-		}
-		if b != nil {
-			return b
-		}
-	}
-	mt.mu.Lock()
-	defer mt.mu.Unlock()
 	if b := mt.over(); b != nil {
+		mt.mu.Unlock()
 		return b
 	}
 	mt.inflight++
-	return nil
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared == nil {
+		return nil
+	}
+	b, err := shared.Over(ctx)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
+	}
+	if b != nil {
+		mt.mu.Lock()
+		mt.inflight--
+		mt.mu.Unlock()
+	}
+	return b
 }
 
 // wrapModel meters resp, the answer to m: its body passes through

@@ -98,8 +98,9 @@ func meterSetup(t *testing.T, h http.Handler, m Metering) *meterBundle {
 	roots := x509.NewCertPool()
 	roots.AddCert(srv.Certificate())
 	mb := &meterBundle{bundle: &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}, url: "https://example.com:" + p}
-	sess, err := Open(Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots},
-		"run1", MustPolicy("example.com:"+p), mb.path,
+	sess, err := Open(Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots,
+		Publish: func(ev messages.EgressEvent) { mb.bundle.mu.Lock(); mb.bundle.events = append(mb.bundle.events, ev); mb.bundle.mu.Unlock() }},
+		"run1", MustPolicy("example.com:"+p, "127.0.0.1:"+p), mb.path,
 		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })

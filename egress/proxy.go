@@ -84,6 +84,11 @@ type Config struct {
 	// opens its own TLS connection for an injected host; nil means the
 	// system's roots.
 	UpstreamRoots *x509.CertPool
+	// Unmetered turns the metering of injected hosts off (no usage read,
+	// no budgets enforced): the injected path as it was before metering,
+	// the baseline make bench measures the metering's own cost against.
+	// A worker never sets it.
+	Unmetered bool
 	// RestartDelay is how long a session's listener stays down after it
 	// failed (or Kill) before it is opened again. Default 200ms.
 	RestartDelay time.Duration
@@ -190,6 +195,7 @@ type Session struct {
 	up       chan struct{} // closed while a listener serves; replaced on restart
 
 	meter meter // the model requests to injected hosts
+	asker asker // the hosts put to an operator (egress_ask)
 
 	done chan struct{}
 }
@@ -464,7 +470,11 @@ func (s *Session) track(c net.Conn, on bool) {
 
 // decide applies the policy to a requested host and port. It returns the
 // normalised host and the address to connect to, or the refusal's reason.
-func (s *Session) decide(ctx context.Context, host string, port int) (string, netip.AddrPort, string) {
+//
+// A name the allowlist does not list but the session's ask list does
+// (AskFor) is put to the operator first: the connection waits for the
+// answer, which ev.Decision records (ev may be nil).
+func (s *Session) decide(ctx context.Context, host string, port int, ev *messages.EgressEvent) (string, netip.AddrPort, string) {
 	host = normalizeHost(host)
 	if a, err := netip.ParseAddr(host); err == nil {
 		a = a.Unmap()
@@ -474,7 +484,16 @@ func (s *Session) decide(ctx context.Context, host string, port int) (string, ne
 		return host, netip.AddrPortFrom(a, uint16(port)), ""
 	}
 	if !s.policy.AllowsName(host, port) {
-		return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		d, asked := s.askOperator(ctx, host, port)
+		if !asked {
+			return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		}
+		if ev != nil {
+			ev.Decision = d.String()
+		}
+		if !d.Allow {
+			return host, netip.AddrPort{}, "asked: " + d.String()
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()

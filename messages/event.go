@@ -156,6 +156,11 @@ type EgressEvent struct {
 	// allowlist", "resolves to a private address", "TLS SNI ... does not
 	// match", ...) or why an allowed one failed (the upstream dial).
 	Reason string `json:"reason,omitempty"`
+	// Decision is an operator's answer for a host of the profile's
+	// egress_ask list, the attempt waited for: "allowed by alice for the
+	// run", "allowed by alice for profile p", "denied by bob for the run",
+	// "no answer within 2m0s".
+	Decision string `json:"decision,omitempty"`
 	// Addr is the address the proxy connected to, when it did.
 	Addr string `json:"addr,omitempty"`
 	// BytesUp counts the bytes sent from the run to the host.

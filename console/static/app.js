@@ -50,6 +50,7 @@
     for (const l of r.labels || []) labels.appendChild(el("span", "label", l));
     cell(tr, (r.worker || "").slice(0, 12), "mono");
     cell(tr, r.queued, "mono");
+    cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
     return tr;
   }
@@ -63,7 +64,7 @@
           const tr = runRow(r);
           if (old) {
             // In place: the run's link (maybe being clicked) stays.
-            for (const i of [1, 6, 8]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            for (const i of [1, 6, 8, 9]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
             old.classList.remove("fresh");
             void old.offsetWidth; // restart the highlight
             old.classList.add("fresh");
@@ -78,6 +79,21 @@
     },
 
     run() {
+      // usage shows the run's model usage, budget line and "Raise
+      // budget" form as its latest state has them.
+      function usage(m) {
+        const facts = m.facts || [];
+        document.getElementById("usage").hidden = facts.length === 0 && !m.budget;
+        const line = document.getElementById("budget");
+        line.textContent = m.budget || "";
+        line.hidden = !m.budget;
+        const raise = document.getElementById("raise-form");
+        if (raise) raise.hidden = !m.paused;
+        const dl = document.getElementById("usage-facts");
+        const items = [];
+        for (const f of facts) items.push(el("dt", null, f.label), el("dd", null, f.text));
+        dl.replaceChildren(...items);
+      }
       const out = document.getElementById("output");
       const tl = document.getElementById("timeline");
       const agent = document.getElementById("agent");
@@ -120,8 +136,12 @@
           const s = document.getElementById("state");
           s.replaceWith(Object.assign(badge(r.state), { id: "state" }));
           document.getElementById("reason").textContent = r.reason;
-          document.getElementById("cancel-form").hidden = r.final;
-          document.getElementById("replay-form").hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          // A read-only console has no forms.
+          const cancel = document.getElementById("cancel-form");
+          if (cancel) cancel.hidden = r.final;
+          const replay = document.getElementById("replay-form");
+          if (replay) replay.hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          usage(r.model || {});
         },
       });
     },
