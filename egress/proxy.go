@@ -90,6 +90,11 @@ type Config struct {
 	// holds for a run (see maxMeteredJSON). Default DefaultMaxMetered;
 	// negative is an error.
 	MaxMetered int
+	// MaxAsks is the most questions one session puts to an operator
+	// (AskFor): each waiting connection is one, and one not answered in
+	// time is asked again. Past it a connection to an ask-list host is
+	// refused without asking. Default DefaultMaxAsks.
+	MaxAsks int
 	// Unmetered turns the metering of injected hosts off (no usage read,
 	// no budgets enforced): the injected path as it was before metering,
 	// the baseline make bench measures the metering's own cost against.
@@ -115,6 +120,8 @@ const (
 	// DefaultMaxMetered is the most model requests of a run metered at
 	// once.
 	DefaultMaxMetered = 16
+	// DefaultMaxAsks is the most questions a run puts to an operator.
+	DefaultMaxAsks = 100
 	// DefaultIdleTimeout closes a connection of the run that moves no byte
 	// either way for 15 minutes: longer than the 10 minutes the hosted-model
 	// SDKs wait for an answer by default, so a slow answer is not cut.
@@ -176,6 +183,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxMetered == 0 {
 		c.MaxMetered = DefaultMaxMetered
+	}
+	if c.MaxAsks <= 0 {
+		c.MaxAsks = DefaultMaxAsks
 	}
 	if c.RestartDelay == 0 {
 		c.RestartDelay = 200 * time.Millisecond
