@@ -435,3 +435,18 @@ func TestMeterSlotsBounded(t *testing.T) {
 	evs := mb.waitEvents(t, 2)
 	require.True(t, evs[0].Known && evs[1].Known, "both metered")
 }
+
+// Usage events are capped by MaxEvents per run; past it the totals still
+// count every response.
+func TestMeterEventsCapped(t *testing.T) {
+	t.Parallel()
+	mb := meterSetup(t, &anthropicStandIn{}, Metering{}, func(c *Config) { c.MaxEvents = 1 })
+	for range 3 {
+		resp := mb.post(t, "claude-test-4", false)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	require.Eventually(t, func() bool { return mb.sess.Usage().Requests == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Len(t, mb.events(), 1)
+	require.EqualValues(t, 21, mb.sess.Usage().Tokens.Output)
+}
