@@ -1,7 +1,8 @@
 // Package console is jetcrew's web console: server-rendered pages of the
 // pools, workers, runs, a run's live output, events and model usage, a
-// group's conversation and the dead letters, with cancel, replay and
-// raising a paused run's budget, live over
+// group's conversation, the dead letters and the connections waiting for an
+// operator (egress_ask), with cancel, replay, raising a paused run's budget
+// and allowing or denying a waiting connection, live over
 // server-sent events fed by NATS (a KV watch of jetcrew-runs, ordered
 // consumers on JETCREW_EVENTS).
 //
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,11 +54,16 @@ type Config struct {
 	// ActionTimeout bounds a cancel, replay or grant. Default 15
 	// seconds.
 	ActionTimeout time.Duration
-	// ReadOnly serves the pages without their actions: no cancel, replay
-	// or "Raise budget" button is shown, and their POSTs are refused with
+	// ReadOnly serves the pages without their actions: no cancel, replay,
+	// "Raise budget", Allow or Deny button is shown, and their POSTs are refused with
 	// 403. For a console whose NATS connection has the observer role,
 	// which the server would refuse them anyway.
 	ReadOnly bool
+	// Operator names who answers an egress question from this console
+	// (dispatcher.AnswerEgress's by, recorded in the run's egress event):
+	// at most 128 characters. It is what the console says, not an
+	// identity anyone proved. Default "console@<hostname>".
+	Operator string
 }
 
 // WithDefaults returns a copy of cfg with zero fields set to their
@@ -71,6 +78,9 @@ func (cfg Config) WithDefaults() Config {
 	cfg.PageSize = min(cfg.PageSize, 500)
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 15 * time.Second
+	}
+	if cfg.Operator = strings.TrimSpace(cfg.Operator); cfg.Operator == "" {
+		cfg.Operator = defaultOperator()
 	}
 	return cfg
 }
@@ -96,6 +106,9 @@ func New(cfg Config) (*Console, error) {
 	cfg = cfg.WithDefaults()
 	if cfg.Dispatcher == nil {
 		return nil, errors.New("console: nil dispatcher")
+	}
+	if len(cfg.Operator) > maxOperatorLen {
+		return nil, fmt.Errorf("console: operator name longer than %d characters", maxOperatorLen)
 	}
 	pages, err := parsePages()
 	if err != nil {
@@ -166,6 +179,10 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters))
+	mux.HandleFunc("GET /egress", c.egressPage)
+	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
+	mux.HandleFunc("GET /live/egress", c.liveEgress)
+	mux.HandleFunc("POST /egress/answer", c.action(c.answerEgress))
 	return c.secure(mux)
 }
 

@@ -53,6 +53,9 @@ type overviewData struct {
 	Pools   []poolRow
 	Workers []workerRow
 	Alerts  []string
+	// EgressWaiting counts the connections waiting for an operator
+	// (egress_ask): an alert linking to /egress.
+	EgressWaiting int
 	// States counts every run by state.
 	States map[messages.State]int
 	Total  int
@@ -76,6 +79,11 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	if err != nil {
 		d.Errors = append(d.Errors, err.Error())
 	}
+	asks, err := c.d.EgressWaiting(r.Context(), "", 0)
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	d.EgressWaiting = asks.Total
 	byPool := map[string]*poolRow{}
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}

@@ -15,7 +15,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "confirm", "login", "message"}
+var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "egress", "confirm", "login", "message"}
 
 // pageTemplate is one page's template set: layout plus the page.
 type pageTemplate = template.Template
@@ -53,6 +53,8 @@ var funcs = template.FuncMap{
 	"final":      func(s messages.State) bool { return s.Final() },
 	"usageShort": usageShort,
 	"spend":      poolSpend,
+	"until":      until,
+	"askAlert":   egressAlert,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"

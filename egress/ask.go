@@ -26,10 +26,16 @@ type Decision struct {
 	// the connection waited.
 	TimedOut bool
 	Wait     string
+	// Refused, when set, is why the question was not put (the run's
+	// Config.MaxAsks): the connection is refused.
+	Refused string
 }
 
 // String says the decision as an egress event records it.
 func (d Decision) String() string {
+	if d.Refused != "" {
+		return "not asked: " + d.Refused
+	}
 	if d.TimedOut {
 		return "no answer within " + d.Wait
 	}
@@ -58,6 +64,8 @@ type asker struct {
 	// connections to one host wait for the one asking (pending).
 	answers map[string]Decision
 	pending map[string]chan struct{}
+	// asked counts the questions put (Config.MaxAsks bounds it).
+	asked int
 }
 
 // AskFor sets the hosts (entries as in the allowlist: "name:port",
@@ -100,6 +108,11 @@ func (s *Session) askOperator(ctx context.Context, host string, port int) (d Dec
 				return Decision{TimedOut: true, Wait: "the connection's end"}, true
 			}
 		}
+		if a.asked >= s.cfg.MaxAsks {
+			a.mu.Unlock()
+			return Decision{Refused: fmt.Sprintf("the run asked an operator %d times, its most", s.cfg.MaxAsks)}, true
+		}
+		a.asked++
 		done := make(chan struct{})
 		a.pending[key] = done
 		ask := a.ask

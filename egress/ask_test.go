@@ -101,3 +101,26 @@ func TestAskOperator(t *testing.T) {
 	require.Equal(t, []string{"false no answer within 2m0s", "true allowed by carol for the run"}, decisions["late.example"])
 	require.Equal(t, []string{"false "}, decisions["other.example"])
 }
+
+// A run puts at most MaxAsks questions: past them a connection to an
+// ask-list host is refused without asking.
+func TestAskBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, table{})
+	b.sess.cfg.MaxAsks = 2
+	var asked atomic.Int32
+	b.sess.AskFor(MustPolicy("*.ask.example:443"), func(context.Context, string, int) Decision {
+		asked.Add(1)
+		return Decision{TimedOut: true, Wait: "1s"}
+	})
+	for i := range 4 {
+		d, ok := b.sess.askOperator(context.Background(), fmt.Sprintf("h%d.ask.example", i), 443)
+		require.True(t, ok)
+		if i < 2 {
+			require.True(t, d.TimedOut)
+		} else {
+			require.Equal(t, "not asked: the run asked an operator 2 times, its most", d.String())
+		}
+	}
+	require.EqualValues(t, 2, asked.Load())
+}

@@ -20,12 +20,16 @@ import (
 const (
 	// maxMeteredRequest is how much of a model request's body the proxy
 	// reads to learn its model and whether it streams; a larger body goes
-	// upstream unread (its model is then taken from the response).
-	maxMeteredRequest = 8 << 20
+	// upstream unread (its model is then taken from the response, where
+	// every metered format names it).
+	maxMeteredRequest = 256 << 10
 	// maxMeteredJSON is how much of a response that is not a stream the
-	// proxy keeps to read its usage at the end; past it the response is
-	// passed on whole but its usage is unknown.
-	maxMeteredJSON = 16 << 20
+	// proxy keeps to read its usage at the end (past it the response is
+	// passed on whole but its usage is unknown), and the longest line or
+	// event of a stream it reads. With Config.MaxMetered requests at once
+	// a run makes the proxy hold at most MaxMetered × (256 KiB + 4 MiB)
+	// for metering: 68 MiB with the default.
+	maxMeteredJSON = 4 << 20
 	// spendTimeout bounds adding one response to the shared budgets.
 	spendTimeout = 30 * time.Second
 	// maxModelName is the longest model name an event keeps, in bytes (the
@@ -249,8 +253,9 @@ const budgetHeader = "Jetcrew-Budget"
 
 // metered is one model request in flight.
 type metered struct {
-	ev  messages.UsageEvent
-	req usage.Request
+	ev   messages.UsageEvent
+	req  usage.Request
+	once sync.Once // endModel
 }
 
 // beginModel starts metering req, a request to an injected host, or
@@ -261,6 +266,15 @@ type metered struct {
 func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
 	format := usage.Detect(req.Method, req.URL.Path)
 	mt := &s.meter
+	// A slot of Config.MaxMetered: the request waits for one (it is not
+	// let through unmetered), until the run's connection ends.
+	select {
+	case s.metering <- struct{}{}:
+	case <-connCtx(req).Done():
+		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
+		resp.Header.Set(budgetHeader, "the connection ended while the request waited for a metering slot")
+		return nil, resp
+	}
 	for {
 		b := s.overBudget(connCtx(req))
 		if b == nil {
@@ -282,6 +296,7 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 				continue
 			}
 		}
+		<-s.metering
 		mt.mu.Lock()
 		mt.totals.Refused++
 		tell := mt.note(b)
@@ -346,6 +361,14 @@ func (s *Session) wrapModel(m *metered, resp *http.Response) {
 // totals. A request that failed
 // upstream ends with a zero Result (unknown usage).
 func (s *Session) endModel(m *metered, r usage.Result) {
+	m.once.Do(func() {
+		<-s.metering
+		s.recordModel(m, r)
+	})
+}
+
+// recordModel records the usage of m's response (endModel, once).
+func (s *Session) recordModel(m *metered, r usage.Result) {
 	ev := m.ev
 	ev.DurationMS = time.Since(ev.Time).Milliseconds()
 	ev.Model = m.req.Model

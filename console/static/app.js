@@ -209,6 +209,52 @@
     },
   };
 
+  // The egress page swaps in a fresh list when its stream says it
+  // changed, keeping the "for the whole profile" boxes ticked, and moves
+  // the ages every second by itself.
+  pages.egress = function () {
+    function ages() {
+      const now = Date.now();
+      const fmt = (ms) => {
+        const s = Math.max(0, Math.floor(ms / 1000));
+        if (s < 60) return s + "s";
+        if (s < 3600) return Math.floor(s / 60) + "m" + (s % 60) + "s";
+        return Math.floor(s / 3600) + "h" + Math.floor((s % 3600) / 60) + "m0s";
+      };
+      for (const td of document.querySelectorAll("#asks td[data-since]")) td.textContent = fmt(now - Number(td.dataset.since));
+      for (const td of document.querySelectorAll("#asks td[data-until]")) td.textContent = fmt(Number(td.dataset.until) - now);
+    }
+    setInterval(ages, 1000);
+    let busy = false;
+    live(body.dataset.live, {
+      async changed() {
+        if (busy) return;
+        busy = true;
+        try {
+          const res = await fetch("/egress/fragment", { headers: { Accept: "text/html" } });
+          if (res.ok) {
+            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+            const fresh = doc.getElementById("egress-body");
+            if (fresh) {
+              const ticked = new Set();
+              for (const box of document.querySelectorAll("#asks tr[data-id] .for-profile:checked")) {
+                ticked.add(box.closest("tr").dataset.id);
+              }
+              for (const tr of fresh.querySelectorAll("#asks tr[data-id]")) {
+                const box = tr.querySelector(".for-profile");
+                if (box && ticked.has(tr.dataset.id)) box.checked = true;
+              }
+              document.getElementById("egress-body").replaceWith(document.adoptNode(fresh));
+              ages();
+            }
+          }
+        } finally {
+          busy = false;
+        }
+      },
+    });
+  };
+
   const page = pages[body.dataset.page];
   if (page && body.dataset.live) page();
 })();
