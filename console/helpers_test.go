@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +34,8 @@ type bundle struct {
 }
 
 type setupOpts struct {
-	token string
+	token    string
+	readOnly bool
 }
 
 func setup(t *testing.T, o setupOpts) *bundle {
@@ -55,7 +57,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	})
 	d, err := dispatcher.New(nc)
 	require.NoError(t, err)
-	c, err := New(Config{Dispatcher: d, Token: o.token})
+	c, err := New(Config{Dispatcher: d, Token: o.token, ReadOnly: o.readOnly})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -214,4 +216,23 @@ func (b *bundle) readSSEOpened(t *testing.T, path string, timeout time.Duration,
 		}
 	}
 	return sb.String()
+}
+
+// putStates writes states to the jetcrew-runs bucket, as a worker would,
+// and waits until the console's cache has the last of them.
+func (b *bundle) putStates(t *testing.T, states ...messages.RunState) {
+	t.Helper()
+	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
+	require.NoError(t, err)
+	for _, st := range states {
+		data, err := json.Marshal(st)
+		require.NoError(t, err)
+		_, err = kv.Put(t.Context(), st.ID, data)
+		require.NoError(t, err)
+	}
+	last := states[len(states)-1]
+	require.Eventually(t, func() bool {
+		got, ok := b.c.cache.get(last.ID)
+		return ok && got.UpdatedAt.Equal(last.UpdatedAt) && got.State == last.State
+	}, 10*time.Second, 10*time.Millisecond, "the console's cache never saw %s", last.ID)
 }

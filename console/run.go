@@ -22,6 +22,10 @@ type runData struct {
 	Result string
 	// Cancellable and Replayable say which buttons to show.
 	Cancellable, Replayable bool
+	// Usage is the run's model usage, budgets and price table.
+	Usage usageView
+	// Egress are the run's connections waiting for an operator.
+	Egress []egressRow
 }
 
 // runPage serves GET /runs/{id}: the run's state and receipt; its events
@@ -47,7 +51,9 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := runData{State: st, Result: visible(st.Result),
 		Cancellable: !st.State.Final(),
-		Replayable:  replayable(st.State)}
+		Replayable:  replayable(st.State),
+		Usage:       newUsageView(&st),
+		Egress:      c.runEgress(r.Context(), &st)}
 	if st.Receipt != nil {
 		// The template escapes; JSON's own \u003c escapes would only hide
 		// the receipt's text.

@@ -154,6 +154,10 @@ type runRow struct {
 	Queued  string   `json:"queued"`
 	Reason  string   `json:"reason"`
 	Final   bool     `json:"final"`
+	// Usage is the runs list's short model usage (usageShort).
+	Usage string `json:"usage"`
+	// Model is the run page's model usage section.
+	Model usageView `json:"model"`
 }
 
 func newRunRow(st messages.RunState) runRow {
@@ -161,6 +165,7 @@ func newRunRow(st messages.RunState) runRow {
 		ID: st.ID, State: string(st.State), Pool: st.Pool, Profile: st.Profile, Group: st.Group,
 		Labels: labelList(st.Labels), Worker: st.Worker, Queued: clock(st.QueuedAt),
 		Reason: visible(shortText(st.Reason, 120)), Final: st.State.Final(),
+		Usage: usageShort(st.Usage), Model: newUsageView(&st),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -43,10 +44,11 @@ func (s *Session) mitmAction(ctx *goproxy.ProxyCtx, ev messages.EgressEvent, tar
 }
 
 // handleInjected handles a request read from a terminated tunnel: it must
-// be HTTPS to the tunnel's own host; the injection's header is set
-// (replacing any the request carried) and the request goes to the checked
-// address over the proxy's own TLS connection, which verifies the real
-// host's certificate.
+// be HTTPS to the tunnel's own host; it is metered (beginModel), or
+// answered with the provider's quota error when the run has reached a
+// budget; the injection's header is set (replacing any the request
+// carried) and the request goes to the checked address over the proxy's
+// own TLS connection, which verifies the real host's certificate.
 func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mitmTarget) (*http.Request, *http.Response) {
 	ev := messages.EgressEvent{Time: time.Now().UTC(), Method: req.Method, Host: m.name, Port: m.port}
 	refuse := func(reason string) (*http.Request, *http.Response) {
@@ -61,11 +63,21 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	if err != nil || normalizeHost(host) != m.name || port != m.port {
 		return refuse(fmt.Sprintf("the request names %q inside the tunnel to %s", req.URL.Host, net.JoinHostPort(m.name, strconv.Itoa(m.port))))
 	}
+	var model *metered
+	var refusal *http.Response
+	if !s.cfg.Unmetered {
+		model, refusal = s.beginModel(req, m.name)
+	}
+	if refusal != nil {
+		ev.Reason = refusal.Header.Get(budgetHeader)
+		s.record(ev)
+		return req, refusal
+	}
 	s.begin()
 	req.Header.Del(m.inj.Header)
 	req.Header.Set(m.inj.Header, m.inj.Value)
 	ev.Allowed, ev.Addr = true, m.target.String()
-	a := &attempt{ev: ev}
+	a := &attempt{ev: ev, model: model}
 	if req.Body != nil {
 		a.up = &countingReader{r: req.Body}
 		req.Body = a.up
@@ -78,6 +90,9 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		resp, err := s.proxy.Tr.RoundTrip(req)
 		if err != nil {
 			s.finishAttempt(a, 0, "upstream: "+err.Error())
+			if a.model != nil {
+				s.endModel(a.model, usage.Result{})
+			}
 		}
 		return resp, err
 	})

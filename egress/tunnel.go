@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -27,6 +28,8 @@ type attempt struct {
 	ev   messages.EgressEvent
 	up   *countingReader
 	once sync.Once
+	// model is the metering of a request to an injected host.
+	model *metered
 }
 
 // newProxy builds the goproxy server with the session's policy: CONNECT is
@@ -78,7 +81,7 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		ev.Host, reason = hostport, err.Error()
 	} else {
 		ev.Port = port
-		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port)
+		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port, &ev)
 	}
 	if reason != "" {
 		ev.Reason = reason
@@ -88,6 +91,12 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 	}
 	if in, ok := s.injection(ev.Host, ev.Port); ok {
 		return s.mitmAction(ctx, ev, target, in), hostport
+	}
+	if reason := s.meteredAddr(connCtx(ctx.Req), target); reason != "" {
+		ev.Reason = reason
+		s.record(ev)
+		ctx.Resp = goproxy.NewResponse(ctx.Req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
+		return goproxy.RejectConnect, hostport
 	}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
 		s.tunnel(client, ev, target)
@@ -238,7 +247,10 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 	}
 	var target netip.AddrPort
 	var reason string
-	ev.Host, target, reason = s.decide(connCtx(req), host, port)
+	ev.Host, target, reason = s.decide(connCtx(req), host, port, &ev)
+	if reason == "" {
+		reason = s.meteredAddr(connCtx(req), target)
+	}
 	if reason != "" {
 		return refuse(reason)
 	}
@@ -266,7 +278,13 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 			reason = "upstream: " + ctx.Error.Error()
 		}
 		s.finishAttempt(a, 0, reason)
+		if a.model != nil {
+			s.endModel(a.model, usage.Result{})
+		}
 		return resp
+	}
+	if a.model != nil {
+		s.wrapModel(a.model, resp)
 	}
 	cr := &countingReader{r: resp.Body}
 	resp.Body = &closeHook{countingReader: cr, close: func() { s.finishAttempt(a, cr.n.Load(), "") }}

@@ -34,6 +34,14 @@ const (
 	// proxy, allowed or refused (body: EgressEvent). Only profiles with an
 	// egress allowlist have them.
 	EventEgress EventType = "egress"
+	// EventUsage: one model response through the run's egress proxy to a
+	// host it injects a key for, with the usage the provider reported
+	// (body: UsageEvent).
+	EventUsage EventType = "usage"
+	// EventBudget: the run sent a model request past one of its budgets;
+	// the proxy answered it with the provider's quota error (body:
+	// BudgetEvent).
+	EventBudget EventType = "budget"
 )
 
 // Headers set on event messages.
@@ -105,6 +113,9 @@ type Event struct {
 	// WorkspaceResult is what the run changed in its workspace, on
 	// EventFinished when the request named a workspace.
 	WorkspaceResult *WorkspaceResult `json:"workspace_result,omitempty"`
+	// Usage repeats the run state's model usage on EventFinished, for a
+	// run whose proxy meters a host (egress_inject).
+	Usage *UsageTotals `json:"usage,omitempty"`
 	// Coordination repeats the run state's coordination on EventFinished:
 	// "available", "unavailable", "off", or "unused" (the profile has
 	// require_bridge = false and the run never reached its bridge).
@@ -145,6 +156,11 @@ type EgressEvent struct {
 	// allowlist", "resolves to a private address", "TLS SNI ... does not
 	// match", ...) or why an allowed one failed (the upstream dial).
 	Reason string `json:"reason,omitempty"`
+	// Decision is an operator's answer for a host of the profile's
+	// egress_ask list, the attempt waited for: "allowed by alice for the
+	// run", "allowed by alice for profile p", "denied by bob for the run",
+	// "no answer within 2m0s".
+	Decision string `json:"decision,omitempty"`
 	// Addr is the address the proxy connected to, when it did.
 	Addr string `json:"addr,omitempty"`
 	// BytesUp counts the bytes sent from the run to the host.

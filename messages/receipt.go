@@ -30,6 +30,13 @@ type Receipt struct {
 	Network string `json:"network"`
 	// Egress is the profile's egress allowlist, when it has one.
 	Egress []string `json:"egress,omitempty"`
+	// Prices is "sha256:<hex>" of the price table the run's model usage
+	// was priced by (the worker's --prices file), when the run is metered
+	// and the worker has one.
+	Prices string `json:"prices,omitempty"`
+	// Budgets are the run's model budgets (profile keys max_cost_usd,
+	// max_output_tokens, max_model_requests), when it has any.
+	Budgets *ReceiptBudgets `json:"budgets,omitempty"`
 	// Limits are the resource limits.
 	Limits ReceiptLimits `json:"limits"`
 	// Argv is the container command with the prompt replaced by
@@ -117,3 +124,32 @@ type ReceiptFile struct {
 
 // HeaderReceipt carries the run's Receipt, as JSON, on its dead letter.
 const HeaderReceipt = "Jetcrew-Receipt"
+
+// ReceiptBudgets are a run's model budgets, enforced by its egress proxy
+// (zero: none).
+type ReceiptBudgets struct {
+	// MaxCostUSD is in US dollars by the price table.
+	MaxCostUSD float64 `json:"max_cost_usd,omitempty"`
+	// MaxOutputTokens counts output tokens.
+	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+	// MaxModelRequests counts model requests.
+	MaxModelRequests int64 `json:"max_model_requests,omitempty"`
+	// Group and Pool are the budgets the run shares with its group and
+	// its pool, when it has them.
+	Group *ReceiptSharedBudget `json:"group,omitempty"`
+	Pool  *ReceiptSharedBudget `json:"pool,omitempty"`
+	// OnBudget is "fail" or "pause".
+	OnBudget string `json:"on_budget,omitempty"`
+}
+
+// ReceiptSharedBudget is a budget runs share: its limits (zero: none) and
+// window.
+type ReceiptSharedBudget struct {
+	// Name is the group or pool.
+	Name             string  `json:"name"`
+	MaxCostUSD       float64 `json:"max_cost_usd,omitempty"`
+	MaxOutputTokens  int64   `json:"max_output_tokens,omitempty"`
+	MaxModelRequests int64   `json:"max_model_requests,omitempty"`
+	// Window is a Go duration string.
+	Window string `json:"window"`
+}

@@ -111,6 +111,14 @@ type RunState struct {
 	// Egress sums the run's attempts through its egress proxy, for a
 	// profile with an egress allowlist (see EgressEvent).
 	Egress *EgressTotals `json:"egress,omitempty"`
+	// Usage sums the run's model usage, metered by its egress proxy on the
+	// hosts it injects a key for (see UsageEvent): running totals while
+	// it runs (written about every half second when they changed), the
+	// final ones when it ends.
+	Usage *UsageTotals `json:"usage,omitempty"`
+	// Budget says which budget the run reached, when it did ("budget
+	// reached: max_cost_usd 0.5 (spent 0.5123 USD)").
+	Budget string `json:"budget,omitempty"`
 	// OutputBytes counts the bytes of stdout and stderr published as events.
 	OutputBytes int64 `json:"output_bytes"`
 	// OutputDroppedBytes counts the bytes of stdout and stderr past the

@@ -1,6 +1,9 @@
 package messages
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // Tokens counts a model response's tokens by kind, as the provider reported
 // them: Anthropic Messages' usage (input_tokens, output_tokens,
@@ -84,8 +87,9 @@ type UsageEvent struct {
 // UsageTotals sums a run's model usage (its UsageEvents), kept in its
 // RunState and on its finished event.
 type UsageTotals struct {
-	// Requests counts the model requests (every request to a host the
-	// proxy injects a key for, Known or not, refused by a budget or not).
+	// Requests counts the model requests sent upstream (every request to
+	// a host the proxy injects a key for, Known or not; those a budget
+	// refused are counted in Refused instead).
 	Requests int64 `json:"requests"`
 	// Unknown counts the requests whose usage could not be read.
 	Unknown int64 `json:"unknown,omitempty"`
@@ -113,4 +117,82 @@ func (t *UsageTotals) Add(ev UsageEvent) {
 	} else {
 		t.Unpriced++
 	}
+}
+
+// BudgetEvent is the body of an EventBudget.
+type BudgetEvent struct {
+	// RunID is the run.
+	RunID string `json:"run_id"`
+	// Time is when the request past the budget was refused.
+	Time time.Time `json:"time"`
+	// Budget is the profile key of the budget reached: "max_cost_usd",
+	// "max_output_tokens", "max_model_requests".
+	Budget string `json:"budget"`
+	// Limit and Spent are in the budget's unit (US dollars, tokens,
+	// requests).
+	Limit float64 `json:"limit"`
+	Spent float64 `json:"spent"`
+	// Action is what the worker does: "fail" (the run ends failed with
+	// Reason).
+	Action string `json:"action"`
+	// Reason says which budget and how much was spent.
+	Reason string `json:"reason"`
+}
+
+// BucketBudgets is the key-value bucket of the budgets runs share: one key
+// per group or pool and window (BudgetKey) holding a BudgetSpend, updated
+// by compare-and-set (the revision the writer read), so workers adding to
+// one budget at once never lose an update; and one key per run or group an
+// operator granted more to (GrantKey, also a BudgetSpend). Keys live
+// BudgetKeyMaxAge past their last update.
+const BucketBudgets = "jetcrew-budgets"
+
+// BudgetKeyMaxAge is the bucket's MaxAge: past the longest window a
+// profile may set (MaxBudgetWindow), so a window's key outlives it.
+const BudgetKeyMaxAge = 8 * 24 * time.Hour
+
+// MaxBudgetWindow is the longest budget window a profile may set.
+const MaxBudgetWindow = 7 * 24 * time.Hour
+
+// Budget scopes: what a shared budget is shared by.
+const (
+	// BudgetScopeGroup is a group's budget: every run of the group
+	// (RunRequest.GroupOrID), on any worker.
+	BudgetScopeGroup = "group"
+	// BudgetScopePool is a pool's budget: every run of the pool.
+	BudgetScopePool = "pool"
+	// BudgetScopeRun names a run's own budget in a GrantKey.
+	BudgetScopeRun = "run"
+)
+
+// BudgetSpend is the value of a BucketBudgets key: what a group or pool
+// spent in a window (BudgetKey), or what an operator granted on top of a
+// budget (GrantKey).
+type BudgetSpend struct {
+	// CostUSD is in US dollars.
+	CostUSD float64 `json:"cost_usd"`
+	// OutputTokens counts output tokens.
+	OutputTokens int64 `json:"output_tokens"`
+	// Requests counts model requests.
+	Requests int64 `json:"requests"`
+}
+
+// BudgetKey returns the key of scope's budget named name (a group or
+// pool) for the window of the given length that holds t: windows are
+// aligned to the Unix epoch, so every worker names the same key;
+// "<scope>.<name>.<window start, Unix seconds>-<window seconds>".
+func BudgetKey(scope, name string, window time.Duration, t time.Time) string {
+	w := int64(window / time.Second)
+	if w <= 0 {
+		w = 1
+	}
+	start := t.Unix() / w * w
+	return scope + "." + name + "." + strconv.FormatInt(start, 10) + "-" + strconv.FormatInt(w, 10)
+}
+
+// GrantKey returns the key of what an operator granted on top of scope's
+// budget (BudgetScopeRun with a run id, BudgetScopeGroup with a group):
+// "grant.<scope>.<name>".
+func GrantKey(scope, name string) string {
+	return "grant." + scope + "." + name
 }

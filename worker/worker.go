@@ -27,6 +27,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
@@ -86,6 +87,10 @@ type Config struct {
 	// together (profile.Profile.Warm asks for them; profiles in name order
 	// fill it). Default warm.DefaultMax (8); negative keeps none.
 	WarmMax int
+	// Prices prices the model usage runs' egress proxies meter (the hosts
+	// of egress_inject): jetcrew --prices. Nil prices nothing; only tokens
+	// are counted.
+	Prices *usage.Prices
 	// WarmMaxIdle is how long a warm container waits for a run before it
 	// is replaced. Default warm.DefaultMaxIdle (30 minutes).
 	WarmMaxIdle time.Duration
@@ -502,7 +507,7 @@ func (w *Worker) compose() error {
 		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log})
 	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
-		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log,
+		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,
 		Proof: proxy.ProofConfig{Runtime: c.Runtime, Image: c.EgressProbeImage, Outside: c.EgressProbeOutside, Ports: c.EgressProbePorts,
 			Bridge: w.bridges.Stage, Dir: w.runDirs.Path}})
 	log := w.log

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
@@ -33,10 +34,12 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	warmMax           int
 	warmMaxIdle       time.Duration
-	metricsAddr       string      // --metrics-addr; see metrics.go
-	replicas          int         // --replicas (worker only); see metrics.go
-	egressCADir       string      // --egress-ca-dir; see egress.go
-	workspace         tree.Config // --workspace-*, --result-*; see workspace.go
+	prices            string        // --prices
+	priceTable        *usage.Prices // loaded from prices by check
+	metricsAddr       string        // --metrics-addr; see metrics.go
+	replicas          int           // --replicas (worker only); see metrics.go
+	egressCADir       string        // --egress-ca-dir; see egress.go
+	workspace         tree.Config   // --workspace-*, --result-*; see workspace.go
 	caps              streamCapFlags
 }
 
@@ -61,6 +64,8 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 		"most warm containers kept, all profiles together (a profile's warm asks for them; profiles in name order fill it); 0 keeps none")
 	fs.DurationVar(&o.warmMaxIdle, "warm-max-idle", warm.DefaultMaxIdle,
 		"how long a warm container waits for a run before it is replaced")
+	fs.StringVar(&o.prices, "prices", "",
+		"TOML price table (USD per million input, output, cache_read and cache_write tokens, by model) pricing the model usage the egress proxy meters on egress_inject hosts (default: none; only tokens are counted, and max_cost_usd never trips)")
 	o.addMetricsFlag(fs)
 	addWorkerWorkspaceFlags(fs, &o.workspace)
 	o.caps.add(fs)
@@ -113,6 +118,13 @@ func (o *workerOptions) check() (profile.Profiles, error) {
 	}
 	if err := o.checkScaleOut(); err != nil {
 		return nil, err
+	}
+	if o.prices != "" {
+		p, err := usage.LoadPrices(o.prices)
+		if err != nil {
+			return nil, usageError(fmt.Errorf("--prices: %w", err))
+		}
+		o.priceTable = p
 	}
 	if o.profiles == "" {
 		return profile.DefaultProfiles(), nil
@@ -170,6 +182,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Failpoint:         failpointFromEnv(),
 		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
 		EgressCADir:       o.egressCADir,
+		Prices:            o.priceTable,
 	})
 	if err != nil {
 		return err

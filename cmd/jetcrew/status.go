@@ -104,6 +104,12 @@ func printState(w io.Writer, st messages.RunState) error {
 	if e := st.Egress; e != nil {
 		row("egress", "%d allowed, %d refused, %d bytes up, %d bytes down", e.Allowed, e.Refused, e.BytesUp, e.BytesDown)
 	}
+	if u := st.Usage; u != nil {
+		row("usage", "%s", describeUsage(*u))
+	}
+	if st.Budget != "" {
+		row("budget", "%s", st.Budget)
+	}
 	if st.Result != "" {
 		row("result", "%s", oneLine(st.Result, 200))
 	}

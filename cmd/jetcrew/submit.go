@@ -288,8 +288,13 @@ func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
 	if p.quiet {
 		return nil
 	}
-	if ev.Type == messages.EventEgress {
+	switch ev.Type {
+	case messages.EventEgress:
 		return p.printEgress(ev)
+	case messages.EventUsage:
+		return p.printUsage(ev)
+	case messages.EventBudget:
+		return p.printBudget(ev)
 	}
 	line := "--- " + describeEvent(ev)
 	if !p.atLineStart {
@@ -319,6 +324,9 @@ func describeEvent(ev dispatcher.WatchEvent) string {
 		}
 	case messages.EventFinished:
 		b.WriteString(": " + describeOutcome(e))
+		if e.Usage != nil {
+			b.WriteString("; model usage: " + describeUsage(*e.Usage))
+		}
 		if ev.FromState {
 			b.WriteString(" [from the run's state: its finished event is gone]")
 		}

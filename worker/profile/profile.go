@@ -84,6 +84,17 @@ type Profile struct {
 	// requests to one allowed host, instead of passing them into the
 	// container (see EgressInject).
 	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
+	// EgressAsk lists hosts ("name:port", "*.suffix:port"; no addresses)
+	// a run may reach only once an operator allows it, live: a connection
+	// to one is held until an operator allows or denies it, for the run
+	// or for the profile from now on (jetcrew egress pending|allow|deny),
+	// or EgressAskTimeout passes (then it is refused). Empty: none.
+	EgressAsk []string `toml:"egress_ask" json:"egress_ask,omitempty"`
+	// EgressAskTimeout is how long a connection to an egress_ask host
+	// waits for an operator, a Go duration; default DefaultEgressAskTimeout.
+	EgressAskTimeout string `toml:"egress_ask_timeout" json:"egress_ask_timeout,omitempty"`
+	egressAsk        egress.Policy
+	egressAskTimeout time.Duration
 	// Runtime is the OCI runtime, any name the engine reports (`docker
 	// info` Runtimes): runc (the engine's default when empty), runsc
 	// (gVisor), crun, kata, sysbox-runc, ... The worker refuses to start
@@ -122,6 +133,37 @@ type Profile struct {
 	// before it ends failed; bounded by the consumer's max deliver. Default
 	// 0: an agent's failure is final.
 	Retries int `toml:"retries" json:"retries,omitempty"`
+	// MaxCostUSD is the run's model budget in US dollars, by the worker's
+	// price table (--prices), enforced by its egress proxy on the hosts of
+	// egress_inject: the first model request after the run's priced usage
+	// reached it is answered with the provider's quota error and the run
+	// ends failed (egress.Limits; the overshoot bound is documented
+	// there). 0 (default): none. Needs egress_inject.
+	MaxCostUSD float64 `toml:"max_cost_usd" json:"max_cost_usd,omitempty"`
+	// MaxOutputTokens is the run's budget of output tokens, as the model
+	// API reported them (as MaxCostUSD). 0 (default): none.
+	MaxOutputTokens int64 `toml:"max_output_tokens" json:"max_output_tokens,omitempty"`
+	// MaxModelRequests is the most model requests the run may send (as
+	// MaxCostUSD; counted when sent, so never overshot). 0 (default):
+	// none.
+	MaxModelRequests int64 `toml:"max_model_requests" json:"max_model_requests,omitempty"`
+	// GroupBudget is the budget every run of a group shares (the
+	// request's group, else its id), on any worker, over a window;
+	// PoolBudget the one every run of the pool shares. Kept in the
+	// jetcrew-budgets key-value bucket. Nil: none. Needs egress_inject.
+	GroupBudget *SharedBudget `toml:"group_budget" json:"group_budget,omitempty"`
+	PoolBudget  *SharedBudget `toml:"pool_budget" json:"pool_budget,omitempty"`
+	// OnBudget is what happens to a run's model request past a budget:
+	// "fail" (or "", the default) answers it with the provider's quota error and ends
+	// the run failed; "pause" holds it (and the run's later ones) until an
+	// operator raises the budget (jetcrew budget) or BudgetPause passes,
+	// then fails as "fail" does.
+	OnBudget string `toml:"on_budget" json:"on_budget,omitempty"`
+	// BudgetPause is how long "pause" holds a request, a Go duration;
+	// default DefaultBudgetPause.
+	BudgetPause string `toml:"budget_pause" json:"budget_pause,omitempty"`
+	budgetPause time.Duration
+
 	// Warm is how many warm containers of this profile each worker keeps
 	// started and waiting for a run (worker/warm): a run that finds one
 	// ready starts in milliseconds instead of a container start. Bounded
@@ -272,6 +314,18 @@ func (p Profile) withDefaults() (Profile, error) {
 		}
 		p.egressPolicy = pol
 	}
+	if len(p.EgressAsk) > 0 {
+		pol, err := egress.ParsePolicy(p.EgressAsk)
+		if err != nil {
+			return p, fmt.Errorf("egress_ask: %w", err)
+		}
+		for _, r := range pol.Rules() {
+			if r.Name == "" {
+				return p, fmt.Errorf("egress_ask entry %s: an operator allows names, not addresses", r)
+			}
+		}
+		p.egressAsk = pol
+	}
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
 		stallDefault = 0
@@ -285,6 +339,8 @@ func (p Profile) withDefaults() (Profile, error) {
 		{"timeout", p.Timeout, &p.timeout, 0},
 		{"stall_timeout", p.StallTimeout, &p.stallTimeout, stallDefault},
 		{"bridge_deadline", p.BridgeDeadline, &p.bridgeDeadline, 2 * time.Minute},
+		{"budget_pause", p.BudgetPause, &p.budgetPause, DefaultBudgetPause},
+		{"egress_ask_timeout", p.EgressAskTimeout, &p.egressAskTimeout, DefaultEgressAskTimeout},
 	} {
 		*d.dst = d.def
 		if d.s != "" {
@@ -295,8 +351,31 @@ func (p Profile) withDefaults() (Profile, error) {
 			*d.dst = v
 		}
 	}
+	for _, sb := range []**SharedBudget{&p.GroupBudget, &p.PoolBudget} {
+		if *sb == nil {
+			continue
+		}
+		b := **sb // a copy: the parsed profile's stays as written
+		b.window = 24 * time.Hour
+		if b.Window != "" {
+			v, err := time.ParseDuration(b.Window)
+			if err != nil {
+				return p, fmt.Errorf("budget window: %w", err)
+			}
+			b.window = v
+		}
+		*sb = &b
+	}
 	return p, nil
 }
+
+// What on_budget may say.
+const (
+	// OnBudgetFail refuses a request past a budget and ends the run.
+	OnBudgetFail = "fail"
+	// OnBudgetPause holds it until the budget is raised.
+	OnBudgetPause = "pause"
+)
 
 // CoordinationOn reports whether runs of the profile get the coordination
 // bridge.
@@ -328,7 +407,18 @@ func (p Profile) EgressPolicy() egress.Policy { return p.egressPolicy }
 // HasEgress reports whether the profile has an egress allowlist: its runs
 // have network none and reach only those hosts, through their egress
 // proxy.
-func (p Profile) HasEgress() bool { return len(p.Egress) > 0 }
+func (p Profile) HasEgress() bool { return len(p.Egress) > 0 || len(p.EgressAsk) > 0 }
+
+// EgressAskPolicy returns the hosts of egress_ask, parsed.
+func (p Profile) EgressAskPolicy() egress.Policy { return p.egressAsk }
+
+// EgressAskTimeoutDuration returns how long a connection to an egress_ask
+// host waits for an operator.
+func (p Profile) EgressAskTimeoutDuration() time.Duration { return p.egressAskTimeout }
+
+// DefaultEgressAskTimeout is how long a connection to an egress_ask host
+// waits for an operator by default.
+const DefaultEgressAskTimeout = 2 * time.Minute
 
 // Owner returns the numeric uid and gid of the profile's user (the user
 // key, validated when the profile was resolved).
@@ -363,3 +453,31 @@ func (ps Profiles) Names() []string {
 	sort.Strings(names)
 	return names
 }
+
+// SharedBudget is a budget runs share (Profile.GroupBudget, PoolBudget):
+// what they may spend together within each window. Zero fields are no
+// limit.
+type SharedBudget struct {
+	// MaxCostUSD is in US dollars by the worker's price table.
+	MaxCostUSD float64 `toml:"max_cost_usd" json:"max_cost_usd,omitempty"`
+	// MaxOutputTokens counts output tokens.
+	MaxOutputTokens int64 `toml:"max_output_tokens" json:"max_output_tokens,omitempty"`
+	// MaxModelRequests counts model requests.
+	MaxModelRequests int64 `toml:"max_model_requests" json:"max_model_requests,omitempty"`
+	// Window is how long a budget lasts before it starts again, a Go
+	// duration from 1m to 168h (messages.MaxBudgetWindow); windows are
+	// aligned to the Unix epoch. Default "24h".
+	Window string `toml:"window" json:"window,omitempty"`
+	window time.Duration
+}
+
+// WindowDuration returns the budget's window.
+func (b *SharedBudget) WindowDuration() time.Duration { return b.window }
+
+// DefaultBudgetPause is how long on_budget = "pause" holds a request by
+// default.
+const DefaultBudgetPause = 15 * time.Minute
+
+// BudgetPauseDuration returns how long on_budget = "pause" holds a
+// request.
+func (p Profile) BudgetPauseDuration() time.Duration { return p.budgetPause }

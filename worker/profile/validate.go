@@ -3,8 +3,10 @@ package profile
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -26,6 +28,9 @@ func (p Profile) validate() error {
 	}
 	if p.Retries < 0 || p.Retries > 10 {
 		return fmt.Errorf("retries %d must be between 0 and 10", p.Retries)
+	}
+	if err := p.validateBudgets(); err != nil {
+		return err
 	}
 	if p.Warm < 0 || p.Warm > MaxWarm {
 		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
@@ -51,7 +56,10 @@ func (p Profile) validate() error {
 	if err := p.validateInject(); err != nil {
 		return err
 	}
-	if len(p.Egress) > 0 && p.Network != "none" {
+	if p.egressAskTimeout < time.Second || p.egressAskTimeout > time.Hour {
+		return fmt.Errorf("egress_ask_timeout %s must be between 1s and 1h", p.egressAskTimeout)
+	}
+	if p.HasEgress() && p.Network != "none" {
 		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
 	}
 	if p.Runtime != "" && !validRuntimeName(p.Runtime) {
@@ -174,3 +182,49 @@ func underHomePrefixes(path string) bool {
 
 // MaxWarm is the most warm containers one profile may ask a worker to keep.
 const MaxWarm = 64
+
+// validateBudgets checks the model budgets: not negative, finite, and only
+// on a profile whose proxy meters a host (egress_inject), the only place
+// they can be enforced.
+func (p Profile) validateBudgets() error {
+	if p.MaxCostUSD < 0 || math.IsNaN(p.MaxCostUSD) || math.IsInf(p.MaxCostUSD, 0) {
+		return fmt.Errorf("max_cost_usd %v must be a positive number of US dollars, or 0 for none", p.MaxCostUSD)
+	}
+	if p.MaxOutputTokens < 0 || p.MaxModelRequests < 0 {
+		return errors.New("max_output_tokens and max_model_requests must not be negative")
+	}
+	for name, b := range map[string]*SharedBudget{"group_budget": p.GroupBudget, "pool_budget": p.PoolBudget} {
+		if b == nil {
+			continue
+		}
+		if b.MaxCostUSD < 0 || math.IsNaN(b.MaxCostUSD) || math.IsInf(b.MaxCostUSD, 0) || b.MaxOutputTokens < 0 || b.MaxModelRequests < 0 {
+			return fmt.Errorf("%s: max_cost_usd, max_output_tokens and max_model_requests must be positive, or 0 for none", name)
+		}
+		if b.window < time.Minute || b.window > messages.MaxBudgetWindow {
+			return fmt.Errorf("%s: window %s must be between 1m and %s", name, b.window, messages.MaxBudgetWindow)
+		}
+	}
+	switch p.OnBudget {
+	case "", OnBudgetFail, OnBudgetPause:
+	default:
+		return fmt.Errorf("on_budget %q must be %q or %q", p.OnBudget, OnBudgetFail, OnBudgetPause)
+	}
+	if p.budgetPause < time.Second || p.budgetPause > 24*time.Hour {
+		return fmt.Errorf("budget_pause %s must be between 1s and 24h", p.budgetPause)
+	}
+	if p.HasBudget() && len(p.EgressInject) == 0 {
+		return errors.New("max_cost_usd, max_output_tokens, max_model_requests, group_budget and pool_budget need egress_inject: the egress proxy meters (and enforces budgets on) only the hosts it adds a key for, which the agent then cannot reach another way")
+	}
+	return nil
+}
+
+// HasBudget reports whether the profile sets a model budget of its own
+// runs' or a shared one.
+func (p Profile) HasBudget() bool {
+	return p.MaxCostUSD > 0 || p.MaxOutputTokens > 0 || p.MaxModelRequests > 0 || p.GroupBudget.set() || p.PoolBudget.set()
+}
+
+// set reports whether b limits anything.
+func (b *SharedBudget) set() bool {
+	return b != nil && (b.MaxCostUSD > 0 || b.MaxOutputTokens > 0 || b.MaxModelRequests > 0)
+}

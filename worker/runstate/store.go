@@ -195,7 +195,7 @@ func FinishedEvent(st messages.RunState) messages.Event {
 	return messages.Event{
 		RunID: st.ID, Type: messages.EventFinished, State: st.State, ExitCode: st.ExitCode, OOMKilled: st.OOMKilled,
 		Reason: st.Reason, ContainerID: st.ContainerID, Warm: st.Warm, Receipt: st.Receipt, Result: st.Result,
-		Coordination: st.Coordination, WorkspaceResult: st.WorkspaceResult,
+		Coordination: st.Coordination, WorkspaceResult: st.WorkspaceResult, Usage: st.Usage,
 	}
 }
 

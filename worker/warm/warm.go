@@ -269,8 +269,9 @@ func (p *Pool) Status() []messages.WarmPool {
 
 // Claim takes a ready warm container of prof for one run: nil when the
 // profile keeps none or none is ready (counted as missed). The caller
-// hands it the run (Handoff) or gives it back unused (Discard); either
-// way the pool makes another.
+// hands it the run (Handoff, counted as claimed once the launcher took
+// it) or gives it back unused (Discard); either way the pool makes
+// another.
 func (p *Pool) Claim(prof *profile.Profile) *Container {
 	if !p.Enabled() || p.targets[prof.Name] == 0 {
 		return nil
@@ -292,7 +293,6 @@ func (p *Pool) Claim(prof *profile.Profile) *Container {
 		return nil
 	}
 	c.claimed.Store(true)
-	p.m.claimed.WithLabelValues(prof.Name).Inc()
 	return c
 }
 
@@ -650,6 +650,9 @@ func (c *Container) Handoff(ctx context.Context, spec jail.ContainerSpec, output
 		return nil, fmt.Errorf("hand-off: the launcher did not acknowledge (%q): %w", ack, errors.Join(err, ErrDied))
 	}
 	_ = c.conn.Close()
+	// A warm start: a claim given back (a cancel, a mismatch, a dead
+	// launcher) is none.
+	c.pool.m.claimed.WithLabelValues(c.profile).Inc()
 	return c.c, nil
 }
 

@@ -17,10 +17,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
@@ -54,6 +56,9 @@ type Config struct {
 	LookupEnv func(string) (string, bool)
 	// Proof configures the start-up proof.
 	Proof ProofConfig
+	// Prices prices the model usage the proxies meter (the worker's
+	// --prices file); nil prices nothing: only tokens are counted.
+	Prices *usage.Prices
 	// Log receives the machinery's logs.
 	Log zerolog.Logger
 }
@@ -61,8 +66,10 @@ type Config struct {
 // Proxies is one worker's egress machinery. Create it with New; Start
 // starts the proof.
 type Proxies struct {
-	cfg  Config
-	ecfg egress.Config
+	cfg     Config
+	budgets *budgetStore
+	ecfg    egress.Config
+	metrics *usageMetrics
 	// caPEM is the egress CA's certificate, for profiles with
 	// egress_inject; nil when none has.
 	caPEM []byte
@@ -80,7 +87,11 @@ func New(cfg Config) *Proxies {
 		Name:        "egress_attempts_total", Help: "Connection attempts of runs through their egress proxy, by result (allowed, refused)."},
 		[]string{"result"})
 	cfg.Registry.MustRegister(attempts)
-	p := &Proxies{cfg: cfg, proved: make(chan struct{})}
+	p := &Proxies{cfg: cfg, proved: make(chan struct{}), metrics: newUsageMetrics(cfg)}
+	if cfg.NC != nil {
+		js, _ := jetstream.New(cfg.NC) // fails only for a nil connection
+		p.budgets = &budgetStore{js: js}
+	}
 	observe := func(allowed bool) {
 		if allowed {
 			attempts.WithLabelValues("allowed").Inc()
@@ -180,6 +191,21 @@ func (p *Proxies) For(*stage.Run) *Stage { return &Stage{p: p} }
 type Stage struct {
 	p    *Proxies
 	sess *egress.Session
+	// metered is true when the proxy meters a host (the profile has
+	// egress_inject); budgets are the run's, for its receipt.
+	metered bool
+	budgets *messages.ReceiptBudgets
+	profile string
+	// seen is the usage last written to the record (Check); sh the run's
+	// shared budgets (nil: none).
+	seen messages.UsageTotals
+	sh   *sharedBudgets
+	run  *stage.Run
+	// pmu guards the pause (on_budget = "pause") and the grant applied.
+	pmu         sync.Mutex
+	pausedSince time.Time
+	grant       messages.BudgetSpend
+	wasPaused   bool
 }
 
 // Name returns "egress".
@@ -214,6 +240,17 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		return err
 	}
 	s.sess = sess
+	if len(inj) > 0 {
+		s.meter(req.Run)
+	}
+	if len(prof.EgressAsk) > 0 {
+		asks, approvals, err := s.p.askBuckets(ctx)
+		if err != nil {
+			return fmt.Errorf("egress_ask: %w", err)
+		}
+		a := &asker{p: s.p, run: req.Run, asks: asks, approvals: approvals}
+		sess.AskFor(prof.EgressAskPolicy(), a.ask)
+	}
 	resp.Env = append(resp.Env, Env(prof)...)
 	return nil
 }
@@ -229,8 +266,9 @@ func Env(p *profile.Profile) []string {
 	return env
 }
 
-// Note records the run's egress totals: once the run is final, its proxy
-// is closed (the container has ended) and the totals are its last.
+// Note records the run's egress totals and, when its proxy meters a host,
+// its model usage and the budget it reached: once the run is final, its
+// proxy is closed (the container has ended) and the totals are its last.
 func (s *Stage) Note(st *messages.RunState) {
 	if s.sess == nil {
 		return
@@ -238,10 +276,26 @@ func (s *Stage) Note(st *messages.RunState) {
 	if st.State.Final() {
 		t := s.sess.Close()
 		st.Egress = &t
+	} else if st.Egress == nil {
+		st.Egress = &messages.EgressTotals{}
+	}
+	if !s.metered {
 		return
 	}
-	if st.Egress == nil {
-		st.Egress = &messages.EgressTotals{}
+	u := s.sess.Usage()
+	st.Usage = &u
+	switch b, paused := s.sess.Paused(); {
+	case paused:
+		st.Budget = "paused: " + b.String() + " (jetcrew budget raises it)"
+	default:
+		st.Budget = ""
+	}
+	if b, ok := s.sess.Reached(); ok {
+		st.Budget = b.String()
+	}
+	if st.Receipt != nil {
+		st.Receipt.Prices = pricesDigest(s.p.cfg.Prices)
+		st.Receipt.Budgets = s.budgets
 	}
 }
 

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+func (a *app) budgetCmd() *cobra.Command {
+	var url string
+	var group bool
+	var tokens, requests int64
+	cmd := &cobra.Command{
+		Use:   "budget [flags] RUN_ID|GROUP [+USD]",
+		Short: "Raise a run's or a group's model budget",
+		Long: `budget raises the model budget of a run (or, with --group, of a group:
+its group_budget) by an operator's grant: +USD on max_cost_usd, and
+--output-tokens / --requests on max_output_tokens / max_model_requests.
+Only limits the profile sets grow. Grants add up; the run's worker applies
+them within about half a second, and a run that its profile pauses at a
+budget (on_budget = "pause") goes on. The grant is kept in the
+jetcrew-budgets bucket under grant.run.<id> or grant.group.<group> (an
+operator's role may write those keys, and only those).
+
+  jetcrew budget r1 +2.50
+  jetcrew budget --group refactor +10 --output-tokens 200000`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var usd float64
+			if len(args) == 2 {
+				v, err := strconv.ParseFloat(strings.TrimPrefix(args[1], "+"), 64)
+				if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) || !strings.HasPrefix(args[1], "+") {
+					return usageError(fmt.Errorf("%q: the amount is +USD, such as +2.50", args[1]))
+				}
+				usd = v
+			}
+			if tokens < 0 || requests < 0 {
+				return usageError(fmt.Errorf("--output-tokens and --requests raise a budget: they must not be negative"))
+			}
+			if usd == 0 && tokens == 0 && requests == 0 {
+				return usageError(fmt.Errorf("nothing to grant: give +USD, --output-tokens or --requests"))
+			}
+			scope := messages.BudgetScopeRun
+			if group {
+				scope = messages.BudgetScopeGroup
+			}
+			return a.runBudget(cmd.Context(), url, scope, args[0], messages.BudgetSpend{CostUSD: usd, OutputTokens: tokens, Requests: requests})
+		},
+	}
+	natsFlag(cmd, &url)
+	cmd.Flags().BoolVar(&group, "group", false, "raise the budget of the group named (its group_budget), not of a run")
+	cmd.Flags().Int64Var(&tokens, "output-tokens", 0, "output tokens to add to max_output_tokens")
+	cmd.Flags().Int64Var(&requests, "requests", 0, "model requests to add to max_model_requests")
+	return cmd
+}
+
+func (a *app) runBudget(ctx context.Context, url, scope, name string, by messages.BudgetSpend) error {
+	if err := messages.ValidateToken(scope, name); err != nil {
+		return usageError(err)
+	}
+	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew budget")
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	total, err := d.Grant(ctx, scope, name, by)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(visible(a.stdout), "%s %s: granted $%.4f, %d output tokens, %d requests (in all: $%.4f, %d output tokens, %d requests)\n",
+		scope, name, by.CostUSD, by.OutputTokens, by.Requests, total.CostUSD, total.OutputTokens, total.Requests)
+	return nil
+}

@@ -1,0 +1,448 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/jetcrew/jetcrew/egress/usage"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Bounds of the metering of one model request.
+const (
+	// maxMeteredRequest is how much of a model request's body the proxy
+	// reads to learn its model and whether it streams; a larger body goes
+	// upstream unread (its model is then taken from the response, where
+	// every metered format names it).
+	maxMeteredRequest = 256 << 10
+	// maxMeteredJSON is how much of a response that is not a stream the
+	// proxy keeps to read its usage at the end (past it the response is
+	// passed on whole but its usage is unknown), and the longest line or
+	// event of a stream it reads. With Config.MaxMetered requests at once
+	// a run makes the proxy hold at most MaxMetered × (256 KiB + 4 MiB)
+	// for metering: 68 MiB with the default.
+	maxMeteredJSON = 4 << 20
+	// spendTimeout bounds adding one response to the shared budgets.
+	spendTimeout = 30 * time.Second
+	// maxModelName is the longest model name an event keeps, in bytes (the
+	// run chooses it): a longer one is cut.
+	maxModelName = 128
+)
+
+// Limits are a run's budgets, enforced by its egress proxy on the model
+// requests to the hosts it injects a key for (the only way the run reaches
+// them). A zero field is no limit. A request is refused, with the
+// provider's own quota error (usage.QuotaError), once the run's totals
+// have reached a limit; a request in flight when its limit is crossed
+// completes, so a run overshoots a token or cost limit by at most what the
+// requests it had in flight at that moment spent (each connection carries
+// one request at a time, so at most Config.MaxConns responses), and a
+// request limit never (requests are counted when they are sent).
+type Limits struct {
+	// MaxCostUSD is the most the run may spend, in US dollars by the
+	// price table (profile key max_cost_usd). Responses the table has no
+	// price for cost nothing here.
+	MaxCostUSD float64
+	// MaxOutputTokens is the most output tokens the run may be sent
+	// (profile key max_output_tokens).
+	MaxOutputTokens int64
+	// MaxRequests is the most model requests the run may send (profile
+	// key max_model_requests), Known usage or not.
+	MaxRequests int64
+}
+
+// Budget names the limit a run reached: the profile key, the limit and
+// what the run had spent of it when it was reached.
+type Budget struct {
+	// Scope is "" for the run's own budget, messages.BudgetScopeGroup or
+	// messages.BudgetScopePool for one it shares (profile keys
+	// group_budget, pool_budget).
+	Scope string
+	// Key is the budget's key: "max_cost_usd", "max_output_tokens",
+	// "max_model_requests".
+	Key string
+	// Limit and Spent are in the key's unit (US dollars, tokens,
+	// requests).
+	Limit, Spent float64
+}
+
+// String says which budget was reached and how much was spent ("budget
+// reached: max_cost_usd 2.5 (spent 2.5123 USD)"; a shared one is named
+// "group_budget.max_cost_usd").
+func (b Budget) String() string {
+	key := b.Key
+	if b.Scope != "" {
+		key = b.Scope + "_budget." + b.Key
+	}
+	switch b.Key {
+	case "max_cost_usd":
+		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), strconv.FormatFloat(b.Spent, 'f', 4, 64))
+	case "max_output_tokens":
+		return fmt.Sprintf("budget reached: %s %d (spent %d output tokens)", key, int64(b.Limit), int64(b.Spent))
+	default:
+		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", key, int64(b.Limit), int64(b.Spent))
+	}
+}
+
+func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// Metering is how a session meters its run's model requests: every request
+// to a host it injects a key for (Injection) is metered; other hosts are
+// never seen in clear.
+type Metering struct {
+	// Prices prices the tokens; nil prices nothing (only tokens are
+	// counted).
+	Prices *usage.Prices
+	// Limits are the run's budgets.
+	Limits Limits
+	// Publish receives one UsageEvent per model response, within
+	// Config.MaxEvents (past it the totals still count). It must not block
+	// for long.
+	Publish func(messages.UsageEvent)
+	// Observe, when set, is told of every usage event, past MaxEvents too:
+	// for metrics. It must not block.
+	Observe func(messages.UsageEvent)
+	// Reached is called once, from the proxy's goroutine, when the run
+	// first sends a model request past one of its Limits or a Shared
+	// budget and the request is refused (the budget that was reached): a
+	// run that reaches a limit with its last request ends as it would
+	// have. It must not block.
+	Reached func(Budget)
+	// Shared are the budgets the run shares with other runs (its group's,
+	// its pool's), kept outside the session; nil: none.
+	Shared Shared
+	// Pause, when set, holds a request past a budget instead of refusing
+	// it at once (profile key on_budget = "pause"): it is called with the
+	// budget and blocks until the budget was raised (Raise; true: the
+	// request is looked at again) or it gives up (false: the request is
+	// refused and Reached called) or ctx (the run's connection) ends.
+	Pause func(ctx context.Context, b Budget) bool
+}
+
+// Shared is a budget a run shares with other runs, on any worker: its
+// group's or its pool's over a window (worker/stage/proxy keeps them in
+// a NATS key-value bucket).
+type Shared interface {
+	// Over returns the shared budget the run's group or pool has reached
+	// (nil when none), and otherwise counts the request in them: called
+	// before each model request. An error lets the request go (and is
+	// logged): a budget store that cannot be read does not stop every run.
+	Over(ctx context.Context) (*Budget, error)
+	// Spend adds a finished model response's cost and tokens to the shared
+	// totals. It is called on a goroutine of its own, which Close waits
+	// for.
+	Spend(ctx context.Context, ev messages.UsageEvent)
+}
+
+// meter is a session's metering state.
+type meter struct {
+	mu       sync.Mutex
+	m        Metering
+	totals   messages.UsageTotals
+	inflight int64
+	events   int
+	reached  *Budget
+	told     bool
+	// paused counts the requests held past a budget now; pausedOn is
+	// the budget the latest was held for.
+	paused   int
+	pausedOn Budget
+	// spends are the Shared.Spend calls in flight.
+	spends sync.WaitGroup
+}
+
+// Meter sets how the session meters its run's model requests. Call it
+// before the run's container starts: requests before it are metered with
+// no prices, limits or publisher.
+func (s *Session) Meter(m Metering) {
+	s.meter.mu.Lock()
+	s.meter.m = m
+	s.meter.mu.Unlock()
+}
+
+// Usage returns the run's model usage so far.
+func (s *Session) Usage() messages.UsageTotals {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.totals
+}
+
+// Raise adds to the run's own Limits (an operator's grant): a limit that
+// was 0 (none) stays none. Requests held past a budget (Metering.Pause)
+// look again when their Pause returns.
+func (s *Session) Raise(by Limits) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	l := &s.meter.m.Limits
+	if l.MaxCostUSD > 0 {
+		l.MaxCostUSD += by.MaxCostUSD
+	}
+	if l.MaxOutputTokens > 0 {
+		l.MaxOutputTokens += by.MaxOutputTokens
+	}
+	if l.MaxRequests > 0 {
+		l.MaxRequests += by.MaxRequests
+	}
+}
+
+// Limits returns the run's own limits as they are now (raised by grants).
+func (s *Session) Limits() Limits {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.m.Limits
+}
+
+// Paused returns the budget the run's requests are held for, when some
+// are (Metering.Pause).
+func (s *Session) Paused() (Budget, bool) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	return s.meter.pausedOn, s.meter.paused > 0
+}
+
+// Reached returns the budget the run reached, if it did.
+func (s *Session) Reached() (Budget, bool) {
+	s.meter.mu.Lock()
+	defer s.meter.mu.Unlock()
+	if s.meter.reached == nil {
+		return Budget{}, false
+	}
+	return *s.meter.reached, true
+}
+
+// over returns the first of l the totals have reached (requests counted
+// with those in flight), or nil.
+func (mt *meter) over() *Budget {
+	l, t := mt.m.Limits, mt.totals
+	switch {
+	case l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests:
+		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}
+	case l.MaxOutputTokens > 0 && t.Tokens.Output >= l.MaxOutputTokens:
+		return &Budget{Key: "max_output_tokens", Limit: float64(l.MaxOutputTokens), Spent: float64(t.Tokens.Output)}
+	case l.MaxCostUSD > 0 && t.CostUSD >= l.MaxCostUSD:
+		return &Budget{Key: "max_cost_usd", Limit: l.MaxCostUSD, Spent: t.CostUSD}
+	}
+	return nil
+}
+
+// note records b as the budget reached, the first time, and returns the
+// callback to tell (nil when already told).
+func (mt *meter) note(b *Budget) func() {
+	if b == nil || mt.told {
+		return nil
+	}
+	mt.told, mt.reached = true, b
+	if f := mt.m.Reached; f != nil {
+		bb := *b
+		return func() { f(bb) }
+	}
+	return nil
+}
+
+// budgetHeader names, on the proxy's answer to a model request past a
+// budget, the budget that was reached.
+const budgetHeader = "Jetcrew-Budget"
+
+// metered is one model request in flight.
+type metered struct {
+	ev   messages.UsageEvent
+	req  usage.Request
+	once sync.Once // endModel
+}
+
+// beginModel starts metering req, a request to an injected host, or
+// refuses it when the run has reached a budget (after holding it, with
+// Metering.Pause, until the budget is raised or the pause gives up): then
+// it returns the response to send the run instead (the provider's quota
+// error).
+func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
+	format := usage.Detect(req.Method, req.URL.Path)
+	mt := &s.meter
+	// A slot of Config.MaxMetered: the request waits for one (it is not
+	// let through unmetered), until the run's connection ends.
+	select {
+	case s.metering <- struct{}{}:
+	case <-connCtx(req).Done():
+		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
+		resp.Header.Set(budgetHeader, "the connection ended while the request waited for a metering slot")
+		return nil, resp
+	}
+	for {
+		b := s.overBudget(connCtx(req))
+		if b == nil {
+			break
+		}
+		mt.mu.Lock()
+		pause := mt.m.Pause
+		if pause != nil {
+			mt.paused++
+			mt.pausedOn = *b
+		}
+		mt.mu.Unlock()
+		if pause != nil {
+			ok := pause(connCtx(req), *b)
+			mt.mu.Lock()
+			mt.paused--
+			mt.mu.Unlock()
+			if ok {
+				continue
+			}
+		}
+		<-s.metering
+		mt.mu.Lock()
+		mt.totals.Refused++
+		tell := mt.note(b)
+		mt.mu.Unlock()
+		if tell != nil {
+			tell()
+		}
+		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
+		resp := goproxy.NewResponse(req, ct, status, string(body))
+		resp.Header.Set(budgetHeader, b.String())
+		return nil, resp
+	}
+	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
+	if req.Body != nil && req.Body != http.NoBody {
+		m.req, req.Body = usage.RequestInfo(format, req.URL.Path, req.Body, maxMeteredRequest)
+	}
+	// Go's transport then asks for gzip itself and decompresses it, so
+	// the proxy reads the usage in clear and the run gets the body in
+	// clear; an encoding the run asked for (br, zstd) would hide it.
+	req.Header.Del("Accept-Encoding")
+	return m, nil
+}
+
+// overBudget returns the budget the run has reached, its own or a shared
+// one, or nil; when it has reached none, the request is counted: in
+// flight against the run's own budgets (atomically with their check), and
+// by Shared.Over in the shared ones.
+func (s *Session) overBudget(ctx context.Context) *Budget {
+	mt := &s.meter
+	mt.mu.Lock()
+	if b := mt.over(); b != nil {
+		mt.mu.Unlock()
+		return b
+	}
+	mt.inflight++
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared == nil {
+		return nil
+	}
+	b, err := shared.Over(ctx)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
+	}
+	if b != nil {
+		mt.mu.Lock()
+		mt.inflight--
+		mt.mu.Unlock()
+	}
+	return b
+}
+
+// wrapModel meters resp, the answer to m: its body passes through
+// unchanged as it arrives, and its usage is recorded when it ends.
+func (s *Session) wrapModel(m *metered, resp *http.Response) {
+	m.ev.Status = resp.StatusCode
+	resp.Body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Body, maxMeteredJSON,
+		func(r usage.Result) { s.endModel(m, r) })
+}
+
+// endModel records the usage of m's response: its event and the run's
+// totals. A request that failed
+// upstream ends with a zero Result (unknown usage).
+func (s *Session) endModel(m *metered, r usage.Result) {
+	m.once.Do(func() {
+		<-s.metering
+		s.recordModel(m, r)
+	})
+}
+
+// recordModel records the usage of m's response (endModel, once).
+func (s *Session) recordModel(m *metered, r usage.Result) {
+	ev := m.ev
+	ev.DurationMS = time.Since(ev.Time).Milliseconds()
+	ev.Model = m.req.Model
+	if r.Model != "" {
+		ev.Model = r.Model
+	}
+	if len(ev.Model) > maxModelName {
+		ev.Model = strings.ToValidUTF8(ev.Model[:maxModelName], "")
+	}
+	ev.Stream = m.req.Stream || r.Stream
+	ev.Known = r.Known
+	mt := &s.meter
+	mt.mu.Lock()
+	if r.Known {
+		ev.Tokens = r.Tokens
+		if c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens); ok {
+			ev.CostUSD = &c
+		}
+	}
+	mt.inflight--
+	mt.totals.Add(ev)
+	publish := mt.events < s.cfg.MaxEvents
+	if publish {
+		mt.events++
+	}
+	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
+	if shared != nil {
+		mt.spends.Add(1)
+	}
+	mt.mu.Unlock()
+	if shared != nil {
+		go func() {
+			defer mt.spends.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
+			defer cancel()
+			shared.Spend(ctx, ev)
+		}()
+	}
+	if obs != nil {
+		obs(ev)
+	}
+	if publish && pub != nil {
+		pub(ev)
+	}
+}
+
+// meteredAddr refuses target, the checked address of a connection to a
+// host the session does not inject a key for, when it is the address and
+// port of one it does (resolved now): another name for a metered host would
+// otherwise carry the run's model requests past the metering and its
+// budgets (with a key the run brought itself). It returns the refusal's
+// reason, or "".
+func (s *Session) meteredAddr(ctx context.Context, target netip.AddrPort) string {
+	for _, in := range s.inject {
+		if in.Port != int(target.Port()) {
+			continue
+		}
+		if a, err := netip.ParseAddr(in.Name); err == nil {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+		addrs, err := s.cfg.Resolver.LookupNetIP(rctx, "ip", in.Name)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if a.Unmap() == target.Addr() {
+				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
+			}
+		}
+	}
+	return ""
+}
