@@ -307,6 +307,10 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
 		resp := goproxy.NewResponse(req, ct, status, string(body))
 		resp.Header.Set(budgetHeader, b.String())
+		// The providers' SDKs retry a 429 unless told not to (Anthropic's
+		// and OpenAI's read x-should-retry): a retry would only be
+		// refused again.
+		resp.Header.Set("X-Should-Retry", "false")
 		return nil, resp
 	}
 	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}

@@ -295,6 +295,7 @@ func TestMeterBudgets(t *testing.T) {
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+				require.Equal(t, "false", resp.Header.Get("X-Should-Retry"), "the SDKs do not retry it")
 				var e struct {
 					Type  string `json:"type"`
 					Error struct {

@@ -235,3 +235,20 @@ func TestPauseGivesUp(t *testing.T) {
 	require.Equal(t, messages.StateFailed, stop.State)
 	require.Contains(t, stop.Reason, "budget reached: max_model_requests 1")
 }
+
+// A run refused by its budget ends failed even when the agent exits on its
+// own before the watch stops it; a run that reached nothing is left alone.
+func TestBudgetFailsRunThatExitedItself(t *testing.T) {
+	t.Parallel()
+	srv, _ := budgetServer(t)
+	prov := newProvider(t)
+	r := startMetered(t, srv, prov, "f1", "", "max_model_requests = 1\n")
+	require.Equal(t, http.StatusOK, r.post(t))
+	var resp stage.ExitedResponse
+	r.s.Exited(context.Background(), &stage.ExitedRequest{Final: true, State: messages.StateSucceeded}, &resp)
+	require.False(t, resp.Fail, "the budget was reached, never passed")
+	require.Equal(t, http.StatusTooManyRequests, r.post(t))
+	r.s.Exited(context.Background(), &stage.ExitedRequest{Final: true, State: messages.StateSucceeded}, &resp)
+	require.True(t, resp.Fail)
+	require.Equal(t, "budget reached: max_model_requests 1 (1 model requests sent)", resp.Reason)
+}
