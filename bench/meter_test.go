@@ -64,8 +64,10 @@ func sseStandIn() http.Handler {
 // session at sock, trusting roots.
 func meterClient(sock string, roots *x509.CertPool) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy:3128"}),
-		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", sock) },
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy:3128"}),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
 		TLSClientConfig: &tls.Config{RootCAs: roots},
 	}}
 }

@@ -100,7 +100,11 @@ func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config))
 	roots.AddCert(srv.Certificate())
 	mb := &meterBundle{bundle: &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}, url: "https://example.com:" + p}
 	cfg := Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots,
-		Publish: func(ev messages.EgressEvent) { mb.bundle.mu.Lock(); mb.bundle.events = append(mb.bundle.events, ev); mb.bundle.mu.Unlock() }}
+		Publish: func(ev messages.EgressEvent) {
+			mb.bundle.mu.Lock()
+			mb.bundle.events = append(mb.bundle.events, ev)
+			mb.bundle.mu.Unlock()
+		}}
 	for _, mod := range mods {
 		mod(&cfg)
 	}

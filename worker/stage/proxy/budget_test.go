@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -106,8 +106,10 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	trust := x509.NewCertPool()
 	require.True(t, trust.AppendCertsFromPEM(caPEM))
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy:3128"}),
-		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", sock) },
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy:3128"}),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
 		TLSClientConfig: &tls.Config{RootCAs: trust},
 	}}
 	return meteredRun{s: s, client: c, url: "https://example.com:" + prov.port + "/v1/messages"}
