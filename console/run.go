@@ -51,17 +51,63 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		Cancellable: !st.State.Final(),
 		Replayable:  replayable(st.State),
 		Usage:       newUsageView(&st)}
-	if st.Receipt != nil {
-		// The template escapes; JSON's own \u003c escapes would only hide
-		// the receipt's text.
-		var b strings.Builder
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(st.Receipt)
-		d.Receipt = visible(b.String())
-	}
+	d.Receipt = receiptText(&st)
 	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
+}
+
+// receiptText returns st's profile receipt as indented JSON, made
+// visible; empty when it has none. The page escapes it: JSON's own \u003c
+// escapes would only hide the receipt's text.
+func receiptText(st *messages.RunState) string {
+	if st.Receipt == nil {
+		return ""
+	}
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st.Receipt)
+	return visible(b.String())
+}
+
+// runDetail is a run as its page's live stream sends it: the list's row
+// and every other fact the page shows, so that a run ending, cancelled or
+// replayed while its page is open shows its exit code, times, output
+// size, result and receipt without a reload.
+type runDetail struct {
+	runRow
+	ExitCode  string `json:"exit_code"`
+	Started   string `json:"started"`
+	Finished  string `json:"finished"`
+	Output    string `json:"output"`
+	Attempts  string `json:"attempts"`
+	Container string `json:"container"`
+	Warm      bool   `json:"warm"`
+	Result    string `json:"result"`
+	Receipt   string `json:"receipt"`
+}
+
+func newRunDetail(st messages.RunState) runDetail {
+	d := runDetail{runRow: newRunRow(st), ExitCode: "-", Started: clock(st.StartedAt), Finished: clock(st.FinishedAt),
+		Output: "-", Attempts: attemptsText(st), Container: visible(shortText(st.ContainerID, 12)), Warm: st.Warm,
+		Result: visible(st.Result), Receipt: receiptText(&st)}
+	d.Worker = visible(st.Worker)
+	if st.ExitCode != nil {
+		d.ExitCode = strconv.Itoa(*st.ExitCode)
+	}
+	if st.State.Final() {
+		d.Output = strconv.FormatInt(st.OutputBytes, 10) + " bytes"
+	}
+	return d
+}
+
+// attemptsText says a run's attempts and replays: "2, replayed 1×".
+func attemptsText(st messages.RunState) string {
+	s := strconv.Itoa(st.Attempts)
+	if st.Replays > 0 {
+		s += ", replayed " + strconv.Itoa(st.Replays) + "×"
+	}
+	return s
 }
 
 // liveEvent is one event of a run as the run and group pages get it.
@@ -92,7 +138,7 @@ func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	carry := map[string][]byte{} // per stream and attempt: a split UTF-8 sequence
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id },
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id }, func(st messages.RunState) any { return newRunDetail(st) },
 		func(ctx context.Context) <-chan dispatcher.WatchEvent {
 			return c.follow(ctx, []string{messages.SubjectEventsAll(id)})
 		},
