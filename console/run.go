@@ -24,6 +24,26 @@ type runData struct {
 	Cancellable, Replayable bool
 	// Usage is the run's model usage, budgets and price table.
 	Usage usageView
+	// Waiting is true for a run no worker has taken yet: its request
+	// waits in JETCREW_RUNS and State is made from it.
+	Waiting bool
+}
+
+// waitingRun returns the queued state of run id when its request waits in
+// JETCREW_RUNS: from the latest read of the queue (with its place in the
+// pool's queue), else looked for (dispatcher.Request). The error wraps
+// dispatcher.ErrRunNotFound when it is found in neither.
+func (c *Console) waitingRun(ctx context.Context, id string) (messages.RunState, error) {
+	for _, st := range c.queued(ctx).Runs {
+		if st.ID == id {
+			return st, nil
+		}
+	}
+	req, err := c.d.Request(ctx, id)
+	if err != nil {
+		return messages.RunState{}, err
+	}
+	return req.State(waitingReason(req.Pool, 0)), nil
 }
 
 // runPage serves GET /runs/{id}: the run's state and receipt; its events
@@ -36,9 +56,14 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, ok := c.cache.get(id)
+	waiting := false
 	if !ok {
 		var err error
-		if st, err = c.d.Status(r.Context(), id); err != nil {
+		if st, err = c.d.Status(r.Context(), id); errors.Is(err, dispatcher.ErrRunNotFound) {
+			st, err = c.waitingRun(r.Context(), id)
+			waiting = err == nil
+		}
+		if err != nil {
 			code := http.StatusBadGateway
 			if errors.Is(err, dispatcher.ErrRunNotFound) {
 				code = http.StatusNotFound
@@ -47,7 +72,7 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d := runData{State: st, Result: visible(st.Result),
+	d := runData{State: st, Waiting: waiting, Result: visible(st.Result),
 		Cancellable: !st.State.Final(),
 		Replayable:  replayable(st.State),
 		Usage:       newUsageView(&st)}
