@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -63,22 +62,8 @@ func (c *Console) queued(ctx context.Context) queuedView {
 	}
 	reqs, total, err := q.reqs, q.total, q.err
 	q.mu.Unlock()
-	v := queuedView{Read: len(reqs), Total: total, Err: err}
-	pos := map[string]int{}
-	for _, r := range reqs {
-		if _, taken := c.cache.get(r.ID); taken {
-			continue // a worker took it (or it was cancelled): its state tells
-		}
-		pos[r.Pool]++
-		v.Runs = append(v.Runs, r.State(waitingReason(r.Pool, pos[r.Pool])))
-	}
-	return v
-}
-
-// waitingReason is a queued run's reason: its place in its pool's queue.
-func waitingReason(pool string, pos int) string {
-	if pos == 0 {
-		return "waiting for a worker of pool " + pool
-	}
-	return "waiting for a worker: " + strconv.Itoa(pos) + " in pool " + pool + "'s queue"
+	return queuedView{Read: len(reqs), Total: total, Err: err, Runs: dispatcher.WaitingRuns(reqs, func(id string) bool {
+		_, ok := c.cache.get(id)
+		return ok
+	})}
 }

@@ -43,7 +43,7 @@ func (c *Console) waitingRun(ctx context.Context, id string) (messages.RunState,
 	if err != nil {
 		return messages.RunState{}, err
 	}
-	return req.State(waitingReason(req.Pool, 0)), nil
+	return req.State(dispatcher.WaitingReason(req.Pool, 0)), nil
 }
 
 // runPage serves GET /runs/{id}: the run's state and receipt; its events

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -161,6 +162,33 @@ func newQueuedRequest(m *jetstream.RawStreamMsg) QueuedRequest {
 		q.ID = m.Header.Get(jetstream.MsgIDHeader)
 	}
 	return q
+}
+
+// WaitingRuns returns the runs of reqs (Requests, oldest first) that no
+// worker has taken, as queued states oldest first: those for which taken
+// (has the run a state?) is false. Each one's Reason says its place in its
+// pool's queue (WaitingReason).
+func WaitingRuns(reqs []QueuedRequest, taken func(id string) bool) []messages.RunState {
+	var out []messages.RunState
+	pos := map[string]int{}
+	for _, r := range reqs {
+		if taken(r.ID) {
+			continue // a worker took it, or it was cancelled: its state tells
+		}
+		pos[r.Pool]++
+		out = append(out, r.State(WaitingReason(r.Pool, pos[r.Pool])))
+	}
+	return out
+}
+
+// WaitingReason is the reason of a run no worker has taken: "waiting for a
+// worker: 2 in pool default's queue", or without the place when pos is 0
+// (unknown).
+func WaitingReason(pool string, pos int) string {
+	if pos == 0 {
+		return "waiting for a worker of pool " + pool
+	}
+	return "waiting for a worker: " + strconv.Itoa(pos) + " in pool " + pool + "'s queue"
 }
 
 // DefaultRequestRead is how many requests of JETCREW_RUNS the console and
