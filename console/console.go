@@ -54,6 +54,12 @@ type Config struct {
 	// ActionTimeout bounds a cancel, replay or grant. Default 15
 	// seconds.
 	ActionTimeout time.Duration
+	// QueueRead is how many run requests of JETCREW_RUNS the console reads,
+	// oldest first, to list the runs no worker has taken yet (a submitter
+	// writes no state: the request is their only record). A longer queue
+	// shows its first QueueRead, and the runs page says so. Default
+	// dispatcher.DefaultRequestRead; at most 1000.
+	QueueRead int
 	// ReadOnly serves the pages without their actions: no cancel, replay,
 	// "Raise budget", Allow or Deny button is shown, and their POSTs are refused with
 	// 403. For a console whose NATS connection has the observer role,
@@ -76,6 +82,10 @@ func (cfg Config) WithDefaults() Config {
 		cfg.PageSize = 50
 	}
 	cfg.PageSize = min(cfg.PageSize, 500)
+	if cfg.QueueRead <= 0 {
+		cfg.QueueRead = dispatcher.DefaultRequestRead
+	}
+	cfg.QueueRead = min(cfg.QueueRead, 1000)
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 15 * time.Second
 	}
@@ -92,6 +102,7 @@ type Console struct {
 	d       *dispatcher.Dispatcher
 	csrf    string
 	cache   *cache
+	queue   queue
 	pages   map[string]*pageTemplate
 	streams chan struct{} // one token per live stream served
 

@@ -44,17 +44,7 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
-		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewTestRuntime(t), FetchWait: time.Second,
-		Logger: new(workertest.Logger(t))})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(t.Context()))
-	t.Cleanup(func() {
-		// Runs still going (a test that failed early) are stopped at once.
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	startWorker(t, nc, "", 0)
 	d, err := dispatcher.New(nc)
 	require.NoError(t, err)
 	c, err := New(Config{Dispatcher: d, Token: o.token, ReadOnly: o.readOnly})
@@ -66,6 +56,24 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	srv := httptest.NewServer(c.Handler())
 	t.Cleanup(srv.Close)
 	return &bundle{nc: nc, js: js, d: d, c: c, srv: srv}
+}
+
+// startWorker starts a worker of pool (default when empty) with
+// concurrency slots (the worker's default when 0), on the fake runtime,
+// stopped when the test ends.
+func startWorker(t *testing.T, nc *nats.Conn, pool string, concurrency int) {
+	t.Helper()
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
+		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewTestRuntime(t), FetchWait: time.Second,
+		Pool: pool, Concurrency: concurrency, Logger: new(workertest.Logger(t))})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() {
+		// Runs still going (a test that failed early) are stopped at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
 }
 
 // submit submits req and returns its run id.

@@ -23,12 +23,14 @@ type poolRow struct {
 	dispatcher.PoolStats
 	// Running counts the pool's runs whose state is running.
 	Running int
-	// QueuedRuns counts the pool's runs whose state is queued.
+	// QueuedRuns counts the pool's runs whose state is queued, and those
+	// no worker has taken yet (their requests, as far as read).
 	QueuedRuns int
 	// StartedPerMin and FailedPerMin count the runs started, and ended
 	// failed, timed out or stalled, in the last minute.
 	StartedPerMin, FailedPerMin int
-	// OldestQueued is the queue time of the pool's oldest queued run.
+	// OldestQueued is the queue time of the pool's oldest queued run, or
+	// when its oldest request no worker has taken was stored.
 	OldestQueued time.Time
 	// SpendUSD and SpendOutput sum the model usage (UsageTotals.CostUSD
 	// and Tokens.Output) of the pool's runs whose state was written in
@@ -139,6 +141,19 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 			p.SpendOutput += st.Usage.Tokens.Output
 		}
 	})
+	// The runs no worker has taken have no state: their requests in
+	// JETCREW_RUNS say how long the oldest of each pool has waited.
+	for _, st := range c.queued(r.Context()).Runs {
+		p := byPool[st.Pool]
+		if p == nil {
+			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
+			byPool[st.Pool] = p
+		}
+		p.QueuedRuns++
+		if p.OldestQueued.IsZero() || st.QueuedAt.Before(p.OldestQueued) {
+			p.OldestQueued = st.QueuedAt
+		}
+	}
 	for _, p := range byPool {
 		d.Pools = append(d.Pools, *p)
 	}

@@ -141,6 +141,24 @@
           if (cancel) cancel.hidden = r.final;
           const replay = document.getElementById("replay-form");
           if (replay) replay.hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          // Every fact the page shows follows the run (issue 27): a run
+          // ending, cancelled or replayed needs no reload.
+          const facts = { worker: r.worker, container: r.container, attempts: r.attempts,
+            "exit-code": r.exit_code, started: r.started, finished: r.finished, "output-bytes": r.output };
+          for (const [id, v] of Object.entries(facts)) {
+            const e = document.getElementById(id);
+            if (e && v !== undefined) e.textContent = v;
+          }
+          const warm = document.getElementById("warm");
+          if (warm) warm.hidden = !r.warm;
+          for (const id of ["result", "receipt"]) {
+            const e = document.getElementById(id);
+            if (!e || r[id] === undefined) continue;
+            e.textContent = r[id];
+            document.getElementById(id + "-section").hidden = !r[id];
+          }
+          const waiting = document.getElementById("waiting");
+          if (waiting) waiting.hidden = r.state !== "queued";
           usage(r.model || {});
         },
       });
