@@ -29,7 +29,7 @@ import (
 const (
 	meterSamples    = 200 // time-to-first-token samples per round and side
 	meterRounds     = 4   // alternating rounds
-	meterBigRounds  = 5   // 10 MiB streams per side
+	meterBigRounds  = 11  // 10 MiB streams per side
 	meterStreamSize = 10 << 20
 )
 
