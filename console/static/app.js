@@ -99,10 +99,15 @@
       const agent = document.getElementById("agent");
       const coord = document.getElementById("coord");
       let last = 0;
+      // Output comes in the order the worker read stdout and stderr in:
+      // a chunk the stream stored late comes after later ones, so a
+      // replay after a reconnect is told by the chunks already shown.
+      const shown = new Set();
       live(body.dataset.live, {
         output(e) {
-          if (e.seq <= last) return;
-          last = e.seq;
+          if (shown.has(e.seq)) return;
+          shown.add(e.seq);
+          last = Math.max(last, e.seq);
           const follow = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
           out.appendChild(el("span", e.stream === "stderr" ? "stderr" : null, e.text));
           if (follow) out.scrollTop = out.scrollHeight;
