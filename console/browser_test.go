@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/internal/budgetkv"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -129,7 +130,7 @@ func TestBrowser(t *testing.T) {
 	// A run submitted while the list is open appears without a reload.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
 	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the runs page's live stream opens")
-	// The page never reloads itself (app.js has no reload or timer), so
+	// The page never reloads itself (app.js has no reload, and no timer but the egress page's clock), so
 	// the row can only come from the live stream; the delay is logged.
 	id := dispatcher.NewRunID()
 	start := time.Now()
@@ -196,4 +197,46 @@ func TestBrowser(t *testing.T) {
 	poll(t, ctx, 15*time.Second, `document.getElementById("output")?.textContent.length > 0`, "the run page renders, dark")
 	shot(t, ctx, "run-dark")
 	require.Empty(t, exceptions(), "no JavaScript error on any page")
+}
+
+// TestBrowserBudget drives a run paused by its budget: its page shows its
+// usage and follows its running totals live, "Raise budget" grants the
+// amount typed (grant.run.<id> in jetcrew-budgets), and the button goes
+// once the run is no longer paused.
+func TestBrowserBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	kv := budgetsBucket(t, b.js)
+	ctx, exceptions := browser(t)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	now := time.Now().UTC()
+	st := pausedRun("paused-b", now)
+	b.putStates(t, st)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/runs/paused-b")))
+	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the run page's live stream opens")
+	poll(t, ctx, 5*time.Second, `!document.getElementById("raise-form").hidden &&
+		document.getElementById("usage-facts").textContent.includes("12,345 in · 2,345 out")`, "the usage and the button show")
+	shot(t, ctx, "run-usage")
+
+	// Running totals arrive live.
+	st.Usage.Requests, st.Usage.Tokens.Output, st.UpdatedAt = 8, 2400, now.Add(time.Second)
+	b.putStates(t, st)
+	poll(t, ctx, 10*time.Second, `document.getElementById("usage-facts").textContent.includes("2,400 out")`, "the totals update live")
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.ID("raise-usd"), "0.75"),
+		chromedp.Click(chromedp.ID("raise"))))
+	require.Eventually(t, func() bool {
+		v, _, err := budgetkv.Get(t.Context(), kv, messages.GrantKey(messages.BudgetScopeRun, "paused-b"))
+		return err == nil && v.CostUSD == 0.75
+	}, 10*time.Second, 10*time.Millisecond, "the grant reached jetcrew-budgets")
+	poll(t, ctx, 10*time.Second, `location.pathname === "/runs/paused-b" && document.getElementById("live")?.classList.contains("on")`, "back on the run's page")
+
+	// The worker sees the grant and clears the pause: the button goes.
+	st.Budget, st.UpdatedAt = "", now.Add(2*time.Second)
+	b.putStates(t, st)
+	poll(t, ctx, 10*time.Second, `document.getElementById("raise-form").hidden && document.getElementById("budget").hidden`, "the button goes with the pause")
+	require.Empty(t, exceptions(), "no JavaScript error")
 }

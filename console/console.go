@@ -1,6 +1,8 @@
 // Package console is jetcrew's web console: server-rendered pages of the
-// pools, workers, runs, a run's live output and events, a group's
-// conversation and the dead letters, with cancel and replay, live over
+// pools, workers, runs, a run's live output, events and model usage, a
+// group's conversation, the dead letters and the connections waiting for an
+// operator (egress_ask), with cancel, replay, raising a paused run's budget
+// and allowing or denying a waiting connection, live over
 // server-sent events fed by NATS (a KV watch of jetcrew-runs, ordered
 // consumers on JETCREW_EVENTS).
 //
@@ -16,6 +18,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,8 +51,25 @@ type Config struct {
 	// PageSize is the number of runs on one page of the runs list.
 	// Default 50; at most 500.
 	PageSize int
-	// ActionTimeout bounds a cancel or replay. Default 15 seconds.
+	// ActionTimeout bounds a cancel, replay or grant. Default 15
+	// seconds.
 	ActionTimeout time.Duration
+	// QueueRead is how many run requests of JETCREW_RUNS the console reads,
+	// oldest first, to list the runs no worker has taken yet (a submitter
+	// writes no state: the request is their only record). A longer queue
+	// shows its first QueueRead, and the runs page says so. Default
+	// dispatcher.DefaultRequestRead; at most 1000.
+	QueueRead int
+	// ReadOnly serves the pages without their actions: no cancel, replay,
+	// "Raise budget", Allow or Deny button is shown, and their POSTs are refused with
+	// 403. For a console whose NATS connection has the observer role,
+	// which the server would refuse them anyway.
+	ReadOnly bool
+	// Operator names who answers an egress question from this console
+	// (dispatcher.AnswerEgress's by, recorded in the run's egress event):
+	// at most 128 characters. It is what the console says, not an
+	// identity anyone proved. Default "console@<hostname>".
+	Operator string
 }
 
 // WithDefaults returns a copy of cfg with zero fields set to their
@@ -62,8 +82,15 @@ func (cfg Config) WithDefaults() Config {
 		cfg.PageSize = 50
 	}
 	cfg.PageSize = min(cfg.PageSize, 500)
+	if cfg.QueueRead <= 0 {
+		cfg.QueueRead = dispatcher.DefaultRequestRead
+	}
+	cfg.QueueRead = min(cfg.QueueRead, 1000)
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 15 * time.Second
+	}
+	if cfg.Operator = strings.TrimSpace(cfg.Operator); cfg.Operator == "" {
+		cfg.Operator = defaultOperator()
 	}
 	return cfg
 }
@@ -75,6 +102,7 @@ type Console struct {
 	d       *dispatcher.Dispatcher
 	csrf    string
 	cache   *cache
+	queue   queue
 	pages   map[string]*pageTemplate
 	streams chan struct{} // one token per live stream served
 
@@ -89,6 +117,9 @@ func New(cfg Config) (*Console, error) {
 	cfg = cfg.WithDefaults()
 	if cfg.Dispatcher == nil {
 		return nil, errors.New("console: nil dispatcher")
+	}
+	if len(cfg.Operator) > maxOperatorLen {
+		return nil, fmt.Errorf("console: operator name longer than %d characters", maxOperatorLen)
 	}
 	pages, err := parsePages()
 	if err != nil {
@@ -152,11 +183,28 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET /live/runs", c.liveRuns)
 	mux.HandleFunc("GET /runs/{id}", c.runPage)
 	mux.HandleFunc("GET /live/run/{id}", c.liveRun)
-	mux.HandleFunc("POST /runs/{id}/cancel", c.cancelRun)
-	mux.HandleFunc("POST /runs/{id}/replay", c.replayRun)
+	mux.HandleFunc("POST /runs/{id}/cancel", c.action(c.cancelRun))
+	mux.HandleFunc("POST /runs/{id}/replay", c.action(c.replayRun))
+	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget))
 	mux.HandleFunc("GET /groups/{group}", c.groupPage)
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
-	mux.HandleFunc("POST /dead-letters/replay", c.replayDeadLetters)
+	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters))
+	mux.HandleFunc("GET /egress", c.egressPage)
+	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
+	mux.HandleFunc("GET /live/egress", c.liveEgress)
+	mux.HandleFunc("POST /egress/answer", c.action(c.answerEgress))
 	return c.secure(mux)
+}
+
+// action wraps the handler of a POST that changes state: refused with 403
+// when the console is read only (Config.ReadOnly).
+func (c *Console) action(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.cfg.ReadOnly {
+			http.Error(w, "this console is read only", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	}
 }

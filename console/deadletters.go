@@ -49,14 +49,14 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 			pools[dl.Reason] = map[string]bool{}
 		}
 		g.Count++
-		dl.Request = nil // the sample carries one; the rest are not shown
-		g.Letters = append(g.Letters, dl)
 		if dl.Time.Before(g.First) {
 			g.First = dl.Time
 		}
 		if !dl.Time.Before(g.Last) {
 			g.Last, g.Sample = dl.Time, visible(shortText(string(dl.Request), 2000))
 		}
+		dl.Request = nil // the sample carries one; the rest are not shown
+		g.Letters = append(g.Letters, dl)
 		pools[dl.Reason][dl.Pool] = true
 	}
 	out := make([]deadGroup, 0, len(byReason))

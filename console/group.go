@@ -45,7 +45,7 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g },
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g }, func(st messages.RunState) any { return newRunRow(st) },
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
 			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
 		},

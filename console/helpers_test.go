@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +34,8 @@ type bundle struct {
 }
 
 type setupOpts struct {
-	token string
+	token    string
+	readOnly bool
 }
 
 func setup(t *testing.T, o setupOpts) *bundle {
@@ -42,20 +44,10 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	nc := workertest.Connect(t, s)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
-		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewTestRuntime(t), FetchWait: time.Second,
-		Logger: new(workertest.Logger(t))})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(t.Context()))
-	t.Cleanup(func() {
-		// Runs still going (a test that failed early) are stopped at once.
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		_ = w.Stop(ctx)
-	})
+	startWorker(t, nc, "", 0)
 	d, err := dispatcher.New(nc)
 	require.NoError(t, err)
-	c, err := New(Config{Dispatcher: d, Token: o.token})
+	c, err := New(Config{Dispatcher: d, Token: o.token, ReadOnly: o.readOnly})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -64,6 +56,24 @@ func setup(t *testing.T, o setupOpts) *bundle {
 	srv := httptest.NewServer(c.Handler())
 	t.Cleanup(srv.Close)
 	return &bundle{nc: nc, js: js, d: d, c: c, srv: srv}
+}
+
+// startWorker starts a worker of pool (default when empty) with
+// concurrency slots (the worker's default when 0), on the fake runtime,
+// stopped when the test ends.
+func startWorker(t *testing.T, nc *nats.Conn, pool string, concurrency int) {
+	t.Helper()
+	w, err := worker.New(nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: workertest.BridgeFile(t),
+		ID: "w-" + strings.ToLower(dispatcher.NewRunID()[20:]), Runtime: workertest.NewTestRuntime(t), FetchWait: time.Second,
+		Pool: pool, Concurrency: concurrency, Logger: new(workertest.Logger(t))})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() {
+		// Runs still going (a test that failed early) are stopped at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
 }
 
 // submit submits req and returns its run id.
@@ -214,4 +224,23 @@ func (b *bundle) readSSEOpened(t *testing.T, path string, timeout time.Duration,
 		}
 	}
 	return sb.String()
+}
+
+// putStates writes states to the jetcrew-runs bucket, as a worker would,
+// and waits until the console's cache has the last of them.
+func (b *bundle) putStates(t *testing.T, states ...messages.RunState) {
+	t.Helper()
+	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
+	require.NoError(t, err)
+	for _, st := range states {
+		data, err := json.Marshal(st)
+		require.NoError(t, err)
+		_, err = kv.Put(t.Context(), st.ID, data)
+		require.NoError(t, err)
+	}
+	last := states[len(states)-1]
+	require.Eventually(t, func() bool {
+		got, ok := b.c.cache.get(last.ID)
+		return ok && got.UpdatedAt.Equal(last.UpdatedAt) && got.State == last.State
+	}, 10*time.Second, 10*time.Millisecond, "the console's cache never saw %s", last.ID)
 }

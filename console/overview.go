@@ -23,13 +23,21 @@ type poolRow struct {
 	dispatcher.PoolStats
 	// Running counts the pool's runs whose state is running.
 	Running int
-	// QueuedRuns counts the pool's runs whose state is queued.
+	// QueuedRuns counts the pool's runs whose state is queued, and those
+	// no worker has taken yet (their requests, as far as read).
 	QueuedRuns int
 	// StartedPerMin and FailedPerMin count the runs started, and ended
 	// failed, timed out or stalled, in the last minute.
 	StartedPerMin, FailedPerMin int
-	// OldestQueued is the queue time of the pool's oldest queued run.
+	// OldestQueued is the queue time of the pool's oldest queued run, or
+	// when its oldest request no worker has taken was stored.
 	OldestQueued time.Time
+	// SpendUSD and SpendOutput sum the model usage (UsageTotals.CostUSD
+	// and Tokens.Output) of the pool's runs whose state was written in
+	// the last hour; Metered counts those runs that have usage.
+	SpendUSD    float64
+	SpendOutput int64
+	Metered     int
 	// Unserved is set for a pool whose requests wait in JETCREW_RUNS
 	// with no workers-<pool> consumer to take them (Queued counts them).
 	Unserved *dispatcher.UnservedPool
@@ -47,6 +55,9 @@ type overviewData struct {
 	Pools   []poolRow
 	Workers []workerRow
 	Alerts  []string
+	// EgressWaiting counts the connections waiting for an operator
+	// (egress_ask): an alert linking to /egress.
+	EgressWaiting int
 	// States counts every run by state.
 	States map[messages.State]int
 	Total  int
@@ -70,6 +81,11 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	if err != nil {
 		d.Errors = append(d.Errors, err.Error())
 	}
+	asks, err := c.d.EgressWaiting(r.Context(), "", 0)
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	d.EgressWaiting = asks.Total
 	byPool := map[string]*poolRow{}
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}
@@ -92,7 +108,8 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	}
 	held := map[string]int{}
 	d.States = map[messages.State]int{}
-	minute := time.Now().Add(-time.Minute)
+	now := time.Now()
+	minute, hour := now.Add(-time.Minute), now.Add(-time.Hour)
 	c.cache.each(func(st *messages.RunState) {
 		d.States[st.State]++
 		d.Total++
@@ -118,7 +135,25 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		if st.StartedAt.After(minute) {
 			p.StartedPerMin++
 		}
+		if st.Usage != nil && st.UpdatedAt.After(hour) {
+			p.Metered++
+			p.SpendUSD += st.Usage.CostUSD
+			p.SpendOutput += st.Usage.Tokens.Output
+		}
 	})
+	// The runs no worker has taken have no state: their requests in
+	// JETCREW_RUNS say how long the oldest of each pool has waited.
+	for _, st := range c.queued(r.Context()).Runs {
+		p := byPool[st.Pool]
+		if p == nil {
+			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
+			byPool[st.Pool] = p
+		}
+		p.QueuedRuns++
+		if p.OldestQueued.IsZero() || st.QueuedAt.Before(p.OldestQueued) {
+			p.OldestQueued = st.QueuedAt
+		}
+	}
 	for _, p := range byPool {
 		d.Pools = append(d.Pools, *p)
 	}
@@ -131,6 +166,19 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		d.Alerts = append(d.Alerts, fmt.Sprintf("%d more pool(s) that no worker serves hold %d request(s) in %s", more, moreRequests, messages.StreamRuns))
 	}
 	return d
+}
+
+// poolSpend says a pool's model spend over the last hour: "$0.0123 ·
+// 1.2k out tok", the tokens alone when nothing was priced, "-" when no run
+// of the pool was metered in the hour.
+func poolSpend(p poolRow) string {
+	switch {
+	case p.Metered == 0:
+		return "-"
+	case p.SpendUSD > 0:
+		return dollars(p.SpendUSD) + " · " + compact(p.SpendOutput) + " out tok"
+	}
+	return compact(p.SpendOutput) + " out tok"
 }
 
 // alerts lists what a person should act on: requests for a pool no worker

@@ -15,7 +15,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "confirm", "login", "message"}
+var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "egress", "confirm", "login", "message"}
 
 // pageTemplate is one page's template set: layout plus the page.
 type pageTemplate = template.Template
@@ -33,6 +33,8 @@ type page struct {
 	// Rev is the run cache's sequence when the page's data was gathered:
 	// its live stream sends every change after it (see cache.subscribe).
 	Rev uint64
+	// ReadOnly is Config.ReadOnly: the page shows no action.
+	ReadOnly bool
 }
 
 // revParam reads a live stream's ?rev=, the cache sequence its page was
@@ -43,12 +45,16 @@ func revParam(r *http.Request) uint64 {
 }
 
 var funcs = template.FuncMap{
-	"visible": visible,
-	"ago":     ago,
-	"clock":   clock,
-	"labels":  labelList,
-	"short":   func(s string) string { return shortText(s, 12) },
-	"final":   func(s messages.State) bool { return s.Final() },
+	"visible":    visible,
+	"ago":        ago,
+	"clock":      clock,
+	"labels":     labelList,
+	"short":      func(s string) string { return shortText(s, 12) },
+	"final":      func(s messages.State) bool { return s.Final() },
+	"usageShort": usageShort,
+	"spend":      poolSpend,
+	"until":      until,
+	"askAlert":   egressAlert,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"
@@ -78,6 +84,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, p 
 // renderStatus executes template tmpl of page name with status code.
 func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int, name, tmpl string, p page) {
 	p.CSRF = c.csrf
+	p.ReadOnly = c.cfg.ReadOnly
 	var buf bytes.Buffer
 	if err := c.pages[name].ExecuteTemplate(&buf, tmpl, p); err != nil {
 		c.cfg.Log.Error().Err(err).Str("page", name).Msg("console: render")

@@ -22,6 +22,30 @@ type runData struct {
 	Result string
 	// Cancellable and Replayable say which buttons to show.
 	Cancellable, Replayable bool
+	// Usage is the run's model usage, budgets and price table.
+	Usage usageView
+	// Egress are the run's connections waiting for an operator.
+	Egress []egressRow
+	// Waiting is true for a run no worker has taken yet: its request
+	// waits in JETCREW_RUNS and State is made from it.
+	Waiting bool
+}
+
+// waitingRun returns the queued state of run id when its request waits in
+// JETCREW_RUNS: from the latest read of the queue (with its place in the
+// pool's queue), else looked for (dispatcher.Request). The error wraps
+// dispatcher.ErrRunNotFound when it is found in neither.
+func (c *Console) waitingRun(ctx context.Context, id string) (messages.RunState, error) {
+	for _, st := range c.queued(ctx).Runs {
+		if st.ID == id {
+			return st, nil
+		}
+	}
+	req, err := c.d.Request(ctx, id)
+	if err != nil {
+		return messages.RunState{}, err
+	}
+	return req.State(dispatcher.WaitingReason(req.Pool, 0)), nil
 }
 
 // runPage serves GET /runs/{id}: the run's state and receipt; its events
@@ -34,9 +58,14 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, ok := c.cache.get(id)
+	waiting := false
 	if !ok {
 		var err error
-		if st, err = c.d.Status(r.Context(), id); err != nil {
+		if st, err = c.d.Status(r.Context(), id); errors.Is(err, dispatcher.ErrRunNotFound) {
+			st, err = c.waitingRun(r.Context(), id)
+			waiting = err == nil
+		}
+		if err != nil {
 			code := http.StatusBadGateway
 			if errors.Is(err, dispatcher.ErrRunNotFound) {
 				code = http.StatusNotFound
@@ -45,20 +74,68 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d := runData{State: st, Result: visible(st.Result),
+	d := runData{State: st, Waiting: waiting, Result: visible(st.Result),
 		Cancellable: !st.State.Final(),
-		Replayable:  replayable(st.State)}
-	if st.Receipt != nil {
-		// The template escapes; JSON's own \u003c escapes would only hide
-		// the receipt's text.
-		var b strings.Builder
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(st.Receipt)
-		d.Receipt = visible(b.String())
-	}
+		Replayable:  replayable(st.State),
+		Usage:       newUsageView(&st),
+		Egress:      c.runEgress(r.Context(), &st)}
+	d.Receipt = receiptText(&st)
 	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
+}
+
+// receiptText returns st's profile receipt as indented JSON, made
+// visible; empty when it has none. The page escapes it: JSON's own \u003c
+// escapes would only hide the receipt's text.
+func receiptText(st *messages.RunState) string {
+	if st.Receipt == nil {
+		return ""
+	}
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st.Receipt)
+	return visible(b.String())
+}
+
+// runDetail is a run as its page's live stream sends it: the list's row
+// and every other fact the page shows, so that a run ending, cancelled or
+// replayed while its page is open shows its exit code, times, output
+// size, result and receipt without a reload.
+type runDetail struct {
+	runRow
+	ExitCode  string `json:"exit_code"`
+	Started   string `json:"started"`
+	Finished  string `json:"finished"`
+	Output    string `json:"output"`
+	Attempts  string `json:"attempts"`
+	Container string `json:"container"`
+	Warm      bool   `json:"warm"`
+	Result    string `json:"result"`
+	Receipt   string `json:"receipt"`
+}
+
+func newRunDetail(st messages.RunState) runDetail {
+	d := runDetail{runRow: newRunRow(st), ExitCode: "-", Started: clock(st.StartedAt), Finished: clock(st.FinishedAt),
+		Output: "-", Attempts: attemptsText(st), Container: visible(shortText(st.ContainerID, 12)), Warm: st.Warm,
+		Result: visible(st.Result), Receipt: receiptText(&st)}
+	d.Worker = visible(st.Worker)
+	if st.ExitCode != nil {
+		d.ExitCode = strconv.Itoa(*st.ExitCode)
+	}
+	if st.State.Final() {
+		d.Output = strconv.FormatInt(st.OutputBytes, 10) + " bytes"
+	}
+	return d
+}
+
+// attemptsText says a run's attempts and replays: "2, replayed 1×".
+func attemptsText(st messages.RunState) string {
+	s := strconv.Itoa(st.Attempts)
+	if st.Replays > 0 {
+		s += ", replayed " + strconv.Itoa(st.Replays) + "×"
+	}
+	return s
 }
 
 // liveEvent is one event of a run as the run and group pages get it.
@@ -89,7 +166,7 @@ func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	carry := map[string][]byte{} // per stream and attempt: a split UTF-8 sequence
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id },
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id }, func(st messages.RunState) any { return newRunDetail(st) },
 		func(ctx context.Context) <-chan dispatcher.WatchEvent {
 			return c.follow(ctx, []string{messages.SubjectEventsAll(id)})
 		},

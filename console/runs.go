@@ -102,6 +102,9 @@ type runsData struct {
 	First bool
 	// LiveQuery is the live stream's query string (the filter).
 	LiveQuery string
+	// Queue is what was read of the requests no worker has taken: the
+	// page says when the queue is longer than what was read.
+	Queue queuedView
 }
 
 var allStates = []messages.State{messages.StateQueued, messages.StateRunning, messages.StateSucceeded,
@@ -113,13 +116,28 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	rev := c.cache.current()
 	q := r.URL.Query()
 	f := parseFilter(q)
+	qv := c.queued(r.Context())
 	if f.IDPrefix != "" {
-		if _, ok := c.cache.get(f.IDPrefix); ok {
+		_, ok := c.cache.get(f.IDPrefix)
+		for i := 0; !ok && i < len(qv.Runs); i++ {
+			ok = qv.Runs[i].ID == f.IDPrefix
+		}
+		if ok {
 			http.Redirect(w, r, "/runs/"+url.PathEscape(f.IDPrefix), http.StatusSeeOther)
 			return
 		}
 	}
 	all := c.cache.filter(f.Match)
+	if n := len(all); f.State == "" || f.State == messages.StateQueued {
+		for i := range qv.Runs {
+			if f.Match(&qv.Runs[i]) {
+				all = append(all, &qv.Runs[i])
+			}
+		}
+		if len(all) > n {
+			slices.SortFunc(all, dispatcher.Newer)
+		}
+	}
 	start := 0
 	cu, paged := parseCursor(q.Get("before"))
 	if paged {
@@ -129,7 +147,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	}
 	end := min(start+c.cfg.PageSize, len(all))
 	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
-		LiveQuery: filterQuery(f).Encode()}
+		LiveQuery: filterQuery(f).Encode(), Queue: qv}
 	if ls := labelPairs(f.Labels); len(ls) > 0 {
 		d.Label = ls[0]
 	}
@@ -154,6 +172,10 @@ type runRow struct {
 	Queued  string   `json:"queued"`
 	Reason  string   `json:"reason"`
 	Final   bool     `json:"final"`
+	// Usage is the runs list's short model usage (usageShort).
+	Usage string `json:"usage"`
+	// Model is the run page's model usage section.
+	Model usageView `json:"model"`
 }
 
 func newRunRow(st messages.RunState) runRow {
@@ -161,11 +183,17 @@ func newRunRow(st messages.RunState) runRow {
 		ID: st.ID, State: string(st.State), Pool: st.Pool, Profile: st.Profile, Group: st.Group,
 		Labels: labelList(st.Labels), Worker: st.Worker, Queued: clock(st.QueuedAt),
 		Reason: visible(shortText(st.Reason, 120)), Final: st.State.Final(),
+		Usage: usageShort(st.Usage), Model: newUsageView(&st),
 	}
 }
 
+// queuePoll is how often the runs list's live stream looks for runs
+// newly queued (their requests, in JETCREW_RUNS).
+const queuePoll = 2 * time.Second
+
 // liveRuns serves GET /live/runs?<filter>: a server-sent "run" event for
-// every state change of a run matching the filter, as it happens.
+// every state change of a run matching the filter, as it happens, and for
+// every run newly queued (its request, looked for every queuePoll).
 func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 	f := parseFilter(r.URL.Query())
 	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.Match)
@@ -182,6 +210,14 @@ func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	keep := time.NewTicker(sseKeepAlive)
 	defer keep.Stop()
+	// Runs no worker has taken change no state: the queue is looked at
+	// every queuePoll for new ones (the list shows them as they come).
+	poll := time.NewTicker(queuePoll)
+	defer poll.Stop()
+	sent := map[string]bool{}
+	for _, st := range c.queued(r.Context()).Runs {
+		sent[st.ID] = true // on the page already
+	}
 	for {
 		select {
 		case <-r.Context().Done():
@@ -189,6 +225,19 @@ func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 		case <-keep.C:
 			if s.ping() != nil {
 				return
+			}
+		case <-poll.C:
+			if f.State != "" && f.State != messages.StateQueued {
+				continue
+			}
+			for _, st := range c.queued(r.Context()).Runs {
+				if sent[st.ID] || !f.Match(&st) {
+					continue
+				}
+				sent[st.ID] = true
+				if s.send("run", newRunRow(st)) != nil {
+					return
+				}
 			}
 		case st, ok := <-updates:
 			if !ok {

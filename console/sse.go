@@ -63,12 +63,12 @@ func (s *sse) ping() error {
 }
 
 // serveLive is the stream every live page of one subject serves: the
-// "state" events of the runs match keeps (those changed since the page's
-// revision first, then live), beside the events open's source produces,
+// "state" events of the runs match keeps, each as row makes it (those
+// changed since the page's revision first, then live), beside the events open's source produces,
 // each turned into a server-sent event by event (none when event names
 // it ""), with keep-alive pings, until the client goes or a source ends.
 func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match func(*messages.RunState) bool,
-	open func(context.Context) <-chan T, event func(T) (string, any)) {
+	row func(messages.RunState) any, open func(context.Context) <-chan T, event func(T) (string, any)) {
 	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), match)
 	defer unsubscribe()
 	s, release, ok := c.startSSE(w)
@@ -77,7 +77,7 @@ func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match 
 	}
 	defer release()
 	for _, st := range missed {
-		if s.send("state", newRunRow(st)) != nil {
+		if s.send("state", row(st)) != nil {
 			return
 		}
 	}
@@ -98,7 +98,7 @@ func serveLive[T any](c *Console, w http.ResponseWriter, r *http.Request, match 
 				return
 			}
 			if match(&st) {
-				err = s.send("state", newRunRow(st))
+				err = s.send("state", row(st))
 			}
 		case v, ok := <-src:
 			if !ok {

@@ -71,13 +71,12 @@ func TestRunPageSaysWarm(t *testing.T) {
 
 	code, body := b.get(t, "/runs/warm-1")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, `<dt>Container</dt><dd><span class="mono">0123456789ab…</span> <span class="badge" id="warm"`)
-	require.Contains(t, between(body, `<pre class="receipt">`, "</pre>"), `&#34;warm&#34;: true`)
+	require.Contains(t, body, `<dt>Container</dt><dd><span class="mono" id="container">0123456789ab…</span> <span class="badge" id="warm" title="started in a warm container, kept ready by its worker before the run came" >warm`)
+	require.Contains(t, between(body, `<pre class="receipt" id="receipt">`, "</pre>"), `&#34;warm&#34;: true`)
 
 	code, body = b.get(t, "/runs/cold-1")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, `<dt>Container</dt><dd><span class="mono">fedcba987654…</span></dd>`)
-	require.NotContains(t, body, `id="warm"`)
+	require.Contains(t, body, `<dt>Container</dt><dd><span class="mono" id="container">fedcba987654…</span> <span class="badge" id="warm" title="started in a warm container, kept ready by its worker before the run came" hidden>warm`)
 }
 
 // The run page's timeline says a start was warm.

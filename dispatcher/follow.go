@@ -71,12 +71,14 @@ func (d *Dispatcher) FollowMessages(ctx context.Context, stream string, filters 
 // Follow calls fn with every event on JETCREW_EVENTS whose subject matches
 // one of filters (jetcrew.events.<run_id>.> for one run's,
 // jetcrew.events.*.coord for every coordination event), as FollowMessages
-// reads them. Unlike Watch it never ends by itself: a run's finished event
+// reads them, each attempt's output in its Jetcrew-Seq order as Watch
+// passes it. Unlike Watch it never ends by itself: a run's finished event
 // is passed on like any other. A finished event whose body cannot be
 // decoded is skipped, and so is an event the server relayed into the
 // stream (another stream's RePublish, a source: origin.Relayed), which no
 // worker published. Its errors are FollowMessages'.
 func (d *Dispatcher) Follow(ctx context.Context, filters []string, fn func(WatchEvent) error) error {
+	fn = newOutputOrder().wrap(fn)
 	return d.FollowMessages(ctx, messages.StreamEvents, filters, func(m StreamMsg) error {
 		if origin.Relayed(m.Header) {
 			return nil

@@ -19,6 +19,8 @@ import (
 type WatchEvent struct {
 	// Type is the event type: the last token of the event's subject.
 	Type messages.EventType
+	// RunID is the run the event belongs to: the subject's third token.
+	RunID string
 	// Event is the decoded JSON body of every event but EventOutput (zero
 	// for output, and for an event type this version does not know whose
 	// body is not a messages.Event).
@@ -28,6 +30,11 @@ type WatchEvent struct {
 	Stream string
 	// Offset is where Data starts within Stream, in bytes, on EventOutput.
 	Offset int64
+	// Seq is the chunk's place among its attempt's output chunks of both
+	// streams, from 1, in the order the worker read them (header
+	// Jetcrew-Seq), on EventOutput; 0 when absent (an older worker).
+	// Watch and Follow pass output in this order.
+	Seq uint64
 	// Data is the raw body: on EventOutput the output bytes exactly as the
 	// process wrote them (not necessarily UTF-8), else the JSON document.
 	// The callback may keep it.
@@ -48,7 +55,9 @@ type WatchEvent struct {
 
 // Watch follows the events of run id from the first one on the stream
 // (however long ago the run started) and calls fn, when not nil, with each
-// one in stream order, output included. It returns the run's finished event
+// one in stream order, output included; each attempt's output in the
+// order the worker read stdout and stderr in (WatchEvent.Seq), which a
+// chunk published again after a failed publish is put back into. It returns the run's finished event
 // after passing it to fn, so a run that is already over is replayed and
 // returns at once. A run that was replayed (see Replay) has a finished
 // event per request: Watch passes on every event and returns the latest
@@ -122,7 +131,7 @@ func (d *Dispatcher) watch(ctx context.Context, id string, from watchFrom, fn fu
 		}
 	}
 
-	w := &watcher{d: d, id: id, from: from, fn: fn}
+	w := &watcher{d: d, id: id, from: from, fn: newOutputOrder().wrap(fn)}
 	defer w.stop()
 	for {
 		var (
@@ -341,7 +350,7 @@ func (w *watcher) onGrace(ctx context.Context) (messages.Event, bool, error) {
 	}
 	ev := eventFromState(w.final)
 	if w.fn != nil {
-		we := WatchEvent{Type: ev.Type, Event: ev, Attempt: ev.Attempt, Time: ev.Time, FromState: true}
+		we := WatchEvent{Type: ev.Type, RunID: w.id, Event: ev, Attempt: ev.Attempt, Time: ev.Time, FromState: true}
 		if err := w.fn(we); err != nil {
 			return messages.Event{}, false, err
 		}
@@ -379,11 +388,15 @@ func parseStoredEvent(m *jetstream.RawStreamMsg) (WatchEvent, error) {
 		Time:     m.Time,
 		Sequence: m.Sequence,
 	}
+	if rest, ok := strings.CutPrefix(subj, messages.SubjectEventsPrefix+"."); ok {
+		ev.RunID, _, _ = strings.Cut(rest, ".")
+	}
 	h := m.Header
 	ev.Attempt, _ = strconv.Atoi(h.Get(messages.HeaderAttempt))
 	if ev.Type == messages.EventOutput {
 		ev.Stream = h.Get(messages.HeaderStream)
 		ev.Offset, _ = strconv.ParseInt(h.Get(messages.HeaderOffset), 10, 64)
+		ev.Seq, _ = strconv.ParseUint(h.Get(messages.HeaderSeq), 10, 64)
 		return ev, nil
 	}
 	if err := json.Unmarshal(ev.Data, &ev.Event); err != nil {

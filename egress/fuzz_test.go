@@ -25,7 +25,7 @@ func FuzzDecide(f *testing.F) {
 		if err != nil {
 			return
 		}
-		name, target, reason := s.decide(context.Background(), host, port)
+		name, target, reason := s.decide(context.Background(), host, port, nil)
 		if reason != "" {
 			return
 		}

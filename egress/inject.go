@@ -63,7 +63,11 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 	if err != nil || normalizeHost(host) != m.name || port != m.port {
 		return refuse(fmt.Sprintf("the request names %q inside the tunnel to %s", req.URL.Host, net.JoinHostPort(m.name, strconv.Itoa(m.port))))
 	}
-	model, refusal := s.beginModel(req, m.name)
+	var model *metered
+	var refusal *http.Response
+	if !s.cfg.Unmetered {
+		model, refusal = s.beginModel(req, m.name)
+	}
 	if refusal != nil {
 		ev.Reason = refusal.Header.Get(budgetHeader)
 		s.record(ev)
@@ -86,7 +90,9 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		resp, err := s.proxy.Tr.RoundTrip(req)
 		if err != nil {
 			s.finishAttempt(a, 0, "upstream: "+err.Error())
-			s.endModel(a.model, usage.Result{})
+			if a.model != nil {
+				s.endModel(a.model, usage.Result{})
+			}
 		}
 		return resp, err
 	})

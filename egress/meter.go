@@ -20,12 +20,16 @@ import (
 const (
 	// maxMeteredRequest is how much of a model request's body the proxy
 	// reads to learn its model and whether it streams; a larger body goes
-	// upstream unread (its model is then taken from the response).
-	maxMeteredRequest = 8 << 20
+	// upstream unread (its model is then taken from the response, where
+	// every metered format names it).
+	maxMeteredRequest = 256 << 10
 	// maxMeteredJSON is how much of a response that is not a stream the
-	// proxy keeps to read its usage at the end; past it the response is
-	// passed on whole but its usage is unknown.
-	maxMeteredJSON = 16 << 20
+	// proxy keeps to read its usage at the end (past it the response is
+	// passed on whole but its usage is unknown), and the longest line or
+	// event of a stream it reads. With Config.MaxMetered requests at once
+	// a run makes the proxy hold at most MaxMetered × (256 KiB + 4 MiB)
+	// for metering: 68 MiB with the default.
+	maxMeteredJSON = 4 << 20
 	// spendTimeout bounds adding one response to the shared budgets.
 	spendTimeout = 30 * time.Second
 	// maxModelName is the longest model name an event keeps, in bytes (the
@@ -128,12 +132,13 @@ type Metering struct {
 // a NATS key-value bucket).
 type Shared interface {
 	// Over returns the shared budget the run's group or pool has reached
-	// (nil when none): called before each model request. An error lets
-	// the request go (and is logged): a budget store that cannot be read
-	// does not stop every run.
+	// (nil when none), and otherwise counts the request in them: called
+	// before each model request. An error lets the request go (and is
+	// logged): a budget store that cannot be read does not stop every run.
 	Over(ctx context.Context) (*Budget, error)
-	// Spend adds a finished model response's usage to the shared totals.
-	// It is called on a goroutine of its own, which Close waits for.
+	// Spend adds a finished model response's cost and tokens to the shared
+	// totals. It is called on a goroutine of its own, which Close waits
+	// for.
 	Spend(ctx context.Context, ev messages.UsageEvent)
 }
 
@@ -248,8 +253,9 @@ const budgetHeader = "Jetcrew-Budget"
 
 // metered is one model request in flight.
 type metered struct {
-	ev  messages.UsageEvent
-	req usage.Request
+	ev   messages.UsageEvent
+	req  usage.Request
+	once sync.Once // endModel
 }
 
 // beginModel starts metering req, a request to an injected host, or
@@ -260,6 +266,15 @@ type metered struct {
 func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
 	format := usage.Detect(req.Method, req.URL.Path)
 	mt := &s.meter
+	// A slot of Config.MaxMetered: the request waits for one (it is not
+	// let through unmetered), until the run's connection ends.
+	select {
+	case s.metering <- struct{}{}:
+	case <-connCtx(req).Done():
+		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
+		resp.Header.Set(budgetHeader, "the connection ended while the request waited for a metering slot")
+		return nil, resp
+	}
 	for {
 		b := s.overBudget(connCtx(req))
 		if b == nil {
@@ -281,6 +296,7 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 				continue
 			}
 		}
+		<-s.metering
 		mt.mu.Lock()
 		mt.totals.Refused++
 		tell := mt.note(b)
@@ -291,6 +307,10 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
 		resp := goproxy.NewResponse(req, ct, status, string(body))
 		resp.Header.Set(budgetHeader, b.String())
+		// The providers' SDKs retry a 429 unless told not to (Anthropic's
+		// and OpenAI's read x-should-retry): a retry would only be
+		// refused again.
+		resp.Header.Set("X-Should-Retry", "false")
 		return nil, resp
 	}
 	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
@@ -305,29 +325,32 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 }
 
 // overBudget returns the budget the run has reached, its own or a shared
-// one, or nil; when it has reached none, the request is counted in flight
-// (atomically with the check of the run's own budgets).
+// one, or nil; when it has reached none, the request is counted: in
+// flight against the run's own budgets (atomically with their check), and
+// by Shared.Over in the shared ones.
 func (s *Session) overBudget(ctx context.Context) *Budget {
 	mt := &s.meter
 	mt.mu.Lock()
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared != nil {
-		b, err := shared.Over(ctx)
-		if err != nil {
-			s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
-		}
-		if b != nil {
-			return b
-		}
-	}
-	mt.mu.Lock()
-	defer mt.mu.Unlock()
 	if b := mt.over(); b != nil {
+		mt.mu.Unlock()
 		return b
 	}
 	mt.inflight++
-	return nil
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared == nil {
+		return nil
+	}
+	b, err := shared.Over(ctx)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
+	}
+	if b != nil {
+		mt.mu.Lock()
+		mt.inflight--
+		mt.mu.Unlock()
+	}
+	return b
 }
 
 // wrapModel meters resp, the answer to m: its body passes through
@@ -342,6 +365,14 @@ func (s *Session) wrapModel(m *metered, resp *http.Response) {
 // totals. A request that failed
 // upstream ends with a zero Result (unknown usage).
 func (s *Session) endModel(m *metered, r usage.Result) {
+	m.once.Do(func() {
+		<-s.metering
+		s.recordModel(m, r)
+	})
+}
+
+// recordModel records the usage of m's response (endModel, once).
+func (s *Session) recordModel(m *metered, r usage.Result) {
 	ev := m.ev
 	ev.DurationMS = time.Since(ev.Time).Milliseconds()
 	ev.Model = m.req.Model

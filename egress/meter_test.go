@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,7 +89,7 @@ type meterBundle struct {
 	budget []Budget
 }
 
-func meterSetup(t *testing.T, h http.Handler, m Metering) *meterBundle {
+func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config)) *meterBundle {
 	t.Helper()
 	srv := httptest.NewTLSServer(h)
 	t.Cleanup(srv.Close)
@@ -98,8 +99,17 @@ func meterSetup(t *testing.T, h http.Handler, m Metering) *meterBundle {
 	roots := x509.NewCertPool()
 	roots.AddCert(srv.Certificate())
 	mb := &meterBundle{bundle: &bundle{path: filepath.Join(t.TempDir(), "egress.sock")}, url: "https://example.com:" + p}
-	sess, err := Open(Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots},
-		"run1", MustPolicy("example.com:"+p), mb.path,
+	cfg := Config{Resolver: table{"example.com": {netip.MustParseAddr("127.0.0.1")}}, CA: ca, UpstreamRoots: roots,
+		Publish: func(ev messages.EgressEvent) {
+			mb.bundle.mu.Lock()
+			mb.bundle.events = append(mb.bundle.events, ev)
+			mb.bundle.mu.Unlock()
+		}}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	sess, err := Open(cfg,
+		"run1", MustPolicy("example.com:"+p, "127.0.0.1:"+p), mb.path,
 		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })
@@ -289,6 +299,7 @@ func TestMeterBudgets(t *testing.T) {
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+				require.Equal(t, "false", resp.Header.Get("X-Should-Retry"), "the SDKs do not retry it")
 				var e struct {
 					Type  string `json:"type"`
 					Error struct {
@@ -395,4 +406,52 @@ func TestMeterOtherNameRefused(t *testing.T) {
 		require.Contains(t, r, "a host the proxy meters")
 	}
 	require.Zero(t, sess.Usage().Requests)
+}
+
+// The metering's memory is bounded by MaxMetered: a model request past it
+// waits for a metered one to end (it never goes unmetered), then goes.
+func TestMeterSlotsBounded(t *testing.T) {
+	t.Parallel()
+	var served atomic.Int32
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"model":"m","usage":{"input_tokens":1,"output_tokens":2}}`)
+	})
+	mb := meterSetup(t, h, Metering{}, func(c *Config) { c.MaxMetered = 1 })
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp := mb.post(t, "m", false)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	require.Eventually(t, func() bool { return served.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	require.EqualValues(t, 1, served.Load(), "the second request waits for the slot")
+	close(release)
+	require.Equal(t, http.StatusOK, <-codes)
+	require.Equal(t, http.StatusOK, <-codes)
+	require.EqualValues(t, 2, served.Load())
+	evs := mb.waitEvents(t, 2)
+	require.True(t, evs[0].Known && evs[1].Known, "both metered")
+}
+
+// Usage events are capped by MaxEvents per run; past it the totals still
+// count every response.
+func TestMeterEventsCapped(t *testing.T) {
+	t.Parallel()
+	mb := meterSetup(t, &anthropicStandIn{}, Metering{}, func(c *Config) { c.MaxEvents = 1 })
+	for range 3 {
+		resp := mb.post(t, "claude-test-4", false)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	require.Eventually(t, func() bool { return mb.sess.Usage().Requests == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Len(t, mb.events(), 1)
+	require.EqualValues(t, 21, mb.sess.Usage().Tokens.Output)
 }

@@ -84,6 +84,22 @@ type Config struct {
 	// opens its own TLS connection for an injected host; nil means the
 	// system's roots.
 	UpstreamRoots *x509.CertPool
+	// MaxMetered is the most model requests of a run (to hosts it injects
+	// a key for) metered at once: a further one waits until one ends (it
+	// is never let through unmetered). It bounds the memory metering
+	// holds for a run (see maxMeteredJSON). Default DefaultMaxMetered;
+	// negative is an error.
+	MaxMetered int
+	// MaxAsks is the most questions one session puts to an operator
+	// (AskFor): each waiting connection is one, and one not answered in
+	// time is asked again. Past it a connection to an ask-list host is
+	// refused without asking. Default DefaultMaxAsks.
+	MaxAsks int
+	// Unmetered turns the metering of injected hosts off (no usage read,
+	// no budgets enforced): the injected path as it was before metering,
+	// the baseline make bench measures the metering's own cost against.
+	// A worker never sets it.
+	Unmetered bool
 	// RestartDelay is how long a session's listener stays down after it
 	// failed (or Kill) before it is opened again. Default 200ms.
 	RestartDelay time.Duration
@@ -101,6 +117,11 @@ const (
 	// DefaultRequestReadTimeout bounds reading one whole request (headers
 	// and body) from the run.
 	DefaultRequestReadTimeout = time.Minute
+	// DefaultMaxMetered is the most model requests of a run metered at
+	// once.
+	DefaultMaxMetered = 16
+	// DefaultMaxAsks is the most questions a run puts to an operator.
+	DefaultMaxAsks = 100
 	// DefaultIdleTimeout closes a connection of the run that moves no byte
 	// either way for 15 minutes: longer than the 10 minutes the hosted-model
 	// SDKs wait for an answer by default, so a slow answer is not cut.
@@ -129,6 +150,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("egress: RequestReadTimeout %s is negative", c.RequestReadTimeout)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("egress: IdleTimeout %s is negative", c.IdleTimeout)
+	case c.MaxMetered < 0:
+		return fmt.Errorf("egress: MaxMetered %d is negative", c.MaxMetered)
 	}
 	return nil
 }
@@ -157,6 +180,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxEvents == 0 {
 		c.MaxEvents = 1000
+	}
+	if c.MaxMetered == 0 {
+		c.MaxMetered = DefaultMaxMetered
+	}
+	if c.MaxAsks <= 0 {
+		c.MaxAsks = DefaultMaxAsks
 	}
 	if c.RestartDelay == 0 {
 		c.RestartDelay = 200 * time.Millisecond
@@ -189,7 +218,9 @@ type Session struct {
 	restarts int
 	up       chan struct{} // closed while a listener serves; replaced on restart
 
-	meter meter // the model requests to injected hosts
+	meter    meter         // the model requests to injected hosts
+	metering chan struct{} // a slot per model request metered now (Config.MaxMetered)
+	asker    asker         // the hosts put to an operator (egress_ask)
 
 	done chan struct{}
 }
@@ -233,10 +264,11 @@ func Open(cfg Config, runID string, policy Policy, path string, inject ...Inject
 	}
 	s := &Session{
 		cfg: cfg, runID: runID, policy: policy, path: path, inject: byHost,
-		log:   cfg.Logger.With().Str("run_id", runID).Str("component", "egress").Logger(),
-		conns: make(map[net.Conn]struct{}),
-		up:    make(chan struct{}),
-		done:  make(chan struct{}),
+		log:      cfg.Logger.With().Str("run_id", runID).Str("component", "egress").Logger(),
+		conns:    make(map[net.Conn]struct{}),
+		up:       make(chan struct{}),
+		done:     make(chan struct{}),
+		metering: make(chan struct{}, cfg.MaxMetered),
 	}
 	s.proxy = s.newProxy()
 	reason := fmt.Sprintf("too many connections to the run's egress proxy (at most %d at once)", cfg.MaxConns)
@@ -464,7 +496,11 @@ func (s *Session) track(c net.Conn, on bool) {
 
 // decide applies the policy to a requested host and port. It returns the
 // normalised host and the address to connect to, or the refusal's reason.
-func (s *Session) decide(ctx context.Context, host string, port int) (string, netip.AddrPort, string) {
+//
+// A name the allowlist does not list but the session's ask list does
+// (AskFor) is put to the operator first: the connection waits for the
+// answer, which ev.Decision records (ev may be nil).
+func (s *Session) decide(ctx context.Context, host string, port int, ev *messages.EgressEvent) (string, netip.AddrPort, string) {
 	host = normalizeHost(host)
 	if a, err := netip.ParseAddr(host); err == nil {
 		a = a.Unmap()
@@ -474,7 +510,16 @@ func (s *Session) decide(ctx context.Context, host string, port int) (string, ne
 		return host, netip.AddrPortFrom(a, uint16(port)), ""
 	}
 	if !s.policy.AllowsName(host, port) {
-		return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		d, asked := s.askOperator(ctx, host, port)
+		if !asked {
+			return host, netip.AddrPort{}, "not in the profile's egress allowlist"
+		}
+		if ev != nil {
+			ev.Decision = d.String()
+		}
+		if !d.Allow {
+			return host, netip.AddrPort{}, "asked: " + d.String()
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()

@@ -177,7 +177,7 @@ func TestProxyRefusesPrivateResolution(t *testing.T) {
 		p    int
 		want string
 	}{{"lo.test", 443, "loopback"}, {"meta.test", 80, "link-local"}, {"priv.test", 443, "private"}} {
-		_, _, reason := b.sess.decide(context.Background(), hp.h, hp.p)
+		_, _, reason := b.sess.decide(context.Background(), hp.h, hp.p, nil)
 		require.Contains(t, reason, hp.want)
 	}
 }

@@ -81,7 +81,7 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		ev.Host, reason = hostport, err.Error()
 	} else {
 		ev.Port = port
-		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port)
+		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port, &ev)
 	}
 	if reason != "" {
 		ev.Reason = reason
@@ -247,7 +247,7 @@ func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Re
 	}
 	var target netip.AddrPort
 	var reason string
-	ev.Host, target, reason = s.decide(connCtx(req), host, port)
+	ev.Host, target, reason = s.decide(connCtx(req), host, port, &ev)
 	if reason == "" {
 		reason = s.meteredAddr(connCtx(req), target)
 	}

@@ -13,8 +13,9 @@ const (
 	EventStarted EventType = "started"
 	// EventOutput: a chunk of the process's output. The body is the raw
 	// bytes, exactly as written (not JSON, not necessarily UTF-8); header
-	// HeaderStream says which stream and HeaderOffset where the chunk starts
-	// in that stream, in bytes.
+	// HeaderStream says which stream, HeaderOffset where the chunk starts
+	// in that stream, in bytes, and HeaderSeq its place among the
+	// attempt's chunks of both streams.
 	EventOutput EventType = "output"
 	// EventFinished: the run reached a final state (body: Event with State).
 	EventFinished EventType = "finished"
@@ -52,6 +53,13 @@ const (
 	HeaderStream = "Jetcrew-Stream"
 	// HeaderOffset carries the byte offset of an output chunk in its stream.
 	HeaderOffset = "Jetcrew-Offset"
+	// HeaderSeq carries an output chunk's place among its attempt's output
+	// chunks of both streams, from 1, in the order the worker read them
+	// from the runtime: the order to show stdout and stderr together in
+	// (the stream may store a chunk whose first publish failed after later
+	// ones). Absent on output events of workers before it: their stream
+	// order is the only order.
+	HeaderSeq = "Jetcrew-Seq"
 	// HeaderAttempt carries the delivery number the event belongs to.
 	HeaderAttempt = "Jetcrew-Attempt"
 )
@@ -156,6 +164,11 @@ type EgressEvent struct {
 	// allowlist", "resolves to a private address", "TLS SNI ... does not
 	// match", ...) or why an allowed one failed (the upstream dial).
 	Reason string `json:"reason,omitempty"`
+	// Decision is an operator's answer for a host of the profile's
+	// egress_ask list, the attempt waited for: "allowed by alice for the
+	// run", "allowed by alice for profile p", "denied by bob for the run",
+	// "no answer within 2m0s".
+	Decision string `json:"decision,omitempty"`
 	// Addr is the address the proxy connected to, when it did.
 	Addr string `json:"addr,omitempty"`
 	// BytesUp counts the bytes sent from the run to the host.

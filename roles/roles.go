@@ -82,13 +82,15 @@ var (
 	kvPeers       = "KV_" + coordination.BucketPeers
 	kvWorkers     = "KV_" + messages.BucketWorkers
 	kvBudgets     = "KV_" + messages.BucketBudgets
+	kvAsks        = "KV_" + messages.BucketEgressAsks
+	kvApprovals   = "KV_" + messages.BucketEgressApprovals
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, kvBudgets, objWorkspaces, objUploads, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 	// readStreams are what operators and observers read and follow: every
 	// stream without durable consumers (coordination through its mirror).
-	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvWorkers, kvBudgets, objWorkspaces, objUploads, objResults}
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 )
 
 // durableStreams are the streams with durable consumers: the pools'
@@ -247,6 +249,8 @@ func workerGrant() Grant {
 		"$KV." + coordination.BucketPeers + ".>",
 		"$KV." + messages.BucketWorkers + ".>",
 		"$KV." + messages.BucketBudgets + ".>",
+		"$KV." + messages.BucketEgressAsks + ".>",
+		"$KV." + messages.BucketEgressApprovals + ".>",
 		messages.SubjectStopPrefix + ".*",
 		"$O." + messages.BucketResults + ".>",
 		// Snapshots checked by their bytes, and git sources' snapshots:
@@ -281,6 +285,10 @@ func operator() Grant {
 		// Grants on top of a run's or group's budget (jetcrew budget),
 		// never the spend itself.
 		"$KV." + messages.BucketBudgets + ".grant.>",
+		// Answers to egress_ask's questions, for a run or a profile
+		// (jetcrew egress allow|deny), never the questions.
+		"$KV." + messages.BucketEgressAsks + ".answer.>",
+		"$KV." + messages.BucketEgressApprovals + ".>",
 		api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
 	}
 	for _, s := range readStreams {

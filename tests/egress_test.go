@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/docker"
@@ -92,11 +93,25 @@ type providerOn struct {
 // ends.
 func startProviderOn(t *testing.T, image string) providerOn {
 	t.Helper()
+	return startProviderNet(t, image, false)
+}
+
+// startProviderNet is startProviderOn; with public, the provider's network
+// takes a free /28 of TEST-NET-2 (198.51.100.0/24), an address range the
+// egress proxy treats as public (as a real provider's), so that a profile
+// reaches the provider's names without listing its address, and a CONNECT
+// to the address itself is refused as it would be in production.
+func startProviderNet(t *testing.T, image string, public bool) providerOn {
+	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	netName, name := "jetcrew-egtest-"+suffix, "jetcrew-egprov-"+suffix
-	dockerCLI(t, "network", "create", netName)
+	if public {
+		createPublicNetwork(t, netName)
+	} else {
+		dockerCLI(t, "network", "create", netName)
+	}
 	t.Cleanup(func() { _ = exec.Command("docker", "network", "rm", netName).Run() })
 	dockerCLI(t, "run", "-d", "--name", name, "--network", netName, "--user", "0:0", image, "/bin/egress-fixture", "serve")
 	t.Cleanup(func() { _ = exec.Command("docker", "rm", "-f", name).Run() })
@@ -108,6 +123,28 @@ func startProviderOn(t *testing.T, image string) providerOn {
 		return p.roots.AppendCertsFromPEM([]byte(p.certPEM))
 	}, 20*time.Second, 50*time.Millisecond, "the provider never printed its certificate")
 	return p
+}
+
+// createPublicNetwork creates Docker network name on a /28 of TEST-NET-2
+// that no other network uses (tests running at once each take their own).
+func createPublicNetwork(t *testing.T, name string) {
+	t.Helper()
+	var out []byte
+	for i := 0; i < 16; i++ {
+		b := make([]byte, 1)
+		_, _ = rand.Read(b)
+		base := b[0] & 0xf0
+		subnet, gateway := fmt.Sprintf("198.51.100.%d/28", base), fmt.Sprintf("198.51.100.%d", base+1)
+		var err error
+		out, err = exec.Command("docker", "network", "create", "--subnet", subnet, "--gateway", gateway, name).CombinedOutput()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(string(out), "overlap") {
+			break
+		}
+	}
+	t.Fatalf("docker network create %s on TEST-NET-2: %s", name, out)
 }
 
 type fixedResolver map[string][]netip.Addr
@@ -199,9 +236,35 @@ func startEgressWorkerWith(t *testing.T, extra string) egressEnv {
 // ("": the fixture's, which has the egress-fixture client).
 func startEgressWorkerImage(t *testing.T, runImage, extra string) egressEnv {
 	t.Helper()
+	return startEgressWorkerOpts(t, egressOptions{runImage: runImage, extra: extra})
+}
+
+// egressOptions are what startEgressWorkerOpts may add to the worker of
+// startEgressWorker.
+type egressOptions struct {
+	// runImage is the profiles' image ("": the fixture's, which has the
+	// egress-fixture client).
+	runImage string
+	// extra are TOML keys (one per line) added to the profiles api, other
+	// and inj, such as an OCI runtime.
+	extra string
+	// profiles, when set, returns more profiles' TOML, given the profiles'
+	// image.
+	profiles func(image string) string
+	// prices is the worker's price table (worker.Config.Prices).
+	prices *usage.Prices
+	// publicNet puts the provider on a public-looking address range
+	// (startProviderNet), which profiles need not list.
+	publicNet bool
+}
+
+// startEgressWorkerOpts is startEgressWorker with o's additions.
+func startEgressWorkerOpts(t *testing.T, o egressOptions) egressEnv {
+	t.Helper()
 	image := egressFixtureImage(t)
-	p := startProviderOn(t, image)
+	p := startProviderNet(t, image, o.publicNet)
 	provider, gateway, roots := p.addr, p.gateway, p.roots
+	runImage, extra := o.runImage, o.extra
 	if runImage == "" {
 		runImage = image
 	}
@@ -221,7 +284,11 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	}
 	inj := prof("inj") + `egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 `
-	profiles, err := profile.ParseProfiles("egress-test", []byte(prof("api")+prof("other")+inj))
+	more := ""
+	if o.profiles != nil {
+		more = o.profiles(runImage)
+	}
+	profiles, err := profile.ParseProfiles("egress-test", []byte(prof("api")+prof("other")+inj+more))
 	require.NoError(t, err)
 	rt, err := docker.New(context.Background(), docker.Config{})
 	require.NoError(t, err)
@@ -242,6 +309,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}, "inj.provider.test": {provider}},
 		EgressProbeOutside: provider.String() + ":443",
 		EgressProbePorts:   []int{port},
+		Prices:             o.prices,
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))

@@ -213,7 +213,8 @@ func streamConfigs(cfg ProvisionConfig) []jetstream.StreamConfig {
 }
 
 // bucketConfigs are the key-value buckets Provision creates: the run
-// states, the workers' heartbeats and the shared budgets.
+// states, the workers' heartbeats, the shared budgets and egress_ask's
+// questions and answers.
 func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{{
 		Bucket:      messages.BucketRuns,
@@ -233,6 +234,19 @@ func bucketConfigs(cfg ProvisionConfig) []jetstream.KeyValueConfig {
 		Description: "jetcrew shared model budgets (groups', pools') by window, and operators' grants",
 		History:     1,
 		TTL:         messages.BudgetKeyMaxAge,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Bucket:      messages.BucketEgressAsks,
+		Description: "jetcrew egress_ask: connections waiting for an operator, and the answers",
+		History:     1,
+		TTL:         messages.EgressAskMaxAge,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}, {
+		Bucket:      messages.BucketEgressApprovals,
+		Description: "jetcrew egress_ask: operators' answers for a profile from now on",
+		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}}

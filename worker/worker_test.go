@@ -468,6 +468,65 @@ func TestLargeOutputChunked(t *testing.T) {
 	require.Equal(t, []string{"stdout", "stderr", "stdout"}, order)
 }
 
+// TestOutputSeqInReadOrder: chunks of stdout and stderr written in turn,
+// some merged and some split at the chunk size, carry Jetcrew-Seq from 1,
+// one more per chunk, in the order they were written: ordering by it
+// rebuilds the interleaving, with either stream's own bytes unchanged.
+func TestOutputSeqInReadOrder(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("z", messages.MaxOutputChunk+10)
+	writes := []struct{ stream, data string }{
+		{"stdout", "1\n"}, {"stderr", "2\n"}, {"stdout", "3\n"}, {"stdout", "3b\n"},
+		{"stderr", "4\n"}, {"stderr", big}, {"stdout", "5\n"}, {"stderr", "6\n"},
+	}
+	b := setup(t, func(c *worker.Config) {
+		rt := workertest.NewTestRuntime(t)
+		rt.Behave = func(jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(ctx context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
+				for _, w := range writes {
+					out(w.stream, []byte(w.data))
+				}
+				return jail.ExitStatus{}
+			}, nil
+		}
+		c.Runtime = rt
+	})
+	b.submit(t, messages.RunRequest{ID: "seq1", Profile: "shell"})
+	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "seq1").State)
+
+	type chunk struct {
+		seq    uint64
+		stream string
+		data   string
+	}
+	var chunks []chunk
+	for _, m := range b.events(t, "seq1") {
+		if !strings.HasSuffix(m.Subject(), ".output") {
+			continue
+		}
+		seq, err := strconv.ParseUint(m.Headers().Get(messages.HeaderSeq), 10, 64)
+		require.NoError(t, err, "output event without %s", messages.HeaderSeq)
+		chunks = append(chunks, chunk{seq, m.Headers().Get(messages.HeaderStream), string(m.Data())})
+	}
+	var got, want []string
+	for i, c := range chunks {
+		require.Equal(t, uint64(i+1), c.seq, "chunk %d", i)
+		if n := len(got); n > 0 && strings.HasPrefix(got[n-1], c.stream+":") {
+			got[n-1] += c.data
+		} else {
+			got = append(got, c.stream+":"+c.data)
+		}
+	}
+	for _, w := range writes {
+		if n := len(want); n > 0 && strings.HasPrefix(want[n-1], w.stream+":") {
+			want[n-1] += w.data
+		} else {
+			want = append(want, w.stream+":"+w.data)
+		}
+	}
+	require.Equal(t, want, got)
+}
+
 func TestOrphanReconcile(t *testing.T) {
 	t.Parallel()
 	s := workertest.StartServer(t)

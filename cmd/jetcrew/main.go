@@ -7,7 +7,10 @@
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
-//	jetcrew budget RUN_ID [+USD]     raise a run's (or --group's) model budget
+//	jetcrew budget RUN_ID +USD      raise a run's (or --group's) model budget
+//	jetcrew egress pending          connections of runs waiting for an operator (egress_ask)
+//	jetcrew egress allow ID         allow one (--profile: for the profile from now on)
+//	jetcrew egress deny ID          deny one
 //	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests)

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -30,8 +32,10 @@ func (a *app) runsCmd() *cobra.Command {
 		Long: `runs lists the runs of the jetcrew-runs bucket, newest first: id, state,
 pool, profile, group, queue time and why it ended as it did. The flags filter
 as the web console's runs page does; --label may be repeated (every label must
-match). With --json it prints a JSON array of the state records
-(docs/wire.md, "Run state").`,
+match). Runs no worker has taken yet have no state: they are listed queued
+from their requests in JETCREW_RUNS (the first 100, oldest first), each
+reason saying the run's place in its pool's queue. With --json it prints a
+JSON array of the state records (docs/wire.md, "Run state").`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runRuns(cmd.Context(), o)
@@ -85,9 +89,34 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 		return err
 	}
 	defer closeNATS()
-	runs, err := d.Runs(ctx, f)
+	all, err := d.Runs(ctx, dispatcher.RunFilter{})
 	if err != nil {
 		return err
+	}
+	var runs []messages.RunState
+	has := make(map[string]bool, len(all))
+	for i := range all {
+		has[all[i].ID] = true
+		if f.Match(&all[i]) {
+			runs = append(runs, all[i])
+		}
+	}
+	if f.State == "" || f.State == messages.StateQueued {
+		// Runs no worker has taken have no state: their requests say.
+		reqs, total, err := d.Requests(ctx, dispatcher.DefaultRequestRead)
+		if err != nil && !errors.Is(err, dispatcher.ErrNotProvisioned) {
+			return err
+		}
+		for _, st := range dispatcher.WaitingRuns(reqs, func(id string) bool { return has[id] }) {
+			if f.Match(&st) {
+				runs = append(runs, st)
+			}
+		}
+		slices.SortFunc(runs, func(a, b messages.RunState) int { return dispatcher.Newer(&a, &b) })
+		if total > uint64(len(reqs)) {
+			fmt.Fprintf(visible(a.stderr), "jetcrew runs: queued runs are read from the first %d of the %d requests in %s\n",
+				len(reqs), total, messages.StreamRuns)
+		}
 	}
 	if o.limit > 0 && len(runs) > o.limit {
 		runs = runs[:o.limit]

@@ -68,3 +68,36 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Regexp(t, `^jetcrew \S+ .*go1\.\d+`, stdout)
 }
+
+// Issue 27, bug 1: a run no worker has taken (its request waits in
+// JETCREW_RUNS, a submitter writes no state) is listed queued, with its
+// place in the pool's queue, and `status` says so.
+func TestRunsListsQueued(t *testing.T) {
+	t.Parallel()
+	s := workertest.StartServer(t)
+	startWorker(t, s)
+	url := s.ClientURL()
+	for _, id := range []string{"q1", "q2"} {
+		code, _, stderr := cli(t, url, "submit", "--pool", "later", "--id", id, "--label", "team=a", "out "+id)
+		require.Equal(t, 0, code, stderr)
+	}
+
+	code, stdout, stderr := cli(t, url, "runs")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `(?m)^q2 +queued +later +.*waiting for a worker: 2 in pool later's queue$`, stdout)
+	require.Regexp(t, `(?m)^q1 +queued +later +.*waiting for a worker: 1 in pool later's queue$`, stdout)
+	code, stdout, stderr = cli(t, url, "runs", "--json", "--state", "queued", "--label", "team=a")
+	require.Equal(t, 0, code, stderr)
+	var runs []messages.RunState
+	require.NoError(t, json.Unmarshal([]byte(stdout), &runs))
+	require.Len(t, runs, 2)
+	require.Equal(t, "q2", runs[0].ID, "newest first")
+	require.Equal(t, map[string]string{"team": "a"}, runs[0].Labels)
+
+	code, stdout, stderr = cli(t, url, "status", "q1")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `(?m)^state: +queued$`, stdout)
+	require.Contains(t, stdout, "waiting for a worker of pool later")
+	code, _, _ = cli(t, url, "status", "nosuch")
+	require.Equal(t, 1, code)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -27,7 +29,9 @@ func (a *app) statusCmd() *cobra.Command {
 exit code, attempts, profile, worker, times and why it ended as it did.
 With --json it prints the state record itself (docs/wire.md, "Run state").
 
-A run that has no state exits 1 with "run not found".`,
+A run no worker has taken yet has no state: its request, waiting in
+JETCREW_RUNS, is printed as a queued state. A run known nowhere exits 1
+with "run not found".`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runStatus(cmd.Context(), url, args[0], asJSON)
@@ -45,6 +49,12 @@ func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error 
 	}
 	defer closeNATS()
 	st, err := d.Status(ctx, id)
+	if errors.Is(err, dispatcher.ErrRunNotFound) {
+		// No worker has taken it yet: its request may be waiting.
+		if req, rerr := d.Request(ctx, id); rerr == nil {
+			st, err = req.State(dispatcher.WaitingReason(req.Pool, 0)), nil
+		}
+	}
 	if err != nil {
 		return err
 	}

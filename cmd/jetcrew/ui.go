@@ -39,6 +39,7 @@ const consoleStartWait = 5 * time.Second
 
 func (a *app) uiCmd() *cobra.Command {
 	var url, listen string
+	var readOnly bool
 	cmd := &cobra.Command{
 		Use:   "ui",
 		Short: "Serve the web console for any jetcrew installation",
@@ -52,18 +53,22 @@ It listens on loopback by default. Any other address, and any NATS server
 that requires authentication, needs an auth token in the environment
 variable JETCREW_UI_TOKEN: every request must then carry it (the login form,
 or "Authorization: Bearer <token>"), so that nobody acts with the console's
-NATS credentials without it.`,
+NATS credentials without it.
+
+--read-only serves the pages without their actions (cancel, replay, raise
+budget): for a console connected as the observer role.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.runUI(cmd.Context(), a.natsURL(url), listen)
+			return a.runUI(cmd.Context(), a.natsURL(url), listen, readOnly)
 		},
 	}
 	natsFlag(cmd, &url)
 	cmd.Flags().StringVar(&listen, "listen", console.DefaultListen, "host:port the console listens on; port 0 picks a free one")
+	cmd.Flags().BoolVar(&readOnly, "read-only", false, "show no cancel, replay or raise-budget action, and refuse them (for the observer role)")
 	return cmd
 }
 
-func (a *app) runUI(ctx context.Context, url, listen string) error {
+func (a *app) runUI(ctx context.Context, url, listen string, readOnly bool) error {
 	l, err := a.consoleListener(listen, true)
 	if err != nil {
 		return err
@@ -74,7 +79,7 @@ func (a *app) runUI(ctx context.Context, url, listen string) error {
 		return err
 	}
 	defer nc.Close()
-	stop, err := a.serveConsole(ctx, nc, l, a.getenv(uiTokenEnv))
+	stop, err := a.serveConsole(ctx, nc, l, a.getenv(uiTokenEnv), readOnly)
 	if errors.Is(err, errConsoleNeedsToken) {
 		return usageError(err)
 	}
@@ -110,9 +115,10 @@ func (a *app) consoleListener(addr string, explicit bool) (net.Listener, error) 
 // token when it is not empty, prints JETCREW_UI=<url> on stdout, and
 // returns the function that stops it (graceful, a few seconds at most; safe
 // to call twice). A server that requires authentication needs a token
-// (errConsoleNeedsToken). l is closed by the returned function, or on
+// (errConsoleNeedsToken). readOnly serves it without actions
+// (console.Config.ReadOnly). l is closed by the returned function, or on
 // error.
-func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, token string) (func(), error) {
+func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, token string, readOnly bool) (func(), error) {
 	if token == "" && nc.AuthRequired() {
 		_ = l.Close()
 		return nil, errConsoleNeedsToken
@@ -122,7 +128,7 @@ func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, t
 		_ = l.Close()
 		return nil, err
 	}
-	c, err := console.New(console.Config{Dispatcher: d, Token: token, Log: a.log})
+	c, err := console.New(console.Config{Dispatcher: d, Token: token, Log: a.log, ReadOnly: readOnly})
 	if err != nil {
 		_ = l.Close()
 		return nil, err
@@ -226,7 +232,7 @@ func (a *app) upConsole(ctx context.Context, cc upConsoleConn, l net.Listener) f
 		}
 		closeNC = nc.Close
 	}
-	stop, err := a.serveConsole(ctx, nc, l, cc.token)
+	stop, err := a.serveConsole(ctx, nc, l, cc.token, false)
 	if err != nil {
 		closeNC()
 		a.log.Error().Err(err).Msg("console not served")

@@ -31,10 +31,12 @@ func TestWaitingOnNothingIsSaid(t *testing.T) {
 	require.Contains(t, stderr, "no live worker serves pool gpu")
 	require.Less(t, time.Since(start), 8*time.Second)
 	// The run stays queued: no worker took it, so it has no state yet
-	// (the submitter writes none, docs/security.md), and watch knows it.
-	code, _, stderr = cli(t, url, "status", "lonely")
-	require.NotEqual(t, 0, code)
-	require.Contains(t, stderr, "no state until a worker takes it")
+	// (the submitter writes none, docs/security.md); status shows it
+	// queued from its request (issue 27), and watch knows it.
+	code, stdout, stderr = cli(t, url, "status", "lonely")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `(?m)^state: +queued$`, stdout)
+	require.Contains(t, stdout, "waiting for a worker of pool gpu")
 	ctx0, cancel0 := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel0()
 	lw := newTestApp(map[string]string{"NATS_URL": url}, nil)

@@ -50,6 +50,7 @@
     for (const l of r.labels || []) labels.appendChild(el("span", "label", l));
     cell(tr, (r.worker || "").slice(0, 12), "mono");
     cell(tr, r.queued, "mono");
+    cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
     return tr;
   }
@@ -63,7 +64,7 @@
           const tr = runRow(r);
           if (old) {
             // In place: the run's link (maybe being clicked) stays.
-            for (const i of [1, 6, 8]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            for (const i of [1, 6, 8, 9]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
             old.classList.remove("fresh");
             void old.offsetWidth; // restart the highlight
             old.classList.add("fresh");
@@ -78,15 +79,35 @@
     },
 
     run() {
+      // usage shows the run's model usage, budget line and "Raise
+      // budget" form as its latest state has them.
+      function usage(m) {
+        const facts = m.facts || [];
+        document.getElementById("usage").hidden = facts.length === 0 && !m.budget;
+        const line = document.getElementById("budget");
+        line.textContent = m.budget || "";
+        line.hidden = !m.budget;
+        const raise = document.getElementById("raise-form");
+        if (raise) raise.hidden = !m.paused;
+        const dl = document.getElementById("usage-facts");
+        const items = [];
+        for (const f of facts) items.push(el("dt", null, f.label), el("dd", null, f.text));
+        dl.replaceChildren(...items);
+      }
       const out = document.getElementById("output");
       const tl = document.getElementById("timeline");
       const agent = document.getElementById("agent");
       const coord = document.getElementById("coord");
       let last = 0;
+      // Output comes in the order the worker read stdout and stderr in:
+      // a chunk the stream stored late comes after later ones, so a
+      // replay after a reconnect is told by the chunks already shown.
+      const shown = new Set();
       live(body.dataset.live, {
         output(e) {
-          if (e.seq <= last) return;
-          last = e.seq;
+          if (shown.has(e.seq)) return;
+          shown.add(e.seq);
+          last = Math.max(last, e.seq);
           const follow = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
           out.appendChild(el("span", e.stream === "stderr" ? "stderr" : null, e.text));
           if (follow) out.scrollTop = out.scrollHeight;
@@ -120,8 +141,30 @@
           const s = document.getElementById("state");
           s.replaceWith(Object.assign(badge(r.state), { id: "state" }));
           document.getElementById("reason").textContent = r.reason;
-          document.getElementById("cancel-form").hidden = r.final;
-          document.getElementById("replay-form").hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          // A read-only console has no forms.
+          const cancel = document.getElementById("cancel-form");
+          if (cancel) cancel.hidden = r.final;
+          const replay = document.getElementById("replay-form");
+          if (replay) replay.hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          // Every fact the page shows follows the run (issue 27): a run
+          // ending, cancelled or replayed needs no reload.
+          const facts = { worker: r.worker, container: r.container, attempts: r.attempts,
+            "exit-code": r.exit_code, started: r.started, finished: r.finished, "output-bytes": r.output };
+          for (const [id, v] of Object.entries(facts)) {
+            const e = document.getElementById(id);
+            if (e && v !== undefined) e.textContent = v;
+          }
+          const warm = document.getElementById("warm");
+          if (warm) warm.hidden = !r.warm;
+          for (const id of ["result", "receipt"]) {
+            const e = document.getElementById(id);
+            if (!e || r[id] === undefined) continue;
+            e.textContent = r[id];
+            document.getElementById(id + "-section").hidden = !r[id];
+          }
+          const waiting = document.getElementById("waiting");
+          if (waiting) waiting.hidden = r.state !== "queued";
+          usage(r.model || {});
         },
       });
     },
@@ -187,6 +230,52 @@
         },
       });
     },
+  };
+
+  // The egress page swaps in a fresh list when its stream says it
+  // changed, keeping the "for the whole profile" boxes ticked, and moves
+  // the ages every second by itself.
+  pages.egress = function () {
+    function ages() {
+      const now = Date.now();
+      const fmt = (ms) => {
+        const s = Math.max(0, Math.floor(ms / 1000));
+        if (s < 60) return s + "s";
+        if (s < 3600) return Math.floor(s / 60) + "m" + (s % 60) + "s";
+        return Math.floor(s / 3600) + "h" + Math.floor((s % 3600) / 60) + "m0s";
+      };
+      for (const td of document.querySelectorAll("#asks td[data-since]")) td.textContent = fmt(now - Number(td.dataset.since));
+      for (const td of document.querySelectorAll("#asks td[data-until]")) td.textContent = fmt(Number(td.dataset.until) - now);
+    }
+    setInterval(ages, 1000);
+    let busy = false;
+    live(body.dataset.live, {
+      async changed() {
+        if (busy) return;
+        busy = true;
+        try {
+          const res = await fetch("/egress/fragment", { headers: { Accept: "text/html" } });
+          if (res.ok) {
+            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+            const fresh = doc.getElementById("egress-body");
+            if (fresh) {
+              const ticked = new Set();
+              for (const box of document.querySelectorAll("#asks tr[data-id] .for-profile:checked")) {
+                ticked.add(box.closest("tr").dataset.id);
+              }
+              for (const tr of fresh.querySelectorAll("#asks tr[data-id]")) {
+                const box = tr.querySelector(".for-profile");
+                if (box && ticked.has(tr.dataset.id)) box.checked = true;
+              }
+              document.getElementById("egress-body").replaceWith(document.adoptNode(fresh));
+              ages();
+            }
+          }
+        } finally {
+          busy = false;
+        }
+      },
+    });
   };
 
   const page = pages[body.dataset.page];

@@ -42,12 +42,29 @@ func Get(ctx context.Context, kv jetstream.KeyValue, key string) (messages.Budge
 // backoff (1 ms to 100 ms) when another writer came first, until ctx ends.
 // It returns the sum it wrote, or the last error once ctx ended.
 func Add(ctx context.Context, kv jetstream.KeyValue, key string, d messages.BudgetSpend) (messages.BudgetSpend, error) {
+	sum, _, err := AddIf(ctx, kv, key, d, nil)
+	return sum, err
+}
+
+// AddIf is Add when admit, called with the key's current value on every
+// try, returns true (a nil admit always does); when it returns false,
+// nothing is written and AddIf returns the value it saw and false. The
+// check and the write are one compare-and-set: no other writer's addition
+// comes between them, so a limit admit checks is never passed by writers
+// adding at once.
+func AddIf(ctx context.Context, kv jetstream.KeyValue, key string, d messages.BudgetSpend, admit func(cur messages.BudgetSpend) bool) (messages.BudgetSpend, bool, error) {
 	var sum messages.BudgetSpend
+	admitted := true
 	op := func() error {
 		cur, rev, err := Get(ctx, kv, key)
 		if err != nil {
 			return err
 		}
+		if admit != nil && !admit(cur) {
+			sum, admitted = cur, false
+			return nil
+		}
+		admitted = true
 		sum = messages.BudgetSpend{CostUSD: cur.CostUSD + d.CostUSD, OutputTokens: cur.OutputTokens + d.OutputTokens, Requests: cur.Requests + d.Requests}
 		data, _ := json.Marshal(sum) // a BudgetSpend always marshals
 		if rev == 0 {
@@ -60,7 +77,7 @@ func Add(ctx context.Context, kv jetstream.KeyValue, key string, d messages.Budg
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = time.Millisecond, 100*time.Millisecond, 0
 	if err := backoff.Retry(op, backoff.WithContext(bo, ctx)); err != nil {
-		return messages.BudgetSpend{}, fmt.Errorf("add to budget %s: %w", key, err)
+		return messages.BudgetSpend{}, false, fmt.Errorf("add to budget %s: %w", key, err)
 	}
-	return sum, nil
+	return sum, admitted, nil
 }

@@ -157,7 +157,7 @@ func (p Plan) ContainerArgv() []string {
 func (p Profile) Plan(prompt string, coord bool) (Plan, error) {
 	// A profile with an egress allowlist reaches out only through the
 	// relay the launcher starts (egress.go).
-	plan := Plan{EgressRelay: len(p.Egress) > 0, EnvFile: len(p.EnvFromHost) > 0}
+	plan := Plan{EgressRelay: p.HasEgress(), EnvFile: len(p.EnvFromHost) > 0}
 	b, err := lookupBackend(p.Backend)
 	if err != nil {
 		return plan, err

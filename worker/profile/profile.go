@@ -84,6 +84,17 @@ type Profile struct {
 	// requests to one allowed host, instead of passing them into the
 	// container (see EgressInject).
 	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
+	// EgressAsk lists hosts ("name:port", "*.suffix:port"; no addresses)
+	// a run may reach only once an operator allows it, live: a connection
+	// to one is held until an operator allows or denies it, for the run
+	// or for the profile from now on (jetcrew egress pending|allow|deny),
+	// or EgressAskTimeout passes (then it is refused). Empty: none.
+	EgressAsk []string `toml:"egress_ask" json:"egress_ask,omitempty"`
+	// EgressAskTimeout is how long a connection to an egress_ask host
+	// waits for an operator, a Go duration; default DefaultEgressAskTimeout.
+	EgressAskTimeout string `toml:"egress_ask_timeout" json:"egress_ask_timeout,omitempty"`
+	egressAsk        egress.Policy
+	egressAskTimeout time.Duration
 	// Runtime is the OCI runtime, any name the engine reports (`docker
 	// info` Runtimes): runc (the engine's default when empty), runsc
 	// (gVisor), crun, kata, sysbox-runc, ... The worker refuses to start
@@ -303,6 +314,18 @@ func (p Profile) withDefaults() (Profile, error) {
 		}
 		p.egressPolicy = pol
 	}
+	if len(p.EgressAsk) > 0 {
+		pol, err := egress.ParsePolicy(p.EgressAsk)
+		if err != nil {
+			return p, fmt.Errorf("egress_ask: %w", err)
+		}
+		for _, r := range pol.Rules() {
+			if r.Name == "" {
+				return p, fmt.Errorf("egress_ask entry %s: an operator allows names, not addresses", r)
+			}
+		}
+		p.egressAsk = pol
+	}
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
 		stallDefault = 0
@@ -317,6 +340,7 @@ func (p Profile) withDefaults() (Profile, error) {
 		{"stall_timeout", p.StallTimeout, &p.stallTimeout, stallDefault},
 		{"bridge_deadline", p.BridgeDeadline, &p.bridgeDeadline, 2 * time.Minute},
 		{"budget_pause", p.BudgetPause, &p.budgetPause, DefaultBudgetPause},
+		{"egress_ask_timeout", p.EgressAskTimeout, &p.egressAskTimeout, DefaultEgressAskTimeout},
 	} {
 		*d.dst = d.def
 		if d.s != "" {
@@ -383,7 +407,18 @@ func (p Profile) EgressPolicy() egress.Policy { return p.egressPolicy }
 // HasEgress reports whether the profile has an egress allowlist: its runs
 // have network none and reach only those hosts, through their egress
 // proxy.
-func (p Profile) HasEgress() bool { return len(p.Egress) > 0 }
+func (p Profile) HasEgress() bool { return len(p.Egress) > 0 || len(p.EgressAsk) > 0 }
+
+// EgressAskPolicy returns the hosts of egress_ask, parsed.
+func (p Profile) EgressAskPolicy() egress.Policy { return p.egressAsk }
+
+// EgressAskTimeoutDuration returns how long a connection to an egress_ask
+// host waits for an operator.
+func (p Profile) EgressAskTimeoutDuration() time.Duration { return p.egressAskTimeout }
+
+// DefaultEgressAskTimeout is how long a connection to an egress_ask host
+// waits for an operator by default.
+const DefaultEgressAskTimeout = 2 * time.Minute
 
 // Owner returns the numeric uid and gid of the profile's user (the user
 // key, validated when the profile was resolved).

@@ -56,7 +56,10 @@ func (p Profile) validate() error {
 	if err := p.validateInject(); err != nil {
 		return err
 	}
-	if len(p.Egress) > 0 && p.Network != "none" {
+	if p.egressAskTimeout < time.Second || p.egressAskTimeout > time.Hour {
+		return fmt.Errorf("egress_ask_timeout %s must be between 1s and 1h", p.egressAskTimeout)
+	}
+	if p.HasEgress() && p.Network != "none" {
 		return fmt.Errorf("network %q with egress: a profile with an egress allowlist runs with network none, its only way out the egress proxy; drop network", p.Network)
 	}
 	if p.Runtime != "" && !validRuntimeName(p.Runtime) {

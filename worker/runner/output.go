@@ -22,9 +22,14 @@ const outputFlushInterval = 50 * time.Millisecond
 
 // outputPublisher turns a container's output into EventOutput messages. It
 // coalesces consecutive writes to the same stream into chunks of at most
-// messages.MaxOutputChunk bytes, never merging across a change of stream, so
-// interleaved stdout and stderr keep their order. Messages are published
-// asynchronously, in order, on one connection; close waits for every ack.
+// messages.MaxOutputChunk bytes, never merging across a change of stream
+// (a write to the other stream first closes the pending chunk), and stamps
+// each chunk with messages.HeaderSeq as it closes it, so interleaved stdout
+// and stderr keep the order the runtime handed them over in. Messages are
+// published asynchronously, in order, on one connection; close waits for
+// every ack. (A masker's held-back tail of one stream, the start of a
+// possible secret, is written when that stream's next bytes or close
+// decide it: only then does it take its place.)
 type outputPublisher struct {
 	js      jetstream.JetStream
 	subject string
@@ -37,6 +42,9 @@ type outputPublisher struct {
 	buf     []byte
 	offsets map[string]int64
 	total   int64
+	// chunks counts the chunks made so far, of both streams: each one's
+	// messages.HeaderSeq, in the order their bytes were written.
+	chunks uint64
 	// errTail keeps the last bytes written to stderr, for failure reasons.
 	errTail []byte
 	// futures are the publishes not yet known acknowledged, oldest first:
@@ -143,6 +151,8 @@ func (o *outputPublisher) flushLocked() {
 	msg.Header.Set(messages.HeaderRunID, o.runID)
 	msg.Header.Set(messages.HeaderStream, o.stream)
 	msg.Header.Set(messages.HeaderOffset, strconv.FormatInt(o.offsets[o.stream], 10))
+	o.chunks++
+	msg.Header.Set(messages.HeaderSeq, strconv.FormatUint(o.chunks, 10))
 	msg.Header.Set(messages.HeaderAttempt, o.attempt)
 	// Deduplicates a chunk re-published after its first ack was lost.
 	// The request's sequence keeps a replay's output apart from the

@@ -55,6 +55,16 @@ func (b *budgetStore) get(ctx context.Context, key string) (messages.BudgetSpend
 	return budgetkv.Get(ctx, kv, key)
 }
 
+// AddIf adds d to key's BudgetSpend by compare-and-set when admit allows
+// (budgetkv.AddIf).
+func (b *budgetStore) AddIf(ctx context.Context, key string, d messages.BudgetSpend, admit func(messages.BudgetSpend) bool) (messages.BudgetSpend, bool, error) {
+	kv, err := b.bucket(ctx)
+	if err != nil {
+		return messages.BudgetSpend{}, false, err
+	}
+	return budgetkv.AddIf(ctx, kv, key, d, admit)
+}
+
 // Add adds d to key's BudgetSpend by compare-and-set (budgetkv.Add).
 func (b *budgetStore) Add(ctx context.Context, key string, d messages.BudgetSpend) (messages.BudgetSpend, error) {
 	kv, err := b.bucket(ctx)
@@ -80,36 +90,50 @@ type sharedBudgets struct {
 	log    func(err error)
 }
 
-// Over implements egress.Shared: it reads each budget's key for the
-// current window (and the group's grant) and returns the first reached.
+// Over implements egress.Shared: for each budget, in one compare-and-set
+// on its key for the current window, it checks the spend against the
+// limits (plus the group's grant) and, when none is reached, counts the
+// request; so max_model_requests is never passed, however many workers
+// send at once. It returns the first budget reached (nothing counted for
+// it, though a budget checked before it counted the request).
 func (s *sharedBudgets) Over(ctx context.Context) (*egress.Budget, error) {
 	ctx, cancel := context.WithTimeout(ctx, budgetReadTimeout)
 	defer cancel()
 	now := time.Now()
 	for _, sc := range s.scopes {
-		spent, _, err := s.store.get(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), now))
-		if err != nil {
-			return nil, err
-		}
 		var grant messages.BudgetSpend
 		if sc.scope == messages.BudgetScopeGroup {
+			var err error
 			if grant, _, err = s.store.get(ctx, messages.GrantKey(sc.scope, sc.name)); err != nil {
 				return nil, err
 			}
 		}
-		if b := reached(sc.scope, sc.b.MaxCostUSD, sc.b.MaxOutputTokens, sc.b.MaxModelRequests, spent, grant); b != nil {
+		var b *egress.Budget
+		_, _, err := s.store.AddIf(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), now), messages.BudgetSpend{Requests: 1},
+			func(spent messages.BudgetSpend) bool {
+				b = reached(sc.scope, sc.b.MaxCostUSD, sc.b.MaxOutputTokens, sc.b.MaxModelRequests, spent, grant)
+				return b == nil
+			})
+		if err != nil {
+			return nil, err
+		}
+		if b != nil {
 			return b, nil
 		}
 	}
 	return nil, nil
 }
 
-// Spend implements egress.Shared: it adds ev to each budget's key for the
-// window that holds the response's start.
+// Spend implements egress.Shared: it adds ev's cost and output tokens to
+// each budget's key for the window that holds the response's start (its
+// request was counted by Over).
 func (s *sharedBudgets) Spend(ctx context.Context, ev messages.UsageEvent) {
-	d := messages.BudgetSpend{Requests: 1, OutputTokens: ev.Tokens.Output}
+	d := messages.BudgetSpend{OutputTokens: ev.Tokens.Output}
 	if ev.CostUSD != nil {
 		d.CostUSD = *ev.CostUSD
+	}
+	if d == (messages.BudgetSpend{}) {
+		return
 	}
 	for _, sc := range s.scopes {
 		if _, err := s.store.Add(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), ev.Time), d); err != nil {

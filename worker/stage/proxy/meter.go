@@ -192,3 +192,16 @@ func receiptShared(name string, b *profile.SharedBudget) *messages.ReceiptShared
 	return &messages.ReceiptSharedBudget{Name: name, MaxCostUSD: b.MaxCostUSD, MaxOutputTokens: b.MaxOutputTokens,
 		MaxModelRequests: b.MaxModelRequests, Window: b.WindowDuration().String()}
 }
+
+// Exited ends a run that sent a model request past a budget failed, with
+// the budget as its reason, when it ends now: also when the agent exited
+// on its own before Check stopped it (a refused request is the end the
+// profile's on_budget asks for, whatever the agent did next).
+func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
+	if !s.metered || !req.Final {
+		return
+	}
+	if b, ok := s.sess.Reached(); ok {
+		resp.Fail, resp.Reason = true, b.String()
+	}
+}

@@ -243,6 +243,14 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	if len(inj) > 0 {
 		s.meter(req.Run)
 	}
+	if len(prof.EgressAsk) > 0 {
+		asks, approvals, err := s.p.askBuckets(ctx)
+		if err != nil {
+			return fmt.Errorf("egress_ask: %w", err)
+		}
+		a := &asker{p: s.p, run: req.Run, asks: asks, approvals: approvals}
+		sess.AskFor(prof.EgressAskPolicy(), a.ask)
+	}
 	resp.Env = append(resp.Env, Env(prof)...)
 	return nil
 }

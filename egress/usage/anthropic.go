@@ -1,0 +1,95 @@
+package usage
+
+import (
+	"encoding/json"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// anthropicUsage is Anthropic Messages' usage object. Counts are pointers:
+// a stream's message_delta omits (or sends null for) the counts it does
+// not update.
+type anthropicUsage struct {
+	InputTokens              *int64 `json:"input_tokens"`
+	OutputTokens             *int64 `json:"output_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+}
+
+// tokens returns u as Tokens (Anthropic's input_tokens already excludes
+// the cache kinds).
+func (u *anthropicUsage) tokens() messages.Tokens {
+	return messages.Tokens{Input: count(u.InputTokens), Output: count(u.OutputTokens),
+		CacheRead: count(u.CacheReadInputTokens), CacheWrite: count(u.CacheCreationInputTokens)}
+}
+
+// anthropicMessage is the part of a Message (a JSON response, or
+// message_start's message) that says the model and usage.
+type anthropicMessage struct {
+	Model string          `json:"model"`
+	Usage *anthropicUsage `json:"usage"`
+}
+
+// anthropicBody reads a Messages response body.
+func anthropicBody(t *tally, data []byte) {
+	var m anthropicMessage
+	if json.Unmarshal(data, &m) != nil {
+		return
+	}
+	if m.Model != "" {
+		t.model = m.Model
+	}
+	if m.Usage != nil {
+		t.tokens, t.known = m.Usage.tokens(), true
+	}
+}
+
+// anthropicEvent reads a Messages stream event: message_start's
+// message.usage and message.model, and message_delta's usage, whose counts
+// are totals for the whole message so far. Each count keeps its latest
+// non-zero value: a delta that omits a count, or sends it as 0 or null,
+// leaves the one message_start gave. (The Anthropic Go SDK's
+// Message.Accumulate overwrites with any count present, 0 included; the two
+// differ only on a delta that sends 0 after a non-zero count, which would
+// not be a cumulative count.)
+func anthropicEvent(t *tally, data []byte) {
+	if !mentions(data, `"usage"`) {
+		return
+	}
+	var e struct {
+		Type    string            `json:"type"`
+		Message *anthropicMessage `json:"message"`
+		Usage   *anthropicUsage   `json:"usage"`
+	}
+	if json.Unmarshal(data, &e) != nil {
+		return
+	}
+	var u *anthropicUsage
+	switch e.Type {
+	case "message_start":
+		if e.Message == nil {
+			return
+		}
+		if e.Message.Model != "" {
+			t.model = e.Message.Model
+		}
+		u = e.Message.Usage
+	case "message_delta":
+		u = e.Usage
+	}
+	if u == nil {
+		return
+	}
+	t.known = true
+	latest(&t.tokens.Input, u.InputTokens)
+	latest(&t.tokens.Output, u.OutputTokens)
+	latest(&t.tokens.CacheRead, u.CacheReadInputTokens)
+	latest(&t.tokens.CacheWrite, u.CacheCreationInputTokens)
+}
+
+// latest sets *dst to *n when n is present and positive.
+func latest(dst *int64, n *int64) {
+	if v := count(n); v > 0 {
+		*dst = v
+	}
+}

@@ -1,0 +1,82 @@
+package usage_test
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/egress/usage"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// fuzzFormats are the formats a fuzz input picks from.
+var fuzzFormats = []string{messages.FormatAnthropic, messages.FormatOpenAIChat, messages.FormatOpenAIResponses, messages.FormatGemini, ""}
+
+// fuzzTypes are the content types a fuzz input picks from.
+var fuzzTypes = []string{"text/event-stream", "application/json", "text/event-stream; charset=utf-8", ""}
+
+// FuzzWrap feeds any bytes as any format's response, split in reads of
+// random sizes: Wrap never panics, passes every byte through unchanged,
+// calls done once, and reads the same usage however the body was split.
+// go test runs the seed corpus (every testdata response); go test -fuzz
+// FuzzWrap explores.
+func FuzzWrap(f *testing.F) {
+	for i, tc := range wrapCases {
+		f.Add(uint8(i), uint8(i), fixture(f, tc.fixture), uint64(i), uint16(0))
+		f.Add(uint8(i+1), uint8(i), fixture(f, tc.fixture), uint64(i), uint16(200))
+	}
+	f.Add(uint8(0), uint8(0), []byte("data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1}}}\r\n\r"), uint64(7), uint16(64))
+	f.Add(uint8(3), uint8(1), []byte(`[{"usageMetadata":{"promptTokenCount":1}},`), uint64(7), uint16(0))
+	f.Fuzz(func(t *testing.T, format, ct uint8, data []byte, seed uint64, max uint16) {
+		fm := fuzzFormats[int(format)%len(fuzzFormats)]
+		typ := fuzzTypes[int(ct)%len(fuzzTypes)]
+		maxJSON := int64(max) // 0: the default
+		req := usage.Request{Format: fm, Model: "m", Stream: seed%2 == 0}
+		want := wrapRead(t, fm, req, 200, typ, data, whole, maxJSON)
+		require.Equal(t, want, wrapRead(t, fm, req, 200, typ, data, randomSizes(seed), maxJSON))
+		require.Equal(t, want, wrapRead(t, fm, req, 200, typ, data, oneByte, maxJSON))
+		if !want.Known {
+			require.Zero(t, want.Tokens)
+		}
+		require.GreaterOrEqual(t, min(want.Tokens.Input, want.Tokens.Output, want.Tokens.CacheRead, want.Tokens.CacheWrite), int64(0))
+		// An error status is passed on unread.
+		require.Equal(t, usage.Result{Model: "m", Stream: strings.HasPrefix(typ, "text/event-stream")}, wrapRead(t, fm, req, 500, typ, data, randomSizes(seed), maxJSON))
+	})
+}
+
+// FuzzRequestInfo reads any body as any format's request: the body it
+// returns replays the input byte for byte, whatever the bound and however
+// the body is split; a body past the bound yields no model.
+func FuzzRequestInfo(f *testing.F) {
+	f.Add(uint8(0), "/v1/messages", []byte(`{"model":"claude-sonnet-4-5","stream":true}`), int64(1<<10), uint64(1))
+	f.Add(uint8(1), "/v1/chat/completions", []byte(`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}`), int64(20), uint64(2))
+	f.Add(uint8(2), "/v1/responses", []byte(`{"model":"gpt-5","input":"hi"}`), int64(0), uint64(3))
+	f.Add(uint8(3), "/v1beta/models/gemini-2.5-pro:streamGenerateContent", []byte(`{}`), int64(-1), uint64(4))
+	f.Add(uint8(4), "/", []byte(nil), int64(1), uint64(5))
+	f.Fuzz(func(t *testing.T, format uint8, path string, data []byte, max int64, seed uint64) {
+		fm := fuzzFormats[int(format)%len(fuzzFormats)]
+		var got []usage.Request
+		for _, sizes := range []func() int{whole, randomSizes(seed)} {
+			req, body := usage.RequestInfo(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
+			b, err := io.ReadAll(body)
+			require.NoError(t, err)
+			require.Equal(t, string(data), string(b))
+			require.NoError(t, body.Close())
+			require.Equal(t, fm, req.Format)
+			if fm != messages.FormatGemini && int64(len(data)) > max {
+				require.Equal(t, usage.Request{Format: fm}, req)
+			}
+			if fm != messages.FormatOpenAIChat {
+				require.False(t, req.IncludeUsage)
+			}
+			got = append(got, req)
+		}
+		require.Equal(t, got[0], got[1])
+		if fm == "" {
+			require.Equal(t, usage.Request{}, got[0])
+		}
+	})
+}

@@ -1,0 +1,153 @@
+package usage
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math"
+	"strings"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Detect returns the metered format of a request by its HTTP method and URL
+// path (the path alone, without query; a query is ignored if present):
+// POST to a path ending "/v1/messages" is messages.FormatAnthropic, ending
+// "/chat/completions" is FormatOpenAIChat, ending "/responses" is
+// FormatOpenAIResponses, containing "/models/" and ending
+// ":generateContent" or ":streamGenerateContent" is FormatGemini (Gemini
+// API and Vertex AI paths alike). Anything else is "": not a model
+// request this package meters (Anthropic's /v1/messages/count_tokens,
+// Gemini's :countTokens, a GET of a stored response).
+func Detect(method, path string) string {
+	if method != "POST" {
+		return ""
+	}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	switch {
+	case strings.HasSuffix(path, "/v1/messages"):
+		return messages.FormatAnthropic
+	case strings.HasSuffix(path, "/chat/completions"):
+		return messages.FormatOpenAIChat
+	case strings.HasSuffix(path, "/responses"):
+		return messages.FormatOpenAIResponses
+	case strings.Contains(path, "/models/") &&
+		(strings.HasSuffix(path, ":generateContent") || strings.HasSuffix(path, ":streamGenerateContent")):
+		return messages.FormatGemini
+	}
+	return ""
+}
+
+// Request is what a model request says about itself (RequestInfo).
+type Request struct {
+	// Format is the request's format, as Detect returned it.
+	Format string
+	// Model is the model the request names: the body's "model"
+	// (Anthropic, OpenAI), the path's models/<model> (Gemini); "" when
+	// unknown (a body past the bound or not JSON).
+	Model string
+	// Stream is true when the request asks for a stream: the body's
+	// "stream": true (Anthropic, OpenAI), a :streamGenerateContent path
+	// (Gemini).
+	Stream bool
+	// IncludeUsage is true when an OpenAI Chat Completions request sets
+	// stream_options.include_usage = true, without which a stream carries
+	// no usage. It is false for every other format.
+	IncludeUsage bool
+}
+
+// RequestInfo returns what a request of format (Detect's) to path says
+// about itself, and a body to send upstream in place of body: it replays
+// exactly the bytes read here, followed by the rest of body (and by the
+// error that stopped reading, if one did), and its Close closes body. It
+// reads at most max bytes of body (plus one, to tell a larger body apart);
+// a larger body, or one that is not JSON, yields no model and is passed on
+// unparsed. A Gemini request is told by its path alone: its body is
+// returned untouched. A nil body is returned as is. It never fails: the
+// request goes upstream byte for byte in every case.
+func RequestInfo(format, path string, body io.ReadCloser, max int64) (Request, io.ReadCloser) {
+	req := Request{Format: format}
+	if format == messages.FormatGemini {
+		req.Model, req.Stream = geminiPath(path)
+		return req, body
+	}
+	if body == nil || format == "" || max <= 0 {
+		return req, body
+	}
+	limit := max
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(io.LimitReader(body, limit))
+	read := buf.Bytes()
+	if err == nil && int64(len(read)) <= max {
+		req.parse(format, read)
+	}
+	return req, &replay{r: bytes.NewReader(read), err: err, rc: body}
+}
+
+// parse reads the model and stream fields of a JSON request body; fields
+// of the wrong type are ignored one by one.
+func (r *Request) parse(format string, data []byte) {
+	var b struct {
+		Model         json.RawMessage `json:"model"`
+		Stream        json.RawMessage `json:"stream"`
+		StreamOptions json.RawMessage `json:"stream_options"`
+	}
+	if json.Unmarshal(data, &b) != nil {
+		return
+	}
+	_ = json.Unmarshal(b.Model, &r.Model)
+	_ = json.Unmarshal(b.Stream, &r.Stream)
+	if format == messages.FormatOpenAIChat {
+		var so struct {
+			IncludeUsage json.RawMessage `json:"include_usage"`
+		}
+		if json.Unmarshal(b.StreamOptions, &so) == nil {
+			_ = json.Unmarshal(so.IncludeUsage, &r.IncludeUsage)
+		}
+	}
+}
+
+// geminiPath returns the model of a Gemini path (…/models/<model>:<method>)
+// and whether the method streams.
+func geminiPath(path string) (model string, stream bool) {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	i := strings.LastIndex(path, "/models/")
+	if i < 0 {
+		return "", false
+	}
+	rest := path[i+len("/models/"):]
+	j := strings.LastIndexByte(rest, ':')
+	if j < 0 {
+		return "", false
+	}
+	return rest[:j], rest[j+1:] == "streamGenerateContent"
+}
+
+// replay is a request body that gives back the bytes RequestInfo read,
+// then the error that stopped it (if any), then the rest of rc.
+type replay struct {
+	r   *bytes.Reader
+	err error
+	rc  io.ReadCloser
+}
+
+// Read implements io.Reader.
+func (b *replay) Read(p []byte) (int, error) {
+	if b.r.Len() > 0 {
+		return b.r.Read(p)
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.rc.Read(p)
+}
+
+// Close closes the original body.
+func (b *replay) Close() error { return b.rc.Close() }

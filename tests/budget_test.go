@@ -1,0 +1,299 @@
+package tests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/egress/usage"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// The budget tests run real runs of a metered profile (egress_inject, with
+// budgets) on real Docker against the stand-in provider's Messages API
+// (tests/fixtures/egress), whose every answer reports the usage
+// fixtureTokens.
+
+// budgetPrices is the worker's price table: the model is priced by its
+// undated name, which prices the dated one the runs ask for.
+const budgetPrices = `[models."claude-sonnet-4-5"]
+input = 3.0
+output = 15.0
+cache_read = 0.30
+cache_write = 3.75
+`
+
+// budgetModel is the model the runs ask for.
+const budgetModel = "claude-sonnet-4-5-20250929"
+
+// fixtureTokens are the tokens of every Messages answer of the stand-in,
+// streamed or not (its stream's message_delta repeats them cumulatively).
+var fixtureTokens = messages.Tokens{Input: 11, Output: 5, CacheRead: 2, CacheWrite: 1}
+
+// fixtureCostUSD is what fixtureTokens cost by budgetPrices.
+const fixtureCostUSD = (11*3.0 + 5*15.0 + 2*0.30 + 1*3.75) / 1e6
+
+// budgetProfile is the metered profile: inj.provider.test with the key
+// injected, api.provider.test allowed but not injected (another name of
+// the same address), no address rule (the provider's network looks
+// public), at most 2 model requests and 1 USD.
+func budgetProfile(image string) string {
+	return fmt.Sprintf(`[profiles.bud]
+image = %q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443", "api.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_model_requests = 2
+max_cost_usd = 1.0
+`, image)
+}
+
+// messagesBody is a Messages API request body for budgetModel.
+func messagesBody(stream bool) string {
+	return fmt.Sprintf(`{"model":%q,"max_tokens":16,"stream":%t,"messages":[{"role":"user","content":"hi"}]}`, budgetModel, stream)
+}
+
+// budgetScript sends three model requests to the metered host (plain,
+// streamed, plain), each line "R<n> status=... key=... body=...", then
+// waits: the worker must stop it for the budget the third one hit.
+func budgetScript() string {
+	return fmt.Sprintf(`m='%[1]s'; s='%[2]s'
+echo "R1 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo "R2 $(egress-fixture post https://inj.provider.test/v1/messages "$s")"
+echo "R3 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo DONE
+sleep 60
+`, messagesBody(false), messagesBody(true))
+}
+
+// bypassScript tries to reach the provider past the metering, with the
+// agent's own key (post's): directly (network none), through the proxy by
+// the provider's address, by a name the profile does not list, and by
+// another listed name of the same address; then once through the metered
+// name. Each line is "<check> <what happened>".
+func bypassScript(provider netip.Addr) string {
+	return fmt.Sprintf(`m='%[2]s'
+if nc -w 2 %[1]s 443 </dev/null >/dev/null 2>&1; then echo "direct ok"; else echo "direct fail"; fi
+echo "address $(egress-fixture post -k https://%[1]s/v1/messages "$m")"
+echo "unlisted $(egress-fixture post -k https://other.provider.test/v1/messages "$m")"
+echo "alias $(egress-fixture post -k https://api.provider.test/v1/messages "$m")"
+echo "metered $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+`, provider, messagesBody(false))
+}
+
+// scriptLines returns the run's output lines by their first word.
+func scriptLines(out string) map[string]string {
+	res := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			res[k] = v
+		}
+	}
+	return res
+}
+
+// keyTag is how the stand-in names a key it saw (X-Fixture-Key, for one
+// key).
+func keyTag(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "key=" + hex.EncodeToString(sum[:8]) + "/n=1 "
+}
+
+// TestEgressBudget runs the metered profile bud on real Docker, two runs at
+// once on one worker.
+//
+// budget: a run sends a plain and a streamed model request (200 each, the
+// worker's key in place of the agent's), then a third that the proxy
+// answers itself with Anthropic's 429 rate_limit_error naming
+// max_model_requests; the worker then stops the run (its script would
+// sleep a minute), failed with "budget reached: max_model_requests 2". Its
+// usage is exact to the token (the stream's cumulative message_delta is
+// not added twice) and priced by the table, in the state, on the finished
+// event and in exactly two usage events and one budget event; the receipt
+// names the price table and the budgets; the key is nowhere in the state
+// or the events.
+//
+// bypass: a run of the same profile, with a key of its own, cannot reach
+// the provider past the metering: not directly (network none), not
+// through the proxy by the provider's address or by a name the profile
+// does not list, and not by another name the profile lists
+// (api.provider.test, not injected) that resolves to the metered host's
+// address (403, an egress event naming the metered host). Only its
+// request to the metered name is answered, with the worker's key, and
+// counted.
+func TestEgressBudget(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	prices, err := usage.ParsePrices("budget-test", []byte(budgetPrices))
+	require.NoError(t, err)
+	e := startEgressWorkerOpts(t, egressOptions{profiles: budgetProfile, prices: prices, publicNet: true})
+	budget, bypass := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t)
+	e.submit(t, budget, "bud", budgetScript())
+	e.submit(t, bypass, "bud", bypassScript(e.provider))
+
+	t.Run("budget", func(t *testing.T) {
+		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
+		all := eventsToFinished(t, e.js, budget)
+		out, _ := egressRunOutput(t, e.js, budget)
+		reached := "budget reached: max_model_requests 2 (2 model requests sent)"
+		require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
+		require.Contains(t, st.Reason, "budget reached: max_model_requests 2", out)
+		require.Contains(t, out, "DONE\n")
+		require.Less(t, st.FinishedAt.Sub(st.StartedAt), 30*time.Second, "the run was not stopped for its budget")
+
+		res := scriptLines(out)
+		worker := keyTag(providerKey)
+		require.True(t, strings.HasPrefix(res["R1"], "status=200 "+worker), "R1: %s", res["R1"])
+		require.Contains(t, res["R1"], `"model":"`+budgetModel+`"`)
+		require.True(t, strings.HasPrefix(res["R2"], "status=200 "+worker+"body=event: message_start"), "R2: %s", res["R2"])
+		require.Contains(t, res["R2"], "message_start")
+		require.True(t, strings.HasPrefix(res["R3"], "status=429 key=- body="), "R3: %s", res["R3"])
+		var quota struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(res["R3"], "status=429 key=- body=")), &quota), res["R3"])
+		require.Equal(t, "error", quota.Type)
+		require.Equal(t, "rate_limit_error", quota.Error.Type)
+		require.Contains(t, quota.Error.Message, reached)
+
+		want := messages.UsageTotals{Requests: 2, Tokens: fixtureTokens.Add(fixtureTokens), Refused: 1}
+		requireUsage(t, want, 2*fixtureCostUSD, st.Usage)
+		require.Equal(t, reached, st.Budget)
+		require.NotNil(t, st.Receipt)
+		require.Equal(t, prices.Digest, st.Receipt.Prices)
+		require.True(t, strings.HasPrefix(st.Receipt.Prices, "sha256:"), st.Receipt.Prices)
+		require.Equal(t, &messages.ReceiptBudgets{MaxCostUSD: 1, MaxModelRequests: 2, OnBudget: "fail"}, st.Receipt.Budgets)
+
+		var usageEvents []messages.UsageEvent
+		var budgetEvents []messages.BudgetEvent
+		var finished []messages.Event
+		for _, m := range all {
+			require.NotContains(t, string(m.Data()), providerKey, m.Subject())
+			switch m.Subject() {
+			case messages.SubjectEvents(budget, messages.EventUsage):
+				var ev messages.UsageEvent
+				require.NoError(t, json.Unmarshal(m.Data(), &ev))
+				usageEvents = append(usageEvents, ev)
+			case messages.SubjectEvents(budget, messages.EventBudget):
+				var ev messages.BudgetEvent
+				require.NoError(t, json.Unmarshal(m.Data(), &ev))
+				budgetEvents = append(budgetEvents, ev)
+			case messages.SubjectEvents(budget, messages.EventFinished):
+				var ev messages.Event
+				require.NoError(t, json.Unmarshal(m.Data(), &ev))
+				finished = append(finished, ev)
+			}
+		}
+		require.Len(t, usageEvents, 2, "usage events: %+v", usageEvents)
+		for i, ev := range usageEvents {
+			require.Equal(t, budget, ev.RunID)
+			require.Equal(t, "inj.provider.test", ev.Host)
+			require.Equal(t, messages.FormatAnthropic, ev.Format)
+			require.Equal(t, budgetModel, ev.Model)
+			require.Equal(t, 200, ev.Status)
+			require.Equal(t, i == 1, ev.Stream, "event %d: the second request streams", i)
+			require.True(t, ev.Known, "event %d", i)
+			require.Equal(t, fixtureTokens, ev.Tokens, "event %d", i)
+			require.NotNil(t, ev.CostUSD, "event %d", i)
+			require.InDelta(t, fixtureCostUSD, *ev.CostUSD, 1e-12, "event %d", i)
+		}
+		require.Len(t, budgetEvents, 1, "budget events: %+v", budgetEvents)
+		b := budgetEvents[0]
+		require.Equal(t, messages.BudgetEvent{RunID: budget, Time: b.Time, Budget: "max_model_requests", Limit: 2, Spent: 2,
+			Action: "fail", Reason: reached}, b)
+		require.Len(t, finished, 1)
+		require.Equal(t, messages.StateFailed, finished[0].State)
+		require.Equal(t, st.Usage, finished[0].Usage)
+
+		data, err := json.Marshal(st)
+		require.NoError(t, err)
+		require.NotContains(t, string(data), providerKey)
+		require.NotContains(t, out, providerKey)
+	})
+
+	t.Run("bypass", func(t *testing.T) {
+		st := waitState(t, e.url, bypass, func(s messages.RunState) bool { return s.State.Final() })
+		all := eventsToFinished(t, e.js, bypass)
+		out, events := egressRunOutput(t, e.js, bypass)
+		require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
+		res := scriptLines(out)
+
+		require.Equal(t, "fail", res["direct"], "the provider's address is reachable directly:\n%s", out)
+		// The proxy refuses a CONNECT it does not allow with 403, which Go's
+		// client reports as an error.
+		require.True(t, strings.HasPrefix(res["address"], "status=error ") && strings.Contains(res["address"], "Forbidden"),
+			"by address: %s", res["address"])
+		require.True(t, strings.HasPrefix(res["unlisted"], "status=error ") && strings.Contains(res["unlisted"], "Forbidden"),
+			"unlisted name: %s", res["unlisted"])
+		require.True(t, strings.HasPrefix(res["metered"], "status=200 "+keyTag(providerKey)), "metered: %s", res["metered"])
+
+		require.True(t, strings.HasPrefix(res["alias"], "status=error ") && strings.Contains(res["alias"], "Forbidden"),
+			"another name of the metered address: %s", res["alias"])
+
+		var refusedAddr, refusedUnlisted, refusedAlias bool
+		for _, ev := range events {
+			require.False(t, ev.Allowed && ev.Host != "inj.provider.test", "allowed past the metering: %+v", ev)
+			switch {
+			case !ev.Allowed && ev.Host == e.provider.String() && strings.Contains(ev.Reason, "address literal"):
+				refusedAddr = true
+			case !ev.Allowed && ev.Host == "other.provider.test" && strings.Contains(ev.Reason, "allowlist"):
+				refusedUnlisted = true
+			case !ev.Allowed && ev.Host == "api.provider.test" && strings.Contains(ev.Reason, "inj.provider.test, a host the proxy meters"):
+				refusedAlias = true
+			}
+		}
+		require.True(t, refusedAddr && refusedUnlisted && refusedAlias, "egress events: %+v", events)
+		// Only the request to the metered name is counted.
+		requireUsage(t, messages.UsageTotals{Requests: 1, Tokens: fixtureTokens}, fixtureCostUSD, st.Usage)
+		require.Empty(t, st.Budget)
+		data, err := json.Marshal(st)
+		require.NoError(t, err)
+		require.NotContains(t, string(data), providerKey)
+		for _, m := range all {
+			require.NotContains(t, string(m.Data()), providerKey, m.Subject())
+		}
+	})
+}
+
+// eventsToFinished returns run id's events once they include its finished
+// event, which follows the final state by the time the run's container is
+// removed (so every event the run published is in by then).
+func eventsToFinished(t *testing.T, js jetstream.JetStream, id string) []jetstream.Msg {
+	t.Helper()
+	var all []jetstream.Msg
+	require.Eventually(t, func() bool {
+		all = workertest.Events(t, js, id)
+		for _, m := range all {
+			if m.Subject() == messages.SubjectEvents(id, messages.EventFinished) {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "run %s has no finished event", id)
+	return all
+}
+
+// requireUsage requires that got is want, with a cost of costUSD (to
+// within float rounding).
+func requireUsage(t *testing.T, want messages.UsageTotals, costUSD float64, got *messages.UsageTotals) {
+	t.Helper()
+	require.NotNil(t, got, "no usage in the run state")
+	require.InDelta(t, costUSD, got.CostUSD, 1e-12, "cost")
+	g := *got
+	g.CostUSD = 0
+	require.Equal(t, want, g)
+}
