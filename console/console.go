@@ -62,8 +62,8 @@ type Config struct {
 	// dispatcher.DefaultRequestRead; at most 1000.
 	QueueRead int
 	// ReadOnly serves the pages without their actions: no cancel, replay,
-	// "Raise budget", Allow or Deny button is shown, and their POSTs are refused with
-	// 403. For a console whose NATS connection has the observer role,
+	// "Raise budget", Allow, Deny or Send button is shown, and their POSTs
+	// are refused with 403. For a console whose NATS connection has the observer role,
 	// which the server would refuse them anyway.
 	ReadOnly bool
 	// Operator names who answers an egress question from this console
