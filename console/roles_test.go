@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -255,4 +256,28 @@ func TestSubjectMatches(t *testing.T) {
 	} {
 		require.Equal(t, c.want, subjectMatches(c.pattern, c.subject), "%s ~ %s", c.pattern, c.subject)
 	}
+}
+
+// In the browser, the observer's console shows the overview's pools and a
+// cancel the server refuses says so at once, naming the role it needs.
+func TestBrowserObserverRefused(t *testing.T) {
+	t.Parallel()
+	b := setupRole(t, roles.Observer)
+	ctx, exceptions := browser(t)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	id := b.submit(t, messages.RunRequest{Prompt: "out hi;sleep 1h"})
+	b.waitState(t, id, messages.StateRunning)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/")))
+	poll(t, ctx, 5*time.Second, `document.querySelector('#overview-body a[href="/runs?pool=default"]') !== null`, "the overview shows the pool")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/runs/"+id)))
+	poll(t, ctx, 10*time.Second, `document.getElementById("output")?.textContent.includes("hi")`, "the run's output streams in")
+	start := time.Now()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	poll(t, ctx, 3*time.Second, `document.body.innerText.includes("needs the operator role")`, "the refusal is shown, naming the role")
+	t.Logf("the refused cancel was reported %s after the click", time.Since(start).Round(time.Millisecond))
+	shot(t, ctx, "observer-refused")
+	require.Empty(t, exceptions(), "no JavaScript error")
+	require.Len(t, b.refused(), 1, "one refusal, the cancel's: %v", b.refused())
 }
