@@ -93,6 +93,37 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	}
 }
 
+// phoneWidth is the viewport width, in CSS pixels, every page must fit
+// without scrolling sideways (a phone's, issue 27).
+const phoneWidth = 390
+
+// onPhone lays the current page out as a phone phoneWidth pixels wide
+// shows it, checks nothing on it scrolls sideways
+// (document.documentElement.scrollWidth <= phoneWidth), saves a screenshot
+// as name-phone, and lays the page out at the browser's own size again.
+func onPhone(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	metrics := func(p emulation.SetDeviceMetricsOverrideParams) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, emulation.SetDeviceMetricsOverride, p)
+			return err
+		})
+	}
+	require.NoError(t, chromedp.Do(ctx, metrics(emulation.SetDeviceMetricsOverrideParams{Width: phoneWidth, Height: 844, DeviceScaleFactor: 2, Mobile: true})))
+	defer func() {
+		require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, emulation.ClearDeviceMetricsOverride, cdp.Empty{})
+			return err
+		})))
+	}()
+	poll(t, ctx, 5*time.Second, fmt.Sprintf(`document.documentElement.clientWidth === %d`, phoneWidth), "the page is laid out as on a phone")
+	width, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`))
+	require.NoError(t, err)
+	t.Logf("%s at %d px: %d px wide", name, phoneWidth, width)
+	shot(t, ctx, name+"-phone")
+	require.LessOrEqual(t, width, phoneWidth, "%s scrolls sideways on a phone", name)
+}
+
 // poll waits until the JavaScript expression is true, failing the test
 // with what after timeout. A navigation under way (a click on a link, a
 // form posted) destroys the page the expression runs in: it is evaluated
@@ -139,11 +170,13 @@ func TestBrowser(t *testing.T) {
 	t.Logf("submitted run appeared in the open list %s after its submit returned", time.Since(start).Round(time.Millisecond))
 	poll(t, ctx, 15*time.Second, `document.querySelector('tr[data-id="`+id+`"] .badge')?.textContent === "running"`, "its state turns running live")
 	shot(t, ctx, "runs")
+	onPhone(t, ctx, "runs")
 
 	// Its page streams its output; cancel stops it.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] a`))))
 	poll(t, ctx, 15*time.Second, `document.getElementById("output")?.textContent.includes("hello-from-run")`, "the run's output streams in")
 	shot(t, ctx, "run")
+	onPhone(t, ctx, "run")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
 	poll(t, ctx, 10*time.Second, `document.getElementById("state")?.textContent === "cancelled"`, "the page shows the run cancelled")
 	require.Equal(t, messages.StateCancelled, b.waitState(t, id, messages.StateCancelled).State)
@@ -165,6 +198,7 @@ func TestBrowser(t *testing.T) {
 	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), x); return err == nil }, 15*time.Second, 10*time.Millisecond)
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/dead-letters")))
 	shot(t, ctx, "dead-letters")
+	onPhone(t, ctx, "dead-letters")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.replay-one[data-run="`+x+`"]`))))
 	poll(t, ctx, 15*time.Second, `document.getElementById("confirm") !== null`, "a confirmation is asked")
 	shot(t, ctx, "replay-confirm")
@@ -185,10 +219,12 @@ func TestBrowser(t *testing.T) {
 	poll(t, ctx, 15*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,
 		"the group page shows the message between the two runs, as text")
 	shot(t, ctx, "group")
+	onPhone(t, ctx, "group")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))
 	poll(t, ctx, 15*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
 	shot(t, ctx, "overview")
+	onPhone(t, ctx, "overview")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})

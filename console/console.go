@@ -25,6 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 //go:embed templates/*.html static/*
@@ -61,8 +62,8 @@ type Config struct {
 	// dispatcher.DefaultRequestRead; at most 1000.
 	QueueRead int
 	// ReadOnly serves the pages without their actions: no cancel, replay,
-	// "Raise budget", Allow or Deny button is shown, and their POSTs are refused with
-	// 403. For a console whose NATS connection has the observer role,
+	// "Raise budget", Allow, Deny or Send button is shown, and their POSTs
+	// are refused with 403. For a console whose NATS connection has the observer role,
 	// which the server would refuse them anyway.
 	ReadOnly bool
 	// Operator names who answers an egress question from this console
@@ -103,6 +104,7 @@ type Console struct {
 	csrf    string
 	cache   *cache
 	queue   queue
+	refused refusals
 	pages   map[string]*pageTemplate
 	streams chan struct{} // one token per live stream served
 
@@ -140,7 +142,13 @@ func New(cfg Config) (*Console, error) {
 // stored run state is loaded, or until ctx ends (the console then serves
 // what it has and keeps loading). A bucket that does not exist yet is
 // looked for again every few seconds. The follower ends with Stop.
+//
+// It also puts a handler before the dispatcher's connection's asynchronous
+// error handler (nats.Conn.SetErrorHandler; the one set before still gets
+// every error): a permissions violation on the subject an action publishes
+// to fails that action at once, naming the role it needs.
 func (c *Console) Start(ctx context.Context) {
+	c.refused.follow(c.d.Conn())
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	go func() {
@@ -183,28 +191,39 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET /live/runs", c.liveRuns)
 	mux.HandleFunc("GET /runs/{id}", c.runPage)
 	mux.HandleFunc("GET /live/run/{id}", c.liveRun)
-	mux.HandleFunc("POST /runs/{id}/cancel", c.action(c.cancelRun))
-	mux.HandleFunc("POST /runs/{id}/replay", c.action(c.replayRun))
-	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget))
+	replay := messages.SubjectReplay("*")
+	send := messages.SubjectCoordFromOperator("*", "*")
+	mux.HandleFunc("POST /runs/{id}/cancel", c.action(c.cancelRun, messages.SubjectCancel("*")))
+	mux.HandleFunc("POST /runs/{id}/replay", c.action(c.replayRun, replay))
+	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget, "$KV."+messages.BucketBudgets+".>"))
+	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, send))
 	mux.HandleFunc("GET /groups/{group}", c.groupPage)
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
+	mux.HandleFunc("POST /groups/{group}/send", c.action(c.sendToGroup, send))
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
-	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters))
+	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters, replay))
 	mux.HandleFunc("GET /egress", c.egressPage)
 	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
 	mux.HandleFunc("GET /live/egress", c.liveEgress)
-	mux.HandleFunc("POST /egress/answer", c.action(c.answerEgress))
+	mux.HandleFunc("POST /egress/answer", c.action(c.answerEgress,
+		"$KV."+messages.BucketEgressAsks+".>", "$KV."+messages.BucketEgressApprovals+".>"))
 	return c.secure(mux)
 }
 
-// action wraps the handler of a POST that changes state: refused with 403
-// when the console is read only (Config.ReadOnly).
-func (c *Console) action(h http.HandlerFunc) http.HandlerFunc {
+// action wraps the handler of a POST that changes state, which publishes
+// to subjects (patterns with * and >): refused with 403 when the console is
+// read only (Config.ReadOnly). The request's context is cancelled the moment
+// the server refuses a publish to one of subjects, its cause a
+// *refusedError that c.message shows with a 403.
+func (c *Console) action(h http.HandlerFunc, subjects ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if c.cfg.ReadOnly {
 			http.Error(w, "this console is read only", http.StatusForbidden)
 			return
 		}
-		h(w, r)
+		ctx, fail := context.WithCancelCause(r.Context())
+		defer fail(nil)
+		defer c.refused.watch(subjects, fail)()
+		h(w, r.WithContext(ctx))
 	}
 }

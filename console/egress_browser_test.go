@@ -42,6 +42,7 @@ func TestBrowserEgress(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, inert, "the host name is text, and the ticked box stayed ticked")
 	shot(t, ctx, "egress")
+	onPhone(t, ctx, "egress")
 
 	// The ages move by themselves.
 	before, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('tr[data-id="br-ask-1.1"] td[data-until]').textContent`))

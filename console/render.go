@@ -55,6 +55,7 @@ var funcs = template.FuncMap{
 	"spend":      poolSpend,
 	"until":      until,
 	"askAlert":   egressAlert,
+	"sendForm":   newSendForm,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"
@@ -97,8 +98,13 @@ func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int,
 	_, _ = w.Write(buf.Bytes())
 }
 
-// message renders a short page saying what happened, with a link back.
+// message renders a short page saying what happened, with a link back. An
+// action the server refused (see Console.action) says so instead, with a
+// 403, whatever error its handler got for it (a cancelled context).
 func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
+	if e, ok := refusal(r.Context()); ok {
+		code, text = http.StatusForbidden, e.Error()
+	}
 	c.renderStatus(w, r, code, "message", "layout", page{Title: title, Data: map[string]string{"Text": text, "Back": back}})
 }
 
@@ -149,4 +155,17 @@ func shortText(s string, n int) string {
 		return s
 	}
 	return strings.TrimSpace(string(r[:n])) + "…"
+}
+
+// sendForm is what the send-form template (layout.html) gets: the form's
+// action and CSRF token, and on a group's page (Group) its runs, whose
+// queued and running ones are recipients beside "every run".
+type sendForm struct {
+	Action, CSRF string
+	Group        bool
+	Runs         []*messages.RunState
+}
+
+func newSendForm(action, csrf string, group bool, runs []*messages.RunState) sendForm {
+	return sendForm{Action: action, CSRF: csrf, Group: group, Runs: runs}
 }

@@ -12,14 +12,14 @@ import (
 // publish on the four-token subjects runs' messages travel on; an operator's
 // NATS user is allowed only these (see package roles), so nobody outside a
 // run's bridge can speak as that run.
-const OperatorSuffix = "operator"
+const OperatorSuffix = messages.RecipientOperator
 
 // SubjectFromOperator returns the subject of an operator's message to
 // recipient (a run id or RecipientAll) in group:
 // jetcrew.coord.<group>.<recipient>.operator. It does not validate its
 // arguments; "*" makes the wildcard a permission needs.
 func SubjectFromOperator(group, recipient string) string {
-	return Subject(group, recipient) + "." + OperatorSuffix
+	return messages.SubjectCoordFromOperator(group, recipient)
 }
 
 // inboxFilters are the subjects a run's inbox reads: messages to the run and

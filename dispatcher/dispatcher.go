@@ -59,6 +59,11 @@ func New(nc *nats.Conn) (*Dispatcher, error) {
 	return &Dispatcher{js: js, finishedGrace: defaultFinishedGrace}, nil
 }
 
+// Conn returns the NATS connection d uses, the one New was given: for a
+// caller that also follows what the server reports on it asynchronously
+// (nats.Conn.SetErrorHandler), such as a permissions violation.
+func (d *Dispatcher) Conn() *nats.Conn { return d.js.Conn() }
+
 // runsBucket returns the jetcrew-runs bucket, looking it up on first use.
 func (d *Dispatcher) runsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	d.mu.Lock()

@@ -46,6 +46,15 @@ func SubjectCoord(group, recipient string) string {
 	return SubjectCoordPrefix + "." + group + "." + recipient
 }
 
+// SubjectCoordFromOperator returns the subject of an operator's message to
+// recipient (a run id or RecipientAll) in group:
+// jetcrew.coord.<group>.<recipient>.operator. A run reads a message on it
+// as from RecipientOperator whatever its headers say. It does not validate
+// its arguments; "*" makes the wildcard a permission needs.
+func SubjectCoordFromOperator(group, recipient string) string {
+	return SubjectCoord(group, recipient) + "." + RecipientOperator
+}
+
 // SubjectCoordGroup returns the wildcard matching every coordination
 // message of group, jetcrew.coord.<group>.>.
 func SubjectCoordGroup(group string) string {

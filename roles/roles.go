@@ -23,7 +23,8 @@
 //     or write a run state, not even through the server: it configures no
 //     stream (a RePublish or a source is the server publishing) and deletes
 //     no single message.
-//   - Observer only reads: states, events, dead letters, coordination.
+//   - Observer only reads: states, events, dead letters, coordination,
+//     the pools' queues (their consumers' info, the requests not taken yet).
 //
 // Only workers touch a durable consumer (a pool's, the dead-letterer's, a
 // run's inbox): everyone else follows streams that have none, with
@@ -322,9 +323,13 @@ func observer() Grant {
 	for _, s := range readStreams {
 		pub = append(pub, read(s)...)
 	}
-	pub = append(pub, api+"STREAM.INFO."+messages.StreamRuns,
-		api+"STREAM.INFO."+messages.StreamAdvisories,
+	pub = append(pub, api+"STREAM.INFO."+messages.StreamAdvisories,
 		api+"STREAM.INFO."+coordination.StreamName)
+	// The pools' queues, as the console shows them: the info of
+	// JETCREW_RUNS's consumers and the requests no worker has taken yet
+	// (queued runs, the oldest one's age), never a fetch or a change.
+	pub = append(pub, inspect(messages.StreamRuns)...)
+	pub = append(pub, poolConsumers()...)
 	return Grant{
 		Publish: pub,
 		Subscribe: []string{inbox(Observer),

@@ -56,7 +56,9 @@ or "Authorization: Bearer <token>"), so that nobody acts with the console's
 NATS credentials without it.
 
 --read-only serves the pages without their actions (cancel, replay, raise
-budget): for a console connected as the observer role.`,
+budget, answer egress, send a message): for a console connected as the
+observer role. Without it, an action the NATS server refuses is reported at
+once, naming the role it needs.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runUI(cmd.Context(), a.natsURL(url), listen, readOnly)
@@ -64,7 +66,7 @@ budget): for a console connected as the observer role.`,
 	}
 	natsFlag(cmd, &url)
 	cmd.Flags().StringVar(&listen, "listen", console.DefaultListen, "host:port the console listens on; port 0 picks a free one")
-	cmd.Flags().BoolVar(&readOnly, "read-only", false, "show no cancel, replay or raise-budget action, and refuse them (for the observer role)")
+	cmd.Flags().BoolVar(&readOnly, "read-only", false, "show no cancel, replay, raise-budget, egress or send action, and refuse them (for the observer role)")
 	return cmd
 }
 

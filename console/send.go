@@ -1,0 +1,65 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// sendToRun serves POST /runs/{id}/send (form field text): the text to the
+// run, in its group, as the operator (dispatcher.Send), then back to the
+// run's page. A run of no group has nobody to read it.
+func (c *Console) sendToRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	back := "/runs/" + url.PathEscape(id)
+	if err := messages.ValidateToken("run id", id); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+		return
+	}
+	st, ok := c.cache.get(id)
+	if !ok || st.Group == "" {
+		c.message(w, r, http.StatusConflict, "Not sent", id+" is in no group: no run reads its messages", back)
+		return
+	}
+	c.send(w, r, st.Group, id, back)
+}
+
+// sendToGroup serves POST /groups/{group}/send (form fields to, a run id
+// or "all", and text): the text to that run of the group, or to all of
+// them, as the operator (dispatcher.Send), then back to the group's page.
+func (c *Console) sendToGroup(w http.ResponseWriter, r *http.Request) {
+	g := r.PathValue("group")
+	back := "/groups/" + url.PathEscape(g)
+	if err := messages.ValidateToken("group", g); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
+		return
+	}
+	c.send(w, r, g, r.PostFormValue("to"), back)
+}
+
+// send sends the form's text to recipient to of group and redirects to
+// back. Who sends is the subject's, never the form's: the message goes on
+// the operator's subject with no sender header.
+func (c *Console) send(w http.ResponseWriter, r *http.Request, group, to, back string) {
+	text := r.PostFormValue("text")
+	switch {
+	case text == "":
+		c.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
+		return
+	case len(text) > coordination.MaxMsgBytes:
+		c.message(w, r, http.StatusBadRequest, "Not sent",
+			fmt.Sprintf("the message is %d bytes; a group's stream keeps messages of at most %d", len(text), coordination.MaxMsgBytes), back)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	if _, err := c.d.Send(ctx, group, to, text); err != nil {
+		c.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
+		return
+	}
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
