@@ -55,6 +55,10 @@ var funcs = template.FuncMap{
 	"spend":      poolSpend,
 	"until":      until,
 	"askAlert":   egressAlert,
+	"when":       whenHTML,
+	"waited":     func(st messages.RunState) template.HTML { return durHTML(waitSpan(&st)) },
+	"ran":        func(st messages.RunState) template.HTML { return durHTML(runSpan(&st)) },
+	"iso":        isoTime,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"
