@@ -66,7 +66,8 @@
     if (t.dataset.zoned) return;
     t.dataset.zoned = "1";
     const ms = Date.parse(t.getAttribute("datetime"));
-    const local = new Date(ms).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium", timeZoneName: "short" });
+    const local = new Date(ms).toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric",
+      hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" });
     t.title = local + " · " + utcClock(ms);
   }
   function tick() {
