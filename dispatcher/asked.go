@@ -40,10 +40,13 @@ type AskedRequest struct {
 }
 
 // Asked returns the request of the run whose state is st (a state a
-// worker wrote, or a queued one made from its request): its message in
-// JETCREW_RUNS (at st.StreamSeq, else looked for among the first
-// MaxRequestScan messages while the run is queued), else its latest dead
-// letter. A message is taken only when it names the run (its id or
+// worker wrote, or a queued one made from its request): while the run is
+// not final, its message in JETCREW_RUNS (at st.StreamSeq, else looked for
+// among the first MaxRequestScan messages while the run is queued); else,
+// or when that is gone or cannot be read, its latest dead letter. A final
+// run's request is not looked for in JETCREW_RUNS: its worker removes it
+// there moments after the final state, and the page of a run that
+// succeeded says the same before and after. A message is taken only when it names the run (its id or
 // Nats-Msg-Id) and, when st records one, has st's RequestDigest: a later
 // request reusing the id is not this run's. The error wraps ErrRequestGone
 // when neither holds it; it is never ErrNotProvisioned (a stream missing
@@ -56,19 +59,25 @@ func (d *Dispatcher) Asked(ctx context.Context, st *messages.RunState) (AskedReq
 		return (id == st.ID || messages.SalvageRunID(body) == st.ID) &&
 			(st.RequestDigest == "" || messages.RequestDigest(body) == st.RequestDigest)
 	}
-	body, err := d.queuedBody(ctx, st, ours)
+	var (
+		body []byte
+		err  error
+	)
 	from := AskedFromQueue
-	if err == nil && body == nil {
+	if !st.State.Final() {
+		body, err = d.queuedBody(ctx, st, ours)
+	}
+	if body == nil {
 		from = AskedFromDeadLetter
 		dl, derr := d.LastDeadLetter(ctx, st.ID)
 		switch {
 		case derr == nil && ours(dl.RunID, dl.Request):
-			body = dl.Request
+			body, err = dl.Request, nil
 		case derr != nil && !errors.Is(derr, ErrNoDeadLetter) && !errors.Is(derr, ErrNotProvisioned):
-			err = derr
+			err = errors.Join(err, derr)
 		}
 	}
-	if err != nil {
+	if body == nil && err != nil {
 		return AskedRequest{}, err
 	}
 	if body == nil {
