@@ -161,7 +161,7 @@ func TestBrowser(t *testing.T) {
 	// A run submitted while the list is open appears without a reload.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
 	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the runs page's live stream opens")
-	// The page never reloads itself (app.js has no reload, and no timer but the egress page's clock), so
+	// The page never reloads itself (app.js has no reload; its timers only move the clocks), so
 	// the row can only come from the live stream; the delay is logged.
 	id := dispatcher.NewRunID()
 	start := time.Now()

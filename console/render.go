@@ -56,6 +56,10 @@ var funcs = template.FuncMap{
 	"until":      until,
 	"askAlert":   egressAlert,
 	"sendForm":   newSendForm,
+	"when":       whenHTML,
+	"waited":     func(st messages.RunState) template.HTML { return durHTML(waitSpan(&st)) },
+	"ran":        func(st messages.RunState) template.HTML { return durHTML(runSpan(&st)) },
+	"iso":        isoTime,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"

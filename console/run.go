@@ -29,6 +29,12 @@ type runData struct {
 	// Waiting is true for a run no worker has taken yet: its request
 	// waits in JETCREW_RUNS and State is made from it.
 	Waiting bool
+	// Asked is what the run was asked to do; Commands the jetcrew
+	// commands offered to copy.
+	Asked    askedView
+	Commands []command
+	// Changes is what a workspace run changed.
+	Changes changesView
 }
 
 // waitingRun returns the queued state of run id when its request waits in
@@ -78,7 +84,10 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		Cancellable: !st.State.Final(),
 		Replayable:  replayable(st.State),
 		Usage:       newUsageView(&st),
-		Egress:      c.runEgress(r.Context(), &st)}
+		Egress:      c.runEgress(r.Context(), &st),
+		Asked:       c.asked(r.Context(), &st),
+		Commands:    runCommands(&st),
+		Changes:     c.changes(r.Context(), &st)}
 	d.Receipt = receiptText(&st)
 	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
 }
@@ -113,12 +122,15 @@ type runDetail struct {
 	Warm      bool   `json:"warm"`
 	Result    string `json:"result"`
 	Receipt   string `json:"receipt"`
+	// Changes identifies the workspace result (changesKey): the page
+	// fetches its "Changes" section again when it differs.
+	Changes string `json:"changes"`
 }
 
 func newRunDetail(st messages.RunState) runDetail {
 	d := runDetail{runRow: newRunRow(st), ExitCode: "-", Started: clock(st.StartedAt), Finished: clock(st.FinishedAt),
 		Output: "-", Attempts: attemptsText(st), Container: visible(shortText(st.ContainerID, 12)), Warm: st.Warm,
-		Result: visible(st.Result), Receipt: receiptText(&st)}
+		Result: visible(st.Result), Receipt: receiptText(&st), Changes: changesKey(&st)}
 	d.Worker = visible(st.Worker)
 	if st.ExitCode != nil {
 		d.ExitCode = strconv.Itoa(*st.ExitCode)

@@ -172,6 +172,11 @@ type runRow struct {
 	Queued  string   `json:"queued"`
 	Reason  string   `json:"reason"`
 	Final   bool     `json:"final"`
+	// QueuedAt, StartedAt and FinishedAt are the run's times (isoTime):
+	// the pages say them relative to now, and its waits and durations.
+	QueuedAt   string `json:"queued_at"`
+	StartedAt  string `json:"started_at"`
+	FinishedAt string `json:"finished_at"`
 	// Usage is the runs list's short model usage (usageShort).
 	Usage string `json:"usage"`
 	// Model is the run page's model usage section.
@@ -182,6 +187,7 @@ func newRunRow(st messages.RunState) runRow {
 	return runRow{
 		ID: st.ID, State: string(st.State), Pool: st.Pool, Profile: st.Profile, Group: st.Group,
 		Labels: labelList(st.Labels), Worker: st.Worker, Queued: clock(st.QueuedAt),
+		QueuedAt: isoTime(st.QueuedAt), StartedAt: isoTime(st.StartedAt), FinishedAt: isoTime(st.FinishedAt),
 		Reason: visible(shortText(st.Reason, 120)), Final: st.State.Final(),
 		Usage: usageShort(st.Usage), Model: newUsageView(&st),
 	}

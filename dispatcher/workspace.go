@@ -2,14 +2,9 @@ package dispatcher
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"strings"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/workspace"
@@ -42,37 +37,14 @@ func (d *Dispatcher) ResultObject(ctx context.Context, id, kind string) ([]byte,
 	if err != nil {
 		return nil, st, err
 	}
-	if st.WorkspaceResult == nil {
-		return nil, st, fmt.Errorf("run %s (%s): %w (the request named no workspace, or the run has not ended)", id, st.State, ErrNoResult)
-	}
-	var obj *messages.ResultObject
-	for i, o := range st.WorkspaceResult.Objects {
-		if strings.HasSuffix(o.Name, "/"+kind) {
-			obj = &st.WorkspaceResult.Objects[i]
-		}
-	}
-	if obj == nil {
-		return nil, st, fmt.Errorf("run %s: %w: no %s (the run changed nothing, or left no artifacts)", id, ErrNoResult, kind)
-	}
-	obs, err := d.js.ObjectStore(ctx, messages.BucketResults)
-	if err != nil {
-		return nil, st, classify(fmt.Errorf("object store %s: %w", messages.BucketResults, err))
-	}
-	r, err := obs.Get(ctx, obj.Name)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, st, fmt.Errorf("run %s: %w: object %s is gone (expired?)", id, ErrNoResult, obj.Name)
-	}
+	rr, err := d.OpenResult(ctx, &st, kind)
 	if err != nil {
 		return nil, st, err
 	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, obj.Size+1))
+	defer rr.Close()
+	b, err := io.ReadAll(rr)
 	if err != nil {
-		return nil, st, fmt.Errorf("read %s: %w", obj.Name, err)
-	}
-	sum := sha256.Sum256(b)
-	if int64(len(b)) != obj.Size || hex.EncodeToString(sum[:]) != obj.SHA256 {
-		return nil, st, fmt.Errorf("result object %s does not match the run's record (size %d, want %d)", obj.Name, len(b), obj.Size)
+		return nil, st, fmt.Errorf("read %s: %w", rr.Object.Name, err)
 	}
 	return b, st, nil
 }

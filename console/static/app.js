@@ -38,6 +38,97 @@
     return es;
   }
 
+  // Times: relative to now ("2 min ago") with the absolute time, in the
+  // viewer's zone and in UTC, on hover; waits and durations still going
+  // count on. The same words as the server's (console/times.go).
+  function rel(ms) {
+    const d = Date.now() - ms;
+    if (d < 10000) return "just now";
+    if (d < 60000) return Math.floor(d / 1000) + " s ago";
+    if (d < 3600000) return Math.floor(d / 60000) + " min ago";
+    if (d < 86400000) return Math.floor(d / 3600000) + " h ago";
+    return Math.floor(d / 86400000) + " d ago";
+  }
+  function dur(ms) {
+    if (ms < 0) ms = 0;
+    if (ms >= 3600000) return Math.floor(ms / 3600000) + "h" + Math.floor((ms % 3600000) / 60000) + "m0s";
+    if (ms < 1000) {
+      const r = Math.round(ms);
+      return r === 0 ? "0s" : r >= 1000 ? "1s" : r + "ms";
+    }
+    const s = Math.floor(ms / 1000);
+    return s >= 60 ? Math.floor(s / 60) + "m" + (s % 60) + "s" : s + "s";
+  }
+  function utcClock(ms) {
+    return new Date(ms).toISOString().replace("T", " ").replace("Z", "") + " UTC";
+  }
+  function zoned(t) {
+    if (t.dataset.zoned) return;
+    t.dataset.zoned = "1";
+    const ms = Date.parse(t.getAttribute("datetime"));
+    const local = new Date(ms).toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric",
+      hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short" });
+    t.title = local + " · " + utcClock(ms);
+  }
+  function tick() {
+    for (const t of document.querySelectorAll("time.rel")) {
+      zoned(t);
+      t.textContent = rel(Date.parse(t.getAttribute("datetime")));
+    }
+    for (const e of document.querySelectorAll(".dur[data-from]")) e.textContent = dur(Date.now() - Date.parse(e.dataset.from));
+  }
+  function when(iso) {
+    if (!iso) return document.createTextNode("-");
+    const t = el("time", "rel");
+    t.setAttribute("datetime", iso);
+    zoned(t);
+    t.textContent = rel(Date.parse(iso));
+    return t;
+  }
+  // spans returns a run's wait and run time elements, as waitSpan and
+  // runSpan (console/times.go) say them.
+  function spans(r) {
+    function span(from, to, live) {
+      const e = el("span", "dur");
+      if (!from || (!live && !to)) e.textContent = "-";
+      else if (live) {
+        e.dataset.from = from;
+        e.textContent = dur(Date.now() - Date.parse(from));
+      } else e.textContent = dur(Date.parse(to) - Date.parse(from));
+      return e;
+    }
+    const wait = r.started_at ? span(r.queued_at, r.started_at, false)
+      : r.final ? span(r.queued_at, r.finished_at, false) : span(r.queued_at, "", true);
+    const ran = !r.started_at ? span("", "", false)
+      : r.finished_at ? span(r.started_at, r.finished_at, false) : span(r.started_at, "", !r.final);
+    return [wait, ran];
+  }
+  tick();
+  setInterval(tick, 1000);
+
+  // Copy buttons copy the text of the element data-copy names.
+  document.addEventListener("click", async (ev) => {
+    const b = ev.target.closest && ev.target.closest("button.copy");
+    if (!b) return;
+    const src = document.getElementById(b.dataset.copy);
+    if (!src) return;
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(src.textContent);
+      ok = true;
+    } catch (e) {
+      const range = document.createRange();
+      range.selectNodeContents(src);
+      const sel = getSelection();
+      sel.removeAllRanges();
+      sel.addRange(range);
+      ok = document.execCommand("copy");
+      sel.removeAllRanges();
+    }
+    b.textContent = ok ? "Copied" : "Select and copy";
+    setTimeout(() => { b.textContent = "Copy"; }, 1500);
+  });
+
   function runRow(r) {
     const tr = el("tr");
     tr.dataset.id = r.id;
@@ -49,7 +140,10 @@
     const labels = cell(tr, undefined);
     for (const l of r.labels || []) labels.appendChild(el("span", "label", l));
     cell(tr, (r.worker || "").slice(0, 12), "mono");
-    cell(tr, r.queued, "mono");
+    cell(tr, when(r.queued_at));
+    const [wait, ran] = spans(r);
+    cell(tr, wait, "mono");
+    cell(tr, ran, "mono");
     cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
     return tr;
@@ -64,7 +158,7 @@
           const tr = runRow(r);
           if (old) {
             // In place: the run's link (maybe being clicked) stays.
-            for (const i of [1, 6, 8, 9]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            for (const i of [1, 6, 7, 8, 9, 10, 11]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
             old.classList.remove("fresh");
             void old.offsetWidth; // restart the highlight
             old.classList.add("fresh");
@@ -93,6 +187,24 @@
         const items = [];
         for (const f of facts) items.push(el("dt", null, f.label), el("dd", null, f.text));
         dl.replaceChildren(...items);
+      }
+      // changes fetches the "Changes" section again when the run's
+      // workspace result is another than the one shown.
+      let fetching = "";
+      async function changes(key) {
+        const sec = document.getElementById("changes");
+        if (!sec || sec.dataset.key === key || fetching === key) return;
+        fetching = key;
+        try {
+          const res = await fetch("/runs/" + encodeURIComponent(body.dataset.run) + "/changes", { headers: { Accept: "text/html" } });
+          if (res.ok) {
+            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+            const fresh = doc.getElementById("changes");
+            if (fresh) document.getElementById("changes").replaceWith(document.adoptNode(fresh));
+          }
+        } finally {
+          fetching = "";
+        }
       }
       const out = document.getElementById("output");
       const tl = document.getElementById("timeline");
@@ -149,11 +261,23 @@
           // Every fact the page shows follows the run (issue 27): a run
           // ending, cancelled or replayed needs no reload.
           const facts = { worker: r.worker, container: r.container, attempts: r.attempts,
-            "exit-code": r.exit_code, started: r.started, finished: r.finished, "output-bytes": r.output };
+            "exit-code": r.exit_code, "output-bytes": r.output };
           for (const [id, v] of Object.entries(facts)) {
             const e = document.getElementById(id);
             if (e && v !== undefined) e.textContent = v;
           }
+          for (const [id, iso] of [["queued", r.queued_at], ["started", r.started_at], ["finished", r.finished_at]]) {
+            const e = document.getElementById(id);
+            if (e && iso !== undefined) e.replaceChildren(when(iso));
+          }
+          const [wait, ran] = spans(r);
+          document.getElementById("waited")?.replaceChildren(wait);
+          document.getElementById("ran")?.replaceChildren(ran);
+          for (const li of document.querySelectorAll("#commands li[data-cmd]")) {
+            if (li.dataset.cmd === "cancel") li.hidden = r.final;
+            if (li.dataset.cmd === "replay") li.hidden = !["failed", "timed_out", "stalled"].includes(r.state);
+          }
+          changes(r.changes || "");
           const warm = document.getElementById("warm");
           if (warm) warm.hidden = !r.warm;
           for (const id of ["result", "receipt"]) {
