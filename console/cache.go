@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,9 @@ type cache struct {
 type cached struct {
 	st  messages.RunState
 	seq uint64
+	// text is dispatcher.SearchText(&st), made once per change so a
+	// search of the runs list lowers no string per run.
+	text string
 }
 
 func newCache() *cache {
@@ -90,7 +94,7 @@ func (c *cache) apply(u dispatcher.RunUpdate) {
 		return
 	}
 	c.seq++
-	c.runs[u.ID] = &cached{st: u.State, seq: c.seq}
+	c.runs[u.ID] = &cached{st: u.State, seq: c.seq, text: dispatcher.SearchText(&u.State)}
 	for ch := range c.subs {
 		select {
 		case ch <- u.State:
@@ -163,6 +167,25 @@ func (c *cache) filter(keep func(*messages.RunState) bool) []*messages.RunState 
 	out := make([]*messages.RunState, 0, 64)
 	for _, e := range c.runs {
 		if keep(&e.st) {
+			out = append(out, &e.st)
+		}
+	}
+	c.mu.RUnlock()
+	slices.SortFunc(out, dispatcher.Newer)
+	return out
+}
+
+// filterRuns returns the states f matches, newest first, as filter does;
+// its search reads each run's search text made when the run changed.
+func (c *cache) filterRuns(f dispatcher.RunFilter) []*messages.RunState {
+	if f.Search == "" {
+		return c.filter(f.Match)
+	}
+	needle := strings.ToLower(f.Search)
+	c.mu.RLock()
+	out := make([]*messages.RunState, 0, 64)
+	for _, e := range c.runs {
+		if f.MatchText(&e.st, e.text, needle) {
 			out = append(out, &e.st)
 		}
 	}

@@ -205,6 +205,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /groups/{group}/send", c.action(c.sendToGroup, send))
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters, replay))
+	mux.HandleFunc("POST /dead-letters/discard", c.action(c.discardDeadLetters, "$JS.API.STREAM.PURGE."+messages.StreamFailed))
 	mux.HandleFunc("GET /egress", c.egressPage)
 	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
 	mux.HandleFunc("GET /live/egress", c.liveEgress)

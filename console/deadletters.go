@@ -15,6 +15,44 @@ import (
 // maxReplayBatch caps the runs one confirmation replays.
 const maxReplayBatch = 500
 
+// Fates of a dead letter: what became of its run since it failed.
+const (
+	// fateHealed: the run succeeded since (a replay healed it): resolved.
+	fateHealed = "healed"
+	// fateReplaying: a replay of the run waits in JETCREW_RUNS or runs.
+	fateReplaying = "replaying"
+	// fateFailing: the run is still failed; replaying it is the next step.
+	fateFailing = "failing"
+	// fateCancelled: the run was cancelled since (its replay, maybe).
+	fateCancelled = "cancelled"
+)
+
+// deadLetter is one run's latest dead letter and what became of the run.
+type deadLetter struct {
+	dispatcher.DeadLetter
+	// Fate is one of the fate* constants; Resolved is true when it needs
+	// nothing more (healed).
+	Fate     string
+	Resolved bool
+	// Replays is the run's replay count (its state's).
+	Replays int
+}
+
+// fateOf says what became of a run whose latest dead letter is dl, from
+// its state now (ok false: none) and whether a replay of it waits in
+// JETCREW_RUNS.
+func fateOf(st messages.RunState, ok, waiting bool) (fate string, resolved bool) {
+	switch {
+	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
+		return fateReplaying, false
+	case ok && st.State == messages.StateSucceeded:
+		return fateHealed, true
+	case ok && st.State == messages.StateCancelled:
+		return fateCancelled, false
+	}
+	return fateFailing, false
+}
+
 // deadGroup is the dead letters of one reason: each run's latest.
 type deadGroup struct {
 	Reason      string
@@ -22,17 +60,29 @@ type deadGroup struct {
 	First, Last time.Time
 	// Sample is one request of the group (the latest), made visible.
 	Sample string
-	// Runs are the group's run ids, newest first.
+	// Runs are the ids of the group's runs not resolved, newest first:
+	// what "Replay all" replays.
 	Runs []string
 	// Letters are the group's dead letters, one per run, newest first.
-	Letters []dispatcher.DeadLetter
+	Letters []deadLetter
 	// Pools are the pools its runs failed in.
 	Pools []string
 }
 
-// groupDeadLetters keeps each run's latest dead letter and groups them by
-// reason, the largest group first.
-func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
+// deadData is the dead letters page's data.
+type deadData struct {
+	Groups []deadGroup
+	// All is true when resolved dead letters are shown (?all=1).
+	All bool
+	// Resolved counts the resolved dead letters (hidden unless All).
+	Resolved int
+}
+
+// groupDeadLetters keeps each run's latest dead letter, says what became
+// of it (fate: from the run's id and latest dead letter), and groups them
+// by reason, the largest group first. Resolved ones are left out unless
+// all; the number of resolved ones is returned either way.
+func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLetter) deadLetter, all bool) ([]deadGroup, int) {
 	latest := make(map[string]dispatcher.DeadLetter, len(dls))
 	for _, dl := range dls {
 		if cur, ok := latest[dl.RunID]; !ok || dl.Sequence > cur.Sequence {
@@ -41,7 +91,15 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 	}
 	byReason := map[string]*deadGroup{}
 	pools := map[string]map[string]bool{}
-	for _, dl := range latest {
+	resolved := 0
+	for _, raw := range latest {
+		dl := fate(raw)
+		if dl.Resolved {
+			resolved++
+			if !all {
+				continue
+			}
+		}
 		g := byReason[dl.Reason]
 		if g == nil {
 			g = &deadGroup{Reason: visible(dl.Reason), First: dl.Time}
@@ -67,7 +125,9 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 		sort.Strings(g.Pools)
 		sort.Slice(g.Letters, func(i, j int) bool { return g.Letters[i].Sequence > g.Letters[j].Sequence })
 		for _, dl := range g.Letters {
-			g.Runs = append(g.Runs, dl.RunID)
+			if !dl.Resolved && dl.Fate != fateReplaying {
+				g.Runs = append(g.Runs, dl.RunID)
+			}
 		}
 		out = append(out, *g)
 	}
@@ -77,22 +137,61 @@ func groupDeadLetters(dls []dispatcher.DeadLetter) []deadGroup {
 		}
 		return out[i].Reason < out[j].Reason
 	})
-	return out
+	return out, resolved
 }
 
-// deadLetters serves GET /dead-letters.
+// deadLetters serves GET /dead-letters: each run's latest dead letter and
+// what became of the run, grouped by reason; the resolved ones only with
+// ?all=1.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	dls, err := c.d.Failed(r.Context(), "")
 	if err != nil {
 		c.message(w, r, http.StatusBadGateway, "Dead letters unavailable", err.Error(), "/")
 		return
 	}
-	c.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: groupDeadLetters(dls)})
+	waiting := map[string]bool{}
+	reqs, _, _ := c.requests(r.Context())
+	for _, q := range reqs {
+		waiting[q.ID] = true
+	}
+	fate := func(dl dispatcher.DeadLetter) deadLetter {
+		st, ok := c.cache.get(dl.RunID)
+		f, resolved := fateOf(st, ok, waiting[dl.RunID])
+		return deadLetter{DeadLetter: dl, Fate: f, Resolved: resolved, Replays: st.Replays}
+	}
+	d := deadData{All: r.URL.Query().Get("all") == "1"}
+	d.Groups, d.Resolved = groupDeadLetters(dls, fate, d.All)
+	c.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: d})
+}
+
+// discardDeadLetters serves POST /dead-letters/discard with one run=<id>:
+// without confirm=yes it asks for a confirmation; with it, it deletes every
+// dead letter of the run (dispatcher.Discard).
+func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
+	id := r.PostFormValue("run")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+		return
+	}
+	if r.PostFormValue("confirm") != "yes" {
+		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Discard: true}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	n, err := c.d.Discard(ctx, id)
+	if err != nil {
+		c.message(w, r, http.StatusBadGateway, "Discard", err.Error(), "/dead-letters")
+		return
+	}
+	c.message(w, r, http.StatusOK, "Discard", fmt.Sprintf("Discarded %d dead letter(s) of run %s: it can no longer be replayed.", n, id), "/dead-letters")
 }
 
 // confirmData is the replay confirmation page's data.
 type confirmData struct {
 	Runs []string
+	// Discard: the confirmation is of a discard, not a replay.
+	Discard bool
 }
 
 // replayResult is the outcome of a confirmed replay.
@@ -135,9 +234,9 @@ func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 		}
 		res.Replayed = append(res.Replayed, id)
 	}
-	text := fmt.Sprintf("Replayed %d run(s): %s.", len(res.Replayed), strings.Join(res.Replayed, ", "))
+	text := fmt.Sprintf("Replayed %d run(s) (below, each a link to its page).", len(res.Replayed))
 	if len(res.Refused) > 0 {
 		text += fmt.Sprintf(" Refused %d: %s.", len(res.Refused), strings.Join(res.Refused, "; "))
 	}
-	c.message(w, r, http.StatusOK, "Replay", text, "/dead-letters")
+	c.messageRuns(w, r, http.StatusOK, "Replay", text, "/dead-letters", res.Replayed)
 }

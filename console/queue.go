@@ -49,8 +49,21 @@ func (v queuedView) Capped() bool { return v.Total > uint64(v.Read) }
 // worker has taken yet (the cache has no state for them), read at most
 // queueMaxAge ago.
 func (c *Console) queued(ctx context.Context) queuedView {
+	reqs, total, err := c.requests(ctx)
+	return queuedView{Read: len(reqs), Total: total, Err: err, Runs: dispatcher.WaitingRuns(reqs, func(id string) bool {
+		_, ok := c.cache.get(id)
+		return ok
+	})}
+}
+
+// requests returns the requests waiting in JETCREW_RUNS (the first
+// Config.QueueRead, oldest first, replays included), how many the stream
+// holds and why they could not be read, as read at most queueMaxAge ago.
+// The slice is shared: read only.
+func (c *Console) requests(ctx context.Context) ([]dispatcher.QueuedRequest, uint64, error) {
 	q := &c.queue
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if time.Since(q.at) >= queueMaxAge {
 		rctx, cancel := context.WithTimeout(ctx, queueReadTimeout)
 		q.reqs, q.total, q.err = c.d.Requests(rctx, c.cfg.QueueRead)
@@ -60,10 +73,5 @@ func (c *Console) queued(ctx context.Context) queuedView {
 		}
 		q.at = time.Now()
 	}
-	reqs, total, err := q.reqs, q.total, q.err
-	q.mu.Unlock()
-	return queuedView{Read: len(reqs), Total: total, Err: err, Runs: dispatcher.WaitingRuns(reqs, func(id string) bool {
-		_, ok := c.cache.get(id)
-		return ok
-	})}
+	return q.reqs, q.total, q.err
 }

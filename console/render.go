@@ -106,10 +106,15 @@ func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int,
 // action the server refused (see Console.action) says so instead, with a
 // 403, whatever error its handler got for it (a cancelled context).
 func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
+	c.messageRuns(w, r, code, title, text, back, nil)
+}
+
+// messageRuns is message, with links to the pages of runs below the text.
+func (c *Console) messageRuns(w http.ResponseWriter, r *http.Request, code int, title, text, back string, runs []string) {
 	if e, ok := refusal(r.Context()); ok {
-		code, text = http.StatusForbidden, e.Error()
+		code, text, runs = http.StatusForbidden, e.Error(), nil
 	}
-	c.renderStatus(w, r, code, "message", "layout", page{Title: title, Data: map[string]string{"Text": text, "Back": back}})
+	c.renderStatus(w, r, code, "message", "layout", page{Title: title, Data: map[string]any{"Text": text, "Back": back, "Runs": runs}})
 }
 
 // ago returns how long before now t was, shortly: "3s", "4m10s", "2h5m";

@@ -12,15 +12,16 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// parseFilter reads the runs list's filter from its query: state, pool,
-// profile, group, label (k=v, repeatable) and q (an id prefix).
+// parseFilter reads the runs list's filter from its query: state (a state,
+// or "failure": dispatcher.AnyFailure), pool, profile, group, label (k=v,
+// repeatable) and q (a search: dispatcher.RunFilter.Search).
 func parseFilter(q url.Values) dispatcher.RunFilter {
 	f := dispatcher.RunFilter{
 		State:    messages.State(strings.TrimSpace(q.Get("state"))),
 		Pool:     strings.TrimSpace(q.Get("pool")),
 		Profile:  strings.TrimSpace(q.Get("profile")),
 		Group:    strings.TrimSpace(q.Get("group")),
-		IDPrefix: strings.TrimSpace(q.Get("q")),
+		Search:   strings.TrimSpace(q.Get("q")),
 	}
 	for _, l := range q["label"] {
 		if k, v, _ := strings.Cut(strings.TrimSpace(l), "="); k != "" {
@@ -45,7 +46,7 @@ func filterQuery(f dispatcher.RunFilter) url.Values {
 	set("pool", f.Pool)
 	set("profile", f.Profile)
 	set("group", f.Group)
-	set("q", f.IDPrefix)
+	set("q", f.Search)
 	for _, kv := range labelPairs(f.Labels) {
 		q.Add("label", kv)
 	}
@@ -62,10 +63,16 @@ func labelPairs(m map[string]string) []string {
 	return out
 }
 
-// cursor marks a place in the newest-first runs list: the last run shown.
+// cursor marks a place in the newest-first runs list: the last run shown,
+// by its activity (dispatcher.Activity) and id.
 type cursor struct {
 	queued time.Time
 	id     string
+}
+
+// cursorOf returns the cursor at st.
+func cursorOf(st *messages.RunState) cursor {
+	return cursor{queued: dispatcher.Activity(st), id: st.ID}
 }
 
 func parseCursor(s string) (cursor, bool) {
@@ -83,7 +90,10 @@ func (cu cursor) String() string {
 
 // after reports whether st comes after the cursor in newest-first order.
 func (cu cursor) after(st *messages.RunState) bool {
-	return dispatcher.Newer(&messages.RunState{QueuedAt: cu.queued, ID: cu.id}, st) < 0
+	if c := dispatcher.Activity(st).Compare(cu.queued); c != 0 {
+		return c < 0
+	}
+	return st.ID < cu.id
 }
 
 // runsData is the runs page's data.
@@ -96,8 +106,17 @@ type runsData struct {
 	Runs   []*messages.RunState
 	// Total is the number of runs matching the filter.
 	Total int
-	// Next is the URL of the next page; empty on the last.
+	// Next is the URL of the next page (older runs); empty on the last.
 	Next string
+	// Newer is the URL of the page before (newer runs), FirstPage the
+	// first page's; both empty on the first page.
+	Newer, FirstPage string
+	// From and To are the 1-based positions of the first and last run
+	// shown among Total ("51–100 of 350"); 0 when none is shown.
+	From, To int
+	// Links are the URLs the label chips filter by: the filter with
+	// label k=v added, by "k=v".
+	Links map[string]string
 	// First is true on the first page: new runs are prepended live.
 	First bool
 	// LiveQuery is the live stream's query string (the filter).
@@ -108,7 +127,7 @@ type runsData struct {
 }
 
 var allStates = []messages.State{messages.StateQueued, messages.StateRunning, messages.StateSucceeded,
-	messages.StateFailed, messages.StateCancelled, messages.StateTimedOut, messages.StateStalled}
+	dispatcher.AnyFailure, messages.StateFailed, messages.StateCancelled, messages.StateTimedOut, messages.StateStalled}
 
 // runsList serves GET /runs: the filtered runs, newest first, one page at
 // a time (?before=<cursor>). ?q= with an exact run id goes to that run.
@@ -117,17 +136,18 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := parseFilter(q)
 	qv := c.queued(r.Context())
-	if f.IDPrefix != "" {
-		_, ok := c.cache.get(f.IDPrefix)
+	if id := f.Search; id != "" {
+		// An exact run id goes to its page.
+		_, ok := c.cache.get(id)
 		for i := 0; !ok && i < len(qv.Runs); i++ {
-			ok = qv.Runs[i].ID == f.IDPrefix
+			ok = qv.Runs[i].ID == id
 		}
 		if ok {
-			http.Redirect(w, r, "/runs/"+url.PathEscape(f.IDPrefix), http.StatusSeeOther)
+			http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
 			return
 		}
 	}
-	all := c.cache.filter(f.Match)
+	all := c.cache.filterRuns(f)
 	if n := len(all); f.State == "" || f.State == messages.StateQueued {
 		for i := range qv.Runs {
 			if f.Match(&qv.Runs[i]) {
@@ -145,17 +165,45 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 			start++
 		}
 	}
-	end := min(start+c.cfg.PageSize, len(all))
+	size := c.cfg.PageSize
+	end := min(start+size, len(all))
 	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
-		LiveQuery: filterQuery(f).Encode(), Queue: qv}
+		LiveQuery: filterQuery(f).Encode(), Queue: qv, Links: map[string]string{}}
+	if end > start {
+		d.From, d.To = start+1, end
+	}
 	if ls := labelPairs(f.Labels); len(ls) > 0 {
 		d.Label = ls[0]
 	}
 	if end < len(all) {
 		nq := filterQuery(f)
-		last := all[end-1]
-		nq.Set("before", cursor{queued: last.QueuedAt, id: last.ID}.String())
+		nq.Set("before", cursorOf(all[end-1]).String())
 		d.Next = "/runs?" + nq.Encode()
+	}
+	if paged {
+		d.FirstPage = "/runs?" + filterQuery(f).Encode()
+		d.Newer = d.FirstPage
+		if prev := start - size; prev > 0 {
+			nq := filterQuery(f)
+			nq.Set("before", cursorOf(all[prev-1]).String())
+			d.Newer = "/runs?" + nq.Encode()
+		}
+	}
+	for _, st := range d.Runs {
+		for k, v := range st.Labels {
+			kv := visible(k + "=" + v) // as labelList shows it
+			if _, ok := d.Links[kv]; ok {
+				continue
+			}
+			lf := f
+			lf.Labels = map[string]string{k: v}
+			for ok, ov := range f.Labels {
+				if ok != k {
+					lf.Labels[ok] = ov
+				}
+			}
+			d.Links[kv] = "/runs?" + filterQuery(lf).Encode()
+		}
 	}
 	c.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d, Rev: rev})
 }

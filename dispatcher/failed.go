@@ -153,3 +153,37 @@ func newDeadLetter(seq uint64, subject string, t time.Time, h nats.Header, data 
 	}
 	return dl
 }
+
+// Discard deletes every dead letter of run id from JETCREW_FAILED, in
+// whatever pool: one purge of the subject jetcrew.failed.*.<run_id>, which
+// the operator role may do (it may purge jetcrew's streams; it may not
+// delete one message, which could leave an older dead letter a run's
+// latest). The run can no longer be replayed; its state is untouched. It
+// returns the number of dead letters deleted; the error wraps
+// ErrNoDeadLetter when the run has none, and ErrNotProvisioned when the
+// stream does not exist.
+func (d *Dispatcher) Discard(ctx context.Context, id string) (uint64, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return 0, fmt.Errorf("discard: %w", err)
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	if err != nil {
+		return 0, fmt.Errorf("discard run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
+	}
+	subj := messages.SubjectFailed("*", id)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return 0, fmt.Errorf("discard run %s: %w", id, classify(err))
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("run %s: %w on %s", id, ErrNoDeadLetter, messages.StreamFailed)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		return 0, fmt.Errorf("discard run %s: purge %s: %w", id, subj, classify(err))
+	}
+	return n, nil
+}

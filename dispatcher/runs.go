@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -104,26 +105,56 @@ func (d *Dispatcher) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
 // runsStream is the stream of the jetcrew-runs bucket.
 const runsStream = "KV_" + messages.BucketRuns
 
+// AnyFailure is the state a RunFilter names to select every run that ended
+// unsuccessfully without being cancelled: failed, timed out or stalled.
+// No run is ever in it.
+const AnyFailure messages.State = "failure"
+
 // RunFilter selects runs by their state record. The zero value selects
 // every run; each set field narrows the selection.
 type RunFilter struct {
-	// State: the run is in this state.
+	// State: the run is in this state (AnyFailure: in any failed one).
 	State messages.State
 	// Pool, Profile, Group: the run's are these.
 	Pool, Profile, Group string
 	// Labels: the run has every one of these labels with this value.
 	Labels map[string]string
-	// IDPrefix: the run id starts with it.
-	IDPrefix string
+	// Search: a case-insensitive substring of the run's id, group, one of
+	// its labels (as "key=value") or its reason (see SearchText).
+	Search string
+}
+
+// Failure reports whether s is a state AnyFailure selects.
+func Failure(s messages.State) bool {
+	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
 }
 
 // Match reports whether st passes the filter.
 func (f RunFilter) Match(st *messages.RunState) bool {
-	if (f.State != "" && st.State != f.State) ||
-		(f.Pool != "" && st.Pool != f.Pool) ||
+	if !f.matchFields(st) {
+		return false
+	}
+	return f.Search == "" || strings.Contains(SearchText(st), strings.ToLower(f.Search))
+}
+
+// MatchText is Match for a caller that keeps each run's SearchText: text
+// must be SearchText(st), and needle strings.ToLower(f.Search).
+func (f RunFilter) MatchText(st *messages.RunState, text, needle string) bool {
+	return f.matchFields(st) && strings.Contains(text, needle)
+}
+
+func (f RunFilter) matchFields(st *messages.RunState) bool {
+	switch {
+	case f.State == AnyFailure:
+		if !Failure(st.State) {
+			return false
+		}
+	case f.State != "" && st.State != f.State:
+		return false
+	}
+	if (f.Pool != "" && st.Pool != f.Pool) ||
 		(f.Profile != "" && st.Profile != f.Profile) ||
-		(f.Group != "" && st.Group != f.Group) ||
-		(f.IDPrefix != "" && !strings.HasPrefix(st.ID, f.IDPrefix)) {
+		(f.Group != "" && st.Group != f.Group) {
 		return false
 	}
 	for k, v := range f.Labels {
@@ -134,11 +165,43 @@ func (f RunFilter) Match(st *messages.RunState) bool {
 	return true
 }
 
-// Newer orders run states newest first: by QueuedAt, then by id (run ids
+// SearchText is what RunFilter.Search looks in: the run's id, group,
+// labels ("key=value", sorted) and reason, lower-cased, one a line (so no
+// needle without a newline matches across two of them).
+func SearchText(st *messages.RunState) string {
+	var b strings.Builder
+	b.WriteString(st.ID)
+	b.WriteByte('\n')
+	b.WriteString(st.Group)
+	keys := make([]string, 0, len(st.Labels))
+	for k := range st.Labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteByte('\n')
+		b.WriteString(k + "=" + st.Labels[k])
+	}
+	b.WriteByte('\n')
+	b.WriteString(st.Reason)
+	return strings.ToLower(b.String())
+}
+
+// Activity is the time a run is listed by: when it was queued or, for a
+// replayed run, when its latest replay started (QueuedAt stays the first
+// submit's), whichever is later.
+func Activity(st *messages.RunState) time.Time {
+	if st.Replays > 0 && st.StartedAt.After(st.QueuedAt) {
+		return st.StartedAt
+	}
+	return st.QueuedAt
+}
+
+// Newer orders run states newest first: by Activity, then by id (run ids
 // sort by creation time). It returns a negative number when a comes before
 // b, positive when after, 0 for the same run; for slices.SortFunc.
 func Newer(a, b *messages.RunState) int {
-	if c := b.QueuedAt.Compare(a.QueuedAt); c != 0 {
+	if c := Activity(b).Compare(Activity(a)); c != 0 {
 		return c
 	}
 	return strings.Compare(b.ID, a.ID)

@@ -15,7 +15,7 @@ import (
 func TestRunFilterMatch(t *testing.T) {
 	t.Parallel()
 	st := messages.RunState{ID: "01ABC", State: messages.StateFailed, Pool: "gpu", Profile: "claude", Group: "g",
-		Labels: map[string]string{"team": "a", "pr": "7"}}
+		Labels: map[string]string{"team": "a", "pr": "7"}, Reason: "exit code 3: Build Broke"}
 	for _, tc := range []struct {
 		f    RunFilter
 		want bool
@@ -29,11 +29,38 @@ func TestRunFilterMatch(t *testing.T) {
 		{RunFilter{Labels: map[string]string{"team": "a", "pr": "7"}}, true},
 		{RunFilter{Labels: map[string]string{"team": "b"}}, false},
 		{RunFilter{Labels: map[string]string{"missing": ""}}, false},
-		{RunFilter{IDPrefix: "01A"}, true},
-		{RunFilter{IDPrefix: "02"}, false},
+		{RunFilter{Search: "01a"}, true},
+		{RunFilter{Search: "1AB"}, true},
+		{RunFilter{Search: "02"}, false},
+		{RunFilter{Search: "TEAM=A"}, true},
+		{RunFilter{Search: "pr=7"}, true},
+		{RunFilter{Search: "build broke"}, true},
+		{RunFilter{Search: "exit code 4"}, false},
+		{RunFilter{Search: "g"}, true},
+		{RunFilter{State: AnyFailure}, true},
+		{RunFilter{State: AnyFailure, Search: "nope"}, false},
 	} {
 		require.Equal(t, tc.want, tc.f.Match(&st), "%+v", tc.f)
 	}
+	for s, want := range map[messages.State]bool{
+		messages.StateFailed: true, messages.StateTimedOut: true, messages.StateStalled: true,
+		messages.StateSucceeded: false, messages.StateCancelled: false, messages.StateRunning: false, messages.StateQueued: false,
+	} {
+		st := messages.RunState{ID: "x", State: s}
+		require.Equal(t, want, RunFilter{State: AnyFailure}.Match(&st), "state %s", s)
+	}
+}
+
+// TestNewerReplayed: a replayed run is listed by its latest activity, the
+// start of its replay, not the first submit's queue time it keeps.
+func TestNewerReplayed(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	old := messages.RunState{ID: "01A", QueuedAt: t0, StartedAt: t0.Add(time.Hour), Replays: 1}
+	mid := messages.RunState{ID: "01B", QueuedAt: t0.Add(time.Minute), StartedAt: t0.Add(2 * time.Minute)}
+	require.Negative(t, Newer(&old, &mid), "the replayed run, started an hour later, comes first")
+	old.Replays = 0
+	require.Positive(t, Newer(&old, &mid), "without a replay the queue time orders")
 }
 
 func TestRunsAndWatchRuns(t *testing.T) {

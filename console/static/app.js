@@ -136,9 +136,19 @@
     cell(tr, badge(r.state));
     cell(tr, r.pool);
     cell(tr, r.profile);
-    cell(tr, r.group ? link("/groups/" + encodeURIComponent(r.group), r.group.length > 12 ? r.group.slice(0, 12) + "…" : r.group) : "");
+    cell(tr, r.group && r.group !== r.id ? link("/groups/" + encodeURIComponent(r.group), r.group.length > 12 ? r.group.slice(0, 12) + "…" : r.group) : "-");
     const labels = cell(tr, undefined);
-    for (const l of r.labels || []) labels.appendChild(el("span", "label", l));
+    for (const l of r.labels || []) {
+      // A chip filters the list by its label, the other filters kept.
+      const q = new URLSearchParams(location.search);
+      q.delete("before");
+      q.delete("label");
+      q.append("label", l);
+      const a = link("/runs?" + q.toString(), l);
+      a.className = "label";
+      a.title = "only runs with this label";
+      labels.appendChild(a);
+    }
     cell(tr, (r.worker || "").slice(0, 12), "mono");
     cell(tr, when(r.queued_at));
     const [wait, ran] = spans(r);
