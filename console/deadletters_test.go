@@ -14,7 +14,9 @@ import (
 )
 
 // failing says every dead letter's run is still failing.
-func failing(dl dispatcher.DeadLetter) deadLetter { return deadLetter{DeadLetter: dl, Fate: fateFailing} }
+func failing(dl dispatcher.DeadLetter) deadLetter {
+	return deadLetter{DeadLetter: dl, Fate: fateFailing}
+}
 
 // Issue 27, bug 3: a group's "Sample request (the latest)" is the latest
 // dead letter's request, and the letters listed carry no request bodies.

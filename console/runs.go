@@ -17,11 +17,11 @@ import (
 // repeatable) and q (a search: dispatcher.RunFilter.Search).
 func parseFilter(q url.Values) dispatcher.RunFilter {
 	f := dispatcher.RunFilter{
-		State:    messages.State(strings.TrimSpace(q.Get("state"))),
-		Pool:     strings.TrimSpace(q.Get("pool")),
-		Profile:  strings.TrimSpace(q.Get("profile")),
-		Group:    strings.TrimSpace(q.Get("group")),
-		Search:   strings.TrimSpace(q.Get("q")),
+		State:   messages.State(strings.TrimSpace(q.Get("state"))),
+		Pool:    strings.TrimSpace(q.Get("pool")),
+		Profile: strings.TrimSpace(q.Get("profile")),
+		Group:   strings.TrimSpace(q.Get("group")),
+		Search:  strings.TrimSpace(q.Get("q")),
 	}
 	for _, l := range q["label"] {
 		if k, v, _ := strings.Cut(strings.TrimSpace(l), "="); k != "" {
