@@ -1,10 +1,10 @@
 package console
 
 import (
-	"html"
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http"
 	"net/url"
 	"strings"

@@ -15,42 +15,14 @@ import (
 // maxReplayBatch caps the runs one confirmation replays.
 const maxReplayBatch = 500
 
-// Fates of a dead letter: what became of its run since it failed.
-const (
-	// fateHealed: the run succeeded since (a replay healed it): resolved.
-	fateHealed = "healed"
-	// fateReplaying: a replay of the run waits in JETCREW_RUNS or runs.
-	fateReplaying = "replaying"
-	// fateFailing: the run is still failed; replaying it is the next step.
-	fateFailing = "failing"
-	// fateCancelled: the run was cancelled since (its replay, maybe).
-	fateCancelled = "cancelled"
-)
-
 // deadLetter is one run's latest dead letter and what became of the run.
 type deadLetter struct {
 	dispatcher.DeadLetter
-	// Fate is one of the fate* constants; Resolved is true when it needs
-	// nothing more (healed).
-	Fate     string
+	Fate dispatcher.Fate
+	// Resolved is Fate.Resolved(): the letter needs nothing more.
 	Resolved bool
 	// Replays is the run's replay count (its state's).
 	Replays int
-}
-
-// fateOf says what became of a run whose latest dead letter is dl, from
-// its state now (ok false: none) and whether a replay of it waits in
-// JETCREW_RUNS.
-func fateOf(st messages.RunState, ok, waiting bool) (fate string, resolved bool) {
-	switch {
-	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
-		return fateReplaying, false
-	case ok && st.State == messages.StateSucceeded:
-		return fateHealed, true
-	case ok && st.State == messages.StateCancelled:
-		return fateCancelled, false
-	}
-	return fateFailing, false
 }
 
 // deadGroup is the dead letters of one reason: each run's latest.
@@ -125,7 +97,7 @@ func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLett
 		sort.Strings(g.Pools)
 		sort.Slice(g.Letters, func(i, j int) bool { return g.Letters[i].Sequence > g.Letters[j].Sequence })
 		for _, dl := range g.Letters {
-			if !dl.Resolved && dl.Fate != fateReplaying {
+			if !dl.Resolved && dl.Fate != dispatcher.FateReplaying {
 				g.Runs = append(g.Runs, dl.RunID)
 			}
 		}
@@ -149,15 +121,12 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		c.message(w, r, http.StatusBadGateway, "Dead letters unavailable", err.Error(), "/")
 		return
 	}
-	waiting := map[string]bool{}
 	reqs, _, _ := c.requests(r.Context())
-	for _, q := range reqs {
-		waiting[q.ID] = true
-	}
+	waiting := dispatcher.ReplaysWaiting(reqs)
 	fate := func(dl dispatcher.DeadLetter) deadLetter {
 		st, ok := c.cache.get(dl.RunID)
-		f, resolved := fateOf(st, ok, waiting[dl.RunID])
-		return deadLetter{DeadLetter: dl, Fate: f, Resolved: resolved, Replays: st.Replays}
+		f := dispatcher.FateOf(st, ok, waiting[dl.RunID])
+		return deadLetter{DeadLetter: dl, Fate: f, Resolved: f.Resolved(), Replays: st.Replays}
 	}
 	d := deadData{All: r.URL.Query().Get("all") == "1"}
 	d.Groups, d.Resolved = groupDeadLetters(dls, fate, d.All)

@@ -15,7 +15,7 @@ import (
 
 // failing says every dead letter's run is still failing.
 func failing(dl dispatcher.DeadLetter) deadLetter {
-	return deadLetter{DeadLetter: dl, Fate: fateFailing}
+	return deadLetter{DeadLetter: dl, Fate: dispatcher.FateFailing}
 }
 
 // Issue 27, bug 3: a group's "Sample request (the latest)" is the latest
@@ -38,30 +38,6 @@ func TestGroupDeadLettersSample(t *testing.T) {
 		for _, dl := range g.Letters {
 			require.Nil(t, dl.Request, "only the sample carries a request")
 		}
-	}
-}
-
-// A dead letter says what became of its run; a healed one is resolved.
-func TestFateOf(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		st       messages.State
-		ok, wait bool
-		fate     string
-		resolved bool
-	}{
-		{messages.StateFailed, true, false, fateFailing, false},
-		{messages.StateTimedOut, true, false, fateFailing, false},
-		{"", false, false, fateFailing, false},
-		{messages.StateFailed, true, true, fateReplaying, false},
-		{messages.StateRunning, true, false, fateReplaying, false},
-		{messages.StateQueued, true, false, fateReplaying, false},
-		{messages.StateSucceeded, true, false, fateHealed, true},
-		{messages.StateCancelled, true, false, fateCancelled, false},
-	} {
-		fate, resolved := fateOf(messages.RunState{State: tc.st}, tc.ok, tc.wait)
-		require.Equal(t, tc.fate, fate, "%+v", tc)
-		require.Equal(t, tc.resolved, resolved, "%+v", tc)
 	}
 }
 

@@ -187,3 +187,53 @@ func (d *Dispatcher) Discard(ctx context.Context, id string) (uint64, error) {
 	}
 	return n, nil
 }
+
+// Fate is what became of a run since its latest dead letter.
+type Fate string
+
+// The fates of a run with a dead letter.
+const (
+	// FateFailing: the run is still failed (or has no state): replaying
+	// it is the next step.
+	FateFailing Fate = "failing"
+	// FateReplaying: a replay of the run waits in JETCREW_RUNS, or the
+	// run is queued or running again.
+	FateReplaying Fate = "replaying"
+	// FateHealed: the run succeeded since, a replay healed it: resolved.
+	FateHealed Fate = "healed"
+	// FateCancelled: the run was cancelled since (its replay, maybe).
+	FateCancelled Fate = "cancelled"
+)
+
+// Resolved reports whether a dead letter of this fate needs nothing more:
+// its run was healed.
+func (f Fate) Resolved() bool { return f == FateHealed }
+
+// FateOf says what became of a run with a dead letter, from its state now
+// (ok false: it has none) and whether a replay of it waits in
+// JETCREW_RUNS (ReplaysWaiting).
+func FateOf(st messages.RunState, ok, waiting bool) Fate {
+	switch {
+	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
+		return FateReplaying
+	case ok && st.State == messages.StateSucceeded:
+		return FateHealed
+	case ok && st.State == messages.StateCancelled:
+		return FateCancelled
+	}
+	return FateFailing
+}
+
+// ReplaysWaiting returns the run ids of the replays among reqs (Requests):
+// the runs FateOf calls replaying before a worker takes them. A run's own
+// request, which stays in JETCREW_RUNS a moment after its dead letter is
+// stored, is not one.
+func ReplaysWaiting(reqs []QueuedRequest) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range reqs {
+		if r.Replay && r.ID != "" {
+			out[r.ID] = true
+		}
+	}
+	return out
+}

@@ -186,3 +186,26 @@ func TestFollow(t *testing.T) {
 	require.Equal(t, messages.EventFinished, got[2].Type)
 	require.Error(t, b.d.Follow(t.Context(), nil, nil), "no filter")
 }
+
+// A dead letter says what became of its run; a healed one is resolved.
+func TestFateOf(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		st       messages.State
+		ok, wait bool
+		fate     Fate
+	}{
+		{messages.StateFailed, true, false, FateFailing},
+		{messages.StateTimedOut, true, false, FateFailing},
+		{"", false, false, FateFailing},
+		{messages.StateFailed, true, true, FateReplaying},
+		{messages.StateRunning, true, false, FateReplaying},
+		{messages.StateQueued, true, false, FateReplaying},
+		{messages.StateSucceeded, true, false, FateHealed},
+		{messages.StateCancelled, true, false, FateCancelled},
+	} {
+		fate := FateOf(messages.RunState{State: tc.st}, tc.ok, tc.wait)
+		require.Equal(t, tc.fate, fate, "%+v", tc)
+		require.Equal(t, tc.fate == FateHealed, fate.Resolved(), "%+v", tc)
+	}
+}

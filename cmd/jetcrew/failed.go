@@ -21,28 +21,68 @@ func (a *app) failedCmd() *cobra.Command {
 		url    string
 		pool   string
 		asJSON bool
+		all    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "failed [flags]",
 		Short: "List dead letters: the requests of failed runs",
 		Long: `failed lists the dead letters on stream JETCREW_FAILED, oldest first: one per
 request of a run that ended failed or timed out, with its time, pool, run id,
-final state, exit code, attempts and reason (the Jetcrew-* headers), and the
-run's state now (a replayed run shows how its replay went).
+final state, exit code, attempts and reason (the Jetcrew-* headers), and
+what became of the run since (NOW): "failing" (still failed: replay it),
+"replaying" (a replay waits or runs), "healed" (it succeeded since: a replay
+healed it) or "cancelled", with its replay count.
+
+A healed run's dead letters are resolved: they are left out unless --all,
+and a line on stderr counts them.
 
 With --json it prints a JSON array; each element also holds the request
 itself, exactly as submitted ("request": the JSON document, or a string when
 the body was not valid JSON).
 
-'jetcrew replay RUN_ID' submits a dead letter again.`,
+'jetcrew replay RUN_ID' submits a dead letter again; 'jetcrew failed discard
+RUN_ID' deletes a run's dead letters.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.runFailed(cmd.Context(), a.natsURL(url), pool, asJSON)
+			return a.runFailed(cmd.Context(), a.natsURL(url), pool, asJSON, all)
 		},
 	}
 	natsFlag(cmd, &url)
 	cmd.Flags().StringVar(&pool, "pool", "", "only this pool's dead letters (default: every pool)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	cmd.Flags().BoolVar(&all, "all", false, "also list resolved dead letters (their run succeeded since)")
+	cmd.AddCommand(a.discardCmd())
+	return cmd
+}
+
+func (a *app) discardCmd() *cobra.Command {
+	var url string
+	cmd := &cobra.Command{
+		Use:   "discard RUN_ID",
+		Short: "Delete every dead letter of a run",
+		Long: `discard deletes every dead letter of RUN_ID from JETCREW_FAILED, in whatever
+pool (a purge of jetcrew.failed.*.RUN_ID, which the operator role may do).
+The run can no longer be replayed; its state and output stay.`,
+		Args: exactArgs("RUN_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := messages.ValidateToken("run id", id); err != nil {
+				return usageError(err)
+			}
+			d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew failed discard")
+			if err != nil {
+				return err
+			}
+			defer closeNATS()
+			n, err := d.Discard(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stderr, "discarded %d dead letter(s) of run %s\n", n, id)
+			return nil
+		},
+	}
+	natsFlag(cmd, &url)
 	return cmd
 }
 
@@ -62,9 +102,13 @@ type failedEntry struct {
 	// Now is the run's state at the time of listing; empty when it has none.
 	Now     messages.State `json:"current_state,omitempty"`
 	Replays int            `json:"replays,omitempty"`
+	// Fate is what became of the run since (dispatcher.FateOf); Resolved
+	// is true when it needs nothing more (healed).
+	Fate     dispatcher.Fate `json:"fate"`
+	Resolved bool            `json:"resolved,omitempty"`
 }
 
-func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) error {
+func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool) error {
 	if pool != "" {
 		if err := messages.ValidateToken("--pool", pool); err != nil {
 			return usageError(err)
@@ -79,8 +123,15 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) erro
 	if err != nil {
 		return err
 	}
+	reqs, _, err := d.Requests(ctx, dispatcher.DefaultRequestRead)
+	if err != nil && !errors.Is(err, dispatcher.ErrNotProvisioned) {
+		return err
+	}
+	waiting := dispatcher.ReplaysWaiting(reqs)
 	states := map[string]messages.RunState{}
+	found := map[string]bool{}
 	entries := make([]failedEntry, 0, len(dls))
+	resolved := 0
 	for _, dl := range dls {
 		e := failedEntry{
 			Sequence: dl.Sequence, Time: dl.Time, Pool: dl.Pool, RunID: dl.RunID, State: dl.State,
@@ -93,10 +144,21 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) erro
 			if err != nil && !errors.Is(err, dispatcher.ErrRunNotFound) {
 				return err
 			}
-			states[dl.RunID] = st
+			states[dl.RunID], found[dl.RunID] = st, err == nil
 		}
 		e.Now, e.Replays = st.State, st.Replays
+		e.Fate = dispatcher.FateOf(st, found[dl.RunID], waiting[dl.RunID])
+		e.Resolved = e.Fate.Resolved()
+		if e.Resolved {
+			resolved++
+			if !all {
+				continue
+			}
+		}
 		entries = append(entries, e)
+	}
+	if resolved > 0 && !all {
+		fmt.Fprintf(a.stderr, "%d resolved dead letter(s) not listed (their runs succeeded since): --all lists them\n", resolved)
 	}
 	if asJSON {
 		b, err := json.MarshalIndent(entries, "", "  ")
@@ -106,7 +168,7 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON bool) erro
 		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 		return err
 	}
-	if len(entries) == 0 {
+	if len(entries) == 0 && resolved == 0 {
 		fmt.Fprintln(a.stderr, "no dead letters")
 		return nil
 	}
@@ -131,11 +193,8 @@ func printFailed(w io.Writer, entries []failedEntry) error {
 		if e.ExitCode != nil {
 			exit = strconv.Itoa(*e.ExitCode)
 		}
-		now := string(e.Now)
-		switch {
-		case now == "":
-			now = "-"
-		case e.Replays > 0:
+		now := string(e.Fate)
+		if e.Replays > 0 {
 			now += fmt.Sprintf(" (replays: %d)", e.Replays)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Sequence, formatTime(e.Time), e.Pool, e.RunID,

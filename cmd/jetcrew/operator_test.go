@@ -79,7 +79,7 @@ func TestFailedAndReplay(t *testing.T) {
 		return code == 0 && strings.Contains(stdout, "flaky")
 	}, 5*time.Second, 20*time.Millisecond, "stderr: %s", stderr)
 	require.Regexp(t, `SEQ\s+TIME\s+POOL\s+RUN ID\s+STATE\s+EXIT\s+ATTEMPTS\s+NOW\s+REASON`, stdout)
-	require.Regexp(t, `default\s+flaky\s+failed\s+3\s+1\s+failed\s+exit code 3`, stdout)
+	require.Regexp(t, `default\s+flaky\s+failed\s+3\s+1\s+failing\s+exit code 3`, stdout)
 
 	code, stdout, stderr = cli(t, url, "failed", "--json", "--pool", "default")
 	require.Equal(t, 0, code, stderr)
@@ -114,9 +114,17 @@ func TestFailedAndReplay(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Regexp(t, `replays:\s+1`, stdout)
 
-	code, stdout, _ = cli(t, url, "failed")
+	// Healed: resolved, listed only with --all (issue 27).
+	code, stdout, stderr = cli(t, url, "failed")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "succeeded (replays: 1)")
+	require.NotContains(t, stdout, "flaky")
+	require.Contains(t, stderr, "1 resolved dead letter(s) not listed")
+	code, stdout, _ = cli(t, url, "failed", "--all")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "healed (replays: 1)")
+	code, stdout, _ = cli(t, url, "failed", "--all", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, `"fate": "healed"`)
 
 	// A run that succeeded is refused, visibly.
 	code, stdout, stderr = cli(t, url, "replay", "flaky")
@@ -126,6 +134,18 @@ func TestFailedAndReplay(t *testing.T) {
 	require.Contains(t, stderr, "already succeeded")
 
 	code, _, stderr = cli(t, url, "replay", "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no dead letter")
+
+	// Discard deletes the run's dead letters.
+	code, _, stderr = cli(t, url, "failed", "discard", "flaky")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "discarded 1 dead letter(s) of run flaky")
+	code, stdout, stderr = cli(t, url, "failed", "--all")
+	require.Equal(t, 0, code)
+	require.NotContains(t, stdout, "flaky")
+	require.Contains(t, stderr, "no dead letters")
+	code, _, stderr = cli(t, url, "failed", "discard", "flaky")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no dead letter")
 }
@@ -222,6 +242,8 @@ func TestOperatorUsageErrors(t *testing.T) {
 		{[]string{"replay", "a b"}, "run id"},
 		{[]string{"replay", "x", "y"}, "want the argument(s) RUN_ID"},
 		{[]string{"failed", "x"}, "unexpected argument"},
+		{[]string{"failed", "discard"}, "missing argument RUN_ID"},
+		{[]string{"failed", "discard", "a.b"}, "run id"},
 		{[]string{"failed", "--pool", "a.b"}, "--pool"},
 		{[]string{"worker", "--ack-wait", "10ms"}, "--ack-wait"},
 		{[]string{"worker", "--max-deliver", "0"}, "--max-deliver"},

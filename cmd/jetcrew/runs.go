@@ -19,6 +19,7 @@ import (
 // runsOptions are the flags of `jetcrew runs`: the web console's filters.
 type runsOptions struct {
 	url, state, pool, profile, group string
+	search                           string
 	labels                           []string
 	limit                            int
 	asJSON                           bool
@@ -32,7 +33,9 @@ func (a *app) runsCmd() *cobra.Command {
 		Long: `runs lists the runs of the jetcrew-runs bucket, newest first: id, state,
 pool, profile, group, queue time and why it ended as it did. The flags filter
 as the web console's runs page does; --label may be repeated (every label must
-match). Runs no worker has taken yet have no state: they are listed queued
+match); --search is a case-insensitive substring of the id, group, a label
+(key=value) or the reason; --state failure lists every failed, timed-out or
+stalled run. A run without a group shows "-". Runs no worker has taken yet have no state: they are listed queued
 from their requests in JETCREW_RUNS (the first 100, oldest first), each
 reason saying the run's place in its pool's queue. With --json it prints a
 JSON array of the state records (docs/wire.md, "Run state").`,
@@ -43,7 +46,8 @@ JSON array of the state records (docs/wire.md, "Run state").`,
 	}
 	natsFlag(cmd, &o.url)
 	fs := cmd.Flags()
-	fs.StringVar(&o.state, "state", "", "only runs in this state: queued, running, succeeded, failed, cancelled, timed_out, stalled")
+	fs.StringVar(&o.state, "state", "", "only runs in this state: queued, running, succeeded, failed, cancelled, timed_out, stalled; failure: any of failed, timed_out, stalled")
+	fs.StringVar(&o.search, "search", "", "only runs whose id, group, label (k=v) or reason contains this, whatever the case")
 	fs.StringVar(&o.pool, "pool", "", "only runs of this pool")
 	fs.StringVar(&o.profile, "profile", "", "only runs of this profile")
 	fs.StringVar(&o.group, "group", "", "only runs of this coordination group")
@@ -55,7 +59,7 @@ JSON array of the state records (docs/wire.md, "Run state").`,
 
 // filter checks the flags and returns the filter they describe.
 func (o runsOptions) filter() (dispatcher.RunFilter, error) {
-	f := dispatcher.RunFilter{State: messages.State(o.state), Pool: o.pool, Profile: o.profile, Group: o.group}
+	f := dispatcher.RunFilter{State: messages.State(o.state), Pool: o.pool, Profile: o.profile, Group: o.group, Search: o.search}
 	if o.state != "" && !validState(f.State) {
 		return f, usageError(fmt.Errorf("--state %q: not a run state", o.state))
 	}
@@ -76,7 +80,7 @@ func (o runsOptions) filter() (dispatcher.RunFilter, error) {
 }
 
 func validState(s messages.State) bool {
-	return s == messages.StateQueued || s == messages.StateRunning || s.Final()
+	return s == messages.StateQueued || s == messages.StateRunning || s == dispatcher.AnyFailure || s.Final()
 }
 
 func (a *app) runRuns(ctx context.Context, o runsOptions) error {
@@ -142,7 +146,7 @@ func printRuns(w io.Writer, runs []messages.RunState) error {
 	fmt.Fprintln(tw, "ID\tSTATE\tPOOL\tPROFILE\tGROUP\tQUEUED\tREASON")
 	for _, st := range runs {
 		group := st.Group
-		if group == st.ID {
+		if group == st.ID || group == "" {
 			group = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, st.Pool, st.Profile, group,

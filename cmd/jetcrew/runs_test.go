@@ -53,6 +53,14 @@ func TestRunsCommand(t *testing.T) {
 	require.Equal(t, []string{"ok2"}, list("--label", "team=a", "--group", "g1"))
 	require.Equal(t, []string{"ok2"}, list("--limit", "1"))
 	require.Empty(t, list("--pool", "nope"))
+	// Issue 27: a search over id, group, labels and reason, any case; any failure.
+	require.Equal(t, []string{"bad1"}, list("--search", "EXIT CODE"))
+	require.Equal(t, []string{"ok2", "ok1"}, list("--search", "Team=A"))
+	require.Equal(t, []string{"ok2"}, list("--search", "g1"))
+	require.Equal(t, []string{"bad1"}, list("--search", "BAD"))
+	require.Equal(t, []string{"bad1"}, list("--state", "failure"))
+	require.Empty(t, list("--state", "failure", "--search", "ok"))
+	require.Regexp(t, `(?m)^ok1\s+succeeded\s+default\s+shell\s+-\s`, stdout, "a run without a group shows -")
 
 	code, _, stderr = cli(t, url, "runs", "--state", "nope")
 	require.Equal(t, exitUsage, code)
