@@ -142,6 +142,7 @@ func TestObserverConsole(t *testing.T) {
 		{"/runs/" + id + "/cancel", nil},
 		{"/runs/" + failed + "/replay", nil},
 		{"/dead-letters/replay", url.Values{"run": {failed}, "confirm": {"yes"}}},
+		{"/dead-letters/discard", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/runs/" + id + "/send", url.Values{"text": {"stop"}}},
 		{"/groups/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
 		{"/runs/" + id + "/budget", url.Values{"usd": {"1"}}},
@@ -160,6 +161,22 @@ func TestObserverConsole(t *testing.T) {
 	st, err := b.d.Status(t.Context(), id)
 	require.NoError(t, err)
 	require.Equal(t, messages.StateRunning, st.State, "the refused cancel changed nothing")
+}
+
+// The operator role may discard a dead letter (a purge of its run's subject
+// of JETCREW_FAILED), without the workers' right to delete one message.
+func TestOperatorDiscardsDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setupRole(t, roles.Operator)
+	failed := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
+	b.waitState(t, failed, messages.StateFailed)
+	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), failed); return err == nil }, 10*time.Second, 10*time.Millisecond)
+	resp, body := b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Discarded 1 dead letter(s)")
+	_, err := b.d.LastDeadLetter(t.Context(), failed)
+	require.ErrorIs(t, err, dispatcher.ErrNoDeadLetter)
+	require.Empty(t, b.refused())
 }
 
 // From the group and run pages an operator sends a message as the

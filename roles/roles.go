@@ -300,7 +300,10 @@ func operator() Grant {
 	}
 	pub = append(pub, poolConsumers()...)
 	// Managing jetcrew's streams is purging and deleting them; configuring
-	// one, or deleting one message, is the workers' (see manage).
+	// one, or deleting one message, is the workers' (see manage). A purge
+	// may name a subject: discarding a run's dead letters (`jetcrew failed
+	// discard`, the console's Discard) purges jetcrew.failed.*.<run_id>,
+	// every one of them, so no older one becomes the run's latest.
 	for _, s := range allStreams {
 		pub = append(pub, api+"STREAM.PURGE."+s, api+"STREAM.DELETE."+s)
 	}
