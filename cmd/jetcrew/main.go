@@ -13,7 +13,8 @@
 //	jetcrew egress deny ID          deny one
 //	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
-//	jetcrew failed                  list dead letters (failed runs' requests)
+//	jetcrew failed                  list dead letters (failed runs' requests; --all: healed ones too)
+//	jetcrew failed discard RUN_ID   delete a run's dead letters
 //	jetcrew replay RUN_ID           submit a failed run again from its dead letter
 //	jetcrew result RUN_ID           what a workspace run changed
 //	jetcrew diff RUN_ID             the patch of everything a workspace run changed
