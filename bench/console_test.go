@@ -63,6 +63,7 @@ func TestConsole(t *testing.T) {
 	for _, p := range []struct{ name, path, what string }{
 		{"console_runs_ttfb", "/runs", "the runs page, newest 50 of 10,000 runs"},
 		{"console_runs_filtered_ttfb", "/runs?state=failed&label=shard%3D3", "the runs page filtered by state and label (of 10,000 runs)"},
+		{"console_runs_search_ttfb", "/runs?q=Shard%3D3", "the runs page searched (q: id, group, labels, reason; any case) of 10,000 runs"},
 		{"console_runs_deep_ttfb", "/runs?before=" + deepCursor(base), "the runs page 5,000 runs deep (keyset cursor)"},
 	} {
 		xs, size := ttfb(t, srv.URL+p.path, 200)
