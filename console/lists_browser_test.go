@@ -43,6 +43,7 @@ func TestBrowserListsSearchAndDeadLetters(t *testing.T) {
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s === %q`, rows, failing), "the search by reason finds the failing run")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs?state=failure")))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s === %q`, rows, failing), "any failure lists the failing run only")
+	shot(t, ctx, "runs-failures")
 	onPhone(t, ctx, "runs-failures")
 	// A label chip filters by its label.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
