@@ -145,7 +145,8 @@ type RunState struct {
 	WorkspaceGit *GitSource `json:"workspace_git,omitempty"`
 	// WorkspaceFrom is the earlier run a request's workspace named
 	// (WorkspaceRef.From), once the worker built its snapshot: the run,
-	// the snapshot's HEAD (the result's base) and the snapshot's digest.
+	// the snapshot's HEAD (the earlier run's head, this run's result
+	// base) and the snapshot's digest.
 	WorkspaceFrom *FromSource `json:"workspace_from,omitempty"`
 }
 

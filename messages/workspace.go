@@ -80,10 +80,9 @@ type WorkspaceRef struct {
 type FromSource struct {
 	// Run is the earlier run's id.
 	Run string `json:"run"`
-	// Commit is the snapshot's HEAD: the earlier run's last own commit
-	// (its result's head without the commit of what it left
-	// uncommitted), or its base when it made none; empty for a repository
-	// without commits. It is the new run's result base.
+	// Commit is the snapshot's HEAD: the earlier run's result head (its
+	// own commits, then the commit of what it left uncommitted; its base
+	// when it changed nothing). It is the new run's result base.
 	Commit string `json:"commit,omitempty"`
 	// Digest is the "sha256:<hex>" of the snapshot the worker built.
 	Digest string `json:"digest"`

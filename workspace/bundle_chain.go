@@ -14,8 +14,8 @@ import (
 // a run started from a run started from …), are in the repository at
 // repoDir: each one's prerequisite must be there when it is added (the
 // first one's is the submitted HEAD), and its objects are added without a
-// branch. A run's bundle names the last own commit of the run it was
-// started from as its prerequisite, so the branch of the last run of a
+// branch. A run's bundle names the head of the run it was started from as
+// its prerequisite, so the branch of the last run of a
 // chain holds every run's commits in order. With no earlier bundle it is
 // ApplyBundle.
 func ApplyChain(repoDir string, earlier [][]byte, data []byte, runID string) (plumbing.ReferenceName, plumbing.Hash, error) {

@@ -44,33 +44,29 @@ type FromOptions struct {
 // end, built from the snapshot it started from (base, a git work tree's
 // snapshot) and its result bundle (written by Capture for run runID): a
 // .git holding base's history and the run's commits, HEAD on base's branch
-// (or detached, as base was) at the run's last own commit, and as files
-// the tree of the bundle's head. When that head is the commit Capture made
-// of what the run left uncommitted (author jetcrew <jetcrew@localhost>,
-// message "jetcrew: changes run <runID> left uncommitted"), HEAD is its
-// parent, so those changes are uncommitted in the snapshot too (git status
-// shows them; the index lists HEAD's tree). The bytes are those Snapshot
-// writes of a repository at that HEAD with that work tree whose objects
-// are stored as the inputs store them: equal inputs give equal bytes.
+// (or detached, as base was) at the bundle's head — the run's head: its
+// own commits and the commit Capture made of what it left uncommitted —
+// and that commit's tree as the files (git status is clean). The bytes
+// are those Snapshot writes of a clean work tree at that HEAD whose
+// objects are stored as the inputs store them: equal inputs give equal
+// bytes.
 //
 // The bundle's ref must be refs/heads/jetcrew/<runID> and its
-// prerequisite base's HEAD. Info.Head is the snapshot's HEAD (empty for a
-// repository without commits); tree is the commit whose tree the files
-// are (the bundle's head).
+// prerequisite base's HEAD. Info.Head is the bundle's head.
 //
 // base and bundle are hostile input: object files are copied as they are,
 // the declared sizes of every object (each pack's, read before anything is
 // inflated, and each loose object's header) are summed against MaxBytes
 // first, and go-git inflates no object past its declared size.
-func DeriveSnapshot(base io.Reader, bundle []byte, runID string, w io.Writer, o FromOptions) (info Info, tree string, err error) {
+func DeriveSnapshot(base io.Reader, bundle []byte, runID string, w io.Writer, o FromOptions) (Info, error) {
 	dir, err := os.MkdirTemp(o.TempDir, "jetcrew-from-*")
 	if err != nil {
-		return Info{}, "", err
+		return Info{}, err
 	}
 	defer os.RemoveAll(dir)
 	headLine, refs, err := readBaseGit(base, dir, o.MaxBytes)
 	if err != nil {
-		return Info{}, "", err
+		return Info{}, err
 	}
 	st := filesystem.NewStorage(osfs.New(dir, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
 	defer st.Close()
@@ -81,58 +77,37 @@ func DeriveSnapshot(base io.Reader, bundle []byte, runID string, w io.Writer, o 
 	}
 	prereqs, ref, head, pack, err := parseBundle(bundle)
 	if err != nil {
-		return Info{}, "", err
+		return Info{}, err
 	}
 	if want := plumbing.ReferenceName("refs/heads/jetcrew/" + runID); ref != want {
-		return Info{}, "", fmt.Errorf("%w: not the bundle of run %s: its ref is %q", ErrBadArchive, runID, ref)
+		return Info{}, fmt.Errorf("%w: not the bundle of run %s: its ref is %q", ErrBadArchive, runID, ref)
 	}
 	switch {
 	case len(prereqs) > 1:
-		return Info{}, "", fmt.Errorf("%w: the bundle has %d prerequisites", ErrBadArchive, len(prereqs))
+		return Info{}, fmt.Errorf("%w: the bundle has %d prerequisites", ErrBadArchive, len(prereqs))
 	case len(prereqs) == 1 && prereqs[0].String() != baseHead:
-		return Info{}, "", fmt.Errorf("%w: the bundle's base %s is not the snapshot's HEAD %q", ErrBadArchive, prereqs[0], baseHead)
+		return Info{}, fmt.Errorf("%w: the bundle's base %s is not the snapshot's HEAD %q", ErrBadArchive, prereqs[0], baseHead)
 	case len(prereqs) == 0 && baseHead != "":
-		return Info{}, "", fmt.Errorf("%w: the bundle has no base, the snapshot's HEAD is %s", ErrBadArchive, baseHead)
+		return Info{}, fmt.Errorf("%w: the bundle has no base, the snapshot's HEAD is %s", ErrBadArchive, baseHead)
 	}
 	if err := checkPack(bytes.NewReader(pack), o.MaxBytes); err != nil {
-		return Info{}, "", fmt.Errorf("the run's bundle: %w", err)
+		return Info{}, fmt.Errorf("the run's bundle: %w", err)
 	}
 	if err := packfile.UpdateObjectStorage(st, bytes.NewReader(pack)); err != nil {
-		return Info{}, "", fmt.Errorf("%w: the run's bundle: %w", ErrBadArchive, err)
+		return Info{}, fmt.Errorf("%w: the run's bundle: %w", ErrBadArchive, err)
 	}
 	hc, err := object.GetCommit(st, head)
 	if err != nil {
-		return Info{}, "", fmt.Errorf("%w: the bundle's head %s: %w", ErrBadArchive, head, err)
+		return Info{}, fmt.Errorf("%w: the bundle's head %s: %w", ErrBadArchive, head, err)
 	}
-	own := ownHead(hc, runID)
-	if !own.IsZero() {
-		if _, err := object.GetCommit(st, own); err != nil {
-			return Info{}, "", fmt.Errorf("%w: commit %s: %w", ErrBadArchive, own, err)
-		}
-	}
-	if err := setDerivedHead(st, branch, symbolic, own); err != nil {
-		return Info{}, "", err
+	if err := setDerivedHead(st, branch, symbolic, hc.Hash); err != nil {
+		return Info{}, err
 	}
 	repo, err := git.Open(st, nil)
 	if err != nil {
-		return Info{}, "", err
+		return Info{}, err
 	}
-	info, err = snapshotTreeOf(repo, hc, w, o)
-	return info, head.String(), err
-}
-
-// ownHead returns the run's last own commit given its result's head hc:
-// hc's parent (zero when it has none) when hc is the commit Capture made of
-// what run runID left uncommitted, else hc itself.
-func ownHead(hc *object.Commit, runID string) plumbing.Hash {
-	if hc.Author.Name != captureAuthor.Name || hc.Author.Email != captureAuthor.Email ||
-		hc.Message != "jetcrew: changes run "+runID+" left uncommitted\n" || len(hc.ParentHashes) > 1 {
-		return hc.Hash
-	}
-	if len(hc.ParentHashes) == 0 {
-		return plumbing.ZeroHash
-	}
-	return hc.ParentHashes[0]
+	return snapshotTreeOf(repo, hc, w, o)
 }
 
 // setDerivedHead points HEAD at own: on branch (a reference name) when

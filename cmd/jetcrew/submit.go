@@ -77,9 +77,9 @@ allow URL, into the same snapshot format (cached per commit), and the run's
 state records the commit. result, diff, apply and artifacts work the same.
 
 With --from RUN_ID the run starts from an earlier run's tree at its end: its
-last own commit as HEAD, with the whole history, and what it left
-uncommitted as uncommitted changes, built by the worker from the earlier
-run's snapshot and result (nothing is uploaded). The earlier run must be
+head (its commits, and the commit jetcrew made of what it left uncommitted)
+with the whole history, built by the worker from the earlier run's snapshot
+and result (nothing is uploaded). The earlier run must be
 finished, in the same pool, with a complete workspace result of a git
 work tree, and the profiles must allow it (from_profiles, feeds). submit
 reads the earlier run's state first and refuses a run it cannot read or

@@ -25,7 +25,7 @@ func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
 	f.DurationVar(&o.wsTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in the jetcrew-workspaces and jetcrew-uploads buckets, used when submit creates them")
 	f.StringVar(&o.gitURL, "git", "", "http(s) URL of a git remote the run works on instead of --workspace: the worker fetches --ref's commit, when the profile's git_remotes allow the URL")
 	f.StringVar(&o.gitRef, "ref", "", "with --git, the branch, tag or full reference name to fetch (default: the remote's HEAD)")
-	f.StringVar(&o.from, "from", "", "id of an earlier run whose tree at its end (its commits, and what it left uncommitted) the run starts from, built by the worker from stored objects: nothing is uploaded")
+	f.StringVar(&o.from, "from", "", "id of an earlier run whose tree at its end (its head: its commits, and what it left uncommitted, committed) the run starts from, built by the worker from stored objects: nothing is uploaded")
 }
 
 // gitWorkspace returns the request's workspace field for --git and --ref,

@@ -186,7 +186,7 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 		return fromResolution{}, err
 	}
 	defer f.Close()
-	info, _, err := workspace.DeriveSnapshot(bf, data, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
+	info, err := workspace.DeriveSnapshot(bf, data, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
 	if err != nil {
 		return fromResolution{}, fmt.Errorf("%w: the result of run %s: %w", errFromRefused, srcID, err)
 	}
