@@ -208,7 +208,7 @@ func readBaseGit(base io.Reader, dir string, max int64) (head string, refs map[s
 					return "", nil, fmt.Errorf("%w: the earlier run's loose objects exceed %d bytes inflated", ErrTooLarge, max)
 				}
 			}
-			if err := copyObjectFile(dir, rel, bytes.NewReader(data)); err != nil {
+			if err := copyObjectFile(nil, dir, rel, bytes.NewReader(data)); err != nil {
 				return "", nil, err
 			}
 		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
