@@ -140,15 +140,18 @@ func quantile(h *[len(waitBounds) + 1]int, n int, q float64) (secs float64, over
 	return waitBounds[len(waitBounds)-1], true, true
 }
 
-// waitText says a quantile: "1.2s", "> 10m55s", "-" when there is none.
+// waitText says a quantile: "1.9s", "> 10m55s", "-" when there is none.
 func waitText(secs float64, over, ok bool) string {
+	d := time.Duration(secs * float64(time.Second))
 	switch {
 	case !ok:
 		return "-"
 	case over:
-		return "> " + shortDuration(time.Duration(secs*float64(time.Second)))
+		return "> " + shortDuration(d)
+	case d >= time.Second && d < 10*time.Second:
+		return d.Round(100 * time.Millisecond).String()
 	}
-	return shortDuration(time.Duration(secs * float64(time.Second)))
+	return shortDuration(d)
 }
 
 // chart is one small bar chart, drawn as inline SVG by the overview.
@@ -232,10 +235,10 @@ func (t *trend) view() trendView {
 			ok := scale(float64(b.Finished-b.Failed), float64(maxRuns))
 			bad := scale(float64(b.Failed), float64(maxRuns))
 			if ok > 0 {
-				v.Runs.Bars = append(v.Runs.Bars, bar{X: x, Y: chartHeight - ok, W: barWidth, H: ok, Class: "bar", Label: label})
+				v.Runs.Bars = append(v.Runs.Bars, bar{X: x, Y: math.Round((chartHeight-ok)*100) / 100, W: barWidth, H: ok, Class: "bar", Label: label})
 			}
 			if bad > 0 {
-				v.Runs.Bars = append(v.Runs.Bars, bar{X: x, Y: chartHeight - ok - bad, W: barWidth, H: bad, Class: "bar-fail", Label: label})
+				v.Runs.Bars = append(v.Runs.Bars, bar{X: x, Y: max(math.Round((chartHeight-ok-bad)*100)/100, 0), W: barWidth, H: bad, Class: "bar-fail", Label: label})
 			}
 		}
 		if b.Started > 0 {
@@ -244,8 +247,8 @@ func (t *trend) view() trendView {
 			h90 := max(scale(p[i][1], maxWait), 1)
 			h50 := max(scale(p[i][0], maxWait), 1)
 			v.Waits.Bars = append(v.Waits.Bars,
-				bar{X: x, Y: chartHeight - h90, W: barWidth, H: h90, Class: "bar-p90", Label: label},
-				bar{X: x, Y: chartHeight - h50, W: barWidth, H: h50, Class: "bar-wait", Label: label})
+				bar{X: x, Y: math.Round((chartHeight-h90)*100) / 100, W: barWidth, H: h90, Class: "bar-p90", Label: label},
+				bar{X: x, Y: math.Round((chartHeight-h50)*100) / 100, W: barWidth, H: h50, Class: "bar-wait", Label: label})
 		}
 	}
 	return v
