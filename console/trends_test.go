@@ -43,7 +43,7 @@ func TestTrendBuckets(t *testing.T) {
 		{State: messages.StateFailed, QueuedAt: at(2), StartedAt: at(2).Add(3 * time.Second), FinishedAt: at(1)},
 		{State: messages.StateTimedOut, QueuedAt: at(20), StartedAt: at(20).Add(time.Minute), FinishedAt: at(5)},
 		{State: messages.StateRunning, QueuedAt: at(40), StartedAt: at(40).Add(time.Hour / 2)}, // a wait beyond the histogram
-		{State: messages.StateCancelled, QueuedAt: at(200), FinishedAt: at(200)},             // before the window
+		{State: messages.StateCancelled, QueuedAt: at(200), FinishedAt: at(200)},               // before the window
 	} {
 		st.ID = fmt.Sprint(i)
 		tr.add(&st)
