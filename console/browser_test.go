@@ -223,6 +223,11 @@ func TestBrowser(t *testing.T) {
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/")))
 	poll(t, ctx, 15*time.Second, `document.querySelector("#overview-body table") !== null`, "the overview renders")
+	// Its charts: four inline SVGs, each titled for a screen reader, laid
+	// out with a width, and bars for the runs above.
+	poll(t, ctx, 15*time.Second, `[...document.querySelectorAll("#trends svg[role=img]")].filter(s =>
+		s.getBoundingClientRect().width > 100 && document.getElementById(s.getAttribute("aria-labelledby").split(" ")[0])?.textContent).length === 4 &&
+		document.querySelectorAll("#chart-runs-hour rect").length > 0`, "the overview's charts render, titled")
 	shot(t, ctx, "overview")
 	onPhone(t, ctx, "overview")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {

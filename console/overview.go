@@ -61,6 +61,14 @@ type overviewData struct {
 	// States counts every run by state.
 	States map[messages.State]int
 	Total  int
+	// Trends are the charts of the last hour and the last day, from the
+	// run states (trend).
+	Trends []trendView
+	// Empty is set on an installation with no run yet: the page shows how
+	// to submit one.
+	Empty bool
+	// Cluster is the NATS nodes of a cluster; nil on a single server.
+	Cluster *clusterView
 	// Errors are what could not be read (the page shows the rest).
 	Errors []string
 }
@@ -106,13 +114,25 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 			byPool[u.Pool] = &poolRow{PoolStats: dispatcher.PoolStats{Pool: u.Pool, Queued: u.Requests}, OldestQueued: u.Oldest, Unserved: &u}
 		}
 	}
+	nodes, err := c.d.StreamNodes(r.Context())
+	if err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	d.Cluster = nodesView(nodes)
 	held := map[string]int{}
 	d.States = map[messages.State]int{}
 	now := time.Now()
+	trends := make([]*trend, len(trendSpecs))
+	for i, spec := range trendSpecs {
+		trends[i] = newTrend(spec, now)
+	}
 	minute, hour := now.Add(-time.Minute), now.Add(-time.Hour)
 	c.cache.each(func(st *messages.RunState) {
 		d.States[st.State]++
 		d.Total++
+		for _, t := range trends {
+			t.add(st)
+		}
 		p := byPool[st.Pool]
 		if p == nil {
 			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
@@ -141,9 +161,14 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 			p.SpendOutput += st.Usage.Tokens.Output
 		}
 	})
+	for _, t := range trends {
+		d.Trends = append(d.Trends, t.view())
+	}
 	// The runs no worker has taken have no state: their requests in
 	// JETCREW_RUNS say how long the oldest of each pool has waited.
-	for _, st := range c.queued(r.Context()).Runs {
+	queued := c.queued(r.Context()).Runs
+	d.Empty = d.Total == 0 && len(queued) == 0
+	for _, st := range queued {
 		p := byPool[st.Pool]
 		if p == nil {
 			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}

@@ -66,6 +66,9 @@ type Receipt struct {
 	// WorkspaceGit is the git source the run's workspace was fetched from:
 	// url, ref, commit and snapshot digest (see RunState.WorkspaceGit).
 	WorkspaceGit *GitSource `json:"workspace_git,omitempty"`
+	// WorkspaceFrom is the earlier run the run's workspace was built from
+	// (see RunState.WorkspaceFrom).
+	WorkspaceFrom *FromSource `json:"workspace_from,omitempty"`
 }
 
 // ReceiptLimits are a run container's resource limits.

@@ -143,6 +143,11 @@ type RunState struct {
 	// git remote, once the worker resolved it: url, ref, the commit the
 	// ref named (the result's base) and the snapshot's digest.
 	WorkspaceGit *GitSource `json:"workspace_git,omitempty"`
+	// WorkspaceFrom is the earlier run a request's workspace named
+	// (WorkspaceRef.From), once the worker built its snapshot: the run,
+	// the snapshot's HEAD (the earlier run's head, this run's result
+	// base) and the snapshot's digest.
+	WorkspaceFrom *FromSource `json:"workspace_from,omitempty"`
 }
 
 // AgentSummary is what an agent CLI reported about its own run.

@@ -41,15 +41,21 @@ var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 // spaces, at most 255 bytes.
 var objectNameRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,255}$`)
 
-// WorkspaceRef names the workspace a run works on, one of two ways:
+// WorkspaceRef names the workspace a run works on, one of three ways:
 //   - a snapshot: an object in Object Store bucket Bucket (BucketWorkspaces
 //     when empty) whose content is an uncompressed tar of the tree (see
 //     docs/workspaces.md for the format), named by Name and Digest;
 //   - a git remote (Git): the worker fetches the ref's commit into a
 //     snapshot of that format itself, when the profile's git_remotes
-//     allow the URL.
+//     allow the URL;
+//   - an earlier run (From): the worker builds the snapshot of that run's
+//     tree at its end, with its history, from the objects already stored
+//     (its snapshot and its result's bundle), when the profiles allow it
+//     (docs/workspaces.md, "Start from a result").
 //
-// Exactly one of the two is set: Git alone, or Name and Digest.
+// Exactly one of the three is set: Git alone, From alone, or Name and
+// Digest. A worker older than From refuses a request that sets it (the
+// request's strict decoding refuses the unknown key).
 type WorkspaceRef struct {
 	// Bucket is the Object Store bucket; empty means BucketWorkspaces. A
 	// worker refuses any bucket but its own workspace bucket.
@@ -63,6 +69,23 @@ type WorkspaceRef struct {
 	// Git, instead of Name and Digest, names a git remote and ref the
 	// worker fetches (docs/workspaces.md, "From a git remote").
 	Git *GitSource `json:"git,omitempty"`
+	// From, instead of the others, names an earlier run (its id, a
+	// ValidateName token) whose tree at its end the run starts from.
+	From string `json:"from,omitempty"`
+}
+
+// FromSource is the earlier run a run's workspace was built from, recorded
+// by the worker in the run's state and receipt (RunState.WorkspaceFrom,
+// Receipt.WorkspaceFrom) for a request whose workspace names one (From).
+type FromSource struct {
+	// Run is the earlier run's id.
+	Run string `json:"run"`
+	// Commit is the snapshot's HEAD: the earlier run's result head (its
+	// own commits, then the commit of what it left uncommitted; its base
+	// when it changed nothing). It is the new run's result base.
+	Commit string `json:"commit,omitempty"`
+	// Digest is the "sha256:<hex>" of the snapshot the worker built.
+	Digest string `json:"digest"`
 }
 
 // GitSource names a commit of a git remote. In a request it holds URL and
@@ -130,8 +153,18 @@ func (g GitSource) Validate() error {
 }
 
 // Validate returns an error wrapping ErrInvalidRequest when a field of w is
-// malformed, or when w sets both or neither of Git and Name/Digest.
+// malformed, or when w sets more or fewer than one of From, Git and
+// Name/Digest.
 func (w WorkspaceRef) Validate() error {
+	if w.From != "" {
+		if w.Git != nil || w.Bucket != "" || w.Name != "" || w.Digest != "" {
+			return fmt.Errorf("%w: workspace names an earlier run (from) and another source (git, bucket, name, digest): exactly one", ErrInvalidRequest)
+		}
+		if err := ValidateName("workspace from", w.From); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		return nil
+	}
 	if w.Git != nil {
 		if w.Bucket != "" || w.Name != "" || w.Digest != "" {
 			return fmt.Errorf("%w: workspace names a git remote and a snapshot (bucket, name, digest): exactly one of the two", ErrInvalidRequest)
@@ -238,6 +271,11 @@ type WorkspaceResult struct {
 	// RefusedCount counts the paths left out (Refused lists at most
 	// MaxRefused of them).
 	RefusedCount int `json:"refused_count,omitempty"`
+	// Snapshot is the "sha256:<hex>" digest of the snapshot the run
+	// started from (in BucketWorkspaces): with the bundle, what a run
+	// started from this one (WorkspaceRef.From) is built from. Absent in
+	// results recorded before it existed.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // MaxResultFiles bounds WorkspaceResult.Files.

@@ -45,6 +45,14 @@ func TestWorkspaceRefValidate(t *testing.T) {
 		{"git commit set", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","commit":"` + strings.Repeat("a", 40) + `"}}}`, false},
 		{"git unknown key", `{"profile":"shell","workspace":{"git":{"url":"https://h/r","depth":1}}}`, false},
 		{"git key case", `{"profile":"shell","workspace":{"git":{"URL":"https://h/r"}}}`, false},
+		{"from", `{"profile":"shell","workspace":{"from":"01JABCDEF"}}`, true},
+		{"from and digest", `{"profile":"shell","workspace":{"from":"r1","name":"x","digest":"` + d + `"}}`, false},
+		{"from and git", `{"profile":"shell","workspace":{"from":"r1","git":{"url":"https://h/r"}}}`, false},
+		{"from and bucket", `{"profile":"shell","workspace":{"from":"r1","bucket":"b"}}`, false},
+		{"from not a token", `{"profile":"shell","workspace":{"from":"a.b"}}`, false},
+		{"from reserved", `{"profile":"shell","workspace":{"from":"all"}}`, false},
+		{"from not a string", `{"profile":"shell","workspace":{"from":{"run":"r1"}}}`, false},
+		{"from empty", `{"profile":"shell","workspace":{"from":""}}`, false},
 	} {
 		_, err := messages.DecodeRunRequest([]byte(tc.req))
 		if tc.ok {
@@ -55,4 +63,24 @@ func TestWorkspaceRefValidate(t *testing.T) {
 	}
 	require.Equal(t, "sha256-ab.tar", messages.WorkspaceObjectName("sha256:ab"))
 	require.Equal(t, "r1/7-2/patch", messages.ResultObjectName("r1", 7, 2, messages.ResultPatch))
+}
+
+// TestWorkspaceFromRefusedByOlderDecoder shows what a worker older than
+// WorkspaceRef.From does with a request naming an earlier run: its strict
+// decoding (DecodeStrictJSON, the same function) refuses the unknown key,
+// so the run fails as an invalid request, never on another workspace.
+func TestWorkspaceFromRefusedByOlderDecoder(t *testing.T) {
+	t.Parallel()
+	type oldWorkspace struct {
+		Bucket string              `json:"bucket,omitempty"`
+		Name   string              `json:"name,omitempty"`
+		Digest string              `json:"digest,omitempty"`
+		Git    *messages.GitSource `json:"git,omitempty"`
+	}
+	var old struct {
+		Profile   string        `json:"profile"`
+		Workspace *oldWorkspace `json:"workspace,omitempty"`
+	}
+	err := messages.DecodeStrictJSON([]byte(`{"profile":"shell","workspace":{"from":"r1"}}`), &old)
+	require.ErrorContains(t, err, "from")
 }

@@ -504,7 +504,7 @@ func (w *Worker) compose() error {
 	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, w.holds, w.log)
 	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), w.holds)
 	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
-		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log})
+		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log, Profiles: c.Profiles, RunState: w.loadRunState})
 	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
 		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,
@@ -600,4 +600,14 @@ func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 func (w *Worker) heartbeat(ctx context.Context) error {
 	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
 	return err
+}
+
+// loadRunState reads the state a worker recorded for run id, for a
+// request whose workspace names an earlier run (tree.Deps.RunState).
+func (w *Worker) loadRunState(ctx context.Context, id string) (messages.RunState, error) {
+	st, _, err := w.store.Load(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return st, fmt.Errorf("run %s: %w", id, tree.ErrRunNotFound)
+	}
+	return st, err
 }

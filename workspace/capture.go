@@ -164,7 +164,7 @@ func loadBase(st *captureStore, scratch, snapshot string, refused refusedPaths) 
 var objectFileRE = regexp.MustCompile(`^(pack/pack-[0-9a-f]{40}\.(pack|idx)|[0-9a-f]{2}/[0-9a-f]{38})$`)
 
 // copyObjectFile copies one object file of a snapshot into scratch, and
-// tells st of it.
+// tells st of it (a nil st: nobody to tell).
 func copyObjectFile(st *captureStore, scratch, rel string, r io.Reader) error {
 	p := filepath.Join(scratch, "objects", filepath.FromSlash(rel))
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
@@ -183,7 +183,7 @@ func copyObjectFile(st *captureStore, scratch, rel string, r io.Reader) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
+	if err != nil || st == nil {
 		return err
 	}
 	return st.addObjectFile(rel, p)

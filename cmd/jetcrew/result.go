@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 
@@ -86,6 +87,9 @@ func printResult(w io.Writer, st messages.RunState) error {
 	row("state", "%s", describeOutcome(messages.Event{State: st.State, Reason: st.Reason, ExitCode: st.ExitCode}))
 	if g := st.WorkspaceGit; g != nil {
 		row("source", "%s %s", g.URL, cmp.Or(g.Ref, "HEAD"))
+	}
+	if f := st.WorkspaceFrom; f != nil {
+		row("from", "run %s", visibleName(f.Run))
 	}
 	if r.Base != "" {
 		row("base", "%s", r.Base)
@@ -173,7 +177,12 @@ uncommitted) to the git repository in the current directory (or --repo) and
 creates branch jetcrew/RUN_ID at the run's head. It never changes the current
 branch, the index or the work tree: look with "git log jetcrew/RUN_ID", merge
 or check it out yourself. The repository must hold the run's base commit (the
-HEAD it was submitted from). Applying the same run twice is a no-op.`,
+HEAD it was submitted from). Applying the same run twice is a no-op.
+
+For a run started from another (submit --from), apply first adds the
+commits of the runs it was started from, up the chain (without branches of
+their own), so the branch holds every run's commits on the HEAD the first
+run was submitted from.`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, st, err := a.fetch(cmd.Context(), url, args[0], messages.ResultBundle)
@@ -183,7 +192,11 @@ HEAD it was submitted from). Applying the same run twice is a no-op.`,
 			if err != nil {
 				return err
 			}
-			ref, head, err := workspace.ApplyBundle(repo, b, args[0])
+			earlier, err := a.chainBundles(cmd.Context(), url, st)
+			if err != nil {
+				return err
+			}
+			ref, head, err := workspace.ApplyChain(repo, earlier, b, args[0])
 			if err != nil {
 				return err
 			}
@@ -269,3 +282,31 @@ func (a *app) writeArtifact(tarball []byte, name, out string) error {
 
 // errNoResultObject is dispatcher.ErrNoResult, named here for the commands.
 var errNoResultObject = dispatcher.ErrNoResult
+
+// maxChain bounds how many earlier runs apply follows (submit --from).
+const maxChain = 1000
+
+// chainBundles returns the bundles of the runs st's run was started from
+// (its workspace_from, then that run's, …), oldest first; a run of the
+// chain that changed nothing has none.
+func (a *app) chainBundles(ctx context.Context, url string, st messages.RunState) ([][]byte, error) {
+	var chain [][]byte
+	seen := map[string]bool{st.ID: true}
+	for from := st.WorkspaceFrom; from != nil; {
+		if seen[from.Run] || len(seen) > maxChain {
+			return nil, fmt.Errorf("run %s: the chain of earlier runs loops or passes %d runs", st.ID, maxChain)
+		}
+		seen[from.Run] = true
+		b, src, err := a.fetch(ctx, url, from.Run, messages.ResultBundle)
+		switch {
+		case errors.Is(err, errNoResultObject) && src.WorkspaceResult != nil:
+		case err != nil:
+			return nil, fmt.Errorf("run %s was started from run %s: %w", st.ID, from.Run, err)
+		default:
+			chain = append(chain, b)
+		}
+		from = src.WorkspaceFrom
+	}
+	slices.Reverse(chain)
+	return chain, nil
+}

@@ -32,7 +32,10 @@ type submitOptions struct {
 	// gitURL and gitRef are --git and --ref: a git remote the worker
 	// fetches as the run's workspace.
 	gitURL, gitRef string
-	signKey        string // --sign-key: NKey user seed file signing the request
+	// from is --from: an earlier run whose tree at its end the run starts
+	// from.
+	from    string
+	signKey string // --sign-key: NKey user seed file signing the request
 	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
 	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
@@ -73,6 +76,16 @@ default the remote's HEAD) with its history, when the profile's git_remotes
 allow URL, into the same snapshot format (cached per commit), and the run's
 state records the commit. result, diff, apply and artifacts work the same.
 
+With --from RUN_ID the run starts from an earlier run's tree at its end: its
+head (its commits, and the commit jetcrew made of what it left uncommitted)
+with the whole history, built by the worker from the earlier run's snapshot
+and result (nothing is uploaded). The earlier run must be
+finished, in the same pool, with a complete workspace result of a git
+work tree, and the profiles must allow it (from_profiles, feeds). submit
+reads the earlier run's state first and refuses a run it cannot read or
+that has no result. "jetcrew apply" of the last run of a chain gives one
+branch with every run's commits.
+
 A request that breaks a rule (see docs/wire.md) is refused before anything is
 published, with exit code 2. Submitting an id again within the stream's
 duplicate window (2 minutes) publishes nothing: submit says so and exits 1
@@ -83,6 +96,7 @@ the same way.`,
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -
   jetcrew submit --wait --workspace . 'sed -i s/foo/bar/ main.go'
+  jetcrew submit --wait --from RUN_ID 'make test'
   jetcrew submit --wait --profile reviewer --git https://git.example.com/org/repo.git --ref main 'make test'`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -180,6 +194,17 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
+	if o.from != "" {
+		// The submitter's own check: a run it cannot read, or one without
+		// a result, is refused here; the worker checks again.
+		st, err := d.Status(ctx, o.from)
+		if err != nil {
+			return fmt.Errorf("--from %s: %w", o.from, err)
+		}
+		if !st.State.Final() || st.WorkspaceResult == nil {
+			return usageError(fmt.Errorf("--from %s: the run is %s and has no workspace result to start from", o.from, st.State))
+		}
+	}
 	if o.workspace != "" {
 		ref, err := a.uploadWorkspace(ctx, d, o)
 		if err != nil {

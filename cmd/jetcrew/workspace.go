@@ -25,12 +25,19 @@ func workspaceFlags(cmd *cobra.Command, o *submitOptions) {
 	f.DurationVar(&o.wsTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in the jetcrew-workspaces and jetcrew-uploads buckets, used when submit creates them")
 	f.StringVar(&o.gitURL, "git", "", "http(s) URL of a git remote the run works on instead of --workspace: the worker fetches --ref's commit, when the profile's git_remotes allow the URL")
 	f.StringVar(&o.gitRef, "ref", "", "with --git, the branch, tag or full reference name to fetch (default: the remote's HEAD)")
+	f.StringVar(&o.from, "from", "", "id of an earlier run whose tree at its end (its head: its commits, and what it left uncommitted, committed) the run starts from, built by the worker from stored objects: nothing is uploaded")
 }
 
 // gitWorkspace returns the request's workspace field for --git and --ref,
 // nil without --git. --git with --workspace, or --ref without --git, is a
 // usage error.
 func (o submitOptions) gitWorkspace() (*messages.WorkspaceRef, error) {
+	if o.from != "" {
+		if o.gitURL != "" || o.gitRef != "" || o.workspace != "" {
+			return nil, errors.New("--from and --git or --workspace name two workspaces: give one")
+		}
+		return &messages.WorkspaceRef{From: o.from}, nil
+	}
 	switch {
 	case o.gitURL == "" && o.gitRef != "":
 		return nil, errors.New("--ref needs --git")

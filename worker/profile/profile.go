@@ -123,6 +123,18 @@ type Profile struct {
 	// after a '/' (any path below). Empty (default): git sources are
 	// refused. See validateGitRemotes and docs/workspaces.md.
 	GitRemotes []string `toml:"git_remotes" json:"git_remotes,omitempty"`
+	// FromProfiles names the profiles whose runs a run of this profile may
+	// start from (a request's workspace.from, docs/workspaces.md, "Start
+	// from a result"): profile names, or "*" for any. Absent (nil): this
+	// profile alone, so no run's result feeds another profile unless that
+	// profile says so. Empty ([]): requests with workspace.from are
+	// refused.
+	FromProfiles *[]string `toml:"from_profiles" json:"from_profiles,omitempty"`
+	// Feeds names the profiles whose runs may start from a run of this
+	// profile: profile names, or "*" for any. Absent (nil): any profile
+	// whose from_profiles accepts this one. Empty ([]): no run starts from
+	// this profile's runs.
+	Feeds *[]string `toml:"feeds" json:"feeds,omitempty"`
 	// Timeout is the default run timeout, a Go duration string. Empty means
 	// the worker's default.
 	Timeout string `toml:"timeout" json:"timeout,omitempty"`

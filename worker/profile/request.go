@@ -84,6 +84,9 @@ func (p Profile) CheckRequest(r messages.RunRequest) error {
 	if err := p.CheckGitSource(r.Workspace); err != nil {
 		return err
 	}
+	if r.Workspace != nil && r.Workspace.From != "" && p.FromProfiles != nil && len(*p.FromProfiles) == 0 {
+		return fmt.Errorf("workspace from run %s is refused: profile %q starts no run from an earlier run's result (its from_profiles is empty)", r.Workspace.From, p.Name)
+	}
 	if i := strings.IndexByte(r.Prompt, 0); i >= 0 && p.promptInArgv() {
 		return fmt.Errorf("prompt has a NUL byte at byte %d, which a command-line argument cannot carry: profile %q passes the prompt as an argument (use a profile with prompt_stdin or {prompt_file})", i, p.Name)
 	}

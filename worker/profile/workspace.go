@@ -16,7 +16,10 @@ func (p Profile) validateWorkspace() error {
 		return errors.New("workspace_mib is negative")
 	}
 
-	return p.validateGitRemotes()
+	if err := p.validateGitRemotes(); err != nil {
+		return err
+	}
+	return p.validateFrom()
 }
 
 // defaultWorkspaceMiB returns the default workspace_mib of p (its memory,
@@ -111,6 +114,59 @@ func (p Profile) CheckGitSource(ws *messages.WorkspaceRef) error {
 	}
 	if !p.AllowsGitRemote(ws.Git.URL) {
 		return fmt.Errorf("workspace git remote %s is refused: profile %q fetches only from %s (its git_remotes)", ws.Git.URL, p.Name, strings.Join(p.GitRemotes, ", "))
+	}
+	return nil
+}
+
+// validateFrom checks from_profiles and feeds: each entry a profile name
+// (a token) or "*".
+func (p Profile) validateFrom() error {
+	for key, list := range map[string]*[]string{"from_profiles": p.FromProfiles, "feeds": p.Feeds} {
+		if list == nil {
+			continue
+		}
+		for _, n := range *list {
+			if n == "*" {
+				continue
+			}
+			if err := messages.ValidateToken(key, n); err != nil {
+				return fmt.Errorf("%s %q: a profile name or \"*\": %w", key, n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// listed reports whether name is in list or list holds "*".
+func listed(list []string, name string) bool {
+	for _, n := range list {
+		if n == "*" || n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckFrom refuses a run of profile p starting from a run of profile src
+// (nil when this worker does not know the earlier run's profile, srcName):
+// p's from_profiles (absent: p alone) must accept srcName, and src's feeds
+// (absent: any) must list p. The error says which key refused it.
+func (p Profile) CheckFrom(srcName string, src *Profile) error {
+	from := []string{p.Name}
+	if p.FromProfiles != nil {
+		from = *p.FromProfiles
+	}
+	switch {
+	case len(from) == 0:
+		return fmt.Errorf("profile %q starts no run from an earlier run's result (its from_profiles is empty)", p.Name)
+	case !listed(from, srcName):
+		return fmt.Errorf("profile %q starts runs only from runs of %s (its from_profiles), not of profile %q", p.Name, strings.Join(from, ", "), srcName)
+	case src == nil:
+		return fmt.Errorf("the earlier run's profile %q is not a profile of this worker: its feeds cannot be checked", srcName)
+	case src.Feeds != nil && len(*src.Feeds) == 0:
+		return fmt.Errorf("profile %q lets no run start from its runs (its feeds is empty)", srcName)
+	case src.Feeds != nil && !listed(*src.Feeds, p.Name):
+		return fmt.Errorf("profile %q lets only runs of %s start from its runs (its feeds), not of profile %q", srcName, strings.Join(*src.Feeds, ", "), p.Name)
 	}
 	return nil
 }

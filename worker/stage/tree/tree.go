@@ -21,9 +21,11 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/internal/staged"
 	"github.com/jetcrew/jetcrew/workspace"
@@ -111,6 +113,14 @@ type Deps struct {
 	Holds *stage.Holds
 	// Log receives the stage's logs.
 	Log zerolog.Logger
+	// RunState reads the recorded state of a run (the one a worker
+	// wrote), for a request whose workspace names an earlier run; a run
+	// without one is an error wrapping ErrRunNotFound. Nil: such requests
+	// fail.
+	RunState func(ctx context.Context, id string) (messages.RunState, error)
+	// Profiles are the worker's profiles, resolved: an earlier run's
+	// profile's feeds is read there.
+	Profiles profile.Profiles
 }
 
 // Trees stages one worker's workspaces. Create it with New. Safe for
@@ -126,6 +136,9 @@ type Trees struct {
 	log       zerolog.Logger
 	tools     *staged.Stager
 	git       *gitFlight // shares and bounds git resolutions (git.go)
+	from      singleflight.Group
+	runState  func(ctx context.Context, id string) (messages.RunState, error)
+	profiles  profile.Profiles
 
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
@@ -141,7 +154,7 @@ type Trees struct {
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
 	return &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log,
+		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}}
 }
@@ -222,6 +235,10 @@ type Stage struct {
 	git      *messages.GitSource
 	gitCache string
 	result   *messages.WorkspaceResult
+	// from is the run's earlier run, resolved (from.go); snapshot the
+	// digest of the snapshot staged, recorded in the result.
+	from     *messages.FromSource
+	snapshot string
 	// releases gives up what the run holds in Holds.
 	releases []func()
 }
@@ -328,6 +345,17 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		}
 		ref = &resolved
 	}
+	if ref.From != "" {
+		resolved, err := s.resolveFromWorkspace(ctx, prof, ref.From) // from.go
+		if err != nil {
+			if errors.Is(err, errFromRefused) || isSnapshotRefused(err) {
+				return fmt.Errorf("workspace: %w", err)
+			}
+			return err
+		}
+		ref = &resolved
+	}
+	s.snapshot = ref.Digest
 	cfg := s.t.cfg
 	if ref.BucketOrDefault() != messages.BucketWorkspaces {
 		return fmt.Errorf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces)
@@ -522,7 +550,16 @@ func (s *Stage) Note(st *messages.RunState) {
 			st.Receipt.WorkspaceGit = s.git
 		}
 	}
+	if s.from != nil {
+		st.WorkspaceFrom = s.from
+		if st.Receipt != nil {
+			st.Receipt.WorkspaceFrom = s.from
+		}
+	}
 	if s.result != nil {
+		if s.result.Snapshot == "" {
+			s.result.Snapshot = s.snapshot
+		}
 		st.WorkspaceResult = s.result
 	}
 }

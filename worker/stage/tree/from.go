@@ -1,0 +1,232 @@
+package tree
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// ErrRunNotFound is what Deps.RunState returns, wrapped, for a run without
+// a recorded state.
+var ErrRunNotFound = errors.New("run not found")
+
+// errFromRefused wraps every reason an earlier run cannot be a run's
+// workspace (workspace.from): retrying cannot help, the run fails.
+var errFromRefused = errors.New("workspace from refused")
+
+// FromTimeout bounds building one snapshot from an earlier run's result
+// (reading its state, its snapshot and bundle, building and storing).
+const FromTimeout = 5 * time.Minute
+
+// fromCacheName returns the name, in the workspace bucket, of the cache
+// object of the snapshot built from run runID's result, its snapshot
+// snapshot and its bundle of hex SHA-256 bundleSum: "from/<hex SHA-256 of
+// the three, newline-separated>". A replay of the run (another bundle)
+// has another name.
+func fromCacheName(runID, snapshot, bundleSum string) string {
+	sum := sha256.Sum256([]byte(runID + "\n" + snapshot + "\n" + bundleSum))
+	return "from/" + hex.EncodeToString(sum[:])
+}
+
+// refuseFrom returns an error wrapping errFromRefused.
+func refuseFrom(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errFromRefused, fmt.Sprintf(format, args...))
+}
+
+// fromResolution is the snapshot built from an earlier run's result.
+type fromResolution struct {
+	ref    messages.WorkspaceRef
+	commit string
+	built  bool
+}
+
+// resolveFromWorkspace turns a request's earlier run (workspace.from) into
+// the snapshot the run stages (docs/workspaces.md, "Start from a result").
+// The earlier run must have a recorded state, be final, in the run's pool,
+// with a workspace result that is complete (no error) and records its
+// snapshot; the profiles must allow it (profile.CheckFrom: the run's
+// from_profiles, the earlier run's feeds). The snapshot is its snapshot
+// when it changed nothing, else one built by workspace.DeriveSnapshot from
+// its snapshot (downloaded and checked like any) and its bundle (checked
+// against the size and SHA-256 its state records), stored in the
+// workspace bucket under its digest with a cache object naming it
+// (fromCacheName), so the next run from the same result reuses it. Runs
+// from the same result at the same time share one build. A refusal fails
+// the run (errFromRefused, or a refused snapshot or bundle); a store that
+// cannot be reached is transient.
+func (s *Stage) resolveFromWorkspace(ctx context.Context, prof *profile.Profile, srcID string) (messages.WorkspaceRef, error) {
+	if s.t.runState == nil {
+		return messages.WorkspaceRef{}, refuseFrom("this worker cannot read run states")
+	}
+	ctx, cancel := context.WithTimeout(ctx, FromTimeout)
+	defer cancel()
+	src, err := s.t.runState(ctx, srcID)
+	switch {
+	case errors.Is(err, ErrRunNotFound):
+		return messages.WorkspaceRef{}, refuseFrom("run %s not found", srcID)
+	case err != nil:
+		return messages.WorkspaceRef{}, stage.Transient(fmt.Errorf("read the state of run %s: %w", srcID, err))
+	}
+	req := s.run.Request
+	var srcProf *profile.Profile
+	if p, ok := s.t.profiles[src.Profile]; ok {
+		srcProf = &p
+	}
+	res := src.WorkspaceResult
+	switch {
+	case srcID == req.ID:
+		return messages.WorkspaceRef{}, refuseFrom("a run cannot start from itself")
+	case !src.State.Final():
+		return messages.WorkspaceRef{}, refuseFrom("run %s is %s: a run starts only from a finished run's result", srcID, src.State)
+	case src.Pool != req.Pool:
+		return messages.WorkspaceRef{}, refuseFrom("run %s ran in pool %q, not %q: a run starts only from runs of its own pool", srcID, src.Pool, req.Pool)
+	}
+	if err := prof.CheckFrom(src.Profile, srcProf); err != nil {
+		return messages.WorkspaceRef{}, fmt.Errorf("%w: %w", errFromRefused, err)
+	}
+	switch {
+	case res == nil:
+		return messages.WorkspaceRef{}, refuseFrom("run %s has no workspace result (its request named no workspace, or it failed before its workspace was staged)", srcID)
+	case res.Error != "":
+		return messages.WorkspaceRef{}, refuseFrom("run %s's workspace result is partial or missing: %s", srcID, res.Error)
+	case res.Snapshot == "":
+		return messages.WorkspaceRef{}, refuseFrom("run %s's result does not record its snapshot (captured by an older worker)", srcID)
+	case res.Base == "":
+		return messages.WorkspaceRef{}, refuseFrom("run %s: %v", srcID, workspace.ErrNotGitSource)
+	}
+	baseRef := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(res.Snapshot), Digest: res.Snapshot}
+	if baseRef.Validate() != nil {
+		return messages.WorkspaceRef{}, refuseFrom("run %s's result records snapshot %q", srcID, res.Snapshot)
+	}
+	var bundle *messages.ResultObject
+	for i, o := range res.Objects {
+		if strings.HasSuffix(o.Name, "/"+messages.ResultBundle) {
+			bundle = &res.Objects[i]
+		}
+	}
+	start := time.Now()
+	var r fromResolution
+	if bundle == nil {
+		// The run changed nothing: its tree at its end is its snapshot.
+		r = fromResolution{ref: baseRef, commit: res.Head}
+	} else {
+		v, err, _ := s.t.from.Do(fromCacheName(srcID, res.Snapshot, bundle.SHA256), func() (any, error) {
+			return s.buildFrom(ctx, srcID, baseRef, *bundle)
+		})
+		if err != nil {
+			if errors.Is(err, errFromRefused) || isSnapshotRefused(err) || errors.Is(err, workspace.ErrNotGitSource) {
+				return messages.WorkspaceRef{}, err
+			}
+			return messages.WorkspaceRef{}, stage.Transient(fmt.Errorf("build the workspace from run %s: %w", srcID, err))
+		}
+		r = v.(fromResolution)
+	}
+	s.from = &messages.FromSource{Run: srcID, Commit: r.commit, Digest: r.ref.Digest}
+	s.run.Log.Info().Str("from_run", srcID).Str("commit", r.commit).Str("snapshot", r.ref.Digest).
+		Bool("built", r.built).Dur("resolved_in", time.Since(start)).Msg("workspace from an earlier run resolved")
+	return r.ref, nil
+}
+
+// buildFrom returns the snapshot built from run srcID's snapshot baseRef
+// and bundle: the one its cache object names when the workspace bucket
+// holds its bytes, else built and stored (with the cache object).
+func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.WorkspaceRef, bundle messages.ResultObject) (fromResolution, error) {
+	t := s.t
+	ws, results, err := t.stores(ctx)
+	if err != nil {
+		return fromResolution{}, err
+	}
+	cacheName := fromCacheName(srcID, baseRef.Digest, bundle.SHA256)
+	if ent, ok := readGitCache(ctx, ws, cacheName); ok {
+		ref := messages.WorkspaceRef{Name: messages.WorkspaceObjectName(ent.Digest), Digest: ent.Digest}
+		if workspace.Stored(ctx, ws, ref) {
+			return fromResolution{ref: ref, commit: ent.Commit}, nil
+		}
+	}
+	base, err := s.cachedSnapshot(ctx, baseRef) // digest checked, scanned, held by the run
+	if err != nil {
+		return fromResolution{}, err
+	}
+	data, err := readResultObject(ctx, results, bundle, 2*t.cfg.MaxBytes+1<<20)
+	if err != nil {
+		return fromResolution{}, err
+	}
+	root := filepath.Join(t.stateDir, "ws")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return fromResolution{}, err
+	}
+	dir, err := os.MkdirTemp(root, "from-")
+	if err != nil {
+		return fromResolution{}, err
+	}
+	defer t.holds.Hold(holdGitFile + dir)()
+	defer os.RemoveAll(dir)
+	bf, err := os.Open(base)
+	if err != nil {
+		return fromResolution{}, err
+	}
+	defer bf.Close()
+	f, err := os.Create(filepath.Join(dir, "snapshot.tar"))
+	if err != nil {
+		return fromResolution{}, err
+	}
+	defer f.Close()
+	info, err := workspace.DeriveSnapshot(bf, data, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
+	if err != nil {
+		return fromResolution{}, fmt.Errorf("%w: the result of run %s: %w", errFromRefused, srcID, err)
+	}
+	up, err := workspace.StoreSnapshot(ctx, ws, f, info)
+	if err != nil {
+		return fromResolution{}, err
+	}
+	if info.Head != "" {
+		ent, _ := json.Marshal(gitCacheEntry{Digest: info.Digest, Commit: info.Head})
+		if _, err := ws.PutBytes(ctx, cacheName, ent); err != nil {
+			// Only the cache is lost: the next run from this result builds again.
+			t.log.Warn().Err(err).Str("from_run", srcID).Msg("store the cache object of a workspace built from a run")
+		}
+	}
+	return fromResolution{ref: up.Ref, commit: info.Head, built: true}, nil
+}
+
+// readResultObject reads result object o from the result bucket, at most
+// max bytes, and checks it against the size and SHA-256 its run's state
+// records. A missing object (expired) or one that does not match refuses
+// the source.
+func readResultObject(ctx context.Context, results jetstream.ObjectStore, o messages.ResultObject, max int64) ([]byte, error) {
+	if o.Size > max {
+		return nil, refuseFrom("result object %s is %d bytes, over %d", o.Name, o.Size, max)
+	}
+	r, err := results.Get(ctx, o.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, refuseFrom("result object %s is gone (expired?)", o.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, o.Size+1))
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	if int64(len(b)) != o.Size || hex.EncodeToString(sum[:]) != o.SHA256 {
+		return nil, refuseFrom("result object %s does not match its run's record (%d bytes, want %d)", o.Name, len(b), o.Size)
+	}
+	return b, nil
+}

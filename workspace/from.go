@@ -1,0 +1,246 @@
+package workspace
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/filesystem"
+)
+
+// ErrNotGitSource is returned by DeriveSnapshot when the earlier run's
+// snapshot is not a git work tree: its result cannot be rebuilt with a
+// history.
+var ErrNotGitSource = errors.New("the earlier run's workspace is not a git repository")
+
+// FromOptions bound DeriveSnapshot.
+type FromOptions struct {
+	// MaxBytes bounds, each in bytes: the objects of the earlier run's
+	// snapshot and of its bundle once inflated (declared sizes, summed
+	// before anything is inflated, as a git fetch's are), and the snapshot
+	// written. 0 means no bound. Past it the error wraps ErrTooLarge.
+	MaxBytes int64
+	// MaxFiles bounds the entries of the tree; 0 means no bound.
+	MaxFiles int
+	// TempDir is where the objects are put together (a directory of its
+	// own is made in it and removed); empty means os.TempDir().
+	TempDir string
+}
+
+// DeriveSnapshot writes to w the snapshot of an earlier run's tree at its
+// end, built from the snapshot it started from (base, a git work tree's
+// snapshot) and its result bundle (written by Capture for run runID): a
+// .git holding base's history and the run's commits, HEAD on base's branch
+// (or detached, as base was) at the bundle's head — the run's head: its
+// own commits and the commit Capture made of what it left uncommitted —
+// and that commit's tree as the files (git status is clean). The bytes
+// are those Snapshot writes of a clean work tree at that HEAD whose
+// objects are stored as the inputs store them: equal inputs give equal
+// bytes.
+//
+// The bundle's ref must be refs/heads/jetcrew/<runID> and its
+// prerequisite base's HEAD. Info.Head is the bundle's head.
+//
+// base and bundle are hostile input: object files are copied as they are,
+// the declared sizes of every object (each pack's, read before anything is
+// inflated, and each loose object's header) are summed against MaxBytes
+// first, and go-git inflates no object past its declared size.
+func DeriveSnapshot(base io.Reader, bundle []byte, runID string, w io.Writer, o FromOptions) (Info, error) {
+	dir, err := os.MkdirTemp(o.TempDir, "jetcrew-from-*")
+	if err != nil {
+		return Info{}, err
+	}
+	defer os.RemoveAll(dir)
+	headLine, refs, err := readBaseGit(base, dir, o.MaxBytes)
+	if err != nil {
+		return Info{}, err
+	}
+	st := filesystem.NewStorage(osfs.New(dir, osfs.WithBoundOS()), cache.NewObjectLRUDefault())
+	defer st.Close()
+	baseHead := headLine
+	branch, symbolic := strings.CutPrefix(headLine, "ref: ")
+	if symbolic {
+		baseHead = refs[branch]
+	}
+	prereqs, ref, head, pack, err := parseBundle(bundle)
+	if err != nil {
+		return Info{}, err
+	}
+	if want := plumbing.ReferenceName("refs/heads/jetcrew/" + runID); ref != want {
+		return Info{}, fmt.Errorf("%w: not the bundle of run %s: its ref is %q", ErrBadArchive, runID, ref)
+	}
+	switch {
+	case len(prereqs) > 1:
+		return Info{}, fmt.Errorf("%w: the bundle has %d prerequisites", ErrBadArchive, len(prereqs))
+	case len(prereqs) == 1 && prereqs[0].String() != baseHead:
+		return Info{}, fmt.Errorf("%w: the bundle's base %s is not the snapshot's HEAD %q", ErrBadArchive, prereqs[0], baseHead)
+	case len(prereqs) == 0 && baseHead != "":
+		return Info{}, fmt.Errorf("%w: the bundle has no base, the snapshot's HEAD is %s", ErrBadArchive, baseHead)
+	}
+	if err := checkPack(bytes.NewReader(pack), o.MaxBytes); err != nil {
+		return Info{}, fmt.Errorf("the run's bundle: %w", err)
+	}
+	if err := packfile.UpdateObjectStorage(st, bytes.NewReader(pack)); err != nil {
+		return Info{}, fmt.Errorf("%w: the run's bundle: %w", ErrBadArchive, err)
+	}
+	hc, err := object.GetCommit(st, head)
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: the bundle's head %s: %w", ErrBadArchive, head, err)
+	}
+	if err := setDerivedHead(st, branch, symbolic, hc.Hash); err != nil {
+		return Info{}, err
+	}
+	repo, err := git.Open(st, nil)
+	if err != nil {
+		return Info{}, err
+	}
+	return snapshotTreeOf(repo, hc, w, o)
+}
+
+// setDerivedHead points HEAD at own: on branch (a reference name) when
+// symbolic, else detached. A zero own leaves the branch unborn.
+func setDerivedHead(st *filesystem.Storage, branch string, symbolic bool, own plumbing.Hash) error {
+	if !symbolic {
+		if own.IsZero() {
+			return fmt.Errorf("%w: a detached HEAD without a commit", ErrBadArchive)
+		}
+		return st.SetReference(plumbing.NewHashReference(plumbing.HEAD, own))
+	}
+	name := plumbing.ReferenceName(branch)
+	if !name.IsBranch() {
+		return fmt.Errorf("%w: HEAD names %q, not a branch", ErrBadArchive, branch)
+	}
+	if err := st.SetReference(plumbing.NewSymbolicReference(plumbing.HEAD, name)); err != nil {
+		return err
+	}
+	if own.IsZero() {
+		return nil
+	}
+	return st.SetReference(plumbing.NewHashReference(name, own))
+}
+
+// snapshotTreeOf writes the snapshot of repo (its HEAD's history, index
+// and refs: buildGitDir) with treeCommit's tree as its files.
+func snapshotTreeOf(repo *git.Repository, treeCommit *object.Commit, w io.Writer, o FromOptions) (Info, error) {
+	h := sha256.New()
+	cw := &countWriter{w: io.MultiWriter(w, h), max: o.MaxBytes}
+	tw := newTarWriter(cw)
+	gd, err := buildGitDir(repo, "")
+	if err != nil {
+		return Info{}, err
+	}
+	if err := gd.write(tw); err != nil {
+		return Info{}, err
+	}
+	tree, err := treeCommit.Tree()
+	if err != nil {
+		return Info{}, fmt.Errorf("%w: tree of %s: %w", ErrBadArchive, treeCommit.Hash, err)
+	}
+	ct := &commitTree{tw: tw, maxFiles: o.MaxFiles}
+	if err := ct.write(tree, ""); err != nil {
+		return Info{}, err
+	}
+	if err := tw.close(); err != nil {
+		return Info{}, err
+	}
+	return Info{
+		Digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), Size: cw.n,
+		Git: true, Head: gd.head, Commits: gd.commits, Files: ct.files,
+	}, nil
+}
+
+// readBaseGit copies the object files of snapshot base's .git into
+// dir/objects (packs with their indexes, loose objects), checking the
+// sizes they declare against max first (checkPack; a loose object's
+// header), and returns its HEAD line ("ref: refs/heads/main" or a commit
+// id) and its branch references (refs/heads/…, packed-refs included).
+// A snapshot without .git is ErrNotGitSource.
+func readBaseGit(base io.Reader, dir string, max int64) (head string, refs map[string]string, err error) {
+	refs = map[string]string{}
+	isGit := false
+	var declared int64
+	tr := tar.NewReader(base)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
+		}
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return "", nil, err
+		}
+		rel, isObject := strings.CutPrefix(name, ".git/objects/")
+		switch {
+		case name == ".git":
+			isGit = true
+		case hdr.Typeflag == tar.TypeReg && isObject && objectFileRE.MatchString(rel):
+			data, err := io.ReadAll(io.LimitReader(tr, hdr.Size))
+			if err != nil {
+				return "", nil, err
+			}
+			switch {
+			case strings.HasSuffix(rel, ".pack"):
+				if err := checkPack(bytes.NewReader(data), max); err != nil {
+					return "", nil, fmt.Errorf("the earlier run's snapshot: %w", err)
+				}
+			case !strings.HasSuffix(rel, ".idx"):
+				_, size, err := peekHeader(data)
+				if err != nil {
+					return "", nil, fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
+				}
+				if declared += size; max > 0 && declared > max {
+					return "", nil, fmt.Errorf("%w: the earlier run's loose objects exceed %d bytes inflated", ErrTooLarge, max)
+				}
+			}
+			if err := copyObjectFile(nil, dir, rel, bytes.NewReader(data)); err != nil {
+				return "", nil, err
+			}
+		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
+			v, err := io.ReadAll(io.LimitReader(tr, 4096))
+			if err != nil {
+				return "", nil, err
+			}
+			if name == ".git/HEAD" {
+				head = strings.TrimSpace(string(v))
+			} else {
+				refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
+			}
+		case name == ".git/packed-refs":
+			v, err := io.ReadAll(io.LimitReader(tr, 1<<20))
+			if err != nil {
+				return "", nil, err
+			}
+			for line := range strings.SplitSeq(string(v), "\n") {
+				if h, r, ok := strings.Cut(line, " "); ok && len(h) == 40 && refs[r] == "" {
+					refs[r] = h
+				}
+			}
+		}
+	}
+	if !isGit || head == "" {
+		return "", nil, ErrNotGitSource
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "objects", "pack"), 0o700); err != nil {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "refs", "heads"), 0o700); err != nil {
+		return "", nil, err
+	}
+	return head, refs, nil
+}
