@@ -2,44 +2,15 @@ package workspace_test
 
 import (
 	"context"
-	"io"
-	"net"
-	"net/http"
-	"net/http/cgi"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/worker/workertest"
 	"github.com/jetcrew/jetcrew/workspace"
 )
-
-// pushServer is a loopback git http-backend serving bare repositories
-// under root, accepting pushes from clients that send user:token.
-func pushServer(t *testing.T, user, token string) (url, root string) {
-	t.Helper()
-	out, err := exec.Command("git", "--exec-path").Output()
-	require.NoError(t, err)
-	root = t.TempDir()
-	h := &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(out)), "git-http-backend"), Stderr: io.Discard,
-		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "REMOTE_USER=" + user}}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if u, p, ok := r.BasicAuth(); !ok || u != user || p != token {
-			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
-			http.Error(w, "who are you", http.StatusUnauthorized)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})}
-	go func() { _ = srv.Serve(l) }() // ends when Close closes the listener
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + l.Addr().String(), root
-}
 
 // Publish pushes a run's head (its commits and the commit of what it left
 // uncommitted, on the submitter's history) to a new branch; publishing
@@ -47,9 +18,8 @@ func pushServer(t *testing.T, user, token string) (url, root string) {
 // Force; a chain of runs pushes every run's commits.
 func TestPublish(t *testing.T) {
 	t.Parallel()
-	url, root := pushServer(t, "bot", "s3cret-token")
-	remote := filepath.Join(root, "r.git")
-	gitCmd(t, root, "init", "-q", "--bare", "-b", "main", remote)
+	g := workertest.StartPushServer(t, "bot", "s3cret-token")
+	url, remote := g.URL, g.NewBare(t, "r")
 
 	src := testRepo(t)
 	s0, info0 := snapshotFile(t, src)
