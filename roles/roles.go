@@ -290,6 +290,9 @@ func operator() Grant {
 		// (jetcrew egress allow|deny), never the questions.
 		"$KV." + messages.BucketEgressAsks + ".answer.>",
 		"$KV." + messages.BucketEgressApprovals + ".>",
+		// The record of what jetcrew publish pushed, never another event
+		// of a run.
+		messages.SubjectEvents("*", messages.EventPublish),
 		api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
 	}
 	for _, s := range readStreams {

@@ -34,6 +34,11 @@ func ApplyBundle(repoDir string, data []byte, runID string) (plumbing.ReferenceN
 	if err != nil {
 		return "", plumbing.ZeroHash, fmt.Errorf("open git repository %s: %w", repoDir, err)
 	}
+	return applyBundle(repo, data, runID)
+}
+
+// applyBundle is ApplyBundle on an open repository (runID checked).
+func applyBundle(repo *git.Repository, data []byte, runID string) (plumbing.ReferenceName, plumbing.Hash, error) {
 	prereqs, ref, head, pack, err := parseBundle(data)
 	if err != nil {
 		return "", plumbing.ZeroHash, err

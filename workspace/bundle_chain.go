@@ -7,6 +7,8 @@ import (
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // ApplyChain is ApplyBundle of data, run runID's bundle, once the objects
@@ -19,28 +21,37 @@ import (
 // chain holds every run's commits in order. With no earlier bundle it is
 // ApplyBundle.
 func ApplyChain(repoDir string, earlier [][]byte, data []byte, runID string) (plumbing.ReferenceName, plumbing.Hash, error) {
-	if len(earlier) > 0 {
-		repo, err := git.PlainOpenWithOptions(repoDir, &git.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if len(earlier) == 0 {
+		return ApplyBundle(repoDir, data, runID)
+	}
+	if err := messages.ValidateToken("run id", runID); err != nil {
+		return "", plumbing.ZeroHash, err
+	}
+	repo, err := git.PlainOpenWithOptions(repoDir, &git.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
+	if err != nil {
+		return "", plumbing.ZeroHash, fmt.Errorf("open git repository %s: %w", repoDir, err)
+	}
+	return applyChain(repo, earlier, data, runID)
+}
+
+// applyChain is ApplyChain on an open repository (runID checked).
+func applyChain(repo *git.Repository, earlier [][]byte, data []byte, runID string) (plumbing.ReferenceName, plumbing.Hash, error) {
+	for i, b := range earlier {
+		prereqs, _, head, pack, err := parseBundle(b)
 		if err != nil {
-			return "", plumbing.ZeroHash, fmt.Errorf("open git repository %s: %w", repoDir, err)
+			return "", plumbing.ZeroHash, err
 		}
-		for i, b := range earlier {
-			prereqs, _, head, pack, err := parseBundle(b)
-			if err != nil {
-				return "", plumbing.ZeroHash, err
+		if repo.Storer.HasEncodedObject(head) == nil {
+			continue // added before
+		}
+		for _, p := range prereqs {
+			if err := repo.Storer.HasEncodedObject(p); err != nil {
+				return "", plumbing.ZeroHash, fmt.Errorf("this repository lacks commit %s, the base of the first run of the chain (bundle %d of %d; submitted from another repository?)", p, i+1, len(earlier))
 			}
-			if repo.Storer.HasEncodedObject(head) == nil {
-				continue // added before
-			}
-			for _, p := range prereqs {
-				if err := repo.Storer.HasEncodedObject(p); err != nil {
-					return "", plumbing.ZeroHash, fmt.Errorf("this repository lacks commit %s, the base of the first run of the chain (bundle %d of %d; submitted from another repository?)", p, i+1, len(earlier))
-				}
-			}
-			if err := packfile.UpdateObjectStorage(repo.Storer, bytes.NewReader(pack)); err != nil {
-				return "", plumbing.ZeroHash, fmt.Errorf("store the commits of an earlier run: %w", err)
-			}
+		}
+		if err := packfile.UpdateObjectStorage(repo.Storer, bytes.NewReader(pack)); err != nil {
+			return "", plumbing.ZeroHash, fmt.Errorf("store the commits of an earlier run: %w", err)
 		}
 	}
-	return ApplyBundle(repoDir, data, runID)
+	return applyBundle(repo, data, runID)
 }

@@ -19,6 +19,7 @@
 //	jetcrew result RUN_ID           what a workspace run changed
 //	jetcrew diff RUN_ID             the patch of everything a workspace run changed
 //	jetcrew apply RUN_ID            branch jetcrew/RUN_ID with a workspace run's commits
+//	jetcrew publish RUN_ID          push a workspace run's head as a branch to a configured git remote
 //	jetcrew artifacts RUN_ID        list or fetch the files a workspace run left
 //	jetcrew ui                      serve the web console (also served by up)
 //	jetcrew profiles check FILE     check a profile file, print each profile's effective configuration

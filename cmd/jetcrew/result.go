@@ -24,7 +24,7 @@ import (
 // resultCmds returns result, diff, apply and artifacts: what a workspace
 // run changed (docs/workspaces.md).
 func (a *app) resultCmds() []*cobra.Command {
-	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.artifactsCmd()}
+	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.publishCmd(), a.artifactsCmd()}
 }
 
 func (a *app) resultCmd() *cobra.Command {
@@ -36,7 +36,8 @@ func (a *app) resultCmd() *cobra.Command {
 		Long: `result prints the outcome of a run that had a workspace (submit --workspace):
 its state, the base commit (the submitted HEAD) and the head commit (the run's
 commits, plus one for the changes it left uncommitted), the diffstat, the
-stored result objects and the artifacts. With --json it prints the run
+stored result objects and the artifacts, and the last push of it to a git
+remote (jetcrew publish). With --json it prints the run
 state's workspace_result record (docs/wire.md).`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -49,7 +50,11 @@ state's workspace_result record (docs/wire.md).`,
 				_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 				return err
 			}
-			return printResult(a.stdout, st)
+			if err := printResult(a.stdout, st); err != nil {
+				return err
+			}
+			a.printPublished(cmd.Context(), url, args[0])
+			return nil
 		},
 	}
 	natsFlag(cmd, &url)
