@@ -57,7 +57,7 @@ escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".`,
 			if len(args) > 3 {
 				return usageError(fmt.Errorf("want GROUP [RUN_A RUN_B], got %d arguments", len(args)))
 			}
-			return cobra.MinimumNArgs(1)(cmd, args)
+			return exactArgs("GROUP")(cmd, args[:min(len(args), 1)])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for i, s := range args {
