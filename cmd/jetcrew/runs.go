@@ -140,7 +140,7 @@ func (a *app) listRuns(ctx context.Context, d *dispatcher.Dispatcher, f dispatch
 		}
 		slices.SortFunc(runs, func(a, b messages.RunState) int { return dispatcher.Newer(&a, &b) })
 		if total > uint64(len(reqs)) {
-			fmt.Fprintf(visible(a.stderr), "jetcrew runs: queued runs are read from the first %d of the %d requests in %s\n",
+			fmt.Fprintf(visible(a.stderr), "jetcrew: queued runs are read from the first %d of the %d requests in %s\n",
 				len(reqs), total, messages.StreamRuns)
 		}
 	}
