@@ -3,7 +3,7 @@
 //
 //	jetcrew up                      an embedded NATS server and a worker, in one process
 //	jetcrew worker                  a worker against any NATS server
-//	jetcrew submit 'echo hi'        submit a run (--wait follows it to its end)
+//	jetcrew submit 'echo hi'        submit a run (--wait follows it to its end; --attempts N: N runs in a group)
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
@@ -21,6 +21,7 @@
 //	jetcrew apply RUN_ID            branch jetcrew/RUN_ID with a workspace run's commits
 //	jetcrew publish RUN_ID          push a workspace run's head as a branch to a configured git remote
 //	jetcrew artifacts RUN_ID        list or fetch the files a workspace run left
+//	jetcrew compare GROUP           a group's attempts side by side (submit --attempts); RUN_A RUN_B: their interdiff
 //	jetcrew ui                      serve the web console (also served by up)
 //	jetcrew profiles check FILE     check a profile file, print each profile's effective configuration
 //	jetcrew roles permissions       the roles' permissions as nats-server variables

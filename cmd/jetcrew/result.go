@@ -21,10 +21,10 @@ import (
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
-// resultCmds returns result, diff, apply and artifacts: what a workspace
-// run changed (docs/workspaces.md).
+// resultCmds returns result, diff, apply, publish, artifacts and compare:
+// what a workspace run changed (docs/workspaces.md).
 func (a *app) resultCmds() []*cobra.Command {
-	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.publishCmd(), a.artifactsCmd()}
+	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.publishCmd(), a.artifactsCmd(), a.compareCmd()}
 }
 
 func (a *app) resultCmd() *cobra.Command {

@@ -93,34 +93,9 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 		return err
 	}
 	defer closeNATS()
-	all, err := d.Runs(ctx, dispatcher.RunFilter{})
+	runs, err := a.listRuns(ctx, d, f)
 	if err != nil {
 		return err
-	}
-	var runs []messages.RunState
-	has := make(map[string]bool, len(all))
-	for i := range all {
-		has[all[i].ID] = true
-		if f.Match(&all[i]) {
-			runs = append(runs, all[i])
-		}
-	}
-	if f.State == "" || f.State == messages.StateQueued {
-		// Runs no worker has taken have no state: their requests say.
-		reqs, total, err := d.Requests(ctx, dispatcher.DefaultRequestRead)
-		if err != nil && !errors.Is(err, dispatcher.ErrNotProvisioned) {
-			return err
-		}
-		for _, st := range dispatcher.WaitingRuns(reqs, func(id string) bool { return has[id] }) {
-			if f.Match(&st) {
-				runs = append(runs, st)
-			}
-		}
-		slices.SortFunc(runs, func(a, b messages.RunState) int { return dispatcher.Newer(&a, &b) })
-		if total > uint64(len(reqs)) {
-			fmt.Fprintf(visible(a.stderr), "jetcrew runs: queued runs are read from the first %d of the %d requests in %s\n",
-				len(reqs), total, messages.StreamRuns)
-		}
 	}
 	if o.limit > 0 && len(runs) > o.limit {
 		runs = runs[:o.limit]
@@ -137,6 +112,43 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 		return err
 	}
 	return printRuns(a.stdout, runs)
+}
+
+// listRuns returns the runs that pass f, newest first: those with a state,
+// and, unless f wants another state, the queued runs no worker has taken
+// yet, from their requests (a note on stderr says when only the first of
+// them were read).
+func (a *app) listRuns(ctx context.Context, d *dispatcher.Dispatcher, f dispatcher.RunFilter) ([]messages.RunState, error) {
+	all, err := d.Runs(ctx, dispatcher.RunFilter{})
+	if err != nil {
+		return nil, err
+	}
+	var runs []messages.RunState
+	has := make(map[string]bool, len(all))
+	for i := range all {
+		has[all[i].ID] = true
+		if f.Match(&all[i]) {
+			runs = append(runs, all[i])
+		}
+	}
+	if f.State == "" || f.State == messages.StateQueued {
+		// Runs no worker has taken have no state: their requests say.
+		reqs, total, err := d.Requests(ctx, dispatcher.DefaultRequestRead)
+		if err != nil && !errors.Is(err, dispatcher.ErrNotProvisioned) {
+			return nil, err
+		}
+		for _, st := range dispatcher.WaitingRuns(reqs, func(id string) bool { return has[id] }) {
+			if f.Match(&st) {
+				runs = append(runs, st)
+			}
+		}
+		slices.SortFunc(runs, func(a, b messages.RunState) int { return dispatcher.Newer(&a, &b) })
+		if total > uint64(len(reqs)) {
+			fmt.Fprintf(visible(a.stderr), "jetcrew: queued runs are read from the first %d of the %d requests in %s\n",
+				len(reqs), total, messages.StreamRuns)
+		}
+	}
+	return runs, nil
 }
 
 // printRuns writes runs as a table for people; a reason's control

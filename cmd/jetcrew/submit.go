@@ -39,6 +39,13 @@ type submitOptions struct {
 	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
 	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
+	// attempts is --attempts: how many runs of the prompt to submit in
+	// one group (attempts.go); 0 for one run.
+	attempts int
+	// profiles is --profiles: the profiles the attempts are spread over,
+	// round-robin; profileSet says --profile was given.
+	profiles   []string
+	profileSet bool
 }
 
 func (a *app) submitCmd() *cobra.Command {
@@ -91,15 +98,29 @@ published, with exit code 2. Submitting an id again within the stream's
 duplicate window (2 minutes) publishes nothing: submit says so and exits 1
 without following the first run (use "jetcrew replay ID" to run a failed run
 again, or a new --id). An id whose run recorded another request is refused
-the same way.`,
+the same way.
+
+With --attempts N (1 to 16) it submits N runs of the prompt on one
+workspace, snapshotted and uploaded once (every run names the same
+snapshot), in one coordination group: the group is --group, else --id,
+else a new id, and the runs are GROUP-1 to GROUP-N (ID-1 to ID-N with
+--id). --profiles a,b,… spreads the attempts over those profiles in turn
+(attempt 1 takes a, attempt 2 b, …); without --attempts it submits one
+attempt per profile. submit prints the run ids on stdout, one a line, and
+the group on stderr. With --wait it follows every run at once, printing a
+finished line per run as it ends (not the runs' output), and exits 0 when
+every attempt succeeded, else 1. Compare them with "jetcrew compare GROUP"
+and take one with "jetcrew apply RUN_ID".`,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -
   jetcrew submit --wait --workspace . 'sed -i s/foo/bar/ main.go'
   jetcrew submit --wait --from RUN_ID 'make test'
+  jetcrew submit --wait --attempts 3 --profiles claude,codex --workspace . 'fix the flaky test'
   jetcrew submit --wait --profile reviewer --git https://git.example.com/org/repo.git --ref main 'make test'`,
 		Args: exactArgs("PROMPT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o.profileSet = cmd.Flags().Changed("profile")
 			return a.runSubmit(cmd.Context(), o, args[0])
 		},
 	}
@@ -116,6 +137,8 @@ the same way.`,
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
 	workspaceFlags(cmd, &o)
 	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
+	f.IntVar(&o.attempts, "attempts", 0, fmt.Sprintf("submit this many runs (1 to %d) of the prompt on one workspace, uploaded once, in one group: runs GROUP-1, GROUP-2, … (see jetcrew compare)", maxAttempts))
+	f.StringSliceVar(&o.profiles, "profiles", nil, "with --attempts, profiles the attempts take in turn, comma-separated (default --attempts: one per profile)")
 	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 	return cmd
 }
@@ -175,6 +198,13 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		}
 		prompt = string(b)
 	}
+	if o.attempts != 0 || len(o.profiles) > 0 {
+		key, err := signingKey(o.signKey)
+		if err != nil {
+			return usageError(err)
+		}
+		return a.runAttempts(ctx, o, prompt, key)
+	}
 	req, err := o.request(prompt)
 	if err != nil {
 		return usageError(err)
@@ -194,16 +224,8 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
-	if o.from != "" {
-		// The submitter's own check: a run it cannot read, or one without
-		// a result, is refused here; the worker checks again.
-		st, err := d.Status(ctx, o.from)
-		if err != nil {
-			return fmt.Errorf("--from %s: %w", o.from, err)
-		}
-		if !st.State.Final() || st.WorkspaceResult == nil {
-			return usageError(fmt.Errorf("--from %s: the run is %s and has no workspace result to start from", o.from, st.State))
-		}
+	if err := checkFrom(ctx, d, o.from); err != nil {
+		return err
 	}
 	if o.workspace != "" {
 		ref, err := a.uploadWorkspace(ctx, d, o)
