@@ -306,7 +306,7 @@ func TestReplayCLI(t *testing.T) {
 
 	h := run(t, url, jetcrewBin, "failed")
 	require.Equal(t, 0, h.code, h.stderr)
-	require.Regexp(t, flaky+`\s+failed\s+3\s+1\s+failed\s+exit code 3`, h.stdout)
+	require.Regexp(t, flaky+`\s+failed\s+3\s+1\s+failing\s+exit code 3`, h.stdout)
 
 	sleepUntil(deadline)
 	r = run(t, url, jetcrewBin, "replay", "--wait", flaky)
