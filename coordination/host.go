@@ -51,10 +51,10 @@ type Config struct {
 	// RequestReadTimeout bounds reading one whole request from a run's
 	// socket, headers and body. Default RequestReadTimeout (10 seconds).
 	RequestReadTimeout time.Duration
-	// ReadRate is how many status and inbox calls per second one run may
+	// ReadRate is how many status, inbox and claims calls per second one run may
 	// make, on average. Default 1; negative means unlimited.
 	ReadRate float64
-	// ReadBurst is how many status and inbox calls a run may make at once
+	// ReadBurst is how many status, inbox and claims calls a run may make at once
 	// before ReadRate applies. Default 10.
 	ReadBurst int
 	// ClaimRate is how many claim and release calls per second one run
