@@ -44,9 +44,9 @@ func (h *Host) claimBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// loadClaims reads the group's claims and drops the stale ones: those of
-// runs that are neither this one nor queued or running in the presence
-// list.
+// loadClaims reads the group's claims and drops the stale ones: those not
+// made by this session, nor by a session that is queued or running in the
+// presence list (see messages.CoordClaims).
 func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupClaims, error) {
 	var g groupClaims
 	e, err := kv.Get(ctx, ClaimKey(s.run.Group))
@@ -66,16 +66,42 @@ func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupC
 	if len(g.doc.Claims) == 0 {
 		return g, nil
 	}
-	peers, err := s.listPeers(ctx)
+	live, err := s.liveSessions(ctx)
 	if err != nil {
 		return g, err
 	}
-	live := map[string]bool{s.run.RunID: true}
-	for _, p := range peers {
-		live[p.RunID] = true
-	}
-	g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return !live[c.RunID] })
+	g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return live[c.RunID] != c.Session || c.Session == "" })
 	return g, nil
+}
+
+// liveSessions maps each queued or running run of the group to the session
+// its presence names, this run to this session.
+func (s *Session) liveSessions(ctx context.Context) (map[string]string, error) {
+	w, err := s.peers.Watch(ctx, s.run.Group+".*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list peers: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	live := map[string]string{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list peers: %w", ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("list peers: watcher stopped")
+			}
+			if e == nil { // every current key has been delivered
+				live[s.run.RunID] = s.presence.Session
+				return live, nil
+			}
+			var p Presence
+			if json.Unmarshal(e.Value(), &p) != nil || p.State.Final() {
+				continue
+			}
+			live[p.RunID] = p.Session
+		}
+	}
 }
 
 // storeClaims writes g.doc over revision g.rev, deleting the key when no
@@ -167,7 +193,7 @@ func (s *Session) claim(ctx context.Context, req relay.ClaimRequest) (relay.Clai
 				own[i].Reason = req.Reason // claimed again: a new reason, the first time kept
 				continue
 			}
-			own = append(own, messages.CoordClaim{Pattern: p, RunID: s.run.RunID, Reason: req.Reason, Since: now})
+			own = append(own, messages.CoordClaim{Pattern: p, RunID: s.run.RunID, Reason: req.Reason, Since: now, Session: s.presence.Session})
 		}
 		if len(own) > s.h.cfg.MaxClaimsPerRun {
 			return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(

@@ -171,6 +171,30 @@ func TestDetachKeepsClaimsAndStaleHoldersDoNotCount(t *testing.T) {
 	_ = a
 }
 
+// A later attempt of a run (a new session, after its worker died) does
+// not inherit the claims of the earlier one: that agent is gone, and
+// nobody would release them.
+func TestClaimsBelongToTheSessionThatMadeThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sa, a := b.serve(t, b.host(t, coordination.Config{}), "run-a", "g1")
+	_, c := b.serve(t, b.host(t, coordination.Config{}), "run-c", "g1")
+	claim(t, a, "", "src")
+	toolError(t, c, "claim", map[string]any{"paths": []string{"src/x"}, "reason": ""})
+	require.NoError(t, sa.Detach(t.Context())) // the worker dies, as far as NATS can tell
+
+	// The run is served again, by another worker: a session of its own.
+	dir := coordtest.SocketDir(t)
+	s2, err := b.host(t, coordination.Config{}).Serve(t.Context(), coordination.RunInfo{RunID: "run-a", Group: "g1", Profile: "shell"}, coordtest.SocketPath(dir, "run-a"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s2.Close(context.Background()) })
+	a2 := coordtest.Bridge(t, coordtest.SocketPath(dir, "run-a"))
+	require.Empty(t, claimsOf(t, a2))
+	msg := toolError(t, a2, "release", map[string]any{"paths": []string{"src"}})
+	require.Contains(t, msg, `you hold no claim "src"`)
+	claim(t, c, "", "src/x")
+}
+
 func TestClaimCaps(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -41,10 +41,10 @@
 //     release and claims tools): one key "<group>" per group holding a
 //     messages.CoordClaims document, written with compare-and-set so that
 //     checking a claim against the group's others and storing it is one
-//     step. A claim is stamped with the socket's run, lives while that run
-//     is queued or running in the presence list (claims of runs missing
-//     from it are stale, ignored and dropped by the next write), and is
-//     removed by Close when the run ends; Detach keeps it.
+//     step. A claim is stamped with the socket's run and session, lives
+//     while that run is queued or running in the presence list under that
+//     session (any other claim is stale: ignored, and dropped by the next
+//     write), and is removed by Close when the run ends.
 //
 // # People
 //

@@ -122,9 +122,11 @@ type CoordEvent struct {
 }
 
 // CoordClaims is the value of a group's key in BucketCoordClaims: every
-// claim of the group's runs. A claim whose holder is no longer queued or
-// running (no key in BucketCoordPeers, or a final state there) is stale:
-// no call counts it, and the next write of the group drops it.
+// claim of the group's runs. A claim is live while its holder's key in
+// BucketCoordPeers exists, is queued or running and names the claim's
+// Session; any other claim is stale (its run ended, its worker died, or a
+// later attempt of the run has a session of its own): no call counts it,
+// and the next write of the group drops it.
 type CoordClaims struct {
 	// Claims are the group's claims, ordered by holder, then pattern.
 	Claims []CoordClaim `json:"claims"`
@@ -143,4 +145,8 @@ type CoordClaim struct {
 	Reason string `json:"reason,omitempty"`
 	// Since is when the holder first claimed it.
 	Since time.Time `json:"since"`
+	// Session is the holder's coordination session (one attempt of the
+	// run on one worker) that made the claim: the Session of the run's
+	// presence in BucketCoordPeers.
+	Session string `json:"session"`
 }
