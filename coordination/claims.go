@@ -66,12 +66,48 @@ func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupC
 	if len(g.doc.Claims) == 0 {
 		return g, nil
 	}
-	live, err := s.liveSessions(ctx)
-	if err != nil {
-		return g, err
+	var holders []string
+	for _, c := range g.doc.Claims {
+		if c.RunID != s.run.RunID && !slices.Contains(holders, c.RunID) {
+			holders = append(holders, c.RunID)
+		}
+	}
+	var live map[string]string
+	var err2 error
+	if len(holders) <= maxHolderGets {
+		live, err2 = s.holderSessions(ctx, holders)
+	} else {
+		live, err2 = s.liveSessions(ctx)
+	}
+	if err2 != nil {
+		return g, err2
 	}
 	g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return live[c.RunID] != c.Session || c.Session == "" })
 	return g, nil
+}
+
+// maxHolderGets is the most holders whose presence loadClaims reads key by
+// key; past it, one watch of the group's presence is cheaper.
+const maxHolderGets = 8
+
+// holderSessions maps each of holders that is queued or running to the
+// session its presence names, this run to this session.
+func (s *Session) holderSessions(ctx context.Context, holders []string) (map[string]string, error) {
+	live := map[string]string{s.run.RunID: s.presence.Session}
+	for _, id := range holders {
+		e, err := s.peers.Get(ctx, PeerKey(s.run.Group, id))
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("look up peer %s: %w", id, err)
+		}
+		var p Presence
+		if json.Unmarshal(e.Value(), &p) == nil && !p.State.Final() {
+			live[id] = p.Session
+		}
+	}
+	return live, nil
 }
 
 // liveSessions maps each queued or running run of the group to the session
