@@ -107,6 +107,16 @@ func coordLive(le liveEvent, data []byte) liveEvent {
 		le.Text = "read " + visible(strings.Join(ce.MessageIDs, ", "))
 	case coordination.EventRefused:
 		le.Text = "refused: " + visible(ce.Reason)
+	case coordination.EventClaimed:
+		le.Text = "claimed " + visible(strings.Join(ce.Paths, ", "))
+		if ce.Reason != "" {
+			le.Text += ": " + visible(ce.Reason)
+		}
+	case coordination.EventReleased:
+		le.Text = "released " + visible(strings.Join(ce.Paths, ", "))
+		if ce.Reason != "" {
+			le.Text += " (" + visible(ce.Reason) + ")"
+		}
 	default:
 		le.Text = visible(string(ce.Kind))
 	}

@@ -2,6 +2,7 @@ package coordination_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,6 +64,68 @@ func BenchmarkRawNATSRequestReply(b *testing.B) {
 	for b.Loop() {
 		if _, err := requester.Request("bench.echo", payload, 5*time.Second); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkClaimRoundTrip measures one claim and its release by an agent,
+// through the bridge, the socket and the Host's compare-and-set on the
+// group's key, with a peer holding 16 claims in the group. Compare with
+// BenchmarkRawKVUpdate, two bare compare-and-set writes.
+func BenchmarkClaimRoundTrip(b *testing.B) {
+	_, nc, _ := coordtest.Provisioned(b)
+	h, err := coordination.NewHost(nc, coordination.Config{ClaimRate: -1, ReadRate: -1})
+	require.NoError(b, err)
+	dir := coordtest.SocketDir(b)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		s, err := h.Serve(ctx, coordination.RunInfo{RunID: id, Group: "bench"}, coordtest.SocketPath(dir, id))
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = s.Close(context.Background()) })
+	}
+	a := coordtest.Bridge(b, coordtest.SocketPath(dir, "a"))
+	peer := coordtest.Bridge(b, coordtest.SocketPath(dir, "b"))
+	var held []string
+	for i := range 16 {
+		held = append(held, fmt.Sprintf("pkg%d/**", i))
+	}
+	if res := coordtest.Call(b, peer, "claim", map[string]any{"paths": held, "reason": "bench"}); res.IsError {
+		b.Fatal(coordtest.Text(res))
+	}
+	claimArgs := map[string]any{"paths": []string{"cmd/main.go"}, "reason": "bench"}
+	releaseArgs := map[string]any{"paths": []string{"cmd/main.go"}}
+
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := coordtest.Call(b, a, "claim", claimArgs); res.IsError {
+			b.Fatal(coordtest.Text(res))
+		}
+		if res := coordtest.Call(b, a, "release", releaseArgs); res.IsError {
+			b.Fatal(coordtest.Text(res))
+		}
+	}
+}
+
+// BenchmarkRawKVUpdate is the claim's baseline: a read and a
+// compare-and-set write of one key, twice (a claim and a release).
+func BenchmarkRawKVUpdate(b *testing.B) {
+	_, _, js := coordtest.Provisioned(b)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, coordination.BucketClaims)
+	require.NoError(b, err)
+	_, err = kv.Put(ctx, "bench", []byte(`{"claims":[]}`))
+	require.NoError(b, err)
+
+	b.ReportAllocs()
+	for b.Loop() {
+		for range 2 {
+			e, err := kv.Get(ctx, "bench")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := kv.Update(ctx, "bench", e.Value(), e.Revision()); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }

@@ -37,6 +37,14 @@
 //     alone in the group of its own id; it is written when its bridge first
 //     connects, so a run that never uses coordination costs no presence
 //     write or delete.
+//   - Bucket jetcrew-coord-claims holds the file claims (the claim,
+//     release and claims tools): one key "<group>" per group holding a
+//     messages.CoordClaims document, written with compare-and-set so that
+//     checking a claim against the group's others and storing it is one
+//     step. A claim is stamped with the socket's run and session, lives
+//     while that run is queued or running in the presence list under that
+//     session (any other claim is stale: ignored, and dropped by the next
+//     write), and is removed by Close when the run ends.
 //
 // # People
 //

@@ -17,6 +17,11 @@ const (
 	EventRead = messages.CoordRead
 	// EventRefused: a send or inbox call was refused (To, Reason).
 	EventRefused = messages.CoordRefused
+	// EventClaimed: the run claimed paths (Paths, Reason).
+	EventClaimed = messages.CoordClaimed
+	// EventReleased: the run released paths (Paths), or its claims were
+	// removed when it ended (Paths, Reason "run ended").
+	EventReleased = messages.CoordReleased
 )
 
 // Event reports one coordination step of a run to the worker

@@ -114,6 +114,59 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, resp, err)
 	})
+	mux.HandleFunc("POST "+relay.PathClaim, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
+		var resp relay.ClaimResponse
+		if err := s.allowCall(callClaim); err != nil {
+			s.reply(w, resp, err)
+			return
+		}
+		data, err := readBody(w, r)
+		var req relay.ClaimRequest
+		if err == nil {
+			req, err = relay.DecodeClaimRequest(data)
+		}
+		if err == nil {
+			resp, err = s.claim(r.Context(), req)
+		}
+		if err != nil {
+			ae := s.classify(err)
+			s.emit(Event{Kind: EventRefused, Paths: req.Paths, Reason: ae.msg})
+			err = ae
+		}
+		s.reply(w, resp, err)
+	})
+	mux.HandleFunc("POST "+relay.PathRelease, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
+		var resp relay.ReleaseResponse
+		if err := s.allowCall(callClaim); err != nil {
+			s.reply(w, resp, err)
+			return
+		}
+		data, err := readBody(w, r)
+		var req relay.ReleaseRequest
+		if err == nil {
+			req, err = relay.DecodeReleaseRequest(data)
+		}
+		if err == nil {
+			resp, err = s.release(r.Context(), req)
+		}
+		if err != nil {
+			ae := s.classify(err)
+			s.emit(Event{Kind: EventRefused, Paths: req.Paths, Reason: ae.msg})
+			err = ae
+		}
+		s.reply(w, resp, err)
+	})
+	mux.HandleFunc("GET "+relay.PathClaims, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
+		var resp relay.ClaimsResponse
+		err := s.allowCall(callRead)
+		if err == nil {
+			resp, err = s.claims(r.Context())
+		}
+		s.reply(w, resp, err)
+	})
 	return mux
 }
 

@@ -15,6 +15,12 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// MaxClaimsPerGroupLimit is the largest Config.MaxClaimsPerGroup: a group's
+// claims are one value in BucketClaims, and 256 claims of the longest
+// pattern and reason, every byte JSON-escaped (about 3.2 KiB each), stay
+// under NATS's default 1 MiB payload.
+const MaxClaimsPerGroupLimit = 256
+
 // Config configures a Host. Zero fields take the documented defaults (see
 // WithDefaults).
 type Config struct {
@@ -45,12 +51,25 @@ type Config struct {
 	// RequestReadTimeout bounds reading one whole request from a run's
 	// socket, headers and body. Default RequestReadTimeout (10 seconds).
 	RequestReadTimeout time.Duration
-	// ReadRate is how many status and inbox calls per second one run may
+	// ReadRate is how many status, inbox and claims calls per second one run may
 	// make, on average. Default 1; negative means unlimited.
 	ReadRate float64
-	// ReadBurst is how many status and inbox calls a run may make at once
+	// ReadBurst is how many status, inbox and claims calls a run may make at once
 	// before ReadRate applies. Default 10.
 	ReadBurst int
+	// ClaimRate is how many claim and release calls per second one run
+	// may make, on average, refused ones included. Default 1; negative
+	// means unlimited. The claims call counts as a read (ReadRate).
+	ClaimRate float64
+	// ClaimBurst is how many claim and release calls a run may make at
+	// once before ClaimRate applies. Default 10.
+	ClaimBurst int
+	// MaxClaimsPerRun is the most patterns one run may hold claimed.
+	// Default 64.
+	MaxClaimsPerRun int
+	// MaxClaimsPerGroup is the most patterns the runs of one group may
+	// hold claimed together, at most MaxClaimsPerGroupLimit. Default 256.
+	MaxClaimsPerGroup int
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -77,6 +96,18 @@ func (c Config) WithDefaults() Config {
 	if c.ReadBurst == 0 {
 		c.ReadBurst = 10
 	}
+	if c.ClaimRate == 0 {
+		c.ClaimRate = 1
+	}
+	if c.ClaimBurst == 0 {
+		c.ClaimBurst = 10
+	}
+	if c.MaxClaimsPerRun == 0 {
+		c.MaxClaimsPerRun = 64
+	}
+	if c.MaxClaimsPerGroup == 0 {
+		c.MaxClaimsPerGroup = MaxClaimsPerGroupLimit
+	}
 	if c.InboxInactiveThreshold == 0 {
 		c.InboxInactiveThreshold = 48 * time.Hour
 	}
@@ -99,8 +130,14 @@ func (c Config) validate() error {
 	if c.RequestReadTimeout < 10*time.Millisecond {
 		return fmt.Errorf("coordination: request read timeout %s must be at least 10ms", c.RequestReadTimeout)
 	}
-	if math.IsNaN(c.SendRate) || math.IsNaN(c.ReadRate) {
-		return errors.New("coordination: send rate is NaN")
+	if math.IsNaN(c.SendRate) || math.IsNaN(c.ReadRate) || math.IsNaN(c.ClaimRate) {
+		return errors.New("coordination: a call rate is NaN")
+	}
+	if c.ClaimBurst < 1 {
+		return fmt.Errorf("coordination: claim burst %d must be at least 1", c.ClaimBurst)
+	}
+	if c.MaxClaimsPerRun < 1 || c.MaxClaimsPerGroup < c.MaxClaimsPerRun || c.MaxClaimsPerGroup > MaxClaimsPerGroupLimit {
+		return fmt.Errorf("coordination: claims per run %d and per group %d must be at least 1 and at most the group's, which is at most %d", c.MaxClaimsPerRun, c.MaxClaimsPerGroup, MaxClaimsPerGroupLimit)
 	}
 	return nil
 }
@@ -117,6 +154,7 @@ type Host struct {
 
 	mu       sync.Mutex
 	peers    jetstream.KeyValue // BucketPeers, looked up by the first Serve
+	claimKV  jetstream.KeyValue // BucketClaims, looked up by the first claim call
 	sessions map[string]*Session
 }
 

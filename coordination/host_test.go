@@ -480,11 +480,14 @@ func TestSocketMissing(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	require.ElementsMatch(t, []string{"status", "send", "inbox"}, names)
+	require.ElementsMatch(t, []string{"status", "send", "inbox", "claim", "release", "claims"}, names)
 	for tool, args := range map[string]any{
-		"status": map[string]any{},
-		"send":   map[string]any{"to": "all", "body": "anyone?"},
-		"inbox":  map[string]any{"wait_seconds": 1},
+		"status":  map[string]any{},
+		"send":    map[string]any{"to": "all", "body": "anyone?"},
+		"inbox":   map[string]any{"wait_seconds": 1},
+		"claim":   map[string]any{"paths": []string{"src"}, "reason": "x"},
+		"release": map[string]any{"paths": []string{"src"}},
+		"claims":  map[string]any{},
 	} {
 		msg := toolError(t, cs, tool, args)
 		require.True(t, strings.HasPrefix(msg, "coordination unavailable: "), msg)

@@ -126,7 +126,7 @@ func TestRateLimitedCallsCounted(t *testing.T) {
 	for range 3 {
 		status(t, a)
 	}
-	require.Contains(t, toolError(t, a, "status", map[string]any{}), "rate limited: a run may make status and inbox calls")
+	require.Contains(t, toolError(t, a, "status", map[string]any{}), "rate limited: a run may make status, inbox and claims calls")
 	require.Contains(t, toolError(t, a, "inbox", map[string]any{}), "rate limited")
 	require.EqualValues(t, sends-2+2, sess.RateLimited())
 

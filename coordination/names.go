@@ -23,6 +23,10 @@ const (
 	// holding a Presence document. Keys expire PeerTTL after their last
 	// refresh.
 	BucketPeers = messages.BucketCoordPeers
+	// BucketClaims holds the groups' file claims: one key "<group>"
+	// (ClaimKey) per group with a claim, a messages.CoordClaims document
+	// written with compare-and-set by the workers serving its runs.
+	BucketClaims = messages.BucketCoordClaims
 	// SubjectPrefix prefixes every coordination subject:
 	// jetcrew.coord.<group>.<recipient>.
 	SubjectPrefix = messages.SubjectCoordPrefix
@@ -97,6 +101,12 @@ func SubjectGroup(group string) string { return messages.SubjectCoordGroup(group
 func InboxName(runID string) string {
 	return InboxPrefix + runID
 }
+
+// ClaimKey returns group's key in BucketClaims, "<group>". One key holds
+// the whole group's claims, so that checking a claim against every other
+// and writing it is one compare-and-set: with a key per claim, two runs
+// could each check, find nothing, and write overlapping claims.
+func ClaimKey(group string) string { return group }
 
 // PeerKey returns run id's presence key in BucketPeers, "<group>.<run_id>".
 func PeerKey(group, runID string) string {

@@ -16,7 +16,9 @@ const MaxStreamBytes = 256 << 20
 // jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, MaxStreamBytes
 // (the oldest messages go first when it is full), AllowDirect), its mirror
 // JETCREW_COORD_VIEW for readers (the same limits), and the presence
-// bucket BucketPeers (TTL PeerTTL, history 1, memory storage).
+// bucket BucketPeers (TTL PeerTTL, history 1, memory storage), and the
+// claims bucket BucketClaims (history 1, file storage, no TTL: a claim
+// lives as long as its holder, see Session.Close).
 // replicas is the replica count of both: 1 on one server, 3 on a cluster; 0
 // means 1. It is safe to call from every worker at once, and on every start.
 // Per-run inbox consumers are created by Host.Serve, not here.
@@ -67,6 +69,15 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 		Replicas:    replicas,
 	}); err != nil {
 		return fmt.Errorf("provision bucket %s: %w", BucketPeers, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketClaims,
+		Description: "jetcrew coordination file claims: <group>, every claim of the group's runs",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	}); err != nil {
+		return fmt.Errorf("provision bucket %s: %w", BucketClaims, err)
 	}
 	return nil
 }

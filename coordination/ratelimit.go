@@ -16,8 +16,9 @@ import (
 type callClass int
 
 const (
-	callSend callClass = iota // send, refused or not
-	callRead                  // status and inbox
+	callSend  callClass = iota // send, refused or not
+	callRead                   // status, inbox and claims
+	callClaim                  // claim and release, refused or not
 )
 
 // refusalEventEvery is how often, at most, a run's rate-limited calls are
@@ -29,8 +30,8 @@ const refusalEventEvery = 10 * time.Second
 // callLimits are a session's token buckets (Config.SendRate/SendBurst,
 // Config.ReadRate/ReadBurst) and its count of refused calls.
 type callLimits struct {
-	send, read *rate.Limiter
-	events     *rate.Limiter // refusal events
+	send, read, claim *rate.Limiter
+	events            *rate.Limiter // refusal events
 	// pending counts rate-limited calls not yet reported in an event.
 	pending atomic.Int64
 	// total counts every rate-limited call of the session.
@@ -41,6 +42,7 @@ func newCallLimits(cfg Config) *callLimits {
 	return &callLimits{
 		send:   rate.NewLimiter(rateLimit(cfg.SendRate), cfg.SendBurst),
 		read:   rate.NewLimiter(rateLimit(cfg.ReadRate), cfg.ReadBurst),
+		claim:  rate.NewLimiter(rateLimit(cfg.ClaimRate), cfg.ClaimBurst),
 		events: rate.NewLimiter(rate.Every(refusalEventEvery), 1),
 	}
 }
@@ -50,8 +52,11 @@ func newCallLimits(cfg Config) *callLimits {
 // it as an event only as often as refusalEventEvery allows.
 func (s *Session) allowCall(c callClass) error {
 	lim, what, perSec, burst := s.limits.send, "send", s.h.cfg.SendRate, s.h.cfg.SendBurst
-	if c == callRead {
-		lim, what, perSec, burst = s.limits.read, "status and inbox", s.h.cfg.ReadRate, s.h.cfg.ReadBurst
+	switch c {
+	case callRead:
+		lim, what, perSec, burst = s.limits.read, "status, inbox and claims", s.h.cfg.ReadRate, s.h.cfg.ReadBurst
+	case callClaim:
+		lim, what, perSec, burst = s.limits.claim, "claim and release", s.h.cfg.ClaimRate, s.h.cfg.ClaimBurst
 	}
 	if lim.Allow() {
 		return nil

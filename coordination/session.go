@@ -80,6 +80,9 @@ type Session struct {
 	connected atomic.Bool
 	// joined is set once the run has a presence key (join).
 	joined atomic.Bool
+	// claimed is set once the run claimed something in this session: Close
+	// then removes its claims.
+	claimed atomic.Bool
 	// connectOnce emits the connected event; concurrent first requests wait
 	// for it, so it precedes every other event of the session.
 	connectOnce sync.Once
@@ -448,6 +451,9 @@ func (s *Session) Close(ctx context.Context) error {
 			if derr := s.peers.Delete(ctx, key, jetstream.LastRevision(rev)); derr != nil {
 				err = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.Group, derr))
 			}
+		}
+		if s.claimed.Load() {
+			err = errors.Join(err, s.releaseAll(ctx))
 		}
 		if s.consumer() == nil {
 			s.closeErr = err

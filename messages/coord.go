@@ -17,6 +17,10 @@ const (
 	// BucketCoordPeers is the presence key-value bucket: one key
 	// "<group>.<run_id>" per queued or running run that has a session.
 	BucketCoordPeers = "jetcrew-coord-peers"
+	// BucketCoordClaims holds the groups' file claims: one key "<group>"
+	// per group with a claim, its value a CoordClaims document, written
+	// only by workers with compare-and-set (see package coordination).
+	BucketCoordClaims = "jetcrew-coord-claims"
 	// SubjectCoordPrefix prefixes every coordination subject:
 	// jetcrew.coord.<group>.<recipient>.
 	SubjectCoordPrefix = "jetcrew.coord"
@@ -77,6 +81,11 @@ const (
 	// recipient, unknown peer, too large, rate limited, or NATS
 	// unreachable.
 	CoordRefused CoordEventKind = "refused"
+	// CoordClaimed: the run claimed paths (Paths, Reason).
+	CoordClaimed CoordEventKind = "claimed"
+	// CoordReleased: the run released paths (Paths), or the worker released
+	// every claim of a run that ended (Paths, Reason "run ended").
+	CoordReleased CoordEventKind = "released"
 )
 
 // CoordEvent is the JSON body of an EventCoord event
@@ -107,4 +116,37 @@ type CoordEvent struct {
 	// refused for their rate since the last such event (they are counted,
 	// not reported one by one); 0 for every other event.
 	Count int `json:"count,omitempty"`
+	// Paths are the patterns claimed or released (CoordClaimed,
+	// CoordReleased), or refused (CoordRefused on claim or release).
+	Paths []string `json:"paths,omitempty"`
+}
+
+// CoordClaims is the value of a group's key in BucketCoordClaims: every
+// claim of the group's runs. A claim is live while its holder's key in
+// BucketCoordPeers exists, is queued or running and names the claim's
+// Session; any other claim is stale (its run ended, its worker died, or a
+// later attempt of the run has a session of its own): no call counts it,
+// and the next write of the group drops it.
+type CoordClaims struct {
+	// Claims are the group's claims, ordered by holder, then pattern.
+	Claims []CoordClaim `json:"claims"`
+}
+
+// CoordClaim is one claim: a path or glob, relative to the workspace,
+// held by one run.
+type CoordClaim struct {
+	// Pattern is the claimed path or glob (path.Match syntax per segment,
+	// "**" as a whole segment for any number of segments). It covers
+	// every path it matches and everything under them.
+	Pattern string `json:"pattern"`
+	// RunID is the holder, stamped by the worker from the run's socket.
+	RunID string `json:"run_id"`
+	// Reason is the holder's reason, as it gave it (text, shown inert).
+	Reason string `json:"reason,omitempty"`
+	// Since is when the holder first claimed it.
+	Since time.Time `json:"since"`
+	// Session is the holder's coordination session (one attempt of the
+	// run on one worker) that made the claim: the Session of the run's
+	// presence in BucketCoordPeers.
+	Session string `json:"session"`
 }

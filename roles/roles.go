@@ -81,6 +81,7 @@ type Grant struct {
 var (
 	kvRuns        = "KV_" + messages.BucketRuns
 	kvPeers       = "KV_" + coordination.BucketPeers
+	kvClaims      = "KV_" + coordination.BucketClaims
 	kvWorkers     = "KV_" + messages.BucketWorkers
 	kvBudgets     = "KV_" + messages.BucketBudgets
 	kvAsks        = "KV_" + messages.BucketEgressAsks
@@ -88,10 +89,10 @@ var (
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvClaims, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 	// readStreams are what operators and observers read and follow: every
 	// stream without durable consumers (coordination through its mirror).
-	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvClaims, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 )
 
 // durableStreams are the streams with durable consumers: the pools'
@@ -248,6 +249,8 @@ func workerGrant() Grant {
 		coordination.SubjectPrefix + ".*.*",
 		"$KV." + messages.BucketRuns + ".>",
 		"$KV." + coordination.BucketPeers + ".>",
+		// Claims, as a run, through its bridge.
+		"$KV." + coordination.BucketClaims + ".>",
 		"$KV." + messages.BucketWorkers + ".>",
 		"$KV." + messages.BucketBudgets + ".>",
 		"$KV." + messages.BucketEgressAsks + ".>",

@@ -250,7 +250,7 @@ func TestRunSocketMissing(t *testing.T) {
 	cs := br.client(t)
 	tools, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
-	require.Len(t, tools.Tools, 3)
+	require.Len(t, tools.Tools, 6)
 	for tool, args := range map[string]any{
 		"status": map[string]any{},
 		"send":   map[string]any{"to": "all", "body": "x"},
@@ -481,7 +481,7 @@ func TestBinarySocketMissing(t *testing.T) {
 	cs := connectClient(t, tap, in)
 	tools, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
-	require.Len(t, tools.Tools, 3)
+	require.Len(t, tools.Tools, 6)
 	res := coordtest.Call(t, cs, "status", map[string]any{})
 	require.True(t, res.IsError)
 	require.True(t, strings.HasPrefix(coordtest.Text(res), "coordination unavailable: "), coordtest.Text(res))

@@ -1,6 +1,6 @@
 // Package bridge is the MCP server that runs inside a run container (the
-// binary is cmd/jetcrew-bridge). It offers an agent three tools, status, send
-// and inbox, and relays each call over the run's unix socket to the worker
+// binary is cmd/jetcrew-bridge). It offers an agent six tools, status, send,
+// inbox, claim, release and claims, and relays each call over the run's unix socket to the worker
 // (package relay), which maps it onto NATS.
 //
 // Every failure of a tool call, including a missing socket or an unreachable
@@ -29,6 +29,12 @@ const (
 	ToolSend = "send"
 	// ToolInbox reads unread messages, optionally waiting for one.
 	ToolInbox = "inbox"
+	// ToolClaim claims paths or globs of the workspace for this run.
+	ToolClaim = "claim"
+	// ToolRelease releases claims this run holds.
+	ToolRelease = "release"
+	// ToolClaims lists the group's current claims.
+	ToolClaims = "claims"
 )
 
 // Options configures NewServer. The zero value is valid.
@@ -44,7 +50,9 @@ type Options struct {
 const instructions = `You are one run in a group of agents coordinated by jetcrew. ` +
 	`Call status to learn your run id, your group and your peers; send to message a peer by run id, ` +
 	`"all" for every other run of your group, or "operator" for the people watching; ` +
-	`inbox to read messages sent to you (wait_seconds long-polls). Messages are plain text up to 16 KiB.`
+	`inbox to read messages sent to you (wait_seconds long-polls). Messages are plain text up to 16 KiB. ` +
+	`Before editing files another run of your group may edit, claim them (paths or globs relative to the workspace); ` +
+	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends.`
 
 // NewServer returns an MCP server offering the status, send and inbox tools,
 // each relayed through c. Serve it with server.Run(ctx, transport).
@@ -94,6 +102,48 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		resp, err := c.Inbox(ctx, in)
 		if err == nil && resp.Messages == nil {
 			resp.Messages = []relay.Message{}
+		}
+		return nil, resp, err
+	})
+	mcp.AddTool(s, &mcp.Tool{
+		Name: ToolClaim,
+		Description: "Claim paths or globs relative to the workspace (e.g. `src/api`, `docs/*.md`, `internal/**/store.go`) so that " +
+			"other runs of your group know you are editing them. A path covers everything under it; `*`, `?` and `[…]` match within " +
+			"one directory level, `**` any number of levels. All are claimed or none: when one overlaps another run's claim, the call " +
+			"fails naming the holder, its pattern and since when. A claim lasts until you release it or your run ends; claiming a " +
+			"pattern you hold again only updates its reason. At most 64 claims per run, 32 paths per call, 256 bytes per path and reason.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: true, OpenWorldHint: new(false)},
+	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ClaimRequest) (*mcp.CallToolResult, relay.ClaimResponse, error) {
+		in, err := relay.NormalizeClaim(in)
+		if err != nil {
+			return nil, relay.ClaimResponse{}, err
+		}
+		resp, err := c.Claim(ctx, in)
+		return nil, resp, err
+	})
+
+	mcp.AddTool(s, &mcp.Tool{
+		Name: ToolRelease,
+		Description: "Release claims you hold, naming each pattern exactly as you claimed it. All are released or none: " +
+			"a pattern you do not hold makes the call fail and says so.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: false, OpenWorldHint: new(false)},
+	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ReleaseRequest) (*mcp.CallToolResult, relay.ReleaseResponse, error) {
+		in, err := relay.NormalizeRelease(in)
+		if err != nil {
+			return nil, relay.ReleaseResponse{}, err
+		}
+		resp, err := c.Release(ctx, in)
+		return nil, resp, err
+	})
+
+	mcp.AddTool(s, &mcp.Tool{
+		Name:        ToolClaims,
+		Description: "List your group's current claims: pattern, holder run id, reason, when claimed and age in seconds.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+	}, func(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, relay.ClaimsResponse, error) {
+		resp, err := c.Claims(ctx)
+		if err == nil && resp.Claims == nil {
+			resp.Claims = []relay.Claim{}
 		}
 		return nil, resp, err
 	})

@@ -97,6 +97,29 @@ func (c *Client) Inbox(ctx context.Context, r InboxRequest) (InboxResponse, erro
 	return resp, err
 }
 
+// Claim claims r.Paths for the socket's run, all or none, and returns every
+// claim the run holds. A conflict is an *Error with Code CodeConflict.
+func (c *Client) Claim(ctx context.Context, r ClaimRequest) (ClaimResponse, error) {
+	var resp ClaimResponse
+	err := c.call(ctx, http.MethodPost, PathClaim, r, &resp, callTimeout)
+	return resp, err
+}
+
+// Release releases r.Paths, all held by the socket's run, or none (an
+// *Error with Code CodeNotHeld).
+func (c *Client) Release(ctx context.Context, r ReleaseRequest) (ReleaseResponse, error) {
+	var resp ReleaseResponse
+	err := c.call(ctx, http.MethodPost, PathRelease, r, &resp, callTimeout)
+	return resp, err
+}
+
+// Claims returns the group's current claims.
+func (c *Client) Claims(ctx context.Context) (ClaimsResponse, error) {
+	var resp ClaimsResponse
+	err := c.call(ctx, http.MethodGet, PathClaims, nil, &resp, callTimeout)
+	return resp, err
+}
+
 func (c *Client) call(ctx context.Context, method, path string, in, out any, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

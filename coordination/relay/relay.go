@@ -12,6 +12,9 @@
 //	GET  /v1/status                → 200 Status
 //	POST /v1/send    SendRequest   → 200 SendResponse
 //	POST /v1/inbox   InboxRequest  → 200 InboxResponse
+//	POST /v1/claim   ClaimRequest  → 200 ClaimResponse (409 conflict)
+//	POST /v1/release ReleaseRequest → 200 ReleaseResponse (409 not_held)
+//	GET  /v1/claims                → 200 ClaimsResponse
 //
 // The package imports only the standard library and the messages package, so
 // the bridge binary stays small and carries no NATS code.
@@ -45,6 +48,13 @@ const (
 	PathSend = "/v1/send"
 	// PathInbox (POST InboxRequest, InboxResponse) is the inbox tool.
 	PathInbox = "/v1/inbox"
+	// PathClaim (POST ClaimRequest, ClaimResponse) is the claim tool.
+	PathClaim = "/v1/claim"
+	// PathRelease (POST ReleaseRequest, ReleaseResponse) is the release
+	// tool.
+	PathRelease = "/v1/release"
+	// PathClaims (GET, ClaimsResponse) is the claims tool.
+	PathClaims = "/v1/claims"
 )
 
 // Reserved recipients of a send. Every other recipient is a run id.
@@ -74,6 +84,16 @@ const (
 	// MaxRequestBytes bounds the encoded size of any request body, in bytes:
 	// room for a MaxBodyBytes body even with every byte JSON-escaped.
 	MaxRequestBytes = 8*MaxBodyBytes + 4<<10
+	// MaxClaimPaths is the most paths one claim or release call names.
+	MaxClaimPaths = 32
+	// MaxPatternBytes is the longest claimed path or glob, in bytes.
+	MaxPatternBytes = 256
+	// MaxPatternSegments is the most '/'-separated segments of a pattern.
+	MaxPatternSegments = 32
+	// MaxPatternDoubleStars is the most "**" segments of a pattern.
+	MaxPatternDoubleStars = 4
+	// MaxReasonBytes is the longest reason a claim gives, in bytes.
+	MaxReasonBytes = 256
 )
 
 // Status answers GET /v1/status: who this run is, who its peers are, and how
@@ -161,6 +181,59 @@ type Message struct {
 	Time time.Time `json:"time" jsonschema:"when the message was sent (RFC 3339)"`
 }
 
+// ClaimRequest is the body of POST /v1/claim. It has no holder field: the
+// worker stamps the holder from the socket.
+type ClaimRequest struct {
+	// Paths are paths or globs relative to the workspace (see
+	// ValidatePattern), 1 to MaxClaimPaths of them. They are claimed all
+	// together or not at all.
+	Paths []string `json:"paths" jsonschema:"paths or globs relative to the workspace (path.Match syntax per segment, ** for any number of directories); a path covers everything under it; 1 to 32"`
+	// Reason says why, at most MaxReasonBytes bytes.
+	Reason string `json:"reason" jsonschema:"why you claim them, shown to the group (at most 256 bytes)"`
+}
+
+// ClaimResponse answers POST /v1/claim.
+type ClaimResponse struct {
+	// Claims are every claim this run now holds, ordered by pattern.
+	Claims []Claim `json:"claims" jsonschema:"every claim you now hold"`
+}
+
+// ReleaseRequest is the body of POST /v1/release.
+type ReleaseRequest struct {
+	// Paths are patterns this run holds, exactly as claimed (after
+	// cleaning), 1 to MaxClaimPaths of them. All are released or none.
+	Paths []string `json:"paths" jsonschema:"patterns you hold, exactly as you claimed them; all are released or none"`
+}
+
+// ReleaseResponse answers POST /v1/release.
+type ReleaseResponse struct {
+	// Released are the patterns released.
+	Released []string `json:"released" jsonschema:"the patterns released"`
+	// Claims are the claims this run still holds.
+	Claims []Claim `json:"claims" jsonschema:"the claims you still hold"`
+}
+
+// ClaimsResponse answers GET /v1/claims.
+type ClaimsResponse struct {
+	// Claims are the group's current claims, ordered by holder, then
+	// pattern. Never nil.
+	Claims []Claim `json:"claims" jsonschema:"the group's current claims"`
+}
+
+// Claim is one run's claim on a path or glob.
+type Claim struct {
+	// Pattern is the claimed path or glob.
+	Pattern string `json:"pattern" jsonschema:"the claimed path or glob"`
+	// RunID is the run holding it.
+	RunID string `json:"run_id" jsonschema:"the run holding it"`
+	// Reason is the holder's reason.
+	Reason string `json:"reason,omitempty" jsonschema:"the holder's reason"`
+	// Since is when the holder claimed it.
+	Since time.Time `json:"since" jsonschema:"when it was claimed (RFC 3339)"`
+	// AgeSeconds is how long ago that was, in whole seconds.
+	AgeSeconds int64 `json:"age_seconds" jsonschema:"seconds since it was claimed"`
+}
+
 // Error codes carried in ErrorResponse.Code.
 const (
 	// CodeInvalid: the request breaks a rule (bad recipient, bad range).
@@ -175,6 +248,14 @@ const (
 	// CodeUnavailable: the worker cannot reach NATS, or the run's
 	// coordination session has ended.
 	CodeUnavailable = "unavailable"
+	// CodeConflict: a claimed path overlaps another run's claim (the
+	// message names the holder and since when).
+	CodeConflict = "conflict"
+	// CodeNotHeld: a release names a pattern this run does not hold.
+	CodeNotHeld = "not_held"
+	// CodeLimit: a claim would take the run or the group past its most
+	// claims.
+	CodeLimit = "limit"
 )
 
 // ErrorResponse is the body of every error reply.

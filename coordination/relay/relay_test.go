@@ -215,3 +215,34 @@ func FuzzDecodeSendRequest(f *testing.F) {
 		require.Equal(t, r, r2)
 	})
 }
+
+// FuzzDecodeClaimRequest: whatever a claim request holds, it is refused
+// with an *InvalidError or accepted with patterns that are clean, relative
+// and inside the workspace, and stable when decoded again.
+func FuzzDecodeClaimRequest(f *testing.F) {
+	for _, s := range []string{`{"paths":["src"],"reason":"r"}`, `{"paths":["./a/../b/","**/*.go"],"reason":""}`, `{"paths":["/x"]}`,
+		`{"paths":["../x"]}`, `{"paths":["a/[x"]}`, `{"paths":[]}`, `{"run_id":"x","paths":["a"]}`, `{`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := relay.DecodeClaimRequest(data)
+		if err != nil {
+			var ie *relay.InvalidError
+			if !errors.As(err, &ie) {
+				t.Fatalf("error is not an InvalidError: %v", err)
+			}
+			return
+		}
+		for _, p := range r.Paths {
+			c, err := relay.ValidatePattern(p)
+			require.NoError(t, err)
+			require.Equal(t, p, c, "accepted patterns are clean")
+			require.False(t, p == "." || p == ".." || strings.HasPrefix(p, "/") || strings.HasPrefix(p, "../"), p)
+		}
+		b, err := json.Marshal(r)
+		require.NoError(t, err)
+		r2, err := relay.DecodeClaimRequest(b)
+		require.NoError(t, err)
+		require.Equal(t, r, r2)
+	})
+}

@@ -2,6 +2,10 @@ package relay
 
 import (
 	"bytes"
+	"path"
+	"slices"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -92,4 +96,123 @@ func decodeStrict(data []byte, v any) error {
 		return invalid(CodeInvalid, "bad request: %v", err)
 	}
 	return nil
+}
+
+// ValidatePattern checks one claimed path or glob and returns it cleaned
+// (path.Clean, a trailing "/" dropped). A pattern is relative to the
+// workspace: not empty, no leading '/', no "." or ".." segment after
+// cleaning ("." alone, the whole workspace, is refused: claim "**"), no
+// backslash, no control character, at most MaxPatternBytes bytes,
+// MaxPatternSegments segments and MaxPatternDoubleStars "**" segments,
+// and each segment valid path.Match syntax. The error is an *InvalidError.
+func ValidatePattern(p string) (string, error) {
+	if p == "" {
+		return "", invalid(CodeInvalid, "a path is empty")
+	}
+	if len(p) > MaxPatternBytes {
+		return "", invalid(CodeTooLarge, "path %.40q… is %d bytes, longest allowed is %d", p, len(p), MaxPatternBytes)
+	}
+	for _, r := range p {
+		if r < 0x20 || r == 0x7f || r == '\\' || !utf8.ValidRune(r) || r == utf8.RuneError {
+			return "", invalid(CodeInvalid, "path %q has a control character, a backslash or invalid UTF-8", p)
+		}
+	}
+	if strings.HasPrefix(p, "/") {
+		return "", invalid(CodeInvalid, "path %q is absolute: give it relative to the workspace", p)
+	}
+	c := path.Clean(p)
+	if c == "." || c == ".." || strings.HasPrefix(c, "../") {
+		return "", invalid(CodeInvalid, "path %q is not inside the workspace (claim \"**\" for all of it)", p)
+	}
+	segs := strings.Split(c, "/")
+	if len(segs) > MaxPatternSegments {
+		return "", invalid(CodeInvalid, "path %q has %d segments, at most %d allowed", p, len(segs), MaxPatternSegments)
+	}
+	stars := 0
+	for _, s := range segs {
+		if s == "**" {
+			stars++
+			continue
+		}
+		if _, err := path.Match(s, ""); err != nil {
+			return "", invalid(CodeInvalid, "path %q: segment %q is not a valid glob: %v", p, s, err)
+		}
+	}
+	if stars > MaxPatternDoubleStars {
+		return "", invalid(CodeInvalid, "path %q has %d \"**\" segments, at most %d allowed", p, stars, MaxPatternDoubleStars)
+	}
+	return c, nil
+}
+
+// normalizePaths validates and cleans 1 to MaxClaimPaths patterns,
+// dropping repeats.
+func normalizePaths(paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		return nil, invalid(CodeInvalid, "paths is empty: name at least one path or glob")
+	}
+	if len(paths) > MaxClaimPaths {
+		return nil, invalid(CodeInvalid, "paths names %d patterns, at most %d per call", len(paths), MaxClaimPaths)
+	}
+	out := make([]string, 0, len(paths))
+	for _, p := range paths {
+		c, err := ValidatePattern(p)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// NormalizeClaim checks a claim request (normalizePaths, a reason of at
+// most MaxReasonBytes bytes of valid UTF-8, text shown inert
+// wherever it is shown) and returns it with its paths cleaned. The
+// error is an *InvalidError.
+func NormalizeClaim(r ClaimRequest) (ClaimRequest, error) {
+	paths, err := normalizePaths(r.Paths)
+	if err != nil {
+		return r, err
+	}
+	if len(r.Reason) > MaxReasonBytes {
+		return r, invalid(CodeTooLarge, "reason is %d bytes, longest allowed is %d", len(r.Reason), MaxReasonBytes)
+	}
+	if !utf8.ValidString(r.Reason) {
+		return r, invalid(CodeInvalid, "reason is not valid UTF-8")
+	}
+	r.Paths = paths
+	return r, nil
+}
+
+// NormalizeRelease checks a release request and returns it with its paths
+// cleaned (see NormalizeClaim). The error is an *InvalidError.
+func NormalizeRelease(r ReleaseRequest) (ReleaseRequest, error) {
+	paths, err := normalizePaths(r.Paths)
+	if err != nil {
+		return r, err
+	}
+	r.Paths = paths
+	return r, nil
+}
+
+// DecodeClaimRequest decodes and normalizes one claim request: a single
+// JSON object with no unknown field (a holder field is refused). The error
+// is an *InvalidError.
+func DecodeClaimRequest(data []byte) (ClaimRequest, error) {
+	var r ClaimRequest
+	if err := decodeStrict(data, &r); err != nil {
+		return ClaimRequest{}, err
+	}
+	return NormalizeClaim(r)
+}
+
+// DecodeReleaseRequest decodes and normalizes one release request. The
+// error is an *InvalidError.
+func DecodeReleaseRequest(data []byte) (ReleaseRequest, error) {
+	var r ReleaseRequest
+	if err := decodeStrict(data, &r); err != nil {
+		return ReleaseRequest{}, err
+	}
+	return NormalizeRelease(r)
 }
