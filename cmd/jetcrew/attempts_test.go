@@ -135,6 +135,9 @@ func TestSubmitAttemptsCompareApply(t *testing.T) {
 	require.True(t, strings.HasPrefix(stdout, "# interdiff: - "+ids[0]+", + "+ids[1]+"\ndiffer     a/answer.txt b/answer.txt\n"), stdout)
 	require.Contains(t, stdout, "\n=== a/answer.txt b/answer.txt\n")
 	require.Contains(t, stdout, "-@@ -0,0 +1 @@\n+@@ -0,0 +1,2 @@\n +line 1\n++line 2\n")
+	code, _, stderr = cli(t, url, "compare", "another-group", ids[0], ids[1])
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "is of group "+g+", not another-group")
 
 	code, stdout, stderr = cli(t, url, "apply", "--repo", repo, ids[1])
 	require.Equal(t, 0, code, stderr)

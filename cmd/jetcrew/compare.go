@@ -75,6 +75,15 @@ escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".`,
 			}
 			defer closeNATS()
 			if len(args) == 3 {
+				for _, id := range args[1:] {
+					st, err := d.Status(cmd.Context(), id)
+					if err != nil {
+						return fmt.Errorf("run %s: %w", id, err)
+					}
+					if g := cmp.Or(st.Group, st.ID); g != args[0] {
+						return fmt.Errorf("run %s is of group %s, not %s: compare names two attempts of one group", id, visibleName(g), args[0])
+					}
+				}
 				return a.interdiff(cmd.Context(), d, args[1], args[2])
 			}
 			return a.compareGroup(cmd.Context(), d, args[0])
