@@ -3,8 +3,6 @@ package workspace
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -107,7 +105,8 @@ func DeriveSnapshot(base io.Reader, bundle []byte, runID string, w io.Writer, o 
 	if err != nil {
 		return Info{}, err
 	}
-	return snapshotTreeOf(repo, hc, w, o)
+	// HEAD is hc now: the snapshot is the one a clean clone of it has.
+	return snapshotCommit(repo, hc, w, RemoteOptions{MaxBytes: o.MaxBytes, MaxFiles: o.MaxFiles})
 }
 
 // setDerivedHead points HEAD at own: on branch (a reference name) when
@@ -130,36 +129,6 @@ func setDerivedHead(st *filesystem.Storage, branch string, symbolic bool, own pl
 		return nil
 	}
 	return st.SetReference(plumbing.NewHashReference(name, own))
-}
-
-// snapshotTreeOf writes the snapshot of repo (its HEAD's history, index
-// and refs: buildGitDir) with treeCommit's tree as its files.
-func snapshotTreeOf(repo *git.Repository, treeCommit *object.Commit, w io.Writer, o FromOptions) (Info, error) {
-	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(w, h), max: o.MaxBytes}
-	tw := newTarWriter(cw)
-	gd, err := buildGitDir(repo, "")
-	if err != nil {
-		return Info{}, err
-	}
-	if err := gd.write(tw); err != nil {
-		return Info{}, err
-	}
-	tree, err := treeCommit.Tree()
-	if err != nil {
-		return Info{}, fmt.Errorf("%w: tree of %s: %w", ErrBadArchive, treeCommit.Hash, err)
-	}
-	ct := &commitTree{tw: tw, maxFiles: o.MaxFiles}
-	if err := ct.write(tree, ""); err != nil {
-		return Info{}, err
-	}
-	if err := tw.close(); err != nil {
-		return Info{}, err
-	}
-	return Info{
-		Digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), Size: cw.n,
-		Git: true, Head: gd.head, Commits: gd.commits, Files: ct.files,
-	}, nil
 }
 
 // readBaseGit copies the object files of snapshot base's .git into
