@@ -150,7 +150,6 @@ type meter struct {
 	inflight int64
 	events   int
 	reached  *Budget
-	told     bool
 	// paused counts the requests held past a budget now; pausedOn is
 	// the budget the latest was held for.
 	paused   int
@@ -236,10 +235,10 @@ func (mt *meter) over() *Budget {
 // note records b as the budget reached, the first time, and returns the
 // callback to tell (nil when already told).
 func (mt *meter) note(b *Budget) func() {
-	if b == nil || mt.told {
+	if b == nil || mt.reached != nil {
 		return nil
 	}
-	mt.told, mt.reached = true, b
+	mt.reached = b
 	if f := mt.m.Reached; f != nil {
 		bb := *b
 		return func() { f(bb) }

@@ -19,12 +19,18 @@ type chatUsage struct {
 // tokens returns u as Tokens: the cached prompt tokens are CacheRead and
 // not Input; completion_tokens includes the reasoning tokens.
 func (u *chatUsage) tokens() messages.Tokens {
-	var cached int64
+	var cached *int64
 	if d := u.PromptTokensDetails; d != nil {
-		cached = count(d.CachedTokens)
+		cached = d.CachedTokens
 	}
-	prompt := count(u.PromptTokens)
-	return messages.Tokens{Input: minus(prompt, cached), Output: count(u.CompletionTokens), CacheRead: min(cached, prompt)}
+	return openAITokens(u.PromptTokens, cached, u.CompletionTokens)
+}
+
+// openAITokens returns OpenAI's counts as Tokens: of the input (prompt)
+// tokens, the cached ones are CacheRead and the rest Input.
+func openAITokens(input, cached, output *int64) messages.Tokens {
+	in, c := count(input), count(cached)
+	return messages.Tokens{Input: minus(in, c), Output: count(output), CacheRead: min(c, in)}
 }
 
 // chatResponse is the part of a chat completion, or of a stream's chunk,
@@ -74,12 +80,11 @@ type responsesUsage struct {
 // tokens returns u as Tokens: the cached input tokens are CacheRead and not
 // Input; output_tokens includes the reasoning tokens.
 func (u *responsesUsage) tokens() messages.Tokens {
-	var cached int64
+	var cached *int64
 	if d := u.InputTokensDetails; d != nil {
-		cached = count(d.CachedTokens)
+		cached = d.CachedTokens
 	}
-	input := count(u.InputTokens)
-	return messages.Tokens{Input: minus(input, cached), Output: count(u.OutputTokens), CacheRead: min(cached, input)}
+	return openAITokens(u.InputTokens, cached, u.OutputTokens)
 }
 
 // responsesResponse is the part of a Response object that says the model
