@@ -201,6 +201,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget, "$KV."+messages.BucketBudgets+".>"))
 	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, send))
 	mux.HandleFunc("GET /groups/{group}", c.groupPage)
+	mux.HandleFunc("GET /groups/{group}/attempts", c.groupAttempts)
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
 	mux.HandleFunc("POST /groups/{group}/send", c.action(c.sendToGroup, send))
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)

@@ -305,10 +305,28 @@
 
     group() {
       const thread = document.getElementById("thread");
-      const runs = document.getElementById("runs");
       const states = new Map();
-      for (const tr of runs.querySelectorAll("tr[data-id]")) {
+      for (const tr of document.querySelectorAll("#runs tr[data-id]")) {
         states.set(tr.dataset.id, tr.querySelector(".badge").textContent);
+      }
+      // attempts fetches the runs' comparison again (outcomes, diffstats,
+      // diffs) when a state brings another outcome or result than the
+      // one shown, or a run joins the group.
+      let busy = false, again = false;
+      async function attempts() {
+        if (busy) { again = true; return; }
+        busy = true;
+        try {
+          const res = await fetch("/groups/" + encodeURIComponent(body.dataset.group) + "/attempts", { headers: { Accept: "text/html" } });
+          if (res.ok) {
+            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+            const fresh = doc.getElementById("attempts");
+            if (fresh) document.getElementById("attempts").replaceWith(document.adoptNode(fresh));
+          }
+        } finally {
+          busy = false;
+          if (again) { again = false; attempts(); }
+        }
       }
       let last = 0;
       live(body.dataset.live, {
@@ -327,17 +345,9 @@
         },
         state(r) {
           states.set(r.id, r.state);
-          const td = runs.querySelector('tr[data-id="' + CSS.escape(r.id) + '"] td:nth-child(2)');
-          if (td) td.replaceChildren(badge(r.state));
-          else {
-            const tr = el("tr", "fresh");
-            tr.dataset.id = r.id;
-            cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
-            cell(tr, badge(r.state));
-            cell(tr, r.profile);
-            cell(tr, r.queued, "mono");
-            runs.prepend(tr);
-          }
+          const tr = document.querySelector('#runs tr[data-id="' + CSS.escape(r.id) + '"]');
+          if (tr) tr.children[1].replaceChildren(badge(r.state));
+          if (!tr || tr.dataset.key !== r.key) attempts();
           for (const c of thread.querySelectorAll('td[data-run="' + CSS.escape(r.id) + '"]')) {
             c.replaceChildren(badge(r.state));
           }
