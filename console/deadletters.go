@@ -143,7 +143,9 @@ func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Discard: true}})
+		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Action: "/dead-letters/discard",
+			Question: "Discard every dead letter of this run? They are deleted from JETCREW_FAILED and the run can no longer be replayed; its state and output stay.",
+			Button:   "Discard", Keep: "Keep them"}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
@@ -156,11 +158,17 @@ func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
 	c.message(w, r, http.StatusOK, "Discard", fmt.Sprintf("Discarded %d dead letter(s) of run %s: it can no longer be replayed.", n, id), "/dead-letters")
 }
 
-// confirmData is the replay confirmation page's data.
+// confirmData is a confirmation page's data: the question, the runs it
+// is about, and the form that confirms it (posted to Action with
+// confirm=yes, each run, and Back).
 type confirmData struct {
-	Runs []string
-	// Discard: the confirmation is of a discard, not a replay.
-	Discard bool
+	Question string
+	Runs     []string
+	Action   string
+	// Button is the confirming button's text; Keep the link's that
+	// leaves things as they are (back to Back, else the dead letters).
+	Button, Keep string
+	Back         string
 }
 
 // replayResult is the outcome of a confirmed replay.
@@ -190,7 +198,9 @@ func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs}})
+		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs, Action: "/dead-letters/replay",
+			Question: fmt.Sprintf("Replay the latest dead letter of these %d run(s)? Each request is published again, unchanged, and runs anew.", len(runs)),
+			Button:   fmt.Sprintf("Replay %d run(s)", len(runs)), Keep: "Cancel"}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)

@@ -139,7 +139,7 @@ func TestObserverConsole(t *testing.T) {
 		path string
 		form url.Values
 	}{
-		{"/runs/" + id + "/cancel", nil},
+		{"/runs/" + id + "/cancel", url.Values{"confirm": {"yes"}}},
 		{"/runs/" + failed + "/replay", nil},
 		{"/dead-letters/replay", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/dead-letters/discard", url.Values{"run": {failed}, "confirm": {"yes"}}},
@@ -290,8 +290,10 @@ func TestBrowserObserverRefused(t *testing.T) {
 	poll(t, ctx, 5*time.Second, `document.querySelector('#overview-body a[href="/runs?pool=default"]') !== null`, "the overview shows the pool")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/runs/"+id)))
 	poll(t, ctx, 10*time.Second, `document.getElementById("output")?.textContent.includes("hi")`, "the run's output streams in")
-	start := time.Now()
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "the cancel asks for a confirmation")
+	start := time.Now()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
 	poll(t, ctx, 3*time.Second, `document.body.innerText.includes("needs the operator role")`, "the refusal is shown, naming the role")
 	t.Logf("the refused cancel was reported %s after the click", time.Since(start).Round(time.Millisecond))
 	shot(t, ctx, "observer-refused")

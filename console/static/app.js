@@ -132,6 +132,7 @@
   function runRow(r) {
     const tr = el("tr");
     tr.dataset.id = r.id;
+    tr.dataset.activity = r.activity || "";
     cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
     cell(tr, badge(r.state));
     cell(tr, r.pool);
@@ -156,6 +157,28 @@
     cell(tr, ran, "mono");
     cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
+    // A console that may act (the page says its CSRF token) offers
+    // Cancel on a run not ended; the server asks for a confirmation.
+    if (body.dataset.csrf !== undefined) {
+      const td = cell(tr, undefined, "actions");
+      if (!r.final) {
+        const f = el("form", "inline");
+        f.method = "post";
+        f.action = "/runs/" + encodeURIComponent(r.id) + "/cancel";
+        for (const [k, v] of [["csrf", body.dataset.csrf], ["back", body.dataset.back]]) {
+          const i = el("input");
+          i.type = "hidden";
+          i.name = k;
+          i.value = v;
+          f.appendChild(i);
+        }
+        const b = el("button", "cancel-one", "Cancel…");
+        b.type = "submit";
+        b.dataset.run = r.id;
+        f.appendChild(b);
+        td.appendChild(f);
+      }
+    }
     return tr;
   }
 
@@ -168,7 +191,13 @@
           const tr = runRow(r);
           if (old) {
             // In place: the run's link (maybe being clicked) stays.
-            for (const i of [1, 6, 7, 8, 9, 10, 11]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            for (const i of [1, 6, 7, 8, 9, 10, 11, 12]) {
+              if (tr.children[i]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            }
+            // A replay is the run's latest activity, which the list is
+            // ordered by: on the first page it moves to the top.
+            if (body.dataset.prepend && r.activity && old.dataset.activity !== r.activity) tbody.prepend(old);
+            old.dataset.activity = r.activity || "";
             old.classList.remove("fresh");
             void old.offsetWidth; // restart the highlight
             old.classList.add("fresh");
