@@ -143,6 +143,7 @@ func TestObserverConsole(t *testing.T) {
 		{"/runs/" + failed + "/replay", nil},
 		{"/dead-letters/replay", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/dead-letters/discard", url.Values{"run": {failed}, "confirm": {"yes"}}},
+		{"/dead-letters/archive", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/runs/" + id + "/send", url.Values{"text": {"stop"}}},
 		{"/groups/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
 		{"/runs/" + id + "/budget", url.Values{"usd": {"1"}}},
@@ -171,7 +172,17 @@ func TestOperatorDiscardsDeadLetter(t *testing.T) {
 	failed := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
 	b.waitState(t, failed, messages.StateFailed)
 	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), failed); return err == nil }, 10*time.Second, 10*time.Millisecond)
-	resp, body := b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	// Archive and unarchive (a mark published on, then purged from,
+	// jetcrew.failed.<pool>.<run_id>.archived) under the role's own rights.
+	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Archived the dead letters of run "+failed)
+	_, body = b.get(t, "/dead-letters?archived=1")
+	require.Contains(t, body, `data-run="`+failed+`"`)
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NoError(t, b.d.Archive(t.Context(), failed))
+	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Discarded 1 dead letter(s)")
 	_, err := b.d.LastDeadLetter(t.Context(), failed)

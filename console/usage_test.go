@@ -305,7 +305,7 @@ func TestReadOnlyShowsNoActions(t *testing.T) {
 	require.Contains(t, body, failed)
 	require.NotContains(t, body, `action="/dead-letters/replay"`)
 
-	for _, path := range []string{"/runs/ro-1/budget", "/runs/ro-1/cancel", "/runs/" + failed + "/replay", "/dead-letters/replay"} {
+	for _, path := range []string{"/runs/ro-1/budget", "/runs/ro-1/cancel", "/runs/" + failed + "/replay", "/dead-letters/replay", "/dead-letters/archive", "/dead-letters/discard"} {
 		resp, _ := b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}, "run": {failed}, "confirm": {"yes"}})
 		require.Equal(t, http.StatusForbidden, resp.StatusCode, path)
 	}

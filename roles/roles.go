@@ -296,6 +296,9 @@ func operator() Grant {
 		// The record of what jetcrew publish pushed, never another event
 		// of a run.
 		messages.SubjectEvents("*", messages.EventPublish),
+		// Archive marks of dead letters (dispatcher.Archive): five
+		// tokens, never a dead letter (jetcrew.failed.<pool>.<run_id>).
+		messages.SubjectFailedArchived("*", "*"),
 		api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
 	}
 	for _, s := range readStreams {
