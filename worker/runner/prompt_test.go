@@ -13,7 +13,7 @@ import (
 // replaceMasker masks one secret, as the secrets stage's masker does.
 type replaceMasker struct{ secret string }
 
-func (m replaceMasker) String(s string) string            { return strings.ReplaceAll(s, m.secret, "***") }
+func (m replaceMasker) String(s string) string           { return strings.ReplaceAll(s, m.secret, "***") }
 func (m replaceMasker) Stream(_ string, p []byte) []byte { return []byte(m.String(string(p))) }
 func (m replaceMasker) Flush(string) []byte              { return nil }
 
