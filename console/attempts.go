@@ -54,8 +54,8 @@ type attemptsData struct {
 	// Diffs counts the runs with a workspace result; DiffsCut those past
 	// maxGroupDiffs whose diffs are not read.
 	Diffs, DiffsCut int
-	// PatchLimit is maxAttemptPatch, for the page's note.
-	PatchLimit int
+	// PatchLimit says maxAttemptPatch, for the page's note.
+	PatchLimit string
 }
 
 // attemptKey identifies what the group page shows of st: its state and
@@ -71,7 +71,7 @@ func attemptKey(st *messages.RunState) string {
 func (c *Console) attempts(ctx context.Context, group string, runs []*messages.RunState) attemptsData {
 	runs = slices.Clone(runs)
 	slices.SortFunc(runs, dispatcher.SubmitOrder)
-	d := attemptsData{Group: group, Runs: make([]attemptView, len(runs)), PatchLimit: maxAttemptPatch}
+	d := attemptsData{Group: group, Runs: make([]attemptView, len(runs)), PatchLimit: fmt.Sprintf("%d KiB", maxAttemptPatch>>10)}
 	var wg sync.WaitGroup
 	for i, st := range runs {
 		d.Runs[i] = newAttemptView(st)
