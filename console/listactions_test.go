@@ -28,11 +28,10 @@ func TestRunsListCancel(t *testing.T) {
 
 	_, body := b.get(t, "/runs?pool=default")
 	row := between(body, `<tr data-id="`+id+`"`, "</tr>")
-	require.Contains(t, row, `<form method="post" action="/runs/`+id+`/cancel" class="inline">`)
-	require.Contains(t, row, `<input type="hidden" name="back" value="/runs?pool=default">`)
-	require.Contains(t, row, `<button type="submit" class="cancel-one" data-run="`+id+`">Cancel…</button>`)
-	require.NotContains(t, between(body, `<tr data-id="done-1"`, "</tr>"), "<form", "no cancel for an ended run")
-	require.Contains(t, body, ` data-csrf="`+b.c.csrf+`"`, "the live rows' forms carry the token")
+	require.Contains(t, row, `<button type="submit" form="row-cancel" formaction="/runs/`+id+`/cancel" class="cancel-one" data-run="`+id+`">Cancel…</button>`)
+	require.NotContains(t, between(body, `<tr data-id="done-1"`, "</tr>"), "cancel-one", "no cancel for an ended run")
+	require.Contains(t, body, `<form method="post" id="row-cancel" hidden><input type="hidden" name="csrf" value="`+b.c.csrf+`"><input type="hidden" name="back" value="/runs?pool=default"></form>`,
+		"one form the rows' buttons post, with the token and the way back")
 
 	// The form asks first, then cancels and goes back to the list.
 	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "back": {"/runs?pool=default"}})
@@ -55,7 +54,7 @@ func TestRunsListCancel(t *testing.T) {
 	_, body = ro.get(t, "/runs")
 	require.Contains(t, body, `<tr data-id="`+rid+`"`)
 	require.NotContains(t, body, "cancel-one")
-	require.NotContains(t, body, "data-csrf")
+	require.NotContains(t, body, "row-cancel")
 	resp, _ = ro.post(t, "/runs/"+rid+"/cancel", url.Values{"csrf": {ro.c.csrf}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 }

@@ -157,26 +157,17 @@
     cell(tr, ran, "mono");
     cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
-    // A console that may act (the page says its CSRF token) offers
+    // A console that may act (its page has the rows' cancel form) offers
     // Cancel on a run not ended; the server asks for a confirmation.
-    if (body.dataset.csrf !== undefined) {
+    if (body.dataset.cancel !== undefined) {
       const td = cell(tr, undefined, "actions");
       if (!r.final) {
-        const f = el("form", "inline");
-        f.method = "post";
-        f.action = "/runs/" + encodeURIComponent(r.id) + "/cancel";
-        for (const [k, v] of [["csrf", body.dataset.csrf], ["back", body.dataset.back]]) {
-          const i = el("input");
-          i.type = "hidden";
-          i.name = k;
-          i.value = v;
-          f.appendChild(i);
-        }
         const b = el("button", "cancel-one", "Cancel…");
         b.type = "submit";
+        b.setAttribute("form", body.dataset.cancel);
+        b.setAttribute("formaction", "/runs/" + encodeURIComponent(r.id) + "/cancel");
         b.dataset.run = r.id;
-        f.appendChild(b);
-        td.appendChild(f);
+        td.appendChild(b);
       }
     }
     return tr;
