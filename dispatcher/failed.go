@@ -227,8 +227,8 @@ func purgeArchiveMarks(ctx context.Context, stream jetstream.Stream, id string) 
 
 // Archive archives run id's dead letters: they stay in JETCREW_FAILED
 // (Replay still reads them) and Failed reports them Archived, which the
-// console's dead letters page and `jetcrew failed` hide by default (as River
-// UI and asynq archive a job). The mark is a message in JETCREW_FAILED on
+// console's dead letters page hides by default (as River UI and asynq
+// archive a job). The mark is a message in JETCREW_FAILED on
 // jetcrew.failed.<pool>.<run_id>.archived (the pool of the run's latest
 // dead letter), which the operator role may publish; its body is empty.
 // An older mark is purged first, so a run keeps one. A dead
