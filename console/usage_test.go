@@ -185,7 +185,7 @@ func TestRunsListUsageColumn(t *testing.T) {
 	_, body := b.get(t, "/runs?q=col-")
 	require.Contains(t, body, `<th class="num">Usage</th>`)
 	usage := func(id string) string {
-		return between(between(body, `<tr data-id="`+id+`">`, "</tr>"), `<td class="num">`, "</td>")
+		return between(between(body, `<tr data-id="`+id+`"`, "</tr>"), `<td class="num">`, "</td>")
 	}
 	require.Equal(t, "$0.0123", usage("col-priced"))
 	require.Equal(t, "1.2k out tok", usage("col-tokens"))
