@@ -296,13 +296,16 @@ func (f Fate) Resolved() bool { return f == FateHealed }
 
 // FateOf says what became of a run with a dead letter, from its state now
 // (ok false: it has none) and whether a replay of it waits in
-// JETCREW_RUNS (ReplaysWaiting).
+// JETCREW_RUNS (ReplaysWaiting). A succeeded run is healed even when a
+// replay request is still in JETCREW_RUNS: a succeeded run's replay is
+// refused, so that request is the one that healed it, in the moment
+// between its finished state and its ack.
 func FateOf(st messages.RunState, ok, waiting bool) Fate {
 	switch {
-	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
-		return FateReplaying
 	case ok && st.State == messages.StateSucceeded:
 		return FateHealed
+	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
+		return FateReplaying
 	case ok && st.State == messages.StateCancelled:
 		return FateCancelled
 	}

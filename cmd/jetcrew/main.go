@@ -15,6 +15,8 @@
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests; --all: healed ones too)
 //	jetcrew failed discard RUN_ID   delete a run's dead letters
+//	jetcrew failed archive RUN_ID   put a run's dead letters aside (failed --all lists them)
+//	jetcrew failed unarchive RUN_ID take them out of the archive
 //	jetcrew replay RUN_ID           submit a failed run again from its dead letter
 //	jetcrew result RUN_ID           what a workspace run changed
 //	jetcrew diff RUN_ID             the patch of everything a workspace run changed
