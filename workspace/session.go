@@ -93,8 +93,7 @@ func runKeepingSession(a JailArgs, stderr io.Writer) int {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			signal.Reset(ws.Signal())
-			_ = syscall.Kill(os.Getpid(), ws.Signal())
+			raiseSignal(ws.Signal())
 			return 128 + int(ws.Signal())
 		}
 		return ee.ExitCode()
@@ -103,6 +102,15 @@ func runKeepingSession(a JailArgs, stderr io.Writer) int {
 		return 127
 	}
 	return 0
+}
+
+// raiseSignal ends the process with signal sig, as its child ended: the
+// container's init then reports what a process killed so reports. A
+// variable for tests; when the signal does not end the process, exec
+// returns 128+sig, as a shell does.
+var raiseSignal = func(sig syscall.Signal) {
+	signal.Reset(sig)
+	_ = syscall.Kill(os.Getpid(), sig)
 }
 
 // saveSession copies the regular files under src (the CLI's session
