@@ -188,7 +188,9 @@ func (a JailArgs) ArgList() []string {
 
 // JailMain runs an in-jail command (args after "workspace") and returns the
 // process's exit code: exec never returns when it succeeds (the process is
-// replaced by a.Argv); a failure prints one line starting with
+// replaced by a.Argv), unless given --session, when it runs a.Argv as its
+// child, keeps the session and returns (or dies) as the child did
+// (session.go); a failure prints one line starting with
 // JailErrPrefix on stderr and returns JailExitCode (127 when the command to
 // exec cannot be run, as a shell does; 2 for bad arguments).
 func JailMain(args []string, stdout, stderr io.Writer) int {
