@@ -87,6 +87,9 @@ func TestFollowup(t *testing.T) {
 		return m.Role == messages.MountRoleSession && m.ReadOnly && m.Digest == "sha256:"+session.SHA256
 	}), "%+v", st2.Receipt.Mounts)
 	require.Equal(t, []string{"--resume", sid}, st2.Receipt.Argv[len(st2.Receipt.Argv)-2:])
+	res := run(t, url, jetcrewBin, "result", "fu-2")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Contains(t, res.stdout, "resumed "+sid+" of run fu-1")
 
 	// A chain: the follow-up's own session, one turn longer.
 	r = run(t, url, jetcrewBin, "followup", "--id", "fu-3", "--wait", "-q", "fu-2", backendPrompt("And again."))
