@@ -107,6 +107,9 @@ type JailArgs struct {
 	// messages.ResultSession object (read-only), restored into Session
 	// before the command starts: a follow-up.
 	SessionIn string
+	// SessionSkip, for exec with Session, names entries directly in
+	// Session that are never kept (profile.Plan.SessionSkip).
+	SessionSkip []string
 }
 
 // HeldWaitMax bounds exec's wait for JailArgs.Held; past it exec fails
@@ -142,6 +145,13 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.StringVar(&a.Held, "held", "", "exec: wait for this file before unpacking")
 	fs.StringVar(&a.Session, "session", "", "exec: the agent CLI's session directory, kept in the workspace once the command exited")
 	fs.StringVar(&a.SessionIn, "session-in", "", "exec: a session tar restored into --session before the command starts")
+	fs.Func("session-skip", "exec: a name directly in --session never kept (repeatable)", func(v string) error {
+		if v == "" || strings.Contains(v, "/") || v == "." || v == ".." {
+			return fmt.Errorf("--session-skip %q: a name, not a path", v)
+		}
+		a.SessionSkip = append(a.SessionSkip, v)
+		return nil
+	})
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -182,6 +192,9 @@ func (a JailArgs) ArgList() []string {
 	}
 	if a.SessionIn != "" {
 		out = append(out, "--session-in", a.SessionIn)
+	}
+	for _, n := range a.SessionSkip {
+		out = append(out, "--session-skip", n)
 	}
 	return append(append(out, "--"), a.Argv...)
 }

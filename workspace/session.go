@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -87,7 +88,7 @@ func runKeepingSession(a JailArgs, stderr io.Writer) int {
 	}()
 	err := cmd.Wait()
 	close(done)
-	if err := saveSession(a.Session, a.Dir); err != nil {
+	if err := saveSession(a.Session, a.Dir, a.SessionSkip); err != nil {
 		fmt.Fprintf(stderr, "%ssession not kept: %s\n", JailErrPrefix, oneLine(err.Error()))
 	}
 	var ee *exec.ExitError
@@ -116,9 +117,9 @@ var raiseSignal = func(sig syscall.Signal) {
 // saveSession copies the regular files under src (the CLI's session
 // directory, absolute) into messages.SessionDir of the workspace at dir,
 // replacing whatever is there; symlinks and other special files are left
-// out. Over messages.MaxSessionBytes in all, it copies none and leaves
+// out, and so are the entries directly in src named in skip. Over messages.MaxSessionBytes in all, it copies none and leaves
 // sessionOverMarker instead. A missing src keeps nothing.
-func saveSession(src, dir string) error {
+func saveSession(src, dir string, skip []string) error {
 	fi, err := os.Lstat(src)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -147,7 +148,9 @@ func saveSession(src, dir string) error {
 		return err
 	}
 	defer out.Close()
-	entries, err := walk(in, src, walkOptions{maxFiles: maxArtifactFiles})
+	entries, err := walk(in, src, walkOptions{maxFiles: maxArtifactFiles, skip: func(p string, _ bool) bool {
+		return !strings.Contains(p, "/") && slices.Contains(skip, p)
+	}})
 	if err != nil {
 		return err
 	}

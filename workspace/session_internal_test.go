@@ -27,8 +27,12 @@ func TestSessionRoundTrip(t *testing.T) {
 	writeFile(t, src+"/-workspace/s1.jsonl", "turn 1\n")
 	writeFile(t, src+"/-workspace/sub/todo.json", "{}")
 	require.NoError(t, os.Symlink("/etc/passwd", src+"/-workspace/link"))
+	writeFile(t, src+"/auth.json", "credentials")
+	writeFile(t, src+"/-workspace/auth.json", "kept: not directly in the directory")
 	writeFile(t, ws+"/"+messages.SessionDir+"/planted.txt", "the agent's own") // replaced
-	require.NoError(t, saveSession(src, ws))
+	require.NoError(t, saveSession(src, ws, []string{"auth.json"}))
+	require.NoFileExists(t, ws+"/"+messages.SessionDir+"/auth.json", "skipped")
+	require.FileExists(t, ws+"/"+messages.SessionDir+"/-workspace/auth.json")
 	require.NoFileExists(t, ws+"/"+messages.SessionDir+"/planted.txt")
 	require.NoFileExists(t, ws+"/"+messages.SessionDir+"/-workspace/link")
 
@@ -46,7 +50,7 @@ func TestSessionRoundTrip(t *testing.T) {
 	require.FileExists(t, dst+"/-workspace/sub/todo.json")
 
 	// No session directory: nothing kept, no error.
-	require.NoError(t, saveSession(filepath.Join(src, "none"), t.TempDir()))
+	require.NoError(t, saveSession(filepath.Join(src, "none"), t.TempDir(), nil))
 }
 
 // Over messages.MaxSessionBytes, exec keeps none (its marker says why) and
@@ -58,7 +62,7 @@ func TestSessionCap(t *testing.T) {
 	big := make([]byte, messages.MaxSessionBytes/2+1)
 	writeFile(t, src+"/a.jsonl", string(big))
 	writeFile(t, src+"/b.jsonl", string(big))
-	require.ErrorContains(t, saveSession(src, ws), "over the cap")
+	require.ErrorContains(t, saveSession(src, ws, nil), "over the cap")
 	root, err := os.OpenRoot(ws)
 	require.NoError(t, err)
 	defer root.Close()

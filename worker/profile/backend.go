@@ -129,6 +129,9 @@ type Plan struct {
 	// follow-up and restores an earlier run's there (docs/backends.md,
 	// "Follow-ups"). Empty: the CLI cannot resume.
 	SessionDir string
+	// SessionSkip names entries directly in SessionDir that are never
+	// kept: the CLI's credentials, logs, downloaded binaries.
+	SessionSkip []string
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher

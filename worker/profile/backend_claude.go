@@ -73,7 +73,9 @@ func (claudeBackend) structured() bool { return true }
 
 // sessionDir: Claude Code keeps each session as
 // ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
-func (claudeBackend) sessionDir(p Profile) string { return p.Home + "/.claude/projects" }
+func (claudeBackend) sessionDir(p Profile) (string, []string) {
+	return p.Home + "/.claude/projects", nil
+}
 
 // resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).
 func (claudeBackend) resume(argv []string, id string) []string { return append(argv, "--resume", id) }

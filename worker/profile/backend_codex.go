@@ -58,7 +58,7 @@ func (codexBackend) structured() bool { return true }
 
 // sessionDir: Codex keeps its sessions (rollout files) under
 // $CODEX_HOME/sessions, CODEX_HOME being ~/.codex here.
-func (codexBackend) sessionDir(p Profile) string { return p.Home + "/.codex/sessions" }
+func (codexBackend) sessionDir(p Profile) (string, []string) { return p.Home + "/.codex/sessions", nil }
 
 // resume: `codex exec [OPTIONS] resume SESSION_ID -` (Codex's exec
 // reference): the "-" that reads the prompt from standard input becomes

@@ -39,9 +39,13 @@ func (opencodeBackend) parse(kind string, v map[string]any, ps *Parser) (string,
 func (opencodeBackend) structured() bool { return true }
 
 // sessionDir: opencode keeps its sessions, messages and parts under
-// $XDG_DATA_HOME/opencode/storage (~/.local/share/opencode/storage); the
-// data directory's other files (auth.json: credentials) are never kept.
-func (opencodeBackend) sessionDir(p Profile) string { return p.Home + "/.local/share/opencode/storage" }
+// $XDG_DATA_HOME/opencode (~/.local/share/opencode): in storage/ and
+// project/<slug>/storage/ (files), and in opencode.db (SQLite) in newer
+// versions. The whole directory is kept but auth.json (credentials), log/
+// and bin/ (downloaded tools).
+func (opencodeBackend) sessionDir(p Profile) (string, []string) {
+	return p.Home + "/.local/share/opencode", []string{"auth.json", "bin", "log"}
+}
 
 // resume: `opencode run --session SESSION_ID` (opencode's CLI reference).
 func (opencodeBackend) resume(argv []string, id string) []string {

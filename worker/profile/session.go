@@ -12,8 +12,9 @@ import (
 // session files, and how its documented resume flag is passed.
 type resumer interface {
 	// sessionDir returns the container path of the directory holding the
-	// CLI's session files, under p.Home.
-	sessionDir(p Profile) string
+	// CLI's session files, under p.Home, and the names directly in it that
+	// are never kept (credentials, logs, downloaded binaries).
+	sessionDir(p Profile) (dir string, skip []string)
 	// resume returns argv (the plan's, the profile's args included) made
 	// to resume session id.
 	resume(argv []string, id string) []string
@@ -22,7 +23,7 @@ type resumer interface {
 // setSessionDir sets plan.SessionDir when b's CLI can resume a session.
 func setSessionDir(b backend, p Profile, plan *Plan) {
 	if r, ok := b.(resumer); ok {
-		plan.SessionDir = r.sessionDir(p)
+		plan.SessionDir, plan.SessionSkip = r.sessionDir(p)
 	}
 }
 

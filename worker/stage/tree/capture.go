@@ -58,7 +58,7 @@ const (
 // original argv.
 func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
-		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir}
+		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionSkip: rw.sessionSkip}
 	if rw.sessionIn != "" {
 		args.SessionIn = JailSessionPath
 		resp.Mounts = append(resp.Mounts, stage.Mount{Mount: jail.Mount{Source: rw.sessionIn, Target: JailSessionPath, ReadOnly: true},

@@ -38,7 +38,7 @@ import (
 // store that cannot be reached is an error (transient).
 func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw *runWorkspace, resp *stage.PrestartResponse) error {
 	plan, prof := req.Run.Plan, req.Run.Profile
-	rw.sessionDir = plan.SessionDir
+	rw.sessionDir, rw.sessionSkip = plan.SessionDir, plan.SessionSkip
 	ref := s.run.Request.Session
 	if ref == nil {
 		return nil

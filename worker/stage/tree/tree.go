@@ -279,6 +279,7 @@ type runWorkspace struct {
 	// of the earlier session a follow-up restores, sessionSum its SHA-256
 	// (hex) (session.go).
 	sessionDir, sessionIn, sessionSum string
+	sessionSkip                       []string
 	// capture is the spec of the capture container, made from the run's;
 	// captureC the container, started (waiting) during staging, its
 	// output taken by captureOut and its exit reported on captureExit;
