@@ -3,6 +3,7 @@ package workspace
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -121,4 +122,29 @@ func TestRunKeepingSession(t *testing.T) {
 	b, err = os.ReadFile(ws + "/" + messages.SessionDir + "/p/s.jsonl")
 	require.NoError(t, err)
 	require.Equal(t, "two\n", string(b))
+}
+
+// BenchmarkSessionKeepRestore: what a session of 200 files, 8 MiB in all
+// (half the cap), costs exec after the agent (saveSession), the capture
+// (sessionTar) and the follow-up's exec before it (restoreSession).
+func BenchmarkSessionKeepRestore(b *testing.B) {
+	src := b.TempDir()
+	chunk := bytes.Repeat([]byte("{\"type\":\"assistant\",\"text\":\"x\"}\n"), (8<<20)/200/33)
+	for i := range 200 {
+		p := filepath.Join(src, "-workspace", fmt.Sprintf("s%03d.jsonl", i))
+		require.NoError(b, os.MkdirAll(filepath.Dir(p), 0o700))
+		require.NoError(b, os.WriteFile(p, chunk, 0o600))
+	}
+	for b.Loop() {
+		ws := b.TempDir()
+		require.NoError(b, saveSession(src, ws, nil))
+		root, err := os.OpenRoot(ws)
+		require.NoError(b, err)
+		data, why := sessionTar(root, refusedPaths{})
+		root.Close()
+		require.Empty(b, why)
+		f := filepath.Join(ws, "s.tar")
+		require.NoError(b, os.WriteFile(f, data, 0o444))
+		require.NoError(b, restoreSession(f, filepath.Join(ws, "home")))
+	}
 }
