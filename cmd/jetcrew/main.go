@@ -4,6 +4,7 @@
 //	jetcrew up                      an embedded NATS server and a worker, in one process
 //	jetcrew worker                  a worker against any NATS server
 //	jetcrew submit 'echo hi'        submit a run (--wait follows it to its end; --attempts N: N runs in a group)
+//	jetcrew followup RUN_ID 'more'  a follow-up: starts from the run's tree, resumes its agent's session
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run

@@ -123,6 +123,15 @@ type Plan struct {
 	// environment at start: bound late, never in the container's
 	// configuration.
 	EnvFile bool
+	// SessionDir, for a backend whose CLI can resume a session, is the
+	// container path of the directory holding the CLI's session files
+	// (under HOME): `jetcrew workspace exec` keeps a copy of it for a
+	// follow-up and restores an earlier run's there (docs/backends.md,
+	// "Follow-ups"). Empty: the CLI cannot resume.
+	SessionDir string
+	// SessionSkip names entries directly in SessionDir that are never
+	// kept: the CLI's credentials, logs, downloaded binaries.
+	SessionSkip []string
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher
@@ -171,6 +180,7 @@ func (p Profile) Plan(prompt string, coord bool) (Plan, error) {
 		}
 		return []string{def}
 	}
+	setSessionDir(b, p, &plan)
 	done, err := b.plan(p, prompt, coord, exe, &plan)
 	if err != nil || done {
 		return plan, err

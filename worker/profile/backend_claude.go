@@ -43,6 +43,7 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 	case "system":
 		kind += "/" + jstr(v, "subtype")
 		if jstr(v, "subtype") == "init" {
+			ps.noteSessionID(jstr(v, "session_id"))
 			servers, _ := v["mcp_servers"].([]any)
 			ps.summary.MCPServers = map[string]string{}
 			for _, s := range servers {
@@ -69,6 +70,15 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 }
 
 func (claudeBackend) structured() bool { return true }
+
+// sessionDir: Claude Code keeps each session as
+// ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
+func (claudeBackend) sessionDir(p Profile) (string, []string) {
+	return p.Home + "/.claude/projects", nil
+}
+
+// resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).
+func (claudeBackend) resume(argv []string, id string) []string { return append(argv, "--resume", id) }
 
 // validate checks permission_mode: one of Claude Code's documented modes.
 func (claudeBackend) validate(p Profile) error {
