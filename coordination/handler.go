@@ -51,6 +51,7 @@ func (s *Session) handler() http.Handler {
 			s.emit(Event{Kind: EventConnected})
 			s.joinLate()
 		})
+		s.markUnread(w)
 		mux.ServeHTTP(w, r)
 	})
 }
@@ -167,6 +168,7 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, resp, err)
 	})
+	addSteerRoutes(mux)
 	return mux
 }
 
