@@ -144,6 +144,7 @@ func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
 	}
 	if prev, ok := st.remembered(id); ok {
 		prev.Duplicate = true
+		s.emit(Event{Kind: EventSteered, SteerID: id, Outcome: prev.Outcome, Bytes: len(text), MessageID: prev.MessageID, Reason: prev.Reason, Duplicate: true})
 		return prev
 	}
 	if code, err := messages.ValidateSteer(text); err != nil {
