@@ -133,3 +133,17 @@ func ValidateSteer(text string) (code string, err error) {
 // A steer refused before any worker saw it (the run ended or is unknown)
 // has no event: the sender's reply and exit code say so.
 const CoordSteered CoordEventKind = "steered"
+
+// Formats of the user turns a launcher writes to an agent CLI's standard
+// input (`jetcrew-bridge launch --steer FORMAT`): the run's prompt as the
+// first turn, each steer as one more.
+const (
+	// SteerInputClaude is Claude Code's `--input-format stream-json`: one
+	// line {"type":"user","message":{"role":"user","content":[{"type":"text","text":...}]}}
+	// per turn; a turn ends with a {"type":"result",...} line on stdout.
+	SteerInputClaude = "claude-stream-json"
+	// SteerInputKimi is Kimi CLI's `--input-format stream-json`: one line
+	// {"role":"user","content":...} per turn; a turn ends with an assistant
+	// message that calls no tool.
+	SteerInputKimi = "kimi-stream-json"
+)
