@@ -123,6 +123,12 @@ type Plan struct {
 	// environment at start: bound late, never in the container's
 	// configuration.
 	EnvFile bool
+	// SteerInput, when set, is the format in which the CLI takes user
+	// turns on its standard input (messages.SteerInput*): the launcher
+	// then keeps that input open for the operator's steers (`launch
+	// --steer`), the prompt its first turn. Set by backends whose CLI
+	// documents streamed input, when coordination is on.
+	SteerInput string
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher
@@ -137,6 +143,9 @@ func (p Plan) ContainerArgv() []string {
 	}
 	if p.Launch {
 		argv = append(argv, "--stdin", PromptPath)
+		if p.SteerInput != "" {
+			argv = append(argv, "--steer", p.SteerInput)
+		}
 	}
 	if p.EgressRelay {
 		argv = append(argv, "--egress-relay", EgressProxyAddr+"="+EgressSocketPath)
