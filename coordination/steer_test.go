@@ -3,6 +3,7 @@ package coordination_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/bridge"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
@@ -127,11 +129,12 @@ func TestSteerQueuedWithoutStreamedInput(t *testing.T) {
 		t.Fatal("the notice poll did not wake on the steer")
 	}
 
-	// Every tool call's reply says that a steer waits, until the inbox is
+	// Every tool call's result says that a steer waits, until the inbox is
 	// read.
 	cs := b.bridge(t, s)
 	res := status(t, cs)
 	require.Equal(t, 1, res.Unread)
+	require.Contains(t, coordtest.Text(coordtest.Call(t, cs, "claims", map[string]any{})), bridge.UnreadNote(1))
 	_, err := c.Status(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 1, c.UnreadSteers())
@@ -139,6 +142,45 @@ func TestSteerQueuedWithoutStreamedInput(t *testing.T) {
 	_, err = c.Status(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 0, c.UnreadSteers())
+	require.NotContains(t, coordtest.Text(coordtest.Call(t, cs, "claims", map[string]any{})), "unread")
+}
+
+// A client that set a log level gets a notification when a steer arrives.
+func TestSteerNotifiesTheMCPClient(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	s, _ := b.running(t, h, "r1", false)
+
+	rc := relay.NewClient(s.SocketPath())
+	t.Cleanup(rc.Close)
+	srv := bridge.NewServer(rc, bridge.Options{Version: "test"})
+	st, ct := mcp.NewInMemoryTransports()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ss, err := srv.Connect(ctx, st, nil)
+	require.NoError(t, err)
+	got := make(chan string, 4)
+	client := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "test"}, &mcp.ClientOptions{
+		LoggingMessageHandler: func(_ context.Context, r *mcp.LoggingMessageRequest) {
+			got <- fmt.Sprint(r.Params.Data)
+		}})
+	cs, err := client.Connect(ctx, ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close(); _ = ss.Wait() })
+	require.NoError(t, cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}))
+	done := make(chan struct{})
+	go func() { defer close(done); bridge.WatchSteers(ctx, srv, rc) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, messages.SteerQueued, steer(t, b.nc, "r1", "", "please stop").Outcome)
+	select {
+	case note := <-got:
+		require.Equal(t, bridge.UnreadNote(1), note)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification")
+	}
 }
 
 func TestSteerAfterTheInputClosedIsQueued(t *testing.T) {

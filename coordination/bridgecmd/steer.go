@@ -184,6 +184,13 @@ func (in *agentInput) activity() {
 	}
 }
 
+// isClosed reports whether the input is closed.
+func (in *agentInput) isClosed() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.closed
+}
+
 func (in *agentInput) close() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -234,31 +241,41 @@ func copyOutput(r io.Reader, out io.Writer, in *agentInput) {
 }
 
 // pollSteers long-polls the worker for steers until the input closes, and
-// writes each to it, acknowledging each. A socket that cannot be reached
-// is tried again every second (the steers wait in the inbox meanwhile).
+// writes each to it, acknowledging each; it then reports the input closed.
+// A socket that cannot be reached is tried again every second (the steers
+// wait in the inbox meanwhile). It returns when the input closes or ctx
+// ends.
 func pollSteers(ctx context.Context, c *relay.Client, in *agentInput, stderr io.Writer) {
-	warned := false
-	for {
+	// The long poll in flight ends when the input closes.
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { // ends with pctx
 		select {
 		case <-in.done:
+			stop()
+		case <-pctx.Done():
+		}
+	}()
+	warned := false
+	for {
+		if in.isClosed() {
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, _ = c.SteerNext(cctx, relay.SteerNextRequest{Closed: true})
 			cancel()
 			return
-		case <-ctx.Done():
-			return
-		default:
 		}
-		resp, err := c.SteerNext(ctx, relay.SteerNextRequest{WaitSeconds: steerPollWait})
+		if ctx.Err() != nil {
+			return
+		}
+		resp, err := c.SteerNext(pctx, relay.SteerNextRequest{WaitSeconds: steerPollWait})
 		if err != nil {
-			if !warned && ctx.Err() == nil {
+			if !warned && pctx.Err() == nil {
 				fmt.Fprintf(stderr, "jetcrew-bridge launch: steering: %v (retrying)\n", err)
 				warned = true
 			}
 			select {
 			case <-time.After(time.Second):
-			case <-in.done:
-			case <-ctx.Done():
+			case <-pctx.Done():
 			}
 			continue
 		}
