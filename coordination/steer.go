@@ -33,12 +33,12 @@ const EventSteered = messages.CoordSteered
 
 // Limits of steering, per run.
 const (
-	// SteerRate is how many steers per second a run takes, on average,
-	// refused ones included; a steer past it is refused with code
-	// rate_limited.
+	// SteerRate is the default of Config.SteerRate: how many steers per
+	// second a run takes, on average, refused ones included; a steer past
+	// it is refused with code rate_limited.
 	SteerRate = 1
-	// SteerBurst is how many steers a run takes at once before SteerRate
-	// applies.
+	// SteerBurst is the default of Config.SteerBurst: how many steers a
+	// run takes at once before the rate applies.
 	SteerBurst = 5
 	// SteerAckTimeout is how long a steer waits for the launcher to write
 	// it to the agent's input before it is answered queued (inbox only).
@@ -83,7 +83,7 @@ func (s *Session) SetSteerInput(on bool) {
 // startSteering subscribes to the run's steer subject.
 func (s *Session) startSteering() error {
 	st := &steerState{
-		limiter: rate.NewLimiter(SteerRate, SteerBurst),
+		limiter: rate.NewLimiter(rateLimit(s.h.cfg.SteerRate), s.h.cfg.SteerBurst),
 		events:  rate.NewLimiter(rate.Every(refusalEventEvery), 1),
 		wake:    make(chan struct{}),
 		acks:    map[string]chan relay.SteerAck{},
@@ -151,7 +151,8 @@ func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
 		return refuse(code, err.Error())
 	}
 	if !st.limiter.Allow() {
-		return refuse(messages.SteerRateLimited, fmt.Sprintf("rate limited: a run takes %d steers per second on average, in bursts of %d; wait a few seconds and send again", SteerRate, SteerBurst))
+		return refuse(messages.SteerRateLimited, fmt.Sprintf("rate limited: a run takes %s steers per second on average, in bursts of %d; wait a few seconds and send again",
+			strconv.FormatFloat(s.h.cfg.SteerRate, 'g', -1, 64), s.h.cfg.SteerBurst))
 	}
 	s.mu.Lock()
 	state := s.presence.State
@@ -384,6 +385,13 @@ func (s *Session) markUnread(w http.ResponseWriter) {
 	if n := s.unreadSteers(); n > 0 {
 		w.Header().Set(relay.HeaderUnreadSteers, strconv.Itoa(n))
 	}
+}
+
+// fromLauncher reports whether r is one of the launcher's steering calls,
+// which do not count as the agent's bridge connecting: the launcher runs
+// whether or not the agent starts its MCP server.
+func fromLauncher(r *http.Request) bool {
+	return r.URL.Path == relay.PathSteerNext || r.URL.Path == relay.PathSteerAck
 }
 
 // addSteerRoutes adds the launcher's and the bridge's steering endpoints.

@@ -70,10 +70,12 @@ func TestSteerDeliveredToTheLauncherAndTheInbox(t *testing.T) {
 	b := setup(t)
 	h := b.host(t, coordination.Config{})
 	s, c := b.running(t, h, "r1", true)
-	_ = s
 	got := make(chan string, 4)
 	launcher(t, c, got)
 
+	// The launcher's polls are not the agent's bridge connecting.
+	time.Sleep(100 * time.Millisecond)
+	require.False(t, s.Connected())
 	r := steer(t, b.nc, "r1", "s-1", "stop editing api.go; look at the tests first")
 	require.Equal(t, messages.SteerDelivered, r.Outcome, r.Reason)
 	require.NotEmpty(t, r.MessageID)

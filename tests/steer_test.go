@@ -66,6 +66,7 @@ func TestSteer(t *testing.T) {
 	// and the run succeeded.
 	st := waitFinal(t, url, cl)
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, "fixture claude turn: "+text, st.Result, "the worker read the steer's turn as the run's last answer")
 	w := run(t, url, jetcrewBin, "watch", cl)
 	require.Contains(t, w.stdout+w.stderr, `"result":"fixture claude turn: `+text+`"`, "the agent's output answers the steer:\n%s", w.stderr)
 	_, coord := runEvents(allStreamMessages(t, url), cl)

@@ -105,7 +105,7 @@ func Main(args []string) int {
 // JSON-RPC frames are written to stdout; everything else goes to stderr.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) > 0 && args[0] == launchCommand {
-		return launch(args[1:], stderr, getenv)
+		return launch(args[1:], stdout, stderr, getenv)
 	}
 	if len(args) > 0 && args[0] == egressRelayCommand {
 		return egressRelay(stderr, getenv)

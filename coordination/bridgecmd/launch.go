@@ -42,10 +42,11 @@ import (
 // command instead: it waits for its run on SOCKET (waitForRun).
 const launchCommand = "launch"
 
-// launch implements launchCommand. It returns only on failure, with exit
-// code 127 when ARGV cannot be executed and 2 for bad arguments, as a shell
-// does.
-func launch(args []string, stderr io.Writer, getenv func(string) string) int {
+// launch implements launchCommand; stdout is the process's standard output
+// (the agent's, with --steer). It returns only on failure, with exit code
+// 127 when ARGV cannot be executed and 2 for bad arguments, as a shell does
+// (with --steer: when the agent ends, with its exit code).
+func launch(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("jetcrew-bridge launch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	seed := fs.String("home-seed", "", "directory whose files are copied into $HOME before the agent starts")
@@ -106,7 +107,9 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 			return 127
 		}
 		socket := cmp.Or(getenv(relaypkg.EnvSocket), relaypkg.DefaultSocketPath)
-		return launchSteered(path, argv, env, *stdin, format, socket, os.Stdout, stderr)
+		// stdout is the process's real standard output (Main points
+		// os.Stdout at stderr).
+		return launchSteered(path, argv, env, *stdin, format, socket, stdout, stderr)
 	}
 	if *stdin != "" {
 		f, err := os.Open(*stdin)
