@@ -100,12 +100,12 @@ func TestSteerDelivery(t *testing.T) {
 	}
 	raw := rawRequestReply(t, coordtest.Connect(t, s), coordtest.Connect(t, s))
 	const rawWhat = "bare core NATS request → reply between two connections to the same embedded server (4-byte payload)"
-	record(t, "raw_nats_rtt_p50_ms", Figure{Value: round(median(raw), 3), Unit: "ms", Samples: len(raw), What: rawWhat})
-	record(t, "raw_nats_rtt_p99_ms", Figure{Value: round(percentile(raw, 0.99), 3), Unit: "ms", Samples: len(raw), What: rawWhat})
+	record(t, "steer_raw_nats_rtt_p50_ms", Figure{Value: round(median(raw), 3), Unit: "ms", Samples: len(raw), What: rawWhat})
+	record(t, "steer_raw_nats_rtt_p99_ms", Figure{Value: round(percentile(raw, 0.99), 3), Unit: "ms", Samples: len(raw), What: rawWhat})
 	const stdinWhat = "operator request on jetcrew.steer.<run> → worker session (inbox copy stored, PubAck) → launcher long poll over the run's socket (bin/jetcrew-bridge launch --steer) → CLI stdin; ends when the CLI (a shell loop) has read it and its echo came out of the launcher's stdout (an upper bound of the agent's stdin having it)"
-	record(t, "steer_stdin_p50_ms", Figure{Value: round(median(hasIt), 3), Unit: "ms", Baseline: "raw_nats_rtt_p50_ms", Samples: len(hasIt), What: stdinWhat})
-	record(t, "steer_stdin_p99_ms", Figure{Value: round(percentile(hasIt, 0.99), 3), Unit: "ms", Baseline: "raw_nats_rtt_p99_ms", Samples: len(hasIt), What: stdinWhat})
+	record(t, "steer_stdin_p50_ms", Figure{Value: round(median(hasIt), 3), Unit: "ms", Baseline: "steer_raw_nats_rtt_p50_ms", Samples: len(hasIt), What: stdinWhat})
+	record(t, "steer_stdin_p99_ms", Figure{Value: round(percentile(hasIt, 0.99), 3), Unit: "ms", Baseline: "steer_raw_nats_rtt_p99_ms", Samples: len(hasIt), What: stdinWhat})
 	const what = "operator request on jetcrew.steer.<run> → worker session (inbox copy stored, PubAck) → launcher long poll over the run's socket (bin/jetcrew-bridge launch --steer) → CLI stdin; ends when the sender's reply says delivered (the launcher acknowledged the pipe write)"
-	record(t, "steer_delivered_p50_ms", Figure{Value: round(median(delivered), 3), Unit: "ms", Baseline: "raw_nats_rtt_p50_ms", Samples: len(delivered), What: what})
-	record(t, "steer_delivered_p99_ms", Figure{Value: round(percentile(delivered, 0.99), 3), Unit: "ms", Baseline: "raw_nats_rtt_p99_ms", Samples: len(delivered), What: what})
+	record(t, "steer_delivered_p50_ms", Figure{Value: round(median(delivered), 3), Unit: "ms", Baseline: "steer_raw_nats_rtt_p50_ms", Samples: len(delivered), What: what})
+	record(t, "steer_delivered_p99_ms", Figure{Value: round(percentile(delivered, 0.99), 3), Unit: "ms", Baseline: "steer_raw_nats_rtt_p99_ms", Samples: len(delivered), What: what})
 }
