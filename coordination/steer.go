@@ -163,6 +163,9 @@ func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
 	if s.ctx.Err() != nil {
 		return refuse(messages.SteerUnavailable, "the run's coordination session has ended (the worker is stopping or handing the run back)")
 	}
+	if st.inputClosed() {
+		return refuse(messages.SteerFinishing, fmt.Sprintf("run %s's agent finished its last turn and reads no more input: it is ending", s.run.RunID))
+	}
 	seq, dup, err := s.storeSteer(id, text)
 	if err != nil {
 		return refuse(messages.SteerUnavailable, fmt.Sprintf("the worker cannot put the steer in the run's inbox: %v", err))
@@ -210,9 +213,9 @@ func (s *Session) deliverSteer(sv relay.Steer) (messages.SteerOutcome, string) {
 	case !st.input:
 		st.mu.Unlock()
 		return messages.SteerQueued, "the run's agent CLI takes no input while it runs: the steer waits in its inbox, and the agent is told so on its next tool call"
-	case st.closed:
+	case st.closed: // closed since handleSteer looked
 		st.mu.Unlock()
-		return messages.SteerQueued, "the agent's input is closed (its last turn ended): the steer waits in its inbox"
+		return messages.SteerQueued, "the agent's input closed meanwhile (its last turn ended): the steer waits in its inbox"
 	}
 	ack := make(chan relay.SteerAck, 1)
 	st.acks[sv.ID] = ack
@@ -243,6 +246,13 @@ func (s *Session) deliverSteer(sv relay.Steer) (messages.SteerOutcome, string) {
 		return messages.SteerDelivered, ""
 	}
 	return messages.SteerQueued, a.Reason
+}
+
+// inputClosed reports whether the launcher said the agent's input closed.
+func (st *steerState) inputClosed() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.input && st.closed
 }
 
 // remembered returns the reply given to an earlier steer with id.

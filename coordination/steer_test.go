@@ -185,16 +185,19 @@ func TestSteerNotifiesTheMCPClient(t *testing.T) {
 	}
 }
 
-func TestSteerAfterTheInputClosedIsQueued(t *testing.T) {
+// Once the agent's last turn ended (its launcher closed its input), a
+// steer would be read nowhere: refused, and not stored.
+func TestSteerAfterTheInputClosedIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := b.host(t, coordination.Config{})
-	_, c := b.running(t, h, "r1", true)
+	s, c := b.running(t, h, "r1", true)
 	_, err := c.SteerNext(context.Background(), relay.SteerNextRequest{Closed: true})
 	require.NoError(t, err)
 	r := steer(t, b.nc, "r1", "x", "one more thing")
-	require.Equal(t, messages.SteerQueued, r.Outcome)
-	require.Contains(t, r.Reason, "input is closed")
+	require.Equal(t, messages.SteerRefused, r.Outcome)
+	require.Equal(t, messages.SteerFinishing, r.Code)
+	require.Empty(t, inbox(t, b.bridge(t, s), 0))
 }
 
 func TestSteerRefusals(t *testing.T) {

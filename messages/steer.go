@@ -47,8 +47,8 @@ const (
 	SteerDelivered SteerOutcome = "delivered"
 	// SteerQueued: the text is in the run's inbox only; the agent's bridge
 	// tells it that unread messages wait. Reason says why it was not
-	// written to the CLI's input (its backend takes none, the agent's
-	// input is closed, the launcher did not take it in time).
+	// written to the CLI's input (its backend takes none, the launcher
+	// did not take it in time).
 	SteerQueued SteerOutcome = "queued"
 	// SteerRefused: nothing was delivered nor stored; Code and Reason say
 	// why.
@@ -61,6 +61,9 @@ const (
 	SteerNotRunning = "not_running"
 	// SteerEnded: the run has ended (Reason names its final state).
 	SteerEnded = "ended"
+	// SteerFinishing: the agent CLI's last turn ended and its input is
+	// closed: it is finishing and would read the steer nowhere.
+	SteerFinishing = "finishing"
 	// SteerUnknownRun: no run has that id.
 	SteerUnknownRun = "unknown_run"
 	// SteerInvalid: the text or the id breaks a rule (empty, not UTF-8,

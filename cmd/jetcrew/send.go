@@ -39,7 +39,7 @@ send prints what became of it and exits with:
 
   0  delivered  written to the agent's input (and in its inbox)
   3  queued     in the run's inbox only; the line says why
-  4  refused    neither: the run is not running or has ended, the text
+  4  refused    neither: the run is not running, is finishing or has ended, the text
                 breaks a rule, the run was steered too often, or no worker
                 serves its coordination; the line gives the code and reason
   1  the request failed (NATS unreachable, an unreadable reply)
