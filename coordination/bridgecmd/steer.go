@@ -120,16 +120,19 @@ const (
 type agentInput struct {
 	f steerFormat
 
+	// quietFor is quietAfterTurn (shorter in tests).
+	quietFor time.Duration
+
 	mu      sync.Mutex
 	w       *os.File
 	closed  bool
 	pending int         // steers written since the last turn ended
-	quiet   *time.Timer // quietAfterTurn's, while armed
+	quiet   *time.Timer // quietFor's, while armed
 	done    chan struct{}
 }
 
 func newAgentInput(w *os.File, f steerFormat) *agentInput {
-	return &agentInput{w: w, f: f, done: make(chan struct{})}
+	return &agentInput{w: w, f: f, quietFor: quietAfterTurn, done: make(chan struct{})}
 }
 
 // write writes one turn of text; it reports why not when the input is
@@ -169,9 +172,9 @@ func (in *agentInput) turnEnded() {
 	}
 	in.pending = 0
 	if in.quiet == nil {
-		in.quiet = time.AfterFunc(quietAfterTurn, in.close)
+		in.quiet = time.AfterFunc(in.quietFor, in.close)
 	} else {
-		in.quiet.Reset(quietAfterTurn)
+		in.quiet.Reset(in.quietFor)
 	}
 }
 

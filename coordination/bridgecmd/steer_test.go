@@ -137,3 +137,37 @@ func TestTurnEnds(t *testing.T) {
 	require.False(t, kimi.ended([]byte(`{"role":"assistant","content":"","tool_calls":[{"id":"1"}]}`), false))
 	require.False(t, kimi.ended([]byte(`{"role":"tool","content":"x"}`), false))
 }
+
+// A CLI that took the steers written during a turn into that turn prints
+// no turn of theirs: the input closes after quietFor of silence, and any
+// output meanwhile disarms it.
+func TestQuietAfterTurnClosesTheInput(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	in := newAgentInput(w, steerFormats[messages.SteerInputClaude])
+	in.quietFor = 200 * time.Millisecond
+	require.NoError(t, in.steer("taken into the turn"))
+	in.turnEnded()
+	in.activity() // output: a turn of the steer's began
+	time.Sleep(400 * time.Millisecond)
+	require.False(t, in.isClosed(), "output disarmed the quiet timer")
+	require.NoError(t, in.steer("again"))
+	in.turnEnded()
+	select {
+	case <-in.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the input stayed open after a quiet turn")
+	}
+}
+
+func TestExitCodeOfASignalledCLI(t *testing.T) {
+	t.Parallel()
+	prompt := filepath.Join(t.TempDir(), "prompt")
+	require.NoError(t, os.WriteFile(prompt, []byte("x"), 0o600))
+	var out, errb bytes.Buffer
+	code := launchSteered("/bin/sh", []string{"sh", "-c", "kill -9 $$"}, os.Environ(), prompt,
+		steerFormats[messages.SteerInputClaude], filepath.Join(t.TempDir(), "none.sock"), &out, &errb)
+	require.Equal(t, 128+9, code)
+}
