@@ -119,6 +119,10 @@ type CoordEvent struct {
 	// Paths are the patterns claimed or released (CoordClaimed,
 	// CoordReleased), or refused (CoordRefused on claim or release).
 	Paths []string `json:"paths,omitempty"`
+	// SteerID is the steer's id (CoordSteered).
+	SteerID string `json:"steer_id,omitempty"`
+	// Outcome is what became of a steer (CoordSteered).
+	Outcome SteerOutcome `json:"outcome,omitempty"`
 }
 
 // CoordClaims is the value of a group's key in BucketCoordClaims: every

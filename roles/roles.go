@@ -16,9 +16,10 @@
 //     and consumers (never delete a stream, nor purge one but to replace an
 //     object of its own buckets), take requests, write states, events, dead
 //     letters, results and the workspace bucket's snapshots, relay
-//     coordination as its runs, answer cancels.
+//     coordination as its runs, answer cancels and steers.
 //   - Operator cancels, replays, reads dead letters, purges and deletes
-//     jetcrew's streams and talks to runs as "operator"
+//     jetcrew's streams, steers running agents (jetcrew.steer.<run_id>) and
+//     talks to runs as "operator"
 //     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
 //     or write a run state, not even through the server: it configures no
 //     stream (a RePublish or a source is the server publishing) and deletes
@@ -274,6 +275,9 @@ func workerGrant() Grant {
 		Subscribe: []string{inbox(Worker),
 			messages.SubjectCancelPrefix + ".*",
 			messages.SubjectStopPrefix + ".*",
+			// Steers, answered by the worker serving the run's
+			// coordination session.
+			messages.SubjectSteerPrefix + ".*",
 		},
 		Responses: true,
 	}
@@ -285,6 +289,8 @@ func operator() Grant {
 		// Replays: the only subject a signed request runs again from.
 		messages.SubjectReplay("*"),
 		messages.SubjectCancelPrefix + ".*",
+		// Steering a running agent (jetcrew send): operators only.
+		messages.SubjectSteerPrefix + ".*",
 		coordination.SubjectFromOperator("*", "*"),
 		// Grants on top of a run's or group's budget (jetcrew budget),
 		// never the spend itself.

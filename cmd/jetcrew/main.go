@@ -8,6 +8,7 @@
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
+//	jetcrew send RUN_ID TEXT        steer a running agent: TEXT as its next user turn, and in its inbox
 //	jetcrew budget RUN_ID +USD      raise a run's (or --group's) model budget
 //	jetcrew egress pending          connections of runs waiting for an operator (egress_ask)
 //	jetcrew egress allow ID         allow one (--profile: for the profile from now on)

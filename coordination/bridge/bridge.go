@@ -52,7 +52,8 @@ const instructions = `You are one run in a group of agents coordinated by jetcre
 	`"all" for every other run of your group, or "operator" for the people watching; ` +
 	`inbox to read messages sent to you (wait_seconds long-polls). Messages are plain text up to 16 KiB. ` +
 	`Before editing files another run of your group may edit, claim them (paths or globs relative to the workspace); ` +
-	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends.`
+	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends. ` +
+	`The operator may message you while you work: when a tool result says messages wait unread, call inbox and follow them.`
 
 // NewServer returns an MCP server offering the status, send and inbox tools,
 // each relayed through c. Serve it with server.Run(ctx, transport).
@@ -65,6 +66,7 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
+	s.AddReceivingMiddleware(unreadNote(c))
 
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolStatus,

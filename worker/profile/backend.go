@@ -132,6 +132,12 @@ type Plan struct {
 	// SessionSkip names entries directly in SessionDir that are never
 	// kept: the CLI's credentials, logs, downloaded binaries.
 	SessionSkip []string
+	// SteerInput, when set, is the format in which the CLI takes user
+	// turns on its standard input (messages.SteerInput*): the launcher
+	// then keeps that input open for the operator's steers (`launch
+	// --steer`), the prompt its first turn. Set by backends whose CLI
+	// documents streamed input, when coordination is on.
+	SteerInput string
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher
@@ -146,6 +152,9 @@ func (p Plan) ContainerArgv() []string {
 	}
 	if p.Launch {
 		argv = append(argv, "--stdin", PromptPath)
+		if p.SteerInput != "" {
+			argv = append(argv, "--steer", p.SteerInput)
+		}
 	}
 	if p.EgressRelay {
 		argv = append(argv, "--egress-relay", EgressProxyAddr+"="+EgressSocketPath)

@@ -4,10 +4,13 @@ import (
 	"fmt"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendClaude runs Claude Code: claude -p --output-format stream-json
-// --verbose --mcp-config <file> --strict-mcp-config.
+// --verbose --mcp-config <file> --strict-mcp-config, with coordination on
+// also --input-format stream-json: the prompt and the operator's steers
+// reach it as user turns on its standard input (Plan.SteerInput).
 const BackendClaude = "claude"
 
 func init() { registerBackend(BackendClaude, claudeBackend{}) }
@@ -19,6 +22,10 @@ type claudeBackend struct{}
 func (claudeBackend) plan(p Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	plan.Argv = append(exe("claude"), "-p", "--output-format", "stream-json", "--verbose")
 	if coord {
+		// Claude Code's documented streamed input: one JSON user message
+		// a line, read until its standard input ends.
+		plan.Argv = append(plan.Argv, "--input-format", "stream-json")
+		plan.SteerInput = messages.SteerInputClaude
 		plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config")
 		plan.InitCheck = true
 	} else {
