@@ -199,7 +199,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /runs/{id}/cancel", c.action(c.cancelRun, messages.SubjectCancel("*")))
 	mux.HandleFunc("POST /runs/{id}/replay", c.action(c.replayRun, replay))
 	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget, "$KV."+messages.BucketBudgets+".>"))
-	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, send))
+	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, messages.SubjectSteer("*")))
 	mux.HandleFunc("GET /groups/{group}", c.groupPage)
 	mux.HandleFunc("GET /groups/{group}/attempts", c.groupAttempts)
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)

@@ -214,7 +214,6 @@ func TestOperatorSendsMessage(t *testing.T) {
 	}{
 		{"/groups/" + g + "/send", "all", url.Values{"to": {"all"}}},
 		{"/groups/" + g + "/send", id, url.Values{"to": {id}}},
-		{"/runs/" + id + "/send", id, url.Values{"to": {"all"}}},
 	} {
 		text := "from the console to " + c.to + " via " + c.path
 		form := url.Values{"csrf": {b.c.csrf}, "text": {text}, "from": {id}, coordination.HeaderFrom: {id}}
@@ -233,6 +232,21 @@ func TestOperatorSendsMessage(t *testing.T) {
 		require.Equal(t, c.to, to)
 	}
 
+	// The run page's box steers the run (dispatcher.Steer): this agent's
+	// CLI takes no input while it runs, so the steer is queued in its
+	// inbox, as from the operator whatever the form says, and the page
+	// says so.
+	text := "a steer from the run page"
+	resp, body := b.post(t, "/runs/"+id+"/send", url.Values{"csrf": {b.c.csrf}, "text": {text}, "from": {id}}, coordination.HeaderFrom, id)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Queued")
+	require.Contains(t, body, "takes no input while it runs")
+	m, err := coord.GetLastMsgForSubject(t.Context(), coordination.Subject(g, id))
+	require.NoError(t, err)
+	require.Equal(t, text, string(m.Data))
+	from, _ := coordination.Sender(m.Subject, m.Header.Get(coordination.HeaderFrom))
+	require.Equal(t, coordination.RecipientOperator, from)
+
 	for _, c := range []struct {
 		path string
 		form url.Values
@@ -241,14 +255,15 @@ func TestOperatorSendsMessage(t *testing.T) {
 		{"/groups/" + g + "/send", url.Values{"to": {"all"}}, "the message is empty"},
 		{"/groups/" + g + "/send", url.Values{"to": {"x.y"}, "text": {"hi"}}, "recipient"},
 		{"/groups/" + g + "/send", url.Values{"to": {"operator"}, "text": {"hi"}}, "an operator sends to a run id"},
-		{"/runs/no-such-run/send", url.Values{"text": {"hi"}}, "in no group"},
+		{"/runs/no-such-run/send", url.Values{"text": {"hi"}}, "no run no-such-run is known"},
+		{"/runs/" + id + "/send", url.Values{"text": {""}}, "the message is empty"},
 	} {
 		c.form.Set("csrf", b.c.csrf)
 		resp, body := b.post(t, c.path, c.form)
 		require.GreaterOrEqual(t, resp.StatusCode, 400, c.path)
 		require.Contains(t, body, c.want, c.path)
 	}
-	resp, _ := b.post(t, "/groups/"+g+"/send", url.Values{"to": {"all"}, "text": {"hi"}})
+	resp, _ = b.post(t, "/groups/"+g+"/send", url.Values{"to": {"all"}, "text": {"hi"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token, no message")
 }
 

@@ -10,9 +10,11 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// sendToRun serves POST /runs/{id}/send (form field text): the text to the
-// run, in its group, as the operator (dispatcher.Send), then back to the
-// run's page. A run of no group has nobody to read it.
+// sendToRun serves POST /runs/{id}/send (form field text): a steer of the
+// run, as the operator (dispatcher.Steer, what `jetcrew send RUN_ID TEXT`
+// does): written to a running agent's standard input when its CLI takes
+// streamed input, and put in its inbox. Delivered goes back to the run's
+// page; queued (inbox only) and refused say why, on a page of their own.
 func (c *Console) sendToRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	back := "/runs/" + url.PathEscape(id)
@@ -20,12 +22,24 @@ func (c *Console) sendToRun(w http.ResponseWriter, r *http.Request) {
 		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
 		return
 	}
-	st, ok := c.cache.get(id)
-	if !ok || st.Group == "" {
-		c.message(w, r, http.StatusConflict, "Not sent", id+" is in no group: no run reads its messages", back)
+	text := r.PostFormValue("text")
+	if text == "" {
+		c.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
 		return
 	}
-	c.send(w, r, st.Group, id, back)
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	reply, err := c.d.Steer(ctx, id, text, "")
+	switch {
+	case err != nil:
+		c.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
+	case reply.Outcome == messages.SteerDelivered:
+		http.Redirect(w, r, back, http.StatusSeeOther)
+	case reply.Outcome == messages.SteerQueued:
+		c.message(w, r, http.StatusOK, "Queued", "In the run's inbox, not written to its agent's input: "+reply.Reason, back)
+	default:
+		c.message(w, r, http.StatusConflict, "Not sent", "Refused ("+reply.Code+"): "+reply.Reason, back)
+	}
 }
 
 // sendToGroup serves POST /groups/{group}/send (form fields to, a run id
