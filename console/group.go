@@ -140,6 +140,12 @@ func coordLive(le liveEvent, data []byte) liveEvent {
 		if ce.Reason != "" {
 			le.Text += " (" + visible(ce.Reason) + ")"
 		}
+	case coordination.EventSteered:
+		le.From = coordination.RecipientOperator
+		le.Text = fmt.Sprintf("steer %s %s, %d bytes", visible(ce.SteerID), visible(string(ce.Outcome)), ce.Bytes)
+		if ce.Reason != "" {
+			le.Text += ": " + visible(ce.Reason)
+		}
 	default:
 		le.Text = visible(string(ce.Kind))
 	}

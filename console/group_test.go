@@ -42,3 +42,14 @@ func TestGroupMessageSender(t *testing.T) {
 		})
 	}
 }
+
+// A steer's event reads as from the operator, with its id, outcome and
+// reason, inert.
+func TestCoordLiveSteered(t *testing.T) {
+	t.Parallel()
+	data := []byte(`{"kind":"steered","run_id":"r1","steer_id":"s1","outcome":"queued","bytes":5,"reason":"inbox only <b>"}`)
+	le := coordLive(liveEvent{}, data)
+	require.Equal(t, "steered", le.Kind)
+	require.Equal(t, coordination.RecipientOperator, le.From)
+	require.Equal(t, "steer s1 queued, 5 bytes: inbox only <b>", le.Text)
+}
