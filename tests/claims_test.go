@@ -1,0 +1,98 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// File claims between two real runs in real containers, through the MCP
+// bridge the worker mounts (issue 29): the second run's overlapping claim is
+// refused, told who holds it; the holder's claim survives a quiet period of
+// its holder and is gone the moment the holder is cancelled. (A claim whose
+// holder's worker is killed and whose run's lease is taken over is proven
+// against real NATS in coordination's TestDetachKeepsClaimsAndStaleHoldersDoNotCount
+// and TestClaimsBelongToTheSessionThatMadeThem.)
+func TestClaimsBetweenRuns(t *testing.T) {
+	// A short AckWait: the quiet period below lasts more than three of
+	// them, so a claim tied to anything but the run's lease (a timer, the
+	// agent's own calls) would lapse.
+	env := coordUp(t, "--ack-wait", "3s")
+	const g = "claims-e2e"
+	submitAgent(t, env.url, "holder", g, `call claim '{"paths":["src/**"],"reason":"rewriting src"}'; sleep 10m`)
+	waitRunning(t, env.url, "holder")
+	nc, err := nats.Connect(env.url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	var held []messages.CoordClaim
+	require.Eventually(t, func() bool {
+		held = groupClaims(t, js, g)
+		return len(held) == 1
+	}, time.Minute, 100*time.Millisecond, "the holder's claim never showed in %s", coordination.BucketClaims)
+	require.Equal(t, "src/**", held[0].Pattern)
+	require.Equal(t, "holder", held[0].RunID, "the worker stamps the holder")
+	require.Equal(t, "rewriting src", held[0].Reason)
+
+	submitAgent(t, env.url, "peer", g, `call claim '{"paths":["src/main.go"],"reason":"fix main"}'; expect-error "claimed by run holder since"; call claims '{}'; call release '{"paths":["src/main.go"]}'; expect-error "you hold no claim"`)
+	rep, _ := finishedAgent(t, env.url, "peer", g)
+	require.Len(t, rep.ToolErrors, 2, "the overlapping claim and the release of what it does not hold")
+	require.Equal(t, "claim", rep.ToolErrors[0].Tool)
+	require.Contains(t, rep.ToolErrors[0].Text, `"src/**"`)
+	require.Contains(t, rep.ToolErrors[0].Text, "rewriting src")
+
+	// Quiet: the holder calls nothing for over three AckWaits, its
+	// delivery kept in progress by the worker alone, and keeps its claim.
+	time.Sleep(10 * time.Second)
+	require.Equal(t, held, groupClaims(t, js, g), "a quiet holder keeps its claim")
+
+	r := run(t, env.url, jetcrewBin, "cancel", "holder")
+	require.Equal(t, 0, r.code, r.stderr)
+	cancelled := time.Now()
+	require.Eventually(t, func() bool { return len(groupClaims(t, js, g)) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"the cancelled holder's claim stayed")
+	t.Logf("claim gone %s after the cancel was acknowledged", time.Since(cancelled).Round(time.Millisecond))
+	st := waitFinal(t, env.url, "holder")
+	require.Equal(t, messages.StateCancelled, st.State)
+	evs := coordEvents(t, env.url, "holder")
+	kinds := strings.Join(eventStrings(eventKinds(evs)), " ")
+	require.Contains(t, kinds, string(coordination.EventClaimed))
+	require.Contains(t, kinds, string(coordination.EventReleased))
+}
+
+// groupClaims reads group's claims from the claims bucket (none when it has
+// no key).
+func groupClaims(t *testing.T, js jetstream.JetStream, group string) []messages.CoordClaim {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, coordination.BucketClaims)
+	require.NoError(t, err)
+	e, err := kv.Get(ctx, coordination.ClaimKey(group))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	require.NoError(t, err)
+	var doc messages.CoordClaims
+	require.NoError(t, json.Unmarshal(e.Value(), &doc))
+	return doc.Claims
+}
+
+func eventStrings(kinds []coordination.EventKind) []string {
+	out := make([]string, len(kinds))
+	for i, k := range kinds {
+		out[i] = string(k)
+	}
+	return out
+}
