@@ -244,3 +244,42 @@ func TestWarmContainerRecordedBeforeHandoff(t *testing.T) {
 	require.True(t, final.Warm)
 	require.Equal(t, warmID, final.ContainerID)
 }
+
+// A run whose claimed warm container died before its hand-off starts cold
+// and is counted as a miss, the container as replaced (exited), never as
+// claimed.
+func TestWarmClaimedDeadCountsMissed(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	b = setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+		c.Failpoint = func(name string) {
+			if name != stage.FailpointBeforeStart {
+				return
+			}
+			// Claimed, not yet handed off: the warm container (the first
+			// the pool made; its refill is left alone) is killed from
+			// outside.
+			cs, err := b.rt.ListManaged(context.Background())
+			if err != nil {
+				return
+			}
+			for _, m := range cs {
+				if m.Name == b.rt.Starts()[0].Name {
+					_ = b.rt.Remove(context.Background(), m.ID)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // its launcher's connection ends
+		}
+	})
+	warmReady(t, b.w, 1)
+	b.submit(t, messages.RunRequest{ID: "dead-claim", Profile: "hot", Prompt: "out ok"})
+	st := b.waitFinal(t, "dead-claim")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm, "it started cold")
+	require.Empty(t, b.rt.Handoffs())
+	require.EqualValues(t, 0, counter(t, b.w, "jetcrew_warm_claimed_total"))
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"), "a claim given back is a miss")
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_replaced_total"))
+}

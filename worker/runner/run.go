@@ -217,7 +217,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		// but for what a hand-off binds late; else it goes, unused.
 		if err := r.warm.Matches(p.spec); err != nil {
 			r.log.Error().Err(err).Msg("warm container does not match the run; starting cold")
-			e.cfg.Warm.Replaced(r.warm, "mismatch")
+			e.cfg.Warm.GaveBack(r.warm, "mismatch")
 			r.discardWarm(ctx)
 		}
 	}
@@ -269,7 +269,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		}
 		if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
 			r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
-			e.cfg.Warm.Replaced(r.warm, "exited")
+			e.cfg.Warm.GaveBack(r.warm, "exited")
 			r.discardWarm(ctx)
 			c, err = nil, nil
 		} else {

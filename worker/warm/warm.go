@@ -735,7 +735,7 @@ func newMetrics(reg prometheus.Registerer, workerID, pool string, p *Pool) metri
 	}
 	m := metrics{
 		claimed:  counter("claimed_total", "Runs that started in a warm container, by profile.", "profile"),
-		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that found none ready and started cold, by profile.", "profile"),
+		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that started cold: none was ready, or the one claimed could not have the run (GaveBack), by profile.", "profile"),
 		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch).", "profile", "reason"),
 	}
 	ready := readyCollector{p: p, desc: prometheus.NewDesc("jetcrew_warm_ready", "Warm containers ready now, by profile.", []string{"profile"}, labels)}
@@ -758,9 +758,11 @@ func (r readyCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Replaced counts a claimed container given back because the run could
+// GaveBack counts a claimed container given back because the run could
 // not have it (reason "mismatch": its jail is not the run's, or "exited":
-// it died before its hand-off).
-func (p *Pool) Replaced(c *Container, reason string) {
+// it died before its hand-off): the container is replaced, and the run,
+// which then starts cold, is a miss.
+func (p *Pool) GaveBack(c *Container, reason string) {
 	p.m.replaced.WithLabelValues(c.profile, reason).Inc()
+	p.m.missed.WithLabelValues(c.profile).Inc()
 }
