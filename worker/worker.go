@@ -518,7 +518,8 @@ func (w *Worker) compose() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
-		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Registry: w.reg, Log: w.log})
+		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
+		Registry: w.reg, Log: w.log})
 	digests := make(map[string]string, len(c.Profiles))
 	for name, p := range c.Profiles {
 		digests[name] = p.Digest()

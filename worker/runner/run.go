@@ -177,11 +177,13 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
 		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
 	// A warm container is claimed before the stages stage: its run
-	// directory becomes the run's. A workspace run starts cold (its
-	// volume and capture container are made for the run).
-	if prof.Warm > 0 && r.req.Workspace == nil {
-		if r.warm = e.cfg.Warm.Claim(prof); r.warm != nil {
+	// directory becomes the run's, and for a workspace run (a container
+	// made for one) its empty workspace volume and directories the run's
+	// workspace (the run's capture container is made for the run).
+	if prof.Warm > 0 || prof.WarmWorkspace > 0 {
+		if r.warm = e.cfg.Warm.Claim(prof, r.req.Workspace != nil); r.warm != nil {
 			r.sr.WarmDir = r.warm.Dir()
+			r.sr.WarmWorkspace = r.warm.Workspace()
 		}
 	}
 	r.stages = e.stagesFor(r.sr)

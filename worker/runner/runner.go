@@ -73,9 +73,10 @@ type Config struct {
 	// (stage.Failpoint*); nil in production.
 	Failpoint func(name string)
 	// Warm hands out warm containers: a run of a profile that keeps them
-	// (profile.Profile.Warm), without a workspace, claims one before its
-	// stages stage and is handed it instead of a new container. Nil keeps
-	// every run cold.
+	// (profile.Profile.Warm for runs without a workspace,
+	// WarmWorkspace for runs with one) claims one before its stages stage
+	// and is handed it instead of a new container. Nil keeps every run
+	// cold.
 	Warm *warm.Pool
 	// Metrics are the worker's metrics.
 	Metrics *Metrics
