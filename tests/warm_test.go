@@ -275,8 +275,9 @@ func probeFacts(out []byte) (map[string]string, []string) {
 // same but for warm (hardening, limits, argv, env names, mounts by role
 // and digest, image id); the state, receipt and started and finished
 // events of the warm one say warm, the cold one's do not. A workspace run
-// of the same profile starts cold (only runs without a workspace are
-// warm) and leaves the warm container to the next run.
+// of the same profile starts cold (the profile keeps no containers for
+// workspace runs: warm_workspace, TestWarmWorkspaceSameAsCold) and leaves
+// the warm container to the next run.
 func TestWarmColdSameJail(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
@@ -372,6 +373,80 @@ warm = 1`), 1, nil)
 	require.False(t, runEvent(t, b, "cold", messages.EventStarted).Warm)
 	require.False(t, runEvent(t, b, "cold", messages.EventFinished).Warm)
 	require.Equal(t, warm.ContainerID, runEvent(t, b, "warm", messages.EventStarted).ContainerID)
+}
+
+// TestWarmWorkspaceSameAsCold: two workspace runs of a profile that keeps
+// one warm container for workspace runs (warm_workspace = 1), the first
+// warm, the second cold (the pool may make no second container): each
+// agent sees the snapshot's tree in /workspace, unpacked by the launcher's
+// in-jail exec, its change is captured the same way, the jail's facts and
+// mounts from inside are the same, and the receipts are the same but for
+// warm. The warm container was made with its own empty workspace volume
+// (`docker inspect`: a tmpfs volume of the profile's workspace_mib at
+// /workspace), which goes with its run.
+func TestWarmWorkspaceSameAsCold(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	b, wr := startWarm(t, jailProfile("hotws", `user = "4242:4343"
+memory_mib = 192
+workspace_mib = 24
+warm_workspace = 1`), 1, nil)
+	warmReady(t, b, 1)
+	warmID := wr.warmIDs()[0]
+	info := wr.inspect(t, warmID)
+	var vol string
+	for _, m := range info.Mounts {
+		if m.Destination == messages.WorkspaceDir {
+			vol = m.Name
+			require.True(t, m.RW)
+		}
+	}
+	require.NotEmpty(t, vol, "the warm container has its workspace volume: %+v", info.Mounts)
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "in.txt"), []byte("in\n"), 0o644))
+	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	up, err := workspace.Upload(context.Background(), wsb, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	states := map[string]messages.RunState{}
+	outs := map[string]runOutput{}
+	for _, id := range []string{"ws-warm", "ws-cold"} {
+		b.submitRequest(t, messages.RunRequest{ID: id, Profile: "hotws", Prompt: "cat in.txt; echo out >out.txt; echo cwd=$(pwd)\n" + jailProbe,
+			Timeout: messages.Duration(time.Minute), Workspace: &up.Ref})
+		st := b.waitFinal(t, id)
+		out := b.output(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+		require.True(t, strings.HasPrefix(string(out.stdout), "in\n"), "the agent saw the workspace: %s", out.stdout)
+		require.NotNil(t, st.WorkspaceResult)
+		require.Empty(t, st.WorkspaceResult.Error)
+		require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
+		require.Len(t, st.WorkspaceResult.Objects, 2, "patch and bundle")
+		states[id], outs[id] = st, out
+	}
+	warm, cold := states["ws-warm"], states["ws-cold"]
+	require.True(t, warm.Warm)
+	require.Equal(t, warmID, warm.ContainerID, "the warm run ran in the pool's container")
+	require.False(t, cold.Warm)
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_claimed_total"))
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_missed_total"))
+
+	wv, wm := probeFacts(outs["ws-warm"].stdout)
+	cv, cm := probeFacts(outs["ws-cold"].stdout)
+	require.Equal(t, cv, wv, "the jail's facts from inside, warm vs cold")
+	require.Equal(t, cm, wm, "the mounts from inside, warm vs cold")
+	require.Equal(t, "/workspace", wv["cwd"])
+	require.Contains(t, strings.Split(mountOpts(t, wm, messages.WorkspaceDir), ","), "rw")
+	require.Contains(t, strings.Split(mountOpts(t, wm, "/run/jetcrew-ws/in"), ","), "ro")
+
+	require.True(t, warm.Receipt.Warm)
+	coldReceipt := cold.Receipt
+	coldReceipt.Warm = true
+	require.Equal(t, coldReceipt, warm.Receipt, "the warm workspace run's receipt is the cold one's plus warm")
+	require.Eventually(t, func() bool {
+		_, err := b.cli.VolumeInspect(context.Background(), vol)
+		return cerrdefs.IsNotFound(err)
+	}, 30*time.Second, 100*time.Millisecond, "the warm container's volume went with its run")
 }
 
 // mountOpts returns the options of the mount at point among probeFacts'
