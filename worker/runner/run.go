@@ -158,7 +158,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	timeout := runTimeout(r.req, prof, e.cfg.DefaultTimeout)
 	r.rec.st.Coordination = "off"
 	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
-	digest := e.digest(r.req.Profile, prof)
+	digest := e.digest(prof)
 	// The receipt describes the plan until the spec exists, then the spec
 	// and the mounts the stages added so far: a run that fails here
 	// carries it too.

@@ -137,13 +137,16 @@ func (c Config) withDefaults() Config {
 // Create it with New, run it with Start, end it with Stop. Safe for
 // concurrent use.
 type Pool struct {
-	cfg     Config
-	targets map[string]int    // pool key (poolKey) → containers to keep
-	names   []string          // pool keys with a target, profiles in name order
-	kinds   map[string]poolOf // pool key → its profile and kind
-	m       metrics
+	cfg Config
+	m   metrics
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// profiles are the worker's profiles (Config.Profiles, then Reload's);
+	// targets, names and kinds the pools they ask for (plan).
+	profiles profile.Profiles
+	targets  map[string]int          // pool key (poolKey) → containers to keep
+	names    []string                // pool keys with a target, profiles in name order
+	kinds    map[string]poolOf       // pool key → its profile and kind
 	ready    map[string][]*Container // by pool key, oldest first
 	creating map[string]int          // by pool key
 	owned    map[string]*Container   // by container name: every container the pool has not handed off or removed
@@ -183,41 +186,108 @@ type failure struct {
 func New(cfg Config) *Pool {
 	cfg = cfg.withDefaults()
 	p := &Pool{
-		cfg: cfg, targets: map[string]int{}, kinds: map[string]poolOf{}, ready: map[string][]*Container{}, creating: map[string]int{},
+		cfg: cfg, ready: map[string][]*Container{}, creating: map[string]int{},
 		owned: map[string]*Container{}, failure: map[string]failure{}, wake: make(chan struct{}, 1),
 	}
-	budget := max(cfg.Max, 0)
-	for _, name := range cfg.Profiles.Names() {
-		prof := cfg.Profiles[name]
-		wsWarm := prof.WarmWorkspace
-		if cfg.Workspace == nil {
-			wsWarm = 0
-		}
-		for _, k := range []poolOf{{name, false}, {name, true}} {
-			want := prof.Warm
-			if k.workspace {
-				want = wsWarm
-			}
-			if n := min(want, budget); n > 0 {
-				key := poolKey(name, k.workspace)
-				p.targets[key], p.kinds[key] = n, k
-				p.names = append(p.names, key)
-				budget -= n
-			}
-		}
-	}
+	p.profiles = cfg.Profiles
+	p.targets, p.kinds, p.names = p.plan(cfg.Profiles)
 	p.m = newMetrics(cfg.Registry, cfg.WorkerID, cfg.Pool, p)
 	return p
 }
 
+// plan returns the pools profiles ps ask for within Config.Max (profiles
+// in name order, each one's pool for runs without a workspace first): each
+// pool's target and kind by key, and the keys in that order.
+func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[string]poolOf, names []string) {
+	targets, kinds = map[string]int{}, map[string]poolOf{}
+	budget := max(p.cfg.Max, 0)
+	for _, name := range ps.Names() {
+		prof := ps[name]
+		for _, k := range []poolOf{{name, false}, {name, true}} {
+			want := prof.Warm
+			if k.workspace {
+				want = prof.WarmWorkspace
+				if p.cfg.Workspace == nil {
+					want = 0
+				}
+			}
+			if n := min(want, budget); n > 0 {
+				key := poolKey(name, k.workspace)
+				targets[key], kinds[key] = n, k
+				names = append(names, key)
+				budget -= n
+			}
+		}
+	}
+	return targets, kinds, names
+}
+
+// Reload replaces the worker's profiles with ps (a profile file reloaded):
+// the ready containers of a profile whose definition changed
+// (profile.Profile.Digest), that is gone or whose pool keeps fewer now are
+// removed (replaced_total, reason "profile"), and the pools are refilled
+// to ps's targets in the background; a container being made for a changed
+// profile is removed once made. Containers runs already claimed are
+// theirs: a run keeps the profile it was admitted with.
+func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	targets, kinds, names := p.plan(ps)
+	same := func(name string) bool {
+		np, ok := ps[name]
+		return ok && np.Digest() == p.profiles[name].Digest()
+	}
+	var stale []*Container
+	for key, cs := range p.ready {
+		keep := 0
+		if same(p.kinds[key].profile) {
+			keep = min(len(cs), targets[key])
+		}
+		// The most recently made are kept (Claim takes from the end).
+		stale = append(stale, cs[:len(cs)-keep]...)
+		p.ready[key] = cs[len(cs)-keep:]
+	}
+	for key := range p.failure {
+		if !same(p.kinds[key].profile) {
+			delete(p.failure, key)
+		}
+	}
+	p.profiles, p.targets, p.kinds, p.names = ps, targets, kinds, names
+	p.mu.Unlock()
+	for _, c := range stale {
+		p.m.replaced.WithLabelValues(c.profile, "profile").Inc()
+		p.cfg.Log.Info().Str("profile", c.profile).Str("name", c.name).Msg("replacing a warm container: its profile was reloaded")
+		c.remove(ctx)
+	}
+	p.poke()
+}
+
+// current reports whether a container made for profile prof (its
+// definition then) in pool key still belongs to it: the profile unchanged
+// since and the pool's target not zero. Called with mu held.
+func (p *Pool) current(key string, prof profile.Profile) bool {
+	now, ok := p.profiles[prof.Name]
+	return ok && p.targets[key] > 0 && now.Digest() == prof.Digest()
+}
+
 // Enabled reports whether any profile keeps warm containers.
-func (p *Pool) Enabled() bool { return p != nil && len(p.names) > 0 }
+func (p *Pool) Enabled() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.names) > 0
+}
 
 // Start starts the pool's background work: it fills every profile's pool,
 // refills it after each claim, and replaces containers that died, idled
-// past MaxIdle or run an image that changed, until Stop.
+// past MaxIdle or run an image that changed, until Stop. It runs even
+// when no profile keeps warm containers: a reload may ask for some.
 func (p *Pool) Start() {
-	if !p.Enabled() {
+	if p == nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -233,7 +303,7 @@ func (p *Pool) Start() {
 // holds (ready or being made), with its directory. Claimed containers are
 // their runs'.
 func (p *Pool) Stop(ctx context.Context) {
-	if !p.Enabled() {
+	if p == nil {
 		return
 	}
 	p.mu.Lock()
@@ -288,11 +358,14 @@ func (p *Pool) ContainerIDs() []string {
 // without a workspace first): its target, its ready containers and the
 // last creation failure while it backs off.
 func (p *Pool) Status() []messages.WarmPool {
-	if !p.Enabled() {
+	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.names) == 0 {
+		return nil
+	}
 	out := make([]messages.WarmPool, 0, len(p.names))
 	for _, key := range p.names {
 		k := p.kinds[key]
@@ -313,10 +386,14 @@ func (p *Pool) Status() []messages.WarmPool {
 // another.
 func (p *Pool) Claim(prof *profile.Profile, workspace bool) *Container {
 	key := poolKey(prof.Name, workspace)
-	if !p.Enabled() || p.targets[key] == 0 {
+	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
+	if p.targets[key] == 0 {
+		p.mu.Unlock()
+		return nil
+	}
 	var c *Container
 	for cs := p.ready[key]; len(cs) > 0; cs = p.ready[key] {
 		// The most recently made first: the oldest age out.
@@ -381,8 +458,9 @@ func (p *Pool) fill(ctx context.Context) {
 			f.err, f.at = err, time.Now()
 			f.retry = f.at.Add(f.b.NextBackOff())
 			p.failure[key] = f
+			kind := p.kinds[key]
 			p.mu.Unlock()
-			p.cfg.Log.Warn().Err(err).Str("profile", p.kinds[key].profile).Bool("workspace", p.kinds[key].workspace).
+			p.cfg.Log.Warn().Err(err).Str("profile", kind.profile).Bool("workspace", kind.workspace).
 				Time("retry_at", f.retry).Msg("warm container could not be made; backing off")
 			continue
 		}
@@ -420,8 +498,14 @@ func (p *Pool) next() string {
 func (p *Pool) check(ctx context.Context) {
 	images := map[string]string{} // by pool key
 	if il, ok := p.cfg.Runtime.(ImageLister); ok {
+		p.mu.Lock()
+		refs := map[string]string{}
 		for _, key := range p.names {
-			if id, err := il.ImageID(ctx, p.cfg.Profiles[p.kinds[key].profile].Image); err == nil {
+			refs[key] = p.profiles[p.kinds[key].profile].Image
+		}
+		p.mu.Unlock()
+		for key, ref := range refs {
+			if id, err := il.ImageID(ctx, ref); err == nil {
 				images[key] = id
 			}
 		}
@@ -458,9 +542,11 @@ func (p *Pool) check(ctx context.Context) {
 // create makes one warm container of the pool key and waits until its
 // launcher reached the hand-off socket; it is then ready.
 func (p *Pool) create(ctx context.Context, pool string) error {
+	p.mu.Lock()
 	kind := p.kinds[pool]
 	name := kind.profile
-	prof := p.cfg.Profiles[name]
+	prof := p.profiles[name]
+	p.mu.Unlock()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	key := "w" + hex.EncodeToString(b[:])
@@ -540,7 +626,8 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	go c.watch()
 
 	p.mu.Lock()
-	if p.stopped {
+	if p.stopped || !p.current(pool, prof) {
+		// Stopped, or the profile was reloaded meanwhile.
 		p.mu.Unlock()
 		return nil // ok stays false: removed
 	}

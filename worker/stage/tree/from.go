@@ -84,7 +84,7 @@ func (s *Stage) resolveFromWorkspace(ctx context.Context, prof *profile.Profile,
 	}
 	req := s.run.Request
 	var srcProf *profile.Profile
-	if p, ok := s.t.profiles[src.Profile]; ok {
+	if p, ok := (*s.t.profiles.Load())[src.Profile]; ok {
 		srcProf = &p
 	}
 	res := src.WorkspaceResult

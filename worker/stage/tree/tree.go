@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -138,7 +139,7 @@ type Trees struct {
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 	from      singleflight.Group
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
-	profiles  profile.Profiles
+	profiles  atomic.Pointer[profile.Profiles] // Deps.Profiles, then SetProfiles'
 
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
@@ -153,11 +154,16 @@ type Trees struct {
 
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
-	return &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
+	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
+		holds: d.Holds, log: d.Log, runState: d.RunState,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}}
+	t.SetProfiles(d.Profiles)
+	return t
 }
+
+// SetProfiles replaces the worker's profiles (a reload) with ps.
+func (t *Trees) SetProfiles(ps profile.Profiles) { t.profiles.Store(&ps) }
 
 // Start sets the context git resolutions run under: the worker's runs
 // context, which ends when the worker stops.
