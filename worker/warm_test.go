@@ -299,6 +299,7 @@ func TestWarmWorkspaceRun(t *testing.T) {
 	t.Parallel()
 	var b *testBundle
 	var kill atomic.Bool
+	seen := make(chan string, 4)
 	b = setup(t, func(c *worker.Config) {
 		ps, err := profile.ParseProfiles("warm.toml", []byte(`
 [profiles.hotws]
@@ -309,6 +310,19 @@ warm_workspace = 1
 `))
 		require.NoError(t, err)
 		c.Profiles = ps
+		// Set before the worker starts: the pool starts containers at once.
+		c.Runtime.(*workertest.Runtime).Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+				for _, m := range spec.Mounts {
+					if m.Target == messages.WorkspaceDir {
+						data, _ := os.ReadFile(filepath.Join(m.Source, "a.txt"))
+						seen <- string(data)
+						_ = os.WriteFile(filepath.Join(m.Source, "b.txt"), []byte("new\n"), 0o644)
+					}
+				}
+				return jail.ExitStatus{}
+			}, nil
+		}
 		c.Failpoint = func(name string) {
 			if name != stage.FailpointBeforeStart || !kill.Load() {
 				return
@@ -323,19 +337,6 @@ warm_workspace = 1
 		}
 	})
 	ref := uploadDir(t, b)
-	seen := make(chan string, 4)
-	b.rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
-		return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
-			for _, m := range spec.Mounts {
-				if m.Target == messages.WorkspaceDir {
-					data, _ := os.ReadFile(filepath.Join(m.Source, "a.txt"))
-					seen <- string(data)
-					_ = os.WriteFile(filepath.Join(m.Source, "b.txt"), []byte("new\n"), 0o644)
-				}
-			}
-			return jail.ExitStatus{}
-		}, nil
-	}
 	warmReady(t, b.w, 1)
 	require.Len(t, b.rt.Volumes(), 1, "the warm container's empty workspace volume")
 	require.Equal(t, []messages.WarmPool{{Profile: "hotws", Workspace: true, Target: 1, Ready: 1}}, b.w.WarmStatus())
