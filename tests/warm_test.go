@@ -836,3 +836,77 @@ func opsWarmReady(t *testing.T, w *opsWorker, n int) {
 		return want.Match(body)
 	}, time.Minute, 50*time.Millisecond, "worker %s never had %d warm containers ready\n%s", w.id, n, w.stderr.String())
 }
+
+// TestWarmProfileReloadSIGHUP: the real `jetcrew worker`, sent SIGHUP
+// after its profile file changed, replaces the warm container of the
+// changed profile with one of the new definition (here its pids limit);
+// sent SIGHUP after the file became invalid, it logs the refusal and
+// keeps its profiles and its pool as they were.
+func TestWarmProfileReloadSIGHUP(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	_, cli := jailDocker(t)
+	s := workertest.StartServer(t)
+	tmp, err := os.MkdirTemp("", "jcr")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	profiles := filepath.Join(tmp, "p.toml")
+	write := func(extra string) {
+		require.NoError(t, os.WriteFile(profiles, []byte(jailProfile("hot", "warm = 1\n"+extra)), 0o644))
+	}
+	write("pids = 77")
+	id := "warmhup-" + opsSuffix(t)
+	w := startOpsWorker(t, s.ClientURL(), id, nil, "--profiles", profiles, "--state-dir", filepath.Join(tmp, "s"), "--metrics-addr", "127.0.0.1:0")
+	pool := func() map[string]int64 { // container id → pids limit
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelWorker+"="+id,
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		m := map[string]int64{}
+		for _, cid := range strings.Fields(string(out)) {
+			info, err := cli.ContainerInspect(context.Background(), cid)
+			if err == nil && info.HostConfig.PidsLimit != nil {
+				m[cid] = *info.HostConfig.PidsLimit
+			}
+		}
+		return m
+	}
+	opsWarmReady(t, w, 1)
+	before := pool()
+	require.Len(t, before, 1)
+	for _, pids := range before {
+		require.EqualValues(t, 77, pids)
+	}
+
+	// Invalid: refused, nothing changes.
+	write("pids = 77\nbogus_key = 1")
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "profile reload refused") },
+		30*time.Second, 20*time.Millisecond, "%s", w.stderr.String())
+	require.Contains(t, w.stderr.String(), "bogus_key")
+	time.Sleep(time.Second)
+	require.Equal(t, before, pool(), "the pool is kept")
+
+	// Valid: the changed profile's pool is replaced.
+	write("pids = 99")
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "profiles reloaded") },
+		30*time.Second, 20*time.Millisecond, "%s", w.stderr.String())
+	var now map[string]int64
+	require.Eventually(t, func() bool {
+		now = pool()
+		if len(now) != 1 {
+			return false
+		}
+		for cid, pids := range now {
+			if _, old := before[cid]; old || pids != 99 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "the pool holds %v\n%s", now, w.stderr.String())
+	opsWarmReady(t, w, 1)
+	for cid := range before {
+		require.Eventually(t, func() bool { return containerGone(t, cli, cid) }, 30*time.Second, 50*time.Millisecond)
+	}
+	w.stop(t)
+}
