@@ -910,3 +910,69 @@ func TestWarmProfileReloadSIGHUP(t *testing.T) {
 	}
 	w.stop(t)
 }
+
+// TestWarmImageRebuiltReplacesPool: the real `jetcrew worker` replaces a
+// warm container whose profile's image reference now names another image
+// (rebuilt: here re-tagged), within the pool's check interval (10 s), with
+// one of the new image; the Docker runtime answers the pool's image id
+// check (warm.ImageLister).
+func TestWarmImageRebuiltReplacesPool(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	_, cli := jailDocker(t)
+	s := workertest.StartServer(t)
+	tmp, err := os.MkdirTemp("", "jci")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	suffix := opsSuffix(t)
+	ref := "jetcrew-warmimg-" + suffix + ":latest"
+	tag := func(src string) string {
+		out, err := exec.Command("docker", "tag", src, ref).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		info, err := cli.ImageInspect(context.Background(), ref)
+		require.NoError(t, err)
+		return info.ID
+	}
+	oldID := tag(jailImage)
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", ref).Run() })
+	profiles := filepath.Join(tmp, "p.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte(strings.Replace(jailProfile("hot", "warm = 1"), jailImage, ref, 1)), 0o644))
+	id := "warmimg-" + suffix
+	w := startOpsWorker(t, s.ClientURL(), id, nil, "--profiles", profiles, "--state-dir", filepath.Join(tmp, "s"), "--metrics-addr", "127.0.0.1:0")
+	pool := func() map[string]string { // container id → image id
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelWorker+"="+id,
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		m := map[string]string{}
+		for _, cid := range strings.Fields(string(out)) {
+			if info, err := cli.ContainerInspect(context.Background(), cid); err == nil {
+				m[cid] = info.Image
+			}
+		}
+		return m
+	}
+	opsWarmReady(t, w, 1)
+	before := pool()
+	require.Len(t, before, 1)
+	for _, img := range before {
+		require.Equal(t, oldID, img)
+	}
+
+	newID := tag("jetcrew-sandbox:latest") // the image "rebuilt": another one under its reference
+	require.NotEqual(t, oldID, newID)
+	var now map[string]string
+	require.Eventually(t, func() bool {
+		now = pool()
+		for _, img := range now {
+			if img == newID && len(now) == 1 {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "the pool holds %v\n%s", now, w.stderr.String())
+	for cid := range before {
+		require.Eventually(t, func() bool { return containerGone(t, cli, cid) }, 30*time.Second, 50*time.Millisecond)
+	}
+	require.Contains(t, w.stderr.String(), `"reason":"image"`)
+	w.stop(t)
+}
