@@ -53,8 +53,13 @@ type WorkerPresence struct {
 type WarmPool struct {
 	// Profile is the profile's name.
 	Profile string `json:"profile"`
+	// Workspace is set for the pool of containers made for runs with a
+	// workspace (the profile's warm_workspace), each with its empty
+	// workspace volume; unset for runs without one (warm).
+	Workspace bool `json:"workspace,omitempty"`
 	// Target is how many warm containers the worker keeps for it (the
-	// profile's warm, within the worker's --warm-max); Ready how many
+	// profile's warm or warm_workspace, within the worker's --warm-max);
+	// Ready how many
 	// wait for a run now.
 	Target int `json:"target"`
 	Ready  int `json:"ready"`

@@ -275,8 +275,9 @@ func probeFacts(out []byte) (map[string]string, []string) {
 // same but for warm (hardening, limits, argv, env names, mounts by role
 // and digest, image id); the state, receipt and started and finished
 // events of the warm one say warm, the cold one's do not. A workspace run
-// of the same profile starts cold (only runs without a workspace are
-// warm) and leaves the warm container to the next run.
+// of the same profile starts cold (the profile keeps no containers for
+// workspace runs: warm_workspace, TestWarmWorkspaceSameAsCold) and leaves
+// the warm container to the next run.
 func TestWarmColdSameJail(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
@@ -372,6 +373,80 @@ warm = 1`), 1, nil)
 	require.False(t, runEvent(t, b, "cold", messages.EventStarted).Warm)
 	require.False(t, runEvent(t, b, "cold", messages.EventFinished).Warm)
 	require.Equal(t, warm.ContainerID, runEvent(t, b, "warm", messages.EventStarted).ContainerID)
+}
+
+// TestWarmWorkspaceSameAsCold: two workspace runs of a profile that keeps
+// one warm container for workspace runs (warm_workspace = 1), the first
+// warm, the second cold (the pool may make no second container): each
+// agent sees the snapshot's tree in /workspace, unpacked by the launcher's
+// in-jail exec, its change is captured the same way, the jail's facts and
+// mounts from inside are the same, and the receipts are the same but for
+// warm. The warm container was made with its own empty workspace volume
+// (`docker inspect`: a tmpfs volume of the profile's workspace_mib at
+// /workspace), which goes with its run.
+func TestWarmWorkspaceSameAsCold(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	b, wr := startWarm(t, jailProfile("hotws", `user = "4242:4343"
+memory_mib = 192
+workspace_mib = 24
+warm_workspace = 1`), 1, nil)
+	warmReady(t, b, 1)
+	warmID := wr.warmIDs()[0]
+	info := wr.inspect(t, warmID)
+	var vol string
+	for _, m := range info.Mounts {
+		if m.Destination == messages.WorkspaceDir {
+			vol = m.Name
+			require.True(t, m.RW)
+		}
+	}
+	require.NotEmpty(t, vol, "the warm container has its workspace volume: %+v", info.Mounts)
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "in.txt"), []byte("in\n"), 0o644))
+	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	up, err := workspace.Upload(context.Background(), wsb, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	states := map[string]messages.RunState{}
+	outs := map[string]runOutput{}
+	for _, id := range []string{"ws-warm", "ws-cold"} {
+		b.submitRequest(t, messages.RunRequest{ID: id, Profile: "hotws", Prompt: "cat in.txt; echo out >out.txt; echo cwd=$(pwd)\n" + jailProbe,
+			Timeout: messages.Duration(time.Minute), Workspace: &up.Ref})
+		st := b.waitFinal(t, id)
+		out := b.output(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, "reason %q, stderr %s", st.Reason, out.stderr)
+		require.True(t, strings.HasPrefix(string(out.stdout), "in\n"), "the agent saw the workspace: %s", out.stdout)
+		require.NotNil(t, st.WorkspaceResult)
+		require.Empty(t, st.WorkspaceResult.Error)
+		require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
+		require.Len(t, st.WorkspaceResult.Objects, 2, "patch and bundle")
+		states[id], outs[id] = st, out
+	}
+	warm, cold := states["ws-warm"], states["ws-cold"]
+	require.True(t, warm.Warm)
+	require.Equal(t, warmID, warm.ContainerID, "the warm run ran in the pool's container")
+	require.False(t, cold.Warm)
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_claimed_total"))
+	require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_missed_total"))
+
+	wv, wm := probeFacts(outs["ws-warm"].stdout)
+	cv, cm := probeFacts(outs["ws-cold"].stdout)
+	require.Equal(t, cv, wv, "the jail's facts from inside, warm vs cold")
+	require.Equal(t, cm, wm, "the mounts from inside, warm vs cold")
+	require.Equal(t, "/workspace", wv["cwd"])
+	require.Contains(t, strings.Split(mountOpts(t, wm, messages.WorkspaceDir), ","), "rw")
+	require.Contains(t, strings.Split(mountOpts(t, wm, "/run/jetcrew-ws/in"), ","), "ro")
+
+	require.True(t, warm.Receipt.Warm)
+	coldReceipt := cold.Receipt
+	coldReceipt.Warm = true
+	require.Equal(t, coldReceipt, warm.Receipt, "the warm workspace run's receipt is the cold one's plus warm")
+	require.Eventually(t, func() bool {
+		_, err := b.cli.VolumeInspect(context.Background(), vol)
+		return cerrdefs.IsNotFound(err)
+	}, 30*time.Second, 100*time.Millisecond, "the warm container's volume went with its run")
 }
 
 // mountOpts returns the options of the mount at point among probeFacts'
@@ -760,4 +835,144 @@ func opsWarmReady(t *testing.T, w *opsWorker, n int) {
 		}
 		return want.Match(body)
 	}, time.Minute, 50*time.Millisecond, "worker %s never had %d warm containers ready\n%s", w.id, n, w.stderr.String())
+}
+
+// TestWarmProfileReloadSIGHUP: the real `jetcrew worker`, sent SIGHUP
+// after its profile file changed, replaces the warm container of the
+// changed profile with one of the new definition (here its pids limit);
+// sent SIGHUP after the file became invalid, it logs the refusal and
+// keeps its profiles and its pool as they were.
+func TestWarmProfileReloadSIGHUP(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	_, cli := jailDocker(t)
+	s := workertest.StartServer(t)
+	tmp, err := os.MkdirTemp("", "jcr")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	profiles := filepath.Join(tmp, "p.toml")
+	write := func(extra string) {
+		require.NoError(t, os.WriteFile(profiles, []byte(jailProfile("hot", "warm = 1\n"+extra)), 0o644))
+	}
+	write("pids = 77")
+	id := "warmhup-" + opsSuffix(t)
+	w := startOpsWorker(t, s.ClientURL(), id, nil, "--profiles", profiles, "--state-dir", filepath.Join(tmp, "s"), "--metrics-addr", "127.0.0.1:0")
+	pool := func() map[string]int64 { // container id → pids limit
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelWorker+"="+id,
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		m := map[string]int64{}
+		for _, cid := range strings.Fields(string(out)) {
+			info, err := cli.ContainerInspect(context.Background(), cid)
+			if err == nil && info.HostConfig.PidsLimit != nil {
+				m[cid] = *info.HostConfig.PidsLimit
+			}
+		}
+		return m
+	}
+	opsWarmReady(t, w, 1)
+	before := pool()
+	require.Len(t, before, 1)
+	for _, pids := range before {
+		require.EqualValues(t, 77, pids)
+	}
+
+	// Invalid: refused, nothing changes.
+	write("pids = 77\nbogus_key = 1")
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "profile reload refused") },
+		30*time.Second, 20*time.Millisecond, "%s", w.stderr.String())
+	require.Contains(t, w.stderr.String(), "bogus_key")
+	time.Sleep(time.Second)
+	require.Equal(t, before, pool(), "the pool is kept")
+
+	// Valid: the changed profile's pool is replaced.
+	write("pids = 99")
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "profiles reloaded") },
+		30*time.Second, 20*time.Millisecond, "%s", w.stderr.String())
+	var now map[string]int64
+	require.Eventually(t, func() bool {
+		now = pool()
+		if len(now) != 1 {
+			return false
+		}
+		for cid, pids := range now {
+			if _, old := before[cid]; old || pids != 99 {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "the pool holds %v\n%s", now, w.stderr.String())
+	opsWarmReady(t, w, 1)
+	for cid := range before {
+		require.Eventually(t, func() bool { return containerGone(t, cli, cid) }, 30*time.Second, 50*time.Millisecond)
+	}
+	w.stop(t)
+}
+
+// TestWarmImageRebuiltReplacesPool: the real `jetcrew worker` replaces a
+// warm container whose profile's image reference now names another image
+// (rebuilt: here re-tagged), within the pool's check interval (10 s), with
+// one of the new image; the Docker runtime answers the pool's image id
+// check (warm.ImageLister).
+func TestWarmImageRebuiltReplacesPool(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	_, cli := jailDocker(t)
+	s := workertest.StartServer(t)
+	tmp, err := os.MkdirTemp("", "jci")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	suffix := opsSuffix(t)
+	ref := "jetcrew-warmimg-" + suffix + ":latest"
+	tag := func(src string) string {
+		out, err := exec.Command("docker", "tag", src, ref).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		info, err := cli.ImageInspect(context.Background(), ref)
+		require.NoError(t, err)
+		return info.ID
+	}
+	oldID := tag(jailImage)
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", ref).Run() })
+	profiles := filepath.Join(tmp, "p.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte(strings.Replace(jailProfile("hot", "warm = 1"), jailImage, ref, 1)), 0o644))
+	id := "warmimg-" + suffix
+	w := startOpsWorker(t, s.ClientURL(), id, nil, "--profiles", profiles, "--state-dir", filepath.Join(tmp, "s"), "--metrics-addr", "127.0.0.1:0")
+	pool := func() map[string]string { // container id → image id
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelWorker+"="+id,
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		m := map[string]string{}
+		for _, cid := range strings.Fields(string(out)) {
+			if info, err := cli.ContainerInspect(context.Background(), cid); err == nil {
+				m[cid] = info.Image
+			}
+		}
+		return m
+	}
+	opsWarmReady(t, w, 1)
+	before := pool()
+	require.Len(t, before, 1)
+	for _, img := range before {
+		require.Equal(t, oldID, img)
+	}
+
+	newID := tag("jetcrew-sandbox:latest") // the image "rebuilt": another one under its reference
+	require.NotEqual(t, oldID, newID)
+	var now map[string]string
+	require.Eventually(t, func() bool {
+		now = pool()
+		for _, img := range now {
+			if img == newID && len(now) == 1 {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "the pool holds %v\n%s", now, w.stderr.String())
+	for cid := range before {
+		require.Eventually(t, func() bool { return containerGone(t, cli, cid) }, 30*time.Second, 50*time.Millisecond)
+	}
+	require.Contains(t, w.stderr.String(), `"reason":"image"`)
+	w.stop(t)
 }

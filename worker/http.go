@@ -36,10 +36,15 @@ func (w *Worker) Handler() http.Handler {
 }
 
 // writeWarmStatus writes a line per warm pool: "warm PROFILE: READY/TARGET
-// ready", and the pool's last failure while it backs off.
+// ready" ("warm PROFILE+workspace: …" for its pool for workspace runs),
+// and the pool's last failure while it backs off.
 func (w *Worker) writeWarmStatus(out io.Writer) {
 	for _, st := range w.warm.Status() {
-		fmt.Fprintf(out, "warm %s: %d/%d ready", st.Profile, st.Ready, st.Target)
+		name := st.Profile
+		if st.Workspace {
+			name += "+workspace"
+		}
+		fmt.Fprintf(out, "warm %s: %d/%d ready", name, st.Ready, st.Target)
 		if st.Error != "" {
 			fmt.Fprintf(out, "; backing off: %s", st.Error)
 		}

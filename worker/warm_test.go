@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,4 +246,136 @@ func TestWarmContainerRecordedBeforeHandoff(t *testing.T) {
 	require.Equal(t, messages.StateSucceeded, final.State, final.Reason)
 	require.True(t, final.Warm)
 	require.Equal(t, warmID, final.ContainerID)
+}
+
+// A run whose claimed warm container died before its hand-off starts cold
+// and is counted as a miss, the container as replaced (exited), never as
+// claimed.
+func TestWarmClaimedDeadCountsMissed(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	b = setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+		c.Failpoint = func(name string) {
+			if name != stage.FailpointBeforeStart {
+				return
+			}
+			// Claimed, not yet handed off: the warm container (the first
+			// the pool made; its refill is left alone) is killed from
+			// outside.
+			cs, err := b.rt.ListManaged(context.Background())
+			if err != nil {
+				return
+			}
+			for _, m := range cs {
+				if m.Name == b.rt.Starts()[0].Name {
+					_ = b.rt.Remove(context.Background(), m.ID)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // its launcher's connection ends
+		}
+	})
+	warmReady(t, b.w, 1)
+	b.submit(t, messages.RunRequest{ID: "dead-claim", Profile: "hot", Prompt: "out ok"})
+	st := b.waitFinal(t, "dead-claim")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm, "it started cold")
+	require.Empty(t, b.rt.Handoffs())
+	require.EqualValues(t, 0, counter(t, b.w, "jetcrew_warm_claimed_total"))
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"), "a claim given back is a miss")
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_replaced_total"))
+}
+
+// A workspace run of a profile that keeps warm containers for workspace
+// runs (warm_workspace) starts in one made with its own empty workspace
+// volume: the launcher unpacks the snapshot linked in at the claim, the
+// capture container records the result, and the receipt is the one of a
+// cold run of the same profile (here the claimed container was killed
+// before its hand-off: the run started cold on the workspace it had
+// taken over) but for warm. A run without a workspace never takes one of
+// these; Stop removes the pool's volumes.
+func TestWarmWorkspaceRun(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	var kill atomic.Bool
+	seen := make(chan string, 4)
+	b = setup(t, func(c *worker.Config) {
+		ps, err := profile.ParseProfiles("warm.toml", []byte(`
+[profiles.hotws]
+image = "jetcrew-sandbox:latest"
+command = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
+warm_workspace = 1
+`))
+		require.NoError(t, err)
+		c.Profiles = ps
+		// Set before the worker starts: the pool starts containers at once.
+		c.Runtime.(*workertest.Runtime).Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+				for _, m := range spec.Mounts {
+					if m.Target == messages.WorkspaceDir {
+						data, _ := os.ReadFile(filepath.Join(m.Source, "a.txt"))
+						seen <- string(data)
+						_ = os.WriteFile(filepath.Join(m.Source, "b.txt"), []byte("new\n"), 0o644)
+					}
+				}
+				return jail.ExitStatus{}
+			}, nil
+		}
+		c.Failpoint = func(name string) {
+			if name != stage.FailpointBeforeStart || !kill.Load() {
+				return
+			}
+			cs, _ := b.rt.ListManaged(context.Background())
+			for _, m := range cs {
+				if m.Labels[jail.LabelRole] == jail.RoleWarm {
+					_ = b.rt.Remove(context.Background(), m.ID)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	ref := uploadDir(t, b)
+	warmReady(t, b.w, 1)
+	require.Len(t, b.rt.Volumes(), 1, "the warm container's empty workspace volume")
+	require.Equal(t, []messages.WarmPool{{Profile: "hotws", Workspace: true, Target: 1, Ready: 1}}, b.w.WarmStatus())
+
+	var receipts []*messages.Receipt
+	for i, id := range []string{"ws-warm", "ws-cold"} {
+		kill.Store(i == 1)
+		warmReady(t, b.w, 1)
+		b.submit(t, messages.RunRequest{ID: id, Profile: "hotws", Prompt: "x", Workspace: &ref})
+		st := b.waitFinal(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.Equal(t, i == 0, st.Warm, id)
+		require.Equal(t, "one\n", <-seen, "the agent saw the unpacked tree")
+		require.NotNil(t, st.WorkspaceResult)
+		require.Empty(t, st.WorkspaceResult.Error)
+		require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
+		require.Len(t, st.WorkspaceResult.Objects, 2, "patch and bundle")
+		receipts = append(receipts, st.Receipt)
+	}
+	require.True(t, receipts[0].Warm)
+	warmReceipt := *receipts[0]
+	warmReceipt.Warm = false
+	require.Equal(t, *receipts[1], warmReceipt, "a warm workspace run's receipt is the cold one's but for warm")
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_claimed_total"))
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"))
+
+	// A run without a workspace starts cold.
+	b.submit(t, messages.RunRequest{ID: "no-ws", Profile: "hotws", Prompt: "x"})
+	st := b.waitFinal(t, "no-ws")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm)
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"), "a pool of another kind is no miss")
+
+	warmReady(t, b.w, 1)
+	require.Eventually(t, func() bool { return len(b.rt.Volumes()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"each run's volume went with it; the pool holds one")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.w.Stop(ctx))
+	require.Zero(t, b.rt.Live())
+	require.Empty(t, b.rt.Volumes(), "Stop removes the pool's volumes")
 }

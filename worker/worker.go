@@ -305,10 +305,14 @@ type Worker struct {
 	reg     *prometheus.Registry
 	metrics *runner.Metrics
 
-	mu      sync.Mutex
-	started bool // Start was called
-	running bool // Start succeeded
-	stopped chan struct{}
+	// reloadMu serializes ReloadProfiles; profiles are the profiles in
+	// use (Config.Profiles, then the last reload's), under mu.
+	reloadMu sync.Mutex
+	profiles profile.Profiles
+	mu       sync.Mutex
+	started  bool // Start was called
+	running  bool // Start succeeded
+	stopped  chan struct{}
 
 	stopOnce    sync.Once
 	fetchCancel context.CancelFunc // stops pulling
@@ -333,14 +337,15 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	reg := prometheus.NewRegistry()
 	return &Worker{
-		reg:     reg,
-		metrics: runner.NewMetrics(reg, cfg.ID, cfg.Pool),
-		cfg:     cfg,
-		nc:      nc,
-		js:      js,
-		log:     cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
-		holds:   &stage.Holds{},
-		stopped: make(chan struct{}),
+		profiles: cfg.Profiles,
+		reg:      reg,
+		metrics:  runner.NewMetrics(reg, cfg.ID, cfg.Pool),
+		cfg:      cfg,
+		nc:       nc,
+		js:       js,
+		log:      cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
+		holds:    &stage.Holds{},
+		stopped:  make(chan struct{}),
 	}, nil
 }
 
@@ -518,13 +523,10 @@ func (w *Worker) compose() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
-		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Registry: w.reg, Log: w.log})
-	digests := make(map[string]string, len(c.Profiles))
-	for name, p := range c.Profiles {
-		digests[name] = p.Digest()
-	}
+		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
+		Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
-		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Digests: digests, Runtime: c.Runtime,
+		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Runtime: c.Runtime,
 		NC: w.nc, JS: w.js, Store: w.store, Holds: w.holds,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(w.coord), Proxies: w.proxies},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"syscall"
 	"time"
 
@@ -202,13 +203,25 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		ready(w)
 	}
 
+	// SIGHUP reloads the profile file (docs/operations.md, "Reloading
+	// profiles").
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var failure error
-	select {
-	case <-ctx.Done():
-		a.log.Info().Str("drain_timeout", o.drainTimeout.String()).Msg("stopping: letting runs in flight finish (interrupt again to cut short)")
-	case reason := <-failed:
-		failure = fmt.Errorf("nats-server: %s", reason)
-		a.log.Error().Err(failure).Msg("stopping")
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			a.log.Info().Str("drain_timeout", o.drainTimeout.String()).Msg("stopping: letting runs in flight finish (interrupt again to cut short)")
+			break wait
+		case reason := <-failed:
+			failure = fmt.Errorf("nats-server: %s", reason)
+			a.log.Error().Err(failure).Msg("stopping")
+			break wait
+		case <-hup:
+			a.reloadProfiles(ctx, w, o.profiles)
+		}
 	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
 	defer cancel()
@@ -224,6 +237,26 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		a.log.Warn().Err(err).Msg("drain cut short: runs still in flight were stopped and handed back to the stream")
 	}
 	return failure
+}
+
+// reloadProfiles reads the profile file at path again (SIGHUP) and
+// hands it to w (worker.Worker.ReloadProfiles). A file that does not load
+// or validate, or that the worker refuses, is logged at error and changes
+// nothing: the profiles in use stay.
+func (a *app) reloadProfiles(ctx context.Context, w *worker.Worker, path string) {
+	if path == "" {
+		a.log.Warn().Msg("SIGHUP: no --profiles file to reload; the built-in profiles stay")
+		return
+	}
+	ps, err := profile.LoadProfiles(path)
+	if err == nil {
+		var changed []string
+		if changed, err = w.ReloadProfiles(ctx, ps); err == nil {
+			a.log.Info().Str("file", path).Strs("profiles", ps.Names()).Strs("changed", changed).Msg("profiles reloaded")
+			return
+		}
+	}
+	a.log.Error().Err(err).Str("file", path).Msg("profile reload refused; the profiles in use stay")
 }
 
 // failpointFromEnv returns a worker failpoint for crash tests: when

@@ -87,8 +87,12 @@ func printWorkers(w io.Writer, workers []dispatcher.WorkerBeat, now time.Time) e
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", visibleName(wb.ID), pool, conc, beat, warmCell(wb.Warm))
 		for _, p := range wb.Warm {
 			if p.Error != "" {
-				backoffs = append(backoffs, fmt.Sprintf("worker %s, warm pool %s backs off: %s",
-					visibleName(wb.ID), visibleName(p.Profile), visibleName(p.Error)))
+				kind := ""
+				if p.Workspace {
+					kind = " (workspace runs)"
+				}
+				backoffs = append(backoffs, fmt.Sprintf("worker %s, warm pool %s%s backs off: %s",
+					visibleName(wb.ID), visibleName(p.Profile), kind, visibleName(p.Error)))
 			}
 		}
 	}
@@ -102,15 +106,20 @@ func printWorkers(w io.Writer, workers []dispatcher.WorkerBeat, now time.Time) e
 	return nil
 }
 
-// warmCell is a worker's warm pools in one cell: "hot 1/2, shell 0/1
-// (backing off)"; "-" when it keeps none.
+// warmCell is a worker's warm pools in one cell: "hot 1/2, hot+workspace
+// 1/1, shell 0/1 (backing off)" (a profile's pool for workspace runs,
+// warm_workspace, is PROFILE+workspace); "-" when it keeps none.
 func warmCell(pools []messages.WarmPool) string {
 	if len(pools) == 0 {
 		return "-"
 	}
 	cells := make([]string, 0, len(pools))
 	for _, p := range pools {
-		c := fmt.Sprintf("%s %d/%d", visibleName(p.Profile), p.Ready, p.Target)
+		name := visibleName(p.Profile)
+		if p.Workspace {
+			name += "+workspace"
+		}
+		c := fmt.Sprintf("%s %d/%d", name, p.Ready, p.Target)
 		if p.Error != "" {
 			c += " (backing off)"
 		}

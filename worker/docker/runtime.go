@@ -235,6 +235,14 @@ func (r *Runtime) Start(ctx context.Context, spec jail.ContainerSpec, output jai
 	return c, nil
 }
 
+// ImageID returns the engine's id of the image reference ref now
+// (ImageInspect's Id): the warm pool's check that a profile's image was
+// not rebuilt since its containers started (warm.ImageLister). An image
+// missing from the engine is an error wrapping jail.ErrPermanent.
+func (r *Runtime) ImageID(ctx context.Context, ref string) (string, error) {
+	return r.checkImage(ctx, ref)
+}
+
 // checkImage returns the engine's id of image (ImageInspect's Id), or an
 // error when it does not exist on the engine.
 func (r *Runtime) checkImage(ctx context.Context, ref string) (string, error) {

@@ -183,6 +183,16 @@ type Profile struct {
 	// none. It needs coordination on: a warm container waits in the
 	// jetcrew launcher the bridge stage mounts.
 	Warm int `toml:"warm" json:"warm,omitempty"`
+	// WarmWorkspace is how many warm containers of this profile each
+	// worker keeps for runs with a workspace: each made as a workspace
+	// run's container is, with its own empty tmpfs volume of
+	// workspace_mib at /workspace, the staged in-jail tool and empty
+	// snapshot and gate directories; the run's snapshot is linked in and
+	// unpacked by its launcher once claimed (docs/workspaces.md). A run
+	// with a workspace never takes one of Warm's containers, nor a run
+	// without one of these (their jails differ). Bounded with Warm by
+	// --warm-max; 0 (default) keeps none. It needs coordination on.
+	WarmWorkspace int `toml:"warm_workspace" json:"warm_workspace,omitempty"`
 	// Coordination turns the run's MCP coordination bridge on (default) or
 	// off. When on and the bridge cannot be staged, runs are refused.
 	Coordination *bool `toml:"coordination" json:"coordination"`

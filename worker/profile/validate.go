@@ -35,8 +35,11 @@ func (p Profile) validate() error {
 	if p.Warm < 0 || p.Warm > MaxWarm {
 		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
 	}
-	if p.Warm > 0 && !p.CoordinationOn() {
-		return errors.New("warm needs coordination on: a warm container waits for its run in the jetcrew launcher, which only a profile with coordination on mounts")
+	if p.WarmWorkspace < 0 || p.WarmWorkspace > MaxWarm {
+		return fmt.Errorf("warm_workspace %d must be between 0 and %d", p.WarmWorkspace, MaxWarm)
+	}
+	if p.Warm+p.WarmWorkspace > 0 && !p.CoordinationOn() {
+		return errors.New("warm and warm_workspace need coordination on: a warm container waits for its run in the jetcrew launcher, which only a profile with coordination on mounts")
 	}
 	if p.stallTimeout < 0 || p.bridgeDeadline < 0 {
 		return errors.New("stall_timeout and bridge_deadline must not be negative")

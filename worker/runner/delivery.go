@@ -231,9 +231,10 @@ func (r delivery) admit(ctx context.Context, pool string, decErr error) (*profil
 		r.fail(ctx, fmt.Sprintf("request names pool %q but was published to %s", r.req.Pool, r.msg.Subject()), nil)
 		return nil, false
 	}
-	p, ok := r.e.cfg.Profiles[r.req.Profile]
+	ps := r.e.currentProfiles()
+	p, ok := ps[r.req.Profile]
 	if !ok {
-		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", r.req.Profile, r.e.cfg.Profiles.Names()), nil)
+		r.fail(ctx, fmt.Sprintf("unknown profile %q (this worker has: %v)", r.req.Profile, ps.Names()), nil)
 		return nil, false
 	}
 	prof := &p
@@ -303,7 +304,7 @@ func (r delivery) decide(prev messages.RunState) verdict {
 // signedProfile reports whether the request names a profile of this worker
 // that requires signed requests (signed_by).
 func (r delivery) signedProfile() bool {
-	p, ok := r.e.cfg.Profiles[r.req.Profile]
+	p, ok := r.e.currentProfiles()[r.req.Profile]
 	return ok && len(p.SignedBy) > 0
 }
 

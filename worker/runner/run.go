@@ -158,7 +158,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	timeout := runTimeout(r.req, prof, e.cfg.DefaultTimeout)
 	r.rec.st.Coordination = "off"
 	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
-	digest := e.digest(r.req.Profile, prof)
+	digest := e.digest(prof)
 	// The receipt describes the plan until the spec exists, then the spec
 	// and the mounts the stages added so far: a run that fails here
 	// carries it too.
@@ -177,11 +177,13 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
 		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
 	// A warm container is claimed before the stages stage: its run
-	// directory becomes the run's. A workspace run starts cold (its
-	// volume and capture container are made for the run).
-	if prof.Warm > 0 && r.req.Workspace == nil {
-		if r.warm = e.cfg.Warm.Claim(prof); r.warm != nil {
+	// directory becomes the run's, and for a workspace run (a container
+	// made for one) its empty workspace volume and directories the run's
+	// workspace (the run's capture container is made for the run).
+	if prof.Warm > 0 || prof.WarmWorkspace > 0 {
+		if r.warm = e.cfg.Warm.Claim(prof, r.req.Workspace != nil); r.warm != nil {
 			r.sr.WarmDir = r.warm.Dir()
+			r.sr.WarmWorkspace = r.warm.Workspace()
 		}
 	}
 	r.stages = e.stagesFor(r.sr)
@@ -223,7 +225,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		// but for what a hand-off binds late; else it goes, unused.
 		if err := r.warm.Matches(p.spec); err != nil {
 			r.log.Error().Err(err).Msg("warm container does not match the run; starting cold")
-			e.cfg.Warm.Replaced(r.warm, "mismatch")
+			e.cfg.Warm.GaveBack(r.warm, "mismatch")
 			r.discardWarm(ctx)
 		}
 	}
@@ -275,7 +277,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		}
 		if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
 			r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
-			e.cfg.Warm.Replaced(r.warm, "exited")
+			e.cfg.Warm.GaveBack(r.warm, "exited")
 			r.discardWarm(ctx)
 			c, err = nil, nil
 		} else {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -41,10 +42,9 @@ type Config struct {
 	// the pool it serves; Install identifies the installation
 	// (jail.LabelInstall).
 	WorkerID, Pool, Install string
-	// Profiles are the resolved profiles requests may name; Digests their
-	// digests by name (profile.Profile.Digest, computed once).
+	// Profiles are the resolved profiles requests may name at start;
+	// SetProfiles replaces them.
 	Profiles profile.Profiles
-	Digests  map[string]string
 	// Runtime runs the containers.
 	Runtime jail.Runtime
 	// NC and JS reach NATS: events, the runs' output, dead letters.
@@ -73,9 +73,10 @@ type Config struct {
 	// (stage.Failpoint*); nil in production.
 	Failpoint func(name string)
 	// Warm hands out warm containers: a run of a profile that keeps them
-	// (profile.Profile.Warm), without a workspace, claims one before its
-	// stages stage and is handed it instead of a new container. Nil keeps
-	// every run cold.
+	// (profile.Profile.Warm for runs without a workspace,
+	// WarmWorkspace for runs with one) claims one before its stages stage
+	// and is handed it instead of a new container. Nil keeps every run
+	// cold.
 	Warm *warm.Pool
 	// Metrics are the worker's metrics.
 	Metrics *Metrics
@@ -103,14 +104,27 @@ type Runner struct {
 	live registry
 	// stops counts container stops in flight (stopAsync).
 	stops sync.WaitGroup
+	// profiles are the profiles new deliveries may name (Config.Profiles,
+	// then SetProfiles').
+	profiles atomic.Pointer[profile.Profiles]
 }
+
+// SetProfiles replaces the profiles new deliveries may name with ps
+// (resolved and validated: profile.LoadProfiles). A delivery already
+// admitted keeps the profile it was admitted with, a copy, to its end.
+func (e *Runner) SetProfiles(ps profile.Profiles) { e.profiles.Store(&ps) }
+
+// currentProfiles returns the profiles new deliveries may name.
+func (e *Runner) currentProfiles() profile.Profiles { return *e.profiles.Load() }
 
 // New returns the Runner configured by cfg. It does no I/O.
 func New(cfg Config) *Runner {
 	if cfg.Failpoint == nil {
 		cfg.Failpoint = func(string) {}
 	}
-	return &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}}}
+	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}}}
+	e.SetProfiles(cfg.Profiles)
+	return e
 }
 
 // Wait waits for every container stop the runner started (after the last
@@ -131,11 +145,8 @@ func (e *Runner) stopAsync(c jail.Container, log zerolog.Logger, what string) {
 	}()
 }
 
-// digest returns the digest of profile p, configured under name: the one
-// computed at start, or p's own.
-func (e *Runner) digest(name string, p *profile.Profile) string {
-	if d, ok := e.cfg.Digests[name]; ok {
-		return d
-	}
+// digest returns the digest of profile p, the run's (profile.Profile.Digest:
+// the one it was admitted with, whatever a reload did since).
+func (e *Runner) digest(p *profile.Profile) string {
 	return p.Digest()
 }

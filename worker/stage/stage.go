@@ -82,7 +82,40 @@ type Run struct {
 	// the run claimed (worker/warm), which the run-directory stage takes
 	// over instead of staging one; "" for a cold run.
 	WarmDir string
+	// WarmWorkspace is the workspace of the warm container the run
+	// claimed, made with it (worker/warm, Config.Workspace), which the
+	// workspace stage takes over instead of making one; nil for a cold run
+	// or a warm container made for runs without a workspace.
+	WarmWorkspace *WarmWorkspace
 }
+
+// WarmWorkspace is what a warm container made for workspace runs was
+// created with (the workspace stage's Trees.MakeWarm): the delivery
+// directory (its snapshot input, gate and scratch subdirectories, empty),
+// the empty tmpfs volume of the profile's workspace_mib and the staged
+// in-jail tool, mounted as a cold workspace run mounts its own. The run
+// that claims the container takes them over (Take): its workspace stage
+// then removes them with the run, as its own; until then the pool does.
+type WarmWorkspace struct {
+	// Dir is the host directory (under the worker's StateDir/ws).
+	Dir string
+	// Volume is the tmpfs volume's spec.
+	Volume jail.VolumeSpec
+	// Tool and ToolDigest are the staged jetcrew binary's host path and
+	// SHA-256 (hex).
+	Tool, ToolDigest string
+	// Mounts are the container's workspace mounts.
+	Mounts []jail.Mount
+
+	taken atomic.Bool
+}
+
+// Take marks the workspace as the claiming run's: the pool no longer
+// removes it.
+func (w *WarmWorkspace) Take() { w.taken.Store(true) }
+
+// Taken reports whether a run took the workspace over (Take).
+func (w *WarmWorkspace) Taken() bool { return w.taken.Load() }
 
 // ID returns the run's id.
 func (r *Run) ID() string { return r.Request.ID }

@@ -43,6 +43,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
@@ -95,6 +96,13 @@ type Config struct {
 	// ReadyTimeout bounds a container's start until its launcher waits; 0
 	// means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Workspace, when set, makes the workspace of a container made for
+	// runs with one (profile.Profile.WarmWorkspace; the workspace stage's
+	// Trees.MakeWarm): name is the container's, labels its labels. The
+	// container is created with ww's mounts; release gives up what it
+	// holds, removing the volume and directory when remove is set. Nil:
+	// no profile keeps containers for workspace runs.
+	Workspace func(ctx context.Context, name string, prof *profile.Profile, labels map[string]string) (ww *stage.WarmWorkspace, release func(remove bool), err error)
 	// Spec returns the part of a container's spec the profile alone
 	// decides (runner.ProfileSpec): the warm container's jail, which a
 	// run's spec must match to be handed it.
@@ -129,16 +137,20 @@ func (c Config) withDefaults() Config {
 // Create it with New, run it with Start, end it with Stop. Safe for
 // concurrent use.
 type Pool struct {
-	cfg     Config
-	targets map[string]int // profile name → containers to keep
-	names   []string       // profiles with a target, sorted
-	m       metrics
+	cfg Config
+	m   metrics
 
-	mu       sync.Mutex
-	ready    map[string][]*Container // by profile, oldest first
-	creating map[string]int          // by profile
+	mu sync.Mutex
+	// profiles are the worker's profiles (Config.Profiles, then Reload's);
+	// targets, names and kinds the pools they ask for (plan).
+	profiles profile.Profiles
+	targets  map[string]int          // pool key (poolKey) → containers to keep
+	names    []string                // pool keys with a target, profiles in name order
+	kinds    map[string]poolOf       // pool key → its profile and kind
+	ready    map[string][]*Container // by pool key, oldest first
+	creating map[string]int          // by pool key
 	owned    map[string]*Container   // by container name: every container the pool has not handed off or removed
-	failure  map[string]failure      // by profile: the last failed creation
+	failure  map[string]failure      // by pool key: the last failed creation
 	stopped  bool
 
 	wake   chan struct{}
@@ -146,7 +158,23 @@ type Pool struct {
 	wg     sync.WaitGroup
 }
 
-// failure is a profile's last failed creation and when to try again.
+// poolOf is what a pool key stands for: a profile's containers for runs
+// without a workspace, or with one.
+type poolOf struct {
+	profile   string
+	workspace bool
+}
+
+// poolKey returns the key of profile name's pool of containers for runs
+// with a workspace (workspace set) or without one.
+func poolKey(name string, workspace bool) string {
+	if workspace {
+		return name + "\x00workspace"
+	}
+	return name
+}
+
+// failure is a pool's last failed creation and when to try again.
 type failure struct {
 	err   error
 	at    time.Time
@@ -158,30 +186,108 @@ type failure struct {
 func New(cfg Config) *Pool {
 	cfg = cfg.withDefaults()
 	p := &Pool{
-		cfg: cfg, targets: map[string]int{}, ready: map[string][]*Container{}, creating: map[string]int{},
+		cfg: cfg, ready: map[string][]*Container{}, creating: map[string]int{},
 		owned: map[string]*Container{}, failure: map[string]failure{}, wake: make(chan struct{}, 1),
 	}
-	budget := max(cfg.Max, 0)
-	for _, name := range cfg.Profiles.Names() {
-		prof := cfg.Profiles[name]
-		if n := min(prof.Warm, budget); n > 0 {
-			p.targets[name] = n
-			p.names = append(p.names, name)
-			budget -= n
-		}
-	}
+	p.profiles = cfg.Profiles
+	p.targets, p.kinds, p.names = p.plan(cfg.Profiles)
 	p.m = newMetrics(cfg.Registry, cfg.WorkerID, cfg.Pool, p)
 	return p
 }
 
+// plan returns the pools profiles ps ask for within Config.Max (profiles
+// in name order, each one's pool for runs without a workspace first): each
+// pool's target and kind by key, and the keys in that order.
+func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[string]poolOf, names []string) {
+	targets, kinds = map[string]int{}, map[string]poolOf{}
+	budget := max(p.cfg.Max, 0)
+	for _, name := range ps.Names() {
+		prof := ps[name]
+		for _, k := range []poolOf{{name, false}, {name, true}} {
+			want := prof.Warm
+			if k.workspace {
+				want = prof.WarmWorkspace
+				if p.cfg.Workspace == nil {
+					want = 0
+				}
+			}
+			if n := min(want, budget); n > 0 {
+				key := poolKey(name, k.workspace)
+				targets[key], kinds[key] = n, k
+				names = append(names, key)
+				budget -= n
+			}
+		}
+	}
+	return targets, kinds, names
+}
+
+// Reload replaces the worker's profiles with ps (a profile file reloaded):
+// the ready containers of a profile whose definition changed
+// (profile.Profile.Digest), that is gone or whose pool keeps fewer now are
+// removed (replaced_total, reason "profile"), and the pools are refilled
+// to ps's targets in the background; a container being made for a changed
+// profile is removed once made. Containers runs already claimed are
+// theirs: a run keeps the profile it was admitted with.
+func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	targets, kinds, names := p.plan(ps)
+	same := func(name string) bool {
+		np, ok := ps[name]
+		return ok && np.Digest() == p.profiles[name].Digest()
+	}
+	var stale []*Container
+	for key, cs := range p.ready {
+		keep := 0
+		if same(p.kinds[key].profile) {
+			keep = min(len(cs), targets[key])
+		}
+		// The most recently made are kept (Claim takes from the end).
+		stale = append(stale, cs[:len(cs)-keep]...)
+		p.ready[key] = cs[len(cs)-keep:]
+	}
+	for key := range p.failure {
+		if !same(p.kinds[key].profile) {
+			delete(p.failure, key)
+		}
+	}
+	p.profiles, p.targets, p.kinds, p.names = ps, targets, kinds, names
+	p.mu.Unlock()
+	for _, c := range stale {
+		p.m.replaced.WithLabelValues(c.profile, "profile").Inc()
+		p.cfg.Log.Info().Str("profile", c.profile).Str("name", c.name).Msg("replacing a warm container: its profile was reloaded")
+		c.remove(ctx)
+	}
+	p.poke()
+}
+
+// current reports whether a container made for profile prof (its
+// definition then) in pool key still belongs to it: the profile unchanged
+// since and the pool's target not zero. Called with mu held.
+func (p *Pool) current(key string, prof profile.Profile) bool {
+	now, ok := p.profiles[prof.Name]
+	return ok && p.targets[key] > 0 && now.Digest() == prof.Digest()
+}
+
 // Enabled reports whether any profile keeps warm containers.
-func (p *Pool) Enabled() bool { return p != nil && len(p.names) > 0 }
+func (p *Pool) Enabled() bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.names) > 0
+}
 
 // Start starts the pool's background work: it fills every profile's pool,
 // refills it after each claim, and replaces containers that died, idled
-// past MaxIdle or run an image that changed, until Stop.
+// past MaxIdle or run an image that changed, until Stop. It runs even
+// when no profile keeps warm containers: a reload may ask for some.
 func (p *Pool) Start() {
-	if !p.Enabled() {
+	if p == nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -197,7 +303,7 @@ func (p *Pool) Start() {
 // holds (ready or being made), with its directory. Claimed containers are
 // their runs'.
 func (p *Pool) Stop(ctx context.Context) {
-	if !p.Enabled() {
+	if p == nil {
 		return
 	}
 	p.mu.Lock()
@@ -248,18 +354,23 @@ func (p *Pool) ContainerIDs() []string {
 	return ids
 }
 
-// Status returns every profile's pool, by profile name: its target, its
-// ready containers and the last creation failure while it backs off.
+// Status returns every profile's pools, by profile name (its pool for runs
+// without a workspace first): its target, its ready containers and the
+// last creation failure while it backs off.
 func (p *Pool) Status() []messages.WarmPool {
-	if !p.Enabled() {
+	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.names) == 0 {
+		return nil
+	}
 	out := make([]messages.WarmPool, 0, len(p.names))
-	for _, name := range p.names {
-		st := messages.WarmPool{Profile: name, Target: p.targets[name], Ready: len(p.ready[name])}
-		if f, ok := p.failure[name]; ok {
+	for _, key := range p.names {
+		k := p.kinds[key]
+		st := messages.WarmPool{Profile: k.profile, Workspace: k.workspace, Target: p.targets[key], Ready: len(p.ready[key])}
+		if f, ok := p.failure[key]; ok {
 			st.Error = f.err.Error()
 		}
 		out = append(out, st)
@@ -267,20 +378,26 @@ func (p *Pool) Status() []messages.WarmPool {
 	return out
 }
 
-// Claim takes a ready warm container of prof for one run: nil when the
-// profile keeps none or none is ready (counted as missed). The caller
+// Claim takes a ready warm container of prof for one run, one made for
+// runs with a workspace when workspace is set: nil when the profile keeps
+// none of that kind or none is ready (counted as missed). The caller
 // hands it the run (Handoff, counted as claimed once the launcher took
 // it) or gives it back unused (Discard); either way the pool makes
 // another.
-func (p *Pool) Claim(prof *profile.Profile) *Container {
-	if !p.Enabled() || p.targets[prof.Name] == 0 {
+func (p *Pool) Claim(prof *profile.Profile, workspace bool) *Container {
+	key := poolKey(prof.Name, workspace)
+	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
+	if p.targets[key] == 0 {
+		p.mu.Unlock()
+		return nil
+	}
 	var c *Container
-	for cs := p.ready[prof.Name]; len(cs) > 0; cs = p.ready[prof.Name] {
+	for cs := p.ready[key]; len(cs) > 0; cs = p.ready[key] {
 		// The most recently made first: the oldest age out.
-		c, p.ready[prof.Name] = cs[len(cs)-1], cs[:len(cs)-1]
+		c, p.ready[key] = cs[len(cs)-1], cs[:len(cs)-1]
 		if c.alive() {
 			break
 		}
@@ -321,40 +438,42 @@ func (p *Pool) run(ctx context.Context) {
 	}
 }
 
-// fill makes the containers each profile lacks, one at a time, skipping a
-// profile that is backing off after a failure.
+// fill makes the containers each pool lacks, one at a time, skipping a
+// pool that is backing off after a failure.
 func (p *Pool) fill(ctx context.Context) {
 	for {
-		name := p.next()
-		if name == "" || ctx.Err() != nil {
+		key := p.next()
+		if key == "" || ctx.Err() != nil {
 			return
 		}
-		err := p.create(ctx, name)
+		err := p.create(ctx, key)
 		p.mu.Lock()
-		p.creating[name]--
+		p.creating[key]--
 		if err != nil && ctx.Err() == nil {
-			f, ok := p.failure[name]
+			f, ok := p.failure[key]
 			if !ok {
 				f.b = backoff.NewExponentialBackOff()
 				f.b.InitialInterval, f.b.MaxInterval, f.b.MaxElapsedTime = time.Second, time.Minute, 0
 			}
 			f.err, f.at = err, time.Now()
 			f.retry = f.at.Add(f.b.NextBackOff())
-			p.failure[name] = f
+			p.failure[key] = f
+			kind := p.kinds[key]
 			p.mu.Unlock()
-			p.cfg.Log.Warn().Err(err).Str("profile", name).Time("retry_at", f.retry).Msg("warm container could not be made; backing off")
+			p.cfg.Log.Warn().Err(err).Str("profile", kind.profile).Bool("workspace", kind.workspace).
+				Time("retry_at", f.retry).Msg("warm container could not be made; backing off")
 			continue
 		}
 		if err == nil {
-			delete(p.failure, name)
+			delete(p.failure, key)
 		}
 		p.mu.Unlock()
 	}
 }
 
-// next returns the first profile (by name) with fewer containers ready or
-// being made than its target and not backing off, counting one more being
-// made for it; "" when there is none.
+// next returns the key of the first pool (profiles by name) with fewer
+// containers ready or being made than its target and not backing off,
+// counting one more being made for it; "" when there is none.
 func (p *Pool) next() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -377,11 +496,17 @@ func (p *Pool) next() string {
 // check replaces the containers that idled past MaxIdle, that died, or
 // whose profile's image is now another (ImageLister).
 func (p *Pool) check(ctx context.Context) {
-	images := map[string]string{}
+	images := map[string]string{} // by pool key
 	if il, ok := p.cfg.Runtime.(ImageLister); ok {
-		for _, name := range p.names {
-			if id, err := il.ImageID(ctx, p.cfg.Profiles[name].Image); err == nil {
-				images[name] = id
+		p.mu.Lock()
+		refs := map[string]string{}
+		for _, key := range p.names {
+			refs[key] = p.profiles[p.kinds[key].profile].Image
+		}
+		p.mu.Unlock()
+		for key, ref := range refs {
+			if id, err := il.ImageID(ctx, ref); err == nil {
+				images[key] = id
 			}
 		}
 	}
@@ -414,14 +539,18 @@ func (p *Pool) check(ctx context.Context) {
 	}
 }
 
-// create makes one warm container of profile name and waits until its
+// create makes one warm container of the pool key and waits until its
 // launcher reached the hand-off socket; it is then ready.
-func (p *Pool) create(ctx context.Context, name string) error {
-	prof := p.cfg.Profiles[name]
+func (p *Pool) create(ctx context.Context, pool string) error {
+	p.mu.Lock()
+	kind := p.kinds[pool]
+	name := kind.profile
+	prof := p.profiles[name]
+	p.mu.Unlock()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	key := "w" + hex.EncodeToString(b[:])
-	c := &Container{pool: p, profile: name, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
+	c := &Container{pool: p, profile: name, key: pool, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
 		died: make(chan struct{}), watchDone: make(chan struct{})}
 	p.mu.Lock()
 	p.owned[c.name] = c
@@ -463,6 +592,14 @@ func (p *Pool) create(ctx context.Context, name string) error {
 		jail.LabelProfile: name, jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelRole: jail.RoleWarm,
 	}
 	spec.Mounts = []jail.Mount{rundir.Mount(dir, profile.Plan{}).Mount, bridge.Mount(binPath, digest).Mount}
+	if kind.workspace {
+		ww, release, err := p.cfg.Workspace(ctx, c.name, &prof, spec.Labels)
+		if err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		c.ws, c.releaseWS = ww, release
+		spec.Mounts = append(spec.Mounts, ww.Mounts...)
+	}
 	c.spec = spec
 	ctr, err := p.cfg.Runtime.Start(ctx, spec, c.output)
 	if err != nil {
@@ -489,14 +626,15 @@ func (p *Pool) create(ctx context.Context, name string) error {
 	go c.watch()
 
 	p.mu.Lock()
-	if p.stopped {
+	if p.stopped || !p.current(pool, prof) {
+		// Stopped, or the profile was reloaded meanwhile.
 		p.mu.Unlock()
 		return nil // ok stays false: removed
 	}
-	p.ready[name] = append(p.ready[name], c)
+	p.ready[pool] = append(p.ready[pool], c)
 	p.mu.Unlock()
 	ok = true
-	p.cfg.Log.Debug().Str("profile", name).Str("name", c.name).Msg("warm container ready")
+	p.cfg.Log.Debug().Str("profile", name).Bool("workspace", kind.workspace).Str("name", c.name).Msg("warm container ready")
 	return nil
 }
 
@@ -505,6 +643,7 @@ func (p *Pool) create(ctx context.Context, name string) error {
 type Container struct {
 	pool    *Pool
 	profile string
+	key     string // its pool's (poolKey)
 	name    string
 	spec    jail.ContainerSpec
 	dir     string
@@ -515,6 +654,10 @@ type Container struct {
 	conn       *net.UnixConn     // the launcher's hand-off connection
 	releaseDir func()
 	releaseBin func()
+	// ws is the workspace of a container made for workspace runs, and
+	// releaseWS gives it up (Config.Workspace).
+	ws        *stage.WarmWorkspace
+	releaseWS func(remove bool)
 
 	// out is where the container's output goes: nothing until its run's
 	// hand-off, then the run's.
@@ -567,7 +710,7 @@ func (c *Container) watch() {
 	c.pool.m.replaced.WithLabelValues(c.profile, "exited").Inc()
 	c.pool.cfg.Log.Warn().Str("profile", c.profile).Str("name", c.name).Msg("warm container died while waiting; replacing it")
 	c.pool.mu.Lock()
-	c.pool.ready[c.profile] = slices.DeleteFunc(c.pool.ready[c.profile], func(x *Container) bool { return x == c })
+	c.pool.ready[c.key] = slices.DeleteFunc(c.pool.ready[c.key], func(x *Container) bool { return x == c })
 	c.pool.mu.Unlock()
 	c.remove(context.Background())
 	c.pool.poke()
@@ -585,6 +728,11 @@ func (c *Container) ContainerID() string { return c.c.ID() }
 // Dir returns the host path of the container's run directory, which the
 // claiming run's run-directory stage takes over (stage.Run.WarmDir).
 func (c *Container) Dir() string { return c.dir }
+
+// Workspace returns the workspace of a container made for runs with one,
+// which the claiming run's workspace stage takes over
+// (stage.Run.WarmWorkspace); nil for one made for runs without.
+func (c *Container) Workspace() *stage.WarmWorkspace { return c.ws }
 
 // Matches returns nil when spec, a run's container spec as a cold start
 // would create it, has the jail of this container: every field but the
@@ -681,6 +829,9 @@ func (p *Pool) forget(c *Container) {
 		if c.releaseBin != nil {
 			c.releaseBin()
 		}
+		if c.releaseWS != nil {
+			c.releaseWS(false)
+		}
 	})
 }
 
@@ -715,6 +866,11 @@ func (c *Container) remove(ctx context.Context) {
 		if c.releaseBin != nil {
 			c.releaseBin()
 		}
+		if c.releaseWS != nil {
+			// The volume and directory are the run's once it took them
+			// (its workspace stage removes them with the run).
+			c.releaseWS(!c.ws.Taken())
+		}
 		p.mu.Lock()
 		delete(p.owned, c.name)
 		p.mu.Unlock()
@@ -735,8 +891,8 @@ func newMetrics(reg prometheus.Registerer, workerID, pool string, p *Pool) metri
 	}
 	m := metrics{
 		claimed:  counter("claimed_total", "Runs that started in a warm container, by profile.", "profile"),
-		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that found none ready and started cold, by profile.", "profile"),
-		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch).", "profile", "reason"),
+		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that started cold: none was ready, or the one claimed could not have the run (GaveBack), by profile.", "profile"),
+		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch, profile).", "profile", "reason"),
 	}
 	ready := readyCollector{p: p, desc: prometheus.NewDesc("jetcrew_warm_ready", "Warm containers ready now, by profile.", []string{"profile"}, labels)}
 	reg.MustRegister(m.claimed, m.missed, m.replaced, ready)
@@ -753,14 +909,24 @@ type readyCollector struct {
 func (r readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- r.desc }
 
 func (r readyCollector) Collect(ch chan<- prometheus.Metric) {
+	var names []string
+	ready := map[string]int{} // by profile: both its pools
 	for _, st := range r.p.Status() {
-		ch <- prometheus.MustNewConstMetric(r.desc, prometheus.GaugeValue, float64(st.Ready), st.Profile)
+		if _, ok := ready[st.Profile]; !ok {
+			names = append(names, st.Profile)
+		}
+		ready[st.Profile] += st.Ready
+	}
+	for _, name := range names {
+		ch <- prometheus.MustNewConstMetric(r.desc, prometheus.GaugeValue, float64(ready[name]), name)
 	}
 }
 
-// Replaced counts a claimed container given back because the run could
+// GaveBack counts a claimed container given back because the run could
 // not have it (reason "mismatch": its jail is not the run's, or "exited":
-// it died before its hand-off).
-func (p *Pool) Replaced(c *Container, reason string) {
+// it died before its hand-off): the container is replaced, and the run,
+// which then starts cold, is a miss.
+func (p *Pool) GaveBack(c *Container, reason string) {
 	p.m.replaced.WithLabelValues(c.profile, reason).Inc()
+	p.m.missed.WithLabelValues(c.profile).Inc()
 }

@@ -103,7 +103,7 @@ func TestPoolMaxFillsInNameOrder(t *testing.T) {
 	ready(t, p, "a", 3)
 	ready(t, p, "b", 1)
 	require.Equal(t, []messages.WarmPool{{Profile: "a", Target: 3, Ready: 3}, {Profile: "b", Target: 1, Ready: 1}}, p.Status())
-	cold := p.Claim(&profile.Profile{Name: "cold"})
+	cold := p.Claim(&profile.Profile{Name: "cold"}, false)
 	require.Nil(t, cold)
 	for _, s := range rt.Starts() {
 		require.Equal(t, jail.RoleWarm, s.Labels[jail.LabelRole])
@@ -127,7 +127,7 @@ func TestClaimMatchHandoff(t *testing.T) {
 	ps, err := profile.ParseProfiles("p.toml", []byte(twoProfiles))
 	require.NoError(t, err)
 	prof := ps["a"]
-	c := p.Claim(&prof)
+	c := p.Claim(&prof, false)
 	require.NotNil(t, c)
 	require.DirExists(t, c.Dir())
 
@@ -182,7 +182,7 @@ func TestDiscard(t *testing.T) {
 	rt := workertest.NewTestRuntime(t)
 	p := newPool(t, rt, twoProfiles, func(c *warm.Config) { c.Max = 1 })
 	ready(t, p, "a", 1)
-	c := p.Claim(&profile.Profile{Name: "a"})
+	c := p.Claim(&profile.Profile{Name: "a"}, false)
 	require.NotNil(t, c)
 	dir := c.Dir()
 	c.Discard(context.Background())

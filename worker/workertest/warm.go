@@ -29,7 +29,8 @@ func warmLauncher(spec jail.ContainerSpec) bool {
 // messages.HandoffAck and then behaves as behave says for a spec with the
 // run's command, environment and working directory, and its run directory
 // where the worker has moved it since (a real mount follows the directory;
-// the fake follows an open descriptor of it). The spec handed off is
+// the fake follows an open descriptor of it). A workspace run's in-jail
+// exec runs in process, as in a cold container. The spec handed off is
 // recorded (Runtime.Handoffs).
 func (r *Runtime) warmBehaviour(spec jail.ContainerSpec, behave func(jail.ContainerSpec) (Behaviour, error)) (Behaviour, error) {
 	i := slices.IndexFunc(spec.Mounts, func(m jail.Mount) bool { return m.Target == messages.ContainerRunDir })
@@ -77,7 +78,17 @@ func (r *Runtime) warmBehaviour(spec jail.ContainerSpec, behave func(jail.Contai
 		r.mu.Lock()
 		r.handoffs = append(r.handoffs, run)
 		r.mu.Unlock()
-		b, err := behave(run)
+		// A workspace run's command is `jetcrew workspace exec`: it unpacks
+		// in process, then behaves as behave says, as a cold one does.
+		inner := run
+		ja, jailed := jailArgs(run)
+		if jailed {
+			inner.Cmd = ja.Argv
+		}
+		b, err := behave(inner)
+		if err == nil && jailed {
+			b = jailBehaviour(ja, b)
+		}
 		if err != nil {
 			out("stderr", []byte(err.Error()+"\n"))
 			return jail.ExitStatus{Code: 127}

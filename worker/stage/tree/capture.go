@@ -28,16 +28,21 @@ const (
 	// is mounted, read-only, in a workspace run's container and in its
 	// capture container.
 	JailToolPath = "/run/jetcrew-ws/jetcrew"
-	// JailSnapshotPath is where the run's snapshot tar is mounted,
-	// read-only.
-	JailSnapshotPath = "/run/jetcrew-ws/snapshot.tar"
+	// JailSnapshotDir is the delivery's read-only snapshot input
+	// directory, in the run's container and in its capture container: the
+	// worker links the snapshot into it as snapshot.tar once downloaded
+	// (both containers may start before that: a warm container long
+	// before).
+	JailSnapshotDir = "/run/jetcrew-ws/in"
+	// JailSnapshotPath is the run's snapshot tar, read-only, in
+	// JailSnapshotDir.
+	JailSnapshotPath = JailSnapshotDir + "/snapshot.tar"
 	// JailScratchPath is the capture container's writable scratch
 	// directory (its git object store).
 	JailScratchPath = "/run/jetcrew-ws/scratch"
 	// JailCaptureInPath is the capture container's read-only input
-	// directory; the snapshot appears in it as snapshot.tar once
-	// downloaded (the container starts before that).
-	JailCaptureInPath = "/run/jetcrew-ws/in"
+	// directory: JailSnapshotDir.
+	JailCaptureInPath = JailSnapshotDir
 	// JailGatePath is the run container's read-only gate directory: the
 	// worker writes "held" into it once the capture container holds the
 	// workspace volume, and `jetcrew workspace exec` waits for it before it
@@ -49,13 +54,10 @@ const (
 	JailSessionPath = "/run/jetcrew-ws/session.tar"
 )
 
-// jailWorkspace wires a staged workspace into the run's container: the
-// delivery's volume writable at messages.WorkspaceDir (the working
-// directory), the snapshot, the tool and the gate directory read-only (the
-// receipt names them by role, the snapshot and the tool by digest), and
-// the command prefixed with `jetcrew workspace exec ... --`, which waits
-// for the gate's held file, unpacks as the run's user and execs the
-// original argv.
+// jailWorkspace wires a staged workspace into the run's container: its
+// mounts (workspaceMounts) and the command prefixed with `jetcrew
+// workspace exec ... --`, which waits for the gate's held file, unpacks as
+// the run's user and execs the original argv, in messages.WorkspaceDir.
 func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
 		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionSkip: rw.sessionSkip}
@@ -65,16 +67,31 @@ func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 			Role: messages.MountRoleSession, Digest: "sha256:" + rw.sessionSum})
 	}
 	resp.Wrap = append([]string{JailToolPath}, args.ArgList()...)
-	resp.Mounts = append(resp.Mounts,
-		stage.Mount{Mount: jail.Mount{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
-			Role: messages.MountRoleWorkspace},
-		stage.Mount{Mount: jail.Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
-			Role: messages.MountRoleSnapshot, Digest: "sha256:" + strings.TrimSuffix(filepath.Base(rw.snapshot), ".tar")},
-		stage.Mount{Mount: jail.Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
-			Role: messages.MountRoleWorkspaceTool, Digest: "sha256:" + rw.toolDigest},
-		stage.Mount{Mount: jail.Mount{Source: rw.gate(), Target: JailGatePath, ReadOnly: true},
-			Role: messages.MountRoleWorkspaceGate})
+	resp.Mounts = append(resp.Mounts, workspaceMounts(rw)...)
 	resp.WorkingDir = messages.WorkspaceDir
+}
+
+// workspaceMounts returns a workspace run's mounts of rw: the delivery's
+// volume writable at messages.WorkspaceDir, the snapshot input directory,
+// the tool and the gate directory read-only (the receipt names them by
+// role, the snapshot and the tool by digest; the snapshot's is empty until
+// rw.snapshot is set). A warm container made for workspace runs is created
+// with the same mounts (Trees.MakeWarm), its directories empty.
+func workspaceMounts(rw *runWorkspace) []stage.Mount {
+	snapDigest := ""
+	if rw.snapshot != "" {
+		snapDigest = "sha256:" + strings.TrimSuffix(filepath.Base(rw.snapshot), ".tar")
+	}
+	return []stage.Mount{
+		{Mount: jail.Mount{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
+			Role: messages.MountRoleWorkspace},
+		{Mount: jail.Mount{Source: rw.in(), Target: JailSnapshotDir, ReadOnly: true},
+			Role: messages.MountRoleSnapshot, Digest: snapDigest},
+		{Mount: jail.Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
+			Role: messages.MountRoleWorkspaceTool, Digest: "sha256:" + rw.toolDigest},
+		{Mount: jail.Mount{Source: rw.gate(), Target: JailGatePath, ReadOnly: true},
+			Role: messages.MountRoleWorkspaceGate},
+	}
 }
 
 // captureSpec returns the capture container's spec, from the run's

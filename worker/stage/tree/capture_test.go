@@ -41,7 +41,7 @@ func TestJailWorkspaceSpec(t *testing.T) {
 	require.Equal(t, []stage.Mount{
 		{Mount: jail.Mount{Source: "jetcrew-r1-7-1-ws", Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},
 			Role: messages.MountRoleWorkspace},
-		{Mount: jail.Mount{Source: rw.snapshot, Target: JailSnapshotPath, ReadOnly: true},
+		{Mount: jail.Mount{Source: "/state/ws/x-1-1/in", Target: JailSnapshotDir, ReadOnly: true},
 			Role: messages.MountRoleSnapshot, Digest: "sha256:" + snap},
 		{Mount: jail.Mount{Source: rw.tool, Target: JailToolPath, ReadOnly: true},
 			Role: messages.MountRoleWorkspaceTool, Digest: "sha256:" + tool},

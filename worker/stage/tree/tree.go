@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -138,7 +139,7 @@ type Trees struct {
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 	from      singleflight.Group
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
-	profiles  profile.Profiles
+	profiles  atomic.Pointer[profile.Profiles] // Deps.Profiles, then SetProfiles'
 
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
@@ -153,11 +154,16 @@ type Trees struct {
 
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
-	return &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
+	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
+		holds: d.Holds, log: d.Log, runState: d.RunState,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}}
+	t.SetProfiles(d.Profiles)
+	return t
 }
+
+// SetProfiles replaces the worker's profiles (a reload) with ps.
+func (t *Trees) SetProfiles(ps profile.Profiles) { t.profiles.Store(&ps) }
 
 // Start sets the context git resolutions run under: the worker's runs
 // context, which ends when the worker stops.
@@ -331,12 +337,14 @@ func (t *Trees) workspaceDir(run *stage.Run) string {
 // Prestart fetches its snapshot
 // (checked: digest, caps, a header scan) into the worker's cache, creates
 // the delivery's tmpfs volume of the profile's workspace_mib, owned by the
-// profile's user, and begins to start the capture container, which waits
+// profile's user (or takes over the empty one of the warm container the
+// run claimed: makeWorkspace), and begins to start the capture container,
+// which waits
 // and holds the volume mounted until the capture (capture.go); it does not
 // wait for that start (Poststart does). The volume
 // is mounted writable at messages.WorkspaceDir, the container's working
-// directory, beside the snapshot, the jetcrew binary and the gate
-// directory, read-only; the run's command is prefixed with `jetcrew
+// directory, beside the snapshot's input directory, the jetcrew binary and
+// the gate directory, read-only; the run's command is prefixed with `jetcrew
 // workspace exec`, which waits for the gate's held file, then unpacks
 // inside the container, as the run's user, before it execs the agent. A
 // refused, missing, corrupt or oversized snapshot is an error retrying
@@ -372,27 +380,11 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	if ref.BucketOrDefault() != messages.BucketWorkspaces {
 		return fmt.Errorf("workspace bucket %q refused: this worker reads workspaces from %s only", ref.Bucket, messages.BucketWorkspaces)
 	}
-	uid, gid := prof.Owner()
-	rw := &runWorkspace{dir: s.t.workspaceDir(s.run), volume: spec.Name + "-ws", mib: prof.WorkspaceMiB}
-	var err error
-	if rw.tool, rw.toolDigest, err = s.t.tools.Stage(s.t.toolSrc); err != nil {
-		return fmt.Errorf("workspace tool: %w", err)
-	}
-	s.hold(holdDir + rw.dir)
-	s.hold(holdVolume + rw.volume)
-	s.hold(holdTool + rw.toolDigest)
-	s.rw = rw // Release gives up what follows, whatever fails
 	start := time.Now()
-	if err := makeWorkspaceDirs(rw, uid, gid); err != nil {
-		return stageError(err, false)
+	rw, err := s.makeWorkspace(ctx, spec, prof)
+	if err != nil {
+		return err
 	}
-	// The volume and the capture container that holds it start while the
-	// snapshot downloads; the snapshot reaches the capture container
-	// through a link in its read-only input directory.
-	rw.vol = jail.VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid,
-		Inodes: 2*int64(cfg.MaxFiles) + 10000, Labels: maps.Clone(spec.Labels)}
-	rw.vol.Labels[jail.LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
-	rw.vol.Labels[jail.LabelRole] = jail.RoleWorkspace
 	// The wait is bounded, so a capture container a crashed worker left
 	// behind gives the volume back on its own.
 	waitMax := s.run.Timeout + s.t.stopGrace + cfg.CaptureTimeout + 10*time.Minute
@@ -400,13 +392,6 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	// The run's container does not wait for the capture container's start
 	// (holdWorkspace, in start, does): it waits inside, in `jetcrew
 	// workspace exec`, for the gate's file.
-	// The volume exists before either container is created: a container
-	// created first would make the engine create it (from the mount's
-	// spec), and CreateVolume's removal of a leftover would then find it
-	// in use.
-	if err := s.t.rt.CreateVolume(ctx, rw.vol); err != nil {
-		return stageError(fmt.Errorf("create the workspace volume: %w", err), errors.Is(err, jail.ErrPermanent))
-	}
 	rw.held = make(chan error, 1)
 	go func() { rw.held <- s.startCapture(ctx) }() // capture.go
 	path, err := s.cachedSnapshot(ctx, *ref)
@@ -430,6 +415,108 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	jailWorkspace(resp, rw, cfg)
 	s.run.Log.Info().Str("workspace", ref.Name).Dur("staged_in", time.Since(start)).Msg("workspace staged")
 	return nil
+}
+
+// makeWorkspace returns the delivery's workspace, held for the run until
+// Release: the one of the warm container the run claimed, taken over
+// (stage.Run.WarmWorkspace), or a new one (newWorkspace). The volume and
+// the capture container that will hold it start while the snapshot
+// downloads; the snapshot reaches both containers through a link in the
+// read-only input directory.
+func (s *Stage) makeWorkspace(ctx context.Context, spec *jail.ContainerSpec, prof *profile.Profile) (*runWorkspace, error) {
+	if ww := s.run.WarmWorkspace; ww != nil {
+		ww.Take()
+		rw := &runWorkspace{dir: ww.Dir, volume: ww.Volume.Name, mib: prof.WorkspaceMiB, vol: ww.Volume, tool: ww.Tool, toolDigest: ww.ToolDigest}
+		s.own(rw)
+		return rw, nil
+	}
+	rw := &runWorkspace{dir: s.t.workspaceDir(s.run), volume: spec.Name + "-ws", mib: prof.WorkspaceMiB}
+	var err error
+	if rw.tool, rw.toolDigest, err = s.t.tools.Stage(s.t.toolSrc); err != nil {
+		return nil, fmt.Errorf("workspace tool: %w", err)
+	}
+	s.own(rw)
+	if err := s.t.newWorkspace(ctx, rw, prof, spec.Labels); err != nil {
+		return nil, err
+	}
+	return rw, nil
+}
+
+// own holds rw's directory, volume and tool for the run and makes it the
+// run's (Release gives up what follows, whatever fails).
+func (s *Stage) own(rw *runWorkspace) {
+	s.hold(holdDir + rw.dir)
+	s.hold(holdVolume + rw.volume)
+	s.hold(holdTool + rw.toolDigest)
+	s.rw = rw
+}
+
+// newWorkspace makes rw's directories and its tmpfs volume of the
+// profile's workspace_mib, owned by the profile's user and labelled with
+// labels (jail.LabelRole set to jail.RoleWorkspace). The volume exists
+// before any container that mounts it is created: a container created
+// first would make the engine create it (from the mount's spec), and
+// CreateVolume's removal of a leftover would then find it in use.
+func (t *Trees) newWorkspace(ctx context.Context, rw *runWorkspace, prof *profile.Profile, labels map[string]string) error {
+	uid, gid := prof.Owner()
+	if err := makeWorkspaceDirs(rw, uid, gid); err != nil {
+		return stageError(err, false)
+	}
+	rw.vol = jail.VolumeSpec{Name: rw.volume, SizeBytes: rw.mib << 20, UID: uid, GID: gid,
+		Inodes: 2*int64(t.cfg.MaxFiles) + 10000, Labels: maps.Clone(labels)}
+	rw.vol.Labels[jail.LabelCreated] = time.Now().UTC().Format(time.RFC3339Nano)
+	rw.vol.Labels[jail.LabelRole] = jail.RoleWorkspace
+	if err := t.rt.CreateVolume(ctx, rw.vol); err != nil {
+		return stageError(fmt.Errorf("create the workspace volume: %w", err), errors.Is(err, jail.ErrPermanent))
+	}
+	return nil
+}
+
+// MakeWarm makes the workspace of a warm container named name, of profile
+// prof, whose labels are labels (worker/warm): a directory under
+// StateDir/ws named after the container, its empty volume (name + "-ws")
+// and the staged tool, held until release, and the mounts a workspace
+// run's container has (workspaceMounts), its snapshot input still empty.
+// The run that claims the container takes them over
+// (stage.WarmWorkspace.Take, in Prestart). release gives up the holds,
+// and removes the volume and the directory when remove is set (the
+// container unused, removed first).
+func (t *Trees) MakeWarm(ctx context.Context, name string, prof *profile.Profile, labels map[string]string) (ww *stage.WarmWorkspace, release func(remove bool), err error) {
+	rw := &runWorkspace{dir: filepath.Join(t.stateDir, "ws", name), volume: name + "-ws", mib: prof.WorkspaceMiB}
+	if rw.tool, rw.toolDigest, err = t.tools.Stage(t.toolSrc); err != nil {
+		return nil, nil, fmt.Errorf("workspace tool: %w", err)
+	}
+	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume)}
+	made := false
+	release = func(remove bool) {
+		if remove {
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if made {
+				if err := t.rt.RemoveVolume(rctx, rw.volume); err != nil {
+					t.log.Warn().Err(err).Str("volume", rw.volume).Msg("remove warm workspace volume; the reconciler will retry")
+				}
+			}
+			if err := os.RemoveAll(rw.dir); err != nil {
+				t.log.Warn().Err(err).Str("dir", rw.dir).Msg("remove warm workspace directory")
+			}
+		}
+		for _, r := range releases {
+			r()
+		}
+	}
+	if err := t.newWorkspace(ctx, rw, prof, labels); err != nil {
+		made = !errors.Is(err, jail.ErrPermanent)
+		release(true)
+		return nil, nil, err
+	}
+	made = true
+	ww = &stage.WarmWorkspace{Dir: rw.dir, Volume: rw.vol, Tool: rw.tool, ToolDigest: rw.toolDigest}
+	rw.vol = ww.Volume
+	for _, m := range workspaceMounts(rw) {
+		ww.Mounts = append(ww.Mounts, m.Mount)
+	}
+	return ww, release, nil
 }
 
 // stageError is err as staging reports it: "workspace: …", which fails the

@@ -1,0 +1,132 @@
+//go:build bench
+
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/docker"
+	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/workspace"
+)
+
+// warmWsRepeats is how many times each warm workspace figure is measured.
+const warmWsRepeats = 3
+
+// warmWsProfiles are the warm workspace benchmark's two profiles, the
+// same jail (the sandbox image, coordination on: a warm container's
+// launcher is the bridge binary): "wswarm" keeps warm containers for
+// workspace runs (warm_workspace), "wscold" none.
+const warmWsProfiles = `[profiles.wswarm]
+image          = "jetcrew-sandbox:latest"
+command        = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
+warm_workspace = 2
+
+[profiles.wscold]
+image          = "jetcrew-sandbox:latest"
+command        = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
+`
+
+// TestWarmWorkspace measures issue 25's warm workspace goal with real
+// Docker: `submit --workspace` of the 100 MiB benchmark tree → the run's
+// process sees the tree, on a profile that keeps warm containers for
+// workspace runs, against the same snapshot file moved by hand (Object
+// Store put + get + tar -x, raw_object_put_get_untar_ms's method) and the
+// same run on a profile of the same jail without a pool, all in the same
+// run, interleaved. Every sample uploads and downloads afresh (the
+// snapshot is deleted from both buckets and the worker's cache after it).
+func TestWarmWorkspace(t *testing.T) {
+	dockerClient(t)
+	s := workertest.StartServer(t)
+	ctx := context.Background()
+	rt, err := docker.New(ctx, docker.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rt.Close() })
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	ps, err := profile.ParseProfiles("ws.toml", []byte(warmWsProfiles))
+	require.NoError(t, err)
+	stateDir := workertest.StateDir(t)
+	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+		ID: "bench-wws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: ps,
+		StateDir: stateDir, BridgePath: binary(t, "jetcrew-bridge"),
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = w.Stop(sctx)
+	})
+	nc := workertest.Connect(t, s)
+	d, err := dispatcher.New(nc)
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	wsb, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	repo := benchRepo(t, 25<<10)
+
+	var hot, cold, raw []float64
+	for range warmWsRepeats {
+		waitWarmFull(t, w, "wswarm")
+		took, warm := wsTreeSample(t, d, wsb, repo, stateDir, "wswarm")
+		require.True(t, warm, "the run on the warm profile started warm")
+		hot = append(hot, took)
+		took, warm = wsTreeSample(t, d, wsb, repo, stateDir, "wscold")
+		require.False(t, warm)
+		cold = append(cold, took)
+		parts := rawWorkspaceSample(t, wsb, repo)
+		raw = append(raw, parts[0]+parts[1]+parts[2])
+	}
+	record(t, "raw_warm_ws_put_get_untar_ms", Figure{Value: round(median(raw), 0), Unit: "ms", Samples: len(raw), Repeats: raw,
+		What: "raw_object_put_get_untar_ms's method measured beside the warm workspace figures (same run, interleaved): the benchmark tree's snapshot file, Object Store put + get + `tar -xf`"})
+	record(t, "cold_ws_submit_to_tree_coord_ms", Figure{Value: round(median(cold), 0), Unit: "ms", Baseline: "raw_warm_ws_put_get_untar_ms", Samples: len(cold), Repeats: cold,
+		What: "as workspace_submit_to_tree_ms (snapshot, upload, submit, download, checks, container, in-jail unpack → the process reads the clock) on a profile of warm_workspace_submit_to_tree_ms's jail (coordination on: the launcher) that keeps no warm container: today's cold path, same run"})
+	record(t, "warm_workspace_submit_to_tree_ms", Figure{Value: round(median(hot), 0), Unit: "ms", Baseline: "raw_warm_ws_put_get_untar_ms", Samples: len(hot), Repeats: hot,
+		What: "issue 25's warm workspace goal (≤ 1.3× the raw put + get + untar): `submit --workspace` of the 100 MiB benchmark tree → the run's process sees the tree, on a profile with warm_workspace = 2 (each run claims a warm container made with its empty workspace volume; the capture container starts while the snapshot downloads; the launcher's in-jail exec unpacks); snapshot, upload and download are in the path as for a cold run"})
+}
+
+// wsTreeSample submits a run of prof with the workspace repo (snapshot and
+// upload included) and returns how long after the submit began the run's
+// process read the clock, in ms, and whether it started warm; it deletes
+// the snapshot afterwards, from both buckets and the worker's cache, so
+// the next sample uploads and downloads again.
+func wsTreeSample(t *testing.T, d *dispatcher.Dispatcher, obs *workspace.SnapshotStore, repo, stateDir, prof string) (float64, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	up, err := d.UploadWorkspace(ctx, repo, workspace.SnapshotOptions{}, workspace.BucketConfig{})
+	require.NoError(t, err)
+	require.False(t, up.Reused)
+	id, err := d.Submit(ctx, messages.RunRequest{Profile: prof, Prompt: "ls d0/f0.txt >/dev/null && adjtimex", Workspace: &up.Ref})
+	require.NoError(t, err)
+	ran, err := probeTime(watchOutput(t, ctx, d, id))
+	require.NoError(t, err)
+	st, err := d.Status(ctx, id)
+	require.NoError(t, err)
+	require.NoError(t, obs.Delete(ctx, up.Ref.Name))
+	require.NoError(t, obs.Uploads.Delete(ctx, up.Ref.Name))
+	cached, err := filepath.Glob(filepath.Join(stateDir, "snap", "*.tar"))
+	require.NoError(t, err)
+	for _, f := range cached {
+		require.NoError(t, os.Remove(f))
+	}
+	return ms(ran.Sub(t0)), st.Warm
+}
