@@ -69,6 +69,10 @@ type Receipt struct {
 	// WorkspaceFrom is the earlier run the run's workspace was built from
 	// (see RunState.WorkspaceFrom).
 	WorkspaceFrom *FromSource `json:"workspace_from,omitempty"`
+	// Session is a follow-up's session (see RunState.Session): the
+	// earlier run, whether its session was resumed, its id and the digest
+	// of the session.tar restored from /run/jetcrew-ws/in.
+	Session *SessionNote `json:"session,omitempty"`
 }
 
 // ReceiptLimits are a run container's resource limits.
@@ -115,10 +119,6 @@ const (
 	// the worker lets `jetcrew workspace exec` go on once the capture
 	// container holds the workspace; it carries no digest.
 	MountRoleWorkspaceGate = "workspace-gate"
-	// MountRoleSession is a follow-up's earlier session, read-only at
-	// /run/jetcrew-ws/session.tar: the ResultSession object `jetcrew
-	// workspace exec` restores into HOME; its digest is the object's.
-	MountRoleSession = "workspace-session"
 	// MountRoleOther is any other bind mount; it carries no digest.
 	MountRoleOther = "bind"
 )

@@ -75,6 +75,9 @@ type SessionNote struct {
 	Resumed bool `json:"resumed,omitempty"`
 	// ID is the session id passed to the resume flag.
 	ID string `json:"id,omitempty"`
+	// Digest is the "sha256:…" digest of the session.tar restored (the
+	// earlier run's ResultSession object), when Resumed.
+	Digest string `json:"digest,omitempty"`
 	// Fresh says why a follow-up started a fresh session (on the earlier
 	// run's tree): the backend cannot resume, another profile, no session
 	// kept. Empty when resumed or no follow-up.

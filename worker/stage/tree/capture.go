@@ -49,9 +49,11 @@ const (
 	// unpacks.
 	JailGatePath = "/run/jetcrew-ws/gate"
 	// JailSessionPath is where a follow-up's earlier session (the
-	// messages.ResultSession object) is mounted, read-only, for `jetcrew
-	// workspace exec --session-in` to restore.
-	JailSessionPath = "/run/jetcrew-ws/session.tar"
+	// messages.ResultSession object) is, read-only, for `jetcrew workspace
+	// exec --session-in` to restore: in JailSnapshotDir beside the
+	// snapshot, so that a follow-up's container has the mounts of any
+	// workspace run's, and may be a warm one.
+	JailSessionPath = JailSnapshotDir + "/session.tar"
 )
 
 // jailWorkspace wires a staged workspace into the run's container: its
@@ -63,8 +65,6 @@ func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionSkip: rw.sessionSkip}
 	if rw.sessionIn != "" {
 		args.SessionIn = JailSessionPath
-		resp.Mounts = append(resp.Mounts, stage.Mount{Mount: jail.Mount{Source: rw.sessionIn, Target: JailSessionPath, ReadOnly: true},
-			Role: messages.MountRoleSession, Digest: "sha256:" + rw.sessionSum})
 	}
 	resp.Wrap = append([]string{JailToolPath}, args.ArgList()...)
 	resp.Mounts = append(resp.Mounts, workspaceMounts(rw)...)

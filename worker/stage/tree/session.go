@@ -85,12 +85,12 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	if err != nil {
 		return stageError(fmt.Errorf("read the session of run %s: %w", ref.From, err), false)
 	}
-	rw.sessionIn = filepath.Join(rw.dir, "session.tar")
+	rw.sessionIn = filepath.Join(rw.in(), "session.tar") // JailSessionPath
 	if err := os.WriteFile(rw.sessionIn, data, 0o444); err != nil {
 		return stageError(err, false)
 	}
 	rw.sessionSum = obj.SHA256
-	s.session.Resumed, s.session.ID = true, src.Agent.SessionID
+	s.session.Resumed, s.session.ID, s.session.Digest = true, src.Agent.SessionID, "sha256:"+obj.SHA256
 	resp.Resume = src.Agent.SessionID
 	return nil
 }

@@ -661,6 +661,9 @@ func (s *Stage) Note(st *messages.RunState) {
 	}
 	if s.session != nil {
 		st.Session = s.session
+		if st.Receipt != nil {
+			st.Receipt.Session = s.session
+		}
 	}
 	if s.result != nil {
 		if s.result.Snapshot == "" {
