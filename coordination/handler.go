@@ -167,6 +167,7 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, resp, err)
 	})
+	addQuestionRoutes(mux)
 	return mux
 }
 

@@ -1,6 +1,6 @@
 // Package bridge is the MCP server that runs inside a run container (the
-// binary is cmd/jetcrew-bridge). It offers an agent six tools, status, send,
-// inbox, claim, release and claims, and relays each call over the run's unix socket to the worker
+// binary is cmd/jetcrew-bridge). It offers an agent eight tools, status, send,
+// inbox, claim, release, claims, ask and reply, and relays each call over the run's unix socket to the worker
 // (package relay), which maps it onto NATS.
 //
 // Every failure of a tool call, including a missing socket or an unreachable
@@ -52,7 +52,9 @@ const instructions = `You are one run in a group of agents coordinated by jetcre
 	`"all" for every other run of your group, or "operator" for the people watching; ` +
 	`inbox to read messages sent to you (wait_seconds long-polls). Messages are plain text up to 16 KiB. ` +
 	`Before editing files another run of your group may edit, claim them (paths or globs relative to the workspace); ` +
-	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends.`
+	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends. ` +
+	`When you need a decision you cannot make, ask a peer, "all" or "operator" and wait for the answer (it may be "no answer": then decide); ` +
+	`an inbox message with a question_id is a peer's question: answer it with reply.`
 
 // NewServer returns an MCP server offering the status, send and inbox tools,
 // each relayed through c. Serve it with server.Run(ctx, transport).
@@ -147,5 +149,6 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		}
 		return nil, resp, err
 	})
+	addQuestionTools(s, c)
 	return s
 }

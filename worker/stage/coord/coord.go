@@ -111,6 +111,8 @@ func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + coordination.Conta
 func (s *Stage) Poststart(ctx context.Context, req *stage.PoststartRequest) error {
 	s.started = time.Now()
 	if s.sess != nil {
+		// An ask waits at most until shortly before the run's timeout.
+		s.sess.SetDeadline(s.started.Add(req.Run.Timeout))
 		if err := s.sess.SetState(ctx, messages.StateRunning); err != nil {
 			req.Run.Log.Warn().Err(err).Msg("coordination presence")
 		}
