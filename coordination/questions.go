@@ -294,8 +294,8 @@ func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskRespo
 	}
 	defer func() { _ = w.Stop() }()
 	start := time.Now()
-	ans, from, key, why := s.waitAnswer(ctx, w, wait)
-	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id), key)
+	ans, from, why := s.waitAnswer(ctx, w, wait)
+	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id))
 	resp := relay.AskResponse{QuestionID: id, WaitedSeconds: int64(time.Since(start) / time.Second), Note: note}
 	if why != "" {
 		resp.Status = relay.AskNoAnswer
@@ -351,7 +351,7 @@ func (s *Session) putQuestion(ctx context.Context, id string, req relay.AskReque
 	}
 	if err != nil {
 		_ = w.Stop()
-		s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id), "")
+		s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id))
 		return nil, nil, q, fmt.Errorf("ask: %w", err)
 	}
 	s.emit(Event{Kind: EventAsked, To: q.To, QuestionID: id, Bytes: len(q.Question)})
@@ -379,17 +379,17 @@ func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion)
 }
 
 // waitAnswer waits for the first answer or reply w delivers, for wait or
-// until ctx ends. It returns the answer, who gave it (the replying run, or
-// RecipientOperator for an answer key whatever its By says) and its key;
-// or why there is none.
-func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, key, why string) {
+// until ctx ends. It returns the answer and who gave it (the replying run,
+// or RecipientOperator for an answer key whatever its By says), or why
+// there is none.
+func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return "", "", "", "the worker stopped watching for answers"
+				return "", "", "the worker stopped watching for answers"
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
@@ -405,32 +405,29 @@ func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait t
 			if strings.HasPrefix(e.Key(), "reply.") && messages.ValidateToken("by", a.By) == nil {
 				from = a.By
 			}
-			return a.Answer, from, e.Key(), ""
+			return a.Answer, from, ""
 		case <-t.C:
-			return "", "", "", fmt.Sprintf("timeout (%s)", wait)
+			return "", "", fmt.Sprintf("timeout (%s)", wait)
 		case <-ctx.Done():
 			if s.ctx.Err() != nil {
-				return "", "", "", "run ended"
+				return "", "", "run ended"
 			}
-			return "", "", "", "call ended"
+			return "", "", "call ended"
 		}
 	}
 }
 
-// dropQuestion purges the question's key, then the answer key read (if
-// any), so the question leaves the open list at once and no later reply
-// finds it. It runs even when ctx has ended.
-func (s *Session) dropQuestion(ctx context.Context, kv jetstream.KeyValue, key, answerKey string) {
+// dropQuestion purges the question's key, so the question leaves the open
+// list at once and no later reply finds it. It runs even when ctx has
+// ended. The answer and reply keys stay until their TTL
+// (messages.CoordAnswerTTL): a reply repeated meanwhile meets the first
+// one (a duplicate, or refused naming it), never an empty key.
+func (s *Session) dropQuestion(ctx context.Context, kv jetstream.KeyValue, key string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.h.cfg.OpTimeout)
 	defer cancel()
-	for _, k := range []string{key, answerKey} {
-		if k == "" {
-			continue
-		}
-		if err := kv.Purge(ctx, k, jetstream.PurgeTTL(questionMarkerTTL)); err != nil {
-			// Its TTL removes it (messages.CoordQuestionGrace).
-			s.log.Warn().Err(err).Str("key", k).Msg("purge question key")
-		}
+	if err := kv.Purge(ctx, key, jetstream.PurgeTTL(questionMarkerTTL)); err != nil {
+		// Its TTL removes it (messages.CoordQuestionGrace).
+		s.log.Warn().Err(err).Str("key", key).Msg("purge question key")
 	}
 }
 
