@@ -18,6 +18,8 @@ type groupData struct {
 	Group string
 	// Runs are the group's runs, newest first.
 	Runs []*messages.RunState
+	// Questions are the group's questions waiting for an operator.
+	Questions []questionRow
 }
 
 // groupPage serves GET /groups/{group}: the group's runs with their
@@ -30,7 +32,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
-	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs}, Rev: rev})
+	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs, Questions: c.groupQuestions(r.Context(), g)}, Rev: rev})
 }
 
 // liveGroup serves GET /live/group/{group}: every message of the group as
