@@ -369,7 +369,7 @@ func requireJailedAgent(t *testing.T, env coordEnv, rep agentReport, ownDir stri
 	require.Empty(t, p.Errors)
 	require.Equal(t, map[string]bool{env.tmp: false}, rep.Paths, "the worker's state directory %s does not exist inside", env.tmp)
 
-	require.Equal(t, []string{"claim", "claims", "inbox", "release", "send", "status"}, rep.Tools)
+	require.Equal(t, []string{"ask", "claim", "claims", "inbox", "release", "reply", "send", "status"}, rep.Tools)
 	require.NotNil(t, rep.ServerInfo)
 	require.Equal(t, "jetcrew", rep.ServerInfo.Name)
 }
