@@ -215,6 +215,7 @@ type agentReport struct {
 		MessageID string `json:"message_id"`
 	} `json:"sent"`
 	Received   []agentMessage `json:"received"`
+	Answers    []agentAnswer  `json:"answers"`
 	ToolErrors []struct {
 		Tool string `json:"tool"`
 		Text string `json:"text"`
