@@ -120,7 +120,7 @@ func coordLive(le liveEvent, data []byte) liveEvent {
 			le.Text += " (" + visible(ce.Reason) + ")"
 		}
 	default:
-		le.Text = visible(string(ce.Kind))
+		le.Text = questionEventText(ce)
 	}
 	return le
 }

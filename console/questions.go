@@ -87,6 +87,23 @@ func (c *Console) groupQuestions(ctx context.Context, g string) []questionRow {
 	return rows
 }
 
+// questionEventText is the timeline text of a question's coordination
+// event (asked, replied, answered, unanswered), or the kind of any other.
+func questionEventText(ce messages.CoordEvent) string {
+	id := visible(ce.QuestionID)
+	switch ce.Kind {
+	case messages.CoordAsked:
+		return fmt.Sprintf("asked question %s, %d bytes", id, ce.Bytes)
+	case messages.CoordReplied:
+		return fmt.Sprintf("replied to question %s, %d bytes", id, ce.Bytes)
+	case messages.CoordAnswered:
+		return fmt.Sprintf("question %s answered by %s, %d bytes", id, visible(ce.From), ce.Bytes)
+	case messages.CoordUnanswered:
+		return fmt.Sprintf("question %s: no answer (%s)", id, visible(ce.Reason))
+	}
+	return visible(string(ce.Kind))
+}
+
 // questionsData is the questions page's data.
 type questionsData struct {
 	Rows []questionRow

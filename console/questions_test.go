@@ -131,3 +131,20 @@ func TestObserverCannotAnswer(t *testing.T) {
 	default:
 	}
 }
+
+// The run and group pages' timelines say what happened to a question.
+func TestQuestionEventText(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		ev   messages.CoordEvent
+		want string
+	}{
+		{messages.CoordEvent{Kind: messages.CoordAsked, QuestionID: "qa", To: "operator", Bytes: 9}, "asked question qa, 9 bytes"},
+		{messages.CoordEvent{Kind: messages.CoordReplied, QuestionID: "qa", To: "r1", Bytes: 3}, "replied to question qa, 3 bytes"},
+		{messages.CoordEvent{Kind: messages.CoordAnswered, QuestionID: "qa", From: "operator", Bytes: 2}, "question qa answered by operator, 2 bytes"},
+		{messages.CoordEvent{Kind: messages.CoordUnanswered, QuestionID: "qa", Reason: "timeout (1s)\x1b"}, "question qa: no answer (timeout (1s)␛)"},
+		{messages.CoordEvent{Kind: "future"}, "future"},
+	} {
+		require.Equal(t, c.want, questionEventText(c.ev))
+	}
+}

@@ -11,6 +11,7 @@ package bridge
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -45,6 +46,10 @@ type Options struct {
 	// Logger receives the MCP SDK's diagnostics. Nil discards them. It
 	// must never write to the stdio transport's stdout.
 	Logger *slog.Logger
+	// ProgressEvery is how often a waiting ask sends a progress
+	// notification (when the call carries a progress token). Default
+	// ProgressEvery.
+	ProgressEvery time.Duration
 }
 
 const instructions = `You are one run in a group of agents coordinated by jetcrew. ` +
@@ -64,6 +69,9 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ProgressEvery <= 0 {
+		opts.ProgressEvery = ProgressEvery
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
@@ -149,6 +157,6 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		}
 		return nil, resp, err
 	})
-	addQuestionTools(s, c)
+	addQuestionTools(s, c, opts.ProgressEvery)
 	return s
 }

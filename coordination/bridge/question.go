@@ -25,8 +25,9 @@ const (
 // resetTimeoutOnProgress) keeps waiting as long as the question does.
 const ProgressEvery = 15 * time.Second
 
-// addQuestionTools adds ask and reply to s, relayed through c.
-func addQuestionTools(s *mcp.Server, c *relay.Client) {
+// addQuestionTools adds ask and reply to s, relayed through c; a waiting
+// ask sends progress every every.
+func addQuestionTools(s *mcp.Server, c *relay.Client, every time.Duration) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolAsk,
 		Description: "Ask a question and wait for the answer: to a peer (its run id from status), to `all` (any other run of your " +
@@ -39,7 +40,7 @@ func addQuestionTools(s *mcp.Server, c *relay.Client) {
 		if err != nil {
 			return nil, relay.AskResponse{}, err
 		}
-		defer keepAlive(ctx, req, in.TimeoutSeconds)()
+		defer keepAlive(ctx, req, in.TimeoutSeconds, every)()
 		resp, err := c.Ask(ctx, in)
 		return nil, resp, err
 	})
@@ -59,10 +60,11 @@ func addQuestionTools(s *mcp.Server, c *relay.Client) {
 	})
 }
 
-// keepAlive sends req's client a progress notification every ProgressEvery
-// while an ask of timeoutSeconds waits, when the call carries a progress
-// token. The returned stop ends it; the goroutine also ends with ctx.
-func keepAlive(ctx context.Context, req *mcp.CallToolRequest, timeoutSeconds int) (stop func()) {
+// keepAlive sends req's client a progress notification every every while
+// an ask of timeoutSeconds waits, when the call carries a progress token.
+// The returned stop ends it and waits for its goroutine, which also ends
+// with ctx.
+func keepAlive(ctx context.Context, req *mcp.CallToolRequest, timeoutSeconds int, every time.Duration) (stop func()) {
 	if req == nil || req.Params == nil || req.Session == nil {
 		return func() {}
 	}
@@ -74,7 +76,7 @@ func keepAlive(ctx context.Context, req *mcp.CallToolRequest, timeoutSeconds int
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(ProgressEvery)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		start := time.Now()
 		for {
