@@ -29,7 +29,7 @@ func askAsync(t *testing.T, cs *mcp.ClientSession, args map[string]any) *asking 
 	a := &asking{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "ask", Arguments: args})
 		if err != nil {
@@ -45,7 +45,7 @@ func (a *asking) wait(t *testing.T) relay.AskResponse {
 	t.Helper()
 	select {
 	case <-a.done:
-	case <-time.After(60 * time.Second):
+	case <-time.After(3 * time.Minute):
 		t.Fatal("ask did not return")
 	}
 	require.False(t, a.res.IsError, coordtest.Text(a.res))
