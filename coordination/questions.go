@@ -268,6 +268,10 @@ func listKeys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]stri
 	for k := range l.Keys() {
 		keys = append(keys, k)
 	}
+	// The lister stops early, without an error, when ctx ends.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	return keys, nil
 }
 

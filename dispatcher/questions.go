@@ -124,6 +124,9 @@ func openQuestion(ctx context.Context, kv jetstream.KeyValue, id string) (messag
 	for k := range l.Keys() {
 		key = k
 	}
+	if err := ctx.Err(); err != nil { // the lister stops early when ctx ends
+		return q, fmt.Errorf("find question %s: %w", id, err)
+	}
 	if key == "" {
 		return q, ErrNoQuestion
 	}
