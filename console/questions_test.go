@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
@@ -64,9 +65,13 @@ func askOperator(t *testing.T, b *bundle, nc *nats.Conn, id, g string, args map[
 func TestConsoleAnswersAQuestion(t *testing.T) {
 	t.Parallel()
 	b := setupRole(t, roles.Operator)
-	g := "crew-ask"
-	id := b.submit(t, messages.RunRequest{Group: g, Prompt: "out hi;sleep 1h"})
-	b.waitState(t, id, messages.StateRunning)
+	g, id := "crew-ask", "ask-run"
+	// The run's state, written as its worker would (no worker serves it:
+	// the question's session below is its only one).
+	wjs, err := jetstream.New(b.worker)
+	require.NoError(t, err)
+	(&bundle{js: wjs, c: b.c}).putStates(t, messages.RunState{ID: id, Group: g, State: messages.StateRunning, Pool: "default",
+		Profile: "shell", Attempts: 1, QueuedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC()})
 	qid, answer := askOperator(t, b.bundle, b.worker, id, g, map[string]any{"to": "operator",
 		"question": "<script>alert(1)</script> deploy\x1b[31m?", "choices": []string{"yes <b>now</b>", "no"}, "timeout_seconds": 60})
 

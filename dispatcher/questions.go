@@ -25,8 +25,9 @@ var ErrNotToOperator = errors.New("the question is not to the operator")
 
 // OpenQuestions returns the runs' questions to the operator that wait for
 // an answer (the ask tool with to "operator"), oldest first: the open
-// questions of messages.BucketCoordQuestions whose Until has not passed.
-// No bucket (coordination never provisioned) is no question.
+// questions of messages.BucketCoordQuestions whose Until has not passed and
+// whose asker still waits (askerWaits). No bucket (coordination never
+// provisioned) is no question.
 func (d *Dispatcher) OpenQuestions(ctx context.Context) ([]messages.CoordQuestion, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
@@ -53,7 +54,7 @@ func (d *Dispatcher) OpenQuestions(ctx context.Context) ([]messages.CoordQuestio
 				slices.SortFunc(out, func(a, b messages.CoordQuestion) int {
 					return a.Time.Compare(b.Time)
 				})
-				return out, nil
+				return d.waiting(ctx, out), nil
 			}
 			var q messages.CoordQuestion
 			if json.Unmarshal(e.Value(), &q) != nil || q.To != messages.RecipientOperator || !q.Until.After(now) {
@@ -99,6 +100,9 @@ func (d *Dispatcher) AnswerQuestion(ctx context.Context, id, text, by string) (m
 	if q, err = openQuestion(ctx, kv, id); err != nil {
 		return q, err
 	}
+	if len(d.waiting(ctx, []messages.CoordQuestion{q})) == 0 {
+		return q, ErrNoQuestion // its asker is gone: nobody would read the answer
+	}
 	if q.To != messages.RecipientOperator {
 		return q, ErrNotToOperator
 	}
@@ -141,4 +145,33 @@ func openQuestion(ctx context.Context, kv jetstream.KeyValue, id string) (messag
 		return q, ErrNoQuestion
 	}
 	return q, nil
+}
+
+// waiting keeps the questions of qs whose asker still waits: a question's
+// key outlives a worker that died while its run asked (until the
+// question's Until), but the run's presence in
+// messages.BucketCoordPeers, which names the session that asked, ends
+// within a minute. A question whose presence cannot be read is kept.
+func (d *Dispatcher) waiting(ctx context.Context, qs []messages.CoordQuestion) []messages.CoordQuestion {
+	if len(qs) == 0 {
+		return qs
+	}
+	peers, err := d.js.KeyValue(ctx, messages.BucketCoordPeers)
+	if err != nil {
+		return qs
+	}
+	return slices.DeleteFunc(qs, func(q messages.CoordQuestion) bool {
+		e, err := peers.Get(ctx, q.Group+"."+q.RunID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return true
+		}
+		var p struct {
+			State   messages.State `json:"state"`
+			Session string         `json:"session"`
+		}
+		if err != nil || json.Unmarshal(e.Value(), &p) != nil {
+			return false
+		}
+		return p.State.Final() || (q.Session != "" && p.Session != q.Session)
+	})
 }

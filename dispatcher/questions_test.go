@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
@@ -29,6 +30,24 @@ func TestQuestionsToTheOperator(t *testing.T) {
 	qs, err := d.OpenQuestions(t.Context())
 	require.NoError(t, err)
 	require.Empty(t, qs)
+
+	// A question whose asker is gone (no presence: its worker died) is not
+	// listed, nor answered, though its key lives until its TTL.
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(t.Context(), messages.BucketCoordQuestions)
+	require.NoError(t, err)
+	ghost := messages.CoordQuestion{ID: "qghostghostghostg", RunID: "ghost", Group: "g", To: "operator", Question: "anyone?",
+		Time: time.Now(), Until: time.Now().Add(time.Hour), Session: "S"}
+	raw, err := json.Marshal(ghost)
+	require.NoError(t, err)
+	_, err = kv.Create(t.Context(), messages.CoordQuestionKey("g", "ghost", ghost.ID), raw)
+	require.NoError(t, err)
+	qs, err = d.OpenQuestions(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, qs)
+	_, err = d.AnswerQuestion(t.Context(), ghost.ID, "yes", "me")
+	require.ErrorIs(t, err, dispatcher.ErrNoQuestion)
 
 	h, err := coordination.NewHost(nc, coordination.Config{})
 	require.NoError(t, err)
