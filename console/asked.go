@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -47,9 +48,7 @@ func (c *Console) asked(ctx context.Context, st *messages.RunState) askedView {
 	a, err := c.d.Asked(ctx, st)
 	switch {
 	case errors.Is(err, dispatcher.ErrRequestGone):
-		v.Missing = "Its request is no longer kept: a worker removes it from JETCREW_RUNS when the run ends, " +
-			"and only a run that failed, timed out or stalled leaves it in a dead letter (JETCREW_FAILED)."
-		return v
+		return c.recordedPrompt(ctx, st, v)
 	case err != nil:
 		v.Missing = visible("Its request could not be read: " + err.Error())
 		return v
@@ -82,6 +81,29 @@ func (c *Console) asked(ctx context.Context, st *messages.RunState) askedView {
 		}
 		slices.Sort(names)
 		v.Facts = append(v.Facts, fact{Label: "Env", Text: visible(strings.Join(names, " "))})
+	}
+	return v
+}
+
+// recordedPrompt fills v from the prompt run st's worker recorded on its
+// latest started event (dispatcher.RecordedPrompt), for a run whose
+// request is gone (it succeeded or was cancelled).
+func (c *Console) recordedPrompt(ctx context.Context, st *messages.RunState, v askedView) askedView {
+	ev, err := c.d.RecordedPrompt(ctx, st.ID)
+	switch {
+	case errors.Is(err, dispatcher.ErrRequestGone):
+		v.Missing = "Its request is no longer kept (a worker removes it from JETCREW_RUNS when the run ends; only a run that failed, " +
+			"timed out or stalled leaves it in a dead letter), and the run has no started event that recorded its prompt " +
+			"(it never started, or its events expired)."
+		return v
+	case err != nil:
+		v.Missing = visible("Its prompt could not be read: " + err.Error())
+		return v
+	}
+	v.Found, v.From = true, "its started event in JETCREW_EVENTS: the prompt as its worker recorded it, secrets masked"
+	v.Prompt = visible(ev.Prompt)
+	if ev.PromptBytes > 0 {
+		v.Facts = append(v.Facts, fact{Label: "Prompt", Text: fmt.Sprintf("its first %d of %d bytes", len(ev.Prompt), ev.PromptBytes)})
 	}
 	return v
 }

@@ -178,6 +178,8 @@ func TestBrowser(t *testing.T) {
 	shot(t, ctx, "run")
 	onPhone(t, ctx, "run")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "the cancel asks for a confirmation")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
 	poll(t, ctx, 10*time.Second, `document.getElementById("state")?.textContent === "cancelled"`, "the page shows the run cancelled")
 	require.Equal(t, messages.StateCancelled, b.waitState(t, id, messages.StateCancelled).State)
 

@@ -99,6 +99,11 @@ var resultKinds = map[string]string{
 // changes returns what run st changed in its workspace, reading the first
 // maxPatchShown bytes of its patch.
 func (c *Console) changes(ctx context.Context, st *messages.RunState) changesView {
+	return c.changesUpTo(ctx, st, maxPatchShown)
+}
+
+// changesUpTo is changes, reading at most limit bytes of the patch.
+func (c *Console) changesUpTo(ctx context.Context, st *messages.RunState, limit int64) changesView {
 	r := st.WorkspaceResult
 	if r == nil {
 		return changesView{}
@@ -142,7 +147,7 @@ func (c *Console) changes(ctx context.Context, st *messages.RunState) changesVie
 	}
 	for _, dl := range v.Downloads {
 		if dl.Name == messages.ResultPatch {
-			v.readPatch(ctx, c.d, st)
+			v.readPatch(ctx, c.d, st, limit)
 		}
 	}
 	return v
@@ -161,8 +166,8 @@ func changesKey(st *messages.RunState) string {
 	return k
 }
 
-// readPatch reads the first maxPatchShown bytes of st's patch into v.
-func (v *changesView) readPatch(ctx context.Context, d *dispatcher.Dispatcher, st *messages.RunState) {
+// readPatch reads the first limit bytes of st's patch into v.
+func (v *changesView) readPatch(ctx context.Context, d *dispatcher.Dispatcher, st *messages.RunState, limit int64) {
 	ctx, cancel := context.WithTimeout(ctx, patchReadTimeout)
 	defer cancel()
 	rr, err := d.OpenResult(ctx, st, messages.ResultPatch)
@@ -173,14 +178,13 @@ func (v *changesView) readPatch(ctx context.Context, d *dispatcher.Dispatcher, s
 	defer rr.Close()
 	v.PatchSize = rr.Object.Size
 	// Read one byte past a patch that fits, so its check runs at the end.
-	limit := min(rr.Object.Size, maxPatchShown) + 1
-	b, err := io.ReadAll(io.LimitReader(rr, limit))
+	b, err := io.ReadAll(io.LimitReader(rr, min(rr.Object.Size, limit)+1))
 	if err != nil {
 		v.PatchErr = visible(err.Error())
 		return
 	}
-	if int64(len(b)) > maxPatchShown {
-		b = b[:maxPatchShown]
+	if int64(len(b)) > limit {
+		b = b[:limit]
 	}
 	if v.PatchCut = rr.Object.Size > int64(len(b)); v.PatchCut {
 		if i := strings.LastIndexByte(string(b), '\n'); i >= 0 {

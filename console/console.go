@@ -201,6 +201,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget, "$KV."+messages.BucketBudgets+".>"))
 	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, send))
 	mux.HandleFunc("GET /groups/{group}", c.groupPage)
+	mux.HandleFunc("GET /groups/{group}/attempts", c.groupAttempts)
 	mux.HandleFunc("GET /live/group/{group}", c.liveGroup)
 	mux.HandleFunc("POST /groups/{group}/send", c.action(c.sendToGroup, send))
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
@@ -208,6 +209,8 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /dead-letters/discard", c.action(c.discardDeadLetters, "$JS.API.STREAM.PURGE."+messages.StreamFailed))
 	mux.HandleFunc("GET /questions", c.questionsPage)
 	mux.HandleFunc("POST /questions/answer", c.action(c.answerQuestion, "$KV."+messages.BucketCoordQuestions+"."+messages.CoordAnswerKey(">")))
+	mux.HandleFunc("POST /dead-letters/archive", c.action(c.archiveDeadLetters,
+		"$JS.API.STREAM.PURGE."+messages.StreamFailed, messages.SubjectFailedArchived("*", "*")))
 	mux.HandleFunc("GET /egress", c.egressPage)
 	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
 	mux.HandleFunc("GET /live/egress", c.liveEgress)

@@ -109,8 +109,15 @@ func TestActionsNeedCSRFAndSameOrigin(t *testing.T) {
 	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "pad": {strings.Repeat("x", maxFormBytes)}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an oversized form is not read")
 
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Sec-Fetch-Site", "same-origin")
+	// Without confirm=yes: the confirmation, nothing cancelled.
+	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Sec-Fetch-Site", "same-origin")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, `id="confirm"`)
+	require.Contains(t, body, `action="/runs/`+id+`/cancel"`)
+	require.Equal(t, messages.StateRunning, b.waitState(t, id, messages.StateRunning).State)
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "confirm": {"yes"}}, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "/runs/"+id, resp.Header.Get("Location"))
 	b.waitState(t, id, messages.StateCancelled)
 }
 

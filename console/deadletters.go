@@ -46,15 +46,41 @@ type deadData struct {
 	Groups []deadGroup
 	// All is true when resolved dead letters are shown (?all=1).
 	All bool
-	// Resolved counts the resolved dead letters (hidden unless All).
+	// Archived is true for the archive (?archived=1): the archived dead
+	// letters only.
+	Archived bool
+	// Counts of the resolved (hidden unless All) and archived (shown only
+	// in the archive) dead letters.
+	Counts deadCounts
+}
+
+// deadCounts counts the dead letters a view of the page leaves out.
+type deadCounts struct {
+	// Resolved counts those not archived whose run was healed.
 	Resolved int
+	// Archived counts those archived (dispatcher.Archive).
+	Archived int
+}
+
+// deadView says which dead letters the page shows: archived ones only
+// (Archived), else those not archived, the resolved ones too with All.
+type deadView struct {
+	All, Archived bool
+}
+
+// shows reports whether the view shows dl.
+func (v deadView) shows(dl deadLetter) bool {
+	if v.Archived || dl.Archived {
+		return v.Archived && dl.Archived
+	}
+	return v.All || !dl.Resolved
 }
 
 // groupDeadLetters keeps each run's latest dead letter, says what became
-// of it (fate: from the run's id and latest dead letter), and groups them
-// by reason, the largest group first. Resolved ones are left out unless
-// all; the number of resolved ones is returned either way.
-func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLetter) deadLetter, all bool) ([]deadGroup, int) {
+// of it (fate: from the run's id and latest dead letter), and groups those
+// view shows by reason, the largest group first. It counts the resolved
+// and the archived ones whatever the view.
+func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLetter) deadLetter, view deadView) ([]deadGroup, deadCounts) {
 	latest := make(map[string]dispatcher.DeadLetter, len(dls))
 	for _, dl := range dls {
 		if cur, ok := latest[dl.RunID]; !ok || dl.Sequence > cur.Sequence {
@@ -63,14 +89,17 @@ func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLett
 	}
 	byReason := map[string]*deadGroup{}
 	pools := map[string]map[string]bool{}
-	resolved := 0
+	var n deadCounts
 	for _, raw := range latest {
 		dl := fate(raw)
-		if dl.Resolved {
-			resolved++
-			if !all {
-				continue
-			}
+		switch {
+		case dl.Archived:
+			n.Archived++
+		case dl.Resolved:
+			n.Resolved++
+		}
+		if !view.shows(dl) {
+			continue
 		}
 		g := byReason[dl.Reason]
 		if g == nil {
@@ -109,12 +138,12 @@ func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLett
 		}
 		return out[i].Reason < out[j].Reason
 	})
-	return out, resolved
+	return out, n
 }
 
 // deadLetters serves GET /dead-letters: each run's latest dead letter and
 // what became of the run, grouped by reason; the resolved ones only with
-// ?all=1.
+// ?all=1; the archived ones only, and only they, with ?archived=1.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	dls, err := c.d.Failed(r.Context(), "")
 	if err != nil {
@@ -128,8 +157,8 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		f := dispatcher.FateOf(st, ok, waiting[dl.RunID])
 		return deadLetter{DeadLetter: dl, Fate: f, Resolved: f.Resolved(), Replays: st.Replays}
 	}
-	d := deadData{All: r.URL.Query().Get("all") == "1"}
-	d.Groups, d.Resolved = groupDeadLetters(dls, fate, d.All)
+	d := deadData{All: r.URL.Query().Get("all") == "1", Archived: r.URL.Query().Get("archived") == "1"}
+	d.Groups, d.Counts = groupDeadLetters(dls, fate, deadView{All: d.All, Archived: d.Archived})
 	c.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: d})
 }
 
@@ -143,7 +172,9 @@ func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Discard: true}})
+		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Action: "/dead-letters/discard",
+			Question: "Discard every dead letter of this run? They are deleted from JETCREW_FAILED and the run can no longer be replayed; its state and output stay.",
+			Button:   "Discard", Keep: "Keep them"}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
@@ -156,11 +187,54 @@ func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
 	c.message(w, r, http.StatusOK, "Discard", fmt.Sprintf("Discarded %d dead letter(s) of run %s: it can no longer be replayed.", n, id), "/dead-letters")
 }
 
-// confirmData is the replay confirmation page's data.
+// archiveDeadLetters serves POST /dead-letters/archive with one run=<id>
+// (and undo=1 to take it out of the archive): without confirm=yes it asks
+// for a confirmation; with it, dispatcher.Archive (or Unarchive).
+func (c *Console) archiveDeadLetters(w http.ResponseWriter, r *http.Request) {
+	id := r.PostFormValue("run")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+		return
+	}
+	undo := r.FormValue("undo") == "1" // in the query of the confirmation's form
+	if r.PostFormValue("confirm") != "yes" {
+		d := confirmData{Runs: []string{id}, Action: "/dead-letters/archive", Button: "Archive", Keep: "Cancel",
+			Question: "Archive the dead letters of this run? They are kept (and can still be replayed), hidden from the dead letters until the archive is opened."}
+		if undo {
+			d.Action, d.Button, d.Back = "/dead-letters/archive?undo=1", "Unarchive", "/dead-letters?archived=1"
+			d.Question = "Take the dead letters of this run out of the archive? They are listed with the others again."
+		}
+		c.render(w, r, "confirm", page{Title: "Confirm " + strings.ToLower(d.Button), Nav: "dead", Data: d})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	defer cancel()
+	if undo {
+		if err := c.d.Unarchive(ctx, id); err != nil {
+			c.message(w, r, http.StatusBadGateway, "Unarchive", err.Error(), "/dead-letters?archived=1")
+			return
+		}
+		c.message(w, r, http.StatusOK, "Unarchive", "The dead letters of run "+id+" are listed again.", "/dead-letters")
+		return
+	}
+	if err := c.d.Archive(ctx, id); err != nil {
+		c.message(w, r, http.StatusBadGateway, "Archive", err.Error(), "/dead-letters")
+		return
+	}
+	c.message(w, r, http.StatusOK, "Archive", "Archived the dead letters of run "+id+": kept, shown in the archive.", "/dead-letters")
+}
+
+// confirmData is a confirmation page's data: the question, the runs it
+// is about, and the form that confirms it (posted to Action with
+// confirm=yes, each run, and Back).
 type confirmData struct {
-	Runs []string
-	// Discard: the confirmation is of a discard, not a replay.
-	Discard bool
+	Question string
+	Runs     []string
+	Action   string
+	// Button is the confirming button's text; Keep the link's that
+	// leaves things as they are (back to Back, else the dead letters).
+	Button, Keep string
+	Back         string
 }
 
 // replayResult is the outcome of a confirmed replay.
@@ -190,7 +264,9 @@ func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs}})
+		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs, Action: "/dead-letters/replay",
+			Question: fmt.Sprintf("Replay the latest dead letter of these %d run(s)? Each request is published again, unchanged, and runs anew.", len(runs)),
+			Button:   fmt.Sprintf("Replay %d run(s)", len(runs)), Keep: "Cancel"}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -28,8 +30,8 @@ func TestGroupDeadLettersSample(t *testing.T) {
 		{Sequence: 2, RunID: "b", Pool: "default", Reason: "exit 1", Time: t0.Add(time.Minute), Request: []byte(`{"prompt":"<latest>"}`)},
 		{Sequence: 3, RunID: "c", Pool: "gpu", Reason: "timed out", Time: t0, Request: []byte(`{"prompt":"alone"}`)},
 	}
-	groups, resolved := groupDeadLetters(dls, failing, false)
-	require.Zero(t, resolved)
+	groups, n := groupDeadLetters(dls, failing, deadView{})
+	require.Zero(t, n)
 	require.Len(t, groups, 2)
 	require.Equal(t, "exit 1", groups[0].Reason)
 	require.Equal(t, `{"prompt":"<latest>"}`, groups[0].Sample)
@@ -97,4 +99,87 @@ func TestDeadLettersLifecycle(t *testing.T) {
 	_, body = b.get(t, "/dead-letters?all=1")
 	require.NotContains(t, body, `data-run="`+other+`"`)
 	require.Contains(t, body, `data-run="`+still+`"`, "the others stay")
+}
+
+// Issue 27: an operator archives a run's dead letters (after a
+// confirmation): kept, and replayable, but hidden from the default view
+// and listed in the archive; unarchived, they are listed again; a dead
+// letter stored after the mark (the run failed again) is not archived;
+// discard takes the mark with the letters.
+func TestDeadLettersArchive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	arch := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
+	keep := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
+	for _, id := range []string{arch, keep} {
+		b.waitState(t, id, messages.StateFailed)
+		require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), id); return err == nil }, 15*time.Second, 10*time.Millisecond)
+	}
+	_, body := b.get(t, "/dead-letters")
+	require.Contains(t, body, `<button type="submit" class="archive-one" data-run="`+arch+`">Archive…</button>`)
+	require.Contains(t, body, "none archived")
+
+	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {arch}})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, `action="/dead-letters/archive"`)
+	require.Contains(t, body, `name="confirm" value="yes"`, "asks first")
+	_, body = b.get(t, "/dead-letters")
+	require.Contains(t, body, `data-run="`+arch+`"`, "nothing archived before the confirmation")
+	resp, body = b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {arch}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Archived the dead letters of run "+arch)
+
+	_, body = b.get(t, "/dead-letters")
+	require.NotContains(t, body, `data-run="`+arch+`"`, "an archived dead letter is hidden by default")
+	require.Contains(t, body, `data-run="`+keep+`"`)
+	require.Contains(t, body, `<a href="/dead-letters?archived=1" id="show-archived">Archived (1)</a>`)
+	_, body = b.get(t, "/dead-letters?all=1")
+	require.NotContains(t, body, `data-run="`+arch+`"`, "nor shown with the resolved ones")
+	_, body = b.get(t, "/dead-letters?archived=1")
+	require.Contains(t, body, `data-run="`+arch+`"`)
+	require.NotContains(t, body, `data-run="`+keep+`"`, "the archive holds the archived only")
+	require.Contains(t, body, `<button type="submit" class="unarchive-one" data-run="`+arch+`">Unarchive…</button>`)
+	dl, err := b.d.LastDeadLetter(t.Context(), arch)
+	require.NoError(t, err, "an archived dead letter is kept")
+	dls, err := b.d.Failed(t.Context(), "")
+	require.NoError(t, err)
+	require.Len(t, dls, 2, "the mark is no dead letter")
+	for _, d := range dls {
+		require.Equal(t, d.RunID == arch, d.Archived, d.RunID)
+	}
+	require.NoError(t, b.d.Archive(t.Context(), arch), "archiving twice is a no-op")
+	dls, err = b.d.Failed(t.Context(), "default")
+	require.NoError(t, err)
+	require.Len(t, dls, 2)
+
+	// Unarchive: asked first, then listed again.
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {arch}})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, `action="/dead-letters/archive?undo=1"`)
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {arch}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	_, body = b.get(t, "/dead-letters")
+	require.Contains(t, body, `data-run="`+arch+`"`, "unarchived, it is listed again")
+
+	// A dead letter stored after the mark is not archived.
+	require.NoError(t, b.d.Archive(t.Context(), arch))
+	m := nats.NewMsg(messages.SubjectFailed("default", arch))
+	m.Data = dl.Request
+	_, err = b.js.PublishMsg(t.Context(), m)
+	require.NoError(t, err)
+	_, body = b.get(t, "/dead-letters")
+	require.Contains(t, body, `data-run="`+arch+`"`, "the run failed again after it was archived")
+
+	// Discard takes the marks too.
+	require.NoError(t, b.d.Archive(t.Context(), arch))
+	_, err = b.d.Discard(t.Context(), arch)
+	require.NoError(t, err)
+	s, err := b.js.Stream(t.Context(), messages.StreamFailed)
+	require.NoError(t, err)
+	info, err := s.Info(t.Context(), jetstream.WithSubjectFilter(messages.SubjectFailedPrefix+".>"))
+	require.NoError(t, err)
+	for subj := range info.State.Subjects {
+		require.NotContains(t, subj, arch, "nothing of the discarded run is left")
+	}
+	require.ErrorIs(t, b.d.Archive(t.Context(), arch), dispatcher.ErrNoDeadLetter)
 }

@@ -20,10 +20,24 @@ type groupData struct {
 	Runs []*messages.RunState
 	// Questions are the group's questions waiting for an operator.
 	Questions []questionRow
+	// Attempts compares them, in the order they were submitted.
+	Attempts attemptsData
 }
 
-// groupPage serves GET /groups/{group}: the group's runs with their
-// states; the conversation arrives over /live/group/{group}.
+// groupParam returns the request's {group}, or answers 400 and false.
+func groupParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	g := r.PathValue("group")
+	if err := messages.ValidateToken("group", g); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return "", false
+	}
+	return g, true
+}
+
+// groupPage serves GET /groups/{group}: the group's runs compared (each
+// one's outcome, duration, diffstat, usage and diff: its attempts, for
+// submit --attempts); the conversation and state changes arrive over
+// /live/group/{group}.
 func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	rev := c.cache.current()
 	g := r.PathValue("group")
@@ -32,7 +46,15 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
-	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Data: groupData{Group: g, Runs: runs, Questions: c.groupQuestions(r.Context(), g)}, Rev: rev})
+	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Rev: rev,
+		Data: groupData{Group: g, Runs: runs, Attempts: c.attempts(r.Context(), g, runs), Questions: c.groupQuestions(r.Context(), g)}})
+}
+
+// groupRow is a run of a group as the group page's live stream sends it:
+// the list's row and its attemptKey.
+type groupRow struct {
+	runRow
+	Key string `json:"key"`
 }
 
 // liveGroup serves GET /live/group/{group}: every message of the group as
@@ -47,7 +69,8 @@ func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g }, func(st messages.RunState) any { return newRunRow(st) },
+	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g },
+		func(st messages.RunState) any { return groupRow{runRow: newRunRow(st), Key: attemptKey(&st)} },
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
 			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
 		},

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -51,6 +52,7 @@ var funcs = template.FuncMap{
 	"labels":         labelList,
 	"short":          func(s string) string { return shortText(s, 12) },
 	"final":          func(s messages.State) bool { return s.Final() },
+	"activity":       func(st *messages.RunState) string { return isoTime(dispatcher.Activity(st)) },
 	"usageShort":     usageShort,
 	"spend":          poolSpend,
 	"until":          until,

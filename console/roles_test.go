@@ -142,10 +142,11 @@ func TestObserverConsole(t *testing.T) {
 		path string
 		form url.Values
 	}{
-		{"/runs/" + id + "/cancel", nil},
+		{"/runs/" + id + "/cancel", url.Values{"confirm": {"yes"}}},
 		{"/runs/" + failed + "/replay", nil},
 		{"/dead-letters/replay", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/dead-letters/discard", url.Values{"run": {failed}, "confirm": {"yes"}}},
+		{"/dead-letters/archive", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/runs/" + id + "/send", url.Values{"text": {"stop"}}},
 		{"/groups/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
 		{"/runs/" + id + "/budget", url.Values{"usd": {"1"}}},
@@ -174,7 +175,17 @@ func TestOperatorDiscardsDeadLetter(t *testing.T) {
 	failed := b.submit(t, messages.RunRequest{Prompt: "exit 3"})
 	b.waitState(t, failed, messages.StateFailed)
 	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), failed); return err == nil }, 10*time.Second, 10*time.Millisecond)
-	resp, body := b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	// Archive and unarchive (a mark published on, then purged from,
+	// jetcrew.failed.<pool>.<run_id>.archived) under the role's own rights.
+	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, "Archived the dead letters of run "+failed)
+	_, body = b.get(t, "/dead-letters?archived=1")
+	require.Contains(t, body, `data-run="`+failed+`"`)
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NoError(t, b.d.Archive(t.Context(), failed))
+	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Discarded 1 dead letter(s)")
 	_, err := b.d.LastDeadLetter(t.Context(), failed)
@@ -293,8 +304,10 @@ func TestBrowserObserverRefused(t *testing.T) {
 	poll(t, ctx, 5*time.Second, `document.querySelector('#overview-body a[href="/runs?pool=default"]') !== null`, "the overview shows the pool")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/runs/"+id)))
 	poll(t, ctx, 10*time.Second, `document.getElementById("output")?.textContent.includes("hi")`, "the run's output streams in")
-	start := time.Now()
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "the cancel asks for a confirmation")
+	start := time.Now()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
 	poll(t, ctx, 3*time.Second, `document.body.innerText.includes("needs the operator role")`, "the refusal is shown, naming the role")
 	t.Logf("the refused cancel was reported %s after the click", time.Since(start).Round(time.Millisecond))
 	shot(t, ctx, "observer-refused")

@@ -273,17 +273,44 @@ func joinText(a, b string) string {
 	return a + ": " + b
 }
 
-// cancelRun serves POST /runs/{id}/cancel: dispatcher.Cancel, then back to
-// the run's page.
+// cancelRun serves POST /runs/{id}/cancel: without confirm=yes it asks
+// for a confirmation; with it, dispatcher.Cancel, then back to where the
+// form was (back: the runs list or the run's page).
 func (c *Console) cancelRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+		return
+	}
+	back := localBack(r.PostFormValue("back"), "/runs/"+url.PathEscape(id))
+	if r.PostFormValue("confirm") != "yes" {
+		c.render(w, r, "confirm", page{Title: "Confirm cancel", Nav: "runs", Data: confirmData{Runs: []string{id},
+			Action:   "/runs/" + url.PathEscape(id) + "/cancel",
+			Question: "Cancel this run? A running run's container is stopped and the run ends cancelled; a queued one is skipped when a worker takes it.",
+			Button:   "Cancel the run", Keep: "Keep it", Back: back}})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
 	defer cancel()
 	if _, err := c.d.Cancel(ctx, id); err != nil {
-		c.message(w, r, http.StatusBadGateway, "Cancel failed", err.Error(), "/runs/"+url.PathEscape(id))
+		c.message(w, r, http.StatusBadGateway, "Cancel failed", err.Error(), back)
 		return
 	}
-	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// localBack returns back when it is the runs list ("/runs", with a query
+// or not) or a run's page ("/runs/<id>"), else def: a form's back never
+// leads off the console, nor to an action.
+func localBack(back, def string) string {
+	u, err := url.Parse(back)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Fragment != "" || strings.ContainsAny(back, "\\\r\n") {
+		return def
+	}
+	if id, ok := strings.CutPrefix(u.Path, "/runs/"); u.Path == "/runs" || ok && messages.ValidateToken("run id", id) == nil {
+		return back
+	}
+	return def
 }
 
 // replayRun serves POST /runs/{id}/replay: dispatcher.Replay of the run's

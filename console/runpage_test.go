@@ -48,18 +48,37 @@ func TestRunPageAsked(t *testing.T) {
 	// Its queue wait is over, its run time counts on.
 	require.Contains(t, body, `<dd class="mono" id="ran" title="from its start to its end"><span class="dur" data-from="`)
 
-	// Cancelled: the request left JETCREW_RUNS, and no dead letter keeps it.
+	// Cancelled: the request left JETCREW_RUNS, and no dead letter keeps
+	// it: the prompt its worker recorded on its started event is shown.
 	_, err := b.d.Cancel(t.Context(), id)
 	require.NoError(t, err)
 	b.waitState(t, id, messages.StateCancelled)
 	require.Eventually(t, func() bool {
 		_, body = b.get(t, "/runs/"+id)
-		return strings.Contains(body, `id="asked-missing"`)
-	}, 10*time.Second, 20*time.Millisecond, "the page says the request is gone once the worker removed it")
-	require.Contains(t, body, "Its request is no longer kept")
+		return strings.Contains(body, "From its started event in JETCREW_EVENTS")
+	}, 10*time.Second, 20*time.Millisecond, "once the worker removed the request, the recorded prompt")
+	require.Contains(t, body, `<pre class="prompt" id="prompt">out &lt;script&gt;window.pwned=1&lt;/script&gt;&lt;img src=x onerror=window.pwned=2&gt;␛[2J&lt;U&#43;202E&gt;;sleep 1h</pre>`)
+	require.NotContains(t, body, "\u202e")
 	require.Contains(t, body, `<li data-cmd="cancel" hidden>`)
 	require.Contains(t, body, `<p class="command">Command: <code id="argv">`, "the receipt's command is still shown")
 	require.Contains(t, body, "&lt;prompt&gt;")
+
+	// Succeeded: the same.
+	ok := b.submit(t, messages.RunRequest{Prompt: "out done"})
+	b.waitState(t, ok, messages.StateSucceeded)
+	require.Eventually(t, func() bool {
+		_, body = b.get(t, "/runs/"+ok)
+		return strings.Contains(body, `<pre class="prompt" id="prompt">out done</pre>`)
+	}, 10*time.Second, 20*time.Millisecond, "a succeeded run's page shows its prompt")
+	require.Contains(t, body, "From its started event in JETCREW_EVENTS")
+
+	// Neither a request nor a started event (it never started, or its
+	// events expired): the page says so.
+	now := time.Now().UTC()
+	b.putStates(t, messages.RunState{ID: "gone-1", State: messages.StateCancelled, Pool: "default", Profile: "shell", QueuedAt: now, UpdatedAt: now})
+	_, body = b.get(t, "/runs/gone-1")
+	require.Contains(t, body, `id="asked-missing"`)
+	require.Contains(t, body, "Its request is no longer kept")
 
 	// Failed: its dead letter keeps it.
 	f := b.submit(t, messages.RunRequest{Prompt: "out <b>no</b>;exit 3"})

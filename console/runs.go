@@ -124,6 +124,8 @@ type runsData struct {
 	// Queue is what was read of the requests no worker has taken: the
 	// page says when the queue is longer than what was read.
 	Queue queuedView
+	// Back is this page's URL: where a Cancel confirmed from it returns.
+	Back string
 }
 
 var allStates = []messages.State{messages.StateQueued, messages.StateRunning, messages.StateSucceeded,
@@ -168,7 +170,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 	size := c.cfg.PageSize
 	end := min(start+size, len(all))
 	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
-		LiveQuery: filterQuery(f).Encode(), Queue: qv, Links: map[string]string{}}
+		LiveQuery: filterQuery(f).Encode(), Queue: qv, Links: map[string]string{}, Back: r.URL.RequestURI()}
 	if end > start {
 		d.From, d.To = start+1, end
 	}
@@ -225,6 +227,9 @@ type runRow struct {
 	QueuedAt   string `json:"queued_at"`
 	StartedAt  string `json:"started_at"`
 	FinishedAt string `json:"finished_at"`
+	// Activity is the time the list orders it by (dispatcher.Activity,
+	// isoTime): a replay moves it.
+	Activity string `json:"activity"`
 	// Usage is the runs list's short model usage (usageShort).
 	Usage string `json:"usage"`
 	// Model is the run page's model usage section.
@@ -236,7 +241,8 @@ func newRunRow(st messages.RunState) runRow {
 		ID: st.ID, State: string(st.State), Pool: st.Pool, Profile: st.Profile, Group: st.Group,
 		Labels: labelList(st.Labels), Worker: st.Worker, Queued: clock(st.QueuedAt),
 		QueuedAt: isoTime(st.QueuedAt), StartedAt: isoTime(st.StartedAt), FinishedAt: isoTime(st.FinishedAt),
-		Reason: visible(shortText(st.Reason, 120)), Final: st.State.Final(),
+		Activity: isoTime(dispatcher.Activity(&st)),
+		Reason:   visible(shortText(st.Reason, 120)), Final: st.State.Final(),
 		Usage: usageShort(st.Usage), Model: newUsageView(&st),
 	}
 }

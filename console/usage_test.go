@@ -185,7 +185,7 @@ func TestRunsListUsageColumn(t *testing.T) {
 	_, body := b.get(t, "/runs?q=col-")
 	require.Contains(t, body, `<th class="num">Usage</th>`)
 	usage := func(id string) string {
-		return between(between(body, `<tr data-id="`+id+`">`, "</tr>"), `<td class="num">`, "</td>")
+		return between(between(body, `<tr data-id="`+id+`"`, "</tr>"), `<td class="num">`, "</td>")
 	}
 	require.Equal(t, "$0.0123", usage("col-priced"))
 	require.Equal(t, "1.2k out tok", usage("col-tokens"))
@@ -305,7 +305,7 @@ func TestReadOnlyShowsNoActions(t *testing.T) {
 	require.Contains(t, body, failed)
 	require.NotContains(t, body, `action="/dead-letters/replay"`)
 
-	for _, path := range []string{"/runs/ro-1/budget", "/runs/ro-1/cancel", "/runs/" + failed + "/replay", "/dead-letters/replay"} {
+	for _, path := range []string{"/runs/ro-1/budget", "/runs/ro-1/cancel", "/runs/" + failed + "/replay", "/dead-letters/replay", "/dead-letters/archive", "/dead-letters/discard"} {
 		resp, _ := b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}, "run": {failed}, "confirm": {"yes"}})
 		require.Equal(t, http.StatusForbidden, resp.StatusCode, path)
 	}

@@ -46,6 +46,19 @@
 //     session (any other claim is stale: ignored, and dropped by the next
 //     write), and is removed by Close when the run ends.
 //
+// # Steering
+//
+// Each session subscribes to jetcrew.steer.<run_id> (messages.SubjectSteer),
+// where operators send a running agent a steer (`jetcrew send`, steer.go):
+// the session puts the text in the run's inbox, hands it to the run's
+// launcher when the agent CLI takes streamed input (the launcher
+// long-polls relay.PathSteerNext and writes it to the CLI's standard input
+// as a user turn), and answers delivered, queued or refused, recording a
+// "steered" event. The bridge notes unread steers in every tool result
+// (relay.HeaderUnreadSteers) and notifies its MCP client (relay.PathNotice).
+// Limits: the text is at most messages.MaxSteerBytes; Config.SteerRate and
+// SteerBurst per run; an id makes a steer idempotent.
+//
 // # People
 //
 // Operators take part with the stock NATS CLI:

@@ -41,16 +41,22 @@ func sessionOf(r *http.Request) *Session { return r.Context().Value(sessionKey{}
 var relayMux = sync.OnceValue(newRelayMux)
 
 // handler routes the relay endpoints. Every request, whatever its outcome,
-// counts as the bridge having connected.
+// counts as the bridge having connected, but the launcher's (fromLauncher).
 func (s *Session) handler() http.Handler {
 	mux := relayMux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fromLauncher(r) {
+			// The launcher's steering polls are not the agent's bridge.
+			mux.ServeHTTP(w, r)
+			return
+		}
 		s.connectOnce.Do(func() {
 			s.connected.Store(true)
 			s.log.Info().Msg("bridge connected")
 			s.emit(Event{Kind: EventConnected})
 			s.joinLate()
 		})
+		s.markUnread(w)
 		mux.ServeHTTP(w, r)
 	})
 }
@@ -168,6 +174,7 @@ func newRelayMux() *http.ServeMux {
 		s.reply(w, resp, err)
 	})
 	addQuestionRoutes(mux)
+	addSteerRoutes(mux)
 	return mux
 }
 

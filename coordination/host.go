@@ -72,6 +72,13 @@ type Config struct {
 	MaxClaimsPerGroup int
 	// Questions configures the ask and reply calls.
 	Questions QuestionConfig
+	// SteerRate is how many steers per second one run takes, on average,
+	// refused ones included (steer.go). Default SteerRate (1); negative
+	// means unlimited.
+	SteerRate float64
+	// SteerBurst is how many steers a run takes at once before SteerRate
+	// applies. Default SteerBurst (5).
+	SteerBurst int
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -114,6 +121,12 @@ func (c Config) WithDefaults() Config {
 		c.InboxInactiveThreshold = 48 * time.Hour
 	}
 	c.Questions = c.Questions.withDefaults()
+	if c.SteerRate == 0 {
+		c.SteerRate = SteerRate
+	}
+	if c.SteerBurst == 0 {
+		c.SteerBurst = SteerBurst
+	}
 	return c
 }
 
@@ -133,7 +146,10 @@ func (c Config) validate() error {
 	if c.RequestReadTimeout < 10*time.Millisecond {
 		return fmt.Errorf("coordination: request read timeout %s must be at least 10ms", c.RequestReadTimeout)
 	}
-	if math.IsNaN(c.SendRate) || math.IsNaN(c.ReadRate) || math.IsNaN(c.ClaimRate) {
+	if c.SteerBurst < 1 {
+		return fmt.Errorf("coordination: steer burst %d must be at least 1", c.SteerBurst)
+	}
+	if math.IsNaN(c.SendRate) || math.IsNaN(c.ReadRate) || math.IsNaN(c.ClaimRate) || math.IsNaN(c.SteerRate) {
 		return errors.New("coordination: a call rate is NaN")
 	}
 	if c.ClaimBurst < 1 {

@@ -225,6 +225,7 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 		return nil, fmt.Errorf("read inbox: %w", ferr)
 	}
 	s.ack(got)
+	s.steersRead()
 	if len(out) > 0 {
 		ids := make([]string, len(out))
 		for i, m := range out {

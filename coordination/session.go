@@ -77,6 +77,8 @@ type Session struct {
 	cancel   context.CancelFunc
 	bg       sync.WaitGroup // the HTTP server and the presence refresher
 
+	steer *steerState // steering (steer.go)
+
 	connected atomic.Bool
 	// joined is set once the run has a presence key (join).
 	joined atomic.Bool
@@ -182,6 +184,9 @@ func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, list
 		}
 	}
 
+	if err := s.startSteering(); err != nil {
+		return nil, fmt.Errorf("coordination: %w", err)
+	}
 	s.sockInfo = sockInfo
 	s.ln = &keptListener{UnixListener: ln}
 	s.serve()
@@ -388,6 +393,7 @@ func (s *Session) refreshPresence() {
 func (s *Session) Detach(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		defer s.flushRefusals()
+		s.stopSteering()
 		s.cancel()
 		err := s.srv.Shutdown(ctx)
 		if err != nil {

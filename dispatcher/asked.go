@@ -124,3 +124,32 @@ func (d *Dispatcher) queuedBody(ctx context.Context, st *messages.RunState, ours
 	}
 	return m.Data, nil
 }
+
+// RecordedPrompt returns the latest started event of run id, which carries
+// the prompt its worker recorded (messages.Event.Prompt: masked as the
+// run's output is, at most messages.MaxEventPrompt bytes; PromptBytes its
+// whole size when cut): what the run was asked once its request is gone.
+// One direct get of jetcrew.events.<run_id>.started. The error wraps
+// ErrRequestGone when there is none (the run never started, its events
+// expired), and ErrNotProvisioned when the stream does not exist.
+func (d *Dispatcher) RecordedPrompt(ctx context.Context, id string) (messages.Event, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return messages.Event{}, fmt.Errorf("prompt: %w", err)
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		return messages.Event{}, fmt.Errorf("prompt of run %s: stream %s: %w", id, messages.StreamEvents, classify(err))
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, messages.SubjectEvents(id, messages.EventStarted))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return messages.Event{}, fmt.Errorf("run %s: %w (no started event)", id, ErrRequestGone)
+	}
+	if err != nil {
+		return messages.Event{}, fmt.Errorf("prompt of run %s: %w", id, classify(err))
+	}
+	var ev messages.Event
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return messages.Event{}, fmt.Errorf("started event of run %s: %w", id, err)
+	}
+	return ev, nil
+}

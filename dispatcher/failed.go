@@ -50,20 +50,24 @@ type DeadLetter struct {
 	// (messages.HeaderSigner, messages.HeaderSignature), copied by the
 	// worker; empty for an unsigned request. Replay publishes them again.
 	Signer, Signature string
+	// Archived is true when an operator archived the run's dead letters
+	// (Archive) after this one was stored: kept, and out of the way.
+	Archived bool
 }
 
 // Failed returns the dead letters of pool, or of every pool when pool is
-// empty, oldest first. It reads JETCREW_FAILED with direct gets (it creates
-// no consumer, so read access to the stream is enough) and returns once it
-// has read every message stored when it started. The error wraps
-// ErrNotProvisioned when the stream does not exist.
+// empty, oldest first, each Archived when an archive mark of its run
+// (Archive) was stored after it. It reads JETCREW_FAILED with direct gets
+// (it creates no consumer, so read access to the stream is enough) and
+// returns once it has read every message stored when it started. The
+// error wraps ErrNotProvisioned when the stream does not exist.
 func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, error) {
 	filter := messages.SubjectFailedPrefix + ".>"
 	if pool != "" {
 		if err := messages.ValidateToken("pool", pool); err != nil {
 			return nil, fmt.Errorf("failed runs: %w", err)
 		}
-		filter = messages.SubjectFailed(pool, "*")
+		filter = messages.SubjectFailed(pool, ">")
 	}
 	stream, err := d.js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
@@ -74,6 +78,7 @@ func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, err
 		return nil, fmt.Errorf("failed runs: stream %s: %w", messages.StreamFailed, classify(err))
 	}
 	var out []DeadLetter
+	marks := map[string]uint64{} // run id: its latest archive mark's sequence
 	last := info.State.LastSeq
 	for seq := info.State.FirstSeq; seq <= last && seq > 0; {
 		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
@@ -86,10 +91,29 @@ func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, err
 		if m.Sequence > last {
 			break // stored after we started
 		}
-		out = append(out, newDeadLetter(m.Sequence, m.Subject, m.Time, m.Header, m.Data))
 		seq = m.Sequence + 1
+		if id, ok := archiveMark(m.Subject); ok {
+			marks[id] = m.Sequence
+			continue
+		}
+		if strings.Count(m.Subject, ".") == 3 {
+			out = append(out, newDeadLetter(m.Sequence, m.Subject, m.Time, m.Header, m.Data))
+		}
+	}
+	for i := range out {
+		out[i].Archived = marks[out[i].RunID] > out[i].Sequence
 	}
 	return out, nil
+}
+
+// archiveMark returns the run id of an archive mark's subject
+// (messages.SubjectFailedArchived), and false for any other subject.
+func archiveMark(subject string) (string, bool) {
+	t := strings.Split(subject, ".")
+	if len(t) != 5 || t[4] != messages.ArchivedToken || subject != messages.SubjectFailedArchived(t[2], t[3]) {
+		return "", false
+	}
+	return t[3], true
 }
 
 // LastDeadLetter returns the latest dead letter of run id, whatever its
@@ -185,7 +209,68 @@ func (d *Dispatcher) Discard(ctx context.Context, id string) (uint64, error) {
 	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
 		return 0, fmt.Errorf("discard run %s: purge %s: %w", id, subj, classify(err))
 	}
+	if err := purgeArchiveMarks(ctx, stream, id); err != nil {
+		return 0, fmt.Errorf("discard run %s: %w", id, err)
+	}
 	return n, nil
+}
+
+// purgeArchiveMarks deletes run id's archive marks (one purge of
+// jetcrew.failed.*.<run_id>.archived).
+func purgeArchiveMarks(ctx context.Context, stream jetstream.Stream, id string) error {
+	subj := messages.SubjectFailedArchived("*", id)
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		return fmt.Errorf("purge %s: %w", subj, classify(err))
+	}
+	return nil
+}
+
+// Archive archives run id's dead letters: they stay in JETCREW_FAILED
+// (Replay still reads them) and Failed reports them Archived, which the
+// console's dead letters page hides by default (as River UI and asynq
+// archive a job). The mark is a message in JETCREW_FAILED on
+// jetcrew.failed.<pool>.<run_id>.archived (the pool of the run's latest
+// dead letter), which the operator role may publish; its body is empty.
+// An older mark is purged first, so a run keeps one. A dead
+// letter stored after the mark (the run failed again) is not archived.
+// The error wraps ErrNoDeadLetter when the run has none, and
+// ErrNotProvisioned when the stream does not exist.
+func (d *Dispatcher) Archive(ctx context.Context, id string) error {
+	dl, err := d.LastDeadLetter(ctx, id)
+	if err != nil {
+		return fmt.Errorf("archive: %w", err)
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	if err != nil {
+		return fmt.Errorf("archive run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
+	}
+	if err := purgeArchiveMarks(ctx, stream, id); err != nil {
+		return fmt.Errorf("archive run %s: %w", id, err)
+	}
+	m := nats.NewMsg(messages.SubjectFailedArchived(dl.Pool, id))
+	m.Header.Set(messages.HeaderRunID, id)
+	if _, err := d.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamFailed)); err != nil {
+		return fmt.Errorf("archive run %s: publish %s: %w", id, m.Subject, classify(err))
+	}
+	return nil
+}
+
+// Unarchive takes run id's dead letters out of the archive (Archive):
+// one purge of its marks. Unarchiving a run that is not archived changes
+// nothing. The error wraps ErrNotProvisioned when the stream does not
+// exist.
+func (d *Dispatcher) Unarchive(ctx context.Context, id string) error {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return fmt.Errorf("unarchive: %w", err)
+	}
+	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	if err != nil {
+		return fmt.Errorf("unarchive run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
+	}
+	if err := purgeArchiveMarks(ctx, stream, id); err != nil {
+		return fmt.Errorf("unarchive run %s: %w", id, err)
+	}
+	return nil
 }
 
 // Fate is what became of a run since its latest dead letter.
@@ -211,13 +296,16 @@ func (f Fate) Resolved() bool { return f == FateHealed }
 
 // FateOf says what became of a run with a dead letter, from its state now
 // (ok false: it has none) and whether a replay of it waits in
-// JETCREW_RUNS (ReplaysWaiting).
+// JETCREW_RUNS (ReplaysWaiting). A succeeded run is healed even when a
+// replay request is still in JETCREW_RUNS: a succeeded run's replay is
+// refused, so that request is the one that healed it, in the moment
+// between its finished state and its ack.
 func FateOf(st messages.RunState, ok, waiting bool) Fate {
 	switch {
-	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
-		return FateReplaying
 	case ok && st.State == messages.StateSucceeded:
 		return FateHealed
+	case waiting || (ok && (st.State == messages.StateQueued || st.State == messages.StateRunning)):
+		return FateReplaying
 	case ok && st.State == messages.StateCancelled:
 		return FateCancelled
 	}

@@ -202,6 +202,7 @@ func TestFateOf(t *testing.T) {
 		{messages.StateRunning, true, false, FateReplaying},
 		{messages.StateQueued, true, false, FateReplaying},
 		{messages.StateSucceeded, true, false, FateHealed},
+		{messages.StateSucceeded, true, true, FateHealed}, // the healing replay, not yet acked
 		{messages.StateCancelled, true, false, FateCancelled},
 	} {
 		fate := FateOf(messages.RunState{State: tc.st}, tc.ok, tc.wait)

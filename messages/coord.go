@@ -126,6 +126,10 @@ type CoordEvent struct {
 	// From is who answered the run's question (CoordAnswered): a run id or
 	// "operator".
 	From string `json:"from,omitempty"`
+	// SteerID is the steer's id (CoordSteered).
+	SteerID string `json:"steer_id,omitempty"`
+	// Outcome is what became of a steer (CoordSteered).
+	Outcome SteerOutcome `json:"outcome,omitempty"`
 }
 
 // CoordClaims is the value of a group's key in BucketCoordClaims: every

@@ -84,6 +84,10 @@ const (
 	StreamStderr = "stderr"
 )
 
+// MaxEventPrompt is the most bytes of a run's prompt its started event
+// carries (Event.Prompt).
+const MaxEventPrompt = 64 << 10
+
 // MaxOutputChunk is the largest body of one output event, in bytes: well below
 // the NATS server's default max payload (1 MiB).
 const MaxOutputChunk = 32 << 10
@@ -105,6 +109,14 @@ type Event struct {
 	// Warm is true on EventStarted and EventFinished when the run started
 	// in a warm container (a profile's warm pool) instead of a new one.
 	Warm bool `json:"warm,omitempty"`
+	// Prompt is the request's prompt on EventStarted, its secrets masked
+	// as the run's output is (the profile's env_from_host values), at
+	// most MaxEventPrompt bytes (cut at a whole UTF-8 character): what
+	// the run was asked, kept as long as its events, when its request is
+	// gone (a worker removes it when the run ends). PromptBytes is the
+	// masked prompt's whole size when Prompt was cut, else 0.
+	Prompt      string `json:"prompt,omitempty"`
+	PromptBytes int    `json:"prompt_bytes,omitempty"`
 	// State is the run's final state, on EventFinished.
 	State State `json:"state,omitempty"`
 	// ExitCode is the process's exit code, on EventFinished when it ran.

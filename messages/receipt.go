@@ -115,6 +115,10 @@ const (
 	// the worker lets `jetcrew workspace exec` go on once the capture
 	// container holds the workspace; it carries no digest.
 	MountRoleWorkspaceGate = "workspace-gate"
+	// MountRoleSession is a follow-up's earlier session, read-only at
+	// /run/jetcrew-ws/session.tar: the ResultSession object `jetcrew
+	// workspace exec` restores into HOME; its digest is the object's.
+	MountRoleSession = "workspace-session"
 	// MountRoleOther is any other bind mount; it carries no digest.
 	MountRoleOther = "bind"
 )

@@ -86,6 +86,11 @@ type RunRequest struct {
 	// captured when it ends (RunState.WorkspaceResult). Absent: no
 	// workspace, as before this field existed.
 	Workspace *WorkspaceRef `json:"workspace,omitempty"`
+	// Session, when set, makes the run a follow-up that resumes the agent
+	// CLI's session of the earlier run its workspace starts from
+	// (SessionRef; docs/workspaces.md, "Follow-ups"). Workers older than
+	// it refuse the request (unknown key).
+	Session *SessionRef `json:"session,omitempty"`
 }
 
 // Duration is a time.Duration that reads and writes JSON as a Go duration
@@ -238,6 +243,11 @@ func (r RunRequest) Validate() error {
 	for k, v := range r.Labels {
 		if k == "" || len(k) > MaxLabelBytes || len(v) > MaxLabelBytes {
 			return bad("label %q: keys must be 1 to %d bytes and values at most %d bytes", k, MaxLabelBytes, MaxLabelBytes)
+		}
+	}
+	if r.Session != nil {
+		if err := r.Session.Validate(r.Workspace); err != nil {
+			return err
 		}
 	}
 	if r.Workspace != nil {

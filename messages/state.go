@@ -148,6 +148,9 @@ type RunState struct {
 	// the snapshot's HEAD (the earlier run's head, this run's result
 	// base) and the snapshot's digest.
 	WorkspaceFrom *FromSource `json:"workspace_from,omitempty"`
+	// Session is what the run did with the agent CLI's session: for a
+	// follow-up, whether the earlier run's was resumed or why not.
+	Session *SessionNote `json:"session,omitempty"`
 }
 
 // AgentSummary is what an agent CLI reported about its own run.
@@ -161,4 +164,9 @@ type AgentSummary struct {
 	// MCPServers maps each MCP server the CLI reported to its status
 	// ("connected", "failed").
 	MCPServers map[string]string `json:"mcp_servers,omitempty"`
+	// SessionID is the CLI's session id (Claude Code's init event's
+	// session_id, Codex's thread.started thread_id, opencode's sessionID),
+	// which a follow-up passes to the CLI's resume flag; only an id
+	// ValidSessionID accepts is kept.
+	SessionID string `json:"session_id,omitempty"`
 }

@@ -142,6 +142,17 @@ func SubjectFailed(pool, runID string) string {
 	return SubjectFailedPrefix + "." + pool + "." + runID
 }
 
+// ArchivedToken ends the subject of a dead letter's archive mark.
+const ArchivedToken = "archived"
+
+// SubjectFailedArchived returns the subject of the mark an operator
+// leaves in JETCREW_FAILED to archive a run's dead letters,
+// jetcrew.failed.<pool>.<run_id>.archived: five tokens, so no reader of
+// dead letters (jetcrew.failed.<pool>.<run_id>) takes it for one.
+func SubjectFailedArchived(pool, runID string) string {
+	return SubjectFailed(pool, runID) + "." + ArchivedToken
+}
+
 // SubjectCancelPrefix prefixes the subject a cancel request is sent to:
 // jetcrew.cancel.<run_id>. It is a plain NATS request/reply subject (not a
 // stream): `nats req jetcrew.cancel.<run_id> ""` cancels a run and prints

@@ -276,6 +276,11 @@ type WorkspaceResult struct {
 	// started from this one (WorkspaceRef.From) is built from. Absent in
 	// results recorded before it existed.
 	Snapshot string `json:"snapshot,omitempty"`
+	// SessionError says why the agent CLI's session files (SessionDir)
+	// were not kept as the ResultSession object: over MaxSessionBytes,
+	// a name that cannot be held. Absent when kept or when there were
+	// none.
+	SessionError string `json:"session_error,omitempty"`
 }
 
 // MaxResultFiles bounds WorkspaceResult.Files.

@@ -16,10 +16,11 @@
 //     and consumers (never delete a stream, nor purge one but to replace an
 //     object of its own buckets), take requests, write states, events, dead
 //     letters, results and the workspace bucket's snapshots, relay
-//     coordination as its runs, answer cancels.
+//     coordination as its runs, answer cancels and steers.
 //   - Operator cancels, replays, reads dead letters, purges and deletes
-//     jetcrew's streams, answers the runs' questions to the operator
-//     (answer.<id> of jetcrew-coord-questions) and talks to runs as "operator"
+//     jetcrew's streams, steers running agents (jetcrew.steer.<run_id>),
+//     answers the runs' questions to the operator (answer.<id> of
+//     jetcrew-coord-questions) and talks to runs as "operator"
 //     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
 //     or write a run state, not even through the server: it configures no
 //     stream (a RePublish or a source is the server publishing) and deletes
@@ -278,6 +279,9 @@ func workerGrant() Grant {
 		Subscribe: []string{inbox(Worker),
 			messages.SubjectCancelPrefix + ".*",
 			messages.SubjectStopPrefix + ".*",
+			// Steers, answered by the worker serving the run's
+			// coordination session.
+			messages.SubjectSteerPrefix + ".*",
 		},
 		Responses: true,
 	}
@@ -289,6 +293,8 @@ func operator() Grant {
 		// Replays: the only subject a signed request runs again from.
 		messages.SubjectReplay("*"),
 		messages.SubjectCancelPrefix + ".*",
+		// Steering a running agent (jetcrew send): operators only.
+		messages.SubjectSteerPrefix + ".*",
 		coordination.SubjectFromOperator("*", "*"),
 		// Grants on top of a run's or group's budget (jetcrew budget),
 		// never the spend itself.
@@ -303,6 +309,9 @@ func operator() Grant {
 		// The record of what jetcrew publish pushed, never another event
 		// of a run.
 		messages.SubjectEvents("*", messages.EventPublish),
+		// Archive marks of dead letters (dispatcher.Archive): five
+		// tokens, never a dead letter (jetcrew.failed.<pool>.<run_id>).
+		messages.SubjectFailedArchived("*", "*"),
 		api + "INFO", api + "STREAM.NAMES", api + "STREAM.LIST",
 	}
 	for _, s := range readStreams {

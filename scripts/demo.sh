@@ -60,6 +60,11 @@ cat >"$tmp/profiles.toml" <<TOML
 image   = "$AGENTS_IMAGE"
 command = ["/usr/local/bin/mcp-agent", "{prompt}"]
 timeout = "3m"
+
+[profiles.claude]
+backend = "claude"
+image   = "$AGENTS_IMAGE"
+timeout = "3m"
 TOML
 
 say "starting: jetcrew up --listen 127.0.0.1:0 --data $tmp/data --profiles $tmp/profiles.toml"
@@ -270,6 +275,26 @@ if ((have_agents)); then
 	fi
 else
 	say "skipping coordination: image $AGENTS_IMAGE is missing (make agent-images builds it)"
+fi
+
+if ((have_agents)) && [[ -n "${repo:-}" ]]; then
+	fu_a="demo-claude-$$"
+	fu_b="demo-followup-$$"
+	say "a follow-up: run $fu_a (the agents image's fixture claude CLI) edits main.go; jetcrew followup $fu_b resumes its session"
+	echo "cd $repo; jetcrew submit --profile claude --workspace . --wait 'Make main say hello.'"
+	rc=0
+	(cd "$repo" && "$JETCREW" submit --id "$fu_a" --profile claude --workspace . --wait -q \
+		$'Make main say hello.\nfixture: write main.go package main // hello' >/dev/null) || rc=$?
+	check "exit code" 0 "$rc"
+	echo "jetcrew followup --wait $fu_a 'Now check main.go.'   # profile claude, from $fu_a's tree and session"
+	rc=0
+	"$JETCREW" followup --id "$fu_b" --wait -q "$fu_a" $'Now check main.go.\nfixture: cat main.go' >/dev/null || rc=$?
+	check "exit code" 0 "$rc"
+	state=$("$JETCREW" status --json "$fu_b")
+	printf '%s\n' "$state" | grep -E '"(result|resumed|id|from)":' | sed 's/^ *//'
+	check_has "the follow-up saw $fu_a's edit" 'main.go=package main // hello' "$state"
+	check_has "the follow-up's claude resumed $fu_a's session" 'resumed (1 earlier turns)' "$state"
+	check_has "state: session resumed" '"resumed": true' "$state"
 fi
 
 say "stopping jetcrew up"

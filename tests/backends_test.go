@@ -60,13 +60,17 @@ type backendCase struct {
 	kinds []string
 	// unsupported says the receipt lists what the CLI cannot honour.
 	unsupported bool
+	// steer is the launcher's --steer format: the CLI takes streamed
+	// input.
+	steer string
 }
 
 var backendCases = []backendCase{
 	{
 		backend: "claude",
-		argv: []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--mcp-config", coordination.ContainerMCPConfigPath,
-			"--strict-mcp-config", "--dangerously-skip-permissions"},
+		argv: []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+			"--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config", "--dangerously-skip-permissions"},
+		steer: messages.SteerInputClaude,
 		kinds: []string{"system/init", "assistant", "user", "result"},
 	},
 	{
@@ -92,8 +96,10 @@ var backendCases = []backendCase{
 	},
 	{
 		backend: "kimi",
-		argv:    []string{"kimi", "--print", "--output-format", "stream-json", "--mcp-config-file", coordination.ContainerMCPConfigPath},
-		kinds:   []string{"assistant", "tool"},
+		argv: []string{"kimi", "--print", "--output-format", "stream-json", "--input-format", "stream-json",
+			"--mcp-config-file", coordination.ContainerMCPConfigPath},
+		steer: messages.SteerInputKimi,
+		kinds: []string{"assistant", "tool"},
 	},
 	{
 		backend:     "pi",
@@ -236,6 +242,9 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 
 	// The launcher binds the profile's secret at start (--env-file).
 	argv := []string{coordination.BridgePath, "launch", "--env-file", profile.LaunchEnvPath, "--stdin", "/run/jetcrew/prompt"}
+	if c.steer != "" {
+		argv = append(argv, "--steer", c.steer)
+	}
 	if c.homeSeed {
 		argv = append(argv, "--home-seed", "/run/jetcrew/home")
 	}

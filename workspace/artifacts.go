@@ -18,13 +18,19 @@ const maxArtifactFiles = 10000
 // in the workspace): artifacts are listed and fetched by name. A tar over
 // max bytes (0: no bound) is an error wrapping ErrTooLarge.
 func artifacts(root *os.Root, max int64, refused refusedPaths) ([]byte, []messages.ResultObject, error) {
-	for p := messages.ArtifactsDir; p != "."; p = path.Dir(p) {
+	return dirTar(root, messages.ArtifactsDir, max, refused)
+}
+
+// dirTar is artifacts for the directory rel of root (ArtifactsDir,
+// SessionDir).
+func dirTar(root *os.Root, rel string, max int64, refused refusedPaths) ([]byte, []messages.ResultObject, error) {
+	for p := rel; p != "."; p = path.Dir(p) {
 		fi, err := root.Lstat(p)
 		if err != nil || !fi.IsDir() {
 			return nil, nil, nil
 		}
 	}
-	sub, err := root.OpenRoot(messages.ArtifactsDir)
+	sub, err := root.OpenRoot(rel)
 	if err != nil {
 		return nil, nil, nil
 	}
@@ -33,7 +39,7 @@ func artifacts(root *os.Root, max int64, refused refusedPaths) ([]byte, []messag
 		if !hasControl(p) {
 			return false
 		}
-		refused.add(messages.ArtifactsDir + "/" + p)
+		refused.add(rel + "/" + p)
 		return true
 	}})
 	if err != nil {

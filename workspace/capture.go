@@ -51,6 +51,9 @@ type Captured struct {
 	Patch     []byte
 	Bundle    []byte
 	Artifacts []byte
+	// Session is the tar of the agent CLI's session files the run left
+	// under messages.SessionDir (sessionTar); nil when none was kept.
+	Session []byte
 }
 
 // captureAuthor signs the commit of changes a run left uncommitted.
@@ -138,6 +141,7 @@ func (b *captureBase) capture(dir string, o CaptureOptions) (*Captured, error) {
 	if c.Artifacts, c.Result.Artifacts, err = artifacts(root, o.MaxBytes, refused); err != nil {
 		return nil, err
 	}
+	c.Session, c.Result.SessionError = sessionTar(root, refused)
 	refused.record(&c.Result)
 	return c, nil
 }

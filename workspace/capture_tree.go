@@ -49,7 +49,7 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 	}
 	entries, err := walk(root, dir, walkOptions{
 		gitignore: isGit, tracked: trackedSet(tracked), maxFiles: o.MaxFiles,
-		skip: func(p string, _ bool) bool { return path.Base(p) == ".git" || underArtifacts(p) },
+		skip: func(p string, _ bool) bool { return path.Base(p) == ".git" || underArtifacts(p) || underSession(p) },
 		refuse: func(p string) bool {
 			if !treeRefuses(p) {
 				return false

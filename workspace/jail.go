@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -96,6 +97,19 @@ type JailArgs struct {
 	// starting, neither writes the tree nor ends (unmounting it) before the
 	// capture container holds it. "" means no wait.
 	Held string
+	// Session, for exec, is the container path of the agent CLI's session
+	// directory (profile.Plan.SessionDir): exec then runs the command as
+	// its child and, once it exited, keeps a copy of the directory in the
+	// workspace's messages.SessionDir (session.go). "" runs the command in
+	// exec's place, keeping nothing.
+	Session string
+	// SessionIn, for exec with Session, is an earlier run's
+	// messages.ResultSession object (read-only), restored into Session
+	// before the command starts: a follow-up.
+	SessionIn string
+	// SessionSkip, for exec with Session, names entries directly in
+	// Session that are never kept (profile.Plan.SessionSkip).
+	SessionSkip []string
 }
 
 // HeldWaitMax bounds exec's wait for JailArgs.Held; past it exec fails
@@ -129,6 +143,15 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
 	fs.DurationVar(&a.WaitMax, "wait-max", 0, "capture: bound of the wait for SIGUSR1")
 	fs.StringVar(&a.Held, "held", "", "exec: wait for this file before unpacking")
+	fs.StringVar(&a.Session, "session", "", "exec: the agent CLI's session directory, kept in the workspace once the command exited")
+	fs.StringVar(&a.SessionIn, "session-in", "", "exec: a session tar restored into --session before the command starts")
+	fs.Func("session-skip", "exec: a name directly in --session never kept (repeatable)", func(v string) error {
+		if v == "" || strings.Contains(v, "/") || v == "." || v == ".." {
+			return fmt.Errorf("--session-skip %q: a name, not a path", v)
+		}
+		a.SessionSkip = append(a.SessionSkip, v)
+		return nil
+	})
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
 	}
@@ -138,6 +161,8 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 		return a, fmt.Errorf("workspace %s: --snapshot is required", a.Command)
 	case a.Command == "exec" && len(a.Argv) == 0:
 		return a, errors.New("workspace exec: no command after --")
+	case a.SessionIn != "" && a.Session == "", a.Session != "" && !filepath.IsAbs(a.Session):
+		return a, fmt.Errorf("workspace %s: --session-in needs --session, an absolute path", a.Command)
 	case a.Command == "capture" && (a.Scratch == "" || a.RunID == "" || len(a.Argv) > 0):
 		return a, errors.New("workspace capture: --scratch and --run-id are required, and no arguments")
 	}
@@ -162,12 +187,23 @@ func (a JailArgs) ArgList() []string {
 	if a.Held != "" {
 		out = append(out, "--held", a.Held)
 	}
+	if a.Session != "" {
+		out = append(out, "--session", a.Session)
+	}
+	if a.SessionIn != "" {
+		out = append(out, "--session-in", a.SessionIn)
+	}
+	for _, n := range a.SessionSkip {
+		out = append(out, "--session-skip", n)
+	}
 	return append(append(out, "--"), a.Argv...)
 }
 
 // JailMain runs an in-jail command (args after "workspace") and returns the
 // process's exit code: exec never returns when it succeeds (the process is
-// replaced by a.Argv); a failure prints one line starting with
+// replaced by a.Argv), unless given --session, when it runs a.Argv as its
+// child, keeps the session and returns (or dies) as the child did
+// (session.go); a failure prints one line starting with
 // JailErrPrefix on stderr and returns JailExitCode (127 when the command to
 // exec cannot be run, as a shell does; 2 for bad arguments).
 func JailMain(args []string, stdout, stderr io.Writer) int {
@@ -215,12 +251,22 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, JailFailure(a, err))
 		return JailExitCode
 	}
+	if a.SessionIn != "" {
+		if err := restoreSession(a.SessionIn, a.Session); err != nil {
+			// The run goes on with a fresh session: the worker passed the
+			// resume flag, which the CLI then refuses, saying so.
+			fmt.Fprintf(stderr, "%ssession not restored: %s\n", JailErrPrefix, oneLine(err.Error()))
+		}
+	}
 	select {
 	case <-stop:
 		return 143
 	default:
 	}
 	signal.Stop(stop)
+	if a.Session != "" {
+		return runKeepingSession(a, stderr)
+	}
 	bin, err := exec.LookPath(a.Argv[0])
 	if err == nil {
 		err = syscall.Exec(bin, a.Argv, os.Environ())
@@ -444,7 +490,7 @@ func WriteCaptureStream(w io.Writer, c *Captured) error {
 	for _, e := range []struct {
 		name string
 		data []byte
-	}{{captureRecord, b}, {messages.ResultPatch, c.Patch}, {messages.ResultBundle, c.Bundle}, {messages.ResultArtifacts, c.Artifacts}} {
+	}{{captureRecord, b}, {messages.ResultPatch, c.Patch}, {messages.ResultBundle, c.Bundle}, {messages.ResultArtifacts, c.Artifacts}, {messages.ResultSession, c.Session}} {
 		if e.data == nil {
 			continue
 		}
@@ -576,7 +622,7 @@ func checkCaptureEntry(hdr *tar.Header, i int, seen map[string]bool, maxObject i
 		return fmt.Errorf("%w: entry %q is %d bytes, the cap is %d", ErrBadCaptureStream, hdr.Name, hdr.Size, limit)
 	}
 	switch hdr.Name {
-	case captureRecord, messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts:
+	case captureRecord, messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts, messages.ResultSession:
 		return nil
 	}
 	return fmt.Errorf("%w: unknown entry %q", ErrBadCaptureStream, hdr.Name)

@@ -244,6 +244,7 @@ func TestCaptureRoundTrip(t *testing.T) {
 	require.NoError(t, os.Symlink("/etc/shadow", filepath.Join(ws, "shadow")))
 	require.NoError(t, exec.Command("mkfifo", filepath.Join(ws, "fifo")).Run())
 	write(t, ws, messages.ArtifactsDir+"/report.txt", "42\n")
+	write(t, ws, messages.SessionDir+"/-workspace/s1.jsonl", "turn 1\n")
 
 	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "r1", Snapshot: snap, Scratch: t.TempDir()})
 	require.NoError(t, err)
@@ -260,6 +261,9 @@ func TestCaptureRoundTrip(t *testing.T) {
 	require.Equal(t, map[string]bool{"sub/a.txt": true, "main.go": true, "blob.bin": true, "shadow": true, ".gitignore": true}, paths)
 	require.NotContains(t, string(c.Patch), "x.log")
 	require.NotContains(t, string(c.Patch), "report.txt")
+	require.NotContains(t, string(c.Patch), "s1.jsonl", "the session is no part of the tree")
+	require.Empty(t, c.Result.SessionError)
+	require.Equal(t, []string{"-workspace/s1.jsonl"}, tarList(t, c.Session))
 	require.Len(t, c.Result.Artifacts, 1)
 	require.Equal(t, "report.txt", c.Result.Artifacts[0].Name)
 

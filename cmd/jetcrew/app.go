@@ -153,8 +153,8 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
-	root.AddCommand(a.bridgeCmd(), a.workspaceCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.budgetCmd(), a.egressCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd(), a.workersCmd())
+	root.AddCommand(a.bridgeCmd(), a.workspaceCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.followupCmd(), a.statusCmd(), a.watchCmd(),
+		a.cancelCmd(), a.sendCmd(), a.budgetCmd(), a.egressCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd(), a.workersCmd())
 	root.AddCommand(a.resultCmds()...)
 	root.AddCommand(a.questionCmds()...)
 	return root

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
@@ -139,6 +140,28 @@ func TestSubmitAttemptsCompareApply(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "is of group "+g+", not another-group")
 
+	// --json: the same attempts, as data.
+	code, stdout, stderr = cli(t, url, "compare", "--json", g)
+	require.Equal(t, 0, code, stderr)
+	var attempts []dispatcher.Attempt
+	require.NoError(t, json.Unmarshal([]byte(stdout), &attempts), stdout)
+	require.Len(t, attempts, 3)
+	for k, at := range attempts {
+		require.Equal(t, ids[k], at.RunID)
+		require.Equal(t, "shell", at.Profile)
+		require.Equal(t, 1, *at.FilesChanged)
+		require.Equal(t, k+1, *at.Insertions)
+		require.Equal(t, 0, *at.Deletions)
+		require.Equal(t, &dispatcher.TestReport{Passed: k + 1, Failed: 2 - k}, at.Tests)
+		require.NotNil(t, at.DurationMS)
+		require.Nil(t, at.Tokens, "not metered")
+		require.True(t, at.Bundle)
+	}
+	require.Equal(t, messages.StateFailed, attempts[2].State)
+	require.Equal(t, 1, *attempts[2].ExitCode)
+	code, _, stderr = cli(t, url, "compare", "--json", g, ids[0], ids[1])
+	require.Equal(t, exitUsage, code, stderr)
+
 	code, stdout, stderr = cli(t, url, "apply", "--repo", repo, ids[1])
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, "branch jetcrew/"+ids[1]+" at ")
@@ -218,19 +241,26 @@ func TestSubmitAttemptsUsage(t *testing.T) {
 // proxy metered them, and "-" for what it does not have.
 func TestCompareRow(t *testing.T) {
 	t.Parallel()
-	a := newTestApp(nil, nil)
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	st := messages.RunState{ID: "g-1", Profile: "claude", State: messages.StateSucceeded, StartedAt: start, FinishedAt: start.Add(83 * time.Second),
 		Usage:           &messages.UsageTotals{Requests: 3, Tokens: messages.Tokens{Input: 100, Output: 20, CacheRead: 5}, CostUSD: 0.0125},
 		WorkspaceResult: &messages.WorkspaceResult{FilesChanged: 2, Insertions: 10, Deletions: 4}}
 	require.Equal(t, compareRow{id: "g-1", profile: "claude", outcome: "succeeded", duration: "1m23s", files: "2", insertions: "+10",
-		deletions: "-4", tokens: "125", cost: "$0.0125", tests: "-"}, a.compareRow(t.Context(), nil, &st))
+		deletions: "-4", tokens: "125", cost: "$0.0125", tests: "-"}, compareOf(&st))
 	q := messages.RunState{ID: "g-2", Profile: "x\x1b[2J", State: messages.StateQueued}
 	require.Equal(t, compareRow{id: "g-2", profile: "x\x1b[2J", outcome: "queued", duration: "-", files: "-", insertions: "-",
-		deletions: "-", tokens: "-", cost: "-", tests: "-"}, a.compareRow(t.Context(), nil, &q))
+		deletions: "-", tokens: "-", cost: "-", tests: "-"}, compareOf(&q))
+	bad := dispatcher.AttemptOf(&q)
+	bad.TestsUnreadable = true
+	require.Equal(t, "?", newCompareRow(&bad).tests)
 	var b strings.Builder
-	require.NoError(t, printCompare(&b, []compareRow{a.compareRow(t.Context(), nil, &q)}))
+	require.NoError(t, printCompare(&b, []compareRow{compareOf(&q)}))
 	requireInert(t, b.String())
+}
+
+func compareOf(st *messages.RunState) compareRow {
+	at := dispatcher.AttemptOf(st)
+	return newCompareRow(&at)
 }
 
 // Interdiff lists each file either patch touches and shows the lines

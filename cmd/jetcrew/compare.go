@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -21,16 +20,13 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// TestReportArtifact is the artifact (a path under .jetcrew/artifacts of
-// the run's workspace) compare reads a run's test results from: a JSON
-// object {"passed": N, "failed": M} (docs/workspaces.md).
-const TestReportArtifact = "test-report.json"
-
-// maxTestReport bounds the test report compare reads, in bytes.
-const maxTestReport = 64 << 10
+// TestReportArtifact is the artifact compare reads a run's test results
+// from (dispatcher.TestReportArtifact).
+const TestReportArtifact = dispatcher.TestReportArtifact
 
 func (a *app) compareCmd() *cobra.Command {
 	var url string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "compare [flags] GROUP [RUN_A RUN_B]",
 		Short: "Compare the attempts of a group, or two attempts' patches",
@@ -47,8 +43,15 @@ With two run ids it prints how their patches differ instead (an interdiff):
 a line per file either patch touches (same, differ, only in A, only in B),
 then for each file that differs the lines of A's patch (-) and B's (+)
 around the lines they share. Like diff, it is exact when piped and shown
-escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".`,
+escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".
+
+With --json, compare GROUP prints the attempts as a JSON array instead,
+one object per run in the same order (docs/cli.md): run_id, profile,
+state, reason, exit_code, duration_ms, files_changed, insertions,
+deletions, tokens, cost_usd, tests ({"passed": N, "failed": M}),
+tests_unreadable and bundle; a field a run does not have is left out.`,
 		Example: `  jetcrew compare 01JF3Z6W8Q2ZP6C7V8N9Q0R1ST
+  jetcrew compare --json 01JF3Z6W8Q2ZP6C7V8N9Q0R1ST
   jetcrew compare 01JF3Z6W8Q2ZP6C7V8N9Q0R1ST 01JF3Z6W8Q2ZP6C7V8N9Q0R1ST-1 01JF3Z6W8Q2ZP6C7V8N9Q0R1ST-2`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 2 {
@@ -75,6 +78,9 @@ escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".`,
 			}
 			defer closeNATS()
 			if len(args) == 3 {
+				if asJSON {
+					return usageError(errors.New("--json is for compare GROUP: an interdiff is a patch"))
+				}
 				for _, id := range args[1:] {
 					st, err := d.Status(cmd.Context(), id)
 					if err != nil {
@@ -86,34 +92,67 @@ escaped on a terminal. Take an attempt with "jetcrew apply RUN_ID".`,
 				}
 				return a.interdiff(cmd.Context(), d, args[1], args[2])
 			}
-			return a.compareGroup(cmd.Context(), d, args[0])
+			return a.compareGroup(cmd.Context(), d, args[0], asJSON)
 		},
 	}
 	natsFlag(cmd, &url)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the group's attempts as a JSON array")
 	return cmd
 }
 
-// compareGroup prints the table of group's runs.
-func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group string) error {
-	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: group})
+// compareGroup prints the table of group's runs, or with asJSON their
+// dispatcher.Attempts as a JSON array.
+func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group string, asJSON bool) error {
+	attempts, err := a.groupAttempts(ctx, d, group)
 	if err != nil {
 		return err
 	}
-	if len(runs) == 0 {
-		return fmt.Errorf("group %s has no runs", group)
+	if asJSON {
+		b, err := json.MarshalIndent(attempts, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
+		return err
 	}
-	slices.SortFunc(runs, submitOrder)
-	rows := make([]compareRow, len(runs))
-	for i := range runs {
-		rows[i] = a.compareRow(ctx, d, &runs[i])
+	rows := make([]compareRow, len(attempts))
+	for i := range attempts {
+		rows[i] = newCompareRow(&attempts[i])
 	}
 	return printCompare(a.stdout, rows)
 }
 
-// submitOrder orders runs oldest first: by QueuedAt, then GROUP-2 before
-// GROUP-10 (shorter id first), then by id.
-func submitOrder(a, b messages.RunState) int {
-	return cmp.Or(a.QueuedAt.Compare(b.QueuedAt), cmp.Compare(len(a.ID), len(b.ID)), strings.Compare(a.ID, b.ID))
+// groupAttempts returns what compare shows of each run of group, in the
+// order they were submitted, their test reports read.
+func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, group string) ([]dispatcher.Attempt, error) {
+	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: group})
+	if err != nil {
+		return nil, err
+	}
+	if len(runs) == 0 {
+		return nil, fmt.Errorf("group %s has no runs", group)
+	}
+	slices.SortFunc(runs, func(x, y messages.RunState) int { return dispatcher.SubmitOrder(&x, &y) })
+	out := make([]dispatcher.Attempt, len(runs))
+	for i := range runs {
+		out[i] = attemptWithTests(ctx, d, &runs[i])
+	}
+	return out, nil
+}
+
+// attemptWithTests is dispatcher.AttemptOf(st) with its test report read
+// when the run left one.
+func attemptWithTests(ctx context.Context, d *dispatcher.Dispatcher, st *messages.RunState) dispatcher.Attempt {
+	at := dispatcher.AttemptOf(st)
+	if dispatcher.HasTestReport(st) {
+		rep, err := d.TestReport(ctx, st)
+		if err != nil {
+			at.TestsUnreadable = true
+		} else {
+			at.Tests = &rep
+		}
+	}
+	return at
 }
 
 // compareRow is one line of compare's table, each field as printed.
@@ -121,26 +160,28 @@ type compareRow struct {
 	id, profile, outcome, duration, files, insertions, deletions, tokens, cost, tests string
 }
 
-// compareRow reads what compare shows of run st: from its state, and its
-// test report from its artifacts when it left one.
-func (a *app) compareRow(ctx context.Context, d *dispatcher.Dispatcher, st *messages.RunState) compareRow {
-	r := compareRow{id: st.ID, profile: st.Profile, duration: "-", files: "-", insertions: "-", deletions: "-", tokens: "-", cost: "-", tests: "-"}
-	r.outcome = oneLine(describeOutcome(messages.Event{State: st.State, Reason: st.Reason, ExitCode: st.ExitCode}), 40)
-	if !st.StartedAt.IsZero() && !st.FinishedAt.IsZero() {
-		r.duration = roundDuration(st.FinishedAt.Sub(st.StartedAt)).String()
+// newCompareRow says at as compare's table does: "-" for what the run
+// does not have, "?" for a test report that could not be read.
+func newCompareRow(at *dispatcher.Attempt) compareRow {
+	r := compareRow{id: at.RunID, profile: at.Profile, duration: "-", files: "-", insertions: "-", deletions: "-", tokens: "-", cost: "-", tests: "-"}
+	r.outcome = oneLine(describeOutcome(messages.Event{State: at.State, Reason: at.Reason, ExitCode: at.ExitCode}), 40)
+	if at.DurationMS != nil {
+		r.duration = roundDuration(time.Duration(*at.DurationMS) * time.Millisecond).String()
 	}
-	if w := st.WorkspaceResult; w != nil {
-		r.files, r.insertions, r.deletions = fmt.Sprint(w.FilesChanged), fmt.Sprintf("+%d", w.Insertions), fmt.Sprintf("-%d", w.Deletions)
-		if slices.ContainsFunc(w.Artifacts, func(o messages.ResultObject) bool { return o.Name == TestReportArtifact }) {
-			r.tests = a.testReport(ctx, d, st)
-		}
+	if at.FilesChanged != nil {
+		r.files, r.insertions, r.deletions = fmt.Sprint(*at.FilesChanged), fmt.Sprintf("+%d", *at.Insertions), fmt.Sprintf("-%d", *at.Deletions)
 	}
-	if u := st.Usage; u != nil {
-		t := u.Tokens
-		r.tokens = fmt.Sprint(t.Input + t.Output + t.CacheRead + t.CacheWrite)
-		if u.CostUSD > 0 || u.Unpriced == 0 && u.Requests > u.Unknown {
-			r.cost = fmt.Sprintf("$%.4f", u.CostUSD)
-		}
+	if at.Tokens != nil {
+		r.tokens = fmt.Sprint(*at.Tokens)
+	}
+	if at.CostUSD != nil {
+		r.cost = fmt.Sprintf("$%.4f", *at.CostUSD)
+	}
+	switch {
+	case at.TestsUnreadable:
+		r.tests = "?"
+	case at.Tests != nil:
+		r.tests = fmt.Sprintf("%d/%d", at.Tests.Passed, at.Tests.Passed+at.Tests.Failed)
 	}
 	return r
 }
@@ -155,43 +196,6 @@ func roundDuration(d time.Duration) time.Duration {
 		return d.Round(100 * time.Millisecond)
 	}
 	return d.Round(time.Second)
-}
-
-// testReport returns run st's test report as passed/total, read from its
-// artifacts; "?" when it cannot be read or is not {"passed": N, "failed":
-// M} with N and M not negative.
-func (a *app) testReport(ctx context.Context, d *dispatcher.Dispatcher, st *messages.RunState) string {
-	rr, err := d.OpenResult(ctx, st, messages.ResultArtifacts)
-	if err != nil {
-		return "?"
-	}
-	defer rr.Close()
-	tr := tar.NewReader(rr)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			return "?"
-		}
-		if h.Name != TestReportArtifact || h.Typeflag != tar.TypeReg {
-			continue
-		}
-		b, err := io.ReadAll(io.LimitReader(tr, maxTestReport+1))
-		if err != nil || len(b) > maxTestReport {
-			return "?"
-		}
-		var rep struct {
-			Passed *int `json:"passed"`
-			Failed *int `json:"failed"`
-		}
-		if json.Unmarshal(b, &rep) != nil || rep.Passed == nil || *rep.Passed < 0 || rep.Failed != nil && *rep.Failed < 0 {
-			return "?"
-		}
-		failed := 0
-		if rep.Failed != nil {
-			failed = *rep.Failed
-		}
-		return fmt.Sprintf("%d/%d", *rep.Passed, *rep.Passed+failed)
-	}
 }
 
 // printCompare writes compare's table; what a run chose (its reason, its

@@ -33,15 +33,17 @@ what became of the run since (NOW): "failing" (still failed: replay it),
 "replaying" (a replay waits or runs), "healed" (it succeeded since: a replay
 healed it) or "cancelled", with its replay count.
 
-A healed run's dead letters are resolved: they are left out unless --all,
-and a line on stderr counts them.
+A healed run's dead letters are resolved, and an archived run's ('jetcrew
+failed archive RUN_ID') are put aside: both are left out unless --all, and a
+line on stderr counts them.
 
 With --json it prints a JSON array; each element also holds the request
 itself, exactly as submitted ("request": the JSON document, or a string when
 the body was not valid JSON).
 
 'jetcrew replay RUN_ID' submits a dead letter again; 'jetcrew failed discard
-RUN_ID' deletes a run's dead letters.`,
+RUN_ID' deletes a run's dead letters; 'jetcrew failed archive RUN_ID' keeps them
+but out of the default list (as the console's dead letters page does).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runFailed(cmd.Context(), a.natsURL(url), pool, asJSON, all)
@@ -50,8 +52,8 @@ RUN_ID' deletes a run's dead letters.`,
 	natsFlag(cmd, &url)
 	cmd.Flags().StringVar(&pool, "pool", "", "only this pool's dead letters (default: every pool)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
-	cmd.Flags().BoolVar(&all, "all", false, "also list resolved dead letters (their run succeeded since)")
-	cmd.AddCommand(a.discardCmd())
+	cmd.Flags().BoolVar(&all, "all", false, "also list resolved dead letters (their run succeeded since) and archived ones")
+	cmd.AddCommand(a.discardCmd(), a.archiveCmd(true), a.archiveCmd(false))
 	return cmd
 }
 
@@ -86,6 +88,51 @@ The run can no longer be replayed; its state and output stay.`,
 	return cmd
 }
 
+// archiveCmd returns `jetcrew failed archive RUN_ID` (archive true) or
+// `jetcrew failed unarchive RUN_ID` (false): dispatcher.Archive and
+// Unarchive.
+func (a *app) archiveCmd(archive bool) *cobra.Command {
+	var url string
+	cmd := &cobra.Command{
+		Use:   "archive RUN_ID",
+		Short: "Archive a run's dead letters: kept, replayable, left out of the default list",
+		Long: `archive marks RUN_ID's dead letters archived: they stay in JETCREW_FAILED
+('jetcrew replay RUN_ID' still reads them) but 'jetcrew failed' and the
+console's dead letters page leave them out unless asked (--all; the console's
+Archived filter). The mark is an empty message on
+jetcrew.failed.<pool>.<run_id>.archived, which the operator role may publish.
+A dead letter stored after the mark (the run failed again) is not archived.`,
+		Args: exactArgs("RUN_ID"),
+	}
+	verb, do := "archived", (*dispatcher.Dispatcher).Archive
+	if !archive {
+		cmd.Use = "unarchive RUN_ID"
+		cmd.Short = "Take a run's dead letters out of the archive"
+		cmd.Long = `unarchive takes RUN_ID's dead letters out of the archive ('jetcrew failed
+archive'): one purge of its archive marks. A run that is not archived is
+left as it is.`
+		verb, do = "unarchived", (*dispatcher.Dispatcher).Unarchive
+	}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		id := args[0]
+		if err := messages.ValidateToken("run id", id); err != nil {
+			return usageError(err)
+		}
+		d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew failed "+cmd.Name())
+		if err != nil {
+			return err
+		}
+		defer closeNATS()
+		if err := do(d, cmd.Context(), id); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stderr, "%s the dead letters of run %s\n", verb, id)
+		return nil
+	}
+	natsFlag(cmd, &url)
+	return cmd
+}
+
 // failedEntry is one line of `jetcrew failed`: a dead letter and the run's
 // state now.
 type failedEntry struct {
@@ -106,6 +153,9 @@ type failedEntry struct {
 	// is true when it needs nothing more (healed).
 	Fate     dispatcher.Fate `json:"fate"`
 	Resolved bool            `json:"resolved,omitempty"`
+	// Archived is true when an operator archived the run's dead letters
+	// (dispatcher.DeadLetter.Archived).
+	Archived bool `json:"archived,omitempty"`
 }
 
 func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool) error {
@@ -131,12 +181,12 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool)
 	states := map[string]messages.RunState{}
 	found := map[string]bool{}
 	entries := make([]failedEntry, 0, len(dls))
-	resolved := 0
+	resolved, archived := 0, 0
 	for _, dl := range dls {
 		e := failedEntry{
 			Sequence: dl.Sequence, Time: dl.Time, Pool: dl.Pool, RunID: dl.RunID, State: dl.State,
 			ExitCode: dl.ExitCode, Attempts: dl.Attempts, Reason: dl.Reason, Worker: dl.Worker,
-			Request: rawOrString(dl.Request),
+			Request: rawOrString(dl.Request), Archived: dl.Archived,
 		}
 		st, seen := states[dl.RunID]
 		if !seen {
@@ -149,16 +199,22 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool)
 		e.Now, e.Replays = st.State, st.Replays
 		e.Fate = dispatcher.FateOf(st, found[dl.RunID], waiting[dl.RunID])
 		e.Resolved = e.Fate.Resolved()
-		if e.Resolved {
+		switch {
+		case e.Resolved:
 			resolved++
-			if !all {
-				continue
-			}
+		case e.Archived:
+			archived++
+		}
+		if (e.Resolved || e.Archived) && !all {
+			continue
 		}
 		entries = append(entries, e)
 	}
 	if resolved > 0 && !all {
 		fmt.Fprintf(a.stderr, "%d resolved dead letter(s) not listed (their runs succeeded since): --all lists them\n", resolved)
+	}
+	if archived > 0 && !all {
+		fmt.Fprintf(a.stderr, "%d archived dead letter(s) not listed: --all lists them\n", archived)
 	}
 	if asJSON {
 		b, err := json.MarshalIndent(entries, "", "  ")
@@ -168,7 +224,7 @@ func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool)
 		_, err = fmt.Fprintf(a.stdout, "%s\n", inertJSON(b))
 		return err
 	}
-	if len(entries) == 0 && resolved == 0 {
+	if len(entries) == 0 && resolved+archived == 0 {
 		fmt.Fprintln(a.stderr, "no dead letters")
 		return nil
 	}
@@ -196,6 +252,9 @@ func printFailed(w io.Writer, entries []failedEntry) error {
 		now := string(e.Fate)
 		if e.Replays > 0 {
 			now += fmt.Sprintf(" (replays: %d)", e.Replays)
+		}
+		if e.Archived {
+			now += ", archived"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Sequence, formatTime(e.Time), e.Pool, e.RunID,
 			e.State, exit, e.Attempts, now, oneLine(e.Reason, 120))

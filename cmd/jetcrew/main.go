@@ -4,9 +4,11 @@
 //	jetcrew up                      an embedded NATS server and a worker, in one process
 //	jetcrew worker                  a worker against any NATS server
 //	jetcrew submit 'echo hi'        submit a run (--wait follows it to its end; --attempts N: N runs in a group)
+//	jetcrew followup RUN_ID 'more'  a follow-up: starts from the run's tree, resumes its agent's session
 //	jetcrew status RUN_ID           a run's state
 //	jetcrew watch RUN_ID            follow a run's output and events
 //	jetcrew cancel RUN_ID           cancel a queued or running run
+//	jetcrew send RUN_ID TEXT        steer a running agent: TEXT as its next user turn, and in its inbox
 //	jetcrew budget RUN_ID +USD      raise a run's (or --group's) model budget
 //	jetcrew egress pending          connections of runs waiting for an operator (egress_ask)
 //	jetcrew egress allow ID         allow one (--profile: for the profile from now on)
@@ -17,6 +19,8 @@
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests; --all: healed ones too)
 //	jetcrew failed discard RUN_ID   delete a run's dead letters
+//	jetcrew failed archive RUN_ID   put a run's dead letters aside (failed --all lists them)
+//	jetcrew failed unarchive RUN_ID take them out of the archive
 //	jetcrew replay RUN_ID           submit a failed run again from its dead letter
 //	jetcrew result RUN_ID           what a workspace run changed
 //	jetcrew diff RUN_ID             the patch of everything a workspace run changed

@@ -99,6 +99,28 @@ func TestFailedAndReplay(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Empty(t, stdout)
 
+	// Archive puts the dead letter aside (listed with --all only);
+	// unarchive brings it back.
+	code, _, stderr = cli(t, url, "failed", "archive", "flaky")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "archived the dead letters of run flaky")
+	code, stdout, stderr = cli(t, url, "failed")
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stdout, "flaky")
+	require.Contains(t, stderr, "1 archived dead letter(s) not listed")
+	code, stdout, _ = cli(t, url, "failed", "--all")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "failing, archived")
+	code, _, stderr = cli(t, url, "failed", "unarchive", "flaky")
+	require.Equal(t, 0, code, stderr)
+	code, stdout, _ = cli(t, url, "failed", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, `"run_id": "flaky"`)
+	require.NotContains(t, stdout, `"archived"`)
+	code, _, stderr = cli(t, url, "failed", "archive", "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no dead letter")
+
 	// replay --wait follows the replayed run only, and exits with its
 	// outcome. (Once the failed run's container is gone: a replay that comes
 	// first finds the container name taken and is retried.)
@@ -244,6 +266,8 @@ func TestOperatorUsageErrors(t *testing.T) {
 		{[]string{"failed", "x"}, "unexpected argument"},
 		{[]string{"failed", "discard"}, "missing argument RUN_ID"},
 		{[]string{"failed", "discard", "a.b"}, "run id"},
+		{[]string{"failed", "archive"}, "missing argument RUN_ID"},
+		{[]string{"failed", "unarchive", "a.b"}, "run id"},
 		{[]string{"failed", "--pool", "a.b"}, "--pool"},
 		{[]string{"worker", "--ack-wait", "10ms"}, "--ack-wait"},
 		{[]string{"worker", "--max-deliver", "0"}, "--max-deliver"},

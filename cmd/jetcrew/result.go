@@ -96,6 +96,14 @@ func printResult(w io.Writer, st messages.RunState) error {
 	if f := st.WorkspaceFrom; f != nil {
 		row("from", "run %s", visibleName(f.Run))
 	}
+	if se := st.Session; se != nil && se.Resumed {
+		row("session", "resumed %s of run %s", visibleName(se.ID), visibleName(se.From))
+	} else if se != nil {
+		row("session", "fresh: %s", visibleName(se.Fresh))
+	}
+	if r.SessionError != "" {
+		row("session kept", "no: %s", visibleName(r.SessionError))
+	}
 	if r.Base != "" {
 		row("base", "%s", r.Base)
 	}

@@ -174,6 +174,9 @@ func TestRoleMatrix(t *testing.T) {
 		{"status", []string{"status", "failing"}, all},
 		{"watch", []string{"watch", "failing"}, all},
 		{"failed", []string{"failed"}, []roles.Role{roles.Operator, roles.Observer, roles.Worker}},
+		// Before cancel: the run is running, and its shell takes no
+		// streamed input (queued, exit 3).
+		{"send", []string{"send", "long", "a steer"}, []roles.Role{roles.Operator}},
 		{"cancel", []string{"cancel", "long"}, []roles.Role{roles.Operator}},
 		{"questions", []string{"questions"}, []roles.Role{roles.Operator, roles.Observer, roles.Worker}},
 		{"replay", []string{"replay", "failing"}, []roles.Role{roles.Operator}},
@@ -183,8 +186,11 @@ func TestRoleMatrix(t *testing.T) {
 			code, _, errOut := e.as(t, r, op.args...)
 			if contains(op.ok, r) {
 				want := 0
-				if op.name == "watch" {
+				switch op.name {
+				case "watch":
 					want = 3 // the run's own exit code
+				case "send":
+					want = exitSteerQueued
 				}
 				require.Equal(t, want, code, "%s as %s must be allowed: %s", op.name, r, errOut)
 				continue

@@ -34,7 +34,10 @@ type submitOptions struct {
 	gitURL, gitRef string
 	// from is --from: an earlier run whose tree at its end the run starts
 	// from.
-	from    string
+	from string
+	// session is followup's: the request's session.from names from, so
+	// the run resumes the earlier run's agent session.
+	session bool
 	signKey string // --sign-key: NKey user seed file signing the request
 	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
 	// exist yet and, with --wait, while no live worker serves the pool.
@@ -125,22 +128,31 @@ and take one with "jetcrew apply RUN_ID".`,
 		},
 	}
 	f := cmd.Flags()
+	runFlags(cmd, &o, "shell", `pool whose workers take the run (default "default")`)
+	workspaceFlags(cmd, &o)
+	f.IntVar(&o.attempts, "attempts", 0, fmt.Sprintf("submit this many runs (1 to %d) of the prompt on one workspace, uploaded once, in one group: runs GROUP-1, GROUP-2, … (see jetcrew compare)", maxAttempts))
+	f.StringSliceVar(&o.profiles, "profiles", nil, "with --attempts, profiles the attempts take in turn, comma-separated (default --attempts: one per profile)")
+	return cmd
+}
+
+// runFlags registers the flags submit and followup share on cmd, into o:
+// the connection, the profile (defaulting to profile), id, group, pool
+// (pool's help), timeout, env, labels, --wait, --quiet, --sign-key and
+// --keep-waiting.
+func runFlags(cmd *cobra.Command, o *submitOptions, profile, pool string) {
+	f := cmd.Flags()
 	natsFlag(cmd, &o.url)
-	f.StringVar(&o.profile, "profile", "shell", "profile to run with (defined by the worker)")
+	f.StringVar(&o.profile, "profile", profile, "profile to run with (defined by the worker)")
 	f.StringVar(&o.id, "id", "", "run id (default: a new ULID); submitting an id again is deduplicated")
 	f.StringVar(&o.group, "group", "", "coordination group (default: the run id)")
-	f.StringVar(&o.pool, "pool", "", "pool whose workers take the run (default \"default\")")
+	f.StringVar(&o.pool, "pool", "", pool)
 	f.DurationVar(&o.timeout, "timeout", 0, "longest wall time of the run, e.g. 90s (default: the profile's, else the worker's)")
 	f.StringArrayVar(&o.env, "env", nil, "NAME=VALUE environment variable for the run, repeatable (never secrets)")
 	f.StringArrayVar(&o.labels, "label", nil, "KEY=VALUE label copied into the run's state, repeatable")
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
-	workspaceFlags(cmd, &o)
 	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
-	f.IntVar(&o.attempts, "attempts", 0, fmt.Sprintf("submit this many runs (1 to %d) of the prompt on one workspace, uploaded once, in one group: runs GROUP-1, GROUP-2, … (see jetcrew compare)", maxAttempts))
-	f.StringSliceVar(&o.profiles, "profiles", nil, "with --attempts, profiles the attempts take in turn, comma-separated (default --attempts: one per profile)")
 	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
-	return cmd
 }
 
 // request builds the run request from the flags and the prompt.
@@ -157,7 +169,12 @@ func (o submitOptions) request(prompt string) (messages.RunRequest, error) {
 	if err != nil {
 		return messages.RunRequest{}, err
 	}
+	var session *messages.SessionRef
+	if o.session {
+		session = &messages.SessionRef{From: o.from}
+	}
 	return messages.RunRequest{
+		Session:   session,
 		ID:        o.id,
 		Profile:   o.profile,
 		Prompt:    prompt,

@@ -132,6 +132,7 @@
   function runRow(r) {
     const tr = el("tr");
     tr.dataset.id = r.id;
+    tr.dataset.activity = r.activity || "";
     cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
     cell(tr, badge(r.state));
     cell(tr, r.pool);
@@ -156,6 +157,19 @@
     cell(tr, ran, "mono");
     cell(tr, r.usage, "num");
     cell(tr, r.reason, "reason");
+    // A console that may act (its page has the rows' cancel form) offers
+    // Cancel on a run not ended; the server asks for a confirmation.
+    if (body.dataset.cancel !== undefined) {
+      const td = cell(tr, undefined, "actions");
+      if (!r.final) {
+        const b = el("button", "cancel-one", "Cancel…");
+        b.type = "submit";
+        b.setAttribute("form", body.dataset.cancel);
+        b.setAttribute("formaction", "/runs/" + encodeURIComponent(r.id) + "/cancel");
+        b.dataset.run = r.id;
+        td.appendChild(b);
+      }
+    }
     return tr;
   }
 
@@ -168,7 +182,13 @@
           const tr = runRow(r);
           if (old) {
             // In place: the run's link (maybe being clicked) stays.
-            for (const i of [1, 6, 7, 8, 9, 10, 11]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            for (const i of [1, 6, 7, 8, 9, 10, 11, 12]) {
+              if (tr.children[i]) old.children[i].replaceWith(tr.children[i].cloneNode(true));
+            }
+            // A replay is the run's latest activity, which the list is
+            // ordered by: on the first page it moves to the top.
+            if (body.dataset.prepend && r.activity && old.dataset.activity !== r.activity) tbody.prepend(old);
+            old.dataset.activity = r.activity || "";
             old.classList.remove("fresh");
             void old.offsetWidth; // restart the highlight
             old.classList.add("fresh");
@@ -305,10 +325,28 @@
 
     group() {
       const thread = document.getElementById("thread");
-      const runs = document.getElementById("runs");
       const states = new Map();
-      for (const tr of runs.querySelectorAll("tr[data-id]")) {
+      for (const tr of document.querySelectorAll("#runs tr[data-id]")) {
         states.set(tr.dataset.id, tr.querySelector(".badge").textContent);
+      }
+      // attempts fetches the runs' comparison again (outcomes, diffstats,
+      // diffs) when a state brings another outcome or result than the
+      // one shown, or a run joins the group.
+      let busy = false, again = false;
+      async function attempts() {
+        if (busy) { again = true; return; }
+        busy = true;
+        try {
+          const res = await fetch("/groups/" + encodeURIComponent(body.dataset.group) + "/attempts", { headers: { Accept: "text/html" } });
+          if (res.ok) {
+            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+            const fresh = doc.getElementById("attempts");
+            if (fresh) document.getElementById("attempts").replaceWith(document.adoptNode(fresh));
+          }
+        } finally {
+          busy = false;
+          if (again) { again = false; attempts(); }
+        }
       }
       let last = 0;
       live(body.dataset.live, {
@@ -327,17 +365,9 @@
         },
         state(r) {
           states.set(r.id, r.state);
-          const td = runs.querySelector('tr[data-id="' + CSS.escape(r.id) + '"] td:nth-child(2)');
-          if (td) td.replaceChildren(badge(r.state));
-          else {
-            const tr = el("tr", "fresh");
-            tr.dataset.id = r.id;
-            cell(tr, link("/runs/" + encodeURIComponent(r.id), r.id), "mono");
-            cell(tr, badge(r.state));
-            cell(tr, r.profile);
-            cell(tr, r.queued, "mono");
-            runs.prepend(tr);
-          }
+          const tr = document.querySelector('#runs tr[data-id="' + CSS.escape(r.id) + '"]');
+          if (tr) tr.children[1].replaceChildren(badge(r.state));
+          if (!tr || tr.dataset.key !== r.key) attempts();
           for (const c of thread.querySelectorAll('td[data-run="' + CSS.escape(r.id) + '"]')) {
             c.replaceChildren(badge(r.state));
           }

@@ -59,7 +59,8 @@ const instructions = `You are one run in a group of agents coordinated by jetcre
 	`Before editing files another run of your group may edit, claim them (paths or globs relative to the workspace); ` +
 	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends. ` +
 	`When you need a decision you cannot make, ask a peer, "all" or "operator" and wait for the answer (it may be "no answer": then decide); ` +
-	`an inbox message with a question_id is a peer's question: answer it with reply.`
+	`an inbox message with a question_id is a peer's question: answer it with reply. ` +
+	`The operator may message you while you work: when a tool result says messages wait unread, call inbox and follow them.`
 
 // NewServer returns an MCP server offering the status, send and inbox tools,
 // each relayed through c. Serve it with server.Run(ctx, transport).
@@ -75,6 +76,7 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
+	s.AddReceivingMiddleware(unreadNote(c))
 
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolStatus,

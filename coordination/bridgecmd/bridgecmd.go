@@ -105,7 +105,7 @@ func Main(args []string) int {
 // JSON-RPC frames are written to stdout; everything else goes to stderr.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) > 0 && args[0] == launchCommand {
-		return launch(args[1:], stderr, getenv)
+		return launch(args[1:], stdout, stderr, getenv)
 	}
 	if len(args) > 0 && args[0] == egressRelayCommand {
 		return egressRelay(stderr, getenv)
@@ -151,6 +151,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		Version: Version,
 		Logger:  sdkLog.With("component", "mcp-sdk"),
 	})
+	// Steers put in the inbox are announced to the client as they come;
+	// the goroutine ends with ctx or the client (closed on return).
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	wg.Go(func() { bridge.WatchSteers(wctx, srv, client) })
 	// JSON-RPC batches are answered (or refused) per the negotiated
 	// revision by the filter, never by the SDK, which could end the session.
 	batches := bridge.NewBatches(stdout)

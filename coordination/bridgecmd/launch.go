@@ -1,6 +1,7 @@
 package bridgecmd
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	relaypkg "github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"golang.org/x/sys/unix"
 )
@@ -20,7 +22,7 @@ import (
 // launchCommand is the first argument that makes the bridge binary act as
 // the agent's launcher instead of an MCP server:
 //
-//	/opt/jetcrew/bridge launch [--env-file FILE] [--home-seed DIR] [--stdin FILE] [--egress-relay ADDR=SOCKET] -- ARGV...
+//	/opt/jetcrew/bridge launch [--env-file FILE] [--home-seed DIR] [--stdin FILE [--steer FORMAT]] [--egress-relay ADDR=SOCKET] -- ARGV...
 //	/opt/jetcrew/bridge launch --handoff SOCKET
 //
 // The worker starts agent CLIs this way. The launcher sets the variables
@@ -34,14 +36,17 @@ import (
 // CODEX_HOME, say) finds it there; connects FILE (the run's prompt) to
 // standard input, so a long prompt never travels as an argument; and then
 // replaces itself with ARGV (execve), so the agent is the process the init
-// reaps and the signals reach. With --handoff it is a warm container's
+// reaps and the signals reach. With --steer FORMAT it stays the CLI's
+// parent instead, the prompt its first user turn and the operator's steers
+// further ones (launchSteered, steer.go). With --handoff it is a warm container's
 // command instead: it waits for its run on SOCKET (waitForRun).
 const launchCommand = "launch"
 
-// launch implements launchCommand. It returns only on failure, with exit
-// code 127 when ARGV cannot be executed and 2 for bad arguments, as a shell
-// does.
-func launch(args []string, stderr io.Writer, getenv func(string) string) int {
+// launch implements launchCommand; stdout is the process's standard output
+// (the agent's, with --steer). It returns only on failure, with exit code
+// 127 when ARGV cannot be executed and 2 for bad arguments, as a shell does
+// (with --steer: when the agent ends, with its exit code).
+func launch(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("jetcrew-bridge launch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	seed := fs.String("home-seed", "", "directory whose files are copied into $HOME before the agent starts")
@@ -49,11 +54,12 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 	relay := fs.String("egress-relay", "", "ADDR=SOCKET: relay TCP connections on ADDR to the egress proxy's unix SOCKET")
 	envFile := fs.String("env-file", "", "JSON array of KEY=VALUE strings set in the agent's environment")
 	handoff := fs.String("handoff", "", "wait on this unix socket for the run to start (a warm container)")
+	steer := fs.String("steer", "", "FORMAT: keep the agent's stdin open for steers, the --stdin file its first turn (claude-stream-json, kimi-stream-json)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *handoff != "" {
-		if fs.NArg() > 0 || *seed != "" || *stdin != "" || *relay != "" || *envFile != "" {
+		if fs.NArg() > 0 || *seed != "" || *stdin != "" || *relay != "" || *envFile != "" || *steer != "" {
 			fmt.Fprintln(stderr, "jetcrew-bridge launch: --handoff takes no other flag and no command")
 			return 2
 		}
@@ -72,6 +78,11 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 		fmt.Fprintln(stderr, "jetcrew-bridge launch: no command given after --")
 		return 2
 	}
+	format, steered := steerFormats[*steer]
+	if *steer != "" && (!steered || *stdin == "") {
+		fmt.Fprintf(stderr, "jetcrew-bridge launch: --steer %q: want claude-stream-json or kimi-stream-json, with --stdin\n", *steer)
+		return 2
+	}
 	if *seed != "" {
 		home := getenv("HOME")
 		if home == "" {
@@ -88,6 +99,17 @@ func launch(args []string, stderr io.Writer, getenv func(string) string) int {
 			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
 			return 1
 		}
+	}
+	if steered {
+		path, err := exec.LookPath(argv[0])
+		if err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
+			return 127
+		}
+		socket := cmp.Or(getenv(relaypkg.EnvSocket), relaypkg.DefaultSocketPath)
+		// stdout is the process's real standard output (Main points
+		// os.Stdout at stderr).
+		return launchSteered(path, argv, env, *stdin, format, socket, stdout, stderr)
 	}
 	if *stdin != "" {
 		f, err := os.Open(*stdin)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,6 +38,9 @@ type Client struct {
 	// with it (context.AfterFunc, no goroutine per call).
 	life  context.Context
 	close context.CancelFunc
+
+	// unreadSteers is the last reply's HeaderUnreadSteers.
+	unreadSteers atomic.Int64
 }
 
 // NewClient returns a Client for the socket at socketPath. It does no I/O:
@@ -152,6 +156,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any, tim
 		return fmt.Errorf("%w: cannot reach the worker through %s: %v", ErrUnavailable, c.path, err)
 	}
 	defer resp.Body.Close()
+	c.noteUnread(resp.Header)
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
 		return fmt.Errorf("%w: reading the worker's reply: %v", ErrUnavailable, err)

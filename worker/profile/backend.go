@@ -123,6 +123,21 @@ type Plan struct {
 	// environment at start: bound late, never in the container's
 	// configuration.
 	EnvFile bool
+	// SessionDir, for a backend whose CLI can resume a session, is the
+	// container path of the directory holding the CLI's session files
+	// (under HOME): `jetcrew workspace exec` keeps a copy of it for a
+	// follow-up and restores an earlier run's there (docs/backends.md,
+	// "Follow-ups"). Empty: the CLI cannot resume.
+	SessionDir string
+	// SessionSkip names entries directly in SessionDir that are never
+	// kept: the CLI's credentials, logs, downloaded binaries.
+	SessionSkip []string
+	// SteerInput, when set, is the format in which the CLI takes user
+	// turns on its standard input (messages.SteerInput*): the launcher
+	// then keeps that input open for the operator's steers (`launch
+	// --steer`), the prompt its first turn. Set by backends whose CLI
+	// documents streamed input, when coordination is on.
+	SteerInput string
 }
 
 // ContainerArgv returns the container command: Argv, through the launcher
@@ -137,6 +152,9 @@ func (p Plan) ContainerArgv() []string {
 	}
 	if p.Launch {
 		argv = append(argv, "--stdin", PromptPath)
+		if p.SteerInput != "" {
+			argv = append(argv, "--steer", p.SteerInput)
+		}
 	}
 	if p.EgressRelay {
 		argv = append(argv, "--egress-relay", EgressProxyAddr+"="+EgressSocketPath)
@@ -171,6 +189,7 @@ func (p Profile) Plan(prompt string, coord bool) (Plan, error) {
 		}
 		return []string{def}
 	}
+	setSessionDir(b, p, &plan)
 	done, err := b.plan(p, prompt, coord, exe, &plan)
 	if err != nil || done {
 		return plan, err

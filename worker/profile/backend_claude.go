@@ -4,10 +4,13 @@ import (
 	"fmt"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendClaude runs Claude Code: claude -p --output-format stream-json
-// --verbose --mcp-config <file> --strict-mcp-config.
+// --verbose --mcp-config <file> --strict-mcp-config, with coordination on
+// also --input-format stream-json: the prompt and the operator's steers
+// reach it as user turns on its standard input (Plan.SteerInput).
 const BackendClaude = "claude"
 
 func init() { registerBackend(BackendClaude, claudeBackend{}) }
@@ -19,6 +22,10 @@ type claudeBackend struct{}
 func (claudeBackend) plan(p Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	plan.Argv = append(exe("claude"), "-p", "--output-format", "stream-json", "--verbose")
 	if coord {
+		// Claude Code's documented streamed input: one JSON user message
+		// a line, read until its standard input ends.
+		plan.Argv = append(plan.Argv, "--input-format", "stream-json")
+		plan.SteerInput = messages.SteerInputClaude
 		plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config")
 		plan.InitCheck = true
 	} else {
@@ -43,6 +50,7 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 	case "system":
 		kind += "/" + jstr(v, "subtype")
 		if jstr(v, "subtype") == "init" {
+			ps.noteSessionID(jstr(v, "session_id"))
 			servers, _ := v["mcp_servers"].([]any)
 			ps.summary.MCPServers = map[string]string{}
 			for _, s := range servers {
@@ -69,6 +77,15 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 }
 
 func (claudeBackend) structured() bool { return true }
+
+// sessionDir: Claude Code keeps each session as
+// ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
+func (claudeBackend) sessionDir(p Profile) (string, []string) {
+	return p.Home + "/.claude/projects", nil
+}
+
+// resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).
+func (claudeBackend) resume(argv []string, id string) []string { return append(argv, "--resume", id) }
 
 // validate checks permission_mode: one of Claude Code's documented modes.
 func (claudeBackend) validate(p Profile) error {

@@ -2,6 +2,7 @@ package profile
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jetcrew/jetcrew/coordination"
@@ -33,6 +34,8 @@ func (codexBackend) plan(p Profile, _ string, coord bool, exe func(string) []str
 func (codexBackend) parse(kind string, v map[string]any, ps *Parser) (string, string) {
 	text := ""
 	switch kind {
+	case "thread.started":
+		ps.noteSessionID(jstr(v, "thread_id"))
 	case "item.completed":
 		if item, ok := v["item"].(map[string]any); ok && jstr(item, "type") == "agent_message" {
 			ps.final = jstr(item, "text")
@@ -52,6 +55,20 @@ func (codexBackend) parse(kind string, v map[string]any, ps *Parser) (string, st
 }
 
 func (codexBackend) structured() bool { return true }
+
+// sessionDir: Codex keeps its sessions (rollout files) under
+// $CODEX_HOME/sessions, CODEX_HOME being ~/.codex here.
+func (codexBackend) sessionDir(p Profile) (string, []string) { return p.Home + "/.codex/sessions", nil }
+
+// resume: `codex exec [OPTIONS] resume SESSION_ID -` (Codex's exec
+// reference): the "-" that reads the prompt from standard input becomes
+// "resume ID -".
+func (codexBackend) resume(argv []string, id string) []string {
+	if i := slices.Index(argv, "-"); i >= 0 {
+		return slices.Insert(argv, i, "resume", id)
+	}
+	return append(argv, "resume", id, "-")
+}
 
 // validate has nothing to check: the CLI reads no key of its own.
 func (codexBackend) validate(Profile) error { return nil }

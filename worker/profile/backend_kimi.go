@@ -2,10 +2,13 @@ package profile
 
 import (
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendKimi runs Kimi CLI: kimi --print --output-format stream-json
-// --mcp-config-file <file>.
+// --mcp-config-file <file>, with coordination on also --input-format
+// stream-json: Kimi then reads user messages from its standard input until
+// it ends, the prompt and the operator's steers (Plan.SteerInput).
 const BackendKimi = "kimi"
 
 func init() { registerBackend(BackendKimi, kimiBackend{}) }
@@ -16,7 +19,8 @@ type kimiBackend struct{}
 func (kimiBackend) plan(_ Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	plan.Argv = append(exe("kimi"), "--print", "--output-format", "stream-json")
 	if coord {
-		plan.Argv = append(plan.Argv, "--mcp-config-file", coordination.ContainerMCPConfigPath)
+		plan.Argv = append(plan.Argv, "--input-format", "stream-json", "--mcp-config-file", coordination.ContainerMCPConfigPath)
+		plan.SteerInput = messages.SteerInputKimi
 	}
 	return false, nil
 }

@@ -28,6 +28,7 @@ func (opencodeBackend) plan(_ Profile, _ string, coord bool, exe func(string) []
 
 func (opencodeBackend) parse(kind string, v map[string]any, ps *Parser) (string, string) {
 	text := ""
+	ps.noteSessionID(jstr(v, "sessionID"))
 	if part, ok := v["part"].(map[string]any); ok && jstr(part, "type") == "text" {
 		text = jstr(part, "text")
 		ps.final = text
@@ -36,6 +37,20 @@ func (opencodeBackend) parse(kind string, v map[string]any, ps *Parser) (string,
 }
 
 func (opencodeBackend) structured() bool { return true }
+
+// sessionDir: opencode keeps its sessions, messages and parts under
+// $XDG_DATA_HOME/opencode (~/.local/share/opencode): in storage/ and
+// project/<slug>/storage/ (files), and in opencode.db (SQLite) in newer
+// versions. The whole directory is kept but auth.json (credentials), log/
+// and bin/ (downloaded tools).
+func (opencodeBackend) sessionDir(p Profile) (string, []string) {
+	return p.Home + "/.local/share/opencode", []string{"auth.json", "bin", "log"}
+}
+
+// resume: `opencode run --session SESSION_ID` (opencode's CLI reference).
+func (opencodeBackend) resume(argv []string, id string) []string {
+	return append(argv, "--session", id)
+}
 
 // validate has nothing to check: the CLI reads no key of its own.
 func (opencodeBackend) validate(Profile) error { return nil }

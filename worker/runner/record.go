@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jetcrew/jetcrew/messages"
@@ -188,7 +189,9 @@ func (r *run) eventMsg(ev messages.Event) *nats.Msg {
 // it); a failure for good is logged, and the output released all the same,
 // as before.
 func (r *run) publishStarted(ctx context.Context, containerID string, out *outputPublisher) {
-	m := r.eventMsg(messages.Event{Type: messages.EventStarted, ContainerID: containerID, Warm: r.rec.st.Warm})
+	ev := messages.Event{Type: messages.EventStarted, ContainerID: containerID, Warm: r.rec.st.Warm}
+	ev.Prompt, ev.PromptBytes = eventPrompt(r.req.Prompt, r.mask)
+	m := r.eventMsg(ev)
 	stored := make(chan struct{})
 	r.startedStored = stored
 	out.gate = stored
@@ -209,6 +212,25 @@ func (r *run) publishStarted(ctx context.Context, containerID string, out *outpu
 			r.log.Warn().Err(err).Str("type", string(messages.EventStarted)).Msg("publish event")
 		}
 	}()
+}
+
+// eventPrompt returns prompt as the started event carries it: masked by
+// mask (nil masks nothing: the run has no secret), then cut to at most
+// messages.MaxEventPrompt bytes at a whole UTF-8 character, with the
+// masked prompt's size when it was cut (else 0). Masked before it is cut,
+// so a cut never leaves the start of a secret unmasked.
+func eventPrompt(prompt string, mask stage.Masker) (string, int) {
+	if mask != nil {
+		prompt = mask.String(prompt)
+	}
+	if len(prompt) <= messages.MaxEventPrompt {
+		return prompt, 0
+	}
+	cut := messages.MaxEventPrompt
+	for cut > 0 && !utf8.RuneStart(prompt[cut]) {
+		cut--
+	}
+	return prompt[:cut], len(prompt)
 }
 
 // waitStarted waits until the started event is stored (or its publish

@@ -200,10 +200,16 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 			continue
 		}
 		var resp stage.PrestartResponse
-		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir}, &resp); err != nil {
+		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir, Mask: r.mask}, &resp); err != nil {
 			return p, err
 		}
 		mounts = merge(&p.spec, mounts, &resp)
+		if resp.Resume != "" {
+			if plan, err = resumePlan(prof, plan, &p.spec, resp.Resume); err != nil {
+				return p, err
+			}
+			r.sr.Plan = plan
+		}
 		launchEnv = append(launchEnv, resp.LaunchEnvNames...)
 		if resp.Dir != nil {
 			dir = resp.Dir
@@ -324,6 +330,19 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	r.publishStarted(ctx, c.ID(), s.out)
 	r.log.Info().Str("container_id", shortID(c.ID())).Str("profile", p.prof.Name).Msg("run started")
 	return s, nil
+}
+
+// resumePlan returns plan made to resume the agent CLI's session id
+// (profile.Profile.Resume) and puts its container command in place of the
+// old one at the end of spec.Cmd, after what stages prepended.
+func resumePlan(prof *profile.Profile, plan profile.Plan, spec *jail.ContainerSpec, id string) (profile.Plan, error) {
+	resumed, err := prof.Resume(plan, id)
+	if err != nil {
+		return plan, err
+	}
+	head := len(spec.Cmd) - len(plan.ContainerArgv())
+	spec.Cmd = append(slices.Clip(spec.Cmd[:head]), resumed.ContainerArgv()...)
+	return resumed, nil
 }
 
 // merge adds what a Prestarter's resp adds to the container to spec, and

@@ -132,6 +132,11 @@ type PrestartRequest struct {
 	// Dir is the run's directory once the run-directory stage staged it;
 	// nil before that stage, and for a run that has none.
 	Dir Dir
+	// Mask is the run's secret mask once the secrets stage made it; nil
+	// before that stage, and for a run without secrets. A stage that
+	// keeps it uses only its String, and only once the run's container
+	// has exited (the engine's output no longer uses it).
+	Mask Masker
 }
 
 // PrestartResponse is what a Prestarter adds to the run's container.
@@ -155,6 +160,10 @@ type PrestartResponse struct {
 	// Mask masks the run's secrets in everything it shows (the secrets
 	// stage only); nil masks nothing.
 	Mask Masker
+	// Resume, when set, is the agent CLI's session id the run resumes (the
+	// workspace stage, for a follow-up): the engine passes it to the
+	// CLI's resume flag (profile.Profile.Resume).
+	Resume string
 }
 
 // Mount is a mount a stage adds, with what the receipt says of it.

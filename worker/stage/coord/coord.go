@@ -97,6 +97,8 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		s.status = Unavailable
 	} else {
 		s.status = Available
+		// The launcher takes steers into the CLI's input (launch --steer).
+		s.sess.SetSteerInput(run.Plan.SteerInput != "")
 	}
 	resp.Env = append(resp.Env, Env()...)
 	return nil

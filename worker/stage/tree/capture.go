@@ -43,6 +43,10 @@ const (
 	// workspace volume, and `jetcrew workspace exec` waits for it before it
 	// unpacks.
 	JailGatePath = "/run/jetcrew-ws/gate"
+	// JailSessionPath is where a follow-up's earlier session (the
+	// messages.ResultSession object) is mounted, read-only, for `jetcrew
+	// workspace exec --session-in` to restore.
+	JailSessionPath = "/run/jetcrew-ws/session.tar"
 )
 
 // jailWorkspace wires a staged workspace into the run's container: the
@@ -54,7 +58,12 @@ const (
 // original argv.
 func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
-		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile}
+		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionSkip: rw.sessionSkip}
+	if rw.sessionIn != "" {
+		args.SessionIn = JailSessionPath
+		resp.Mounts = append(resp.Mounts, stage.Mount{Mount: jail.Mount{Source: rw.sessionIn, Target: JailSessionPath, ReadOnly: true},
+			Role: messages.MountRoleSession, Digest: "sha256:" + rw.sessionSum})
+	}
 	resp.Wrap = append([]string{JailToolPath}, args.ArgList()...)
 	resp.Mounts = append(resp.Mounts,
 		stage.Mount{Mount: jail.Mount{Source: rw.volume, Volume: true, VolumeSpec: &rw.vol, Target: messages.WorkspaceDir},

@@ -83,6 +83,7 @@ func (s *Stage) resolveFromWorkspace(ctx context.Context, prof *profile.Profile,
 		return messages.WorkspaceRef{}, stage.Transient(fmt.Errorf("read the state of run %s: %w", srcID, err))
 	}
 	req := s.run.Request
+	s.fromState = &src
 	var srcProf *profile.Profile
 	if p, ok := s.t.profiles[src.Profile]; ok {
 		srcProf = &p

@@ -239,6 +239,12 @@ type Stage struct {
 	// digest of the snapshot staged, recorded in the result.
 	from     *messages.FromSource
 	snapshot string
+	// fromState is the earlier run's state (from.go); session what the run
+	// did with the agent CLI's session, mask the run's secret mask
+	// (session.go).
+	fromState *messages.RunState
+	session   *messages.SessionNote
+	mask      stage.Masker
 	// releases gives up what the run holds in Holds.
 	releases []func()
 }
@@ -268,6 +274,12 @@ type runWorkspace struct {
 	// jetcrew binary running the in-jail commands, toolDigest its SHA-256
 	// (hex).
 	snapshot, tool, toolDigest string
+	// sessionDir is the agent CLI's session directory in the container
+	// (profile.Plan.SessionDir), kept by exec; sessionIn the host file
+	// of the earlier session a follow-up restores, sessionSum its SHA-256
+	// (hex) (session.go).
+	sessionDir, sessionIn, sessionSum string
+	sessionSkip                       []string
 	// capture is the spec of the capture container, made from the run's;
 	// captureC the container, started (waiting) during staging, its
 	// output taken by captureOut and its exit reported on captureExit;
@@ -409,6 +421,10 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	rw.snapshot = path
 	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
 		return stageError(err, false)
+	}
+	s.mask = req.Mask
+	if err := s.stageSession(ctx, req, rw, resp); err != nil { // session.go
+		return err
 	}
 	s.run.Failpoint(stage.FailpointAfterStage)
 	jailWorkspace(resp, rw, cfg)
@@ -556,6 +572,9 @@ func (s *Stage) Note(st *messages.RunState) {
 			st.Receipt.WorkspaceFrom = s.from
 		}
 	}
+	if s.session != nil {
+		st.Session = s.session
+	}
 	if s.result != nil {
 		if s.result.Snapshot == "" {
 			s.result.Snapshot = s.snapshot
@@ -576,8 +595,14 @@ func (s *Stage) uploadResults(ctx context.Context, c *workspace.CaptureStream, r
 	attempt := s.run.Attempt
 	var objects []workspace.CaptureObject
 	var names []string
-	for _, kind := range []string{messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts} {
+	for _, kind := range []string{messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts, messages.ResultSession} {
 		if o, ok := c.Object(kind); ok {
+			if kind == messages.ResultSession {
+				if o, err = s.maskedSession(o); err != nil { // session.go
+					res.SessionError = "not kept: " + err.Error()
+					continue
+				}
+			}
 			objects = append(objects, o)
 			names = append(names, messages.ResultObjectName(s.run.Request.ID, s.run.Seq, attempt, kind))
 		}

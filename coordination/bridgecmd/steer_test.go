@@ -1,0 +1,173 @@
+package bridgecmd
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// fakeWorker serves the steering endpoints of a run's socket: each steer
+// given is handed to the first long poll, and the acknowledgements and the
+// "input closed" report are recorded.
+type fakeWorker struct {
+	mu     sync.Mutex
+	steers []relay.Steer
+	acks   []relay.SteerAck
+	closed bool
+}
+
+func (f *fakeWorker) serve(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+relay.PathSteerNext, func(w http.ResponseWriter, r *http.Request) {
+		var req relay.SteerNextRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		f.mu.Lock()
+		resp := relay.SteerNextResponse{Steers: f.steers}
+		f.steers = nil
+		f.closed = f.closed || req.Closed
+		f.mu.Unlock()
+		if len(resp.Steers) == 0 && !req.Closed {
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = json.NewEncoder(w).Encode(resp)
+	})
+	mux.HandleFunc("POST "+relay.PathSteerAck, func(w http.ResponseWriter, r *http.Request) {
+		var a relay.SteerAck
+		_ = json.NewDecoder(r.Body).Decode(&a)
+		f.mu.Lock()
+		f.acks = append(f.acks, a)
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return path
+}
+
+// fakeCLI is a CLI taking Claude Code's stream-json input: for each line
+// read, after a second, it prints the line and a result event; it exits 0
+// when its input ends.
+const fakeCLI = `while read -r l; do sleep 1; printf '{"type":"assistant","got":%s}\n' "$l"; echo '{"type":"result","subtype":"success"}'; done; echo '{"type":"eof"}'`
+
+func steered(t *testing.T, socket string) (string, int, time.Duration) {
+	t.Helper()
+	prompt := filepath.Join(t.TempDir(), "prompt")
+	require.NoError(t, os.WriteFile(prompt, []byte("the task"), 0o600))
+	var out, errb bytes.Buffer
+	start := time.Now()
+	code := launchSteered("/bin/sh", []string{"sh", "-c", fakeCLI}, os.Environ(), prompt,
+		steerFormats[messages.SteerInputClaude], socket, &out, &errb)
+	return out.String(), code, time.Since(start)
+}
+
+func TestSteeredLaunchWritesASteerAsATurnOfItsOwn(t *testing.T) {
+	t.Parallel()
+	f := &fakeWorker{steers: []relay.Steer{{ID: "s1", Text: "also update the docs"}}}
+	out, code, took := steered(t, f.serve(t))
+	require.Equal(t, 0, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 5, out)
+	require.Contains(t, lines[0], `"text":"the task"`)
+	require.Contains(t, lines[2], `"text":"also update the docs"`)
+	require.Equal(t, `{"type":"eof"}`, lines[4], "the input closed after the steer's turn")
+	require.Less(t, took, 10*time.Second)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Equal(t, []relay.SteerAck{{ID: "s1", Delivered: true}}, f.acks)
+	require.True(t, f.closed, "the launcher reports the input closed")
+}
+
+func TestSteeredLaunchClosesTheInputAfterAQuietTurn(t *testing.T) {
+	t.Parallel()
+	f := &fakeWorker{}
+	out, code, took := steered(t, f.serve(t))
+	require.Equal(t, 0, code)
+	require.Equal(t, 3, strings.Count(out, "\n"), out)
+	require.Less(t, took, 5*time.Second)
+}
+
+func TestSteeredLaunchWithoutASocketStillRuns(t *testing.T) {
+	t.Parallel()
+	out, code, _ := steered(t, filepath.Join(t.TempDir(), "none.sock"))
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"type":"result"`)
+}
+
+func TestSteerAfterTheInputClosedIsRefused(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	in := newAgentInput(w, steerFormats[messages.SteerInputKimi])
+	require.NoError(t, in.steer("first"))
+	in.turnEnded() // a steer was written during the turn: stays open
+	require.NoError(t, in.steer("second"))
+	in.turnEnded()
+	in.turnEnded() // a quiet turn: closed
+	require.ErrorContains(t, in.steer("third"), "input is closed")
+	b := make([]byte, 4096)
+	n, _ := r.Read(b)
+	require.Equal(t, "{\"role\":\"user\",\"content\":\"first\"}\n{\"role\":\"user\",\"content\":\"second\"}\n", string(b[:n]))
+}
+
+func TestTurnEnds(t *testing.T) {
+	t.Parallel()
+	claude, kimi := steerFormats[messages.SteerInputClaude], steerFormats[messages.SteerInputKimi]
+	require.True(t, claude.ended([]byte(`{"type":"result","result":"done"}`), false))
+	require.True(t, claude.ended([]byte(`{"type":"result","result":"very lo`), true))
+	require.False(t, claude.ended([]byte(`{"type":"assistant","message":{"content":"{\"type\":\"result\"}"}}`), false))
+	require.True(t, kimi.ended([]byte(`{"role":"assistant","content":"done"}`), false))
+	require.False(t, kimi.ended([]byte(`{"role":"assistant","content":"","tool_calls":[{"id":"1"}]}`), false))
+	require.False(t, kimi.ended([]byte(`{"role":"tool","content":"x"}`), false))
+}
+
+// A CLI that took the steers written during a turn into that turn prints
+// no turn of theirs: the input closes after quietFor of silence, and any
+// output meanwhile disarms it.
+func TestQuietAfterTurnClosesTheInput(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	in := newAgentInput(w, steerFormats[messages.SteerInputClaude])
+	in.quietFor = 200 * time.Millisecond
+	require.NoError(t, in.steer("taken into the turn"))
+	in.turnEnded()
+	in.activity() // output: a turn of the steer's began
+	time.Sleep(400 * time.Millisecond)
+	require.False(t, in.isClosed(), "output disarmed the quiet timer")
+	require.NoError(t, in.steer("again"))
+	in.turnEnded()
+	select {
+	case <-in.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the input stayed open after a quiet turn")
+	}
+}
+
+func TestExitCodeOfASignalledCLI(t *testing.T) {
+	t.Parallel()
+	prompt := filepath.Join(t.TempDir(), "prompt")
+	require.NoError(t, os.WriteFile(prompt, []byte("x"), 0o600))
+	var out, errb bytes.Buffer
+	code := launchSteered("/bin/sh", []string{"sh", "-c", "kill -9 $$"}, os.Environ(), prompt,
+		steerFormats[messages.SteerInputClaude], filepath.Join(t.TempDir(), "none.sock"), &out, &errb)
+	require.Equal(t, 128+9, code)
+}

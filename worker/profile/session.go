@@ -1,0 +1,67 @@
+package profile
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// resumer is a backend whose CLI can resume a session it saved in an
+// earlier run (docs/backends.md, "Follow-ups"): where the CLI keeps its
+// session files, and how its documented resume flag is passed.
+type resumer interface {
+	// sessionDir returns the container path of the directory holding the
+	// CLI's session files, under p.Home, and the names directly in it that
+	// are never kept (credentials, logs, downloaded binaries).
+	sessionDir(p Profile) (dir string, skip []string)
+	// resume returns argv (the plan's, the profile's args included) made
+	// to resume session id.
+	resume(argv []string, id string) []string
+}
+
+// setSessionDir sets plan.SessionDir when b's CLI can resume a session.
+func setSessionDir(b backend, p Profile, plan *Plan) {
+	if r, ok := b.(resumer); ok {
+		plan.SessionDir, plan.SessionSkip = r.sessionDir(p)
+	}
+}
+
+// CanResume reports whether p's backend can resume an earlier run's
+// session (its CLI documents a resume flag jetcrew passes).
+func (p Profile) CanResume() bool {
+	b, err := lookupBackend(p.Backend)
+	if err != nil {
+		return false
+	}
+	_, ok := b.(resumer)
+	return ok
+}
+
+// Resume returns plan, a plan of profile p, with the CLI's resume flag for
+// session id: Claude Code `--resume ID`, Codex `exec resume ID`, opencode
+// `--session ID`. It returns an error for a backend that cannot resume or
+// an id messages.ValidSessionID refuses.
+func (p Profile) Resume(plan Plan, id string) (Plan, error) {
+	b, err := lookupBackend(p.Backend)
+	if err != nil {
+		return plan, err
+	}
+	r, ok := b.(resumer)
+	if !ok {
+		return plan, fmt.Errorf("backend %s cannot resume a session", p.Backend)
+	}
+	if !messages.ValidSessionID(id) {
+		return plan, fmt.Errorf("session id %q is not one jetcrew passes to a CLI", id)
+	}
+	plan.Argv = r.resume(slices.Clone(plan.Argv), id)
+	return plan, nil
+}
+
+// noteSessionID keeps id as the run's session id, the first valid one the
+// CLI printed; p.mu is held.
+func (p *Parser) noteSessionID(id string) {
+	if p.summary.SessionID == "" && messages.ValidSessionID(id) {
+		p.summary.SessionID = id
+	}
+}

@@ -1,0 +1,64 @@
+package profile
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// The session id each CLI prints is kept, from the recorded output of the
+// real CLIs where there is one; an id that could pass for an option is not.
+func TestParserSessionID(t *testing.T) {
+	t.Parallel()
+	_, sum, _, _ := parseFile(t, BackendClaude, "claude-2.1.332-connected-not-logged-in.jsonl")
+	require.True(t, messages.ValidSessionID(sum.SessionID), sum.SessionID)
+	_, sum, _, _ = parseFile(t, BackendCodex, "codex-0.171.0-no-network.jsonl")
+	require.Equal(t, "01a22b97-bbfd-7880-a501-dba2b5371ab8", sum.SessionID)
+	for b, line := range map[string]string{
+		BackendOpencode: `{"type":"text","sessionID":"ses_abc123","part":{"type":"text","text":"x"}}`,
+		BackendClaude:   `{"type":"system","subtype":"init","session_id":"--dangerously-x"}`,
+	} {
+		p := NewParser(b, func(messages.AgentEvent) {}, nil)
+		p.Feed([]byte(line + "\n"))
+		_, sum := p.Outcome()
+		if b == BackendOpencode {
+			require.Equal(t, "ses_abc123", sum.SessionID)
+		} else {
+			require.Empty(t, sum.SessionID, "an id starting with '-' is refused")
+		}
+	}
+}
+
+// Each backend that can resume passes its CLI's documented flag; the
+// others cannot resume, and say so.
+func TestResume(t *testing.T) {
+	t.Parallel()
+	for backend, want := range map[string][]string{
+		BackendClaude:   {"claude", "-p", "--output-format", "stream-json", "--verbose", "--mcp-config", "/run/jetcrew/mcp-none.json", "--strict-mcp-config", "--dangerously-skip-permissions", "--model", "m", "--resume", "s-1"},
+		BackendCodex:    {"codex", "exec", "--json", "--skip-git-repo-check", "resume", "s-1", "-", "--model", "m"},
+		BackendOpencode: {"opencode", "run", "--format", "json", "--model", "m", "--session", "s-1"},
+	} {
+		p, err := Profile{Name: backend, Backend: backend, Image: "x", Args: []string{"--model", "m"}}.withDefaults()
+		require.NoError(t, err)
+		require.True(t, p.CanResume())
+		plan, err := p.Plan("task", false)
+		require.NoError(t, err)
+		require.Contains(t, plan.SessionDir, "/home/agent/.", backend)
+		resumed, err := p.Resume(plan, "s-1")
+		require.NoError(t, err)
+		require.Equal(t, want, resumed.Argv, backend)
+		_, err = p.Resume(plan, "-x")
+		require.ErrorContains(t, err, "not one jetcrew passes")
+	}
+	for _, backend := range []string{BackendGemini, BackendKimi, BackendPi, BackendCommand} {
+		p := Profile{Backend: backend}
+		require.False(t, p.CanResume(), backend)
+		_, err := p.Resume(Plan{}, "s-1")
+		require.ErrorContains(t, err, "cannot resume", backend)
+		plan, err := Profile{Backend: backend, Command: []string{"x"}}.Plan("t", false)
+		require.NoError(t, err)
+		require.Empty(t, plan.SessionDir, backend)
+	}
+}
