@@ -207,6 +207,8 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("GET /dead-letters", c.deadLetters)
 	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters, replay))
 	mux.HandleFunc("POST /dead-letters/discard", c.action(c.discardDeadLetters, "$JS.API.STREAM.PURGE."+messages.StreamFailed))
+	mux.HandleFunc("GET /questions", c.questionsPage)
+	mux.HandleFunc("POST /questions/answer", c.action(c.answerQuestion, "$KV."+messages.BucketCoordQuestions+"."+messages.CoordAnswerKey(">")))
 	mux.HandleFunc("POST /dead-letters/archive", c.action(c.archiveDeadLetters,
 		"$JS.API.STREAM.PURGE."+messages.StreamFailed, messages.SubjectFailedArchived("*", "*")))
 	mux.HandleFunc("GET /egress", c.egressPage)

@@ -18,6 +18,8 @@ type groupData struct {
 	Group string
 	// Runs are the group's runs, newest first.
 	Runs []*messages.RunState
+	// Questions are the group's questions waiting for an operator.
+	Questions []questionRow
 	// Attempts compares them, in the order they were submitted.
 	Attempts attemptsData
 }
@@ -45,7 +47,7 @@ func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	}
 	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
 	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Rev: rev,
-		Data: groupData{Group: g, Runs: runs, Attempts: c.attempts(r.Context(), g, runs)}})
+		Data: groupData{Group: g, Runs: runs, Attempts: c.attempts(r.Context(), g, runs), Questions: c.groupQuestions(r.Context(), g)}})
 }
 
 // groupRow is a run of a group as the group page's live stream sends it:
@@ -147,7 +149,7 @@ func coordLive(le liveEvent, data []byte) liveEvent {
 			le.Text += ": " + visible(ce.Reason)
 		}
 	default:
-		le.Text = visible(string(ce.Kind))
+		le.Text = questionEventText(ce)
 	}
 	return le
 }

@@ -58,6 +58,9 @@ type overviewData struct {
 	// EgressWaiting counts the connections waiting for an operator
 	// (egress_ask): an alert linking to /egress.
 	EgressWaiting int
+	// QuestionsWaiting counts the runs' questions waiting for an
+	// operator's answer: an alert linking to /questions.
+	QuestionsWaiting int
 	// States counts every run by state.
 	States map[messages.State]int
 	Total  int
@@ -94,6 +97,11 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		d.Errors = append(d.Errors, err.Error())
 	}
 	d.EgressWaiting = asks.Total
+	if qs, err := c.openQuestions(r.Context(), nil); err == nil {
+		d.QuestionsWaiting = len(qs)
+	} else {
+		d.Errors = append(d.Errors, err.Error())
+	}
 	byPool := map[string]*poolRow{}
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}

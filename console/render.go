@@ -16,7 +16,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "egress", "confirm", "login", "message"}
+var pageNames = []string{"overview", "runs", "run", "group", "deadletters", "egress", "confirm", "login", "message", "questions"}
 
 // pageTemplate is one page's template set: layout plus the page.
 type pageTemplate = template.Template
@@ -46,22 +46,24 @@ func revParam(r *http.Request) uint64 {
 }
 
 var funcs = template.FuncMap{
-	"visible":    visible,
-	"ago":        ago,
-	"clock":      clock,
-	"labels":     labelList,
-	"short":      func(s string) string { return shortText(s, 12) },
-	"final":      func(s messages.State) bool { return s.Final() },
-	"activity":   func(st *messages.RunState) string { return isoTime(dispatcher.Activity(st)) },
-	"usageShort": usageShort,
-	"spend":      poolSpend,
-	"until":      until,
-	"askAlert":   egressAlert,
-	"sendForm":   newSendForm,
-	"when":       whenHTML,
-	"waited":     func(st messages.RunState) template.HTML { return durHTML(waitSpan(&st)) },
-	"ran":        func(st messages.RunState) template.HTML { return durHTML(runSpan(&st)) },
-	"iso":        isoTime,
+	"visible":        visible,
+	"ago":            ago,
+	"clock":          clock,
+	"labels":         labelList,
+	"short":          func(s string) string { return shortText(s, 12) },
+	"final":          func(s messages.State) bool { return s.Final() },
+	"activity":       func(st *messages.RunState) string { return isoTime(dispatcher.Activity(st)) },
+	"usageShort":     usageShort,
+	"spend":          poolSpend,
+	"until":          until,
+	"askAlert":       egressAlert,
+	"sendForm":       newSendForm,
+	"questionsBox":   newQuestionsBox,
+	"questionsAlert": questionsAlert,
+	"when":           whenHTML,
+	"waited":         func(st messages.RunState) template.HTML { return durHTML(waitSpan(&st)) },
+	"ran":            func(st messages.RunState) template.HTML { return durHTML(runSpan(&st)) },
+	"iso":            isoTime,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"

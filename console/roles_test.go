@@ -30,6 +30,8 @@ import (
 // permissions violations the server reported on the console's connection.
 type roleBundle struct {
 	*bundle
+	// worker is the worker's connection (its role).
+	worker     *nats.Conn
 	mu         sync.Mutex
 	violations []string
 }
@@ -70,7 +72,8 @@ func setupRole(t *testing.T, role roles.Role) *roleBundle {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	startWorker(t, connect(roles.Worker), "", 0)
+	rb.worker = connect(roles.Worker)
+	startWorker(t, rb.worker, "", 0)
 	nc := connect(roles.Operator)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -116,7 +119,7 @@ func TestObserverConsole(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, path := range []string{"/", "/overview/fragment", "/runs", "/runs/" + id, "/runs/" + failed, "/groups/" + g,
-		"/dead-letters", "/egress", "/egress/fragment"} {
+		"/dead-letters", "/egress", "/egress/fragment", "/questions"} {
 		start := time.Now()
 		code, body := b.get(t, path)
 		took := time.Since(start)

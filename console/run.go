@@ -26,6 +26,8 @@ type runData struct {
 	Usage usageView
 	// Egress are the run's connections waiting for an operator.
 	Egress []egressRow
+	// Questions are the run's questions waiting for an operator.
+	Questions []questionRow
 	// Waiting is true for a run no worker has taken yet: its request
 	// waits in JETCREW_RUNS and State is made from it.
 	Waiting bool
@@ -89,6 +91,9 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		Commands:    runCommands(&st),
 		Changes:     c.changes(r.Context(), &st)}
 	d.Receipt = receiptText(&st)
+	if !st.State.Final() {
+		d.Questions = c.runQuestions(r.Context(), id)
+	}
 	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
 }
 

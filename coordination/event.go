@@ -22,6 +22,17 @@ const (
 	// EventReleased: the run released paths (Paths), or its claims were
 	// removed when it ended (Paths, Reason "run ended").
 	EventReleased = messages.CoordReleased
+	// EventAsked: the run asked a question (To, QuestionID, Bytes).
+	EventAsked = messages.CoordAsked
+	// EventReplied: the run replied to a peer's question (To, QuestionID,
+	// Bytes).
+	EventReplied = messages.CoordReplied
+	// EventAnswered: the run's question was answered (From, QuestionID,
+	// Bytes).
+	EventAnswered = messages.CoordAnswered
+	// EventUnanswered: the run's question went without an answer
+	// (QuestionID, To, Reason).
+	EventUnanswered = messages.CoordUnanswered
 )
 
 // Event reports one coordination step of a run to the worker

@@ -173,6 +173,7 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, resp, err)
 	})
+	addQuestionRoutes(mux)
 	addSteerRoutes(mux)
 	return mux
 }

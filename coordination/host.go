@@ -70,6 +70,8 @@ type Config struct {
 	// MaxClaimsPerGroup is the most patterns the runs of one group may
 	// hold claimed together, at most MaxClaimsPerGroupLimit. Default 256.
 	MaxClaimsPerGroup int
+	// Questions configures the ask and reply calls.
+	Questions QuestionConfig
 	// SteerRate is how many steers per second one run takes, on average,
 	// refused ones included (steer.go). Default SteerRate (1); negative
 	// means unlimited.
@@ -118,6 +120,7 @@ func (c Config) WithDefaults() Config {
 	if c.InboxInactiveThreshold == 0 {
 		c.InboxInactiveThreshold = 48 * time.Hour
 	}
+	c.Questions = c.Questions.withDefaults()
 	if c.SteerRate == 0 {
 		c.SteerRate = SteerRate
 	}
@@ -155,7 +158,7 @@ func (c Config) validate() error {
 	if c.MaxClaimsPerRun < 1 || c.MaxClaimsPerGroup < c.MaxClaimsPerRun || c.MaxClaimsPerGroup > MaxClaimsPerGroupLimit {
 		return fmt.Errorf("coordination: claims per run %d and per group %d must be at least 1 and at most the group's, which is at most %d", c.MaxClaimsPerRun, c.MaxClaimsPerGroup, MaxClaimsPerGroupLimit)
 	}
-	return nil
+	return c.Questions.validate()
 }
 
 // Host serves the coordination sessions of one worker's runs: one unix
@@ -171,6 +174,7 @@ type Host struct {
 	mu       sync.Mutex
 	peers    jetstream.KeyValue // BucketPeers, looked up by the first Serve
 	claimKV  jetstream.KeyValue // BucketClaims, looked up by the first claim call
+	questKV  jetstream.KeyValue // BucketQuestions, looked up by the first ask or reply
 	sessions map[string]*Session
 }
 

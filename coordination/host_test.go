@@ -480,7 +480,7 @@ func TestSocketMissing(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	require.ElementsMatch(t, []string{"status", "send", "inbox", "claim", "release", "claims"}, names)
+	require.ElementsMatch(t, []string{"status", "send", "inbox", "claim", "release", "claims", "ask", "reply"}, names)
 	for tool, args := range map[string]any{
 		"status":  map[string]any{},
 		"send":    map[string]any{"to": "all", "body": "anyone?"},
@@ -488,6 +488,8 @@ func TestSocketMissing(t *testing.T) {
 		"claim":   map[string]any{"paths": []string{"src"}, "reason": "x"},
 		"release": map[string]any{"paths": []string{"src"}},
 		"claims":  map[string]any{},
+		"ask":     map[string]any{"to": "operator", "question": "anyone?", "timeout_seconds": 1},
+		"reply":   map[string]any{"question_id": "qaaaaaaaaaaaaaaaa", "answer": "yes"},
 	} {
 		msg := toolError(t, cs, tool, args)
 		require.True(t, strings.HasPrefix(msg, "coordination unavailable: "), msg)

@@ -27,6 +27,9 @@ const (
 	// (ClaimKey) per group with a claim, a messages.CoordClaims document
 	// written with compare-and-set by the workers serving its runs.
 	BucketClaims = messages.BucketCoordClaims
+	// BucketQuestions holds the open questions of the runs' ask calls and
+	// their answers (see messages.BucketCoordQuestions).
+	BucketQuestions = messages.BucketCoordQuestions
 	// SubjectPrefix prefixes every coordination subject:
 	// jetcrew.coord.<group>.<recipient>.
 	SubjectPrefix = messages.SubjectCoordPrefix

@@ -358,6 +358,9 @@ func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
 	}
 	from, to := Sender(m.Subject(), m.Headers().Get(HeaderFrom))
 	msg = relay.Message{From: from, To: to, Body: string(m.Data())}
+	if from != RecipientOperator {
+		msg.QuestionID, msg.Choices = questionOf(m.Headers())
+	}
 	if meta, err := m.Metadata(); err == nil {
 		msg.ID = strconv.FormatUint(meta.Sequence.Stream, 10)
 		msg.Time = meta.Timestamp.UTC()

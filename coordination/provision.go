@@ -79,5 +79,16 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 	}); err != nil {
 		return fmt.Errorf("provision bucket %s: %w", BucketClaims, err)
 	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketQuestions,
+		Description: "jetcrew coordination questions: ask.<group>.<run_id>.<id> open, answer.<id> an operator's, reply.<id> a peer's",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		// Every key carries its own TTL (see messages.BucketCoordQuestions).
+		LimitMarkerTTL: questionMarkerTTL,
+	}); err != nil {
+		return fmt.Errorf("provision bucket %s: %w", BucketQuestions, err)
+	}
 	return nil
 }

@@ -19,6 +19,7 @@ const (
 	callSend  callClass = iota // send, refused or not
 	callRead                   // status, inbox and claims
 	callClaim                  // claim and release, refused or not
+	callAsk                    // ask and reply, refused or not
 )
 
 // refusalEventEvery is how often, at most, a run's rate-limited calls are
@@ -30,8 +31,8 @@ const refusalEventEvery = 10 * time.Second
 // callLimits are a session's token buckets (Config.SendRate/SendBurst,
 // Config.ReadRate/ReadBurst) and its count of refused calls.
 type callLimits struct {
-	send, read, claim *rate.Limiter
-	events            *rate.Limiter // refusal events
+	send, read, claim, ask *rate.Limiter
+	events                 *rate.Limiter // refusal events
 	// pending counts rate-limited calls not yet reported in an event.
 	pending atomic.Int64
 	// total counts every rate-limited call of the session.
@@ -43,6 +44,7 @@ func newCallLimits(cfg Config) *callLimits {
 		send:   rate.NewLimiter(rateLimit(cfg.SendRate), cfg.SendBurst),
 		read:   rate.NewLimiter(rateLimit(cfg.ReadRate), cfg.ReadBurst),
 		claim:  rate.NewLimiter(rateLimit(cfg.ClaimRate), cfg.ClaimBurst),
+		ask:    rate.NewLimiter(rateLimit(cfg.Questions.Rate), cfg.Questions.Burst),
 		events: rate.NewLimiter(rate.Every(refusalEventEvery), 1),
 	}
 }
@@ -57,6 +59,8 @@ func (s *Session) allowCall(c callClass) error {
 		lim, what, perSec, burst = s.limits.read, "status, inbox and claims", s.h.cfg.ReadRate, s.h.cfg.ReadBurst
 	case callClaim:
 		lim, what, perSec, burst = s.limits.claim, "claim and release", s.h.cfg.ClaimRate, s.h.cfg.ClaimBurst
+	case callAsk:
+		lim, what, perSec, burst = s.limits.ask, "ask and reply", s.h.cfg.Questions.Rate, s.h.cfg.Questions.Burst
 	}
 	if lim.Allow() {
 		return nil

@@ -89,6 +89,8 @@ type Session struct {
 	// for it, so it precedes every other event of the session.
 	connectOnce sync.Once
 	inboxSem    chan struct{} // one inbox call at a time
+	// questions are the session's open questions and the run's deadline.
+	questions questionState
 
 	mu        sync.Mutex
 	presence  Presence
@@ -461,6 +463,7 @@ func (s *Session) Close(ctx context.Context) error {
 		if s.claimed.Load() {
 			err = errors.Join(err, s.releaseAll(ctx))
 		}
+		err = errors.Join(err, s.expireQuestions(ctx))
 		if s.consumer() == nil {
 			s.closeErr = err
 			return

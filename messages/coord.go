@@ -119,6 +119,13 @@ type CoordEvent struct {
 	// Paths are the patterns claimed or released (CoordClaimed,
 	// CoordReleased), or refused (CoordRefused on claim or release).
 	Paths []string `json:"paths,omitempty"`
+	// QuestionID names the question asked, replied to, answered or left
+	// unanswered (CoordAsked, CoordReplied, CoordAnswered, CoordUnanswered,
+	// CoordRefused on ask or reply).
+	QuestionID string `json:"question_id,omitempty"`
+	// From is who answered the run's question (CoordAnswered): a run id or
+	// "operator".
+	From string `json:"from,omitempty"`
 	// SteerID is the steer's id (CoordSteered).
 	SteerID string `json:"steer_id,omitempty"`
 	// Outcome is what became of a steer (CoordSteered).

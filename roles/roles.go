@@ -18,8 +18,9 @@
 //     letters, results and the workspace bucket's snapshots, relay
 //     coordination as its runs, answer cancels and steers.
 //   - Operator cancels, replays, reads dead letters, purges and deletes
-//     jetcrew's streams, steers running agents (jetcrew.steer.<run_id>) and
-//     talks to runs as "operator"
+//     jetcrew's streams, steers running agents (jetcrew.steer.<run_id>),
+//     answers the runs' questions to the operator (answer.<id> of
+//     jetcrew-coord-questions) and talks to runs as "operator"
 //     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
 //     or write a run state, not even through the server: it configures no
 //     stream (a RePublish or a source is the server publishing) and deletes
@@ -83,6 +84,7 @@ var (
 	kvRuns        = "KV_" + messages.BucketRuns
 	kvPeers       = "KV_" + coordination.BucketPeers
 	kvClaims      = "KV_" + coordination.BucketClaims
+	kvQuestions   = "KV_" + coordination.BucketQuestions
 	kvWorkers     = "KV_" + messages.BucketWorkers
 	kvBudgets     = "KV_" + messages.BucketBudgets
 	kvAsks        = "KV_" + messages.BucketEgressAsks
@@ -90,10 +92,10 @@ var (
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvClaims, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvClaims, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 	// readStreams are what operators and observers read and follow: every
 	// stream without durable consumers (coordination through its mirror).
-	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvClaims, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvClaims, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 )
 
 // durableStreams are the streams with durable consumers: the pools'
@@ -252,6 +254,8 @@ func workerGrant() Grant {
 		"$KV." + coordination.BucketPeers + ".>",
 		// Claims, as a run, through its bridge.
 		"$KV." + coordination.BucketClaims + ".>",
+		// Questions, replies and purges, as a run, through its bridge.
+		"$KV." + coordination.BucketQuestions + ".>",
 		"$KV." + messages.BucketWorkers + ".>",
 		"$KV." + messages.BucketBudgets + ".>",
 		"$KV." + messages.BucketEgressAsks + ".>",
@@ -299,6 +303,9 @@ func operator() Grant {
 		// (jetcrew egress allow|deny), never the questions.
 		"$KV." + messages.BucketEgressAsks + ".answer.>",
 		"$KV." + messages.BucketEgressApprovals + ".>",
+		// Answers to the runs' questions to the operator (jetcrew
+		// answer), never a question nor a peer's reply.
+		"$KV." + coordination.BucketQuestions + "." + messages.CoordAnswerKey(">"),
 		// The record of what jetcrew publish pushed, never another event
 		// of a run.
 		messages.SubjectEvents("*", messages.EventPublish),

@@ -128,7 +128,7 @@ func TestOnlyWorkersConfigureStreamsOrTouchDurables(t *testing.T) {
 	t.Parallel()
 	jetcrews := []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, messages.StreamCoord,
 		messages.StreamCoordView, messages.StreamAdvisories, "KV_" + messages.BucketRuns, "KV_" + messages.BucketWorkers,
-		"KV_" + messages.BucketCoordPeers, "KV_" + messages.BucketCoordClaims, "OBJ_" + messages.BucketWorkspaces, "OBJ_" + messages.BucketUploads, "OBJ_" + messages.BucketResults}
+		"KV_" + messages.BucketCoordPeers, "KV_" + messages.BucketCoordClaims, "KV_" + messages.BucketCoordQuestions, "OBJ_" + messages.BucketWorkspaces, "OBJ_" + messages.BucketUploads, "OBJ_" + messages.BucketResults}
 	var workersOnly []string
 	for _, s := range jetcrews {
 		workersOnly = append(workersOnly, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s, "$JS.API.STREAM.MSG.DELETE."+s)

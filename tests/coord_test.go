@@ -215,6 +215,7 @@ type agentReport struct {
 		MessageID string `json:"message_id"`
 	} `json:"sent"`
 	Received   []agentMessage `json:"received"`
+	Answers    []agentAnswer  `json:"answers"`
 	ToolErrors []struct {
 		Tool string `json:"tool"`
 		Text string `json:"text"`
@@ -369,7 +370,7 @@ func requireJailedAgent(t *testing.T, env coordEnv, rep agentReport, ownDir stri
 	require.Empty(t, p.Errors)
 	require.Equal(t, map[string]bool{env.tmp: false}, rep.Paths, "the worker's state directory %s does not exist inside", env.tmp)
 
-	require.Equal(t, []string{"claim", "claims", "inbox", "release", "send", "status"}, rep.Tools)
+	require.Equal(t, []string{"ask", "claim", "claims", "inbox", "release", "reply", "send", "status"}, rep.Tools)
 	require.NotNil(t, rep.ServerInfo)
 	require.Equal(t, "jetcrew", rep.ServerInfo.Name)
 }

@@ -156,6 +156,7 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.AddCommand(a.bridgeCmd(), a.workspaceCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.followupCmd(), a.statusCmd(), a.watchCmd(),
 		a.cancelCmd(), a.sendCmd(), a.budgetCmd(), a.egressCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd(), a.workersCmd())
 	root.AddCommand(a.resultCmds()...)
+	root.AddCommand(a.questionCmds()...)
 	return root
 }
 

@@ -13,6 +13,8 @@
 //	jetcrew egress pending          connections of runs waiting for an operator (egress_ask)
 //	jetcrew egress allow ID         allow one (--profile: for the profile from now on)
 //	jetcrew egress deny ID          deny one
+//	jetcrew questions               runs' questions waiting for an operator (their ask tool), one a line
+//	jetcrew answer QUESTION_ID TEXT answer one
 //	jetcrew runs                    list runs (--state, --pool, --group, --label ...)
 //	jetcrew workers                 list live workers: pool, concurrency, heartbeat, warm pools
 //	jetcrew failed                  list dead letters (failed runs' requests; --all: healed ones too)

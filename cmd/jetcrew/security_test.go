@@ -178,6 +178,7 @@ func TestRoleMatrix(t *testing.T) {
 		// streamed input (queued, exit 3).
 		{"send", []string{"send", "long", "a steer"}, []roles.Role{roles.Operator}},
 		{"cancel", []string{"cancel", "long"}, []roles.Role{roles.Operator}},
+		{"questions", []string{"questions"}, []roles.Role{roles.Operator, roles.Observer, roles.Worker}},
 		{"replay", []string{"replay", "failing"}, []roles.Role{roles.Operator}},
 	}
 	for _, op := range ops {
@@ -368,6 +369,18 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 			return err
 		})
 	}
+	// Writes to the questions bucket: an operator answers the runs'
+	// questions to it; only workers put questions and peers' replies.
+	questionWrite := func(key string) func(rc roleConn) error {
+		subj := "$KV." + messages.BucketCoordQuestions + "." + key
+		return func(rc roleConn) error {
+			return rc.try(subj, func(ctx context.Context) error {
+				_, err := rc.js.Publish(ctx, subj, []byte(`{"answer":"x","by":"x"}`))
+				return err
+			})
+		}
+	}
+	const matrixQuestion = "qrolematrixaaaaaa"
 	ackOthers := func(rc roleConn) error {
 		subj := "$JS.ACK." + coordination.StreamName + "." + matrixInbox + ".1.1.1.0.0"
 		return rc.try(subj, func(context.Context) error { return rc.nc.Publish(subj, nil) })
@@ -411,6 +424,9 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		// unless its configuration is changed.)
 		{"delete a stream's message", request("$JS.API.STREAM.MSG.DELETE."+messages.StreamEvents, `{"seq":1099511627776}`), []roles.Role{roles.Worker}},
 		{"restore a stream", request("$JS.API.STREAM.RESTORE.ROLEMATRIX_RESTORE", `{"config":{"name":"ROLEMATRIX_RESTORE"},"state":{}}`), nil},
+		{"answer a run's question", questionWrite(messages.CoordAnswerKey(matrixQuestion)), []roles.Role{roles.Worker, roles.Operator}},
+		{"reply to a question as a run", questionWrite(messages.CoordReplyKey(matrixQuestion)), []roles.Role{roles.Worker}},
+		{"put a question as a run", questionWrite(messages.CoordQuestionKey("crew", "victim", matrixQuestion)), []roles.Role{roles.Worker}},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
 	}

@@ -1,6 +1,6 @@
 // Package bridge is the MCP server that runs inside a run container (the
-// binary is cmd/jetcrew-bridge). It offers an agent six tools, status, send,
-// inbox, claim, release and claims, and relays each call over the run's unix socket to the worker
+// binary is cmd/jetcrew-bridge). It offers an agent eight tools, status, send,
+// inbox, claim, release, claims, ask and reply, and relays each call over the run's unix socket to the worker
 // (package relay), which maps it onto NATS.
 //
 // Every failure of a tool call, including a missing socket or an unreachable
@@ -11,6 +11,7 @@ package bridge
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -45,6 +46,10 @@ type Options struct {
 	// Logger receives the MCP SDK's diagnostics. Nil discards them. It
 	// must never write to the stdio transport's stdout.
 	Logger *slog.Logger
+	// ProgressEvery is how often a waiting ask sends a progress
+	// notification (when the call carries a progress token). Default
+	// ProgressEvery.
+	ProgressEvery time.Duration
 }
 
 const instructions = `You are one run in a group of agents coordinated by jetcrew. ` +
@@ -53,6 +58,8 @@ const instructions = `You are one run in a group of agents coordinated by jetcre
 	`inbox to read messages sent to you (wait_seconds long-polls). Messages are plain text up to 16 KiB. ` +
 	`Before editing files another run of your group may edit, claim them (paths or globs relative to the workspace); ` +
 	`a claim another run holds is refused with its holder, so you can ask it. Claims last until you release them or your run ends. ` +
+	`When you need a decision you cannot make, ask a peer, "all" or "operator" and wait for the answer (it may be "no answer": then decide); ` +
+	`an inbox message with a question_id is a peer's question: answer it with reply. ` +
 	`The operator may message you while you work: when a tool result says messages wait unread, call inbox and follow them.`
 
 // NewServer returns an MCP server offering the status, send and inbox tools,
@@ -63,6 +70,9 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.ProgressEvery <= 0 {
+		opts.ProgressEvery = ProgressEvery
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
@@ -149,5 +159,6 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		}
 		return nil, resp, err
 	})
+	addQuestionTools(s, c, opts.ProgressEvery)
 	return s
 }

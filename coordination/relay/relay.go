@@ -15,6 +15,8 @@
 //	POST /v1/claim   ClaimRequest  → 200 ClaimResponse (409 conflict)
 //	POST /v1/release ReleaseRequest → 200 ReleaseResponse (409 not_held)
 //	GET  /v1/claims                → 200 ClaimsResponse
+//	POST /v1/ask     AskRequest    → 200 AskResponse, once answered or timed out
+//	POST /v1/reply   ReplyRequest  → 200 ReplyResponse (404 no_question, 409 answered)
 //
 // The package imports only the standard library and the messages package, so
 // the bridge binary stays small and carries no NATS code.
@@ -179,6 +181,11 @@ type Message struct {
 	Body string `json:"body" jsonschema:"the message text"`
 	// Time is when the message was stored.
 	Time time.Time `json:"time" jsonschema:"when the message was sent (RFC 3339)"`
+	// QuestionID is set when the message is a peer's question (its ask):
+	// answer it with reply.
+	QuestionID string `json:"question_id,omitempty" jsonschema:"set when the message is a question: answer it with reply and this id"`
+	// Choices are the answers the asker offers, if any.
+	Choices []string `json:"choices,omitempty" jsonschema:"the answers the asker offers, if any"`
 }
 
 // ClaimRequest is the body of POST /v1/claim. It has no holder field: the

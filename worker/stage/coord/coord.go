@@ -99,6 +99,12 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		s.status = Available
 		// The launcher takes steers into the CLI's input (launch --steer).
 		s.sess.SetSteerInput(run.Plan.SteerInput != "")
+		// An ask waits at most until shortly before the run's timeout: a
+		// deadline from now, a little early, until Poststart knows when
+		// the container started (the agent may ask before that).
+		if run.Timeout > 0 {
+			s.sess.SetDeadline(time.Now().Add(run.Timeout))
+		}
 	}
 	resp.Env = append(resp.Env, Env()...)
 	return nil
@@ -113,6 +119,11 @@ func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + coordination.Conta
 func (s *Stage) Poststart(ctx context.Context, req *stage.PoststartRequest) error {
 	s.started = time.Now()
 	if s.sess != nil {
+		// An ask waits at most until shortly before the run's timeout
+		// (an ask made before this keeps Prestart's earlier deadline).
+		if req.Run.Timeout > 0 {
+			s.sess.SetDeadline(s.started.Add(req.Run.Timeout))
+		}
 		if err := s.sess.SetState(ctx, messages.StateRunning); err != nil {
 			req.Run.Log.Warn().Err(err).Msg("coordination presence")
 		}
