@@ -188,6 +188,8 @@ func TestUpAuthConsole(t *testing.T) {
 
 	// The cancel button, as the browser posts it once logged in.
 	code, _ = do(http.MethodPost, "/runs/cs2/cancel", url.Values{"csrf": {csrf[1]}}, true)
+	require.Equal(t, http.StatusOK, code, "a cancel not confirmed asks first")
+	code, _ = do(http.MethodPost, "/runs/cs2/cancel", url.Values{"csrf": {csrf[1]}, "confirm": {"yes"}}, true)
 	require.Equal(t, http.StatusSeeOther, code, "redirected to the run's page")
 	// A running run's cancel is answered "stopping"; the state says
 	// cancelled once its container stopped, a moment later.
