@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,15 +16,13 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // File claims between two real runs in real containers, through the MCP
 // bridge the worker mounts (issue 29): the second run's overlapping claim is
 // refused, told who holds it; the holder's claim survives a quiet period of
-// its holder and is gone the moment the holder is cancelled. (A claim whose
-// holder's worker is killed and whose run's lease is taken over is proven
-// against real NATS in coordination's TestDetachKeepsClaimsAndStaleHoldersDoNotCount
-// and TestClaimsBelongToTheSessionThatMadeThem.)
+// its holder and is gone the moment the holder is cancelled.
 func TestClaimsBetweenRuns(t *testing.T) {
 	// A short AckWait: the quiet period below lasts more than three of
 	// them, so a claim tied to anything but the run's lease (a timer, the
@@ -95,4 +95,48 @@ func eventStrings(kinds []coordination.EventKind) []string {
 		out[i] = string(k)
 	}
 	return out
+}
+
+// A claim's holder whose worker is killed with kill -9: once another worker
+// takes the run's lease over (its redelivery), the killed attempt's claim
+// no longer holds. The new attempt's agent claims again, as its own
+// session, and nothing of the first session's claim is left.
+func TestClaimGoneWhenLeaseTakenOver(t *testing.T) {
+	requireAgentsImage(t)
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	js := natsClient(t, url)
+	profiles := filepath.Join(t.TempDir(), "profiles.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte(agentProfiles), 0o644))
+	flags := []string{"--profiles", profiles, "--ack-wait", "3s", "--concurrency", "2"}
+	doomed := startOpsWorker(t, url, "claims-doomed", nil, flags...)
+	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 30*time.Second, "worker never started\n%s", doomed.stderr.String())
+
+	const g, id = "claims-kill", "holder-k"
+	submitAgent(t, url, id, g, `call claim '{"paths":["docs/**"],"reason":"rewriting docs"}'; sleep 10m`)
+	var first []messages.CoordClaim
+	require.Eventually(t, func() bool { first = groupClaims(t, js, g); return len(first) == 1 }, time.Minute, 100*time.Millisecond,
+		"the claim never showed\n%s", doomed.stderr.String())
+
+	require.NoError(t, doomed.cmd.Process.Kill())
+	doomed.wait(t, 30*time.Second)
+	// Nobody holds the lease yet: the claim stays (its holder's container
+	// may still be at work).
+	require.Equal(t, first, groupClaims(t, js, g))
+
+	fresh := startOpsWorker(t, url, "claims-fresh", nil, flags...)
+	var now []messages.CoordClaim
+	require.Eventually(t, func() bool {
+		now = groupClaims(t, js, g)
+		return len(now) == 1 && now[0].Session != first[0].Session
+	}, 2*time.Minute, 100*time.Millisecond, "the killed attempt's claim stayed: %+v\n%s", now, fresh.stderr.String())
+	require.Equal(t, id, now[0].RunID)
+	require.Equal(t, "docs/**", now[0].Pattern)
+	st := waitRunning(t, url, id)
+	require.GreaterOrEqual(t, st.Attempts, 2, "a later attempt holds it")
+
+	r := run(t, url, jetcrewBin, "cancel", id)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Eventually(t, func() bool { return len(groupClaims(t, js, g)) == 0 }, 30*time.Second, 20*time.Millisecond)
+	waitFinal(t, url, id)
 }
