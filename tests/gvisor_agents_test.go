@@ -70,7 +70,7 @@ func TestGVisorAgents(t *testing.T) {
 		require.Empty(t, rep.Probe.DockerSockets)
 		require.Equal(t, map[string]bool{coordination.ContainerRunDir: true, coordination.BridgePath: true}, rep.Probe.ReadOnly,
 			"both coordination mounts are ro in gVisor's mountinfo")
-		require.Equal(t, []string{"claim", "claims", "inbox", "release", "send", "status"}, rep.Tools)
+		require.Equal(t, []string{"ask", "claim", "claims", "inbox", "release", "reply", "send", "status"}, rep.Tools)
 		st := status(t, url, id)
 		require.Equal(t, gvisorRuntime, st.Receipt.Runtime)
 	}
