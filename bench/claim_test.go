@@ -4,12 +4,9 @@ package bench
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -39,23 +36,7 @@ func TestClaimRoundTrip(t *testing.T) {
 	s, nc, _ := coordtest.Provisioned(t)
 	h, err := coordination.NewHost(nc, coordination.Config{ClaimRate: -1, ReadRate: -1})
 	require.NoError(t, err)
-	dir := coordtest.SocketDir(t)
-	ctx := context.Background()
-	bridgeBin := binary(t, "jetcrew-bridge")
-	sessions := map[string]*mcp.ClientSession{}
-	for _, id := range []string{"a", "b"} {
-		sess, err := h.Serve(ctx, coordination.RunInfo{RunID: id, Group: "bench"}, coordtest.SocketPath(dir, id))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = sess.Close(context.Background()) })
-		cmd := exec.Command(bridgeBin)
-		cmd.Env = append(os.Environ(), relay.EnvSocket+"="+coordtest.SocketPath(dir, id), "JETCREW_BRIDGE_LOG=warn")
-		cmd.Stderr = os.Stderr
-		client := mcp.NewClient(&mcp.Implementation{Name: "bench-agent-" + id, Version: "bench"}, nil)
-		cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = cs.Close() })
-		sessions[id] = cs
-	}
+	sessions := benchBridges(t, h)
 	a := sessions["a"]
 	res := coordtest.Call(t, sessions["b"], "claim", map[string]any{"paths": []string{"docs"}, "reason": "the other run"})
 	require.False(t, res.IsError, coordtest.Text(res))

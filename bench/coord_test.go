@@ -41,23 +41,7 @@ func TestCoordRoundTrip(t *testing.T) {
 	s, nc, _ := coordtest.Provisioned(t)
 	h, err := coordination.NewHost(nc, coordination.Config{SendRate: -1, ReadRate: -1})
 	require.NoError(t, err)
-	dir := coordtest.SocketDir(t)
-	ctx := context.Background()
-	bridgeBin := binary(t, "jetcrew-bridge")
-	sessions := map[string]*mcp.ClientSession{}
-	for _, id := range []string{"a", "b"} {
-		sess, err := h.Serve(ctx, coordination.RunInfo{RunID: id, Group: "bench"}, coordtest.SocketPath(dir, id))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = sess.Close(context.Background()) })
-		cmd := exec.Command(bridgeBin)
-		cmd.Env = append(os.Environ(), relay.EnvSocket+"="+coordtest.SocketPath(dir, id), "JETCREW_BRIDGE_LOG=warn")
-		cmd.Stderr = os.Stderr
-		client := mcp.NewClient(&mcp.Implementation{Name: "bench-agent-" + id, Version: "bench"}, nil)
-		cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = cs.Close() })
-		sessions[id] = cs
-	}
+	sessions := benchBridges(t, h)
 	a, peer := sessions["a"], sessions["b"]
 	sendArgs := map[string]any{"to": "b", "body": "ping"}
 	inboxArgs := map[string]any{"wait_seconds": 5, "max": 1}
@@ -155,4 +139,30 @@ func rawRequestReply(t *testing.T, responder, requester *nats.Conn) []float64 {
 		}
 	}
 	return out
+}
+
+// benchBridges serves runs "a" and "b" of group "bench" on h and connects
+// an MCP client to each through a real bridge process (bin/jetcrew-bridge
+// over stdio, as an agent's CLI speaks to it). It returns the client
+// sessions by run id; everything is closed when the test ends.
+func benchBridges(t *testing.T, h *coordination.Host) map[string]*mcp.ClientSession {
+	t.Helper()
+	dir := coordtest.SocketDir(t)
+	ctx := context.Background()
+	bridgeBin := binary(t, "jetcrew-bridge")
+	sessions := map[string]*mcp.ClientSession{}
+	for _, id := range []string{"a", "b"} {
+		sess, err := h.Serve(ctx, coordination.RunInfo{RunID: id, Group: "bench"}, coordtest.SocketPath(dir, id))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sess.Close(context.Background()) })
+		cmd := exec.Command(bridgeBin)
+		cmd.Env = append(os.Environ(), relay.EnvSocket+"="+coordtest.SocketPath(dir, id), "JETCREW_BRIDGE_LOG=warn")
+		cmd.Stderr = os.Stderr
+		client := mcp.NewClient(&mcp.Implementation{Name: "bench-agent-" + id, Version: "bench"}, nil)
+		cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cs.Close() })
+		sessions[id] = cs
+	}
+	return sessions
 }
