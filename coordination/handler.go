@@ -1,6 +1,7 @@
 package coordination
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,94 +77,6 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, st, err)
 	})
-	mux.HandleFunc("POST "+relay.PathSend, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.SendResponse
-		if err := s.allowCall(callSend); err != nil {
-			s.reply(w, resp, err) // counted, not reported one by one
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.SendRequest
-		if err == nil {
-			req, err = relay.DecodeSendRequest(data)
-		}
-		if err == nil {
-			resp, err = s.send(r.Context(), req)
-		}
-		if err != nil {
-			ae := s.classify(err)
-			s.emit(Event{Kind: EventRefused, To: req.To, Reason: ae.msg})
-			err = ae
-		}
-		s.reply(w, resp, err)
-	})
-	mux.HandleFunc("POST "+relay.PathInbox, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.InboxResponse
-		if err := s.allowCall(callRead); err != nil {
-			s.reply(w, resp, err) // counted, not reported one by one
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.InboxRequest
-		if err == nil {
-			req, err = relay.DecodeInboxRequest(data)
-		}
-		if err == nil {
-			resp.Messages, err = s.inbox(r.Context(), req)
-		}
-		if err != nil && r.Context().Err() == nil {
-			ae := s.classify(err)
-			s.emit(Event{Kind: EventRefused, Reason: ae.msg})
-			err = ae
-		}
-		s.reply(w, resp, err)
-	})
-	mux.HandleFunc("POST "+relay.PathClaim, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.ClaimResponse
-		if err := s.allowCall(callClaim); err != nil {
-			s.reply(w, resp, err)
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.ClaimRequest
-		if err == nil {
-			req, err = relay.DecodeClaimRequest(data)
-		}
-		if err == nil {
-			resp, err = s.claim(r.Context(), req)
-		}
-		if err != nil {
-			ae := s.classify(err)
-			s.emit(Event{Kind: EventRefused, Paths: req.Paths, Reason: ae.msg})
-			err = ae
-		}
-		s.reply(w, resp, err)
-	})
-	mux.HandleFunc("POST "+relay.PathRelease, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.ReleaseResponse
-		if err := s.allowCall(callClaim); err != nil {
-			s.reply(w, resp, err)
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.ReleaseRequest
-		if err == nil {
-			req, err = relay.DecodeReleaseRequest(data)
-		}
-		if err == nil {
-			resp, err = s.release(r.Context(), req)
-		}
-		if err != nil {
-			ae := s.classify(err)
-			s.emit(Event{Kind: EventRefused, Paths: req.Paths, Reason: ae.msg})
-			err = ae
-		}
-		s.reply(w, resp, err)
-	})
 	mux.HandleFunc("GET "+relay.PathClaims, func(w http.ResponseWriter, r *http.Request) {
 		s := sessionOf(r)
 		var resp relay.ClaimsResponse
@@ -173,9 +86,93 @@ func newRelayMux() *http.ServeMux {
 		}
 		s.reply(w, resp, err)
 	})
+	post(mux, relay.PathSend, endpoint[relay.SendRequest, relay.SendResponse]{
+		class: callSend, decode: relay.DecodeSendRequest, do: (*Session).send,
+		refused: func(req relay.SendRequest) Event { return Event{To: req.To} },
+	})
+	post(mux, relay.PathInbox, endpoint[relay.InboxRequest, relay.InboxResponse]{
+		class: callRead, decode: relay.DecodeInboxRequest,
+		do: func(s *Session, ctx context.Context, req relay.InboxRequest) (relay.InboxResponse, error) {
+			msgs, err := s.inbox(ctx, req)
+			return relay.InboxResponse{Messages: msgs}, err
+		},
+		refused: func(relay.InboxRequest) Event { return Event{} },
+	})
+	post(mux, relay.PathClaim, endpoint[relay.ClaimRequest, relay.ClaimResponse]{
+		class: callClaim, decode: relay.DecodeClaimRequest, do: (*Session).claim,
+		refused: func(req relay.ClaimRequest) Event { return Event{Paths: req.Paths} },
+	})
+	post(mux, relay.PathRelease, endpoint[relay.ReleaseRequest, relay.ReleaseResponse]{
+		class: callClaim, decode: relay.DecodeReleaseRequest, do: (*Session).release,
+		refused: func(req relay.ReleaseRequest) Event { return Event{Paths: req.Paths} },
+	})
 	addQuestionRoutes(mux)
 	addSteerRoutes(mux)
 	return mux
+}
+
+// callFree is the class of an endpoint no call limit applies to (the
+// launcher's steering polls, the bridge's notices: each answers at most
+// what another limit let in).
+const callFree callClass = -1
+
+// endpoint is one POST endpoint of the relay: the call class whose limit
+// it takes (callFree: none), how its body decodes, what it does, and the
+// fields of the EventRefused recorded when it fails (nil: none is).
+type endpoint[Req, Resp any] struct {
+	class   callClass
+	decode  func([]byte) (Req, error)
+	do      func(s *Session, ctx context.Context, req Req) (Resp, error)
+	refused func(Req) Event
+	// before, when set, runs once the request decoded, before do: the
+	// ask endpoint lifts the socket's write deadline for its wait.
+	before func(w http.ResponseWriter, req Req)
+}
+
+// post routes POST path to e: the call's limit (a refusal answered 429 and
+// counted, not reported one by one), the body read within
+// relay.MaxRequestBytes and decoded, e.do, and the reply. A failure is
+// recorded as an EventRefused carrying e.refused's fields, but for a
+// request whose agent went away meanwhile (nobody refused it).
+func post[Req, Resp any](mux *http.ServeMux, path string, e endpoint[Req, Resp]) {
+	mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+		s := sessionOf(r)
+		var resp Resp
+		if e.class != callFree {
+			if err := s.allowCall(e.class); err != nil {
+				s.reply(w, resp, err)
+				return
+			}
+		}
+		data, err := readBody(w, r)
+		var req Req
+		if err == nil {
+			req, err = e.decode(data)
+		}
+		if err == nil {
+			if e.before != nil {
+				e.before(w, req)
+			}
+			resp, err = e.do(s, r.Context(), req)
+		}
+		if err != nil && e.refused != nil && r.Context().Err() == nil {
+			s.replyRefused(w, resp, err, e.refused(req))
+			return
+		}
+		s.reply(w, resp, err)
+	})
+}
+
+// replyRefused writes v, or err after recording it as an EventRefused
+// carrying ev's fields.
+func (s *Session) replyRefused(w http.ResponseWriter, v any, err error, ev Event) {
+	if err != nil {
+		ae := s.classify(err)
+		ev.Kind, ev.Reason = EventRefused, ae.msg
+		s.emit(ev)
+		err = ae
+	}
+	s.reply(w, v, err)
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {

@@ -145,55 +145,19 @@ func questionOf(h nats.Header) (id string, choices []string) {
 
 // addQuestionRoutes adds the ask and reply endpoints to mux.
 func addQuestionRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("POST "+relay.PathAsk, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.AskResponse
-		if err := s.allowCall(callAsk); err != nil {
-			s.reply(w, resp, err)
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.AskRequest
-		if err == nil {
-			req, err = relay.DecodeAskRequest(data)
-		}
-		if err == nil {
+	post(mux, relay.PathAsk, endpoint[relay.AskRequest, relay.AskResponse]{
+		class: callAsk, decode: relay.DecodeAskRequest, do: (*Session).ask,
+		refused: func(req relay.AskRequest) Event { return Event{To: req.To} },
+		before: func(w http.ResponseWriter, req relay.AskRequest) {
 			// The wait outlasts the socket's write timeout for other calls.
 			wait := time.Duration(req.TimeoutSeconds) * time.Second
 			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + responseWriteTimeout))
-			resp, err = s.ask(r.Context(), req)
-		}
-		s.replyRefused(w, resp, err, Event{To: req.To})
+		},
 	})
-	mux.HandleFunc("POST "+relay.PathReply, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		var resp relay.ReplyResponse
-		if err := s.allowCall(callAsk); err != nil {
-			s.reply(w, resp, err)
-			return
-		}
-		data, err := readBody(w, r)
-		var req relay.ReplyRequest
-		if err == nil {
-			req, err = relay.DecodeReplyRequest(data)
-		}
-		if err == nil {
-			resp, err = s.replyTo(r.Context(), req)
-		}
-		s.replyRefused(w, resp, err, Event{QuestionID: req.QuestionID})
+	post(mux, relay.PathReply, endpoint[relay.ReplyRequest, relay.ReplyResponse]{
+		class: callAsk, decode: relay.DecodeReplyRequest, do: (*Session).replyTo,
+		refused: func(req relay.ReplyRequest) Event { return Event{QuestionID: req.QuestionID} },
 	})
-}
-
-// replyRefused writes v, or err after recording it as an EventRefused
-// carrying ev's fields.
-func (s *Session) replyRefused(w http.ResponseWriter, v any, err error, ev Event) {
-	if err != nil {
-		ae := s.classify(err)
-		ev.Kind, ev.Reason = EventRefused, ae.msg
-		s.emit(ev)
-		err = ae
-	}
-	s.reply(w, v, err)
 }
 
 // askWait is how long an ask of timeoutSeconds waits: cut to the run's

@@ -409,18 +409,11 @@ func fromLauncher(r *http.Request) bool {
 // holds one of the socket's MaxConnsPerSession connections, and answers
 // at most what the steers' own limit (SteerRate) let in.
 func addSteerRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("POST "+relay.PathSteerNext, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		data, err := readBody(w, r)
-		var req relay.SteerNextRequest
-		if err == nil {
-			req, err = relay.DecodeSteerNextRequest(data)
-		}
-		var resp relay.SteerNextResponse
-		if err == nil {
-			resp = s.steerNext(r.Context(), req)
-		}
-		s.reply(w, resp, err)
+	post(mux, relay.PathSteerNext, endpoint[relay.SteerNextRequest, relay.SteerNextResponse]{
+		class: callFree, decode: relay.DecodeSteerNextRequest,
+		do: func(s *Session, ctx context.Context, req relay.SteerNextRequest) (relay.SteerNextResponse, error) {
+			return s.steerNext(ctx, req), nil
+		},
 	})
 	mux.HandleFunc("POST "+relay.PathSteerAck, func(w http.ResponseWriter, r *http.Request) {
 		s := sessionOf(r)
@@ -436,17 +429,10 @@ func addSteerRoutes(mux *http.ServeMux) {
 		s.steerAck(a)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST "+relay.PathNotice, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		data, err := readBody(w, r)
-		var req relay.NoticeRequest
-		if err == nil {
-			req, err = relay.DecodeNoticeRequest(data)
-		}
-		var resp relay.Notice
-		if err == nil {
-			resp = s.notice(r.Context(), req)
-		}
-		s.reply(w, resp, err)
+	post(mux, relay.PathNotice, endpoint[relay.NoticeRequest, relay.Notice]{
+		class: callFree, decode: relay.DecodeNoticeRequest,
+		do: func(s *Session, ctx context.Context, req relay.NoticeRequest) (relay.Notice, error) {
+			return s.notice(ctx, req), nil
+		},
 	})
 }
