@@ -81,28 +81,18 @@ type overviewData struct {
 func (c *Console) overviewOf(r *http.Request) overviewData {
 	var d overviewData
 	pools, err := c.d.Pools(r.Context())
-	if err != nil {
-		d.Errors = append(d.Errors, err.Error())
-	}
+	d.noteErr(err)
 	workers, err := c.d.Workers(r.Context())
-	if err != nil {
-		d.Errors = append(d.Errors, err.Error())
-	}
+	d.noteErr(err)
 	unserved, err := c.d.UnservedPools(r.Context())
-	if err != nil {
-		d.Errors = append(d.Errors, err.Error())
-	}
+	d.noteErr(err)
 	asks, err := c.d.EgressWaiting(r.Context(), "", 0)
-	if err != nil {
-		d.Errors = append(d.Errors, err.Error())
-	}
+	d.noteErr(err)
 	d.EgressWaiting = asks.Total
-	if qs, err := c.openQuestions(r.Context(), nil); err == nil {
-		d.QuestionsWaiting = len(qs)
-	} else {
-		d.Errors = append(d.Errors, err.Error())
-	}
-	byPool := map[string]*poolRow{}
+	qs, err := c.openQuestions(r.Context(), nil)
+	d.noteErr(err)
+	d.QuestionsWaiting = len(qs)
+	byPool := poolRows{}
 	for _, p := range pools {
 		byPool[p.Pool] = &poolRow{PoolStats: p}
 	}
@@ -123,13 +113,63 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		}
 	}
 	nodes, err := c.d.StreamNodes(r.Context())
+	d.noteErr(err)
+	d.Cluster = nodesView(nodes)
+	held := c.tally(&d, byPool, time.Now())
+	// The runs no worker has taken have no state: their requests in
+	// JETCREW_RUNS say how long the oldest of each pool has waited.
+	queued := c.queued(r.Context()).Runs
+	d.Empty = d.Total == 0 && len(queued) == 0
+	for _, st := range queued {
+		byPool.get(st.Pool).queue(st.QueuedAt)
+	}
+	for _, p := range byPool {
+		d.Pools = append(d.Pools, *p)
+	}
+	sort.Slice(d.Pools, func(i, j int) bool { return d.Pools[i].Pool < d.Pools[j].Pool })
+	for _, w := range workers {
+		d.Workers = append(d.Workers, workerRow{WorkerBeat: w, Held: held[w.ID]})
+	}
+	d.Alerts = alerts(d.Pools, len(workers), time.Now())
+	if more > 0 {
+		d.Alerts = append(d.Alerts, fmt.Sprintf("%d more pool(s) that no worker serves hold %d request(s) in %s", more, moreRequests, messages.StreamRuns))
+	}
+	return d
+}
+
+// noteErr adds err, when there is one, to what the overview could not read.
+func (d *overviewData) noteErr(err error) {
 	if err != nil {
 		d.Errors = append(d.Errors, err.Error())
 	}
-	d.Cluster = nodesView(nodes)
-	held := map[string]int{}
+}
+
+// poolRows are the overview's pool rows by pool name.
+type poolRows map[string]*poolRow
+
+// get returns pool's row, adding an empty one when it has none.
+func (b poolRows) get(pool string) *poolRow {
+	p := b[pool]
+	if p == nil {
+		p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: pool}}
+		b[pool] = p
+	}
+	return p
+}
+
+// queue counts a queued run of the pool, queued at.
+func (p *poolRow) queue(at time.Time) {
+	p.QueuedRuns++
+	if p.OldestQueued.IsZero() || at.Before(p.OldestQueued) {
+		p.OldestQueued = at
+	}
+}
+
+// tally counts every cached run into d (states, total, trends) and its
+// pool's row, as of now, and returns how many runs each worker holds.
+func (c *Console) tally(d *overviewData, byPool poolRows, now time.Time) (held map[string]int) {
+	held = map[string]int{}
 	d.States = map[messages.State]int{}
-	now := time.Now()
 	trends := make([]*trend, len(trendSpecs))
 	for i, spec := range trendSpecs {
 		trends[i] = newTrend(spec, now)
@@ -141,17 +181,10 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 		for _, t := range trends {
 			t.add(st)
 		}
-		p := byPool[st.Pool]
-		if p == nil {
-			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
-			byPool[st.Pool] = p
-		}
+		p := byPool.get(st.Pool)
 		switch st.State {
 		case messages.StateQueued:
-			p.QueuedRuns++
-			if p.OldestQueued.IsZero() || st.QueuedAt.Before(p.OldestQueued) {
-				p.OldestQueued = st.QueuedAt
-			}
+			p.queue(st.QueuedAt)
 		case messages.StateRunning:
 			p.Running++
 			held[st.Worker]++
@@ -172,33 +205,7 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 	for _, t := range trends {
 		d.Trends = append(d.Trends, t.view())
 	}
-	// The runs no worker has taken have no state: their requests in
-	// JETCREW_RUNS say how long the oldest of each pool has waited.
-	queued := c.queued(r.Context()).Runs
-	d.Empty = d.Total == 0 && len(queued) == 0
-	for _, st := range queued {
-		p := byPool[st.Pool]
-		if p == nil {
-			p = &poolRow{PoolStats: dispatcher.PoolStats{Pool: st.Pool}}
-			byPool[st.Pool] = p
-		}
-		p.QueuedRuns++
-		if p.OldestQueued.IsZero() || st.QueuedAt.Before(p.OldestQueued) {
-			p.OldestQueued = st.QueuedAt
-		}
-	}
-	for _, p := range byPool {
-		d.Pools = append(d.Pools, *p)
-	}
-	sort.Slice(d.Pools, func(i, j int) bool { return d.Pools[i].Pool < d.Pools[j].Pool })
-	for _, w := range workers {
-		d.Workers = append(d.Workers, workerRow{WorkerBeat: w, Held: held[w.ID]})
-	}
-	d.Alerts = alerts(d.Pools, len(workers), time.Now())
-	if more > 0 {
-		d.Alerts = append(d.Alerts, fmt.Sprintf("%d more pool(s) that no worker serves hold %d request(s) in %s", more, moreRequests, messages.StreamRuns))
-	}
-	return d
+	return held
 }
 
 // poolSpend says a pool's model spend over the last hour: "$0.0123 ·
