@@ -78,6 +78,14 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
 	s.AddReceivingMiddleware(unreadNote(c))
 
+	addMessageTools(s, c)
+	addClaimTools(s, c)
+	addQuestionTools(s, c, opts.ProgressEvery)
+	return s
+}
+
+// addMessageTools adds status, send and inbox to s, each calling c.
+func addMessageTools(s *mcp.Server, c *relay.Client) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolStatus,
 		Description: "Show this run's id, group and profile, the other runs of the group that are queued or running " +
@@ -117,6 +125,10 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		}
 		return nil, resp, err
 	})
+}
+
+// addClaimTools adds claim, release and claims to s, each calling c.
+func addClaimTools(s *mcp.Server, c *relay.Client) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolClaim,
 		Description: "Claim paths or globs relative to the workspace (e.g. `src/api`, `docs/*.md`, `internal/**/store.go`) so that " +
@@ -159,6 +171,4 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 		}
 		return nil, resp, err
 	})
-	addQuestionTools(s, c, opts.ProgressEvery)
-	return s
 }
