@@ -83,49 +83,25 @@ func launch(args []string, stdout, stderr io.Writer, getenv func(string) string)
 		fmt.Fprintf(stderr, "jetcrew-bridge launch: --steer %q: want claude-stream-json or kimi-stream-json, with --stdin\n", *steer)
 		return 2
 	}
-	if *seed != "" {
-		home := getenv("HOME")
-		if home == "" {
-			fmt.Fprintln(stderr, "jetcrew-bridge launch: --home-seed needs $HOME")
-			return 2
-		}
-		if err := copyTree(*seed, home); err != nil {
-			fmt.Fprintf(stderr, "jetcrew-bridge launch: seed %s: %v\n", home, err)
-			return 1
-		}
+	if code := prepareLaunch(*seed, *relay, getenv, stderr); code != 0 {
+		return code
 	}
-	if *relay != "" {
-		if err := startEgressRelay(*relay, stderr); err != nil {
-			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
-			return 1
-		}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
+		return 127
 	}
 	if steered {
-		path, err := exec.LookPath(argv[0])
-		if err != nil {
-			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
-			return 127
-		}
 		socket := cmp.Or(getenv(relaypkg.EnvSocket), relaypkg.DefaultSocketPath)
 		// stdout is the process's real standard output (Main points
 		// os.Stdout at stderr).
 		return launchSteered(path, argv, env, *stdin, format, socket, stdout, stderr)
 	}
 	if *stdin != "" {
-		f, err := os.Open(*stdin)
-		if err != nil {
+		if err := redirectStdin(*stdin); err != nil {
 			fmt.Fprintf(stderr, "jetcrew-bridge launch: stdin: %v\n", err)
 			return 1
 		}
-		if err := unix.Dup3(int(f.Fd()), 0, 0); err != nil {
-			fmt.Fprintf(stderr, "jetcrew-bridge launch: stdin: %v\n", err)
-			return 1
-		}
-	}
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
-		return 127
 	}
 	err = unix.Exec(path, argv, env)
 	fmt.Fprintf(stderr, "jetcrew-bridge launch: exec %s: %v\n", path, err)
@@ -203,4 +179,38 @@ func copyTree(src, dst string) error {
 			return errors.New(path + ": not a regular file or directory")
 		}
 	})
+}
+
+// prepareLaunch does what comes before the agent: HOME seeded from seed,
+// the egress relay started. It returns the exit code of a failure (2 for
+// a usage error), 0 when all went well.
+func prepareLaunch(seed, relay string, getenv func(string) string, stderr io.Writer) int {
+	if seed != "" {
+		home := getenv("HOME")
+		if home == "" {
+			fmt.Fprintln(stderr, "jetcrew-bridge launch: --home-seed needs $HOME")
+			return 2
+		}
+		if err := copyTree(seed, home); err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: seed %s: %v\n", home, err)
+			return 1
+		}
+	}
+	if relay != "" {
+		if err := startEgressRelay(relay, stderr); err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// redirectStdin makes the file at path this process's standard input,
+// which the agent it execs inherits.
+func redirectStdin(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return unix.Dup3(int(f.Fd()), 0, 0)
 }
