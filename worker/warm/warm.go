@@ -572,15 +572,8 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 		return err
 	}
 	c.releaseBin = p.cfg.Bridges.Hold(digest)
-	sock := filepath.Join(dir, messages.HandoffName)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("hand-off socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	c.ln = ln
-	if err := os.Chmod(sock, coordination.SocketMode); err != nil {
-		return fmt.Errorf("hand-off socket: %w", err)
+	if err := c.listen(dir); err != nil {
+		return err
 	}
 
 	spec := p.cfg.Spec(&prof)
@@ -609,19 +602,9 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	c.c = ctr
 	p.mu.Unlock()
 
-	// The launcher connects once it runs.
-	actx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
-	defer cancel()
-	stopDeadline := context.AfterFunc(actx, func() { _ = ln.SetDeadline(time.Unix(1, 0)) })
-	conn, err := ln.AcceptUnix()
-	stopDeadline()
-	if err != nil {
-		return fmt.Errorf("its launcher did not reach the hand-off socket within %s: %w", p.cfg.ReadyTimeout, err)
+	if err := c.awaitLauncher(ctx, p.cfg.ReadyTimeout); err != nil {
+		return err
 	}
-	// One connection is all it takes: the socket goes.
-	_ = ln.Close()
-	_ = os.Remove(sock)
-	c.ln, c.conn = nil, conn
 	c.made = time.Now()
 	go c.watch()
 
@@ -638,6 +621,39 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	return nil
 }
 
+// listen opens the container's hand-off socket in its run directory dir,
+// where its launcher (`launch --handoff`) connects once it runs.
+func (c *Container) listen(dir string) error {
+	sock := filepath.Join(dir, messages.HandoffName)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("hand-off socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	c.ln, c.sock = ln, sock
+	if err := os.Chmod(sock, coordination.SocketMode); err != nil {
+		return fmt.Errorf("hand-off socket: %w", err)
+	}
+	return nil
+}
+
+// awaitLauncher waits up to timeout for the launcher to connect to the
+// hand-off socket; one connection is all it takes, and the socket goes.
+func (c *Container) awaitLauncher(ctx context.Context, timeout time.Duration) error {
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	stopDeadline := context.AfterFunc(actx, func() { _ = c.ln.SetDeadline(time.Unix(1, 0)) })
+	conn, err := c.ln.AcceptUnix()
+	stopDeadline()
+	if err != nil {
+		return fmt.Errorf("its launcher did not reach the hand-off socket within %s: %w", timeout, err)
+	}
+	_ = c.ln.Close()
+	_ = os.Remove(c.sock)
+	c.ln, c.conn = nil, conn
+	return nil
+}
+
 // Container is one warm container, from its creation to its hand-off (or
 // removal).
 type Container struct {
@@ -651,6 +667,7 @@ type Container struct {
 
 	c          jail.Container
 	ln         *net.UnixListener // until the launcher connected
+	sock       string            // the hand-off socket ln listens on
 	conn       *net.UnixConn     // the launcher's hand-off connection
 	releaseDir func()
 	releaseBin func()
