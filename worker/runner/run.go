@@ -176,16 +176,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	})
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
 		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
-	// A warm container is claimed before the stages stage: its run
-	// directory becomes the run's, and for a workspace run (a container
-	// made for one) its empty workspace volume and directories the run's
-	// workspace (the run's capture container is made for the run).
-	if prof.Warm > 0 || prof.WarmWorkspace > 0 {
-		if r.warm = e.cfg.Warm.Claim(prof, r.req.Workspace != nil); r.warm != nil {
-			r.sr.WarmDir = r.warm.Dir()
-			r.sr.WarmWorkspace = r.warm.Workspace()
-		}
-	}
+	r.claimWarm(prof)
 	r.stages = e.stagesFor(r.sr)
 	r.rec.noters = r.rec.noters[:0]
 	for _, s := range r.stages {
@@ -225,11 +216,56 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		// but for what a hand-off binds late; else it goes, unused.
 		if err := r.warm.Matches(p.spec); err != nil {
 			r.log.Error().Err(err).Msg("warm container does not match the run; starting cold")
-			e.cfg.Warm.GaveBack(r.warm, "mismatch")
-			r.discardWarm(ctx)
+			r.giveBackWarm(ctx, "mismatch")
 		}
 	}
 	return p, nil
+}
+
+// claimWarm claims a warm container of prof's pool of the run's kind
+// (with a workspace or without), when the profile keeps one, before the
+// stages stage: its run directory becomes the run's, and for a workspace
+// run its empty workspace volume and directories the run's workspace (the
+// run's capture container is made for the run).
+func (r *run) claimWarm(prof *profile.Profile) {
+	if prof.Warm == 0 && prof.WarmWorkspace == 0 {
+		return
+	}
+	if r.warm = r.e.cfg.Warm.Claim(prof, r.req.Workspace != nil); r.warm != nil {
+		r.sr.WarmDir = r.warm.Dir()
+		r.sr.WarmWorkspace = r.warm.Workspace()
+	}
+}
+
+// giveBackWarm gives the claimed warm container back, unused (counted
+// replaced and missed for reason), and removes it.
+func (r *run) giveBackWarm(ctx context.Context, reason string) {
+	r.e.cfg.Warm.GaveBack(r.warm, reason)
+	r.discardWarm(ctx)
+}
+
+// handoff hands the run to its claimed warm container, once its state
+// names the container: c is then the run's container and handed the warm
+// container to mark handed once the run is under way. With no warm
+// container, or one lost before its hand-off (given back), c is nil: the
+// run starts cold. The error is from recording the container's name
+// (runstate.ErrFenced when the run's lease is lost).
+func (r *run) handoff(ctx context.Context, p prepared, output jail.OutputFunc) (c jail.Container, handed *warm.Container, err error) {
+	if r.warm == nil {
+		return nil, nil, nil
+	}
+	if err := r.rec.nameContainer(ctx, r.warm.ContainerID()); err != nil {
+		return nil, nil, err
+	}
+	if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
+		r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
+		r.giveBackWarm(ctx, "exited")
+		return nil, nil, nil
+	}
+	handed, r.warm = r.warm, nil // the run's container now
+	r.rec.st.Warm = true
+	r.rec.st.Receipt.Warm = true
+	return c, handed, nil
 }
 
 // discardWarm gives up the warm container the run claimed and was not
@@ -263,28 +299,14 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		_, _ = s.out.close(ctx)
 		return s, errRecorded
 	}
-	var c jail.Container
-	var err error
-	var handed *warm.Container
-	if r.warm != nil {
-		if err := r.rec.nameContainer(ctx, r.warm.ContainerID()); err != nil {
-			if errors.Is(err, runstate.ErrFenced) {
-				r.lost(ctx, s.out)
-				return s, errRecorded
-			}
-			_, _ = s.out.close(ctx)
-			return s, stage.Transient(fmt.Errorf("record the warm container: %w", err))
+	c, handed, err := r.handoff(ctx, p, output)
+	if err != nil {
+		if errors.Is(err, runstate.ErrFenced) {
+			r.lost(ctx, s.out)
+			return s, errRecorded
 		}
-		if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
-			r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
-			e.cfg.Warm.GaveBack(r.warm, "exited")
-			r.discardWarm(ctx)
-			c, err = nil, nil
-		} else {
-			handed, r.warm = r.warm, nil // the run's container now
-			r.rec.st.Warm = true
-			r.rec.st.Receipt.Warm = true
-		}
+		_, _ = s.out.close(ctx)
+		return s, stage.Transient(fmt.Errorf("record the warm container: %w", err))
 	}
 	if c == nil {
 		c, err = e.cfg.Runtime.Start(ctx, p.spec, output)
