@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
 	"github.com/jetcrew/jetcrew/worker/warm"
@@ -156,6 +157,45 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 			a.log.Warn().Err(err).Msg("close container runtime")
 		}
 	}()
+	w, err := worker.New(nc, a.workerConfig(nc, o, profiles, rt))
+	if err != nil {
+		return err
+	}
+	stopMetrics, err := a.serveMetrics(o.metricsAddr, w)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	if err := w.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if ready != nil {
+		ready(w)
+	}
+
+	failure := a.waitForStop(ctx, w, o, failed)
+	drainCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
+	defer cancel()
+	go func() {
+		// Ends when the drain does (cancel is deferred above).
+		select {
+		case <-a.force:
+		case <-drainCtx.Done():
+		}
+		cancel()
+	}()
+	if err := w.Stop(drainCtx); err != nil {
+		a.log.Warn().Err(err).Msg("drain cut short: runs still in flight were stopped and handed back to the stream")
+	}
+	return failure
+}
+
+// workerConfig is the worker's configuration from the command line's
+// options o, the profiles read and the container runtime rt.
+func (a *app) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Profiles, rt jail.Runtime) worker.Config {
 	log := a.log
 	prov := worker.ProvisionConfig{
 		AckWait:       o.ackWait,
@@ -164,7 +204,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		Replicas:      o.replicas,
 	}
 	o.caps.apply(&prov)
-	w, err := worker.New(nc, worker.Config{
+	return worker.Config{
 		ID:                o.id,
 		Pool:              o.pool,
 		Concurrency:       o.concurrency,
@@ -184,59 +224,31 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
 		EgressCADir:       o.egressCADir,
 		Prices:            o.priceTable,
-	})
-	if err != nil {
-		return err
 	}
-	stopMetrics, err := a.serveMetrics(o.metricsAddr, w)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	if err := w.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	if ready != nil {
-		ready(w)
-	}
+}
 
+// waitForStop serves the worker until ctx ends (nil) or the embedded
+// nats-server fails (the error says why), reloading the profile file on
+// each SIGHUP meanwhile.
+func (a *app) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions, failed <-chan string) error {
 	// SIGHUP reloads the profile file (docs/operations.md, "Reloading
 	// profiles").
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	var failure error
-wait:
 	for {
 		select {
 		case <-ctx.Done():
 			a.log.Info().Str("drain_timeout", o.drainTimeout.String()).Msg("stopping: letting runs in flight finish (interrupt again to cut short)")
-			break wait
+			return nil
 		case reason := <-failed:
-			failure = fmt.Errorf("nats-server: %s", reason)
+			failure := fmt.Errorf("nats-server: %s", reason)
 			a.log.Error().Err(failure).Msg("stopping")
-			break wait
+			return failure
 		case <-hup:
 			a.reloadProfiles(ctx, w, o.profiles)
 		}
 	}
-	drainCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
-	defer cancel()
-	go func() {
-		// Ends when the drain does (cancel is deferred above).
-		select {
-		case <-a.force:
-		case <-drainCtx.Done():
-		}
-		cancel()
-	}()
-	if err := w.Stop(drainCtx); err != nil {
-		a.log.Warn().Err(err).Msg("drain cut short: runs still in flight were stopped and handed back to the stream")
-	}
-	return failure
 }
 
 // reloadProfiles reads the profile file at path again (SIGHUP) and
