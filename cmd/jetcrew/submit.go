@@ -51,12 +51,8 @@ type submitOptions struct {
 	profileSet bool
 }
 
-func (a *app) submitCmd() *cobra.Command {
-	var o submitOptions
-	cmd := &cobra.Command{
-		Use:   "submit [flags] PROMPT",
-		Short: "Submit a run request",
-		Long: `submit publishes a run request to jetcrew.runs.<pool> and prints the run's id
+// submitLong is `jetcrew submit --help`'s text.
+const submitLong = `submit publishes a run request to jetcrew.runs.<pool> and prints the run's id
 on stdout. PROMPT is handed to the profile's command (for the built-in shell
 profile, the shell script); "-" reads it from stdin.
 
@@ -113,7 +109,14 @@ attempt per profile. submit prints the run ids on stdout, one a line, and
 the group on stderr. With --wait it follows every run at once, printing a
 finished line per run as it ends (not the runs' output), and exits 0 when
 every attempt succeeded, else 1. Compare them with "jetcrew compare GROUP"
-and take one with "jetcrew apply RUN_ID".`,
+and take one with "jetcrew apply RUN_ID".`
+
+func (a *app) submitCmd() *cobra.Command {
+	var o submitOptions
+	cmd := &cobra.Command{
+		Use:   "submit [flags] PROMPT",
+		Short: "Submit a run request",
+		Long:  submitLong,
 		Example: `  jetcrew submit 'echo hello'
   jetcrew submit --wait --timeout 1m --env GREETING=hi 'echo $GREETING'
   echo 'uname -a' | jetcrew submit --wait -
