@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -287,67 +288,58 @@ func (p Profile) Resolve() (Profile, error) {
 // withDefaults applies the defaults and parses the durations and the
 // egress policy; Resolve validates the result.
 func (p Profile) withDefaults() (Profile, error) {
-	if p.Backend == "" {
-		p.Backend = "command"
-	}
-	if p.User == "" {
-		p.User = DefaultUser
-	}
-	if p.Home == "" {
-		p.Home = DefaultHome
-	}
-	if p.WorkDir == "" {
-		p.WorkDir = p.Home
-	}
-	if p.Network == "" {
-		p.Network = "none"
-	}
-	if p.MemoryMiB == 0 {
-		p.MemoryMiB = DefaultMemoryMiB
-	}
-	if p.CPUs == 0 {
-		p.CPUs = DefaultCPUs
-	}
-	if p.Pids == 0 {
-		p.Pids = DefaultPids
-	}
-	if p.TmpMiB == 0 {
-		p.TmpMiB = DefaultTmpMiB
-	}
-	if p.HomeMiB == 0 {
-		p.HomeMiB = DefaultHomeMiB
-	}
+	p.Backend, p.User, p.Home, p.Network = cmp.Or(p.Backend, "command"), cmp.Or(p.User, DefaultUser), cmp.Or(p.Home, DefaultHome), cmp.Or(p.Network, "none")
+	p.WorkDir = cmp.Or(p.WorkDir, p.Home)
+	p.MemoryMiB, p.CPUs, p.Pids = cmp.Or(p.MemoryMiB, DefaultMemoryMiB), cmp.Or(p.CPUs, DefaultCPUs), cmp.Or(p.Pids, DefaultPids)
+	p.TmpMiB, p.HomeMiB = cmp.Or(p.TmpMiB, DefaultTmpMiB), cmp.Or(p.HomeMiB, DefaultHomeMiB)
 	if p.WorkspaceMiB == 0 {
 		p.WorkspaceMiB = defaultWorkspaceMiB(p)
 	} else if err := p.checkWorkspaceMiB(); err != nil {
 		return p, err
 	}
-	if p.MaxOutputMiB == 0 {
-		p.MaxOutputMiB = DefaultMaxOutputMiB
-	}
+	p.MaxOutputMiB = cmp.Or(p.MaxOutputMiB, DefaultMaxOutputMiB)
 	if p.Coordination == nil {
 		on := true
 		p.Coordination = &on
 	}
+	if err := p.parseEgress(); err != nil {
+		return p, err
+	}
+	if err := p.parseDurations(); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// parseEgress parses the egress and egress_ask allowlists into their
+// policies (egress.ParsePolicy); egress_ask names hosts only.
+func (p *Profile) parseEgress() error {
 	if len(p.Egress) > 0 {
 		pol, err := egress.ParsePolicy(p.Egress)
 		if err != nil {
-			return p, err
+			return err
 		}
 		p.egressPolicy = pol
 	}
 	if len(p.EgressAsk) > 0 {
 		pol, err := egress.ParsePolicy(p.EgressAsk)
 		if err != nil {
-			return p, fmt.Errorf("egress_ask: %w", err)
+			return fmt.Errorf("egress_ask: %w", err)
 		}
 		for _, r := range pol.Rules() {
 			if r.Name == "" {
-				return p, fmt.Errorf("egress_ask entry %s: an operator allows names, not addresses", r)
+				return fmt.Errorf("egress_ask entry %s: an operator allows names, not addresses", r)
 			}
 		}
 		p.egressAsk = pol
 	}
+	return nil
+}
+
+// parseDurations parses the profile's durations (timeout, stall_timeout,
+// bridge_deadline, budget_pause, egress_ask_timeout, budget windows) with
+// their defaults.
+func (p *Profile) parseDurations() error {
 	stallDefault := 10 * time.Minute
 	if p.Backend == BackendCommand {
 		stallDefault = 0
@@ -368,7 +360,7 @@ func (p Profile) withDefaults() (Profile, error) {
 		if d.s != "" {
 			v, err := time.ParseDuration(d.s)
 			if err != nil {
-				return p, fmt.Errorf("%s: %w", d.name, err)
+				return fmt.Errorf("%s: %w", d.name, err)
 			}
 			*d.dst = v
 		}
@@ -382,13 +374,13 @@ func (p Profile) withDefaults() (Profile, error) {
 		if b.Window != "" {
 			v, err := time.ParseDuration(b.Window)
 			if err != nil {
-				return p, fmt.Errorf("budget window: %w", err)
+				return fmt.Errorf("budget window: %w", err)
 			}
 			b.window = v
 		}
 		*sb = &b
 	}
-	return p, nil
+	return nil
 }
 
 // What on_budget may say.
