@@ -32,14 +32,8 @@ func (p Profile) validate() error {
 	if err := p.validateBudgets(); err != nil {
 		return err
 	}
-	if p.Warm < 0 || p.Warm > MaxWarm {
-		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
-	}
-	if p.WarmWorkspace < 0 || p.WarmWorkspace > MaxWarm {
-		return fmt.Errorf("warm_workspace %d must be between 0 and %d", p.WarmWorkspace, MaxWarm)
-	}
-	if p.Warm+p.WarmWorkspace > 0 && !p.CoordinationOn() {
-		return errors.New("warm and warm_workspace need coordination on: a warm container waits for its run in the jetcrew launcher, which only a profile with coordination on mounts")
+	if err := p.validateWarm(); err != nil {
+		return err
 	}
 	if p.stallTimeout < 0 || p.bridgeDeadline < 0 {
 		return errors.New("stall_timeout and bridge_deadline must not be negative")
@@ -80,18 +74,8 @@ func (p Profile) validate() error {
 	if err := p.validateWorkspace(); err != nil {
 		return err
 	}
-	for k := range p.Env {
-		if !messages.ValidEnvName(k) {
-			return fmt.Errorf("env name %q is not a valid variable name", k)
-		}
-		if strings.HasPrefix(strings.ToUpper(k), "JETCREW_") {
-			return fmt.Errorf("env name %q is reserved (JETCREW_ prefix): jetcrew sets these", k)
-		}
-	}
-	for _, k := range p.EnvFromHost {
-		if !messages.ValidEnvName(k) {
-			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
-		}
+	if err := p.validateEnv(); err != nil {
+		return err
 	}
 	if err := checkSignedBy(p.SignedBy); err != nil {
 		return err
@@ -230,4 +214,39 @@ func (p Profile) HasBudget() bool {
 // set reports whether b limits anything.
 func (b *SharedBudget) set() bool {
 	return b != nil && (b.MaxCostUSD > 0 || b.MaxOutputTokens > 0 || b.MaxModelRequests > 0)
+}
+
+// validateWarm checks warm and warm_workspace: each 0 to MaxWarm, and
+// coordination on when either keeps containers (a warm container waits in
+// the launcher).
+func (p Profile) validateWarm() error {
+	if p.Warm < 0 || p.Warm > MaxWarm {
+		return fmt.Errorf("warm %d must be between 0 and %d", p.Warm, MaxWarm)
+	}
+	if p.WarmWorkspace < 0 || p.WarmWorkspace > MaxWarm {
+		return fmt.Errorf("warm_workspace %d must be between 0 and %d", p.WarmWorkspace, MaxWarm)
+	}
+	if p.Warm+p.WarmWorkspace > 0 && !p.CoordinationOn() {
+		return errors.New("warm and warm_workspace need coordination on: a warm container waits for its run in the jetcrew launcher, which only a profile with coordination on mounts")
+	}
+	return nil
+}
+
+// validateEnv checks env's names (valid, not JETCREW_-prefixed) and
+// env_from_host's.
+func (p Profile) validateEnv() error {
+	for k := range p.Env {
+		if !messages.ValidEnvName(k) {
+			return fmt.Errorf("env name %q is not a valid variable name", k)
+		}
+		if strings.HasPrefix(strings.ToUpper(k), "JETCREW_") {
+			return fmt.Errorf("env name %q is reserved (JETCREW_ prefix): jetcrew sets these", k)
+		}
+	}
+	for _, k := range p.EnvFromHost {
+		if !messages.ValidEnvName(k) {
+			return fmt.Errorf("env_from_host name %q is not a valid variable name", k)
+		}
+	}
+	return nil
 }
