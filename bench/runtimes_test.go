@@ -75,16 +75,9 @@ func TestDispatchToStartRuntimes(t *testing.T) {
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	workerID := "bench-rt-" + hex.EncodeToString(suffix)
-	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+	w := startBenchWorker(t, s, worker.Config{
 		ID: workerID, Runtime: rt, Concurrency: 2, Profiles: ps, WarmMax: warmPool * len(usable),
 		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
-	})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = w.Stop(sctx)
 	})
 	d, err := dispatcher.New(workertest.Connect(t, s))
 	require.NoError(t, err)

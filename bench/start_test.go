@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -77,16 +78,9 @@ func TestDispatchToStart(t *testing.T) {
 	workerID := "bench-start-" + hex.EncodeToString(suffix)
 	ps := profiles(t)
 	ps["warm"] = warmShell(t, "warm", warmPool)
-	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+	w := startBenchWorker(t, s, worker.Config{
 		ID: workerID, Runtime: rt, Concurrency: 2, Profiles: ps,
 		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
-	})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = w.Stop(sctx)
 	})
 	d, err := dispatcher.New(workertest.Connect(t, s))
 	require.NoError(t, err)
@@ -233,4 +227,19 @@ func waitGone(t *testing.T, cli *client.Client, f filters.Args) {
 		cs, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: f})
 		return err == nil && len(cs) == 0
 	}, 30*time.Second, 20*time.Millisecond)
+}
+
+// startBenchWorker creates and starts a worker of cfg on s, stopped (30 s
+// to drain) when the test ends.
+func startBenchWorker(t *testing.T, s *server.Server, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(workertest.Connect(t, s), cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = w.Stop(sctx)
+	})
+	return w
 }

@@ -111,16 +111,9 @@ func TestWarmBurst(t *testing.T) {
 	_, _ = rand.Read(suffix)
 	ps := profile.DefaultProfiles()
 	ps["warm"] = warmShell(t, "warm", warmPool)
-	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+	w := startBenchWorker(t, s, worker.Config{
 		ID: "bench-burst-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: burstRuns, Profiles: ps,
 		StateDir: workertest.StateDir(t), BridgePath: binary(t, "jetcrew-bridge"),
-	})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = w.Stop(sctx)
 	})
 	fill := waitWarmFull(t, w, "warm")
 	d, err := dispatcher.New(workertest.Connect(t, s))

@@ -62,16 +62,9 @@ func TestWarmWorkspace(t *testing.T) {
 	ps, err := profile.ParseProfiles("ws.toml", []byte(warmWsProfiles))
 	require.NoError(t, err)
 	stateDir := workertest.StateDir(t)
-	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+	w := startBenchWorker(t, s, worker.Config{
 		ID: "bench-wws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: ps,
 		StateDir: stateDir, BridgePath: binary(t, "jetcrew-bridge"),
-	})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = w.Stop(sctx)
 	})
 	nc := workertest.Connect(t, s)
 	d, err := dispatcher.New(nc)

@@ -49,16 +49,9 @@ func TestWorkspace(t *testing.T) {
 	tap := &logTap{}
 	wlog := zerolog.New(tap)
 	stateDir := workertest.StateDir(t)
-	w, err := worker.New(workertest.Connect(t, s), worker.Config{
+	startBenchWorker(t, s, worker.Config{
 		ID: "bench-ws-" + hex.EncodeToString(suffix), Runtime: rt, Concurrency: 2, Profiles: profiles(t),
 		StateDir: stateDir, BridgePath: binary(t, "jetcrew-bridge"), Logger: &wlog,
-	})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = w.Stop(sctx)
 	})
 	nc := workertest.Connect(t, s)
 	d, err := dispatcher.New(nc)
