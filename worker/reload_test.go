@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -16,20 +15,11 @@ import (
 	"github.com/jetcrew/jetcrew/worker/stage"
 )
 
-// hotProfile is warmProfiles' profile hot, keeping one warm container,
+// hotProfile is profile hot (hotProfiles) keeping one warm container,
 // with extra lines.
 func hotProfile(t *testing.T, extra string) profile.Profiles {
 	t.Helper()
-	ps, err := profile.ParseProfiles("warm.toml", fmt.Appendf(nil, `
-[profiles.hot]
-image = "jetcrew-sandbox:latest"
-command = ["/bin/sh", "-c", "{prompt}"]
-require_bridge = false
-warm = 1
-%s
-`, extra))
-	require.NoError(t, err)
-	return ps
+	return hotProfiles(t, "warm = 1\n"+extra)
 }
 
 // Profiles reloaded: the warm pool of a changed profile is drained and

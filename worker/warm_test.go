@@ -26,14 +26,20 @@ import (
 // from the worker's environment.
 func warmProfiles(t *testing.T, n int) profile.Profiles {
 	t.Helper()
+	return hotProfiles(t, fmt.Sprintf("env_from_host = [\"WARM_SECRET\"]\nwarm = %d\n", n))
+}
+
+// hotProfiles is profile hot, a shell in the sandbox image without a
+// bridge, with the lines extra.
+func hotProfiles(t *testing.T, extra string) profile.Profiles {
+	t.Helper()
 	ps, err := profile.ParseProfiles("warm.toml", fmt.Appendf(nil, `
 [profiles.hot]
 image = "jetcrew-sandbox:latest"
 command = ["/bin/sh", "-c", "{prompt}"]
 require_bridge = false
-env_from_host = ["WARM_SECRET"]
-warm = %d
-`, n))
+%s
+`, extra))
 	require.NoError(t, err)
 	return ps
 }
