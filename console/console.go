@@ -99,14 +99,16 @@ func (cfg Config) WithDefaults() Config {
 // Console serves the web console. Create it with New, Start it, serve
 // Handler, Stop it.
 type Console struct {
-	cfg     Config
-	d       *dispatcher.Dispatcher
-	csrf    string
-	cache   *cache
-	queue   queue
-	refused refusals
-	pages   map[string]*pageTemplate
-	streams chan struct{} // one token per live stream served
+	cfg   Config
+	d     *dispatcher.Dispatcher
+	csrf  string
+	cache *cache
+	queue queue
+	// questions is the latest read of the open questions (questionsMemo).
+	questions questionsMemo
+	refused   refusals
+	pages     map[string]*pageTemplate
+	streams   chan struct{} // one token per live stream served
 
 	stopOnce sync.Once
 	cancel   context.CancelFunc

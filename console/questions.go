@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -60,9 +61,8 @@ func newQuestionsBox(rows []questionRow, csrf string, readOnly bool, back string
 // openQuestions returns the questions to the operator that keep: every one
 // (keep nil), or those keep says. An error is logged and reads as none.
 func (c *Console) openQuestions(ctx context.Context, keep func(messages.CoordQuestion) bool) ([]questionRow, error) {
-	qs, err := c.d.OpenQuestions(ctx)
+	qs, err := c.questionsRead(ctx)
 	if err != nil {
-		c.cfg.Log.Warn().Err(err).Msg("console: read the runs' questions")
 		return nil, err
 	}
 	var rows []questionRow
@@ -72,6 +72,43 @@ func (c *Console) openQuestions(ctx context.Context, keep func(messages.CoordQue
 		}
 	}
 	return rows, nil
+}
+
+// questionsMemo is the latest read of the open questions to the operator:
+// however many pages are open, the console lists them at most once per
+// queueMaxAge (a listing is a key-value watch of the questions bucket), as
+// it reads the queue. An answer given here forgets it.
+type questionsMemo struct {
+	mu  sync.Mutex
+	at  time.Time
+	qs  []messages.CoordQuestion
+	err error
+}
+
+// questionsRead returns the open questions to the operator
+// (dispatcher.OpenQuestions) as read at most queueMaxAge ago. The slice is
+// shared: read only.
+func (c *Console) questionsRead(ctx context.Context) ([]messages.CoordQuestion, error) {
+	m := &c.questions
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if time.Since(m.at) >= queueMaxAge {
+		rctx, cancel := context.WithTimeout(ctx, queueReadTimeout)
+		m.qs, m.err = c.d.OpenQuestions(rctx)
+		cancel()
+		if m.err != nil {
+			c.cfg.Log.Warn().Err(m.err).Msg("console: read the runs' questions")
+		}
+		m.at = time.Now()
+	}
+	return m.qs, m.err
+}
+
+// forgetQuestions makes the next page read the open questions again.
+func (c *Console) forgetQuestions() {
+	c.questions.mu.Lock()
+	c.questions.at = time.Time{}
+	c.questions.mu.Unlock()
 }
 
 // runQuestions returns run id's open questions to the operator.
@@ -165,6 +202,7 @@ func (c *Console) answerQuestion(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
 	defer cancel()
 	_, err := c.d.AnswerQuestion(ctx, id, text, c.cfg.Operator)
+	c.forgetQuestions()
 	switch {
 	case errors.Is(err, dispatcher.ErrNoQuestion):
 		c.message(w, r, http.StatusConflict, "Not answered",
