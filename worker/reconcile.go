@@ -37,6 +37,10 @@ type reconciler struct {
 	// nor a run holds is an orphan at once, whatever its age (one left by
 	// this worker's earlier process, found when it starts).
 	warmOwned func(name string) bool
+	// warmHeld reports whether the container name is what a warm
+	// container's workspace made beside it (its capture container) and a
+	// pool or a run still holds it (Trees.WarmCaptureHeld); nil: never.
+	warmHeld func(name string) bool
 	// alive reports whether worker id has a live heartbeat.
 	alive func(ctx context.Context, id string) (bool, error)
 	// sweep removes what the stages left on the host that no live run
@@ -81,7 +85,7 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		if rc.ownWarm(c) {
 			// The pool is asked first: a container it hands a run is in
 			// the run's registry before the pool lets it go.
-			if rc.warmOwned != nil && rc.warmOwned(c.Name) || rc.active()[c.ID] {
+			if rc.warmOwned != nil && rc.warmOwned(c.Name) || rc.warmHeld != nil && rc.warmHeld(c.Name) || rc.active()[c.ID] {
 				continue
 			}
 			rc.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
@@ -107,9 +111,12 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 }
 
 // ownWarm reports whether c is a warm container of this worker (of this
-// installation).
+// installation), or one made beside it: a capture container without a run
+// id is a warm container's, made with its workspace (tree.Trees.MakeWarm).
 func (rc *reconciler) ownWarm(c jail.ManagedContainer) bool {
-	return c.Labels[jail.LabelRole] == jail.RoleWarm && c.Labels[jail.LabelWorker] == rc.self && c.Labels[jail.LabelInstall] == rc.install
+	role := c.Labels[jail.LabelRole]
+	warm := role == jail.RoleWarm || role == jail.RoleCapture && c.Labels[jail.LabelRunID] == ""
+	return warm && c.Labels[jail.LabelWorker] == rc.self && c.Labels[jail.LabelInstall] == rc.install
 }
 
 // reconcileVolumes removes this installation's volumes that no delivery of
@@ -195,7 +202,7 @@ func (w *Worker) newReconciler() *reconciler {
 	return &reconciler{
 		install: w.install, self: w.cfg.ID, grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval,
 		list: w.cfg.Runtime.ListManaged, remove: w.cfg.Runtime.Remove,
-		active: w.activeContainers, holds: w.runs.Holds, warmOwned: w.warm.Owns,
+		active: w.activeContainers, holds: w.runs.Holds, warmOwned: w.warm.Owns, warmHeld: w.trees.WarmCaptureHeld,
 		alive: func(ctx context.Context, id string) (bool, error) {
 			_, err := w.live.Get(ctx, id)
 			if runstate.IsNotFound(err) {

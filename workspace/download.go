@@ -56,53 +56,84 @@ func Download(ctx context.Context, obs jetstream.ObjectStore, ref messages.Works
 // bucket has the object (the workspace bucket's answer when the uploads
 // bucket has none), ErrDigestMismatch when the uploads bucket's bytes
 // differ too, ErrTooLarge over max bytes; a failure to store is the
-// store's, worth a retry.
+// store's, worth a retry. It is FetchLater with the store done before it
+// returns.
 func Fetch(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) error {
+	store, err := FetchLater(ctx, s, ref, path, max)
+	if err != nil || store == nil {
+		return err
+	}
+	return store(ctx, path)
+}
+
+// StoreChecked stores a snapshot file whose bytes a worker has checked
+// against the digest its request names in the workspace bucket: FetchLater
+// returns one for bytes it took from the uploads bucket. path is the
+// file's path then (it may have been renamed since, its bytes unchanged).
+// Its error is the store's, worth a retry; the snapshot stays in the
+// uploads bucket meanwhile, where Fetch finds it.
+type StoreChecked func(ctx context.Context, path string) error
+
+// FetchLater is Fetch without its last step: when the bytes came from the
+// uploads bucket and the workspace bucket does not hold them, it returns
+// the store into the workspace bucket for the caller to run (a worker runs
+// it beside the run, so a 100 MiB put is not in the path to the agent's
+// start, and waits for it before the run's final state); else store is
+// nil. Its errors are Fetch's.
+func FetchLater(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) (store StoreChecked, err error) {
 	werr := s.workspaces().download(ctx, ref, path, max)
 	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
-		return werr
+		return nil, werr
 	}
 	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
 		if errors.Is(werr, ErrSnapshotMissing) {
 			// Say what the uploads bucket holds under that name.
 			_, err := s.uploads().checkStored(ctx, ref, max)
 			if err == nil {
-				return fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
+				return nil, fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
 			}
 			if !errors.Is(err, ErrSnapshotMissing) {
-				return err
+				return nil, err
 			}
 		}
-		return werr
+		return nil, werr
 	}
 	uerr := s.uploads().download(ctx, ref, path, max)
 	if errors.Is(uerr, ErrSnapshotMissing) {
 		if errors.Is(werr, ErrSnapshotMissing) {
 			// Another worker may have taken it meanwhile.
-			return s.workspaces().download(ctx, ref, path, max)
+			return nil, s.workspaces().download(ctx, ref, path, max)
 		}
-		return werr
+		return nil, werr
 	}
 	if uerr != nil {
-		return uerr
+		return nil, uerr
 	}
-	if errors.Is(werr, ErrSnapshotMissing) {
-		// Not stored again when another worker stored it meanwhile (only
-		// workers write the workspace bucket).
-		if info, err := s.ObjectStore.GetInfo(ctx, ref.Name); err == nil && !info.Deleted && info.Digest == objDigest(ref.Digest) {
-			return nil
+	return storeChecked(s, ref, !errors.Is(werr, ErrSnapshotMissing)), nil
+}
+
+// storeChecked returns the store of ref's checked bytes into the
+// workspace bucket of s: unless replace (the bucket's object is broken),
+// not again when another worker stored them meanwhile (only workers write
+// the workspace bucket).
+func storeChecked(s *SnapshotStore, ref messages.WorkspaceRef, replace bool) StoreChecked {
+	return func(ctx context.Context, path string) error {
+		if !replace {
+			if info, err := s.ObjectStore.GetInfo(ctx, ref.Name); err == nil && !info.Deleted && info.Digest == objDigest(ref.Digest) {
+				return nil
+			}
 		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		meta := jetstream.ObjectMeta{Name: ref.Name, Description: "jetcrew workspace snapshot (tar), checked by a worker"}
+		if _, err := s.ObjectStore.Put(ctx, meta, f); err != nil {
+			return fmt.Errorf("store the checked snapshot in %s: %w", messages.BucketWorkspaces, err)
+		}
+		return nil
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	meta := jetstream.ObjectMeta{Name: ref.Name, Description: "jetcrew workspace snapshot (tar), checked by a worker"}
-	if _, err := s.ObjectStore.Put(ctx, meta, f); err != nil {
-		return fmt.Errorf("store the checked snapshot in %s: %w", messages.BucketWorkspaces, err)
-	}
-	return nil
 }
 
 // download is Download from b alone.
@@ -225,4 +256,78 @@ func objDigest(d string) string {
 		return ""
 	}
 	return "SHA-256=" + base64.URLEncoding.EncodeToString(b)
+}
+
+// ErrStreamBroken is wrapped by the error of a Stream whose bytes, already
+// partly written, turned out not to be the snapshot's (the bucket's object
+// broken): the caller must drop what it wrote and may fetch again with
+// Fetch, which takes the uploads bucket's copy instead.
+var ErrStreamBroken = errors.New("the snapshot's bytes broke off while streamed")
+
+// A Stream is a snapshot found by OpenStream, ready to be read.
+type Stream struct {
+	s       *SnapshotStore
+	ref     messages.WorkspaceRef
+	b       bucket
+	info    *jetstream.ObjectInfo
+	upload  bool
+	replace bool
+}
+
+// Size returns the snapshot's length in bytes.
+func (st *Stream) Size() int64 { return int64(st.info.Size) }
+
+// OpenStream looks ref's snapshot up as Fetch would read it (the workspace
+// bucket of s; else, for a name that is the digest's, its uploads bucket)
+// from the buckets' records alone, without reading a byte, so that a
+// missing, oversized or misrecorded snapshot is refused at once with
+// Fetch's errors; ReadTo then reads it in one pass.
+func OpenStream(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, max int64) (*Stream, error) {
+	ws := s.workspaces()
+	info, werr := ws.checkStored(ctx, ref, max)
+	if werr == nil {
+		return &Stream{s: s, ref: ref, b: ws, info: info}, nil
+	}
+	if s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
+		return nil, werr
+	}
+	up := s.uploads()
+	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
+		if errors.Is(werr, ErrSnapshotMissing) {
+			if _, err := up.checkStored(ctx, ref, max); err == nil {
+				return nil, fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
+			} else if !errors.Is(err, ErrSnapshotMissing) {
+				return nil, err
+			}
+		}
+		return nil, werr
+	}
+	info, uerr := up.checkStored(ctx, ref, max)
+	if errors.Is(uerr, ErrSnapshotMissing) {
+		return nil, werr
+	}
+	if uerr != nil {
+		return nil, uerr
+	}
+	return &Stream{s: s, ref: ref, b: up, info: info, upload: true, replace: !errors.Is(werr, ErrSnapshotMissing)}, nil
+}
+
+// ReadTo copies the snapshot to w, its bytes checked as Download checks
+// them (once they are all read: w sees them before), and returns the store
+// still to do into the workspace bucket when they came from the uploads
+// bucket (see FetchLater), else nil. Its errors are Download's; bytes that
+// differ from the object's record, or a read that breaks off, wrap
+// ErrStreamBroken too once anything was written to w.
+func (st *Stream) ReadTo(ctx context.Context, w io.Writer) (StoreChecked, error) {
+	n, err := st.b.read(ctx, st.ref, st.info, w)
+	if err != nil {
+		if n > 0 {
+			return nil, fmt.Errorf("%w: %w", ErrStreamBroken, err)
+		}
+		return nil, err
+	}
+	if !st.upload {
+		return nil, nil
+	}
+	return storeChecked(st.s, st.ref, st.replace), nil
 }

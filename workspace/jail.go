@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,13 @@ const (
 	UnpackNotHeld = "not-held"
 	// UnpackOther: any other failure (a missing snapshot mount, EIO).
 	UnpackOther = "error"
+	// UnpackRefused: the worker refused the snapshot it was streaming in
+	// (its bytes are not the digest's, or its headers failed the scan):
+	// retrying cannot help.
+	UnpackRefused = "refused"
+	// UnpackFetch: the worker could not fetch the snapshot it was
+	// streaming in (the store, or a broken copy): retried.
+	UnpackFetch = "fetch"
 )
 
 // ErrNotHeld is exec's failure when the held file (JailArgs.Held) did not
@@ -74,6 +82,10 @@ type JailArgs struct {
 	Scratch string
 	// RunID names the bundle's ref (capture).
 	RunID string
+	// RunIDFile, for capture instead of RunID, is a file holding the run
+	// id, read once signalled (Wait): a capture container started with a
+	// warm container, before any run claimed it, learns its run there.
+	RunIDFile string
 	// MaxBytes and MaxFiles are the worker's caps (UnpackOptions,
 	// CaptureOptions); 0 means none.
 	MaxBytes int64
@@ -138,6 +150,7 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.StringVar(&a.Dir, "dir", messages.WorkspaceDir, "workspace tree")
 	fs.StringVar(&a.Scratch, "scratch", "", "capture's scratch directory")
 	fs.StringVar(&a.RunID, "run-id", "", "run id (capture)")
+	fs.StringVar(&a.RunIDFile, "run-id-file", "", "capture: a file holding the run id, read once signalled")
 	fs.Int64Var(&a.MaxBytes, "max-bytes", 0, "bytes cap")
 	fs.IntVar(&a.MaxFiles, "max-files", 0, "files cap")
 	fs.BoolVar(&a.Wait, "wait", false, "capture: wait for SIGUSR1 first")
@@ -163,8 +176,10 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 		return a, errors.New("workspace exec: no command after --")
 	case a.SessionIn != "" && a.Session == "", a.Session != "" && !filepath.IsAbs(a.Session):
 		return a, fmt.Errorf("workspace %s: --session-in needs --session, an absolute path", a.Command)
-	case a.Command == "capture" && (a.Scratch == "" || a.RunID == "" || len(a.Argv) > 0):
-		return a, errors.New("workspace capture: --scratch and --run-id are required, and no arguments")
+	case a.Command == "capture" && (a.Scratch == "" || (a.RunID == "") == (a.RunIDFile == "") || len(a.Argv) > 0):
+		return a, errors.New("workspace capture: --scratch and one of --run-id and --run-id-file are required, and no arguments")
+	case a.RunIDFile != "" && !a.Wait:
+		return a, errors.New("workspace capture: --run-id-file needs --wait")
 	}
 	return a, nil
 }
@@ -175,7 +190,12 @@ func (a JailArgs) ArgList() []string {
 	out := []string{"workspace", a.Command, "--snapshot", a.Snapshot, "--dir", a.Dir,
 		"--max-bytes", fmt.Sprint(a.MaxBytes), "--max-files", fmt.Sprint(a.MaxFiles)}
 	if a.Command == "capture" {
-		out = append(out, "--scratch", a.Scratch, "--run-id", a.RunID)
+		out = append(out, "--scratch", a.Scratch)
+		if a.RunIDFile != "" {
+			out = append(out, "--run-id-file", a.RunIDFile)
+		} else {
+			out = append(out, "--run-id", a.RunID)
+		}
 		if a.Wait {
 			out = append(out, "--wait")
 		}
@@ -223,6 +243,10 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 				return 143
 			}
 		}
+		if err := a.ResolveRunID(); err != nil {
+			fmt.Fprintln(stderr, JailFailure(a, err))
+			return JailExitCode
+		}
 		ReportFull(a.Dir, stderr)
 		out := &countWriter{w: stdout}
 		if err := jailCapture(a, out, pre); err != nil {
@@ -264,6 +288,7 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	default:
 	}
 	signal.Stop(stop)
+	NotifyStarted(a)
 	if a.Session != "" {
 		return runKeepingSession(a, stderr)
 	}
@@ -273,6 +298,58 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "%sexec %s: %s\n", JailErrPrefix, a.Argv[0], oneLine(err.Error()))
 	return 127
+}
+
+// ResolveRunID sets a.RunID from the file a.RunIDFile names, when set: one
+// token (messages.ValidateToken), a trailing newline allowed. Capture calls
+// it once signalled. Its error says the file is unreadable or not a run
+// id.
+func (a *JailArgs) ResolveRunID() error {
+	if a.RunIDFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(a.RunIDFile)
+	if err != nil {
+		return fmt.Errorf("run id: %w", err)
+	}
+	id := strings.TrimSuffix(string(b), "\n")
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return err
+	}
+	a.RunID = id
+	return nil
+}
+
+// StartedSocket is the name, in the directory of exec's held file (the run
+// container's read-only gate directory), of the unix socket exec connects
+// to once the tree is unpacked, just before the command starts
+// (NotifyStarted): the worker learns there that the agent starts, and only
+// then begins what would compete with the unpack for the CPU (the copy of
+// the snapshot into the workspace bucket, a warm pool's refill, the
+// capture's preload).
+const StartedSocket = "started"
+
+// PreloadFile is the name, in the snapshot's directory (the capture
+// container's input directory), of the file whose appearance lets a
+// capture container waiting for its signal read the snapshot ahead of the
+// capture (preloadCapture): the worker writes it once the run's agent
+// started, so the preload never competes with the unpack.
+const PreloadFile = "preload"
+
+// startedDialMax bounds exec's connection to StartedSocket.
+const startedDialMax = time.Second
+
+// NotifyStarted connects to the StartedSocket beside a.Held, when a has a
+// held file, and hangs up: exec calls it once the tree is unpacked. A
+// failure is ignored (the worker stops waiting after a while).
+func NotifyStarted(a JailArgs) {
+	if a.Held == "" {
+		return
+	}
+	c, err := net.DialTimeout("unix", filepath.Join(filepath.Dir(a.Held), StartedSocket), startedDialMax)
+	if err == nil {
+		_ = c.Close()
+	}
 }
 
 // Outcomes of waitHeld.
@@ -384,18 +461,103 @@ func JailFailure(a JailArgs, err error) string {
 
 // JailUnpack unpacks a.Snapshot into a.Dir with Unpack's rules and a's
 // caps, as the calling user (no chown): inside a run's container, the run's
-// user.
+// user. With a held file (a.Held), the snapshot may still be arriving: the
+// worker streams it in as it downloads, and JailUnpack follows it (a
+// follower) until the gate says it is whole and checked
+// (SnapshotCheckedFile) or refused (SnapshotRefusedFile, an error wrapping
+// ErrSnapshotRefused), so the tree unpacks while the snapshot downloads
+// and nothing after it runs before its digest is checked.
 func JailUnpack(a JailArgs) error {
 	f, err := os.Open(a.Snapshot)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return Unpack(f, a.Dir, UnpackOptions{MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles})
+	var r io.Reader = f
+	if a.Held != "" {
+		r = &follower{f: f, gate: filepath.Dir(a.Held)}
+	}
+	if err := Unpack(r, a.Dir, UnpackOptions{MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles}); err != nil {
+		return err
+	}
+	if fr, ok := r.(*follower); ok {
+		// The tar's end may come before the file's: the rest must be
+		// there, and checked, before anything runs on the tree.
+		if _, err := io.Copy(io.Discard, fr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Files the worker writes into a workspace run's gate directory (beside
+// the held file) once the snapshot it streams into the input directory
+// is whole: SnapshotCheckedFile when its bytes hash to the request's
+// digest and its headers passed the worker's scan, SnapshotRefusedFile
+// otherwise, holding "KIND\nREASON" (KIND UnpackRefused or UnpackFetch).
+const (
+	SnapshotCheckedFile = "checked"
+	SnapshotRefusedFile = "refused"
+)
+
+// ErrSnapshotRefused is wrapped by JailUnpack's error when the worker
+// refused the snapshot it was streaming (SnapshotRefusedFile).
+var ErrSnapshotRefused = errors.New("the worker refused the snapshot")
+
+// refusedError is a refusal read from SnapshotRefusedFile.
+type refusedError struct{ kind, reason string }
+
+func (e *refusedError) Error() string { return e.reason }
+func (e *refusedError) Unwrap() error { return ErrSnapshotRefused }
+
+// followPoll is how often a follower at the end of what has arrived looks
+// again; followStallMax how long it waits for a byte or a verdict before
+// it gives up (ErrNotHeld: retried).
+const (
+	followPoll     = time.Millisecond
+	followStallMax = HeldWaitMax
+)
+
+// follower reads a snapshot file as the worker writes it: at its current
+// end it waits until more arrives, and ends (io.EOF) only once the gate
+// holds SnapshotCheckedFile and every byte was read.
+type follower struct {
+	f     *os.File
+	gate  string
+	whole bool
+}
+
+func (r *follower) Read(p []byte) (int, error) {
+	deadline := time.Now().Add(followStallMax)
+	for {
+		n, err := r.f.Read(p)
+		if n > 0 || err != io.EOF || r.whole {
+			return n, err
+		}
+		if _, err := os.Stat(filepath.Join(r.gate, SnapshotCheckedFile)); err == nil {
+			r.whole = true // read again: the last bytes may have come meanwhile
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(r.gate, SnapshotRefusedFile)); err == nil {
+			kind, reason, _ := strings.Cut(string(b), "\n")
+			return 0, &refusedError{kind: kind, reason: oneLine(reason)}
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%w: no snapshot byte nor verdict within %s", ErrNotHeld, followStallMax)
+		}
+		time.Sleep(followPoll)
+	}
 }
 
 // UnpackKind names the kind of an Unpack error (UnpackNoSpace, ...).
 func UnpackKind(err error) string {
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		if refused.kind == UnpackFetch {
+			return UnpackFetch
+		}
+		return UnpackRefused
+	}
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
 		return UnpackNoSpace
@@ -446,15 +608,17 @@ const snapshotPoll = 10 * time.Millisecond
 
 // preloadCapture reads the snapshot of a waiting capture while the run
 // runs: once a.Snapshot exists (the worker links it into the capture
-// container's input directory, whole, after the container started; it is
-// looked for every snapshotPoll), it loads it (loadCaptureBase) and sends the
+// container's input directory, whole, after the container started) and
+// PreloadFile beside it (the run's agent started), both looked for every
+// snapshotPoll, it loads it (loadCaptureBase) and sends the
 // result on the channel it returns. When stop closes before the snapshot
 // is there, it sends nil instead (the capture reads it then). The
 // goroutine ends once it has sent; a load under way when stop closes is
 // waited for, not begun again.
 func preloadCapture(a JailArgs, stop <-chan struct{}) <-chan *captureBase {
 	out := make(chan *captureBase, 1)
-	exists := fileExists(a.Snapshot)
+	snapshot, preload := fileExists(a.Snapshot), fileExists(filepath.Join(filepath.Dir(a.Snapshot), PreloadFile))
+	exists := func() bool { return preload() && snapshot() }
 	go func() {
 		for !exists() {
 			select {

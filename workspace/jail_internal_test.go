@@ -39,9 +39,9 @@ func TestWaitHeld(t *testing.T) {
 }
 
 // TestPreloadCapture: a waiting capture reads its snapshot once the worker
-// links it in, before the signal, and captures from it what Capture
-// captures; stopped before the snapshot is there, it leaves the reading to
-// the capture.
+// links it in and writes the preload file (the run's agent started),
+// before the signal, and captures from it what Capture captures; stopped
+// before both are there, it leaves the reading to the capture.
 func TestPreloadCapture(t *testing.T) {
 	t.Parallel()
 	src := t.TempDir()
@@ -68,6 +68,13 @@ func TestPreloadCapture(t *testing.T) {
 	pre := preloadCapture(a, stop)
 	time.Sleep(3 * snapshotPoll)
 	require.NoError(t, os.Link(snap, in))
+	time.Sleep(3 * snapshotPoll)
+	select {
+	case <-pre:
+		t.Fatal("loaded before the preload file")
+	default:
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(in), PreloadFile), nil, 0o444))
 	var b *captureBase
 	select {
 	case b = <-pre:

@@ -154,7 +154,8 @@ const unpackFailed = workspace.JailErrPrefix + "unpack failed ("
 // unpackOutcome is the outcome of a run whose snapshot did not unpack in
 // its container: failed, with a dead letter, no retry (the snapshot will
 // not unpack better next time), nothing captured; but retried when no
-// capture container held the workspace in time (UnpackNotHeld). The reason names the
+// capture container held the workspace in time (UnpackNotHeld) or the
+// worker could not fetch the snapshot it streamed in (UnpackFetch). The reason names the
 // profile's workspace_mib when the tree's tmpfs was full, else repeats the
 // unpacker's own words. The line comes from the container, before the
 // agent ran; an agent that prints it and exits with the same code only
@@ -167,9 +168,10 @@ func unpackOutcome(line string, mib int64) outcome {
 		reason = fmt.Sprintf("workspace: %v: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, mib)
 	case workspace.UnpackOther:
 		reason = "workspace: unpack failed: " + detail
-	case workspace.UnpackNotHeld:
-		// The capture container did not start in time: infrastructure,
-		// retried like an engine that cannot be reached.
+	case workspace.UnpackNotHeld, workspace.UnpackFetch:
+		// The capture container did not start in time, or the snapshot
+		// streamed in could not be fetched: infrastructure, retried like
+		// an engine that cannot be reached.
 		return outcome{Action: actionRetry, Reason: reason, Unpack: kind}
 	}
 	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason, Unpack: kind}

@@ -106,6 +106,14 @@ type WarmWorkspace struct {
 	Tool, ToolDigest string
 	// Mounts are the container's workspace mounts.
 	Mounts []jail.Mount
+	// Alive reports whether what was made with the workspace still runs
+	// (its capture container): the pool never hands out a container whose
+	// workspace is not alive. Nil: always.
+	Alive func() bool
+	// Started, set by the pool, is called once by the run that took the
+	// workspace when its agent started (after the in-jail unpack), or when
+	// it stopped waiting for that: the pool refills then. Nil: nothing.
+	Started func()
 
 	taken atomic.Bool
 }

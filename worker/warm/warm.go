@@ -98,11 +98,12 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Workspace, when set, makes the workspace of a container made for
 	// runs with one (profile.Profile.WarmWorkspace; the workspace stage's
-	// Trees.MakeWarm): name is the container's, labels its labels. The
-	// container is created with ww's mounts; release gives up what it
-	// holds, removing the volume and directory when remove is set. Nil:
-	// no profile keeps containers for workspace runs.
-	Workspace func(ctx context.Context, name string, prof *profile.Profile, labels map[string]string) (ww *stage.WarmWorkspace, release func(remove bool), err error)
+	// Trees.MakeWarm): spec is the container's, its name and labels set
+	// (what the workspace makes beside it, its capture container, takes
+	// its jail from it). The container is created with ww's mounts;
+	// release gives up what it holds, removing what it made when remove
+	// is set. Nil: no profile keeps containers for workspace runs.
+	Workspace func(ctx context.Context, spec jail.ContainerSpec, prof *profile.Profile) (ww *stage.WarmWorkspace, release func(remove bool), err error)
 	// Spec returns the part of a container's spec the profile alone
 	// decides (runner.ProfileSpec): the warm container's jail, which a
 	// run's spec must match to be handed it.
@@ -395,20 +396,31 @@ func (p *Pool) Claim(prof *profile.Profile, workspace bool) *Container {
 		return nil
 	}
 	var c *Container
+	var dead []*Container
 	for cs := p.ready[key]; len(cs) > 0; cs = p.ready[key] {
 		// The most recently made first: the oldest age out.
 		c, p.ready[key] = cs[len(cs)-1], cs[:len(cs)-1]
 		if c.alive() {
 			break
 		}
+		if c.launcherAlive() {
+			dead = append(dead, c) // its workspace's capture container exited
+		}
 		c = nil
 	}
 	p.mu.Unlock()
-	p.poke()
+	for _, d := range dead {
+		p.m.replaced.WithLabelValues(d.profile, "exited").Inc()
+		go d.remove(context.Background())
+	}
 	if c == nil {
+		p.poke()
 		p.m.missed.WithLabelValues(prof.Name).Inc()
 		return nil
 	}
+	// The refill begins once the run is handed the container or gives it
+	// back (Handed, GaveBack, Discard): a claim never waits for it, and it
+	// does not compete with the claiming run's staging for the engine.
 	c.claimed.Store(true)
 	return c
 }
@@ -586,11 +598,14 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	}
 	spec.Mounts = []jail.Mount{rundir.Mount(dir, profile.Plan{}).Mount, bridge.Mount(binPath, digest).Mount}
 	if kind.workspace {
-		ww, release, err := p.cfg.Workspace(ctx, c.name, &prof, spec.Labels)
+		ww, release, err := p.cfg.Workspace(ctx, spec, &prof)
 		if err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 		c.ws, c.releaseWS = ww, release
+		// Refilled once the run's agent started, after its in-jail unpack
+		// (Handed).
+		ww.Started = p.poke
 		spec.Mounts = append(spec.Mounts, ww.Mounts...)
 	}
 	c.spec = spec
@@ -700,7 +715,14 @@ func (c *Container) output(stream string, b []byte) {
 }
 
 // alive reports whether the launcher still waits.
+// alive reports whether the container's launcher still waits and what
+// was made with its workspace (stage.WarmWorkspace.Alive) still runs.
 func (c *Container) alive() bool {
+	return c.launcherAlive() && (c.ws == nil || c.ws.Alive == nil || c.ws.Alive())
+}
+
+// launcherAlive reports whether the container's launcher still waits.
+func (c *Container) launcherAlive() bool {
 	select {
 	case <-c.died:
 		return false
@@ -822,14 +844,24 @@ func (c *Container) Handoff(ctx context.Context, spec jail.ContainerSpec, output
 }
 
 // Handed tells the pool the run that was handed the container now holds
-// it (in its registry, where the reconciler looks): the pool lets it go.
-func (c *Container) Handed() { c.pool.forget(c) }
+// it (in its registry, where the reconciler looks): the pool lets it go,
+// and refills now, the run's agent having started, unless the container
+// was made for workspace runs: its workspace stage says when the agent
+// started, after the in-jail unpack (stage.WarmWorkspace.Started), so that
+// the refill's container starts never compete with a run's start.
+func (c *Container) Handed() {
+	c.pool.forget(c)
+	if c.ws == nil {
+		c.pool.poke()
+	}
+}
 
 // Discard gives the container back unused, after a claim whose run could
 // not have it (or no longer needs it): it is removed, with its directory
 // unless the run took that over (the run removes its own).
 func (c *Container) Discard(ctx context.Context) {
 	c.remove(ctx)
+	c.pool.poke()
 }
 
 // forget drops the container from the pool's holdings once its run owns

@@ -29,6 +29,9 @@ func jailArgs(spec jail.ContainerSpec) (workspace.JailArgs, bool) {
 	if a.Held != "" {
 		a.Held = hostPath(spec, a.Held)
 	}
+	if a.RunIDFile != "" {
+		a.RunIDFile = hostPath(spec, a.RunIDFile)
+	}
 	return a, true
 }
 
@@ -75,6 +78,9 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 		}
 		switch a.Command {
 		case "capture":
+			if err := a.ResolveRunID(); err != nil {
+				return fail(err)
+			}
 			workspace.ReportFull(a.Dir, streamWriter{out, messages.StreamStderr})
 			if err := workspace.JailCapture(a, streamWriter{out, messages.StreamStdout}); err != nil {
 				return fail(err)
@@ -87,6 +93,7 @@ func jailBehaviour(a workspace.JailArgs, inner Behaviour) Behaviour {
 			if err := workspace.JailUnpack(a); err != nil {
 				return fail(err)
 			}
+			workspace.NotifyStarted(a)
 			spec.Cmd = a.Argv
 			return inner(ctx, spec, out)
 		}

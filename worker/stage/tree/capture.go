@@ -56,6 +56,10 @@ const (
 	JailSessionPath = JailSnapshotDir + "/session.tar"
 )
 
+// runIDFile is the file in the input directory that names the run to a
+// capture container started with a warm container (captureSpec).
+const runIDFile = "run-id"
+
 // jailWorkspace wires a staged workspace into the run's container: its
 // mounts (workspaceMounts) and the command prefixed with `jetcrew
 // workspace exec ... --`, which waits for the gate's held file, unpacks as
@@ -103,11 +107,18 @@ func workspaceMounts(rw *runWorkspace) []stage.Mount {
 // the command `jetcrew workspace capture --wait`. The runtime adds the hardening every
 // container gets (read-only root, no capabilities, no new privileges,
 // init).
+//
+// A warm container's (run.Labels' jail.LabelRole is jail.RoleWarm: no run
+// yet, so no jail.LabelRunID either) reads its run id from the input
+// directory's run-id file (runIDFile), which the claiming run writes.
 func captureSpec(run jail.ContainerSpec, rw *runWorkspace, cfg Config, waitMax time.Duration) jail.ContainerSpec {
 	labels := maps.Clone(run.Labels)
-	labels[jail.LabelRole] = jail.RoleCapture
 	args := workspace.JailArgs{Command: "capture", Snapshot: JailCaptureInPath + "/snapshot.tar", Dir: messages.WorkspaceDir,
 		Scratch: JailScratchPath, RunID: run.Labels[jail.LabelRunID], MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Wait: true, WaitMax: waitMax}
+	if labels[jail.LabelRole] == jail.RoleWarm {
+		args.RunID, args.RunIDFile = "", JailCaptureInPath+"/"+runIDFile
+	}
+	labels[jail.LabelRole] = jail.RoleCapture
 	return jail.ContainerSpec{
 		Name:        run.Name + "-capture",
 		Image:       run.Image,
@@ -165,18 +176,24 @@ type captureExit struct {
 // stream cap. An error wrapping jail.ErrPermanent means the engine refused the
 // volume or the container for good.
 func (s *Stage) startCapture(ctx context.Context) error {
-	rw := s.rw
+	return s.t.startCaptureContainer(ctx, s.rw)
+}
+
+// startCaptureContainer starts rw's capture container (rw.capture) with
+// its output into capture.tar in rw's directory, and waits for its exit in
+// the background: rw.captureExit receives it, and rw.captureDead is set
+// first.
+func (t *Trees) startCaptureContainer(ctx context.Context, rw *runWorkspace) error {
 	f, err := os.OpenFile(filepath.Join(rw.dir, "capture.tar"), os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
-	cfg := s.t.cfg
-	streamCap, _ := maxCaptureStream(cfg)
+	streamCap, _ := maxCaptureStream(t.cfg)
 	rw.captureOut = newCaptureOutput(f, streamCap)
 	spec := rw.capture
 	spec.Labels = maps.Clone(spec.Labels)
 	spec.Labels[jail.LabelCreated] = rw.vol.Labels[jail.LabelCreated]
-	c, err := s.t.rt.Start(ctx, spec, rw.captureOut.write)
+	c, err := t.rt.Start(ctx, spec, rw.captureOut.write)
 	if err != nil {
 		return fmt.Errorf("start the capture container: %w", err)
 	}
@@ -185,6 +202,7 @@ func (s *Stage) startCapture(ctx context.Context) error {
 	rw.stopWait, rw.captureExit = cancel, make(chan captureExit, 1)
 	go func() {
 		st, err := c.Wait(wctx)
+		rw.captureDead.Store(true)
 		rw.captureExit <- captureExit{st, err}
 	}()
 	return nil
@@ -220,6 +238,7 @@ func (s *Stage) holdWorkspace(cancelled func() bool) error {
 	if err := os.WriteFile(filepath.Join(rw.gate(), heldFile), nil, 0o444); err != nil {
 		return stageError(err, false)
 	}
+	s.awaitStarted() // snapcache.go
 	return nil
 }
 

@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +148,14 @@ type Trees struct {
 	verifiedMu sync.Mutex
 	verified   map[string]string
 
+	// broken holds the digests whose streamed download broke off
+	// (careful).
+	broken sync.Map
+	// warm holds the workspaces MakeWarm made, by directory, until a run
+	// takes one over (takeWarm) or the pool releases it.
+	warmMu sync.Mutex
+	warm   map[string]*runWorkspace
+
 	mu       sync.Mutex
 	ws       *workspace.SnapshotStore
 	res      jetstream.ObjectStore
@@ -157,7 +167,7 @@ func New(d Deps) *Trees {
 	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
 		holds: d.Holds, log: d.Log, runState: d.RunState,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
-		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}}
+		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}, warm: map[string]*runWorkspace{}}
 	t.SetProfiles(d.Profiles)
 	return t
 }
@@ -253,6 +263,18 @@ type Stage struct {
 	mask      stage.Masker
 	// releases gives up what the run holds in Holds.
 	releases []func()
+	// stores are the puts of checked snapshots into the workspace bucket
+	// still to do (storeChecked), begun once the agent started
+	// (begun, agentStarted); stored closes as each ends. mu guards them.
+	mu             sync.Mutex
+	stores         []func()
+	stored         []chan struct{}
+	begun          bool
+	agentStartOnce sync.Once
+	// streamCancel stops the snapshot's download into the run's input
+	// directory (streamSnapshot), streamDone closes once it ended.
+	streamCancel context.CancelFunc
+	streamDone   chan struct{}
 }
 
 // Name returns "workspace".
@@ -296,6 +318,13 @@ type runWorkspace struct {
 	captureExit chan captureExit
 	stopWait    context.CancelFunc
 	captureGone chan struct{}
+	// captureDead is set once the capture container exited (before
+	// captureExit receives how).
+	captureDead atomic.Bool
+	// started listens on the gate's workspace.StartedSocket, to which
+	// `jetcrew workspace exec` connects once the tree is unpacked
+	// (awaitStarted).
+	started *net.UnixListener
 	// held reports once whether the capture container started (startCapture's
 	// error); waitHeld takes it, heldErr keeps it.
 	held     chan error
@@ -388,24 +417,19 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	// The wait is bounded, so a capture container a crashed worker left
 	// behind gives the volume back on its own.
 	waitMax := s.run.Timeout + s.t.stopGrace + cfg.CaptureTimeout + 10*time.Minute
-	rw.capture = captureSpec(*spec, rw, cfg, waitMax)
-	// The run's container does not wait for the capture container's start
-	// (holdWorkspace, in start, does): it waits inside, in `jetcrew
-	// workspace exec`, for the gate's file.
 	rw.held = make(chan error, 1)
-	go func() { rw.held <- s.startCapture(ctx) }() // capture.go
-	path, err := s.cachedSnapshot(ctx, *ref)
-	if err != nil {
-		return stageError(err, isSnapshotRefused(err)) // release waits for startCapture and removes what it made
+	if rw.captureC != nil {
+		// A warm container's, started with it (MakeWarm).
+		rw.held <- nil
+	} else {
+		rw.capture = captureSpec(*spec, rw, cfg, waitMax)
+		// The run's container does not wait for the capture container's
+		// start (holdWorkspace, in start, does): it waits inside, in
+		// `jetcrew workspace exec`, for the gate's file.
+		go func() { rw.held <- s.startCapture(ctx) }() // capture.go
 	}
-	if s.git != nil {
-		if err := s.verifyGitSnapshot(ctx, path, *ref, s.git.Commit, s.gitCache); err != nil { // git.go
-			return stageError(err, errors.Is(err, workspace.ErrWrongCommit) || isSnapshotRefused(err))
-		}
-	}
-	rw.snapshot = path
-	if err := os.Link(path, filepath.Join(rw.in(), "snapshot.tar")); err != nil {
-		return stageError(err, false)
+	if err := s.stageSnapshot(ctx, *ref, rw); err != nil { // snapcache.go
+		return err // release waits for startCapture and removes what it made
 	}
 	s.mask = req.Mask
 	if err := s.stageSession(ctx, req, rw, resp); err != nil { // session.go
@@ -426,8 +450,18 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 func (s *Stage) makeWorkspace(ctx context.Context, spec *jail.ContainerSpec, prof *profile.Profile) (*runWorkspace, error) {
 	if ww := s.run.WarmWorkspace; ww != nil {
 		ww.Take()
-		rw := &runWorkspace{dir: ww.Dir, volume: ww.Volume.Name, mib: prof.WorkspaceMiB, vol: ww.Volume, tool: ww.Tool, toolDigest: ww.ToolDigest}
+		rw := s.t.takeWarm(ww.Dir)
+		if rw == nil {
+			rw = &runWorkspace{dir: ww.Dir, volume: ww.Volume.Name, mib: prof.WorkspaceMiB, vol: ww.Volume, tool: ww.Tool, toolDigest: ww.ToolDigest}
+		}
 		s.own(rw)
+		if rw.captureC != nil {
+			// Its capture container waits already: it learns the run
+			// here, once signalled.
+			if err := os.WriteFile(filepath.Join(rw.in(), runIDFile), []byte(s.run.ID()+"\n"), 0o444); err != nil {
+				return nil, stageError(err, false)
+			}
+		}
 		return rw, nil
 	}
 	rw := &runWorkspace{dir: s.t.workspaceDir(s.run), volume: spec.Name + "-ws", mib: prof.WorkspaceMiB}
@@ -472,16 +506,21 @@ func (t *Trees) newWorkspace(ctx context.Context, rw *runWorkspace, prof *profil
 	return nil
 }
 
-// MakeWarm makes the workspace of a warm container named name, of profile
-// prof, whose labels are labels (worker/warm): a directory under
-// StateDir/ws named after the container, its empty volume (name + "-ws")
-// and the staged tool, held until release, and the mounts a workspace
-// run's container has (workspaceMounts), its snapshot input still empty.
-// The run that claims the container takes them over
-// (stage.WarmWorkspace.Take, in Prestart). release gives up the holds,
-// and removes the volume and the directory when remove is set (the
-// container unused, removed first).
-func (t *Trees) MakeWarm(ctx context.Context, name string, prof *profile.Profile, labels map[string]string) (ww *stage.WarmWorkspace, release func(remove bool), err error) {
+// MakeWarm makes the workspace of a warm container whose spec is spec
+// (its name and labels set), of profile prof (worker/warm): a directory
+// under StateDir/ws named after the container, its empty volume (name +
+// "-ws"), the staged tool, held until release, the mounts a workspace
+// run's container has (workspaceMounts), its snapshot input still empty,
+// and its capture container (name + "-capture", captureSpec of spec),
+// started and waiting, so that a run claiming the container starts no
+// container at all. The run that claims the container takes them over
+// (stage.WarmWorkspace.Take, in Prestart); ww.Alive reports false once the
+// capture container exited, and the pool then never hands the container
+// out. release gives up the holds, and removes the capture container, the
+// volume and the directory when remove is set (the container unused,
+// removed first).
+func (t *Trees) MakeWarm(ctx context.Context, spec jail.ContainerSpec, prof *profile.Profile) (ww *stage.WarmWorkspace, release func(remove bool), err error) {
+	name := spec.Name
 	rw := &runWorkspace{dir: filepath.Join(t.stateDir, "ws", name), volume: name + "-ws", mib: prof.WorkspaceMiB}
 	if rw.tool, rw.toolDigest, err = t.tools.Stage(t.toolSrc); err != nil {
 		return nil, nil, fmt.Errorf("workspace tool: %w", err)
@@ -489,9 +528,20 @@ func (t *Trees) MakeWarm(ctx context.Context, name string, prof *profile.Profile
 	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume)}
 	made := false
 	release = func(remove bool) {
+		t.takeWarm(rw.dir)
 		if remove {
+			if rw.started != nil {
+				_ = rw.started.Close()
+			}
 			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
+			if rw.captureC != nil {
+				if err := rw.captureC.Remove(rctx); err != nil {
+					t.log.Warn().Err(err).Str("name", name+"-capture").Msg("remove warm capture container; the reconciler will retry")
+				}
+				rw.stopWait()
+				rw.captureOut.close()
+			}
 			if made {
 				if err := t.rt.RemoveVolume(rctx, rw.volume); err != nil {
 					t.log.Warn().Err(err).Str("volume", rw.volume).Msg("remove warm workspace volume; the reconciler will retry")
@@ -505,18 +555,49 @@ func (t *Trees) MakeWarm(ctx context.Context, name string, prof *profile.Profile
 			r()
 		}
 	}
-	if err := t.newWorkspace(ctx, rw, prof, labels); err != nil {
+	if err := t.newWorkspace(ctx, rw, prof, spec.Labels); err != nil {
 		made = !errors.Is(err, jail.ErrPermanent)
 		release(true)
 		return nil, nil, err
 	}
 	made = true
-	ww = &stage.WarmWorkspace{Dir: rw.dir, Volume: rw.vol, Tool: rw.tool, ToolDigest: rw.toolDigest}
+	// The longest run after a day's wait; a pool replaces an idle one
+	// long before (warm.Config.MaxIdle), and the reconciler removes one a
+	// crashed worker left.
+	rw.capture = captureSpec(spec, rw, t.cfg, 24*time.Hour+messages.MaxTimeout+t.stopGrace+t.cfg.CaptureTimeout)
+	if err := t.startCaptureContainer(ctx, rw); err != nil {
+		release(true)
+		return nil, nil, stageError(err, errors.Is(err, jail.ErrPermanent))
+	}
+	ww = &stage.WarmWorkspace{Dir: rw.dir, Volume: rw.vol, Tool: rw.tool, ToolDigest: rw.toolDigest,
+		Alive: func() bool { return !rw.captureDead.Load() }}
 	rw.vol = ww.Volume
 	for _, m := range workspaceMounts(rw) {
 		ww.Mounts = append(ww.Mounts, m.Mount)
 	}
+	t.warmMu.Lock()
+	t.warm[rw.dir] = rw
+	t.warmMu.Unlock()
 	return ww, release, nil
+}
+
+// takeWarm returns the workspace MakeWarm made in dir, with its capture
+// container, once: nil after that (or for another directory).
+func (t *Trees) takeWarm(dir string) *runWorkspace {
+	t.warmMu.Lock()
+	defer t.warmMu.Unlock()
+	rw := t.warm[dir]
+	delete(t.warm, dir)
+	return rw
+}
+
+// WarmCaptureHeld reports whether name is the capture container of a warm
+// container's workspace that a pool or a run still holds (its volume is
+// held): the reconciler spares it, as a warm container it knows by name
+// or id.
+func (t *Trees) WarmCaptureHeld(name string) bool {
+	base, ok := strings.CutSuffix(name, "-capture")
+	return ok && t.VolumeHeld(base+"-ws")
 }
 
 // stageError is err as staging reports it: "workspace: …", which fails the
@@ -554,7 +635,22 @@ func makeWorkspaceDirs(rw *runWorkspace, uid, gid int) error {
 	}
 	// Empty, the worker's: the run's user owns scratch from here on. The
 	// parent stays 0700 (root's).
-	return errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755), os.Chmod(rw.gate(), 0o755))
+	if err := errors.Join(os.Chown(rw.scratch(), uid, gid), os.Chmod(rw.scratch(), 0o755), os.Chmod(rw.in(), 0o755), os.Chmod(rw.gate(), 0o755)); err != nil {
+		return err
+	}
+	return rw.listenStarted()
+}
+
+// listenStarted opens the gate's workspace.StartedSocket, which the run's
+// user may connect to (mode 0666 in a directory only the worker writes).
+func (rw *runWorkspace) listenStarted() error {
+	sock := filepath.Join(rw.gate(), workspace.StartedSocket)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("started socket: %w", err)
+	}
+	rw.started = ln
+	return os.Chmod(sock, 0o666)
 }
 
 // Release removes the capture container (or waits for its removal
@@ -566,6 +662,7 @@ func makeWorkspaceDirs(rw *runWorkspace, uid, gid int) error {
 // symlinks as they are).
 func (s *Stage) Release(*stage.ReleaseRequest) {
 	defer func() {
+		s.waitStored() // it reads the cached snapshot the run holds
 		for _, release := range s.releases {
 			release()
 		}
@@ -574,6 +671,10 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 	if rw == nil {
 		return
 	}
+	if rw.started != nil {
+		_ = rw.started.Close() // awaitStarted gives up now
+	}
+	s.stopStream()    // it writes into rw's input directory and the cache
 	_ = rw.waitHeld() // startCapture may still be running
 	if rw.captureGone != nil {
 		<-rw.captureGone // bounded by the removal's own timeout
@@ -605,6 +706,8 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 // result's Error, never lost and never fatal to the run's outcome. It says
 // in the reason when the workspace's tmpfs was full.
 func (s *Stage) Exited(ctx context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
+	// A run whose state is final has its snapshot in the workspace bucket.
+	s.waitStored()
 	if !req.Final || s.rw == nil || req.Unpack != "" {
 		return
 	}
