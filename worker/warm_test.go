@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -384,4 +385,62 @@ warm_workspace = 1
 	require.NoError(t, b.w.Stop(ctx))
 	require.Zero(t, b.rt.Live())
 	require.Empty(t, b.rt.Volumes(), "Stop removes the pool's volumes")
+}
+
+// A warm container made for workspace runs is made with its capture
+// container, started and waiting, so a claiming run starts no container;
+// one whose capture container exited while it waited is never handed to a
+// run (the run starts cold, and succeeds), it is counted replaced and the
+// pool makes another, which the next run gets.
+func TestWarmWorkspaceCaptureDied(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) {
+		ps, err := profile.ParseProfiles("warm.toml", []byte(`
+[profiles.hotws]
+image = "jetcrew-sandbox:latest"
+command = ["/bin/sh", "-c", "{prompt}"]
+require_bridge = false
+warm_workspace = 1
+`))
+		require.NoError(t, err)
+		c.Profiles = ps
+	})
+	ref := uploadDir(t, b)
+	warmReady(t, b.w, 1)
+	captures := func() []jail.ManagedContainer {
+		cs, err := b.rt.ListManaged(context.Background())
+		require.NoError(t, err)
+		return slices.DeleteFunc(cs, func(c jail.ManagedContainer) bool {
+			return c.Labels[jail.LabelRole] != jail.RoleCapture || c.Labels[jail.LabelRunID] != ""
+		})
+	}
+	require.Len(t, captures(), 1, "the warm container's capture container runs beside it")
+
+	// A warm run starts no container of its own.
+	starts := len(b.rt.Starts())
+	b.submit(t, messages.RunRequest{ID: "cap-warm", Profile: "hotws", Prompt: "true", Workspace: &ref})
+	st := b.waitFinal(t, "cap-warm")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.True(t, st.Warm)
+	require.NotNil(t, st.WorkspaceResult)
+	require.Empty(t, st.WorkspaceResult.Error, "captured by the capture container made with the warm one")
+	warmReady(t, b.w, 1)
+	require.Equal(t, starts+2, len(b.rt.Starts()), "the refill's two containers only")
+
+	// Its capture container dies while it waits.
+	cs := captures()
+	require.Len(t, cs, 1)
+	require.NoError(t, b.rt.Remove(context.Background(), cs[0].ID))
+	b.submit(t, messages.RunRequest{ID: "cap-dead", Profile: "hotws", Prompt: "true", Workspace: &ref})
+	st = b.waitFinal(t, "cap-dead")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm, "never handed a warm container whose capture container exited")
+	require.Empty(t, st.WorkspaceResult.Error)
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_replaced_total"))
+
+	warmReady(t, b.w, 1)
+	b.submit(t, messages.RunRequest{ID: "cap-again", Profile: "hotws", Prompt: "true", Workspace: &ref})
+	st = b.waitFinal(t, "cap-again")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.True(t, st.Warm, "the replacement is handed out")
 }

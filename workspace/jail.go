@@ -475,7 +475,9 @@ func JailUnpack(a JailArgs) error {
 	defer f.Close()
 	var r io.Reader = f
 	if a.Held != "" {
-		r = &follower{f: f, gate: filepath.Dir(a.Held)}
+		fr := &follower{f: f, path: a.Snapshot, gate: filepath.Dir(a.Held)}
+		defer func() { fr.f.Close() }()
+		r = fr
 	}
 	if err := Unpack(r, a.Dir, UnpackOptions{MaxBytes: a.MaxBytes, MaxFiles: a.MaxFiles}); err != nil {
 		return err
@@ -520,9 +522,13 @@ const (
 
 // follower reads a snapshot file as the worker writes it: at its current
 // end it waits until more arrives, and ends (io.EOF) only once the gate
-// holds SnapshotCheckedFile and every byte was read.
+// holds SnapshotCheckedFile and every byte was read. A file system that
+// keeps a stale length for an open file (a sandbox's cache of a host
+// file) is handled by opening the file again when its path says it grew.
 type follower struct {
 	f     *os.File
+	path  string
+	off   int64
 	gate  string
 	whole bool
 }
@@ -531,8 +537,21 @@ func (r *follower) Read(p []byte) (int, error) {
 	deadline := time.Now().Add(followStallMax)
 	for {
 		n, err := r.f.Read(p)
-		if n > 0 || err != io.EOF || r.whole {
+		r.off += int64(n)
+		if n > 0 || err != io.EOF {
 			return n, err
+		}
+		if fi, serr := os.Stat(r.path); serr == nil && fi.Size() > r.off {
+			if err := r.reopen(); err != nil {
+				return 0, err
+			}
+			if n, err = r.f.Read(p); n > 0 || err != io.EOF {
+				r.off += int64(n)
+				return n, err
+			}
+		}
+		if r.whole {
+			return 0, io.EOF
 		}
 		if _, err := os.Stat(filepath.Join(r.gate, SnapshotCheckedFile)); err == nil {
 			r.whole = true // read again: the last bytes may have come meanwhile
@@ -547,6 +566,21 @@ func (r *follower) Read(p []byte) (int, error) {
 		}
 		time.Sleep(followPoll)
 	}
+}
+
+// reopen opens the file again at the follower's offset.
+func (r *follower) reopen() error {
+	f, err := os.Open(r.path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(r.off, io.SeekStart); err != nil {
+		f.Close()
+		return err
+	}
+	r.f.Close()
+	r.f = f
+	return nil
 }
 
 // UnpackKind names the kind of an Unpack error (UnpackNoSpace, ...).

@@ -242,3 +242,55 @@ func TestCaptureStreamObjectsNotHeld(t *testing.T) {
 	require.Equal(t, int64(32<<20), o.Size)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "the object was not copied into memory")
 }
+
+// TestJailUnpackFollowsStreamedSnapshot: with a gate (a held file), exec's
+// unpack reads the snapshot as the worker writes it, and ends only once
+// the gate says it is whole and checked, every byte read; a refusal in
+// the gate ends it with ErrSnapshotRefused and its kind, whatever it has
+// unpacked.
+func TestJailUnpackFollowsStreamedSnapshot(t *testing.T) {
+	t.Parallel()
+	src := testRepo(t)
+	var snap bytes.Buffer
+	_, err := workspace.Snapshot(src, &snap, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	data := snap.Bytes()
+
+	stream := func(t *testing.T, verdict, content string) (error, time.Duration) {
+		gate, in := t.TempDir(), t.TempDir()
+		path := filepath.Join(in, "snapshot.tar")
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		written := make(chan time.Time, 1)
+		go func() {
+			// In four parts, 50 ms apart, then the verdict.
+			for i := range 4 {
+				_, _ = f.Write(data[i*len(data)/4 : (i+1)*len(data)/4])
+				time.Sleep(50 * time.Millisecond)
+			}
+			_ = f.Close()
+			written <- time.Now()
+			// As the worker does: whole, by a rename.
+			_ = os.WriteFile(filepath.Join(gate, ".v"), []byte(content), 0o444)
+			_ = os.Rename(filepath.Join(gate, ".v"), filepath.Join(gate, verdict))
+		}()
+		start := time.Now()
+		err = workspace.JailUnpack(workspace.JailArgs{Command: "exec", Snapshot: path, Dir: t.TempDir(), Held: filepath.Join(gate, "held")})
+		end := time.Now()
+		require.False(t, end.Before(<-written), "it ended after the verdict")
+		return err, end.Sub(start)
+	}
+
+	err, took := stream(t, workspace.SnapshotCheckedFile, "")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, took, 200*time.Millisecond, "it waited for every part")
+
+	err, _ = stream(t, workspace.SnapshotRefusedFile, workspace.UnpackRefused+"\nworkspace snapshot digest mismatch: x")
+	require.ErrorIs(t, err, workspace.ErrSnapshotRefused)
+	require.Equal(t, workspace.UnpackRefused, workspace.UnpackKind(err))
+	require.Contains(t, err.Error(), "digest mismatch")
+
+	err, _ = stream(t, workspace.SnapshotRefusedFile, workspace.UnpackFetch+"\nthe store went away")
+	require.ErrorIs(t, err, workspace.ErrSnapshotRefused)
+	require.Equal(t, workspace.UnpackFetch, workspace.UnpackKind(err))
+}
