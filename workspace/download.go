@@ -211,9 +211,20 @@ func (b bucket) read(ctx context.Context, ref messages.WorkspaceRef, info *jetst
 // worker calls it before a download (which then checks the bytes), and
 // before each use of a snapshot it has cached (whose bytes were checked
 // when it was downloaded), so a snapshot deleted from the bucket is
-// withdrawn at once. Given a *SnapshotStore it reads the workspace bucket.
+// withdrawn at once. Given a *SnapshotStore it reads the workspace bucket
+// and, when that does not hold the object and ref names it by its digest
+// (messages.WorkspaceObjectName), the uploads bucket, where an upload's
+// bytes are until a worker has stored them in the workspace bucket (which
+// it does beside the run, once its agent started: a second run of the
+// snapshot may come first).
 func CheckStored(ctx context.Context, obs jetstream.ObjectStore, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {
-	return bucketFor(obs).checkStored(ctx, ref, max)
+	info, err := bucketFor(obs).checkStored(ctx, ref, max)
+	if s, ok := obs.(*SnapshotStore); ok && s.Uploads != nil && errors.Is(err, ErrSnapshotMissing) && ref.Name == messages.WorkspaceObjectName(ref.Digest) {
+		if uinfo, uerr := s.uploads().checkStored(ctx, ref, max); uerr == nil {
+			return uinfo, nil
+		}
+	}
+	return info, err
 }
 
 func (b bucket) checkStored(ctx context.Context, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {

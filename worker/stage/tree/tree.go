@@ -363,24 +363,27 @@ func (t *Trees) workspaceDir(run *stage.Run) string {
 	return filepath.Join(t.stateDir, "ws", fmt.Sprintf("%s-%d-%d", run.Key(), run.Seq, run.Attempt))
 }
 
-// Prestart fetches its snapshot
-// (checked: digest, caps, a header scan) into the worker's cache, creates
-// the delivery's tmpfs volume of the profile's workspace_mib, owned by the
-// profile's user (or takes over the empty one of the warm container the
-// run claimed: makeWorkspace), and begins to start the capture container,
-// which waits
+// Prestart stages its snapshot into the run's input directory
+// (stageSnapshot: a cached one linked in whole; any other streamed in as
+// it downloads, checked — digest, caps, a header scan — beside the run's
+// start), creates the delivery's tmpfs volume of the profile's
+// workspace_mib, owned by the profile's user (or takes over the empty one
+// of the warm container the run claimed, with its capture container:
+// makeWorkspace), and begins to start the capture container, which waits
 // and holds the volume mounted until the capture (capture.go); it does not
-// wait for that start (Poststart does). The volume
-// is mounted writable at messages.WorkspaceDir, the container's working
-// directory, beside the snapshot's input directory, the jetcrew binary and
-// the gate directory, read-only; the run's command is prefixed with `jetcrew
-// workspace exec`, which waits for the gate's held file, then unpacks
-// inside the container, as the run's user, before it execs the agent. A
-// refused, missing, corrupt or oversized snapshot is an error retrying
-// cannot fix (the run fails, with a dead letter, before the run's container
-// starts); a store or engine that cannot be reached is transient
-// (the request is handed back for a retry). What was made is given up by
-// Release.
+// wait for that start (Poststart does). The volume is mounted writable at
+// messages.WorkspaceDir, the container's working directory, beside the
+// snapshot's input directory, the jetcrew binary and the gate directory,
+// read-only; the run's command is prefixed with `jetcrew workspace exec`,
+// which waits for the gate's held file, then unpacks inside the container,
+// as the run's user, as the snapshot arrives, and execs the agent once the
+// gate says it is whole and checked. A missing, oversized or misrecorded
+// snapshot (its records say so) is an error retrying cannot fix (the run
+// fails, with a dead letter, before the run's container starts); one whose
+// bytes or headers are refused fails it the same way before the agent
+// starts (the in-jail exec reports the gate's refusal); a store or engine
+// that cannot be reached is transient (the request is handed back for a
+// retry). What was made is given up by Release.
 func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	spec, prof := req.Spec, req.Run.Profile
 	ref := s.run.Request.Workspace
