@@ -103,9 +103,9 @@ func TestWarmWorkspace(t *testing.T) {
 	record(t, "warm_workspace_submit_to_tree_ms", Figure{Value: round(median(hot), 0), Unit: "ms", Baseline: "raw_warm_ws_put_get_untar_ms", Samples: len(hot), Repeats: hot,
 		What: "issue 25's warm workspace goal (≤ 1.3× the raw put + get + untar): `submit --workspace` of the 100 MiB benchmark tree (HEAD's packed history in the CLI's snapshot cache, as after an earlier submit of the same HEAD) → the run's process sees the tree, on a profile with warm_workspace = 2: the run claims a warm container made with its empty workspace volume and its capture container, so no container starts; the snapshot streams into the run's input directory as it downloads and the launcher's in-jail exec unpacks it as it arrives, the agent starting once it is whole and its digest checked; snapshot and upload are in the path as for a cold run"})
 	record(t, "warm_workspace_stage_snapshot_ms", Figure{Value: round(median(snap), 0), Unit: "ms", Baseline: "raw_warm_ws_put_get_untar_ms", Samples: len(snap), Repeats: snap,
-		What: "part of warm_workspace_submit_to_tree_ms, submit side: the snapshot into its temporary file (walk, the work tree's files and the loose objects read, the cached pack copied, tar, SHA-256), which the raw baseline does not do (it starts from the file)"})
+		What: "part of warm_workspace_submit_to_tree_ms, submit side: the snapshot (walk, the work tree's files and the loose objects read, the cached pack copied, tar, SHA-256) streamed into the uploads bucket as it is taken (the directory's last snapshot is not stored: each sample deletes it), so this includes the Object Store put of all but its last chunks (raw_object_put_ms's work)"})
 	record(t, "warm_workspace_stage_upload_ms", Figure{Value: round(median(upload), 0), Unit: "ms", Baseline: "raw_warm_ws_put_get_untar_ms", Samples: len(upload), Repeats: upload,
-		What: "part of warm_workspace_submit_to_tree_ms, submit side: the digest looked up, the Object Store put of the snapshot file (raw_object_put_ms's work); the rest of the figure is the worker's: the download streamed into the run's input directory with the in-jail unpack following it, then the agent's exec"})
+		What: "part of warm_workspace_submit_to_tree_ms, submit side, after the snapshot: the put's last chunks and record, and the link of the digest's name to the streamed object; the rest of the figure is the worker's: the download streamed into the run's input directory with the in-jail unpack following it, then the agent's exec"})
 }
 
 // wsTreeSample submits a run of prof with the workspace repo (snapshot and
@@ -122,6 +122,7 @@ func wsTreeSample(t *testing.T, d *dispatcher.Dispatcher, obs *workspace.Snapsho
 	up, err := d.UploadWorkspace(ctx, repo, so, workspace.BucketConfig{})
 	require.NoError(t, err)
 	require.False(t, up.Reused)
+	require.Equal(t, so.CacheDir != "", up.Streamed, "a tree whose last snapshot is gone is streamed")
 	id, err := d.Submit(ctx, messages.RunRequest{Profile: prof, Prompt: "ls d0/f0.txt >/dev/null && adjtimex", Workspace: &up.Ref})
 	require.NoError(t, err)
 	ran, err := probeTime(watchOutput(t, ctx, d, id))
@@ -129,6 +130,9 @@ func wsTreeSample(t *testing.T, d *dispatcher.Dispatcher, obs *workspace.Snapsho
 	st, err := d.Status(ctx, id)
 	require.NoError(t, err)
 	require.NoError(t, obs.Delete(ctx, up.Ref.Name))
+	if info, err := obs.Uploads.GetInfo(ctx, up.Ref.Name); err == nil && info.Opts != nil && info.Opts.Link != nil {
+		require.NoError(t, obs.Uploads.Delete(ctx, info.Opts.Link.Name)) // the streamed object
+	}
 	require.NoError(t, obs.Uploads.Delete(ctx, up.Ref.Name))
 	cached, err := filepath.Glob(filepath.Join(stateDir, "snap", "*.tar"))
 	require.NoError(t, err)

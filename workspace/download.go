@@ -173,9 +173,10 @@ func (b bucket) read(ctx context.Context, ref messages.WorkspaceRef, info *jetst
 		ctx, cancel = context.WithTimeout(ctx, objectReadMax)
 		defer cancel()
 	}
-	r, err := b.obs.Get(ctx, ref.Name)
+	// By the record's name: a link's target (resolve).
+	r, err := b.obs.Get(ctx, info.Name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return 0, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, b.bucketName(ctx))
+		return 0, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, info.Name, b.bucketName(ctx))
 	}
 	if err != nil {
 		return 0, fmt.Errorf("get snapshot: %w", err)
@@ -228,12 +229,9 @@ func CheckStored(ctx context.Context, obs jetstream.ObjectStore, ref messages.Wo
 }
 
 func (b bucket) checkStored(ctx context.Context, ref messages.WorkspaceRef, max int64) (*jetstream.ObjectInfo, error) {
-	info, err := b.obs.GetInfo(ctx, ref.Name)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, ref.Name, b.bucketName(ctx))
-	}
+	info, err := b.resolve(ctx, ref.Name)
 	if err != nil {
-		return nil, fmt.Errorf("read snapshot info: %w", err)
+		return nil, err
 	}
 	if max > 0 && info.Size > uint64(max) {
 		return nil, fmt.Errorf("%w: snapshot %q is %d bytes, this worker takes at most %d", ErrTooLarge, ref.Name, info.Size, max)
@@ -242,6 +240,41 @@ func (b bucket) checkStored(ctx context.Context, ref messages.WorkspaceRef, max 
 		return nil, err
 	}
 	return info, nil
+}
+
+// resolve returns the record of the object name names in b, following a
+// link to an object of the same bucket (a streamed upload's: the
+// submitter links the digest's name to the object it streamed, see
+// Submit); its bytes are then read by the record's name (read). A missing
+// object, or a link to a missing one, is ErrSnapshotMissing; a link to a
+// link or to another bucket is ErrDigestMismatch (no snapshot is stored
+// that way).
+func (b bucket) resolve(ctx context.Context, name string) (*jetstream.ObjectInfo, error) {
+	info, err := b.obs.GetInfo(ctx, name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("%w: object %q in bucket %s (expired or never uploaded)", ErrSnapshotMissing, name, b.bucketName(ctx))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot info: %w", err)
+	}
+	if info.Opts == nil || info.Opts.Link == nil {
+		return info, nil
+	}
+	link := info.Opts.Link
+	if link.Name == "" || link.Bucket != info.Bucket {
+		return nil, fmt.Errorf("%w: object %q in %s is a link out of its bucket", ErrDigestMismatch, name, info.Bucket)
+	}
+	target, err := b.obs.GetInfo(ctx, link.Name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, fmt.Errorf("%w: object %q in bucket %s, which %q links to (expired or never uploaded)", ErrSnapshotMissing, link.Name, info.Bucket, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot info: %w", err)
+	}
+	if target.Opts != nil && target.Opts.Link != nil {
+		return nil, fmt.Errorf("%w: object %q in %s links to a link", ErrDigestMismatch, name, info.Bucket)
+	}
+	return target, nil
 }
 
 // sameDigest returns an error wrapping ErrDigestMismatch unless the store's

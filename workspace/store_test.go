@@ -1,9 +1,11 @@
 package workspace_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,4 +111,69 @@ func TestDownloadRefusesAReplacedObject(t *testing.T) {
 	require.False(t, again.Reused)
 	require.NoError(t, workspace.Download(ctx, ws, up.Ref, out, 0))
 	require.NoError(t, workspace.Download(ctx, ws.ObjectStore, up.Ref, out, 0), "repaired")
+}
+
+// TestSubmitStreamed: with a cache directory, a first submit of a tree
+// streams the snapshot into the uploads bucket while taking it and links
+// the digest's name to that object; a worker follows the link, checks the
+// bytes against the digest and stores them in the workspace bucket. The
+// next submit of the same directory finds its last snapshot stored and
+// takes the whole snapshot first: the unchanged tree is not sent again.
+// A link to other bytes, or out of the bucket, is refused.
+func TestSubmitStreamed(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc := workertest.Connect(t, workertest.StartServer(t))
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	dir := testRepo(t)
+	o := workspace.SnapshotOptions{CacheDir: t.TempDir()}
+
+	up, err := workspace.Submit(ctx, ws, dir, o)
+	require.NoError(t, err)
+	require.True(t, up.Streamed)
+	require.False(t, up.Reused)
+	require.Equal(t, messages.WorkspaceObjectName(up.Info.Digest), up.Ref.Name, "the request names the digest's name, as always")
+	link, err := ws.Uploads.GetInfo(ctx, up.Ref.Name)
+	require.NoError(t, err)
+	require.NotNil(t, link.Opts)
+	require.NotNil(t, link.Opts.Link, "the digest's name is a link")
+	require.True(t, strings.HasPrefix(link.Opts.Link.Name, "upload-"), link.Opts.Link.Name)
+	var whole bytes.Buffer
+	info, err := workspace.Snapshot(dir, &whole, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.Equal(t, info.Digest, up.Info.Digest, "the streamed snapshot is the snapshot")
+
+	out := filepath.Join(t.TempDir(), "s.tar")
+	require.NoError(t, workspace.Download(ctx, ws, up.Ref, out, 0))
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, whole.Bytes(), got)
+	require.True(t, workspace.Stored(ctx, ws, up.Ref), "checked into the workspace bucket")
+
+	again, err := workspace.Submit(ctx, ws, dir, o)
+	require.NoError(t, err)
+	require.False(t, again.Streamed, "its last snapshot is stored: taken whole first")
+	require.True(t, again.Reused)
+	objs, err := ws.Uploads.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, 2, "the streamed object and its link, nothing more")
+
+	// A link of another digest's name to these bytes is a mismatch; a link
+	// out of the bucket is refused.
+	other := messages.WorkspaceRef{Digest: "sha256:" + strings.Repeat("ab", 32)}
+	other.Name = messages.WorkspaceObjectName(other.Digest)
+	target, err := ws.Uploads.GetInfo(ctx, link.Opts.Link.Name)
+	require.NoError(t, err)
+	_, err = ws.Uploads.AddLink(ctx, other.Name, target)
+	require.NoError(t, err)
+	require.ErrorIs(t, workspace.Download(ctx, ws, other, out, 0), workspace.ErrDigestMismatch)
+	_, err = ws.Uploads.AddBucketLink(ctx, "sha256-"+strings.Repeat("cd", 32)+".tar", ws.ObjectStore)
+	require.NoError(t, err)
+	out2 := messages.WorkspaceRef{Digest: "sha256:" + strings.Repeat("cd", 32)}
+	out2.Name = messages.WorkspaceObjectName(out2.Digest)
+	require.ErrorIs(t, workspace.Download(ctx, ws, out2, out, 0), workspace.ErrDigestMismatch)
 }

@@ -1,8 +1,15 @@
 package workspace
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"path/filepath"
+	"strings"
+
 	"context"
 	"fmt"
+	"github.com/nats-io/nuid"
 	"io"
 	"os"
 	"time"
@@ -31,6 +38,9 @@ type Uploaded struct {
 	SnapshotTook, UploadTook time.Duration
 	// Stages cuts SnapshotTook into the snapshot's parts.
 	Stages Stages
+	// Streamed is true when the snapshot was uploaded while it was taken
+	// (Submit's streamed upload).
+	Streamed bool
 }
 
 // Upload snapshots dir (see Snapshot) into a temporary file and stores it
@@ -56,7 +66,32 @@ func Upload(ctx context.Context, obs jetstream.ObjectStore, dir string, o Snapsh
 // worker takes it from there once it has checked its bytes (Fetch). A
 // snapshot over o.MaxBytes is refused (ErrTooLarge) before anything is
 // stored.
+//
+// With a cache directory (SnapshotOptions.CacheDir), a snapshot of a
+// directory whose last snapshot Submit stored is no longer stored (or
+// never was) is streamed instead (submitStreamed): the upload runs while
+// the snapshot is taken, so a first submit of a tree does not wait for
+// the whole snapshot before its first byte goes out. A directory whose
+// last snapshot is still stored is snapshotted first, so an unchanged
+// tree is not sent again.
 func Submit(ctx context.Context, s *SnapshotStore, dir string, o SnapshotOptions) (Uploaded, error) {
+	last := lastSnapshot{cacheDir: o.CacheDir, dir: dir}
+	if o.CacheDir != "" && s.Uploads != nil && !last.stored(ctx, s) {
+		up, err := submitStreamed(ctx, s, dir, o)
+		if err == nil {
+			last.record(up.Info.Digest)
+		}
+		return up, err
+	}
+	up, err := submitWhole(ctx, s, dir, o)
+	if err == nil {
+		last.record(up.Info.Digest)
+	}
+	return up, err
+}
+
+// submitWhole is Submit from a whole snapshot file.
+func submitWhole(ctx context.Context, s *SnapshotStore, dir string, o SnapshotOptions) (Uploaded, error) {
 	return upload(dir, o, func(f io.ReadSeeker, info Info) (Uploaded, error) {
 		start := time.Now()
 		if s.workspaces().present(ctx, snapshotRef(info), info.Size) {
@@ -134,10 +169,133 @@ func Stored(ctx context.Context, obs jetstream.ObjectStore, ref messages.Workspa
 
 // present is Stored, the record saying size bytes too (size < 0: any).
 func (b bucket) present(ctx context.Context, ref messages.WorkspaceRef, size int64) bool {
-	info, err := b.obs.GetInfo(ctx, ref.Name)
+	info, err := b.resolve(ctx, ref.Name)
 	if err != nil || info.Deleted || info.Digest != objDigest(ref.Digest) || size >= 0 && info.Size != uint64(size) {
 		return false
 	}
 	n, err := b.read(ctx, ref, info, io.Discard)
 	return err == nil && n == int64(info.Size)
+}
+
+// streamedPrefix starts the name of a streamed upload's object in the
+// uploads bucket ("upload-<NUID>.tar"); the digest's name
+// (WorkspaceObjectName) is a link to it.
+const streamedPrefix = "upload-"
+
+// submitStreamed snapshots dir (see Snapshot) into a temporary file and,
+// at the same time, into an object of the uploads bucket named
+// streamedPrefix + a NUID, then links the digest's name
+// (WorkspaceObjectName) to it there (an Object Store link, which a worker
+// follows within the bucket and checks the bytes of against the digest,
+// as any upload's). When an object that is not a link already holds the
+// digest's name, it counts as stored when its bytes are the snapshot's
+// (read back) and is replaced from the file otherwise, as Submit does.
+// Nothing is looked up before: a tree already stored is sent again (the
+// worker keeps one copy in the workspace bucket). A snapshot over
+// o.MaxBytes fails (ErrTooLarge) with part of it sent, never linked.
+// Uploaded.Streamed says so; UploadTook is the time after the snapshot
+// until the link.
+func submitStreamed(ctx context.Context, s *SnapshotStore, dir string, o SnapshotOptions) (Uploaded, error) {
+	f, err := os.CreateTemp("", "jetcrew-snapshot-*.tar")
+	if err != nil {
+		return Uploaded{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	name := streamedPrefix + nuid.Next() + ".tar"
+	pr, pw := io.Pipe()
+	type snapped struct {
+		info Info
+		took Stages
+		dur  time.Duration
+		err  error
+	}
+	done := make(chan snapped, 1)
+	start := time.Now()
+	go func() {
+		var r snapped
+		r.info, r.err = snapshot(dir, io.MultiWriter(f, pw), o, &r.took)
+		r.dur = time.Since(start)
+		pw.CloseWithError(r.err)
+		done <- r
+	}()
+	meta := jetstream.ObjectMeta{Name: name, Description: "jetcrew workspace snapshot (tar), streamed; linked from its digest's name"}
+	obj, perr := s.Uploads.Put(ctx, meta, pr)
+	pr.CloseWithError(perr) // a failed put stops the snapshot too
+	r := <-done
+	if r.err != nil {
+		return Uploaded{}, fmt.Errorf("snapshot %s: %w", dir, r.err)
+	}
+	if perr != nil {
+		return Uploaded{}, fmt.Errorf("upload snapshot to %s: %w", messages.BucketUploads, perr)
+	}
+	up := Uploaded{Info: r.info, Ref: snapshotRef(r.info), Bucket: messages.BucketUploads, Streamed: true,
+		SnapshotTook: r.dur, Stages: r.took}
+	if obj.Digest != objDigest(r.info.Digest) || int64(obj.Size) != r.info.Size {
+		return Uploaded{}, fmt.Errorf("upload snapshot to %s: the store recorded %s, %d bytes; the snapshot is %s, %d bytes", messages.BucketUploads, obj.Digest, obj.Size, r.info.Digest, r.info.Size)
+	}
+	_, err = s.Uploads.AddLink(ctx, up.Ref.Name, obj)
+	if errors.Is(err, jetstream.ErrObjectAlreadyExists) {
+		// An object holds the digest's name (an upload of the same tree,
+		// or a broken one): kept when its bytes are these, else replaced.
+		stored, serr := storeSnapshot(ctx, s.uploads(), f, r.info)
+		if serr != nil {
+			return Uploaded{}, serr
+		}
+		up.Reused = stored.Reused
+		err = nil
+	}
+	if err != nil {
+		return Uploaded{}, fmt.Errorf("link snapshot in %s: %w", messages.BucketUploads, err)
+	}
+	up.UploadTook = time.Since(start) - r.dur
+	return up, nil
+}
+
+// lastSnapshot is the record, in a snapshot cache directory, of the digest
+// of the last snapshot of one directory that Submit stored.
+type lastSnapshot struct{ cacheDir, dir string }
+
+// path returns the record's file: cacheDir/last/<SHA-256 of dir's
+// absolute path, 32 hex digits>.
+func (l lastSnapshot) path() string {
+	abs, err := filepath.Abs(l.dir)
+	if err != nil {
+		abs = l.dir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join(l.cacheDir, "last", hex.EncodeToString(sum[:16]))
+}
+
+// stored reports whether the recorded digest's object is still in the
+// workspace or the uploads bucket of s, by their records alone (Submit
+// then reads its bytes back when the snapshot has that digest).
+func (l lastSnapshot) stored(ctx context.Context, s *SnapshotStore) bool {
+	b, err := os.ReadFile(l.path())
+	if err != nil {
+		return false
+	}
+	ref := snapshotRef(Info{Digest: strings.TrimSpace(string(b))})
+	for _, bk := range []bucket{s.workspaces(), s.uploads()} {
+		if bk.obs == nil {
+			continue
+		}
+		if info, err := bk.resolve(ctx, ref.Name); err == nil && info.Digest == objDigest(ref.Digest) {
+			return true
+		}
+	}
+	return false
+}
+
+// record writes digest as the directory's last snapshot; a failure only
+// loses the hint.
+func (l lastSnapshot) record(digest string) {
+	p := l.path()
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return
+	}
+	tmp := p + ".tmp"
+	if os.WriteFile(tmp, []byte(digest+"\n"), 0o600) == nil {
+		_ = os.Rename(tmp, p)
+	}
 }

@@ -716,10 +716,12 @@ func TestSeedModeChecked(t *testing.T) {
 	require.NotContains(t, err.Error(), "garbage")
 }
 
-// Under --auth a submitter's snapshot goes to the uploads bucket, and the
-// worker, which alone writes the workspace bucket, takes it from there
-// once its bytes match the request's digest; the next submit of the same
-// tree finds it there by its bytes and uploads nothing.
+// Under --auth a submitter's snapshot goes to the uploads bucket (a first
+// submit of the tree streams it as it is taken, and links the digest's
+// name to it, with the submitter's permissions alone), and the worker,
+// which alone writes the workspace bucket, takes it from there once its
+// bytes match the request's digest; the next submit of the same tree
+// finds it there by its bytes and uploads nothing.
 func TestSubmitWorkspaceUnderAuth(t *testing.T) {
 	t.Parallel()
 	e := authUp(t)
@@ -727,7 +729,7 @@ func TestSubmitWorkspaceUnderAuth(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(repo, "a.txt"), []byte("a\n"), 0o644))
 	code, _, errOut := e.as(t, roles.Submitter, "submit", "--id", "ws-auth-1", "--workspace", repo, "--wait", "out hi")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, errOut, "uploaded in")
+	require.Contains(t, errOut, "uploaded as it was taken")
 	code, _, errOut = e.as(t, roles.Submitter, "submit", "--id", "ws-auth-2", "--workspace", repo, "--wait", "out hi")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, errOut, "already stored, not uploaded again")

@@ -63,8 +63,11 @@ func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o s
 	}
 	if !o.quiet {
 		how := fmt.Sprintf("snapshot %s, uploaded in %s", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
-		if up.Reused {
+		switch {
+		case up.Reused:
 			how = fmt.Sprintf("snapshot %s, already stored, not uploaded again", up.SnapshotTook.Round(time.Millisecond))
+		case up.Streamed:
+			how = fmt.Sprintf("snapshot %s, uploaded as it was taken, linked %s later", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
 		}
 		kind := "a plain directory"
 		if up.Info.Git {
