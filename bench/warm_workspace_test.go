@@ -25,7 +25,7 @@ import (
 )
 
 // warmWsRepeats is how many times each warm workspace figure is measured.
-const warmWsRepeats = 3
+const warmWsRepeats = 5
 
 // warmWsProfiles are the warm workspace benchmark's two profiles, the
 // same jail (the sandbox image, coordination on: a warm container's

@@ -27,6 +27,9 @@ type SnapshotOptions struct {
 	// snapshot of the same HEAD reads only the work tree and the loose
 	// object files. Its files may be deleted at any time.
 	CacheDir string
+	// noDigest leaves Info.Digest empty, the bytes not hashed (a streamed
+	// upload takes the put's digest).
+	noDigest bool
 }
 
 // Info describes a snapshot.
@@ -88,7 +91,13 @@ func snapshot(dir string, w io.Writer, o SnapshotOptions, took *Stages) (Info, e
 	}
 	defer root.Close()
 	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(w, h), max: o.MaxBytes}
+	if o.noDigest {
+		h = nil
+	}
+	cw := &countWriter{w: w, max: o.MaxBytes}
+	if h != nil {
+		cw.w = io.MultiWriter(w, h)
+	}
 	tw := newTarWriter(cw)
 	info := Info{}
 	wo := walkOptions{maxFiles: o.MaxFiles, skip: func(p string, _ bool) bool { return path.Base(p) == ".git" }}
@@ -117,7 +126,9 @@ func snapshot(dir string, w io.Writer, o SnapshotOptions, took *Stages) (Info, e
 	}
 	took.Write = time.Since(mark)
 	info.Size = cw.n
-	info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if h != nil {
+		info.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	}
 	return info, nil
 }
 

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -182,45 +183,46 @@ func (b bucket) present(ctx context.Context, ref messages.WorkspaceRef, size int
 // (WorkspaceObjectName) is a link to it.
 const streamedPrefix = "upload-"
 
-// submitStreamed snapshots dir (see Snapshot) into a temporary file and,
-// at the same time, into an object of the uploads bucket named
-// streamedPrefix + a NUID, then links the digest's name
-// (WorkspaceObjectName) to it there (an Object Store link, which a worker
-// follows within the bucket and checks the bytes of against the digest,
-// as any upload's). When an object that is not a link already holds the
-// digest's name, it counts as stored when its bytes are the snapshot's
-// (read back) and is replaced from the file otherwise, as Submit does.
-// Nothing is looked up before: a tree already stored is sent again (the
-// worker keeps one copy in the workspace bucket). A snapshot over
-// o.MaxBytes fails (ErrTooLarge) with part of it sent, never linked.
-// Uploaded.Streamed says so; UploadTook is the time after the snapshot
-// until the link.
+// submitStreamed snapshots dir (see Snapshot) into an object of the
+// uploads bucket named streamedPrefix + a NUID as it is taken (nothing is
+// written to a temporary file, and the digest is the put's: nats.go hashes
+// the bytes it sends, so they are hashed once), then links the digest's
+// name (WorkspaceObjectName) to it there (an Object Store link, which a
+// worker follows within the bucket and checks the bytes of against the
+// digest, as any upload's). When an object that is not a link already
+// holds the digest's name, it counts as stored when its bytes are the
+// snapshot's (read back) and is replaced by the streamed object's bytes
+// otherwise, as Submit does. Nothing is looked up before: a tree already
+// stored is sent again (the worker keeps one copy in the workspace
+// bucket). A snapshot over o.MaxBytes fails (ErrTooLarge) with part of it
+// sent, never linked. Uploaded.Streamed says so; SnapshotTook is the
+// snapshot and the put together, UploadTook the link after them.
 func submitStreamed(ctx context.Context, s *SnapshotStore, dir string, o SnapshotOptions) (Uploaded, error) {
-	f, err := os.CreateTemp("", "jetcrew-snapshot-*.tar")
-	if err != nil {
-		return Uploaded{}, err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
 	name := streamedPrefix + nuid.Next() + ".tar"
 	pr, pw := io.Pipe()
 	type snapped struct {
 		info Info
 		took Stages
-		dur  time.Duration
 		err  error
 	}
 	done := make(chan snapped, 1)
 	start := time.Now()
 	go func() {
 		var r snapped
-		r.info, r.err = snapshot(dir, io.MultiWriter(f, pw), o, &r.took)
-		r.dur = time.Since(start)
+		// Whole chunks through the pipe: the put publishes one chunk per
+		// read, and the tar writes headers of 512 bytes.
+		bw := bufio.NewWriterSize(pw, streamChunk)
+		o.noDigest = true
+		r.info, r.err = snapshot(dir, bw, o, &r.took)
+		if r.err == nil {
+			r.err = bw.Flush()
+		}
 		pw.CloseWithError(r.err)
 		done <- r
 	}()
-	meta := jetstream.ObjectMeta{Name: name, Description: "jetcrew workspace snapshot (tar), streamed; linked from its digest's name"}
-	obj, perr := s.Uploads.Put(ctx, meta, pr)
+	meta := jetstream.ObjectMeta{Name: name, Description: "jetcrew workspace snapshot (tar), streamed; linked from its digest's name",
+		Opts: &jetstream.ObjectMetaOptions{ChunkSize: streamChunk}}
+	obj, perr := s.Uploads.Put(ctx, meta, fullReads{pr})
 	pr.CloseWithError(perr) // a failed put stops the snapshot too
 	r := <-done
 	if r.err != nil {
@@ -229,27 +231,56 @@ func submitStreamed(ctx context.Context, s *SnapshotStore, dir string, o Snapsho
 	if perr != nil {
 		return Uploaded{}, fmt.Errorf("upload snapshot to %s: %w", messages.BucketUploads, perr)
 	}
-	up := Uploaded{Info: r.info, Ref: snapshotRef(r.info), Bucket: messages.BucketUploads, Streamed: true,
-		SnapshotTook: r.dur, Stages: r.took}
-	if obj.Digest != objDigest(r.info.Digest) || int64(obj.Size) != r.info.Size {
-		return Uploaded{}, fmt.Errorf("upload snapshot to %s: the store recorded %s, %d bytes; the snapshot is %s, %d bytes", messages.BucketUploads, obj.Digest, obj.Size, r.info.Digest, r.info.Size)
+	sum, err := jetstream.DecodeObjectDigest(obj.Digest)
+	if err != nil || len(sum) != sha256.Size || int64(obj.Size) != r.info.Size {
+		return Uploaded{}, fmt.Errorf("upload snapshot to %s: the store recorded %q, %d bytes, for a snapshot of %d bytes", messages.BucketUploads, obj.Digest, obj.Size, r.info.Size)
 	}
+	r.info.Digest = "sha256:" + hex.EncodeToString(sum)
+	up := Uploaded{Info: r.info, Ref: snapshotRef(r.info), Bucket: messages.BucketUploads, Streamed: true,
+		SnapshotTook: time.Since(start), Stages: r.took}
+	linked := time.Now()
 	_, err = s.Uploads.AddLink(ctx, up.Ref.Name, obj)
 	if errors.Is(err, jetstream.ErrObjectAlreadyExists) {
 		// An object holds the digest's name (an upload of the same tree,
-		// or a broken one): kept when its bytes are these, else replaced.
-		stored, serr := storeSnapshot(ctx, s.uploads(), f, r.info)
-		if serr != nil {
-			return Uploaded{}, serr
+		// or a broken one): kept when its bytes are these, else replaced
+		// by the streamed object's.
+		up.Reused, err = s.uploads().present(ctx, up.Ref, r.info.Size), nil
+		if !up.Reused {
+			err = replaceFrom(ctx, s.Uploads, name, up.Ref.Name)
 		}
-		up.Reused = stored.Reused
-		err = nil
 	}
 	if err != nil {
 		return Uploaded{}, fmt.Errorf("link snapshot in %s: %w", messages.BucketUploads, err)
 	}
-	up.UploadTook = time.Since(start) - r.dur
+	up.UploadTook = time.Since(linked)
 	return up, nil
+}
+
+// replaceFrom puts the bytes of object from of obs under name too.
+func replaceFrom(ctx context.Context, obs jetstream.ObjectStore, from, name string) error {
+	rd, err := obs.Get(ctx, from)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	_, err = obs.Put(ctx, jetstream.ObjectMeta{Name: name, Description: "jetcrew workspace snapshot (tar)"}, rd)
+	return err
+}
+
+// streamChunk is the chunk size of a streamed upload, in bytes: the Object
+// Store's default (128 KiB).
+const streamChunk = 128 << 10
+
+// fullReads fills every read of r's caller's buffer, but at the end: an
+// Object Store put publishes one chunk per read.
+type fullReads struct{ r io.Reader }
+
+func (f fullReads) Read(p []byte) (int, error) {
+	n, err := io.ReadFull(f.r, p)
+	if err == io.ErrUnexpectedEOF {
+		err = nil // the last chunk; the next read says io.EOF
+	}
+	return n, err
 }
 
 // lastSnapshot is the record, in a snapshot cache directory, of the digest
