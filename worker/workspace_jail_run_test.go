@@ -121,9 +121,12 @@ func TestWorkspaceUnpackFailureIsFinal(t *testing.T) {
 	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamFailed) == 1 }, 20*time.Second, 20*time.Millisecond, "a dead letter")
 }
 
-// TestWorkspaceCachedSnapshotWithdrawn: a snapshot deleted from the bucket
-// no longer serves runs, though the worker has it cached: the next run on
-// it fails as a missing snapshot would, before its container starts.
+// TestWorkspaceCachedSnapshotWithdrawn: a snapshot deleted from the
+// buckets no longer serves runs, though the worker has it cached: the next
+// run on it fails as a missing snapshot would, before its container
+// starts. Deleted from the workspace bucket alone, its upload still serves
+// (a worker stores an upload in the workspace bucket only once the run's
+// agent started: a second run may come first).
 func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -135,6 +138,10 @@ func TestWorkspaceCachedSnapshotWithdrawn(t *testing.T) {
 	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
 	require.NoError(t, err)
 	require.NoError(t, wsb.Delete(context.Background(), ref.Name))
+	b.submit(t, messages.RunRequest{ID: "w1b", Profile: "shell", Prompt: "x", Workspace: &ref})
+	st = b.waitFinal(t, "w1b")
+	require.Equal(t, messages.StateSucceeded, st.State, "its upload still serves: %s", st.Reason)
+	require.NoError(t, wsb.Uploads.Delete(context.Background(), ref.Name))
 	b.submit(t, messages.RunRequest{ID: "w2", Profile: "shell", Prompt: "x", Workspace: &ref})
 	st = b.waitFinal(t, "w2")
 	require.Equal(t, messages.StateFailed, st.State)
