@@ -144,10 +144,10 @@ func recordWsStages(t *testing.T, samples []wsStages) {
 		{"workspace_stage_write_ms", "snapshot: read the files, write the tar (.git and tree) and its SHA-256", func(s wsStages) float64 { return s.write }},
 		{"workspace_stage_upload_ms", "submit side: look the digest up, Object Store put of the snapshot file", func(s wsStages) float64 { return s.upload }},
 		{"workspace_stage_queue_ms", "upload done → the worker begins staging: submit (publish), fetch, claim, plan", func(s wsStages) float64 { return s.queue }},
-		{"workspace_stage_worker_staging_ms", "worker: download + digest check + tar header scan into its snapshot cache (its `workspace staged` log line)", func(s wsStages) float64 { return s.staging }},
-		{"workspace_stage_download_ms", "of the worker's staging, by hand on the same snapshot: workspace.Download (Object Store get to a file, SHA-256 checked)", func(s wsStages) float64 { return s.download }},
-		{"workspace_stage_unpack_ms", "of the worker's staging, by hand on the same snapshot: workspace.Unpack (os.Root, chown to 1000:1000)", func(s wsStages) float64 { return s.unpack }},
-		{"workspace_stage_container_ms", "worker: staged → the run's process reads the clock (container create, start, the in-jail unpack, exec)", func(s wsStages) float64 { return s.container }},
+		{"workspace_stage_worker_staging_ms", "worker: staging before the run's container is created (its `workspace staged` log line): the buckets' records checked, the cache's file made and linked into the run's input directory, the download begun (it streams on beside the container's start)", func(s wsStages) float64 { return s.staging }},
+		{"workspace_stage_download_ms", "by hand on the same snapshot, for scale: workspace.Download (Object Store get to a file, SHA-256 checked); in the run it streams beside the container's start and the in-jail unpack", func(s wsStages) float64 { return s.download }},
+		{"workspace_stage_unpack_ms", "by hand on the same snapshot, for scale: workspace.Unpack (os.Root, chown to 1000:1000) from the whole file", func(s wsStages) float64 { return s.unpack }},
+		{"workspace_stage_container_ms", "worker: staged → the run's process reads the clock: the container's create and start, the download and the in-jail unpack following it (overlapped), the digest check, exec", func(s wsStages) float64 { return s.container }},
 	}
 	for _, st := range stages {
 		var xs []float64
