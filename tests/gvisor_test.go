@@ -21,6 +21,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/workertest"
+	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // gvisorRuntime is the OCI runtime name the gVisor suite runs under, as
@@ -110,6 +112,7 @@ func TestGVisorJail(t *testing.T) {
 		gvisorProfile("gmany", "pids = 4096")+
 		gvisorProfile("gbridge", `network = "bridge"`)+
 		gvisorProfile("gsmall", "tmp_mib = 1\nhome_mib = 2")+
+		gvisorProfile("gws", "memory_mib = 192\nworkspace_mib = 48")+
 		jailProfile("gnet", fmt.Sprintf("runtime = %q\nnetwork = \"bridge\"", gvisorNetRuntime)), func(c *worker.Config) {
 		c.Concurrency = 8
 		c.StopGrace = 5 * time.Second
@@ -134,6 +137,10 @@ func TestGVisorJail(t *testing.T) {
 	t.Run("network", func(t *testing.T) {
 		t.Parallel()
 		gvisorNetwork(t, b)
+	})
+	t.Run("workspace streamed in", func(t *testing.T) {
+		t.Parallel()
+		gvisorWorkspace(t, b)
 	})
 	t.Run("tmpfs sizes", func(t *testing.T) {
 		t.Parallel()
@@ -364,4 +371,34 @@ if echo | nc -w 2 127.0.0.1 1 2>/dev/null; then echo tcp=connected; else echo tc
 	require.Equal(t, "lo,", v["ifaces"], "only gVisor's loopback")
 	require.Equal(t, "", v["routes"], "no route at all")
 	require.Equal(t, "failed", v["tcp"])
+}
+
+// gvisorWorkspace: under gVisor a workspace run's snapshot streams into
+// the run as it downloads: the in-jail exec follows the growing host file
+// (a sandbox may cache its length: it opens it again when it grew),
+// waits for the worker's checked file, and the agent sees the whole tree;
+// the capture, its snapshot preloaded while the agent ran, records the
+// run's change within the capture container's memory (its Go heap kept
+// under GOMEMLIMIT: without, it was OOM killed at this size under gVisor).
+func gvisorWorkspace(t *testing.T, b *jailBundle) {
+	dir := t.TempDir()
+	blob := make([]byte, 24<<20) // enough to arrive in many chunks
+	for i := range blob {
+		blob[i] = byte('a' + i%26)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "blob.txt"), blob, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "in.txt"), []byte("in\n"), 0o644))
+	wsb, _, err := workspace.EnsureBuckets(context.Background(), b.js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	up, err := workspace.Upload(context.Background(), wsb, dir, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	b.submitRequest(t, messages.RunRequest{ID: "gv-ws", Profile: "gws", Timeout: messages.Duration(time.Minute), Workspace: &up.Ref,
+		Prompt: "cat in.txt; wc -c < blob.txt; echo out > out.txt; sleep 1"})
+	st := b.waitFinal(t, "gv-ws")
+	out := b.output(t, "gv-ws")
+	require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", st.Reason, out.stderr)
+	require.Equal(t, fmt.Sprintf("in\n%d\n", len(blob)), string(out.stdout))
+	require.NotNil(t, st.WorkspaceResult)
+	require.Empty(t, st.WorkspaceResult.Error)
+	require.Equal(t, 1, st.WorkspaceResult.FilesChanged)
 }

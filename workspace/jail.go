@@ -325,15 +325,14 @@ func (a *JailArgs) ResolveRunID() error {
 // to once the tree is unpacked, just before the command starts
 // (NotifyStarted): the worker learns there that the agent starts, and only
 // then begins what would compete with the unpack for the CPU (the copy of
-// the snapshot into the workspace bucket, a warm pool's refill, the
-// capture's preload).
+// the snapshot into the workspace bucket, a warm pool's refill).
 const StartedSocket = "started"
 
 // PreloadFile is the name, in the snapshot's directory (the capture
 // container's input directory), of the file whose appearance lets a
 // capture container waiting for its signal read the snapshot ahead of the
-// capture (preloadCapture): the worker writes it once the run's agent
-// started, so the preload never competes with the unpack.
+// capture (preloadCapture): the worker writes it once the snapshot, which
+// may be streaming in, is whole and checked.
 const PreloadFile = "preload"
 
 // startedDialMax bounds exec's connection to StartedSocket.
@@ -643,7 +642,7 @@ const snapshotPoll = 10 * time.Millisecond
 // preloadCapture reads the snapshot of a waiting capture while the run
 // runs: once a.Snapshot exists (the worker links it into the capture
 // container's input directory, whole, after the container started) and
-// PreloadFile beside it (the run's agent started), both looked for every
+// PreloadFile beside it (the snapshot is whole), both looked for every
 // snapshotPoll, it loads it (loadCaptureBase) and sends the
 // result on the channel it returns. When stop closes before the snapshot
 // is there, it sends nil instead (the capture reads it then). The

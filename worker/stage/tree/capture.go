@@ -123,7 +123,7 @@ func captureSpec(run jail.ContainerSpec, rw *runWorkspace, cfg Config, waitMax t
 		Name:        run.Name + "-capture",
 		Image:       run.Image,
 		Cmd:         append([]string{JailToolPath}, args.ArgList()...),
-		Env:         []string{"HOME=/tmp"},
+		Env:         []string{"HOME=/tmp", fmt.Sprintf("GOMEMLIMIT=%dMiB", captureGoMemLimit(captureMemory(run.MemoryBytes, rw.mib<<20)))},
 		User:        run.User,
 		WorkingDir:  "/",
 		Labels:      labels,
@@ -161,6 +161,14 @@ func (ex captureExit) early(out *captureOutput) error {
 func captureMemory(memory, volume int64) int64 {
 	return max(memory-volume, memory/4, min(memory, 64<<20))
 }
+
+// captureGoMemLimit returns the Go memory limit of the capture, in MiB,
+// for a capture container of memory bytes: half of it (GOMEMLIMIT, a soft
+// limit the Go runtime's collector keeps the heap under), leaving the rest
+// to what is not the Go heap — under gVisor its Sentry and page cache —
+// so a capture that loads the snapshot and reads the tree back to back
+// collects the load's garbage before the kernel's limit kills it.
+func captureGoMemLimit(memory int64) int64 { return max(memory/2>>20, 16) }
 
 // captureExit is how the capture container ended (its Wait).
 type captureExit struct {
@@ -279,13 +287,14 @@ func (s *Stage) runCapture(ctx context.Context, cfg Config) (*workspace.CaptureS
 	select {
 	case <-out.ready:
 		if err := rw.captureC.Signal(ctx, "SIGUSR1"); err != nil {
-			// It may have exited meanwhile: how it exited says more.
+			// It may have exited meanwhile: how it exited says more (its
+			// wait may report it a moment after the engine refused).
 			select {
 			case ex = <-rw.captureExit:
 				return nil, ex.early(out)
-			default:
+			case <-time.After(time.Second):
 			}
-			return nil, fmt.Errorf("signal the capture container: %w", err)
+			return nil, fmt.Errorf("signal the capture container: %w (its last line: %s)", err, out.lastLine())
 		}
 		select {
 		case ex = <-rw.captureExit:

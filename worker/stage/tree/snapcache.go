@@ -141,16 +141,10 @@ func (s *Stage) awaitStarted() {
 }
 
 // agentStarted, once, begins what waited for the run's agent to start:
-// the capture container's preload (workspace.PreloadFile), the puts of
-// checked snapshots (storeChecked) and, for a warm container's workspace,
-// the pool's refill (stage.WarmWorkspace.Started).
+// the puts of checked snapshots (storeChecked) and, for a warm
+// container's workspace, the pool's refill (stage.WarmWorkspace.Started).
 func (s *Stage) agentStarted() {
 	s.agentStartOnce.Do(func() {
-		if s.rw != nil {
-			if err := os.WriteFile(filepath.Join(s.rw.in(), workspace.PreloadFile), nil, 0o444); err != nil && !errors.Is(err, os.ErrNotExist) {
-				s.run.Log.Warn().Err(err).Msg("let the capture container preload")
-			}
-		}
 		s.mu.Lock()
 		s.begun = true
 		for _, begin := range s.stores {
@@ -193,7 +187,7 @@ func (s *Stage) stageSnapshot(ctx context.Context, ref messages.WorkspaceRef, rw
 		if err := os.Link(path, in); err != nil {
 			return stageError(err, false)
 		}
-		if err := rw.gateFile(workspace.SnapshotCheckedFile, ""); err != nil {
+		if err := rw.snapshotChecked(); err != nil {
 			return stageError(err, false)
 		}
 		return nil
@@ -303,7 +297,7 @@ func (s *Stage) streamSnapshot(ctx context.Context, ref messages.WorkspaceRef, s
 	if store != nil {
 		s.storeChecked(ctx, store, path)
 	}
-	if err := rw.gateFile(workspace.SnapshotCheckedFile, ""); err != nil {
+	if err := rw.snapshotChecked(); err != nil {
 		s.run.Log.Warn().Err(err).Msg("write the gate's checked file")
 	}
 	s.run.Log.Info().Str("workspace", ref.Name).Dur("downloaded_in", time.Since(start)).Int64("bytes", st.Size()).Msg("workspace snapshot streamed in")
@@ -328,6 +322,17 @@ func (t *Trees) careful(digest string) bool {
 
 func (t *Trees) setCareful(digest string)   { t.broken.Store(digest, true) }
 func (t *Trees) clearCareful(digest string) { t.broken.Delete(digest) }
+
+// snapshotChecked says the snapshot in rw's input directory is whole and
+// checked: workspace.SnapshotCheckedFile in the gate (exec goes on) and
+// workspace.PreloadFile beside the snapshot (the capture container may
+// read it ahead of the capture).
+func (rw *runWorkspace) snapshotChecked() error {
+	if err := os.WriteFile(filepath.Join(rw.in(), workspace.PreloadFile), nil, 0o444); err != nil {
+		return err
+	}
+	return rw.gateFile(workspace.SnapshotCheckedFile, "")
+}
 
 // gateFile writes the file name, holding data, into rw's gate directory,
 // read-only (0444), by a rename so it never appears half written.
