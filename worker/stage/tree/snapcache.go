@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -242,41 +241,26 @@ func (s *Stage) stageSnapshot(ctx context.Context, ref messages.WorkspaceRef, rw
 const objectReadMax = time.Hour
 
 // streamSnapshot downloads st into tmp (linked into the run's input
-// directory, where `jetcrew workspace exec` follows it) while its headers
-// are scanned (workspace.Scan), then, checked, renames it into the cache
-// at path and writes the gate's workspace.SnapshotCheckedFile; the put
-// into the workspace bucket waits for the agent's start (storeChecked). A
-// failure writes workspace.SnapshotRefusedFile instead, its kind
-// workspace.UnpackRefused for a snapshot refused for good (its bytes are
-// not the digest's, its headers fail the scan) and workspace.UnpackFetch
-// for one worth a retry (the store failed, the workspace bucket's copy is
-// broken: the retry fetches it with workspace.Fetch, which takes the
-// upload's).
+// directory, where `jetcrew workspace exec` follows it) and, its bytes
+// checked against the digest, writes the gate's
+// workspace.SnapshotCheckedFile: exec goes on, applying the header rules
+// itself as it unpacks. Only then are the headers scanned
+// (workspace.Scan, on the whole file: mostly seeks), beside the agent's
+// start, and a snapshot that passes is renamed into the cache at path
+// (the cache holds scanned snapshots only: the worker reads a cached one
+// on the host for --from) and its put into the workspace bucket begins
+// with the agent (storeChecked). A download that fails writes
+// workspace.SnapshotRefusedFile instead, its kind workspace.UnpackRefused
+// for a snapshot refused for good (its bytes are not the digest's) and
+// workspace.UnpackFetch for one worth a retry (the store failed, the
+// workspace bucket's copy is broken: the retry fetches it with
+// workspace.Fetch, which takes the upload's).
 func (s *Stage) streamSnapshot(ctx context.Context, ref messages.WorkspaceRef, st *workspace.Stream, tmp *os.File, path string) {
 	rw, cfg := s.rw, s.t.cfg
 	start := time.Now()
-	// The scan reads the file as it grows, through its own descriptor, so
-	// the download never waits for it.
-	scanned := make(chan error, 1)
-	done := make(chan struct{})
-	if f, err := os.Open(tmp.Name()); err != nil {
-		scanned <- err
-	} else {
-		go func() {
-			defer f.Close()
-			scanned <- workspace.Scan(&growing{f: f, done: done}, workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
-		}()
-	}
 	store, err := st.ReadTo(ctx, tmp)
-	close(done)
-	if serr := <-scanned; err == nil {
-		err = serr
-	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
 	}
 	if err != nil {
 		_ = os.Remove(tmp.Name())
@@ -294,13 +278,36 @@ func (s *Stage) streamSnapshot(ctx context.Context, ref messages.WorkspaceRef, s
 		return
 	}
 	s.t.clearCareful(ref.Digest)
-	if store != nil {
-		s.storeChecked(ctx, store, path)
-	}
 	if err := rw.snapshotChecked(); err != nil {
 		s.run.Log.Warn().Err(err).Msg("write the gate's checked file")
 	}
 	s.run.Log.Info().Str("workspace", ref.Name).Dur("downloaded_in", time.Since(start)).Int64("bytes", st.Size()).Msg("workspace snapshot streamed in")
+	if err := scanFile(tmp.Name(), cfg); err != nil {
+		// The run's exec refuses it too, by the same rules; it is
+		// neither cached nor stored.
+		_ = os.Remove(tmp.Name())
+		s.run.Log.Warn().Err(err).Msg("workspace snapshot not cached: its headers fail the scan")
+		return
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		s.run.Log.Warn().Err(err).Msg("cache the workspace snapshot")
+		return
+	}
+	if store != nil {
+		s.storeChecked(ctx, store, path)
+	}
+}
+
+// scanFile scans the snapshot tar at path (workspace.Scan) with cfg's
+// caps.
+func scanFile(path string, cfg Config) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return workspace.Scan(f, workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
 }
 
 // stopStream stops a snapshot still streaming in and waits for it.
@@ -376,13 +383,7 @@ func (t *Trees) fetchSnapshot(ctx context.Context, ref messages.WorkspaceRef, cf
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(tmp.Name())
-	if err != nil {
-		return nil, err
-	}
-	err = workspace.Scan(f, workspace.UnpackOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles})
-	f.Close()
-	if err != nil {
+	if err := scanFile(tmp.Name(), cfg); err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(tmp.Name(), 0o444); err != nil {
@@ -419,35 +420,3 @@ func (t *Trees) removeStaleSnapshots(grace time.Duration) {
 		t.log.Warn().Err(err).Msg("remove unused staged workspace tools")
 	}
 }
-
-// growing reads a file another goroutine is writing: at its current end it
-// waits for more until done closes, then reads to the end.
-type growing struct {
-	f    *os.File
-	done chan struct{}
-}
-
-// growingPoll is how often a growing file at its current end is looked at
-// again.
-const growingPoll = time.Millisecond
-
-func (g *growing) Read(p []byte) (int, error) {
-	for {
-		n, err := g.f.Read(p)
-		if n > 0 || err != io.EOF {
-			return n, err
-		}
-		select {
-		case <-g.done:
-			// Written whole: what is left is there now.
-			n, err := g.f.Read(p)
-			return n, err
-		default:
-		}
-		time.Sleep(growingPoll)
-	}
-}
-
-// Seek seeks the file: archive/tar skips file data by seeking, past what
-// has arrived if need be (Read then waits there).
-func (g *growing) Seek(offset int64, whence int) (int64, error) { return g.f.Seek(offset, whence) }
