@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path"
@@ -90,12 +91,10 @@ func snapshot(dir string, w io.Writer, o SnapshotOptions, took *Stages) (Info, e
 		return Info{}, err
 	}
 	defer root.Close()
-	h := sha256.New()
-	if o.noDigest {
-		h = nil
-	}
+	var h hash.Hash
 	cw := &countWriter{w: w, max: o.MaxBytes}
-	if h != nil {
+	if !o.noDigest {
+		h = sha256.New()
 		cw.w = io.MultiWriter(w, h)
 	}
 	tw := newTarWriter(cw)

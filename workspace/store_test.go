@@ -24,13 +24,7 @@ import (
 // refuses a missing object, a wrong digest and an object over its cap.
 func TestUploadOnceDownloadChecked(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc := workertest.Connect(t, workertest.StartServer(t))
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
-	require.NoError(t, err)
+	ctx, ws := testBuckets(t)
 	dir := testRepo(t)
 
 	var refs []messages.WorkspaceRef
@@ -85,13 +79,7 @@ func TestUploadOnceDownloadChecked(t *testing.T) {
 // takes the checked bytes from there and repairs the object.
 func TestDownloadRefusesAReplacedObject(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc := workertest.Connect(t, workertest.StartServer(t))
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
-	require.NoError(t, err)
+	ctx, ws := testBuckets(t)
 	dir := testRepo(t)
 	up, err := workspace.Upload(ctx, ws.ObjectStore, dir, workspace.SnapshotOptions{})
 	require.NoError(t, err)
@@ -122,13 +110,7 @@ func TestDownloadRefusesAReplacedObject(t *testing.T) {
 // A link to other bytes, or out of the bucket, is refused.
 func TestSubmitStreamed(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc := workertest.Connect(t, workertest.StartServer(t))
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
-	require.NoError(t, err)
+	ctx, ws := testBuckets(t)
 	dir := testRepo(t)
 	o := workspace.SnapshotOptions{CacheDir: t.TempDir()}
 
@@ -176,4 +158,18 @@ func TestSubmitStreamed(t *testing.T) {
 	out2 := messages.WorkspaceRef{Digest: "sha256:" + strings.Repeat("cd", 32)}
 	out2.Name = messages.WorkspaceObjectName(out2.Digest)
 	require.ErrorIs(t, workspace.Download(ctx, ws, out2, out, 0), workspace.ErrDigestMismatch)
+}
+
+// testBuckets starts a NATS server and returns a context bounded to 30 s,
+// and the workspace buckets (EnsureBuckets).
+func testBuckets(t *testing.T) (context.Context, *workspace.SnapshotStore) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	nc := workertest.Connect(t, workertest.StartServer(t))
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ws, _, err := workspace.EnsureBuckets(ctx, js, workspace.BucketConfig{})
+	require.NoError(t, err)
+	return ctx, ws
 }

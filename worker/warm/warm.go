@@ -598,15 +598,9 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	}
 	spec.Mounts = []jail.Mount{rundir.Mount(dir, profile.Plan{}).Mount, bridge.Mount(binPath, digest).Mount}
 	if kind.workspace {
-		ww, release, err := p.cfg.Workspace(ctx, spec, &prof)
-		if err != nil {
-			return fmt.Errorf("workspace: %w", err)
+		if err := p.makeWorkspace(ctx, c, &spec, &prof); err != nil {
+			return err
 		}
-		c.ws, c.releaseWS = ww, release
-		// Refilled once the run's agent started, after its in-jail unpack
-		// (Handed).
-		ww.Started = p.poke
-		spec.Mounts = append(spec.Mounts, ww.Mounts...)
 	}
 	c.spec = spec
 	ctr, err := p.cfg.Runtime.Start(ctx, spec, c.output)
@@ -633,6 +627,21 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	p.mu.Unlock()
 	ok = true
 	p.cfg.Log.Debug().Str("profile", name).Bool("workspace", kind.workspace).Str("name", c.name).Msg("warm container ready")
+	return nil
+}
+
+// makeWorkspace makes the workspace of c, a container made for workspace
+// runs (Config.Workspace), and adds its mounts to spec. The pool refills
+// once the claiming run's agent started, after its in-jail unpack
+// (stage.WarmWorkspace.Started, Handed).
+func (p *Pool) makeWorkspace(ctx context.Context, c *Container, spec *jail.ContainerSpec, prof *profile.Profile) error {
+	ww, release, err := p.cfg.Workspace(ctx, *spec, prof)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	c.ws, c.releaseWS = ww, release
+	ww.Started = p.poke
+	spec.Mounts = append(spec.Mounts, ww.Mounts...)
 	return nil
 }
 
