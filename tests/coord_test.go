@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -30,11 +31,13 @@ import (
 // JSON report of what it saw from inside. The tests compare that with what
 // the worker recorded, what Docker shows and what is on NATS.
 
-// agentsImage is built by deploy/agents/build.sh (make agent-images).
-const agentsImage = "jetcrew-agents:latest"
+// agentsImage is built by deploy/agents/build.sh (make agent-images):
+// jetcrew-agents:latest, or $AGENTS_IMAGE (the script's own variable), so a
+// second checkout testing a changed fixture agent builds a tag of its own.
+var agentsImage = cmp.Or(os.Getenv("AGENTS_IMAGE"), "jetcrew-agents:latest")
 
 // agentProfiles is the profile file the coordination tests give `jetcrew up`.
-const agentProfiles = `[profiles.agent]
+var agentProfiles = `[profiles.agent]
 image   = "` + agentsImage + `"
 command = ["/usr/local/bin/mcp-agent", "{prompt}"]
 timeout = "3m"

@@ -17,7 +17,7 @@ import (
 // steerProfiles: the claude backend (the fixture, taking stream-json on
 // standard input through the launcher) and a command backend (the generic
 // fixture agent, which takes no input while it runs).
-const steerProfiles = `[profiles.claude]
+var steerProfiles = `[profiles.claude]
 backend = "claude"
 image = "` + agentsImage + `"
 timeout = "3m"
