@@ -321,6 +321,9 @@ func (l lastSnapshot) stored(ctx context.Context, s *SnapshotStore) bool {
 // record writes digest as the directory's last snapshot; a failure only
 // loses the hint.
 func (l lastSnapshot) record(digest string) {
+	if l.cacheDir == "" {
+		return // no cache directory: nothing is recorded (never the working directory)
+	}
 	p := l.path()
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return
