@@ -47,6 +47,13 @@ func newPool(t *testing.T, rt jail.Runtime, toml string, mod func(*warm.Config))
 	t.Helper()
 	ps, err := profile.ParseProfiles("p.toml", []byte(toml))
 	require.NoError(t, err)
+	return newPoolOf(t, rt, ps, mod)
+}
+
+// newPoolOf returns a started pool of profiles ps over rt, stopped when
+// the test ends.
+func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*warm.Config)) *warm.Pool {
+	t.Helper()
 	state := workertest.StateDir(t)
 	holds := &stage.Holds{}
 	for _, d := range []string{"r", "p"} {
