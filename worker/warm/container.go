@@ -34,7 +34,7 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	key := "w" + hex.EncodeToString(b[:])
-	c := &Container{pool: p, profile: name, key: pool, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
+	c := &Container{pool: p, profile: name, prof: prof, key: pool, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
 		died: make(chan struct{}), watchDone: make(chan struct{})}
 	p.mu.Lock()
 	p.owned[c.name] = c
@@ -90,7 +90,7 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	go c.watch()
 
 	p.mu.Lock()
-	if p.stopped || !p.current(pool, prof) {
+	if p.stopped || !p.current(pool, &prof) {
 		// Stopped, or the profile was reloaded meanwhile.
 		p.mu.Unlock()
 		return nil // ok stays false: removed
@@ -155,11 +155,14 @@ func (c *Container) awaitLauncher(ctx context.Context, timeout time.Duration) er
 type Container struct {
 	pool    *Pool
 	profile string
-	key     string // its pool's (poolKey)
-	name    string
-	spec    jail.ContainerSpec
-	dir     string
-	made    time.Time
+	// prof is the definition of the profile the container was made with:
+	// a run of a definition with other Fixed fields never takes it.
+	prof profile.Profile
+	key  string // its pool's (poolKey)
+	name string
+	spec jail.ContainerSpec
+	dir  string
+	made time.Time
 
 	c          jail.Container
 	ln         *net.UnixListener // until the launcher connected
@@ -171,6 +174,10 @@ type Container struct {
 	// releaseWS gives it up (Config.Workspace).
 	ws        *stage.WarmWorkspace
 	releaseWS func(remove bool)
+
+	// image is the claim's check of the container's image (checkImage),
+	// set by Claim.
+	image *imageCheck
 
 	// out is where the container's output goes: nothing until its run's
 	// hand-off, then the run's.

@@ -48,6 +48,11 @@ const (
 	// DefaultReadyTimeout bounds a new container's start, until its
 	// launcher waits on its hand-off socket.
 	DefaultReadyTimeout = time.Minute
+	// DefaultProbeTimeout bounds the launcher's answer to the probe that
+	// precedes every hand-off, when Config.ProbeTimeout is zero: a
+	// launcher waiting answers within milliseconds; one paused or stopped
+	// never does, and its run starts cold this long after.
+	DefaultProbeTimeout = time.Second
 	// handoffTimeout bounds a hand-off: the launcher's acknowledgment.
 	handoffTimeout = 10 * time.Second
 )
@@ -82,6 +87,9 @@ type Config struct {
 	// ReadyTimeout bounds a container's start until its launcher waits; 0
 	// means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// ProbeTimeout bounds the launcher's answer to the probe before a
+	// hand-off (Container.Handoff); 0 means DefaultProbeTimeout.
+	ProbeTimeout time.Duration
 	// Workspace, when set, makes the workspace of a container made for
 	// runs with one (profile.Profile.WarmWorkspace; the workspace stage's
 	// Trees.MakeWarm): spec is the container's, its name and labels set
@@ -116,6 +124,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultProbeTimeout
 	}
 	return c
 }
@@ -210,11 +221,13 @@ func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[stri
 }
 
 // Reload replaces the worker's profiles with ps (a profile file reloaded):
-// the ready containers of a profile whose definition changed
-// (profile.Profile.Digest), that is gone or whose pool keeps fewer now are
-// removed (replaced_total, reason "profile"), and the pools are refilled
-// to ps's targets in the background; a container being made for a changed
-// profile is removed once made. Containers runs already claimed are
+// the ready containers made with another value of a Fixed field than ps
+// has now (FixedDiff), of a profile that is gone, or beyond what a pool
+// keeps now are removed (replaced_total, reason "profile"), and the pools
+// are refilled to ps's targets in the background; a container being made
+// for a definition so changed is removed once made. A change of Late and
+// Irrelevant fields alone keeps the pool: a run reads those from its own
+// profile when it claims a container. Containers runs already claimed are
 // theirs: a run keeps the profile it was admitted with.
 func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 	if p == nil {
@@ -222,22 +235,26 @@ func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 	}
 	p.mu.Lock()
 	targets, kinds, names := p.plan(ps)
-	same := func(name string) bool {
-		np, ok := ps[name]
-		return ok && np.Digest() == p.profiles[name].Digest()
-	}
 	var stale []*Container
 	for key, cs := range p.ready {
-		keep := 0
-		if same(p.kinds[key].profile) {
-			keep = min(len(cs), targets[key])
+		now, ok := ps[p.kinds[key].profile]
+		var fresh []*Container
+		for _, c := range cs {
+			if ok && len(FixedDiff(&c.prof, &now)) == 0 {
+				fresh = append(fresh, c)
+			} else {
+				stale = append(stale, c)
+			}
 		}
 		// The most recently made are kept (Claim takes from the end).
-		stale = append(stale, cs[:len(cs)-keep]...)
-		p.ready[key] = cs[len(cs)-keep:]
+		keep := min(len(fresh), targets[key])
+		stale = append(stale, fresh[:len(fresh)-keep]...)
+		p.ready[key] = fresh[len(fresh)-keep:]
 	}
 	for key := range p.failure {
-		if !same(p.kinds[key].profile) {
+		name := p.kinds[key].profile
+		was, now := p.profiles[name], ps[name]
+		if _, ok := ps[name]; !ok || len(FixedDiff(&was, &now)) > 0 {
 			delete(p.failure, key)
 		}
 	}
@@ -252,11 +269,12 @@ func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 }
 
 // current reports whether a container made for profile prof (its
-// definition then) in pool key still belongs to it: the profile unchanged
-// since and the pool's target not zero. Called with mu held.
-func (p *Pool) current(key string, prof profile.Profile) bool {
+// definition then) in pool key still belongs to it: the profile's Fixed
+// fields unchanged since (FixedDiff) and the pool's target not zero.
+// Called with mu held.
+func (p *Pool) current(key string, prof *profile.Profile) bool {
 	now, ok := p.profiles[prof.Name]
-	return ok && p.targets[key] > 0 && now.Digest() == prof.Digest()
+	return ok && p.targets[key] > 0 && len(FixedDiff(prof, &now)) == 0
 }
 
 // Enabled reports whether any profile keeps warm containers.

@@ -189,7 +189,10 @@ func TestDiscard(t *testing.T) {
 	rt := workertest.NewTestRuntime(t)
 	p := newPool(t, rt, twoProfiles, func(c *warm.Config) { c.Max = 1 })
 	ready(t, p, "a", 1)
-	c := p.Claim(&profile.Profile{Name: "a"}, false)
+	ps, err := profile.ParseProfiles("p.toml", []byte(twoProfiles))
+	require.NoError(t, err)
+	prof := ps["a"]
+	c := p.Claim(&prof, false)
 	require.NotNil(t, c)
 	dir := c.Dir()
 	c.Discard(context.Background())
