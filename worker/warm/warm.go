@@ -52,7 +52,7 @@ const (
 	// precedes every hand-off, when Config.ProbeTimeout is zero: a
 	// launcher waiting answers within milliseconds; one paused or stopped
 	// never does, and its run starts cold this long after.
-	DefaultProbeTimeout = time.Second
+	DefaultProbeTimeout = 500 * time.Millisecond
 	// handoffTimeout bounds a hand-off: the launcher's acknowledgment.
 	handoffTimeout = 10 * time.Second
 )
