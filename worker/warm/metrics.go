@@ -17,7 +17,7 @@ func newMetrics(reg prometheus.Registerer, workerID, pool string, p *Pool) metri
 	m := metrics{
 		claimed:  counter("claimed_total", "Runs that started in a warm container, by profile.", "profile"),
 		missed:   counter("missed_total", "Runs of a profile that keeps warm containers that started cold: none was ready, or the one claimed could not have the run (GaveBack), by profile.", "profile"),
-		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch, profile).", "profile", "reason"),
+		replaced: counter("replaced_total", "Warm containers removed unused and replaced, by profile and reason (exited, idle, image, mismatch, profile, unresponsive).", "profile", "reason"),
 	}
 	ready := readyCollector{p: p, desc: prometheus.NewDesc("jetcrew_warm_ready", "Warm containers ready now, by profile.", []string{"profile"}, labels)}
 	reg.MustRegister(m.claimed, m.missed, m.replaced, ready)
