@@ -43,6 +43,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/warm"
 	"github.com/jetcrew/jetcrew/worker/workertest"
@@ -1108,4 +1109,75 @@ func TestWarmUnresponsiveFallsBackCold(t *testing.T) {
 			warmReady(t, b, 1)
 		})
 	}
+}
+
+// warmLateProfile is profile wglate of the late-binding test: one warm
+// container, coordination on (a warm container waits in the bridge's
+// launcher), and the lines extra (its egress keys).
+func warmLateProfile(image, extra string) string {
+	return fmt.Sprintf("[profiles.wglate]\nimage = %q\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\nwarm = 1\n%s\n", image, extra)
+}
+
+// TestWarmEgressReloadBindsLate: a profile file reloaded with another
+// egress allowlist, an egress_inject and a model budget for a profile that
+// keeps a warm container (keys a run reads from its own profile, bound
+// late) keeps the container made before the reload, and the next run,
+// warm in it, gets the new values, none of the old: its proxy refuses the
+// host the old allowlist named, injects the key on the host the new one
+// names, and answers the request past max_model_requests = 1 itself, the
+// worker then ending the run failed for that budget.
+func TestWarmEgressReloadBindsLate(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	var image string
+	e := startEgressWorkerOpts(t, egressOptions{publicNet: true, profiles: func(img string) string {
+		image = img
+		return warmLateProfile(img, `egress = ["api.provider.test:443"]`)
+	}})
+	ready := func() bool {
+		for _, st := range e.w.WarmStatus() {
+			if st.Profile == "wglate" {
+				return st.Ready == 1
+			}
+		}
+		return false
+	}
+	require.Eventually(t, ready, time.Minute, 20*time.Millisecond, "%+v", e.w.WarmStatus())
+	warmIDs := func() []string {
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelProfile+"=wglate",
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		return strings.Fields(string(out))
+	}
+	before := warmIDs()
+	require.Len(t, before, 1)
+
+	ps, err := profile.ParseProfiles("reload", []byte(warmLateProfile(image, `egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_model_requests = 1`)))
+	require.NoError(t, err)
+	changed, err := e.w.ReloadProfiles(context.Background(), ps)
+	require.NoError(t, err)
+	require.Contains(t, changed, "wglate")
+	require.Equal(t, before, warmIDs(), "the pool is kept")
+
+	id := "wglate-" + opsSuffix(t)
+	e.submit(t, id, "wglate", fmt.Sprintf(`m='%s'
+echo "api $(egress-fixture get https://api.provider.test/ 2>&1 | tr '\n' ' ')"
+echo "R1 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo "R2 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo DONE
+sleep 60
+`, messagesBody(false)))
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	out, _ := egressRunOutput(t, e.js, id)
+	require.True(t, st.Warm, "%s\n%s", st.Reason, out)
+	require.Equal(t, before[0], st.ContainerID, "the container made before the reload took the run")
+	res := scriptLines(out)
+	require.Contains(t, res["api"], "Forbidden", "the old allowlist's host is refused")
+	require.True(t, strings.HasPrefix(res["R1"], "status=200 "+keyTag(providerKey)), "R1, the new injection: %s", res["R1"])
+	require.True(t, strings.HasPrefix(res["R2"], "status=429 key=- body="), "R2, past the new budget: %s", res["R2"])
+	require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
+	require.Contains(t, st.Reason, "budget reached: max_model_requests 1")
+	require.NotContains(t, out, providerKey)
 }
