@@ -138,8 +138,11 @@ func (c *Container) listen(dir string) error {
 func (c *Container) awaitLauncher(ctx context.Context, timeout time.Duration) error {
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	stopDeadline := context.AfterFunc(actx, func() { _ = c.ln.SetDeadline(time.Unix(1, 0)) })
-	conn, err := c.ln.AcceptUnix()
+	// ln, not c.ln: the deadline may be set after this returns (stop does
+	// not wait for a call already begun), when c.ln is nil.
+	ln := c.ln
+	stopDeadline := context.AfterFunc(actx, func() { _ = ln.SetDeadline(time.Unix(1, 0)) })
+	conn, err := ln.AcceptUnix()
 	stopDeadline()
 	if err != nil {
 		return fmt.Errorf("its launcher did not reach the hand-off socket within %s: %w", timeout, err)
