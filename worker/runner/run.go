@@ -249,8 +249,9 @@ func (r *run) giveBackWarm(ctx context.Context, reason string) {
 // names the container: c is then the run's container and handed the warm
 // container to mark handed once the run is under way. With no warm
 // container, or one lost before its hand-off or whose launcher did not
-// answer its probe (given back), c is nil: the run starts cold. The error is from recording the container's name
-// (runstate.ErrFenced when the run's lease is lost).
+// answer its probe (given back), c is nil: the run starts cold. The error
+// is from recording the container's name (runstate.ErrFenced when the
+// run's lease is lost).
 func (r *run) handoff(ctx context.Context, p prepared, output jail.OutputFunc) (c jail.Container, handed *warm.Container, err error) {
 	if r.warm == nil {
 		return nil, nil, nil

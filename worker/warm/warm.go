@@ -253,8 +253,8 @@ func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 	}
 	for key := range p.failure {
 		name := p.kinds[key].profile
-		was, now := p.profiles[name], ps[name]
-		if _, ok := ps[name]; !ok || len(FixedDiff(&was, &now)) > 0 {
+		was := p.profiles[name]
+		if now, ok := ps[name]; !ok || len(FixedDiff(&was, &now)) > 0 {
 			delete(p.failure, key)
 		}
 	}
