@@ -4,9 +4,10 @@ package messages
 // container's run directory: the worker connects nothing, the launcher
 // connects to it when the container starts and blocks there until the
 // worker hands it one run (a Handoff, one JSON object and a newline), then
-// answers HandoffAck and becomes the run's process. The launcher and the
-// worker are the same jetcrew binary (the worker stages its own), so this
-// exchange never crosses versions.
+// answers HandoffAck and becomes the run's process. Before the Handoff the
+// worker probes it (HandoffProbe, answered HandoffAlive). The launcher and
+// the worker are the same jetcrew binary (the worker stages its own), so
+// this exchange never crosses versions.
 const (
 	// HandoffName is the hand-off socket's file name in the run's
 	// directory.
@@ -17,6 +18,13 @@ const (
 	// HandoffAck is the launcher's answer once it has applied a Handoff,
 	// just before it executes the run's command.
 	HandoffAck = "ok\n"
+	// HandoffProbe is what the worker writes, before a Handoff, to learn
+	// whether the launcher still runs; HandoffAlive is the launcher's
+	// answer, after which it waits for the Handoff again. A launcher that
+	// does not answer (its container paused, itself stopped) is never
+	// handed the run.
+	HandoffProbe = "probe\n"
+	HandoffAlive = "alive\n"
 	// MaxHandoffBytes bounds a Handoff's JSON, in bytes.
 	MaxHandoffBytes = 1 << 20
 )

@@ -43,7 +43,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
+	"github.com/jetcrew/jetcrew/worker/warm"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 	"github.com/jetcrew/jetcrew/workspace"
 )
@@ -58,6 +60,9 @@ import (
 type warmRuntime struct {
 	jail.Runtime
 	cli *client.Client
+	// images answers the pool's image checks (warm.ImageLister), as the
+	// Docker runtime the worker is given answers them.
+	images warm.ImageLister
 
 	mu sync.Mutex
 	// warmLeft is how many more warm containers may start; negative: no
@@ -99,6 +104,11 @@ func (r *warmRuntime) Start(ctx context.Context, spec jail.ContainerSpec, out ja
 	return c, nil
 }
 
+// ImageID implements warm.ImageLister: the engine's id of image ref now.
+func (r *warmRuntime) ImageID(ctx context.Context, ref string) (string, error) {
+	return r.images.ImageID(ctx, ref)
+}
+
 // allowWarm lets the pool start n more warm containers.
 func (r *warmRuntime) allowWarm(n int) {
 	r.mu.Lock()
@@ -136,10 +146,10 @@ func (r *warmRuntime) warmIDs() []string {
 // start at most warmLimit warm containers (negative: any number).
 func startWarm(t *testing.T, profilesTOML string, warmLimit int, mod func(*worker.Config)) (*jailBundle, *warmRuntime) {
 	t.Helper()
-	_, cli := jailDocker(t)
+	rt, cli := jailDocker(t)
 	var wr *warmRuntime
 	b := startJail(t, profilesTOML, func(c *worker.Config) {
-		wr = &warmRuntime{Runtime: c.Runtime, cli: cli, warmLeft: warmLimit, wake: make(chan struct{}), inspects: map[string]container.InspectResponse{}}
+		wr = &warmRuntime{Runtime: c.Runtime, cli: cli, images: rt, warmLeft: warmLimit, wake: make(chan struct{}), inspects: map[string]container.InspectResponse{}}
 		c.Runtime = wr
 		if mod != nil {
 			mod(c)
@@ -975,4 +985,199 @@ func TestWarmImageRebuiltReplacesPool(t *testing.T) {
 	}
 	require.Contains(t, w.stderr.String(), `"reason":"image"`)
 	w.stop(t)
+}
+
+// TestWarmImageRetaggedBeforeBurst: the profile's image reference
+// re-tagged to another image just before a burst of 20 submits (the
+// pool's periodic check, every 10 s, has not run): no run starts in a
+// container of the old image (agent-sandbox#764). The first claims find
+// the image changed (one image inspect per claim) and start cold; the
+// pool's other containers of the old image are removed at once
+// (jetcrew_warm_replaced_total, reason image) and the pool refills with
+// the new image. Each run's container, as the engine shows it, and each
+// receipt's image id are the new image's.
+func TestWarmImageRetaggedBeforeBurst(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	ref := "jetcrew-warmburst-" + randomHex(t) + ":latest"
+	tag := func(t *testing.T, cli *client.Client, src string) string {
+		out, err := exec.Command("docker", "tag", src, ref).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		info, err := cli.ImageInspect(context.Background(), ref)
+		require.NoError(t, err)
+		return info.ID
+	}
+	_, cli := jailDocker(t)
+	oldID := tag(t, cli, jailImage)
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", ref).Run() })
+	b, wr := startWarm(t, strings.Replace(jailProfile("hot", "warm = 4"), jailImage, ref, 1), -1, nil)
+	warmReady(t, b, 4)
+	for _, id := range wr.warmIDs() {
+		require.Equal(t, oldID, wr.inspect(t, id).Image)
+	}
+
+	newID := tag(t, cli, "jetcrew-sandbox:latest") // rebuilt: another image under the reference
+	require.NotEqual(t, oldID, newID)
+	const runs = 20
+	for i := range runs {
+		b.submit(t, fmt.Sprintf("burst-%d", i), "hot", `echo ok`, 2*time.Minute)
+	}
+	warmRuns := 0
+	for i := range runs {
+		id := fmt.Sprintf("burst-%d", i)
+		st := b.waitFinal(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.Equal(t, "ok\n", string(b.output(t, id).stdout))
+		require.Equal(t, newID, wr.inspect(t, st.ContainerID).Image, "run %s (warm %t) started in a container of the old image", id, st.Warm)
+		require.Equal(t, newID, st.Receipt.ImageID, id)
+		if st.Warm {
+			warmRuns++
+		}
+	}
+	t.Logf("%d of %d runs started warm, in containers of the new image", warmRuns, runs)
+	require.GreaterOrEqual(t, warmCount(t, b, "jetcrew_warm_replaced_total"), 4.0, "the four containers of the old image are replaced")
+	warmReady(t, b, 4)
+	for _, id := range wr.warmIDs()[len(wr.warmIDs())-4:] {
+		require.Equal(t, newID, wr.inspect(t, id).Image, "the pool refilled with the new image")
+	}
+}
+
+// launcherPID returns the host pid of the launcher (`launch --handoff`)
+// waiting in warm container id (`docker top`), the child of the
+// container's init.
+func launcherPID(t *testing.T, cli *client.Client, id string) int {
+	t.Helper()
+	top, err := cli.ContainerTop(context.Background(), id, nil)
+	require.NoError(t, err)
+	pidCol := slices.Index(top.Titles, "PID")
+	cmdCol := slices.Index(top.Titles, "CMD")
+	require.True(t, pidCol >= 0 && cmdCol >= 0, "docker top titles: %v", top.Titles)
+	for _, p := range top.Processes {
+		// Not the container's init, whose command line holds the
+		// launcher's.
+		if strings.HasPrefix(p[cmdCol], messages.ContainerBridgePath+" launch --handoff") {
+			pid, err := strconv.Atoi(p[pidCol])
+			require.NoError(t, err)
+			return pid
+		}
+	}
+	t.Fatalf("no launcher in warm container %s: %v", id, top.Processes)
+	return 0
+}
+
+// TestWarmUnresponsiveFallsBackCold: a warm container that is paused
+// (`docker pause`), or whose launcher is stopped (SIGSTOP to its process,
+// not to the container's init), answers no probe before its hand-off: it
+// is never handed the run, which starts cold, its container created
+// within 2 s of the submit, and succeeds; the unresponsive container is
+// counted replaced (reason unresponsive) and removed, and the pool makes
+// another.
+func TestWarmUnresponsiveFallsBackCold(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	for name, freeze := range map[string]func(t *testing.T, cli *client.Client, id string){
+		"paused": func(t *testing.T, cli *client.Client, id string) {
+			require.NoError(t, cli.ContainerPause(context.Background(), id))
+		},
+		"stopped": func(t *testing.T, cli *client.Client, id string) {
+			require.NoError(t, syscall.Kill(launcherPID(t, cli, id), syscall.SIGSTOP))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b, wr := startWarm(t, jailProfile("hot", "warm = 1"), -1, nil)
+			warmReady(t, b, 1)
+			frozen := wr.warmIDs()[0]
+			freeze(t, b.cli, frozen)
+
+			submitted := time.Now()
+			st, out := b.runScript(t, "frozen-"+name, "hot", `echo ok`)
+			require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+			require.Equal(t, "ok\n", string(out.stdout))
+			require.False(t, st.Warm, "started cold")
+			require.NotEqual(t, frozen, st.ContainerID, "the %s container was never handed the run", name)
+			info := wr.inspect(t, st.ContainerID)
+			require.Equal(t, jail.RoleRun, info.Config.Labels[jail.LabelRole])
+			created, err := time.Parse(time.RFC3339Nano, info.Created)
+			require.NoError(t, err)
+			t.Logf("submit to the cold container's creation: %s", created.Sub(submitted))
+			require.Less(t, created.Sub(submitted), 2*time.Second, "the run fell back to cold within 2 s")
+			require.EqualValues(t, 1, warmCount(t, b, "jetcrew_warm_replaced_total"))
+			require.Zero(t, warmCount(t, b, "jetcrew_warm_claimed_total"))
+			require.Eventually(t, func() bool { return containerGone(t, b.cli, frozen) }, 30*time.Second, 50*time.Millisecond,
+				"the %s container is removed", name)
+			warmReady(t, b, 1)
+		})
+	}
+}
+
+// warmLateProfile is profile wglate of the late-binding test: one warm
+// container, coordination on (a warm container waits in the bridge's
+// launcher), and the lines extra (its egress keys).
+func warmLateProfile(image, extra string) string {
+	return fmt.Sprintf("[profiles.wglate]\nimage = %q\ncommand = [\"/bin/sh\", \"-c\", \"{prompt}\"]\nrequire_bridge = false\nwarm = 1\n%s\n", image, extra)
+}
+
+// TestWarmEgressReloadBindsLate: a profile file reloaded with another
+// egress allowlist, an egress_inject and a model budget for a profile that
+// keeps a warm container (keys a run reads from its own profile, bound
+// late) keeps the container made before the reload, and the next run,
+// warm in it, gets the new values, none of the old: its proxy refuses the
+// host the old allowlist named, injects the key on the host the new one
+// names, and answers the request past max_model_requests = 1 itself, the
+// worker then ending the run failed for that budget.
+func TestWarmEgressReloadBindsLate(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	var image string
+	e := startEgressWorkerOpts(t, egressOptions{publicNet: true, profiles: func(img string) string {
+		image = img
+		return warmLateProfile(img, `egress = ["api.provider.test:443"]`)
+	}})
+	ready := func() bool {
+		for _, st := range e.w.WarmStatus() {
+			if st.Profile == "wglate" {
+				return st.Ready == 1
+			}
+		}
+		return false
+	}
+	require.Eventually(t, ready, time.Minute, 20*time.Millisecond, "%+v", e.w.WarmStatus())
+	warmIDs := func() []string {
+		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label="+jail.LabelProfile+"=wglate",
+			"--filter", "label="+jail.LabelRole+"="+jail.RoleWarm).Output()
+		require.NoError(t, err)
+		return strings.Fields(string(out))
+	}
+	before := warmIDs()
+	require.Len(t, before, 1)
+
+	ps, err := profile.ParseProfiles("reload", []byte(warmLateProfile(image, `egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_model_requests = 1`)))
+	require.NoError(t, err)
+	changed, err := e.w.ReloadProfiles(context.Background(), ps)
+	require.NoError(t, err)
+	require.Contains(t, changed, "wglate")
+	require.Equal(t, before, warmIDs(), "the pool is kept")
+
+	id := "wglate-" + opsSuffix(t)
+	e.submit(t, id, "wglate", fmt.Sprintf(`m='%s'
+echo "api $(egress-fixture get https://api.provider.test/ 2>&1 | tr '\n' ' ')"
+echo "R1 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo "R2 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo DONE
+sleep 60
+`, messagesBody(false)))
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	out, _ := egressRunOutput(t, e.js, id)
+	require.True(t, st.Warm, "%s\n%s", st.Reason, out)
+	require.Equal(t, before[0], st.ContainerID, "the container made before the reload took the run")
+	res := scriptLines(out)
+	require.Contains(t, res["api"], "Forbidden", "the old allowlist's host is refused")
+	require.True(t, strings.HasPrefix(res["R1"], "status=200 "+keyTag(providerKey)), "R1, the new injection: %s", res["R1"])
+	require.True(t, strings.HasPrefix(res["R2"], "status=429 key=- body="), "R2, past the new budget: %s", res["R2"])
+	require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
+	require.Contains(t, st.Reason, "budget reached: max_model_requests 1")
+	require.NotContains(t, out, providerKey)
 }

@@ -12,11 +12,13 @@ import (
 // ReloadProfiles replaces the profiles of a started worker with ps, a
 // profile file read again and validated (profile.LoadProfiles; `jetcrew
 // worker` calls it on SIGHUP). Deliveries admitted from then on use ps; a
-// run already admitted keeps the profile it started with to its end. The
-// warm pool of each profile whose definition changed (its digest), was
-// removed or keeps fewer containers is drained and refilled
-// (warm.Pool.Reload). It returns the names of the profiles added, changed
-// or removed, sorted.
+// run already admitted keeps the profile it started with to its end, and
+// takes only a warm container made with its jail-fixed fields
+// (warm.FixedDiff), whichever of the runs and the pool learns of ps first.
+// The warm pool of each profile whose jail-fixed fields changed, that was
+// removed or keeps fewer containers is drained and refilled; one whose
+// other fields alone changed is kept (warm.Pool.Reload). It returns the
+// names of the profiles added, changed (their digest) or removed, sorted.
 //
 // ps is refused, and the profiles in use stay, when the engine lacks an
 // OCI runtime it names, or when it asks for what the worker sets up only

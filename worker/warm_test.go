@@ -444,3 +444,119 @@ warm_workspace = 1
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
 	require.True(t, st.Warm, "the replacement is handed out")
 }
+
+// A reload that changes only fields a run reads from its own profile
+// (warm.Late: here env_from_host, env, timeout and max_output_mib) keeps
+// the warm pool, and the next run starts warm in the container made
+// before the reload with the new values: the new secret in its
+// launcher's env file, the new environment in its hand-off, the new
+// definition in its receipt. The old secret reaches it nowhere.
+func TestWarmReloadLateFieldsBindLate(t *testing.T) {
+	t.Parallel()
+	seen := make(chan string, 1)
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = hotProfiles(t, "warm = 1\nenv_from_host = [\"OLD_SECRET\"]\nenv = { X = \"1\" }\ntimeout = \"5m\"")
+		c.LookupEnv = func(k string) (string, bool) {
+			return map[string]string{"OLD_SECRET": "old-value", "NEW_SECRET": "new-value"}[k], strings.HasSuffix(k, "_SECRET")
+		}
+		c.Runtime.(*workertest.Runtime).Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
+			return func(context.Context, jail.ContainerSpec, jail.OutputFunc) jail.ExitStatus {
+				for _, m := range spec.Mounts {
+					if m.Target == messages.ContainerRunDir {
+						data, _ := os.ReadFile(filepath.Join(m.Source, filepath.Base(profile.LaunchEnvPath)))
+						seen <- string(data) + " " + strings.Join(spec.Env, " ")
+					}
+				}
+				return jail.ExitStatus{}
+			}, nil
+		}
+	})
+	warmReady(t, b.w, 1)
+	made := b.rt.Starts()[0].Name
+
+	after := hotProfiles(t, "warm = 1\nenv_from_host = [\"NEW_SECRET\"]\nenv = { X = \"2\" }\ntimeout = \"7m\"\nmax_output_mib = 8")
+	changed, err := b.w.ReloadProfiles(context.Background(), after)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hot"}, changed)
+	b.submit(t, messages.RunRequest{ID: "late", Profile: "hot", Prompt: "x"})
+	st := b.waitFinal(t, "late")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.True(t, st.Warm)
+	hs := b.rt.Handoffs()
+	require.Len(t, hs, 1)
+	require.Equal(t, made, hs[0].Name, "the container made before the reload took the run: the pool was kept")
+	got := <-seen
+	require.Contains(t, got, `"NEW_SECRET=new-value"`, "the new secret, in the launcher's env file")
+	require.NotContains(t, got, "old-value")
+	require.Contains(t, hs[0].Env, "X=2")
+	require.NotContains(t, hs[0].Env, "X=1")
+	require.Equal(t, after["hot"].Digest(), st.Receipt.ProfileDigest)
+	require.Equal(t, "7m0s", st.Receipt.Timeout)
+	require.Zero(t, counter(t, b.w, "jetcrew_warm_replaced_total"), "nothing replaced")
+}
+
+// An image re-tagged just before a burst of 20 runs (the engine's id of
+// the profile's reference changes) never runs one of them in a warm
+// container of the old image: the first claim finds the change, the
+// pool's other containers of the old image are removed at once
+// (replaced_total, reason image), and every run starts cold or warm in a
+// container of the new image (agent-sandbox#764).
+func TestWarmImageRetaggedBeforeBurst(t *testing.T) {
+	t.Parallel()
+	var image atomic.Value
+	image.Store("sha256:old")
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 4)
+		c.Concurrency = 8
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+		c.Runtime.(*workertest.Runtime).Images = func(string) string { return image.Load().(string) }
+	})
+	warmReady(t, b.w, 4)
+	image.Store("sha256:new") // `docker tag` of another image under the profile's reference
+	for i := range 20 {
+		b.submit(t, messages.RunRequest{ID: fmt.Sprintf("burst-%d", i), Profile: "hot", Prompt: "out ok"})
+	}
+	for i := range 20 {
+		st := b.waitFinal(t, fmt.Sprintf("burst-%d", i))
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.Equal(t, "sha256:new", st.Receipt.ImageID, "run %d started in a container of the old image (warm %t)", i, st.Warm)
+	}
+	for _, h := range b.rt.Handoffs() {
+		require.NotEqual(t, b.rt.Starts()[0].Name, h.Name)
+	}
+	require.GreaterOrEqual(t, counter(t, b.w, "jetcrew_warm_replaced_total"), 4.0, "the old image's four containers are replaced")
+	warmReady(t, b.w, 4)
+}
+
+// A warm container that is paused (or whose launcher is stopped) answers
+// no probe: it is never handed a run, which starts cold within two
+// seconds of its submit; the container is counted replaced (reason
+// unresponsive) and removed.
+func TestWarmPausedNeverHandedRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *worker.Config) {
+		c.Profiles = warmProfiles(t, 1)
+		c.LookupEnv = func(string) (string, bool) { return "v", true }
+	})
+	warmReady(t, b.w, 1)
+	cs, err := b.rt.ListManaged(context.Background())
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	paused := cs[0].ID
+	b.rt.Pause(paused)
+
+	submitted := time.Now()
+	b.submit(t, messages.RunRequest{ID: "paused", Profile: "hot", Prompt: "out ok"})
+	st := b.waitFinal(t, "paused")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.False(t, st.Warm, "started cold")
+	require.NotEqual(t, paused, st.ContainerID)
+	require.Less(t, st.StartedAt.Sub(submitted), 2*time.Second, "the cold start began within 2 s of the submit")
+	require.Empty(t, b.rt.Handoffs(), "the paused container was never handed the run")
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_replaced_total"))
+	require.EqualValues(t, 1, counter(t, b.w, "jetcrew_warm_missed_total"))
+	require.Eventually(t, func() bool {
+		cs, err := b.rt.ListManaged(context.Background())
+		return err == nil && !slices.ContainsFunc(cs, func(m jail.ManagedContainer) bool { return m.ID == paused })
+	}, 10*time.Second, 10*time.Millisecond, "the paused container is removed")
+}

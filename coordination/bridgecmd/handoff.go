@@ -19,10 +19,10 @@ import (
 
 // waitForRun implements `launch --handoff SOCKET`, a warm container's
 // command: it connects to the hand-off socket the worker bound in the run
-// directory and waits there, doing nothing, until the worker hands it one
-// run (messages.Handoff). It then sets the run's environment over its own,
-// changes to the run's working directory, answers messages.HandoffAck and
-// executes the run's command (itself `launch ...` for the agent CLIs, which
+// directory and waits there, doing nothing but answer the worker's probes
+// (readHandoff), until the worker hands it one run (messages.Handoff). It
+// then sets the run's environment over its own, changes to the run's
+// working directory, answers messages.HandoffAck and executes the run's command (itself `launch ...` for the agent CLIs, which
 // then sets the run's secrets from its env file and connects its prompt).
 // It returns only on failure: 1 when the socket cannot be reached or the
 // hand-off is not one (the worker then discards the container), 0 when the
@@ -34,7 +34,7 @@ func waitForRun(socket string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "jetcrew-bridge launch: hand-off: %v\n", err)
 		return 1
 	}
-	line, err := bufio.NewReaderSize(io.LimitReader(conn, messages.MaxHandoffBytes+1), 64<<10).ReadBytes('\n')
+	line, err := readHandoff(conn)
 	switch {
 	case errors.Is(err, io.EOF) && len(line) == 0:
 		return 0
@@ -72,6 +72,23 @@ func waitForRun(socket string, stderr io.Writer) int {
 	err = unix.Exec(path, h.Argv, env)
 	fmt.Fprintf(stderr, "jetcrew-bridge launch: exec %s: %v\n", path, err)
 	return 127
+}
+
+// readHandoff returns the first line the worker writes on conn that is not
+// a probe (messages.HandoffProbe), answering each probe
+// messages.HandoffAlive: the hand-off, within messages.MaxHandoffBytes in
+// all.
+func readHandoff(conn net.Conn) ([]byte, error) {
+	rd := bufio.NewReaderSize(io.LimitReader(conn, messages.MaxHandoffBytes+1), 64<<10)
+	for {
+		line, err := rd.ReadBytes('\n')
+		if err != nil || string(line) != messages.HandoffProbe {
+			return line, err
+		}
+		if _, err := io.WriteString(conn, messages.HandoffAlive); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // overlayEnv returns env with each KEY=VALUE of set put over it: an entry

@@ -213,10 +213,11 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	}
 	if r.warm != nil {
 		// The warm container must be the one a cold start would create,
-		// but for what a hand-off binds late; else it goes, unused.
-		if err := r.warm.Matches(p.spec); err != nil {
-			r.log.Error().Err(err).Msg("warm container does not match the run; starting cold")
-			r.giveBackWarm(ctx, "mismatch")
+		// but for what a hand-off binds late, from the image the profile
+		// names now; else it goes, unused.
+		if err := r.warm.Verify(ctx, p.spec); err != nil {
+			r.log.Warn().Err(err).Msg("warm container cannot take the run; starting cold")
+			r.giveBackWarm(ctx, warm.Reason(err))
 		}
 	}
 	return p, nil
@@ -247,9 +248,10 @@ func (r *run) giveBackWarm(ctx context.Context, reason string) {
 // handoff hands the run to its claimed warm container, once its state
 // names the container: c is then the run's container and handed the warm
 // container to mark handed once the run is under way. With no warm
-// container, or one lost before its hand-off (given back), c is nil: the
-// run starts cold. The error is from recording the container's name
-// (runstate.ErrFenced when the run's lease is lost).
+// container, or one lost before its hand-off or whose launcher did not
+// answer its probe (given back), c is nil: the run starts cold. The error
+// is from recording the container's name (runstate.ErrFenced when the
+// run's lease is lost).
 func (r *run) handoff(ctx context.Context, p prepared, output jail.OutputFunc) (c jail.Container, handed *warm.Container, err error) {
 	if r.warm == nil {
 		return nil, nil, nil
@@ -259,7 +261,7 @@ func (r *run) handoff(ctx context.Context, p prepared, output jail.OutputFunc) (
 	}
 	if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
 		r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
-		r.giveBackWarm(ctx, "exited")
+		r.giveBackWarm(ctx, warm.Reason(err))
 		return nil, nil, nil
 	}
 	handed, r.warm = r.warm, nil // the run's container now

@@ -47,6 +47,13 @@ func newPool(t *testing.T, rt jail.Runtime, toml string, mod func(*warm.Config))
 	t.Helper()
 	ps, err := profile.ParseProfiles("p.toml", []byte(toml))
 	require.NoError(t, err)
+	return newPoolOf(t, rt, ps, mod)
+}
+
+// newPoolOf returns a started pool of profiles ps over rt, stopped when
+// the test ends.
+func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*warm.Config)) *warm.Pool {
+	t.Helper()
 	state := workertest.StateDir(t)
 	holds := &stage.Holds{}
 	for _, d := range []string{"r", "p"} {
@@ -182,7 +189,10 @@ func TestDiscard(t *testing.T) {
 	rt := workertest.NewTestRuntime(t)
 	p := newPool(t, rt, twoProfiles, func(c *warm.Config) { c.Max = 1 })
 	ready(t, p, "a", 1)
-	c := p.Claim(&profile.Profile{Name: "a"}, false)
+	ps, err := profile.ParseProfiles("p.toml", []byte(twoProfiles))
+	require.NoError(t, err)
+	prof := ps["a"]
+	c := p.Claim(&prof, false)
 	require.NotNil(t, c)
 	dir := c.Dir()
 	c.Discard(context.Background())
@@ -223,4 +233,119 @@ func TestReplacedWhenIdleOrImageChanged(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		require.Len(t, rt.Starts(), 2, "the new one is kept")
 	})
+}
+
+// A launcher that does not answer the probe before its hand-off (its
+// container paused, or it stopped) is never handed the run: Handoff
+// fails within Config.ProbeTimeout with ErrUnresponsive (reason
+// "unresponsive"), and nothing of the run reached the launcher.
+func TestHandoffProbeUnanswered(t *testing.T) {
+	t.Parallel()
+	rt := workertest.NewTestRuntime(t)
+	p := newPool(t, rt, twoProfiles, func(c *warm.Config) { c.Max, c.ProbeTimeout = 1, 200*time.Millisecond })
+	ready(t, p, "a", 1)
+	ps, err := profile.ParseProfiles("p.toml", []byte(twoProfiles))
+	require.NoError(t, err)
+	prof := ps["a"]
+	c := p.Claim(&prof, false)
+	require.NotNil(t, c)
+	rt.Pause(c.ContainerID())
+	run := runner.ProfileSpec(&prof)
+	run.Cmd = []string{"/bin/sh", "-c", "out hi"}
+	start := time.Now()
+	_, err = c.Handoff(context.Background(), run, func(string, []byte) {})
+	require.ErrorIs(t, err, warm.ErrUnresponsive)
+	require.Equal(t, "unresponsive", warm.Reason(err))
+	require.Less(t, time.Since(start), time.Second, "within the probe's timeout")
+	rt.Unpause(c.ContainerID())
+	p.GaveBack(c, warm.Reason(err))
+	c.Discard(context.Background())
+	require.Empty(t, rt.Handoffs(), "the launcher was never handed the run")
+	ready(t, p, "a", 1)
+}
+
+// runSpec returns the spec of a cold container of a run of prof with the
+// jail of warm container c (its mounts), as the engine's prepare builds
+// one.
+func runSpec(t *testing.T, rt *workertest.Runtime, c *warm.Container, prof *profile.Profile) jail.ContainerSpec {
+	t.Helper()
+	spec := runner.ProfileSpec(prof)
+	for _, s := range rt.Starts() {
+		if s.Name == c.Name() {
+			spec.Mounts = s.Mounts
+			return spec
+		}
+	}
+	t.Fatalf("warm container %s was never started", c.Name())
+	return spec
+}
+
+// A claim checks the profile's image reference against the container's
+// image: once the reference names another image, Verify fails with
+// ErrImageChanged (reason "image") and the pool's other ready containers
+// of the old image are replaced at once; containers of the new image
+// pass. A container made for workspace runs is checked within the claim
+// itself (nil: the run starts cold), its run's stages never taking over
+// one of the old image.
+func TestClaimChecksImage(t *testing.T) {
+	t.Parallel()
+	const toml = `
+[profiles.a]
+image = "img"
+command = ["/bin/sh", "-c", "{prompt}"]
+warm = 3
+warm_workspace = 1
+`
+	ids := &imageIDs{id: "sha256:old"}
+	rt := workertest.NewTestRuntime(t)
+	rt.Images = ids.get
+	p := newPool(t, rt, toml, func(c *warm.Config) {
+		c.Max = 4
+		c.Workspace = func(context.Context, jail.ContainerSpec, *profile.Profile) (*stage.WarmWorkspace, func(bool), error) {
+			return &stage.WarmWorkspace{}, func(bool) {}, nil
+		}
+	})
+	ps, err := profile.ParseProfiles("p.toml", []byte(toml))
+	require.NoError(t, err)
+	prof := ps["a"]
+	full := func() {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			st := p.Status()
+			return len(st) == 2 && st[0].Ready == 3 && st[1].Ready == 1
+		}, 10*time.Second, 5*time.Millisecond, "%+v", p.Status())
+	}
+	full()
+
+	c := p.Claim(&prof, false)
+	require.NotNil(t, c)
+	require.NoError(t, c.Verify(context.Background(), runSpec(t, rt, c, &prof)), "the same image")
+	c.Discard(context.Background())
+	full()
+
+	ids.set("sha256:new")
+	old := rt.Starts()
+	c = p.Claim(&prof, false)
+	require.NotNil(t, c)
+	err = c.Verify(context.Background(), runSpec(t, rt, c, &prof))
+	require.ErrorIs(t, err, warm.ErrImageChanged)
+	require.Equal(t, "image", warm.Reason(err))
+	p.GaveBack(c, warm.Reason(err))
+	c.Discard(context.Background())
+	full()
+	for _, s := range old {
+		require.False(t, p.Owns(s.Name), "%s, of the old image, is replaced", s.Name)
+	}
+	c = p.Claim(&prof, false)
+	require.NotNil(t, c)
+	require.NoError(t, c.Verify(context.Background(), runSpec(t, rt, c, &prof)), "a container of the new image")
+	c.Discard(context.Background())
+	full()
+
+	ids.set("sha256:newer")
+	require.True(t, p.Claim(&prof, true) == nil, "a workspace container of the old image is not claimed")
+	full()
+	c = p.Claim(&prof, true)
+	require.NotNil(t, c, "its replacement, of the new image, is")
+	c.Discard(context.Background())
 }

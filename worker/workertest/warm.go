@@ -49,7 +49,7 @@ func (r *Runtime) warmBehaviour(spec jail.ContainerSpec, behave func(jail.Contai
 	return func(ctx context.Context, _ jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
 		defer dir.Close()
 		stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-		line, err := bufio.NewReader(conn).ReadBytes('\n')
+		line, err := r.readHandoff(ctx, spec.Name, conn)
 		stop()
 		if err != nil {
 			_ = conn.Close()
@@ -95,6 +95,66 @@ func (r *Runtime) warmBehaviour(spec jail.ContainerSpec, behave func(jail.Contai
 		}
 		return b(ctx, run, out)
 	}, nil
+}
+
+// readHandoff returns the first line the worker writes on conn that is
+// not a probe, answering each probe (messages.HandoffProbe) as the real
+// launcher does, unless container name is paused (Pause): a paused
+// container reads nothing until it is resumed (Unpause) or stopped.
+func (r *Runtime) readHandoff(ctx context.Context, name string, conn net.Conn) ([]byte, error) {
+	rd := bufio.NewReader(conn)
+	for {
+		line, err := rd.ReadBytes('\n')
+		if err == nil {
+			err = r.awaitUnpaused(ctx, name)
+		}
+		if err != nil || string(line) != messages.HandoffProbe {
+			return line, err
+		}
+		if _, err := io.WriteString(conn, messages.HandoffAlive); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Pause pauses container id, as `docker pause` does: the warm launcher in
+// it answers neither a probe nor a hand-off until Unpause.
+func (r *Runtime) Pause(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.containers[id]; ok && r.paused[c.name] == nil {
+		if r.paused == nil {
+			r.paused = map[string]chan struct{}{}
+		}
+		r.paused[c.name] = make(chan struct{})
+	}
+}
+
+// Unpause resumes container id, paused by Pause.
+func (r *Runtime) Unpause(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.containers[id]; ok && r.paused[c.name] != nil {
+		close(r.paused[c.name])
+		delete(r.paused, c.name)
+	}
+}
+
+// awaitUnpaused returns once container name is not paused, or ctx's error
+// when it is stopped first.
+func (r *Runtime) awaitUnpaused(ctx context.Context, name string) error {
+	r.mu.Lock()
+	ch := r.paused[name]
+	r.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Handoffs returns the specs warm containers were handed, in order: each

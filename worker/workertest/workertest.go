@@ -68,6 +68,7 @@ type Runtime struct {
 	closed     bool // Close was called: no volume is made any more
 	starts     []jail.ContainerSpec
 	handoffs   []jail.ContainerSpec
+	paused     map[string]chan struct{} // by container name: closed by Unpause
 	running    int
 	maxRunning int
 }
