@@ -50,6 +50,11 @@ type Options struct {
 	// notification (when the call carries a progress token). Default
 	// ProgressEvery.
 	ProgressEvery time.Duration
+	// NoProgressWait is how long an ask whose call carries no progress
+	// token waits before it returns "no answer", the question staying
+	// open and a later answer going to the run's inbox; whole seconds, at
+	// least 1. Default NoProgressWait.
+	NoProgressWait time.Duration
 }
 
 const instructions = `You are one run in a group of agents coordinated by jetcrew. ` +
@@ -74,13 +79,16 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	if opts.ProgressEvery <= 0 {
 		opts.ProgressEvery = ProgressEvery
 	}
+	if opts.NoProgressWait <= 0 {
+		opts.NoProgressWait = NoProgressWait
+	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
 	s.AddReceivingMiddleware(unreadNote(c))
 
 	addMessageTools(s, c)
 	addClaimTools(s, c)
-	addQuestionTools(s, c, opts.ProgressEvery)
+	addQuestionTools(s, c, opts.ProgressEvery, opts.NoProgressWait)
 	return s
 }
 
