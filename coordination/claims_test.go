@@ -456,3 +456,22 @@ func TestClaimsThroughSymlinks(t *testing.T) {
 	coordtest.Decode[relay.ReleaseResponse](t, c, "release", map[string]any{"paths": []string{"lnk", "docs"}})
 	claim(t, a, "", "**")
 }
+
+// Spellings of one file, and its names in another case or Unicode
+// normalisation, are one claim across runs; release takes any spelling of
+// the pattern as claimed.
+func TestClaimSpellingsAreOneClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{ClaimRate: -1})
+	_, a := b.serve(t, h, "run-a", "g1")
+	_, c := b.serve(t, h, "run-c", "g1")
+	got := claim(t, a, "", "./src//a.go", "docs/caf\u00e9.md")
+	require.Equal(t, []string{"run-a:docs/caf\u00e9.md", "run-a:src/a.go"}, patterns(got.Claims))
+	for _, p := range []string{"src/a.go", "src/./a.go", "src/a.go/", "src/x/../a.go", "SRC/A.GO", "docs/cafe\u0301.md", "Docs/CAF\u00c9.md"} {
+		require.Contains(t, toolError(t, c, "claim", map[string]any{"paths": []string{p}, "reason": ""}), "claimed by run run-a", p)
+	}
+	rel := coordtest.Decode[relay.ReleaseResponse](t, a, "release", map[string]any{"paths": []string{"src/./a.go/"}})
+	require.Equal(t, []string{"src/a.go"}, rel.Released)
+	claim(t, c, "", "src/a.go")
+}
