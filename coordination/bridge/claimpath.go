@@ -16,8 +16,9 @@ import (
 // a symlink inside the workspace would give a claimed file a second name
 // ("lnk/a.go" for "src/a.go" when lnk → src) that the group's overlap
 // check, which compares names, cannot see. The bridge sees the workspace
-// (the worker does not: it is the run container's own file system), so it
-// checks each pattern there before the claim leaves the container:
+// at /workspace (the worker does not: it is a volume the Docker engine
+// mounts into the run's container), so it checks each pattern there before
+// the claim leaves the container:
 //
 //   - the symlinks on a pattern's literal part (its segments up to the
 //     first glob) are resolved, and the pattern is claimed, and released,
