@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/bridge"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
@@ -315,6 +318,17 @@ func TestPatternsOverlap(t *testing.T) {
 		{"docs/*.md", "*/intro.md", true},
 		{"*/store", "internal/store/kv.go", true},
 		{"a/**/b/**/c", "a/x/b/y/c/d", true},
+		// Names that differ in case or Unicode normalisation only are one
+		// file on case-insensitive or normalising hosts (macOS, Windows)
+		// where results are applied: they overlap.
+		{"Src/A.go", "src/a.go", true},
+		{"SRC", "src/a.go", true},
+		{"src/*.GO", "src/a.go", true},
+		{"src/[A-C].go", "src/b.go", true},
+		{"caf\u00e9.go", "cafe\u0301.go", true}, // NFC and NFD
+		{"\u00c9t\u00e9/x", "e\u0301te\u0301/x", true},
+		{"\u00e4", "a", false}, // no accent is dropped
+		{"src/a.go", "src/b.go", false},
 	} {
 		require.Equal(t, tc.want, coordination.PatternsOverlap(tc.a, tc.b), "%s vs %s", tc.a, tc.b)
 		require.Equal(t, tc.want, coordination.PatternsOverlap(tc.b, tc.a), "%s vs %s", tc.b, tc.a)
@@ -369,4 +383,95 @@ func covers(pattern, file string) bool {
 		return ok && match(i+1, j+1)
 	}
 	return match(0, 0)
+}
+
+// workspaceWithLinks makes a workspace with symlinks: lnk → src,
+// src/b.go → a.go, docs/src → ../src, out → / (outside), abs → the
+// workspace's own src by absolute path, and self → . (the workspace).
+func workspaceWithLinks(t *testing.T) string {
+	t.Helper()
+	ws := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "src", "sub"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "docs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "src", "a.go"), []byte("package a\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "docs", "intro.md"), []byte("#\n"), 0o644))
+	for link, target := range map[string]string{
+		"lnk": "src", "src/b.go": "a.go", "docs/src": "../src", "out": "/",
+		"abs": filepath.Join(ws, "src"), "self": ".", "src/sub/up": "../../docs",
+	} {
+		require.NoError(t, os.Symlink(target, filepath.Join(ws, link)))
+	}
+	return ws
+}
+
+// A symlink inside the workspace is no second name for a claimed file: the
+// bridge resolves the symlinks on a pattern's path against the workspace,
+// and refuses a pattern that would reach a file through a symlink its
+// claim does not cover by the file's own path.
+func TestClaimsThroughSymlinks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{ClaimRate: -1})
+	ws := workspaceWithLinks(t)
+	sa, _ := b.serve(t, h, "run-a", "g1")
+	sc, _ := b.serve(t, h, "run-c", "g1")
+	a := coordtest.BridgeWith(t, sa.SocketPath(), bridge.Options{Version: "test", Workspace: ws})
+	c := coordtest.BridgeWith(t, sc.SocketPath(), bridge.Options{Version: "test", Workspace: ws})
+
+	claim(t, a, "the store", "src/a.go")
+	// Other names of src/a.go: refused, naming run-a's claim.
+	for _, p := range []string{"lnk/a.go", "src/b.go", "lnk/b.go", "abs/a.go", "self/src/a.go", "docs/src/a.go", "./lnk//a.go"} {
+		msg := toolError(t, c, "claim", map[string]any{"paths": []string{p}, "reason": "mine"})
+		require.Contains(t, msg, `overlaps "src/a.go", claimed by run run-a`, p)
+	}
+	// A claim through a symlink is stored by the target's path.
+	got := claim(t, a, "", "lnk/new.go")
+	require.Equal(t, []string{"run-a:src/a.go", "run-a:src/new.go"}, patterns(got.Claims))
+	rel := coordtest.Decode[relay.ReleaseResponse](t, a, "release", map[string]any{"paths": []string{"lnk/new.go"}})
+	require.Equal(t, []string{"src/new.go"}, rel.Released)
+
+	// Patterns that reach files through a symlink they do not cover by the
+	// target's path: refused, naming the symlink.
+	for p, want := range map[string]string{
+		"l*/a.go": `through the symlink "lnk" (to "src")`,
+		"docs":    `through the symlink "docs/src" (to "src")`,
+		"docs/*":  `through the symlink "docs/src" (to "src")`,
+		"src/sub": `through the symlink "src/sub/up" (to "docs")`,
+		"lnk":     `"lnk" ("src" through its symlinks) reaches files through the symlink "src/sub/up" (to "docs")`,
+		"out/etc": `leads outside the workspace`,
+		"out":     `leads outside the workspace`,
+	} {
+		msg := toolError(t, c, "claim", map[string]any{"paths": []string{p}, "reason": ""})
+		require.Contains(t, msg, want, p)
+		require.Contains(t, msg, "nothing was claimed", p)
+	}
+	// A glob that reaches outside the workspace through a symlink names no
+	// file of the workspace there: "**/a.go" only meets run-a's claim.
+	require.Contains(t, toolError(t, c, "claim", map[string]any{"paths": []string{"**/a.go"}, "reason": ""}), `claimed by run run-a`)
+
+	// Claimed together with what their symlinks lead to, they are fine.
+	coordtest.Decode[relay.ReleaseResponse](t, a, "release", map[string]any{"paths": []string{"src/a.go"}})
+	claim(t, c, "", "docs", "src")
+	require.Contains(t, toolError(t, a, "claim", map[string]any{"paths": []string{"lnk/b.go"}, "reason": ""}), `claimed by run run-c`)
+	coordtest.Decode[relay.ReleaseResponse](t, c, "release", map[string]any{"paths": []string{"lnk", "docs"}})
+	claim(t, a, "", "**")
+}
+
+// Spellings of one file, and its names in another case or Unicode
+// normalisation, are one claim across runs; release takes any spelling of
+// the pattern as claimed.
+func TestClaimSpellingsAreOneClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{ClaimRate: -1})
+	_, a := b.serve(t, h, "run-a", "g1")
+	_, c := b.serve(t, h, "run-c", "g1")
+	got := claim(t, a, "", "./src//a.go", "docs/caf\u00e9.md")
+	require.Equal(t, []string{"run-a:docs/caf\u00e9.md", "run-a:src/a.go"}, patterns(got.Claims))
+	for _, p := range []string{"src/a.go", "src/./a.go", "src/a.go/", "src/x/../a.go", "SRC/A.GO", "docs/cafe\u0301.md", "Docs/CAF\u00c9.md"} {
+		require.Contains(t, toolError(t, c, "claim", map[string]any{"paths": []string{p}, "reason": ""}), "claimed by run run-a", p)
+	}
+	rel := coordtest.Decode[relay.ReleaseResponse](t, a, "release", map[string]any{"paths": []string{"src/./a.go/"}})
+	require.Equal(t, []string{"src/a.go"}, rel.Released)
+	claim(t, c, "", "src/a.go")
 }

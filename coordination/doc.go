@@ -79,7 +79,11 @@
 // recipient as one subject token (no '.', '*', '>'), accepts only a run of
 // the group that is in the presence list (or "all", "operator"), and reads
 // only the run's own inbox. The relay's requests have no field that could
-// name another sender, group or inbox; an unknown field is refused.
+// name another sender, group or inbox; an unknown field is refused. One
+// message is published by the asker's worker with another sender: an
+// answer that came after its ask returned early (lateanswer.go) reaches
+// the asker's inbox from whoever answered, a peer's reply as that peer's
+// worker stamped it in its reply key, or an operator's answer.
 //
 // Only workers may publish where runs' messages travel (the four-token
 // jetcrew.coord.<group>.<recipient>); NATS permissions are the boundary (see

@@ -28,7 +28,7 @@ const (
 	// Bytes).
 	EventReplied = messages.CoordReplied
 	// EventAnswered: the run's question was answered (From, QuestionID,
-	// Bytes).
+	// Bytes; MessageID when the answer went to the inbox: awaitLate).
 	EventAnswered = messages.CoordAnswered
 	// EventUnanswered: the run's question went without an answer
 	// (QuestionID, To, Reason).

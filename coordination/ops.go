@@ -361,6 +361,9 @@ func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
 	if from != RecipientOperator {
 		msg.QuestionID, msg.Choices = questionOf(m.Headers())
 	}
+	if msg.QuestionID == "" {
+		msg.AnswerTo = answerOf(m.Headers())
+	}
 	if meta, err := m.Metadata(); err == nil {
 		msg.ID = strconv.FormatUint(meta.Sequence.Stream, 10)
 		msg.Time = meta.Timestamp.UTC()

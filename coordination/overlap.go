@@ -3,6 +3,8 @@ package coordination
 import (
 	"path"
 	"strings"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // PatternsOverlap reports whether two claimed patterns (cleaned by
@@ -12,6 +14,10 @@ import (
 // whole segment stands for any number of segments (none included), any
 // other segment is a path.Match pattern ('*', '?', '[…]' within one
 // segment).
+//
+// Names are also compared folded (foldName): "Src/A.go" overlaps "src/a.go",
+// and a name in Unicode's decomposed form (NFD) overlaps its composed form
+// (NFC), as they name one file on a case-insensitive or normalising host.
 //
 // The check is conservative: it may say two patterns overlap when no path
 // matches both, never the reverse. Two segments overlap when they are
@@ -64,8 +70,21 @@ func onlyDoubleStars(segs []string) bool {
 }
 
 // segmentsOverlap reports whether some name could match both path.Match
-// patterns x and y (conservatively: see PatternsOverlap).
+// patterns x and y (conservatively: see PatternsOverlap), as they are or
+// once folded (foldName).
 func segmentsOverlap(x, y string) bool {
+	return rawSegmentsOverlap(x, y) || rawSegmentsOverlap(foldName(x), foldName(y))
+}
+
+// foldName is a name, or a segment's pattern, in Unicode normalisation
+// form C and lower case (Unicode's simple mappings, no locale's): names
+// that differ only in case or normalisation are one file on the
+// case-insensitive or normalising file systems of macOS and Windows, where
+// a group's results may be applied, so claims treat them as one.
+func foldName(s string) string { return strings.ToLower(norm.NFC.String(s)) }
+
+// rawSegmentsOverlap is segmentsOverlap on x and y as given.
+func rawSegmentsOverlap(x, y string) bool {
 	gx, gy := isGlob(x), isGlob(y)
 	switch {
 	case !gx && !gy:

@@ -143,6 +143,15 @@ func questionOf(h nats.Header) (id string, choices []string) {
 	return id, choices
 }
 
+// answerOf returns the question id a message answering one carries
+// (messages.HeaderAnswerTo: a late answer, deliverLate), or "".
+func answerOf(h nats.Header) string {
+	if id := h.Get(messages.HeaderAnswerTo); messages.ValidCoordQuestionID(id) {
+		return id
+	}
+	return ""
+}
+
 // addQuestionRoutes adds the ask and reply endpoints to mux.
 func addQuestionRoutes(mux *http.ServeMux) {
 	post(mux, relay.PathAsk, endpoint[relay.AskRequest, relay.AskResponse]{
@@ -241,7 +250,9 @@ func listKeys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]stri
 
 // ask puts req's question and waits for its answer, its timeout (cut to
 // the run's remaining time) or the end of ctx. A question nobody answers
-// is a result (relay.AskNoAnswer), not an error.
+// is a result (relay.AskNoAnswer), not an error. With req.ReturnAfterSeconds
+// shorter than the wait, the call returns AskNoAnswer after it while the
+// question stays open for the rest of its wait (awaitLate).
 func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskResponse, error) {
 	if req.To == s.run.RunID {
 		return relay.AskResponse{}, &relay.InvalidError{Code: relay.CodeInvalid,
@@ -255,24 +266,47 @@ func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskRespo
 	if err := s.reserveQuestion(id); err != nil {
 		return relay.AskResponse{}, err
 	}
-	defer s.forgetQuestion(id)
 	kv, w, q, err := s.putQuestion(ctx, id, req, wait)
 	if err != nil {
+		s.forgetQuestion(id)
 		return relay.AskResponse{}, err
 	}
-	defer func() { _ = w.Stop() }()
 	start := time.Now()
-	ans, from, why := s.waitAnswer(ctx, w, wait)
-	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id))
+	callWait := wait
+	if r := time.Duration(req.ReturnAfterSeconds) * time.Second; r > 0 && r < wait {
+		callWait = r
+	}
+	ans, from, why, timedOut := s.waitAnswer(ctx, w, callWait)
 	resp := relay.AskResponse{QuestionID: id, WaitedSeconds: int64(time.Since(start) / time.Second), Note: note}
+	if timedOut && callWait < wait {
+		if !s.awaitLate(kv, w, q, wait-time.Since(start)) {
+			return s.endAsk(ctx, kv, w, q, resp, "", "", "run ended")
+		}
+		resp.Status = relay.AskNoAnswer
+		resp.Note = strings.TrimPrefix(note+"; ", "; ") + fmt.Sprintf(
+			"no answer yet: your MCP client sent no progress token, so the call returns after %s, before the client gives up; "+
+				"the question stays open until %s, and an answer that comes will be in your inbox (answer_to %s)",
+			callWait, q.Until.Format(time.RFC3339), id)
+		return resp, nil
+	}
+	return s.endAsk(ctx, kv, w, q, resp, ans, from, why)
+}
+
+// endAsk ends the wait for q's answer within the call: it stops w, drops
+// the question, and completes resp with the answer (from) or why there is
+// none.
+func (s *Session) endAsk(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, resp relay.AskResponse, ans, from, why string) (relay.AskResponse, error) {
+	defer s.forgetQuestion(q.ID)
+	_ = w.Stop()
+	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, q.ID))
 	if why != "" {
 		resp.Status = relay.AskNoAnswer
-		resp.Note = strings.TrimPrefix(note+"; ", "; ") + "no answer: " + why
-		s.emit(Event{Kind: EventUnanswered, QuestionID: id, To: q.To, Reason: why})
+		resp.Note = strings.TrimPrefix(resp.Note+"; ", "; ") + "no answer: " + why
+		s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
 		return resp, nil
 	}
 	resp.Status, resp.Answer, resp.From = relay.AskAnswered, ans, from
-	s.emit(Event{Kind: EventAnswered, QuestionID: id, From: from, Bytes: len(ans)})
+	s.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans)})
 	return resp, nil
 }
 
@@ -296,8 +330,10 @@ func (s *Session) putQuestion(ctx context.Context, id string, req relay.AskReque
 	if err := s.checkGroupQuestions(octx, kv); err != nil {
 		return nil, nil, q, err
 	}
-	// Watch before the question exists: no answer can come before.
-	w, err := kv.WatchFiltered(ctx, []string{messages.CoordAnswerKey(id), messages.CoordReplyKey(id)})
+	// Watch before the question exists: no answer can come before. The
+	// watch outlives the call when the question does (awaitLate); every
+	// path stops it, and the session's end does too.
+	w, err := kv.WatchFiltered(s.ctx, []string{messages.CoordAnswerKey(id), messages.CoordReplyKey(id)})
 	if err != nil {
 		return nil, nil, q, fmt.Errorf("watch for answers: %w", err)
 	}
@@ -349,15 +385,15 @@ func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion)
 // waitAnswer waits for the first answer or reply w delivers, for wait or
 // until ctx ends. It returns the answer and who gave it (the replying run,
 // or RecipientOperator for an answer key whatever its By says), or why
-// there is none.
-func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string) {
+// there is none (timedOut when wait passed).
+func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string, timedOut bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return "", "", "the worker stopped watching for answers"
+				return "", "", "the worker stopped watching for answers", false
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
@@ -373,14 +409,14 @@ func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait t
 			if strings.HasPrefix(e.Key(), "reply.") && messages.ValidateToken("by", a.By) == nil {
 				from = a.By
 			}
-			return a.Answer, from, ""
+			return a.Answer, from, "", false
 		case <-t.C:
-			return "", "", fmt.Sprintf("timeout (%s)", wait)
+			return "", "", fmt.Sprintf("timeout (%s)", wait), true
 		case <-ctx.Done():
 			if s.ctx.Err() != nil {
-				return "", "", "run ended"
+				return "", "", "run ended", false
 			}
-			return "", "", "call ended"
+			return "", "", "call ended", false
 		}
 	}
 }

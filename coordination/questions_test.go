@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/bridge"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
@@ -339,4 +340,80 @@ func TestAskEndsWithTheRun(t *testing.T) {
 	un := b.eventsOf("run-a", coordination.EventUnanswered)
 	require.Len(t, un, 1)
 	require.Equal(t, "run ended", un[0].Reason)
+}
+
+// An MCP client that sends no progress token cannot be kept waiting: it
+// gives up after its own request timeout (60 s in common clients,
+// anomalyco/opencode#28186; 5 s here). Its ask returns "no answer" before
+// (bridge.Options.NoProgressWait, 1 s here), the question stays open for
+// its whole timeout, and an answer that comes later reaches the run's
+// inbox, saying which question it answers.
+func TestAskWithoutProgressTokenReturnsBeforeTheClientGivesUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	s, _ := b.serve(t, h, "run-a", "g1")
+	a := coordtest.BridgeWith(t, s.SocketPath(), bridge.Options{Version: "test", NoProgressWait: time.Second})
+	_, peer := b.serve(t, h, "run-b", "g1")
+
+	ask := func(args map[string]any) relay.AskResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second) // the client's own timeout
+		defer cancel()
+		res, err := a.CallTool(ctx, &mcp.CallToolParams{Name: "ask", Arguments: args})
+		require.NoError(t, err, "the client gave up before the ask returned")
+		require.False(t, res.IsError, coordtest.Text(res))
+		var out relay.AskResponse
+		data, err := json.Marshal(res.StructuredContent)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(data, &out))
+		return out
+	}
+	closed := func(id string) {
+		t.Helper()
+		require.Eventually(t, func() bool { _, open := b.openQuestions(t)[id]; return !open }, 10*time.Second, 20*time.Millisecond)
+	}
+
+	// The operator answers after the call returned.
+	got := ask(map[string]any{"to": "operator", "question": "Drop the legacy table?", "timeout_seconds": 60})
+	require.Equal(t, relay.AskNoAnswer, got.Status)
+	require.NotEmpty(t, got.QuestionID)
+	require.Contains(t, got.Note, "no progress token")
+	require.Contains(t, got.Note, "inbox")
+	require.Contains(t, b.openQuestions(t), got.QuestionID, "the question stays open")
+	require.Empty(t, b.eventsOf("run-a", coordination.EventUnanswered))
+	b.operatorAnswer(t, got.QuestionID, "no, keep it")
+	msgs := inbox(t, a, 10)
+	require.Len(t, msgs, 1)
+	require.Equal(t, relay.Message{ID: msgs[0].ID, From: "operator", To: "run-a", Body: "no, keep it", Time: msgs[0].Time, AnswerTo: got.QuestionID}, msgs[0])
+	closed(got.QuestionID)
+	answered := b.eventsOf("run-a", coordination.EventAnswered)
+	require.Len(t, answered, 1)
+	require.Equal(t, "operator", answered[0].From)
+	require.Equal(t, got.QuestionID, answered[0].QuestionID)
+
+	// A peer replies after the call returned.
+	got = ask(map[string]any{"to": "run-b", "question": "Which port?", "timeout_seconds": 60})
+	require.Equal(t, relay.AskNoAnswer, got.Status)
+	q := inbox(t, peer, 5)
+	require.Len(t, q, 1)
+	require.Equal(t, got.QuestionID, q[0].QuestionID)
+	coordtest.Decode[relay.ReplyResponse](t, peer, "reply", map[string]any{"question_id": got.QuestionID, "answer": "9090"})
+	msgs = inbox(t, a, 10)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "run-b", msgs[0].From)
+	require.Equal(t, "9090", msgs[0].Body)
+	require.Equal(t, got.QuestionID, msgs[0].AnswerTo)
+	require.Empty(t, msgs[0].QuestionID, "an answer is no question to reply to")
+	closed(got.QuestionID)
+
+	// Nobody answers: the question closes at its own timeout.
+	got = ask(map[string]any{"to": "operator", "question": "Anyone?", "timeout_seconds": 2})
+	require.Equal(t, relay.AskNoAnswer, got.Status)
+	closed(got.QuestionID)
+	un := b.eventsOf("run-a", coordination.EventUnanswered)
+	require.Len(t, un, 1)
+	require.Equal(t, got.QuestionID, un[0].QuestionID)
+	require.Contains(t, un[0].Reason, "timeout")
+	require.Empty(t, inbox(t, a, 0))
 }

@@ -91,6 +91,8 @@ type Session struct {
 	inboxSem    chan struct{} // one inbox call at a time
 	// questions are the session's open questions and the run's deadline.
 	questions questionState
+	// late are the waits for answers that come after their ask returned.
+	late lateWaits
 
 	mu        sync.Mutex
 	presence  Presence
@@ -400,6 +402,7 @@ func (s *Session) Detach(ctx context.Context) error {
 			_ = s.srv.Close()
 		}
 		s.bg.Wait()
+		s.late.stop() // they end with s.ctx
 		// A socket CloseKeepSocket parked stays bound, its file in place.
 		if fi, lerr := os.Lstat(s.path); !s.ln.parked.Load() && lerr == nil && os.SameFile(fi, s.sockInfo) {
 			if rmErr := os.Remove(s.path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {

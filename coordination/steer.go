@@ -319,9 +319,13 @@ func (s *Session) steerNext(ctx context.Context, req relay.SteerNextRequest) rel
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if req.Closed {
+		// The launcher acknowledges every steer it took before it reports
+		// its input closed: a steer still waiting for its ack was taken by
+		// a poll the launcher gave up (or never reached it), and will not
+		// be written now.
 		st.closed = true
-		for _, q := range st.queue {
-			st.ack(relay.SteerAck{ID: q.ID, Reason: "the agent's input closed (its last turn ended): the steer waits in its inbox"})
+		for id := range st.acks {
+			st.ack(relay.SteerAck{ID: id, Reason: "the agent's input closed (its last turn ended): the steer waits in its inbox"})
 		}
 		st.queue = nil
 		return resp

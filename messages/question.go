@@ -35,6 +35,11 @@ const (
 	// HeaderChoices carries the question's choices, a JSON array of
 	// strings, on the same message.
 	HeaderChoices = "Jetcrew-Choices"
+	// HeaderAnswerTo carries a question id on the message that puts an
+	// answer in the asking run's inbox: the answer came after the ask
+	// call returned "no answer" early (its MCP client sent no progress
+	// token) while the question stayed open. Set by the asker's worker.
+	HeaderAnswerTo = "Jetcrew-Answer-To"
 )
 
 // Coordination event kinds of questions (CoordEvent.QuestionID names the
@@ -46,7 +51,8 @@ const (
 	// QuestionID, Bytes).
 	CoordReplied CoordEventKind = "replied"
 	// CoordAnswered: the run's question got its answer (From: who answered,
-	// a run id or "operator"; QuestionID, Bytes).
+	// a run id or "operator"; QuestionID, Bytes; MessageID when it came
+	// after the ask call returned and was put in the run's inbox).
 	CoordAnswered CoordEventKind = "answered"
 	// CoordUnanswered: the run's question left the open list without an
 	// answer (QuestionID, Reason: "timeout", "run ended" or "call ended").

@@ -71,6 +71,50 @@ func TestClaimsBetweenRuns(t *testing.T) {
 	require.Contains(t, kinds, string(coordination.EventReleased))
 }
 
+// Claims through a symlink of the workspace, in real containers: each
+// run's bridge sees /workspace and claims "lnk/a.go" (lnk → src, a symlink
+// of the snapshot) as "src/a.go", so it meets another run's claim of
+// "src/a.go", and a new file named through the symlink is claimed by its
+// target's path.
+func TestClaimsThroughWorkspaceSymlinks(t *testing.T) {
+	env := coordUp(t)
+	ws := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "src"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "src", "a.go"), []byte("package a\n"), 0o644))
+	require.NoError(t, os.Symlink("src", filepath.Join(ws, "lnk")))
+	const g = "claims-links"
+	submit := func(id, script string) {
+		r := run(t, env.url, jetcrewBin, "submit", "--profile", "agent", "--id", id, "--group", g, "--workspace", ws, script)
+		require.Equal(t, 0, r.code, "submit %s: %s", id, r.stderr)
+	}
+	submit("links-holder", `call claim '{"paths":["src/a.go"],"reason":"the store"}'; sleep 10m`)
+	waitRunning(t, env.url, "links-holder")
+	js := natsClient(t, env.url)
+	require.Eventually(t, func() bool { return len(groupClaims(t, js, g)) == 1 }, time.Minute, 100*time.Millisecond)
+
+	submit("links-peer", `call claim '{"paths":["lnk/a.go"],"reason":"also"}'; expect-error "claimed by run links-holder"; call claim '{"paths":["lnk/b.go"],"reason":"new"}'; sleep 10m`)
+	var held []messages.CoordClaim
+	require.Eventually(t, func() bool { held = groupClaims(t, js, g); return len(held) == 2 }, time.Minute, 100*time.Millisecond)
+	got := map[string]string{}
+	for _, c := range held {
+		got[c.RunID] = c.Pattern
+	}
+	require.Equal(t, map[string]string{"links-holder": "src/a.go", "links-peer": "src/b.go"}, got)
+	for _, id := range []string{"links-holder", "links-peer"} {
+		r := run(t, env.url, jetcrewBin, "cancel", id)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, messages.StateCancelled, waitFinal(t, env.url, id).State)
+	}
+	var refused []coordination.Event
+	for _, ev := range coordEvents(t, env.url, "links-peer") {
+		if ev.Kind == coordination.EventRefused {
+			refused = append(refused, ev)
+		}
+	}
+	require.Len(t, refused, 1)
+	require.Contains(t, refused[0].Reason, `overlaps "src/a.go", claimed by run links-holder`)
+}
+
 // groupClaims reads group's claims from the claims bucket (none when it has
 // no key).
 func groupClaims(t *testing.T, js jetstream.JetStream, group string) []messages.CoordClaim {

@@ -4,9 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/stretchr/testify/require"
 
@@ -94,4 +98,69 @@ func TestSteer(t *testing.T) {
 	r = run(t, url, jetcrewBin, "send", cl, "too late")
 	require.Equal(t, 4, r.code, "send: %s%s", r.stdout, r.stderr)
 	require.Contains(t, r.stdout, "refused (ended): run "+cl+" has ended (succeeded)")
+}
+
+// Steering races in real containers (issue 36): claude-backend runs whose
+// agent takes a first steer mid-turn and works on for two seconds, while a
+// second steer lands within that turn. The fixture CLI starts no turn, once
+// its input has ended, for a message it read but had not begun, so a
+// launcher that closed the input after the first steer's turn would lose
+// the second. Each steer is delivered as a turn of its own (or reported
+// queued), and every run succeeds with the second steer's turn as its
+// answer.
+func TestSteerTwoWithinATurnInContainers(t *testing.T) {
+	needsDocker(t)
+	requireAgentsImage(t)
+	profiles := filepath.Join(t.TempDir(), "profiles.toml")
+	require.NoError(t, os.WriteFile(profiles, []byte(steerProfiles), 0o644))
+	url := up(t, "--profiles", profiles)
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	const trials = 3
+	var ids []string
+	for i := range trials {
+		id := fmt.Sprintf("steer-two-%d-%s", i, hex.EncodeToString(suffix))
+		ids = append(ids, id)
+		submitStdin(t, url, "claude", id, "Wait for the operator.\nfixture: await-steer 90s\nfixture: linger 2s\n")
+	}
+	send := func(id, steerID, text string) messages.SteerReply {
+		m := nats.NewMsg(messages.SubjectSteer(id))
+		m.Header.Set(messages.HeaderSteerID, steerID)
+		m.Data = []byte(text)
+		resp, err := nc.RequestMsg(m, 15*time.Second)
+		require.NoError(t, err)
+		var r messages.SteerReply
+		require.NoError(t, json.Unmarshal(resp.Data, &r))
+		return r
+	}
+	replies := map[string][2]messages.SteerReply{}
+	for _, id := range ids {
+		waitRunning(t, url, id)
+		var r [2]messages.SteerReply
+		r[0] = send(id, "s1", "first steer of "+id)
+		require.Equal(t, messages.SteerDelivered, r[0].Outcome, r[0].Reason)
+		r[1] = send(id, "s2", "second steer of "+id)
+		replies[id] = r
+	}
+	for _, id := range ids {
+		st := waitFinal(t, url, id)
+		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", id, st.Reason)
+		w := run(t, url, jetcrewBin, "watch", id)
+		first, second := replies[id][0], replies[id][1]
+		require.Contains(t, w.stdout+w.stderr, `"result":"fixture claude turn: first steer of `+id+`"`)
+		switch second.Outcome {
+		case messages.SteerDelivered:
+			require.Contains(t, w.stdout+w.stderr, `"result":"fixture claude turn: second steer of `+id+`"`,
+				"%s: the second steer was delivered but the agent never took it as a turn", id)
+			require.Equal(t, "fixture claude turn: second steer of "+id, st.Result)
+		case messages.SteerQueued:
+			require.NotEmpty(t, second.MessageID)
+		default:
+			t.Fatalf("%s: second steer %+v", id, second)
+		}
+		require.Equal(t, messages.SteerDelivered, first.Outcome)
+	}
 }

@@ -50,6 +50,18 @@ type Options struct {
 	// notification (when the call carries a progress token). Default
 	// ProgressEvery.
 	ProgressEvery time.Duration
+	// Workspace is the directory claims are relative to, as the bridge
+	// sees it (messages.WorkspaceDir in a run container): the symlinks on
+	// a claimed or released pattern are resolved there, and a claim
+	// reaching files through a symlink it does not cover by their own
+	// paths is refused (claimpath.go). Empty: patterns are taken as
+	// given.
+	Workspace string
+	// NoProgressWait is how long an ask whose call carries no progress
+	// token waits before it returns "no answer", the question staying
+	// open and a later answer going to the run's inbox; whole seconds, at
+	// least 1. Default NoProgressWait.
+	NoProgressWait time.Duration
 }
 
 const instructions = `You are one run in a group of agents coordinated by jetcrew. ` +
@@ -74,13 +86,16 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	if opts.ProgressEvery <= 0 {
 		opts.ProgressEvery = ProgressEvery
 	}
+	if opts.NoProgressWait <= 0 {
+		opts.NoProgressWait = NoProgressWait
+	}
 	s := mcp.NewServer(&mcp.Implementation{Name: Name, Title: "jetcrew coordination", Version: opts.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: opts.Logger})
 	s.AddReceivingMiddleware(unreadNote(c))
 
 	addMessageTools(s, c)
-	addClaimTools(s, c)
-	addQuestionTools(s, c, opts.ProgressEvery)
+	addClaimTools(s, c, opts.Workspace)
+	addQuestionTools(s, c, opts.ProgressEvery, opts.NoProgressWait)
 	return s
 }
 
@@ -127,8 +142,9 @@ func addMessageTools(s *mcp.Server, c *relay.Client) {
 	})
 }
 
-// addClaimTools adds claim, release and claims to s, each calling c.
-func addClaimTools(s *mcp.Server, c *relay.Client) {
+// addClaimTools adds claim, release and claims to s, each calling c; the
+// patterns of claim and release are resolved against workspace.
+func addClaimTools(s *mcp.Server, c *relay.Client, workspace string) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolClaim,
 		Description: "Claim paths or globs relative to the workspace (e.g. `src/api`, `docs/*.md`, `internal/**/store.go`) so that " +
@@ -139,6 +155,9 @@ func addClaimTools(s *mcp.Server, c *relay.Client) {
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: true, OpenWorldHint: new(false)},
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ClaimRequest) (*mcp.CallToolResult, relay.ClaimResponse, error) {
 		in, err := relay.NormalizeClaim(in)
+		if err == nil {
+			in.Paths, err = resolveClaims(workspace, in.Paths, true)
+		}
 		if err != nil {
 			return nil, relay.ClaimResponse{}, err
 		}
@@ -153,6 +172,9 @@ func addClaimTools(s *mcp.Server, c *relay.Client) {
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: false, OpenWorldHint: new(false)},
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ReleaseRequest) (*mcp.CallToolResult, relay.ReleaseResponse, error) {
 		in, err := relay.NormalizeRelease(in)
+		if err == nil {
+			in.Paths, err = resolveClaims(workspace, in.Paths, false)
+		}
 		if err != nil {
 			return nil, relay.ReleaseResponse{}, err
 		}

@@ -80,3 +80,48 @@ func TestAskSendsProgressWhileItWaits(t *testing.T) {
 	require.False(t, res.IsError)
 	require.Len(t, seen(), len(first))
 }
+
+// A call without a progress token asks the worker to return after
+// Options.NoProgressWait when the question waits longer; a call with one
+// waits the whole timeout, kept alive by progress.
+func TestAskWithoutProgressTokenAsksToReturnEarly(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "jcb")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	got := make(chan relay.AskRequest, 4)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req relay.AskRequest
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&req))
+		got <- req
+		_ = json.NewEncoder(w).Encode(relay.AskResponse{QuestionID: "qaaaaaaaaaaaaaaaa", Status: relay.AskNoAnswer})
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	st, ct := mcp.NewInMemoryTransports()
+	s := bridge.NewServer(relay.NewClient(sock), bridge.Options{Version: "test", NoProgressWait: 20 * time.Second})
+	ss, err := s.Connect(context.Background(), st, nil)
+	require.NoError(t, err)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "t"}, nil).Connect(context.Background(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close(); _ = ss.Wait() })
+
+	call := func(timeout int, token any) relay.AskRequest {
+		params := &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"to": "operator", "question": "ok?", "timeout_seconds": timeout}}
+		if token != nil {
+			params.SetProgressToken(token)
+		}
+		res, err := cs.CallTool(t.Context(), params)
+		require.NoError(t, err)
+		require.False(t, res.IsError)
+		return <-got
+	}
+	require.Equal(t, 20, call(60, nil).ReturnAfterSeconds)
+	require.Equal(t, 0, call(60, "tok").ReturnAfterSeconds)
+	require.Equal(t, 0, call(20, nil).ReturnAfterSeconds, "a wait no longer than NoProgressWait is the call's own")
+	require.Equal(t, 20, call(0, nil).ReturnAfterSeconds, "the default timeout, 300 s")
+}

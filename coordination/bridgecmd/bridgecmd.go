@@ -37,6 +37,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination/bridge"
 	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // Version is reported by the MCP server; set it before Main (the binaries
@@ -148,8 +149,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer wg.Wait()
 
 	srv := bridge.NewServer(client, bridge.Options{
-		Version: Version,
-		Logger:  sdkLog.With("component", "mcp-sdk"),
+		Version:   Version,
+		Logger:    sdkLog.With("component", "mcp-sdk"),
+		Workspace: workspaceDir(),
 	})
 	// Steers put in the inbox are announced to the client as they come;
 	// the goroutine ends with ctx or the client (closed on return).
@@ -175,6 +177,16 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		log.Error("session failed", "error", err)
 		return 1
 	}
+}
+
+// workspaceDir is the run's workspace, messages.WorkspaceDir, when the
+// container has one: claimed patterns are resolved there
+// (bridge.Options.Workspace). "" otherwise.
+func workspaceDir() string {
+	if fi, err := os.Stat(messages.WorkspaceDir); err == nil && fi.IsDir() {
+		return messages.WorkspaceDir
+	}
+	return ""
 }
 
 // nopWriteCloser keeps the transport from closing stdout.

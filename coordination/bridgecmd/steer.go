@@ -25,9 +25,10 @@ import (
 // open so that the operator's steers, which it long-polls from the worker
 // over the run's socket (relay.PathSteerNext), reach the CLI as further user
 // turns. It copies the CLI's standard output to its own, line by line,
-// watching for the end of each turn: when a turn ends and no steer was
-// written since the previous one ended, it closes the pipe, and the CLI,
-// out of input, finishes as it does after a plain prompt. It forwards
+// watching for the end of each turn: when a turn ends and every user
+// message written (the prompt and each steer) has had its turn, it closes
+// the pipe, and the CLI, out of input, finishes as it does after a plain
+// prompt. It forwards
 // SIGTERM, SIGINT, SIGHUP and SIGQUIT to the CLI and exits with its exit
 // code (128+N for a signal), as a shell does.
 
@@ -117,26 +118,36 @@ const (
 
 // agentInput is the write end of the CLI's standard input and the turn
 // accounting that decides when to close it.
+//
+// Every user message written (the prompt, then each steer) is owed a turn;
+// each turn's end pays one. The input closes only when a turn ends with
+// nothing owed: a CLI need not start a turn for what it read once its
+// input has ended, so closing while a written steer waits for its turn
+// could lose it (the race of claude-code#79656). The write, the count and the decision to close
+// are made under one lock, so a steer is either written and owed a turn
+// before the input closes, or refused because it closed: never written to
+// a closed input, never written and then cut off.
 type agentInput struct {
 	f steerFormat
 
 	// quietFor is quietAfterTurn (shorter in tests).
 	quietFor time.Duration
 
-	mu      sync.Mutex
-	w       *os.File
-	closed  bool
-	pending int         // steers written since the last turn ended
-	quiet   *time.Timer // quietFor's, while armed
-	done    chan struct{}
+	mu       sync.Mutex
+	w        *os.File
+	closed   bool
+	owed     int         // user messages written whose turn has not ended
+	quiet    *time.Timer // quietFor's, while armed
+	quietGen int         // counts arming and disarming: a stale timer closes nothing
+	done     chan struct{}
 }
 
 func newAgentInput(w *os.File, f steerFormat) *agentInput {
 	return &agentInput{w: w, f: f, quietFor: quietAfterTurn, done: make(chan struct{})}
 }
 
-// write writes one turn of text; it reports why not when the input is
-// closed or the write failed.
+// write writes one user message of text, owed a turn; it reports why not
+// when the input is closed or the write failed.
 func (in *agentInput) write(text string) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -147,35 +158,53 @@ func (in *agentInput) write(text string) error {
 	if _, err := in.w.Write(in.f.turn(text)); err != nil {
 		return fmt.Errorf("write to the agent's input: %w", err)
 	}
-	return nil
-}
-
-// steer writes a steer as a turn and counts it.
-func (in *agentInput) steer(text string) error {
-	if err := in.write(text); err != nil {
-		return err
+	in.owed++
+	if in.quiet != nil {
+		in.armQuiet() // the silence starts again: a turn is due
 	}
-	in.mu.Lock()
-	in.pending++
-	in.mu.Unlock()
 	return nil
 }
 
-// turnEnded closes the input unless steers were written during the turn
-// that ended; then it waits for their turn, or quietAfterTurn of silence.
+// steer writes a steer as a user message owed a turn of its own.
+func (in *agentInput) steer(text string) error { return in.write(text) }
+
+// turnEnded pays one owed turn and closes the input when none is owed;
+// otherwise it waits for their turns, or quietFor of silence (a CLI that
+// took a steer into the turn that just ended owes it no turn of its own).
 func (in *agentInput) turnEnded() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.pending == 0 {
+	if in.owed > 0 {
+		in.owed--
+	}
+	if in.owed == 0 {
 		in.closeLocked()
 		return
 	}
-	in.pending = 0
-	if in.quiet == nil {
-		in.quiet = time.AfterFunc(in.quietFor, in.close)
-	} else {
-		in.quiet.Reset(in.quietFor)
+	in.armQuiet()
+}
+
+// armQuiet (re)starts the quiet timer, which closes the input after
+// quietFor unless disarmed or armed again meanwhile; in.mu is held.
+func (in *agentInput) armQuiet() {
+	in.disarmQuiet()
+	gen := in.quietGen
+	in.quiet = time.AfterFunc(in.quietFor, func() {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if in.quietGen == gen {
+			in.closeLocked()
+		}
+	})
+}
+
+// disarmQuiet stops the quiet timer; in.mu is held.
+func (in *agentInput) disarmQuiet() {
+	if in.quiet != nil {
+		in.quiet.Stop()
+		in.quiet = nil
 	}
+	in.quietGen++
 }
 
 // activity disarms quietAfterTurn: the CLI printed something.
@@ -183,7 +212,7 @@ func (in *agentInput) activity() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.quiet != nil {
-		in.quiet.Stop()
+		in.disarmQuiet()
 	}
 }
 
@@ -206,9 +235,7 @@ func (in *agentInput) closeLocked() {
 	}
 	in.closed = true
 	_ = in.w.Close()
-	if in.quiet != nil {
-		in.quiet.Stop()
-	}
+	in.disarmQuiet()
 	close(in.done)
 }
 

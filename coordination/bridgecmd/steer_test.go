@@ -3,6 +3,7 @@ package bridgecmd
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -116,15 +117,17 @@ func TestSteerAfterTheInputClosedIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	defer r.Close()
 	in := newAgentInput(w, steerFormats[messages.SteerInputKimi])
+	require.NoError(t, in.write("prompt"))
 	require.NoError(t, in.steer("first"))
-	in.turnEnded() // a steer was written during the turn: stays open
+	in.turnEnded() // the prompt's turn; the first steer's is owed: open
 	require.NoError(t, in.steer("second"))
-	in.turnEnded()
-	in.turnEnded() // a quiet turn: closed
+	in.turnEnded() // the first steer's; the second's is owed: open
+	require.False(t, in.isClosed())
+	in.turnEnded() // the second steer's: nothing owed, closed
 	require.ErrorContains(t, in.steer("third"), "input is closed")
 	b := make([]byte, 4096)
 	n, _ := r.Read(b)
-	require.Equal(t, "{\"role\":\"user\",\"content\":\"first\"}\n{\"role\":\"user\",\"content\":\"second\"}\n", string(b[:n]))
+	require.Equal(t, "{\"role\":\"user\",\"content\":\"prompt\"}\n{\"role\":\"user\",\"content\":\"first\"}\n{\"role\":\"user\",\"content\":\"second\"}\n", string(b[:n]))
 }
 
 func TestTurnEnds(t *testing.T) {
@@ -148,6 +151,7 @@ func TestQuietAfterTurnClosesTheInput(t *testing.T) {
 	defer r.Close()
 	in := newAgentInput(w, steerFormats[messages.SteerInputClaude])
 	in.quietFor = 200 * time.Millisecond
+	require.NoError(t, in.write("prompt"))
 	require.NoError(t, in.steer("taken into the turn"))
 	in.turnEnded()
 	in.activity() // output: a turn of the steer's began
@@ -170,4 +174,28 @@ func TestExitCodeOfASignalledCLI(t *testing.T) {
 	code := launchSteered("/bin/sh", []string{"sh", "-c", "kill -9 $$"}, os.Environ(), prompt,
 		steerFormats[messages.SteerInputClaude], filepath.Join(t.TempDir(), "none.sock"), &out, &errb)
 	require.Equal(t, 128+9, code)
+}
+
+// A steer written while the quiet timer runs starts the silence again:
+// the timer armed before it closes nothing, so the steer keeps its turn.
+func TestSteerWrittenDuringTheQuietRestartsIt(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	in := newAgentInput(w, steerFormats[messages.SteerInputClaude])
+	in.quietFor = time.Second
+	require.NoError(t, in.write("prompt"))
+	require.NoError(t, in.steer("taken into the turn"))
+	in.turnEnded() // one turn owed: the quiet timer runs
+	time.Sleep(600 * time.Millisecond)
+	require.NoError(t, in.steer("late"))
+	time.Sleep(600 * time.Millisecond)
+	require.False(t, in.isClosed(), "the timer armed before the steer closed the input")
+	select {
+	case <-in.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the input stayed open after the silence")
+	}
 }

@@ -125,8 +125,14 @@ func SocketDir(t testing.TB) string {
 // with the test.
 func Bridge(t testing.TB, socketPath string) *mcp.ClientSession {
 	t.Helper()
+	return BridgeWith(t, socketPath, bridge.Options{Version: "test"})
+}
+
+// BridgeWith is Bridge with the bridge's options.
+func BridgeWith(t testing.TB, socketPath string, opts bridge.Options) *mcp.ClientSession {
+	t.Helper()
 	st, ct := mcp.NewInMemoryTransports()
-	srv := bridge.NewServer(relay.NewClient(socketPath), bridge.Options{Version: "test"})
+	srv := bridge.NewServer(relay.NewClient(socketPath), opts)
 	ctx := context.Background()
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {

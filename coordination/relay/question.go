@@ -69,6 +69,13 @@ type AskRequest struct {
 	// DefaultAskSeconds) to MaxAskSeconds; the worker cuts it to the
 	// run's remaining time.
 	TimeoutSeconds int `json:"timeout_seconds,omitempty" jsonschema:"seconds to wait for an answer (default 300); cut to your run's remaining time"`
+	// ReturnAfterSeconds, when set below the wait, is how long the call
+	// itself waits, 0 to MaxAskSeconds: past it the call returns
+	// AskNoAnswer while the question stays open for its whole timeout,
+	// and an answer that comes goes to the run's inbox (Message.AnswerTo).
+	// The bridge sets it for an MCP client that sent no progress token;
+	// the ask tool does not offer it.
+	ReturnAfterSeconds int `json:"return_after_seconds,omitempty"`
 }
 
 // AskResponse answers POST /v1/ask: the answer, or "no answer". A question
@@ -154,6 +161,9 @@ func NormalizeAsk(r AskRequest) (AskRequest, error) {
 	if r.TimeoutSeconds == 0 {
 		r.TimeoutSeconds = DefaultAskSeconds
 	}
+	if r.ReturnAfterSeconds < 0 || r.ReturnAfterSeconds > MaxAskSeconds {
+		return r, invalid(CodeInvalid, "return_after_seconds %d is out of range: 0 to %d", r.ReturnAfterSeconds, MaxAskSeconds)
+	}
 	return r, nil
 }
 
@@ -192,10 +202,15 @@ func DecodeReplyRequest(data []byte) (ReplyRequest, error) {
 }
 
 // Ask asks r.Question as the socket's run and waits for the answer, up to
-// r.TimeoutSeconds (and callTimeout more for the worker to answer).
+// r.TimeoutSeconds, or r.ReturnAfterSeconds when it is set and shorter
+// (and callTimeout more for the worker to answer).
 func (c *Client) Ask(ctx context.Context, r AskRequest) (AskResponse, error) {
 	var resp AskResponse
-	wait := time.Duration(max(0, min(r.TimeoutSeconds, MaxAskSeconds))) * time.Second
+	secs := r.TimeoutSeconds
+	if r.ReturnAfterSeconds > 0 {
+		secs = min(secs, r.ReturnAfterSeconds)
+	}
+	wait := time.Duration(max(0, min(secs, MaxAskSeconds))) * time.Second
 	err := c.call(ctx, http.MethodPost, PathAsk, r, &resp, callTimeout+wait)
 	return resp, err
 }

@@ -186,6 +186,10 @@ type Message struct {
 	QuestionID string `json:"question_id,omitempty" jsonschema:"set when the message is a question: answer it with reply and this id"`
 	// Choices are the answers the asker offers, if any.
 	Choices []string `json:"choices,omitempty" jsonschema:"the answers the asker offers, if any"`
+	// AnswerTo is set when the message answers one of this run's
+	// questions whose ask returned "no answer" before the answer came
+	// (messages.HeaderAnswerTo): From answered question AnswerTo with Body.
+	AnswerTo string `json:"answer_to,omitempty" jsonschema:"set when the message is the answer to your question of this id, which came after your ask returned"`
 }
 
 // ClaimRequest is the body of POST /v1/claim. It has no holder field: the

@@ -246,3 +246,19 @@ func FuzzDecodeClaimRequest(f *testing.F) {
 		require.Equal(t, r, r2)
 	})
 }
+
+// Spellings of one file are one pattern: ValidatePattern cleans them
+// lexically (path.Clean), so a claim and its release, or two runs' claims,
+// meet whatever the spelling.
+func TestValidatePatternSpellings(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"src/a.go", "./src//a.go", "src/./a.go", "src/a.go/", "src/../src/a.go", ".//src///a.go//", "src/sub/../a.go"} {
+		c, err := relay.ValidatePattern(p)
+		require.NoError(t, err, p)
+		require.Equal(t, "src/a.go", c, p)
+	}
+	for _, p := range []string{"src/..", "./", "a/../../b", "/src/a.go"} {
+		_, err := relay.ValidatePattern(p)
+		require.Error(t, err, p)
+	}
+}

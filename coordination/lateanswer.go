@@ -1,0 +1,97 @@
+package coordination
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// Late answers: an ask whose call returned before its question's wait
+// ended (relay.AskRequest.ReturnAfterSeconds: the bridge's answer to an MCP
+// client that sent no progress token and would give up on its own) leaves
+// the question open. The session keeps watching for its answer for the rest
+// of the wait, and puts an answer that comes in the run's inbox, as a
+// message from whoever answered carrying messages.HeaderAnswerTo.
+
+// lateWaits are the session's waits for late answers. Each ends when its
+// question's wait does or the session's context ends; Detach stops new ones
+// and waits for those running.
+type lateWaits struct {
+	mu      sync.Mutex
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// start runs wait in a goroutine of its own, unless the session is
+// stopping; it reports whether it did.
+func (l *lateWaits) start(wait func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return false
+	}
+	l.wg.Go(wait)
+	return true
+}
+
+// stop refuses new waits and waits for the running ones (their session's
+// context has ended).
+func (l *lateWaits) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// awaitLate takes over q's wait (its watcher w, its place among the run's
+// open questions) for rest more, after the call that asked it returned:
+// an answer goes to the run's inbox (deliverLate), and whatever ends the
+// wait drops the question. It reports false, doing nothing, when the
+// session is stopping.
+func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, rest time.Duration) bool {
+	return s.late.start(func() {
+		defer s.forgetQuestion(q.ID)
+		ans, from, why, _ := s.waitAnswer(s.ctx, w, rest)
+		_ = w.Stop()
+		s.dropQuestion(s.ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, q.ID))
+		if why != "" {
+			s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
+			return
+		}
+		seq, err := s.deliverLate(q, ans, from)
+		if err != nil {
+			s.log.Warn().Err(err).Str("question_id", q.ID).Msg("put a late answer in the run's inbox")
+			s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: "the answer came after the call returned and could not be put in the inbox: " + err.Error()})
+			return
+		}
+		s.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans), MessageID: seq})
+	})
+}
+
+// deliverLate puts the answer to q, given by from (a run of the group or
+// RecipientOperator), in the asking run's inbox: a message on
+// jetcrew.coord.<group>.<run_id> with Jetcrew-From from and
+// messages.HeaderAnswerTo q.ID, published once per question
+// (Nats-Msg-Id "answer:<question_id>"). It returns the message's stream
+// sequence. The worker publishes where runs' messages travel, as it does
+// the question itself; the answer is from's own (a peer's reply stamped by
+// its worker, or an operator's answer key).
+func (s *Session) deliverLate(q messages.CoordQuestion, ans, from string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), s.h.cfg.OpTimeout)
+	defer cancel()
+	msg := nats.NewMsg(Subject(q.Group, q.RunID))
+	msg.Data = []byte(ans)
+	msg.Header.Set(HeaderFrom, from)
+	msg.Header.Set(messages.HeaderAnswerTo, q.ID)
+	ack, err := s.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("answer:"+q.ID))
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatUint(ack.Sequence, 10), nil
+}
