@@ -253,6 +253,9 @@ func (c Config) validate() error {
 	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("worker: state dir %q must be an absolute path", c.StateDir)
 	}
+	if c.StateRoot != "" && !filepath.IsAbs(c.StateRoot) {
+		return fmt.Errorf("worker: state root %q must be an absolute path", c.StateRoot)
+	}
 	if c.FetchWait < time.Second {
 		return fmt.Errorf("worker: fetch wait %s must be at least 1s", c.FetchWait)
 	}
