@@ -145,6 +145,7 @@ func TestStateDirAcrossPIDNamespaces(t *testing.T) {
 	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, first.stderr.String())
 	w := run(t, url, jetcrewBin, "watch", id)
 	require.Contains(t, w.stdout, "mcpServers", "the run read its mcp.json")
+	t.Logf("first %s kept, dead %s reclaimed by second %s; run %s %s", firstDir, deadDir, secondDir, id, st.State)
 
 	first.stop(t)
 	second.stop(t)
