@@ -26,7 +26,7 @@ var ErrNotGitSource = errors.New("the earlier run's workspace is not a git repos
 // ErrOutOfProportion is wrapped by DeriveSnapshot's error when the run's
 // bundle holds an object whose declared size is out of proportion to its
 // compressed bytes (MaxInflateRatio): a compression bomb, refused before
-// it is inflated anywhere but into nothing.
+// it is stored or read, having been inflated only into its hash.
 var ErrOutOfProportion = errors.New("an object inflates out of proportion to its compressed size")
 
 // Bounds of the objects of a run's bundle that another run starts from
