@@ -110,10 +110,17 @@ func TestStateDirAcrossPIDNamespaces(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	suffix := opsSuffix(t)
+	id := "ns-run-" + suffix
+	// Last, after the workers: a worker that lost its directory may leave
+	// the run's container.
+	t.Cleanup(func() {
+		for _, c := range allRunContainers(t, id) {
+			_ = exec.Command("docker", "rm", "-f", c).Run()
+		}
+	})
 
 	first := startNSWorker(t, url, "ns-first-"+suffix, "--state-root", root)
 	firstDir := first.started(t)
-	id := "ns-run-" + suffix
 	r := run(t, url, jetcrewBin, "submit", "--id", id, "while [ ! -e /tmp/go ]; do sleep 0.1; done; cat /run/jetcrew/mcp.json")
 	require.Equal(t, 0, r.code, r.stderr)
 	st := waitRunning(t, url, id)
