@@ -132,6 +132,13 @@ func up(t *testing.T, args ...string) string {
 // as it is written.
 func upLogged(t *testing.T, args ...string) (string, *lockedBuffer) {
 	t.Helper()
+	url, stderr, _ := upProcess(t, args...)
+	return url, stderr
+}
+
+// upProcess is upLogged that also returns the process's pid.
+func upProcess(t *testing.T, args ...string) (string, *lockedBuffer, int) {
+	t.Helper()
 	data := t.TempDir()
 	cmd := exec.Command(jetcrewBin, append([]string{"up", "--listen", "127.0.0.1:0", "--data", data}, args...)...)
 	auth, env := upAuthEnv(t, args)
@@ -175,10 +182,10 @@ func upLogged(t *testing.T, args ...string) (string, *lockedBuffer) {
 			authSetups.Store(u, auth)
 			t.Cleanup(func() { authSetups.Delete(u) })
 		}
-		return u, stderr
+		return u, stderr, cmd.Process.Pid
 	case <-time.After(60 * time.Second):
 		t.Fatalf("jetcrew up printed no NATS URL\n%s", stderr.String())
-		return "", nil
+		return "", nil, 0
 	}
 }
 

@@ -1,14 +1,10 @@
 package worker
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -22,22 +18,6 @@ import (
 // (/proc/self/mountinfo) names nothing of the host but it and a random
 // name. Elsewhere the root is os.TempDir().
 const DefaultStateRoot = "/var/lib/jetcrew/state"
-
-// stateMarker is the file a worker writes in a state directory it made:
-// which process holds it. A later worker of the same user reclaims a
-// directory whose process is gone (reclaimStateDirs).
-const stateMarker = ".jetcrew-worker"
-
-// marker is the content of stateMarker.
-type marker struct {
-	// PID is the process that made the directory; Start its start time
-	// (field 22 of /proc/<pid>/stat, in clock ticks since boot), so a pid
-	// reused by another process does not count as the worker.
-	PID   int    `json:"pid"`
-	Start uint64 `json:"start"`
-	// Created is when the directory was made.
-	Created time.Time `json:"created"`
-}
 
 // stateRoot returns the root a default state directory is made under and
 // the prefix of its name: Config.StateRoot, else DefaultStateRoot when it
@@ -61,12 +41,13 @@ func (w *Worker) stateRoot() (root, prefix string) {
 // emptied). With no StateDir configured it first reclaims the default
 // state directories earlier workers of this user left behind
 // (reclaimStateDirs), then creates a private one with an unpredictable
-// name under stateRoot (os.MkdirTemp, mode 0700) holding its marker, and
-// records it: Stop removes it whole. A configured one, and r/, are created
-// 0700 when missing and otherwise must be real directories (not symlinks)
-// owned by the worker's user with mode 0700, or the worker refuses to
-// start. Nobody else can then create, replace or link anything the worker
-// later creates, chmods or mounts under it.
+// name under stateRoot (os.MkdirTemp, mode 0700) holding its marker,
+// locked for the worker's life (lockMarker), and records it: Stop removes
+// it whole. A configured one, and r/, are created 0700 when missing and
+// otherwise must be real directories (not symlinks) owned by the worker's
+// user with mode 0700, or the worker refuses to start. Nobody else can
+// then create, replace or link anything the worker later creates, chmods
+// or mounts under it.
 func (w *Worker) prepareStateDir() error {
 	if w.cfg.StateDir == "" {
 		root, prefix := w.stateRoot()
@@ -75,11 +56,12 @@ func (w *Worker) prepareStateDir() error {
 		if err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
-		if err := writeMarker(dir); err != nil {
+		lock, err := lockMarker(dir, w.cfg.ID)
+		if err != nil {
 			_ = os.RemoveAll(dir)
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
-		w.cfg.StateDir, w.ownStateDir = dir, true
+		w.cfg.StateDir, w.ownStateDir, w.stateLock = dir, true, lock
 		w.log.Info().Str("state_dir", dir).Msg("state directory made; removed when the worker stops")
 	}
 	for _, dir := range []string{w.cfg.StateDir, filepath.Join(w.cfg.StateDir, "r")} {
@@ -110,91 +92,66 @@ func (w *Worker) removeStateDir() {
 		if err := os.RemoveAll(w.cfg.StateDir); err != nil {
 			w.log.Warn().Err(err).Str("state_dir", w.cfg.StateDir).Msg("remove the state directory")
 		}
+		// The lock goes once the directory is gone: nobody reclaims it
+		// meanwhile.
+		_ = w.stateLock.Close()
 		return
 	}
 	_ = os.RemoveAll(filepath.Join(w.cfg.StateDir, "snap"))
 }
 
-// writeMarker writes stateMarker into dir, mode 0600: this process.
-func writeMarker(dir string) error {
-	start, err := processStart(os.Getpid())
-	if err != nil {
-		return err
-	}
-	b, _ := json.Marshal(marker{PID: os.Getpid(), Start: start, Created: time.Now().UTC()})
-	return os.WriteFile(filepath.Join(dir, stateMarker), b, 0o600)
-}
-
-// processStart returns the start time of process pid, in clock ticks since
-// boot (field 22 of /proc/<pid>/stat); an error when it does not exist.
-func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) is in parentheses and may hold spaces.
-	rest := string(b)
-	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
-		rest = rest[i+1:]
-	}
-	fields := strings.Fields(rest)
-	if len(fields) < 20 {
-		return 0, errors.New("short /proc stat")
-	}
-	return strconv.ParseUint(fields[19], 10, 64)
-}
-
 // reclaimStateDirs removes the state directories under root whose names
 // begin with prefix that are provably a dead worker's of this user: a
 // directory (not a link) owned by the effective user with mode 0700,
-// holding a marker of this user whose process is gone (or whose pid now
-// names another process). Anything else is left alone. Each removal is
-// logged.
+// holding a marker of this user whose lock it takes at once, while it
+// removes the directory (markerDead: a locked marker's worker is gone; an
+// earlier version's marker, without lock, only when made before the host
+// booted). Anything else is left alone: a marker whose lock is held (its
+// worker lives, in whatever PID namespace), an unreadable one, a
+// directory without one. Each removal is logged, and each earlier
+// version's marker left.
 func reclaimStateDirs(root, prefix string, log zerolog.Logger) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return
 	}
+	boot := hostBootTime()
 	for _, e := range entries {
 		if !strings.HasPrefix(e.Name(), prefix) || !e.IsDir() {
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
-		if privdir.Check(dir) != nil {
-			continue
-		}
-		m, ok := readMarker(dir)
-		if !ok {
-			continue
-		}
-		if start, err := processStart(m.PID); err == nil && start == m.Start {
-			continue // its worker lives
-		}
-		log.Info().Str("state_dir", dir).Int("pid", m.PID).Time("created", m.Created).
-			Msg("removing the state directory a dead worker left")
-		if err := os.RemoveAll(dir); err != nil {
-			log.Warn().Err(err).Str("state_dir", dir).Msg("remove a dead worker's state directory")
+		if privdir.Check(dir) == nil {
+			reclaimStateDir(dir, boot, log)
 		}
 	}
 }
 
-// readMarker reads dir's marker: a regular file of the effective user.
-func readMarker(dir string) (marker, bool) {
-	path := filepath.Join(dir, stateMarker)
-	fi, err := os.Lstat(path)
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() > 4096 {
-		return marker{}, false
+// reclaimStateDir removes dir, a candidate of reclaimStateDirs, when its
+// marker's lock is free and markerDead says its worker is gone; the lock
+// is held until it is removed.
+func reclaimStateDir(dir string, boot time.Time, log zerolog.Logger) {
+	f, locked := openMarker(dir)
+	if f == nil {
+		return
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
-		return marker{}, false
+	defer f.Close()
+	if !locked {
+		return // its worker lives
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return marker{}, false
+	m, ok := readMarker(f)
+	if !ok {
+		return
 	}
-	var m marker
-	if json.Unmarshal(b, &m) != nil || m.PID <= 0 {
-		return marker{}, false
+	dead, why := markerDead(m, boot)
+	if !dead {
+		log.Warn().Str("state_dir", dir).Int("pid", m.PID).Time("created", m.Created).
+			Msg("leaving a state directory an earlier version of the worker made: whether its worker lives cannot be told; remove it once it is gone")
+		return
 	}
-	return m, true
+	log.Info().Str("state_dir", dir).Str("worker", m.Worker).Time("created", m.Created).Str("why", why).
+		Msg("removing the state directory a dead worker left")
+	if err := os.RemoveAll(dir); err != nil {
+		log.Warn().Err(err).Str("state_dir", dir).Msg("remove a dead worker's state directory")
+	}
 }

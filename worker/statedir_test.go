@@ -1,12 +1,13 @@
 package worker
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -84,11 +85,15 @@ func TestStateDirPrivate(t *testing.T) {
 func TestStateDirLeavesNothing(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	w := &Worker{cfg: Config{StateRoot: root}}
+	w := &Worker{cfg: Config{ID: "w-1", StateRoot: root}}
 	require.NoError(t, w.prepareStateDir())
-	m, ok := readMarker(w.cfg.StateDir)
-	require.True(t, ok, "a default state directory holds its marker")
-	require.Equal(t, os.Getpid(), m.PID)
+	f, locked := openMarker(w.cfg.StateDir)
+	require.NotNil(t, f, "a default state directory holds its marker")
+	defer f.Close()
+	require.False(t, locked, "locked by its worker")
+	m, ok := readMarker(f)
+	require.True(t, ok)
+	require.Equal(t, marker{Lock: true, Worker: "w-1", Created: m.Created}, m, "a lock, no process id")
 	require.NoError(t, os.MkdirAll(filepath.Join(w.cfg.StateDir, "snap"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(w.cfg.StateDir, "snap", "x.tar"), nil, 0o444))
 	w.removeStateDir()
@@ -108,9 +113,13 @@ func TestStateDirLeavesNothing(t *testing.T) {
 }
 
 // TestReclaimStateDirs: on start, a worker removes the default state
-// directories a dead worker of its user left, and only those: not one
-// whose process lives, nor one without a marker, with another mode, a
-// link, or another prefix.
+// directories a dead worker of its user left, and only those: a marker
+// whose lock is free, or an earlier version's marker (a process id, no
+// lock) made well before the host booted. Not one whose lock is held (its
+// worker lives, in whatever PID namespace), an earlier version's marker
+// made since boot (whether its worker lives cannot be told), one without a
+// marker or with an unreadable one, with another mode, a link, or another
+// prefix.
 func TestReclaimStateDirs(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
@@ -124,29 +133,72 @@ func TestReclaimStateDirs(t *testing.T) {
 		}
 		return dir
 	}
-	// A process that has exited: its pid names nothing (or another
-	// process, whose start time differs).
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	deadPID := cmd.Process.Pid
-	liveStart, err := processStart(os.Getpid())
+	boot := hostBootTime()
+	require.False(t, boot.IsZero(), "btime in /proc/stat")
+	now := time.Now().UTC()
+
+	dead := mk("jetcrew-dead", 0o700, &marker{Lock: true, Worker: "gone", Created: now})
+	// A live worker's: made as a worker makes it, its lock held here.
+	live := filepath.Join(root, "jetcrew-live")
+	require.NoError(t, os.Mkdir(live, 0o700))
+	lock, err := lockMarker(live, "alive")
 	require.NoError(t, err)
-
-	dead := mk("jetcrew-dead", 0o700, &marker{PID: deadPID, Start: 1})
-	reused := mk("jetcrew-reused", 0o700, &marker{PID: os.Getpid(), Start: liveStart + 1})
-	live := mk("jetcrew-live", 0o700, &marker{PID: os.Getpid(), Start: liveStart})
+	defer lock.Close()
+	// An earlier version's: a process id that, in another PID namespace,
+	// names another process or none.
+	oldLive := mk("jetcrew-old", 0o700, &marker{PID: 1, Start: 1, Created: now})
+	oldBoot := mk("jetcrew-old-boot", 0o700, &marker{PID: 1, Start: 1, Created: boot.Add(-2 * oldMarkerMargin)})
 	unmarked := mk("jetcrew-unmarked", 0o700, nil)
-	open := mk("jetcrew-open", 0o755, &marker{PID: deadPID, Start: 1})
-	other := mk("other-dead", 0o700, &marker{PID: deadPID, Start: 1})
+	garbled := mk("jetcrew-garbled", 0o700, nil)
+	require.NoError(t, os.WriteFile(filepath.Join(garbled, stateMarker), []byte("{"), 0o600))
+	open := mk("jetcrew-open", 0o755, &marker{Lock: true, Created: now})
+	other := mk("other-dead", 0o700, &marker{Lock: true, Created: now})
 	require.NoError(t, os.Symlink(dead+"-target", filepath.Join(root, "jetcrew-link")))
-	mk("jetcrew-dead-target", 0o700, &marker{PID: deadPID, Start: 1})
+	mk("jetcrew-dead-target", 0o700, &marker{Lock: true, Created: now})
+	linked := mk("jetcrew-linked-marker", 0o700, nil)
+	require.NoError(t, os.Symlink(filepath.Join(dead, stateMarker), filepath.Join(linked, stateMarker)))
 
-	reclaimStateDirs(root, "jetcrew-dead-target-never", zerolog.Nop()) // another prefix: nothing
-	reclaimStateDirs(root, "jetcrew-", zerolog.Nop())
-	for dir, kept := range map[string]bool{dead: false, reused: false, live: true, unmarked: true, open: true, other: true} {
+	var logs bytes.Buffer
+	log := zerolog.New(&logs)
+	reclaimStateDirs(root, "jetcrew-dead-target-never", log) // another prefix: nothing
+	reclaimStateDirs(root, "jetcrew-", log)
+	for dir, kept := range map[string]bool{dead: false, live: true, oldLive: true, oldBoot: false, unmarked: true, garbled: true,
+		open: true, other: true, linked: true} {
 		_, err := os.Lstat(dir)
 		require.Equal(t, kept, err == nil, "%s: %v", filepath.Base(dir), err)
 	}
 	_, err = os.Lstat(filepath.Join(root, "jetcrew-link"))
 	require.NoError(t, err, "a link is never followed nor removed")
+	require.Contains(t, logs.String(), "leaving a state directory an earlier version of the worker made")
+	require.Contains(t, logs.String(), `"why":"its lock is free"`)
+
+	// The lock goes with its holder: the live directory is reclaimed once
+	// the file is closed.
+	require.NoError(t, lock.Close())
+	reclaimStateDirs(root, "jetcrew-live", zerolog.Nop())
+	require.NoDirExists(t, live)
+}
+
+// TestStateDirLockedForLife: a worker's state directory is not reclaimed
+// by another worker starting under the same root while it lives, and is
+// once its lock goes (the process ended; here, its file closed).
+func TestStateDirLockedForLife(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	first := &Worker{cfg: Config{ID: "first", StateRoot: root}}
+	require.NoError(t, first.prepareStateDir())
+	second := &Worker{cfg: Config{ID: "second", StateRoot: root}}
+	require.NoError(t, second.prepareStateDir())
+	require.DirExists(t, first.cfg.StateDir, "a live worker's directory stays")
+
+	require.NoError(t, first.stateLock.Close()) // as the kernel does when its process ends
+	third := &Worker{cfg: Config{ID: "third", StateRoot: root}}
+	require.NoError(t, third.prepareStateDir())
+	require.NoDirExists(t, first.cfg.StateDir, "a dead worker's directory is reclaimed")
+	require.DirExists(t, second.cfg.StateDir)
+	second.removeStateDir()
+	third.removeStateDir()
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	require.Empty(t, entries)
 }

@@ -98,7 +98,8 @@ type Config struct {
 	// Default os.LookupEnv.
 	LookupEnv func(string) (string, bool)
 	// StateRoot is where a worker without StateDir makes its state
-	// directory. Default: DefaultStateRoot when the worker may create it
+	// directory; it must be absolute. Workers may share it, from any PID
+	// namespace. Default: DefaultStateRoot when the worker may create it
 	// (as root), else os.TempDir().
 	StateRoot string
 	// StateDir holds the per-run directories staged for containers (the
@@ -110,8 +111,9 @@ type Config struct {
 	// it is removed when it stops. Default: a new private directory with an
 	// unpredictable name under StateRoot (w-<random> under
 	// DefaultStateRoot, else jetcrew-<random>), made by Start with a marker
-	// naming the worker's process and removed whole by Stop; a later
-	// worker of the same user reclaims one whose process is gone.
+	// the worker holds an exclusive flock(2) on for its life, and removed
+	// whole by Stop; a later worker of the same user reclaims one whose
+	// marker's lock is free (in any PID namespace: statedir_marker.go).
 	StateDir string
 	// BridgePath is the host path of the static bridge binary: the jetcrew
 	// binary (which runs as the bridge under the name "bridge") or a
@@ -253,6 +255,9 @@ func (c Config) validate() error {
 	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("worker: state dir %q must be an absolute path", c.StateDir)
 	}
+	if c.StateRoot != "" && !filepath.IsAbs(c.StateRoot) {
+		return fmt.Errorf("worker: state root %q must be an absolute path", c.StateRoot)
+	}
 	if c.FetchWait < time.Second {
 		return fmt.Errorf("worker: fetch wait %s must be at least 1s", c.FetchWait)
 	}
@@ -299,8 +304,10 @@ type Worker struct {
 	// install identifies this installation in container labels.
 	install string
 	// ownStateDir is set when the worker made its state directory (no
-	// StateDir configured): Stop removes it whole.
+	// StateDir configured): Stop removes it whole, then closes stateLock,
+	// its marker, locked while the worker lives (lockMarker).
 	ownStateDir bool
+	stateLock   *os.File
 
 	reg     *prometheus.Registry
 	metrics *runner.Metrics

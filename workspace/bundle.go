@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/go-git/go-git/v5"
@@ -72,21 +73,43 @@ func applyBundle(repo *git.Repository, data []byte, runID string) (plumbing.Refe
 // parseBundle reads a v2 bundle with one ref: its prerequisites, ref, head
 // and pack.
 func parseBundle(data []byte) (prereqs []plumbing.Hash, ref plumbing.ReferenceName, head plumbing.Hash, pack []byte, err error) {
-	bad := func(why string) error { return fmt.Errorf("not a jetcrew bundle: %s", why) }
-	if !bytes.HasPrefix(data, []byte(bundleSignature)) {
-		return nil, "", head, nil, bad("no v2 signature")
+	prereqs, ref, head, n, err := readBundleHeader(bufio.NewReader(bytes.NewReader(data)))
+	if err != nil {
+		return nil, "", head, nil, err
 	}
-	r := bufio.NewReader(bytes.NewReader(data[len(bundleSignature):]))
-	n := len(bundleSignature)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return nil, "", head, nil, bad("header not terminated")
+	return prereqs, ref, head, data[n:], nil
+}
+
+// Bounds of a bundle's header (readBundleHeader): jetcrew writes one
+// prerequisite at most and one ref.
+const (
+	maxBundleHeaderLines = 64
+	maxBundleLineBytes   = 4096
+)
+
+// readBundleHeader reads the header of a v2 bundle with one ref from r, up
+// to the empty line before the pack: its prerequisites, ref and head, and
+// its length in bytes. At most maxBundleHeaderLines lines of
+// maxBundleLineBytes are read.
+func readBundleHeader(r *bufio.Reader) (prereqs []plumbing.Hash, ref plumbing.ReferenceName, head plumbing.Hash, n int, err error) {
+	bad := func(why string) error { return fmt.Errorf("not a jetcrew bundle: %s", why) }
+	sig := make([]byte, len(bundleSignature))
+	if _, err := io.ReadFull(r, sig); err != nil || string(sig) != bundleSignature {
+		return nil, "", head, 0, bad("no v2 signature")
+	}
+	n = len(sig)
+	for range maxBundleHeaderLines {
+		b, err := r.ReadSlice('\n')
+		if err != nil || len(b) > maxBundleLineBytes {
+			return nil, "", head, 0, bad("header not terminated")
 		}
-		n += len(line)
-		line = strings.TrimSuffix(line, "\n")
+		n += len(b)
+		line := strings.TrimSuffix(string(b), "\n")
 		if line == "" {
-			break
+			if ref == "" {
+				return nil, "", head, 0, bad("no ref")
+			}
+			return prereqs, ref, head, n, nil
 		}
 		if rest, ok := strings.CutPrefix(line, "-"); ok {
 			h, _, _ := strings.Cut(rest, " ")
@@ -95,12 +118,9 @@ func parseBundle(data []byte) (prereqs []plumbing.Hash, ref plumbing.ReferenceNa
 		}
 		h, name, ok := strings.Cut(line, " ")
 		if !ok || ref != "" || !strings.HasPrefix(name, "refs/heads/jetcrew/") {
-			return nil, "", head, nil, bad(fmt.Sprintf("unexpected line %q", line))
+			return nil, "", head, 0, bad(fmt.Sprintf("unexpected line %q", line))
 		}
 		ref, head = plumbing.ReferenceName(name), plumbing.NewHash(h)
 	}
-	if ref == "" {
-		return nil, "", head, nil, bad("no ref")
-	}
-	return prereqs, ref, head, data[n:], nil
+	return nil, "", head, 0, bad(fmt.Sprintf("more than %d header lines", maxBundleHeaderLines))
 }

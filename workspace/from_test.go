@@ -2,8 +2,10 @@ package workspace_test
 
 import (
 	"bytes"
+	"crypto/rand"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,7 +45,7 @@ func derive(t *testing.T, base string, bundle []byte, runID string) (string, wor
 	p := filepath.Join(t.TempDir(), "derived.tar")
 	out, err := os.Create(p)
 	require.NoError(t, err)
-	info, err := workspace.DeriveSnapshot(f, bundle, runID, out, workspace.FromOptions{TempDir: t.TempDir()})
+	info, err := workspace.DeriveSnapshot(f, bytes.NewReader(bundle), runID, out, workspace.FromOptions{TempDir: t.TempDir()})
 	require.NoError(t, err)
 	require.NoError(t, out.Close())
 	return p, info
@@ -145,7 +147,7 @@ func TestDeriveSnapshotRefuses(t *testing.T) {
 		f, err := os.Open(base)
 		require.NoError(t, err)
 		defer f.Close()
-		_, err = workspace.DeriveSnapshot(f, bundle, runID, &bytes.Buffer{}, workspace.FromOptions{TempDir: t.TempDir()})
+		_, err = workspace.DeriveSnapshot(f, bytes.NewReader(bundle), runID, &bytes.Buffer{}, workspace.FromOptions{TempDir: t.TempDir()})
 		return err
 	}
 	require.ErrorIs(t, try(s0, c1.Bundle, "r2"), workspace.ErrBadArchive, "another run's bundle")
@@ -164,6 +166,74 @@ func TestDeriveSnapshotRefuses(t *testing.T) {
 	f, err := os.Open(s0)
 	require.NoError(t, err)
 	defer f.Close()
-	_, err = workspace.DeriveSnapshot(f, c1.Bundle, "r1", &big, workspace.FromOptions{TempDir: t.TempDir(), MaxBytes: 4096})
+	_, err = workspace.DeriveSnapshot(f, bytes.NewReader(c1.Bundle), "r1", &big, workspace.FromOptions{TempDir: t.TempDir(), MaxBytes: 4096})
 	require.ErrorIs(t, err, workspace.ErrTooLarge, "objects past the cap, declared before inflating")
+}
+
+// TestDeriveSnapshotRefusesBomb: an object of a run's bundle declaring
+// more than MaxInflateRatio times its compressed bytes (a file of zeros)
+// is refused with ErrOutOfProportion, naming the object; one under
+// InflateRatioFloor is not held to the ratio.
+func TestDeriveSnapshotRefusesBomb(t *testing.T) {
+	t.Parallel()
+	src := testRepo(t)
+	s0, _ := snapshotFile(t, src)
+	capture := func(runID string, zeros int) []byte {
+		ws := unpackFile(t, s0)
+		write(t, ws, "zeros.bin", string(make([]byte, zeros)))
+		c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: runID, Snapshot: s0, Scratch: t.TempDir()})
+		require.NoError(t, err)
+		return c.Bundle
+	}
+	try := func(bundle []byte, runID string) error {
+		f, err := os.Open(s0)
+		require.NoError(t, err)
+		defer f.Close()
+		_, err = workspace.DeriveSnapshot(f, bytes.NewReader(bundle), runID, &bytes.Buffer{}, workspace.FromOptions{TempDir: t.TempDir()})
+		return err
+	}
+	err := try(capture("bomb", 8<<20), "bomb")
+	require.ErrorIs(t, err, workspace.ErrOutOfProportion)
+	require.ErrorContains(t, err, "declares 8388608 bytes from")
+	require.NoError(t, try(capture("small", workspace.InflateRatioFloor), "small"), "at the floor, any ratio")
+}
+
+// TestDeriveSnapshotStreamsObjects: a run's bundle holding a 48 MiB file
+// (compressible, within MaxInflateRatio) is indexed and its file written
+// into the snapshot without the object ever held in memory whole: the
+// heap grows by a fraction of it. Not parallel: it measures the process's
+// heap.
+func TestDeriveSnapshotStreamsObjects(t *testing.T) {
+	const size = 48 << 20
+	src := testRepo(t)
+	s0, _ := snapshotFile(t, src)
+	ws := unpackFile(t, s0)
+	// 64 random bytes a 4 KiB block: about 50 times smaller deflated.
+	data := make([]byte, size)
+	for off := 0; off < size; off += 4096 {
+		_, _ = rand.Read(data[off : off+64])
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "large.bin"), data, 0o644))
+	c, err := workspace.Capture(ws, workspace.CaptureOptions{RunID: "r1", Snapshot: s0, Scratch: t.TempDir()})
+	require.NoError(t, err)
+	data = nil
+	t.Logf("bundle: %d bytes for a %d MiB file", len(c.Bundle), size>>20)
+
+	f, err := os.Open(s0)
+	require.NoError(t, err)
+	defer f.Close()
+	out, err := os.Create(filepath.Join(t.TempDir(), "derived.tar"))
+	require.NoError(t, err)
+	defer out.Close()
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	peak, stop := sampleHeap()
+	info, err := workspace.DeriveSnapshot(f, bytes.NewReader(c.Bundle), "r1", out, workspace.FromOptions{TempDir: t.TempDir()})
+	stop()
+	require.NoError(t, err)
+	grew := peak.Load() - int64(before.HeapAlloc)
+	t.Logf("derived %d bytes; peak heap %.1f MiB above the start", info.Size, float64(grew)/(1<<20))
+	require.Greater(t, info.Size, int64(size), "the file is in the snapshot")
+	require.Less(t, grew, int64(16<<20), "the object was not held in memory")
 }

@@ -255,7 +255,13 @@ func (l *looseDir) readFile(h plumbing.Hash) (looseFile, error) {
 // peekHeader returns the type and size of the loose object header at the
 // start of the inflated zlib stream z (z may be cut short after it).
 func peekHeader(z []byte) (plumbing.ObjectType, int64, error) {
-	zr, err := openZlib(bytes.NewReader(z))
+	return peekHeaderFrom(bytes.NewReader(z))
+}
+
+// peekHeaderFrom is peekHeader of the zlib stream r: it reads no more of r
+// than the header needs (and the decoder's buffer).
+func peekHeaderFrom(r io.Reader) (plumbing.ObjectType, int64, error) {
+	zr, err := openZlib(r)
 	if err != nil {
 		return 0, 0, fmt.Errorf("loose object: %w", err)
 	}

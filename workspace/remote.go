@@ -280,7 +280,7 @@ func (r *Remote) fetch(ctx context.Context, dir string, want plumbing.Hash) (*fi
 	if _, err := io.Copy(f, pack); err != nil {
 		return nil, remoteError(r.url, fmt.Errorf("read pack: %w", err))
 	}
-	sum, err := indexPack(f, packDir, r.o.MaxBytes)
+	sum, err := indexPack(f, packDir, packRules{max: r.o.MaxBytes})
 	if err != nil {
 		return nil, remoteError(r.url, fmt.Errorf("read pack: %w", err))
 	}

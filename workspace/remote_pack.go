@@ -1,11 +1,11 @@
 package workspace
 
 import (
+	"crypto/sha1"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
@@ -30,15 +30,13 @@ const (
 	fetchCacheBytes = 16 * cache.MiByte
 )
 
-// indexPack checks the pack f (checkPack, max bytes) and writes its index
-// into dir as pack-<checksum>.idx, and returns the pack's checksum. go-git
-// reads each object to hash it, one at a time; checkPack has bounded them
-// all first.
-func indexPack(f *os.File, dir string, max int64) (plumbing.Hash, error) {
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return plumbing.ZeroHash, err
-	}
-	if err := checkPack(f, max); err != nil {
+// indexPack checks the pack f (rules.check) and writes its index into dir
+// as pack-<checksum>.idx, and returns the pack's checksum. go-git's parser
+// reads each object whole into memory to hash it, one at a time (deltas
+// resolved against their base); the check has bounded them all first. A
+// pack without deltas is indexed streamed by indexPlainPack.
+func indexPack(f *os.File, dir string, rules packRules) (plumbing.Hash, error) {
+	if err := rules.check(f); err != nil {
 		return plumbing.ZeroHash, err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
@@ -53,76 +51,137 @@ func indexPack(f *os.File, dir string, max int64) (plumbing.Hash, error) {
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
-	idx, err := iw.Index()
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	out, err := os.OpenFile(filepath.Join(dir, "pack-"+sum.String()+".idx"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	_, err = idxfile.NewEncoder(out).Encode(idx)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return sum, err
+	return sum, writePackIndex(iw, dir, sum)
 }
 
-// checkPack reads the pack r from its start and sums, for each object,
-// the size its header declares inflated (for a delta: the delta's own,
-// and the size of the object it makes, read from the delta's first bytes)
-// and packObjectCost, checking the sum against max bytes (0: no bound)
-// before the object is inflated: past it the error wraps ErrTooLarge.
-// Each object is then inflated into nothing, at most its declared size
-// (go-git's scanner stops an object that inflates further), to reach the
-// next header. A malformed pack is an error too.
-func checkPack(r io.ReadSeeker, max int64) error {
-	if max <= 0 {
+// packRules bound a pack read from an untrusted source (packRules.check).
+type packRules struct {
+	// max bounds the sizes the objects declare, summed with packObjectCost
+	// each, in bytes; 0 means no bound.
+	max int64
+	// ratio, when positive, bounds each object declaring more than
+	// ratioFloor bytes to ratio times its bytes in the pack (MaxInflateRatio).
+	ratio, ratioFloor int64
+	// noDeltas refuses delta objects (a pack jetcrew wrote holds none).
+	noDeltas bool
+}
+
+// checkPack is packRules{max: max}.check(r).
+func checkPack(r io.ReadSeeker, max int64) error { return packRules{max: max}.check(r) }
+
+// check reads the pack r from its start and sums, for each object, the
+// size its header declares inflated (for a delta: the delta's own, and the
+// size of the object it makes, read from the delta's first bytes) and
+// packObjectCost, checking the sum against max bytes before the object is
+// inflated: past it the error wraps ErrTooLarge. Each object is then
+// inflated into nothing, at most its declared size (go-git's scanner stops
+// an object that inflates further), to reach the next header; its bytes
+// in the pack (up to that header, or to the pack's trailer for the last)
+// are then held against ratio: past it the error wraps
+// ErrOutOfProportion. A delta, when noDeltas, wraps ErrBadArchive. A
+// malformed pack is an error too.
+func (rules packRules) check(r io.ReadSeeker) error {
+	if rules.max <= 0 && rules.ratio <= 0 && !rules.noDeltas {
 		return nil
+	}
+	end, err := r.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return err
 	}
 	sc := packfile.NewScanner(r)
 	_, count, err := sc.Header()
 	if err != nil {
 		return err
 	}
-	var total int64
-	add := func(n int64, what string) error {
-		if n < 0 || n > max || total+n > max {
-			return fmt.Errorf("%w: the fetched objects exceed %d bytes inflated (%s, declared before inflating)", ErrTooLarge, max, what)
-		}
-		total += n
-		return nil
-	}
+	pc := &packCheck{rules: rules, count: count}
 	for i := range count {
 		oh, err := sc.NextObjectHeader()
 		if err != nil {
 			return err
 		}
-		if err := add(oh.Length+packObjectCost, fmt.Sprintf("object %d of %d: %s of %d bytes", i+1, count, oh.Type, oh.Length)); err != nil {
+		if err := pc.object(i, oh); err != nil {
 			return err
 		}
 		if !oh.Type.IsDelta() {
 			continue // inflated into nothing by the next NextObjectHeader
 		}
-		rc, err := sc.ReadObject()
-		if err != nil {
-			return err
-		}
-		target, err := deltaTargetSize(rc)
-		if err == nil {
-			err = add(target, fmt.Sprintf("object %d of %d: a delta making %d bytes", i+1, count, target))
-		}
-		if err == nil {
-			_, err = io.Copy(io.Discard, rc)
-		}
-		if cerr := rc.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err := pc.delta(i, sc); err != nil {
 			return err
 		}
 	}
+	return pc.proportion(end - sha1.Size)
+}
+
+// packCheck is one packRules.check in progress: the declared bytes summed
+// so far and the last object read, whose bytes in the pack are known once
+// the next one's offset is.
+type packCheck struct {
+	rules packRules
+	count uint32
+	total int64
+	last  *packfile.ObjectHeader
+	lastI uint32
+}
+
+// add counts n more declared bytes against max.
+func (pc *packCheck) add(n int64, what string) error {
+	max := pc.rules.max
+	if max > 0 && (n < 0 || n > max || pc.total+n > max) {
+		return fmt.Errorf("%w: the objects exceed %d bytes inflated (%s, declared before inflating)", ErrTooLarge, max, what)
+	}
+	pc.total += n
 	return nil
+}
+
+// object checks object i's header: the earlier object's proportion, then
+// its own declared size.
+func (pc *packCheck) object(i uint32, oh *packfile.ObjectHeader) error {
+	if err := pc.proportion(oh.Offset); err != nil {
+		return err
+	}
+	if pc.rules.noDeltas && oh.Type.IsDelta() {
+		return fmt.Errorf("%w: object %d of %d is a delta (%s), which jetcrew never writes", ErrBadArchive, i+1, pc.count, oh.Type)
+	}
+	pc.last, pc.lastI = oh, i
+	return pc.add(oh.Length+packObjectCost, fmt.Sprintf("object %d of %d: %s of %d bytes", i+1, pc.count, oh.Type, oh.Length))
+}
+
+// proportion checks the last object read, whose bytes in the pack end at
+// offset end, against ratio. A delta is not held to it (its copies make
+// bytes of another object).
+func (pc *packCheck) proportion(end int64) error {
+	oh, r := pc.last, pc.rules
+	if oh == nil || r.ratio <= 0 || oh.Type.IsDelta() || oh.Length <= r.ratioFloor {
+		return nil
+	}
+	if packed := end - oh.Offset; packed <= 0 || oh.Length > r.ratio*packed {
+		return fmt.Errorf("%w: object %d of %d, a %s, declares %d bytes from %d bytes compressed (at most %d times, for objects over %d bytes)",
+			ErrOutOfProportion, pc.lastI+1, pc.count, oh.Type, oh.Length, packed, r.ratio, r.ratioFloor)
+	}
+	return nil
+}
+
+// delta counts the size of the object delta i makes (its header's second
+// size) and reads it into nothing.
+func (pc *packCheck) delta(i uint32, sc *packfile.Scanner) error {
+	rc, err := sc.ReadObject()
+	if err != nil {
+		return err
+	}
+	target, err := deltaTargetSize(rc)
+	if err == nil {
+		err = pc.add(target, fmt.Sprintf("object %d of %d: a delta making %d bytes", i+1, pc.count, target))
+	}
+	if err == nil {
+		_, err = io.Copy(io.Discard, rc)
+	}
+	if cerr := rc.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // errBadDelta is a delta whose header cannot be read.

@@ -3,6 +3,7 @@ package workspace
 import (
 	"bytes"
 	"compress/zlib"
+	"crypto/rand"
 	"crypto/sha1"
 	"encoding/binary"
 	"os"
@@ -90,7 +91,7 @@ func TestCheckPackCountsDeclaredSizes(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.Write(good.bytes())
 	require.NoError(t, err)
-	_, err = indexPack(f, dir, 1<<20)
+	_, err = indexPack(f, dir, packRules{max: 1 << 20})
 	require.NoError(t, err, "go-git indexes the pack checkPack passed")
 	require.NoError(t, f.Close())
 
@@ -118,4 +119,64 @@ func TestCheckPackCountsDeclaredSizes(t *testing.T) {
 	err = checkPack(bytes.NewReader(liar.bytes()), 64<<20)
 	require.Error(t, err, "an object inflating past its declared size")
 	require.NotErrorIs(t, err, ErrTooLarge)
+}
+
+// TestIndexPlainPack: a pack without deltas is indexed in one streamed
+// pass into the index go-git's parser writes of it; a delta, an object
+// out of proportion to its compressed bytes (above the floor), and an
+// object inflating past its declared size are refused.
+func TestIndexPlainPack(t *testing.T) {
+	t.Parallel()
+	rules := packRules{max: 64 << 20, ratio: MaxInflateRatio, ratioFloor: InflateRatioFloor}
+	index := func(p testPack, plain bool) ([]byte, error) {
+		dir := t.TempDir()
+		f, err := os.Create(filepath.Join(dir, "x.pack"))
+		require.NoError(t, err)
+		defer f.Close()
+		_, err = f.Write(p.bytes())
+		require.NoError(t, err)
+		var sum plumbing.Hash
+		if plain {
+			sum, err = indexPlainPack(f, dir, rules)
+		} else {
+			sum, err = indexPack(f, dir, rules)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return os.ReadFile(filepath.Join(dir, "pack-"+sum.String()+".idx"))
+	}
+	var good testPack
+	good.object(plumbing.BlobObject, 3, []byte("abc"))
+	good.object(plumbing.BlobObject, InflateRatioFloor, make([]byte, InflateRatioFloor))
+	noise := make([]byte, 2<<20)
+	_, _ = rand.Read(noise)
+	good.object(plumbing.BlobObject, int64(len(noise)), noise)
+	good.object(plumbing.CommitObject, 0, nil)
+	plain, err := index(good, true)
+	require.NoError(t, err)
+	parsed, err := index(good, false)
+	require.NoError(t, err)
+	require.Equal(t, parsed, plain, "the index go-git's parser writes")
+
+	var delta testPack
+	delta.object(plumbing.BlobObject, 3, []byte("abc"))
+	delta.refDelta(plumbing.ComputeHash(plumbing.BlobObject, []byte("abc")), []byte{3, 3, 0x91, 0, 3})
+	_, err = index(delta, true)
+	require.ErrorIs(t, err, ErrBadArchive)
+	require.ErrorContains(t, err, "object 2 of 2 is a delta")
+
+	var bomb testPack
+	bomb.object(plumbing.BlobObject, 3, []byte("abc"))
+	bomb.object(plumbing.BlobObject, InflateRatioFloor+1, make([]byte, InflateRatioFloor+1))
+	_, err = index(bomb, true)
+	require.ErrorIs(t, err, ErrOutOfProportion)
+	require.ErrorContains(t, err, "object 2 of 2, a blob, declares 1048577 bytes from")
+	_, err = index(bomb, false)
+	require.ErrorIs(t, err, ErrOutOfProportion, "the same rule when go-git indexes")
+
+	var liar testPack
+	liar.object(plumbing.BlobObject, 10, make([]byte, 1<<20))
+	_, err = index(liar, true)
+	require.ErrorIs(t, err, ErrBadArchive, "an object inflating past its declared size")
 }

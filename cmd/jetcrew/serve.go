@@ -24,6 +24,7 @@ import (
 type workerOptions struct {
 	bridge            string
 	stateDir          string
+	stateRoot         string
 	profiles          string
 	concurrency       int
 	pool              string
@@ -48,6 +49,7 @@ type workerOptions struct {
 func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.profiles, "profiles", "", "TOML profile file (default: the built-in shell profile only)")
 	fs.StringVar(&o.bridge, "bridge", "", "a separate bridge binary (static jetcrew-bridge) to stage into runs (default: this jetcrew executable, run as `jetcrew bridge`)")
+	fs.StringVar(&o.stateRoot, "state-root", "", "where a worker without --state-dir makes its private state directory (absolute; shared by the workers of a host: each holds a lock on its own, and a starting worker removes only those whose lock is free) (default /var/lib/jetcrew/state, as root, else $TMPDIR)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "a fixed state directory (absolute; missing, or the worker's with mode 0700) for the runs' directories and staged binaries; emptied of them when the worker stops (default: a new private one under /var/lib/jetcrew/state, as root, else $TMPDIR, removed whole when the worker stops)")
 	fs.IntVar(&o.concurrency, "concurrency", 4, "most runs at once")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second,
@@ -218,6 +220,7 @@ func (a *app) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Prof
 		ReconcileInterval: o.reconcileInterval,
 		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
 		StateDir:          o.stateDir,
+		StateRoot:         o.stateRoot,
 		WorkspaceTool:     a.workspaceTool(),
 		Workspace:         o.workspace,
 		Failpoint:         failpointFromEnv(),

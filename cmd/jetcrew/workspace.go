@@ -84,7 +84,7 @@ func addWorkerWorkspaceFlags(fs *pflag.FlagSet, c *tree.Config) {
 	fs.Int64Var(&c.MaxBytes, "workspace-max-bytes", workspace.DefaultMaxSnapshotBytes,
 		"largest workspace snapshot, unpacked tree and captured change a run may have, each in bytes; a larger one fails the run")
 	fs.IntVar(&c.GitFetches, "git-fetches", 2,
-		"most git fetches (of profiles' git_remotes sources) this worker makes at once; each writes its pack to a file and holds up to a few times --workspace-max-bytes in memory")
+		"most git fetches (of profiles' git_remotes sources) and builds of a workspace from an earlier run's result (submit --from) this worker makes at once, together; each writes its pack to a file and holds up to a few times --workspace-max-bytes in memory")
 	fs.DurationVar(&c.Buckets.WorkspaceTTL, "workspace-ttl", workspace.DefaultWorkspaceTTL, "lifetime of snapshots in jetcrew-workspaces and jetcrew-uploads (when the worker creates the buckets)")
 	fs.Int64Var(&c.Buckets.WorkspaceBytes, "workspace-bucket-bytes", 0, "size cap of jetcrew-workspaces, and of jetcrew-uploads, in bytes, 0 for none (when the worker creates the buckets)")
 	fs.DurationVar(&c.Buckets.ResultTTL, "result-ttl", workspace.DefaultResultTTL, "lifetime of run results in jetcrew-results (when the worker creates the bucket)")

@@ -1,6 +1,7 @@
 package tree
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -163,10 +164,6 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 	if err != nil {
 		return fromResolution{}, err
 	}
-	data, err := readResultObject(ctx, results, bundle, 2*t.cfg.MaxBytes+1<<20)
-	if err != nil {
-		return fromResolution{}, err
-	}
 	root := filepath.Join(t.stateDir, "ws")
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fromResolution{}, err
@@ -177,17 +174,22 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 	}
 	defer t.holds.Hold(holdGitFile + dir)()
 	defer os.RemoveAll(dir)
-	bf, err := os.Open(base)
-	if err != nil {
+	bundlePath := filepath.Join(dir, "bundle")
+	if err := saveResultObject(ctx, results, bundle, 2*t.cfg.MaxBytes+1<<20, bundlePath); err != nil {
 		return fromResolution{}, err
 	}
-	defer bf.Close()
+	// A build takes one of the worker's git fetch slots: its memory is
+	// that of a fetch's snapshot (the derived .git's pack, compressed).
+	if err := t.git.acquireFetch(ctx); err != nil {
+		return fromResolution{}, err
+	}
+	defer t.git.releaseFetch()
 	f, err := os.Create(filepath.Join(dir, "snapshot.tar"))
 	if err != nil {
 		return fromResolution{}, err
 	}
 	defer f.Close()
-	info, err := workspace.DeriveSnapshot(bf, data, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
+	info, err := deriveFrom(base, bundlePath, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
 	if err != nil {
 		return fromResolution{}, fmt.Errorf("%w: the result of run %s: %w", errFromRefused, srcID, err)
 	}
@@ -205,29 +207,68 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 	return fromResolution{ref: up.Ref, commit: info.Head, built: true}, nil
 }
 
+// deriveFrom is workspace.DeriveSnapshot of the snapshot file base and
+// the bundle file bundle into f.
+func deriveFrom(base, bundle, srcID string, f io.Writer, o workspace.FromOptions) (workspace.Info, error) {
+	bf, err := os.Open(base)
+	if err != nil {
+		return workspace.Info{}, err
+	}
+	defer bf.Close()
+	bu, err := os.Open(bundle)
+	if err != nil {
+		return workspace.Info{}, err
+	}
+	defer bu.Close()
+	return workspace.DeriveSnapshot(bf, bu, srcID, f, o)
+}
+
 // readResultObject reads result object o from the result bucket, at most
 // max bytes, and checks it against the size and SHA-256 its run's state
 // records. A missing object (expired) or one that does not match refuses
 // the source.
 func readResultObject(ctx context.Context, results jetstream.ObjectStore, o messages.ResultObject, max int64) ([]byte, error) {
+	var b bytes.Buffer
+	if err := copyResultObject(ctx, results, o, max, &b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// saveResultObject is readResultObject into a new file at path, streamed:
+// a bundle is never held in memory whole.
+func saveResultObject(ctx context.Context, results jetstream.ObjectStore, o messages.ResultObject, max int64, path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = copyResultObject(ctx, results, o, max, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// copyResultObject copies result object o to w (readResultObject).
+func copyResultObject(ctx context.Context, results jetstream.ObjectStore, o messages.ResultObject, max int64, w io.Writer) error {
 	if o.Size > max {
-		return nil, refuseFrom("result object %s is %d bytes, over %d", o.Name, o.Size, max)
+		return refuseFrom("result object %s is %d bytes, over %d", o.Name, o.Size, max)
 	}
 	r, err := results.Get(ctx, o.Name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, refuseFrom("result object %s is gone (expired?)", o.Name)
+		return refuseFrom("result object %s is gone (expired?)", o.Name)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, o.Size+1))
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, o.Size+1))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	sum := sha256.Sum256(b)
-	if int64(len(b)) != o.Size || hex.EncodeToString(sum[:]) != o.SHA256 {
-		return nil, refuseFrom("result object %s does not match its run's record (%d bytes, want %d)", o.Name, len(b), o.Size)
+	if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
+		return refuseFrom("result object %s does not match its run's record (%d bytes, want %d)", o.Name, n, o.Size)
 	}
-	return b, nil
+	return nil
 }

@@ -50,8 +50,9 @@ type Config struct {
 	// (the capture container's ready line, the signal, the capture) to the
 	// capture container's exit. Default 10 minutes.
 	CaptureTimeout time.Duration
-	// GitFetches is the most git fetches (fetch, snapshot, store) the
-	// worker makes at once, whatever its concurrency. Each holds the
+	// GitFetches is the most git fetches (fetch, snapshot, store) and
+	// builds of a snapshot from an earlier run's result (buildFrom) the
+	// worker makes at once, together, whatever its concurrency. Each holds the
 	// fetched objects in the worker's memory: up to MaxBytes inflated,
 	// beside the pack as received (also at most MaxBytes) and go-git's
 	// buffers, so the worker's memory for git sources grows with
