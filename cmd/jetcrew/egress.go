@@ -35,17 +35,24 @@ func hostServicePorts(natsURL, metricsAddr string) []int {
 // printEgress prints a refused egress attempt as a lifecycle line ("---
 // egress refused: CONNECT evil.example:443: not in the profile's egress
 // allowlist", or only the reason for a connection refused before its
-// request was read); allowed attempts print nothing. The method, host and
-// reason are the run's choice, so shown escaped (visibleName).
+// request was read), and an allowed one whose host could not be reached or
+// did not answer ("--- egress upstream failed: POST api.anthropic.com:443:
+// upstream certificate not trusted: …"); other allowed attempts print
+// nothing. The method, host and reason are the run's choice, so shown
+// escaped (visibleName).
 func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
 	var e messages.EgressEvent
-	if err := json.Unmarshal(ev.Data, &e); err != nil || e.Allowed {
+	if err := json.Unmarshal(ev.Data, &e); err != nil || (e.Allowed && !e.UpstreamFailed()) {
 		return nil
 	}
-	line := fmt.Sprintf("--- egress refused: %s %s: %s", visibleName(e.Method),
+	what := "egress refused"
+	if e.Allowed {
+		what = "egress upstream failed"
+	}
+	line := fmt.Sprintf("--- %s: %s %s: %s", what, visibleName(e.Method),
 		visibleName(net.JoinHostPort(e.Host, strconv.Itoa(e.Port))), visibleName(e.Reason))
 	if e.Method == "" && e.Host == "" {
-		line = "--- egress refused: " + visibleName(e.Reason)
+		line = "--- " + what + ": " + visibleName(e.Reason)
 	}
 	if !p.atLineStart {
 		line = "\n" + line

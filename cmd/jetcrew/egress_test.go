@@ -55,3 +55,34 @@ func TestStatusShowsEgress(t *testing.T) {
 	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded}))
 	require.NotContains(t, b.String(), "egress")
 }
+
+// watch (and submit --wait) prints an allowed attempt whose host could not
+// be reached or did not answer, with its cause, one line each.
+func TestWatchPrintsEgressUpstreamFailures(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	p := &runPrinter{stdout: &out, stderr: &errOut, atLineStart: true}
+	require.NoError(t, p.print(dispatcher.WatchEvent{Type: messages.EventOutput, Stream: messages.StreamStdout, Data: []byte("partial")}))
+	for _, ev := range []messages.EgressEvent{
+		{Method: "POST", Host: "api.anthropic.com", Port: 443, Allowed: true, BytesDown: 10},
+		{Method: "POST", Host: "api.anthropic.com", Port: 443, Allowed: true,
+			Reason: "upstream certificate not trusted: x509: certificate signed by unknown authority"},
+		{Method: "CONNECT", Host: "pypi.org", Port: 443, Allowed: true, Reason: "upstream refused the connection\x1b[2J"},
+	} {
+		b, err := json.Marshal(ev)
+		require.NoError(t, err)
+		require.NoError(t, p.print(dispatcher.WatchEvent{Type: messages.EventEgress, Data: b}))
+	}
+	require.Equal(t, "partial", out.String())
+	require.Equal(t, "\n--- egress upstream failed: POST api.anthropic.com:443: upstream certificate not trusted: x509: certificate signed by unknown authority\n"+
+		`--- egress upstream failed: CONNECT pypi.org:443: upstream refused the connection\x1b[2J`+"\n", errOut.String())
+}
+
+// status counts a run's upstream failures with its egress totals.
+func TestStatusShowsUpstreamFailures(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	require.NoError(t, printState(&b, messages.RunState{ID: "r1", State: messages.StateSucceeded,
+		Egress: &messages.EgressTotals{Allowed: 3, Refused: 1, BytesUp: 10, BytesDown: 20, UpstreamFailed: 2}}))
+	require.Contains(t, b.String(), "3 allowed, 1 refused, 10 bytes up, 20 bytes down, 2 upstream failures")
+}
