@@ -202,7 +202,7 @@ type Stage struct {
 	// failed is the count of upstream failures last written (Check).
 	failed int64
 	sh     *sharedBudgets
-	run  *stage.Run
+	run    *stage.Run
 	// pmu guards the pause (on_budget = "pause") and the grant applied.
 	pmu         sync.Mutex
 	pausedSince time.Time
