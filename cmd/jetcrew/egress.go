@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -66,4 +67,17 @@ func (p *runPrinter) printEgress(ev dispatcher.WatchEvent) error {
 func (o *workerOptions) addEgressFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.egressCADir, "egress-ca-dir", "",
 		"directory of the installation's egress CA, for profiles with egress_inject (default: <user config dir>/jetcrew/egress-ca/<installation>)")
+	fs.StringArrayVar(&o.egressCAs, "egress-ca", nil,
+		"a PEM file of CA certificates the egress proxy trusts, besides the system's, for the egress_inject hosts it connects to (such as a company proxy's CA in front of a provider); repeatable")
+}
+
+// checkEgress loads the --egress-ca files into the upstream roots; a file
+// that cannot be read or holds no certificate is a usage error.
+func (o *workerOptions) checkEgress() error {
+	roots, err := egress.UpstreamRoots(o.egressCAs...)
+	if err != nil {
+		return usageError(fmt.Errorf("--egress-ca: %w", err))
+	}
+	o.egressRoots = roots
+	return nil
 }
