@@ -6,13 +6,13 @@ import (
 	"os"
 )
 
-// UpstreamRoots returns the roots that verify the metered hosts'
-// certificates (Config.UpstreamRoots): the system's (x509.SystemCertPool:
-// the host's CA bundle, or SSL_CERT_FILE and SSL_CERT_DIR when set) plus
-// every certificate in the PEM files, such as an operator's own CA in
-// front of a provider (the worker's --egress-ca). With no file it returns
-// nil: the system's roots alone. A file that cannot be read, or holds no
-// PEM certificate, is an error naming it.
+// UpstreamRoots returns the roots that verify metered hosts' certificates,
+// for Config.UpstreamRoots: the system's (x509.SystemCertPool: the host's
+// CA bundle, or SSL_CERT_FILE and SSL_CERT_DIR when set) plus every
+// certificate in the PEM files, such as an operator's own CA in front of a
+// provider (the worker's --egress-ca). With no file it returns nil: the
+// system's roots alone. A file that cannot be read, or holds no PEM
+// certificate, is an error naming it.
 func UpstreamRoots(files ...string) (*x509.CertPool, error) {
 	if len(files) == 0 {
 		return nil, nil
