@@ -64,6 +64,7 @@ var funcs = template.FuncMap{
 	"waited":         func(st messages.RunState) template.HTML { return durHTML(waitSpan(&st)) },
 	"ran":            func(st messages.RunState) template.HTML { return durHTML(runSpan(&st)) },
 	"iso":            isoTime,
+	"egressTotals":   egressTotalsText,
 	"deref": func(p *int) string {
 		if p == nil {
 			return "-"

@@ -125,8 +125,10 @@ type runDetail struct {
 	Attempts  string `json:"attempts"`
 	Container string `json:"container"`
 	Warm      bool   `json:"warm"`
-	Result    string `json:"result"`
-	Receipt   string `json:"receipt"`
+	// Egress is the run's egress totals (egressTotalsText).
+	Egress  string `json:"egress"`
+	Result  string `json:"result"`
+	Receipt string `json:"receipt"`
 	// Changes identifies the workspace result (changesKey): the page
 	// fetches its "Changes" section again when it differs.
 	Changes string `json:"changes"`
@@ -135,7 +137,7 @@ type runDetail struct {
 func newRunDetail(st messages.RunState) runDetail {
 	d := runDetail{runRow: newRunRow(st), ExitCode: "-", Started: clock(st.StartedAt), Finished: clock(st.FinishedAt),
 		Output: "-", Attempts: attemptsText(st), Container: visible(shortText(st.ContainerID, 12)), Warm: st.Warm,
-		Result: visible(st.Result), Receipt: receiptText(&st), Changes: changesKey(&st)}
+		Result: visible(st.Result), Receipt: receiptText(&st), Changes: changesKey(&st), Egress: egressTotalsText(st.Egress)}
 	d.Worker = visible(st.Worker)
 	if st.ExitCode != nil {
 		d.ExitCode = strconv.Itoa(*st.ExitCode)
@@ -250,6 +252,8 @@ func toLive(ev dispatcher.WatchEvent, carry map[string][]byte) (string, liveEven
 		le.RunID, le.Kind, le.Text = a.RunID, visible(a.Kind), visible(a.Text)
 	case messages.EventCoord:
 		le = coordLive(le, ev.Data)
+	case messages.EventEgress:
+		le = egressLive(le, ev.Data)
 	default:
 		e := ev.Event
 		le.Text = visible(string(e.State))

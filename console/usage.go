@@ -230,9 +230,10 @@ func parseGrantUSD(s string) (float64, error) {
 }
 
 // raiseBudget serves POST /runs/{id}/budget (form field usd):
-// dispatcher.Grant of that many US dollars on the run's own budget, what
+// dispatcher.GrantRun of that many US dollars on the run's own budget, what
 // `jetcrew budget RUN_ID +USD` does, then back to the run's page. A run
-// paused by a budget goes on once its worker sees the grant.
+// paused by a budget goes on once its worker sees the grant; a run that
+// ended meanwhile is granted nothing (409).
 func (c *Console) raiseBudget(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	back := "/runs/" + url.PathEscape(id)
@@ -247,9 +248,9 @@ func (c *Console) raiseBudget(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
 	defer cancel()
-	if _, err := c.d.Grant(ctx, messages.BudgetScopeRun, id, messages.BudgetSpend{CostUSD: usd}); err != nil {
+	if _, err := c.d.GrantRun(ctx, id, messages.BudgetSpend{CostUSD: usd}); err != nil {
 		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrNoBudgets) {
+		if errors.Is(err, dispatcher.ErrNoBudgets) || errors.Is(err, dispatcher.ErrRunEnded) || errors.Is(err, dispatcher.ErrRunNotFound) {
 			code = http.StatusConflict
 		}
 		c.message(w, r, code, "Budget not raised", err.Error(), back)

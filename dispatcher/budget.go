@@ -48,3 +48,75 @@ func (d *Dispatcher) Grant(ctx context.Context, scope, name string, by messages.
 	}
 	return budgetkv.Add(ctx, kv, messages.GrantKey(scope, name), by)
 }
+
+// ErrRunEnded is returned by GrantRun for a run that has already ended:
+// nothing of it could use a grant (a replay of it would).
+var ErrRunEnded = errors.New("the run has ended")
+
+// RunGrant is what GrantRun did: the run's grant total and the state the
+// run was in.
+type RunGrant struct {
+	// Total is the run's grant so far, this one included.
+	Total messages.BudgetSpend
+	// State is messages.StateRunning, or messages.StateQueued for a run no
+	// worker runs yet (its request waits in JETCREW_RUNS, a replay's
+	// included): its worker applies the grant when the run starts.
+	State messages.State
+}
+
+// GrantRun raises run id's own model budget by by, as Grant does, once it
+// found the run able to use it: running, or queued. It grants nothing, and
+// says why, for a run that has ended (an error wrapping ErrRunEnded that
+// names its final state) or that is known neither by a state nor by a
+// queued request (ErrRunNotFound). Its other errors are Grant's, Status's
+// and Request's.
+func (d *Dispatcher) GrantRun(ctx context.Context, id string, by messages.BudgetSpend) (RunGrant, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return RunGrant{}, fmt.Errorf("grant: %w", err)
+	}
+	state, err := d.grantable(ctx, id)
+	if err != nil {
+		return RunGrant{}, err
+	}
+	total, err := d.Grant(ctx, messages.BudgetScopeRun, id, by)
+	if err != nil {
+		return RunGrant{}, err
+	}
+	return RunGrant{Total: total, State: state}, nil
+}
+
+// grantable returns the state of run id when a grant can reach it
+// (running or queued), else the error that says why not.
+func (d *Dispatcher) grantable(ctx context.Context, id string) (messages.State, error) {
+	st, err := d.Status(ctx, id)
+	switch {
+	case err == nil && !st.State.Final():
+		if st.State == messages.StateQueued {
+			return messages.StateQueued, nil
+		}
+		return messages.StateRunning, nil
+	case err != nil && !errors.Is(err, ErrRunNotFound):
+		return "", err
+	}
+	// No state, or a final one: a request of the run may still wait (not
+	// yet taken, or a replay).
+	if _, qerr := d.Request(ctx, id); qerr == nil {
+		return messages.StateQueued, nil
+	} else if !errors.Is(qerr, ErrRunNotFound) {
+		return "", qerr
+	}
+	if err != nil {
+		return "", refusedGrant{fmt.Sprintf("run %s is unknown (no state, no request waiting in %s): nothing granted", id, messages.StreamRuns), ErrRunNotFound}
+	}
+	return "", refusedGrant{fmt.Sprintf("run %s has ended (%s): nothing granted", id, st.State), ErrRunEnded}
+}
+
+// refusedGrant is GrantRun's error for a run a grant cannot reach: its
+// message says why, and it wraps ErrRunEnded or ErrRunNotFound.
+type refusedGrant struct {
+	msg string
+	err error
+}
+
+func (e refusedGrant) Error() string { return e.msg }
+func (e refusedGrant) Unwrap() error { return e.err }

@@ -36,7 +36,7 @@ type clientConn struct {
 	net.Conn
 	s      *Session
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc // errIdle when the idle bound closed it
 	idle   time.Duration
 	last   atomic.Int64 // when a byte last moved, as time.Since(epoch)
 	timer  *time.Timer  // runs checkIdle
@@ -50,7 +50,7 @@ type connKey struct{}
 
 func (s *Session) newClientConn(c net.Conn) *clientConn {
 	cc := &clientConn{Conn: c, s: s, idle: s.cfg.IdleTimeout}
-	cc.ctx, cc.cancel = context.WithCancel(context.Background())
+	cc.ctx, cc.cancel = context.WithCancelCause(context.Background())
 	cc.touch()
 	cc.timer = time.AfterFunc(cc.idle, cc.checkIdle)
 	s.track(cc, true)
@@ -64,7 +64,8 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // connCtx returns the context of the connection req came on: it ends when
-// the connection is closed (by the run, the idle bound, Kill or Close). A
+// the connection is closed (by the run, the idle bound, Kill or Close;
+// its cause is errIdle for the idle bound). A
 // request's own context is not the one to decide or send it in: Go's server
 // cancels it when the run half-closes the connection after its request
 // (golang/go#18527), which the launcher's relay does when the run's side
@@ -93,6 +94,7 @@ func (c *clientConn) checkIdle() {
 		return
 	}
 	c.s.log.Debug().Dur("idle", quiet).Msg("egress connection idle: closed")
+	c.cancel(errIdle)
 	_ = c.Close()
 }
 
@@ -130,7 +132,7 @@ func (c *clientConn) Close() error {
 	c.once.Do(func() {
 		c.closed.Store(true)
 		c.timer.Stop()
-		c.cancel()
+		c.cancel(context.Canceled)
 		c.s.track(c, false)
 	})
 	return err

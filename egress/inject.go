@@ -83,20 +83,37 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		req.Body = a.up
 	}
 	ctx.UserData = a
-	// goproxy's MITM loop skips the response handlers when the round trip
-	// fails: record the failure here, so no attempt is lost and Close does
-	// not wait for it.
-	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, _ *goproxy.ProxyCtx) (*http.Response, error) {
-		resp, err := s.proxy.Tr.RoundTrip(req)
-		if err != nil {
-			s.finishAttempt(a, 0, "upstream: "+err.Error())
-			if a.model != nil {
-				s.endModel(a.model, usage.Result{})
-			}
-		}
-		return resp, err
+	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
+		return s.roundTripInjected(req, pctx, m, a)
 	})
 	return req.WithContext(context.WithValue(m.conn, dialKey{}, m.target)), nil
+}
+
+// roundTripInjected sends req, a request of attempt a to the injected host
+// of m, and returns the host's answer. When the host cannot be reached or
+// does not answer, it records the attempt with the cause and answers the
+// run itself (upstreamAnswer: 502 in the provider's error shape) instead of
+// closing the run's connection, which an agent's client could read as an
+// empty answer. goproxy's MITM loop skips the response handlers when the
+// round trip fails, so the failure is recorded here: no attempt is lost and
+// Close does not wait for it.
+func (s *Session) roundTripInjected(req *http.Request, pctx *goproxy.ProxyCtx, m *mitmTarget, a *attempt) (*http.Response, error) {
+	resp, err := s.proxy.Tr.RoundTrip(req)
+	if err == nil {
+		return resp, nil
+	}
+	cause, final := s.upstreamFailure(m.conn, err)
+	s.finishAttempt(a, 0, cause)
+	format := usage.Detect(req.Method, req.URL.Path)
+	if a.model != nil {
+		format = a.model.ev.Format
+		s.endModel(a.model, usage.Result{})
+	}
+	if cause == "" {
+		return nil, err // the run's connection has ended: no one to answer
+	}
+	pctx.UserData = nil // the proxy's own answer: handleResponse leaves it alone
+	return upstreamAnswer(req, format, net.JoinHostPort(m.name, strconv.Itoa(m.port)), cause, final), nil
 }
 
 // certStore caches the certificates signed for injected hosts, by name.

@@ -47,7 +47,9 @@ type Config struct {
 	// OwnAddrs are the host's own addresses, refused unless listed.
 	// Default: the addresses of the host's interfaces when Open is called.
 	OwnAddrs []netip.Addr
-	// DialTimeout bounds the connection to an allowed host. Default 10s.
+	// DialTimeout bounds the connection to an allowed host, and the TLS
+	// handshake of the proxy's own connection to an injected one. Default
+	// 10s.
 	DialTimeout time.Duration
 	// HelloTimeout bounds the wait for a tunnel's TLS ClientHello. Default 10s.
 	HelloTimeout time.Duration
@@ -447,6 +449,9 @@ func (s *Session) record(ev messages.EgressEvent) {
 		s.totals.Allowed++
 		s.totals.BytesUp += ev.BytesUp
 		s.totals.BytesDown += ev.BytesDown
+		if ev.UpstreamFailed() {
+			s.totals.UpstreamFailed++
+		}
 	} else {
 		s.totals.Refused++
 	}
@@ -457,9 +462,11 @@ func (s *Session) record(ev messages.EgressEvent) {
 		s.totals.EventsDropped++
 	}
 	s.mu.Unlock()
-	if !ev.Allowed && publish { // past MaxEvents, a refusal is only counted, not logged either
-
+	switch { // past MaxEvents, an attempt is only counted, not logged either
+	case publish && !ev.Allowed:
 		s.log.Info().Str("host", ev.Host).Int("port", ev.Port).Str("reason", ev.Reason).Msg("egress refused")
+	case publish && ev.UpstreamFailed():
+		s.log.Warn().Str("host", ev.Host).Int("port", ev.Port).Str("reason", ev.Reason).Msg("egress upstream failed")
 	}
 	if s.cfg.Observe != nil {
 		s.cfg.Observe(ev.Allowed)

@@ -3,12 +3,14 @@ package egress
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +60,7 @@ func (s *Session) newProxy() *goproxy.ProxyHttpServer {
 			return d.DialContext(ctx, "tcp", ap.String())
 		},
 		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: s.cfg.DialTimeout,
 		MaxIdleConns:        maxIdleUpstream,
 		MaxIdleConnsPerHost: maxIdleUpstream,
 		IdleConnTimeout:     30 * time.Second,
@@ -157,7 +160,7 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	up, err := d.c, d.err
 	ev.Allowed = true
 	if err != nil {
-		ev.Reason = "dial " + target.String() + ": " + err.Error()
+		ev.Reason, _ = s.upstreamFailure(context.Background(), err)
 		s.record(ev)
 		return
 	}
@@ -273,15 +276,7 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 		return resp
 	}
 	if resp == nil {
-		reason := "upstream failed"
-		if ctx.Error != nil {
-			reason = "upstream: " + ctx.Error.Error()
-		}
-		s.finishAttempt(a, 0, reason)
-		if a.model != nil {
-			s.endModel(a.model, usage.Result{})
-		}
-		return resp
+		return s.upstreamFailed(a, ctx)
 	}
 	if a.model != nil {
 		s.wrapModel(a.model, resp)
@@ -289,6 +284,26 @@ func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *ht
 	cr := &countingReader{r: resp.Body}
 	resp.Body = &closeHook{countingReader: cr, close: func() { s.finishAttempt(a, cr.n.Load(), "") }}
 	return resp
+}
+
+// upstreamFailed records a, a plain-HTTP request whose host could not be
+// reached or did not answer (ctx.Error), with the cause, and returns the
+// proxy's own answer to it: 502 naming the cause (nil when the run's
+// connection ended first: no one to answer).
+func (s *Session) upstreamFailed(a *attempt, ctx *goproxy.ProxyCtx) *http.Response {
+	err := ctx.Error
+	if err == nil {
+		err = errors.New("no answer")
+	}
+	cause, final := s.upstreamFailure(connCtx(ctx.Req), err)
+	s.finishAttempt(a, 0, cause)
+	if a.model != nil {
+		s.endModel(a.model, usage.Result{})
+	}
+	if cause == "" {
+		return nil
+	}
+	return upstreamAnswer(ctx.Req, "", net.JoinHostPort(a.ev.Host, strconv.Itoa(a.ev.Port)), cause, final)
 }
 
 // finishAttempt records an allowed plain-HTTP (or injected) request once,

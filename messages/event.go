@@ -174,7 +174,9 @@ type EgressEvent struct {
 	Allowed bool `json:"allowed"`
 	// Reason says why an attempt was refused ("not in the profile's egress
 	// allowlist", "resolves to a private address", "TLS SNI ... does not
-	// match", ...) or why an allowed one failed (the upstream dial).
+	// match", ...) or why an allowed one failed upstream ("upstream
+	// certificate not trusted: ...", "upstream refused the connection",
+	// "upstream reset the connection", "upstream timed out: ...").
 	Reason string `json:"reason,omitempty"`
 	// Decision is an operator's answer for a host of the profile's
 	// egress_ask list, the attempt waited for: "allowed by alice for the
@@ -191,6 +193,10 @@ type EgressEvent struct {
 	DurationMS int64 `json:"duration_ms"`
 }
 
+// UpstreamFailed reports whether e is an allowed attempt whose host could
+// not be reached or did not answer: Allowed, with a Reason.
+func (e EgressEvent) UpstreamFailed() bool { return e.Allowed && e.Reason != "" }
+
 // EgressTotals sums a run's egress attempts, kept in its RunState.
 type EgressTotals struct {
 	// Allowed counts attempts the proxy let through.
@@ -203,4 +209,9 @@ type EgressTotals struct {
 	// EventsDropped counts attempts not published as events because the
 	// run reached its cap on egress events (they are still in the totals).
 	EventsDropped int64 `json:"events_dropped,omitempty"`
+	// UpstreamFailed counts the allowed attempts whose host could not be
+	// reached or did not answer (EgressEvent.UpstreamFailed): a
+	// certificate the worker does not trust, a refused, reset or timed-out
+	// connection. They are among Allowed too.
+	UpstreamFailed int64 `json:"upstream_failed,omitempty"`
 }

@@ -58,6 +58,36 @@ max_cost_usd = 1.0
 `, image)
 }
 
+// pauseStall is the stall_timeout of pauseProfile: far shorter than its
+// budget_pause.
+const pauseStall = 2 * time.Second
+
+// pauseProfile is a metered profile that pauses at its budget (one model
+// request) for up to two minutes, with a stall timeout of pauseStall.
+func pauseProfile(image string) string {
+	return fmt.Sprintf(`[profiles.budpause]
+image = %q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_model_requests = 1
+on_budget = "pause"
+budget_pause = "2m"
+stall_timeout = %q
+`, image, pauseStall.String())
+}
+
+// pauseScript sends two model requests, the second past the budget (held
+// until a grant), printing "P<n> status=...", then DONE.
+func pauseScript() string {
+	return fmt.Sprintf(`m='%s'
+echo "P1 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo "P2 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
+echo DONE
+`, messagesBody(false))
+}
+
 // messagesBody is a Messages API request body for budgetModel.
 func messagesBody(stream bool) string {
 	return fmt.Sprintf(`{"model":%q,"max_tokens":16,"stream":%t,"messages":[{"role":"user","content":"hi"}]}`, budgetModel, stream)
@@ -136,10 +166,12 @@ func TestEgressBudget(t *testing.T) {
 	needsDocker(t)
 	prices, err := usage.ParsePrices("budget-test", []byte(budgetPrices))
 	require.NoError(t, err)
-	e := startEgressWorkerOpts(t, egressOptions{profiles: budgetProfile, prices: prices, publicNet: true})
-	budget, bypass := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t)
+	profiles := func(image string) string { return budgetProfile(image) + pauseProfile(image) }
+	e := startEgressWorkerOpts(t, egressOptions{profiles: profiles, prices: prices, publicNet: true})
+	budget, bypass, paused := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t), "eg-paused-"+opsSuffix(t)
 	e.submit(t, budget, "bud", budgetScript())
 	e.submit(t, bypass, "bud", bypassScript(e.provider))
+	e.submit(t, paused, "budpause", pauseScript())
 
 	t.Run("budget", func(t *testing.T) {
 		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
@@ -225,6 +257,10 @@ func TestEgressBudget(t *testing.T) {
 		require.NotContains(t, out, providerKey)
 	})
 
+	t.Run("a pause longer than the stall timeout", func(t *testing.T) {
+		requirePauseOutlivesStall(t, e, paused)
+	})
+
 	t.Run("bypass", func(t *testing.T) {
 		st := waitState(t, e.url, bypass, func(s messages.RunState) bool { return s.State.Final() })
 		all := eventsToFinished(t, e.js, bypass)
@@ -267,6 +303,44 @@ func TestEgressBudget(t *testing.T) {
 			require.NotContains(t, string(m.Data()), providerKey, m.Subject())
 		}
 	})
+}
+
+// requirePauseOutlivesStall: a run held at its budget for far longer
+// than its stall_timeout (pauseProfile) is not stopped as stalled; `jetcrew
+// budget` grants it (it is running), and its held request then goes on.
+func requirePauseOutlivesStall(t *testing.T, e egressEnv, id string) {
+	t.Helper()
+	var pausedAt time.Time
+	for deadline := time.Now().Add(90 * time.Second); pausedAt.IsZero() || time.Since(pausedAt) < 3*pauseStall; time.Sleep(100 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "the run never paused")
+		st := waitState(t, e.url, id, func(messages.RunState) bool { return true })
+		if st.State.Final() {
+			out, _ := egressRunOutput(t, e.js, id)
+			t.Fatalf("the run ended while paused: %s (%s)\n%s", st.State, st.Reason, out)
+		}
+		if strings.HasPrefix(st.Budget, "paused: ") && pausedAt.IsZero() {
+			pausedAt = time.Now()
+		}
+	}
+	g := run(t, e.url, jetcrewBin, "budget", "--requests", "1", id)
+	require.Equal(t, 0, g.code, g.stderr)
+	require.Contains(t, g.stdout, "run "+id+": granted $0.0000, 0 output tokens, 1 requests")
+	require.NotContains(t, g.stdout, "queued")
+
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	out, _ := egressRunOutput(t, e.js, id)
+	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, out)
+	res := scriptLines(out)
+	require.True(t, strings.HasPrefix(res["P1"], "status=200 "+keyTag(providerKey)), "P1: %s", res["P1"])
+	require.True(t, strings.HasPrefix(res["P2"], "status=200 "+keyTag(providerKey)), "P2 (held, then granted): %s", res["P2"])
+	require.Contains(t, out, "DONE\n")
+	require.NotNil(t, st.Usage)
+	require.EqualValues(t, 2, st.Usage.Requests)
+	require.Empty(t, st.Budget)
+
+	g = run(t, e.url, jetcrewBin, "budget", "--requests", "1", id)
+	require.Equal(t, 1, g.code, g.stdout)
+	require.Contains(t, g.stderr, "run "+id+" has ended (succeeded): nothing granted")
 }
 
 // eventsToFinished returns run id's events once they include its finished

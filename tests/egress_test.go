@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -256,6 +257,9 @@ type egressOptions struct {
 	// publicNet puts the provider on a public-looking address range
 	// (startProviderNet), which profiles need not list.
 	publicNet bool
+	// resolve are more names the worker resolves, to addresses of their
+	// own (another provider's).
+	resolve fixedResolver
 }
 
 // startEgressWorkerOpts is startEgressWorker with o's additions.
@@ -263,7 +267,17 @@ func startEgressWorkerOpts(t *testing.T, o egressOptions) egressEnv {
 	t.Helper()
 	image := egressFixtureImage(t)
 	p := startProviderNet(t, image, o.publicNet)
-	provider, gateway, roots := p.addr, p.gateway, p.roots
+	provider, gateway := p.addr, p.gateway
+	// The worker trusts the provider's certificate as --egress-ca makes it:
+	// the system's roots plus a PEM file holding it.
+	caFile := filepath.Join(t.TempDir(), "provider-ca.pem")
+	require.NoError(t, os.WriteFile(caFile, []byte(p.certPEM), 0o644))
+	roots, err := egress.UpstreamRoots(caFile)
+	require.NoError(t, err)
+	resolver := fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}, "inj.provider.test": {provider}}
+	for name, addrs := range o.resolve {
+		resolver[name] = addrs
+	}
 	runImage, extra := o.runImage, o.extra
 	if runImage == "" {
 		runImage = image
@@ -306,7 +320,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 			}
 			return "", false
 		},
-		EgressResolver:     fixedResolver{"api.provider.test": {provider}, "other.provider.test": {provider}, "inj.provider.test": {provider}},
+		EgressResolver:     resolver,
 		EgressProbeOutside: provider.String() + ":443",
 		EgressProbePorts:   []int{port},
 		Prices:             o.prices,

@@ -24,7 +24,10 @@ its group_budget) by an operator's grant: +USD on max_cost_usd, and
 --output-tokens / --requests on max_output_tokens / max_model_requests.
 Only limits the profile sets grow. Grants add up; the run's worker applies
 them within about half a second, and a run that its profile pauses at a
-budget (on_budget = "pause") goes on. The grant is kept in the
+budget (on_budget = "pause") goes on. A run's grant is given only while the
+run can use it: running, or queued (applied when it starts); for a run that
+has ended, or a run id known nowhere, budget says so, grants nothing and
+exits 1. The grant is kept in the
 jetcrew-budgets bucket under grant.run.<id> or grant.group.<group> (an
 operator's role may write those keys, and only those).
 
@@ -69,11 +72,21 @@ func (a *app) runBudget(ctx context.Context, url, scope, name string, by message
 		return err
 	}
 	defer closeNATS()
-	total, err := d.Grant(ctx, scope, name, by)
-	if err != nil {
+	var total messages.BudgetSpend
+	note := ""
+	if scope == messages.BudgetScopeRun {
+		g, err := d.GrantRun(ctx, name, by)
+		if err != nil {
+			return err
+		}
+		total = g.Total
+		if g.State == messages.StateQueued {
+			note = "; the run is queued: its worker applies the grant when it starts"
+		}
+	} else if total, err = d.Grant(ctx, scope, name, by); err != nil {
 		return err
 	}
-	fmt.Fprintf(visible(a.stdout), "%s %s: granted $%.4f, %d output tokens, %d requests (in all: $%.4f, %d output tokens, %d requests)\n",
-		scope, name, by.CostUSD, by.OutputTokens, by.Requests, total.CostUSD, total.OutputTokens, total.Requests)
+	fmt.Fprintf(visible(a.stdout), "%s %s: granted $%.4f, %d output tokens, %d requests (in all: $%.4f, %d output tokens, %d requests)%s\n",
+		scope, name, by.CostUSD, by.OutputTokens, by.Requests, total.CostUSD, total.OutputTokens, total.Requests, note)
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"os/signal"
@@ -37,12 +38,14 @@ type workerOptions struct {
 	reconcileInterval time.Duration
 	warmMax           int
 	warmMaxIdle       time.Duration
-	prices            string        // --prices
-	priceTable        *usage.Prices // loaded from prices by check
-	metricsAddr       string        // --metrics-addr; see metrics.go
-	replicas          int           // --replicas (worker only); see metrics.go
-	egressCADir       string        // --egress-ca-dir; see egress.go
-	workspace         tree.Config   // --workspace-*, --result-*; see workspace.go
+	prices            string         // --prices
+	priceTable        *usage.Prices  // loaded from prices by check
+	metricsAddr       string         // --metrics-addr; see metrics.go
+	replicas          int            // --replicas (worker only); see metrics.go
+	egressCADir       string         // --egress-ca-dir; see egress.go
+	egressCAs         []string       // --egress-ca; see egress.go
+	egressRoots       *x509.CertPool // loaded from egressCAs by check
+	workspace         tree.Config    // --workspace-*, --result-*; see workspace.go
 	caps              streamCapFlags
 }
 
@@ -121,6 +124,9 @@ func (o *workerOptions) check() (profile.Profiles, error) {
 		return nil, usageError(fmt.Errorf("--runs-max-per-pool %d is below --concurrency %d: the pool never holds enough requests to fill the worker's slots", o.caps.runsPerPool, o.concurrency))
 	}
 	if err := o.checkScaleOut(); err != nil {
+		return nil, err
+	}
+	if err := o.checkEgress(); err != nil {
 		return nil, err
 	}
 	if o.prices != "" {
@@ -207,26 +213,27 @@ func (a *app) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Prof
 	}
 	o.caps.apply(&prov)
 	return worker.Config{
-		ID:                o.id,
-		Pool:              o.pool,
-		Concurrency:       o.concurrency,
-		Profiles:          profiles,
-		Runtime:           rt,
-		Logger:            &log,
-		Provision:         prov,
-		OrphanGrace:       o.orphanGrace,
-		WarmMax:           cmp.Or(o.warmMax, -1), // 0 on the command line keeps none
-		WarmMaxIdle:       o.warmMaxIdle,
-		ReconcileInterval: o.reconcileInterval,
-		BridgePath:        cmp.Or(o.bridge, a.bridgePath),
-		StateDir:          o.stateDir,
-		StateRoot:         o.stateRoot,
-		WorkspaceTool:     a.workspaceTool(),
-		Workspace:         o.workspace,
-		Failpoint:         failpointFromEnv(),
-		EgressProbePorts:  hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
-		EgressCADir:       o.egressCADir,
-		Prices:            o.priceTable,
+		ID:                  o.id,
+		Pool:                o.pool,
+		Concurrency:         o.concurrency,
+		Profiles:            profiles,
+		Runtime:             rt,
+		Logger:              &log,
+		Provision:           prov,
+		OrphanGrace:         o.orphanGrace,
+		WarmMax:             cmp.Or(o.warmMax, -1), // 0 on the command line keeps none
+		WarmMaxIdle:         o.warmMaxIdle,
+		ReconcileInterval:   o.reconcileInterval,
+		BridgePath:          cmp.Or(o.bridge, a.bridgePath),
+		StateDir:            o.stateDir,
+		StateRoot:           o.stateRoot,
+		WorkspaceTool:       a.workspaceTool(),
+		Workspace:           o.workspace,
+		Failpoint:           failpointFromEnv(),
+		EgressProbePorts:    hostServicePorts(nc.ConnectedUrl(), o.metricsAddr),
+		EgressCADir:         o.egressCADir,
+		EgressUpstreamRoots: o.egressRoots,
+		Prices:              o.priceTable,
 	}
 }
 

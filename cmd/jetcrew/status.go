@@ -112,7 +112,11 @@ func printState(w io.Writer, st messages.RunState) error {
 	}
 	row("output", "%d bytes", st.OutputBytes)
 	if e := st.Egress; e != nil {
-		row("egress", "%d allowed, %d refused, %d bytes up, %d bytes down", e.Allowed, e.Refused, e.BytesUp, e.BytesDown)
+		failed := ""
+		if e.UpstreamFailed > 0 {
+			failed = fmt.Sprintf(", %d upstream failures", e.UpstreamFailed)
+		}
+		row("egress", "%d allowed, %d refused, %d bytes up, %d bytes down%s", e.Allowed, e.Refused, e.BytesUp, e.BytesDown, failed)
 	}
 	if u := st.Usage; u != nil {
 		row("usage", "%s", describeUsage(*u))

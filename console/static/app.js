@@ -310,6 +310,14 @@
           changes(r.changes || "");
           const warm = document.getElementById("warm");
           if (warm) warm.hidden = !r.warm;
+          // A run's egress totals (upstream failures among them) show once
+          // its proxy has some.
+          const egress = document.getElementById("egress");
+          if (egress && r.egress !== undefined) {
+            egress.textContent = r.egress;
+            egress.hidden = r.egress === "-";
+            document.getElementById("egress-label").hidden = egress.hidden;
+          }
           for (const id of ["result", "receipt"]) {
             const e = document.getElementById(id);
             if (!e || r[id] === undefined) continue;

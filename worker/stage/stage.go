@@ -31,6 +31,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -357,13 +358,44 @@ func (e TransientError) Unwrap() error { return e.Err }
 func Transient(err error) error { return TransientError{err} }
 
 // Progress records when a run last showed progress: output or coordination
-// traffic. It drives the stall watchdog. Safe for concurrent use.
+// traffic. It drives the stall watchdog. Safe for concurrent use; the
+// methods of a nil *Progress do nothing (Since: none).
 type Progress struct {
 	last atomic.Int64 // UnixNano
+	held atomic.Int64 // Holds not yet released
 }
 
 // Touch records progress now.
-func (p *Progress) Touch() { p.last.Store(time.Now().UnixNano()) }
+func (p *Progress) Touch() {
+	if p != nil {
+		p.last.Store(time.Now().UnixNano())
+	}
+}
 
-// Since returns how long ago the last progress was.
-func (p *Progress) Since() time.Duration { return time.Duration(time.Now().UnixNano() - p.last.Load()) }
+// Since returns how long ago the last progress was: 0 while a Hold is in
+// place.
+func (p *Progress) Since() time.Duration {
+	if p == nil || p.held.Load() > 0 {
+		return 0
+	}
+	return time.Duration(time.Now().UnixNano() - p.last.Load())
+}
+
+// Hold stops the clock while the run waits on something outside it (the
+// egress proxy holds its model request at a budget, on_budget = "pause"):
+// a wait that is no stall of the run's. The clock starts again from the
+// release of the last hold (release touches); release is safe to call
+// twice.
+func (p *Progress) Hold() (release func()) {
+	if p == nil {
+		return func() {}
+	}
+	p.held.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.Touch()
+			p.held.Add(-1)
+		})
+	}
+}

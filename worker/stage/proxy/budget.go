@@ -182,8 +182,11 @@ func (s *Stage) shared(run *stage.Run) *sharedBudgets {
 // group, jetcrew budget), the shared budget's window turns over, or the
 // profile's budget_pause has passed since the run's requests were first
 // held; it reports whether the request may be looked at again. The first
-// hold of each pause is a budget event with action "pause".
+// hold of each pause is a budget event with action "pause". While it holds
+// a request, the run's stall clock stands still (stage.Progress.Hold): a
+// run waiting for a grant is not stalled, whatever its stall_timeout.
 func (s *Stage) pause(ctx context.Context, run *stage.Run, b egress.Budget) bool {
+	defer run.Progress.Hold()()
 	s.pmu.Lock()
 	if s.pausedSince.IsZero() {
 		s.pausedSince = time.Now()
@@ -192,10 +195,13 @@ func (s *Stage) pause(ctx context.Context, run *stage.Run, b egress.Budget) bool
 	}
 	until := s.pausedSince.Add(run.Profile.BudgetPauseDuration())
 	s.pmu.Unlock()
+	// A grant raises the session's limits, here or in Check (whichever
+	// reads it first): either way they differ from these.
+	held := s.sess.Limits()
 	t := time.NewTicker(pausePoll)
 	defer t.Stop()
 	for {
-		if s.granted(ctx, run) {
+		if s.granted(ctx, run) || s.sess.Limits() != held {
 			s.resume()
 			return true
 		}

@@ -139,19 +139,24 @@ func (s *Stage) meter(run *stage.Run) {
 // run.)
 func (s *Stage) CheckEvery() time.Duration { return 500 * time.Millisecond }
 
-// Check applies a grant (jetcrew budget) to a run with budgets, asks for
-// the record to be written when the run's usage or pause changed, and
-// stops the run, failed, once its proxy refused a request past a budget.
+// Check asks for the record to be written when the run met another
+// upstream failure; and for a metered run applies a grant (jetcrew budget)
+// to a run with budgets, asks for the record to be written when the run's
+// usage or pause changed, and stops the run, failed, once its proxy
+// refused a request past a budget.
 func (s *Stage) Check(time.Time) (*stage.Stop, bool) {
+	failed := s.sess.Totals().UpstreamFailed
+	egressChanged := failed != s.failed
+	s.failed = failed
 	if !s.metered {
-		return nil, false
+		return nil, egressChanged
 	}
 	if s.budgets != nil && s.p.budgets != nil {
 		s.granted(context.Background(), s.run)
 	}
 	u := s.sess.Usage()
 	_, paused := s.sess.Paused()
-	changed := u != s.seen || paused != s.wasPaused
+	changed := u != s.seen || paused != s.wasPaused || egressChanged
 	s.seen, s.wasPaused = u, paused
 	if b, ok := s.sess.Reached(); ok {
 		return &stage.Stop{State: messages.StateFailed, Reason: b.String()}, changed

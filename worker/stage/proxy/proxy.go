@@ -199,8 +199,10 @@ type Stage struct {
 	// seen is the usage last written to the record (Check); sh the run's
 	// shared budgets (nil: none).
 	seen messages.UsageTotals
-	sh   *sharedBudgets
-	run  *stage.Run
+	// failed is the count of upstream failures last written (Check).
+	failed int64
+	sh     *sharedBudgets
+	run    *stage.Run
 	// pmu guards the pause (on_budget = "pause") and the grant applied.
 	pmu         sync.Mutex
 	pausedSince time.Time
@@ -266,19 +268,19 @@ func Env(p *profile.Profile) []string {
 	return env
 }
 
-// Note records the run's egress totals and, when its proxy meters a host,
-// its model usage and the budget it reached: once the run is final, its
-// proxy is closed (the container has ended) and the totals are its last.
+// Note records the run's egress totals (so far, while it runs) and, when
+// its proxy meters a host, its model usage and the budget it reached: once
+// the run is final, its proxy is closed (the container has ended) and the
+// totals are its last.
 func (s *Stage) Note(st *messages.RunState) {
 	if s.sess == nil {
 		return
 	}
+	t := s.sess.Totals() // so far; Check has the record written when upstream failures grow
 	if st.State.Final() {
-		t := s.sess.Close()
-		st.Egress = &t
-	} else if st.Egress == nil {
-		st.Egress = &messages.EgressTotals{}
+		t = s.sess.Close()
 	}
+	st.Egress = &t
 	if !s.metered {
 		return
 	}
