@@ -133,7 +133,7 @@ func TestJailArgs(t *testing.T) {
 	for _, a := range []workspace.JailArgs{
 		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Argv: []string{"/bin/sh", "-c", "--max-bytes 1"}},
 		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Held: "/gate/held", Argv: []string{"true"}},
-		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", Session: "/home/agent/.claude/projects", SessionIn: "/run/s.tar", SessionSkip: []string{"auth.json", "log"}, Argv: []string{"true"}},
+		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", Session: "/home/agent/.claude/projects", SessionIn: "/run/s.tar", SessionNames: workspace.SessionNames{Keep: []string{"sessions", "state_*.sqlite"}, Skip: []string{"auth.json", "log"}}, Argv: []string{"true"}},
 		{Command: "capture", Snapshot: "/s.tar", Dir: "/workspace", Scratch: "/scratch", RunID: "r1", MaxBytes: 5, MaxFiles: 6},
 	} {
 		got, err := workspace.ParseJailArgs(a.ArgList()[1:])
@@ -145,7 +145,8 @@ func TestJailArgs(t *testing.T) {
 	}
 	for _, bad := range [][]string{nil, {"rm"}, {"exec", "--snapshot", "s"}, {"exec", "--", "x"}, {"capture", "--snapshot", "s"}, {"exec", "--bogus", "1", "--snapshot", "s", "--", "x"},
 		{"exec", "--snapshot", "s", "--session-in", "/s.tar", "--", "x"}, {"exec", "--snapshot", "s", "--session", "rel", "--", "x"},
-		{"exec", "--snapshot", "s", "--session", "/h", "--session-skip", "a/b", "--", "x"}} {
+		{"exec", "--snapshot", "s", "--session", "/h", "--session-skip", "a/b", "--", "x"},
+		{"exec", "--snapshot", "s", "--session", "/h", "--session-keep", "[", "--", "x"}} {
 		_, err := workspace.ParseJailArgs(bad)
 		require.Error(t, err, "%q", bad)
 	}

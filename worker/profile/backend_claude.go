@@ -80,8 +80,8 @@ func (claudeBackend) structured() bool { return true }
 
 // sessionDir: Claude Code keeps each session as
 // ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
-func (claudeBackend) sessionDir(p Profile) (string, []string) {
-	return p.Home + "/.claude/projects", nil
+func (claudeBackend) sessionDir(p Profile) (string, []string, []string) {
+	return p.Home + "/.claude/projects", nil, nil
 }
 
 // resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).

@@ -43,8 +43,8 @@ func (opencodeBackend) structured() bool { return true }
 // project/<slug>/storage/ (files), and in opencode.db (SQLite) in newer
 // versions. The whole directory is kept but auth.json (credentials), log/
 // and bin/ (downloaded tools).
-func (opencodeBackend) sessionDir(p Profile) (string, []string) {
-	return p.Home + "/.local/share/opencode", []string{"auth.json", "bin", "log"}
+func (opencodeBackend) sessionDir(p Profile) (string, []string, []string) {
+	return p.Home + "/.local/share/opencode", nil, []string{"auth.json", "bin", "log"}
 }
 
 // resume: `opencode run --session SESSION_ID` (opencode's CLI reference).

@@ -12,9 +12,10 @@ import (
 // session files, and how its documented resume flag is passed.
 type resumer interface {
 	// sessionDir returns the container path of the directory holding the
-	// CLI's session files, under p.Home, and the names directly in it that
-	// are never kept (credentials, logs, downloaded binaries).
-	sessionDir(p Profile) (dir string, skip []string)
+	// CLI's session files, under p.Home; the path.Match patterns of the
+	// names directly in it that are kept (none: all); and the names never
+	// kept (credentials, logs, downloaded binaries).
+	sessionDir(p Profile) (dir string, keep, skip []string)
 	// resume returns argv (the plan's, the profile's args included) made
 	// to resume session id.
 	resume(argv []string, id string) []string
@@ -23,7 +24,7 @@ type resumer interface {
 // setSessionDir sets plan.SessionDir when b's CLI can resume a session.
 func setSessionDir(b backend, p Profile, plan *Plan) {
 	if r, ok := b.(resumer); ok {
-		plan.SessionDir, plan.SessionSkip = r.sessionDir(p)
+		plan.SessionDir, plan.SessionKeep, plan.SessionSkip = r.sessionDir(p)
 	}
 }
 
