@@ -154,9 +154,13 @@ func BenchmarkSessionKeepRestore(b *testing.B) {
 // nothing: exec clears SessionDir first, whatever the source.
 func TestSaveSessionClearsPlanted(t *testing.T) {
 	for name, src := range map[string]func(t *testing.T) string{
-		"missing":     func(t *testing.T) string { return filepath.Join(t.TempDir(), "moved-away") },
-		"not-a-dir":   func(t *testing.T) string { p := filepath.Join(t.TempDir(), "f"); writeFile(t, p, "x"); return p },
-		"a-symlink":   func(t *testing.T) string { p := filepath.Join(t.TempDir(), "l"); require.NoError(t, os.Symlink(t.TempDir(), p)); return p },
+		"missing":   func(t *testing.T) string { return filepath.Join(t.TempDir(), "moved-away") },
+		"not-a-dir": func(t *testing.T) string { p := filepath.Join(t.TempDir(), "f"); writeFile(t, p, "x"); return p },
+		"a-symlink": func(t *testing.T) string {
+			p := filepath.Join(t.TempDir(), "l")
+			require.NoError(t, os.Symlink(t.TempDir(), p))
+			return p
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ws := t.TempDir()
