@@ -65,6 +65,7 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 			text = textParts(msg)
 		}
 	case "result":
+		ps.noteSessionID(jstr(v, "session_id"))
 		ps.final = jstr(v, "result")
 		text = ps.final
 		ps.summary.IsError, _ = v["is_error"].(bool)

@@ -16,6 +16,13 @@ func TestParserSessionID(t *testing.T) {
 	require.True(t, messages.ValidSessionID(sum.SessionID), sum.SessionID)
 	_, sum, _, _ = parseFile(t, BackendCodex, "codex-0.171.0-no-network.jsonl")
 	require.Equal(t, "01a22b97-bbfd-7880-a501-dba2b5371ab8", sum.SessionID)
+	// A resumed Claude Code session: init names the id resumed, the
+	// result the new one the conversation went on under.
+	p := NewParser(BackendClaude, func(messages.AgentEvent) {}, nil)
+	p.Feed([]byte(`{"type":"system","subtype":"init","session_id":"old-1"}` + "\n" +
+		`{"type":"result","is_error":false,"result":"ok","session_id":"new-2"}` + "\n"))
+	_, sum = p.Outcome()
+	require.Equal(t, "new-2", sum.SessionID, "the id the CLI reported last")
 	for b, line := range map[string]string{
 		BackendOpencode: `{"type":"text","sessionID":"ses_abc123","part":{"type":"text","text":"x"}}`,
 		BackendClaude:   `{"type":"system","subtype":"init","session_id":"--dangerously-x"}`,
