@@ -179,3 +179,22 @@ func TestFollowupForgedSession(t *testing.T) {
 		require.NotContains(t, getObject(t, url, &o), backendSecret, o.Name)
 	}
 }
+
+// TestFollowupSessionLost: a kept session that does not hold the file of
+// the id its run reported (the CLI moved it, an older worker kept another
+// layout) is not resumed: the follow-up starts fresh on the same tree and
+// says why, rather than the CLI failing on its own resume flag (whose
+// exit would be blamed on the bridge it never started).
+func TestFollowupSessionLost(t *testing.T) {
+	url, repo := sessionEnv(t)
+	submitOK(t, url, "submit", "--id", "sl-1", "--profile", "claude", "--wait", "-q", "--workspace", repo,
+		backendPrompt("Edit.", "fixture: write main.go package main // lost", "fixture: lose-session"))
+	st1 := status(t, url, "sl-1")
+	require.NotNil(t, sessionObject(st1), "a session is kept: %+v", st1.WorkspaceResult)
+	submitOK(t, url, "followup", "--id", "sl-2", "--wait", "-q", "sl-1", backendPrompt("Check.", "fixture: cat main.go"))
+	st2 := status(t, url, "sl-2")
+	require.Equal(t, messages.StateSucceeded, st2.State, st2.Reason)
+	require.Contains(t, st2.Result, "main.go=package main // lost")
+	require.False(t, st2.Session.Resumed)
+	require.Equal(t, "run sl-1's session holds no session file of id "+st1.Agent.SessionID+": not resumed", st2.Session.Fresh)
+}

@@ -281,9 +281,11 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if a.SessionIn != "" {
 		if err := restoreSession(a.SessionIn, a.Session, a.SessionNames); err != nil {
-			// The run goes on with a fresh session: the worker passed the
-			// resume flag, which the CLI then refuses, saying so.
-			fmt.Fprintf(stderr, "%ssession not restored: %s\n", JailErrPrefix, oneLine(err.Error()))
+			// The worker passed the CLI its resume flag: the run fails
+			// here, saying why, rather than the CLI on a session it
+			// cannot find.
+			fmt.Fprintln(stderr, JailFailure(a, fmt.Errorf("session not restored: %w", err)))
+			return JailExitCode
 		}
 	}
 	select {

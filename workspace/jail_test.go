@@ -295,3 +295,25 @@ func TestJailUnpackFollowsStreamedSnapshot(t *testing.T) {
 	require.ErrorIs(t, err, workspace.ErrSnapshotRefused)
 	require.Equal(t, workspace.UnpackFetch, workspace.UnpackKind(err))
 }
+
+// A session that does not restore fails the run before the agent starts,
+// with a line naming it: never the CLI started with a resume flag for a
+// session it cannot find.
+func TestJailSessionNotRestored(t *testing.T) {
+	t.Parallel()
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(testRepo(t), f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	bad := filepath.Join(t.TempDir(), "session.tar")
+	require.NoError(t, os.WriteFile(bad, []byte("not a tar at all, but long enough to be read as one's header block"), 0o444))
+	ran := filepath.Join(t.TempDir(), "ran")
+	var out, errOut bytes.Buffer
+	code := workspace.JailMain([]string{"exec", "--snapshot", snap, "--dir", t.TempDir(), "--session", filepath.Join(t.TempDir(), "projects"),
+		"--session-in", bad, "--", "/bin/sh", "-c", "touch " + ran}, &out, &errOut)
+	require.Equal(t, workspace.JailExitCode, code, errOut.String())
+	require.Regexp(t, `^jetcrew workspace: unpack failed \(bad-archive\): session not restored: `, errOut.String())
+	require.NoFileExists(t, ran, "the agent never started")
+}

@@ -2,6 +2,9 @@ package profile
 
 import (
 	"fmt"
+	"path"
+	"slices"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
@@ -83,6 +86,14 @@ func (claudeBackend) structured() bool { return true }
 // ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
 func (claudeBackend) sessionDir(p Profile) (string, []string, []string) {
 	return p.Home + "/.claude/projects", nil, nil
+}
+
+// holds: <project directory>/<id>.jsonl.
+func (claudeBackend) holds(names []string, id string) bool {
+	return slices.ContainsFunc(names, func(n string) bool {
+		dir, file := path.Split(n)
+		return file == id+".jsonl" && dir != "" && !strings.Contains(strings.TrimSuffix(dir, "/"), "/")
+	})
 }
 
 // resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).

@@ -2,6 +2,7 @@ package profile
 
 import (
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 
@@ -72,6 +73,19 @@ func (codexBackend) structured() bool { return true }
 // follows 5.
 func (codexBackend) sessionDir(p Profile) (string, []string, []string) {
 	return p.Home + "/.codex", []string{"sessions", "state_*.sqlite", "state_*.sqlite-wal"}, nil
+}
+
+// holds: a rollout of thread id under sessions/ (rollout-<time>-<id>.jsonl,
+// or .jsonl.zst as Codex compresses an older one) and the state database
+// that indexes it.
+func (codexBackend) holds(names []string, id string) bool {
+	rollout := slices.ContainsFunc(names, func(n string) bool {
+		base := path.Base(n)
+		return strings.HasPrefix(n, "sessions/") && strings.HasPrefix(base, "rollout-") &&
+			(strings.HasSuffix(base, "-"+id+".jsonl") || strings.HasSuffix(base, "-"+id+".jsonl.zst"))
+	})
+	index := slices.ContainsFunc(names, func(n string) bool { ok, _ := path.Match("state_*.sqlite", n); return ok })
+	return rollout && index
 }
 
 // resume: `codex exec [OPTIONS] resume SESSION_ID -` (Codex's exec

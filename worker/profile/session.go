@@ -19,6 +19,10 @@ type resumer interface {
 	// resume returns argv (the plan's, the profile's args included) made
 	// to resume session id.
 	resume(argv []string, id string) []string
+	// holds reports whether names, the files of a kept session (paths
+	// relative to the session directory), hold session id where the CLI
+	// looks it up.
+	holds(names []string, id string) bool
 }
 
 // setSessionDir sets plan.SessionDir when b's CLI can resume a session.
@@ -68,4 +72,18 @@ func (p *Parser) noteSessionID(id string) {
 	if messages.ValidSessionID(id) {
 		p.summary.SessionID = id
 	}
+}
+
+// HoldsSession reports whether names, the files of a kept session object
+// (paths relative to the CLI's session directory), hold session id as p's
+// CLI looks it up on resume; false for a backend that cannot resume. A
+// follow-up resumes only a session it holds: otherwise the CLI would fail
+// on its own resume flag, and the run starts fresh instead, saying why.
+func (p Profile) HoldsSession(names []string, id string) bool {
+	b, err := lookupBackend(p.Backend)
+	if err != nil {
+		return false
+	}
+	r, ok := b.(resumer)
+	return ok && r.holds(names, id)
 }

@@ -69,3 +69,28 @@ func TestResume(t *testing.T) {
 		require.Empty(t, plan.SessionDir, backend)
 	}
 }
+
+// A kept session holds a session id only where the CLI looks it up on
+// resume: Codex needs its rollout and its state database.
+func TestHoldsSession(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		backend string
+		names   []string
+		id      string
+		want    bool
+	}{
+		{BackendClaude, []string{"-workspace/s-1.jsonl"}, "s-1", true},
+		{BackendClaude, []string{"-workspace/s-2.jsonl", "-workspace/s-1.jsonl.bak"}, "s-1", false},
+		{BackendClaude, []string{"s-1.jsonl"}, "s-1", false},
+		{BackendCodex, []string{"sessions/2026/01/02/rollout-2026-01-02T03-04-05-t-1.jsonl", "state_5.sqlite"}, "t-1", true},
+		{BackendCodex, []string{"sessions/2026/01/02/rollout-2026-01-02T03-04-05-t-1.jsonl"}, "t-1", false},
+		{BackendCodex, []string{"2026/01/02/rollout-2026-01-02T03-04-05-t-1.jsonl", "state_5.sqlite"}, "t-1", false},
+		{BackendOpencode, []string{"storage/session/info/ses_1.json"}, "ses_1", true},
+		{BackendOpencode, []string{"opencode.db"}, "ses_1", true},
+		{BackendOpencode, []string{"storage/message/ses_2/m.json"}, "ses_1", false},
+		{BackendGemini, []string{"x"}, "x", false},
+	} {
+		require.Equal(t, c.want, Profile{Backend: c.backend}.HoldsSession(c.names, c.id), "%s %v %s", c.backend, c.names, c.id)
+	}
+}

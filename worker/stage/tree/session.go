@@ -85,6 +85,11 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	if err != nil {
 		return stageError(fmt.Errorf("read the session of run %s: %w", ref.From, err), false)
 	}
+	if names, err := tarNames(data); err != nil || !prof.HoldsSession(names, src.Agent.SessionID) {
+		s.session.Fresh = fmt.Sprintf("run %s's session holds no session file of id %s: not resumed", ref.From, src.Agent.SessionID)
+		s.run.Log.Info().Str("from_run", ref.From).Str("fresh", s.session.Fresh).Msg("follow-up starts a fresh session")
+		return nil
+	}
 	rw.sessionIn = filepath.Join(rw.in(), "session.tar") // JailSessionPath
 	if err := os.WriteFile(rw.sessionIn, data, 0o444); err != nil {
 		return stageError(err, false)
@@ -93,6 +98,24 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	s.session.Resumed, s.session.ID, s.session.Digest = true, src.Agent.SessionID, "sha256:"+obj.SHA256
 	resp.Resume = src.Agent.SessionID
 	return nil
+}
+
+// tarNames returns the names of the regular files of the tar data.
+func tarNames(data []byte) ([]string, error) {
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return names, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			names = append(names, hdr.Name)
+		}
+	}
 }
 
 // keptSession returns the session object o as the run keeps it: the
