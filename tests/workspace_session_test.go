@@ -198,3 +198,42 @@ func TestFollowupSessionLost(t *testing.T) {
 	require.False(t, st2.Session.Resumed)
 	require.Equal(t, "run sl-1's session holds no session file of id "+st1.Agent.SessionID+": not resumed", st2.Session.Fresh)
 }
+
+// TestFollowupInterruptedSession: a run stopped while its model was
+// thinking leaves a session ending in a thinking block, and the model API
+// refuses every request of it with a 400 (anthropics/claude-code#63374).
+// Its follow-up fails at the first answer with that error named, not
+// retried though its profile retries, and says the way out: `followup
+// --fresh`, which starts the agent without the session on the same tree.
+func TestFollowupInterruptedSession(t *testing.T) {
+	url, repo := sessionEnv(t)
+	submitOK(t, url, "submit", "--id", "th-0", "--profile", "claude-thinking", "--wait", "-q", "--workspace", repo,
+		backendPrompt("Edit.", "fixture: write main.go package main // thought"))
+	r := run(t, url, jetcrewBin, "followup", "--id", "th-1", "--wait", "-q", "th-0", backendPrompt("Think hard.", "fixture: interrupt-thinking"))
+	st1 := status(t, url, "th-1")
+	require.Equal(t, messages.StateStalled, st1.State, st1.Reason)
+	require.NotEqual(t, 0, r.code)
+	require.True(t, st1.Session.Resumed)
+	require.NotEqual(t, st1.Session.ID, st1.Agent.SessionID, "stopped before its result, the run reported its new session id in its messages")
+	require.NotNil(t, sessionObject(st1), "the interrupted session is kept: %+v", st1.WorkspaceResult)
+
+	r = run(t, url, jetcrewBin, "followup", "--id", "th-2", "--wait", "-q", "th-1", backendPrompt("Go on."))
+	require.NotEqual(t, 0, r.code)
+	st2 := status(t, url, "th-2")
+	require.Equal(t, messages.StateFailed, st2.State)
+	require.True(t, st2.Session.Resumed)
+	require.Equal(t, st1.Agent.SessionID, st2.Session.ID)
+	require.Contains(t, st2.Reason, "is refused by the model API at its first answer: API Error: 400 ")
+	require.Contains(t, st2.Reason, "The final block in an assistant message cannot be `thinking`.")
+	require.Contains(t, st2.Reason, "`jetcrew followup --fresh th-1`")
+	require.Equal(t, 1, st2.Attempts, "a refused session is never retried: %s", st2.Reason)
+
+	submitOK(t, url, "followup", "--fresh", "--id", "th-3", "--wait", "-q", "th-1", backendPrompt("Start over.", "fixture: cat main.go"))
+	st3 := status(t, url, "th-3")
+	require.Equal(t, messages.StateSucceeded, st3.State, st3.Reason)
+	require.Contains(t, st3.Result, "main.go=package main // thought", "the same tree")
+	require.NotContains(t, st3.Result, "resumed")
+	require.Nil(t, st3.Session, "no session asked for")
+	require.Equal(t, "th-1", st3.WorkspaceFrom.Run)
+	require.NotContains(t, strings.Join(st3.Receipt.Argv, " "), "--resume")
+}

@@ -66,7 +66,7 @@ func (p Profile) Resume(plan Plan, id string) (Plan, error) {
 // noteSessionID keeps id as the run's session id when it is valid: the
 // latest the CLI printed wins, the one a follow-up resumes. Claude Code
 // names the session it resumes in its init event and goes on under a new
-// id, which its later events and its result name
+// id, which its later messages and its result name
 // (anthropics/claude-code#4926, #58760); p.mu is held.
 func (p *Parser) noteSessionID(id string) {
 	if messages.ValidSessionID(id) {

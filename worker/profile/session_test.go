@@ -1,6 +1,9 @@
 package profile
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -93,4 +96,34 @@ func TestHoldsSession(t *testing.T) {
 	} {
 		require.Equal(t, c.want, Profile{Backend: c.backend}.HoldsSession(c.names, c.id), "%s %v %s", c.backend, c.names, c.id)
 	}
+}
+
+// The parser reports the CLI's first answer once: the model API's refusal
+// with its status (Claude Code's api_error_status, else its "API Error:
+// NNN" text), or a model's answer; the recorded authentication failure
+// carries no status.
+func TestParserFirstAnswer(t *testing.T) {
+	t.Parallel()
+	feed := func(lines ...string) []Answer {
+		var got []Answer
+		p := NewParser(BackendClaude, func(messages.AgentEvent) {}, nil)
+		p.OnFirstAnswer(func(a Answer) { got = append(got, a) })
+		p.Feed([]byte(strings.Join(lines, "\n") + "\n"))
+		return got
+	}
+	refusal := `API Error: 400 {"type":"error","error":{"type":"invalid_request_error","message":"messages.1: The final block in an assistant message cannot be ` + "`thinking`" + `."}}`
+	init := `{"type":"system","subtype":"init","session_id":"s-1"}`
+	assistantErr := `{"type":"assistant","message":{"role":"assistant","content":[{"type":"text","text":` + strconv.Quote(refusal) + `}]},"error":"invalid_request","is_api_error_message":true,"session_id":"s-2"}`
+	result := `{"type":"result","is_error":true,"terminal_reason":"api_error","api_error_status":400,"result":` + strconv.Quote(refusal) + `}`
+	require.Equal(t, []Answer{{APIStatus: 400, Text: refusal}}, feed(init, assistantErr, result))
+	require.Equal(t, []Answer{{APIStatus: 400, Text: refusal}}, feed(init, result), "the result alone")
+	require.Equal(t, []Answer{{}}, feed(init, `{"type":"assistant","message":{"content":[{"type":"text","text":"hi"}]}}`, result), "a model's answer first")
+
+	var got []Answer
+	p := NewParser(BackendClaude, func(messages.AgentEvent) {}, nil)
+	p.OnFirstAnswer(func(a Answer) { got = append(got, a) })
+	b, err := os.ReadFile("testdata/agent-output/claude-2.1.332-connected-not-logged-in.jsonl")
+	require.NoError(t, err)
+	p.Feed(b)
+	require.Equal(t, []Answer{{}}, got, "no status: no refusal of the request itself")
 }

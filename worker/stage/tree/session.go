@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/workspace"
 )
@@ -98,6 +99,32 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	s.session.Resumed, s.session.ID, s.session.Digest = true, src.Agent.SessionID, "sha256:"+obj.SHA256
 	resp.Resume = src.Agent.SessionID
 	return nil
+}
+
+var _ stage.AnswerObserver = (*Stage)(nil)
+
+// FirstAnswer stops a follow-up whose resumed session the model API
+// refuses at its first answer with a 400 (invalid request): a session
+// whose last turn was interrupted mid-thinking ends in a thinking block,
+// and every request of it is refused alike (anthropics/claude-code#63374),
+// so the run fails at once, never retried, the API's error and the way
+// out named.
+func (s *Stage) FirstAnswer(a profile.Answer) *stage.Stop {
+	if s.session == nil || !s.session.Resumed || a.APIStatus != 400 {
+		return nil
+	}
+	return &stage.Stop{State: messages.StateFailed, Reason: fmt.Sprintf("the session %s of run %s, resumed, is refused by the model API at its first answer: %s: "+
+		"every request of it is refused alike (its last turn was cut short, as mid-thinking: anthropics/claude-code#63374); "+
+		"`jetcrew followup --fresh %s` starts over on the same tree without it", s.session.ID, s.session.From, oneLine(a.Text), s.session.From)}
+}
+
+// oneLine returns the first line of s, at most 512 bytes of it.
+func oneLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 512 {
+		s = s[:512] + "..."
+	}
+	return s
 }
 
 // tarNames returns the names of the regular files of the tar data.

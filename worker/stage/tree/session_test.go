@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/workspace"
 )
 
@@ -90,4 +92,24 @@ func TestKeptSession(t *testing.T) {
 	kept, err = keptSession(sessionObject(t, [2]string{"state_5.sqlite", clean}, [2]string{"config.toml", "x"}), codex, fakeMask{})
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"state_5.sqlite": clean}, sessionFiles(t, kept), "a database without a secret is kept byte for byte")
+}
+
+// A resumed session the model API refuses at the first answer with a 400
+// stops the run, failed, naming the error and followup --fresh; another
+// status, a model's answer or a run that resumed nothing goes on.
+func TestFirstAnswerRefused(t *testing.T) {
+	t.Parallel()
+	refusal := profile.Answer{APIStatus: 400, Text: "API Error: 400 {\"message\":\"messages.1: The final block in an assistant message cannot be `thinking`.\"}\nmore"}
+	s := &Stage{session: &messages.SessionNote{From: "r-1", Resumed: true, ID: "s-9"}}
+	stop := s.FirstAnswer(refusal)
+	require.NotNil(t, stop)
+	require.Equal(t, messages.StateFailed, stop.State)
+	require.Equal(t, "the session s-9 of run r-1, resumed, is refused by the model API at its first answer: "+
+		"API Error: 400 {\"message\":\"messages.1: The final block in an assistant message cannot be `thinking`.\"}: "+
+		"every request of it is refused alike (its last turn was cut short, as mid-thinking: anthropics/claude-code#63374); "+
+		"`jetcrew followup --fresh r-1` starts over on the same tree without it", stop.Reason)
+	require.Nil(t, s.FirstAnswer(profile.Answer{}))
+	require.Nil(t, s.FirstAnswer(profile.Answer{APIStatus: 401, Text: "API Error: 401"}))
+	require.Nil(t, (&Stage{session: &messages.SessionNote{From: "r-1", Fresh: "why"}}).FirstAnswer(refusal))
+	require.Nil(t, (&Stage{}).FirstAnswer(refusal))
 }
