@@ -138,7 +138,7 @@ func TestFollowupCodex(t *testing.T) {
 	}
 	require.Len(t, names, 2, "%v", names)
 	require.Contains(t, names, "state_5.sqlite", "Codex's thread index is kept")
-	require.Regexp(t, `^sessions/\d{4}/\d\d/\d\d/rollout-.*-`+tid+`\.jsonl$`, strings.Join(names, "\n"), "its rollout, and nothing else of CODEX_HOME")
+	require.Regexp(t, `(?m)^sessions/\d{4}/\d\d/\d\d/rollout-.*-`+tid+`\.jsonl$`, strings.Join(names, "\n"), "its rollout, and nothing else of CODEX_HOME")
 
 	submitOK(t, url, "submit", "--id", "cx-db1", "--profile", "codex", "--wait", "-q", "--workspace", repo,
 		backendPrompt("Edit.", "fixture: leak-db "+backendSecretEnv))
