@@ -3,6 +3,7 @@ package tree
 import (
 	"archive/tar"
 	"bytes"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ func (fakeMask) Flush(string) []byte              { return nil }
 
 // sessionObject is a capture's session object holding files (name and
 // content; a name ending in "/" is a directory).
-func sessionObject(t *testing.T, files ...[2]string) workspace.CaptureObject {
+func sessionObject(t testing.TB, files ...[2]string) workspace.CaptureObject {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -112,4 +113,20 @@ func TestFirstAnswerRefused(t *testing.T) {
 	require.Nil(t, s.FirstAnswer(profile.Answer{APIStatus: 401, Text: "API Error: 401"}))
 	require.Nil(t, (&Stage{session: &messages.SessionNote{From: "r-1", Fresh: "why"}}).FirstAnswer(refusal))
 	require.Nil(t, (&Stage{}).FirstAnswer(refusal))
+}
+
+// BenchmarkKeptSession: what storing a session of 200 files, 8 MiB in all
+// (half the cap), costs the worker: filtered, re-headed and masked.
+func BenchmarkKeptSession(b *testing.B) {
+	chunk := strings.Repeat(`{"type":"assistant","text":"x"}`+"\n", (8<<20)/200/33)
+	var files [][2]string
+	for i := range 200 {
+		files = append(files, [2]string{fmt.Sprintf("-workspace/s%03d.jsonl", i), chunk})
+	}
+	o := sessionObject(b, files...)
+	for b.Loop() {
+		if _, err := keptSession(o, workspace.SessionNames{}, fakeMask{}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
