@@ -80,6 +80,7 @@ type SessionNote struct {
 	Digest string `json:"digest,omitempty"`
 	// Fresh says why a follow-up started a fresh session (on the earlier
 	// run's tree): the backend cannot resume, another profile, no session
-	// kept. Empty when resumed or no follow-up.
+	// kept, the object gone, or one not holding the session id's file.
+	// Empty when resumed or no follow-up.
 	Fresh string `json:"fresh,omitempty"`
 }

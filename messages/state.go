@@ -164,8 +164,9 @@ type AgentSummary struct {
 	// MCPServers maps each MCP server the CLI reported to its status
 	// ("connected", "failed").
 	MCPServers map[string]string `json:"mcp_servers,omitempty"`
-	// SessionID is the CLI's session id (Claude Code's init event's
-	// session_id, Codex's thread.started thread_id, opencode's sessionID),
+	// SessionID is the CLI's session id, the latest it named (Claude
+	// Code's events' session_id: a resumed conversation goes on under a
+	// new id; Codex's thread.started thread_id, opencode's sessionID),
 	// which a follow-up passes to the CLI's resume flag; only an id
 	// ValidSessionID accepts is kept.
 	SessionID string `json:"session_id,omitempty"`

@@ -278,7 +278,8 @@ type WorkspaceResult struct {
 	Snapshot string `json:"snapshot,omitempty"`
 	// SessionError says why the agent CLI's session files (SessionDir)
 	// were not kept as the ResultSession object: over MaxSessionBytes,
-	// a name that cannot be held. Absent when kept or when there were
+	// a name that cannot be held, an entry name or a SQLite file holding
+	// a secret value of the run. Absent when kept or when there were
 	// none.
 	SessionError string `json:"session_error,omitempty"`
 }

@@ -88,10 +88,16 @@ func TestFollowup(t *testing.T) {
 	require.Equal(t, 0, res.code, res.stderr)
 	require.Contains(t, res.stdout, "resumed "+sid+" of run fu-1")
 
-	// A chain: the follow-up's own session, one turn longer.
+	// A chain: the follow-up's own session, one turn longer. Claude Code
+	// wrote it under a new id, which its init event did not name yet
+	// (anthropics/claude-code#4926): the id the run reported last.
+	sid2 := st2.Agent.SessionID
+	require.NotEqual(t, sid, sid2, "the resumed conversation goes on under the id the CLI reported last")
 	r = run(t, url, jetcrewBin, "followup", "--id", "fu-3", "--wait", "-q", "fu-2", backendPrompt("And again."))
 	require.Equal(t, 0, r.code, "stdout=%s stderr=%s", r.stdout, r.stderr)
-	require.Contains(t, status(t, url, "fu-3").Result, "session "+sid+" resumed (2 earlier turns)")
+	st3 := status(t, url, "fu-3")
+	require.Contains(t, st3.Result, "session "+sid2+" resumed (2 earlier turns)", "fu-2's turn too")
+	require.Equal(t, []string{"--resume", sid2}, st3.Receipt.Argv[len(st3.Receipt.Argv)-2:])
 
 	// Another profile: the tree, never the session.
 	r = run(t, url, jetcrewBin, "followup", "--id", "fu-other", "--profile", "claude2", "--wait", "-q", "fu-1", backendPrompt("Other.", "fixture: cat main.go"))
@@ -110,4 +116,16 @@ func TestFollowup(t *testing.T) {
 	stg := status(t, url, "fu-g2")
 	require.Contains(t, stg.Result, "main.go=package main // gemini")
 	require.Equal(t, "backend gemini cannot resume a session", stg.Session.Fresh)
+
+	// The session object gone (expired, removed): a fresh session on the
+	// same tree, saying so, never the CLI failing on its resume flag.
+	rm := run(t, url, natsBin, "object", "rm", messages.BucketResults, session.Name, "-f")
+	require.Equal(t, 0, rm.code, rm.stderr)
+	r = run(t, url, jetcrewBin, "followup", "--id", "fu-gone", "--wait", "-q", "fu-1", backendPrompt("Check.", "fixture: cat main.go"))
+	require.Equal(t, 0, r.code, "stdout=%s stderr=%s", r.stdout, r.stderr)
+	stgone := status(t, url, "fu-gone")
+	require.Contains(t, stgone.Result, "main.go=package main // edited")
+	require.False(t, stgone.Session.Resumed)
+	require.Contains(t, stgone.Session.Fresh, "run fu-1's session: ")
+	require.Contains(t, stgone.Session.Fresh, "is gone (expired?)")
 }

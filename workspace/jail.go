@@ -119,9 +119,9 @@ type JailArgs struct {
 	// messages.ResultSession object (read-only), restored into Session
 	// before the command starts: a follow-up.
 	SessionIn string
-	// SessionSkip, for exec with Session, names entries directly in
-	// Session that are never kept (profile.Plan.SessionSkip).
-	SessionSkip []string
+	// SessionNames, for exec with Session, says which entries of Session
+	// are kept and restored (profile.Plan's SessionKeep and SessionSkip).
+	SessionNames SessionNames
 }
 
 // HeldWaitMax bounds exec's wait for JailArgs.Held; past it exec fails
@@ -158,12 +158,13 @@ func ParseJailArgs(args []string) (JailArgs, error) {
 	fs.StringVar(&a.Held, "held", "", "exec: wait for this file before unpacking")
 	fs.StringVar(&a.Session, "session", "", "exec: the agent CLI's session directory, kept in the workspace once the command exited")
 	fs.StringVar(&a.SessionIn, "session-in", "", "exec: a session tar restored into --session before the command starts")
+	fs.Func("session-keep", "exec: a pattern of the names directly in --session kept (repeatable; none: all)", func(v string) error {
+		a.SessionNames.Keep = append(a.SessionNames.Keep, v)
+		return checkSessionName("session-keep", v, true)
+	})
 	fs.Func("session-skip", "exec: a name directly in --session never kept (repeatable)", func(v string) error {
-		if v == "" || strings.Contains(v, "/") || v == "." || v == ".." {
-			return fmt.Errorf("--session-skip %q: a name, not a path", v)
-		}
-		a.SessionSkip = append(a.SessionSkip, v)
-		return nil
+		a.SessionNames.Skip = append(a.SessionNames.Skip, v)
+		return checkSessionName("session-skip", v, false)
 	})
 	if err := fs.Parse(args[1:]); err != nil {
 		return a, fmt.Errorf("workspace %s: %w", a.Command, err)
@@ -213,7 +214,10 @@ func (a JailArgs) ArgList() []string {
 	if a.SessionIn != "" {
 		out = append(out, "--session-in", a.SessionIn)
 	}
-	for _, n := range a.SessionSkip {
+	for _, n := range a.SessionNames.Keep {
+		out = append(out, "--session-keep", n)
+	}
+	for _, n := range a.SessionNames.Skip {
 		out = append(out, "--session-skip", n)
 	}
 	return append(append(out, "--"), a.Argv...)
@@ -276,10 +280,12 @@ func JailMain(args []string, stdout, stderr io.Writer) int {
 		return JailExitCode
 	}
 	if a.SessionIn != "" {
-		if err := restoreSession(a.SessionIn, a.Session); err != nil {
-			// The run goes on with a fresh session: the worker passed the
-			// resume flag, which the CLI then refuses, saying so.
-			fmt.Fprintf(stderr, "%ssession not restored: %s\n", JailErrPrefix, oneLine(err.Error()))
+		if err := restoreSession(a.SessionIn, a.Session, a.SessionNames); err != nil {
+			// The worker passed the CLI its resume flag: the run fails
+			// here, saying why, rather than the CLI on a session it
+			// cannot find.
+			fmt.Fprintln(stderr, JailFailure(a, fmt.Errorf("session not restored: %w", err)))
+			return JailExitCode
 		}
 	}
 	select {

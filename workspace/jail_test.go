@@ -133,7 +133,7 @@ func TestJailArgs(t *testing.T) {
 	for _, a := range []workspace.JailArgs{
 		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Argv: []string{"/bin/sh", "-c", "--max-bytes 1"}},
 		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", MaxBytes: 5, MaxFiles: 6, Held: "/gate/held", Argv: []string{"true"}},
-		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", Session: "/home/agent/.claude/projects", SessionIn: "/run/s.tar", SessionSkip: []string{"auth.json", "log"}, Argv: []string{"true"}},
+		{Command: "exec", Snapshot: "/s.tar", Dir: "/workspace", Session: "/home/agent/.claude/projects", SessionIn: "/run/s.tar", SessionNames: workspace.SessionNames{Keep: []string{"sessions", "state_*.sqlite"}, Skip: []string{"auth.json", "log"}}, Argv: []string{"true"}},
 		{Command: "capture", Snapshot: "/s.tar", Dir: "/workspace", Scratch: "/scratch", RunID: "r1", MaxBytes: 5, MaxFiles: 6},
 	} {
 		got, err := workspace.ParseJailArgs(a.ArgList()[1:])
@@ -145,7 +145,8 @@ func TestJailArgs(t *testing.T) {
 	}
 	for _, bad := range [][]string{nil, {"rm"}, {"exec", "--snapshot", "s"}, {"exec", "--", "x"}, {"capture", "--snapshot", "s"}, {"exec", "--bogus", "1", "--snapshot", "s", "--", "x"},
 		{"exec", "--snapshot", "s", "--session-in", "/s.tar", "--", "x"}, {"exec", "--snapshot", "s", "--session", "rel", "--", "x"},
-		{"exec", "--snapshot", "s", "--session", "/h", "--session-skip", "a/b", "--", "x"}} {
+		{"exec", "--snapshot", "s", "--session", "/h", "--session-skip", "a/b", "--", "x"},
+		{"exec", "--snapshot", "s", "--session", "/h", "--session-keep", "[", "--", "x"}} {
 		_, err := workspace.ParseJailArgs(bad)
 		require.Error(t, err, "%q", bad)
 	}
@@ -293,4 +294,26 @@ func TestJailUnpackFollowsStreamedSnapshot(t *testing.T) {
 	err, _ = stream(t, workspace.SnapshotRefusedFile, workspace.UnpackFetch+"\nthe store went away")
 	require.ErrorIs(t, err, workspace.ErrSnapshotRefused)
 	require.Equal(t, workspace.UnpackFetch, workspace.UnpackKind(err))
+}
+
+// A session that does not restore fails the run before the agent starts,
+// with a line naming it: never the CLI started with a resume flag for a
+// session it cannot find.
+func TestJailSessionNotRestored(t *testing.T) {
+	t.Parallel()
+	snap := filepath.Join(t.TempDir(), "snap.tar")
+	f, err := os.Create(snap)
+	require.NoError(t, err)
+	_, err = workspace.Snapshot(testRepo(t), f, workspace.SnapshotOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	bad := filepath.Join(t.TempDir(), "session.tar")
+	require.NoError(t, os.WriteFile(bad, []byte("not a tar at all, but long enough to be read as one's header block"), 0o444))
+	ran := filepath.Join(t.TempDir(), "ran")
+	var out, errOut bytes.Buffer
+	code := workspace.JailMain([]string{"exec", "--snapshot", snap, "--dir", t.TempDir(), "--session", filepath.Join(t.TempDir(), "projects"),
+		"--session-in", bad, "--", "/bin/sh", "-c", "touch " + ran}, &out, &errOut)
+	require.Equal(t, workspace.JailExitCode, code, errOut.String())
+	require.Regexp(t, `^jetcrew workspace: unpack failed \(bad-archive\): session not restored: `, errOut.String())
+	require.NoFileExists(t, ran, "the agent never started")
 }

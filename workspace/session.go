@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 
@@ -88,7 +87,7 @@ func runKeepingSession(a JailArgs, stderr io.Writer) int {
 	}()
 	err := cmd.Wait()
 	close(done)
-	if err := saveSession(a.Session, a.Dir, a.SessionSkip); err != nil {
+	if err := saveSession(a.Session, a.Dir, a.SessionNames); err != nil {
 		fmt.Fprintf(stderr, "%ssession not kept: %s\n", JailErrPrefix, oneLine(err.Error()))
 	}
 	var ee *exec.ExitError
@@ -115,11 +114,22 @@ var raiseSignal = func(sig syscall.Signal) {
 }
 
 // saveSession copies the regular files under src (the CLI's session
-// directory, absolute) into messages.SessionDir of the workspace at dir,
-// replacing whatever is there; symlinks and other special files are left
-// out, and so are the entries directly in src named in skip. Over messages.MaxSessionBytes in all, it copies none and leaves
-// sessionOverMarker instead. A missing src keeps nothing.
-func saveSession(src, dir string, skip []string) error {
+// directory, absolute) that names keeps into messages.SessionDir of the
+// workspace at dir, replacing whatever is there; symlinks and other special
+// files are left out. SessionDir is cleared first, whatever src is: a src
+// that is missing (moved away by the agent), not a directory or unreadable
+// keeps nothing, never what the agent wrote into SessionDir itself. Over
+// messages.MaxSessionBytes in all, it copies none and leaves
+// sessionOverMarker instead.
+func saveSession(src, dir string, names SessionNames) error {
+	ws, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer ws.Close()
+	if err := ws.RemoveAll(messages.SessionDir); err != nil {
+		return err
+	}
 	fi, err := os.Lstat(src)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -132,14 +142,6 @@ func saveSession(src, dir string, skip []string) error {
 		return err
 	}
 	defer in.Close()
-	ws, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer ws.Close()
-	if err := ws.RemoveAll(messages.SessionDir); err != nil {
-		return err
-	}
 	if err := ws.MkdirAll(messages.SessionDir, 0o700); err != nil {
 		return err
 	}
@@ -149,7 +151,7 @@ func saveSession(src, dir string, skip []string) error {
 	}
 	defer out.Close()
 	entries, err := walk(in, src, walkOptions{maxFiles: maxArtifactFiles, skip: func(p string, _ bool) bool {
-		return !strings.Contains(p, "/") && slices.Contains(skip, p)
+		return !strings.Contains(p, "/") && !names.Kept(p)
 	}})
 	if err != nil {
 		return err
@@ -201,8 +203,9 @@ func copyRootFile(src, dst *os.Root, name string) error {
 // messages.ResultSession, mounted read-only) into dir, the CLI's session
 // directory: directories and regular files only, names relative and
 // clean, at most messages.MaxSessionBytes in all and maxArtifactFiles
-// entries. It runs before the agent starts, as the run's user.
-func restoreSession(tarPath, dir string) error {
+// entries; an entry names does not keep (credentials, binaries) is passed
+// over. It runs before the agent starts, as the run's user.
+func restoreSession(tarPath, dir string, names SessionNames) error {
 	f, err := os.Open(tarPath)
 	if err != nil {
 		return err
@@ -233,6 +236,8 @@ func restoreSession(tarPath, dir string) error {
 			return fmt.Errorf("%w: the session is over %d bytes or %d entries", ErrTooLarge, messages.MaxSessionBytes, maxArtifactFiles)
 		case !filepath.IsLocal(name) || path.Clean(name) != name:
 			return fmt.Errorf("%w: entry %q is not a clean relative name", ErrBadArchive, hdr.Name)
+		case !names.Kept(name):
+			continue // its content, if any, is skipped by the next Next
 		case hdr.Typeflag == tar.TypeDir:
 			err = root.MkdirAll(name, 0o700)
 		case hdr.Typeflag == tar.TypeReg:

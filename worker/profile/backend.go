@@ -129,6 +129,11 @@ type Plan struct {
 	// follow-up and restores an earlier run's there (docs/backends.md,
 	// "Follow-ups"). Empty: the CLI cannot resume.
 	SessionDir string
+	// SessionKeep, when not empty, lists path.Match patterns of the names
+	// directly in SessionDir that are kept, none other (Codex's sessions
+	// and state database, not its credentials or configuration beside
+	// them).
+	SessionKeep []string
 	// SessionSkip names entries directly in SessionDir that are never
 	// kept: the CLI's credentials, logs, downloaded binaries.
 	SessionSkip []string

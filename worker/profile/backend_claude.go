@@ -2,6 +2,9 @@ package profile
 
 import (
 	"fmt"
+	"path"
+	"slices"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
@@ -46,11 +49,13 @@ func (claudeBackend) plan(p Profile, _ string, coord bool, exe func(string) []st
 
 func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, string) {
 	text := ""
+	// Every event names the session; the latest wins (noteSessionID): a
+	// run stopped before its result has it from its last message.
+	ps.noteSessionID(jstr(v, "session_id"))
 	switch kind {
 	case "system":
 		kind += "/" + jstr(v, "subtype")
 		if jstr(v, "subtype") == "init" {
-			ps.noteSessionID(jstr(v, "session_id"))
 			servers, _ := v["mcp_servers"].([]any)
 			ps.summary.MCPServers = map[string]string{}
 			for _, s := range servers {
@@ -64,10 +69,12 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 		if msg, ok := v["message"].(map[string]any); ok {
 			text = textParts(msg)
 		}
+		ps.reportAnswer(claudeAnswer(v, text))
 	case "result":
 		ps.final = jstr(v, "result")
 		text = ps.final
 		ps.summary.IsError, _ = v["is_error"].(bool)
+		ps.reportAnswer(claudeAnswer(v, text))
 		ps.summary.CostUSD, _ = v["total_cost_usd"].(float64)
 		if n, ok := v["num_turns"].(float64); ok {
 			ps.summary.Turns = int(n)
@@ -78,10 +85,38 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 
 func (claudeBackend) structured() bool { return true }
 
+// claudeAnswer is the answer an assistant event or a result v of text
+// holds: Claude Code marks the model API's error in place of an answer
+// with is_api_error_message (an assistant event) or terminal_reason
+// api_error and api_error_status (a result), its text "API Error: NNN
+// BODY" (the recorded output's authentication failure has no status).
+func claudeAnswer(v map[string]any, text string) Answer {
+	apiErr, _ := v["is_api_error_message"].(bool)
+	if !apiErr && jstr(v, "terminal_reason") != "api_error" {
+		return Answer{}
+	}
+	status := apiErrorStatus(text)
+	if n, ok := v["api_error_status"].(float64); ok && n >= 100 && n < 600 {
+		status = int(n)
+	}
+	if status == 0 {
+		return Answer{}
+	}
+	return Answer{APIStatus: status, Text: text}
+}
+
 // sessionDir: Claude Code keeps each session as
 // ~/.claude/projects/<the working directory, slashes as dashes>/<session id>.jsonl.
-func (claudeBackend) sessionDir(p Profile) (string, []string) {
-	return p.Home + "/.claude/projects", nil
+func (claudeBackend) sessionDir(p Profile) (string, []string, []string) {
+	return p.Home + "/.claude/projects", nil, nil
+}
+
+// holds: <project directory>/<id>.jsonl.
+func (claudeBackend) holds(names []string, id string) bool {
+	return slices.ContainsFunc(names, func(n string) bool {
+		dir, file := path.Split(n)
+		return file == id+".jsonl" && dir != "" && !strings.Contains(strings.TrimSuffix(dir, "/"), "/")
+	})
 }
 
 // resume: `claude -p --resume SESSION_ID` (Claude Code's CLI reference).

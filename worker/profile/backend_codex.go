@@ -2,6 +2,7 @@ package profile
 
 import (
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 
@@ -56,9 +57,36 @@ func (codexBackend) parse(kind string, v map[string]any, ps *Parser) (string, st
 
 func (codexBackend) structured() bool { return true }
 
-// sessionDir: Codex keeps its sessions (rollout files) under
-// $CODEX_HOME/sessions, CODEX_HOME being ~/.codex here.
-func (codexBackend) sessionDir(p Profile) (string, []string) { return p.Home + "/.codex/sessions", nil }
+// sessionDir: Codex keeps a session as a rollout file under
+// $CODEX_HOME/sessions (sessions/YYYY/MM/DD/rollout-<time>-<id>.jsonl),
+// CODEX_HOME being ~/.codex here, and from 0.137 resolves `exec resume ID`
+// through its thread index, the threads table of its state database
+// $CODEX_HOME/state_5.sqlite (a row naming the rollout's path): a restored
+// sessions/ alone gives "no rollout found for thread id"
+// (openai/codex#40426, vm0-ai/vm0#16125). Both are kept, and the
+// database's write-ahead log (state_5.sqlite-wal: a CLI stopped before it
+// checkpointed has its rows there); the shared-memory index (-shm) is
+// rebuilt by SQLite. Nothing else of CODEX_HOME is: auth.json
+// (credentials), config.toml (the worker seeds its own), its logs and
+// other databases (logs_*, memories_*, thread_history_* are rebuilt or
+// not needed to resume). The pattern takes the schema version that
+// follows 5.
+func (codexBackend) sessionDir(p Profile) (string, []string, []string) {
+	return p.Home + "/.codex", []string{"sessions", "state_*.sqlite", "state_*.sqlite-wal"}, nil
+}
+
+// holds: a rollout of thread id under sessions/ (rollout-<time>-<id>.jsonl,
+// or .jsonl.zst as Codex compresses an older one) and the state database
+// that indexes it.
+func (codexBackend) holds(names []string, id string) bool {
+	rollout := slices.ContainsFunc(names, func(n string) bool {
+		base := path.Base(n)
+		return strings.HasPrefix(n, "sessions/") && strings.HasPrefix(base, "rollout-") &&
+			(strings.HasSuffix(base, "-"+id+".jsonl") || strings.HasSuffix(base, "-"+id+".jsonl.zst"))
+	})
+	index := slices.ContainsFunc(names, func(n string) bool { ok, _ := path.Match("state_*.sqlite", n); return ok })
+	return rollout && index
+}
 
 // resume: `codex exec [OPTIONS] resume SESSION_ID -` (Codex's exec
 // reference): the "-" that reads the prompt from standard input becomes

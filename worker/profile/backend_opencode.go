@@ -2,6 +2,8 @@ package profile
 
 import (
 	"encoding/json"
+	"path"
+	"slices"
 
 	"github.com/jetcrew/jetcrew/coordination"
 )
@@ -43,8 +45,15 @@ func (opencodeBackend) structured() bool { return true }
 // project/<slug>/storage/ (files), and in opencode.db (SQLite) in newer
 // versions. The whole directory is kept but auth.json (credentials), log/
 // and bin/ (downloaded tools).
-func (opencodeBackend) sessionDir(p Profile) (string, []string) {
-	return p.Home + "/.local/share/opencode", []string{"auth.json", "bin", "log"}
+func (opencodeBackend) sessionDir(p Profile) (string, []string, []string) {
+	return p.Home + "/.local/share/opencode", nil, []string{"auth.json", "bin", "log"}
+}
+
+// holds: the session's info file (storage/session/.../<id>.json, in older
+// versions under project/<slug>/) or opencode.db, where newer versions
+// keep every session.
+func (opencodeBackend) holds(names []string, id string) bool {
+	return slices.ContainsFunc(names, func(n string) bool { return n == "opencode.db" || path.Base(n) == id+".json" })
 }
 
 // resume: `opencode run --session SESSION_ID` (opencode's CLI reference).

@@ -34,6 +34,9 @@ type Parser struct {
 	final   string
 	summary messages.AgentSummary
 	mcpSeen bool
+	// onAnswer, once answered, has had the CLI's first answer (answer.go).
+	onAnswer func(Answer)
+	answered bool
 }
 
 // NewParser returns the parser of the named backend's output, or nil (a

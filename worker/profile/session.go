@@ -12,18 +12,23 @@ import (
 // session files, and how its documented resume flag is passed.
 type resumer interface {
 	// sessionDir returns the container path of the directory holding the
-	// CLI's session files, under p.Home, and the names directly in it that
-	// are never kept (credentials, logs, downloaded binaries).
-	sessionDir(p Profile) (dir string, skip []string)
+	// CLI's session files, under p.Home; the path.Match patterns of the
+	// names directly in it that are kept (none: all); and the names never
+	// kept (credentials, logs, downloaded binaries).
+	sessionDir(p Profile) (dir string, keep, skip []string)
 	// resume returns argv (the plan's, the profile's args included) made
 	// to resume session id.
 	resume(argv []string, id string) []string
+	// holds reports whether names, the files of a kept session (paths
+	// relative to the session directory), hold session id where the CLI
+	// looks it up.
+	holds(names []string, id string) bool
 }
 
 // setSessionDir sets plan.SessionDir when b's CLI can resume a session.
 func setSessionDir(b backend, p Profile, plan *Plan) {
 	if r, ok := b.(resumer); ok {
-		plan.SessionDir, plan.SessionSkip = r.sessionDir(p)
+		plan.SessionDir, plan.SessionKeep, plan.SessionSkip = r.sessionDir(p)
 	}
 }
 
@@ -58,10 +63,27 @@ func (p Profile) Resume(plan Plan, id string) (Plan, error) {
 	return plan, nil
 }
 
-// noteSessionID keeps id as the run's session id, the first valid one the
-// CLI printed; p.mu is held.
+// noteSessionID keeps id as the run's session id when it is valid: the
+// latest the CLI printed wins, the one a follow-up resumes. Claude Code
+// names the session it resumes in its init event and goes on under a new
+// id, which its later messages and its result name
+// (anthropics/claude-code#4926, #58760); p.mu is held.
 func (p *Parser) noteSessionID(id string) {
-	if p.summary.SessionID == "" && messages.ValidSessionID(id) {
+	if messages.ValidSessionID(id) {
 		p.summary.SessionID = id
 	}
+}
+
+// HoldsSession reports whether names, the files of a kept session object
+// (paths relative to the CLI's session directory), hold session id as p's
+// CLI looks it up on resume; false for a backend that cannot resume. A
+// follow-up resumes only a session it holds: otherwise the CLI would fail
+// on its own resume flag, and the run starts fresh instead, saying why.
+func (p Profile) HoldsSession(names []string, id string) bool {
+	b, err := lookupBackend(p.Backend)
+	if err != nil {
+		return false
+	}
+	r, ok := b.(resumer)
+	return ok && r.holds(names, id)
 }

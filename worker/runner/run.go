@@ -291,6 +291,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		parser: profile.NewParser(p.prof.Backend, r.agentEvent, r.onMCPStatus),
 		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
 	}
+	s.parser.OnFirstAnswer(r.onFirstAnswer)
 	s.out.budget = p.prof.MaxOutputBytes()
 	s.out.mask, s.out.onStdout = r.mask, s.parser.Feed // the parser sees masked output
 	output := func(stream string, b []byte) {
@@ -407,6 +408,18 @@ func (r *run) onMCPStatus(status string) {
 	for _, s := range r.stages {
 		if o, ok := s.(stage.MCPObserver); ok {
 			if stop := o.MCPStatus(status); stop != nil {
+				r.ctl.stopFor(*stop)
+			}
+		}
+	}
+}
+
+// onFirstAnswer passes the agent CLI's first answer from its model to the
+// stages that watch it; a stop one asks for stops the run.
+func (r *run) onFirstAnswer(a profile.Answer) {
+	for _, s := range r.stages {
+		if o, ok := s.(stage.AnswerObserver); ok {
+			if stop := o.FirstAnswer(a); stop != nil {
 				r.ctl.stopFor(*stop)
 			}
 		}

@@ -43,7 +43,8 @@ import (
 )
 
 // Stage is one stage of one run. It implements any of Prestarter,
-// Poststarter, Checker, MCPObserver, Exiter, Noter and Releaser.
+// Poststarter, Checker, MCPObserver, AnswerObserver, Exiter, Noter and
+// Releaser.
 type Stage interface {
 	// Name names the stage in logs ("coordination", "workspace", ...).
 	Name() string
@@ -257,6 +258,16 @@ type MCPObserver interface {
 	// status the CLI reported ("connected", "failed", ...); a non-nil
 	// Stop asks the engine to stop the run.
 	MCPStatus(status string) *Stop
+}
+
+// AnswerObserver is a stage told the agent CLI's first answer from its
+// model (profile.Parser.OnFirstAnswer: a model's answer, or the model
+// API's refusal of the request).
+type AnswerObserver interface {
+	Stage
+	// FirstAnswer is called once, from the output goroutine; a non-nil
+	// Stop asks the engine to stop the run.
+	FirstAnswer(a profile.Answer) *Stop
 }
 
 // Stop is a stage's request to stop a run, and the final state it leads

@@ -66,7 +66,7 @@ const runIDFile = "run-id"
 // the run's user and execs the original argv, in messages.WorkspaceDir.
 func jailWorkspace(resp *stage.PrestartResponse, rw *runWorkspace, cfg Config) {
 	args := workspace.JailArgs{Command: "exec", Snapshot: JailSnapshotPath, Dir: messages.WorkspaceDir,
-		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionSkip: rw.sessionSkip}
+		MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, Held: JailGatePath + "/" + heldFile, Session: rw.sessionDir, SessionNames: rw.sessionNames}
 	if rw.sessionIn != "" {
 		args.SessionIn = JailSessionPath
 	}

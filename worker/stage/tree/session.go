@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/workspace"
 )
@@ -38,7 +39,7 @@ import (
 // store that cannot be reached is an error (transient).
 func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw *runWorkspace, resp *stage.PrestartResponse) error {
 	plan, prof := req.Run.Plan, req.Run.Profile
-	rw.sessionDir, rw.sessionSkip = plan.SessionDir, plan.SessionSkip
+	rw.sessionDir, rw.sessionNames = plan.SessionDir, workspace.SessionNames{Keep: plan.SessionKeep, Skip: plan.SessionSkip}
 	ref := s.run.Request.Session
 	if ref == nil {
 		return nil
@@ -85,6 +86,11 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	if err != nil {
 		return stageError(fmt.Errorf("read the session of run %s: %w", ref.From, err), false)
 	}
+	if names, err := tarNames(data); err != nil || !prof.HoldsSession(names, src.Agent.SessionID) {
+		s.session.Fresh = fmt.Sprintf("run %s's session holds no session file of id %s: not resumed", ref.From, src.Agent.SessionID)
+		s.run.Log.Info().Str("from_run", ref.From).Str("fresh", s.session.Fresh).Msg("follow-up starts a fresh session")
+		return nil
+	}
 	rw.sessionIn = filepath.Join(rw.in(), "session.tar") // JailSessionPath
 	if err := os.WriteFile(rw.sessionIn, data, 0o444); err != nil {
 		return stageError(err, false)
@@ -95,14 +101,66 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	return nil
 }
 
-// maskedSession returns the session object o with each file's content
-// masked with the run's secret mask (unchanged when the run has none):
-// the session is the agent's transcript, shown to whoever reads results.
-// The object is at most messages.MaxSessionBytes plus its tar headers.
-func (s *Stage) maskedSession(o workspace.CaptureObject) (workspace.CaptureObject, error) {
-	if s.mask == nil {
-		return o, nil
+var _ stage.AnswerObserver = (*Stage)(nil)
+
+// FirstAnswer stops a follow-up whose resumed session the model API
+// refuses at its first answer with a 400 (invalid request): a session
+// whose last turn was interrupted mid-thinking ends in a thinking block,
+// and every request of it is refused alike (anthropics/claude-code#63374),
+// so the run fails at once, never retried, the API's error and the way
+// out named.
+func (s *Stage) FirstAnswer(a profile.Answer) *stage.Stop {
+	if s.session == nil || !s.session.Resumed || a.APIStatus != 400 {
+		return nil
 	}
+	return &stage.Stop{State: messages.StateFailed, Reason: fmt.Sprintf("the session %s of run %s, resumed, is refused by the model API at its first answer: %s: "+
+		"every request of it is refused alike (its last turn was cut short, as mid-thinking: anthropics/claude-code#63374); "+
+		"`jetcrew followup --fresh %s` starts over on the same tree without it", s.session.ID, s.session.From, oneLine(a.Text), s.session.From)}
+}
+
+// oneLine returns the first line of s, at most 512 bytes of it.
+func oneLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 512 {
+		s = s[:512] + "..."
+	}
+	return s
+}
+
+// tarNames returns the names of the regular files of the tar data.
+func tarNames(data []byte) ([]string, error) {
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return names, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			names = append(names, hdr.Name)
+		}
+	}
+}
+
+// keptSession returns the session object o as the run keeps it: the
+// entries names keeps (what else the workspace's session directory holds,
+// written there after exec's copy or forged, is dropped), each file's
+// content masked with mask (nil: a run without secrets), under fresh
+// headers (regular files mode 0600, directories 0700). The session is
+// refused (an error: not kept, the follow-up starts fresh, saying so)
+// when an entry's name holds a secret value of the run (masking it would
+// rename the CLI's file; the names are readable by every submitter), and
+// when a SQLite file (database, WAL or rollback journal) holds one:
+// masking bytes inside a database breaks it (a WAL frame's checksum, a
+// record's length, an index's order), so a database is kept byte for
+// byte or not at all. Like the output mask it matches bytes: a value
+// SQLite splits across two pages (a long text's overflow) or encodes is
+// not seen. The object is at most messages.MaxSessionBytes plus its tar
+// headers.
+func keptSession(o workspace.CaptureObject, names workspace.SessionNames, mask stage.Masker) (workspace.CaptureObject, error) {
 	if o.Size > messages.MaxSessionBytes+1<<20 {
 		return o, fmt.Errorf("the session object is %d bytes, over the cap", o.Size)
 	}
@@ -117,19 +175,14 @@ func (s *Stage) maskedSession(o workspace.CaptureObject) (workspace.CaptureObjec
 		if err != nil {
 			return o, err
 		}
-		var content []byte
-		if hdr.Typeflag == tar.TypeReg {
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				return o, err
-			}
-			content = []byte(s.mask.String(string(b)))
-			hdr.Size = int64(len(content))
+		name := strings.TrimSuffix(hdr.Name, "/")
+		if !names.Kept(name) {
+			continue
 		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return o, err
+		if mask != nil && mask.String(hdr.Name) != hdr.Name {
+			return o, errors.New("an entry's name holds a secret value of the run")
 		}
-		if _, err := tw.Write(content); err != nil {
+		if err := keepSessionEntry(tw, tr, hdr, mask); err != nil {
 			return o, err
 		}
 	}
@@ -139,4 +192,63 @@ func (s *Stage) maskedSession(o workspace.CaptureObject) (workspace.CaptureObjec
 	sum := sha256.Sum256(out.Bytes())
 	return workspace.CaptureObject{Kind: o.Kind, Data: io.NewSectionReader(bytes.NewReader(out.Bytes()), 0, int64(out.Len())),
 		Size: int64(out.Len()), SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// keepSessionEntry writes the session entry hdr (its content read from
+// tr) to tw under a fresh header: a directory, or a regular file whose
+// content is masked with mask, or refused when it is a SQLite file mask
+// would change.
+func keepSessionEntry(tw *tar.Writer, tr io.Reader, hdr *tar.Header, mask stage.Masker) error {
+	out := &tar.Header{Name: hdr.Name, ModTime: hdr.ModTime, Typeflag: hdr.Typeflag}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		out.Mode = 0o700
+		return tw.WriteHeader(out)
+	case tar.TypeReg:
+	default:
+		return fmt.Errorf("entry %q is not a file or directory", hdr.Name)
+	}
+	b, err := io.ReadAll(tr)
+	if err != nil {
+		return err
+	}
+	if mask != nil {
+		masked := mask.String(string(b))
+		switch {
+		case masked == string(b):
+		case isSQLite(b):
+			return fmt.Errorf("%s is a SQLite file holding a secret value of the run: a database is never masked", hdr.Name)
+		default:
+			b = []byte(masked)
+		}
+	}
+	out.Mode, out.Size = 0o600, int64(len(b))
+	if err := tw.WriteHeader(out); err != nil {
+		return err
+	}
+	_, err = tw.Write(b)
+	return err
+}
+
+// SQLite's file headers (sqlite.org/fileformat.html): a database's first
+// 16 bytes, a write-ahead log's first 4 (big-endian 0x377f0682 or
+// 0x377f0683), a rollback journal's first 8.
+var (
+	sqliteDBMagic      = []byte("SQLite format 3\x00")
+	sqliteWALMagics    = [][]byte{{0x37, 0x7f, 0x06, 0x82}, {0x37, 0x7f, 0x06, 0x83}}
+	sqliteJournalMagic = []byte{0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7}
+)
+
+// isSQLite reports whether b is a SQLite database, write-ahead log or
+// rollback journal, by its header.
+func isSQLite(b []byte) bool {
+	if bytes.HasPrefix(b, sqliteDBMagic) || bytes.HasPrefix(b, sqliteJournalMagic) {
+		return true
+	}
+	for _, m := range sqliteWALMagics {
+		if bytes.HasPrefix(b, m) {
+			return true
+		}
+	}
+	return false
 }

@@ -306,9 +306,9 @@ type runWorkspace struct {
 	// sessionDir is the agent CLI's session directory in the container
 	// (profile.Plan.SessionDir), kept by exec; sessionIn the host file
 	// of the earlier session a follow-up restores, sessionSum its SHA-256
-	// (hex) (session.go).
+	// (hex), sessionNames which of its entries are kept (session.go).
 	sessionDir, sessionIn, sessionSum string
-	sessionSkip                       []string
+	sessionNames                      workspace.SessionNames
 	// capture is the spec of the capture container, made from the run's;
 	// captureC the container, started (waiting) during staging, its
 	// output taken by captureOut and its exit reported on captureExit;
@@ -795,7 +795,7 @@ func (s *Stage) uploadResults(ctx context.Context, c *workspace.CaptureStream, r
 	for _, kind := range []string{messages.ResultPatch, messages.ResultBundle, messages.ResultArtifacts, messages.ResultSession} {
 		if o, ok := c.Object(kind); ok {
 			if kind == messages.ResultSession {
-				if o, err = s.maskedSession(o); err != nil { // session.go
+				if o, err = keptSession(o, s.rw.sessionNames, s.mask); err != nil { // session.go
 					res.SessionError = "not kept: " + err.Error()
 					continue
 				}
