@@ -232,8 +232,10 @@ func submitter(pools []string) Grant {
 	// its request is still queued or already dead-lettered (info only: no
 	// dead letter's body).
 	pub = append(pub, read(kvWorkers)...)
-	pub = append(pub, api+"STREAM.INFO."+messages.StreamRuns, api+"STREAM.MSG.GET."+messages.StreamRuns,
-		api+"STREAM.INFO."+messages.StreamFailed)
+	// JETCREW_RUNS allows direct gets, which nats.go's GetMsg then uses
+	// (the same messages STREAM.MSG.GET reads).
+	pub = append(pub, inspect(messages.StreamRuns)...)
+	pub = append(pub, api+"STREAM.INFO."+messages.StreamFailed)
 	// Workspaces in (uploaded to the uploads bucket, which workers create
 	// and check; the workspace bucket read only), results out.
 	pub = append(pub, "$O."+messages.BucketUploads+".>")

@@ -295,6 +295,20 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 			return err
 		})
 	}
+	// What watch and status read while a run is queued: a request of
+	// JETCREW_RUNS by sequence, which nats.go reads with a direct get (the
+	// stream allows them).
+	queuedRead := func(rc roleConn) error {
+		subj := "$JS.API.DIRECT.GET." + messages.StreamRuns
+		return rc.try(subj, func(ctx context.Context) error {
+			st, err := rc.js.Stream(ctx, messages.StreamRuns)
+			if err != nil {
+				return err
+			}
+			_, err = st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(messages.SubjectRunsPrefix+".>"))
+			return err
+		})
+	}
 	streamDelete := func(rc roleConn) error {
 		subj := "$JS.API.STREAM.DELETE." + messages.StreamFailed
 		return rc.try(subj, func(ctx context.Context) error { return rc.js.DeleteStream(ctx, messages.StreamFailed) })
@@ -395,6 +409,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		{"run state write", stateWrite, []roles.Role{roles.Worker}},
 		{"run event publish", event, []roles.Role{roles.Worker}},
 		{"replay subject publish", replay, []roles.Role{roles.Operator}},
+		{"read a queued request", queuedRead, []roles.Role{roles.Submitter, roles.Operator, roles.Observer, roles.Worker}},
 		// Only workers write the workspace bucket, with bytes they checked;
 		// submitters upload to the uploads bucket.
 		{"workspace bucket write", objectWrite(messages.BucketWorkspaces), []roles.Role{roles.Worker}},
