@@ -17,6 +17,10 @@ type Result struct {
 	Model string
 	// Tokens are the usage read, by kind; zero unless Known.
 	Tokens messages.Tokens
+	// WebSearches counts the web searches the response reported (Anthropic's
+	// usage.server_tool_use.web_search_requests; the web_search_call items
+	// of an OpenAI Responses output, each counted once); zero unless Known.
+	WebSearches int64
 	// Known is true when the response carried a usage object the package
 	// read: false for an error status (>= 400), an unknown format, a body
 	// that is not the format's, an OpenAI Chat stream without its usage
