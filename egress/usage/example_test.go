@@ -40,6 +40,6 @@ output = 15.0
 	status, ct, quota := usage.QuotaError(messages.FormatAnthropic, "jetcrew: budget reached")
 	fmt.Println(status, ct, string(quota))
 	// Output:
-	// anthropic-messages claude-sonnet-4-5-20250929 known=true stream=true tokens={Input:25 Output:15 CacheRead:0 CacheWrite:0} cost=0.000300 priced=true
+	// anthropic-messages claude-sonnet-4-5-20250929 known=true stream=true tokens={Input:25 Output:15 CacheRead:0 CacheWrite:0 CacheWrite1h:0} cost=0.000300 priced=true
 	// 429 application/json {"type":"error","error":{"type":"rate_limit_error","message":"jetcrew: budget reached"}}
 }

@@ -10,8 +10,19 @@ import (
 type tally struct {
 	model  string
 	tokens messages.Tokens
+	// webSearches counts the response's billed web searches.
+	webSearches int64
 	// known is set once a usage object has been read.
 	known bool
+}
+
+// final returns t's tokens with the one-hour cache writes cut to the cache
+// writes they are a part of (a provider's larger count is not to price
+// more writes than were made).
+func (t *tally) final() messages.Tokens {
+	tk := t.tokens
+	tk.CacheWrite1h = min(tk.CacheWrite1h, tk.CacheWrite)
+	return tk
 }
 
 // reader reads one format's usage into a tally: event takes the data of
@@ -24,10 +35,11 @@ type reader struct {
 
 // readers are the formats' readers, by messages.Format*.
 var readers = map[string]reader{
-	messages.FormatAnthropic:       {event: anthropicEvent, body: anthropicBody},
-	messages.FormatOpenAIChat:      {event: chatEvent, body: chatBody},
-	messages.FormatOpenAIResponses: {event: responsesEvent, body: responsesBody},
-	messages.FormatGemini:          {event: geminiEvent, body: geminiBody},
+	messages.FormatAnthropic:        {event: anthropicEvent, body: anthropicBody},
+	messages.FormatOpenAIChat:       {event: chatEvent, body: chatBody},
+	messages.FormatOpenAIResponses:  {event: responsesEvent, body: responsesBody},
+	messages.FormatGemini:           {event: geminiEvent, body: geminiBody},
+	messages.FormatGeminiCodeAssist: {event: codeAssistEvent, body: codeAssistBody},
 }
 
 // mentions reports whether data holds the JSON key or string key (quotes

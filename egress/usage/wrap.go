@@ -171,7 +171,7 @@ func (b *wrapped) end(eof bool) *Result {
 		res.Model = b.t.model
 	}
 	if b.t.known {
-		res.Tokens, res.Known = b.t.tokens, true
+		res.Tokens, res.WebSearches, res.Known = b.t.final(), b.t.webSearches, true
 	}
 	return &res
 }
