@@ -388,7 +388,7 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	mt.mu.Lock()
 	if r.Known {
 		ev.Tokens, ev.WebSearches = r.Tokens, r.WebSearches
-		if c, ok := mt.m.Prices.Charge(ev.Model, r.Tokens, r.WebSearches); ok {
+		if c, ok := mt.m.Prices.Charge(ev.Model, r); ok {
 			ev.CostUSD, ev.PartlyUnpriced = &c.USD, c.PartlyUnpriced
 		}
 	}

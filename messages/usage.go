@@ -102,8 +102,10 @@ type UsageEvent struct {
 	CostUSD *float64 `json:"cost_usd,omitempty"`
 	// PartlyUnpriced names the prices the response needed that the table's
 	// row for the model lacks ("web_search", "cache_write_1h",
-	// "cache_read above 200000 input tokens"): CostUSD is then what the rest
-	// cost, a lower bound.
+	// "cache_read above 200000 input tokens"), and a processing tier dearer
+	// than the standard one the provider served it at ("service_tier
+	// priority", "speed fast"): CostUSD is then what the rest cost at the
+	// table's rates, a lower bound.
 	PartlyUnpriced []string `json:"partly_unpriced,omitempty"`
 	// DurationMS is from the request to the response's end, in
 	// milliseconds.

@@ -24,6 +24,19 @@ type anthropicUsage struct {
 	ServerToolUse *struct {
 		WebSearchRequests *int64 `json:"web_search_requests"`
 	} `json:"server_tool_use"`
+	// ServiceTier ("standard", "priority", "batch") and Speed ("standard",
+	// "fast") say how the request was served, and so at which rates.
+	ServiceTier string `json:"service_tier"`
+	Speed       string `json:"speed"`
+}
+
+// tier returns the dearer tier u says the message was served at, "" for
+// the standard one.
+func (u *anthropicUsage) tier() string {
+	if t := dearTier("speed", u.Speed); t != "" {
+		return t
+	}
+	return dearTier("service_tier", u.ServiceTier)
 }
 
 // cacheWrite1h returns u's one-hour cache writes, nil when absent.
@@ -69,6 +82,7 @@ func anthropicBody(t *tally, data []byte) {
 	if m.Usage != nil {
 		t.tokens, t.known = m.Usage.tokens(), true
 		t.webSearches = count(m.Usage.webSearches())
+		t.tier = m.Usage.tier()
 	}
 }
 
@@ -116,6 +130,9 @@ func anthropicEvent(t *tally, data []byte) {
 	latest(&t.tokens.CacheWrite, u.CacheCreationInputTokens)
 	latest(&t.tokens.CacheWrite1h, u.cacheWrite1h())
 	latest(&t.webSearches, u.webSearches())
+	if tier := u.tier(); tier != "" {
+		t.tier = tier
+	}
 }
 
 // latest sets *dst to *n when n is present and positive.

@@ -31,7 +31,7 @@ output = 15.0
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}` + "\n\n"))
 	body := usage.Wrap(format, req, 200, "text/event-stream", upstream, 16<<20, func(r usage.Result) {
-		c, ok := prices.Charge(r.Model, r.Tokens, r.WebSearches)
+		c, ok := prices.Charge(r.Model, r)
 		fmt.Printf("%s %s known=%v stream=%v tokens=%+v cost=%.6f priced=%v partly unpriced=%v\n",
 			format, r.Model, r.Known, r.Stream, r.Tokens, c.USD, ok, c.PartlyUnpriced)
 	})

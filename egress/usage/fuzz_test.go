@@ -33,6 +33,7 @@ func FuzzWrap(f *testing.F) {
 	f.Add(uint8(3), uint8(1), []byte(`[{"usageMetadata":{"promptTokenCount":1}},`), uint64(7), uint16(0))
 	f.Add(uint8(5), uint8(1), []byte(`[{"response":{"usageMetadata":{"promptTokenCount":1,"toolUsePromptTokenCount":2}}},{"response":null}]`), uint64(8), uint16(0))
 	f.Add(uint8(2), uint8(0), []byte("data: {\"response\":{\"usage\":{\"input_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":2,\"cache_write_tokens\":3}},\"output\":[{\"type\":\"web_search_call\"},7]}}\n\n"), uint64(9), uint16(0))
+	f.Add(uint8(1), uint8(1), []byte(`{"model":"m","service_tier":"priority","usage":{"prompt_tokens":1}}`), uint64(11), uint16(0))
 	f.Add(uint8(0), uint8(0), []byte("data: {\"type\":\"message_delta\",\"usage\":{\"cache_creation_input_tokens\":1,\"cache_creation\":{\"ephemeral_1h_input_tokens\":5},\"server_tool_use\":{\"web_search_requests\":3}}}\n\n"), uint64(10), uint16(0))
 	f.Fuzz(func(t *testing.T, format, ct uint8, data []byte, seed uint64, max uint16) {
 		fm := fuzzFormats[int(format)%len(fuzzFormats)]
@@ -45,7 +46,9 @@ func FuzzWrap(f *testing.F) {
 		if !want.Known {
 			require.Zero(t, want.Tokens)
 			require.Zero(t, want.WebSearches)
+			require.Empty(t, want.Tier)
 		}
+		require.LessOrEqual(t, len(want.Tier), 64, "a tier's name is bounded")
 		tk := want.Tokens
 		require.GreaterOrEqual(t, min(tk.Input, tk.Output, tk.CacheRead, tk.CacheWrite, tk.CacheWrite1h, want.WebSearches), int64(0))
 		require.LessOrEqual(t, tk.CacheWrite1h, tk.CacheWrite, "the one-hour writes are a part of the writes")

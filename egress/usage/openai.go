@@ -45,16 +45,20 @@ func openAITokens(input *int64, d *inputDetails, output *int64) messages.Tokens 
 }
 
 // chatResponse is the part of a chat completion, or of a stream's chunk,
-// that says the model and usage.
+// that says the model, usage and service tier.
 type chatResponse struct {
-	Model string     `json:"model"`
-	Usage *chatUsage `json:"usage"`
+	Model       string     `json:"model"`
+	Usage       *chatUsage `json:"usage"`
+	ServiceTier string     `json:"service_tier"`
 }
 
-// read takes r's model and usage (the latest seen) into t.
+// read takes r's model, usage (the latest seen) and tier into t.
 func (r *chatResponse) read(t *tally) {
 	if r.Model != "" {
 		t.model = r.Model
+	}
+	if tier := dearTier("service_tier", r.ServiceTier); tier != "" {
+		t.tier = tier
 	}
 	if r.Usage != nil {
 		t.tokens, t.known = r.Usage.tokens(), true
@@ -97,14 +101,15 @@ func (u *responsesUsage) tokens() messages.Tokens {
 // usage (null until the response is done) and output items, among which
 // each web_search_call is one web search the tool bills.
 type responsesResponse struct {
-	Model  string          `json:"model"`
-	Usage  *responsesUsage `json:"usage"`
-	Output []struct {
+	Model       string          `json:"model"`
+	Usage       *responsesUsage `json:"usage"`
+	ServiceTier string          `json:"service_tier"`
+	Output      []struct {
 		Type string `json:"type"`
 	} `json:"output"`
 }
 
-// read takes r's model, usage and web searches into t.
+// read takes r's model, usage, tier and web searches into t.
 func (r *responsesResponse) read(t *tally) {
 	if r.Model != "" {
 		t.model = r.Model
@@ -113,6 +118,7 @@ func (r *responsesResponse) read(t *tally) {
 		return
 	}
 	t.tokens, t.known = r.Usage.tokens(), true
+	t.tier = dearTier("service_tier", r.ServiceTier)
 	t.webSearches = 0
 	for _, item := range r.Output {
 		if item.Type == "web_search_call" {

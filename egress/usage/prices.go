@@ -187,19 +187,23 @@ type Charge struct {
 	// PartlyUnpriced names the prices the response needed that the row
 	// (or the tier its prompt is past) lacks, in the order input, output,
 	// cache_read, cache_write, cache_write_1h, web_search; a tier's are
-	// named "<key> above <n> input tokens". USD is then a lower bound.
+	// named "<key> above <n> input tokens"; last, a dearer processing tier
+	// (Result.Tier). USD is then a lower bound.
 	PartlyUnpriced []string
 }
 
-// Charge returns what a response of model with tokens t and webSearches
-// searches costs, and false when the table has no row for model (nor does
-// a nil table). The model's row is found as Cost finds it. A prompt past a
-// tier's size (Input, CacheRead and CacheWrite together) has all its
-// tokens priced by the highest such tier; the one-hour cache writes are
-// priced at cache_write_1h and the rest of the writes at cache_write; the
-// searches at web_search per 1,000. A kind with tokens (or searches) whose
-// price is absent costs nothing and is named in PartlyUnpriced.
-func (p *Prices) Charge(model string, t messages.Tokens, webSearches int64) (Charge, bool) {
+// Charge returns what a response r costs, priced as model (r.Model is not
+// used: the caller names the model it records), and false when the table
+// has no row for model (nor does a nil table). The model's row is found as
+// Cost finds it. A prompt past a tier's size (Input, CacheRead and
+// CacheWrite together) has all its tokens priced by the highest such
+// tier; the one-hour cache writes are priced at cache_write_1h and the
+// rest of the writes at cache_write; r.WebSearches at web_search per
+// 1,000. A kind with tokens (or searches) whose price is absent costs
+// nothing and is named in PartlyUnpriced; so is r.Tier, a dearer
+// processing tier than the table's rates are for.
+func (p *Prices) Charge(model string, r Result) (Charge, bool) {
+	t, webSearches := r.Tokens, r.WebSearches
 	pr, ok := p.price(model)
 	if !ok {
 		return Charge{}, false
@@ -228,6 +232,9 @@ func (p *Prices) Charge(model string, t messages.Tokens, webSearches int64) (Cha
 	add("cache_write"+tier, t.CacheWrite-min(t.CacheWrite1h, t.CacheWrite), rates.CacheWrite, 1e6)
 	add("cache_write_1h"+tier, min(t.CacheWrite1h, t.CacheWrite), rates.CacheWrite1h, 1e6)
 	add("web_search", webSearches, pr.WebSearch, 1e3)
+	if r.Tier != "" {
+		c.PartlyUnpriced = append(c.PartlyUnpriced, r.Tier)
+	}
 	return c, true
 }
 
@@ -238,7 +245,7 @@ func (p *Prices) Charge(model string, t messages.Tokens, webSearches int64) (Cha
 // dated names ("claude-sonnet-4-5" prices "claude-sonnet-4-5-20250929",
 // and Vertex AI's "claude-sonnet-4-5@20250929").
 func (p *Prices) Cost(model string, t messages.Tokens) (float64, bool) {
-	c, ok := p.Charge(model, t, 0)
+	c, ok := p.Charge(model, Result{Tokens: t})
 	return c.USD, ok
 }
 

@@ -253,7 +253,7 @@ func TestCharge(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			got, ok := tc.p.Charge(tc.model, tc.t, tc.searches)
+			got, ok := tc.p.Charge(tc.model, usage.Result{Tokens: tc.t, WebSearches: tc.searches})
 			require.True(t, ok)
 			require.InDelta(t, tc.want, got.USD, 1e-12)
 			require.Equal(t, tc.unpriced, got.PartlyUnpriced)
@@ -264,11 +264,18 @@ func TestCharge(t *testing.T) {
 			}
 		})
 	}
-	_, ok := p.Charge("claude-opus-4-1", messages.Tokens{Input: 1}, 1)
+	_, ok := p.Charge("claude-opus-4-1", usage.Result{Tokens: messages.Tokens{Input: 1}, WebSearches: 1})
 	require.False(t, ok, "a model the table has no row for")
 	var none *usage.Prices
-	_, ok = none.Charge("claude-sonnet-4-5", messages.Tokens{Input: 1}, 0)
+	_, ok = none.Charge("claude-sonnet-4-5", usage.Result{Tokens: messages.Tokens{Input: 1}})
 	require.False(t, ok)
+
+	// A dearer tier than the standard one: priced at the table's rates, a
+	// lower bound.
+	got, ok := p.Charge("gpt-5", usage.Result{Model: "other", Tokens: messages.Tokens{Input: 1000}, Tier: "service_tier priority"})
+	require.True(t, ok, "the model priced is the one named, not the Result's")
+	require.InDelta(t, 1000*1.25/1e6, got.USD, 1e-12)
+	require.Equal(t, []string{"service_tier priority"}, got.PartlyUnpriced)
 }
 
 func TestParsePricesTierErrors(t *testing.T) {

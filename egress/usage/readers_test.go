@@ -70,3 +70,45 @@ func TestOddServerToolCounts(t *testing.T) {
 	got := wrapRead(t, messages.FormatAnthropic, usage.Request{}, 200, ctJSON, []byte(body), whole, 0)
 	require.Equal(t, usage.Result{Model: "claude-x", Tokens: messages.Tokens{Input: 5, Output: 1, CacheWrite: 10, CacheWrite1h: 10}, Known: true}, got)
 }
+
+// A response served at a dearer tier than the standard one says so
+// (OpenAI's service_tier "priority" or "scale", Anthropic's usage.speed
+// "fast" or usage.service_tier "priority"); the standard and the cheaper
+// tiers (auto, default, flex, standard, batch) say nothing.
+func TestServiceTier(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, format, ct, data, want string
+	}{
+		{"openai chat priority", messages.FormatOpenAIChat, ctJSON,
+			`{"model":"gpt-5","service_tier":"priority","usage":{"prompt_tokens":5,"completion_tokens":2}}`, "service_tier priority"},
+		{"openai chat default", messages.FormatOpenAIChat, ctJSON,
+			`{"model":"gpt-5","service_tier":"default","usage":{"prompt_tokens":5,"completion_tokens":2}}`, ""},
+		{"openai chat stream priority", messages.FormatOpenAIChat, ctSSE,
+			"data: {\"model\":\"gpt-5\",\"service_tier\":\"priority\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n" +
+				"data: {\"model\":\"gpt-5\",\"service_tier\":\"priority\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+			"service_tier priority"},
+		{"openai responses stream scale", messages.FormatOpenAIResponses, ctSSE,
+			"data: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-5\",\"service_tier\":\"scale\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}\n\n",
+			"service_tier scale"},
+		{"openai responses flex", messages.FormatOpenAIResponses, ctJSON,
+			`{"model":"gpt-5","service_tier":"flex","usage":{"input_tokens":5,"output_tokens":2}}`, ""},
+		{"anthropic fast", messages.FormatAnthropic, ctJSON,
+			`{"model":"claude-opus-4-6","usage":{"input_tokens":5,"output_tokens":2,"service_tier":"standard","speed":"fast"}}`, "speed fast"},
+		{"anthropic stream priority", messages.FormatAnthropic, ctSSE,
+			"data: {\"type\":\"message_start\",\"message\":{\"model\":\"c\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1,\"service_tier\":\"priority\"}}}\n\n" +
+				"data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n",
+			"service_tier priority"},
+		{"anthropic batch and standard", messages.FormatAnthropic, ctJSON,
+			`{"model":"c","usage":{"input_tokens":5,"output_tokens":2,"service_tier":"batch","speed":"standard"}}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, sizes := range []func() int{whole, oneByte} {
+				got := wrapRead(t, tc.format, usage.Request{}, 200, tc.ct, []byte(tc.data), sizes, 0)
+				require.True(t, got.Known)
+				require.Equal(t, tc.want, got.Tier)
+			}
+		})
+	}
+}

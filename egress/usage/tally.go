@@ -2,6 +2,7 @@ package usage
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -12,6 +13,9 @@ type tally struct {
 	tokens messages.Tokens
 	// webSearches counts the response's billed web searches.
 	webSearches int64
+	// tier is the dearer processing tier the response was served at
+	// (Result.Tier), "" for the standard one.
+	tier string
 	// known is set once a usage object has been read.
 	known bool
 }
@@ -64,4 +68,20 @@ func minus(a, b int64) int64 {
 		return 0
 	}
 	return a - b
+}
+
+// dearTier returns "<key> <value>" for a processing tier value dearer than
+// the provider's standard rates (OpenAI's service_tier "priority", "scale",
+// "fast", "ultrafast"; Anthropic's service_tier "priority" and speed
+// "fast"; any value not known to be standard or cheaper), "" for the
+// standard and cheaper ones and for none.
+func dearTier(key, value string) string {
+	switch value {
+	case "", "auto", "default", "flex", "standard", "batch":
+		return ""
+	}
+	if len(value) > 32 {
+		value = value[:32]
+	}
+	return key + " " + strings.ToValidUTF8(value, "")
 }
