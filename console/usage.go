@@ -57,8 +57,14 @@ func newUsageView(st *messages.RunState) usageView {
 		if u.Unknown > 0 {
 			v.Facts = append(v.Facts, fact{"Unknown usage", plural(u.Unknown, "request")})
 		}
+		if u.WebSearches > 0 {
+			v.Facts = append(v.Facts, fact{"Web searches", thousands(u.WebSearches)})
+		}
 		if u.Unpriced > 0 {
 			v.Facts = append(v.Facts, fact{"Unpriced", plural(u.Unpriced, "response") + " (no price for the model)"})
+		}
+		if u.PartlyUnpriced > 0 {
+			v.Facts = append(v.Facts, fact{"Partly unpriced", plural(u.PartlyUnpriced, "response") + " (a fee or tier the price table lacks)"})
 		}
 		if u.Refused > 0 {
 			v.Facts = append(v.Facts, fact{"Refused", plural(u.Refused, "request") + " past a budget"})
@@ -76,7 +82,8 @@ func newUsageView(st *messages.RunState) usageView {
 }
 
 // tokenKinds says tokens by kind, exactly: "1,234 in · 56 out · 7,890
-// cache read · 12 cache write" (the cache kinds only when not zero).
+// cache read · 12 cache write (8 for 1h)" (the cache kinds only when not
+// zero).
 func tokenKinds(t messages.Tokens) string {
 	s := thousands(t.Input) + " in · " + thousands(t.Output) + " out"
 	if t.CacheRead > 0 {
@@ -85,19 +92,26 @@ func tokenKinds(t messages.Tokens) string {
 	if t.CacheWrite > 0 {
 		s += " · " + thousands(t.CacheWrite) + " cache write"
 	}
+	if t.CacheWrite1h > 0 {
+		s += " (" + thousands(t.CacheWrite1h) + " for 1h)"
+	}
 	return s
 }
 
 // costText says what a run's model usage cost: dollars when any response
-// was priced, "not priced" when none was.
+// was priced, "not priced" when none was; a lower bound when some were
+// not, or only in part.
 func costText(u *messages.UsageTotals) string {
 	known := u.Requests - u.Unknown
 	if u.CostUSD == 0 && (known == 0 || u.Unpriced >= known) {
 		return "not priced"
 	}
 	s := dollars(u.CostUSD)
-	if u.Unpriced > 0 {
+	switch {
+	case u.Unpriced > 0:
 		s += " (without the unpriced)"
+	case u.PartlyUnpriced > 0:
+		s += " (at least: a fee or tier the price table lacks)"
 	}
 	return s
 }

@@ -63,6 +63,11 @@ func TestUsageText(t *testing.T) {
 	require.Equal(t, "not priced", costText(&messages.UsageTotals{Requests: 1, Unknown: 1}))
 	require.Equal(t, "$0.0000", costText(&messages.UsageTotals{Requests: 1}), "priced at zero")
 	require.Equal(t, "$0.5000 (without the unpriced)", costText(&messages.UsageTotals{Requests: 3, Unpriced: 1, CostUSD: 0.5}))
+	require.Equal(t, "$0.5000 (at least: a fee or tier the price table lacks)", costText(&messages.UsageTotals{Requests: 3, PartlyUnpriced: 1, CostUSD: 0.5}))
+	require.Equal(t, "1,234 in · 56 out · 4,096 cache write (2,048 for 1h)", tokenKinds(messages.Tokens{Input: 1234, Output: 56, CacheWrite: 4096, CacheWrite1h: 2048}))
+	v := newUsageView(&messages.RunState{Usage: &messages.UsageTotals{Requests: 2, WebSearches: 3, PartlyUnpriced: 1, CostUSD: 0.1}})
+	require.Contains(t, v.Facts, fact{"Web searches", "3"})
+	require.Contains(t, v.Facts, fact{"Partly unpriced", "1 response (a fee or tier the price table lacks)"})
 
 	require.Equal(t, "run: $0.5000, 10,000 output tokens; group team: $5.00 per 1h0m0s; on budget: pause",
 		budgetsText(pausedRun("r", time.Now()).Receipt.Budgets))

@@ -49,7 +49,8 @@ const (
 type Limits struct {
 	// MaxCostUSD is the most the run may spend, in US dollars by the
 	// price table (profile key max_cost_usd). Responses the table has no
-	// price for cost nothing here.
+	// price for cost nothing here; the parts of a response the table
+	// prices in part (UsageEvent.PartlyUnpriced) cost what it prices.
 	MaxCostUSD float64
 	// MaxOutputTokens is the most output tokens the run may be sent
 	// (profile key max_output_tokens).
@@ -386,9 +387,9 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	mt := &s.meter
 	mt.mu.Lock()
 	if r.Known {
-		ev.Tokens = r.Tokens
-		if c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens); ok {
-			ev.CostUSD = &c
+		ev.Tokens, ev.WebSearches = r.Tokens, r.WebSearches
+		if c, ok := mt.m.Prices.Charge(ev.Model, r); ok {
+			ev.CostUSD, ev.PartlyUnpriced = &c.USD, c.PartlyUnpriced
 		}
 	}
 	mt.inflight--

@@ -7,13 +7,16 @@ import (
 
 // Tokens counts a model response's tokens by kind, as the provider reported
 // them: Anthropic Messages' usage (input_tokens, output_tokens,
-// cache_read_input_tokens, cache_creation_input_tokens), OpenAI's usage
-// (prompt_tokens or input_tokens, of which prompt_tokens_details.cached_tokens
-// are counted as CacheRead and not in Input; completion_tokens or
-// output_tokens), Gemini's usageMetadata (promptTokenCount, of which
-// cachedContentTokenCount is CacheRead; candidatesTokenCount plus
-// thoughtsTokenCount). Input never includes the cache kinds, so the four
-// add up to what was billed.
+// cache_read_input_tokens, cache_creation_input_tokens, of which
+// cache_creation.ephemeral_1h_input_tokens are CacheWrite1h), OpenAI's
+// usage (prompt_tokens or input_tokens, of which the details' cached_tokens
+// are CacheRead and cache_write_tokens CacheWrite, neither counted in
+// Input; completion_tokens or output_tokens), Gemini's usageMetadata
+// (promptTokenCount, of which cachedContentTokenCount is CacheRead, plus
+// toolUsePromptTokenCount; candidatesTokenCount plus thoughtsTokenCount).
+// Input never includes the cache kinds, so Input, Output, CacheRead and
+// CacheWrite add up to what was billed (CacheWrite1h is a part of
+// CacheWrite).
 type Tokens struct {
 	// Input counts the uncached input (prompt) tokens.
 	Input int64 `json:"input"`
@@ -22,20 +25,28 @@ type Tokens struct {
 	// CacheRead counts input tokens read from the provider's prompt cache.
 	CacheRead int64 `json:"cache_read,omitempty"`
 	// CacheWrite counts input tokens written to the provider's prompt cache
-	// (Anthropic's cache_creation_input_tokens).
+	// (Anthropic's cache_creation_input_tokens, OpenAI's cache_write_tokens).
 	CacheWrite int64 `json:"cache_write,omitempty"`
+	// CacheWrite1h counts the part of CacheWrite written for an hour
+	// (Anthropic's cache_creation.ephemeral_1h_input_tokens), which Anthropic
+	// bills at twice the input price where a 5-minute write is 1.25 times.
+	CacheWrite1h int64 `json:"cache_write_1h,omitempty"`
 }
 
 // Add returns t plus u, kind by kind.
 func (t Tokens) Add(u Tokens) Tokens {
 	return Tokens{Input: t.Input + u.Input, Output: t.Output + u.Output,
-		CacheRead: t.CacheRead + u.CacheRead, CacheWrite: t.CacheWrite + u.CacheWrite}
+		CacheRead: t.CacheRead + u.CacheRead, CacheWrite: t.CacheWrite + u.CacheWrite,
+		CacheWrite1h: t.CacheWrite1h + u.CacheWrite1h}
 }
 
 // Model API formats the egress proxy meters (UsageEvent.Format), told
 // apart by the request's path.
 const (
-	// FormatAnthropic is Anthropic's Messages API (POST /v1/messages).
+	// FormatAnthropic is Anthropic's Messages API (POST /v1/messages), and
+	// the same API on Vertex AI (POST
+	// .../publishers/anthropic/models/<model>:rawPredict or
+	// :streamRawPredict, the model in the path).
 	FormatAnthropic = "anthropic-messages"
 	// FormatOpenAIChat is OpenAI's Chat Completions API (POST
 	// .../chat/completions).
@@ -45,6 +56,11 @@ const (
 	// FormatGemini is Gemini's generateContent and streamGenerateContent
 	// (POST .../models/<model>:generateContent).
 	FormatGemini = "gemini"
+	// FormatGeminiCodeAssist is the Code Assist API Gemini CLI uses when
+	// logged in with a Google account (POST .../v1internal:generateContent
+	// and :streamGenerateContent): the model is in the body's "model", and
+	// each response is Gemini's wrapped as {"response": {...}}.
+	FormatGeminiCodeAssist = "gemini-code-assist"
 )
 
 // UsageEvent is the body of an EventUsage: one model response through the
@@ -75,10 +91,22 @@ type UsageEvent struct {
 	Known bool `json:"known"`
 	// Tokens are the response's tokens by kind.
 	Tokens Tokens `json:"tokens"`
-	// CostUSD is what the tokens cost by the worker's price table, in US
-	// dollars; absent when the table has no price for the model (or there
-	// is no table).
+	// WebSearches counts the provider's web searches the response paid for,
+	// billed per search on top of the tokens: Anthropic's
+	// usage.server_tool_use.web_search_requests, the web_search_call items
+	// of an OpenAI Responses output.
+	WebSearches int64 `json:"web_searches,omitempty"`
+	// CostUSD is what the tokens and searches cost by the worker's price
+	// table, in US dollars; absent when the table has no price for the model
+	// (or there is no table).
 	CostUSD *float64 `json:"cost_usd,omitempty"`
+	// PartlyUnpriced names the prices the response needed that the table's
+	// row for the model lacks ("web_search", "cache_write_1h",
+	// "cache_read above 200000 input tokens"), and a processing tier dearer
+	// than the standard one the provider served it at ("service_tier
+	// priority", "speed fast"): CostUSD is then what the rest cost at the
+	// table's rates, a lower bound.
+	PartlyUnpriced []string `json:"partly_unpriced,omitempty"`
 	// DurationMS is from the request to the response's end, in
 	// milliseconds.
 	DurationMS int64 `json:"duration_ms"`
@@ -95,11 +123,17 @@ type UsageTotals struct {
 	Unknown int64 `json:"unknown,omitempty"`
 	// Tokens sums the tokens by kind.
 	Tokens Tokens `json:"tokens"`
+	// WebSearches sums the responses' web searches (UsageEvent.WebSearches).
+	WebSearches int64 `json:"web_searches,omitempty"`
 	// CostUSD sums the priced responses' costs, in US dollars.
 	CostUSD float64 `json:"cost_usd"`
 	// Unpriced counts Known responses the price table had no price for
 	// (their tokens are in Tokens, not in CostUSD).
 	Unpriced int64 `json:"unpriced,omitempty"`
+	// PartlyUnpriced counts the priced responses with a part the table has
+	// no price for (UsageEvent.PartlyUnpriced): CostUSD is then a lower
+	// bound.
+	PartlyUnpriced int64 `json:"partly_unpriced,omitempty"`
 	// Refused counts model requests a budget refused.
 	Refused int64 `json:"refused,omitempty"`
 }
@@ -112,10 +146,15 @@ func (t *UsageTotals) Add(ev UsageEvent) {
 		return
 	}
 	t.Tokens = t.Tokens.Add(ev.Tokens)
-	if ev.CostUSD != nil {
-		t.CostUSD += *ev.CostUSD
-	} else {
+	t.WebSearches += ev.WebSearches
+	switch {
+	case ev.CostUSD == nil:
 		t.Unpriced++
+	case len(ev.PartlyUnpriced) > 0:
+		t.CostUSD += *ev.CostUSD
+		t.PartlyUnpriced++
+	default:
+		t.CostUSD += *ev.CostUSD
 	}
 }
 

@@ -30,6 +30,11 @@ input = 3.0
 output = 15.0
 cache_read = 0.30
 cache_write = 3.75
+
+[models."gpt-5"]
+input = 1.25
+output = 10.0
+cache_read = 0.125
 `
 
 // budgetModel is the model the runs ask for.
@@ -86,6 +91,45 @@ echo "P1 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
 echo "P2 $(egress-fixture post https://inj.provider.test/v1/messages "$m")"
 echo DONE
 `, messagesBody(false))
+}
+
+// costProfile is a metered profile with a cost budget alone (no request
+// limit): inj.provider.test with the key injected, at most 0.01 USD.
+func costProfile(image string) string {
+	return fmt.Sprintf(`[profiles.budc]
+image = %q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_cost_usd = 0.01
+`, image)
+}
+
+// incompleteTokens are the tokens of every Responses answer of the
+// stand-in to a request with max_output_tokens 16: it stops at the limit
+// (status incomplete) and reports its usage.
+var incompleteTokens = messages.Tokens{Input: 1000, Output: 16}
+
+// incompleteCostUSD is what incompleteTokens cost by budgetPrices (gpt-5):
+// 0.00141 USD, so a 0.01 USD budget is reached by the 8th response.
+const incompleteCostUSD = (1000*1.25 + 16*10.0) / 1e6
+
+// incompleteLoopScript sends Responses requests with max_output_tokens 16
+// in a loop, streamed and not in turn, each line "R<n> status=...", until
+// one is refused (429); then waits: the worker must stop it for its cost
+// budget.
+func incompleteLoopScript() string {
+	return `i=0
+while [ $i -lt 40 ]; do
+  i=$((i+1))
+  s=false; [ $((i % 2)) -eq 0 ] && s=true
+  out=$(egress-fixture post https://inj.provider.test/v1/responses "{\"model\":\"gpt-5\",\"input\":\"write a novel\",\"max_output_tokens\":16,\"stream\":$s}")
+  echo "R$i $out"
+  case "$out" in status=429*) echo REFUSED; break;; esac
+done
+sleep 60
+`
 }
 
 // messagesBody is a Messages API request body for budgetModel.
@@ -166,12 +210,13 @@ func TestEgressBudget(t *testing.T) {
 	needsDocker(t)
 	prices, err := usage.ParsePrices("budget-test", []byte(budgetPrices))
 	require.NoError(t, err)
-	profiles := func(image string) string { return budgetProfile(image) + pauseProfile(image) }
+	profiles := func(image string) string { return budgetProfile(image) + pauseProfile(image) + costProfile(image) }
 	e := startEgressWorkerOpts(t, egressOptions{profiles: profiles, prices: prices, publicNet: true})
-	budget, bypass, paused := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t), "eg-paused-"+opsSuffix(t)
+	budget, bypass, paused, incomplete := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t), "eg-paused-"+opsSuffix(t), "eg-incomplete-"+opsSuffix(t)
 	e.submit(t, budget, "bud", budgetScript())
 	e.submit(t, bypass, "bud", bypassScript(e.provider))
 	e.submit(t, paused, "budpause", pauseScript())
+	e.submit(t, incomplete, "budc", incompleteLoopScript())
 
 	t.Run("budget", func(t *testing.T) {
 		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
@@ -260,6 +305,8 @@ func TestEgressBudget(t *testing.T) {
 	t.Run("a pause longer than the stall timeout", func(t *testing.T) {
 		requirePauseOutlivesStall(t, e, paused)
 	})
+
+	t.Run("a Responses incomplete loop", func(t *testing.T) { incompleteLoop(t, e, incomplete) })
 
 	t.Run("bypass", func(t *testing.T) {
 		st := waitState(t, e.url, bypass, func(s messages.RunState) bool { return s.State.Final() })
@@ -370,4 +417,58 @@ func requireUsage(t *testing.T, want messages.UsageTotals, costUSD float64, got 
 	g := *got
 	g.CostUSD = 0
 	require.Equal(t, want, g)
+}
+
+// incompleteLoop checks the run id of incompleteLoopScript: every answer
+// ended response.incomplete at max_output_tokens (streamed or not), and
+// each is counted at its reported usage, so the loop reaches max_cost_usd
+// 0.01 with its 8th answer; the 9th request is refused with OpenAI's
+// insufficient_quota and the run ends failed for its cost budget.
+func incompleteLoop(t *testing.T, e egressEnv, id string) {
+	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
+	all := eventsToFinished(t, e.js, id)
+	out, _ := egressRunOutput(t, e.js, id)
+	require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
+	require.Contains(t, st.Reason, "budget reached: max_cost_usd 0.01", out)
+	res := scriptLines(out)
+	for i := 1; i <= 8; i++ {
+		r := res[fmt.Sprintf("R%d", i)]
+		require.True(t, strings.HasPrefix(r, "status=200 "+keyTag(providerKey)), "R%d: %s", i, r)
+		require.Contains(t, r, `"max_output_tokens":16`, "R%d", i)
+		require.Contains(t, r, `"status":"`, "R%d", i)
+	}
+	require.True(t, strings.HasPrefix(res["R9"], "status=429 key=- body="), "R9: %s\n%s", res["R9"], out)
+	require.Contains(t, res["R9"], "insufficient_quota")
+	require.Contains(t, out, "REFUSED\n")
+	require.NotContains(t, res, "R10")
+
+	want := messages.UsageTotals{Requests: 8, Refused: 1, Tokens: messages.Tokens{Input: 8 * incompleteTokens.Input, Output: 8 * incompleteTokens.Output}}
+	requireUsage(t, want, 8*incompleteCostUSD, st.Usage)
+	var usageEvents []messages.UsageEvent
+	var budgets []messages.BudgetEvent
+	for _, m := range all {
+		switch m.Subject() {
+		case messages.SubjectEvents(id, messages.EventUsage):
+			var ev messages.UsageEvent
+			require.NoError(t, json.Unmarshal(m.Data(), &ev))
+			usageEvents = append(usageEvents, ev)
+		case messages.SubjectEvents(id, messages.EventBudget):
+			var ev messages.BudgetEvent
+			require.NoError(t, json.Unmarshal(m.Data(), &ev))
+			budgets = append(budgets, ev)
+		}
+	}
+	require.Len(t, usageEvents, 8, "usage events: %+v", usageEvents)
+	for i, ev := range usageEvents {
+		require.Equal(t, messages.FormatOpenAIResponses, ev.Format, "event %d", i)
+		require.Equal(t, "gpt-5", ev.Model, "event %d", i)
+		require.Equal(t, i%2 == 1, ev.Stream, "event %d: every second request streams", i)
+		require.True(t, ev.Known, "event %d: a response.incomplete carries usage", i)
+		require.Equal(t, incompleteTokens, ev.Tokens, "event %d", i)
+		require.NotNil(t, ev.CostUSD, "event %d", i)
+		require.InDelta(t, incompleteCostUSD, *ev.CostUSD, 1e-12, "event %d", i)
+	}
+	require.Len(t, budgets, 1, "budget events: %+v", budgets)
+	require.Equal(t, "max_cost_usd", budgets[0].Budget)
+	require.InDelta(t, 8*incompleteCostUSD, budgets[0].Spent, 1e-12)
 }

@@ -72,7 +72,7 @@ func (o *workerOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.warmMaxIdle, "warm-max-idle", warm.DefaultMaxIdle,
 		"how long a warm container waits for a run before it is replaced")
 	fs.StringVar(&o.prices, "prices", "",
-		"TOML price table (USD per million input, output, cache_read and cache_write tokens, by model) pricing the model usage the egress proxy meters on egress_inject hosts (default: none; only tokens are counted, and max_cost_usd never trips)")
+		"TOML price table (USD per million input, output, cache_read, cache_write and cache_write_1h tokens, USD per 1,000 web_search, long-prompt tiers, by model) pricing the model usage the egress proxy meters on egress_inject hosts (default: none; only tokens are counted, and max_cost_usd never trips)")
 	o.addMetricsFlag(fs)
 	addWorkerWorkspaceFlags(fs, &o.workspace)
 	o.caps.add(fs)

@@ -10,7 +10,7 @@ import (
 )
 
 // A proxy meters a model request: Detect and RequestInfo on the way up,
-// Wrap on the way down, Cost when the response has ended.
+// Wrap on the way down, Charge when the response has ended.
 func Example() {
 	prices, err := usage.ParsePrices("prices.toml", []byte(`
 [models."claude-sonnet-4-5"]
@@ -31,8 +31,9 @@ output = 15.0
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}` + "\n\n"))
 	body := usage.Wrap(format, req, 200, "text/event-stream", upstream, 16<<20, func(r usage.Result) {
-		usd, ok := prices.Cost(r.Model, r.Tokens)
-		fmt.Printf("%s %s known=%v stream=%v tokens=%+v cost=%.6f priced=%v\n", format, r.Model, r.Known, r.Stream, r.Tokens, usd, ok)
+		c, ok := prices.Charge(r.Model, r)
+		fmt.Printf("%s %s known=%v stream=%v tokens=%+v cost=%.6f priced=%v partly unpriced=%v\n",
+			format, r.Model, r.Known, r.Stream, r.Tokens, c.USD, ok, c.PartlyUnpriced)
 	})
 	_, _ = io.Copy(io.Discard, body) // to the agent, as it arrives
 	_ = body.Close()
@@ -40,6 +41,6 @@ output = 15.0
 	status, ct, quota := usage.QuotaError(messages.FormatAnthropic, "jetcrew: budget reached")
 	fmt.Println(status, ct, string(quota))
 	// Output:
-	// anthropic-messages claude-sonnet-4-5-20250929 known=true stream=true tokens={Input:25 Output:15 CacheRead:0 CacheWrite:0} cost=0.000300 priced=true
+	// anthropic-messages claude-sonnet-4-5-20250929 known=true stream=true tokens={Input:25 Output:15 CacheRead:0 CacheWrite:0 CacheWrite1h:0} cost=0.000300 priced=true partly unpriced=[]
 	// 429 application/json {"type":"error","error":{"type":"rate_limit_error","message":"jetcrew: budget reached"}}
 }

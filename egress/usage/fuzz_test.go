@@ -13,7 +13,8 @@ import (
 )
 
 // fuzzFormats are the formats a fuzz input picks from.
-var fuzzFormats = []string{messages.FormatAnthropic, messages.FormatOpenAIChat, messages.FormatOpenAIResponses, messages.FormatGemini, ""}
+var fuzzFormats = []string{messages.FormatAnthropic, messages.FormatOpenAIChat, messages.FormatOpenAIResponses, messages.FormatGemini, "",
+	messages.FormatGeminiCodeAssist}
 
 // fuzzTypes are the content types a fuzz input picks from.
 var fuzzTypes = []string{"text/event-stream", "application/json", "text/event-stream; charset=utf-8", ""}
@@ -30,6 +31,10 @@ func FuzzWrap(f *testing.F) {
 	}
 	f.Add(uint8(0), uint8(0), []byte("data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1}}}\r\n\r"), uint64(7), uint16(64))
 	f.Add(uint8(3), uint8(1), []byte(`[{"usageMetadata":{"promptTokenCount":1}},`), uint64(7), uint16(0))
+	f.Add(uint8(5), uint8(1), []byte(`[{"response":{"usageMetadata":{"promptTokenCount":1,"toolUsePromptTokenCount":2}}},{"response":null}]`), uint64(8), uint16(0))
+	f.Add(uint8(2), uint8(0), []byte("data: {\"response\":{\"usage\":{\"input_tokens\":1,\"input_tokens_details\":{\"cached_tokens\":2,\"cache_write_tokens\":3}},\"output\":[{\"type\":\"web_search_call\"},7]}}\n\n"), uint64(9), uint16(0))
+	f.Add(uint8(1), uint8(1), []byte(`{"model":"m","service_tier":"priority","usage":{"prompt_tokens":1}}`), uint64(11), uint16(0))
+	f.Add(uint8(0), uint8(0), []byte("data: {\"type\":\"message_delta\",\"usage\":{\"cache_creation_input_tokens\":1,\"cache_creation\":{\"ephemeral_1h_input_tokens\":5},\"server_tool_use\":{\"web_search_requests\":3}}}\n\n"), uint64(10), uint16(0))
 	f.Fuzz(func(t *testing.T, format, ct uint8, data []byte, seed uint64, max uint16) {
 		fm := fuzzFormats[int(format)%len(fuzzFormats)]
 		typ := fuzzTypes[int(ct)%len(fuzzTypes)]
@@ -40,8 +45,13 @@ func FuzzWrap(f *testing.F) {
 		require.Equal(t, want, wrapRead(t, fm, req, 200, typ, data, oneByte, maxJSON))
 		if !want.Known {
 			require.Zero(t, want.Tokens)
+			require.Zero(t, want.WebSearches)
+			require.Empty(t, want.Tier)
 		}
-		require.GreaterOrEqual(t, min(want.Tokens.Input, want.Tokens.Output, want.Tokens.CacheRead, want.Tokens.CacheWrite), int64(0))
+		require.LessOrEqual(t, len(want.Tier), 64, "a tier's name is bounded")
+		tk := want.Tokens
+		require.GreaterOrEqual(t, min(tk.Input, tk.Output, tk.CacheRead, tk.CacheWrite, tk.CacheWrite1h, want.WebSearches), int64(0))
+		require.LessOrEqual(t, tk.CacheWrite1h, tk.CacheWrite, "the one-hour writes are a part of the writes")
 		// An error status is passed on unread.
 		require.Equal(t, usage.Result{Model: "m", Stream: strings.HasPrefix(typ, "text/event-stream")}, wrapRead(t, fm, req, 500, typ, data, randomSizes(seed), maxJSON))
 	})
@@ -56,6 +66,9 @@ func FuzzRequestInfo(f *testing.F) {
 	f.Add(uint8(2), "/v1/responses", []byte(`{"model":"gpt-5","input":"hi"}`), int64(0), uint64(3))
 	f.Add(uint8(3), "/v1beta/models/gemini-2.5-pro:streamGenerateContent", []byte(`{}`), int64(-1), uint64(4))
 	f.Add(uint8(4), "/", []byte(nil), int64(1), uint64(5))
+	f.Add(uint8(5), "/v1internal:streamGenerateContent?alt=sse", []byte(`{"model":"gemini-2.5-pro","request":{}}`), int64(1<<10), uint64(6))
+	f.Add(uint8(0), "/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict",
+		[]byte(`{"anthropic_version":"vertex-2023-10-16","stream":true}`), int64(8), uint64(7))
 	f.Fuzz(func(t *testing.T, format uint8, path string, data []byte, max int64, seed uint64) {
 		fm := fuzzFormats[int(format)%len(fuzzFormats)]
 		var got []usage.Request
@@ -66,8 +79,13 @@ func FuzzRequestInfo(f *testing.F) {
 			require.Equal(t, string(data), string(b))
 			require.NoError(t, body.Close())
 			require.Equal(t, fm, req.Format)
+			// Past the bound, a request is what its path says.
+			byPath, _ := usage.RequestInfo(fm, path, nil, max)
 			if fm != messages.FormatGemini && int64(len(data)) > max {
-				require.Equal(t, usage.Request{Format: fm}, req)
+				require.Equal(t, byPath, req)
+			}
+			if byPath.Model != "" {
+				require.Equal(t, byPath.Model, req.Model, "a model the path names is kept")
 			}
 			if fm != messages.FormatOpenAIChat {
 				require.False(t, req.IncludeUsage)

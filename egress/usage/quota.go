@@ -18,7 +18,7 @@ import (
 //   - OpenAI Chat and Responses: {"error":{"message":msg,"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}
 //     (OpenAI's 429 for an exhausted quota, which clients such as the Codex
 //     CLI treat as final rather than retrying);
-//   - Gemini: {"error":{"code":429,"message":msg,"status":"RESOURCE_EXHAUSTED"}}
+//   - Gemini and Code Assist: {"error":{"code":429,"message":msg,"status":"RESOURCE_EXHAUSTED"}}
 //     (Google's API error shape);
 //   - any other format: msg as text/plain.
 //
@@ -53,7 +53,7 @@ func QuotaError(format, msg string) (status int, contentType string, body []byte
 		v = struct {
 			Error openaiDetail `json:"error"`
 		}{openaiDetail{Message: msg, Type: "insufficient_quota", Code: "insufficient_quota"}}
-	case messages.FormatGemini:
+	case messages.FormatGemini, messages.FormatGeminiCodeAssist:
 		v = struct {
 			Error googleDetail `json:"error"`
 		}{googleDetail{http.StatusTooManyRequests, msg, "RESOURCE_EXHAUSTED"}}

@@ -26,6 +26,8 @@ func TestQuotaError(t *testing.T) {
 			`{"error":{"message":` + quote(msg) + `,"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`},
 		{messages.FormatGemini, "application/json",
 			`{"error":{"code":429,"message":` + quote(msg) + `,"status":"RESOURCE_EXHAUSTED"}}`},
+		{messages.FormatGeminiCodeAssist, "application/json",
+			`{"error":{"code":429,"message":` + quote(msg) + `,"status":"RESOURCE_EXHAUSTED"}}`},
 	} {
 		status, ct, body := usage.QuotaError(tc.format, msg)
 		require.Equal(t, 429, status, tc.format)

@@ -12,13 +12,18 @@ import (
 
 // Detect returns the metered format of a request by its HTTP method and URL
 // path (the path alone, without query; a query is ignored if present):
-// POST to a path ending "/v1/messages" is messages.FormatAnthropic, ending
-// "/chat/completions" is FormatOpenAIChat, ending "/responses" is
-// FormatOpenAIResponses, containing "/models/" and ending
-// ":generateContent" or ":streamGenerateContent" is FormatGemini (Gemini
-// API and Vertex AI paths alike). Anything else is "": not a model
-// request this package meters (Anthropic's /v1/messages/count_tokens,
-// Gemini's :countTokens, a GET of a stored response).
+// POST to a path ending "/v1/messages" is messages.FormatAnthropic, and so
+// is one containing "/publishers/anthropic/models/<model>" and ending
+// ":rawPredict" or ":streamRawPredict" (Claude on Vertex AI, whose
+// count-tokens model is no model request); ending "/chat/completions" is
+// FormatOpenAIChat, ending "/responses" is FormatOpenAIResponses,
+// containing "/models/" and ending ":generateContent" or
+// ":streamGenerateContent" is FormatGemini (Gemini API and Vertex AI paths
+// alike); ending "/v1internal:generateContent" or
+// "/v1internal:streamGenerateContent" is FormatGeminiCodeAssist (Gemini
+// CLI's login endpoint). Anything else is "": not a model request this
+// package meters (Anthropic's /v1/messages/count_tokens, Gemini's
+// :countTokens, a GET of a stored response).
 func Detect(method, path string) string {
 	if method != "POST" {
 		return ""
@@ -33,11 +38,36 @@ func Detect(method, path string) string {
 		return messages.FormatOpenAIChat
 	case strings.HasSuffix(path, "/responses"):
 		return messages.FormatOpenAIResponses
+	case strings.HasSuffix(path, "/v1internal:generateContent") || strings.HasSuffix(path, "/v1internal:streamGenerateContent"):
+		return messages.FormatGeminiCodeAssist
 	case strings.Contains(path, "/models/") &&
 		(strings.HasSuffix(path, ":generateContent") || strings.HasSuffix(path, ":streamGenerateContent")):
 		return messages.FormatGemini
 	}
+	if model, method := vertexAnthropic(path); model != "" && model != "count-tokens" &&
+		(method == "rawPredict" || method == "streamRawPredict") {
+		return messages.FormatAnthropic
+	}
 	return ""
+}
+
+// vertexAnthropicModels is the part of a Claude on Vertex AI path before
+// the model (the Anthropic SDK's vertex middleware's).
+const vertexAnthropicModels = "/publishers/anthropic/models/"
+
+// vertexAnthropic returns the model and method of a Claude on Vertex AI
+// path (…/publishers/anthropic/models/<model>:<method>), "" for another
+// path.
+func vertexAnthropic(path string) (model, method string) {
+	i := strings.LastIndex(path, vertexAnthropicModels)
+	if i < 0 {
+		return "", ""
+	}
+	model, method, _ = strings.Cut(path[i+len(vertexAnthropicModels):], ":")
+	if strings.Contains(model, "/") || strings.Contains(method, "/") {
+		return "", ""
+	}
+	return model, method
 }
 
 // Request is what a model request says about itself (RequestInfo).
@@ -45,12 +75,13 @@ type Request struct {
 	// Format is the request's format, as Detect returned it.
 	Format string
 	// Model is the model the request names: the body's "model"
-	// (Anthropic, OpenAI), the path's models/<model> (Gemini); "" when
-	// unknown (a body past the bound or not JSON).
+	// (Anthropic, OpenAI, Code Assist), the path's models/<model> (Gemini,
+	// Claude on Vertex AI); "" when unknown (a body past the bound or not
+	// JSON).
 	Model string
 	// Stream is true when the request asks for a stream: the body's
-	// "stream": true (Anthropic, OpenAI), a :streamGenerateContent path
-	// (Gemini).
+	// "stream": true (Anthropic, OpenAI), a :streamGenerateContent or
+	// :streamRawPredict path (Gemini, Code Assist, Claude on Vertex AI).
 	Stream bool
 	// IncludeUsage is true when an OpenAI Chat Completions request sets
 	// stream_options.include_usage = true, without which a stream carries
@@ -63,14 +94,13 @@ type Request struct {
 // exactly the bytes read here, followed by the rest of body (and by the
 // error that stopped reading, if one did), and its Close closes body. It
 // reads at most max bytes of body (plus one, to tell a larger body apart);
-// a larger body, or one that is not JSON, yields no model and is passed on
-// unparsed. A Gemini request is told by its path alone: its body is
-// returned untouched. A nil body is returned as is. It never fails: the
-// request goes upstream byte for byte in every case.
+// a larger body, or one that is not JSON, yields only what the path says
+// and is passed on unparsed. A Gemini request is told by its path alone:
+// its body is returned untouched. A nil body is returned as is. It never
+// fails: the request goes upstream byte for byte in every case.
 func RequestInfo(format, path string, body io.ReadCloser, max int64) (Request, io.ReadCloser) {
-	req := Request{Format: format}
+	req := requestPath(format, path)
 	if format == messages.FormatGemini {
-		req.Model, req.Stream = geminiPath(path)
 		return req, body
 	}
 	if body == nil || format == "" || max <= 0 {
@@ -89,8 +119,30 @@ func RequestInfo(format, path string, body io.ReadCloser, max int64) (Request, i
 	return req, &replay{r: bytes.NewReader(read), err: err, rc: body}
 }
 
-// parse reads the model and stream fields of a JSON request body; fields
-// of the wrong type are ignored one by one.
+// requestPath returns what a request of format to path says by its path:
+// Gemini's model and method, Code Assist's method, Claude on Vertex AI's
+// model and method.
+func requestPath(format, path string) Request {
+	req := Request{Format: format}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	switch format {
+	case messages.FormatGemini:
+		req.Model, req.Stream = geminiPath(path)
+	case messages.FormatGeminiCodeAssist:
+		req.Stream = strings.HasSuffix(path, ":streamGenerateContent")
+	case messages.FormatAnthropic:
+		var method string
+		req.Model, method = vertexAnthropic(path)
+		req.Stream = method == "streamRawPredict"
+	}
+	return req
+}
+
+// parse reads the model and stream fields of a JSON request body over
+// what the path said (a model the path names is kept); fields of the wrong
+// type are ignored one by one.
 func (r *Request) parse(format string, data []byte) {
 	var b struct {
 		Model         json.RawMessage `json:"model"`
@@ -100,8 +152,12 @@ func (r *Request) parse(format string, data []byte) {
 	if json.Unmarshal(data, &b) != nil {
 		return
 	}
-	_ = json.Unmarshal(b.Model, &r.Model)
-	_ = json.Unmarshal(b.Stream, &r.Stream)
+	if r.Model == "" {
+		_ = json.Unmarshal(b.Model, &r.Model)
+	}
+	if !r.Stream {
+		_ = json.Unmarshal(b.Stream, &r.Stream)
+	}
 	if format == messages.FormatOpenAIChat {
 		var so struct {
 			IncludeUsage json.RawMessage `json:"include_usage"`
@@ -112,12 +168,9 @@ func (r *Request) parse(format string, data []byte) {
 	}
 }
 
-// geminiPath returns the model of a Gemini path (…/models/<model>:<method>)
-// and whether the method streams.
+// geminiPath returns the model of a Gemini path (…/models/<model>:<method>,
+// without query) and whether the method streams.
 func geminiPath(path string) (model string, stream bool) {
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
 	i := strings.LastIndex(path, "/models/")
 	if i < 0 {
 		return "", false

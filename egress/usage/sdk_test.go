@@ -142,9 +142,12 @@ func (s *standIn) request(t *testing.T) usage.Request {
 	}
 }
 
-// anthropicTokens is what an Anthropic SDK Usage counts.
-func anthropicTokens(u anthropic.Usage) messages.Tokens {
-	return messages.Tokens{Input: u.InputTokens, Output: u.OutputTokens, CacheRead: u.CacheReadInputTokens, CacheWrite: u.CacheCreationInputTokens}
+// anthropicResult is the Result an Anthropic SDK Message says.
+func anthropicResult(m anthropic.Message, stream bool) usage.Result {
+	u := m.Usage
+	return usage.Result{Model: string(m.Model), Known: true, Stream: stream, WebSearches: u.ServerToolUse.WebSearchRequests,
+		Tokens: messages.Tokens{Input: u.InputTokens, Output: u.OutputTokens, CacheRead: u.CacheReadInputTokens,
+			CacheWrite: u.CacheCreationInputTokens, CacheWrite1h: u.CacheCreation.Ephemeral1hInputTokens}}
 }
 
 func anthropicClient(s *standIn, opts ...aoption.RequestOption) anthropic.Client {
@@ -159,17 +162,21 @@ var anthropicParams = anthropic.MessageNewParams{
 
 func TestAnthropicSDK(t *testing.T) {
 	t.Parallel()
-	for _, sseFile := range []string{"anthropic-stream.sse", "anthropic-stream-cache.sse"} {
-		t.Run(sseFile, func(t *testing.T) {
+	for _, tc := range []struct{ jsonFile, sseFile string }{
+		{"anthropic-message.json", "anthropic-stream.sse"},
+		{"anthropic-message.json", "anthropic-stream-cache.sse"},
+		{"anthropic-message-server-tools.json", "anthropic-stream-server-tools.sse"},
+	} {
+		t.Run(tc.sseFile, func(t *testing.T) {
 			t.Parallel()
-			s := newStandIn(t, serve(t, "anthropic-message.json", sseFile))
+			s := newStandIn(t, serve(t, tc.jsonFile, tc.sseFile))
 			client := anthropicClient(s)
 			ctx := t.Context()
 
 			msg, err := client.Messages.New(ctx, anthropicParams)
 			require.NoError(t, err)
 			require.Equal(t, usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5"}, s.request(t))
-			require.Equal(t, usage.Result{Model: string(msg.Model), Tokens: anthropicTokens(msg.Usage), Known: true}, s.result(t))
+			require.Equal(t, anthropicResult(*msg, false), s.result(t))
 
 			stream := client.Messages.NewStreaming(ctx, anthropicParams)
 			var acc anthropic.Message
@@ -180,15 +187,16 @@ func TestAnthropicSDK(t *testing.T) {
 			require.NoError(t, stream.Close())
 			require.NotZero(t, acc.Usage.OutputTokens)
 			require.Equal(t, usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5", Stream: true}, s.request(t))
-			require.Equal(t, usage.Result{Model: string(acc.Model), Tokens: anthropicTokens(acc.Usage), Known: true, Stream: true}, s.result(t))
+			require.Equal(t, anthropicResult(acc, true), s.result(t))
 		})
 	}
 }
 
-// chatTokens is what an OpenAI SDK CompletionUsage counts.
+// chatTokens is what an OpenAI SDK CompletionUsage counts: prompt_tokens
+// includes the cached and the cache-written tokens.
 func chatTokens(u openai.CompletionUsage) messages.Tokens {
-	cached := u.PromptTokensDetails.CachedTokens
-	return messages.Tokens{Input: u.PromptTokens - cached, Output: u.CompletionTokens, CacheRead: cached}
+	cached, written := u.PromptTokensDetails.CachedTokens, u.PromptTokensDetails.CacheWriteTokens
+	return messages.Tokens{Input: u.PromptTokens - cached - written, Output: u.CompletionTokens, CacheRead: cached, CacheWrite: written}
 }
 
 func openaiClient(s *standIn, opts ...ooption.RequestOption) openai.Client {
@@ -211,6 +219,16 @@ func TestOpenAIChatSDK(t *testing.T) {
 	require.Equal(t, usage.Request{Format: messages.FormatOpenAIChat, Model: "gpt-4o"}, s.request(t))
 	require.Equal(t, usage.Result{Model: resp.Model, Tokens: chatTokens(resp.Usage), Known: true}, s.result(t))
 
+	s = newStandIn(t, serve(t, "openai-chat-cache-write.json", ""))
+	client = openaiClient(s)
+	resp, err = client.Chat.Completions.New(ctx, chatParams)
+	require.NoError(t, err)
+	require.NotZero(t, resp.Usage.PromptTokensDetails.CacheWriteTokens)
+	s.request(t)
+	require.Equal(t, usage.Result{Model: resp.Model, Tokens: chatTokens(resp.Usage), Known: true}, s.result(t))
+
+	s = newStandIn(t, serve(t, "openai-chat-completion.json", "openai-chat-stream-usage.sse"))
+	client = openaiClient(s)
 	params := chatParams
 	params.StreamOptions.IncludeUsage = openai.Bool(true)
 	stream := client.Chat.Completions.NewStreaming(ctx, params)
@@ -242,26 +260,41 @@ func TestOpenAIChatSDKWithoutUsage(t *testing.T) {
 	require.Equal(t, usage.Result{Model: acc.Model, Stream: true}, s.result(t))
 }
 
-// responsesTokens is what an OpenAI SDK ResponseUsage counts.
-func responsesTokens(u responses.ResponseUsage) messages.Tokens {
-	cached := u.InputTokensDetails.CachedTokens
-	return messages.Tokens{Input: u.InputTokens - cached, Output: u.OutputTokens, CacheRead: cached}
+// responsesResult is the Result an OpenAI SDK Response says: input_tokens
+// includes the cached and the cache-written tokens; each web_search_call
+// output item is a search.
+func responsesResult(r *responses.Response, stream bool) usage.Result {
+	u := r.Usage
+	cached, written := u.InputTokensDetails.CachedTokens, u.InputTokensDetails.CacheWriteTokens
+	var searches int64
+	for _, item := range r.Output {
+		if item.Type == "web_search_call" {
+			searches++
+		}
+	}
+	return usage.Result{Model: r.Model, Known: true, Stream: stream, WebSearches: searches,
+		Tokens: messages.Tokens{Input: u.InputTokens - cached - written, Output: u.OutputTokens, CacheRead: cached, CacheWrite: written}}
 }
 
 func TestOpenAIResponsesSDK(t *testing.T) {
 	t.Parallel()
-	for _, sseFile := range []string{"openai-responses-stream.sse", "openai-responses-incomplete.sse"} {
-		t.Run(sseFile, func(t *testing.T) {
+	for _, tc := range []struct{ jsonFile, sseFile string }{
+		{"openai-responses-response.json", "openai-responses-stream.sse"},
+		{"openai-responses-incomplete.json", "openai-responses-incomplete.sse"},
+		{"openai-responses-failed.json", "openai-responses-failed.sse"},
+		{"openai-responses-response.json", "openai-responses-web-search.sse"},
+	} {
+		t.Run(tc.sseFile, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			s := newStandIn(t, serve(t, "openai-responses-response.json", sseFile))
+			s := newStandIn(t, serve(t, tc.jsonFile, tc.sseFile))
 			client := openaiClient(s)
 			params := responses.ResponseNewParams{Model: "gpt-5-codex", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
 
 			resp, err := client.Responses.New(ctx, params)
 			require.NoError(t, err)
 			require.Equal(t, usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5-codex"}, s.request(t))
-			require.Equal(t, usage.Result{Model: resp.Model, Tokens: responsesTokens(resp.Usage), Known: true}, s.result(t))
+			require.Equal(t, responsesResult(resp, false), s.result(t))
 
 			stream := client.Responses.NewStreaming(ctx, params)
 			var final *responses.Response
@@ -277,7 +310,7 @@ func TestOpenAIResponsesSDK(t *testing.T) {
 			require.NotNil(t, final, "no final event")
 			require.NotZero(t, final.Usage.OutputTokens)
 			require.Equal(t, usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5-codex", Stream: true}, s.request(t))
-			require.Equal(t, usage.Result{Model: final.Model, Tokens: responsesTokens(final.Usage), Known: true, Stream: true}, s.result(t))
+			require.Equal(t, responsesResult(final, true), s.result(t))
 		})
 	}
 }

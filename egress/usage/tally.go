@@ -2,6 +2,7 @@ package usage
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -10,8 +11,22 @@ import (
 type tally struct {
 	model  string
 	tokens messages.Tokens
+	// webSearches counts the response's billed web searches.
+	webSearches int64
+	// tier is the dearer processing tier the response was served at
+	// (Result.Tier), "" for the standard one.
+	tier string
 	// known is set once a usage object has been read.
 	known bool
+}
+
+// final returns t's tokens with the one-hour cache writes cut to the cache
+// writes they are a part of (a provider's larger count is not to price
+// more writes than were made).
+func (t *tally) final() messages.Tokens {
+	tk := t.tokens
+	tk.CacheWrite1h = min(tk.CacheWrite1h, tk.CacheWrite)
+	return tk
 }
 
 // reader reads one format's usage into a tally: event takes the data of
@@ -24,10 +39,11 @@ type reader struct {
 
 // readers are the formats' readers, by messages.Format*.
 var readers = map[string]reader{
-	messages.FormatAnthropic:       {event: anthropicEvent, body: anthropicBody},
-	messages.FormatOpenAIChat:      {event: chatEvent, body: chatBody},
-	messages.FormatOpenAIResponses: {event: responsesEvent, body: responsesBody},
-	messages.FormatGemini:          {event: geminiEvent, body: geminiBody},
+	messages.FormatAnthropic:        {event: anthropicEvent, body: anthropicBody},
+	messages.FormatOpenAIChat:       {event: chatEvent, body: chatBody},
+	messages.FormatOpenAIResponses:  {event: responsesEvent, body: responsesBody},
+	messages.FormatGemini:           {event: geminiEvent, body: geminiBody},
+	messages.FormatGeminiCodeAssist: {event: codeAssistEvent, body: codeAssistBody},
 }
 
 // mentions reports whether data holds the JSON key or string key (quotes
@@ -52,4 +68,20 @@ func minus(a, b int64) int64 {
 		return 0
 	}
 	return a - b
+}
+
+// dearTier returns "<key> <value>" for a processing tier value dearer than
+// the provider's standard rates (OpenAI's service_tier "priority", "scale",
+// "fast", "ultrafast"; Anthropic's service_tier "priority" and speed
+// "fast"; any value not known to be standard or cheaper), "" for the
+// standard and cheaper ones and for none.
+func dearTier(key, value string) string {
+	switch value {
+	case "", "auto", "default", "flex", "standard", "batch":
+		return ""
+	}
+	if len(value) > 32 {
+		value = value[:32]
+	}
+	return key + " " + strings.ToValidUTF8(value, "")
 }

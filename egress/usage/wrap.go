@@ -17,6 +17,17 @@ type Result struct {
 	Model string
 	// Tokens are the usage read, by kind; zero unless Known.
 	Tokens messages.Tokens
+	// WebSearches counts the web searches the response reported (Anthropic's
+	// usage.server_tool_use.web_search_requests; the web_search_call items
+	// of an OpenAI Responses output, each counted once); zero unless Known.
+	WebSearches int64
+	// Tier names the processing tier the response says it was served at,
+	// when it is dearer than the provider's standard one: "service_tier
+	// priority" (OpenAI's service_tier "priority", "scale", "ultrafast", or
+	// Anthropic's usage.service_tier "priority"), "speed fast" (Anthropic's
+	// usage.speed). "" for the standard tier and the cheaper ones ("auto",
+	// "default", "flex", "standard", "batch"), and unless Known.
+	Tier string
 	// Known is true when the response carried a usage object the package
 	// read: false for an error status (>= 400), an unknown format, a body
 	// that is not the format's, an OpenAI Chat stream without its usage
@@ -167,7 +178,7 @@ func (b *wrapped) end(eof bool) *Result {
 		res.Model = b.t.model
 	}
 	if b.t.known {
-		res.Tokens, res.Known = b.t.tokens, true
+		res.Tokens, res.WebSearches, res.Tier, res.Known = b.t.final(), b.t.webSearches, b.t.tier, true
 	}
 	return &res
 }

@@ -123,6 +123,73 @@ var wrapCases = []wrapCase{
 		want: usage.Result{Model: "gemini-2.5-flash"},
 	},
 	{
+		// A stream that ends response.failed after the model generated:
+		// its usage is billed and read.
+		name: "openai responses stream failed", format: messages.FormatOpenAIResponses, status: 200, ct: ctSSE, fixture: "openai-responses-failed.sse",
+		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5", Stream: true},
+		want: usage.Result{Model: "gpt-5-2025-08-07", Tokens: messages.Tokens{Input: 294, Output: 704, CacheRead: 1536}, Known: true, Stream: true},
+	},
+	{
+		name: "openai response incomplete", format: messages.FormatOpenAIResponses, status: 200, ct: ctJSON, fixture: "openai-responses-incomplete.json",
+		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5-mini"},
+		want: usage.Result{Model: "gpt-5-mini-2025-08-07", Tokens: messages.Tokens{Input: 5230, Output: 16}, Known: true},
+	},
+	{
+		// A failed Response sent with a 200 (a background response's
+		// answer): its usage is read.
+		name: "openai response failed with usage", format: messages.FormatOpenAIResponses, status: 200, ct: ctJSON, fixture: "openai-responses-failed.json",
+		req:  usage.Request{Format: messages.FormatOpenAIResponses, Model: "o3"},
+		want: usage.Result{Model: "o3-2025-04-16", Tokens: messages.Tokens{Input: 912, Output: 2048}, Known: true},
+	},
+	{
+		// input_tokens includes the cached reads and the cache writes; the
+		// two web_search_call items of the output are two searches (the
+		// words in the text are not).
+		name: "openai responses stream with web searches and cache writes", format: messages.FormatOpenAIResponses, status: 200, ct: ctSSE, fixture: "openai-responses-web-search.sse",
+		req: usage.Request{Format: messages.FormatOpenAIResponses, Model: "gpt-5", Stream: true},
+		want: usage.Result{Model: "gpt-5-2025-08-07", Tokens: messages.Tokens{Input: 2976, Output: 312, CacheRead: 4096, CacheWrite: 2048},
+			WebSearches: 2, Known: true, Stream: true},
+	},
+	{
+		// prompt_tokens includes cached_tokens and cache_write_tokens.
+		name: "openai chat completion with cache writes", format: messages.FormatOpenAIChat, status: 200, ct: ctJSON, fixture: "openai-chat-cache-write.json",
+		req:  usage.Request{Format: messages.FormatOpenAIChat, Model: "gpt-5.1"},
+		want: usage.Result{Model: "gpt-5.1-2025-11-13", Tokens: messages.Tokens{Input: 568, Output: 410, CacheRead: 3072, CacheWrite: 2560}, Known: true},
+	},
+	{
+		name: "anthropic message with one-hour cache writes and web searches", format: messages.FormatAnthropic, status: 200, ct: ctJSON, fixture: "anthropic-message-server-tools.json",
+		req: usage.Request{Format: messages.FormatAnthropic, Model: "claude-sonnet-4-5"},
+		want: usage.Result{Model: "claude-sonnet-4-5-20250929", Tokens: messages.Tokens{Input: 6039, Output: 931, CacheRead: 10000, CacheWrite: 3072, CacheWrite1h: 2048},
+			WebSearches: 3, Known: true},
+	},
+	{
+		// message_start's counts, a delta with output_tokens alone, then a
+		// delta repeating the cumulative input and cache counts with the
+		// searches.
+		name: "anthropic stream with one-hour cache writes and web searches", format: messages.FormatAnthropic, status: 200, ct: ctSSE, fixture: "anthropic-stream-server-tools.sse",
+		req: usage.Request{Format: messages.FormatAnthropic, Model: "claude-opus-4-1", Stream: true},
+		want: usage.Result{Model: "claude-opus-4-1-20250805", Tokens: messages.Tokens{Input: 2679, Output: 512, CacheRead: 20480, CacheWrite: 3072, CacheWrite1h: 2048},
+			WebSearches: 2, Known: true, Stream: true},
+	},
+	{
+		// promptTokenCount includes cachedContentTokenCount;
+		// toolUsePromptTokenCount is input on top of it; thoughtsTokenCount
+		// is output on top of candidatesTokenCount.
+		name: "gemini generateContent with tool-use prompt and thoughts", format: messages.FormatGemini, status: 200, ct: "application/json; charset=UTF-8", fixture: "gemini-response-tool-use.json",
+		req:  usage.Request{Format: messages.FormatGemini, Model: "gemini-2.5-flash"},
+		want: usage.Result{Model: "gemini-2.5-flash", Tokens: messages.Tokens{Input: 2252, Output: 1020, CacheRead: 2048}, Known: true},
+	},
+	{
+		name: "gemini code assist stream", format: messages.FormatGeminiCodeAssist, status: 200, ct: ctSSE, fixture: "gemini-code-assist-stream.sse",
+		req:  usage.Request{Format: messages.FormatGeminiCodeAssist, Model: "gemini-2.5-pro", Stream: true},
+		want: usage.Result{Model: "gemini-2.5-pro", Tokens: messages.Tokens{Input: 992, Output: 432, CacheRead: 8190}, Known: true, Stream: true},
+	},
+	{
+		name: "gemini code assist generateContent", format: messages.FormatGeminiCodeAssist, status: 200, ct: "application/json; charset=UTF-8", fixture: "gemini-code-assist-response.json",
+		req:  usage.Request{Format: messages.FormatGeminiCodeAssist, Model: "gemini-2.5-flash"},
+		want: usage.Result{Model: "gemini-2.5-flash", Tokens: messages.Tokens{Input: 1532, Output: 88}, Known: true},
+	},
+	{
 		name: "unknown format", format: "", status: 200, ct: ctJSON, fixture: "anthropic-message.json",
 		want: usage.Result{},
 	},
