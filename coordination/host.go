@@ -204,8 +204,10 @@ type RunInfo struct {
 	// RunID is the run's id: a subject token (messages.ValidateToken),
 	// neither "all" nor "operator".
 	RunID string
-	// Group is the run's coordination group (RunRequest.GroupOrID()).
-	Group string
+	// Pool is the run's pool (messages.DefaultPool when empty), and Group
+	// its coordination group in it (RunRequest.GroupRef): together they
+	// name the group.
+	Pool, Group string
 	// Profile is the run's profile name.
 	Profile string
 	// State is the state the run joins its group's presence list with.
@@ -222,7 +224,7 @@ func (r RunInfo) validate() error {
 	if r.RunID == RecipientAll || r.RunID == RecipientOperator {
 		return fmt.Errorf("run id %q is reserved for coordination recipients", r.RunID)
 	}
-	if err := messages.ValidateName("group", r.Group); err != nil {
+	if err := r.GroupRef().Validate(); err != nil {
 		return err
 	}
 	if r.Profile != "" {
@@ -232,6 +234,9 @@ func (r RunInfo) validate() error {
 	}
 	return nil
 }
+
+// GroupRef returns the run's group: its pool and group.
+func (r RunInfo) GroupRef() messages.GroupRef { return messages.GroupRef{Pool: r.Pool, Name: r.Group} }
 
 // peerBucket returns the presence bucket, looking it up once.
 func (h *Host) peerBucket(ctx context.Context) (jetstream.KeyValue, error) {
@@ -271,7 +276,7 @@ func (h *Host) unregister(s *Session) {
 func (h *Host) inboxConfig(run RunInfo) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:           InboxName(run.RunID),
-		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.Group,
+		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.GroupRef().String(),
 		FilterSubjects:    inboxFilters(run),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckExplicitPolicy,

@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) budgetCmd() *cobra.Command {
-	var url string
+	var url, pool string
 	var group bool
 	var tokens, requests int64
 	cmd := &cobra.Command{
@@ -25,8 +25,11 @@ its group_budget) by an operator's grant: +USD on max_cost_usd, and
 Only limits the profile sets grow. Grants add up; the run's worker applies
 them within about half a second, and a run that its profile pauses at a
 budget (on_budget = "pause") goes on. The grant is kept in the
-jetcrew-budgets bucket under grant.run.<id> or grant.group.<group> (an
-operator's role may write those keys, and only those).
+jetcrew-budgets bucket under grant.run.<id> or grant.group.<pool>.<group>
+(an operator's role may write those keys, and only those). A group is named
+by its pool and its name: --pool names the pool, and without it the one
+pool whose runs name the group is taken (the default pool when none does;
+several: give --pool).
 
   jetcrew budget r1 +2.50
   jetcrew budget --group refactor +10 --output-tokens 200000`,
@@ -49,27 +52,43 @@ operator's role may write those keys, and only those).
 			scope := messages.BudgetScopeRun
 			if group {
 				scope = messages.BudgetScopeGroup
+			} else if pool != "" {
+				return usageError(fmt.Errorf("--pool names a group's pool: give it with --group"))
 			}
-			return a.runBudget(cmd.Context(), url, scope, args[0], messages.BudgetSpend{CostUSD: usd, OutputTokens: tokens, Requests: requests})
+			return a.runBudget(cmd.Context(), url, scope, args[0], pool, messages.BudgetSpend{CostUSD: usd, OutputTokens: tokens, Requests: requests})
 		},
 	}
 	natsFlag(cmd, &url)
 	cmd.Flags().BoolVar(&group, "group", false, "raise the budget of the group named (its group_budget), not of a run")
+	cmd.Flags().StringVar(&pool, "pool", "", "with --group, the group's pool (default: the one pool whose runs name the group)")
 	cmd.Flags().Int64Var(&tokens, "output-tokens", 0, "output tokens to add to max_output_tokens")
 	cmd.Flags().Int64Var(&requests, "requests", 0, "model requests to add to max_model_requests")
 	return cmd
 }
 
-func (a *app) runBudget(ctx context.Context, url, scope, name string, by messages.BudgetSpend) error {
+func (a *app) runBudget(ctx context.Context, url, scope, name, pool string, by messages.BudgetSpend) error {
 	if err := messages.ValidateToken(scope, name); err != nil {
 		return usageError(err)
+	}
+	if pool != "" {
+		if err := messages.ValidateToken("--pool", pool); err != nil {
+			return usageError(err)
+		}
 	}
 	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew budget")
 	if err != nil {
 		return err
 	}
 	defer closeNATS()
-	total, err := d.Grant(ctx, scope, name, by)
+	key := name
+	if scope == messages.BudgetScopeGroup {
+		g, err := a.resolveGroup(ctx, d, name, pool)
+		if err != nil {
+			return err
+		}
+		key, name = g.Key(), g.String()
+	}
+	total, err := d.Grant(ctx, scope, key, by)
 	if err != nil {
 		return err
 	}

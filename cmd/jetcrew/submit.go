@@ -39,6 +39,9 @@ type submitOptions struct {
 	// the run resumes the earlier run's agent session.
 	session bool
 	signKey string // --sign-key: NKey user seed file signing the request
+	// groupSecret is --group-secret: the file of the secret the group's
+	// key is derived from (groupsecret.go).
+	groupSecret string
 	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
 	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
@@ -155,6 +158,7 @@ func runFlags(cmd *cobra.Command, o *submitOptions, profile, pool string) {
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
 	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
+	f.StringVar(&o.groupSecret, "group-secret", "", "with a group, the file of the secret its key is derived from (default $"+groupSecretEnv+", else jetcrew/group.secret in the configuration directory, made on first use)")
 	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 }
 
@@ -235,6 +239,11 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	if err != nil {
 		return usageError(err)
 	}
+	encs := []dispatcher.Encoded{enc}
+	if err := a.groupKeyed(o, encs); err != nil {
+		return usageError(err)
+	}
+	enc = encs[0]
 	key, err := signingKey(o.signKey)
 	if err != nil {
 		return usageError(err)
