@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -123,7 +124,7 @@ func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
 // claims to be from run claim.
 func (b *bundle) coordOperator(t *testing.T, g, claim, to, body string) {
 	t.Helper()
-	m := nats.NewMsg(coordination.SubjectFromOperator(g, to))
+	m := nats.NewMsg(coordination.SubjectFromOperator(coordtest.Group(g), to))
 	m.Data = []byte(body)
 	m.Header.Set(coordination.HeaderFrom, claim)
 	_, err := b.js.PublishMsg(t.Context(), m)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/roles"
@@ -225,7 +226,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 		}
 		resp, body := b.post(t, c.path, form, coordination.HeaderFrom, id)
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-		subj := coordination.SubjectFromOperator(g, c.to)
+		subj := coordination.SubjectFromOperator(coordtest.Group(g), c.to)
 		m, err := coord.GetLastMsgForSubject(t.Context(), subj)
 		require.NoError(t, err, subj)
 		require.Equal(t, text, string(m.Data))
@@ -244,7 +245,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Queued")
 	require.Contains(t, body, "takes no input while it runs")
-	m, err := coord.GetLastMsgForSubject(t.Context(), coordination.Subject(g, id))
+	m, err := coord.GetLastMsgForSubject(t.Context(), coordination.Subject(coordtest.Group(g), id))
 	require.NoError(t, err)
 	require.Equal(t, text, string(m.Data))
 	from, _ := coordination.Sender(m.Subject, m.Header.Get(coordination.HeaderFrom))

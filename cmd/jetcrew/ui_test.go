@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/roles"
 )
 
@@ -163,7 +164,7 @@ func TestUpAuthConsole(t *testing.T) {
 	// mirror (JETCREW_COORD's consumers are the runs' inboxes, the
 	// workers' alone).
 	op := e.conn(t, roles.Operator)
-	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator("cs1", "cs1"), []byte("hello crew")))
+	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator(coordtest.Group("cs1"), "cs1"), []byte("hello crew")))
 	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/cs1", token, "hello crew") },
 		10*time.Second, 50*time.Millisecond)
 	get("/groups/cs1")
