@@ -63,14 +63,22 @@ func TestGroupAdmission(t *testing.T) {
 		a    coordination.Admission
 		want string
 	}{
-		"another key":   {keyed("crew-3", "", other, otherPub), "has another key"},
-		"no key":        {admission(t, messages.RunRequest{ID: "crew-3", Profile: "shell", Group: "crew"}, nil), "has a key"},
-		"key, no sig":   {keyed("crew-3", "", nil, ownerPub), "no Jetcrew-Group-Signature"},
-		"key, own sig":  {keyed("crew-3", "", other, ownerPub), "does not match"},
-		"group as id":   {admission(t, messages.RunRequest{ID: "crew", Profile: "shell"}, nil), "exists already"},
-		"derived id":    {func() coordination.Admission { a := keyed("crew-3", "", owner, ownerPub); a.BodyID = ""; return a }(), "must name its run id"},
-		"not base64":    {func() coordination.Admission { a := keyed("crew-3", "", owner, ownerPub); a.Header.Set(messages.HeaderGroupSignature, "!"); return a }(), "not standard base64"},
-		"tampered body": {func() coordination.Admission { a := keyed("crew-3", "", owner, ownerPub); a.Body = append(a.Body, ' '); return a }(), "does not match"},
+		"another key":  {keyed("crew-3", "", other, otherPub), "has another key"},
+		"no key":       {admission(t, messages.RunRequest{ID: "crew-3", Profile: "shell", Group: "crew"}, nil), "has a key"},
+		"key, no sig":  {keyed("crew-3", "", nil, ownerPub), "no Jetcrew-Group-Signature"},
+		"key, own sig": {keyed("crew-3", "", other, ownerPub), "does not match"},
+		"group as id":  {admission(t, messages.RunRequest{ID: "crew", Profile: "shell"}, nil), "exists already"},
+		"derived id":   {func() coordination.Admission { a := keyed("crew-3", "", owner, ownerPub); a.BodyID = ""; return a }(), "must name its run id"},
+		"not base64": {func() coordination.Admission {
+			a := keyed("crew-3", "", owner, ownerPub)
+			a.Header.Set(messages.HeaderGroupSignature, "!")
+			return a
+		}(), "not standard base64"},
+		"tampered body": {func() coordination.Admission {
+			a := keyed("crew-3", "", owner, ownerPub)
+			a.Body = append(a.Body, ' ')
+			return a
+		}(), "does not match"},
 	} {
 		err := admit(tc.a)
 		require.ErrorIs(t, err, coordination.ErrGroupRefused, name)
