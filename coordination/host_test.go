@@ -406,7 +406,7 @@ func TestOperatorMessages(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.nc.Flush())
 
-	// `nats pub jetcrew.coord.g.b 'text'`: a core publish, no headers.
+	// `nats pub jetcrew.coord.default.g.b 'text'`: a core publish, no headers.
 	require.NoError(t, b.nc.Publish(coordination.Subject(coordtest.Group("g"), "b"), []byte("from a person")))
 	msgs := inbox(t, bb, 5)
 	require.Len(t, msgs, 1)
