@@ -62,7 +62,8 @@ type CoordQuestion struct {
 	ID string `json:"id"`
 	// RunID is the asking run, stamped by its worker from the run's socket.
 	RunID string `json:"run_id"`
-	// Group is the asking run's group, and Pool its pool (GroupRef).
+	// Group is the asking run's group, and Pool its pool (GroupRef;
+	// DefaultPool when empty).
 	Group string `json:"group"`
 	Pool  string `json:"pool"`
 	// To is a peer's run id, RecipientAll or RecipientOperator.
@@ -104,8 +105,14 @@ func CoordQuestionKey(g GroupRef, runID, id string) string {
 // whatever its pool, group and run: "ask.*.*.*.<id>".
 func CoordQuestionByID(id string) string { return "ask.*.*.*." + id }
 
-// GroupRef returns the group of the asking run.
-func (q CoordQuestion) GroupRef() GroupRef { return GroupRef{Pool: q.Pool, Name: q.Group} }
+// GroupRef returns the group of the asking run; a question without a pool
+// is of DefaultPool.
+func (q CoordQuestion) GroupRef() GroupRef {
+	if q.Pool == "" {
+		return GroupRef{Pool: DefaultPool, Name: q.Group}
+	}
+	return GroupRef{Pool: q.Pool, Name: q.Group}
+}
 
 // CoordAnswerKey returns the key of an operator's answer to question id:
 // "answer.<id>". Operators may write it (see package roles), nothing else
