@@ -45,9 +45,10 @@ func groupParam(w http.ResponseWriter, r *http.Request) (messages.GroupRef, bool
 }
 
 // inGroup returns the filter of group g's runs: those a worker admitted
-// to it (a run's state names its group once admitted), in its pool.
+// to it (a run's state names its group once admitted), in its pool; a
+// run alone in its own group is in no named group.
 func inGroup(g messages.GroupRef) func(st *messages.RunState) bool {
-	return func(st *messages.RunState) bool { return st.Group == g.Name && st.Pool == g.Pool }
+	return func(st *messages.RunState) bool { return st.GroupRef() == g }
 }
 
 // groupPath returns the path of group g's page, /groups/<pool>/<group>.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -27,7 +28,7 @@ const BucketGroups = messages.BucketGroups
 var ErrGroupRefused = errors.New("group refused")
 
 // Groups admits runs into their coordination groups: the first run of a
-// group records who may join it (a messages.GroupRecord in BucketGroups,
+// named group records who may join it (a messages.GroupRecord in BucketGroups,
 // created with a compare-and-set against no key, so the first writer
 // wins), and every later run must match that record. Create it with
 // NewGroups; it is safe for concurrent use.
@@ -56,17 +57,23 @@ type Admission struct {
 
 // Admit lets the run of a into its group (messages.RunRequest.GroupRef),
 // or refuses it with an error wrapping ErrGroupRefused that says why. A
-// keyed request (group_key) must name its run id and carry the body's
-// signature by the key. The group's first run creates the group's record:
-// a run that named no group makes its own (messages.GroupOfRun), a keyed
-// request a keyed group, any other an open one. A later run joins only a
-// record it matches: a keyed group with the same key, an open group
-// without one, a run's own group never. The record's creator is admitted
-// again whatever its kind, so a redelivery or a replay of a run passes
-// where the first delivery did. Admit is idempotent by run id.
+// run that names no group is alone in its own group, which no request can
+// name: it is admitted without a read. A keyed request (group_key) must
+// name its run id and carry the body's signature by the key. A named
+// group's first run creates the group's record: a keyed request a keyed
+// group, any other an open one; a later run joins only a record it
+// matches, a keyed group with the same key, an open group without one. A
+// redelivery or a replay of a run matches as its first delivery did, so
+// Admit is idempotent by run id.
 func (g *Groups) Admit(ctx context.Context, a Admission) error {
 	req := a.Request
 	ref := req.GroupRef()
+	if ref.Own {
+		return nil
+	}
+	if req.Group == req.ID {
+		return refused("group %s is the run's own id: a run alone in its group names none", req.Group)
+	}
 	if err := verifyGroupSignature(a); err != nil {
 		return err
 	}
@@ -74,25 +81,77 @@ func (g *Groups) Admit(ctx context.Context, a Admission) error {
 	if err != nil {
 		return err
 	}
-	rec := messages.GroupRecord{Pool: ref.Pool, Group: ref.Name, Kind: kindOf(req), Key: req.GroupKey, Creator: req.ID, Created: time.Now().UTC()}
-	data, err := json.Marshal(rec)
+	// Most runs join a group that exists (the attempts after the first):
+	// one read. The create decides between first runs at once.
+	have, err := readRecord(ctx, kv, ref)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		var created bool
+		if have, created, err = createRecord(ctx, kv, req); created {
+			return nil
+		}
+	}
 	if err != nil {
 		return err
 	}
-	if _, err = kv.Create(ctx, ref.Key(), data); err == nil {
-		return nil
-	} else if !errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("record group %s: %w", ref, err)
+	return joins(have, req)
+}
+
+// createRecord creates the record of req's group, as its first run: it
+// reports created when this run's create won, and returns otherwise the
+// record another run's create won with (readCreated).
+func createRecord(ctx context.Context, kv jetstream.KeyValue, req messages.RunRequest) (have messages.GroupRecord, created bool, err error) {
+	ref := req.GroupRef()
+	rec := messages.GroupRecord{Pool: ref.Pool, Group: ref.Name, Kind: kindOf(req), Key: req.GroupKey, Creator: req.ID, Created: time.Now().UTC()}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return have, false, err
 	}
+	_, err = kv.Create(ctx, ref.Key(), data)
+	switch {
+	case err == nil:
+		return rec, true, nil
+	case errors.Is(err, jetstream.ErrKeyExists):
+		have, err = readCreated(ctx, kv, ref)
+		return have, false, err
+	}
+	return have, false, fmt.Errorf("record group %s: %w", ref, err)
+}
+
+// readCreated reads group ref's record, which another run's create won an
+// instant ago: the server refuses a create while the winner's is in flight,
+// before the record can be read, so a record not found yet is read again,
+// for up to createdReadWait.
+func readCreated(ctx context.Context, kv jetstream.KeyValue, ref messages.GroupRef) (messages.GroupRecord, error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 5*time.Millisecond, 100*time.Millisecond, createdReadWait
+	var rec messages.GroupRecord
+	err := backoff.Retry(func() error {
+		var err error
+		rec, err = readRecord(ctx, kv, ref)
+		if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(b, ctx))
+	return rec, err
+}
+
+// createdReadWait bounds readCreated.
+const createdReadWait = 2 * time.Second
+
+// readRecord reads group ref's record: the error wraps
+// jetstream.ErrKeyNotFound when there is none, ErrGroupRefused when it
+// cannot be decoded.
+func readRecord(ctx context.Context, kv jetstream.KeyValue, ref messages.GroupRef) (messages.GroupRecord, error) {
+	var rec messages.GroupRecord
 	e, err := kv.Get(ctx, ref.Key())
 	if err != nil {
-		return fmt.Errorf("read the record of group %s: %w", ref, err)
+		return rec, fmt.Errorf("read the record of group %s: %w", ref, err)
 	}
-	var have messages.GroupRecord
-	if err := json.Unmarshal(e.Value(), &have); err != nil {
-		return refused("group %s: its record in %s is unreadable (%v): no run joins it", ref, BucketGroups, err)
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return rec, refused("group %s: its record in %s is unreadable (%v): no run joins it", ref, BucketGroups, err)
 	}
-	return joins(have, req)
+	return rec, nil
 }
 
 // bucket returns BucketGroups, looking it up once.
@@ -112,10 +171,7 @@ func (g *Groups) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 
 // kindOf is the kind of group req's run would create.
 func kindOf(req messages.RunRequest) messages.GroupKind {
-	switch {
-	case req.Group == "":
-		return messages.GroupOfRun
-	case req.GroupKey != "":
+	if req.GroupKey != "" {
 		return messages.GroupKeyed
 	}
 	return messages.GroupOpen
@@ -130,24 +186,17 @@ func refused(format string, args ...any) error {
 // or an error wrapping ErrGroupRefused that says why not.
 func joins(have messages.GroupRecord, req messages.RunRequest) error {
 	ref := req.GroupRef()
-	if have.Creator == req.ID && kindOf(req) == have.Kind && req.GroupKey == have.Key {
-		return nil // the creator again: a redelivery or a replay
-	}
 	switch {
-	case have.Kind == messages.GroupOfRun:
-		return refused("group %s is run %s's own (its request named no group): no other run joins it; name a group of your own", ref, have.Creator)
-	case req.Group == "":
-		return refused("run %s names no group, so its group is its own id, and group %s exists already (run %s created it): choose another run id", req.ID, ref, have.Creator)
+	case have.Kind == messages.GroupKeyed && req.GroupKey == have.Key:
+		return nil
 	case have.Kind == messages.GroupKeyed && req.GroupKey == "":
 		return refused("group %s has a key (run %s created it): a run joins it only with the group's key, its request signed by it (%s; jetcrew submit --group signs with the key it derives from its group secret)", ref, have.Creator, messages.HeaderGroupSignature)
-	case have.Kind == messages.GroupKeyed && req.GroupKey != have.Key:
-		return refused("group %s has another key than this request's (run %s created it): a run joins it only with the key of the group's creator (the same group secret)", ref, have.Creator)
 	case have.Kind == messages.GroupKeyed:
+		return refused("group %s has another key than this request's (run %s created it): a run joins it only with the key of the group's creator (the same group secret)", ref, have.Creator)
+	case have.Kind == messages.GroupOpen && req.GroupKey == "":
 		return nil
-	case have.Kind == messages.GroupOpen && req.GroupKey != "":
-		return refused("group %s has no key (run %s created it without one): a keyed request does not join it; name another group", ref, have.Creator)
 	case have.Kind == messages.GroupOpen:
-		return nil
+		return refused("group %s has no key (run %s created it without one): a keyed request does not join it; name another group", ref, have.Creator)
 	}
 	return refused("group %s has a record of unknown kind %q: no run joins it", ref, have.Kind)
 }

@@ -67,7 +67,6 @@ func TestGroupAdmission(t *testing.T) {
 		"no key":       {admission(t, messages.RunRequest{ID: "crew-3", Profile: "shell", Group: "crew"}, nil), "has a key"},
 		"key, no sig":  {keyed("crew-3", "", nil, ownerPub), "no Jetcrew-Group-Signature"},
 		"key, own sig": {keyed("crew-3", "", other, ownerPub), "does not match"},
-		"group as id":  {admission(t, messages.RunRequest{ID: "crew", Profile: "shell"}, nil), "exists already"},
 		"derived id":   {func() coordination.Admission { a := keyed("crew-3", "", owner, ownerPub); a.BodyID = ""; return a }(), "must name its run id"},
 		"not base64": {func() coordination.Admission {
 			a := keyed("crew-3", "", owner, ownerPub)
@@ -99,28 +98,38 @@ func TestGroupAdmission(t *testing.T) {
 	require.Equal(t, messages.GroupRecord{Pool: "default", Group: "crew", Kind: messages.GroupKeyed, Key: ownerPub, Creator: "crew-1", Created: rec.Created}, rec)
 }
 
-// A run that names no group owns the group of its id: no request joins
-// it, keyed or not, and the run itself is admitted again.
-func TestGroupOfRunIsItsOwn(t *testing.T) {
+// A run that names no group is alone in a group of its own, admitted
+// without a record: a group a request names after the run's id is another
+// group, with subjects and keys of its own, and a request naming its own
+// id as its group is refused.
+func TestOwnGroup(t *testing.T) {
 	t.Parallel()
 	_, _, js := coordtest.Provisioned(t)
 	g := coordination.NewGroups(js)
 	kp, pub := groupKey(t)
 	solo := admission(t, messages.RunRequest{ID: "solo", Profile: "shell"}, nil)
 	require.NoError(t, g.Admit(t.Context(), solo))
-	require.NoError(t, g.Admit(t.Context(), solo), "a redelivery")
-	for _, a := range []coordination.Admission{
-		admission(t, messages.RunRequest{ID: "intruder", Profile: "shell", Group: "solo"}, nil),
-		admission(t, messages.RunRequest{ID: "intruder", Profile: "shell", Group: "solo", GroupKey: pub}, kp),
-	} {
-		err := g.Admit(t.Context(), a)
-		require.ErrorIs(t, err, coordination.ErrGroupRefused)
-		require.ErrorContains(t, err, "is run solo's own")
-	}
-	// A group named first takes the name: a run of that id alone later
-	// is refused rather than made its member.
-	require.NoError(t, g.Admit(t.Context(), admission(t, messages.RunRequest{ID: "a1", Profile: "shell", Group: "later", GroupKey: pub}, kp)))
-	require.ErrorContains(t, g.Admit(t.Context(), admission(t, messages.RunRequest{ID: "later", Profile: "shell"}, nil)), "exists already")
+	named := admission(t, messages.RunRequest{ID: "intruder", Profile: "shell", Group: "solo", GroupKey: pub}, kp)
+	require.NoError(t, g.Admit(t.Context(), named), "a named group of the run's id is another group")
+	own, other := solo.Request.GroupRef(), named.Request.GroupRef()
+	require.True(t, own.Own)
+	require.Equal(t, "default.=solo", own.Key())
+	require.Equal(t, "default.solo", other.Key())
+	require.NotEqual(t, coordination.Subject(own, "solo"), coordination.Subject(other, "solo"))
+	require.NotEqual(t, coordination.PeerKey(own, "solo"), coordination.PeerKey(other, "solo"))
+	back, err := messages.ParseGroupKey(own.Key())
+	require.NoError(t, err)
+	require.Equal(t, own, back)
+
+	kv, err := js.KeyValue(t.Context(), coordination.BucketGroups)
+	require.NoError(t, err)
+	keys, err := kv.Keys(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"default.solo"}, keys, "a run's own group has no record")
+
+	self := admission(t, messages.RunRequest{ID: "self", Profile: "shell"}, nil)
+	self.Request.Group = "self" // a derived id equal to the group
+	require.ErrorContains(t, g.Admit(t.Context(), self), "is the run's own id")
 }
 
 // A group created without a key (an older client) stays open to requests
@@ -170,7 +179,7 @@ func TestGroupAdmitNoBucket(t *testing.T) {
 	s := coordtest.StartServer(t)
 	js, err := jetstream.New(coordtest.Connect(t, s))
 	require.NoError(t, err)
-	err = coordination.NewGroups(js).Admit(t.Context(), admission(t, messages.RunRequest{ID: "r1", Profile: "shell"}, nil))
+	err = coordination.NewGroups(js).Admit(t.Context(), admission(t, messages.RunRequest{ID: "r1", Profile: "shell", Group: "crew"}, nil))
 	require.Error(t, err)
 	require.NotErrorIs(t, err, coordination.ErrGroupRefused)
 }

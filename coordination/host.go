@@ -205,8 +205,8 @@ type RunInfo struct {
 	// neither "all" nor "operator".
 	RunID string
 	// Pool is the run's pool (messages.DefaultPool when empty), and Group
-	// its coordination group in it (RunRequest.GroupRef): together they
-	// name the group.
+	// its coordination group in it (RunRequest.GroupOrID): together they
+	// name the group, the run's own when Group is its id (GroupRef).
 	Pool, Group string
 	// Profile is the run's profile name.
 	Profile string
@@ -235,8 +235,11 @@ func (r RunInfo) validate() error {
 	return nil
 }
 
-// GroupRef returns the run's group: its pool and group.
-func (r RunInfo) GroupRef() messages.GroupRef { return messages.GroupRef{Pool: r.Pool, Name: r.Group} }
+// GroupRef returns the run's group: its pool and group, its own when Group
+// is its run id (a request's group is never its own id).
+func (r RunInfo) GroupRef() messages.GroupRef {
+	return messages.GroupRef{Pool: r.Pool, Name: r.Group, Own: r.Group == r.RunID}
+}
 
 // peerBucket returns the presence bucket, looking it up once.
 func (h *Host) peerBucket(ctx context.Context) (jetstream.KeyValue, error) {

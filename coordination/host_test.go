@@ -714,9 +714,11 @@ func TestInboxMaxAndOrder(t *testing.T) {
 	require.Equal(t, "3", rest[0].Body)
 }
 
-// A run that named no group (its group is its own id) costs no presence
-// write or inbox consumer until its bridge connects, and its Close then sends
-// nothing; once connected it is listed like any other run.
+// A run that named no group (its own group, named by its id) costs no
+// presence write or inbox consumer until its bridge connects, and its Close
+// then sends nothing; once connected it is in its presence list, which no
+// other run joins: a run naming the solo run's id as its group is in
+// another group.
 func TestSoloRunJoinsOnConnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -740,14 +742,12 @@ func TestSoloRunJoinsOnConnect(t *testing.T) {
 	require.Empty(t, keys())
 	require.NoError(t, silent.Close(context.Background()))
 
-	// A peer that joins the solo run's group sees it once it has connected.
 	_, solo := b.serve(t, h, "solo", "solo")
 	require.Empty(t, status(t, solo).Peers)
-	require.Equal(t, []string{coordination.PeerKey(coordtest.Group("solo"), "solo")}, keys())
-	_, peer := b.serve(t, h, "joiner", "solo")
-	st := status(t, peer)
-	require.Len(t, st.Peers, 1)
-	require.Equal(t, "solo", st.Peers[0].RunID)
+	require.Equal(t, []string{coordination.PeerKey(messages.GroupRef{Pool: "default", Name: "solo", Own: true}, "solo")}, keys())
+	_, other := b.serve(t, h, "joiner", "solo")
+	require.Empty(t, status(t, other).Peers, "a group named after a solo run is not its group")
+	require.Empty(t, status(t, solo).Peers)
 }
 
 // A message the server relayed into a run's inbox subject (another

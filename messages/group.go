@@ -8,15 +8,16 @@ import (
 
 // Coordination groups (docs/security.md, "Groups and pools"). A group is
 // named by its pool and its name together (GroupRef): the same name in two
-// pools is two groups, which share no subject, key or budget. Within a
-// pool, the first run a worker admits to a group records who may join it
-// (GroupRecord, in BucketGroups), and every later run must match that
-// record.
+// pools is two groups, which share no subject, key or budget. A run that
+// names no group is alone in a group of its own, which no request can name
+// (GroupRef.Own). Within a pool, the first run a worker admits to a named
+// group records who may join it (GroupRecord, in BucketGroups), and every
+// later run must match that record.
 const (
-	// BucketGroups is the key-value bucket of the groups' records: one key
-	// GroupRef.Key ("<pool>.<group>") per group, a GroupRecord, created by
-	// the worker that admits the group's first run (a create, so the first
-	// writer wins) and never changed. Only workers write it.
+	// BucketGroups is the key-value bucket of the named groups' records:
+	// one key GroupRef.Key ("<pool>.<group>") per group, a GroupRecord,
+	// created by the worker that admits the group's first run (a create, so
+	// the first writer wins) and never changed. Only workers write it.
 	BucketGroups = "jetcrew-groups"
 	// HeaderGroupSignature carries, on a run request whose body names a
 	// group_key (RunRequest.GroupKey), the Ed25519 signature of the message
@@ -25,6 +26,10 @@ const (
 	// the group's seed. A body cannot be changed, nor its run id, without
 	// the seed.
 	HeaderGroupSignature = "Jetcrew-Group-Signature"
+	// OwnGroupMark starts the token of a run's own group in subjects and
+	// keys (GroupRef.Key): "=" and the run id. No name a request gives
+	// holds it (ValidateToken), so no request joins a run's own group.
+	OwnGroupMark = "="
 )
 
 // GroupRef names a coordination group: a pool and a group name in it.
@@ -33,14 +38,29 @@ type GroupRef struct {
 	Pool string
 	// Name is the group's name: a request's group, else its run id.
 	Name string
+	// Own is true for the group of a run whose request named none: Name
+	// is the run's id, and the run is alone in it.
+	Own bool
 }
 
-// Key returns the group's name in subjects and keys, "<pool>.<group>":
-// two subject tokens, so a wildcard over one pool's groups is "<pool>.*".
-func (g GroupRef) Key() string { return g.Pool + "." + g.Name }
+// Key returns the group's name in subjects and keys: "<pool>.<group>", or
+// "<pool>.=<run_id>" for a run's own group. It is two subject tokens, so a
+// wildcard over one pool's groups is "<pool>.*".
+func (g GroupRef) Key() string {
+	if g.Own {
+		return g.Pool + "." + OwnGroupMark + g.Name
+	}
+	return g.Pool + "." + g.Name
+}
 
-// String returns "<group> of pool <pool>", the group as messages say it.
-func (g GroupRef) String() string { return g.Name + " of pool " + g.Pool }
+// String returns the group as messages say it: "<group> of pool <pool>",
+// or "run <run_id>'s own group in pool <pool>".
+func (g GroupRef) String() string {
+	if g.Own {
+		return "run " + g.Name + "'s own group in pool " + g.Pool
+	}
+	return g.Name + " of pool " + g.Pool
+}
 
 // Validate checks that both halves of g are valid names (ValidateName);
 // the error wraps ErrInvalidToken or ErrReservedName.
@@ -48,38 +68,42 @@ func (g GroupRef) Validate() error {
 	if err := ValidateName("pool", g.Pool); err != nil {
 		return err
 	}
+	if g.Own {
+		return ValidateName("run id", g.Name)
+	}
 	return ValidateName("group", g.Name)
 }
 
-// ParseGroupKey reads a GroupRef.Key, "<pool>.<group>", back into its
-// halves, each checked by ValidateName.
+// ParseGroupKey reads a GroupRef.Key, "<pool>.<group>" or
+// "<pool>.=<run_id>", back into its parts, each checked by ValidateName.
 func ParseGroupKey(key string) (GroupRef, error) {
 	pool, name, ok := strings.Cut(key, ".")
 	if !ok {
 		return GroupRef{}, fmt.Errorf("group %q: want <pool>.<group>", key)
 	}
 	g := GroupRef{Pool: pool, Name: name}
+	if rest, own := strings.CutPrefix(name, OwnGroupMark); own {
+		g.Name, g.Own = rest, true
+	}
 	return g, g.Validate()
 }
 
-// GroupRef returns the group run r belongs to: its pool (DefaultPool when
-// empty) and its group, else its run id (GroupOrID).
+// GroupRef returns the group run r belongs to: in its pool (DefaultPool
+// when empty), the group it names, else its own group (Own, named by its
+// run id).
 func (r RunRequest) GroupRef() GroupRef {
 	pool := r.Pool
 	if pool == "" {
 		pool = DefaultPool
 	}
-	return GroupRef{Pool: pool, Name: r.GroupOrID()}
+	return GroupRef{Pool: pool, Name: r.GroupOrID(), Own: r.Group == ""}
 }
 
-// GroupKind says who may join a group: what its first run was.
+// GroupKind says who may join a named group: what its first run was.
 type GroupKind string
 
 // Group kinds.
 const (
-	// GroupOfRun is the group of a run whose request named no group: the
-	// run is alone in it, and no other request may name it.
-	GroupOfRun GroupKind = "run"
 	// GroupKeyed is a group whose first request carried a group_key: a
 	// request joins it only with the same key and the body signed by it
 	// (HeaderGroupSignature).
@@ -90,16 +114,16 @@ const (
 	GroupOpen GroupKind = "open"
 )
 
-// GroupRecord is the value of a group's key in BucketGroups: what its first
-// run recorded, which every later run of the group must match.
+// GroupRecord is the value of a named group's key in BucketGroups: what
+// its first run recorded, which every later run of the group must match.
 type GroupRecord struct {
 	// Pool and Group name the group (GroupRef).
 	Pool  string `json:"pool"`
 	Group string `json:"group"`
 	// Kind says who may join.
 	Kind GroupKind `json:"kind"`
-	// Key is the group's NKey user public key (GroupKeyed); empty for the
-	// other kinds.
+	// Key is the group's NKey user public key (GroupKeyed); empty for an
+	// open group.
 	Key string `json:"key,omitempty"`
 	// Creator is the run whose admission created the record.
 	Creator string `json:"creator"`

@@ -17,15 +17,22 @@ const exampleGroupKey = "UA5WUJ54Z23KILLCUOUNAKTPBVZWKMQVO4O6EQ5GHLAERIMLLHNCTYM
 func TestGroupRef(t *testing.T) {
 	t.Parallel()
 	r := messages.RunRequest{ID: "r1", Profile: "shell"}
-	require.Equal(t, messages.GroupRef{Pool: "default", Name: "r1"}, r.GroupRef(), "no pool, no group: the run's own group in the default pool")
+	own := r.GroupRef()
+	require.Equal(t, messages.GroupRef{Pool: "default", Name: "r1", Own: true}, own, "no pool, no group: the run's own group in the default pool")
+	require.Equal(t, "default.=r1", own.Key(), "marked: no request names it")
+	back, err := messages.ParseGroupKey(own.Key())
+	require.NoError(t, err)
+	require.Equal(t, own, back)
+	r.Group = "r1"
+	require.ErrorContains(t, r.Validate(), "is the run's own id", "a request never names its own id as its group")
 	r.Pool, r.Group = "gpu", "crew"
 	g := r.GroupRef()
 	require.Equal(t, "gpu.crew", g.Key())
 	require.Equal(t, "crew of pool gpu", g.String())
-	back, err := messages.ParseGroupKey(g.Key())
+	back, err = messages.ParseGroupKey(g.Key())
 	require.NoError(t, err)
 	require.Equal(t, g, back)
-	for _, bad := range []string{"crew", "gpu.", ".crew", "gpu.all", "gpu.cr.ew", "g*.crew"} {
+	for _, bad := range []string{"crew", "gpu.", ".crew", "gpu.all", "gpu.cr.ew", "g*.crew", "gpu.=", "gpu.==r1"} {
 		_, err := messages.ParseGroupKey(bad)
 		require.Error(t, err, bad)
 	}

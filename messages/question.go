@@ -105,13 +105,15 @@ func CoordQuestionKey(g GroupRef, runID, id string) string {
 // whatever its pool, group and run: "ask.*.*.*.<id>".
 func CoordQuestionByID(id string) string { return "ask.*.*.*." + id }
 
-// GroupRef returns the group of the asking run; a question without a pool
-// is of DefaultPool.
+// GroupRef returns the group of the asking run: its own when Group is its
+// run id (a request's group is never its own id); a question without a
+// pool is of DefaultPool.
 func (q CoordQuestion) GroupRef() GroupRef {
-	if q.Pool == "" {
-		return GroupRef{Pool: DefaultPool, Name: q.Group}
+	pool := q.Pool
+	if pool == "" {
+		pool = DefaultPool
 	}
-	return GroupRef{Pool: q.Pool, Name: q.Group}
+	return GroupRef{Pool: pool, Name: q.Group, Own: q.Group == q.RunID}
 }
 
 // CoordAnswerKey returns the key of an operator's answer to question id:

@@ -68,9 +68,11 @@ type RunRequest struct {
 	// Pool selects the subject, and so the workers, that take the run;
 	// DefaultPool when empty.
 	Pool string `json:"pool,omitempty"`
-	// Group names the runs that may coordinate with each other; the run's id
-	// when empty. With Pool it names the group (GroupRef): the same name in
-	// another pool is another group.
+	// Group names the runs that may coordinate with each other. With Pool
+	// it names the group (GroupRef): the same name in another pool is
+	// another group. Empty: the run is alone in a group of its own, named
+	// by its id, which no request can join; a group may therefore not be
+	// the run's own id.
 	Group string `json:"group,omitempty"`
 	// GroupKey is the group's NKey user public key ("U…", 56 characters):
 	// the request is signed by its seed (HeaderGroupSignature) and joins
@@ -220,6 +222,9 @@ func (r RunRequest) Validate() error {
 	if r.Group != "" {
 		if err := ValidateName("group", r.Group); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		if r.Group == r.ID {
+			return bad("group %q is the run's own id: a run alone in its group names none (its own group is one no request joins)", r.Group)
 		}
 	}
 	if err := r.validateGroupKey(); err != nil {

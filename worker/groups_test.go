@@ -36,8 +36,8 @@ func groupSecret(t *testing.T) dispatcher.GroupSecret {
 	return s
 }
 
-// A run that asks to join a group it may not (another key, none, a run's
-// own group) fails before anything starts: the reason says why, a dead
+// A run that asks to join a group it may not (another key, none) fails
+// before anything starts: the reason says why, a dead
 // letter keeps the request, its state names no group, and it never had a
 // container. The group's own runs run.
 func TestGroupRefusedRunFails(t *testing.T) {
@@ -55,12 +55,10 @@ func TestGroupRefusedRunFails(t *testing.T) {
 	refused := map[string]string{
 		"crew-3":  "has another key",
 		"crew-4":  "has a key",
-		"joiner":  "is run solo's own",
 		"crew-2b": "",
 	}
 	keyedSubmit(t, d, intruder, messages.RunRequest{ID: "crew-3", Profile: "shell", Prompt: "out in", Group: "crew"})
 	b.submit(t, messages.RunRequest{ID: "crew-4", Profile: "shell", Prompt: "out in", Group: "crew"})
-	keyedSubmit(t, d, intruder, messages.RunRequest{ID: "joiner", Profile: "shell", Prompt: "out in", Group: "solo"})
 	// The owner's second attempt joins.
 	keyedSubmit(t, d, owner, messages.RunRequest{ID: "crew-2b", Profile: "shell", Prompt: "out two", Group: "crew"})
 	for id, why := range refused {
@@ -81,6 +79,14 @@ func TestGroupRefusedRunFails(t *testing.T) {
 		require.NotContains(t, strings.Join(spec.Cmd, " "), "out in", "a refused run had a container")
 	}
 	require.Len(t, b.rt.Starts(), 3)
+	// A group named after a run alone in its own group is another group:
+	// the run's own group keeps no record to refuse it by, and needs none.
+	keyedSubmit(t, d, intruder, messages.RunRequest{ID: "joiner", Profile: "shell", Prompt: "out other", Group: "solo"})
+	st := b.waitFinal(t, "joiner")
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, messages.GroupRef{Pool: "default", Name: "solo"}, st.GroupRef())
+	st = b.waitFinal(t, "solo")
+	require.Equal(t, messages.GroupRef{Pool: "default", Name: "solo", Own: true}, st.GroupRef())
 }
 
 // A failed run of a keyed group, replayed by an operator from its dead
@@ -125,7 +131,7 @@ func TestGroupRecordedOncePerGroup(t *testing.T) {
 	require.NoError(t, err)
 	keys, err := kv.Keys(t.Context())
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"default.m"}, keys)
+	require.ElementsMatch(t, []string{"default.m"}, keys, "one record for the group, none for a run's own group")
 	e, err := kv.Get(t.Context(), "default.m")
 	require.NoError(t, err)
 	var rec messages.GroupRecord

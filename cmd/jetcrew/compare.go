@@ -115,7 +115,7 @@ func checkAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool str
 		if err != nil {
 			return fmt.Errorf("run %s: %w", id, err)
 		}
-		if st.Group != name || (pool != "" && st.Pool != pool) {
+		if st.Group != name || st.GroupRef().Own || (pool != "" && st.Pool != pool) {
 			return fmt.Errorf("run %s is not of group %s (its group: %s of pool %s): compare names two attempts of one group", id, name, visibleName(cmp.Or(st.Group, "none yet")), visibleName(st.Pool))
 		}
 		if first != "" && st.Pool != first {
@@ -164,11 +164,14 @@ func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, name,
 	return out, nil
 }
 
-// groupRuns returns the runs a worker admitted to group name (a run's
-// state names its group once admitted): those of pool, or, pool empty, of
-// the one pool whose runs name the group (onePool). None is an error.
+// groupRuns returns the runs a worker admitted to the named group name (a
+// run's state names its group once admitted): those of pool, or, pool
+// empty, of the one pool whose runs name the group (onePool). None is an
+// error.
 func (a *app) groupRuns(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]messages.RunState, error) {
 	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+	// A run alone in its own group (named by its id) is in no named group.
+	runs = slices.DeleteFunc(runs, func(st messages.RunState) bool { return st.GroupRef().Own })
 	switch {
 	case err != nil:
 		return nil, err
@@ -195,19 +198,22 @@ func onePool(name string, runs []messages.RunState) error {
 }
 
 // resolveGroup returns group name of pool; pool empty, of the one pool
-// whose runs name the group (onePool), else of the default pool.
+// whose runs name the group (onePool), else of the default pool. When the
+// only run naming it is run name itself, the group is that run's own.
 func (a *app) resolveGroup(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) (messages.GroupRef, error) {
-	if pool != "" {
-		return messages.GroupRef{Pool: pool, Name: name}, nil
-	}
-	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name})
-	switch {
-	case err != nil:
+	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+	if err != nil {
 		return messages.GroupRef{}, err
-	case len(runs) == 0:
-		return messages.GroupRef{Pool: messages.DefaultPool, Name: name}, nil
 	}
-	return messages.GroupRef{Pool: runs[0].Pool, Name: name}, onePool(name, runs)
+	g := messages.GroupRef{Pool: cmp.Or(pool, messages.DefaultPool), Name: name}
+	if len(runs) == 1 && runs[0].GroupRef().Own {
+		return runs[0].GroupRef(), nil
+	}
+	runs = slices.DeleteFunc(runs, func(st messages.RunState) bool { return st.GroupRef().Own })
+	if len(runs) > 0 {
+		g.Pool = runs[0].Pool
+	}
+	return g, onePool(name, runs)
 }
 
 // attemptWithTests is dispatcher.AttemptOf(st) with its test report read
