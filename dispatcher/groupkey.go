@@ -66,23 +66,30 @@ func LoadGroupSecret(path string) (GroupSecret, error) {
 
 // CreateGroupSecret writes a new group secret to path, 32 random bytes in
 // base64url (mode 0600, its directory made mode 0700 when missing), and
-// returns it. It never overwrites a file: an existing path is an error.
+// returns it. The file appears whole or not at all (written aside, then
+// linked), and an existing path is never replaced: the error then wraps
+// fs.ErrExist, and the secret to use is the one there (LoadGroupSecret).
 func CreateGroupSecret(path string) (GroupSecret, error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
 		return GroupSecret{}, fmt.Errorf("group secret: %w", err)
 	}
 	text := base64.RawURLEncoding.EncodeToString(raw)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return GroupSecret{}, fmt.Errorf("group secret: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.CreateTemp(dir, ".group-secret-*")
 	if err != nil {
 		return GroupSecret{}, fmt.Errorf("create group secret: %w", err)
 	}
+	defer func() { _ = os.Remove(f.Name()) }()
 	_, werr := f.WriteString(text + "\n")
-	if err := errors.Join(werr, f.Close()); err != nil {
+	if err := errors.Join(werr, f.Chmod(0o600), f.Close()); err != nil {
 		return GroupSecret{}, fmt.Errorf("write group secret %s: %w", path, err)
+	}
+	if err := os.Link(f.Name(), path); err != nil {
+		return GroupSecret{}, fmt.Errorf("create group secret: %w", err)
 	}
 	return GroupSecret{b: []byte(text)}, nil
 }

@@ -2,9 +2,11 @@ package dispatcher
 
 import (
 	"encoding/base64"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nkeys"
@@ -65,7 +67,7 @@ func TestGroupSecretFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, made, read)
 	_, err = CreateGroupSecret(path)
-	require.Error(t, err, "an existing secret is never replaced")
+	require.ErrorIs(t, err, fs.ErrExist, "an existing secret is never replaced")
 
 	require.NoError(t, os.Chmod(path, 0o640))
 	_, err = LoadGroupSecret(path)
@@ -75,6 +77,36 @@ func TestGroupSecretFile(t *testing.T) {
 	_, err = LoadGroupSecret(short)
 	require.ErrorContains(t, err, "at least 32")
 	require.NotContains(t, err.Error(), "tooshort")
+}
+
+// Two first submits at once make one secret: the other finds the file
+// whole, never half written.
+func TestGroupSecretCreatedOnce(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "group.secret")
+	const n = 8
+	made := make([]GroupSecret, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { made[i], errs[i] = CreateGroupSecret(path) })
+	}
+	wg.Wait()
+	read, err := LoadGroupSecret(path)
+	require.NoError(t, err)
+	won := 0
+	for i, err := range errs {
+		if err == nil {
+			won++
+			require.Equal(t, read, made[i])
+			continue
+		}
+		require.ErrorIs(t, err, fs.ErrExist)
+	}
+	require.Equal(t, 1, won)
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "no temporary file left")
 }
 
 // A request keyed to its group carries the key's public half and is

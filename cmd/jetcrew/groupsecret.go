@@ -3,10 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
-	"github.com/jetcrew/jetcrew/messages"
 )
 
 // groupSecretEnv names the variable holding the group secret's file, read
@@ -47,7 +47,10 @@ func (a *app) groupSecret(flag string, quiet bool) (dispatcher.GroupSecret, erro
 	if !errors.Is(err, dispatcher.ErrNoGroupSecret) || given {
 		return s, err
 	}
-	if s, err = dispatcher.CreateGroupSecret(path); err != nil {
+	if s, err = dispatcher.CreateGroupSecret(path); errors.Is(err, fs.ErrExist) {
+		// Another submit made it first: use that one.
+		return dispatcher.LoadGroupSecret(path)
+	} else if err != nil {
 		return s, err
 	}
 	if !quiet {
@@ -96,12 +99,4 @@ func (a *app) groupKeyed(o submitOptions, encs []dispatcher.Encoded) error {
 		}
 	}
 	return nil
-}
-
-// groupOf is the group a request of o names, for messages: "" when none.
-func groupOf(req messages.RunRequest) string {
-	if req.Group == "" {
-		return ""
-	}
-	return req.GroupRef().String()
 }
