@@ -165,7 +165,7 @@ func TestUpAuthConsole(t *testing.T) {
 	// workers' alone).
 	op := e.conn(t, roles.Operator)
 	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator(coordtest.Group("cs1"), "cs1"), []byte("hello crew")))
-	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/cs1", token, "hello crew") },
+	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/default/cs1", token, "hello crew") },
 		10*time.Second, 50*time.Millisecond)
 	get("/groups/default/cs1")
 	page := get("/runs/cs2")
