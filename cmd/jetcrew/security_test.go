@@ -382,6 +382,15 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		}
 	}
 	const matrixQuestion = "qrolematrixaaaaaa"
+	// A group's record says who may join it: a submitter that wrote one
+	// would own another's group.
+	groupWrite := func(rc roleConn) error {
+		subj := "$KV." + messages.BucketGroups + ".default.rolematrix-crew"
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte(`{"pool":"default","group":"rolematrix-crew","kind":"open","creator":"x"}`))
+			return err
+		})
+	}
 	ackOthers := func(rc roleConn) error {
 		subj := "$JS.ACK." + coordination.StreamName + "." + matrixInbox + ".1.1.1.0.0"
 		return rc.try(subj, func(context.Context) error { return rc.nc.Publish(subj, nil) })
@@ -427,6 +436,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		{"restore a stream", request("$JS.API.STREAM.RESTORE.ROLEMATRIX_RESTORE", `{"config":{"name":"ROLEMATRIX_RESTORE"},"state":{}}`), nil},
 		{"answer a run's question", questionWrite(messages.CoordAnswerKey(matrixQuestion)), []roles.Role{roles.Worker, roles.Operator}},
 		{"reply to a question as a run", questionWrite(messages.CoordReplyKey(matrixQuestion)), []roles.Role{roles.Worker}},
+		{"write a group's record", groupWrite, []roles.Role{roles.Worker}},
 		{"put a question as a run", questionWrite(messages.CoordQuestionKey(coordtest.Group("crew"), "victim", matrixQuestion)), []roles.Role{roles.Worker}},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
