@@ -51,16 +51,18 @@ const readmeCoordSection = "### Talking to runs with the nats CLI"
 // readmeCoordCommands are the lines of that block, by the name the tests
 // below use to run each (readmeCoord), GROUP and RUN_ID replaced.
 var readmeCoordCommands = map[string]string{
-	"live":   "nats sub 'jetcrew.coord.GROUP.>'",
-	"to-run": "nats pub jetcrew.coord.GROUP.RUN_ID.operator 'text'",
-	"to-all": "nats pub jetcrew.coord.GROUP.all.operator 'text'",
-	"stream": "nats sub --stream JETCREW_COORD_VIEW --all --terminate-at-end 'jetcrew.coord.GROUP.>'",
+	"live":   "nats sub 'jetcrew.coord.POOL.GROUP.>'",
+	"to-run": "nats pub jetcrew.coord.POOL.GROUP.RUN_ID.operator 'text'",
+	"to-all": "nats pub jetcrew.coord.POOL.GROUP.all.operator 'text'",
+	"stream": "nats sub --stream JETCREW_COORD_VIEW --all --terminate-at-end 'jetcrew.coord.POOL.GROUP.>'",
 }
 
-// readmeCoord returns README's coordination command key for group and run
-// id, with its 'text' replaced by text (quoted for bash).
+// readmeCoord returns README's coordination command key for group (of the
+// default pool) and run id, with its 'text' replaced by text (quoted for
+// bash).
 func readmeCoord(key, group, id, text string) string {
 	line := readmeCoordCommands[key]
+	line = strings.ReplaceAll(line, "POOL", messages.DefaultPool)
 	line = strings.ReplaceAll(line, "GROUP", group)
 	line = strings.ReplaceAll(line, "RUN_ID", id)
 	return strings.ReplaceAll(line, "'text'", "'"+strings.ReplaceAll(text, "'", `'\''`)+"'")
