@@ -112,7 +112,15 @@ attempt per profile. submit prints the run ids on stdout, one a line, and
 the group on stderr. With --wait it follows every run at once, printing a
 finished line per run as it ends (not the runs' output), and exits 0 when
 every attempt succeeded, else 1. Compare them with "jetcrew compare GROUP"
-and take one with "jetcrew apply RUN_ID".`
+and take one with "jetcrew apply RUN_ID".
+
+A group (--group, or the group of --attempts) is a group of the run's pool,
+joined only with its creator's key: the request carries the key that the
+group secret gives for the pool and the group, and is signed by it. The
+secret is --group-secret FILE, else the file $JETCREW_GROUP_SECRET names,
+else jetcrew/group.secret in the configuration directory, made on first use;
+share it with whoever may add runs to your groups (docs/security.md, "Groups
+and pools"). A run that names no group is alone in a group of its own.`
 
 func (a *app) submitCmd() *cobra.Command {
 	var o submitOptions
