@@ -309,7 +309,15 @@ func TestGroupsKeepSubmittersApart(t *testing.T) {
 		st := waitRunFinal(t, in, id)
 		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s", id, st.Reason)
 	}
-	// compare lists the victim's attempts alone, for whoever asks.
+	// compare lists the victim's attempts alone, for whoever asks. (It
+	// reads the requests still queued too, by a direct get the submitter's
+	// role is not given: wait until the last acks emptied the queue.)
+	runs, err := in.conn(t).Stream(t.Context(), messages.StreamRuns)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := runs.Info(t.Context())
+		return err == nil && info.State.Msgs == 0
+	}, 10*time.Second, 20*time.Millisecond)
 	for _, u := range []*groupsUser{v, in} {
 		code, stdout, errOut := u.as(t, "compare", "--pool", "default", "vict")
 		require.Equal(t, 0, code, errOut)
