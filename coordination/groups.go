@@ -58,7 +58,7 @@ type Admission struct {
 // Admit lets the run of a into its group (messages.RunRequest.GroupRef),
 // or refuses it with an error wrapping ErrGroupRefused that says why. A
 // run that names no group is alone in its own group, which no request can
-// name: it is admitted without a read. A keyed request (group_key) must
+// name (nor one that names its own id): it is admitted without a read. A keyed request (group_key) must
 // name its run id and carry the body's signature by the key. A named
 // group's first run creates the group's record: a keyed request a keyed
 // group, any other an open one; a later run joins only a record it
@@ -70,9 +70,6 @@ func (g *Groups) Admit(ctx context.Context, a Admission) error {
 	ref := req.GroupRef()
 	if ref.Own {
 		return nil
-	}
-	if req.Group == req.ID {
-		return refused("group %s is the run's own id: a run alone in its group names none", req.Group)
 	}
 	if err := verifyGroupSignature(a); err != nil {
 		return err

@@ -127,9 +127,15 @@ func TestOwnGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"default.solo"}, keys, "a run's own group has no record")
 
+	// A request naming its own id as its group is alone too (a derived
+	// id equal to the group included).
 	self := admission(t, messages.RunRequest{ID: "self", Profile: "shell"}, nil)
-	self.Request.Group = "self" // a derived id equal to the group
-	require.ErrorContains(t, g.Admit(t.Context(), self), "is the run's own id")
+	self.Request.Group = "self"
+	require.True(t, self.Request.GroupRef().Own)
+	require.NoError(t, g.Admit(t.Context(), self))
+	keys, err = kv.Keys(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"default.solo"}, keys)
 }
 
 // A group created without a key (an older client) stays open to requests

@@ -89,14 +89,14 @@ func ParseGroupKey(key string) (GroupRef, error) {
 }
 
 // GroupRef returns the group run r belongs to: in its pool (DefaultPool
-// when empty), the group it names, else its own group (Own, named by its
-// run id).
+// when empty), the group it names, else (no group, or its own id) its own
+// group (Own, named by its run id).
 func (r RunRequest) GroupRef() GroupRef {
 	pool := r.Pool
 	if pool == "" {
 		pool = DefaultPool
 	}
-	return GroupRef{Pool: pool, Name: r.GroupOrID(), Own: r.Group == ""}
+	return GroupRef{Pool: pool, Name: r.GroupOrID(), Own: r.Group == "" || r.Group == r.ID}
 }
 
 // GroupKind says who may join a named group: what its first run was.

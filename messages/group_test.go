@@ -24,7 +24,11 @@ func TestGroupRef(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, own, back)
 	r.Group = "r1"
-	require.ErrorContains(t, r.Validate(), "is the run's own id", "a request never names its own id as its group")
+	require.Equal(t, own, r.GroupRef(), "a request naming its own id as its group is alone")
+	require.Empty(t, r.WithDefaults().Group)
+	got, err := messages.DecodeRunRequest([]byte(`{"id":"r1","profile":"shell","group":"r1"}`))
+	require.NoError(t, err)
+	require.Empty(t, got.Group, "decoded as the run's own group")
 	r.Pool, r.Group = "gpu", "crew"
 	g := r.GroupRef()
 	require.Equal(t, "gpu.crew", g.Key())

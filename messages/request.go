@@ -70,9 +70,9 @@ type RunRequest struct {
 	Pool string `json:"pool,omitempty"`
 	// Group names the runs that may coordinate with each other. With Pool
 	// it names the group (GroupRef): the same name in another pool is
-	// another group. Empty: the run is alone in a group of its own, named
-	// by its id, which no request can join; a group may therefore not be
-	// the run's own id.
+	// another group. Empty, or the run's own ID: the run is alone in a
+	// group of its own, named by its id, which no request can join
+	// (decoding and WithDefaults make a group equal to the ID empty).
 	Group string `json:"group,omitempty"`
 	// GroupKey is the group's NKey user public key ("U…", 56 characters):
 	// the request is signed by its seed (HeaderGroupSignature) and joins
@@ -178,6 +178,9 @@ func (r *RunRequest) applyDefaults() {
 	if r.Pool == "" {
 		r.Pool = DefaultPool
 	}
+	if r.Group != "" && r.Group == r.ID {
+		r.Group = "" // the run's own group
+	}
 	if len(r.Env) == 0 {
 		r.Env = nil
 	}
@@ -186,7 +189,8 @@ func (r *RunRequest) applyDefaults() {
 	}
 }
 
-// WithDefaults returns a copy of r with Version and Pool filled in when empty.
+// WithDefaults returns a copy of r with Version and Pool filled in when
+// empty, and a Group equal to the ID made empty (the run's own group).
 func (r RunRequest) WithDefaults() RunRequest {
 	r.applyDefaults()
 	return r
@@ -222,9 +226,6 @@ func (r RunRequest) Validate() error {
 	if r.Group != "" {
 		if err := ValidateName("group", r.Group); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-		}
-		if r.Group == r.ID {
-			return bad("group %q is the run's own id: a run alone in its group names none (its own group is one no request joins)", r.Group)
 		}
 	}
 	if err := r.validateGroupKey(); err != nil {
