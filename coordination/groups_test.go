@@ -1,6 +1,7 @@
 package coordination_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -188,4 +189,46 @@ func TestGroupAdmitNoBucket(t *testing.T) {
 	err = coordination.NewGroups(js).Admit(t.Context(), admission(t, messages.RunRequest{ID: "r1", Profile: "shell", Group: "crew"}, nil))
 	require.Error(t, err)
 	require.NotErrorIs(t, err, coordination.ErrGroupRefused)
+}
+
+// BenchmarkGroupAdmit measures a run's admission to its group: a keyed
+// group's first run (a read that misses, then the create), a later run of
+// it (one read, the signature checked) and a run alone (no I/O).
+func BenchmarkGroupAdmit(b *testing.B) {
+	_, _, js := coordtest.Provisioned(b)
+	g := coordination.NewGroups(js)
+	kp, err := nkeys.CreateUser()
+	require.NoError(b, err)
+	pub, err := kp.PublicKey()
+	require.NoError(b, err)
+	keyed := func(id, group string) coordination.Admission {
+		req := messages.RunRequest{ID: id, Profile: "shell", Group: group, GroupKey: pub}
+		body, err := json.Marshal(req)
+		require.NoError(b, err)
+		sig, err := kp.Sign(body)
+		require.NoError(b, err)
+		h := nats.Header{}
+		h.Set(messages.HeaderGroupSignature, base64.StdEncoding.EncodeToString(sig))
+		return coordination.Admission{Request: req.WithDefaults(), BodyID: id, Header: h, Body: body}
+	}
+	b.Run("first", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			require.NoError(b, g.Admit(context.Background(), keyed(fmt.Sprint("f-", i), fmt.Sprint("first-", i))))
+		}
+	})
+	b.Run("join", func(b *testing.B) {
+		require.NoError(b, g.Admit(context.Background(), keyed("j-0", "joined")))
+		a := keyed("j-1", "joined")
+		for b.Loop() {
+			require.NoError(b, g.Admit(context.Background(), a))
+		}
+	})
+	b.Run("alone", func(b *testing.B) {
+		a := coordination.Admission{Request: messages.RunRequest{ID: "solo", Profile: "shell"}.WithDefaults(), BodyID: "solo"}
+		for b.Loop() {
+			require.NoError(b, g.Admit(context.Background(), a))
+		}
+	})
 }
