@@ -57,9 +57,10 @@ type Admission struct {
 
 // Admit lets the run of a into its group (messages.RunRequest.GroupRef),
 // or refuses it with an error wrapping ErrGroupRefused that says why. A
-// run that names no group is alone in its own group, which no request can
-// name (nor one that names its own id): it is admitted without a read. A keyed request (group_key) must
-// name its run id and carry the body's signature by the key. A named
+// run that names no group (or its own id) is alone in its own group, which
+// no request can name: it is admitted without a read. A keyed request
+// (group_key) must name its run id and carry the body's signature by the
+// key. A named
 // group's first run creates the group's record: a keyed request a keyed
 // group, any other an open one; a later run joins only a record it
 // matches, a keyed group with the same key, an open group without one. A
@@ -115,9 +116,9 @@ func createRecord(ctx context.Context, kv jetstream.KeyValue, req messages.RunRe
 }
 
 // readCreated reads group ref's record, which another run's create won an
-// instant ago: the server refuses a create while the winner's is in flight,
-// before the record can be read, so a record not found yet is read again,
-// for up to createdReadWait.
+// instant ago: on a cluster a read may be served by a replica that has not
+// stored it yet (the bucket allows direct gets), so a record not found is
+// read again, for up to createdReadWait.
 func readCreated(ctx context.Context, kv jetstream.KeyValue, ref messages.GroupRef) (messages.GroupRecord, error) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 5*time.Millisecond, 100*time.Millisecond, createdReadWait
