@@ -48,7 +48,10 @@ type attemptView struct {
 
 // attemptsData is the group page's "Attempts" section.
 type attemptsData struct {
-	Group string
+	// Pool and Group name the group; Compare is the command that compares
+	// its attempts ("jetcrew compare GROUP", --pool beyond the default
+	// pool).
+	Pool, Group, Compare string
 	// Runs are the group's runs in the order they were submitted.
 	Runs []attemptView
 	// Diffs counts the runs with a workspace result; DiffsCut those past
@@ -68,10 +71,10 @@ func attemptKey(st *messages.RunState) string {
 // dispatcher.Attempt and, for the first maxGroupDiffs with a workspace
 // result, its diffstat and the first maxAttemptPatch bytes of its patch,
 // read concurrently (one Object Store read each).
-func (c *Console) attempts(ctx context.Context, group string, runs []*messages.RunState) attemptsData {
+func (c *Console) attempts(ctx context.Context, g messages.GroupRef, runs []*messages.RunState) attemptsData {
 	runs = slices.Clone(runs)
 	slices.SortFunc(runs, dispatcher.SubmitOrder)
-	d := attemptsData{Group: group, Runs: make([]attemptView, len(runs)), PatchLimit: fmt.Sprintf("%d KiB", maxAttemptPatch>>10)}
+	d := attemptsData{Pool: g.Pool, Group: g.Name, Compare: compareCommand(g), Runs: make([]attemptView, len(runs)), PatchLimit: fmt.Sprintf("%d KiB", maxAttemptPatch>>10)}
 	var wg sync.WaitGroup
 	for i, st := range runs {
 		d.Runs[i] = newAttemptView(st)
@@ -86,6 +89,15 @@ func (c *Console) attempts(ctx context.Context, group string, runs []*messages.R
 	}
 	wg.Wait()
 	return d
+}
+
+// compareCommand is the jetcrew compare command line of group g's
+// attempts: --pool only beyond the default pool.
+func compareCommand(g messages.GroupRef) string {
+	if g.Pool == messages.DefaultPool {
+		return "jetcrew compare " + g.Name
+	}
+	return "jetcrew compare --pool " + g.Pool + " " + g.Name
 }
 
 // newAttemptView says dispatcher.AttemptOf(st) for the page, as `jetcrew
@@ -131,7 +143,7 @@ func roundedSpan(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// groupAttempts serves GET /groups/{group}/attempts: the group page's
+// groupAttempts serves GET /groups/{pool}/{group}/attempts: the group page's
 // "Attempts" section alone, which its script fetches when a run's state
 // brings another outcome or result, or a new run joins.
 func (c *Console) groupAttempts(w http.ResponseWriter, r *http.Request) {
@@ -139,6 +151,6 @@ func (c *Console) groupAttempts(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
-	c.renderStatus(w, r, http.StatusOK, "group", "attempts", page{Data: groupData{Group: g, Runs: runs, Attempts: c.attempts(r.Context(), g, runs)}})
+	runs := c.cache.filter(inGroup(g))
+	c.renderStatus(w, r, http.StatusOK, "group", "attempts", page{Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: c.attempts(r.Context(), g, runs)}})
 }

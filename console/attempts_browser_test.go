@@ -24,7 +24,7 @@ func TestBrowserGroupAttempts(t *testing.T) {
 	defer cancel()
 	runs := attemptsFixture(t, b, "gb")
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/groups/gb")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/groups/default/gb")))
 	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the group page's live stream opens")
 	ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pwned === undefined &&
 		document.querySelectorAll("main script, main img").length === 0 &&

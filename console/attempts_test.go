@@ -48,7 +48,7 @@ func TestGroupAttempts(t *testing.T) {
 	b := setup(t, setupOpts{})
 	attemptsFixture(t, b, "ga")
 
-	code, body := b.get(t, "/groups/ga")
+	code, body := b.get(t, "/groups/default/ga")
 	require.Equal(t, http.StatusOK, code)
 	table := between(body, `<tbody id="runs">`, "</tbody>")
 	rows := regexp.MustCompile(`<tr data-id="([^"]+)"`).FindAllStringSubmatch(table, -1)
@@ -89,16 +89,16 @@ func TestGroupAttempts(t *testing.T) {
 	require.True(t, strings.HasSuffix(shown, "\n") && len(shown) > maxAttemptPatch-200, "cut at a whole line near the cap")
 
 	// The section alone, for the page's script.
-	code, frag := b.get(t, "/groups/ga/attempts")
+	code, frag := b.get(t, "/groups/default/ga/attempts")
 	require.Equal(t, http.StatusOK, code)
 	require.True(t, strings.HasPrefix(frag, `<div id="attempts">`), frag[:min(80, len(frag))])
 	require.Contains(t, frag, `data-key="succeeded|`)
-	code, _ = b.get(t, "/groups/a.b/attempts")
+	code, _ = b.get(t, "/groups/default/a.b/attempts")
 	require.Equal(t, http.StatusBadRequest, code)
 
 	// A group without a workspace run has no diffs section.
 	b.putStates(t, messages.RunState{ID: "talk-1", Group: "talk", State: messages.StateSucceeded, Pool: "default", Profile: "shell", UpdatedAt: time.Now()})
-	_, body = b.get(t, "/groups/talk")
+	_, body = b.get(t, "/groups/default/talk")
 	require.Contains(t, body, `<tr data-id="talk-1"`)
 	require.NotContains(t, body, `id="diffs"`)
 }

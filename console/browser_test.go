@@ -215,7 +215,7 @@ func TestBrowser(t *testing.T) {
 	g := "crew-" + strings.ToLower(id[20:])
 	a := b.submit(t, messages.RunRequest{Group: g, Prompt: "out a"})
 	c := b.submit(t, messages.RunRequest{Group: g, Prompt: "out c"})
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/groups/"+g)))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/groups/default/"+g)))
 	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the group page's live stream opens")
 	b.coordSend(t, g, a, c, "tests pass on my side; <b>merge</b>?")
 	poll(t, ctx, 15*time.Second, `[...document.querySelectorAll("#thread tr")].some(r => r.textContent.includes("`+a+`") && r.textContent.includes("`+c+`") && r.textContent.includes("<b>merge</b>?"))`,

@@ -307,10 +307,10 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 	// A run has a state (and a row) once a worker has taken it: the
 	// submitter writes none.
 	require.Eventually(t, func() bool {
-		_, body := b.get(t, "/groups/team")
+		_, body := b.get(t, "/groups/default/team")
 		return strings.Contains(body, a) && strings.Contains(body, c)
 	}, 10*time.Second, 20*time.Millisecond, "both runs of the group listed")
-	stream := b.readSSE(t, "/live/group/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "forged sender") })
+	stream := b.readSSE(t, "/live/group/default/team", 15*time.Second, func(s string) bool { return strings.Contains(s, "forged sender") })
 	require.Contains(t, stream, `"from":"`+a+`","to":"`+c+`","text":"please review \u003cb\u003ethis\u003c/b\u003e␛[0m"`)
 	// An operator's message is from "operator" whatever Jetcrew-From says
 	//, as the runs read it.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/jetcrew/jetcrew/coordination"
@@ -15,7 +16,8 @@ import (
 
 // groupData is the group page's data.
 type groupData struct {
-	Group string
+	// Pool and Group name the group (messages.GroupRef).
+	Pool, Group string
 	// Runs are the group's runs, newest first.
 	Runs []*messages.RunState
 	// Questions are the group's questions waiting for an operator.
@@ -24,30 +26,50 @@ type groupData struct {
 	Attempts attemptsData
 }
 
-// groupParam returns the request's {group}, or answers 400 and false.
-func groupParam(w http.ResponseWriter, r *http.Request) (string, bool) {
-	g := r.PathValue("group")
-	if err := messages.ValidateToken("group", g); err != nil {
+// groupRef returns the request's {pool} and {group}, the group they name,
+// or the error that they are not names.
+func groupRef(r *http.Request) (messages.GroupRef, error) {
+	g := messages.GroupRef{Pool: r.PathValue("pool"), Name: r.PathValue("group")}
+	return g, g.Validate()
+}
+
+// groupParam returns the request's group (groupRef), or answers 400 and
+// false.
+func groupParam(w http.ResponseWriter, r *http.Request) (messages.GroupRef, bool) {
+	g, err := groupRef(r)
+	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
-		return "", false
+		return g, false
 	}
 	return g, true
 }
 
-// groupPage serves GET /groups/{group}: the group's runs compared (each
-// one's outcome, duration, diffstat, usage and diff: its attempts, for
-// submit --attempts); the conversation and state changes arrive over
-// /live/group/{group}.
+// inGroup returns the filter of group g's runs: those a worker admitted
+// to it (a run's state names its group once admitted), in its pool; a
+// run alone in its own group is in no named group.
+func inGroup(g messages.GroupRef) func(st *messages.RunState) bool {
+	return func(st *messages.RunState) bool { return st.GroupRef() == g }
+}
+
+// groupPath returns the path of group g's page, /groups/<pool>/<group>.
+func groupPath(g messages.GroupRef) string {
+	return "/groups/" + url.PathEscape(g.Pool) + "/" + url.PathEscape(g.Name)
+}
+
+// groupPage serves GET /groups/{pool}/{group}: the group's runs compared
+// (each one's outcome, duration, diffstat, usage and diff: its attempts,
+// for submit --attempts); the conversation and state changes arrive over
+// /live/group/{pool}/{group}.
 func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
 	rev := c.cache.current()
-	g := r.PathValue("group")
-	if err := messages.ValidateToken("group", g); err != nil {
+	g, err := groupRef(r)
+	if err != nil {
 		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
 		return
 	}
-	runs := c.cache.filter(func(st *messages.RunState) bool { return st.Group == g })
-	c.render(w, r, "group", page{Title: "Group " + g, Nav: "runs", Rev: rev,
-		Data: groupData{Group: g, Runs: runs, Attempts: c.attempts(r.Context(), g, runs), Questions: c.groupQuestions(r.Context(), g)}})
+	runs := c.cache.filter(inGroup(g))
+	c.render(w, r, "group", page{Title: "Group " + g.String(), Nav: "runs", Rev: rev,
+		Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: c.attempts(r.Context(), g, runs), Questions: c.groupQuestions(r.Context(), g)}})
 }
 
 // groupRow is a run of a group as the group page's live stream sends it:
@@ -57,22 +79,21 @@ type groupRow struct {
 	Key string `json:"key"`
 }
 
-// liveGroup serves GET /live/group/{group}: every message of the group as
-// JETCREW_COORD_VIEW mirrors JETCREW_COORD (subjects
-// jetcrew.coord.<group>.>; readers may not consume JETCREW_COORD, whose
+// liveGroup serves GET /live/group/{pool}/{group}: every message of the
+// group as JETCREW_COORD_VIEW mirrors JETCREW_COORD (subjects
+// jetcrew.coord.<pool>.<group>.>; readers may not consume JETCREW_COORD, whose
 // consumers are the runs' inboxes), oldest first then live,
 // as "message" server-sent events, and "state" events as the group's runs
 // change state.
 func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
-	g := r.PathValue("group")
-	if err := messages.ValidateToken("group", g); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	g, ok := groupParam(w, r)
+	if !ok {
 		return
 	}
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.Group == g },
+	serveLive(c, w, r, inGroup(g),
 		func(st messages.RunState) any { return groupRow{runRow: newRunRow(st), Key: attemptKey(&st)} },
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
-			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectPrefix + "." + g + ".>"})
+			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectGroup(g)})
 		},
 		func(m dispatcher.StreamMsg) (string, any) {
 			if origin.Relayed(m.Header) {

@@ -20,13 +20,13 @@ func TestGroupMessageSender(t *testing.T) {
 		name, subject, from string
 		wantFrom, wantTo    string
 	}{
-		{"operator subject claiming a run", "jetcrew.coord.team.bob.operator", "alice", "operator", "bob"},
-		{"operator subject to all claiming a run", "jetcrew.coord.team.all.operator", "bob", "operator", "all"},
-		{"operator subject without header", "jetcrew.coord.team.bob.operator", "", "operator", "bob"},
-		{"worker-stamped run message", "jetcrew.coord.team.bob", "alice", "alice", "bob"},
-		{"run message to the operator", "jetcrew.coord.team.operator", "alice", "alice", "operator"},
-		{"four tokens without header", "jetcrew.coord.team.bob", "", "operator", "bob"},
-		{"header that is no run id", "jetcrew.coord.team.bob", "al ice\u202e", "operator", "bob"},
+		{"operator subject claiming a run", "jetcrew.coord.default.team.bob.operator", "alice", "operator", "bob"},
+		{"operator subject to all claiming a run", "jetcrew.coord.default.team.all.operator", "bob", "operator", "all"},
+		{"operator subject without header", "jetcrew.coord.default.team.bob.operator", "", "operator", "bob"},
+		{"worker-stamped run message", "jetcrew.coord.default.team.bob", "alice", "alice", "bob"},
+		{"run message to the operator", "jetcrew.coord.default.team.operator", "alice", "alice", "operator"},
+		{"five tokens without header", "jetcrew.coord.default.team.bob", "", "operator", "bob"},
+		{"header that is no run id", "jetcrew.coord.default.team.bob", "al ice\u202e", "operator", "bob"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

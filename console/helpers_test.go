@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -108,10 +109,10 @@ func (b *bundle) waitState(t *testing.T, id string, want messages.State) message
 
 // coordSend publishes a coordination message of group g as the worker
 // relays one run from sends it to run (or "all") to: on JETCREW_COORD,
-// subject jetcrew.coord.<g>.<to>, header Jetcrew-From.
+// subject jetcrew.coord.default.<g>.<to>, header Jetcrew-From.
 func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
 	t.Helper()
-	m := nats.NewMsg(coordination.SubjectPrefix + "." + g + "." + to)
+	m := nats.NewMsg(coordination.Subject(coordtest.Group(g), to))
 	m.Data = []byte(body)
 	m.Header.Set(coordination.HeaderFrom, from)
 	_, err := b.js.PublishMsg(t.Context(), m)
@@ -123,21 +124,21 @@ func (b *bundle) coordSend(t *testing.T, g, from, to, body string) {
 // claims to be from run claim.
 func (b *bundle) coordOperator(t *testing.T, g, claim, to, body string) {
 	t.Helper()
-	m := nats.NewMsg(coordination.SubjectFromOperator(g, to))
+	m := nats.NewMsg(coordination.SubjectFromOperator(coordtest.Group(g), to))
 	m.Data = []byte(body)
 	m.Header.Set(coordination.HeaderFrom, claim)
 	_, err := b.js.PublishMsg(t.Context(), m)
 	require.NoError(t, err)
 }
 
-// coordRelayed puts on JETCREW_COORD, subject jetcrew.coord.<g>.<to>, a
+// coordRelayed puts on JETCREW_COORD, subject jetcrew.coord.default.<g>.<to>, a
 // message claiming to be from run from, through a stream whose RePublish
 // targets that subject (what someone allowed to configure streams could
 // do), and waits until JETCREW_COORD stored it.
 func (b *bundle) coordRelayed(t *testing.T, g, from, to, body string) {
 	t.Helper()
 	ctx := t.Context()
-	subj := coordination.SubjectPrefix + "." + g + "." + to
+	subj := coordination.Subject(coordtest.Group(g), to)
 	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.in"},
 		RePublish: &jetstream.RePublish{Source: "relay.in", Destination: subj}})
 	require.NoError(t, err)

@@ -68,8 +68,8 @@ func TestRunsSearchAndPager(t *testing.T) {
 	require.True(t, strings.HasPrefix(rows[1], `run-000"`), "the replayed run sorts by its replay, first")
 	require.True(t, strings.HasPrefix(rows[2], `run-119"`))
 	require.Contains(t, page1, `<a class="label" href="/runs?label=team%3Dinfra" title="only runs with this label">team=infra</a>`, "a label chip filters")
-	require.NotContains(t, page1, `href="/groups/run-119"`, "a run without a group links none")
-	require.Contains(t, page1, `<a href="/groups/crew-Blue">`)
+	require.NotContains(t, page1, `href="/groups/default/run-119"`, "a run without a group links none")
+	require.Contains(t, page1, `<a href="/groups/default/crew-Blue">`)
 	require.Empty(t, hrefOf(page1, "newer"), "the first page has no newer page")
 
 	_, page2 := b.get(t, hrefOf(page1, "next"))

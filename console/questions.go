@@ -21,7 +21,7 @@ import (
 
 // questionRow is one open question as the pages show it.
 type questionRow struct {
-	ID, RunID, Group string
+	ID, RunID, Group, Pool string
 	// Question is the question's text, made visible (control characters
 	// shown as pictures).
 	Question string
@@ -34,7 +34,7 @@ type questionRow struct {
 }
 
 func newQuestionRow(q messages.CoordQuestion) questionRow {
-	r := questionRow{ID: q.ID, RunID: visible(q.RunID), Group: visible(q.Group), Question: visible(q.Question), Since: q.Time, Until: q.Until}
+	r := questionRow{ID: q.ID, RunID: visible(q.RunID), Group: visible(q.Group), Pool: visible(q.Pool), Question: visible(q.Question), Since: q.Time, Until: q.Until}
 	for _, c := range q.Choices {
 		r.Choices = append(r.Choices, visible(c))
 		r.ChoiceValues = append(r.ChoiceValues, c)
@@ -119,8 +119,8 @@ func (c *Console) runQuestions(ctx context.Context, id string) []questionRow {
 
 // groupQuestions returns the open questions to the operator of group g's
 // runs.
-func (c *Console) groupQuestions(ctx context.Context, g string) []questionRow {
-	rows, _ := c.openQuestions(ctx, func(q messages.CoordQuestion) bool { return q.Group == g })
+func (c *Console) groupQuestions(ctx context.Context, g messages.GroupRef) []questionRow {
+	rows, _ := c.openQuestions(ctx, func(q messages.CoordQuestion) bool { return q.GroupRef() == g })
 	return rows
 }
 
@@ -175,10 +175,15 @@ func questionsAlert(n int) string {
 }
 
 // answerBack is where the answer form sends the operator back to: a run's
-// or a group's page, or /questions (anything else).
+// page (/runs/<id>) or a group's (/groups/<pool>/<group>), or /questions
+// (anything else).
 func answerBack(back string) string {
-	for _, p := range []string{"/runs/", "/groups/"} {
-		if rest, ok := strings.CutPrefix(back, p); ok && messages.ValidateToken("name", rest) == nil {
+	if rest, ok := strings.CutPrefix(back, "/runs/"); ok && messages.ValidateToken("name", rest) == nil {
+		return back
+	}
+	if rest, ok := strings.CutPrefix(back, "/groups/"); ok {
+		pool, group, _ := strings.Cut(rest, "/")
+		if (messages.GroupRef{Pool: pool, Name: group}).Validate() == nil {
 			return back
 		}
 	}

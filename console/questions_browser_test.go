@@ -24,7 +24,7 @@ func TestBrowserAnswerQuestion(t *testing.T) {
 	qid, answer := askOperator(t, b, b.nc, "br-asker", "crew-br", map[string]any{"to": "operator",
 		"question": "<img src=x onerror=\"window.pwned=1\"> Which database?", "choices": []string{"postgres", "sqlite"}, "timeout_seconds": 60})
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/groups/crew-br")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/groups/default/crew-br")))
 	poll(t, ctx, 10*time.Second, `document.querySelector("#question-`+qid+` .question-text")?.textContent.includes("<img src=x")`, "the question shows, as text")
 	inert, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pwned === undefined && document.querySelectorAll("main img").length === 0 &&
 		document.querySelectorAll("#question-`+qid+` button.choice").length === 2`))
@@ -33,7 +33,7 @@ func TestBrowserAnswerQuestion(t *testing.T) {
 	shot(t, ctx, "question")
 	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`#question-`+qid+` textarea[name="text"]`), "postgres, version 17")))
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#question-`+qid+` button.answer`))))
-	poll(t, ctx, 10*time.Second, `location.search === "?answered=`+qid+`" && location.pathname === "/groups/crew-br"`, "back on the group's page")
+	poll(t, ctx, 10*time.Second, `location.search === "?answered=`+qid+`" && location.pathname === "/groups/default/crew-br"`, "back on the group's page")
 	select {
 	case got := <-answer:
 		require.Equal(t, relay.AskAnswered, got.Status)

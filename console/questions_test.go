@@ -77,7 +77,7 @@ func TestConsoleAnswersAQuestion(t *testing.T) {
 
 	_, page := b.get(t, "/")
 	require.Contains(t, page, `<li id="questions-alert"><a href="/questions">1 question of a run waits for an operator&#39;s answer</a></li>`)
-	for _, path := range []string{"/questions", "/runs/" + id, "/groups/" + g} {
+	for _, path := range []string{"/questions", "/runs/" + id, "/groups/default/" + g} {
 		code, page := b.get(t, path)
 		require.Equal(t, http.StatusOK, code, path)
 		require.Contains(t, page, `id="question-`+qid+`"`, path)
@@ -91,15 +91,15 @@ func TestConsoleAnswersAQuestion(t *testing.T) {
 	// Bad forms lose nothing.
 	resp, body := b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {"nope"}, "text": {"x"}})
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
-	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "text": {"  "}, "back": {"/groups/" + g}})
+	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "text": {"  "}, "back": {"/groups/default/" + g}})
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
 	require.Contains(t, body, "empty message")
 	resp, _ = b.post(t, "/questions/answer", url.Values{"id": {qid}, "choice": {"no"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token, no answer")
 
-	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "choice": {"yes <b>now</b>"}, "back": {"/groups/" + g}})
+	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "choice": {"yes <b>now</b>"}, "back": {"/groups/default/" + g}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-	require.Equal(t, "/groups/"+g+"?answered="+qid, resp.Header.Get("Location"))
+	require.Equal(t, "/groups/default/"+g+"?answered="+qid, resp.Header.Get("Location"))
 	select {
 	case got := <-answer:
 		require.Equal(t, relay.AskAnswered, got.Status)

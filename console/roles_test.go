@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/roles"
@@ -115,10 +116,10 @@ func TestObserverConsole(t *testing.T) {
 	b.waitState(t, id, messages.StateRunning)
 	b.waitState(t, failed, messages.StateFailed)
 	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), failed); return err == nil }, 10*time.Second, 10*time.Millisecond)
-	_, err := b.d.Send(t.Context(), g, id, "hello from the test")
+	_, err := b.d.Send(t.Context(), coordtest.Group(g), id, "hello from the test")
 	require.NoError(t, err)
 
-	for _, path := range []string{"/", "/overview/fragment", "/runs", "/runs/" + id, "/runs/" + failed, "/groups/" + g,
+	for _, path := range []string{"/", "/overview/fragment", "/runs", "/runs/" + id, "/runs/" + failed, "/groups/default/" + g,
 		"/dead-letters", "/egress", "/egress/fragment", "/questions"} {
 		start := time.Now()
 		code, body := b.get(t, path)
@@ -130,10 +131,10 @@ func TestObserverConsole(t *testing.T) {
 	_, body := b.get(t, "/")
 	require.Contains(t, body, `<a href="/runs?pool=default">default</a>`, "the overview shows the pool's queue")
 	// The live streams read what the pages show.
-	for _, path := range []string{"/live/overview", "/live/runs", "/live/run/" + id, "/live/group/" + g, "/live/egress"} {
+	for _, path := range []string{"/live/overview", "/live/runs", "/live/run/" + id, "/live/group/default/" + g, "/live/egress"} {
 		b.readSSE(t, path, time.Second, func(string) bool { return false })
 	}
-	got := b.readSSE(t, "/live/group/"+g, 5*time.Second, func(s string) bool { return strings.Contains(s, "hello from the test") })
+	got := b.readSSE(t, "/live/group/default/"+g, 5*time.Second, func(s string) bool { return strings.Contains(s, "hello from the test") })
 	require.Contains(t, got, "hello from the test")
 	require.Empty(t, b.refused(), "the server refused nothing the observer's console read")
 
@@ -148,7 +149,7 @@ func TestObserverConsole(t *testing.T) {
 		{"/dead-letters/discard", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/dead-letters/archive", url.Values{"run": {failed}, "confirm": {"yes"}}},
 		{"/runs/" + id + "/send", url.Values{"text": {"stop"}}},
-		{"/groups/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
+		{"/groups/default/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
 		{"/runs/" + id + "/budget", url.Values{"usd": {"1"}}},
 	} {
 		form := url.Values{"csrf": {b.c.csrf}}
@@ -203,8 +204,8 @@ func TestOperatorSendsMessage(t *testing.T) {
 	g := "crew-send"
 	id := b.submit(t, messages.RunRequest{Group: g, Prompt: "out hi;sleep 1h"})
 	b.waitState(t, id, messages.StateRunning)
-	_, page := b.get(t, "/groups/"+g)
-	require.Contains(t, page, `action="/groups/`+g+`/send"`)
+	_, page := b.get(t, "/groups/default/"+g)
+	require.Contains(t, page, `action="/groups/default/`+g+`/send"`)
 	require.Contains(t, page, `<option value="`+id+`">`)
 	_, page = b.get(t, "/runs/"+id)
 	require.Contains(t, page, `action="/runs/`+id+`/send"`)
@@ -215,8 +216,8 @@ func TestOperatorSendsMessage(t *testing.T) {
 		path, to string
 		form     url.Values
 	}{
-		{"/groups/" + g + "/send", "all", url.Values{"to": {"all"}}},
-		{"/groups/" + g + "/send", id, url.Values{"to": {id}}},
+		{"/groups/default/" + g + "/send", "all", url.Values{"to": {"all"}}},
+		{"/groups/default/" + g + "/send", id, url.Values{"to": {id}}},
 	} {
 		text := "from the console to " + c.to + " via " + c.path
 		form := url.Values{"csrf": {b.c.csrf}, "text": {text}, "from": {id}, coordination.HeaderFrom: {id}}
@@ -225,7 +226,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 		}
 		resp, body := b.post(t, c.path, form, coordination.HeaderFrom, id)
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
-		subj := coordination.SubjectFromOperator(g, c.to)
+		subj := coordination.SubjectFromOperator(coordtest.Group(g), c.to)
 		m, err := coord.GetLastMsgForSubject(t.Context(), subj)
 		require.NoError(t, err, subj)
 		require.Equal(t, text, string(m.Data))
@@ -244,7 +245,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Queued")
 	require.Contains(t, body, "takes no input while it runs")
-	m, err := coord.GetLastMsgForSubject(t.Context(), coordination.Subject(g, id))
+	m, err := coord.GetLastMsgForSubject(t.Context(), coordination.Subject(coordtest.Group(g), id))
 	require.NoError(t, err)
 	require.Equal(t, text, string(m.Data))
 	from, _ := coordination.Sender(m.Subject, m.Header.Get(coordination.HeaderFrom))
@@ -255,9 +256,9 @@ func TestOperatorSendsMessage(t *testing.T) {
 		form url.Values
 		want string
 	}{
-		{"/groups/" + g + "/send", url.Values{"to": {"all"}}, "the message is empty"},
-		{"/groups/" + g + "/send", url.Values{"to": {"x.y"}, "text": {"hi"}}, "recipient"},
-		{"/groups/" + g + "/send", url.Values{"to": {"operator"}, "text": {"hi"}}, "an operator sends to a run id"},
+		{"/groups/default/" + g + "/send", url.Values{"to": {"all"}}, "the message is empty"},
+		{"/groups/default/" + g + "/send", url.Values{"to": {"x.y"}, "text": {"hi"}}, "recipient"},
+		{"/groups/default/" + g + "/send", url.Values{"to": {"operator"}, "text": {"hi"}}, "an operator sends to a run id"},
 		{"/runs/no-such-run/send", url.Values{"text": {"hi"}}, "no run no-such-run is known"},
 		{"/runs/" + id + "/send", url.Values{"text": {""}}, "the message is empty"},
 	} {
@@ -266,7 +267,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 		require.GreaterOrEqual(t, resp.StatusCode, 400, c.path)
 		require.Contains(t, body, c.want, c.path)
 	}
-	resp, _ = b.post(t, "/groups/"+g+"/send", url.Values{"to": {"all"}, "text": {"hi"}})
+	resp, _ = b.post(t, "/groups/default/"+g+"/send", url.Values{"to": {"all"}, "text": {"hi"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token, no message")
 }
 
@@ -277,11 +278,11 @@ func TestReadOnlyHidesSend(t *testing.T) {
 	g := "crew-ro"
 	id := b.submit(t, messages.RunRequest{Group: g, Prompt: "out hi;sleep 1h"})
 	b.waitState(t, id, messages.StateRunning)
-	for _, path := range []string{"/groups/" + g, "/runs/" + id} {
+	for _, path := range []string{"/groups/default/" + g, "/runs/" + id} {
 		_, page := b.get(t, path)
 		require.NotContains(t, page, "send-form", path)
 	}
-	resp, _ := b.post(t, "/groups/"+g+"/send", url.Values{"csrf": {b.c.csrf}, "to": {"all"}, "text": {"hi"}})
+	resp, _ := b.post(t, "/groups/default/"+g+"/send", url.Values{"csrf": {b.c.csrf}, "to": {"all"}, "text": {"hi"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 }
 

@@ -42,23 +42,23 @@ func (c *Console) sendToRun(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// sendToGroup serves POST /groups/{group}/send (form fields to, a run id
-// or "all", and text): the text to that run of the group, or to all of
-// them, as the operator (dispatcher.Send), then back to the group's page.
+// sendToGroup serves POST /groups/{pool}/{group}/send (form fields to, a
+// run id or "all", and text): the text to that run of the group, or to all
+// of them, as the operator (dispatcher.Send), then back to the group's
+// page.
 func (c *Console) sendToGroup(w http.ResponseWriter, r *http.Request) {
-	g := r.PathValue("group")
-	back := "/groups/" + url.PathEscape(g)
-	if err := messages.ValidateToken("group", g); err != nil {
+	g, err := groupRef(r)
+	if err != nil {
 		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
 		return
 	}
-	c.send(w, r, g, r.PostFormValue("to"), back)
+	c.send(w, r, g, r.PostFormValue("to"), groupPath(g))
 }
 
 // send sends the form's text to recipient to of group and redirects to
 // back. Who sends is the subject's, never the form's: the message goes on
 // the operator's subject with no sender header.
-func (c *Console) send(w http.ResponseWriter, r *http.Request, group, to, back string) {
+func (c *Console) send(w http.ResponseWriter, r *http.Request, group messages.GroupRef, to, back string) {
 	text := r.PostFormValue("text")
 	switch {
 	case text == "":

@@ -49,12 +49,12 @@ func (h *Host) claimBucket(ctx context.Context) (jetstream.KeyValue, error) {
 // presence list (see messages.CoordClaims).
 func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupClaims, error) {
 	var g groupClaims
-	e, err := kv.Get(ctx, ClaimKey(s.run.Group))
+	e, err := kv.Get(ctx, ClaimKey(s.run.GroupRef()))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return g, nil
 	case err != nil:
-		return g, fmt.Errorf("read claims of group %s: %w", s.run.Group, err)
+		return g, fmt.Errorf("read claims of group %s: %w", s.run.GroupRef(), err)
 	}
 	g.rev = e.Revision()
 	if err := json.Unmarshal(e.Value(), &g.doc); err != nil {
@@ -95,7 +95,7 @@ const maxHolderGets = 8
 func (s *Session) holderSessions(ctx context.Context, holders []string) (map[string]string, error) {
 	live := map[string]string{s.run.RunID: s.presence.Session}
 	for _, id := range holders {
-		e, err := s.peers.Get(ctx, PeerKey(s.run.Group, id))
+		e, err := s.peers.Get(ctx, PeerKey(s.run.GroupRef(), id))
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 			continue
@@ -113,7 +113,7 @@ func (s *Session) holderSessions(ctx context.Context, holders []string) (map[str
 // liveSessions maps each queued or running run of the group to the session
 // its presence names, this run to this session.
 func (s *Session) liveSessions(ctx context.Context) (map[string]string, error) {
-	w, err := s.peers.Watch(ctx, s.run.Group+".*", jetstream.IgnoreDeletes())
+	w, err := s.peers.Watch(ctx, peersOf(s.run.GroupRef()), jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
@@ -142,7 +142,7 @@ func (s *Session) liveSessions(ctx context.Context) (map[string]string, error) {
 
 // storeClaims writes g.doc over revision g.rev, deleting the key when no
 // claim is left. It returns errCASLost when another writer came first.
-func storeClaims(ctx context.Context, kv jetstream.KeyValue, group string, g groupClaims) error {
+func storeClaims(ctx context.Context, kv jetstream.KeyValue, group messages.GroupRef, g groupClaims) error {
 	key := ClaimKey(group)
 	var err error
 	switch {
@@ -193,12 +193,12 @@ func (s *Session) updateClaims(ctx context.Context, change func(*groupClaims) er
 		if err := change(&g); err != nil {
 			return err
 		}
-		err = storeClaims(ctx, kv, s.run.Group, g)
+		err = storeClaims(ctx, kv, s.run.GroupRef(), g)
 		if !errors.Is(err, errCASLost) {
 			return err
 		}
 	}
-	return fmt.Errorf("claims of group %s: %d concurrent writes in a row; try again", s.run.Group, claimAttempts)
+	return fmt.Errorf("claims of group %s: %d concurrent writes in a row; try again", s.run.GroupRef(), claimAttempts)
 }
 
 // claim claims every pattern of req for this run, or none.

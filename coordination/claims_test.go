@@ -47,7 +47,7 @@ func (b *bundle) claimDoc(t *testing.T, group string) *messages.CoordClaims {
 	t.Helper()
 	kv, err := b.js.KeyValue(t.Context(), coordination.BucketClaims)
 	require.NoError(t, err)
-	e, err := kv.Get(t.Context(), coordination.ClaimKey(group))
+	e, err := kv.Get(t.Context(), coordination.ClaimKey(coordtest.Group(group)))
 	if err == jetstream.ErrKeyNotFound {
 		return nil
 	}
@@ -166,7 +166,7 @@ func TestDetachKeepsClaimsAndStaleHoldersDoNotCount(t *testing.T) {
 	// stale, counted by nobody, and dropped by the next write.
 	kv, err := b.js.KeyValue(t.Context(), coordination.BucketPeers)
 	require.NoError(t, err)
-	require.NoError(t, kv.Delete(t.Context(), coordination.PeerKey("g1", "run-a")))
+	require.NoError(t, kv.Delete(t.Context(), coordination.PeerKey(coordtest.Group("g1"), "run-a")))
 	require.Empty(t, claimsOf(t, c))
 	claim(t, c, "", "src/x")
 	require.Equal(t, []string{"run-c:src/x"}, patterns(claimsOf(t, c)))

@@ -14,11 +14,11 @@
 // # On NATS
 //
 //   - Stream JETCREW_COORD (Provision) holds every message, on subject
-//     jetcrew.coord.<group>.<recipient>, the recipient a run id, "all" or
-//     "operator". Header Jetcrew-From carries the sending run's id.
+//     jetcrew.coord.<pool>.<group>.<recipient>, the recipient a run id,
+//     "all" or "operator". Header Jetcrew-From carries the sending run's id.
 //   - Each run's inbox is a durable pull consumer, "inbox-<run_id>",
-//     filtered on jetcrew.coord.<group>.<run_id> and jetcrew.coord.<group>.all,
-//     created by the run's first status or inbox call (DeliverAll: messages
+//     filtered on jetcrew.coord.<pool>.<group>.<run_id> and
+//     jetcrew.coord.<pool>.<group>.all, created by the run's first status or inbox call (DeliverAll: messages
 //     sent to the run before it started, or before it first read, wait for
 //     it). Reading acknowledges; a run's own "all" messages are skipped. The
 //     consumer survives the bridge, the Session and the worker; Close
@@ -31,20 +31,32 @@
 //     readers (the console, `nats sub --stream`), who follow it with
 //     consumers of their own.
 //   - Bucket jetcrew-coord-peers is the presence list: one key
-//     "<group>.<run_id>" per served run of a named group (a Presence
+//     "<pool>.<group>.<run_id>" per served run of a named group (a Presence
 //     document), written by Serve, refreshed while its Session lives and
 //     expiring PeerTTL after it does not. A run that named no group is
 //     alone in the group of its own id; it is written when its bridge first
 //     connects, so a run that never uses coordination costs no presence
 //     write or delete.
 //   - Bucket jetcrew-coord-claims holds the file claims (the claim,
-//     release and claims tools): one key "<group>" per group holding a
+//     release and claims tools): one key "<pool>.<group>" per group holding a
 //     messages.CoordClaims document, written with compare-and-set so that
 //     checking a claim against the group's others and storing it is one
 //     step. A claim is stamped with the socket's run and session, lives
 //     while that run is queued or running in the presence list under that
 //     session (any other claim is stale: ignored, and dropped by the next
 //     write), and is removed by Close when the run ends.
+//   - Bucket jetcrew-groups holds the named groups' records: who may join
+//     each (Groups, groups.go), created by the admission of its first run.
+//
+// # Groups
+//
+// A group is its pool and its name (messages.GroupRef), two tokens in
+// every subject and key: the same name in two pools is two groups. A run
+// that named no group is alone in its own group, marked "<pool>.=<run_id>",
+// which no request can name. Before a run's session is ever served, the
+// worker admits the run to its group (Groups.Admit): a named group's first
+// run records its key (or none), and a later run joins only with the same
+// key and its request signed by it; any other fails unstarted.
 //
 // # Steering
 //
@@ -63,10 +75,10 @@
 //
 // Operators take part with the stock NATS CLI:
 //
-//	nats sub 'jetcrew.coord.<group>.>'             # the whole conversation, live
-//	nats sub --stream JETCREW_COORD_VIEW --all -T 'jetcrew.coord.<group>.>' # so far
-//	nats pub jetcrew.coord.<group>.<run_id>.operator 'text' # to one run
-//	nats pub jetcrew.coord.<group>.all.operator 'text'      # to every run of the group
+//	nats sub 'jetcrew.coord.<pool>.<group>.>'             # the whole conversation, live
+//	nats sub --stream JETCREW_COORD_VIEW --all -T 'jetcrew.coord.<pool>.<group>.>' # so far
+//	nats pub jetcrew.coord.<pool>.<group>.<run_id>.operator 'text' # to one run
+//	nats pub jetcrew.coord.<pool>.<group>.all.operator 'text'      # to every run of the group
 //
 // A plain core publish is captured by the stream and reaches the inbox. A
 // message without a Jetcrew-From header (or with one that is not a valid run
@@ -85,12 +97,12 @@
 // the asker's inbox from whoever answered, a peer's reply as that peer's
 // worker stamped it in its reply key, or an operator's answer.
 //
-// Only workers may publish where runs' messages travel (the four-token
-// jetcrew.coord.<group>.<recipient>); NATS permissions are the boundary (see
+// Only workers may publish where runs' messages travel (the five-token
+// jetcrew.coord.<pool>.<group>.<recipient>); NATS permissions are the boundary (see
 // package roles and docs/security.md). Operators talk on
-// jetcrew.coord.<group>.<recipient>.operator (SubjectFromOperator), which a
+// jetcrew.coord.<pool>.<group>.<recipient>.operator (SubjectFromOperator), which a
 // run always reads as from "operator", whatever Jetcrew-From says: nobody
-// outside a run's bridge speaks as that run. A four-token publish by anyone
+// outside a run's bridge speaks as that run. A five-token publish by anyone
 // else is possible only on a server without authentication, where every
 // client is trusted.
 //

@@ -204,8 +204,10 @@ type RunInfo struct {
 	// RunID is the run's id: a subject token (messages.ValidateToken),
 	// neither "all" nor "operator".
 	RunID string
-	// Group is the run's coordination group (RunRequest.GroupOrID()).
-	Group string
+	// Pool is the run's pool (messages.DefaultPool when empty), and Group
+	// its coordination group in it (RunRequest.GroupOrID): together they
+	// name the group, the run's own when Group is its id (GroupRef).
+	Pool, Group string
 	// Profile is the run's profile name.
 	Profile string
 	// State is the state the run joins its group's presence list with.
@@ -222,7 +224,7 @@ func (r RunInfo) validate() error {
 	if r.RunID == RecipientAll || r.RunID == RecipientOperator {
 		return fmt.Errorf("run id %q is reserved for coordination recipients", r.RunID)
 	}
-	if err := messages.ValidateName("group", r.Group); err != nil {
+	if err := r.GroupRef().Validate(); err != nil {
 		return err
 	}
 	if r.Profile != "" {
@@ -231,6 +233,12 @@ func (r RunInfo) validate() error {
 		}
 	}
 	return nil
+}
+
+// GroupRef returns the run's group: its pool and group, its own when Group
+// is its run id (a request's group is never its own id).
+func (r RunInfo) GroupRef() messages.GroupRef {
+	return messages.GroupRef{Pool: r.Pool, Name: r.Group, Own: r.Group == r.RunID}
 }
 
 // peerBucket returns the presence bucket, looking it up once.
@@ -271,7 +279,7 @@ func (h *Host) unregister(s *Session) {
 func (h *Host) inboxConfig(run RunInfo) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:           InboxName(run.RunID),
-		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.Group,
+		Description:       "jetcrew inbox of run " + run.RunID + " in group " + run.GroupRef().String(),
 		FilterSubjects:    inboxFilters(run),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckExplicitPolicy,

@@ -313,7 +313,7 @@ func TestSenderCannotBeForged(t *testing.T) {
 	// And on the wire, the header is the socket's run.
 	stream, err := b.js.Stream(context.Background(), coordination.StreamName)
 	require.NoError(t, err)
-	m, err := stream.GetLastMsgForSubject(context.Background(), coordination.Subject("g", "b"))
+	m, err := stream.GetLastMsgForSubject(context.Background(), coordination.Subject(coordtest.Group("g"), "b"))
 	require.NoError(t, err)
 	require.Equal(t, "a", m.Header.Get(coordination.HeaderFrom))
 }
@@ -402,12 +402,12 @@ func TestOperatorMessages(t *testing.T) {
 	_, bb := b.serve(t, h, "b", "g")
 
 	// An operator watches the whole conversation with a plain subscription.
-	watch, err := b.nc.SubscribeSync(coordination.SubjectGroup("g"))
+	watch, err := b.nc.SubscribeSync(coordination.SubjectGroup(coordtest.Group("g")))
 	require.NoError(t, err)
 	require.NoError(t, b.nc.Flush())
 
-	// `nats pub jetcrew.coord.g.b 'text'`: a core publish, no headers.
-	require.NoError(t, b.nc.Publish(coordination.Subject("g", "b"), []byte("from a person")))
+	// `nats pub jetcrew.coord.default.g.b 'text'`: a core publish, no headers.
+	require.NoError(t, b.nc.Publish(coordination.Subject(coordtest.Group("g"), "b"), []byte("from a person")))
 	msgs := inbox(t, bb, 5)
 	require.Len(t, msgs, 1)
 	require.Equal(t, "operator", msgs[0].From)
@@ -420,14 +420,14 @@ func TestOperatorMessages(t *testing.T) {
 		m, err := watch.NextMsg(5 * time.Second)
 		require.NoError(t, err)
 		seen[m.Subject] = string(m.Data)
-		if m.Subject == coordination.Subject("g", "operator") {
+		if m.Subject == coordination.Subject(coordtest.Group("g"), "operator") {
 			require.Equal(t, "b", m.Header.Get(coordination.HeaderFrom))
 		}
 	}
-	require.Equal(t, map[string]string{"jetcrew.coord.g.b": "from a person", "jetcrew.coord.g.operator": "thanks"}, seen)
+	require.Equal(t, map[string]string{"jetcrew.coord.default.g.b": "from a person", "jetcrew.coord.default.g.operator": "thanks"}, seen)
 
 	// Operator broadcasts reach every run.
-	require.NoError(t, b.nc.Publish(coordination.Subject("g", "all"), []byte("all hands")))
+	require.NoError(t, b.nc.Publish(coordination.Subject(coordtest.Group("g"), "all"), []byte("all hands")))
 	for _, cs := range []*mcp.ClientSession{a, bb} {
 		got := inbox(t, cs, 5)
 		require.Len(t, got, 1)
@@ -677,10 +677,10 @@ func TestStageRunDir(t *testing.T) {
 
 func TestSubjects(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "jetcrew.coord.g.r1", coordination.Subject("g", "r1"))
-	require.Equal(t, "jetcrew.coord.g.>", coordination.SubjectGroup("g"))
+	require.Equal(t, "jetcrew.coord.default.g.r1", coordination.Subject(coordtest.Group("g"), "r1"))
+	require.Equal(t, "jetcrew.coord.default.g.>", coordination.SubjectGroup(coordtest.Group("g")))
 	require.Equal(t, "inbox-r1", coordination.InboxName("r1"))
-	require.Equal(t, "g.r1", coordination.PeerKey("g", "r1"))
+	require.Equal(t, "default.g.r1", coordination.PeerKey(coordtest.Group("g"), "r1"))
 	require.Equal(t, coordination.ContainerRunDir+"/"+coordination.SocketName, coordination.ContainerSocketPath)
 	require.Equal(t, bridge.Name, coordination.MCPServerName)
 }
@@ -714,9 +714,11 @@ func TestInboxMaxAndOrder(t *testing.T) {
 	require.Equal(t, "3", rest[0].Body)
 }
 
-// A run that named no group (its group is its own id) costs no presence
-// write or inbox consumer until its bridge connects, and its Close then sends
-// nothing; once connected it is listed like any other run.
+// A run that named no group (its own group, named by its id) costs no
+// presence write or inbox consumer until its bridge connects, and its Close
+// then sends nothing; once connected it is in its presence list, which no
+// other run joins: a run naming the solo run's id as its group is in
+// another group.
 func TestSoloRunJoinsOnConnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -740,14 +742,12 @@ func TestSoloRunJoinsOnConnect(t *testing.T) {
 	require.Empty(t, keys())
 	require.NoError(t, silent.Close(context.Background()))
 
-	// A peer that joins the solo run's group sees it once it has connected.
 	_, solo := b.serve(t, h, "solo", "solo")
 	require.Empty(t, status(t, solo).Peers)
-	require.Equal(t, []string{coordination.PeerKey("solo", "solo")}, keys())
-	_, peer := b.serve(t, h, "joiner", "solo")
-	st := status(t, peer)
-	require.Len(t, st.Peers, 1)
-	require.Equal(t, "solo", st.Peers[0].RunID)
+	require.Equal(t, []string{coordination.PeerKey(messages.GroupRef{Pool: "default", Name: "solo", Own: true}, "solo")}, keys())
+	_, other := b.serve(t, h, "joiner", "solo")
+	require.Empty(t, status(t, other).Peers, "a group named after a solo run is not its group")
+	require.Empty(t, status(t, solo).Peers)
 }
 
 // A message the server relayed into a run's inbox subject (another
@@ -765,7 +765,7 @@ func TestInboxRefusesRelayedMessages(t *testing.T) {
 
 	// RePublish: a stream of someone's republishing to the run's subject.
 	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{Name: "RELAY", Subjects: []string{"relay.in"},
-		RePublish: &jetstream.RePublish{Source: "relay.in", Destination: coordination.Subject("g", "victim")}})
+		RePublish: &jetstream.RePublish{Source: "relay.in", Destination: coordination.Subject(coordtest.Group("g"), "victim")}})
 	require.NoError(t, err)
 	m := nats.NewMsg("relay.in")
 	m.Header.Set(coordination.HeaderFrom, "peer")
@@ -785,7 +785,7 @@ func TestInboxRefusesRelayedMessages(t *testing.T) {
 	require.NoError(t, err)
 	cfg := coord.CachedInfo().Config
 	cfg.Sources = []*jetstream.StreamSource{{Name: "ORIGIN", SubjectTransforms: []jetstream.SubjectTransformConfig{
-		{Source: "origin.in", Destination: coordination.Subject("g", "victim")}}}}
+		{Source: "origin.in", Destination: coordination.Subject(coordtest.Group("g"), "victim")}}}}
 	_, err = b.js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {

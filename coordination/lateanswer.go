@@ -59,7 +59,7 @@ func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q mes
 		defer s.forgetQuestion(q.ID)
 		ans, from, why, _ := s.waitAnswer(s.ctx, w, rest)
 		_ = w.Stop()
-		s.dropQuestion(s.ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, q.ID))
+		s.dropQuestion(s.ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
 		if why != "" {
 			s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
 			return
@@ -76,7 +76,7 @@ func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q mes
 
 // deliverLate puts the answer to q, given by from (a run of the group or
 // RecipientOperator), in the asking run's inbox: a message on
-// jetcrew.coord.<group>.<run_id> with Jetcrew-From from and
+// jetcrew.coord.<pool>.<group>.<run_id> with Jetcrew-From from and
 // messages.HeaderAnswerTo q.ID, published once per question
 // (Nats-Msg-Id "answer:<question_id>"). It returns the message's stream
 // sequence. The worker publishes where runs' messages travel, as it does
@@ -85,7 +85,7 @@ func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q mes
 func (s *Session) deliverLate(q messages.CoordQuestion, ans, from string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), s.h.cfg.OpTimeout)
 	defer cancel()
-	msg := nats.NewMsg(Subject(q.Group, q.RunID))
+	msg := nats.NewMsg(Subject(q.GroupRef(), q.RunID))
 	msg.Data = []byte(ans)
 	msg.Header.Set(HeaderFrom, from)
 	msg.Header.Set(messages.HeaderAnswerTo, q.ID)

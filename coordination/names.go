@@ -19,19 +19,19 @@ const (
 	// roles); everyone else follows the mirror.
 	ViewStreamName = messages.StreamCoordView
 	// BucketPeers is the presence key-value bucket: one key
-	// "<group>.<run_id>" per queued or running run that has a session,
+	// "<pool>.<group>.<run_id>" per queued or running run that has a session,
 	// holding a Presence document. Keys expire PeerTTL after their last
 	// refresh.
 	BucketPeers = messages.BucketCoordPeers
-	// BucketClaims holds the groups' file claims: one key "<group>"
-	// (ClaimKey) per group with a claim, a messages.CoordClaims document
+	// BucketClaims holds the groups' file claims: one key
+	// "<pool>.<group>" (ClaimKey) per group with a claim, a messages.CoordClaims document
 	// written with compare-and-set by the workers serving its runs.
 	BucketClaims = messages.BucketCoordClaims
 	// BucketQuestions holds the open questions of the runs' ask calls and
 	// their answers (see messages.BucketCoordQuestions).
 	BucketQuestions = messages.BucketCoordQuestions
 	// SubjectPrefix prefixes every coordination subject:
-	// jetcrew.coord.<group>.<recipient>.
+	// jetcrew.coord.<pool>.<group>.<recipient>.
 	SubjectPrefix = messages.SubjectCoordPrefix
 	// HeaderFrom carries the sender's run id. The worker sets it on every
 	// message a run sends, from the socket the message came through,
@@ -89,15 +89,18 @@ const (
 	ContainerMCPConfigPath = messages.ContainerMCPConfigPath
 )
 
-// Subject returns the subject of a message to recipient in group:
-// jetcrew.coord.<group>.<recipient>. recipient is a run id, RecipientAll or
-// RecipientOperator. It does not validate its arguments (see
-// messages.ValidateToken).
-func Subject(group, recipient string) string { return messages.SubjectCoord(group, recipient) }
+// Subject returns the subject of a message to recipient in group g:
+// jetcrew.coord.<pool>.<group>.<recipient>. recipient is a run id,
+// RecipientAll or RecipientOperator. It does not validate its arguments
+// (see messages.GroupRef.Validate).
+func Subject(g messages.GroupRef, recipient string) string {
+	return messages.SubjectCoord(g, recipient)
+}
 
-// SubjectGroup returns the wildcard matching every message of group,
-// jetcrew.coord.<group>.>, what `nats sub` takes to show a conversation.
-func SubjectGroup(group string) string { return messages.SubjectCoordGroup(group) }
+// SubjectGroup returns the wildcard matching every message of group g,
+// jetcrew.coord.<pool>.<group>.>, what `nats sub` takes to show a
+// conversation.
+func SubjectGroup(g messages.GroupRef) string { return messages.SubjectCoordGroup(g) }
 
 // InboxName returns the name of run id's durable inbox consumer,
 // "inbox-<run_id>".
@@ -105,13 +108,18 @@ func InboxName(runID string) string {
 	return InboxPrefix + runID
 }
 
-// ClaimKey returns group's key in BucketClaims, "<group>". One key holds
-// the whole group's claims, so that checking a claim against every other
-// and writing it is one compare-and-set: with a key per claim, two runs
-// could each check, find nothing, and write overlapping claims.
-func ClaimKey(group string) string { return group }
+// ClaimKey returns group g's key in BucketClaims, "<pool>.<group>". One key
+// holds the whole group's claims, so that checking a claim against every
+// other and writing it is one compare-and-set: with a key per claim, two
+// runs could each check, find nothing, and write overlapping claims.
+func ClaimKey(g messages.GroupRef) string { return g.Key() }
 
-// PeerKey returns run id's presence key in BucketPeers, "<group>.<run_id>".
-func PeerKey(group, runID string) string {
-	return group + "." + runID
+// PeerKey returns run id's presence key in BucketPeers,
+// "<pool>.<group>.<run_id>".
+func PeerKey(g messages.GroupRef, runID string) string {
+	return g.Key() + "." + runID
 }
+
+// peersOf returns the wildcard of group g's presence keys,
+// "<pool>.<group>.*".
+func peersOf(g messages.GroupRef) string { return g.Key() + ".*" }

@@ -7,27 +7,29 @@ import (
 )
 
 // OperatorSuffix ends the subject of a message an operator sends to the runs
-// of a group: jetcrew.coord.<group>.<recipient>.operator (SubjectFromOperator).
-// Runs read it as from "operator" whatever its headers say. Only workers may
-// publish on the four-token subjects runs' messages travel on; an operator's
+// of a group: jetcrew.coord.<pool>.<group>.<recipient>.operator
+// (SubjectFromOperator). Runs read it as from "operator" whatever its
+// headers say. Only workers may publish on the five-token subjects runs'
+// messages travel on; an operator's
 // NATS user is allowed only these (see package roles), so nobody outside a
 // run's bridge can speak as that run.
 const OperatorSuffix = messages.RecipientOperator
 
 // SubjectFromOperator returns the subject of an operator's message to
-// recipient (a run id or RecipientAll) in group:
-// jetcrew.coord.<group>.<recipient>.operator. It does not validate its
-// arguments; "*" makes the wildcard a permission needs.
-func SubjectFromOperator(group, recipient string) string {
-	return messages.SubjectCoordFromOperator(group, recipient)
+// recipient (a run id or RecipientAll) in group g:
+// jetcrew.coord.<pool>.<group>.<recipient>.operator. It does not validate
+// its arguments; "*" makes the wildcard a permission needs.
+func SubjectFromOperator(g messages.GroupRef, recipient string) string {
+	return messages.SubjectCoordFromOperator(g, recipient)
 }
 
 // inboxFilters are the subjects a run's inbox reads: messages to the run and
 // to "all", from runs and from the operator.
 func inboxFilters(run RunInfo) []string {
+	g := run.GroupRef()
 	return []string{
-		Subject(run.Group, run.RunID), Subject(run.Group, RecipientAll),
-		SubjectFromOperator(run.Group, run.RunID), SubjectFromOperator(run.Group, RecipientAll),
+		Subject(g, run.RunID), Subject(g, RecipientAll),
+		SubjectFromOperator(g, run.RunID), SubjectFromOperator(g, RecipientAll),
 	}
 }
 
@@ -42,8 +44,8 @@ func inboxFilters(run RunInfo) []string {
 func Sender(subject, from string) (sentBy, to string) {
 	rest := strings.TrimPrefix(subject, SubjectPrefix+".")
 	toks := strings.Split(rest, ".")
-	if len(toks) == 3 && toks[2] == OperatorSuffix {
-		return RecipientOperator, toks[1]
+	if len(toks) == 4 && toks[3] == OperatorSuffix {
+		return RecipientOperator, toks[2]
 	}
 	to = toks[len(toks)-1]
 	if from == "" || messages.ValidateToken("from", from) != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 )
 
@@ -21,10 +22,10 @@ func TestOperatorSubjectIsRestamped(t *testing.T) {
 	_, a := b.serve(t, h, "a", "g")
 	_, bb := b.serve(t, h, "b", "g")
 
-	require.Equal(t, "jetcrew.coord.g.b.operator", coordination.SubjectFromOperator("g", "b"))
+	require.Equal(t, "jetcrew.coord.default.g.b.operator", coordination.SubjectFromOperator(coordtest.Group("g"), "b"))
 
 	// An operator pretending to be run a.
-	m := nats.NewMsg(coordination.SubjectFromOperator("g", "b"))
+	m := nats.NewMsg(coordination.SubjectFromOperator(coordtest.Group("g"), "b"))
 	m.Header.Set(coordination.HeaderFrom, "a")
 	m.Data = []byte("I am a, trust me")
 	require.NoError(t, b.nc.PublishMsg(m))
@@ -36,7 +37,7 @@ func TestOperatorSubjectIsRestamped(t *testing.T) {
 
 	// A broadcast on the operator's subject, claiming to be b, reaches b
 	// too (a run's own broadcasts are skipped; this is not b's).
-	m = nats.NewMsg(coordination.SubjectFromOperator("g", coordination.RecipientAll))
+	m = nats.NewMsg(coordination.SubjectFromOperator(coordtest.Group("g"), coordination.RecipientAll))
 	m.Header.Set(coordination.HeaderFrom, "b")
 	m.Data = []byte("all hands")
 	require.NoError(t, b.nc.PublishMsg(m))
@@ -45,8 +46,8 @@ func TestOperatorSubjectIsRestamped(t *testing.T) {
 	}
 
 	// Another group's operator subject never reaches this group.
-	require.NoError(t, b.nc.Publish(coordination.SubjectFromOperator("other", "b"), []byte("x")))
-	require.NoError(t, b.nc.Publish(coordination.SubjectFromOperator("g", "b"), []byte("last")))
+	require.NoError(t, b.nc.Publish(coordination.SubjectFromOperator(coordtest.Group("other"), "b"), []byte("x")))
+	require.NoError(t, b.nc.Publish(coordination.SubjectFromOperator(coordtest.Group("g"), "b"), []byte("last")))
 	got = inbox(t, bb, 5)
 	require.Len(t, got, 1)
 	require.Equal(t, "last", got[0].Body)

@@ -51,7 +51,7 @@ func (s *Session) status(ctx context.Context) (relay.Status, error) {
 // listPeers returns the queued and running runs of the group but this one,
 // ordered by run id.
 func (s *Session) listPeers(ctx context.Context) ([]relay.Peer, error) {
-	w, err := s.peers.Watch(ctx, s.run.Group+".*", jetstream.IgnoreDeletes())
+	w, err := s.peers.Watch(ctx, peersOf(s.run.GroupRef()), jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
@@ -92,7 +92,7 @@ func (s *Session) send(ctx context.Context, req relay.SendRequest) (relay.SendRe
 		}
 	}
 	msg := &nats.Msg{
-		Subject: Subject(s.run.Group, req.To),
+		Subject: Subject(s.run.GroupRef(), req.To),
 		Header:  nats.Header{},
 		Data:    []byte(req.Body),
 	}
@@ -131,7 +131,7 @@ func (s *Session) checkPeer(ctx context.Context, to string) error {
 		return &relay.InvalidError{Code: relay.CodeUnknownPeer, Message: fmt.Sprintf(
 			"unknown peer %q: %s; call status to list your peers, or send to %q or %q", to, why, RecipientAll, RecipientOperator)}
 	}
-	e, err := s.peers.Get(ctx, PeerKey(s.run.Group, to))
+	e, err := s.peers.Get(ctx, PeerKey(s.run.GroupRef(), to))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return unknown(fmt.Sprintf("no queued or running run of your group %q has that id", s.run.Group))
 	}

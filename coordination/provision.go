@@ -16,9 +16,12 @@ const MaxStreamBytes = 256 << 20
 // jetcrew.coord.>, DuplicateWindow, MaxAge, MaxMsgBytes, MaxStreamBytes
 // (the oldest messages go first when it is full), AllowDirect), its mirror
 // JETCREW_COORD_VIEW for readers (the same limits), and the presence
-// bucket BucketPeers (TTL PeerTTL, history 1, memory storage), and the
+// bucket BucketPeers (TTL PeerTTL, history 1, memory storage), the
 // claims bucket BucketClaims (history 1, file storage, no TTL: a claim
-// lives as long as its holder, see Session.Close).
+// lives as long as its holder, see Session.Close), the groups' records
+// BucketGroups (history 1, file storage, no TTL: a record that expired
+// would let anyone create the group anew while its runs live) and the
+// questions' bucket BucketQuestions.
 // replicas is the replica count of both: 1 on one server, 3 on a cluster; 0
 // means 1. It is safe to call from every worker at once, and on every start.
 // Per-run inbox consumers are created by Host.Serve, not here.
@@ -31,7 +34,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        StreamName,
-		Description: "jetcrew coordination messages: jetcrew.coord.<group>.<run_id|all|operator>",
+		Description: "jetcrew coordination messages: jetcrew.coord.<pool>.<group>.<run_id|all|operator>",
 		Subjects:    []string{SubjectPrefix + ".>"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
@@ -62,7 +65,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketPeers,
-		Description: "jetcrew coordination presence: <group>.<run_id> of queued and running runs",
+		Description: "jetcrew coordination presence: <pool>.<group>.<run_id> of queued and running runs",
 		History:     1,
 		TTL:         PeerTTL,
 		Storage:     jetstream.MemoryStorage,
@@ -72,7 +75,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketClaims,
-		Description: "jetcrew coordination file claims: <group>, every claim of the group's runs",
+		Description: "jetcrew coordination file claims: <pool>.<group>, every claim of the group's runs",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
@@ -80,8 +83,17 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 		return fmt.Errorf("provision bucket %s: %w", BucketClaims, err)
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketGroups,
+		Description: "jetcrew groups: <pool>.<group>, who may join the group, recorded by its first run",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	}); err != nil {
+		return fmt.Errorf("provision bucket %s: %w", BucketGroups, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketQuestions,
-		Description: "jetcrew coordination questions: ask.<group>.<run_id>.<id> open, answer.<id> an operator's, reply.<id> a peer's",
+		Description: "jetcrew coordination questions: ask.<pool>.<group>.<run_id>.<id> open, answer.<id> an operator's, reply.<id> a peer's",
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,

@@ -215,9 +215,9 @@ func (s *Session) forgetQuestion(id string) {
 // checkGroupQuestions refuses a question past
 // Config.Questions.MaxOpenPerGroup open questions in the run's group.
 func (s *Session) checkGroupQuestions(ctx context.Context, kv jetstream.KeyValue) error {
-	keys, err := listKeys(ctx, kv, "ask."+s.run.Group+".>")
+	keys, err := listKeys(ctx, kv, "ask."+s.run.GroupRef().Key()+".>")
 	if err != nil {
-		return fmt.Errorf("count questions of group %s: %w", s.run.Group, err)
+		return fmt.Errorf("count questions of group %s: %w", s.run.GroupRef(), err)
 	}
 	if n := len(keys); n >= s.h.cfg.Questions.MaxOpenPerGroup {
 		return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(
@@ -298,7 +298,7 @@ func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskRespo
 func (s *Session) endAsk(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, resp relay.AskResponse, ans, from, why string) (relay.AskResponse, error) {
 	defer s.forgetQuestion(q.ID)
 	_ = w.Stop()
-	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, q.ID))
+	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
 	if why != "" {
 		resp.Status = relay.AskNoAnswer
 		resp.Note = strings.TrimPrefix(resp.Note+"; ", "; ") + "no answer: " + why
@@ -341,21 +341,21 @@ func (s *Session) putQuestion(ctx context.Context, id string, req relay.AskReque
 	s.mu.Lock()
 	sess := s.presence.Session
 	s.mu.Unlock()
-	q = messages.CoordQuestion{ID: id, RunID: s.run.RunID, Group: s.run.Group, To: req.To, Question: req.Question,
+	q = messages.CoordQuestion{ID: id, RunID: s.run.RunID, Group: s.run.Group, Pool: s.run.Pool, To: req.To, Question: req.Question,
 		Choices: req.Choices, Time: now, Until: now.Add(wait), Session: sess}
 	data, err := json.Marshal(q)
 	if err == nil {
 		s.questions.mu.Lock()
 		s.questions.asked = true
 		s.questions.mu.Unlock()
-		_, err = kv.Create(octx, messages.CoordQuestionKey(q.Group, q.RunID, id), data, jetstream.KeyTTL(wait+messages.CoordQuestionGrace))
+		_, err = kv.Create(octx, messages.CoordQuestionKey(q.GroupRef(), q.RunID, id), data, jetstream.KeyTTL(wait+messages.CoordQuestionGrace))
 	}
 	if err == nil {
 		err = s.publishQuestion(octx, q)
 	}
 	if err != nil {
 		_ = w.Stop()
-		s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.Group, q.RunID, id))
+		s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, id))
 		return nil, nil, q, fmt.Errorf("ask: %w", err)
 	}
 	s.emit(Event{Kind: EventAsked, To: q.To, QuestionID: id, Bytes: len(q.Question)})
@@ -366,7 +366,7 @@ func (s *Session) putQuestion(ctx context.Context, id string, req relay.AskReque
 // run to q.To carrying the question id and choices, sent once per question
 // id (its Nats-Msg-Id).
 func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion) error {
-	msg := &nats.Msg{Subject: Subject(q.Group, q.To), Header: nats.Header{}, Data: []byte(q.Question)}
+	msg := &nats.Msg{Subject: Subject(q.GroupRef(), q.To), Header: nats.Header{}, Data: []byte(q.Question)}
 	msg.Header.Set(HeaderFrom, s.run.RunID)
 	msg.Header.Set(messages.HeaderQuestion, q.ID)
 	if len(q.Choices) > 0 {
@@ -448,7 +448,7 @@ func (s *Session) expireQuestions(ctx context.Context) error {
 	kv, err := s.h.questionBucket(ctx)
 	if err == nil {
 		var keys []string
-		if keys, err = listKeys(ctx, kv, messages.CoordQuestionKey(s.run.Group, s.run.RunID, "*")); err == nil {
+		if keys, err = listKeys(ctx, kv, messages.CoordQuestionKey(s.run.GroupRef(), s.run.RunID, "*")); err == nil {
 			for _, k := range keys {
 				err = errors.Join(err, kv.Purge(ctx, k, jetstream.PurgeTTL(questionMarkerTTL)))
 			}
@@ -501,7 +501,7 @@ func (s *Session) replyTo(ctx context.Context, req relay.ReplyRequest) (relay.Re
 		return relay.ReplyResponse{}, err
 	}
 	q, err := findQuestion(ctx, kv, req.QuestionID)
-	if err == nil && q.Group != s.run.Group {
+	if err == nil && q.GroupRef() != s.run.GroupRef() {
 		err = noQuestion(req.QuestionID) // another group's questions are not shown
 	}
 	if err != nil {

@@ -78,7 +78,7 @@ func (b *bundle) openQuestions(t *testing.T) map[string]messages.CoordQuestion {
 		}
 		var q messages.CoordQuestion
 		require.NoError(t, json.Unmarshal(e.Value(), &q))
-		require.Equal(t, messages.CoordQuestionKey(q.Group, q.RunID, q.ID), k)
+		require.Equal(t, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID), k)
 		out[q.ID] = q
 	}
 	return out
@@ -122,7 +122,7 @@ func TestAskOperatorWaitsForTheAnswer(t *testing.T) {
 	require.WithinDuration(t, q.Time.Add(60*time.Second), q.Until, time.Second)
 
 	// The question is on the group's conversation too, with its id.
-	m := b.lastCoordMessage(t, coordination.Subject("g1", "operator"))
+	m := b.lastCoordMessage(t, coordination.Subject(coordtest.Group("g1"), "operator"))
 	require.Equal(t, "Drop the legacy table?", string(m.Data))
 	require.Equal(t, q.ID, m.Header.Get(messages.HeaderQuestion))
 	require.Equal(t, "run-a", m.Header.Get(coordination.HeaderFrom))

@@ -39,12 +39,13 @@ const SocketMode os.FileMode = 0o666
 const maxSocketPath = 107
 
 // Presence is the JSON document stored under a run's key
-// ("<group>.<run_id>") in BucketPeers.
+// ("<pool>.<group>.<run_id>") in BucketPeers.
 type Presence struct {
 	// RunID is the run's id.
 	RunID string `json:"run_id"`
-	// Group is the run's group.
+	// Group is the run's group, and Pool its pool.
 	Group string `json:"group"`
+	Pool  string `json:"pool"`
 	// Profile is the run's profile.
 	Profile string `json:"profile,omitempty"`
 	// State is queued or running.
@@ -127,6 +128,9 @@ func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, list
 	if run.State == "" {
 		run.State = messages.StateQueued
 	}
+	if run.Pool == "" {
+		run.Pool = messages.DefaultPool
+	}
 	if err := run.validate(); err != nil {
 		return nil, fmt.Errorf("coordination: %w", err)
 	}
@@ -134,10 +138,10 @@ func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, list
 		h:        h,
 		run:      run,
 		path:     socketPath,
-		log:      h.log.With().Str("run_id", run.RunID).Str("group", run.Group).Logger(),
+		log:      h.log.With().Str("run_id", run.RunID).Str("pool", run.Pool).Str("group", run.Group).Logger(),
 		limits:   newCallLimits(h.cfg),
 		inboxSem: make(chan struct{}, 1),
-		presence: Presence{RunID: run.RunID, Group: run.Group, Profile: run.Profile, State: run.State,
+		presence: Presence{RunID: run.RunID, Group: run.Group, Pool: run.Pool, Profile: run.Profile, State: run.State,
 			StartedAt: run.StartedAt, Session: rand.Text()},
 	}
 	if old := h.register(s); old != nil {
@@ -182,7 +186,7 @@ func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, list
 	// presence write or delete.
 	if run.Group != run.RunID {
 		if err := s.join(ctx); err != nil {
-			return nil, fmt.Errorf("coordination: join group %s: %w", run.Group, err)
+			return nil, fmt.Errorf("coordination: join group %s: %w", run.GroupRef(), err)
 		}
 	}
 
@@ -359,7 +363,7 @@ func (s *Session) putPresence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.peers.Put(ctx, PeerKey(s.run.Group, s.run.RunID), b)
+	_, err = s.peers.Put(ctx, PeerKey(s.run.GroupRef(), s.run.RunID), b)
 	return err
 }
 
@@ -440,13 +444,13 @@ func (s *Session) Close(ctx context.Context) error {
 			s.closeErr = err
 			return
 		}
-		key := PeerKey(s.run.Group, s.run.RunID)
+		key := PeerKey(s.run.GroupRef(), s.run.RunID)
 		var rev uint64
 		e, gerr := s.peers.Get(ctx, key)
 		switch {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound):
 		case gerr != nil:
-			s.closeErr = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.Group, gerr))
+			s.closeErr = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.GroupRef(), gerr))
 			return
 		default:
 			var p Presence
@@ -460,7 +464,7 @@ func (s *Session) Close(ctx context.Context) error {
 		if rev != 0 {
 			// Only if nobody wrote the key since we read it.
 			if derr := s.peers.Delete(ctx, key, jetstream.LastRevision(rev)); derr != nil {
-				err = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.Group, derr))
+				err = errors.Join(err, fmt.Errorf("coordination: leave group %s: %w", s.run.GroupRef(), derr))
 			}
 		}
 		if s.claimed.Load() {

@@ -187,13 +187,13 @@ func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
 // storeSteer puts the steer in the run's inbox as a message from the
 // operator, its Nats-Msg-Id derived from its id (a repeat within
 // DuplicateWindow stores nothing new: dup). The worker publishes it where
-// runs' messages travel (jetcrew.coord.<group>.<run_id>, which only
+// runs' messages travel (jetcrew.coord.<pool>.<group>.<run_id>, which only
 // workers may), Jetcrew-From "operator": it acts for the operator whose
 // request on jetcrew.steer.<run_id> only operators may send.
 func (s *Session) storeSteer(id, text string) (seq uint64, dup bool, err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.h.cfg.OpTimeout)
 	defer cancel()
-	msg := nats.NewMsg(Subject(s.run.Group, s.run.RunID))
+	msg := nats.NewMsg(Subject(s.run.GroupRef(), s.run.RunID))
 	msg.Data = []byte(text)
 	msg.Header.Set(HeaderFrom, RecipientOperator)
 	msg.Header.Set(messages.HeaderSteerID, id)

@@ -16,7 +16,8 @@ import (
 var ErrNoBudgets = errors.New("no budgets bucket (" + messages.BucketBudgets + "): start a worker first")
 
 // Grant raises the model budget of scope (messages.BudgetScopeRun with a
-// run id, messages.BudgetScopeGroup with a group) by d, an operator's
+// run id, messages.BudgetScopeGroup with a group's messages.GroupRef.Key,
+// "<pool>.<group>") by d, an operator's
 // grant: it adds d to the key messages.GrantKey(scope, name) by
 // compare-and-set, so grants given at once add up. A run's worker applies
 // it within about half a second: its own limits that are set (max_cost_usd,
@@ -28,7 +29,7 @@ func (d *Dispatcher) Grant(ctx context.Context, scope, name string, by messages.
 	if scope != messages.BudgetScopeRun && scope != messages.BudgetScopeGroup {
 		return messages.BudgetSpend{}, fmt.Errorf("grant: scope %q is not %q or %q", scope, messages.BudgetScopeRun, messages.BudgetScopeGroup)
 	}
-	if err := messages.ValidateToken(scope, name); err != nil {
+	if err := validBudgetName(scope, name); err != nil {
 		return messages.BudgetSpend{}, fmt.Errorf("grant: %w", err)
 	}
 	if by.CostUSD < 0 || by.OutputTokens < 0 || by.Requests < 0 {
@@ -120,3 +121,13 @@ type refusedGrant struct {
 
 func (e refusedGrant) Error() string { return e.msg }
 func (e refusedGrant) Unwrap() error { return e.err }
+
+// validBudgetName checks a grant's name: a run id, or a group's
+// messages.GroupRef.Key.
+func validBudgetName(scope, name string) error {
+	if scope == messages.BudgetScopeGroup {
+		_, err := messages.ParseGroupKey(name)
+		return err
+	}
+	return messages.ValidateToken(scope, name)
+}

@@ -50,6 +50,10 @@ type DeadLetter struct {
 	// (messages.HeaderSigner, messages.HeaderSignature), copied by the
 	// worker; empty for an unsigned request. Replay publishes them again.
 	Signer, Signature string
+	// GroupSignature is the request's messages.HeaderGroupSignature, the
+	// signature by its group_key, copied by the worker; empty for a
+	// request without one. Replay publishes it again.
+	GroupSignature string
 	// Archived is true when an operator archived the run's dead letters
 	// (Archive) after this one was stored: kept, and out of the way.
 	Archived bool
@@ -164,6 +168,8 @@ func newDeadLetter(seq uint64, subject string, t time.Time, h nats.Header, data 
 
 		Signer:    h.Get(messages.HeaderSigner),
 		Signature: h.Get(messages.HeaderSignature),
+
+		GroupSignature: h.Get(messages.HeaderGroupSignature),
 	}
 	if rest, ok := strings.CutPrefix(subject, messages.SubjectFailedPrefix+"."); ok {
 		dl.Pool, dl.RunID, _ = strings.Cut(rest, ".")

@@ -137,15 +137,19 @@ type QueuedRequest struct {
 	Stored time.Time
 	// ID, Profile, Group and Labels are the request's; ID is its
 	// Nats-Msg-Id when the body names none, and Profile, Group and Labels
-	// are empty when the body does not decode.
+	// are empty when the body does not decode. Group is what the request
+	// asks for: a worker has not admitted the run to it yet.
 	ID, Profile, Group string
 	Labels             map[string]string
 }
 
 // State returns the queued run state r stands for: state queued, queued at
-// Stored, and reason reason.
+// Stored, and reason reason. Its Group is empty, as a worker's record of a
+// run is until it admitted the run to its group: a request's group is a
+// claim no worker has checked yet (the group's key), and a list of a
+// group's runs shows only those admitted.
 func (r QueuedRequest) State(reason string) messages.RunState {
-	return messages.RunState{ID: r.ID, State: messages.StateQueued, Pool: r.Pool, Profile: r.Profile, Group: r.Group,
+	return messages.RunState{ID: r.ID, State: messages.StateQueued, Pool: r.Pool, Profile: r.Profile,
 		Labels: r.Labels, QueuedAt: r.Stored, UpdatedAt: r.Stored, Reason: reason}
 }
 

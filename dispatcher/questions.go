@@ -161,7 +161,7 @@ func (d *Dispatcher) waiting(ctx context.Context, qs []messages.CoordQuestion) [
 		return qs
 	}
 	return slices.DeleteFunc(qs, func(q messages.CoordQuestion) bool {
-		e, err := peers.Get(ctx, q.Group+"."+q.RunID)
+		e, err := peers.Get(ctx, q.GroupRef().Key()+"."+q.RunID)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return true
 		}

@@ -41,7 +41,7 @@ func TestQuestionsToTheOperator(t *testing.T) {
 		Time: time.Now(), Until: time.Now().Add(time.Hour), Session: "S"}
 	raw, err := json.Marshal(ghost)
 	require.NoError(t, err)
-	_, err = kv.Create(t.Context(), messages.CoordQuestionKey("g", "ghost", ghost.ID), raw)
+	_, err = kv.Create(t.Context(), messages.CoordQuestionKey(coordtest.Group("g"), "ghost", ghost.ID), raw)
 	require.NoError(t, err)
 	qs, err = d.OpenQuestions(t.Context())
 	require.NoError(t, err)

@@ -96,6 +96,10 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		msg.Header.Set(messages.HeaderSigner, dl.Signer)
 		msg.Header.Set(messages.HeaderSignature, dl.Signature)
 	}
+	if dl.GroupSignature != "" {
+		// So is a request keyed to its group.
+		msg.Header.Set(messages.HeaderGroupSignature, dl.GroupSignature)
+	}
 	ack, err := d.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(ReplayMsgID(dl.RunID, dl.Sequence)),
 		jetstream.WithExpectStream(messages.StreamRuns))

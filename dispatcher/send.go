@@ -14,17 +14,19 @@ import (
 // without text.
 var ErrEmptyMessage = errors.New("empty message")
 
-// Send sends text to to, a run id of group or messages.RecipientAll, as the
-// operator: a JetStream publish on jetcrew.coord.<group>.<to>.operator
+// Send sends text to to, a run id of group g or messages.RecipientAll, as
+// the operator: a JetStream publish on
+// jetcrew.coord.<pool>.<group>.<to>.operator
 // (messages.SubjectCoordFromOperator), what `nats pub
-// jetcrew.coord.GROUP.RUN_ID.operator 'text'` does, stored by JETCREW_COORD.
+// jetcrew.coord.POOL.GROUP.RUN_ID.operator 'text'` does, stored by
+// JETCREW_COORD.
 // It sets no Jetcrew-From header: a run reads every message on an operator
 // subject as from "operator", and nobody speaks as a run through one. It
 // returns the message's sequence in JETCREW_COORD. A message larger than
 // the stream's 64 KiB is refused by the server; the error wraps
 // ErrNotProvisioned when JETCREW_COORD does not exist.
-func (d *Dispatcher) Send(ctx context.Context, group, to, text string) (uint64, error) {
-	if err := messages.ValidateToken("group", group); err != nil {
+func (d *Dispatcher) Send(ctx context.Context, g messages.GroupRef, to, text string) (uint64, error) {
+	if err := g.Validate(); err != nil {
 		return 0, fmt.Errorf("send: %w", err)
 	}
 	if err := messages.ValidateToken("recipient", to); err != nil {
@@ -36,7 +38,7 @@ func (d *Dispatcher) Send(ctx context.Context, group, to, text string) (uint64, 
 	if text == "" {
 		return 0, fmt.Errorf("send: %w", ErrEmptyMessage)
 	}
-	m := nats.NewMsg(messages.SubjectCoordFromOperator(group, to))
+	m := nats.NewMsg(messages.SubjectCoordFromOperator(g, to))
 	m.Data = []byte(text)
 	ack, err := d.js.PublishMsg(ctx, m)
 	if err != nil {

@@ -35,6 +35,9 @@ type Encoded struct {
 	// chosenID is true when the caller named the run id: only such an id
 	// can be in use already (see checkSameRequest).
 	chosenID bool
+	// groupKey, when set, signs the body as it is published
+	// (WithGroupKey).
+	groupKey nkeys.KeyPair
 }
 
 // Encode applies the request defaults (Version, Pool) to req, assigns a new
@@ -143,6 +146,11 @@ func (d *Dispatcher) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) 
 	msg.Data = data
 	if key != nil {
 		if err := signInto(msg.Header, data, key); err != nil {
+			return "", fmt.Errorf("submit run %s: %w", req.ID, err)
+		}
+	}
+	if e.groupKey != nil {
+		if err := e.signGroup(msg.Header, data); err != nil {
 			return "", fmt.Errorf("submit run %s: %w", req.ID, err)
 		}
 	}

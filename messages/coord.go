@@ -15,14 +15,15 @@ const (
 	// or change.
 	StreamCoordView = "JETCREW_COORD_VIEW"
 	// BucketCoordPeers is the presence key-value bucket: one key
-	// "<group>.<run_id>" per queued or running run that has a session.
+	// "<pool>.<group>.<run_id>" per queued or running run that has a
+	// session.
 	BucketCoordPeers = "jetcrew-coord-peers"
-	// BucketCoordClaims holds the groups' file claims: one key "<group>"
-	// per group with a claim, its value a CoordClaims document, written
+	// BucketCoordClaims holds the groups' file claims: one key
+	// "<pool>.<group>" (GroupRef.Key) per group with a claim, its value a CoordClaims document, written
 	// only by workers with compare-and-set (see package coordination).
 	BucketCoordClaims = "jetcrew-coord-claims"
 	// SubjectCoordPrefix prefixes every coordination subject:
-	// jetcrew.coord.<group>.<recipient>.
+	// jetcrew.coord.<pool>.<group>.<recipient>.
 	SubjectCoordPrefix = "jetcrew.coord"
 	// HeaderFrom carries the sender's run id on a coordination message. The
 	// worker sets it on every message a run sends, from the socket the
@@ -38,31 +39,31 @@ const (
 	// RecipientAll addresses every run of the group but the sender.
 	RecipientAll = "all"
 	// RecipientOperator addresses the people watching the group (they read
-	// with `nats sub 'jetcrew.coord.<group>.>'`); no run reads it.
+	// with `nats sub 'jetcrew.coord.<pool>.<group>.>'`); no run reads it.
 	RecipientOperator = "operator"
 )
 
 // SubjectCoord returns the subject of a coordination message to recipient
-// in group: jetcrew.coord.<group>.<recipient>. recipient is a run id,
-// RecipientAll or RecipientOperator. It does not validate its arguments
-// (see ValidateToken).
-func SubjectCoord(group, recipient string) string {
-	return SubjectCoordPrefix + "." + group + "." + recipient
+// in group g: jetcrew.coord.<pool>.<group>.<recipient>. recipient is a run
+// id, RecipientAll or RecipientOperator. It does not validate its arguments
+// (see GroupRef.Validate).
+func SubjectCoord(g GroupRef, recipient string) string {
+	return SubjectCoordPrefix + "." + g.Key() + "." + recipient
 }
 
 // SubjectCoordFromOperator returns the subject of an operator's message to
-// recipient (a run id or RecipientAll) in group:
-// jetcrew.coord.<group>.<recipient>.operator. A run reads a message on it
-// as from RecipientOperator whatever its headers say. It does not validate
-// its arguments; "*" makes the wildcard a permission needs.
-func SubjectCoordFromOperator(group, recipient string) string {
-	return SubjectCoord(group, recipient) + "." + RecipientOperator
+// recipient (a run id or RecipientAll) in group g:
+// jetcrew.coord.<pool>.<group>.<recipient>.operator. A run reads a message
+// on it as from RecipientOperator whatever its headers say. It does not
+// validate its arguments; "*" makes the wildcard a permission needs.
+func SubjectCoordFromOperator(g GroupRef, recipient string) string {
+	return SubjectCoord(g, recipient) + "." + RecipientOperator
 }
 
 // SubjectCoordGroup returns the wildcard matching every coordination
-// message of group, jetcrew.coord.<group>.>.
-func SubjectCoordGroup(group string) string {
-	return SubjectCoordPrefix + "." + group + ".>"
+// message of group g, jetcrew.coord.<pool>.<group>.>.
+func SubjectCoordGroup(g GroupRef) string {
+	return SubjectCoordPrefix + "." + g.Key() + ".>"
 }
 
 // CoordEventKind says what happened in a run's coordination session.

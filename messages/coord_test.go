@@ -12,8 +12,14 @@ import (
 // event, as a client that imports only this package sees them.
 func TestCoordNames(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "jetcrew.coord.team.all", SubjectCoord("team", RecipientAll))
-	require.Equal(t, "jetcrew.coord.team.>", SubjectCoordGroup("team"))
+	g := GroupRef{Pool: "default", Name: "team"}
+	require.Equal(t, "jetcrew.coord.default.team.all", SubjectCoord(g, RecipientAll))
+	require.Equal(t, "jetcrew.coord.default.team.>", SubjectCoordGroup(g))
+	require.Equal(t, "jetcrew.coord.default.team.r1.operator", SubjectCoordFromOperator(g, "r1"))
+	// The same name in another pool is another group.
+	require.Equal(t, "jetcrew.coord.gpu.team.all", SubjectCoord(GroupRef{Pool: "gpu", Name: "team"}, RecipientAll))
+	require.Equal(t, "ask.default.team.r1.q1", CoordQuestionKey(g, "r1", "q1"))
+	require.Equal(t, "ask.*.*.*.q1", CoordQuestionByID("q1"))
 	require.Equal(t, "/run/jetcrew/bridge.sock", ContainerSocketPath)
 	require.Equal(t, "/run/jetcrew/mcp.json", ContainerMCPConfigPath)
 	b, err := json.Marshal(CoordEvent{RunID: "r1", Group: "g", Kind: CoordSent, Time: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),

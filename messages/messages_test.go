@@ -32,7 +32,7 @@ func TestRunRequestWireGolden(t *testing.T) {
 	t.Parallel()
 	full := messages.RunRequest{
 		Version: 1, ID: "01JXAMPLE0000000000000000", Profile: "shell", Prompt: "uname -a; echo hello",
-		Pool: "default", Group: "g1", Timeout: messages.Duration(90 * time.Second),
+		Pool: "default", Group: "g1", GroupKey: exampleGroupKey, Timeout: messages.Duration(90 * time.Second),
 		Env: map[string]string{"B": "2", "A": "1"}, Labels: map[string]string{"team": "infra"},
 		Workspace: &messages.WorkspaceRef{
 			Name:   "sha256-9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.tar",

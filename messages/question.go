@@ -68,8 +68,10 @@ type CoordQuestion struct {
 	ID string `json:"id"`
 	// RunID is the asking run, stamped by its worker from the run's socket.
 	RunID string `json:"run_id"`
-	// Group is the asking run's group.
+	// Group is the asking run's group, and Pool its pool (GroupRef;
+	// DefaultPool when empty).
 	Group string `json:"group"`
+	Pool  string `json:"pool"`
 	// To is a peer's run id, RecipientAll or RecipientOperator.
 	To string `json:"to"`
 	// Question is the question's text.
@@ -98,15 +100,27 @@ type CoordAnswer struct {
 }
 
 // CoordQuestionKey returns question id's key in BucketCoordQuestions:
-// "ask.<group>.<run_id>.<id>", so that a group's and a run's questions are
-// one wildcard each ("ask.<group>.>", "ask.<group>.<run_id>.*").
-func CoordQuestionKey(group, runID, id string) string {
-	return "ask." + group + "." + runID + "." + id
+// "ask.<pool>.<group>.<run_id>.<id>", so that a group's and a run's
+// questions are one wildcard each ("ask.<pool>.<group>.>",
+// "ask.<pool>.<group>.<run_id>.*").
+func CoordQuestionKey(g GroupRef, runID, id string) string {
+	return "ask." + g.Key() + "." + runID + "." + id
 }
 
 // CoordQuestionByID returns the wildcard matching question id's key
-// whatever its group and run: "ask.*.*.<id>".
-func CoordQuestionByID(id string) string { return "ask.*.*." + id }
+// whatever its pool, group and run: "ask.*.*.*.<id>".
+func CoordQuestionByID(id string) string { return "ask.*.*.*." + id }
+
+// GroupRef returns the group of the asking run: its own when Group is its
+// run id (a request's group is never its own id); a question without a
+// pool is of DefaultPool.
+func (q CoordQuestion) GroupRef() GroupRef {
+	pool := q.Pool
+	if pool == "" {
+		pool = DefaultPool
+	}
+	return GroupRef{Pool: pool, Name: q.Group, Own: q.Group == q.RunID}
+}
 
 // CoordAnswerKey returns the key of an operator's answer to question id:
 // "answer.<id>". Operators may write it (see package roles), nothing else

@@ -68,9 +68,19 @@ type RunRequest struct {
 	// Pool selects the subject, and so the workers, that take the run;
 	// DefaultPool when empty.
 	Pool string `json:"pool,omitempty"`
-	// Group names the runs that may coordinate with each other; the run's id
-	// when empty.
+	// Group names the runs that may coordinate with each other. With Pool
+	// it names the group (GroupRef): the same name in another pool is
+	// another group. Empty, or the run's own ID: the run is alone in a
+	// group of its own, named by its id, which no request can join
+	// (decoding and WithDefaults make a group equal to the ID empty).
 	Group string `json:"group,omitempty"`
+	// GroupKey is the group's NKey user public key ("U…", 56 characters):
+	// the request is signed by its seed (HeaderGroupSignature) and joins
+	// Group only when the group's first run carried the same key (a
+	// GroupRecord; docs/security.md, "Groups and pools"). It requires
+	// Group, and a worker refuses a keyed body that names no ID. Absent:
+	// the request joins only a group that has no key.
+	GroupKey string `json:"group_key,omitempty"`
 	// Timeout bounds the run's wall time, as a Go duration string ("90s",
 	// "1h"). Empty means the profile's, else the worker's, default.
 	Timeout Duration `json:"timeout,omitempty"`
@@ -168,6 +178,9 @@ func (r *RunRequest) applyDefaults() {
 	if r.Pool == "" {
 		r.Pool = DefaultPool
 	}
+	if r.Group != "" && r.Group == r.ID {
+		r.Group = "" // the run's own group
+	}
 	if len(r.Env) == 0 {
 		r.Env = nil
 	}
@@ -176,7 +189,8 @@ func (r *RunRequest) applyDefaults() {
 	}
 }
 
-// WithDefaults returns a copy of r with Version and Pool filled in when empty.
+// WithDefaults returns a copy of r with Version and Pool filled in when
+// empty, and a Group equal to the ID made empty (the run's own group).
 func (r RunRequest) WithDefaults() RunRequest {
 	r.applyDefaults()
 	return r
@@ -213,6 +227,9 @@ func (r RunRequest) Validate() error {
 		if err := ValidateName("group", r.Group); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
+	}
+	if err := r.validateGroupKey(); err != nil {
+		return err
 	}
 	if r.Timeout < 0 {
 		return bad("timeout %s is negative", time.Duration(r.Timeout))
@@ -252,6 +269,21 @@ func (r RunRequest) Validate() error {
 	}
 	if r.Workspace != nil {
 		return r.Workspace.Validate()
+	}
+	return nil
+}
+
+// validateGroupKey checks GroupKey: the shape of an NKey user public key,
+// on a request that names its group and its run id (a keyed request without
+// an id would run under a new id each time it is published again).
+func (r RunRequest) validateGroupKey() error {
+	switch {
+	case r.GroupKey == "":
+		return nil
+	case !validGroupKeyShape(r.GroupKey):
+		return fmt.Errorf("%w: group_key %q is not an NKey user public key (U and 55 characters A-Z, 2-7)", ErrInvalidRequest, r.GroupKey)
+	case r.Group == "":
+		return fmt.Errorf("%w: group_key without a group: a run alone in its own group needs no key", ErrInvalidRequest)
 	}
 	return nil
 }

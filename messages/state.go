@@ -55,7 +55,9 @@ type RunState struct {
 	Profile string `json:"profile"`
 	// Pool is the pool the request was published to.
 	Pool string `json:"pool"`
-	// Group is the coordination group (the run id when the request named none).
+	// Group is the coordination group (the run id when the request named
+	// none: its own group), once a worker admitted the run to it; empty
+	// before (docs/security.md, "Groups and pools").
 	Group string `json:"group,omitempty"`
 	// Worker is the id of the worker that last held the run.
 	Worker string `json:"worker,omitempty"`
@@ -170,4 +172,11 @@ type AgentSummary struct {
 	// which a follow-up passes to the CLI's resume flag; only an id
 	// ValidSessionID accepts is kept.
 	SessionID string `json:"session_id,omitempty"`
+}
+
+// GroupRef returns the group a worker admitted run s to: its own when
+// Group is its run id (a request's group is never its own id). Before the
+// run is admitted, Group is empty and so is the returned Name.
+func (s RunState) GroupRef() GroupRef {
+	return GroupRef{Pool: s.Pool, Name: s.Group, Own: s.Group != "" && s.Group == s.ID}
 }

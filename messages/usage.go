@@ -196,7 +196,8 @@ const MaxBudgetWindow = 7 * 24 * time.Hour
 // Budget scopes: what a shared budget is shared by.
 const (
 	// BudgetScopeGroup is a group's budget: every run of the group
-	// (RunRequest.GroupOrID), on any worker.
+	// (RunRequest.GroupRef), on any worker; its name is the group's
+	// GroupRef.Key, "<pool>.<group>".
 	BudgetScopeGroup = "group"
 	// BudgetScopePool is a pool's budget: every run of the pool.
 	BudgetScopePool = "pool"
@@ -216,8 +217,8 @@ type BudgetSpend struct {
 	Requests int64 `json:"requests"`
 }
 
-// BudgetKey returns the key of scope's budget named name (a group or
-// pool) for the window of the given length that holds t: windows are
+// BudgetKey returns the key of scope's budget named name (a group's
+// GroupRef.Key, or a pool) for the window of the given length that holds t: windows are
 // aligned to the Unix epoch, so every worker names the same key;
 // "<scope>.<name>.<window start, Unix seconds>-<window seconds>".
 func BudgetKey(scope, name string, window time.Duration, t time.Time) string {
@@ -230,8 +231,8 @@ func BudgetKey(scope, name string, window time.Duration, t time.Time) string {
 }
 
 // GrantKey returns the key of what an operator granted on top of scope's
-// budget (BudgetScopeRun with a run id, BudgetScopeGroup with a group):
-// "grant.<scope>.<name>".
+// budget (BudgetScopeRun with a run id, BudgetScopeGroup with a group's
+// GroupRef.Key): "grant.<scope>.<name>" ("grant.group.<pool>.<group>").
 func GrantKey(scope, name string) string {
 	return "grant." + scope + "." + name
 }

@@ -21,7 +21,7 @@
 //     jetcrew's streams, steers running agents (jetcrew.steer.<run_id>),
 //     answers the runs' questions to the operator (answer.<id> of
 //     jetcrew-coord-questions) and talks to runs as "operator"
-//     (jetcrew.coord.<group>.<recipient>.operator); it cannot speak as a run
+//     (jetcrew.coord.<pool>.<group>.<recipient>.operator); it cannot speak as a run
 //     or write a run state, not even through the server: it configures no
 //     stream (a RePublish or a source is the server publishing) and deletes
 //     no single message.
@@ -84,6 +84,7 @@ var (
 	kvRuns        = "KV_" + messages.BucketRuns
 	kvPeers       = "KV_" + coordination.BucketPeers
 	kvClaims      = "KV_" + coordination.BucketClaims
+	kvGroups      = "KV_" + coordination.BucketGroups
 	kvQuestions   = "KV_" + coordination.BucketQuestions
 	kvWorkers     = "KV_" + messages.BucketWorkers
 	kvBudgets     = "KV_" + messages.BucketBudgets
@@ -92,10 +93,10 @@ var (
 	objWorkspaces = "OBJ_" + messages.BucketWorkspaces
 	objUploads    = "OBJ_" + messages.BucketUploads
 	objResults    = "OBJ_" + messages.BucketResults
-	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvClaims, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	allStreams    = []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, coordination.StreamName, coordination.ViewStreamName, messages.StreamAdvisories, kvRuns, kvPeers, kvClaims, kvGroups, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 	// readStreams are what operators and observers read and follow: every
 	// stream without durable consumers (coordination through its mirror).
-	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvClaims, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
+	readStreams = []string{messages.StreamEvents, messages.StreamFailed, coordination.ViewStreamName, kvRuns, kvPeers, kvClaims, kvGroups, kvQuestions, kvWorkers, kvBudgets, kvAsks, kvApprovals, objWorkspaces, objUploads, objResults}
 )
 
 // durableStreams are the streams with durable consumers: the pools'
@@ -249,13 +250,15 @@ func workerGrant() Grant {
 	pub := []string{
 		messages.SubjectEventsPrefix + ".>",
 		messages.SubjectFailedPrefix + ".>",
-		// As a run, through its bridge: exactly four tokens, never the
-		// operator's jetcrew.coord.<group>.<recipient>.operator.
-		coordination.SubjectPrefix + ".*.*",
+		// As a run, through its bridge: exactly five tokens, never the
+		// operator's jetcrew.coord.<pool>.<group>.<recipient>.operator.
+		coordination.SubjectPrefix + ".*.*.*",
 		"$KV." + messages.BucketRuns + ".>",
 		"$KV." + coordination.BucketPeers + ".>",
 		// Claims, as a run, through its bridge.
 		"$KV." + coordination.BucketClaims + ".>",
+		// The groups' records, created as their first runs are admitted.
+		"$KV." + coordination.BucketGroups + ".>",
 		// Questions, replies and purges, as a run, through its bridge.
 		"$KV." + coordination.BucketQuestions + ".>",
 		"$KV." + messages.BucketWorkers + ".>",
@@ -297,7 +300,7 @@ func operator() Grant {
 		messages.SubjectCancelPrefix + ".*",
 		// Steering a running agent (jetcrew send): operators only.
 		messages.SubjectSteerPrefix + ".*",
-		coordination.SubjectFromOperator("*", "*"),
+		coordination.SubjectFromOperator(messages.GroupRef{Pool: "*", Name: "*"}, "*"),
 		// Grants on top of a run's or group's budget (jetcrew budget),
 		// never the spend itself.
 		"$KV." + messages.BucketBudgets + ".grant.>",

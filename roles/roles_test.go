@@ -108,8 +108,8 @@ func TestCoordinationPublishers(t *testing.T) {
 	for _, r := range roles.All {
 		g, err := roles.Permissions(r)
 		require.NoError(t, err)
-		require.Equal(t, r == roles.Worker, contains(g.Publish, "jetcrew.coord.*.*"), r)
-		require.Equal(t, r == roles.Operator, contains(g.Publish, "jetcrew.coord.*.*.operator"), r)
+		require.Equal(t, r == roles.Worker, contains(g.Publish, "jetcrew.coord.*.*.*"), r)
+		require.Equal(t, r == roles.Operator, contains(g.Publish, "jetcrew.coord.*.*.*.operator"), r)
 		for _, s := range g.Publish {
 			require.NotEqual(t, ">", s, r)
 			require.NotEqual(t, "jetcrew.>", s, r)
@@ -128,7 +128,7 @@ func TestOnlyWorkersConfigureStreamsOrTouchDurables(t *testing.T) {
 	t.Parallel()
 	jetcrews := []string{messages.StreamRuns, messages.StreamEvents, messages.StreamFailed, messages.StreamCoord,
 		messages.StreamCoordView, messages.StreamAdvisories, "KV_" + messages.BucketRuns, "KV_" + messages.BucketWorkers,
-		"KV_" + messages.BucketCoordPeers, "KV_" + messages.BucketCoordClaims, "KV_" + messages.BucketCoordQuestions, "OBJ_" + messages.BucketWorkspaces, "OBJ_" + messages.BucketUploads, "OBJ_" + messages.BucketResults}
+		"KV_" + messages.BucketCoordPeers, "KV_" + messages.BucketCoordClaims, "KV_" + messages.BucketGroups, "KV_" + messages.BucketCoordQuestions, "OBJ_" + messages.BucketWorkspaces, "OBJ_" + messages.BucketUploads, "OBJ_" + messages.BucketResults}
 	var workersOnly []string
 	for _, s := range jetcrews {
 		workersOnly = append(workersOnly, "$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.UPDATE."+s, "$JS.API.STREAM.MSG.DELETE."+s)
@@ -137,7 +137,7 @@ func TestOnlyWorkersConfigureStreamsOrTouchDurables(t *testing.T) {
 		for _, name := range []string{"inbox-victim", "workers-default", messages.ConsumerAdvisories} {
 			workersOnly = append(workersOnly,
 				"$JS.API.CONSUMER.CREATE."+s+"."+name,
-				"$JS.API.CONSUMER.CREATE."+s+"."+name+".jetcrew.coord.g.nobody",
+				"$JS.API.CONSUMER.CREATE."+s+"."+name+".jetcrew.coord.default.g.nobody",
 				"$JS.API.CONSUMER.DURABLE.CREATE."+s+"."+name,
 				"$JS.API.CONSUMER.MSG.NEXT."+s+"."+name,
 				"$JS.API.CONSUMER.DELETE."+s+"."+name,

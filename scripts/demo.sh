@@ -222,8 +222,8 @@ if ((have_agents)); then
 	echo "image $AGENTS_IMAGE, profile agent: /usr/local/bin/mcp-agent '<script>'"
 	echo "script: $script"
 	if ((have_nats)); then
-		echo "the operator watches the group: nats sub 'jetcrew.coord.$group.>'"
-		nats --server "$NATS_URL" sub "jetcrew.coord.$group.>" >"$tmp/conversation.out" 2>"$tmp/conversation.err" &
+		echo "the operator watches the group: nats sub 'jetcrew.coord.default.$group.>'"
+		nats --server "$NATS_URL" sub "jetcrew.coord.default.$group.>" >"$tmp/conversation.out" 2>"$tmp/conversation.err" &
 		sub_pid=$!
 		for _ in $(seq 100); do
 			grep -q "Subscribing on" "$tmp/conversation.err" 2>/dev/null && break
@@ -237,8 +237,8 @@ if ((have_agents)); then
 		wait_state "$alice" running && wait_state "$bob" running || ok=0
 		check "both runs are running" 1 "$ok"
 		for id in "$alice" "$bob"; do
-			say "an operator message with the nats CLI: nats pub jetcrew.coord.$group.$id.operator 'hi $id, this is the operator'"
-			nats --server "$NATS_URL" pub "jetcrew.coord.$group.$id.operator" "hi $id, this is the operator"
+			say "an operator message with the nats CLI: nats pub jetcrew.coord.default.$group.$id.operator 'hi $id, this is the operator'"
+			nats --server "$NATS_URL" pub "jetcrew.coord.default.$group.$id.operator" "hi $id, this is the operator"
 		done
 	fi
 	for pair in "$alice:$bob" "$bob:$alice"; do
@@ -267,7 +267,7 @@ if ((have_agents)); then
 		kill -TERM "$sub_pid" 2>/dev/null || true
 		wait "$sub_pid" 2>/dev/null || true
 		sub_pid=
-		say "what the operator's nats sub 'jetcrew.coord.$group.>' saw"
+		say "what the operator's nats sub 'jetcrew.coord.default.$group.>' saw"
 		cat "$tmp/conversation.out"
 		conversation=$(cat "$tmp/conversation.out")
 		check_has "the operator saw $alice's hello, from $alice" "$(printf 'Jetcrew-From: %s\n\nhello from %s' "$alice" "$alice")" "$conversation"

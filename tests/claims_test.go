@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
@@ -123,7 +124,7 @@ func groupClaims(t *testing.T, js jetstream.JetStream, group string) []messages.
 	defer cancel()
 	kv, err := js.KeyValue(ctx, coordination.BucketClaims)
 	require.NoError(t, err)
-	e, err := kv.Get(ctx, coordination.ClaimKey(group))
+	e, err := kv.Get(ctx, coordination.ClaimKey(coordtest.Group(group)))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}

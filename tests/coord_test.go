@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -50,16 +51,18 @@ const readmeCoordSection = "### Talking to runs with the nats CLI"
 // readmeCoordCommands are the lines of that block, by the name the tests
 // below use to run each (readmeCoord), GROUP and RUN_ID replaced.
 var readmeCoordCommands = map[string]string{
-	"live":   "nats sub 'jetcrew.coord.GROUP.>'",
-	"to-run": "nats pub jetcrew.coord.GROUP.RUN_ID.operator 'text'",
-	"to-all": "nats pub jetcrew.coord.GROUP.all.operator 'text'",
-	"stream": "nats sub --stream JETCREW_COORD_VIEW --all --terminate-at-end 'jetcrew.coord.GROUP.>'",
+	"live":   "nats sub 'jetcrew.coord.POOL.GROUP.>'",
+	"to-run": "nats pub jetcrew.coord.POOL.GROUP.RUN_ID.operator 'text'",
+	"to-all": "nats pub jetcrew.coord.POOL.GROUP.all.operator 'text'",
+	"stream": "nats sub --stream JETCREW_COORD_VIEW --all --terminate-at-end 'jetcrew.coord.POOL.GROUP.>'",
 }
 
-// readmeCoord returns README's coordination command key for group and run
-// id, with its 'text' replaced by text (quoted for bash).
+// readmeCoord returns README's coordination command key for group (of the
+// default pool) and run id, with its 'text' replaced by text (quoted for
+// bash).
 func readmeCoord(key, group, id, text string) string {
 	line := readmeCoordCommands[key]
+	line = strings.ReplaceAll(line, "POOL", messages.DefaultPool)
 	line = strings.ReplaceAll(line, "GROUP", group)
 	line = strings.ReplaceAll(line, "RUN_ID", id)
 	return strings.ReplaceAll(line, "'text'", "'"+strings.ReplaceAll(text, "'", `'\''`)+"'")
@@ -398,7 +401,7 @@ func coordStream(t *testing.T, url, group string) []coordMessage {
 	info, err := s.Info(ctx)
 	require.NoError(t, err)
 	var msgs []coordMessage
-	prefix := coordination.Subject(group, "")
+	prefix := coordination.Subject(coordtest.Group(group), "")
 	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
@@ -619,12 +622,12 @@ func testCoordRoundTrip(t *testing.T, upArgs []string) {
 	// On NATS: every message a run sent carries its run id in Jetcrew-From;
 	// the operator's carry none.
 	want := []coordMessage{
-		{coordination.Subject(group, b), a, "hello from " + a},
-		{coordination.Subject(group, a), b, "hello from " + b},
-		{coordination.SubjectFromOperator(group, a), "", "hello " + a + ", operator here"},
-		{coordination.SubjectFromOperator(group, b), "", "hello " + b + ", operator here"},
-		{coordination.Subject(group, coordination.RecipientOperator), a, "done: " + a + " heard from " + b + " and the operator"},
-		{coordination.Subject(group, coordination.RecipientOperator), b, "done: " + b + " heard from " + a + " and the operator"},
+		{coordination.Subject(coordtest.Group(group), b), a, "hello from " + a},
+		{coordination.Subject(coordtest.Group(group), a), b, "hello from " + b},
+		{coordination.SubjectFromOperator(coordtest.Group(group), a), "", "hello " + a + ", operator here"},
+		{coordination.SubjectFromOperator(coordtest.Group(group), b), "", "hello " + b + ", operator here"},
+		{coordination.Subject(coordtest.Group(group), coordination.RecipientOperator), a, "done: " + a + " heard from " + b + " and the operator"},
+		{coordination.Subject(coordtest.Group(group), coordination.RecipientOperator), b, "done: " + b + " heard from " + a + " and the operator"},
 	}
 	require.ElementsMatch(t, want, coordStream(t, env.url, group))
 	// README's command shows the same from the stream.
@@ -748,11 +751,11 @@ func TestCoordIsolation(t *testing.T) {
 		require.NotContains(t, m.Body, "across groups")
 		require.Contains(t, []string{a, b, ""}, m.From, "%+v", m)
 		if m.From == "" {
-			require.Equal(t, coordMessage{coordination.SubjectFromOperator(group, coordination.RecipientAll), "", "release"}, m)
+			require.Equal(t, coordMessage{coordination.SubjectFromOperator(coordtest.Group(group), coordination.RecipientAll), "", "release"}, m)
 		}
 	}
 	other := coordStream(t, env.url, otherGroup)
-	require.Equal(t, []coordMessage{{coordination.Subject(otherGroup, coordination.RecipientAll), c, "to my own group only"}}, other)
+	require.Equal(t, []coordMessage{{coordination.Subject(coordtest.Group(otherGroup), coordination.RecipientAll), c, "to my own group only"}}, other)
 	require.False(t, slices.ContainsFunc(coordStream(t, env.url, group), func(m coordMessage) bool { return m.From == c }))
 }
 

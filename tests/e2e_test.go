@@ -21,6 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -103,6 +104,14 @@ func prepare() error {
 		if out, err := build.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 		}
+	}
+	// Every command the tests run keys its groups with one secret of
+	// theirs, never the user's (JETCREW_GROUP_SECRET, docs/security.md).
+	if _, err := dispatcher.CreateGroupSecret(filepath.Join(dir, "group.secret")); err != nil {
+		return err
+	}
+	if err := os.Setenv("JETCREW_GROUP_SECRET", filepath.Join(dir, "group.secret")); err != nil {
+		return err
 	}
 	// The worker stages a 0555 copy whatever the mode; keep the source
 	// read and execute only too.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -93,7 +94,7 @@ func claimDoc(t *testing.T, js jetstream.JetStream, group string) *messages.Coor
 	defer cancel()
 	kv, err := js.KeyValue(ctx, coordination.BucketClaims)
 	require.NoError(t, err)
-	e, err := kv.Get(ctx, coordination.ClaimKey(group))
+	e, err := kv.Get(ctx, coordination.ClaimKey(coordtest.Group(group)))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}

@@ -534,7 +534,7 @@ func (w *Worker) compose() error {
 		Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
 		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Runtime: c.Runtime,
-		NC: w.nc, JS: w.js, Store: w.store, Holds: w.holds,
+		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Holds: w.holds,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(w.coord), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,

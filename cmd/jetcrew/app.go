@@ -37,6 +37,9 @@ type app struct {
 	// when XDG_CONFIG_HOME is not set (contextRoot): natsCLIConfigRoot
 	// outside tests.
 	natsConfigRoot func() (string, error)
+	// groupSecretRoot returns the directory the default group secret is
+	// under (groupsecret.go): contextRoot outside tests.
+	groupSecretRoot func() (string, error)
 
 	// conn are the NATS connection options (connopts.go).
 	conn connOptions
@@ -50,7 +53,7 @@ type app struct {
 }
 
 func newApp() *app {
-	return &app{
+	a := &app{
 		stdin:      os.Stdin,
 		stdout:     os.Stdout,
 		stderr:     os.Stderr,
@@ -60,6 +63,8 @@ func newApp() *app {
 		// The NATS CLI's own resolution (contextRoot).
 		natsConfigRoot: natsCLIConfigRoot,
 	}
+	a.groupSecretRoot = a.contextRoot
+	return a
 }
 
 // Exit codes other than a run's own.

@@ -86,6 +86,9 @@ func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, k
 	if err != nil {
 		return usageError(err)
 	}
+	if err := a.groupKeyed(o, plan.encs); err != nil {
+		return usageError(err)
+	}
 	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew submit")
 	if err != nil {
 		return err

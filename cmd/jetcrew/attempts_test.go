@@ -140,7 +140,10 @@ func TestSubmitAttemptsCompareApply(t *testing.T) {
 	require.Contains(t, stdout, "-@@ -0,0 +1 @@\n+@@ -0,0 +1,2 @@\n +line 1\n++line 2\n")
 	code, _, stderr = cli(t, url, "compare", "another-group", ids[0], ids[1])
 	require.Equal(t, 1, code)
-	require.Contains(t, stderr, "is of group "+g+", not another-group")
+	require.Contains(t, stderr, "is not of group another-group (its group: "+g+" of pool default)")
+	code, _, stderr = cli(t, url, "compare", "--pool", "gpu", g, ids[0], ids[1])
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "is not of group "+g)
 
 	// --json: the same attempts, as data.
 	code, stdout, stderr = cli(t, url, "compare", "--json", g)

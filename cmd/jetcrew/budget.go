@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) budgetCmd() *cobra.Command {
-	var url string
+	var url, pool string
 	var group bool
 	var tokens, requests int64
 	cmd := &cobra.Command{
@@ -27,9 +27,11 @@ them within about half a second, and a run that its profile pauses at a
 budget (on_budget = "pause") goes on. A run's grant is given only while the
 run can use it: running, or queued (applied when it starts); for a run that
 has ended, or a run id known nowhere, budget says so, grants nothing and
-exits 1. The grant is kept in the
-jetcrew-budgets bucket under grant.run.<id> or grant.group.<group> (an
-operator's role may write those keys, and only those).
+exits 1. The grant is kept in the jetcrew-budgets bucket under
+grant.run.<id> or grant.group.<pool>.<group> (an operator's role may write
+those keys, and only those). A group is named by its pool and its name:
+--pool names the pool, and without it the one pool whose runs name the
+group is taken (the default pool when none does; several: give --pool).
 
   jetcrew budget r1 +2.50
   jetcrew budget --group refactor +10 --output-tokens 200000`,
@@ -52,20 +54,28 @@ operator's role may write those keys, and only those).
 			scope := messages.BudgetScopeRun
 			if group {
 				scope = messages.BudgetScopeGroup
+			} else if pool != "" {
+				return usageError(fmt.Errorf("--pool names a group's pool: give it with --group"))
 			}
-			return a.runBudget(cmd.Context(), url, scope, args[0], messages.BudgetSpend{CostUSD: usd, OutputTokens: tokens, Requests: requests})
+			return a.runBudget(cmd.Context(), url, scope, args[0], pool, messages.BudgetSpend{CostUSD: usd, OutputTokens: tokens, Requests: requests})
 		},
 	}
 	natsFlag(cmd, &url)
 	cmd.Flags().BoolVar(&group, "group", false, "raise the budget of the group named (its group_budget), not of a run")
+	cmd.Flags().StringVar(&pool, "pool", "", "with --group, the group's pool (default: the one pool whose runs name the group)")
 	cmd.Flags().Int64Var(&tokens, "output-tokens", 0, "output tokens to add to max_output_tokens")
 	cmd.Flags().Int64Var(&requests, "requests", 0, "model requests to add to max_model_requests")
 	return cmd
 }
 
-func (a *app) runBudget(ctx context.Context, url, scope, name string, by messages.BudgetSpend) error {
+func (a *app) runBudget(ctx context.Context, url, scope, name, pool string, by messages.BudgetSpend) error {
 	if err := messages.ValidateToken(scope, name); err != nil {
 		return usageError(err)
+	}
+	if pool != "" {
+		if err := messages.ValidateToken("--pool", pool); err != nil {
+			return usageError(err)
+		}
 	}
 	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew budget")
 	if err != nil {
@@ -83,8 +93,15 @@ func (a *app) runBudget(ctx context.Context, url, scope, name string, by message
 		if g.State == messages.StateQueued {
 			note = "; the run is queued: its worker applies the grant when it starts"
 		}
-	} else if total, err = d.Grant(ctx, scope, name, by); err != nil {
-		return err
+	} else {
+		g, err := a.resolveGroup(ctx, d, name, pool)
+		if err != nil {
+			return err
+		}
+		name = g.String()
+		if total, err = d.Grant(ctx, scope, g.Key(), by); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(visible(a.stdout), "%s %s: granted $%.4f, %d output tokens, %d requests (in all: $%.4f, %d output tokens, %d requests)%s\n",
 		scope, name, by.CostUSD, by.OutputTokens, by.Requests, total.CostUSD, total.OutputTokens, total.Requests, note)

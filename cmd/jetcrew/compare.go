@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -25,7 +26,7 @@ import (
 const TestReportArtifact = dispatcher.TestReportArtifact
 
 func (a *app) compareCmd() *cobra.Command {
-	var url string
+	var url, pool string
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "compare [flags] GROUP [RUN_A RUN_B]",
@@ -37,7 +38,11 @@ deletions of its diffstat, the model tokens (all kinds summed) and cost its
 egress proxy metered, and its tests as passed/total when it left a test
 report (.jetcrew/artifacts/test-report.json holding {"passed": N,
 "failed": M}; "?" when that file is not such an object). "-" marks what a
-run does not have.
+run does not have. A group is named by its pool and its name: --pool names
+the pool, and without it the one pool whose runs name GROUP is taken
+(several such pools: give --pool). Only the runs a worker admitted to the
+group are listed: a request refused its group (another key, no key: see
+docs/security.md) is not one of its attempts.
 
 With two run ids it prints how their patches differ instead (an interdiff):
 a line per file either patch touches (same, differ, only in A, only in B),
@@ -72,6 +77,11 @@ tests_unreadable and bundle; a field a run does not have is left out.`,
 					return usageError(err)
 				}
 			}
+			if pool != "" {
+				if err := messages.ValidateToken("--pool", pool); err != nil {
+					return usageError(err)
+				}
+			}
 			d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew compare")
 			if err != nil {
 				return err
@@ -81,29 +91,45 @@ tests_unreadable and bundle; a field a run does not have is left out.`,
 				if asJSON {
 					return usageError(errors.New("--json is for compare GROUP: an interdiff is a patch"))
 				}
-				for _, id := range args[1:] {
-					st, err := d.Status(cmd.Context(), id)
-					if err != nil {
-						return fmt.Errorf("run %s: %w", id, err)
-					}
-					if g := cmp.Or(st.Group, st.ID); g != args[0] {
-						return fmt.Errorf("run %s is of group %s, not %s: compare names two attempts of one group", id, visibleName(g), args[0])
-					}
+				if err := checkAttempts(cmd.Context(), d, args[0], pool, args[1], args[2]); err != nil {
+					return err
 				}
 				return a.interdiff(cmd.Context(), d, args[1], args[2])
 			}
-			return a.compareGroup(cmd.Context(), d, args[0], asJSON)
+			return a.compareGroup(cmd.Context(), d, args[0], pool, asJSON)
 		},
 	}
 	natsFlag(cmd, &url)
+	cmd.Flags().StringVar(&pool, "pool", "", "the group's pool (default: the one pool whose runs name GROUP)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the group's attempts as a JSON array")
 	return cmd
 }
 
+// checkAttempts refuses to compare runs ids[0] and ids[1] unless both are
+// runs a worker admitted to group name (of pool, when given): the same
+// pool and group.
+func checkAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool string, ids ...string) error {
+	var first string
+	for _, id := range ids {
+		st, err := d.Status(ctx, id)
+		if err != nil {
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		if st.Group != name || st.GroupRef().Own || (pool != "" && st.Pool != pool) {
+			return fmt.Errorf("run %s is not of group %s (its group: %s of pool %s): compare names two attempts of one group", id, name, visibleName(cmp.Or(st.Group, "none yet")), visibleName(st.Pool))
+		}
+		if first != "" && st.Pool != first {
+			return fmt.Errorf("runs %s and %s are of pools %s and %s: two groups that share a name", ids[0], id, first, st.Pool)
+		}
+		first = st.Pool
+	}
+	return nil
+}
+
 // compareGroup prints the table of group's runs, or with asJSON their
 // dispatcher.Attempts as a JSON array.
-func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group string, asJSON bool) error {
-	attempts, err := a.groupAttempts(ctx, d, group)
+func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group, pool string, asJSON bool) error {
+	attempts, err := a.groupAttempts(ctx, d, group, pool)
 	if err != nil {
 		return err
 	}
@@ -122,15 +148,13 @@ func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group 
 	return printCompare(a.stdout, rows)
 }
 
-// groupAttempts returns what compare shows of each run of group, in the
-// order they were submitted, their test reports read.
-func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, group string) ([]dispatcher.Attempt, error) {
-	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: group})
+// groupAttempts returns what compare shows of each run of group name (in
+// pool, else in the one pool whose runs name it: groupRuns), in the order
+// they were submitted, their test reports read.
+func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]dispatcher.Attempt, error) {
+	runs, err := a.groupRuns(ctx, d, name, pool)
 	if err != nil {
 		return nil, err
-	}
-	if len(runs) == 0 {
-		return nil, fmt.Errorf("group %s has no runs", group)
 	}
 	slices.SortFunc(runs, func(x, y messages.RunState) int { return dispatcher.SubmitOrder(&x, &y) })
 	out := make([]dispatcher.Attempt, len(runs))
@@ -138,6 +162,58 @@ func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, group
 		out[i] = attemptWithTests(ctx, d, &runs[i])
 	}
 	return out, nil
+}
+
+// groupRuns returns the runs a worker admitted to the named group name (a
+// run's state names its group once admitted): those of pool, or, pool
+// empty, of the one pool whose runs name the group (onePool). None is an
+// error.
+func (a *app) groupRuns(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]messages.RunState, error) {
+	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+	// A run alone in its own group (named by its id) is in no named group.
+	runs = slices.DeleteFunc(runs, func(st messages.RunState) bool { return st.GroupRef().Own })
+	switch {
+	case err != nil:
+		return nil, err
+	case len(runs) == 0 && pool != "":
+		return nil, fmt.Errorf("group %s of pool %s has no runs", name, pool)
+	case len(runs) == 0:
+		return nil, fmt.Errorf("group %s has no runs", name)
+	}
+	return runs, onePool(name, runs)
+}
+
+// onePool refuses, as a usage error asking for --pool, runs of group name
+// in more than one pool: each is a group of its own.
+func onePool(name string, runs []messages.RunState) error {
+	pools := map[string]bool{}
+	for i := range runs {
+		pools[runs[i].Pool] = true
+	}
+	if len(pools) < 2 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(pools))
+	return usageError(fmt.Errorf("group %s has runs in pools %s: each is a group of its own; give --pool", name, strings.Join(names, ", ")))
+}
+
+// resolveGroup returns group name of pool; pool empty, of the one pool
+// whose runs name the group (onePool), else of the default pool. When the
+// only run naming it is run name itself, the group is that run's own.
+func (a *app) resolveGroup(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) (messages.GroupRef, error) {
+	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+	if err != nil {
+		return messages.GroupRef{}, err
+	}
+	g := messages.GroupRef{Pool: cmp.Or(pool, messages.DefaultPool), Name: name}
+	if len(runs) == 1 && runs[0].GroupRef().Own {
+		return runs[0].GroupRef(), nil
+	}
+	runs = slices.DeleteFunc(runs, func(st messages.RunState) bool { return st.GroupRef().Own })
+	if len(runs) > 0 {
+		g.Pool = runs[0].Pool
+	}
+	return g, onePool(name, runs)
 }
 
 // attemptWithTests is dispatcher.AttemptOf(st) with its test report read

@@ -69,6 +69,14 @@ func newTestApp(env map[string]string, rt jail.Runtime) *testApp {
 	// Tests never read the real user's NATS configuration: only an
 	// XDG_CONFIG_HOME in env gives them one.
 	a.natsConfigRoot = func() (string, error) { return "", errors.New("no configuration directory in tests") }
+	// The default group secret: under the test's XDG_CONFIG_HOME, else one
+	// directory every test shares.
+	a.groupSecretRoot = func() (string, error) {
+		if x := env["XDG_CONFIG_HOME"]; x != "" {
+			return x, nil
+		}
+		return testConfigDir, nil
+	}
 	a.newRuntime = func(context.Context, zerolog.Logger) (jail.Runtime, func() error, error) {
 		if rt == nil {
 			fake := workertest.NewRuntime()
@@ -78,6 +86,10 @@ func newTestApp(env map[string]string, rt jail.Runtime) *testApp {
 	}
 	return &testApp{app: a, stdout: out, stderr: errb}
 }
+
+// testConfigDir is the configuration directory of tests that give no
+// XDG_CONFIG_HOME: where their default group secret is made.
+var testConfigDir string
 
 // testBridge is a stand-in for the jetcrew-bridge binary (the fake runtime
 // never runs it) that workers of test apps mount into coordination runs;
@@ -100,6 +112,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	testBridge = filepath.Join(dir, "jetcrew-bridge")
+	testConfigDir = filepath.Join(dir, "config")
 	if err := os.WriteFile(testBridge, []byte("#!/bin/false\n"), 0o555); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/roles"
 	"github.com/jetcrew/jetcrew/worker/workertest"
@@ -246,7 +247,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := w.js.CreateOrUpdateConsumer(ctx, coordination.StreamName, jetstream.ConsumerConfig{
-		Durable: matrixInbox, FilterSubject: coordination.Subject("rolematrix", "victim"), AckPolicy: jetstream.AckExplicitPolicy})
+		Durable: matrixInbox, FilterSubject: coordination.Subject(coordtest.Group("rolematrix"), "victim"), AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)
 	_, err = w.js.CreateOrUpdateConsumer(ctx, messages.StreamRuns, jetstream.ConsumerConfig{
 		Durable: matrixPool, FilterSubject: messages.SubjectRuns("rolematrix"), AckPolicy: jetstream.AckExplicitPolicy})
@@ -256,7 +257,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 	runsConfig := runsStream.CachedInfo().Config
 
 	forged := func(rc roleConn) error {
-		subj := coordination.Subject("crew", "victim")
+		subj := coordination.Subject(coordtest.Group("crew"), "victim")
 		return rc.try(subj, func(ctx context.Context) error {
 			m := nats.NewMsg(subj)
 			m.Header.Set(coordination.HeaderFrom, "some-run")
@@ -266,7 +267,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		})
 	}
 	fromOperator := func(rc roleConn) error {
-		subj := coordination.SubjectFromOperator("crew", "victim")
+		subj := coordination.SubjectFromOperator(coordtest.Group("crew"), "victim")
 		return rc.try(subj, func(ctx context.Context) error {
 			_, err := rc.js.Publish(ctx, subj, []byte("from the operator"))
 			return err
@@ -395,6 +396,15 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		}
 	}
 	const matrixQuestion = "qrolematrixaaaaaa"
+	// A group's record says who may join it: a submitter that wrote one
+	// would own another's group.
+	groupWrite := func(rc roleConn) error {
+		subj := "$KV." + messages.BucketGroups + ".default.rolematrix-crew"
+		return rc.try(subj, func(ctx context.Context) error {
+			_, err := rc.js.Publish(ctx, subj, []byte(`{"pool":"default","group":"rolematrix-crew","kind":"open","creator":"x"}`))
+			return err
+		})
+	}
 	ackOthers := func(rc roleConn) error {
 		subj := "$JS.ACK." + coordination.StreamName + "." + matrixInbox + ".1.1.1.0.0"
 		return rc.try(subj, func(context.Context) error { return rc.nc.Publish(subj, nil) })
@@ -416,7 +426,7 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		{"uploads bucket write", objectWrite(messages.BucketUploads), []roles.Role{roles.Submitter}},
 		// Nobody but the workers changes, reads from or deletes a durable
 		// consumer: a run's inbox, a pool's.
-		{"update a run's inbox", updateDurable(coordination.StreamName, matrixInbox, coordination.Subject("rolematrix", "nobody")), []roles.Role{roles.Worker}},
+		{"update a run's inbox", updateDurable(coordination.StreamName, matrixInbox, coordination.Subject(coordtest.Group("rolematrix"), "nobody")), []roles.Role{roles.Worker}},
 		{"update a run's inbox, named in the body", request("$JS.API.CONSUMER.CREATE."+coordination.StreamName,
 			`{"stream_name":"`+coordination.StreamName+`","config":{"name":"`+matrixInbox+`","filter_subject":"jetcrew.coord.rolematrix.nobody","ack_policy":"explicit"}}`), nil},
 		{"update a run's inbox, legacy durable subject", request("$JS.API.CONSUMER.DURABLE.CREATE."+coordination.StreamName+"."+matrixInbox,
@@ -441,7 +451,8 @@ func rawAttempts(t *testing.T, w roleConn) []rawAttempt {
 		{"restore a stream", request("$JS.API.STREAM.RESTORE.ROLEMATRIX_RESTORE", `{"config":{"name":"ROLEMATRIX_RESTORE"},"state":{}}`), nil},
 		{"answer a run's question", questionWrite(messages.CoordAnswerKey(matrixQuestion)), []roles.Role{roles.Worker, roles.Operator}},
 		{"reply to a question as a run", questionWrite(messages.CoordReplyKey(matrixQuestion)), []roles.Role{roles.Worker}},
-		{"put a question as a run", questionWrite(messages.CoordQuestionKey("crew", "victim", matrixQuestion)), []roles.Role{roles.Worker}},
+		{"write a group's record", groupWrite, []roles.Role{roles.Worker}},
+		{"put a question as a run", questionWrite(messages.CoordQuestionKey(coordtest.Group("crew"), "victim", matrixQuestion)), []roles.Role{roles.Worker}},
 		// Last: the operator's delete removes the stream.
 		{"stream delete", streamDelete, []roles.Role{roles.Operator}},
 	}
@@ -487,7 +498,7 @@ func TestOperatorCannotRelayThroughAStream(t *testing.T) {
 		body       []byte
 	}{
 		{"RELAY_STATE", "$KV." + messages.BucketRuns + "." + victim, nil, forged},
-		{"RELAY_INBOX", coordination.Subject("crew", victim), nats.Header{coordination.HeaderFrom: []string{"a-peer"}}, []byte("from your peer")},
+		{"RELAY_INBOX", coordination.Subject(coordtest.Group("crew"), victim), nats.Header{coordination.HeaderFrom: []string{"a-peer"}}, []byte("from your peer")},
 	}
 	refusals := make([]error, len(relays))
 	for i, rl := range relays {
@@ -512,7 +523,7 @@ func TestOperatorCannotRelayThroughAStream(t *testing.T) {
 	}
 	coord, err := w.js.Stream(t.Context(), coordination.StreamName)
 	require.NoError(t, err)
-	_, err = coord.GetLastMsgForSubject(t.Context(), coordination.Subject("crew", victim))
+	_, err = coord.GetLastMsgForSubject(t.Context(), coordination.Subject(coordtest.Group("crew"), victim))
 	require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "nothing reached the run's inbox")
 	for i, err := range refusals {
 		require.ErrorIs(t, err, errRefused, "a stream republishing to %s as the operator", relays[i].dest)

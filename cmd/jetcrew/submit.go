@@ -39,6 +39,9 @@ type submitOptions struct {
 	// the run resumes the earlier run's agent session.
 	session bool
 	signKey string // --sign-key: NKey user seed file signing the request
+	// groupSecret is --group-secret: the file of the secret the group's
+	// key is derived from (groupsecret.go).
+	groupSecret string
 	// keepWaiting is --keep-waiting: wait while jetcrew's streams do not
 	// exist yet and, with --wait, while no live worker serves the pool.
 	keepWaiting bool
@@ -109,7 +112,15 @@ attempt per profile. submit prints the run ids on stdout, one a line, and
 the group on stderr. With --wait it follows every run at once, printing a
 finished line per run as it ends (not the runs' output), and exits 0 when
 every attempt succeeded, else 1. Compare them with "jetcrew compare GROUP"
-and take one with "jetcrew apply RUN_ID".`
+and take one with "jetcrew apply RUN_ID".
+
+A group (--group, or the group of --attempts) is a group of the run's pool,
+joined only with its creator's key: the request carries the key that the
+group secret gives for the pool and the group, and is signed by it. The
+secret is --group-secret FILE, else the file $JETCREW_GROUP_SECRET names,
+else jetcrew/group.secret in the configuration directory, made on first use;
+share it with whoever may add runs to your groups (docs/security.md, "Groups
+and pools"). A run that names no group is alone in a group of its own.`
 
 func (a *app) submitCmd() *cobra.Command {
 	var o submitOptions
@@ -155,6 +166,7 @@ func runFlags(cmd *cobra.Command, o *submitOptions, profile, pool string) {
 	f.BoolVar(&o.wait, "wait", false, "follow the run to its end and exit with its outcome")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "with --wait, print no lifecycle lines")
 	f.StringVar(&o.signKey, "sign-key", "", "file holding an NKey user seed (SU…) to sign the request with, for profiles with signed_by (docs/security.md)")
+	f.StringVar(&o.groupSecret, "group-secret", "", "with a group, the file of the secret its key is derived from (default $"+groupSecretEnv+", else jetcrew/group.secret in the configuration directory, made on first use)")
 	f.BoolVar(&o.keepWaiting, "keep-waiting", false, "wait while the installation is still being provisioned and, with --wait, while no live worker serves the pool (default: say so and exit 1)")
 }
 
@@ -235,6 +247,11 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 	if err != nil {
 		return usageError(err)
 	}
+	encs := []dispatcher.Encoded{enc}
+	if err := a.groupKeyed(o, encs); err != nil {
+		return usageError(err)
+	}
+	enc = encs[0]
 	key, err := signingKey(o.signKey)
 	if err != nil {
 		return usageError(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/roles"
 )
 
@@ -163,17 +164,17 @@ func TestUpAuthConsole(t *testing.T) {
 	// mirror (JETCREW_COORD's consumers are the runs' inboxes, the
 	// workers' alone).
 	op := e.conn(t, roles.Operator)
-	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator("cs1", "cs1"), []byte("hello crew")))
-	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/cs1", token, "hello crew") },
+	require.NoError(t, op.nc.Publish(coordination.SubjectFromOperator(coordtest.Group("cs1"), "cs1"), []byte("hello crew")))
+	require.Eventually(t, func() bool { return readSSE(t, ui+"live/group/default/cs1", token, "hello crew") },
 		10*time.Second, 50*time.Millisecond)
-	get("/groups/cs1")
+	get("/groups/default/cs1")
 	page := get("/runs/cs2")
 	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(page)
 	require.NotNil(t, csrf)
 
 	// Without the token: no page, no stream, no action, even with the
 	// page's CSRF token.
-	for _, path := range []string{"/", "/runs", "/runs/cs2", "/dead-letters", "/live/run/cs1", "/groups/cs1"} {
+	for _, path := range []string{"/", "/runs", "/runs/cs2", "/dead-letters", "/live/run/cs1", "/groups/default/cs1"} {
 		code, body := do(http.MethodGet, path, nil, false)
 		require.Contains(t, []int{http.StatusSeeOther, http.StatusUnauthorized}, code, path)
 		require.NotContains(t, body, "cs1", path)

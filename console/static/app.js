@@ -137,7 +137,7 @@
     cell(tr, badge(r.state));
     cell(tr, r.pool);
     cell(tr, r.profile);
-    cell(tr, r.group && r.group !== r.id ? link("/groups/" + encodeURIComponent(r.group), r.group.length > 12 ? r.group.slice(0, 12) + "…" : r.group) : "-");
+    cell(tr, r.group && r.group !== r.id ? link("/groups/" + encodeURIComponent(r.pool) + "/" + encodeURIComponent(r.group), r.group.length > 12 ? r.group.slice(0, 12) + "…" : r.group) : "-");
     const labels = cell(tr, undefined);
     for (const l of r.labels || []) {
       // A chip filters the list by its label, the other filters kept.
@@ -345,7 +345,7 @@
         if (busy) { again = true; return; }
         busy = true;
         try {
-          const res = await fetch("/groups/" + encodeURIComponent(body.dataset.group) + "/attempts", { headers: { Accept: "text/html" } });
+          const res = await fetch("/groups/" + encodeURIComponent(body.dataset.pool) + "/" + encodeURIComponent(body.dataset.group) + "/attempts", { headers: { Accept: "text/html" } });
           if (res.ok) {
             const doc = new DOMParser().parseFromString(await res.text(), "text/html");
             const fresh = doc.getElementById("attempts");

@@ -20,6 +20,7 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/bridge"
 	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // StartServer starts an embedded nats-server with JetStream on a random
@@ -196,4 +197,10 @@ func Decode[T any](t testing.TB, cs *mcp.ClientSession, tool string, args any) T
 // SocketPath returns the socket path of run id in dir.
 func SocketPath(dir, runID string) string {
 	return filepath.Join(dir, runID+".sock")
+}
+
+// Group returns the group called name in the default pool, what a
+// coordination.RunInfo without a pool joins.
+func Group(name string) messages.GroupRef {
+	return messages.GroupRef{Pool: messages.DefaultPool, Name: name}
 }

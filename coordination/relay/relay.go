@@ -64,7 +64,7 @@ const (
 	// RecipientAll addresses every other run of the sender's group.
 	RecipientAll = messages.RecipientAll
 	// RecipientOperator addresses the people watching the group (they read
-	// with `nats sub 'jetcrew.coord.<group>.>'`).
+	// with `nats sub 'jetcrew.coord.<pool>.<group>.>'`).
 	RecipientOperator = messages.RecipientOperator
 )
 

@@ -4,7 +4,7 @@
 //
 // A stream's RePublish and its sources are publishes by the server, which
 // no user's permissions see: a stream republishing to $KV.jetcrew-runs.<run>
-// writes that run's state, one republishing to jetcrew.coord.<group>.<run>
+// writes that run's state, one republishing to jetcrew.coord.<pool>.<group>.<run>
 // puts a message in that run's inbox. Only workers may configure jetcrew's
 // streams (package roles: that is the boundary); what the server relays
 // carries stamps no publish of a worker's does, and the readers of run

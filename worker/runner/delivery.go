@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
@@ -100,12 +101,13 @@ func (e *Runner) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, s
 	r.req = req
 	r.operatorReplay = messages.IsReplaySubject(msg.Subject())
 	r.rec.st = messages.RunState{
-		Version:   messages.StateVersion,
-		ID:        req.ID,
-		State:     messages.StateQueued,
-		Profile:   req.Profile,
-		Pool:      pool,
-		Group:     req.GroupOrID(),
+		Version: messages.StateVersion,
+		ID:      req.ID,
+		State:   messages.StateQueued,
+		Profile: req.Profile,
+		Pool:    pool,
+		// Group stays empty until admit has let the run into its group:
+		// a run refused its group never shows as one of the group's.
 		Worker:    e.cfg.WorkerID,
 		Attempts:  int(meta.NumDelivered),
 		StreamSeq: meta.Sequence.Stream,
@@ -250,7 +252,28 @@ func (r delivery) admit(ctx context.Context, pool string, decErr error) (*profil
 		r.fail(ctx, err.Error(), nil)
 		return nil, false
 	}
+	if !r.admitGroup(ctx, bodyID) {
+		return nil, false
+	}
 	return prof, true
+}
+
+// admitGroup lets the run into its group (coordination.Groups.Admit): the
+// group's record is created by its first run, and a run that does not match
+// it fails with the reason (a dead letter, never retried); a NATS error is
+// retried. It returns false when the run goes no further.
+func (r delivery) admitGroup(ctx context.Context, bodyID string) bool {
+	err := r.e.cfg.Groups.Admit(ctx, coordination.Admission{Request: r.req, BodyID: bodyID, Header: r.msg.Headers(), Body: r.msg.Data()})
+	switch {
+	case errors.Is(err, coordination.ErrGroupRefused):
+		r.fail(ctx, err.Error(), nil)
+		return false
+	case err != nil:
+		r.retry(ctx, fmt.Errorf("admit to group %s: %w", r.req.GroupRef(), err))
+		return false
+	}
+	r.rec.st.Group = r.req.GroupOrID()
+	return true
 }
 
 // verdict is what handle does with a request whose run id has a state.

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
@@ -52,6 +53,9 @@ type Config struct {
 	JS jetstream.JetStream
 	// Store writes the runs' records.
 	Store *runstate.Store
+	// Groups admits each run into its coordination group before it
+	// executes.
+	Groups *coordination.Groups
 	// Stages are the stages' per-worker factories.
 	Stages Stages
 	// Holds is the worker's registry of what live runs hold.

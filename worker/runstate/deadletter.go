@@ -60,9 +60,11 @@ func DeadLetterMsgID(runID string, seq uint64) string {
 }
 
 // CopySignature copies a request's signature headers, if any, from src to
-// dst (a dead letter), so a replay of the request is still signed.
+// dst (a dead letter), so a replay of the request is still signed: the
+// profile's (messages.HeaderSigner, messages.HeaderSignature) and the
+// group's (messages.HeaderGroupSignature).
 func CopySignature(dst, src nats.Header) {
-	for _, k := range []string{messages.HeaderSigner, messages.HeaderSignature} {
+	for _, k := range []string{messages.HeaderSigner, messages.HeaderSignature, messages.HeaderGroupSignature} {
 		if v := src.Get(k); v != "" {
 			dst.Set(k, v)
 		}

@@ -81,7 +81,8 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	}
 	s.dir = req.Dir
 	run := req.Run
-	info := coordination.RunInfo{RunID: run.ID(), Group: run.Request.GroupOrID(), Profile: run.Request.Profile}
+	g := run.Request.GroupRef()
+	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile}
 	path := filepath.Join(s.dir.Path(), coordination.SocketName)
 	var err error
 	if k := s.dir.TakeSocket(); k != nil {

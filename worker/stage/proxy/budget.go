@@ -74,8 +74,8 @@ func (b *budgetStore) Add(ctx context.Context, key string, d messages.BudgetSpen
 	return budgetkv.Add(ctx, kv, key, d)
 }
 
-// scoped is one shared budget of a run: its scope, the group or pool it
-// is shared by, and the profile's limits.
+// scoped is one shared budget of a run: its scope, the group (its
+// messages.GroupRef.Key) or pool it is shared by, and the profile's limits.
 type scoped struct {
 	scope, name string
 	b           *profile.SharedBudget
@@ -163,7 +163,9 @@ func (s *Stage) shared(run *stage.Run) *sharedBudgets {
 	prof := run.Profile
 	var sc []scoped
 	if prof.GroupBudget != nil {
-		sc = append(sc, scoped{messages.BudgetScopeGroup, run.Request.GroupOrID(), prof.GroupBudget})
+		// The group's key names its pool too: the same group name in
+		// another pool is another group, with a budget of its own.
+		sc = append(sc, scoped{messages.BudgetScopeGroup, run.Request.GroupRef().Key(), prof.GroupBudget})
 	}
 	if prof.PoolBudget != nil {
 		sc = append(sc, scoped{messages.BudgetScopePool, run.Request.WithDefaults().Pool, prof.PoolBudget})

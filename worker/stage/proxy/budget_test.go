@@ -73,9 +73,16 @@ type meteredRun struct {
 	url    string
 }
 
-// startMetered opens the egress stage of run id in group of a profile with
-// the extra TOML keys, on a worker of its own connected to srv.
+// startMetered opens the egress stage of run id in group of the default
+// pool, of a profile with the extra TOML keys, on a worker of its own
+// connected to srv.
 func startMetered(t *testing.T, srv *server.Server, prov *provider, id, group, extra string) meteredRun {
+	t.Helper()
+	return startMeteredIn(t, srv, prov, messages.DefaultPool, id, group, extra)
+}
+
+// startMeteredIn is startMetered for a run of pool.
+func startMeteredIn(t *testing.T, srv *server.Server, prov *provider, pool, id, group, extra string) meteredRun {
 	t.Helper()
 	ps, err := profile.ParseProfiles("t", fmt.Appendf(nil, `[profiles.metered]
 image = "x"
@@ -88,7 +95,7 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	require.NoError(t, err)
 	prof := ps["metered"]
 	nc := coordtest.Connect(t, srv)
-	p := New(Config{WorkerID: "w-" + id, Pool: "default", NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
+	p := New(Config{WorkerID: "w-" + id, Pool: pool, NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
 	ca, caPEM, err := egress.LoadOrCreateCA(t.TempDir(), "test CA")
 	require.NoError(t, err)
 	roots := x509.NewCertPool()
@@ -100,7 +107,7 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 		egress.Injection{Name: "example.com", Port: port, Header: "x-api-key", Value: "sk"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })
-	run := &stage.Run{Request: messages.RunRequest{ID: id, Group: group, Profile: "metered"}, Profile: &prof}
+	run := &stage.Run{Request: messages.RunRequest{ID: id, Pool: pool, Group: group, Profile: "metered"}, Profile: &prof}
 	s := &Stage{p: p, sess: sess}
 	s.meter(run)
 	trust := x509.NewCertPool()
@@ -175,10 +182,40 @@ func TestGroupBudgetSharedByTwoWorkers(t *testing.T) {
 		require.Equal(t, "group", b.Scope)
 		require.Contains(t, b.String(), "budget reached: group_budget.max_model_requests 10")
 	}
-	got, _, err := budgetkv.Get(context.Background(), kv, messages.BudgetKey(messages.BudgetScopeGroup, "g1", time.Hour, time.Now()))
+	got, _, err := budgetkv.Get(context.Background(), kv, messages.BudgetKey(messages.BudgetScopeGroup, "default.g1", time.Hour, time.Now()))
 	require.NoError(t, err)
 	require.Equal(t, served, got.Requests, "the shared key counts every response served, exactly")
 	require.Equal(t, 7*served, got.OutputTokens)
+}
+
+// A group's budget is its pool's group's: a run of the same group name in
+// another pool neither spends it nor is refused by it, and a run alone in
+// its own group has a budget of its own even beside a group named after
+// it.
+func TestGroupBudgetIsThePoolsGroup(t *testing.T) {
+	t.Parallel()
+	srv, kv := budgetServer(t)
+	prov := newProvider(t)
+	const limit = 3
+	extra := fmt.Sprintf("[profiles.metered.group_budget]\nmax_model_requests = %d\nwindow = \"1h\"\n", limit)
+	spent := startMetered(t, srv, prov, "a1", "g1", extra)
+	for range limit {
+		require.Equal(t, http.StatusOK, spent.post(t))
+	}
+	require.Equal(t, http.StatusTooManyRequests, spent.post(t), "the group's budget is spent")
+	for _, r := range []meteredRun{
+		startMeteredIn(t, srv, prov, "other", "b1", "g1", extra), // the same name in another pool
+		startMetered(t, srv, prov, "g1", "", extra),              // the run g1 alone, beside group g1
+	} {
+		require.Equal(t, http.StatusOK, r.post(t))
+		r.s.sess.Close()
+	}
+	spent.s.sess.Close()
+	for key, want := range map[string]int64{"default.g1": limit, "other.g1": 1, "default.=g1": 1} {
+		got, _, err := budgetkv.Get(context.Background(), kv, messages.BudgetKey(messages.BudgetScopeGroup, key, time.Hour, time.Now()))
+		require.NoError(t, err)
+		require.Equal(t, want, got.Requests, key)
+	}
 }
 
 // on_budget = "pause": a request past the run's budget is held, the state
