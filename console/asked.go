@@ -142,6 +142,6 @@ func runCommands(st *messages.RunState) []command {
 	return []command{
 		{Kind: "watch", Text: "jetcrew watch " + st.ID},
 		{Kind: "cancel", Text: "jetcrew cancel " + st.ID, Hidden: st.State.Final()},
-		{Kind: "replay", Text: "jetcrew replay " + st.ID, Hidden: !replayable(st.State)},
+		{Kind: "replay", Text: "jetcrew replay " + st.ID, Hidden: !st.State.Unsuccessful()},
 	}
 }

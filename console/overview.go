@@ -188,10 +188,9 @@ func (c *Console) tally(d *overviewData, byPool poolRows, now time.Time) (held m
 		case messages.StateRunning:
 			p.Running++
 			held[st.Worker]++
-		case messages.StateFailed, messages.StateTimedOut, messages.StateStalled:
-			if st.FinishedAt.After(minute) {
-				p.FailedPerMin++
-			}
+		}
+		if st.State.Unsuccessful() && st.FinishedAt.After(minute) {
+			p.FailedPerMin++
 		}
 		if st.StartedAt.After(minute) {
 			p.StartedPerMin++

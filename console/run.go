@@ -84,7 +84,7 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := runData{State: st, Waiting: waiting, Result: visible(st.Result),
 		Cancellable: !st.State.Final(),
-		Replayable:  replayable(st.State),
+		Replayable:  st.State.Unsuccessful(),
 		Usage:       newUsageView(&st),
 		Egress:      c.runEgress(r.Context(), &st),
 		Asked:       c.asked(r.Context(), &st),
@@ -328,10 +328,4 @@ func (c *Console) replayRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)
-}
-
-// replayable reports whether a run in state s can have a dead letter to
-// replay: it failed, timed out or stalled.
-func replayable(s messages.State) bool {
-	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
 }

@@ -84,7 +84,7 @@ func (t *trend) add(st *messages.RunState) {
 	if st.State.Final() {
 		if b := t.bucket(st.FinishedAt); b != nil {
 			b.Finished++
-			if failure(st.State) {
+			if st.State.Unsuccessful() {
 				b.Failed++
 			}
 		}
@@ -96,11 +96,6 @@ func (t *trend) add(st *messages.RunState) {
 		b.Started++
 		b.Waits[waitIndex(st.StartedAt.Sub(st.QueuedAt).Seconds())]++
 	}
-}
-
-// failure says whether s is a failed ending: failed, timed out or stalled.
-func failure(s messages.State) bool {
-	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
 }
 
 // waitIndex is the histogram bucket of a wait of secs seconds.

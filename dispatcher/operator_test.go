@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -322,6 +323,41 @@ func TestReplayDeduplicated(t *testing.T) {
 	require.Equal(t, ReplayMsgID(id, seq), m.Header.Get(jetstream.MsgIDHeader))
 	require.Equal(t, `{"id":"dup","profile":"shell","prompt":"exit 3"}`, string(m.Data), "the body unchanged")
 	require.Equal(t, messages.SubjectReplay("default"), m.Subject, "on the operator's replay subject")
+}
+
+// A replay sent on seeing an unsuccessful final state waits for the dead
+// letter the worker stores just after it, for every such state (stalled
+// included): it gives up only after deadLetterDelay, and takes a dead letter
+// that comes meanwhile.
+func TestReplayWaitsForTheDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, s := range []messages.State{messages.StateFailed, messages.StateTimedOut, messages.StateStalled} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{}) // no worker: the replay stays on the stream
+			id := "late-" + strings.ReplaceAll(string(s), "_", "-")
+			b.putState(t, messages.RunState{ID: id, State: s, StreamSeq: 1, Pool: "default"})
+			start := time.Now()
+			_, err := b.d.Replay(t.Context(), id)
+			require.ErrorIs(t, err, ErrNoDeadLetter)
+			require.GreaterOrEqual(t, time.Since(start), deadLetterDelay, "the replay of a %s run did not wait for its dead letter", s)
+
+			type result struct {
+				r   Replayed
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				r, err := b.d.Replay(t.Context(), id)
+				done <- result{r, err}
+			}()
+			time.Sleep(deadLetterDelay / 4) // the dead letter comes during the wait
+			seq := b.publishDeadLetter(t, "default", id, `{"id":"`+id+`","profile":"shell","prompt":"exit 3"}`, 3)
+			res := <-done
+			require.NoError(t, res.err)
+			require.Equal(t, seq, res.r.DeadLetter.Sequence)
+		})
+	}
 }
 
 func TestReplayRefusesUnfinished(t *testing.T) {

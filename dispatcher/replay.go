@@ -61,8 +61,9 @@ func ReplayMsgID(id string, seq uint64) string {
 // verifyDeadLetter): any other, a run without state included, is refused
 // with an error wrapping ErrForeignDeadLetter. The error wraps
 // ErrNoDeadLetter when the run has no dead letter. A run whose state says it
-// failed but whose dead letter is not stored yet (a worker stores it just
-// after the run's finished event) is waited for, a few seconds at most.
+// ended unsuccessfully (failed, timed out, stalled) but whose dead letter is
+// not stored yet (a worker stores it just after the final state, before the
+// run's finished event) is waited for, a few seconds at most.
 //
 // WatchReplay follows the replayed run.
 func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
@@ -111,20 +112,21 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 }
 
 // deadLetterDelay bounds how long Replay waits for the dead letter of a run
-// whose state says it failed: a worker stores it right after the run's
-// finished event, so a replay straight after `submit --wait` may come first.
+// whose state says it ended unsuccessfully: a worker records the final state
+// first and stores the dead letter right after it (before the run's
+// finished event), so a replay sent on seeing the state may come first.
 const deadLetterDelay = 3 * time.Second
 
 // lastDeadLetterOfFailed is LastDeadLetter, waiting up to deadLetterDelay
-// for the dead letter when there is none yet but the run's state is failed
-// or timed out.
+// for the dead letter when there is none yet but the run's state is
+// unsuccessful (failed, timed out or stalled: State.Unsuccessful).
 func (d *Dispatcher) lastDeadLetterOfFailed(ctx context.Context, id string) (DeadLetter, error) {
 	dl, err := d.LastDeadLetter(ctx, id)
 	if !errors.Is(err, ErrNoDeadLetter) {
 		return dl, err
 	}
 	st, serr := d.Status(ctx, id)
-	if serr != nil || (st.State != messages.StateFailed && st.State != messages.StateTimedOut) {
+	if serr != nil || !st.State.Unsuccessful() {
 		return dl, err
 	}
 	deadline := time.Now().Add(deadLetterDelay)

@@ -124,11 +124,6 @@ type RunFilter struct {
 	Search string
 }
 
-// Failure reports whether s is a state AnyFailure selects.
-func Failure(s messages.State) bool {
-	return s == messages.StateFailed || s == messages.StateTimedOut || s == messages.StateStalled
-}
-
 // Match reports whether st passes the filter.
 func (f RunFilter) Match(st *messages.RunState) bool {
 	if !f.matchFields(st) {
@@ -146,7 +141,7 @@ func (f RunFilter) MatchText(st *messages.RunState, text, needle string) bool {
 func (f RunFilter) matchFields(st *messages.RunState) bool {
 	switch {
 	case f.State == AnyFailure:
-		if !Failure(st.State) {
+		if !st.State.Unsuccessful() {
 			return false
 		}
 	case f.State != "" && st.State != f.State:

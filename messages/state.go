@@ -39,6 +39,18 @@ func (s State) Final() bool {
 	return false
 }
 
+// Unsuccessful reports whether s is a final state that ends a run without
+// success and with a dead letter: failed, timed_out or stalled (a cancelled
+// run is neither successful nor dead-lettered). A replay runs such a run
+// again (Transitions).
+func (s State) Unsuccessful() bool {
+	switch s {
+	case StateFailed, StateTimedOut, StateStalled:
+		return true
+	}
+	return false
+}
+
 // StateVersion is the version of the RunState document format.
 const StateVersion = 1
 

@@ -125,7 +125,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
 		}
 	}
-	if st.StreamSeq == raw.Sequence && (st.State == messages.StateFailed || st.State == messages.StateTimedOut || st.State == messages.StateStalled) {
+	if st.StreamSeq == raw.Sequence && st.State.Unsuccessful() {
 		if st.Pool == "" {
 			st.Pool = pool
 		}

@@ -305,7 +305,7 @@ const (
 func (r delivery) decide(prev messages.RunState) verdict {
 	seq := r.meta.Sequence.Stream
 	switch {
-	case prev.StreamSeq == seq && (prev.State == messages.StateFailed || prev.State == messages.StateTimedOut || prev.State == messages.StateStalled):
+	case prev.StreamSeq == seq && prev.State.Unsuccessful():
 		return verdictRedeadLetter
 	case prev.StreamSeq == seq && prev.State.Final():
 		return verdictAck
