@@ -280,7 +280,6 @@ func TestWarmClaimedDeadCountsMissed(t *testing.T) {
 					_ = b.rt.Remove(context.Background(), m.ID)
 				}
 			}
-			time.Sleep(50 * time.Millisecond) // its launcher's connection ends
 		}
 	})
 	warmReady(t, b.w, 1)
@@ -337,10 +336,9 @@ warm_workspace = 1
 			cs, _ := b.rt.ListManaged(context.Background())
 			for _, m := range cs {
 				if m.Labels[jail.LabelRole] == jail.RoleWarm {
-					_ = b.rt.Remove(context.Background(), m.ID)
+					_ = b.rt.Remove(context.Background(), m.ID) // its launcher's connection ends with it
 				}
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	})
 	ref := uploadDir(t, b)

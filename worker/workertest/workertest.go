@@ -193,7 +193,15 @@ func (r *Runtime) ListManaged(ctx context.Context) ([]jail.ManagedContainer, err
 	return out, nil
 }
 
-// Remove implements jail.Runtime.
+// removeWait bounds how long Remove waits for a removed container's
+// behaviour to end.
+const removeWait = 10 * time.Second
+
+// Remove implements jail.Runtime. As `docker rm -f` returns once the
+// container's processes are gone, it cancels the container's behaviour and
+// waits for it to return (until ctx ends, at most removeWait): whatever
+// the behaviour held (a warm launcher's hand-off connection) is closed
+// when Remove returns.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if r.RemoveErr != nil {
 		if err := r.RemoveErr(id); err != nil {
@@ -204,8 +212,16 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	c, ok := r.containers[id]
 	delete(r.containers, id)
 	r.mu.Unlock()
-	if ok {
-		c.cancel()
+	if !ok {
+		return nil
+	}
+	c.cancel()
+	t := time.NewTimer(removeWait)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+	case <-t.C:
 	}
 	return nil
 }
