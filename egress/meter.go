@@ -252,9 +252,14 @@ const budgetHeader = "Jetcrew-Budget"
 
 // metered is one model request in flight.
 type metered struct {
-	ev   messages.UsageEvent
-	req  usage.Request
-	once sync.Once // endModel
+	ev     messages.UsageEvent
+	req    usage.Request
+	bounds usage.Bounds
+	// stripUsage is set when the proxy made the request ask for usage
+	// its client did not ask for: the usage chunk is taken out of the
+	// answer.
+	stripUsage bool
+	once       sync.Once // endModel
 }
 
 // beginModel starts metering req, a request to an injected host, or
@@ -314,8 +319,11 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 	}
 	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
 	if req.Body != nil && req.Body != http.NoBody {
-		m.req, req.Body = usage.RequestInfo(format, req.URL.Path, req.Body, maxMeteredRequest)
+		m.req, m.bounds, req.Body = usage.ReadRequest(format, req.URL.Path, req.Body, maxMeteredRequest)
+	} else {
+		m.req.Format = format
 	}
+	s.askForUsage(req, m)
 	// Go's transport then asks for gzip itself and decompresses it, so
 	// the proxy reads the usage in clear and the run gets the body in
 	// clear; an encoding the run asked for (br, zstd) would hide it.
@@ -358,6 +366,31 @@ func (s *Session) wrapModel(m *metered, resp *http.Response) {
 	m.ev.Status = resp.StatusCode
 	resp.Body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Body, maxMeteredJSON,
 		func(r usage.Result) { s.endModel(m, r) })
+	if m.stripUsage && resp.StatusCode < 400 {
+		resp.Body = usage.StripUsage(resp.Body)
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
+}
+
+// askForUsage makes an OpenAI Chat stream whose client did not ask for
+// usage (stream_options.include_usage) ask for it, so its usage can be
+// read: the body is rewritten (its Content-Length with it) and the usage
+// chunk that adds is taken out of the answer (wrapModel). A body the
+// proxy did not read whole is left as it is.
+func (s *Session) askForUsage(req *http.Request, m *metered) {
+	if m.req.Format != messages.FormatOpenAIChat || !m.req.Stream || m.req.IncludeUsage {
+		return
+	}
+	body, n, ok := usage.IncludeUsage(req.Body)
+	if !ok {
+		return
+	}
+	req.Body, req.ContentLength = body, n
+	req.Header.Del("Content-Length")
+	req.TransferEncoding = nil
+	req.GetBody = nil
+	m.stripUsage = true
 }
 
 // endModel records the usage of m's response: its event and the run's
