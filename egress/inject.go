@@ -69,7 +69,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		model, refusal = s.beginModel(req, m.name)
 	}
 	if refusal != nil {
-		ev.Reason = refusal.Header.Get(budgetHeader)
+		ev.Reason = refusal.Header.Get(refusedHeader)
 		s.record(ev)
 		return req, refusal
 	}

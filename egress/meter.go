@@ -3,14 +3,10 @@ package egress
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/elazarl/goproxy"
 
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
@@ -22,7 +18,7 @@ const (
 	// reads to learn its model and whether it streams; a larger body goes
 	// upstream unread (its model is then taken from the response, where
 	// every metered format names it).
-	maxMeteredRequest = 256 << 10
+	maxMeteredRequest = 4 << 20
 	// maxMeteredJSON is how much of a response that is not a stream the
 	// proxy keeps to read its usage at the end (past it the response is
 	// passed on whole but its usage is unknown), and the longest line or
@@ -125,6 +121,14 @@ type Metering struct {
 	// request is looked at again) or it gives up (false: the request is
 	// refused and Reached called) or ctx (the run's connection) ends.
 	Pause func(ctx context.Context, b Budget) bool
+	// Unmetered are the requests the profile lets pass without usage
+	// while the run has a cost or token budget (egress_unmetered_paths).
+	Unmetered UnmeteredPaths
+	// SharedLimits are what the run's Shared budgets limit: a field set
+	// in any of them is set here (its value is not used otherwise), so
+	// the proxy refuses what it cannot meter for them as for the run's
+	// own Limits.
+	SharedLimits Limits
 }
 
 // Shared is a budget a run shares with other runs, on any worker: its
@@ -232,6 +236,16 @@ func (mt *meter) over() *Budget {
 	return nil
 }
 
+// strict reports whether the run has a cost budget and a token budget,
+// its own or a shared one (Metering.SharedLimits): what it cannot meter is
+// then refused.
+func (mt *meter) strict() (cost, tokens bool) {
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	l, sh := mt.m.Limits, mt.m.SharedLimits
+	return l.MaxCostUSD > 0 || sh.MaxCostUSD > 0, l.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
+}
+
 // note records b as the budget reached, the first time, and returns the
 // callback to tell (nil when already told).
 func (mt *meter) note(b *Budget) func() {
@@ -244,211 +258,6 @@ func (mt *meter) note(b *Budget) func() {
 		return func() { f(bb) }
 	}
 	return nil
-}
-
-// budgetHeader names, on the proxy's answer to a model request past a
-// budget, the budget that was reached.
-const budgetHeader = "Jetcrew-Budget"
-
-// metered is one model request in flight.
-type metered struct {
-	ev     messages.UsageEvent
-	req    usage.Request
-	bounds usage.Bounds
-	// stripUsage is set when the proxy made the request ask for usage
-	// its client did not ask for: the usage chunk is taken out of the
-	// answer.
-	stripUsage bool
-	once       sync.Once // endModel
-}
-
-// beginModel starts metering req, a request to an injected host, or
-// refuses it when the run has reached a budget (after holding it, with
-// Metering.Pause, until the budget is raised or the pause gives up): then
-// it returns the response to send the run instead (the provider's quota
-// error).
-func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
-	format := usage.Detect(req.Method, req.URL.Path)
-	mt := &s.meter
-	// A slot of Config.MaxMetered: the request waits for one (it is not
-	// let through unmetered), until the run's connection ends.
-	select {
-	case s.metering <- struct{}{}:
-	case <-connCtx(req).Done():
-		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
-		resp.Header.Set(budgetHeader, "the connection ended while the request waited for a metering slot")
-		return nil, resp
-	}
-	for {
-		b := s.overBudget(connCtx(req))
-		if b == nil {
-			break
-		}
-		mt.mu.Lock()
-		pause := mt.m.Pause
-		if pause != nil {
-			mt.paused++
-			mt.pausedOn = *b
-		}
-		mt.mu.Unlock()
-		if pause != nil {
-			ok := pause(connCtx(req), *b)
-			mt.mu.Lock()
-			mt.paused--
-			mt.mu.Unlock()
-			if ok {
-				continue
-			}
-		}
-		<-s.metering
-		mt.mu.Lock()
-		mt.totals.Refused++
-		tell := mt.note(b)
-		mt.mu.Unlock()
-		if tell != nil {
-			tell()
-		}
-		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
-		resp := goproxy.NewResponse(req, ct, status, string(body))
-		resp.Header.Set(budgetHeader, b.String())
-		// The providers' SDKs retry a 429 unless told not to (Anthropic's
-		// and OpenAI's read x-should-retry): a retry would only be
-		// refused again.
-		resp.Header.Set("X-Should-Retry", "false")
-		return nil, resp
-	}
-	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
-	if req.Body != nil && req.Body != http.NoBody {
-		m.req, m.bounds, req.Body = usage.ReadRequest(format, req.URL.Path, req.Body, maxMeteredRequest)
-	} else {
-		m.req.Format = format
-	}
-	s.askForUsage(req, m)
-	// Go's transport then asks for gzip itself and decompresses it, so
-	// the proxy reads the usage in clear and the run gets the body in
-	// clear; an encoding the run asked for (br, zstd) would hide it.
-	req.Header.Del("Accept-Encoding")
-	return m, nil
-}
-
-// overBudget returns the budget the run has reached, its own or a shared
-// one, or nil; when it has reached none, the request is counted: in
-// flight against the run's own budgets (atomically with their check), and
-// by Shared.Over in the shared ones.
-func (s *Session) overBudget(ctx context.Context) *Budget {
-	mt := &s.meter
-	mt.mu.Lock()
-	if b := mt.over(); b != nil {
-		mt.mu.Unlock()
-		return b
-	}
-	mt.inflight++
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared == nil {
-		return nil
-	}
-	b, err := shared.Over(ctx)
-	if err != nil {
-		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
-	}
-	if b != nil {
-		mt.mu.Lock()
-		mt.inflight--
-		mt.mu.Unlock()
-	}
-	return b
-}
-
-// wrapModel meters resp, the answer to m: its body passes through
-// unchanged as it arrives, and its usage is recorded when it ends.
-func (s *Session) wrapModel(m *metered, resp *http.Response) {
-	m.ev.Status = resp.StatusCode
-	resp.Body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Body, maxMeteredJSON,
-		func(r usage.Result) { s.endModel(m, r) })
-	if m.stripUsage && resp.StatusCode < 400 {
-		resp.Body = usage.StripUsage(resp.Body)
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-	}
-}
-
-// askForUsage makes an OpenAI Chat stream whose client did not ask for
-// usage (stream_options.include_usage) ask for it, so its usage can be
-// read: the body is rewritten (its Content-Length with it) and the usage
-// chunk that adds is taken out of the answer (wrapModel). A body the
-// proxy did not read whole is left as it is.
-func (s *Session) askForUsage(req *http.Request, m *metered) {
-	if m.req.Format != messages.FormatOpenAIChat || !m.req.Stream || m.req.IncludeUsage {
-		return
-	}
-	body, n, ok := usage.IncludeUsage(req.Body)
-	if !ok {
-		return
-	}
-	req.Body, req.ContentLength = body, n
-	req.Header.Del("Content-Length")
-	req.TransferEncoding = nil
-	req.GetBody = nil
-	m.stripUsage = true
-}
-
-// endModel records the usage of m's response: its event and the run's
-// totals. A request that failed
-// upstream ends with a zero Result (unknown usage).
-func (s *Session) endModel(m *metered, r usage.Result) {
-	m.once.Do(func() {
-		<-s.metering
-		s.recordModel(m, r)
-	})
-}
-
-// recordModel records the usage of m's response (endModel, once).
-func (s *Session) recordModel(m *metered, r usage.Result) {
-	ev := m.ev
-	ev.DurationMS = time.Since(ev.Time).Milliseconds()
-	ev.Model = m.req.Model
-	if r.Model != "" {
-		ev.Model = r.Model
-	}
-	if len(ev.Model) > maxModelName {
-		ev.Model = strings.ToValidUTF8(ev.Model[:maxModelName], "")
-	}
-	ev.Stream = m.req.Stream || r.Stream
-	ev.Known = r.Known
-	mt := &s.meter
-	mt.mu.Lock()
-	if r.Known {
-		ev.Tokens = r.Tokens
-		if c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens); ok {
-			ev.CostUSD = &c
-		}
-	}
-	mt.inflight--
-	mt.totals.Add(ev)
-	publish := mt.events < s.cfg.MaxEvents
-	if publish {
-		mt.events++
-	}
-	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
-	if shared != nil {
-		mt.spends.Add(1)
-	}
-	mt.mu.Unlock()
-	if shared != nil {
-		go func() {
-			defer mt.spends.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
-			defer cancel()
-			shared.Spend(ctx, ev)
-		}()
-	}
-	if obs != nil {
-		obs(ev)
-	}
-	if publish && pub != nil {
-		pub(ev)
-	}
 }
 
 // meteredAddr refuses target, the checked address of a connection to a

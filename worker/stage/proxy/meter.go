@@ -112,10 +112,12 @@ func (s *Stage) meter(run *stage.Run) {
 			OnBudget: cmp.Or(prof.OnBudget, profile.OnBudgetFail)}
 	}
 	m := egress.Metering{
-		Prices:  s.p.cfg.Prices,
-		Limits:  egress.Limits{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxRequests: prof.MaxModelRequests},
-		Publish: s.p.publishUsage,
-		Observe: func(ev messages.UsageEvent) { s.p.metrics.observe(s.profile, ev) },
+		Prices:       s.p.cfg.Prices,
+		Limits:       egress.Limits{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxRequests: prof.MaxModelRequests},
+		SharedLimits: sharedLimits(prof.GroupBudget, prof.PoolBudget),
+		Unmetered:    prof.EgressUnmetered(),
+		Publish:      s.p.publishUsage,
+		Observe:      func(ev messages.UsageEvent) { s.p.metrics.observe(s.profile, ev) },
 		Reached: func(b egress.Budget) {
 			s.p.metrics.refused.WithLabelValues(s.profile, budgetName(b)).Inc()
 			s.p.publishBudget(messages.BudgetEvent{RunID: run.ID(), Time: time.Now().UTC(), Budget: budgetName(b),
@@ -131,6 +133,20 @@ func (s *Stage) meter(run *stage.Run) {
 		}
 	}
 	s.sess.Meter(m)
+}
+
+// sharedLimits returns what the shared budgets limit, each field the
+// largest of theirs (egress.Metering.SharedLimits).
+func sharedLimits(bs ...*profile.SharedBudget) egress.Limits {
+	var l egress.Limits
+	for _, b := range bs {
+		if b != nil {
+			l.MaxCostUSD = max(l.MaxCostUSD, b.MaxCostUSD)
+			l.MaxOutputTokens = max(l.MaxOutputTokens, b.MaxOutputTokens)
+			l.MaxRequests = max(l.MaxRequests, b.MaxModelRequests)
+		}
+	}
+	return l
 }
 
 // CheckEvery is how often a metered run's usage is written to its record,

@@ -296,6 +296,7 @@ func (s *Stage) Note(st *messages.RunState) {
 	if st.Receipt != nil {
 		st.Receipt.Prices = pricesDigest(s.p.cfg.Prices)
 		st.Receipt.Budgets = s.budgets
+		st.Receipt.EgressUnmeteredPaths = s.run.Profile.EgressUnmeteredPaths
 	}
 }
 

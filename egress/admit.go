@@ -1,0 +1,216 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/elazarl/goproxy"
+
+	"github.com/jetcrew/jetcrew/egress/usage"
+	"github.com/jetcrew/jetcrew/messages"
+)
+
+// metered is one model request in flight.
+type metered struct {
+	ev     messages.UsageEvent
+	req    usage.Request
+	bounds usage.Bounds
+	// stripUsage is set when the proxy made the request ask for usage
+	// its client did not ask for: the usage chunk is taken out of the
+	// answer.
+	stripUsage bool
+	once       sync.Once // endModel
+}
+
+// Headers on the proxy's own answer to a model request it refused.
+const (
+	// refusedHeader says why the request was refused.
+	refusedHeader = "Jetcrew-Refused"
+	// budgetHeader names the budget that was reached, when one was.
+	budgetHeader = "Jetcrew-Budget"
+)
+
+// beginModel starts metering req, a request to an injected host, or
+// refuses it: then it returns the response to send the run instead. A
+// protocol upgrade is refused (unless listed in Metering.Unmetered); while
+// the run has a cost or token budget, so is a request whose usage cannot
+// be read (unmeteredReason); and a request when the run has reached a
+// budget (after holding it, with Metering.Pause, until the budget is
+// raised or the pause gives up), with the provider's quota error.
+func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
+	format := usage.Detect(req.Method, req.URL.Path)
+	mt := &s.meter
+	mt.mu.Lock()
+	listed := mt.m.Unmetered.match(req)
+	mt.mu.Unlock()
+	if up := req.Header.Get("Upgrade"); up != "" && listed == "" {
+		return nil, s.refuse(req, fmt.Sprintf("a protocol upgrade (Upgrade: %.40q) on a host the proxy meters is refused: "+
+			"no usage can be read from what it would carry (the profile's egress_unmetered_paths can list %s %s)", up, req.Method, req.URL.Path))
+	}
+	// A slot of Config.MaxMetered: the request waits for one (it is not
+	// let through unmetered), until the run's connection ends.
+	select {
+	case s.metering <- struct{}{}:
+	case <-connCtx(req).Done():
+		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
+		resp.Header.Set(refusedHeader, "the connection ended while the request waited for a metering slot")
+		return nil, resp
+	}
+	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
+	m.req.Format = format
+	if req.Body != nil && req.Body != http.NoBody && format != "" {
+		m.req, m.bounds, req.Body = usage.ReadRequest(format, req.URL.Path, req.Body, maxMeteredRequest)
+	}
+	if why := s.unmeteredReason(req, m, listed); why != "" {
+		<-s.metering
+		return nil, s.refuse(req, why)
+	}
+	if resp := s.admit(req, format); resp != nil {
+		return nil, resp
+	}
+	// Go's transport then asks for gzip itself and decompresses it, so
+	// the proxy reads the usage in clear and the run gets the body in
+	// clear; an encoding the run asked for (br, zstd) would hide it.
+	req.Header.Del("Accept-Encoding")
+	s.askForUsage(req, m)
+	return m, nil
+}
+
+// unmeteredReason returns why req, read into m, is refused for its
+// usage cannot be read while the run has a cost or token budget (its own
+// or a shared one), or "": a request that is not a metered format, a
+// Responses request run in the background (answered later, by a GET the
+// proxy cannot meter either), a body the proxy did not read whole as JSON
+// (past maxMeteredRequest, encoded, or not JSON: its model, output cap
+// and, for a chat stream, whether it asks for usage are unknown). A
+// request the profile lists (listed), or one of the providers' free
+// endpoints (freePath), is never refused here.
+func (s *Session) unmeteredReason(req *http.Request, m *metered, listed string) string {
+	cost, tokens := s.meter.strict()
+	if (!cost && !tokens) || listed != "" || freePath(req) {
+		return ""
+	}
+	what := fmt.Sprintf("%s %.200s", req.Method, req.URL.Path)
+	var why string
+	switch {
+	case m.req.Format == "":
+		why = what + " is not a model request the proxy meters"
+	case m.bounds.Background:
+		why = `a background Responses request ("background": true) is answered later, where the proxy cannot read its usage`
+	case !m.bounds.Whole:
+		why = fmt.Sprintf("the body of %s is over %d MiB, encoded or not JSON, so the proxy cannot read what it may cost", what, maxMeteredRequest>>20)
+	default:
+		return ""
+	}
+	return fmt.Sprintf("%s, and the run has a cost or token budget (the profile's egress_unmetered_paths can list %s to let it pass unmetered)", why, what)
+}
+
+// refuse counts req as refused and returns the proxy's answer to it: a
+// 403 in the provider's own error shape (usage.PermissionError), with
+// why as its message, which the providers' SDKs do not retry.
+func (s *Session) refuse(req *http.Request, why string) *http.Response {
+	s.meter.mu.Lock()
+	s.meter.totals.Refused++
+	s.meter.mu.Unlock()
+	status, ct, body := usage.PermissionError(refusalFormat(req), "jetcrew: refused: "+why)
+	resp := goproxy.NewResponse(req, ct, status, string(body))
+	resp.Header.Set(refusedHeader, why)
+	resp.Header.Set("X-Should-Retry", "false")
+	return resp
+}
+
+// admit holds req until the run's budgets admit it, or refuses it: then
+// it returns the answer (the provider's quota error for format).
+func (s *Session) admit(req *http.Request, format string) *http.Response {
+	mt := &s.meter
+	for {
+		b := s.overBudget(connCtx(req))
+		if b == nil {
+			return nil
+		}
+		mt.mu.Lock()
+		pause := mt.m.Pause
+		if pause != nil {
+			mt.paused++
+			mt.pausedOn = *b
+		}
+		mt.mu.Unlock()
+		if pause != nil {
+			ok := pause(connCtx(req), *b)
+			mt.mu.Lock()
+			mt.paused--
+			mt.mu.Unlock()
+			if ok {
+				continue
+			}
+		}
+		<-s.metering
+		mt.mu.Lock()
+		mt.totals.Refused++
+		tell := mt.note(b)
+		mt.mu.Unlock()
+		if tell != nil {
+			tell()
+		}
+		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
+		resp := goproxy.NewResponse(req, ct, status, string(body))
+		resp.Header.Set(budgetHeader, b.String())
+		resp.Header.Set(refusedHeader, b.String())
+		// The providers' SDKs retry a 429 unless told not to (Anthropic's
+		// and OpenAI's read x-should-retry): a retry would only be
+		// refused again.
+		resp.Header.Set("X-Should-Retry", "false")
+		return resp
+	}
+}
+
+// refusalFormat returns the format whose error shape answers req: its
+// metered format, else Anthropic's for a request with anthropic-version
+// (every Anthropic client sends it), Gemini's for a Google path
+// (/v1beta/, a ":method") or client header, else OpenAI's.
+func refusalFormat(req *http.Request) string {
+	if f := usage.Detect(req.Method, req.URL.Path); f != "" {
+		return f
+	}
+	p := req.URL.Path
+	switch {
+	case req.Header.Get("Anthropic-Version") != "":
+		return messages.FormatAnthropic
+	case strings.Contains(p, "/v1beta/") || strings.Contains(p, ":") || req.Header.Get("X-Goog-Api-Key") != "" || req.Header.Get("X-Goog-Api-Client") != "":
+		return messages.FormatGemini
+	}
+	return messages.FormatOpenAIChat
+}
+
+// overBudget returns the budget the run has reached, its own or a shared
+// one, or nil; when it has reached none, the request is counted: in
+// flight against the run's own budgets (atomically with their check), and
+// by Shared.Over in the shared ones.
+func (s *Session) overBudget(ctx context.Context) *Budget {
+	mt := &s.meter
+	mt.mu.Lock()
+	if b := mt.over(); b != nil {
+		mt.mu.Unlock()
+		return b
+	}
+	mt.inflight++
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared == nil {
+		return nil
+	}
+	b, err := shared.Over(ctx)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
+	}
+	if b != nil {
+		mt.mu.Lock()
+		mt.inflight--
+		mt.mu.Unlock()
+	}
+	return b
+}
