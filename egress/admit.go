@@ -65,7 +65,11 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 	if req.Body != nil && req.Body != http.NoBody && format != "" {
 		m.req, m.bounds, req.Body = usage.ReadRequest(format, req.URL.Path, req.Body, maxMeteredRequest)
 	}
-	if why := s.unmeteredReason(req, m, listed); why != "" {
+	why := s.unmeteredReason(req, m, listed)
+	if why == "" && listed == "" {
+		why = s.unpricedReason(m)
+	}
+	if why != "" {
 		<-s.metering
 		return nil, s.refuse(req, why)
 	}
@@ -107,6 +111,30 @@ func (s *Session) unmeteredReason(req *http.Request, m *metered, listed string) 
 		return ""
 	}
 	return fmt.Sprintf("%s, and the run has a cost or token budget (the profile's egress_unmetered_paths can list %s to let it pass unmetered)", why, what)
+}
+
+// unpricedReason returns why m, a model request, is refused for its
+// model has no price while the run has a cost budget (its own or a shared
+// one), or "": a cost budget cannot hold a request it cannot price. The
+// price table matches the model as Prices.Cost does; a request that names
+// no model, and every request when the worker has no price table, is
+// refused too.
+func (s *Session) unpricedReason(m *metered) string {
+	if cost, _ := s.meter.strict(); !cost || m.req.Format == "" {
+		return ""
+	}
+	s.meter.mu.Lock()
+	prices := s.meter.m.Prices
+	s.meter.mu.Unlock()
+	switch _, ok := prices.Cost(m.req.Model, messages.Tokens{}); {
+	case ok:
+		return ""
+	case prices == nil:
+		return "the worker has no price table (--prices), so a cost budget (max_cost_usd) cannot price any request"
+	case m.req.Model == "":
+		return "the request names no model the price table could price, and the run has a cost budget (max_cost_usd)"
+	}
+	return fmt.Sprintf("model %.128q has no price in the worker's price table, and the run has a cost budget (max_cost_usd): add it to the table (--prices)", m.req.Model)
 }
 
 // refuse counts req as refused and returns the proxy's answer to it: a

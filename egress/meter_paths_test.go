@@ -194,3 +194,63 @@ func httpReq(method, path string) *http.Request {
 	r, _ := http.NewRequest(method, "https://example.com"+path, nil)
 	return r
 }
+
+// Under a cost budget (the run's own or a shared one) a request naming a
+// model the price table has no price for, or naming none, is refused
+// before it is sent, with a reason naming the model (and so is every
+// request when the worker has no price table); under a token budget alone
+// it passes. A response whose model differs from the request's and has no
+// price is priced as the request's model, which the proxy admitted.
+func TestMeterUnpricedModelRefused(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		prices *usage.Prices
+		m      Metering
+		strict bool
+		want   string
+	}{
+		{"own cost", pathPrices, Metering{Limits: Limits{MaxCostUSD: 10}}, true, `model "gpt-unknown" has no price`},
+		{"shared cost", pathPrices, Metering{SharedLimits: Limits{MaxCostUSD: 10}}, true, `model "gpt-unknown" has no price`},
+		{"no table", nil, Metering{Limits: Limits{MaxCostUSD: 10}}, true, "no price table"},
+		{"tokens only", pathPrices, Metering{Limits: Limits{MaxOutputTokens: 1 << 30}}, false, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := &anyStandIn{}
+			c.m.Prices = c.prices
+			mb := meterSetup(t, h, c.m)
+			status, body, _ := mb.send(t, "POST", "/v1/chat/completions", `{"model":"gpt-unknown","max_tokens":10}`)
+			if !c.strict {
+				require.Equal(t, http.StatusOK, status, body)
+				return
+			}
+			require.Equal(t, http.StatusForbidden, status, body)
+			var e struct {
+				Error struct{ Message string } `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(body), &e))
+			require.Contains(t, e.Error.Message, c.want)
+			status, body, _ = mb.send(t, "POST", "/v1/chat/completions", `{"max_tokens":10}`)
+			require.Equal(t, http.StatusForbidden, status, body)
+			require.Empty(t, h.received(), "a refused request never reaches the provider")
+			_, reached := mb.sess.Reached()
+			require.False(t, reached)
+		})
+	}
+
+	t.Run("response model", func(t *testing.T) {
+		t.Parallel()
+		mb := meterSetup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"model":"o-mystery","usage":{"prompt_tokens":1000,"completion_tokens":100}}`)
+		}), Metering{Prices: pathPrices, Limits: Limits{MaxCostUSD: 10}})
+		status, body, _ := mb.send(t, "POST", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":100}`)
+		require.Equal(t, http.StatusOK, status, body)
+		ev := mb.waitEvents(t, 1)[0]
+		require.Equal(t, "o-mystery", ev.Model)
+		require.NotNil(t, ev.CostUSD, "priced as the request's model")
+		require.InDelta(t, (1000*2.5+100*10)/1e6, *ev.CostUSD, 1e-12)
+		require.Zero(t, mb.sess.Usage().Unpriced)
+	})
+}

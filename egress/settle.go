@@ -70,7 +70,13 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	mt.mu.Lock()
 	if r.Known {
 		ev.Tokens = r.Tokens
-		if c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens); ok {
+		// A response's model without a price (a name the request's
+		// resolved to) is priced as the request's, which was admitted.
+		c, ok := mt.m.Prices.Cost(ev.Model, r.Tokens)
+		if !ok {
+			c, ok = mt.m.Prices.Cost(m.req.Model, r.Tokens)
+		}
+		if ok {
 			ev.CostUSD = &c
 		}
 	}
