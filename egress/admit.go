@@ -1,11 +1,9 @@
 package egress
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/elazarl/goproxy"
@@ -13,18 +11,6 @@ import (
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
-
-// metered is one model request in flight.
-type metered struct {
-	ev     messages.UsageEvent
-	req    usage.Request
-	bounds usage.Bounds
-	// stripUsage is set when the proxy made the request ask for usage
-	// its client did not ask for: the usage chunk is taken out of the
-	// answer.
-	stripUsage bool
-	once       sync.Once // endModel
-}
 
 // Headers on the proxy's own answer to a model request it refused.
 const (
@@ -73,7 +59,8 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 		<-s.metering
 		return nil, s.refuse(req, why)
 	}
-	if resp := s.admit(req, format); resp != nil {
+	s.plan(m)
+	if resp := s.admit(req, m); resp != nil {
 		return nil, resp
 	}
 	// Go's transport then asks for gzip itself and decompresses it, so
@@ -151,14 +138,24 @@ func (s *Session) refuse(req *http.Request, why string) *http.Response {
 	return resp
 }
 
-// admit holds req until the run's budgets admit it, or refuses it: then
-// it returns the answer (the provider's quota error for format).
-func (s *Session) admit(req *http.Request, format string) *http.Response {
+// admit holds req, read into m, until the run's budgets admit it
+// (reserve), or refuses it: then it returns the answer (the provider's
+// quota error for its format).
+func (s *Session) admit(req *http.Request, m *metered) *http.Response {
 	mt := &s.meter
 	for {
-		b := s.overBudget(connCtx(req))
+		m.ev.Time = time.Now().UTC() // the window a shared budget counts it in
+		b := s.reserve(connCtx(req), m)
 		if b == nil {
 			return nil
+		}
+		if connCtx(req).Err() != nil {
+			// The run's connection ended while the request waited: it is
+			// answered (to no one) without reaching a budget.
+			<-s.metering
+			resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
+			resp.Header.Set(refusedHeader, "the connection ended while the request waited for its budget")
+			return resp
 		}
 		mt.mu.Lock()
 		pause := mt.m.Pause
@@ -184,7 +181,7 @@ func (s *Session) admit(req *http.Request, format string) *http.Response {
 		if tell != nil {
 			tell()
 		}
-		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
+		status, ct, body := usage.QuotaError(m.req.Format, "jetcrew: "+b.String())
 		resp := goproxy.NewResponse(req, ct, status, string(body))
 		resp.Header.Set(budgetHeader, b.String())
 		resp.Header.Set(refusedHeader, b.String())
@@ -212,33 +209,4 @@ func refusalFormat(req *http.Request) string {
 		return messages.FormatGemini
 	}
 	return messages.FormatOpenAIChat
-}
-
-// overBudget returns the budget the run has reached, its own or a shared
-// one, or nil; when it has reached none, the request is counted: in
-// flight against the run's own budgets (atomically with their check), and
-// by Shared.Over in the shared ones.
-func (s *Session) overBudget(ctx context.Context) *Budget {
-	mt := &s.meter
-	mt.mu.Lock()
-	if b := mt.over(); b != nil {
-		mt.mu.Unlock()
-		return b
-	}
-	mt.inflight++
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared == nil {
-		return nil
-	}
-	b, err := shared.Over(ctx)
-	if err != nil {
-		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
-	}
-	if b != nil {
-		mt.mu.Lock()
-		mt.inflight--
-		mt.mu.Unlock()
-	}
-	return b
 }

@@ -82,6 +82,13 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		a.up = &countingReader{r: req.Body}
 		req.Body = a.up
 	}
+	up := m.conn
+	if model != nil {
+		model.up = a.up
+		if model.strict {
+			up = s.upstreamCtx(model, m.conn)
+		}
+	}
 	ctx.UserData = a
 	// goproxy's MITM loop skips the response handlers when the round trip
 	// fails: record the failure here, so no attempt is lost and Close does
@@ -96,7 +103,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		}
 		return resp, err
 	})
-	return req.WithContext(context.WithValue(m.conn, dialKey{}, m.target)), nil
+	return req.WithContext(context.WithValue(up, dialKey{}, m.target)), nil
 }
 
 // certStore caches the certificates signed for injected hosts, by name.

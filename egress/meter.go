@@ -15,17 +15,32 @@ import (
 // Bounds of the metering of one model request.
 const (
 	// maxMeteredRequest is how much of a model request's body the proxy
-	// reads to learn its model and whether it streams; a larger body goes
-	// upstream unread (its model is then taken from the response, where
-	// every metered format names it).
+	// reads to learn its model, whether it streams and its output cap,
+	// and to rewrite it (askForUsage). A larger body is refused under a
+	// cost or token budget (what it may cost is unknown) and otherwise
+	// goes upstream unread (its model is then taken from the response,
+	// where every metered format names it).
 	maxMeteredRequest = 4 << 20
 	// maxMeteredJSON is how much of a response that is not a stream the
 	// proxy keeps to read its usage at the end (past it the response is
 	// passed on whole but its usage is unknown), and the longest line or
 	// event of a stream it reads. With Config.MaxMetered requests at once
-	// a run makes the proxy hold at most MaxMetered × (256 KiB + 4 MiB)
-	// for metering: 68 MiB with the default.
+	// a run makes the proxy hold at most MaxMetered × (2 × 4 MiB + 4 MiB)
+	// for metering (a request, its rewritten copy, an answer): 192 MiB
+	// with the default, reached only by a run sending 16 bodies of 4 MiB
+	// at once.
 	maxMeteredJSON = 4 << 20
+	// reserveWait bounds how long a request whose worst case fits the
+	// budget but not beside the requests in flight waits for them to end
+	// (their real cost is usually below their reservation); past it, it
+	// is refused as past the budget.
+	reserveWait = 2 * time.Minute
+	// drainTimeout and maxDrain bound reading the rest of an answer the
+	// agent stopped reading, under a cost or token budget, to settle it
+	// at its real usage: past either (or when the provider's connection
+	// fails) the request is charged its reservation.
+	drainTimeout = 5 * time.Minute
+	maxDrain     = 64 << 20
 	// spendTimeout bounds adding one response to the shared budgets.
 	spendTimeout = 30 * time.Second
 	// maxModelName is the longest model name an event keeps, in bytes (the
@@ -35,17 +50,23 @@ const (
 
 // Limits are a run's budgets, enforced by its egress proxy on the model
 // requests to the hosts it injects a key for (the only way the run reaches
-// them). A zero field is no limit. A request is refused, with the
-// provider's own quota error (usage.QuotaError), once the run's totals
-// have reached a limit; a request in flight when its limit is crossed
-// completes, so a run overshoots a token or cost limit by at most what the
-// requests it had in flight at that moment spent (each connection carries
-// one request at a time, so at most Config.MaxConns responses), and a
-// request limit never (requests are counted when they are sent).
+// them). A zero field is no limit.
+//
+// Before a request is sent, its worst case (usage.Prices.Worst: its
+// output cap at the output price, plus its input estimated from the
+// body's size) is reserved against the cost and token limits; when the
+// answer ends the reservation is replaced by the real usage. A request
+// whose worst case does not fit what is left (spent and reserved) waits
+// for the requests in flight to end (at most reserveWait), and is refused
+// with the provider's own quota error (usage.QuotaError) when it cannot
+// fit beside what was spent. So the run never spends past a cost or token
+// limit, as long as no answer costs more than its reservation (input the
+// body does not carry, usage.BytesPerInputToken); a request limit is
+// never passed (requests are counted when they are sent).
 type Limits struct {
 	// MaxCostUSD is the most the run may spend, in US dollars by the
-	// price table (profile key max_cost_usd). Responses the table has no
-	// price for cost nothing here.
+	// price table (profile key max_cost_usd). A request for a model the
+	// table has no price for is refused.
 	MaxCostUSD float64
 	// MaxOutputTokens is the most output tokens the run may be sent
 	// (profile key max_output_tokens).
@@ -55,8 +76,9 @@ type Limits struct {
 	MaxRequests int64
 }
 
-// Budget names the limit a run reached: the profile key, the limit and
-// what the run had spent of it when it was reached.
+// Budget names the limit a run reached, or that a request's worst case
+// did not fit: the profile key, the limit, what the run had spent of it,
+// and what the request needed.
 type Budget struct {
 	// Scope is "" for the run's own budget, messages.BudgetScopeGroup or
 	// messages.BudgetScopePool for one it shares (profile keys
@@ -68,6 +90,10 @@ type Budget struct {
 	// Limit and Spent are in the key's unit (US dollars, tokens,
 	// requests).
 	Limit, Spent float64
+	// Need is the refused request's worst case in that unit, when the
+	// limit was not reached yet but the request did not fit what was
+	// left; Reserved what the requests in flight held then.
+	Need, Reserved float64
 }
 
 // String says which budget was reached and how much was spent ("budget
@@ -78,10 +104,27 @@ func (b Budget) String() string {
 	if b.Scope != "" {
 		key = b.Scope + "_budget." + b.Key
 	}
+	fits := b.Spent < b.Limit && b.Need > 0
+	held := ""
+	if b.Reserved > 0 {
+		held = ", and requests in flight hold "
+	}
 	switch b.Key {
 	case "max_cost_usd":
-		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), strconv.FormatFloat(b.Spent, 'f', 4, 64))
+		if fits {
+			if held != "" {
+				held += usd(b.Reserved) + " USD"
+			}
+			return fmt.Sprintf("budget reached: %s %s (spent %s USD%s; this request may cost up to %s USD)", key, formatFloat(b.Limit), usd(b.Spent), held, usd(b.Need))
+		}
+		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), usd(b.Spent))
 	case "max_output_tokens":
+		if fits {
+			if held != "" {
+				held += fmt.Sprintf("%d", int64(b.Reserved))
+			}
+			return fmt.Sprintf("budget reached: %s %d (spent %d output tokens%s; this request may generate up to %d)", key, int64(b.Limit), int64(b.Spent), held, int64(b.Need))
+		}
 		return fmt.Sprintf("budget reached: %s %d (spent %d output tokens)", key, int64(b.Limit), int64(b.Spent))
 	default:
 		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", key, int64(b.Limit), int64(b.Spent))
@@ -89,6 +132,8 @@ func (b Budget) String() string {
 }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+func usd(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }
 
 // Metering is how a session meters its run's model requests: every request
 // to a host it injects a key for (Injection) is metered; other hosts are
@@ -135,15 +180,22 @@ type Metering struct {
 // group's or its pool's over a window (worker/stage/proxy keeps them in
 // a NATS key-value bucket).
 type Shared interface {
-	// Over returns the shared budget the run's group or pool has reached
-	// (nil when none), and otherwise counts the request in them: called
-	// before each model request. An error lets the request go (and is
-	// logged): a budget store that cannot be read does not stop every run.
-	Over(ctx context.Context) (*Budget, error)
-	// Spend adds a finished model response's cost and tokens to the shared
-	// totals. It is called on a goroutine of its own, which Close waits
-	// for.
-	Spend(ctx context.Context, ev messages.UsageEvent)
+	// Reserve is called before each model request, sent at at, with its
+	// worst case (CostUSD, OutputTokens; zero when the run's budgets do
+	// not limit them): when every shared budget admits it, the request
+	// is counted and its worst case reserved in each (ReservedCostUSD,
+	// ReservedOutputTokens of the window that holds at), and Reserve
+	// returns nil; else nothing stays counted and it returns the budget
+	// that does not admit it, after waiting (at most reserveWait, or
+	// until ctx ends) for requests in flight elsewhere to end when the
+	// request would fit beside what was spent. An error lets the request
+	// go unreserved (and is logged): a budget store that cannot be read
+	// does not stop every run.
+	Reserve(ctx context.Context, at time.Time, worst messages.BudgetSpend) (*Budget, error)
+	// Settle replaces what Reserve held for a request sent at at (worst;
+	// zero when Reserve held nothing) by what its answer spent. It is
+	// called on a goroutine of its own, which Close waits for.
+	Settle(ctx context.Context, at time.Time, worst, spent messages.BudgetSpend)
 }
 
 // meter is a session's metering state.
@@ -152,6 +204,11 @@ type meter struct {
 	m        Metering
 	totals   messages.UsageTotals
 	inflight int64
+	// reserved is what the requests in flight hold against the run's
+	// own budgets (CostUSD, OutputTokens); settled is closed (and
+	// replaced) whenever one ends.
+	reserved messages.BudgetSpend
+	settled  chan struct{}
 	events   int
 	reached  *Budget
 	// paused counts the requests held past a budget now; pausedOn is
@@ -221,19 +278,45 @@ func (s *Session) Reached() (Budget, bool) {
 	return *s.meter.reached, true
 }
 
-// over returns the first of l the totals have reached (requests counted
-// with those in flight), or nil.
-func (mt *meter) over() *Budget {
-	l, t := mt.m.Limits, mt.totals
-	switch {
-	case l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests:
-		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}
-	case l.MaxOutputTokens > 0 && t.Tokens.Output >= l.MaxOutputTokens:
-		return &Budget{Key: "max_output_tokens", Limit: float64(l.MaxOutputTokens), Spent: float64(t.Tokens.Output)}
-	case l.MaxCostUSD > 0 && t.CostUSD >= l.MaxCostUSD:
-		return &Budget{Key: "max_cost_usd", Limit: l.MaxCostUSD, Spent: t.CostUSD}
+// verdict returns the first of the run's own limits a request with worst
+// case need does not fit, or nil: the request limit when it is reached
+// (requests in flight counted); a cost or token limit the spent totals
+// reached, or that need does not fit beside them (wait false); or one
+// need fits beside the spent totals but not beside what the requests in
+// flight hold too (wait true: it may fit once they end). Callers hold mu.
+func (mt *meter) verdict(need messages.BudgetSpend) (b *Budget, wait bool) {
+	l, t, r := mt.m.Limits, mt.totals, mt.reserved
+	if l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests {
+		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}, false
 	}
-	return nil
+	if lim, spent, n := l.MaxOutputTokens, t.Tokens.Output, need.OutputTokens; lim > 0 {
+		b := &Budget{Key: "max_output_tokens", Limit: float64(lim), Spent: float64(spent), Need: float64(n), Reserved: float64(r.OutputTokens)}
+		switch {
+		case spent >= lim || n > lim-spent:
+			return b, false
+		case n > lim-spent-r.OutputTokens:
+			return b, true
+		}
+	}
+	if lim, spent, n := l.MaxCostUSD, t.CostUSD, need.CostUSD; lim > 0 {
+		b := &Budget{Key: "max_cost_usd", Limit: lim, Spent: spent, Need: n, Reserved: r.CostUSD}
+		switch {
+		case spent >= lim || spent+n > lim:
+			return b, false
+		case spent+r.CostUSD+n > lim:
+			return b, true
+		}
+	}
+	return nil, false
+}
+
+// settledChan returns a channel closed when a request in flight next
+// ends. Callers hold mu.
+func (mt *meter) settledChan() <-chan struct{} {
+	if mt.settled == nil {
+		mt.settled = make(chan struct{})
+	}
+	return mt.settled
 }
 
 // strict reports whether the run has a cost budget and a token budget,

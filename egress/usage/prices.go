@@ -27,6 +27,11 @@ type Price struct {
 	// (Anthropic's cache writes; what Anthropic charges depends on the
 	// cache's lifetime: give the one the agents use).
 	CacheWrite float64 `toml:"cache_write"`
+	// MaxOutput is the most output tokens the model generates in one
+	// answer, in tokens (not a price): what the proxy reserves for a
+	// request that sets no cap of its own (Prices.Worst). 0: the
+	// documented default for its family (DefaultMaxOutputs).
+	MaxOutput int64 `toml:"max_output"`
 }
 
 // Prices is an operator's price table, by model name (LoadPrices). A nil
@@ -89,6 +94,9 @@ func ParsePrices(name string, data []byte) (*Prices, error) {
 			return nil, fmt.Errorf("price table %s: a model with an empty name", name)
 		}
 		p := f.Models[m]
+		if p.MaxOutput < 0 {
+			return nil, fmt.Errorf("price table %s: models.%q.max_output = %d: a count of tokens >= 0", name, m, p.MaxOutput)
+		}
 		for _, v := range []struct {
 			key string
 			usd float64

@@ -65,7 +65,7 @@ func AddIf(ctx context.Context, kv jetstream.KeyValue, key string, d messages.Bu
 			return nil
 		}
 		admitted = true
-		sum = messages.BudgetSpend{CostUSD: cur.CostUSD + d.CostUSD, OutputTokens: cur.OutputTokens + d.OutputTokens, Requests: cur.Requests + d.Requests}
+		sum = cur.Add(d)
 		data, _ := json.Marshal(sum) // a BudgetSpend always marshals
 		if rev == 0 {
 			_, err = kv.Create(ctx, key, data)
