@@ -59,7 +59,10 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 		<-s.metering
 		return nil, s.refuse(req, why)
 	}
-	s.plan(m)
+	if format != "" && listed == "" {
+		// What passes unmetered (a listed or free request) holds nothing.
+		s.plan(m)
+	}
 	if resp := s.admit(req, m); resp != nil {
 		return nil, resp
 	}

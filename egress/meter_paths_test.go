@@ -156,6 +156,10 @@ func TestMeterUnreadableRefusedUnderBudget(t *testing.T) {
 			if c.strict {
 				require.EqualValues(t, len(refused)+1, tot.Refused)
 			}
+			// What passes unmetered holds no reservation and is not
+			// charged one: it is a request with unknown usage.
+			require.Zero(t, tot.Estimated, "%+v", tot)
+			require.Zero(t, tot.Unpriced, "%+v", tot)
 			_, reached := mb.sess.Reached()
 			require.False(t, reached, "a refused path is no budget reached: the run goes on")
 			var reasons int

@@ -30,6 +30,10 @@ input = 3.0
 output = 15.0
 cache_read = 0.30
 cache_write = 3.75
+
+[models."gpt-4o"]
+input = 2.5
+output = 10.0
 `
 
 // budgetModel is the model the runs ask for.
@@ -42,20 +46,69 @@ var fixtureTokens = messages.Tokens{Input: 11, Output: 5, CacheRead: 2, CacheWri
 // fixtureCostUSD is what fixtureTokens cost by budgetPrices.
 const fixtureCostUSD = (11*3.0 + 5*15.0 + 2*0.30 + 1*3.75) / 1e6
 
-// budgetProfile is the metered profile: inj.provider.test with the key
-// injected, api.provider.test allowed but not injected (another name of
-// the same address), no address rule (the provider's network looks
-// public), at most 2 model requests and 1 USD.
+// budgetProfile is the metered profiles: bud with inj.provider.test with
+// the key injected, api.provider.test allowed but not injected (another
+// name of the same address), no address rule (the provider's network
+// looks public), at most 2 model requests and 1 USD; bud2 with 1 USD and
+// POST /v1/embeddings passing unmetered; bud99 with 1 USD alone.
 func budgetProfile(image string) string {
 	return fmt.Sprintf(`[profiles.bud]
-image = %q
+image = %[1]q
 command = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 egress = ["inj.provider.test:443", "api.provider.test:443"]
 egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 max_model_requests = 2
 max_cost_usd = 1.0
+
+[profiles.bud2]
+image = %[1]q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_cost_usd = 1.0
+egress_unmetered_paths = ["POST /v1/embeddings"]
+
+[profiles.bud99]
+image = %[1]q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_cost_usd = 1.0
 `, image)
+}
+
+// completeScript tries what a run with a cost budget might use to spend
+// unmetered, one line each: a chat stream whose client did not ask for
+// usage (CHAT, the whole body), a path the proxy does not meter
+// (UNMETERED), the path the profile lists (LISTED), a model the price
+// table lacks (UNPRICED), a WebSocket upgrade (WS).
+func completeScript() string {
+	return `c='{"model":"gpt-4o","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+u='{"model":"mystery-model-1","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+echo "CHAT $(egress-fixture post -full https://inj.provider.test/v1/chat/completions "$c")"
+echo "UNMETERED $(egress-fixture post https://inj.provider.test/v1/completions '{"model":"gpt-4o","prompt":"hi"}')"
+echo "LISTED $(egress-fixture post https://inj.provider.test/v1/embeddings '{"model":"e","input":"hi"}')"
+echo "UNPRICED $(egress-fixture post https://inj.provider.test/v1/messages "$u")"
+echo "WS $(egress-fixture post -X GET -H Upgrade:websocket -H Connection:Upgrade https://inj.provider.test/v1/realtime '')"
+echo DONE
+`
+}
+
+// overScript spends 99 % of the 1 USD budget in one request (66 000
+// output tokens at 15 USD a million, every one used), then sends 64
+// requests at once that each use all of their 100 output tokens, then
+// waits: the worker must stop it for the budget.
+func overScript() string {
+	return fmt.Sprintf(`big='{"model":%[1]q,"max_tokens":66000,"messages":[{"role":"user","content":"hi"}]}'
+small='{"model":%[1]q,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}'
+echo "FIRST $(egress-fixture post -H X-Fixture-Output:max https://inj.provider.test/v1/messages "$big")"
+echo "MANY $(egress-fixture posts 64 -H X-Fixture-Output:max https://inj.provider.test/v1/messages "$small")"
+echo DONE
+sleep 60
+`, budgetModel)
 }
 
 // messagesBody is a Messages API request body for budgetModel.
@@ -109,7 +162,7 @@ func keyTag(key string) string {
 	return "key=" + hex.EncodeToString(sum[:8]) + "/n=1 "
 }
 
-// TestEgressBudget runs the metered profile bud on real Docker, two runs at
+// TestEgressBudget runs the metered profiles on real Docker, four runs at
 // once on one worker.
 //
 // budget: a run sends a plain and a streamed model request (200 each, the
@@ -131,6 +184,18 @@ func keyTag(key string) string {
 // address (403, an egress event naming the metered host). Only its
 // request to the metered name is answered, with the worker's key, and
 // counted.
+//
+// complete (a run of bud2, with max_cost_usd): nothing it sends is free by
+// accident. A chat stream its client sent without include_usage is metered
+// (the provider was asked for usage) and the client's stream has no usage
+// chunk; a path the proxy does not meter is refused (403, naming it and
+// egress_unmetered_paths), the listed one passes and the receipt names
+// it; a model the price table lacks is refused naming it; a WebSocket
+// upgrade is refused. None of these refusals ends the run.
+//
+// overshoot (a run of bud99): at 99 % of max_cost_usd, 64 requests at once
+// end with the run's cost within its budget (each reserved its worst case
+// before it was sent); the run ends failed for the budget.
 func TestEgressBudget(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
@@ -138,8 +203,13 @@ func TestEgressBudget(t *testing.T) {
 	require.NoError(t, err)
 	e := startEgressWorkerOpts(t, egressOptions{profiles: budgetProfile, prices: prices, publicNet: true})
 	budget, bypass := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t)
+	complete, over := "eg-complete-"+opsSuffix(t), "eg-over-"+opsSuffix(t)
 	e.submit(t, budget, "bud", budgetScript())
 	e.submit(t, bypass, "bud", bypassScript(e.provider))
+	e.submit(t, complete, "bud2", completeScript())
+	e.submit(t, over, "bud99", overScript())
+	t.Run("complete", func(t *testing.T) { checkComplete(t, e, complete) })
+	t.Run("overshoot", func(t *testing.T) { checkOvershoot(t, e, over) })
 
 	t.Run("budget", func(t *testing.T) {
 		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
