@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,9 @@ func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Re
 	if format != "" && listed == "" {
 		// What passes unmetered (a listed or free request) holds nothing.
 		s.plan(m)
+	}
+	if resp := s.pace(req, m); resp != nil {
+		return nil, resp
 	}
 	if resp := s.admit(req, m); resp != nil {
 		return nil, resp
@@ -194,6 +198,51 @@ func (s *Session) admit(req *http.Request, m *metered) *http.Response {
 		resp.Header.Set("X-Should-Retry", "false")
 		return resp
 	}
+}
+
+// pace takes req's request and tokens from its key's rate (Metering.Pacer),
+// waiting as the pacer does, or answers it with the provider's own 429
+// and the time to wait (retry-after) when the wait would be longer: the
+// request holds nothing then, and the agent's client waits and tries
+// again itself (the proxy never retries for it). Called before the
+// budgets hold anything for req (admit), so a request waiting for its
+// rate holds no budget.
+func (s *Session) pace(req *http.Request, m *metered) *http.Response {
+	mt := &s.meter
+	mt.mu.Lock()
+	pacer, prices := mt.m.Pacer, mt.m.Prices
+	mt.mu.Unlock()
+	if pacer == nil {
+		return nil
+	}
+	var tokens int64
+	if m.bounds.Whole {
+		w := prices.Worst(m.req.Model, m.bounds)
+		tokens = w.Input + w.Output
+		if tokens < 0 { // saturated output cap
+			tokens = w.Output
+		}
+	}
+	wait, err := pacer.Take(connCtx(req), m.ev.Host, tokens)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("pace a model request by its key's rate; letting it go")
+		return nil
+	}
+	if wait <= 0 {
+		return nil
+	}
+	mt.mu.Lock()
+	mt.totals.Refused++
+	mt.mu.Unlock()
+	<-s.metering
+	secs := int64((wait + time.Second - 1) / time.Second)
+	why := fmt.Sprintf("the key's rate (egress_rate) is spent for now: try again in %ds", secs)
+	status, ct, body := usage.RateLimitError(refusalFormat(req), "jetcrew: "+why)
+	resp := goproxy.NewResponse(req, ct, status, string(body))
+	resp.Header.Set(refusedHeader, why)
+	resp.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
+	resp.Header.Set("Retry-After-Ms", strconv.FormatInt(wait.Milliseconds(), 10))
+	return resp
 }
 
 // refusalFormat returns the format whose error shape answers req: its

@@ -174,6 +174,24 @@ type Metering struct {
 	// the proxy refuses what it cannot meter for them as for the run's
 	// own Limits.
 	SharedLimits Limits
+	// Pacer, when set, paces the run's requests to each injected host
+	// by its key's rate, shared by every run using the key (profile key
+	// egress_rate); nil: none.
+	Pacer Pacer
+}
+
+// Pacer paces model requests per injected key across a fleet: a token
+// bucket of requests and tokens per minute that every worker takes from
+// (worker/stage/proxy keeps it in a NATS key-value bucket).
+type Pacer interface {
+	// Take takes one request and tokens (the request's input estimate
+	// plus its output cap; 0 when unknown) from the bucket of host's key,
+	// waiting for them up to the pacer's bound or until ctx ends. It
+	// returns 0 once taken, or how long until they could be when that
+	// is past the bound (nothing taken). An error lets the request go
+	// (and is logged): a store that cannot be read does not stop every
+	// run.
+	Take(ctx context.Context, host string, tokens int64) (retryAfter time.Duration, err error)
 }
 
 // Shared is a budget a run shares with other runs, on any worker: its

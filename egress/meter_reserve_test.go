@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -173,4 +174,46 @@ func TestMeterCutStreamSettledAtReservation(t *testing.T) {
 	require.EqualValues(t, 1, tot.Estimated)
 	require.Zero(t, tot.Unknown)
 	require.True(t, strings.HasPrefix(ev.Model, "claude-test-4"))
+}
+
+// fakePacer gives or refuses every request, recording what it was asked.
+type fakePacer struct {
+	mu     sync.Mutex
+	wait   time.Duration
+	tokens []int64
+}
+
+func (f *fakePacer) Take(_ context.Context, host string, tokens int64) (time.Duration, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tokens = append(f.tokens, tokens)
+	return f.wait, nil
+}
+
+// A request its key's rate cannot take in time is answered with the
+// provider's own retryable 429 and retry-after, never sent, and holds
+// nothing of the budgets; the pacer is asked for the request's tokens
+// (its input estimate and output cap).
+func TestMeterPacedRequest(t *testing.T) {
+	t.Parallel()
+	h := &fullUseStandIn{}
+	p := &fakePacer{wait: 1500 * time.Millisecond}
+	mb := meterSetup(t, h, Metering{Prices: reservePrices, Limits: Limits{MaxCostUSD: 1}, Pacer: p})
+	status, body, hdr := mb.send(t, "POST", "/v1/chat/completions", chatMax(100))
+	require.Equal(t, http.StatusTooManyRequests, status, body)
+	require.Contains(t, body, `"code":"rate_limit_exceeded"`, "OpenAI's retryable rate limit, not insufficient_quota")
+	require.Equal(t, "2", hdr.Get("Retry-After"))
+	require.Equal(t, "1500", hdr.Get("Retry-After-Ms"))
+	require.Empty(t, hdr.Get("X-Should-Retry"))
+	require.Zero(t, h.served.Load())
+	_, reached := mb.sess.Reached()
+	require.False(t, reached)
+	p.mu.Lock()
+	p.wait = 0
+	p.mu.Unlock()
+	status, body, _ = mb.send(t, "POST", "/v1/chat/completions", chatMax(100))
+	require.Equal(t, http.StatusOK, status, body)
+	in := (int64(len(chatMax(100))) + 2) / 3
+	require.Equal(t, []int64{in + 100, in + 100}, p.tokens)
+	require.EqualValues(t, 1, mb.sess.Usage().Refused)
 }

@@ -133,21 +133,13 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 		mt.events++
 	}
 	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
-	if shared != nil {
-		mt.spends.Add(1)
-	}
 	mt.mu.Unlock()
 	if shared != nil {
 		spent := messages.BudgetSpend{OutputTokens: ev.Tokens.Output}
 		if ev.CostUSD != nil {
 			spent.CostUSD = *ev.CostUSD
 		}
-		go func() {
-			defer mt.spends.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
-			defer cancel()
-			shared.Settle(ctx, ev.Time, m.sharedNeed, spent)
-		}()
+		s.settleShared(m, spent)
 	}
 	if obs != nil {
 		obs(ev)
@@ -155,6 +147,25 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	if publish && pub != nil {
 		pub(ev)
 	}
+}
+
+// settleShared replaces what m held in the shared budgets by spent, on a
+// goroutine Close waits for (each bounded by spendTimeout).
+func (s *Session) settleShared(m *metered, spent messages.BudgetSpend) {
+	mt := &s.meter
+	mt.mu.Lock()
+	shared := mt.m.Shared
+	mt.mu.Unlock()
+	if shared == nil {
+		return
+	}
+	mt.spends.Add(1)
+	go func() {
+		defer mt.spends.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
+		defer cancel()
+		shared.Settle(ctx, m.ev.Time, m.sharedNeed, spent)
+	}()
 }
 
 // unsettled reports whether m's answer, read into r, leaves what it

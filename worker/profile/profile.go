@@ -95,6 +95,10 @@ type Profile struct {
 	// (default): none. Needs egress_inject.
 	EgressUnmeteredPaths []string `toml:"egress_unmetered_paths" json:"egress_unmetered_paths,omitempty"`
 	egressUnmetered      egress.UnmeteredPaths
+	// EgressRate paces the runs' requests to each egress_inject host by
+	// its key, across every worker using the key (EgressRate). Nil:
+	// none. Needs egress_inject.
+	EgressRate *EgressRate `toml:"egress_rate" json:"egress_rate,omitempty"`
 	// EgressAsk lists hosts ("name:port", "*.suffix:port"; no addresses)
 	// a run may reach only once an operator allows it, live: a connection
 	// to one is held until an operator allows or denies it, for the run

@@ -78,12 +78,18 @@ type meteredRun struct {
 // the extra TOML keys, on a worker of its own connected to srv.
 func startMetered(t *testing.T, srv *server.Server, prov *provider, id, group, extra string) meteredRun {
 	t.Helper()
-	return startMeteredPriced(t, srv, prov, id, group, extra, nil)
+	return startMeteredWith(t, srv, prov, id, group, extra, nil)
 }
 
 // startMeteredPriced is startMetered on a worker with the price table
 // prices.
 func startMeteredPriced(t *testing.T, srv *server.Server, prov *provider, id, group, extra string, prices *usage.Prices) meteredRun {
+	t.Helper()
+	return startMeteredWith(t, srv, prov, id, group, extra, func(c *Config) { c.Prices = prices })
+}
+
+// startMeteredWith is startMetered on a worker whose Config mod changes.
+func startMeteredWith(t *testing.T, srv *server.Server, prov *provider, id, group, extra string, mod func(*Config)) meteredRun {
 	t.Helper()
 	ps, err := profile.ParseProfiles("t", fmt.Appendf(nil, `[profiles.metered]
 image = "x"
@@ -96,7 +102,11 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	require.NoError(t, err)
 	prof := ps["metered"]
 	nc := coordtest.Connect(t, srv)
-	p := New(Config{WorkerID: "w-" + id, Pool: "default", NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop(), Prices: prices})
+	cfg := Config{WorkerID: "w-" + id, Pool: "default", NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p := New(cfg)
 	ca, caPEM, err := egress.LoadOrCreateCA(t.TempDir(), "test CA")
 	require.NoError(t, err)
 	roots := x509.NewCertPool()
@@ -110,7 +120,7 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	t.Cleanup(func() { sess.Close() })
 	run := &stage.Run{Request: messages.RunRequest{ID: id, Group: group, Profile: "metered"}, Profile: &prof}
 	s := &Stage{p: p, sess: sess}
-	s.meter(run)
+	s.meter(run, []egress.Injection{{Name: "example.com", Port: port, Header: "x-api-key", Value: "sk"}})
 	trust := x509.NewCertPool()
 	require.True(t, trust.AppendCertsFromPEM(caPEM))
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{

@@ -102,8 +102,9 @@ func pricesDigest(p *usage.Prices) string {
 
 // meter makes the run's proxy meter its model requests, with the
 // profile's budgets (its own, its group's and pool's, paused or failed as
-// on_budget says) and the worker's price table.
-func (s *Stage) meter(run *stage.Run) {
+// on_budget says), the worker's price table and the pace of the keys it
+// injects (inj; egress_rate).
+func (s *Stage) meter(run *stage.Run, inj []egress.Injection) {
 	prof := run.Profile
 	s.metered, s.profile, s.run = true, prof.Name, run
 	if prof.HasBudget() {
@@ -123,6 +124,9 @@ func (s *Stage) meter(run *stage.Run) {
 			s.p.publishBudget(messages.BudgetEvent{RunID: run.ID(), Time: time.Now().UTC(), Budget: budgetName(b),
 				Limit: b.Limit, Spent: b.Spent, Action: "fail", Reason: b.String()})
 		},
+	}
+	if pacer := newPacer(s.p.budgets, prof, inj, s.p.rateWait()); pacer != nil {
+		m.Pacer = pacer
 	}
 	if s.p.budgets != nil {
 		if sh := s.shared(run); sh != nil {
