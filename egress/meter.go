@@ -269,6 +269,10 @@ func (s *Session) Raise(by Limits) {
 	if l.MaxRequests > 0 {
 		l.MaxRequests += by.MaxRequests
 	}
+	if mt := &s.meter; mt.settled != nil { // requests waiting for room look again
+		close(mt.settled)
+		mt.settled = nil
+	}
 }
 
 // Limits returns the run's own limits as they are now (raised by grants).
