@@ -189,6 +189,9 @@ type replay struct {
 	r   *bytes.Reader
 	err error
 	rc  io.ReadCloser
+	// whole is the body when ReadRequest read it whole as a JSON object
+	// (IncludeUsage rewrites it), else nil.
+	whole []byte
 }
 
 // Read implements io.Reader.
