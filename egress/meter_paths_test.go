@@ -191,7 +191,31 @@ func TestMeterRefusalShapes(t *testing.T) {
 	status, body, _ = mb.send(t, "POST", "/v1beta/models/gemini-2.5-pro:embedContent", `{}`)
 	require.Equal(t, http.StatusForbidden, status)
 	require.Contains(t, body, `"PERMISSION_DENIED"`)
+	// Gemini CLI's Code Assist endpoint gets Google's shape too (here a
+	// body that is not JSON, whose cost cannot be known).
+	status, body, _ = mb.send(t, "POST", "/v1internal:generateContent", `not json`)
+	require.Equal(t, http.StatusForbidden, status)
+	require.JSONEq(t, `{"error":{"code":403,"status":"PERMISSION_DENIED","message":`+quoteJSON(t, extractMessage(t, body))+`}}`, body)
 	require.Equal(t, messages.FormatGemini, refusalFormat(httpReq("POST", "/v1beta/tunedModels")))
+}
+
+// extractMessage returns the error.message of a Google-shaped error body.
+func extractMessage(t *testing.T, body string) string {
+	t.Helper()
+	var e struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+	require.NotEmpty(t, e.Error.Message, body)
+	return e.Error.Message
+}
+
+// quoteJSON returns s as a JSON string.
+func quoteJSON(t *testing.T, s string) string {
+	t.Helper()
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	return string(b)
 }
 
 func httpReq(method, path string) *http.Request {

@@ -24,11 +24,12 @@ type Bounds struct {
 	// MaxOutput is the request's own cap on output tokens, 0 when it sets
 	// none: Anthropic's max_tokens, Chat Completions' max_completion_tokens
 	// or max_tokens (the larger), Responses' max_output_tokens, Gemini's
-	// generationConfig.maxOutputTokens. Every one of them counts the
+	// generationConfig.maxOutputTokens (Code Assist's in the wrapped
+	// request's, request.generationConfig). Every one of them counts the
 	// reasoning (thinking) tokens too.
 	MaxOutput int64
 	// Choices is how many answers the request asks for, each up to
-	// MaxOutput: Chat Completions' n, Gemini's
+	// MaxOutput: Chat Completions' n, Gemini's (and Code Assist's)
 	// generationConfig.candidateCount; 1 otherwise.
 	Choices int64
 	// Background is true for a Responses request with "background": true,
@@ -39,16 +40,17 @@ type Bounds struct {
 
 // ReadRequest is RequestInfo (the same Request, and a body that replays
 // what was read) that also returns the request's Bounds, for a request
-// of any metered format, Gemini's included. The body is read as JSON by
-// its exact keys, the last of a repeated key winning (as the providers
-// read it), so a key spelt in another case ("Stream") is not mistaken for
-// the one the provider reads.
+// of any metered format, Gemini's included. What the path says comes
+// first (requestPath: Gemini's and Claude on Vertex AI's model, a
+// streaming method), the body's "model" and "stream" only where the path
+// says nothing; a Code Assist body's bounds are those of the Gemini
+// request it wraps ("request"). The body is read as JSON by its exact
+// keys, the last of a repeated key winning (as the providers read it), so
+// a key spelt in another case ("Stream") is not mistaken for the one the
+// provider reads.
 func ReadRequest(format, path string, body io.ReadCloser, max int64) (Request, Bounds, io.ReadCloser) {
-	req := Request{Format: format}
+	req := requestPath(format, path)
 	b := Bounds{Choices: 1}
-	if format == messages.FormatGemini {
-		req.Model, req.Stream = geminiPath(path)
-	}
 	if body == nil || body == http.NoBody || format == "" || max <= 0 {
 		return req, b, body
 	}
@@ -70,8 +72,12 @@ func ReadRequest(format, path string, body io.ReadCloser, max int64) (Request, B
 	rb.whole = read
 	b.Whole, b.Size = true, int64(len(read))
 	if format != messages.FormatGemini {
-		_ = json.Unmarshal(top["model"], &req.Model)
-		_ = json.Unmarshal(top["stream"], &req.Stream)
+		if req.Model == "" {
+			_ = json.Unmarshal(top["model"], &req.Model)
+		}
+		if !req.Stream {
+			_ = json.Unmarshal(top["stream"], &req.Stream)
+		}
 	}
 	switch format {
 	case messages.FormatAnthropic:
@@ -85,6 +91,10 @@ func ReadRequest(format, path string, body io.ReadCloser, max int64) (Request, B
 		_ = json.Unmarshal(top["background"], &b.Background)
 	case messages.FormatGemini:
 		b.MaxOutput, b.Choices = geminiBounds(top)
+	case messages.FormatGeminiCodeAssist:
+		var inner map[string]json.RawMessage
+		_ = json.Unmarshal(top["request"], &inner)
+		b.MaxOutput, b.Choices = geminiBounds(inner)
 	}
 	return req, b, rb
 }

@@ -17,7 +17,7 @@ import (
 //   - OpenAI Chat and Responses: {"error":{"message":msg,"type":"requests","param":null,"code":"rate_limit_exceeded"}}
 //     (OpenAI's rate limit error, which clients retry; not
 //     insufficient_quota, which they take as final);
-//   - Gemini: {"error":{"code":429,"message":msg,"status":"RESOURCE_EXHAUSTED"}};
+//   - Gemini and Code Assist: {"error":{"code":429,"message":msg,"status":"RESOURCE_EXHAUSTED"}};
 //   - any other format: msg as text/plain.
 func RateLimitError(format, msg string) (status int, contentType string, body []byte) {
 	if format != messages.FormatOpenAIChat && format != messages.FormatOpenAIResponses {

@@ -19,7 +19,7 @@ import (
 //     (Anthropic's documented 403 type);
 //   - OpenAI Chat and Responses: {"error":{"message":msg,"type":"invalid_request_error","param":null,"code":null}}
 //     (the shape of every OpenAI error);
-//   - Gemini: {"error":{"code":403,"message":msg,"status":"PERMISSION_DENIED"}}
+//   - Gemini and Code Assist: {"error":{"code":403,"message":msg,"status":"PERMISSION_DENIED"}}
 //     (Google's API error shape);
 //   - any other format: msg as text/plain.
 func PermissionError(format, msg string) (status int, contentType string, body []byte) {
@@ -49,7 +49,7 @@ func PermissionError(format, msg string) (status int, contentType string, body [
 		v = struct {
 			Error openaiDetail `json:"error"`
 		}{openaiDetail{Message: msg, Type: "invalid_request_error"}}
-	case messages.FormatGemini:
+	case messages.FormatGemini, messages.FormatGeminiCodeAssist:
 		v = struct {
 			Error googleDetail `json:"error"`
 		}{googleDetail{http.StatusForbidden, msg, "PERMISSION_DENIED"}}

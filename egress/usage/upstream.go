@@ -19,7 +19,7 @@ import (
 //     error);
 //   - OpenAI Chat and Responses: {"error":{"message":msg,"type":"server_error","param":null,"code":null}}
 //     (OpenAI's shape for a 5xx);
-//   - Gemini: {"error":{"code":502,"message":msg,"status":"UNAVAILABLE"}}
+//   - Gemini and Code Assist: {"error":{"code":502,"message":msg,"status":"UNAVAILABLE"}}
 //     (Google's API error shape);
 //   - any other format: msg and a newline as text/plain.
 //
@@ -53,7 +53,7 @@ func UpstreamError(format, msg string) (status int, contentType string, body []b
 		v = struct {
 			Error openaiDetail `json:"error"`
 		}{openaiDetail{Message: msg, Type: "server_error"}}
-	case messages.FormatGemini:
+	case messages.FormatGemini, messages.FormatGeminiCodeAssist:
 		v = struct {
 			Error googleDetail `json:"error"`
 		}{googleDetail{http.StatusBadGateway, msg, "UNAVAILABLE"}}
