@@ -108,11 +108,13 @@ func (s *Session) unmeteredReason(req *http.Request, m *metered, listed string) 
 }
 
 // unpricedReason returns why m, a model request, is refused for its
-// model has no price while the run has a cost budget (its own or a shared
-// one), or "": a cost budget cannot hold a request it cannot price. The
-// price table matches the model as Prices.Cost does; a request that names
-// no model, and every request when the worker has no price table, is
-// refused too.
+// price cannot be known while the run has a cost budget (its own or a
+// shared one), or "": a cost budget cannot hold a request it cannot
+// price. The price table matches the model as Prices.Cost does; a request
+// that names no model, and every request when the worker has no price
+// table, is refused too; so is one whose worst case needs a price the
+// model's row lacks (usage.Worst.Unpriced: its input or output price, a
+// tier's, or web_search for a request with a web search tool).
 func (s *Session) unpricedReason(m *metered) string {
 	if cost, _ := s.meter.strict(); !cost || m.req.Format == "" {
 		return ""
@@ -120,9 +122,13 @@ func (s *Session) unpricedReason(m *metered) string {
 	s.meter.mu.Lock()
 	prices := s.meter.m.Prices
 	s.meter.mu.Unlock()
-	switch _, ok := prices.Cost(m.req.Model, messages.Tokens{}); {
-	case ok:
+	w := prices.Worst(m.req.Model, m.bounds)
+	switch {
+	case w.Priced && len(w.Unpriced) == 0:
 		return ""
+	case w.Priced:
+		return fmt.Sprintf("model %.128q has no %s price in the worker's price table, which this request may need, and the run has a cost budget (max_cost_usd): add it to the table (--prices)",
+			m.req.Model, strings.Join(w.Unpriced, ", "))
 	case prices == nil:
 		return "the worker has no price table (--prices), so a cost budget (max_cost_usd) cannot price any request"
 	case m.req.Model == "":

@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -76,4 +79,84 @@ output = 15.0
 	require.Equal(t, http.StatusTooManyRequests, status, body)
 	require.Contains(t, body, "RESOURCE_EXHAUSTED")
 	require.Contains(t, body, "max_cost_usd")
+}
+
+// richPrices prices model "m" with a one-hour cache write dearer than its
+// input, a long-prompt tier dearer than its output and web searches, and
+// model "ns" without a web search price.
+var richPrices = mustPrices(`[models.m]
+input = 1.0
+output = 10.0
+cache_write_1h = 100.0
+web_search = 10.0
+
+[[models.m.tiers]]
+above_input_tokens = 100000
+input = 2.0
+output = 50.0
+
+[models.ns]
+input = 1.0
+output = 10.0
+`)
+
+// searchStandIn answers a Messages request, as the model it names, with
+// 10 input and 5 output tokens and one web search.
+func searchStandIn(w http.ResponseWriter, r *http.Request) {
+	var req struct{ Model string }
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"type":"message","model":%q,"usage":{"input_tokens":10,"output_tokens":5,"server_tool_use":{"web_search_requests":1}}}`, req.Model)
+}
+
+// A request's worst case is priced at its model's dearest rates (the
+// one-hour cache write on the input side, the long-prompt tier's output),
+// plus the web searches its web search tool may make (max_uses); under
+// max_cost_usd a request that may search on a model without a web_search
+// price is refused naming it.
+func TestMeterWorstCaseDearestRates(t *testing.T) {
+	t.Parallel()
+	mb := meterSetup(t, http.HandlerFunc(searchStandIn), Metering{Prices: richPrices, Limits: Limits{MaxCostUSD: 0.03}})
+	search := func(n int) string {
+		return fmt.Sprintf(`"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":%d}]`, n)
+	}
+	refused := []struct{ name, body string }{
+		// 1000 output tokens: 0.01 USD at output, 0.05 at the tier's.
+		{"tier output", `{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}`},
+		// About 1000 input tokens: 0.001 USD at input, 0.1 at the one-hour write.
+		{"one-hour write", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`},
+		// 5 searches: 0.05 USD.
+		{"web searches", `{"model":"m","max_tokens":10,` + search(5) + `,"messages":[{"role":"user","content":"hi"}]}`},
+	}
+	for _, r := range refused {
+		status, body, _ := mb.send(t, "POST", "/v1/messages", r.body, "anthropic-version", "2023-06-01")
+		require.Equal(t, http.StatusTooManyRequests, status, "%s: %s", r.name, body)
+		require.Contains(t, body, "this request may cost up to", r.name)
+	}
+	status, body, _ := mb.send(t, "POST", "/v1/messages", `{"model":"ns","max_tokens":10,`+search(1)+`,"messages":[]}`, "anthropic-version", "2023-06-01")
+	require.Equal(t, http.StatusForbidden, status, body)
+	require.Contains(t, body, `model \"ns\" has no web_search price`)
+
+	// One search fits: 0.01 USD and its tokens.
+	status, body, _ = mb.send(t, "POST", "/v1/messages", `{"model":"m","max_tokens":10,`+search(1)+`,"messages":[{"role":"user","content":"hi"}]}`, "anthropic-version", "2023-06-01")
+	require.Equal(t, http.StatusOK, status, body)
+	status, body, _ = mb.send(t, "POST", "/v1/messages", `{"model":"ns","max_tokens":10,"messages":[]}`, "anthropic-version", "2023-06-01")
+	require.Equal(t, http.StatusOK, status, body)
+	evs := mb.waitEvents(t, 2)
+	require.EqualValues(t, 1, evs[0].WebSearches)
+	require.InDelta(t, (10*1.0+5*10.0)/1e6+10.0/1e3, *evs[0].CostUSD, 1e-12)
+	require.Equal(t, []string{"web_search"}, evs[1].PartlyUnpriced, "ns searched (without a tool the proxy saw) and has no price for it")
+	require.EqualValues(t, len(refused)+1, mb.sess.Usage().Refused)
+}
+
+// A response charged its worst case counts the web searches reserved
+// with its tokens and cost (its fee is in the cost).
+func TestChargeWorstCountsSearches(t *testing.T) {
+	t.Parallel()
+	ev := messages.UsageEvent{Known: true, Tokens: messages.Tokens{Input: 4, Output: 3}}
+	chargeWorst(&ev, usage.Worst{Input: 10, Output: 100, WebSearches: 2, CostUSD: 0.5, Priced: true})
+	require.True(t, ev.Estimated)
+	require.Equal(t, messages.Tokens{Input: 10, Output: 100}, ev.Tokens)
+	require.EqualValues(t, 2, ev.WebSearches)
+	require.InDelta(t, 0.5, *ev.CostUSD, 1e-12)
 }

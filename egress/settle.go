@@ -184,8 +184,8 @@ func unsettled(m *metered, r usage.Result) bool {
 }
 
 // chargeWorst makes ev, a response whose usage was not read to its end,
-// count its request's worst case w (Estimated): its tokens and cost,
-// unless what was read already says more.
+// count its request's worst case w (Estimated): its tokens, web searches
+// and cost, unless what was read already says more.
 func chargeWorst(ev *messages.UsageEvent, w usage.Worst) {
 	ev.Estimated = true
 	if ev.CostUSD != nil && *ev.CostUSD > w.CostUSD {
@@ -194,6 +194,7 @@ func chargeWorst(ev *messages.UsageEvent, w usage.Worst) {
 	read := ev.Tokens
 	ev.Tokens = w.Tokens()
 	ev.Tokens.Output = max(ev.Tokens.Output, read.Output)
+	ev.WebSearches = max(ev.WebSearches, w.WebSearches)
 	ev.CostUSD = nil
 	if w.Priced {
 		c := w.CostUSD

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -32,6 +33,9 @@ type Bounds struct {
 	// MaxOutput: Chat Completions' n, Gemini's (and Code Assist's)
 	// generationConfig.candidateCount; 1 otherwise.
 	Choices int64
+	// WebSearches is the most web searches the request may pay for
+	// (webSearches): 0 without a web search tool.
+	WebSearches int64
 	// Background is true for a Responses request with "background": true,
 	// which the provider answers at once and runs later: its usage is
 	// read by no response the proxy sees.
@@ -82,12 +86,14 @@ func ReadRequest(format, path string, body io.ReadCloser, max int64) (Request, B
 	switch format {
 	case messages.FormatAnthropic:
 		b.MaxOutput = jsonCount(top["max_tokens"])
+		b.WebSearches = webSearches(format, top)
 	case messages.FormatOpenAIChat:
 		req.IncludeUsage = includeUsage(top["stream_options"])
 		b.MaxOutput = max64(jsonCount(top["max_completion_tokens"]), jsonCount(top["max_tokens"]))
 		b.Choices = max64(1, jsonCount(top["n"]))
 	case messages.FormatOpenAIResponses:
 		b.MaxOutput = jsonCount(top["max_output_tokens"])
+		b.WebSearches = webSearches(format, top)
 		_ = json.Unmarshal(top["background"], &b.Background)
 	case messages.FormatGemini:
 		b.MaxOutput, b.Choices = geminiBounds(top)
@@ -97,6 +103,53 @@ func ReadRequest(format, path string, body io.ReadCloser, max int64) (Request, B
 		b.MaxOutput, b.Choices = geminiBounds(inner)
 	}
 	return req, b, rb
+}
+
+// webSearches returns the most web searches a request of format, its
+// body top, may pay for: for each Anthropic web search tool (a tool whose
+// type starts "web_search_": web_search_20250305 and its successors) its
+// max_uses, else DefaultWebSearches; for a Responses request with a web
+// search tool (type "web_search", "web_search_preview" or a dated one) its
+// max_tool_calls (which bounds every built-in tool call of the answer),
+// else DefaultWebSearches. 0 for a request without such a tool.
+func webSearches(format string, top map[string]json.RawMessage) int64 {
+	var tools []json.RawMessage
+	if json.Unmarshal(top["tools"], &tools) != nil {
+		return 0
+	}
+	var n int64
+	var responses bool
+	for _, raw := range tools {
+		var tool map[string]json.RawMessage
+		var typ string
+		if json.Unmarshal(raw, &tool) != nil || json.Unmarshal(tool["type"], &typ) != nil {
+			continue
+		}
+		switch {
+		case format == messages.FormatAnthropic && strings.HasPrefix(typ, "web_search_"):
+			uses := jsonCount(tool["max_uses"])
+			if uses <= 0 {
+				uses = DefaultWebSearches
+			}
+			n = addSat(n, uses)
+		case format == messages.FormatOpenAIResponses && strings.HasPrefix(typ, "web_search"):
+			responses = true
+		}
+	}
+	if responses {
+		if n = jsonCount(top["max_tool_calls"]); n <= 0 {
+			n = DefaultWebSearches
+		}
+	}
+	return n
+}
+
+// addSat returns a+b for a, b >= 0, saturated at math.MaxInt64.
+func addSat(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // includeUsage reports whether stream_options (raw JSON) sets

@@ -131,6 +131,7 @@ func FuzzReadRequest(f *testing.F) {
 			}
 			require.GreaterOrEqual(t, b.MaxOutput, int64(0))
 			require.GreaterOrEqual(t, b.Choices, int64(1))
+			require.GreaterOrEqual(t, b.WebSearches, int64(0))
 			if !b.Whole {
 				require.Zero(t, b.Size)
 			}

@@ -1,6 +1,7 @@
 package usage
 
 import (
+	"fmt"
 	"math"
 	"strings"
 
@@ -44,6 +45,10 @@ var DefaultMaxOutputs = map[string]int64{
 	"gemini-1.5":        8192,
 }
 
+// DefaultWebSearches is the web searches reserved for a web search tool
+// that sets no bound of its own.
+const DefaultWebSearches = 20
+
 // BytesPerInputToken is how many bytes of a request's body the proxy
 // counts as one input token when it reserves a request's worst case:
 // English prose runs about 4 bytes a token, code and JSON's escapes
@@ -62,12 +67,21 @@ type Worst struct {
 	// request's cap (Bounds.MaxOutput), else the model's (MaxOutput),
 	// times the answers it asks for (Bounds.Choices).
 	Output int64
-	// CostUSD is Input at the model's dearest input price (input, cache
-	// read or cache write, whichever is highest) plus Output at its
-	// output price, in US dollars; 0 when Priced is false.
+	// WebSearches is the most web searches the request may pay for
+	// (Bounds.WebSearches).
+	WebSearches int64
+	// CostUSD is what Input, Output and WebSearches cost at the model's
+	// dearest rates (Price.dearest), in US dollars; 0 when Priced is
+	// false.
 	CostUSD float64
-	// Priced is true when the table has a price for the model.
+	// Priced is true when the table has a row for the model.
 	Priced bool
+	// Unpriced names the prices the worst case needs that the model's row
+	// lacks, as Charge names them: "input", "output" (of the row, or "…
+	// above <n> input tokens" of a tier), "web_search" (for a request
+	// that may pay for web searches). CostUSD counts them as nothing, so
+	// it is no bound then.
+	Unpriced []string
 }
 
 // MaxOutput returns the most output tokens model generates in one
@@ -93,12 +107,47 @@ func (p *Prices) Worst(model string, b Bounds) Worst {
 	if out <= 0 {
 		out = p.MaxOutput(model)
 	}
-	w := Worst{Input: b.Size/BytesPerInputToken + min(b.Size%BytesPerInputToken, 1), Output: mulSat(out, max(b.Choices, 1))}
-	if pr, ok := p.price(model); ok {
-		in := max(rate(pr.Input), rate(pr.CacheRead), rate(pr.CacheWrite))
-		w.CostUSD, w.Priced = (float64(w.Input)*in+float64(w.Output)*rate(pr.Output))/1e6, true
+	w := Worst{Input: b.Size/BytesPerInputToken + min(b.Size%BytesPerInputToken, 1), Output: mulSat(out, max(b.Choices, 1)), WebSearches: b.WebSearches}
+	pr, ok := p.price(model)
+	if !ok {
+		return w
+	}
+	in, outRate, unpriced := pr.dearest()
+	w.CostUSD, w.Priced, w.Unpriced = (float64(w.Input)*in+float64(w.Output)*outRate)/1e6, true, unpriced
+	if w.WebSearches > 0 {
+		if pr.WebSearch == nil {
+			w.Unpriced = append(w.Unpriced, "web_search")
+		} else {
+			w.CostUSD += float64(w.WebSearches) * *pr.WebSearch / 1e3
+		}
 	}
 	return w
+}
+
+// dearest returns the highest input-side price (input, cache_read,
+// cache_write, cache_write_1h) and the highest output price of pr's rates
+// and of every tier's: a request's prompt size is not known before it is
+// answered (input its body does not carry, cached or named by id, counts
+// toward a tier), so its worst case is priced as if it were past every
+// tier. It names the input and output prices the row or a tier lacks.
+func (pr Price) dearest() (in, out float64, unpriced []string) {
+	add := func(r Rates, tier string) {
+		for _, v := range []*float64{r.Input, r.CacheRead, r.CacheWrite, r.CacheWrite1h} {
+			in = max(in, rate(v))
+		}
+		out = max(out, rate(r.Output))
+		if r.Input == nil {
+			unpriced = append(unpriced, "input"+tier)
+		}
+		if r.Output == nil {
+			unpriced = append(unpriced, "output"+tier)
+		}
+	}
+	add(pr.Rates, "")
+	for _, t := range pr.Tiers {
+		add(t.Rates, fmt.Sprintf(" above %d input tokens", t.AboveInputTokens))
+	}
+	return in, out, unpriced
 }
 
 // Tokens returns w as the tokens a response charged at its worst case
