@@ -104,6 +104,8 @@ func TestMeterUnreadableRefusedUnderBudget(t *testing.T) {
 		{"listed prefix", "GET", "/v1/files/file_1/content", ""},
 		{"model list", "GET", "/v1/models", ""},
 		{"count tokens", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`},
+		{"vertex count tokens", "POST", "/v1/projects/p/locations/us-east5/publishers/anthropic/models/count-tokens:rawPredict", `{"model":"claude-sonnet-4-5"}`},
+		{"code assist count tokens", "POST", "/v1internal:countTokens", `{"request":{"model":"models/gemini-2.5-pro"}}`},
 		{"metered", "POST", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":10}`},
 	}
 	for _, c := range []struct {

@@ -105,7 +105,9 @@ func cleanPath(req *http.Request) bool {
 // as requests with unknown usage): listing models (GET …/models and
 // …/models/<id>: OpenAI, Anthropic, Gemini) and counting tokens
 // (Anthropic's POST …/v1/messages/count_tokens, Gemini's POST
-// …/models/<model>:countTokens).
+// …/models/<model>:countTokens, Claude on Vertex AI's POST
+// …/publishers/anthropic/models/count-tokens:rawPredict, Code Assist's
+// POST …/v1internal:countTokens).
 func freePath(req *http.Request) bool {
 	if !cleanPath(req) {
 		return false
@@ -120,7 +122,9 @@ func freePath(req *http.Request) bool {
 		return i >= 0 && !strings.ContainsAny(p[i+len("/models/"):], ":")
 	case http.MethodPost:
 		return strings.HasSuffix(p, "/v1/messages/count_tokens") ||
-			(strings.Contains(p, "/models/") && strings.HasSuffix(p, ":countTokens"))
+			(strings.Contains(p, "/models/") && strings.HasSuffix(p, ":countTokens")) ||
+			strings.HasSuffix(p, "/v1internal:countTokens") ||
+			strings.HasSuffix(p, "/publishers/anthropic/models/count-tokens:rawPredict")
 	}
 	return false
 }
