@@ -42,9 +42,15 @@ type Bounds struct {
 	Background bool
 }
 
-// ReadRequest is RequestInfo (the same Request, and a body that replays
-// what was read) that also returns the request's Bounds, for a request
-// of any metered format, Gemini's included. What the path says comes
+// ReadRequest returns what a request of format (Detect's) to path says
+// about itself and its Bounds, and a body to send upstream in place of
+// body: it replays exactly the bytes read here, followed by the rest of
+// body (and by the error that stopped reading, if one did), and its Close
+// closes body. It reads at most max bytes of body (plus one, to tell a
+// larger body apart); a larger body, or one that is not a JSON object,
+// yields only what the path says (Bounds.Whole false) and is passed on
+// unparsed. A nil body is returned as is. It never fails: the request
+// goes upstream byte for byte in every case. What the path says comes
 // first (requestPath: Gemini's and Claude on Vertex AI's model, a
 // streaming method), the body's "model" and "stream" only where the path
 // says nothing; a Code Assist body's bounds are those of the Gemini

@@ -3,11 +3,12 @@
 // whose key it injects (issue 26). It knows five formats
 // (messages.FormatAnthropic, FormatOpenAIChat, FormatOpenAIResponses,
 // FormatGemini, FormatGeminiCodeAssist), told apart by the request's
-// method and path (Detect); it reads the request's model and whether it
-// asked for a stream (RequestInfo), then the response's usage as the
-// response passes through (Wrap), prices it by an operator's table
-// (Prices.Charge), and builds the provider's own quota error for a request
-// a budget refuses (QuotaError).
+// method and path (Detect); it reads the request's model, whether it
+// asked for a stream and what it may cost (ReadRequest, Prices.Worst),
+// then the response's usage as the response passes through (Wrap), prices
+// it by an operator's table (Prices.Charge), and builds the provider's own
+// errors for a request the proxy answers itself (QuotaError,
+// PermissionError, RateLimitError, UpstreamError).
 //
 // Nothing here is ever an error for the agent: a body the package cannot
 // read passes through unchanged and its usage is unknown (Result.Known

@@ -73,14 +73,14 @@ func FuzzRequestInfo(f *testing.F) {
 		fm := fuzzFormats[int(format)%len(fuzzFormats)]
 		var got []usage.Request
 		for _, sizes := range []func() int{whole, randomSizes(seed)} {
-			req, body := usage.RequestInfo(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
+			req, body := requestInfo(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
 			b, err := io.ReadAll(body)
 			require.NoError(t, err)
 			require.Equal(t, string(data), string(b))
 			require.NoError(t, body.Close())
 			require.Equal(t, fm, req.Format)
 			// Past the bound, a request is what its path says.
-			byPath, _ := usage.RequestInfo(fm, path, nil, max)
+			byPath, _ := requestInfo(fm, path, nil, max)
 			if fm != messages.FormatGemini && int64(len(data)) > max {
 				require.Equal(t, byPath, req)
 			}
