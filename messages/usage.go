@@ -147,7 +147,9 @@ type UsageTotals struct {
 	// no price for (UsageEvent.PartlyUnpriced): CostUSD is then a lower
 	// bound.
 	PartlyUnpriced int64 `json:"partly_unpriced,omitempty"`
-	// Refused counts model requests a budget refused.
+	// Refused counts the requests to a metered host the proxy answered
+	// itself: past a budget or a key's rate, a protocol upgrade, or, under
+	// a cost or token budget, one whose usage or price it could not know.
 	Refused int64 `json:"refused,omitempty"`
 }
 
