@@ -46,7 +46,10 @@ var DefaultMaxOutputs = map[string]int64{
 }
 
 // DefaultWebSearches is the web searches reserved for a web search tool
-// that sets no bound of its own.
+// that sets no bound of its own (an Anthropic web_search tool without
+// max_uses, a Responses request with a web_search tool and no
+// max_tool_calls). It is jetcrew's bound, not the provider's: an answer
+// that searches more costs more than its reservation by their fee.
 const DefaultWebSearches = 20
 
 // BytesPerInputToken is how many bytes of a request's body the proxy
