@@ -69,7 +69,7 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		model, refusal = s.beginModel(req, m.name)
 	}
 	if refusal != nil {
-		ev.Reason = refusal.Header.Get(budgetHeader)
+		ev.Reason = refusal.Header.Get(refusedHeader)
 		s.record(ev)
 		return req, refusal
 	}
@@ -82,11 +82,18 @@ func (s *Session) handleInjected(req *http.Request, ctx *goproxy.ProxyCtx, m *mi
 		a.up = &countingReader{r: req.Body}
 		req.Body = a.up
 	}
+	up := m.conn
+	if model != nil {
+		model.up = a.up
+		if model.strict {
+			up = s.upstreamCtx(model, m.conn)
+		}
+	}
 	ctx.UserData = a
 	ctx.RoundTripper = goproxy.RoundTripperFunc(func(req *http.Request, pctx *goproxy.ProxyCtx) (*http.Response, error) {
 		return s.roundTripInjected(req, pctx, m, a)
 	})
-	return req.WithContext(context.WithValue(m.conn, dialKey{}, m.target)), nil
+	return req.WithContext(context.WithValue(up, dialKey{}, m.target)), nil
 }
 
 // roundTripInjected sends req, a request of attempt a to the injected host

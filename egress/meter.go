@@ -3,14 +3,10 @@ package egress
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/elazarl/goproxy"
 
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
@@ -19,17 +15,32 @@ import (
 // Bounds of the metering of one model request.
 const (
 	// maxMeteredRequest is how much of a model request's body the proxy
-	// reads to learn its model and whether it streams; a larger body goes
-	// upstream unread (its model is then taken from the response, where
-	// every metered format names it).
-	maxMeteredRequest = 256 << 10
+	// reads to learn its model, whether it streams and its output cap,
+	// and to rewrite it (askForUsage). A larger body is refused under a
+	// cost or token budget (what it may cost is unknown) and otherwise
+	// goes upstream unread (its model is then taken from the response,
+	// where every metered format names it).
+	maxMeteredRequest = 4 << 20
 	// maxMeteredJSON is how much of a response that is not a stream the
 	// proxy keeps to read its usage at the end (past it the response is
 	// passed on whole but its usage is unknown), and the longest line or
 	// event of a stream it reads. With Config.MaxMetered requests at once
-	// a run makes the proxy hold at most MaxMetered × (256 KiB + 4 MiB)
-	// for metering: 68 MiB with the default.
+	// a run makes the proxy hold at most MaxMetered × (2 × 4 MiB + 4 MiB)
+	// for metering (a request, its rewritten copy, an answer): 192 MiB
+	// with the default, reached only by a run sending 16 bodies of 4 MiB
+	// at once.
 	maxMeteredJSON = 4 << 20
+	// reserveWait bounds how long a request whose worst case fits the
+	// budget but not beside the requests in flight waits for them to end
+	// (their real cost is usually below their reservation); past it, it
+	// is refused as past the budget.
+	reserveWait = 2 * time.Minute
+	// drainTimeout and maxDrain bound reading the rest of an answer the
+	// agent stopped reading, under a cost or token budget, to settle it
+	// at its real usage: past either (or when the provider's connection
+	// fails) the request is charged its reservation.
+	drainTimeout = 5 * time.Minute
+	maxDrain     = 64 << 20
 	// spendTimeout bounds adding one response to the shared budgets.
 	spendTimeout = 30 * time.Second
 	// maxModelName is the longest model name an event keeps, in bytes (the
@@ -39,18 +50,24 @@ const (
 
 // Limits are a run's budgets, enforced by its egress proxy on the model
 // requests to the hosts it injects a key for (the only way the run reaches
-// them). A zero field is no limit. A request is refused, with the
-// provider's own quota error (usage.QuotaError), once the run's totals
-// have reached a limit; a request in flight when its limit is crossed
-// completes, so a run overshoots a token or cost limit by at most what the
-// requests it had in flight at that moment spent (each connection carries
-// one request at a time, so at most Config.MaxConns responses), and a
-// request limit never (requests are counted when they are sent).
+// them). A zero field is no limit.
+//
+// Before a request is sent, its worst case (usage.Prices.Worst: its
+// output cap at the output price, plus its input estimated from the
+// body's size) is reserved against the cost and token limits; when the
+// answer ends the reservation is replaced by the real usage. A request
+// whose worst case does not fit what is left (spent and reserved) waits
+// for the requests in flight to end (at most reserveWait), and is refused
+// with the provider's own quota error (usage.QuotaError) when it cannot
+// fit beside what was spent. So the run never spends past a cost or token
+// limit, as long as no answer costs more than its reservation (input the
+// body does not carry, usage.BytesPerInputToken); a request limit is
+// never passed (requests are counted when they are sent).
 type Limits struct {
 	// MaxCostUSD is the most the run may spend, in US dollars by the
-	// price table (profile key max_cost_usd). Responses the table has no
-	// price for cost nothing here; the parts of a response the table
-	// prices in part (UsageEvent.PartlyUnpriced) cost what it prices.
+	// price table (profile key max_cost_usd). A request for a model the
+	// table has no price for is refused; the parts of a response the
+	// table prices in part (UsageEvent.PartlyUnpriced) cost what it prices.
 	MaxCostUSD float64
 	// MaxOutputTokens is the most output tokens the run may be sent
 	// (profile key max_output_tokens).
@@ -60,8 +77,9 @@ type Limits struct {
 	MaxRequests int64
 }
 
-// Budget names the limit a run reached: the profile key, the limit and
-// what the run had spent of it when it was reached.
+// Budget names the limit a run reached, or that a request's worst case
+// did not fit: the profile key, the limit, what the run had spent of it,
+// and what the request needed.
 type Budget struct {
 	// Scope is "" for the run's own budget, messages.BudgetScopeGroup or
 	// messages.BudgetScopePool for one it shares (profile keys
@@ -73,6 +91,10 @@ type Budget struct {
 	// Limit and Spent are in the key's unit (US dollars, tokens,
 	// requests).
 	Limit, Spent float64
+	// Need is the refused request's worst case in that unit, when the
+	// limit was not reached yet but the request did not fit what was
+	// left; Reserved what the requests in flight held then.
+	Need, Reserved float64
 }
 
 // String says which budget was reached and how much was spent ("budget
@@ -83,10 +105,27 @@ func (b Budget) String() string {
 	if b.Scope != "" {
 		key = b.Scope + "_budget." + b.Key
 	}
+	fits := b.Spent < b.Limit && b.Need > 0
+	held := ""
+	if b.Reserved > 0 {
+		held = ", and requests in flight hold "
+	}
 	switch b.Key {
 	case "max_cost_usd":
-		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), strconv.FormatFloat(b.Spent, 'f', 4, 64))
+		if fits {
+			if held != "" {
+				held += usd(b.Reserved) + " USD"
+			}
+			return fmt.Sprintf("budget reached: %s %s (spent %s USD%s; this request may cost up to %s USD)", key, formatFloat(b.Limit), usd(b.Spent), held, usd(b.Need))
+		}
+		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), usd(b.Spent))
 	case "max_output_tokens":
+		if fits {
+			if held != "" {
+				held += fmt.Sprintf("%d", int64(b.Reserved))
+			}
+			return fmt.Sprintf("budget reached: %s %d (spent %d output tokens%s; this request may generate up to %d)", key, int64(b.Limit), int64(b.Spent), held, int64(b.Need))
+		}
 		return fmt.Sprintf("budget reached: %s %d (spent %d output tokens)", key, int64(b.Limit), int64(b.Spent))
 	default:
 		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", key, int64(b.Limit), int64(b.Spent))
@@ -94,6 +133,8 @@ func (b Budget) String() string {
 }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+func usd(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }
 
 // Metering is how a session meters its run's model requests: every request
 // to a host it injects a key for (Injection) is metered; other hosts are
@@ -126,21 +167,54 @@ type Metering struct {
 	// request is looked at again) or it gives up (false: the request is
 	// refused and Reached called) or ctx (the run's connection) ends.
 	Pause func(ctx context.Context, b Budget) bool
+	// Unmetered are the requests the profile lets pass without usage
+	// while the run has a cost or token budget (egress_unmetered_paths).
+	Unmetered UnmeteredPaths
+	// SharedLimits are what the run's Shared budgets limit: a field set
+	// in any of them is set here (its value is not used otherwise), so
+	// the proxy refuses what it cannot meter for them as for the run's
+	// own Limits.
+	SharedLimits Limits
+	// Pacer, when set, paces the run's requests to each injected host
+	// by its key's rate, shared by every run using the key (profile key
+	// egress_rate); nil: none.
+	Pacer Pacer
+}
+
+// Pacer paces model requests per injected key across a fleet: a token
+// bucket of requests and tokens per minute that every worker takes from
+// (worker/stage/proxy keeps it in a NATS key-value bucket).
+type Pacer interface {
+	// Take takes one request and tokens (the request's input estimate
+	// plus its output cap; 0 when unknown) from the bucket of host's key,
+	// waiting for them up to the pacer's bound or until ctx ends. It
+	// returns 0 once taken, or how long until they could be when that
+	// is past the bound (nothing taken). An error lets the request go
+	// (and is logged): a store that cannot be read does not stop every
+	// run.
+	Take(ctx context.Context, host string, tokens int64) (retryAfter time.Duration, err error)
 }
 
 // Shared is a budget a run shares with other runs, on any worker: its
 // group's or its pool's over a window (worker/stage/proxy keeps them in
 // a NATS key-value bucket).
 type Shared interface {
-	// Over returns the shared budget the run's group or pool has reached
-	// (nil when none), and otherwise counts the request in them: called
-	// before each model request. An error lets the request go (and is
-	// logged): a budget store that cannot be read does not stop every run.
-	Over(ctx context.Context) (*Budget, error)
-	// Spend adds a finished model response's cost and tokens to the shared
-	// totals. It is called on a goroutine of its own, which Close waits
-	// for.
-	Spend(ctx context.Context, ev messages.UsageEvent)
+	// Reserve is called before each model request, sent at at, with its
+	// worst case (CostUSD, OutputTokens; zero when the run's budgets do
+	// not limit them): when every shared budget admits it, the request
+	// is counted and its worst case reserved in each (ReservedCostUSD,
+	// ReservedOutputTokens of the window that holds at), and Reserve
+	// returns nil; else nothing stays counted and it returns the budget
+	// that does not admit it, after waiting (at most reserveWait, or
+	// until ctx ends) for requests in flight elsewhere to end when the
+	// request would fit beside what was spent. An error lets the request
+	// go unreserved (and is logged): a budget store that cannot be read
+	// does not stop every run.
+	Reserve(ctx context.Context, at time.Time, worst messages.BudgetSpend) (*Budget, error)
+	// Settle replaces what Reserve held for a request sent at at (worst;
+	// zero when Reserve held nothing) by what its answer spent. It is
+	// called on a goroutine of its own, which Close waits for.
+	Settle(ctx context.Context, at time.Time, worst, spent messages.BudgetSpend)
 }
 
 // meter is a session's metering state.
@@ -149,6 +223,11 @@ type meter struct {
 	m        Metering
 	totals   messages.UsageTotals
 	inflight int64
+	// reserved is what the requests in flight hold against the run's
+	// own budgets (CostUSD, OutputTokens); settled is closed (and
+	// replaced) whenever one ends.
+	reserved messages.BudgetSpend
+	settled  chan struct{}
 	events   int
 	reached  *Budget
 	// paused counts the requests held past a budget now; pausedOn is
@@ -191,6 +270,10 @@ func (s *Session) Raise(by Limits) {
 	if l.MaxRequests > 0 {
 		l.MaxRequests += by.MaxRequests
 	}
+	if mt := &s.meter; mt.settled != nil { // requests waiting for room look again
+		close(mt.settled)
+		mt.settled = nil
+	}
 }
 
 // Limits returns the run's own limits as they are now (raised by grants).
@@ -218,19 +301,55 @@ func (s *Session) Reached() (Budget, bool) {
 	return *s.meter.reached, true
 }
 
-// over returns the first of l the totals have reached (requests counted
-// with those in flight), or nil.
-func (mt *meter) over() *Budget {
-	l, t := mt.m.Limits, mt.totals
-	switch {
-	case l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests:
-		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}
-	case l.MaxOutputTokens > 0 && t.Tokens.Output >= l.MaxOutputTokens:
-		return &Budget{Key: "max_output_tokens", Limit: float64(l.MaxOutputTokens), Spent: float64(t.Tokens.Output)}
-	case l.MaxCostUSD > 0 && t.CostUSD >= l.MaxCostUSD:
-		return &Budget{Key: "max_cost_usd", Limit: l.MaxCostUSD, Spent: t.CostUSD}
+// verdict returns the first of the run's own limits a request with worst
+// case need does not fit, or nil: the request limit when it is reached
+// (requests in flight counted); a cost or token limit the spent totals
+// reached, or that need does not fit beside them (wait false); or one
+// need fits beside the spent totals but not beside what the requests in
+// flight hold too (wait true: it may fit once they end). Callers hold mu.
+func (mt *meter) verdict(need messages.BudgetSpend) (b *Budget, wait bool) {
+	l, t, r := mt.m.Limits, mt.totals, mt.reserved
+	if l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests {
+		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}, false
 	}
-	return nil
+	if lim, spent, n := l.MaxOutputTokens, t.Tokens.Output, need.OutputTokens; lim > 0 {
+		b := &Budget{Key: "max_output_tokens", Limit: float64(lim), Spent: float64(spent), Need: float64(n), Reserved: float64(r.OutputTokens)}
+		switch {
+		case spent >= lim || n > lim-spent:
+			return b, false
+		case n > lim-spent-r.OutputTokens:
+			return b, true
+		}
+	}
+	if lim, spent, n := l.MaxCostUSD, t.CostUSD, need.CostUSD; lim > 0 {
+		b := &Budget{Key: "max_cost_usd", Limit: lim, Spent: spent, Need: n, Reserved: r.CostUSD}
+		switch {
+		case spent >= lim || spent+n > lim:
+			return b, false
+		case spent+r.CostUSD+n > lim:
+			return b, true
+		}
+	}
+	return nil, false
+}
+
+// settledChan returns a channel closed when a request in flight next
+// ends. Callers hold mu.
+func (mt *meter) settledChan() <-chan struct{} {
+	if mt.settled == nil {
+		mt.settled = make(chan struct{})
+	}
+	return mt.settled
+}
+
+// strict reports whether the run has a cost budget and a token budget,
+// its own or a shared one (Metering.SharedLimits): what it cannot meter is
+// then refused.
+func (mt *meter) strict() (cost, tokens bool) {
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	l, sh := mt.m.Limits, mt.m.SharedLimits
+	return l.MaxCostUSD > 0 || sh.MaxCostUSD > 0, l.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
 }
 
 // note records b as the budget reached, the first time, and returns the
@@ -245,178 +364,6 @@ func (mt *meter) note(b *Budget) func() {
 		return func() { f(bb) }
 	}
 	return nil
-}
-
-// budgetHeader names, on the proxy's answer to a model request past a
-// budget, the budget that was reached.
-const budgetHeader = "Jetcrew-Budget"
-
-// metered is one model request in flight.
-type metered struct {
-	ev   messages.UsageEvent
-	req  usage.Request
-	once sync.Once // endModel
-}
-
-// beginModel starts metering req, a request to an injected host, or
-// refuses it when the run has reached a budget (after holding it, with
-// Metering.Pause, until the budget is raised or the pause gives up): then
-// it returns the response to send the run instead (the provider's quota
-// error).
-func (s *Session) beginModel(req *http.Request, host string) (*metered, *http.Response) {
-	format := usage.Detect(req.Method, req.URL.Path)
-	mt := &s.meter
-	// A slot of Config.MaxMetered: the request waits for one (it is not
-	// let through unmetered), until the run's connection ends.
-	select {
-	case s.metering <- struct{}{}:
-	case <-connCtx(req).Done():
-		resp := goproxy.NewResponse(req, "text/plain", http.StatusServiceUnavailable, "jetcrew egress: the connection ended while the request waited\n")
-		resp.Header.Set(budgetHeader, "the connection ended while the request waited for a metering slot")
-		return nil, resp
-	}
-	for {
-		b := s.overBudget(connCtx(req))
-		if b == nil {
-			break
-		}
-		mt.mu.Lock()
-		pause := mt.m.Pause
-		if pause != nil {
-			mt.paused++
-			mt.pausedOn = *b
-		}
-		mt.mu.Unlock()
-		if pause != nil {
-			ok := pause(connCtx(req), *b)
-			mt.mu.Lock()
-			mt.paused--
-			mt.mu.Unlock()
-			if ok {
-				continue
-			}
-		}
-		<-s.metering
-		mt.mu.Lock()
-		mt.totals.Refused++
-		tell := mt.note(b)
-		mt.mu.Unlock()
-		if tell != nil {
-			tell()
-		}
-		status, ct, body := usage.QuotaError(format, "jetcrew: "+b.String())
-		resp := goproxy.NewResponse(req, ct, status, string(body))
-		resp.Header.Set(budgetHeader, b.String())
-		// The providers' SDKs retry a 429 unless told not to (Anthropic's
-		// and OpenAI's read x-should-retry): a retry would only be
-		// refused again.
-		resp.Header.Set("X-Should-Retry", "false")
-		return nil, resp
-	}
-	m := &metered{ev: messages.UsageEvent{RunID: s.runID, Time: time.Now().UTC(), Host: host, Format: format}}
-	if req.Body != nil && req.Body != http.NoBody {
-		m.req, req.Body = usage.RequestInfo(format, req.URL.Path, req.Body, maxMeteredRequest)
-	}
-	// Go's transport then asks for gzip itself and decompresses it, so
-	// the proxy reads the usage in clear and the run gets the body in
-	// clear; an encoding the run asked for (br, zstd) would hide it.
-	req.Header.Del("Accept-Encoding")
-	return m, nil
-}
-
-// overBudget returns the budget the run has reached, its own or a shared
-// one, or nil; when it has reached none, the request is counted: in
-// flight against the run's own budgets (atomically with their check), and
-// by Shared.Over in the shared ones.
-func (s *Session) overBudget(ctx context.Context) *Budget {
-	mt := &s.meter
-	mt.mu.Lock()
-	if b := mt.over(); b != nil {
-		mt.mu.Unlock()
-		return b
-	}
-	mt.inflight++
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared == nil {
-		return nil
-	}
-	b, err := shared.Over(ctx)
-	if err != nil {
-		s.log.Warn().Err(err).Msg("read the run's shared budgets; letting the request go")
-	}
-	if b != nil {
-		mt.mu.Lock()
-		mt.inflight--
-		mt.mu.Unlock()
-	}
-	return b
-}
-
-// wrapModel meters resp, the answer to m: its body passes through
-// unchanged as it arrives, and its usage is recorded when it ends.
-func (s *Session) wrapModel(m *metered, resp *http.Response) {
-	m.ev.Status = resp.StatusCode
-	resp.Body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), resp.Body, maxMeteredJSON,
-		func(r usage.Result) { s.endModel(m, r) })
-}
-
-// endModel records the usage of m's response: its event and the run's
-// totals. A request that failed
-// upstream ends with a zero Result (unknown usage).
-func (s *Session) endModel(m *metered, r usage.Result) {
-	m.once.Do(func() {
-		<-s.metering
-		s.recordModel(m, r)
-	})
-}
-
-// recordModel records the usage of m's response (endModel, once).
-func (s *Session) recordModel(m *metered, r usage.Result) {
-	ev := m.ev
-	ev.DurationMS = time.Since(ev.Time).Milliseconds()
-	ev.Model = m.req.Model
-	if r.Model != "" {
-		ev.Model = r.Model
-	}
-	if len(ev.Model) > maxModelName {
-		ev.Model = strings.ToValidUTF8(ev.Model[:maxModelName], "")
-	}
-	ev.Stream = m.req.Stream || r.Stream
-	ev.Known = r.Known
-	mt := &s.meter
-	mt.mu.Lock()
-	if r.Known {
-		ev.Tokens, ev.WebSearches = r.Tokens, r.WebSearches
-		if c, ok := mt.m.Prices.Charge(ev.Model, r); ok {
-			ev.CostUSD, ev.PartlyUnpriced = &c.USD, c.PartlyUnpriced
-		}
-	}
-	mt.inflight--
-	mt.totals.Add(ev)
-	publish := mt.events < s.cfg.MaxEvents
-	if publish {
-		mt.events++
-	}
-	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
-	if shared != nil {
-		mt.spends.Add(1)
-	}
-	mt.mu.Unlock()
-	if shared != nil {
-		go func() {
-			defer mt.spends.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), spendTimeout)
-			defer cancel()
-			shared.Spend(ctx, ev)
-		}()
-	}
-	if obs != nil {
-		obs(ev)
-	}
-	if publish && pub != nil {
-		pub(ev)
-	}
 }
 
 // meteredAddr refuses target, the checked address of a connection to a

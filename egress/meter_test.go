@@ -265,9 +265,9 @@ func TestMeterCompressedResponse(t *testing.T) {
 
 // Budgets: a request past max_model_requests is answered by the proxy with
 // Anthropic's own rate-limit error shape (429, type rate_limit_error), never
-// reaches the provider, and tells the run's budget once; so is one after
-// the run's output tokens reached max_output_tokens, and its cost
-// max_cost_usd.
+// reaches the provider, and tells the run's budget once; so is one whose
+// worst case does not fit what is left of max_output_tokens or
+// max_cost_usd beside what the run spent.
 func TestMeterBudgets(t *testing.T) {
 	t.Parallel()
 	prices, err := usage.ParsePrices("p.toml", []byte("[models.\"claude-test-4\"]\ninput = 1000\noutput = 1000\n"))
@@ -280,8 +280,13 @@ func TestMeterBudgets(t *testing.T) {
 		spent   float64
 	}{
 		{"requests", Limits{MaxRequests: 2}, 2, "max_model_requests", 2},
-		{"output", Limits{MaxOutputTokens: 10}, 2, "max_output_tokens", 14},
-		{"cost", Limits{MaxCostUSD: 0.01}, 1, "max_cost_usd", 0.017},
+		// Each request may generate 64 tokens (its max_tokens) and
+		// generates 7: the third's 64 do not fit beside 14.
+		{"output", Limits{MaxOutputTokens: 71}, 2, "max_output_tokens", 14},
+		// Each may cost 0.097 (64 output tokens and 33 estimated input
+		// ones at 1000 USD a million) and costs 0.017: the second does
+		// not fit beside it.
+		{"cost", Limits{MaxCostUSD: 0.1}, 1, "max_cost_usd", 0.017},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

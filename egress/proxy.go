@@ -222,7 +222,13 @@ type Session struct {
 
 	meter    meter         // the model requests to injected hosts
 	metering chan struct{} // a slot per model request metered now (Config.MaxMetered)
-	asker    asker         // the hosts put to an operator (egress_ask)
+	// life ends when Close is called (endLife): the upstream requests
+	// and drains of answers the agent left (drainBody) end with it;
+	// drains counts those.
+	life    context.Context
+	endLife context.CancelFunc
+	drains  sync.WaitGroup
+	asker   asker // the hosts put to an operator (egress_ask)
 
 	done chan struct{}
 }
@@ -272,6 +278,7 @@ func Open(cfg Config, runID string, policy Policy, path string, inject ...Inject
 		done:     make(chan struct{}),
 		metering: make(chan struct{}, cfg.MaxMetered),
 	}
+	s.life, s.endLife = context.WithCancel(context.Background())
 	s.proxy = s.newProxy()
 	reason := fmt.Sprintf("too many connections to the run's egress proxy (at most %d at once)", cfg.MaxConns)
 	body := "jetcrew egress: refused: " + reason + "\n"
@@ -417,9 +424,10 @@ const closeWait = 5 * time.Second
 // Close stops the session: the listener, every open connection and the
 // supervisor, and removes the socket. It waits (up to 5s) until every
 // connection it cut has been recorded, closes the idle connections to
-// hosts, waits for the model usage being added to shared budgets (each
-// addition bounded by 30s), and returns the final totals. Safe to call
-// twice.
+// hosts, cuts the answers the proxy was reading to their end for a run
+// that left them (each then charged its reservation), waits for the model
+// usage being added to shared budgets (each addition bounded by 30s), and
+// returns the final totals. Safe to call twice.
 func (s *Session) Close() messages.EgressTotals {
 	s.mu.Lock()
 	s.closed = true
@@ -435,6 +443,8 @@ func (s *Session) Close() messages.EgressTotals {
 			break
 		}
 	}
+	s.endLife()
+	s.drains.Wait() // each ends with life
 	s.proxy.Tr.CloseIdleConnections()
 	s.meter.spends.Wait() // each bounded by spendTimeout
 	return s.Totals()

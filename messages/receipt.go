@@ -37,6 +37,10 @@ type Receipt struct {
 	// Budgets are the run's model budgets (profile keys max_cost_usd,
 	// max_output_tokens, max_model_requests), when it has any.
 	Budgets *ReceiptBudgets `json:"budgets,omitempty"`
+	// EgressUnmeteredPaths are the requests on metered hosts the profile
+	// lets pass without usage under a cost or token budget (profile key
+	// egress_unmetered_paths), when it lists any.
+	EgressUnmeteredPaths []string `json:"egress_unmetered_paths,omitempty"`
 	// Limits are the resource limits.
 	Limits ReceiptLimits `json:"limits"`
 	// Argv is the container command with the prompt replaced by

@@ -89,6 +89,14 @@ type UsageEvent struct {
 	// a body past the parser's bound): Tokens are then zero and the
 	// request is counted in UsageTotals.Unknown.
 	Known bool `json:"known"`
+	// Estimated is true when, under a cost or token budget, the
+	// response's usage could not be read to its end (the agent cut it
+	// short and the rest did not arrive within the proxy's bounds, the
+	// connection failed once the request was sent, or a success carried no
+	// usage): Tokens and CostUSD are then the request's reserved worst
+	// case (its output cap, its input estimated from the body's size),
+	// counted as spent, never what the agent chose to receive.
+	Estimated bool `json:"estimated,omitempty"`
 	// Tokens are the response's tokens by kind.
 	Tokens Tokens `json:"tokens"`
 	// WebSearches counts the provider's web searches the response paid for,
@@ -119,8 +127,13 @@ type UsageTotals struct {
 	// a host the proxy injects a key for, Known or not; those a budget
 	// refused are counted in Refused instead).
 	Requests int64 `json:"requests"`
-	// Unknown counts the requests whose usage could not be read.
+	// Unknown counts the requests whose usage could not be read and was
+	// not estimated.
 	Unknown int64 `json:"unknown,omitempty"`
+	// Estimated counts the responses charged at their reserved worst
+	// case (UsageEvent.Estimated); their tokens and cost are in Tokens
+	// and CostUSD.
+	Estimated int64 `json:"estimated,omitempty"`
 	// Tokens sums the tokens by kind.
 	Tokens Tokens `json:"tokens"`
 	// WebSearches sums the responses' web searches (UsageEvent.WebSearches).
@@ -134,14 +147,18 @@ type UsageTotals struct {
 	// no price for (UsageEvent.PartlyUnpriced): CostUSD is then a lower
 	// bound.
 	PartlyUnpriced int64 `json:"partly_unpriced,omitempty"`
-	// Refused counts model requests a budget refused.
+	// Refused counts the requests to a metered host the proxy answered
+	// itself: past a budget or a key's rate, a protocol upgrade, or, under
+	// a cost or token budget, one whose usage or price it could not know.
 	Refused int64 `json:"refused,omitempty"`
 }
 
 // Add counts ev into t.
 func (t *UsageTotals) Add(ev UsageEvent) {
 	t.Requests++
-	if !ev.Known {
+	if ev.Estimated {
+		t.Estimated++
+	} else if !ev.Known {
 		t.Unknown++
 		return
 	}
@@ -215,6 +232,19 @@ type BudgetSpend struct {
 	OutputTokens int64 `json:"output_tokens"`
 	// Requests counts model requests.
 	Requests int64 `json:"requests"`
+	// ReservedCostUSD and ReservedOutputTokens are the worst cases of
+	// the model requests in flight in the window, held against the budget
+	// until each response ends and is added at its real cost (a budget
+	// key's value only; a worker that dies mid-request leaves its
+	// reservation until the window ends).
+	ReservedCostUSD      float64 `json:"reserved_cost_usd,omitempty"`
+	ReservedOutputTokens int64   `json:"reserved_output_tokens,omitempty"`
+}
+
+// Add returns b plus d, field by field.
+func (b BudgetSpend) Add(d BudgetSpend) BudgetSpend {
+	return BudgetSpend{CostUSD: b.CostUSD + d.CostUSD, OutputTokens: b.OutputTokens + d.OutputTokens, Requests: b.Requests + d.Requests,
+		ReservedCostUSD: b.ReservedCostUSD + d.ReservedCostUSD, ReservedOutputTokens: b.ReservedOutputTokens + d.ReservedOutputTokens}
 }
 
 // BudgetKey returns the key of scope's budget named name (a group's

@@ -35,6 +35,10 @@ cache_write = 3.75
 input = 1.25
 output = 10.0
 cache_read = 0.125
+
+[models."gpt-4o"]
+input = 2.5
+output = 10.0
 `
 
 // budgetModel is the model the runs ask for.
@@ -47,18 +51,36 @@ var fixtureTokens = messages.Tokens{Input: 11, Output: 5, CacheRead: 2, CacheWri
 // fixtureCostUSD is what fixtureTokens cost by budgetPrices.
 const fixtureCostUSD = (11*3.0 + 5*15.0 + 2*0.30 + 1*3.75) / 1e6
 
-// budgetProfile is the metered profile: inj.provider.test with the key
-// injected, api.provider.test allowed but not injected (another name of
-// the same address), no address rule (the provider's network looks
-// public), at most 2 model requests and 1 USD.
+// budgetProfile is the metered profiles: bud with inj.provider.test with
+// the key injected, api.provider.test allowed but not injected (another
+// name of the same address), no address rule (the provider's network
+// looks public), at most 2 model requests and 1 USD; bud2 with 1 USD and
+// POST /v1/embeddings passing unmetered; bud99 with 1 USD alone.
 func budgetProfile(image string) string {
 	return fmt.Sprintf(`[profiles.bud]
-image = %q
+image = %[1]q
 command = ["/bin/sh", "-c", "{prompt}"]
 coordination = false
 egress = ["inj.provider.test:443", "api.provider.test:443"]
 egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 max_model_requests = 2
+max_cost_usd = 1.0
+
+[profiles.bud2]
+image = %[1]q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
+max_cost_usd = 1.0
+egress_unmetered_paths = ["POST /v1/embeddings"]
+
+[profiles.bud99]
+image = %[1]q
+command = ["/bin/sh", "-c", "{prompt}"]
+coordination = false
+egress = ["inj.provider.test:443"]
+egress_inject = [{ host = "inj.provider.test:443", header = "x-api-key", from_env = "JETCREW_TEST_PROVIDER_KEY" }]
 max_cost_usd = 1.0
 `, image)
 }
@@ -112,8 +134,14 @@ max_cost_usd = 0.01
 var incompleteTokens = messages.Tokens{Input: 1000, Output: 16}
 
 // incompleteCostUSD is what incompleteTokens cost by budgetPrices (gpt-5):
-// 0.00141 USD, so a 0.01 USD budget is reached by the 8th response.
+// 0.00141 USD.
 const incompleteCostUSD = (1000*1.25 + 16*10.0) / 1e6
+
+// incompleteServed is how many of incompleteLoopScript's requests a 0.01
+// USD budget serves: after 7 answers (0.00987 USD spent) the 8th request's
+// worst case (its 16 output tokens and its body's 26 input tokens, about
+// 0.0002 USD) does not fit, so it is refused before it is sent.
+const incompleteServed = 7
 
 // incompleteLoopScript sends Responses requests with max_output_tokens 16
 // in a loop, streamed and not in turn, each line "R<n> status=...", until
@@ -130,6 +158,37 @@ while [ $i -lt 40 ]; do
 done
 sleep 60
 `
+}
+
+// completeScript tries what a run with a cost budget might use to spend
+// unmetered, one line each: a chat stream whose client did not ask for
+// usage (CHAT, the whole body), a path the proxy does not meter
+// (UNMETERED), the path the profile lists (LISTED), a model the price
+// table lacks (UNPRICED), a WebSocket upgrade (WS).
+func completeScript() string {
+	return `c='{"model":"gpt-4o","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+u='{"model":"mystery-model-1","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+echo "CHAT $(egress-fixture post -full https://inj.provider.test/v1/chat/completions "$c")"
+echo "UNMETERED $(egress-fixture post https://inj.provider.test/v1/completions '{"model":"gpt-4o","prompt":"hi"}')"
+echo "LISTED $(egress-fixture post https://inj.provider.test/v1/embeddings '{"model":"e","input":"hi"}')"
+echo "UNPRICED $(egress-fixture post https://inj.provider.test/v1/messages "$u")"
+echo "WS $(egress-fixture post -X GET -H Upgrade:websocket -H Connection:Upgrade https://inj.provider.test/v1/realtime '')"
+echo DONE
+`
+}
+
+// overScript spends 99 % of the 1 USD budget in one request (66 000
+// output tokens at 15 USD a million, every one used), then sends 64
+// requests at once that each use all of their 100 output tokens, then
+// waits: the worker must stop it for the budget.
+func overScript() string {
+	return fmt.Sprintf(`big='{"model":%[1]q,"max_tokens":66000,"messages":[{"role":"user","content":"hi"}]}'
+small='{"model":%[1]q,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}'
+echo "FIRST $(egress-fixture post -H X-Fixture-Output:max https://inj.provider.test/v1/messages "$big")"
+echo "MANY $(egress-fixture posts 64 -H X-Fixture-Output:max https://inj.provider.test/v1/messages "$small")"
+echo DONE
+sleep 60
+`, budgetModel)
 }
 
 // messagesBody is a Messages API request body for budgetModel.
@@ -183,7 +242,7 @@ func keyTag(key string) string {
 	return "key=" + hex.EncodeToString(sum[:8]) + "/n=1 "
 }
 
-// TestEgressBudget runs the metered profile bud on real Docker, two runs at
+// TestEgressBudget runs the metered profiles on real Docker, six runs at
 // once on one worker.
 //
 // budget: a run sends a plain and a streamed model request (200 each, the
@@ -205,6 +264,26 @@ func keyTag(key string) string {
 // address (403, an egress event naming the metered host). Only its
 // request to the metered name is answered, with the worker's key, and
 // counted.
+//
+// complete (a run of bud2, with max_cost_usd): nothing it sends is free by
+// accident. A chat stream its client sent without include_usage is metered
+// (the provider was asked for usage) and the client's stream has no usage
+// chunk; a path the proxy does not meter is refused (403, naming it and
+// egress_unmetered_paths), the listed one passes and the receipt names
+// it; a model the price table lacks is refused naming it; a WebSocket
+// upgrade is refused. None of these refusals ends the run.
+//
+// overshoot (a run of bud99): at 99 % of max_cost_usd, 64 requests at once
+// end with the run's cost within its budget (each reserved its worst case
+// before it was sent); the run ends failed for the budget.
+//
+// a pause longer than the stall timeout (a run of budpause): a request
+// held at the budget (on_budget = "pause") keeps the run from being
+// stopped as stalled, and a grant lets it go on (requirePauseOutlivesStall).
+//
+// a Responses incomplete loop (a run of budc, max_cost_usd alone):
+// answers that end response.incomplete are counted at their usage, and
+// the loop is stopped within its budget (incompleteLoop).
 func TestEgressBudget(t *testing.T) {
 	t.Parallel()
 	needsDocker(t)
@@ -213,10 +292,15 @@ func TestEgressBudget(t *testing.T) {
 	profiles := func(image string) string { return budgetProfile(image) + pauseProfile(image) + costProfile(image) }
 	e := startEgressWorkerOpts(t, egressOptions{profiles: profiles, prices: prices, publicNet: true})
 	budget, bypass, paused, incomplete := "eg-budget-"+opsSuffix(t), "eg-bypass-"+opsSuffix(t), "eg-paused-"+opsSuffix(t), "eg-incomplete-"+opsSuffix(t)
+	complete, over := "eg-complete-"+opsSuffix(t), "eg-over-"+opsSuffix(t)
 	e.submit(t, budget, "bud", budgetScript())
 	e.submit(t, bypass, "bud", bypassScript(e.provider))
 	e.submit(t, paused, "budpause", pauseScript())
 	e.submit(t, incomplete, "budc", incompleteLoopScript())
+	e.submit(t, complete, "bud2", completeScript())
+	e.submit(t, over, "bud99", overScript())
+	t.Run("complete", func(t *testing.T) { checkComplete(t, e, complete) })
+	t.Run("overshoot", func(t *testing.T) { checkOvershoot(t, e, over) })
 
 	t.Run("budget", func(t *testing.T) {
 		st := waitState(t, e.url, budget, func(s messages.RunState) bool { return s.State.Final() })
@@ -421,9 +505,10 @@ func requireUsage(t *testing.T, want messages.UsageTotals, costUSD float64, got 
 
 // incompleteLoop checks the run id of incompleteLoopScript: every answer
 // ended response.incomplete at max_output_tokens (streamed or not), and
-// each is counted at its reported usage, so the loop reaches max_cost_usd
-// 0.01 with its 8th answer; the 9th request is refused with OpenAI's
-// insufficient_quota and the run ends failed for its cost budget.
+// each is counted at its reported usage, so the loop nears max_cost_usd
+// 0.01 after incompleteServed answers; the next request, whose worst case
+// no longer fits, is refused with OpenAI's insufficient_quota and the run
+// ends failed for its cost budget, within it.
 func incompleteLoop(t *testing.T, e egressEnv, id string) {
 	st := waitState(t, e.url, id, func(s messages.RunState) bool { return s.State.Final() })
 	all := eventsToFinished(t, e.js, id)
@@ -431,19 +516,22 @@ func incompleteLoop(t *testing.T, e egressEnv, id string) {
 	require.Equal(t, messages.StateFailed, st.State, "%s\n%s", st.Reason, out)
 	require.Contains(t, st.Reason, "budget reached: max_cost_usd 0.01", out)
 	res := scriptLines(out)
-	for i := 1; i <= 8; i++ {
+	n := incompleteServed
+	for i := 1; i <= n; i++ {
 		r := res[fmt.Sprintf("R%d", i)]
 		require.True(t, strings.HasPrefix(r, "status=200 "+keyTag(providerKey)), "R%d: %s", i, r)
 		require.Contains(t, r, `"max_output_tokens":16`, "R%d", i)
 		require.Contains(t, r, `"status":"`, "R%d", i)
 	}
-	require.True(t, strings.HasPrefix(res["R9"], "status=429 key=- body="), "R9: %s\n%s", res["R9"], out)
-	require.Contains(t, res["R9"], "insufficient_quota")
+	refused := res[fmt.Sprintf("R%d", n+1)]
+	require.True(t, strings.HasPrefix(refused, "status=429 key=- body="), "R%d: %s\n%s", n+1, refused, out)
+	require.Contains(t, refused, "insufficient_quota")
 	require.Contains(t, out, "REFUSED\n")
-	require.NotContains(t, res, "R10")
+	require.NotContains(t, res, fmt.Sprintf("R%d", n+2))
 
-	want := messages.UsageTotals{Requests: 8, Refused: 1, Tokens: messages.Tokens{Input: 8 * incompleteTokens.Input, Output: 8 * incompleteTokens.Output}}
-	requireUsage(t, want, 8*incompleteCostUSD, st.Usage)
+	want := messages.UsageTotals{Requests: int64(n), Refused: 1, Tokens: messages.Tokens{Input: int64(n) * incompleteTokens.Input, Output: int64(n) * incompleteTokens.Output}}
+	requireUsage(t, want, float64(n)*incompleteCostUSD, st.Usage)
+	require.LessOrEqual(t, st.Usage.CostUSD, 0.01, "the run spent past its budget")
 	var usageEvents []messages.UsageEvent
 	var budgets []messages.BudgetEvent
 	for _, m := range all {
@@ -458,7 +546,7 @@ func incompleteLoop(t *testing.T, e egressEnv, id string) {
 			budgets = append(budgets, ev)
 		}
 	}
-	require.Len(t, usageEvents, 8, "usage events: %+v", usageEvents)
+	require.Len(t, usageEvents, n, "usage events: %+v", usageEvents)
 	for i, ev := range usageEvents {
 		require.Equal(t, messages.FormatOpenAIResponses, ev.Format, "event %d", i)
 		require.Equal(t, "gpt-5", ev.Model, "event %d", i)
@@ -470,5 +558,5 @@ func incompleteLoop(t *testing.T, e egressEnv, id string) {
 	}
 	require.Len(t, budgets, 1, "budget events: %+v", budgets)
 	require.Equal(t, "max_cost_usd", budgets[0].Budget)
-	require.InDelta(t, 8*incompleteCostUSD, budgets[0].Spent, 1e-12)
+	require.InDelta(t, float64(n)*incompleteCostUSD, budgets[0].Spent, 1e-12)
 }

@@ -3,11 +3,12 @@
 // whose key it injects (issue 26). It knows five formats
 // (messages.FormatAnthropic, FormatOpenAIChat, FormatOpenAIResponses,
 // FormatGemini, FormatGeminiCodeAssist), told apart by the request's
-// method and path (Detect); it reads the request's model and whether it
-// asked for a stream (RequestInfo), then the response's usage as the
-// response passes through (Wrap), prices it by an operator's table
-// (Prices.Charge), and builds the provider's own quota error for a request
-// a budget refuses (QuotaError).
+// method and path (Detect); it reads the request's model, whether it
+// asked for a stream and what it may cost (ReadRequest, Prices.Worst),
+// then the response's usage as the response passes through (Wrap), prices
+// it by an operator's table (Prices.Charge), and builds the provider's own
+// errors for a request the proxy answers itself (QuotaError,
+// PermissionError, RateLimitError, UpstreamError).
 //
 // Nothing here is ever an error for the agent: a body the package cannot
 // read passes through unchanged and its usage is unknown (Result.Known
@@ -32,10 +33,10 @@
 //     cache_write_tokens CacheWrite, the rest Input) and completion_tokens
 //     (reasoning included). A stream carries usage only when the request
 //     set stream_options.include_usage = true: then a last chunk, with
-//     empty choices, has it. A client that does not ask for it sends a
-//     stream whose usage no one can read: it is counted as a request with
-//     unknown usage (Known false), and Request.IncludeUsage tells it apart
-//     beforehand.
+//     empty choices, has it. Request.IncludeUsage tells a request that did
+//     not ask apart beforehand; the proxy makes it ask (IncludeUsage) and
+//     takes the chunk out of the answer its client reads (StripUsage).
+//     Read as it was sent, such a stream's usage is unknown (Known false).
 //   - OpenAI Responses: usage.input_tokens (split as Chat's, by
 //     input_tokens_details) and output_tokens (output_tokens_details.
 //     reasoning_tokens are already inside it); each web_search_call item

@@ -9,8 +9,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// A proxy meters a model request: Detect and RequestInfo on the way up,
-// Wrap on the way down, Charge when the response has ended.
+// A proxy meters a model request: Detect and ReadRequest on the way up
+// (with Worst, what to reserve for it), Wrap on the way down, Charge when
+// the response has ended.
 func Example() {
 	prices, err := usage.ParsePrices("prices.toml", []byte(`
 [models."claude-sonnet-4-5"]
@@ -22,8 +23,10 @@ output = 15.0
 	}
 
 	format := usage.Detect("POST", "/v1/messages")
-	req, upBody := usage.RequestInfo(format, "/v1/messages",
+	req, bounds, upBody := usage.ReadRequest(format, "/v1/messages",
 		io.NopCloser(strings.NewReader(`{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"messages":[]}`)), 8<<20)
+	w := prices.Worst(req.Model, bounds)
+	fmt.Printf("reserve %d output tokens, %.6f USD\n", w.Output, w.CostUSD)
 	_, _ = io.Copy(io.Discard, upBody) // sent upstream unchanged
 
 	upstream := io.NopCloser(strings.NewReader("event: message_start\n" +
@@ -41,6 +44,7 @@ output = 15.0
 	status, ct, quota := usage.QuotaError(messages.FormatAnthropic, "jetcrew: budget reached")
 	fmt.Println(status, ct, string(quota))
 	// Output:
+	// reserve 1024 output tokens, 0.015435 USD
 	// anthropic-messages claude-sonnet-4-5-20250929 known=true stream=true tokens={Input:25 Output:15 CacheRead:0 CacheWrite:0 CacheWrite1h:0} cost=0.000300 priced=true partly unpriced=[]
 	// 429 application/json {"type":"error","error":{"type":"rate_limit_error","message":"jetcrew: budget reached"}}
 }

@@ -73,14 +73,14 @@ func FuzzRequestInfo(f *testing.F) {
 		fm := fuzzFormats[int(format)%len(fuzzFormats)]
 		var got []usage.Request
 		for _, sizes := range []func() int{whole, randomSizes(seed)} {
-			req, body := usage.RequestInfo(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
+			req, body := requestInfo(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
 			b, err := io.ReadAll(body)
 			require.NoError(t, err)
 			require.Equal(t, string(data), string(b))
 			require.NoError(t, body.Close())
 			require.Equal(t, fm, req.Format)
 			// Past the bound, a request is what its path says.
-			byPath, _ := usage.RequestInfo(fm, path, nil, max)
+			byPath, _ := requestInfo(fm, path, nil, max)
 			if fm != messages.FormatGemini && int64(len(data)) > max {
 				require.Equal(t, byPath, req)
 			}
@@ -96,5 +96,47 @@ func FuzzRequestInfo(f *testing.F) {
 		if fm == "" {
 			require.Equal(t, usage.Request{}, got[0])
 		}
+	})
+}
+
+// FuzzReadRequest reads any body as any format's request with its bounds:
+// the body it returns replays the input byte for byte, however the body
+// is split; what the path says is kept (the model it names, a streaming
+// method); the bounds are never negative and ask for at least one answer.
+func FuzzReadRequest(f *testing.F) {
+	f.Add(uint8(0), "/v1/messages", []byte(`{"model":"claude-sonnet-4-5","max_tokens":10,"stream":true}`), int64(1<<10), uint64(1))
+	f.Add(uint8(1), "/v1/chat/completions", []byte(`{"model":"gpt-4o","n":2,"max_tokens":"7","stream":true}`), int64(1<<10), uint64(2))
+	f.Add(uint8(2), "/v1/responses", []byte(`{"model":"gpt-5","max_output_tokens":16,"background":true}`), int64(1<<10), uint64(3))
+	f.Add(uint8(3), "/v1beta/models/gemini-2.5-pro:streamGenerateContent", []byte(`{"generationConfig":{"maxOutputTokens":5}}`), int64(1<<10), uint64(4))
+	f.Add(uint8(5), "/v1internal:streamGenerateContent?alt=sse",
+		[]byte(`{"model":"gemini-2.5-pro","request":{"generationConfig":{"maxOutputTokens":9,"candidateCount":2}}}`), int64(1<<10), uint64(6))
+	f.Add(uint8(0), "/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict",
+		[]byte(`{"anthropic_version":"vertex-2023-10-16","model":"x","max_tokens":3}`), int64(1<<10), uint64(7))
+	f.Fuzz(func(t *testing.T, format uint8, path string, data []byte, max int64, seed uint64) {
+		fm := fuzzFormats[int(format)%len(fuzzFormats)]
+		byPath, _, _ := usage.ReadRequest(fm, path, nil, max)
+		var got []usage.Bounds
+		for _, sizes := range []func() int{whole, randomSizes(seed)} {
+			req, b, body := usage.ReadRequest(fm, path, io.NopCloser(&chunks{data: bytes.Clone(data), sizes: sizes}), max)
+			read, err := io.ReadAll(body)
+			require.NoError(t, err)
+			require.Equal(t, string(data), string(read))
+			require.NoError(t, body.Close())
+			require.Equal(t, fm, req.Format)
+			if byPath.Model != "" {
+				require.Equal(t, byPath.Model, req.Model, "a model the path names is kept")
+			}
+			if byPath.Stream {
+				require.True(t, req.Stream, "a streaming method streams")
+			}
+			require.GreaterOrEqual(t, b.MaxOutput, int64(0))
+			require.GreaterOrEqual(t, b.Choices, int64(1))
+			require.GreaterOrEqual(t, b.WebSearches, int64(0))
+			if !b.Whole {
+				require.Zero(t, b.Size)
+			}
+			got = append(got, b)
+		}
+		require.Equal(t, got[0], got[1])
 	})
 }

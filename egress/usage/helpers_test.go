@@ -94,3 +94,10 @@ func wrapRead(t testing.TB, format string, req usage.Request, status int, ct str
 
 // whole returns one read of everything.
 func whole() int { return 1 << 30 }
+
+// requestInfo is what ReadRequest says of a request, without its bounds:
+// its Request and the body to send upstream.
+func requestInfo(format, path string, body io.ReadCloser, max int64) (usage.Request, io.ReadCloser) {
+	req, _, rb := usage.ReadRequest(format, path, body, max)
+	return req, rb
+}

@@ -52,6 +52,11 @@ type Price struct {
 	// per 1,000 searches (Result.WebSearches; the unit of Anthropic's and
 	// OpenAI's price lists).
 	WebSearch *float64 `toml:"web_search"`
+	// MaxOutput is the most output tokens the model generates in one
+	// answer, in tokens (not a price): what the proxy reserves for a
+	// request that sets no cap of its own (Prices.Worst). 0: the
+	// documented default for its family (DefaultMaxOutputs).
+	MaxOutput int64 `toml:"max_output"`
 	// Tiers are the long-prompt rates, sorted by AboveInputTokens.
 	Tiers []Tier `toml:"tiers"`
 }
@@ -79,8 +84,9 @@ func LoadPrices(path string) (*Prices, error) {
 
 // ParsePrices parses a TOML price table named name (for errors): one table
 // per model under "models", each key a price in US dollars per million
-// tokens (web_search: per 1,000 searches), and any number of tiers, each
-// with the prompt size it applies above and its own token prices:
+// tokens (web_search: per 1,000 searches; max_output, a count of tokens,
+// is the model's largest answer), and any number of tiers, each with the
+// prompt size it applies above and its own token prices:
 //
 //	[models."claude-sonnet-4-5"]
 //	input = 3.0
@@ -89,6 +95,7 @@ func LoadPrices(path string) (*Prices, error) {
 //	cache_write = 3.75
 //	cache_write_1h = 6.0
 //	web_search = 10.0
+//	max_output = 64000
 //
 //	[[models."claude-sonnet-4-5".tiers]]
 //	above_input_tokens = 200000
@@ -98,9 +105,9 @@ func LoadPrices(path string) (*Prices, error) {
 // A key left out prices nothing (Charge names it for a response that
 // needed it). It returns an error for TOML that does not parse, a key
 // other than these (a misspelt price would otherwise go unpriced), an
-// empty model name, a price that is negative, infinite or NaN, a tier
-// whose above_input_tokens is not positive, or two tiers of a model with
-// the same one. Digest is the SHA-256 of data.
+// empty model name, a price that is negative, infinite or NaN, a
+// negative max_output, a tier whose above_input_tokens is not positive,
+// or two tiers of a model with the same one. Digest is the SHA-256 of data.
 func ParsePrices(name string, data []byte) (*Prices, error) {
 	var f struct {
 		Models map[string]Price `toml:"models"`
@@ -137,6 +144,9 @@ func ParsePrices(name string, data []byte) (*Prices, error) {
 
 // check validates p, the row at key, and sorts its tiers.
 func (p *Price) check(key string) error {
+	if p.MaxOutput < 0 {
+		return fmt.Errorf("%s.max_output = %d: a count of tokens >= 0", key, p.MaxOutput)
+	}
 	if err := checkRate(key+".web_search", p.WebSearch); err != nil {
 		return err
 	}

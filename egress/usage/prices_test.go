@@ -69,6 +69,8 @@ func TestParsePricesErrors(t *testing.T) {
 		{"not a number", "[models.m]\ninput = \"3\"\n", `prices.toml`},
 		{"not TOML", "[models.m\n", `prices.toml`},
 		{"empty name", "[models.\"\"]\ninput = 1\n", `empty name`},
+		{"negative max_output", "[models.m]\ninput = 1\nmax_output = -1\n", `models."m".max_output = -1`},
+		{"max_output in a tier", "[models.m]\ninput = 1\n[[models.m.tiers]]\nabove_input_tokens = 10\nmax_output = 5\n", `unknown keys: models.m.tiers.max_output`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -45,3 +45,45 @@ func quote(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// PermissionError and RateLimitError answer in each provider's own shape,
+// the keys in the documented order; Code Assist in Google's.
+func TestPermissionAndRateLimitErrors(t *testing.T) {
+	t.Parallel()
+	const msg = `jetcrew: refused: "quoted" <tag>`
+	google := func(code int, status string) string {
+		return `{"error":{"code":` + map[int]string{403: "403", 429: "429"}[code] + `,"message":` + quote(msg) + `,"status":"` + status + `"}}`
+	}
+	for _, tc := range []struct {
+		name   string
+		answer func(format, msg string) (int, string, []byte)
+		status int
+		want   map[string]string
+	}{
+		{"permission", usage.PermissionError, 403, map[string]string{
+			messages.FormatAnthropic:        `{"type":"error","error":{"type":"permission_error","message":` + quote(msg) + `}}`,
+			messages.FormatOpenAIChat:       `{"error":{"message":` + quote(msg) + `,"type":"invalid_request_error","param":null,"code":null}}`,
+			messages.FormatOpenAIResponses:  `{"error":{"message":` + quote(msg) + `,"type":"invalid_request_error","param":null,"code":null}}`,
+			messages.FormatGemini:           google(403, "PERMISSION_DENIED"),
+			messages.FormatGeminiCodeAssist: google(403, "PERMISSION_DENIED"),
+		}},
+		{"rate limit", usage.RateLimitError, 429, map[string]string{
+			messages.FormatAnthropic:        `{"type":"error","error":{"type":"rate_limit_error","message":` + quote(msg) + `}}`,
+			messages.FormatOpenAIChat:       `{"error":{"message":` + quote(msg) + `,"type":"requests","param":null,"code":"rate_limit_exceeded"}}`,
+			messages.FormatOpenAIResponses:  `{"error":{"message":` + quote(msg) + `,"type":"requests","param":null,"code":"rate_limit_exceeded"}}`,
+			messages.FormatGemini:           google(429, "RESOURCE_EXHAUSTED"),
+			messages.FormatGeminiCodeAssist: google(429, "RESOURCE_EXHAUSTED"),
+		}},
+	} {
+		for format, want := range tc.want {
+			status, ct, body := tc.answer(format, msg)
+			require.Equal(t, tc.status, status, "%s %s", tc.name, format)
+			require.Equal(t, "application/json", ct, "%s %s", tc.name, format)
+			require.Equal(t, want, string(body), "%s %s", tc.name, format)
+		}
+		status, ct, body := tc.answer("", msg)
+		require.Equal(t, tc.status, status, tc.name)
+		require.Equal(t, "text/plain; charset=utf-8", ct, tc.name)
+		require.Equal(t, msg, string(body), tc.name)
+	}
+}

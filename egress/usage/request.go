@@ -2,9 +2,7 @@ package usage
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
-	"math"
 	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -70,7 +68,7 @@ func vertexAnthropic(path string) (model, method string) {
 	return model, method
 }
 
-// Request is what a model request says about itself (RequestInfo).
+// Request is what a model request says about itself (ReadRequest).
 type Request struct {
 	// Format is the request's format, as Detect returned it.
 	Format string
@@ -87,36 +85,6 @@ type Request struct {
 	// stream_options.include_usage = true, without which a stream carries
 	// no usage. It is false for every other format.
 	IncludeUsage bool
-}
-
-// RequestInfo returns what a request of format (Detect's) to path says
-// about itself, and a body to send upstream in place of body: it replays
-// exactly the bytes read here, followed by the rest of body (and by the
-// error that stopped reading, if one did), and its Close closes body. It
-// reads at most max bytes of body (plus one, to tell a larger body apart);
-// a larger body, or one that is not JSON, yields only what the path says
-// and is passed on unparsed. A Gemini request is told by its path alone:
-// its body is returned untouched. A nil body is returned as is. It never
-// fails: the request goes upstream byte for byte in every case.
-func RequestInfo(format, path string, body io.ReadCloser, max int64) (Request, io.ReadCloser) {
-	req := requestPath(format, path)
-	if format == messages.FormatGemini {
-		return req, body
-	}
-	if body == nil || format == "" || max <= 0 {
-		return req, body
-	}
-	limit := max
-	if limit < math.MaxInt64 {
-		limit++
-	}
-	var buf bytes.Buffer
-	_, err := buf.ReadFrom(io.LimitReader(body, limit))
-	read := buf.Bytes()
-	if err == nil && int64(len(read)) <= max {
-		req.parse(format, read)
-	}
-	return req, &replay{r: bytes.NewReader(read), err: err, rc: body}
 }
 
 // requestPath returns what a request of format to path says by its path:
@@ -140,34 +108,6 @@ func requestPath(format, path string) Request {
 	return req
 }
 
-// parse reads the model and stream fields of a JSON request body over
-// what the path said (a model the path names is kept); fields of the wrong
-// type are ignored one by one.
-func (r *Request) parse(format string, data []byte) {
-	var b struct {
-		Model         json.RawMessage `json:"model"`
-		Stream        json.RawMessage `json:"stream"`
-		StreamOptions json.RawMessage `json:"stream_options"`
-	}
-	if json.Unmarshal(data, &b) != nil {
-		return
-	}
-	if r.Model == "" {
-		_ = json.Unmarshal(b.Model, &r.Model)
-	}
-	if !r.Stream {
-		_ = json.Unmarshal(b.Stream, &r.Stream)
-	}
-	if format == messages.FormatOpenAIChat {
-		var so struct {
-			IncludeUsage json.RawMessage `json:"include_usage"`
-		}
-		if json.Unmarshal(b.StreamOptions, &so) == nil {
-			_ = json.Unmarshal(so.IncludeUsage, &r.IncludeUsage)
-		}
-	}
-}
-
 // geminiPath returns the model of a Gemini path (…/models/<model>:<method>,
 // without query) and whether the method streams.
 func geminiPath(path string) (model string, stream bool) {
@@ -183,12 +123,15 @@ func geminiPath(path string) (model string, stream bool) {
 	return rest[:j], rest[j+1:] == "streamGenerateContent"
 }
 
-// replay is a request body that gives back the bytes RequestInfo read,
+// replay is a request body that gives back the bytes ReadRequest read,
 // then the error that stopped it (if any), then the rest of rc.
 type replay struct {
 	r   *bytes.Reader
 	err error
 	rc  io.ReadCloser
+	// whole is the body when ReadRequest read it whole as a JSON object
+	// (IncludeUsage rewrites it), else nil.
+	whole []byte
 }
 
 // Read implements io.Reader.

@@ -154,7 +154,7 @@ func TestRequestInfo(t *testing.T) {
 			} {
 				closed := false
 				body := &closeRecorder{Reader: r(strings.NewReader(tc.body)), closed: &closed}
-				got, replay := usage.RequestInfo(tc.format, tc.path, body, max)
+				got, replay := requestInfo(tc.format, tc.path, body, max)
 				require.Equal(t, tc.want, got)
 				b, err := io.ReadAll(replay)
 				require.NoError(t, err)
@@ -174,13 +174,13 @@ type closeRecorder struct {
 
 func (c *closeRecorder) Close() error { *c.closed = true; return nil }
 
-// A read error while RequestInfo reads is replayed after the bytes read
+// A read error while ReadRequest reads is replayed after the bytes read
 // before it, for the request's sender to see.
 func TestRequestInfoReadError(t *testing.T) {
 	t.Parallel()
 	boom := errors.New("connection reset")
 	body := io.NopCloser(io.MultiReader(strings.NewReader(`{"model":"c",`), iotest.ErrReader(boom)))
-	got, replay := usage.RequestInfo(messages.FormatAnthropic, "/v1/messages", body, 1<<10)
+	got, replay := requestInfo(messages.FormatAnthropic, "/v1/messages", body, 1<<10)
 	require.Equal(t, usage.Request{Format: messages.FormatAnthropic}, got)
 	b, err := io.ReadAll(replay)
 	require.ErrorIs(t, err, boom)
@@ -192,7 +192,7 @@ func TestRequestInfoReadError(t *testing.T) {
 func TestRequestInfoReadsAtMostMax(t *testing.T) {
 	t.Parallel()
 	src := &countingReader{r: bytes.NewReader(bytes.Repeat([]byte("a"), 1<<20))}
-	_, replay := usage.RequestInfo(messages.FormatOpenAIChat, "/v1/chat/completions", io.NopCloser(src), 100)
+	_, replay := requestInfo(messages.FormatOpenAIChat, "/v1/chat/completions", io.NopCloser(src), 100)
 	require.LessOrEqual(t, src.n, int64(101+512), "read past the bound before anyone asked")
 	n, err := io.Copy(io.Discard, replay)
 	require.NoError(t, err)
@@ -214,11 +214,11 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // A nil body and max <= 0 are passed on as they are.
 func TestRequestInfoNoBody(t *testing.T) {
 	t.Parallel()
-	got, body := usage.RequestInfo(messages.FormatAnthropic, "/v1/messages", nil, 100)
+	got, body := requestInfo(messages.FormatAnthropic, "/v1/messages", nil, 100)
 	require.Nil(t, body)
 	require.Equal(t, usage.Request{Format: messages.FormatAnthropic}, got)
 	orig := io.NopCloser(strings.NewReader(`{"model":"c"}`))
-	got, body = usage.RequestInfo(messages.FormatAnthropic, "/v1/messages", orig, 0)
+	got, body = requestInfo(messages.FormatAnthropic, "/v1/messages", orig, 0)
 	require.Equal(t, orig, body)
 	require.Equal(t, usage.Request{Format: messages.FormatAnthropic}, got)
 }

@@ -25,7 +25,7 @@ import (
 )
 
 // These tests put the providers' own Go SDKs on the agent's side of a
-// stand-in egress proxy (a reverse proxy that meters with RequestInfo and
+// stand-in egress proxy (a reverse proxy that meters with ReadRequest and
 // Wrap, as the real one does) in front of a stand-in provider serving the
 // testdata responses, and check the Result is the usage the SDK read.
 
@@ -90,7 +90,7 @@ func newStandIn(t *testing.T, answer func(stream bool) reply) *standIn {
 	require.NoError(t, err)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		format := usage.Detect(r.Method, r.URL.Path)
-		info, body := usage.RequestInfo(format, r.URL.Path, r.Body, 1<<20)
+		info, body := requestInfo(format, r.URL.Path, r.Body, 1<<20)
 		r.Body = body
 		s.requests <- info
 		rp := &httputil.ReverseProxy{

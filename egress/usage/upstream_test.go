@@ -27,6 +27,8 @@ func TestUpstreamError(t *testing.T) {
 			`{"error":{"message":` + quote(msg) + `,"type":"server_error","param":null,"code":null}}`},
 		{messages.FormatGemini,
 			`{"error":{"code":502,"message":` + quote(msg) + `,"status":"UNAVAILABLE"}}`},
+		{messages.FormatGeminiCodeAssist,
+			`{"error":{"code":502,"message":` + quote(msg) + `,"status":"UNAVAILABLE"}}`},
 	} {
 		status, ct, body := usage.UpstreamError(tc.format, msg)
 		require.Equal(t, 502, status, tc.format)

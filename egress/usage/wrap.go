@@ -48,7 +48,7 @@ const DefaultMaxJSON = 1 << 20
 // and at once (each Read returns what the underlying Read returned: a
 // server-sent event reaches the agent as soon as it arrived), while it
 // reads the usage of the response to a request of format (Detect's) and
-// req (RequestInfo's), whose HTTP status and Content-Type header are
+// req (ReadRequest's), whose HTTP status and Content-Type header are
 // status and contentType.
 //
 // A text/event-stream body is read event by event as it passes; any other

@@ -65,7 +65,7 @@ func AddIf(ctx context.Context, kv jetstream.KeyValue, key string, d messages.Bu
 			return nil
 		}
 		admitted = true
-		sum = messages.BudgetSpend{CostUSD: cur.CostUSD + d.CostUSD, OutputTokens: cur.OutputTokens + d.OutputTokens, Requests: cur.Requests + d.Requests}
+		sum = cur.Add(d)
 		data, _ := json.Marshal(sum) // a BudgetSpend always marshals
 		if rev == 0 {
 			_, err = kv.Create(ctx, key, data)
@@ -80,4 +80,47 @@ func AddIf(ctx context.Context, kv jetstream.KeyValue, key string, d messages.Bu
 		return messages.BudgetSpend{}, false, fmt.Errorf("add to budget %s: %w", key, err)
 	}
 	return sum, admitted, nil
+}
+
+// Update replaces key's value by what next returns for the current one
+// (nil and 0 when the key does not exist), by compare-and-set, trying
+// again with backoff (1 ms to 100 ms) when another writer came first,
+// until ctx ends; next returning write false leaves the key as it is.
+// It returns the value written (or left), or the last error once ctx
+// ended, or next's error at once.
+func Update(ctx context.Context, kv jetstream.KeyValue, key string, next func(cur []byte) (val []byte, write bool, err error)) ([]byte, error) {
+	var out []byte
+	op := func() error {
+		var cur []byte
+		var rev uint64
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return err
+		default:
+			cur, rev = e.Value(), e.Revision()
+		}
+		val, write, err := next(cur)
+		if err != nil {
+			return backoff.Permanent(err)
+		}
+		out = val
+		if !write {
+			out = cur
+			return nil
+		}
+		if rev == 0 {
+			_, err = kv.Create(ctx, key, val)
+		} else {
+			_, err = kv.Update(ctx, key, val, rev)
+		}
+		return err
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = time.Millisecond, 100*time.Millisecond, 0
+	if err := backoff.Retry(op, backoff.WithContext(bo, ctx)); err != nil {
+		return nil, fmt.Errorf("update %s: %w", key, err)
+	}
+	return out, nil
 }

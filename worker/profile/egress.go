@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -76,6 +77,42 @@ func (p Profile) validateInject() error {
 		if slices.Contains(p.EnvFromHost, in.FromEnv) {
 			return fmt.Errorf("egress_inject from_env %s is also in env_from_host, which would put the key into the container", in.FromEnv)
 		}
+	}
+	return nil
+}
+
+// EgressRate is a rate per injected key that every worker paces the
+// requests made with the key by: a token bucket of requests and of
+// tokens, each refilled continuously at its rate per minute and holding at
+// most one minute's worth, kept in the jetcrew-budgets bucket (the key
+// "rate.<first 12 bytes of the SHA-256 of the injected header's value,
+// hex>"; never the key). A
+// request takes one request and its tokens (its input estimated from its
+// body, plus its output cap); one the bucket cannot give within the
+// worker's bound (30 seconds) is answered with the provider's own 429 and
+// retry-after, which the agent's client waits out and retries: the fleet
+// slows down instead of collecting the provider's 429s.
+type EgressRate struct {
+	// RequestsPerMinute is the key's request rate; 0: none.
+	RequestsPerMinute int64 `toml:"requests_per_minute" json:"requests_per_minute,omitempty"`
+	// TokensPerMinute is the key's token rate (input and output
+	// together, as the requests' estimates count them); 0: none.
+	TokensPerMinute int64 `toml:"tokens_per_minute" json:"tokens_per_minute,omitempty"`
+}
+
+// validateRate checks egress_rate: rates not negative, one set, on a
+// profile whose proxy meters a host (egress_inject).
+func (p Profile) validateRate() error {
+	r := p.EgressRate
+	switch {
+	case r == nil:
+		return nil
+	case r.RequestsPerMinute < 0 || r.TokensPerMinute < 0:
+		return errors.New("egress_rate: requests_per_minute and tokens_per_minute must not be negative")
+	case r.RequestsPerMinute == 0 && r.TokensPerMinute == 0:
+		return errors.New("egress_rate: set requests_per_minute, tokens_per_minute or both")
+	case len(p.EgressInject) == 0:
+		return errors.New("egress_rate needs egress_inject: it paces the requests made with an injected key")
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -85,6 +86,19 @@ type Profile struct {
 	// requests to one allowed host, instead of passing them into the
 	// container (see EgressInject).
 	EgressInject []EgressInject `toml:"egress_inject" json:"egress_inject,omitempty"`
+	// EgressUnmeteredPaths lists the requests on egress_inject hosts that
+	// pass without usage while the run has a cost or token budget, which
+	// otherwise refuses every request whose usage the proxy cannot read
+	// (another path, a background Responses request, a WebSocket
+	// upgrade): "[METHOD ]PATH", PATH exact or ending "/*"
+	// (egress.ParseUnmeteredPaths). The run's receipt names them. Empty
+	// (default): none. Needs egress_inject.
+	EgressUnmeteredPaths []string `toml:"egress_unmetered_paths" json:"egress_unmetered_paths,omitempty"`
+	egressUnmetered      egress.UnmeteredPaths
+	// EgressRate paces the runs' requests to each egress_inject host by
+	// its key, across every worker using the key (EgressRate). Nil:
+	// none. Needs egress_inject.
+	EgressRate *EgressRate `toml:"egress_rate" json:"egress_rate,omitempty"`
 	// EgressAsk lists hosts ("name:port", "*.suffix:port"; no addresses)
 	// a run may reach only once an operator allows it, live: a connection
 	// to one is held until an operator allows or denies it, for the run
@@ -333,6 +347,16 @@ func (p *Profile) parseEgress() error {
 		}
 		p.egressAsk = pol
 	}
+	if len(p.EgressUnmeteredPaths) > 0 {
+		if len(p.EgressInject) == 0 {
+			return errors.New("egress_unmetered_paths needs egress_inject: it lists requests on the hosts the proxy meters")
+		}
+		u, err := egress.ParseUnmeteredPaths(p.EgressUnmeteredPaths)
+		if err != nil {
+			return err
+		}
+		p.egressUnmetered = u
+	}
 	return nil
 }
 
@@ -422,6 +446,9 @@ func (p Profile) EgressPolicy() egress.Policy { return p.egressPolicy }
 // have network none and reach only those hosts, through their egress
 // proxy.
 func (p Profile) HasEgress() bool { return len(p.Egress) > 0 || len(p.EgressAsk) > 0 }
+
+// EgressUnmetered returns egress_unmetered_paths, parsed.
+func (p Profile) EgressUnmetered() egress.UnmeteredPaths { return p.egressUnmetered }
 
 // EgressAskPolicy returns the hosts of egress_ask, parsed.
 func (p Profile) EgressAskPolicy() egress.Policy { return p.egressAsk }

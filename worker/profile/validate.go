@@ -50,6 +50,9 @@ func (p Profile) validate() error {
 	if p.Network == "host" || strings.HasPrefix(p.Network, "container:") {
 		return fmt.Errorf("network %q would share a namespace with the host or another container; use none, bridge or a named network", p.Network)
 	}
+	if err := p.validateRate(); err != nil {
+		return err
+	}
 	if err := p.validateInject(); err != nil {
 		return err
 	}

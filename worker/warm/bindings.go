@@ -77,6 +77,9 @@ var bindings = map[string]Binding{
 	// The egress stage's proxy, opened for the run on a socket in its
 	// directory, and its environment.
 	"egress": Late, "egress_inject": Late, "egress_ask": Late, "egress_ask_timeout": Late,
+	// The egress stage's metering: the requests that pass unmetered, and
+	// the pace of each injected key.
+	"egress_unmetered_paths": Late, "egress_rate": Late,
 	// The egress stage's budgets.
 	"max_cost_usd": Late, "max_output_tokens": Late, "max_model_requests": Late,
 	"group_budget": Late, "pool_budget": Late, "on_budget": Late, "budget_pause": Late,

@@ -22,6 +22,11 @@ const (
 	budgetReadTimeout = 5 * time.Second
 	// pausePoll is how often a paused run looks for a grant.
 	pausePoll = 500 * time.Millisecond
+	// reserveWait bounds how long a request whose worst case fits a
+	// shared budget only once requests in flight end waits for them;
+	// reservePoll is how often it looks again.
+	reserveWait = 2 * time.Minute
+	reservePoll = 250 * time.Millisecond
 )
 
 // budgetStore is the worker's handle on the jetcrew-budgets bucket, opened
@@ -83,79 +88,183 @@ type scoped struct {
 
 // sharedBudgets is a run's egress.Shared: its group's and its pool's
 // budgets in the jetcrew-budgets bucket, each over its window, plus what
-// an operator granted the group (messages.GrantKey).
+// an operator granted the group (messages.GrantKey). A worker that dies
+// with a request in flight leaves that request's reservation in its
+// window's key until the window ends (jetcrew budget --group can make up
+// for it).
 type sharedBudgets struct {
 	store  *budgetStore
 	scopes []scoped
 	log    func(err error)
 }
 
-// Over implements egress.Shared: for each budget, in one compare-and-set
-// on its key for the current window, it checks the spend against the
-// limits (plus the group's grant) and, when none is reached, counts the
-// request; so max_model_requests is never passed, however many workers
-// send at once. It returns the first budget reached (nothing counted for
-// it, though a budget checked before it counted the request).
-func (s *sharedBudgets) Over(ctx context.Context) (*egress.Budget, error) {
-	ctx, cancel := context.WithTimeout(ctx, budgetReadTimeout)
-	defer cancel()
-	now := time.Now()
-	for _, sc := range s.scopes {
-		var grant messages.BudgetSpend
-		if sc.scope == messages.BudgetScopeGroup {
-			var err error
-			if grant, _, err = s.store.get(ctx, messages.GrantKey(sc.scope, sc.name)); err != nil {
-				return nil, err
-			}
+// Reserve implements egress.Shared: for each budget, in one
+// compare-and-set on its key for the window that holds at, it checks what
+// was spent and what requests in flight hold against the limits (plus the
+// group's grant) and, when worst fits, counts the request and holds worst
+// (BudgetSpend.ReservedCostUSD, ReservedOutputTokens); so no limit is
+// passed, however many workers send at once, while each answer costs at
+// most its reservation. A budget worst does not fit beside what was spent
+// is returned at once; one it fits only once the requests in flight end is
+// looked at again every reservePoll, for at most reserveWait. What was
+// held in the budgets checked before the one returned is given back.
+func (s *sharedBudgets) Reserve(ctx context.Context, at time.Time, worst messages.BudgetSpend) (*egress.Budget, error) {
+	deadline := time.Now().Add(reserveWait)
+	for {
+		b, wait, err := s.tryReserve(ctx, at, worst)
+		if err != nil || b == nil || !wait || time.Now().After(deadline) {
+			return b, err
 		}
-		var b *egress.Budget
-		_, _, err := s.store.AddIf(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), now), messages.BudgetSpend{Requests: 1},
-			func(spent messages.BudgetSpend) bool {
-				b = reached(sc.scope, sc.b.MaxCostUSD, sc.b.MaxOutputTokens, sc.b.MaxModelRequests, spent, grant)
-				return b == nil
-			})
-		if err != nil {
-			return nil, err
-		}
-		if b != nil {
+		select {
+		case <-ctx.Done():
 			return b, nil
+		case <-time.After(reservePoll):
 		}
 	}
-	return nil, nil
 }
 
-// Spend implements egress.Shared: it adds ev's cost and output tokens to
-// each budget's key for the window that holds the response's start (its
-// request was counted by Over).
-func (s *sharedBudgets) Spend(ctx context.Context, ev messages.UsageEvent) {
-	d := messages.BudgetSpend{OutputTokens: ev.Tokens.Output}
-	if ev.CostUSD != nil {
-		d.CostUSD = *ev.CostUSD
+// tryReserve is one pass of Reserve over the budgets: it returns nil
+// when every one held worst, else the first that did not and whether it
+// may once requests in flight end (nothing held then).
+func (s *sharedBudgets) tryReserve(ctx context.Context, at time.Time, worst messages.BudgetSpend) (*egress.Budget, bool, error) {
+	hold := messages.BudgetSpend{Requests: 1, ReservedCostUSD: worst.CostUSD, ReservedOutputTokens: worst.OutputTokens}
+	var held []string
+	undo := func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budgetReadTimeout)
+		defer cancel()
+		for _, key := range held {
+			if _, err := s.store.Add(uctx, key, negate(hold)); err != nil {
+				s.log(err)
+			}
+		}
 	}
+	for _, sc := range s.scopes {
+		b, wait, key, err := s.reserveIn(ctx, sc, at, worst, hold)
+		if err != nil || b != nil {
+			undo()
+			return b, wait, err
+		}
+		held = append(held, key)
+	}
+	return nil, false, nil
+}
+
+// reserveIn adds hold to sc's key for at when worst fits its limits,
+// returning the key; else the budget it does not fit.
+func (s *sharedBudgets) reserveIn(ctx context.Context, sc scoped, at time.Time, worst, hold messages.BudgetSpend) (*egress.Budget, bool, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, budgetReadTimeout)
+	defer cancel()
+	grant, err := s.grant(ctx, sc)
+	if err != nil {
+		return nil, false, "", err
+	}
+	key := messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), at)
+	var b *egress.Budget
+	var wait bool
+	_, _, err = s.store.AddIf(ctx, key, hold, func(spent messages.BudgetSpend) bool {
+		b, wait = verdict(sc, spent, grant, worst)
+		return b == nil
+	})
+	return b, wait, key, err
+}
+
+// grant returns what an operator granted sc's budget: a group's grant
+// key; nothing for a pool.
+func (s *sharedBudgets) grant(ctx context.Context, sc scoped) (messages.BudgetSpend, error) {
+	if sc.scope != messages.BudgetScopeGroup {
+		return messages.BudgetSpend{}, nil
+	}
+	g, _, err := s.store.get(ctx, messages.GrantKey(sc.scope, sc.name))
+	return g, err
+}
+
+// fits reports whether the shared budget b names would now admit (or may
+// admit once requests in flight end) a request needing what b.Need says,
+// in the current window: read only, for a paused request.
+func (s *sharedBudgets) fits(ctx context.Context, b egress.Budget) bool {
+	ctx, cancel := context.WithTimeout(ctx, budgetReadTimeout)
+	defer cancel()
+	var need messages.BudgetSpend
+	switch b.Key {
+	case "max_cost_usd":
+		need.CostUSD = b.Need
+	case "max_output_tokens":
+		need.OutputTokens = int64(b.Need)
+	}
+	for _, sc := range s.scopes {
+		if sc.scope != b.Scope {
+			continue
+		}
+		grant, err := s.grant(ctx, sc)
+		if err != nil {
+			return false
+		}
+		spent, _, err := s.store.get(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), time.Now()))
+		if err != nil {
+			return false
+		}
+		over, wait := verdict(sc, spent, grant, need)
+		return over == nil || wait
+	}
+	return false
+}
+
+// Settle implements egress.Shared: it replaces what Reserve held for a
+// request sent at at (worst) by what its answer spent, in each budget's
+// key for the window that holds at.
+func (s *sharedBudgets) Settle(ctx context.Context, at time.Time, worst, spent messages.BudgetSpend) {
+	d := messages.BudgetSpend{CostUSD: spent.CostUSD, OutputTokens: spent.OutputTokens,
+		ReservedCostUSD: -worst.CostUSD, ReservedOutputTokens: -worst.OutputTokens}
 	if d == (messages.BudgetSpend{}) {
 		return
 	}
 	for _, sc := range s.scopes {
-		if _, err := s.store.Add(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), ev.Time), d); err != nil {
+		if _, err := s.store.Add(ctx, messages.BudgetKey(sc.scope, sc.name, sc.b.WindowDuration(), at), d); err != nil {
 			// The response is in the run's own totals; the shared budget
-			// misses it.
+			// misses it (and keeps its reservation until the window ends).
 			s.log(err)
 		}
 	}
 }
 
-// reached returns the budget of scope that spent (plus grant, an
-// operator's raise of each limit that is set) has reached, or nil.
-func reached(scope string, maxCost float64, maxOut, maxReq int64, spent, grant messages.BudgetSpend) *egress.Budget {
-	switch {
-	case maxReq > 0 && spent.Requests >= maxReq+grant.Requests:
-		return &egress.Budget{Scope: scope, Key: "max_model_requests", Limit: float64(maxReq + grant.Requests), Spent: float64(spent.Requests)}
-	case maxOut > 0 && spent.OutputTokens >= maxOut+grant.OutputTokens:
-		return &egress.Budget{Scope: scope, Key: "max_output_tokens", Limit: float64(maxOut + grant.OutputTokens), Spent: float64(spent.OutputTokens)}
-	case maxCost > 0 && spent.CostUSD >= maxCost+grant.CostUSD:
-		return &egress.Budget{Scope: scope, Key: "max_cost_usd", Limit: maxCost + grant.CostUSD, Spent: spent.CostUSD}
+// negate returns -d, field by field.
+func negate(d messages.BudgetSpend) messages.BudgetSpend {
+	return messages.BudgetSpend{CostUSD: -d.CostUSD, OutputTokens: -d.OutputTokens, Requests: -d.Requests,
+		ReservedCostUSD: -d.ReservedCostUSD, ReservedOutputTokens: -d.ReservedOutputTokens}
+}
+
+// verdict returns the limit of sc (each raised by grant, an operator's
+// raise of each limit that is set) that a request needing need does not
+// fit, or nil: the request limit when spent reached it; a cost or token
+// limit spent reached, or that need does not fit beside spent (wait
+// false), or fits beside spent but not beside what requests in flight
+// hold too (wait true).
+func verdict(sc scoped, spent, grant, need messages.BudgetSpend) (*egress.Budget, bool) {
+	if maxReq := sc.b.MaxModelRequests; maxReq > 0 && spent.Requests >= maxReq+grant.Requests {
+		return &egress.Budget{Scope: sc.scope, Key: "max_model_requests", Limit: float64(maxReq + grant.Requests), Spent: float64(spent.Requests)}, false
 	}
-	return nil
+	if maxOut := sc.b.MaxOutputTokens; maxOut > 0 {
+		lim, n := maxOut+grant.OutputTokens, need.OutputTokens
+		b := &egress.Budget{Scope: sc.scope, Key: "max_output_tokens", Limit: float64(lim), Spent: float64(spent.OutputTokens),
+			Need: float64(n), Reserved: float64(spent.ReservedOutputTokens)}
+		switch {
+		case spent.OutputTokens >= lim || n > lim-spent.OutputTokens:
+			return b, false
+		case n > lim-spent.OutputTokens-spent.ReservedOutputTokens:
+			return b, true
+		}
+	}
+	if maxCost := sc.b.MaxCostUSD; maxCost > 0 {
+		lim, n := maxCost+grant.CostUSD, need.CostUSD
+		b := &egress.Budget{Scope: sc.scope, Key: "max_cost_usd", Limit: lim, Spent: spent.CostUSD, Need: n, Reserved: spent.ReservedCostUSD}
+		switch {
+		case spent.CostUSD >= lim || spent.CostUSD+n > lim:
+			return b, false
+		case spent.CostUSD+spent.ReservedCostUSD+n > lim:
+			return b, true
+		}
+	}
+	return nil, false
 }
 
 // shared returns the run's shared budgets, nil when its profile has none.
@@ -207,11 +316,9 @@ func (s *Stage) pause(ctx context.Context, run *stage.Run, b egress.Budget) bool
 			s.resume()
 			return true
 		}
-		if b.Scope != "" && s.sh != nil {
-			if over, err := s.sh.Over(ctx); err == nil && over == nil {
-				s.resume()
-				return true
-			}
+		if b.Scope != "" && s.sh != nil && s.sh.fits(ctx, b) {
+			s.resume()
+			return true
 		}
 		if time.Now().After(until) {
 			return false

@@ -27,6 +27,7 @@ import (
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/internal/budgetkv"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/profile"
@@ -78,11 +79,25 @@ type meteredRun struct {
 // connected to srv.
 func startMetered(t *testing.T, srv *server.Server, prov *provider, id, group, extra string) meteredRun {
 	t.Helper()
-	return startMeteredIn(t, srv, prov, messages.DefaultPool, id, group, extra)
+	return startMeteredWith(t, srv, prov, messages.DefaultPool, id, group, extra, nil)
 }
 
 // startMeteredIn is startMetered for a run of pool.
 func startMeteredIn(t *testing.T, srv *server.Server, prov *provider, pool, id, group, extra string) meteredRun {
+	t.Helper()
+	return startMeteredWith(t, srv, prov, pool, id, group, extra, nil)
+}
+
+// startMeteredPriced is startMetered on a worker with the price table
+// prices.
+func startMeteredPriced(t *testing.T, srv *server.Server, prov *provider, id, group, extra string, prices *usage.Prices) meteredRun {
+	t.Helper()
+	return startMeteredWith(t, srv, prov, messages.DefaultPool, id, group, extra, func(c *Config) { c.Prices = prices })
+}
+
+// startMeteredWith is startMetered for a run of pool on a worker whose
+// Config mod changes.
+func startMeteredWith(t *testing.T, srv *server.Server, prov *provider, pool, id, group, extra string, mod func(*Config)) meteredRun {
 	t.Helper()
 	ps, err := profile.ParseProfiles("t", fmt.Appendf(nil, `[profiles.metered]
 image = "x"
@@ -95,7 +110,11 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	require.NoError(t, err)
 	prof := ps["metered"]
 	nc := coordtest.Connect(t, srv)
-	p := New(Config{WorkerID: "w-" + id, Pool: pool, NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()})
+	cfg := Config{WorkerID: "w-" + id, Pool: pool, NC: nc, Registry: prometheus.NewRegistry(), Log: zerolog.Nop()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p := New(cfg)
 	ca, caPEM, err := egress.LoadOrCreateCA(t.TempDir(), "test CA")
 	require.NoError(t, err)
 	roots := x509.NewCertPool()
@@ -109,7 +128,7 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	t.Cleanup(func() { sess.Close() })
 	run := &stage.Run{Request: messages.RunRequest{ID: id, Pool: pool, Group: group, Profile: "metered"}, Profile: &prof}
 	s := &Stage{p: p, sess: sess}
-	s.meter(run)
+	s.meter(run, []egress.Injection{{Name: "example.com", Port: port, Header: "x-api-key", Value: "sk"}})
 	trust := x509.NewCertPool()
 	require.True(t, trust.AppendCertsFromPEM(caPEM))
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
@@ -216,6 +235,51 @@ func TestGroupBudgetIsThePoolsGroup(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, got.Requests, key)
 	}
+}
+
+// A group cost budget shared by two workers is never overspent: each
+// request's worst case (its max_tokens and its input estimate, priced) is
+// held in the group's key, by compare-and-set, before it is sent, and
+// replaced by its real cost when it ends; requests sent at once from both
+// workers, more than the budget holds, end with the group's cost within
+// its limit and nothing left reserved.
+func TestGroupCostBudgetNoOvershoot(t *testing.T) {
+	t.Parallel()
+	srv, kv := budgetServer(t)
+	prov := newProvider(t)
+	prices, err := usage.ParsePrices("p.toml", []byte("[models.claude-test]\ninput = 1000\noutput = 1000\n"))
+	require.NoError(t, err)
+	const limit = 0.1 // each answer costs 0.017 and may cost 0.021
+	extra := fmt.Sprintf("[profiles.metered.group_budget]\nmax_cost_usd = %v\nwindow = \"1h\"\n", limit)
+	runs := []meteredRun{startMeteredPriced(t, srv, prov, "c1", "g2", extra, prices), startMeteredPriced(t, srv, prov, "d1", "g2", extra, prices)}
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	for _, r := range runs {
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 2 {
+					if r.post(t) == http.StatusOK {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, r := range runs {
+		r.s.sess.Close() // waits for the settlements
+	}
+	got, _, err := budgetkv.Get(context.Background(), kv, messages.BudgetKey(messages.BudgetScopeGroup, "default.g2", time.Hour, time.Now()))
+	require.NoError(t, err)
+	t.Logf("served %d of 32; group spent %.4f USD of %v", prov.served.Load(), got.CostUSD, limit)
+	require.LessOrEqual(t, got.CostUSD, limit, "the group's budget was overspent")
+	require.Positive(t, ok.Load())
+	require.Equal(t, prov.served.Load(), ok.Load())
+	require.Equal(t, prov.served.Load(), got.Requests, "refused requests are not counted")
+	require.InDelta(t, 0, got.ReservedCostUSD, 1e-9, "every reservation was settled")
+	require.Zero(t, got.ReservedOutputTokens)
 }
 
 // on_budget = "pause": a request past the run's budget is held, the state

@@ -102,8 +102,9 @@ func pricesDigest(p *usage.Prices) string {
 
 // meter makes the run's proxy meter its model requests, with the
 // profile's budgets (its own, its group's and pool's, paused or failed as
-// on_budget says) and the worker's price table.
-func (s *Stage) meter(run *stage.Run) {
+// on_budget says), the worker's price table and the pace of the keys it
+// injects (inj; egress_rate).
+func (s *Stage) meter(run *stage.Run, inj []egress.Injection) {
 	prof := run.Profile
 	s.metered, s.profile, s.run = true, prof.Name, run
 	if prof.HasBudget() {
@@ -112,15 +113,20 @@ func (s *Stage) meter(run *stage.Run) {
 			OnBudget: cmp.Or(prof.OnBudget, profile.OnBudgetFail)}
 	}
 	m := egress.Metering{
-		Prices:  s.p.cfg.Prices,
-		Limits:  egress.Limits{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxRequests: prof.MaxModelRequests},
-		Publish: s.p.publishUsage,
-		Observe: func(ev messages.UsageEvent) { s.p.metrics.observe(s.profile, ev) },
+		Prices:       s.p.cfg.Prices,
+		Limits:       egress.Limits{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxRequests: prof.MaxModelRequests},
+		SharedLimits: sharedLimits(prof.GroupBudget, prof.PoolBudget),
+		Unmetered:    prof.EgressUnmetered(),
+		Publish:      s.p.publishUsage,
+		Observe:      func(ev messages.UsageEvent) { s.p.metrics.observe(s.profile, ev) },
 		Reached: func(b egress.Budget) {
 			s.p.metrics.refused.WithLabelValues(s.profile, budgetName(b)).Inc()
 			s.p.publishBudget(messages.BudgetEvent{RunID: run.ID(), Time: time.Now().UTC(), Budget: budgetName(b),
 				Limit: b.Limit, Spent: b.Spent, Action: "fail", Reason: b.String()})
 		},
+	}
+	if pacer := newPacer(s.p.budgets, prof, inj, s.p.rateWait()); pacer != nil {
+		m.Pacer = pacer
 	}
 	if s.p.budgets != nil {
 		if sh := s.shared(run); sh != nil {
@@ -131,6 +137,20 @@ func (s *Stage) meter(run *stage.Run) {
 		}
 	}
 	s.sess.Meter(m)
+}
+
+// sharedLimits returns what the shared budgets limit, each field the
+// largest of theirs (egress.Metering.SharedLimits).
+func sharedLimits(bs ...*profile.SharedBudget) egress.Limits {
+	var l egress.Limits
+	for _, b := range bs {
+		if b != nil {
+			l.MaxCostUSD = max(l.MaxCostUSD, b.MaxCostUSD)
+			l.MaxOutputTokens = max(l.MaxOutputTokens, b.MaxOutputTokens)
+			l.MaxRequests = max(l.MaxRequests, b.MaxModelRequests)
+		}
+	}
+	return l
 }
 
 // CheckEvery is how often a metered run's usage is written to its record,

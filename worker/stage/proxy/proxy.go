@@ -59,6 +59,10 @@ type Config struct {
 	// Prices prices the model usage the proxies meter (the worker's
 	// --prices file); nil prices nothing: only tokens are counted.
 	Prices *usage.Prices
+	// RateWait bounds how long a model request waits for its key's rate
+	// (egress_rate) before it is answered 429; 0 means DefaultRateWait,
+	// negative no wait at all.
+	RateWait time.Duration
 	// Log receives the machinery's logs.
 	Log zerolog.Logger
 }
@@ -102,6 +106,17 @@ func New(cfg Config) *Proxies {
 	p.ecfg = egress.Config{Resolver: cfg.Resolver, Logger: cfg.Log, Publish: p.publish, Observe: observe,
 		RestartDelay: cfg.RestartDelay, UpstreamRoots: cfg.UpstreamRoots}
 	return p
+}
+
+// rateWait is Config.RateWait with its default.
+func (p *Proxies) rateWait() time.Duration {
+	switch {
+	case p.cfg.RateWait == 0:
+		return DefaultRateWait
+	case p.cfg.RateWait < 0:
+		return 0
+	}
+	return p.cfg.RateWait
 }
 
 // needed reports whether any profile has an egress allowlist.
@@ -243,7 +258,7 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	}
 	s.sess = sess
 	if len(inj) > 0 {
-		s.meter(req.Run)
+		s.meter(req.Run, inj)
 	}
 	if len(prof.EgressAsk) > 0 {
 		asks, approvals, err := s.p.askBuckets(ctx)
@@ -298,6 +313,7 @@ func (s *Stage) Note(st *messages.RunState) {
 	if st.Receipt != nil {
 		st.Receipt.Prices = pricesDigest(s.p.cfg.Prices)
 		st.Receipt.Budgets = s.budgets
+		st.Receipt.EgressUnmeteredPaths = s.run.Profile.EgressUnmeteredPaths
 	}
 }
 
