@@ -100,9 +100,13 @@ func (d *Dispatcher) grantable(ctx context.Context, id string) (messages.State, 
 		return "", err
 	}
 	// No state, or a final one: a request of the run may still wait (not
-	// yet taken, or a replay).
-	if _, qerr := d.Request(ctx, id); qerr == nil {
-		return messages.StateQueued, nil
+	// yet taken, or a replay). The request a final state belongs to stays
+	// in the stream a moment after the state is written (the worker acks or
+	// terms it then): it is no run to grant to.
+	if q, qerr := d.Request(ctx, id); qerr == nil {
+		if err != nil || q.Sequence > st.StreamSeq {
+			return messages.StateQueued, nil
+		}
 	} else if !errors.Is(qerr, ErrRunNotFound) {
 		return "", qerr
 	}

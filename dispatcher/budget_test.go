@@ -18,17 +18,22 @@ func TestGrantRun(t *testing.T) {
 	b := setup(t, setupOpts{})
 	kv, err := b.js.KeyValue(t.Context(), messages.BucketRuns)
 	require.NoError(t, err)
-	put := func(id string, s messages.State) {
-		data, err := json.Marshal(messages.RunState{Version: messages.StateVersion, ID: id, State: s, Pool: messages.DefaultPool})
+	put := func(id string, s messages.State, seq ...uint64) {
+		st := messages.RunState{Version: messages.StateVersion, ID: id, State: s, Pool: messages.DefaultPool}
+		if len(seq) > 0 {
+			st.StreamSeq = seq[0]
+		}
+		data, err := json.Marshal(st)
 		require.NoError(t, err)
 		_, err = kv.Put(t.Context(), id, data)
 		require.NoError(t, err)
 	}
-	queue := func(id string) {
+	queue := func(id string) uint64 {
 		data, err := json.Marshal(messages.RunRequest{ID: id, Profile: "shell", Prompt: "x"})
 		require.NoError(t, err)
-		_, err = b.js.Publish(t.Context(), messages.SubjectRuns(messages.DefaultPool), data)
+		ack, err := b.js.Publish(t.Context(), messages.SubjectRuns(messages.DefaultPool), data)
 		require.NoError(t, err)
+		return ack.Sequence
 	}
 	one := messages.BudgetSpend{CostUSD: 1}
 
@@ -48,6 +53,11 @@ func TestGrantRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, messages.StateQueued, g.State, "a replay waits")
 
+	// Its final state written, its request not yet removed: ended.
+	put("ending", messages.StateFailed, queue("ending"))
+	_, err = b.d.GrantRun(t.Context(), "ending", one)
+	require.True(t, errors.Is(err, ErrRunEnded), "a run whose request is being removed has ended: %v", err)
+
 	put("done", messages.StateStalled)
 	_, err = b.d.GrantRun(t.Context(), "done", one)
 	require.True(t, errors.Is(err, ErrRunEnded), "%v", err)
@@ -58,7 +68,7 @@ func TestGrantRun(t *testing.T) {
 
 	budgets, err := b.js.KeyValue(t.Context(), messages.BucketBudgets)
 	require.NoError(t, err)
-	for _, id := range []string{"done", "nobody"} {
+	for _, id := range []string{"ending", "done", "nobody"} {
 		_, err := budgets.Get(t.Context(), messages.GrantKey(messages.BudgetScopeRun, id))
 		require.Error(t, err, "%s was granted", id)
 	}
