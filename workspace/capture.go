@@ -165,7 +165,7 @@ func loadBase(st *captureStore, scratch, snapshot string, refused refusedPaths) 
 		return z, z, false, err
 	}
 	defer f.Close()
-	rd := &baseReader{st: st, scratch: scratch, refused: refused, refs: map[string]string{}, tree: newTreeBuilder()}
+	rd := &baseReader{st: st, scratch: scratch, refused: refused, tree: newTreeBuilder()}
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
@@ -223,17 +223,15 @@ func copyObjectFile(st *captureStore, scratch, rel string, r io.Reader) error {
 }
 
 // baseReader is what loadBase gathers from a snapshot's entries: whether
-// it is a git snapshot, its HEAD and branch references (to find the base
-// commit), and its work tree as a tree being built in st.
+// it is a git snapshot, its references (to find the base commit), and its
+// work tree as a tree being built in st.
 type baseReader struct {
 	st      *captureStore
 	scratch string
 	refused refusedPaths
 	isGit   bool
-	// head is .git/HEAD's content; refs the branches, by ref name.
-	head string
-	refs map[string]string
-	tree *treeBuilder
+	refs    snapshotRefs
+	tree    *treeBuilder
 }
 
 // entry takes one tar entry of the snapshot: an object file of .git is
@@ -252,8 +250,8 @@ func (rd *baseReader) entry(tr *tar.Reader, hdr *tar.Header) error {
 		rd.isGit = true
 	case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
 		return copyObjectFile(rd.st, rd.scratch, strings.TrimPrefix(name, ".git/objects/"), tr)
-	case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/") || name == ".git/packed-refs":
-		return rd.readRef(tr, name)
+	case isRefFile(name):
+		return rd.refs.read(tr, name)
 	case strings.HasPrefix(name, ".git/"):
 	case file && refusedPrefix(name) != "":
 		rd.refused.add(refusedPrefix(name))
@@ -263,45 +261,13 @@ func (rd *baseReader) entry(tr *tar.Reader, hdr *tar.Header) error {
 	return nil
 }
 
-// readRef reads .git/HEAD, a branch (.git/refs/heads/...) or
-// .git/packed-refs, whose lines name a branch the snapshot does not hold
-// as a file.
-func (rd *baseReader) readRef(r io.Reader, name string) error {
-	if name == ".git/packed-refs" {
-		v, err := io.ReadAll(io.LimitReader(r, 1<<20))
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(v), "\n") {
-			if h, ref, ok := strings.Cut(line, " "); ok && len(h) == 40 && rd.refs[ref] == "" {
-				rd.refs[ref] = h
-			}
-		}
-		return nil
-	}
-	v, err := io.ReadAll(io.LimitReader(r, 4096))
-	if err != nil {
-		return err
-	}
-	if name == ".git/HEAD" {
-		rd.head = strings.TrimSpace(string(v))
-	} else {
-		rd.refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
-	}
-	return nil
-}
-
 // headCommit returns the commit a git snapshot's HEAD names, through its
 // branch when it names one; zero for a repository without commits.
 func (rd *baseReader) headCommit() plumbing.Hash {
-	head := rd.head
-	if r, ok := strings.CutPrefix(rd.head, "ref: "); ok {
-		head = rd.refs[r]
+	if head := rd.refs.commit(); head != "" {
+		return plumbing.NewHash(head)
 	}
-	if head == "" {
-		return plumbing.ZeroHash
-	}
-	return plumbing.NewHash(head)
+	return plumbing.ZeroHash
 }
 
 func addTarEntry(st storer.EncodedObjectStorer, b *treeBuilder, tr *tar.Reader, hdr *tar.Header, name string) error {
