@@ -244,12 +244,13 @@ func (rd *baseReader) entry(tr *tar.Reader, hdr *tar.Header) error {
 		return err
 	}
 	file := hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink
+	rel, isObject := strings.CutPrefix(name, ".git/objects/")
 	switch {
 	case name == ".":
 	case name == ".git":
 		rd.isGit = true
-	case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
-		return copyObjectFile(rd.st, rd.scratch, strings.TrimPrefix(name, ".git/objects/"), tr)
+	case hdr.Typeflag == tar.TypeReg && isObject && objectFileRE.MatchString(rel):
+		return copyObjectFile(rd.st, rd.scratch, rel, tr)
 	case isRefFile(name):
 		return rd.refs.read(tr, name)
 	case strings.HasPrefix(name, ".git/"):
