@@ -159,8 +159,37 @@ func (b *captureBase) capture(dir string, o CaptureOptions) (*Captured, error) {
 // work tree path treeRefuses is left out of the submitted tree and
 // recorded in refused.
 func loadBase(st *captureStore, scratch, snapshot string, refused refusedPaths) (base, submitted plumbing.Hash, isGit bool, err error) {
-	base, submitted, isGit, err = readSnapshot(st, scratch, snapshot, refused)
-	return
+	z := plumbing.ZeroHash
+	f, err := os.Open(snapshot)
+	if err != nil {
+		return z, z, false, err
+	}
+	defer f.Close()
+	rd := &baseReader{st: st, scratch: scratch, refused: refused, tree: newTreeBuilder()}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return z, z, false, err
+		}
+		if err := rd.entry(tr, hdr); err != nil {
+			return z, z, false, err
+		}
+	}
+	if submitted, err = rd.tree.write(st); err != nil {
+		return z, z, false, err
+	}
+	if rd.isGit {
+		return rd.headCommit(), submitted, true, nil
+	}
+	// A fixed author and time: the base of a plain snapshot has one hash.
+	sig := captureAuthor
+	sig.When = epoch
+	base, err = storeCommit(st, submitted, plumbing.ZeroHash, sig, "jetcrew: workspace as submitted")
+	return base, submitted, false, err
 }
 
 // objectFileRE matches the object files of a .git that capture copies:
@@ -193,87 +222,53 @@ func copyObjectFile(st *captureStore, scratch, rel string, r io.Reader) error {
 	return st.addObjectFile(rel, p)
 }
 
-func readSnapshot(st *captureStore, scratch, snapshot string, refused refusedPaths) (plumbing.Hash, plumbing.Hash, bool, error) {
-	z := plumbing.ZeroHash
-	f, err := os.Open(snapshot)
+// baseReader is what loadBase gathers from a snapshot's entries: whether
+// it is a git snapshot, its references (to find the base commit), and its
+// work tree as a tree being built in st.
+type baseReader struct {
+	st      *captureStore
+	scratch string
+	refused refusedPaths
+	isGit   bool
+	refs    snapshotRefs
+	tree    *treeBuilder
+}
+
+// entry takes one tar entry of the snapshot: an object file of .git is
+// copied into scratch (copyObjectFile), HEAD and the references are read,
+// the rest of .git is passed over, and a work tree file or symlink is
+// stored in the tree (or refused, when treeRefuses its path).
+func (rd *baseReader) entry(tr *tar.Reader, hdr *tar.Header) error {
+	name, err := cleanName(hdr.Name)
 	if err != nil {
-		return z, z, false, err
+		return err
 	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	isGit := false
-	var head string
-	var ref string
-	refs := map[string]string{}
-	b := newTreeBuilder()
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return z, z, false, err
-		}
-		name, err := cleanName(hdr.Name)
-		if err != nil {
-			return z, z, false, err
-		}
-		switch {
-		case name == ".":
-		case name == ".git":
-			isGit = true
-		case hdr.Typeflag == tar.TypeReg && objectFileRE.MatchString(strings.TrimPrefix(name, ".git/objects/")):
-			if err := copyObjectFile(st, scratch, strings.TrimPrefix(name, ".git/objects/"), tr); err != nil {
-				return z, z, false, err
-			}
-		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
-			v, err := io.ReadAll(io.LimitReader(tr, 4096))
-			if err != nil {
-				return z, z, false, err
-			}
-			if name == ".git/HEAD" {
-				ref = strings.TrimSpace(string(v))
-			} else {
-				refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
-			}
-		case name == ".git/packed-refs":
-			v, err := io.ReadAll(io.LimitReader(tr, 1<<20))
-			if err != nil {
-				return z, z, false, err
-			}
-			for _, line := range strings.Split(string(v), "\n") {
-				if h, r, ok := strings.Cut(line, " "); ok && len(h) == 40 && refs[r] == "" {
-					refs[r] = h
-				}
-			}
-		case strings.HasPrefix(name, ".git/"):
-		case (hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink) && refusedPrefix(name) != "":
-			refused.add(refusedPrefix(name))
-		case hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink:
-			if err := addTarEntry(st, b, tr, hdr, name); err != nil {
-				return z, z, false, err
-			}
-		}
+	file := hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeSymlink
+	rel, isObject := strings.CutPrefix(name, ".git/objects/")
+	switch {
+	case name == ".":
+	case name == ".git":
+		rd.isGit = true
+	case hdr.Typeflag == tar.TypeReg && isObject && objectFileRE.MatchString(rel):
+		return copyObjectFile(rd.st, rd.scratch, rel, tr)
+	case isRefFile(name):
+		return rd.refs.read(tr, name)
+	case strings.HasPrefix(name, ".git/"):
+	case file && refusedPrefix(name) != "":
+		rd.refused.add(refusedPrefix(name))
+	case file:
+		return addTarEntry(rd.st, rd.tree, tr, hdr, name)
 	}
-	tree, err := b.write(st)
-	if err != nil {
-		return z, z, false, err
+	return nil
+}
+
+// headCommit returns the commit a git snapshot's HEAD names, through its
+// branch when it names one; zero for a repository without commits.
+func (rd *baseReader) headCommit() plumbing.Hash {
+	if head := rd.refs.commit(); head != "" {
+		return plumbing.NewHash(head)
 	}
-	if isGit {
-		head = ref
-		if r, ok := strings.CutPrefix(ref, "ref: "); ok {
-			head = refs[r]
-		}
-		if head == "" {
-			return z, tree, true, nil
-		}
-		return plumbing.NewHash(head), tree, true, nil
-	}
-	// A fixed author and time: the base of a plain snapshot has one hash.
-	sig := captureAuthor
-	sig.When = epoch
-	h, err := storeCommit(st, tree, plumbing.ZeroHash, sig, "jetcrew: workspace as submitted")
-	return h, tree, false, err
+	return plumbing.ZeroHash
 }
 
 func addTarEntry(st storer.EncodedObjectStorer, b *treeBuilder, tr *tar.Reader, hdr *tar.Header, name string) error {

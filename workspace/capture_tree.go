@@ -41,24 +41,7 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
-	var tracked, refusedHere []string
-	for p, e := range parentIdx {
-		if e.Mode != filemode.Dir && e.Mode != filemode.Submodule {
-			tracked = append(tracked, p)
-		}
-	}
-	entries, err := walk(root, dir, walkOptions{
-		gitignore: isGit, tracked: trackedSet(tracked), maxFiles: o.MaxFiles,
-		skip: func(p string, _ bool) bool { return path.Base(p) == ".git" || underArtifacts(p) || underSession(p) },
-		refuse: func(p string) bool {
-			if !treeRefuses(p) {
-				return false
-			}
-			refused.add(p)
-			refusedHere = append(refusedHere, p)
-			return true
-		},
-	})
+	entries, refusedHere, err := walkWorkTree(root, dir, isGit, parentIdx, o.MaxFiles, refused)
 	if err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("walk the workspace: %w", err)
 	}
@@ -72,44 +55,10 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 			b.add(p, e.Mode, e.Hash)
 		}
 	}
-	var budget int64
+	ws := &workTreeStore{st: st, root: root, max: o.MaxBytes}
 	for _, e := range entries {
-		switch {
-		case e.info.IsDir():
-			continue
-		case e.info.Mode()&os.ModeSymlink != 0:
-			target, err := root.Readlink(e.path)
-			if err != nil {
-				return plumbing.ZeroHash, err
-			}
-			h, err := storeBlob(st, int64(len(target)), func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(target)), nil }, nil)
-			if err != nil {
-				return plumbing.ZeroHash, err
-			}
-			b.add(e.path, filemode.Symlink, h)
-		default:
-			mode := filemode.Regular
-			if e.info.Mode().Perm()&0o111 != 0 {
-				mode = filemode.Executable
-			}
-			// A new object counts against the budget before it is stored
-			// (held in memory while it is written): a file over the cap is
-			// refused having been hashed only.
-			h, err := storeBlob(st, e.info.Size(), func() (io.ReadCloser, error) {
-				return root.OpenFile(e.path, os.O_RDONLY|syscallNoFollow|syscallNonBlock, 0)
-			}, func() error {
-				if budget += e.info.Size(); o.MaxBytes > 0 && budget > o.MaxBytes {
-					return fmt.Errorf("%w: the run's changed files exceed %d bytes", ErrTooLarge, o.MaxBytes)
-				}
-				return nil
-			})
-			if errors.Is(err, ErrTooLarge) {
-				return plumbing.ZeroHash, err
-			}
-			if err != nil {
-				return plumbing.ZeroHash, fmt.Errorf("%s: %w", e.path, err)
-			}
-			b.add(e.path, mode, h)
+		if err := ws.add(b, e); err != nil {
+			return plumbing.ZeroHash, err
 		}
 	}
 	tree, err := b.write(st)
@@ -122,6 +71,84 @@ func commitWorkTree(st storer.EncodedObjectStorer, root *os.Root, dir string, pa
 	sig := captureAuthor
 	sig.When = sinceEpoch()
 	return storeCommit(st, tree, parent, sig, "jetcrew: changes run "+o.RunID+" left uncommitted")
+}
+
+// walkWorkTree lists the work tree at root as commitWorkTree keeps it
+// (walk): .git, ArtifactsDir and SessionDir left out, the ignore rules
+// applied when isGit to the paths parentIdx does not track, and each path
+// treeRefuses left out, recorded in refused and returned.
+func walkWorkTree(root *os.Root, dir string, isGit bool, parentIdx map[string]object.TreeEntry, maxFiles int, refused refusedPaths) ([]entry, []string, error) {
+	var tracked, refusedHere []string
+	for p, e := range parentIdx {
+		if e.Mode != filemode.Dir && e.Mode != filemode.Submodule {
+			tracked = append(tracked, p)
+		}
+	}
+	entries, err := walk(root, dir, walkOptions{
+		gitignore: isGit, tracked: trackedSet(tracked), maxFiles: maxFiles,
+		skip: func(p string, _ bool) bool { return path.Base(p) == ".git" || underArtifacts(p) || underSession(p) },
+		refuse: func(p string) bool {
+			if !treeRefuses(p) {
+				return false
+			}
+			refused.add(p)
+			refusedHere = append(refusedHere, p)
+			return true
+		},
+	})
+	return entries, refusedHere, err
+}
+
+// workTreeStore stores a work tree's files as blobs in st, reading them
+// through root, with a budget of max bytes of new content (0: none).
+type workTreeStore struct {
+	st     storer.EncodedObjectStorer
+	root   *os.Root
+	max    int64
+	budget int64
+}
+
+// add stores e (a symlink's target, or a regular file's content, its
+// executable bit kept) and adds it to b; a directory is passed over. A new
+// file's size counts against the budget before it is stored (held in
+// memory while it is written): a file over the cap is refused, with an
+// error wrapping ErrTooLarge, having been hashed only.
+func (w *workTreeStore) add(b *treeBuilder, e entry) error {
+	switch {
+	case e.info.IsDir():
+		return nil
+	case e.info.Mode()&os.ModeSymlink != 0:
+		target, err := w.root.Readlink(e.path)
+		if err != nil {
+			return err
+		}
+		h, err := storeBlob(w.st, int64(len(target)), func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(target)), nil }, nil)
+		if err != nil {
+			return err
+		}
+		b.add(e.path, filemode.Symlink, h)
+		return nil
+	}
+	mode := filemode.Regular
+	if e.info.Mode().Perm()&0o111 != 0 {
+		mode = filemode.Executable
+	}
+	h, err := storeBlob(w.st, e.info.Size(), func() (io.ReadCloser, error) {
+		return w.root.OpenFile(e.path, os.O_RDONLY|syscallNoFollow|syscallNonBlock, 0)
+	}, func() error {
+		if w.budget += e.info.Size(); w.max > 0 && w.budget > w.max {
+			return fmt.Errorf("%w: the run's changed files exceed %d bytes", ErrTooLarge, w.max)
+		}
+		return nil
+	})
+	if errors.Is(err, ErrTooLarge) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", e.path, err)
+	}
+	b.add(e.path, mode, h)
+	return nil
 }
 
 // underArtifacts reports whether p is ArtifactsDir or inside it.

@@ -79,37 +79,36 @@ type StoreChecked func(ctx context.Context, path string) error
 // the store into the workspace bucket for the caller to run (a worker runs
 // it beside the run, so a 100 MiB put is not in the path to the agent's
 // start, and waits for it before the run's final state); else store is
-// nil. Its errors are Fetch's.
+// nil. Its errors are Fetch's. It is OpenStream read into the file, with
+// two more steps: a workspace bucket's copy that turns out broken as it is
+// read (its bytes are not its record's, or it went since) is replaced by
+// the upload, as a broken record is; and when neither bucket held the
+// snapshot, the workspace bucket is asked again (another worker may have
+// stored it meanwhile, and the upload may have expired since).
 func FetchLater(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, path string, max int64) (store StoreChecked, err error) {
-	werr := s.workspaces().download(ctx, ref, path, max)
-	if werr == nil || s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
-		return nil, werr
-	}
-	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
-		if errors.Is(werr, ErrSnapshotMissing) {
-			// Say what the uploads bucket holds under that name.
-			_, err := s.uploads().checkStored(ctx, ref, max)
-			if err == nil {
-				return nil, fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
-			}
-			if !errors.Is(err, ErrSnapshotMissing) {
-				return nil, err
-			}
+	st, err := OpenStream(ctx, s, ref, max)
+	if err == nil && !st.upload {
+		if err = st.download(ctx, path); err == nil {
+			return nil, nil
 		}
-		return nil, werr
+		st, err = s.openUpload(ctx, ref, max, err)
 	}
-	uerr := s.uploads().download(ctx, ref, path, max)
-	if errors.Is(uerr, ErrSnapshotMissing) {
-		if errors.Is(werr, ErrSnapshotMissing) {
-			// Another worker may have taken it meanwhile.
-			return nil, s.workspaces().download(ctx, ref, path, max)
+	if err == nil {
+		if err = st.download(ctx, path); err == nil {
+			return st.storeLater(), nil
 		}
-		return nil, werr
+		if errors.Is(err, ErrSnapshotMissing) {
+			// The upload went between its record and its read: the
+			// uploads bucket has none after all.
+			err = st.werr
+		}
 	}
-	if uerr != nil {
-		return nil, uerr
+	if errors.Is(err, ErrSnapshotMissing) && s.uploadsByDigest(ref) {
+		// Neither bucket held it: another worker may have taken it
+		// meanwhile.
+		return nil, s.workspaces().download(ctx, ref, path, max)
 	}
-	return storeChecked(s, ref, !errors.Is(werr, ErrSnapshotMissing)), nil
+	return nil, err
 }
 
 // storeChecked returns the store of ref's checked bytes into the
@@ -142,6 +141,13 @@ func (b bucket) download(ctx context.Context, ref messages.WorkspaceRef, path st
 	if err != nil {
 		return err
 	}
+	return b.readFile(ctx, ref, info, path)
+}
+
+// readFile writes the object ref names, whose record was info, from b to
+// file path (created, or truncated), its bytes checked as read checks
+// them.
+func (b bucket) readFile(ctx context.Context, ref messages.WorkspaceRef, info *jetstream.ObjectInfo, path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -300,78 +306,4 @@ func objDigest(d string) string {
 		return ""
 	}
 	return "SHA-256=" + base64.URLEncoding.EncodeToString(b)
-}
-
-// ErrStreamBroken is wrapped by the error of a Stream whose bytes, already
-// partly written, turned out not to be the snapshot's (the bucket's object
-// broken): the caller must drop what it wrote and may fetch again with
-// Fetch, which takes the uploads bucket's copy instead.
-var ErrStreamBroken = errors.New("the snapshot's bytes broke off while streamed")
-
-// A Stream is a snapshot found by OpenStream, ready to be read.
-type Stream struct {
-	s       *SnapshotStore
-	ref     messages.WorkspaceRef
-	b       bucket
-	info    *jetstream.ObjectInfo
-	upload  bool
-	replace bool
-}
-
-// Size returns the snapshot's length in bytes.
-func (st *Stream) Size() int64 { return int64(st.info.Size) }
-
-// OpenStream looks ref's snapshot up as Fetch would read it (the workspace
-// bucket of s; else, for a name that is the digest's, its uploads bucket)
-// from the buckets' records alone, without reading a byte, so that a
-// missing, oversized or misrecorded snapshot is refused at once with
-// Fetch's errors; ReadTo then reads it in one pass.
-func OpenStream(ctx context.Context, s *SnapshotStore, ref messages.WorkspaceRef, max int64) (*Stream, error) {
-	ws := s.workspaces()
-	info, werr := ws.checkStored(ctx, ref, max)
-	if werr == nil {
-		return &Stream{s: s, ref: ref, b: ws, info: info}, nil
-	}
-	if s.Uploads == nil || !errors.Is(werr, ErrSnapshotMissing) && !errors.Is(werr, ErrDigestMismatch) {
-		return nil, werr
-	}
-	up := s.uploads()
-	if ref.Name != messages.WorkspaceObjectName(ref.Digest) {
-		if errors.Is(werr, ErrSnapshotMissing) {
-			if _, err := up.checkStored(ctx, ref, max); err == nil {
-				return nil, fmt.Errorf("%w (an upload of that name is taken only when named by its digest, %s)", werr, messages.WorkspaceObjectName(ref.Digest))
-			} else if !errors.Is(err, ErrSnapshotMissing) {
-				return nil, err
-			}
-		}
-		return nil, werr
-	}
-	info, uerr := up.checkStored(ctx, ref, max)
-	if errors.Is(uerr, ErrSnapshotMissing) {
-		return nil, werr
-	}
-	if uerr != nil {
-		return nil, uerr
-	}
-	return &Stream{s: s, ref: ref, b: up, info: info, upload: true, replace: !errors.Is(werr, ErrSnapshotMissing)}, nil
-}
-
-// ReadTo copies the snapshot to w, its bytes checked as Download checks
-// them (once they are all read: w sees them before), and returns the store
-// still to do into the workspace bucket when they came from the uploads
-// bucket (see FetchLater), else nil. Its errors are Download's; bytes that
-// differ from the object's record, or a read that breaks off, wrap
-// ErrStreamBroken too once anything was written to w.
-func (st *Stream) ReadTo(ctx context.Context, w io.Writer) (StoreChecked, error) {
-	n, err := st.b.read(ctx, st.ref, st.info, w)
-	if err != nil {
-		if n > 0 {
-			return nil, fmt.Errorf("%w: %w", ErrStreamBroken, err)
-		}
-		return nil, err
-	}
-	if !st.upload {
-		return nil, nil
-	}
-	return storeChecked(st.s, st.ref, st.replace), nil
 }

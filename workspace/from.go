@@ -87,15 +87,12 @@ func DeriveSnapshot(base io.Reader, bundle io.Reader, runID string, w io.Writer,
 		return Info{}, err
 	}
 	defer os.RemoveAll(dir)
-	headLine, refs, err := readBaseGit(base, dir, o.MaxBytes)
+	refs, err := readBaseGit(base, dir, o.MaxBytes)
 	if err != nil {
 		return Info{}, err
 	}
-	baseHead := headLine
-	branch, symbolic := strings.CutPrefix(headLine, "ref: ")
-	if symbolic {
-		baseHead = refs[branch]
-	}
+	baseHead := refs.commit()
+	branch, symbolic := strings.CutPrefix(refs.head, "ref: ")
 	br := bufio.NewReaderSize(bundle, 64<<10)
 	head, err := readDerivedBundle(br, dir, runID, baseHead, o.MaxBytes)
 	if err != nil {
@@ -187,11 +184,12 @@ func setDerivedHead(st *filesystem.Storage, branch string, symbolic bool, own pl
 
 // readBaseGit copies the object files of snapshot base's .git into
 // dir/objects (packs with their indexes, loose objects), checking the
-// sizes they declare against max (copyBaseObject), and returns its HEAD line ("ref: refs/heads/main" or a commit
-// id) and its branch references (refs/heads/…, packed-refs included).
-// A snapshot without .git is ErrNotGitSource.
-func readBaseGit(base io.Reader, dir string, max int64) (head string, refs map[string]string, err error) {
-	refs = map[string]string{}
+// sizes they declare against max (copyBaseObject), and returns its
+// references (HEAD's line, "ref: refs/heads/main" or a commit id, and its
+// branches, packed-refs included). A snapshot without .git is
+// ErrNotGitSource.
+func readBaseGit(base io.Reader, dir string, max int64) (snapshotRefs, error) {
+	var refs snapshotRefs
 	isGit := false
 	var declared int64
 	tr := tar.NewReader(base)
@@ -201,11 +199,11 @@ func readBaseGit(base io.Reader, dir string, max int64) (head string, refs map[s
 			break
 		}
 		if err != nil {
-			return "", nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
+			return refs, fmt.Errorf("%w: %w", ErrBadArchive, err)
 		}
 		name, err := cleanName(hdr.Name)
 		if err != nil {
-			return "", nil, err
+			return refs, err
 		}
 		rel, isObject := strings.CutPrefix(name, ".git/objects/")
 		switch {
@@ -213,40 +211,24 @@ func readBaseGit(base io.Reader, dir string, max int64) (head string, refs map[s
 			isGit = true
 		case hdr.Typeflag == tar.TypeReg && isObject && objectFileRE.MatchString(rel):
 			if err := copyBaseObject(io.LimitReader(tr, hdr.Size), dir, rel, max, &declared); err != nil {
-				return "", nil, err
+				return refs, err
 			}
-		case name == ".git/HEAD" || strings.HasPrefix(name, ".git/refs/heads/"):
-			v, err := io.ReadAll(io.LimitReader(tr, 4096))
-			if err != nil {
-				return "", nil, err
-			}
-			if name == ".git/HEAD" {
-				head = strings.TrimSpace(string(v))
-			} else {
-				refs[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
-			}
-		case name == ".git/packed-refs":
-			v, err := io.ReadAll(io.LimitReader(tr, 1<<20))
-			if err != nil {
-				return "", nil, err
-			}
-			for line := range strings.SplitSeq(string(v), "\n") {
-				if h, r, ok := strings.Cut(line, " "); ok && len(h) == 40 && refs[r] == "" {
-					refs[r] = h
-				}
+		case isRefFile(name):
+			if err := refs.read(tr, name); err != nil {
+				return refs, err
 			}
 		}
 	}
-	if !isGit || head == "" {
-		return "", nil, ErrNotGitSource
+	if !isGit || refs.head == "" {
+		return refs, ErrNotGitSource
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "objects", "pack"), 0o700); err != nil {
-		return "", nil, err
+		return refs, err
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "refs", "heads"), 0o700); err != nil {
-		return "", nil, err
+		return refs, err
 	}
-	return head, refs, nil
+	return refs, nil
 }
 
 // copyBaseObject copies object file rel of a snapshot's .git/objects from

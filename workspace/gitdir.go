@@ -205,3 +205,59 @@ func (gd *gitDir) write(tw *tarWriter) error {
 	}
 	return nil
 }
+
+// snapshotRefs are the references of a snapshot's .git as capture
+// (loadBase) and DeriveSnapshot read them: HEAD's line, and the branches,
+// each a file under .git/refs/heads or a line of .git/packed-refs (a file
+// wins over a line).
+type snapshotRefs struct {
+	// head is .git/HEAD, trimmed: "ref: refs/heads/<branch>" or a commit id.
+	head string
+	// branches maps a ref name (refs/heads/...) to its commit id.
+	branches map[string]string
+}
+
+// isRefFile reports whether a snapshot's entry name is one snapshotRefs
+// reads: .git/HEAD, .git/packed-refs or a file under .git/refs/heads.
+func isRefFile(name string) bool {
+	return name == ".git/HEAD" || name == ".git/packed-refs" || strings.HasPrefix(name, ".git/refs/heads/")
+}
+
+// read reads the entry name (isRefFile) from r: at most 4 KiB of HEAD or
+// a branch, at most 1 MiB of packed-refs.
+func (s *snapshotRefs) read(r io.Reader, name string) error {
+	if s.branches == nil {
+		s.branches = map[string]string{}
+	}
+	if name == ".git/packed-refs" {
+		v, err := io.ReadAll(io.LimitReader(r, 1<<20))
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(string(v), "\n") {
+			if h, ref, ok := strings.Cut(line, " "); ok && len(h) == 40 && s.branches[ref] == "" {
+				s.branches[ref] = h
+			}
+		}
+		return nil
+	}
+	v, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err != nil {
+		return err
+	}
+	if name == ".git/HEAD" {
+		s.head = strings.TrimSpace(string(v))
+	} else {
+		s.branches[strings.TrimPrefix(name, ".git/")] = strings.TrimSpace(string(v))
+	}
+	return nil
+}
+
+// commit returns the commit id HEAD names, through its branch when it
+// names one; "" when it names none (a repository without commits).
+func (s *snapshotRefs) commit() string {
+	if branch, ok := strings.CutPrefix(s.head, "ref: "); ok {
+		return s.branches[branch]
+	}
+	return s.head
+}

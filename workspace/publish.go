@@ -83,14 +83,8 @@ type Published struct {
 // ancestor of the head is refused with ErrBranchMoved unless o.Force. The
 // caller checks o.URL against its allowlist.
 func Publish(ctx context.Context, o PublishOptions) (Published, error) {
-	if err := messages.ValidateToken("run id", o.RunID); err != nil {
-		return Published{}, err
-	}
-	ref := plumbing.NewBranchReferenceName(o.Branch)
-	if o.Branch == "" || ref.Validate() != nil {
-		return Published{}, fmt.Errorf("branch %q is not a valid branch name", o.Branch)
-	}
-	if err := checkPublishURL(o.URL); err != nil {
+	ref, err := o.check()
+	if err != nil {
 		return Published{}, err
 	}
 	base, err := git.PlainOpenWithOptions(o.Repo, &git.PlainOpenOptions{DetectDotGit: true, EnableDotGitCommonDir: true})
@@ -111,28 +105,10 @@ func Publish(ctx context.Context, o PublishOptions) (Published, error) {
 	if err != nil {
 		return Published{}, err
 	}
+	p := pusher{st: st, rem: git.NewRemote(st, &config.RemoteConfig{Name: "publish", URLs: []string{o.URL}}), auth: o.auth()}
 	out := Published{Ref: ref, Commit: head}
-
-	rem := git.NewRemote(st, &config.RemoteConfig{Name: "publish", URLs: []string{o.URL}})
-	var auth *githttp.BasicAuth
-	if o.Token != "" {
-		auth = &githttp.BasicAuth{Username: o.Username, Password: o.Token}
-		if auth.Username == "" {
-			auth.Username = "x-access-token"
-		}
-	}
-	lo := &git.ListOptions{}
-	if auth != nil {
-		lo.Auth = auth
-	}
-	refs, err := rem.ListContext(ctx, lo)
-	if err != nil && !errors.Is(err, transport.ErrEmptyRemoteRepository) {
-		return out, fmt.Errorf("list the remote's branches: %w", err)
-	}
-	for _, r := range refs {
-		if r.Name() == ref {
-			out.Old = r.Hash()
-		}
+	if out.Old, err = p.remoteHead(ctx, ref); err != nil {
+		return out, err
 	}
 	switch {
 	case out.Old == head:
@@ -149,34 +125,95 @@ func Publish(ctx context.Context, o PublishOptions) (Published, error) {
 		}
 		out.Forced = !ff
 	}
+	return out, p.push(ctx, local, out, o.Branch)
+}
+
+// check returns the remote ref o.Branch names, after checking o's run id,
+// branch and URL (checkPublishURL).
+func (o PublishOptions) check() (plumbing.ReferenceName, error) {
+	if err := messages.ValidateToken("run id", o.RunID); err != nil {
+		return "", err
+	}
+	ref := plumbing.NewBranchReferenceName(o.Branch)
+	if o.Branch == "" || ref.Validate() != nil {
+		return "", fmt.Errorf("branch %q is not a valid branch name", o.Branch)
+	}
+	return ref, checkPublishURL(o.URL)
+}
+
+// auth returns the HTTP basic auth of o's token (the user name
+// "x-access-token" unless o.Username), or nil without a token.
+func (o PublishOptions) auth() *githttp.BasicAuth {
+	if o.Token == "" {
+		return nil
+	}
+	auth := &githttp.BasicAuth{Username: o.Username, Password: o.Token}
+	if auth.Username == "" {
+		auth.Username = "x-access-token"
+	}
+	return auth
+}
+
+// pusher is Publish's remote: the temporary repository's storage, the
+// remote named "publish" in it, and the auth sent to it (nil: none).
+type pusher struct {
+	st   *overlayStorage
+	rem  *git.Remote
+	auth *githttp.BasicAuth
+}
+
+// remoteHead lists the remote's references and returns ref's commit, zero
+// when the remote has no such branch (or no branch at all).
+func (p pusher) remoteHead(ctx context.Context, ref plumbing.ReferenceName) (plumbing.Hash, error) {
+	lo := &git.ListOptions{}
+	if p.auth != nil {
+		lo.Auth = p.auth
+	}
+	refs, err := p.rem.ListContext(ctx, lo)
+	if err != nil && !errors.Is(err, transport.ErrEmptyRemoteRepository) {
+		return plumbing.ZeroHash, fmt.Errorf("list the remote's branches: %w", err)
+	}
+	var old plumbing.Hash
+	for _, r := range refs {
+		if r.Name() == ref {
+			old = r.Hash()
+		}
+	}
+	return old, nil
+}
+
+// push pushes local to out.Ref, replacing out.Old with a lease when
+// out.Forced (git's --force-with-lease), and returns ErrLeaseBroken or
+// ErrBranchMoved when the branch moved since remoteHead saw it.
+func (p pusher) push(ctx context.Context, local plumbing.ReferenceName, out Published, branch string) error {
 	po := &git.PushOptions{
 		RemoteName: "publish",
-		RefSpecs:   []config.RefSpec{config.RefSpec(local.String() + ":" + ref.String())},
+		RefSpecs:   []config.RefSpec{config.RefSpec(local.String() + ":" + out.Ref.String())},
 	}
-	if auth != nil {
-		po.Auth = auth
+	if p.auth != nil {
+		po.Auth = p.auth
 	}
 	if out.Forced {
 		po.RefSpecs[0] = "+" + po.RefSpecs[0]
-		po.ForceWithLease = &git.ForceWithLease{RefName: ref, Hash: out.Old}
+		po.ForceWithLease = &git.ForceWithLease{RefName: out.Ref, Hash: out.Old}
 		// go-git looks the lease's ref up among the remote-tracking refs
 		// before it compares it with the push's advertisement.
 		track := plumbing.ReferenceName("refs/remotes/publish/" + local.Short())
-		if err := st.SetReference(plumbing.NewHashReference(track, out.Old)); err != nil {
-			return out, err
+		if err := p.st.SetReference(plumbing.NewHashReference(track, out.Old)); err != nil {
+			return err
 		}
 	}
-	err = rem.PushContext(ctx, po)
+	err := p.rem.PushContext(ctx, po)
 	switch {
 	case err == nil, errors.Is(err, git.NoErrAlreadyUpToDate):
-		return out, nil
+		return nil
 	case out.Forced && strings.Contains(err.Error(), "non-fast-forward update"):
 		// go-git's lease check returns no error value of its own.
-		return out, fmt.Errorf("%w: %s", ErrLeaseBroken, o.Branch)
+		return fmt.Errorf("%w: %s", ErrLeaseBroken, branch)
 	case errors.Is(err, git.ErrForceNeeded):
-		return out, fmt.Errorf("%w: %s moved since it was listed", ErrBranchMoved, o.Branch)
+		return fmt.Errorf("%w: %s moved since it was listed", ErrBranchMoved, branch)
 	}
-	return out, fmt.Errorf("push to %s: %w", o.Branch, err)
+	return fmt.Errorf("push to %s: %w", branch, err)
 }
 
 // checkPublishURL accepts an http or https URL without credentials in it.

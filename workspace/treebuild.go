@@ -1,8 +1,8 @@
 package workspace
 
 import (
+	"cmp"
 	"errors"
-	"fmt"
 	"io"
 	"path"
 	"strings"
@@ -86,23 +86,10 @@ func (b *treeBuilder) writeDir(s storer.EncodedObjectStorer, dir string) (plumbi
 // and its error is returned instead: a caller's budget is checked before
 // the blob is held in memory.
 func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, error) {
-	if size <= smallBlobBytes {
-		return storeSmallBlob(s, size, open, admit)
-	}
-	hasher := plumbing.NewHasher(plumbing.BlobObject, size)
-	r, err := open()
+	h, data, err := hashBlob(size, open)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
-	n, err := io.Copy(hasher, io.LimitReader(r, size))
-	r.Close()
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	if n != size {
-		return plumbing.ZeroHash, fmt.Errorf("file changed while it was read")
-	}
-	h := hasher.Sum()
 	if s.HasEncodedObject(h) == nil {
 		return h, nil
 	}
@@ -114,76 +101,70 @@ func storeBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadClo
 	o := s.NewEncodedObject()
 	o.SetType(plumbing.BlobObject)
 	o.SetSize(size)
-	w, err := o.Writer()
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	if r, err = open(); err != nil {
-		return plumbing.ZeroHash, err
-	}
-	_, err = io.Copy(w, io.LimitReader(r, size))
-	r.Close()
-	if cerr := w.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeBlob(o, size, data, open); err != nil {
 		return plumbing.ZeroHash, err
 	}
 	got, err := s.SetEncodedObject(o)
 	if err == nil && got != h {
-		err = fmt.Errorf("file changed while it was read")
+		err = errFileChanged
 	}
 	return got, err
 }
+
+// errFileChanged is storeBlob's error for a file whose bytes are not the
+// size it was given, or differ between its two reads.
+var errFileChanged = errors.New("file changed while it was read")
 
 // smallBlobBytes is the largest blob storeBlob reads once, into memory,
 // to hash it and to store it: a smaller file is read (opened) once, not
 // twice.
 const smallBlobBytes = 64 << 10
 
-// storeSmallBlob is storeBlob for a blob of at most smallBlobBytes: its
-// size bytes are read once into memory, hashed, and stored from there
-// when s lacks them (admit first, as storeBlob does).
-func storeSmallBlob(s storer.EncodedObjectStorer, size int64, open func() (io.ReadCloser, error), admit func() error) (plumbing.Hash, error) {
+// hashBlob reads the size bytes open gives and returns their blob hash
+// and, for a blob of at most smallBlobBytes, the bytes themselves (read
+// into memory; nil for a larger one, hashed as a stream).
+func hashBlob(size int64, open func() (io.ReadCloser, error)) (plumbing.Hash, []byte, error) {
 	r, err := open()
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, nil, err
+	}
+	defer r.Close()
+	if size > smallBlobBytes {
+		hasher := plumbing.NewHasher(plumbing.BlobObject, size)
+		if n, err := io.Copy(hasher, io.LimitReader(r, size)); err != nil || n != size {
+			return plumbing.ZeroHash, nil, cmp.Or(err, errFileChanged)
+		}
+		return hasher.Sum(), nil, nil
 	}
 	data := make([]byte, size)
-	n, err := io.ReadFull(r, data)
-	r.Close()
+	_, err = io.ReadFull(r, data)
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) && size > 0 {
-		return plumbing.ZeroHash, fmt.Errorf("file changed while it was read")
+		return plumbing.ZeroHash, nil, errFileChanged
 	}
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return plumbing.ZeroHash, nil, err
 	}
-	h := plumbing.ComputeHash(plumbing.BlobObject, data[:n])
-	if s.HasEncodedObject(h) == nil {
-		return h, nil
-	}
-	if admit != nil {
-		if err := admit(); err != nil {
-			return plumbing.ZeroHash, err
-		}
-	}
-	o := s.NewEncodedObject()
-	o.SetType(plumbing.BlobObject)
-	o.SetSize(size)
+	return plumbing.ComputeHash(plumbing.BlobObject, data), data, nil
+}
+
+// writeBlob writes a blob's content into o: data when hashBlob held it,
+// else the size bytes open gives once more.
+func writeBlob(o plumbing.EncodedObject, size int64, data []byte, open func() (io.ReadCloser, error)) error {
 	w, err := o.Writer()
 	if err != nil {
-		return plumbing.ZeroHash, err
+		return err
 	}
-	_, err = w.Write(data)
+	if data != nil {
+		_, err = w.Write(data)
+	} else {
+		var r io.ReadCloser
+		if r, err = open(); err == nil {
+			_, err = io.Copy(w, io.LimitReader(r, size))
+			r.Close()
+		}
+	}
 	if cerr := w.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return plumbing.ZeroHash, err
-	}
-	got, err := s.SetEncodedObject(o)
-	if err == nil && got != h {
-		err = fmt.Errorf("file changed while it was read")
-	}
-	return got, err
+	return err
 }

@@ -229,3 +229,49 @@ func swapFirstOffsets(t *testing.T, idx []byte) []byte {
 	copy(b, tmp[:])
 	return idx
 }
+
+// TestVerifyCommitLargeOffsets: an index entry may give its object's
+// offset through the index's table of 8-byte offsets (git writes one for
+// packs over 2 GiB); VerifyCommit follows it, both where it hashes every
+// object and where it looks the commit's objects up, and refuses an entry
+// pointing past that table.
+func TestVerifyCommitLargeOffsets(t *testing.T) {
+	t.Parallel()
+	src, _, second := verifyRepo(t)
+	good := cloneSnapshot(t, src, "main", nil)
+	o := workspace.UnpackOptions{MaxBytes: 1 << 20, MaxFiles: 100}
+	verify := func(b []byte) error {
+		return workspace.VerifyCommit(bytes.NewReader(b), int64(len(b)), second, o)
+	}
+	withLarge := func(slot uint32) []byte {
+		return rewriteTar(t, good, func(h *tar.Header, d []byte) (*tar.Header, []byte) {
+			if strings.HasSuffix(h.Name, ".idx") {
+				d = largeOffsets(t, d, slot)
+			}
+			return h, d
+		}, nil)
+	}
+	require.NoError(t, verify(withLarge(0)), "every offset read through the 8-byte table")
+	err := verify(withLarge(1 << 20))
+	require.ErrorIs(t, err, workspace.ErrWrongCommit)
+	require.ErrorContains(t, err, "truncated")
+}
+
+// largeOffsets returns a pack index (version 2) whose every object's
+// offset is moved into a table of 8-byte offsets, the 4-byte entry naming
+// its slot there (plus skew: a slot past the table when not 0).
+func largeOffsets(t *testing.T, idx []byte, skew uint32) []byte {
+	t.Helper()
+	n := int(binary.BigEndian.Uint32(idx[8+4*255:]))
+	offs := 8 + 256*4 + 24*n
+	require.Len(t, idx, offs+4*n+40, "the index has no 8-byte offsets yet")
+	out := bytes.Clone(idx[:offs+4*n])
+	large := make([]byte, 8*n)
+	for i := range n {
+		off := binary.BigEndian.Uint32(idx[offs+4*i:])
+		binary.BigEndian.PutUint64(large[8*i:], uint64(off))
+		binary.BigEndian.PutUint32(out[offs+4*i:], 0x80000000|(uint32(i)+skew))
+	}
+	out = append(out, large...)
+	return append(out, idx[offs+4*n:]...)
+}
