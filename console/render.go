@@ -85,14 +85,25 @@ func parsePages() (map[string]*pageTemplate, error) {
 	return out, nil
 }
 
+// core is what every page of the console shares: its configuration (with
+// defaults), the dispatcher it reads and acts through, the per-process
+// CSRF token its forms carry and its parsed templates. Every page type
+// embeds it, for the configuration and for render and message.
+type core struct {
+	cfg   Config
+	d     *dispatcher.Dispatcher
+	csrf  string
+	pages map[string]*pageTemplate
+}
+
 // render writes page name, status 200 unless the handler set one before.
 // It renders into a buffer first, so a template error is a clean 500.
-func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, p page) {
+func (c *core) render(w http.ResponseWriter, r *http.Request, name string, p page) {
 	c.renderStatus(w, r, http.StatusOK, name, "layout", p)
 }
 
 // renderStatus executes template tmpl of page name with status code.
-func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int, name, tmpl string, p page) {
+func (c *core) renderStatus(w http.ResponseWriter, _ *http.Request, code int, name, tmpl string, p page) {
 	p.CSRF = c.csrf
 	p.ReadOnly = c.cfg.ReadOnly
 	var buf bytes.Buffer
@@ -108,14 +119,14 @@ func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int,
 }
 
 // message renders a short page saying what happened, with a link back. An
-// action the server refused (see Console.action) says so instead, with a
+// action the server refused (see guard.action) says so instead, with a
 // 403, whatever error its handler got for it (a cancelled context).
-func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
+func (c *core) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
 	c.messageRuns(w, r, code, title, text, back, nil)
 }
 
 // messageRuns is message, with links to the pages of runs below the text.
-func (c *Console) messageRuns(w http.ResponseWriter, r *http.Request, code int, title, text, back string, runs []string) {
+func (c *core) messageRuns(w http.ResponseWriter, r *http.Request, code int, title, text, back string, runs []string) {
 	if e, ok := refusal(r.Context()); ok {
 		code, text, runs = http.StatusForbidden, e.Error(), nil
 	}
