@@ -143,9 +143,9 @@ func roundedSpan(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// attemptsFragment serves GET /groups/{pool}/{group}/attempts: the group page's
-// "Attempts" section alone, which its script fetches when a run's state
-// brings another outcome or result, or a new run joins.
+// attemptsFragment serves GET /groups/{pool}/{group}/attempts: the group
+// page's "Attempts" section alone, which its script fetches when a run's
+// state brings another outcome or result, or a new run joins.
 func (p *groupPage) attemptsFragment(w http.ResponseWriter, r *http.Request) {
 	g, ok := groupParam(w, r)
 	if !ok {

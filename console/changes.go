@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -27,9 +26,9 @@ const maxPatchShown = 256 << 10
 // patchReadTimeout bounds reading the patch for a page.
 const patchReadTimeout = 5 * time.Second
 
-// results serves what a workspace run left: its page's "Changes" section
-// (changesView, also read for the group page's attempts) and the downloads
-// of its result objects and artifacts.
+// results serves what a workspace run left: its changes and its downloads.
+// Its changesView is the run page's "Changes" section and each attempt's
+// on the group page; the downloads are its result objects and artifacts.
 type results struct {
 	*core
 	cache *cache
@@ -248,11 +247,7 @@ func (rs *results) state(w http.ResponseWriter, r *http.Request) (messages.RunSt
 	}
 	st, err := rs.d.Status(r.Context(), id)
 	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrRunNotFound) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, err.Error(), code)
+		http.Error(w, err.Error(), readStatus(err, dispatcher.ErrRunNotFound))
 		return st, false
 	}
 	return st, true
@@ -274,11 +269,7 @@ func attachment(w http.ResponseWriter, name string, size int64) {
 func (rs *results) open(w http.ResponseWriter, r *http.Request, st *messages.RunState, kind string) (*dispatcher.ResultReader, bool) {
 	rr, err := rs.d.OpenResult(r.Context(), st, kind)
 	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrNoResult) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, err.Error(), code)
+		http.Error(w, err.Error(), readStatus(err, dispatcher.ErrNoResult))
 		return nil, false
 	}
 	return rr, true

@@ -329,6 +329,11 @@ func TestMaxStreams(t *testing.T) {
 	}
 	code, _ := b.get(t, "/live/runs")
 	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Eventually(t, func() bool {
+		b.c.cache.mu.RLock()
+		defer b.c.cache.mu.RUnlock()
+		return len(b.c.cache.subs) == 0
+	}, 10*time.Second, 10*time.Millisecond, "a refused stream leaves no subscription to the cache")
 }
 
 func TestAlerts(t *testing.T) {

@@ -15,8 +15,9 @@ import (
 // maxReplayBatch caps the runs one confirmation replays.
 const maxReplayBatch = 500
 
-// deadLetterPages serves the dead letters page (GET /dead-letters) and its
-// actions: replay, discard and archive (or unarchive) a run's dead letters.
+// deadLetterPages serves the dead letters and their replay, discard and
+// archive. The page is GET /dead-letters; archive also takes a run's
+// letters out of the archive.
 type deadLetterPages struct {
 	*core
 	cache *cache

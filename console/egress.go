@@ -41,9 +41,10 @@ func defaultOperator() string {
 	return shortText("console@"+h, maxOperatorLen-1)
 }
 
-// egressDesk serves the connections waiting for an operator (egress_ask):
-// the egress page (GET /egress), its live stream and its Allow and Deny,
-// and the waiting connections a run's page notes.
+// egressDesk serves the connections waiting for an operator, and answers.
+// A connection waits when its profile says egress_ask: the egress page
+// (GET /egress) lists them live with Allow and Deny, and a run's page
+// notes its own.
 type egressDesk struct {
 	*core
 	hub *hub

@@ -14,9 +14,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// groupPage serves a group's page (GET /groups/{pool}/{group}): its runs
-// compared as attempts, its conversation live and its questions waiting
-// for an operator.
+// groupPage serves a group's page: its runs compared, its conversation live.
+// The page (GET /groups/{pool}/{group}) also lists the questions its runs
+// wait on an operator's answer for.
 type groupPage struct {
 	*core
 	cache     *cache

@@ -14,9 +14,10 @@ const memoMaxAge = time.Second
 // memoReadTimeout bounds one such read.
 const memoReadTimeout = 3 * time.Second
 
-// memo is the latest read of something every open page shows, and why it
-// failed: read again once it is memoMaxAge old, or forgotten. The zero
-// value is ready; the value it holds is shared, read only.
+// memo is the latest read of something every open page shows.
+// It reads again once its read is memoMaxAge old or forgotten, and keeps
+// why a read failed. The zero value is ready; the value it holds is
+// shared, read only.
 type memo[T any] struct {
 	mu  sync.Mutex
 	at  time.Time

@@ -18,9 +18,9 @@ const (
 	overviewMaxInterval = 5 * time.Second
 )
 
-// overviewPage serves the overview (GET /): the pools, the live workers,
-// the runs counted by state and charted, and the alerts a person should
-// act on, with the live stream that says when to fetch it again.
+// overviewPage serves the overview: pools, workers, runs by state, alerts.
+// The page (GET /) also charts the runs' trends; its live stream says
+// when to fetch it again.
 type overviewPage struct {
 	*core
 	cache     *cache

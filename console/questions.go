@@ -57,12 +57,12 @@ func newQuestionsBox(rows []questionRow, csrf string, readOnly bool, back string
 	return questionsBox{Rows: rows, CSRF: csrf, Back: back, ReadOnly: readOnly, MaxBytes: dispatcher.MaxAnswerBytes}
 }
 
-// questionDesk serves the questions the runs put to the operator: the
-// questions page (GET /questions), its answer form and the question boxes
-// of the overview, a run's page and a group's page. However many pages are
-// open, it lists the questions at most once per memoMaxAge (a listing is a
-// key-value watch of the questions bucket); an answer given here forgets
-// that read.
+// questionDesk serves the questions runs put to the operator, and answers.
+// It serves the questions page (GET /questions) and its answer form, and
+// the question boxes of the overview, a run's page and a group's page.
+// However many pages are open, it lists the questions at most once per
+// memoMaxAge (a listing is a key-value watch of the questions bucket); an
+// answer given here forgets that read.
 type questionDesk struct {
 	*core
 	last memo[[]messages.CoordQuestion]

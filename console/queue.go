@@ -8,9 +8,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// queue reads the requests waiting in JETCREW_RUNS for the pages: the
-// first Config.QueueRead of them, oldest first, read at most once per
-// memoMaxAge (memo) however many pages show them.
+// queue reads the requests waiting in JETCREW_RUNS for the pages' lists.
+// It reads the first Config.QueueRead of them, oldest first, at most once
+// per memoMaxAge (memo) however many pages show them.
 type queue struct {
 	d     *dispatcher.Dispatcher
 	cache *cache

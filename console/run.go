@@ -13,10 +13,10 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// runPage serves a run's page (GET /runs/{id}), its live stream and the
-// run's cancel and replay. The page gathers what the other concerns know
-// of the run: its changes (results), its connections and questions waiting
-// for an operator (egressDesk, questionDesk), and what it was asked.
+// runPage serves a run's page, its live stream, and its cancel and replay.
+// The page (GET /runs/{id}) gathers what the other concerns know of the
+// run: its changes (results), its connections and questions waiting for
+// an operator (egressDesk, questionDesk), and what it was asked.
 type runPage struct {
 	*core
 	cache     *cache
@@ -74,9 +74,8 @@ func (p *runPage) waiting(ctx context.Context, id string) (messages.RunState, er
 // and output arrive over /live/run/{id}.
 func (p *runPage) serve(w http.ResponseWriter, r *http.Request) {
 	rev := p.cache.current()
-	id := r.PathValue("id")
-	if err := messages.ValidateToken("run id", id); err != nil {
-		p.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+	id, ok := p.runID(w, r)
+	if !ok {
 		return
 	}
 	st, ok := p.cache.get(id)
@@ -88,11 +87,7 @@ func (p *runPage) serve(w http.ResponseWriter, r *http.Request) {
 			waiting = err == nil
 		}
 		if err != nil {
-			code := http.StatusBadGateway
-			if errors.Is(err, dispatcher.ErrRunNotFound) {
-				code = http.StatusNotFound
-			}
-			p.message(w, r, code, "Run not found", err.Error(), "/runs")
+			p.message(w, r, readStatus(err, dispatcher.ErrRunNotFound), "Run not found", err.Error(), "/runs")
 			return
 		}
 	}
@@ -252,9 +247,8 @@ func joinText(a, b string) string {
 // for a confirmation; with it, dispatcher.Cancel, then back to where the
 // form was (back: the runs list or the run's page).
 func (p *runPage) cancel(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := messages.ValidateToken("run id", id); err != nil {
-		p.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+	id, ok := p.runID(w, r)
+	if !ok {
 		return
 	}
 	back := localBack(r.PostFormValue("back"), "/runs/"+url.PathEscape(id))

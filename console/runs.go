@@ -12,9 +12,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// runsPage serves the runs list (GET /runs): the runs the cache holds and
-// those no worker has taken yet (queue), filtered, newest first, one page
-// at a time, with its live stream.
+// runsPage serves the runs list: filtered, newest first, a page at a time.
+// It lists the runs the cache holds and those no worker has taken yet
+// (queue), and its live stream adds and updates them.
 type runsPage struct {
 	*core
 	cache *cache

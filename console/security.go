@@ -70,10 +70,11 @@ func newCSRFToken() string {
 	return hex.EncodeToString(b)
 }
 
-// guard is the console's protections: the security headers, the auth
-// token and its login form, cross-origin protection and the CSRF token on
-// every state-changing request, and the read-only switch and the server's
-// refusals on every action (docs/console.md, "Security").
+// guard holds the console's protections against other sites and users:
+// security headers, the auth token and its login form, cross-origin
+// protection and the CSRF token on every state-changing request, and the
+// read-only switch and the server's refusals on every action
+// (docs/console.md, "Security").
 type guard struct {
 	*core
 	// refused hands the NATS server's refusals of an action's publish to

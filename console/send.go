@@ -10,8 +10,9 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// sender serves the operator's messages to runs: a steer of one run, or a
-// message to one run of a group or to all of them, sent as the operator.
+// sender serves the operator's messages to one run or to a group's runs:
+// a steer of a run, or a message to one run of a group or to all of them,
+// sent as the operator.
 type sender struct {
 	*core
 }
@@ -22,12 +23,11 @@ type sender struct {
 // streamed input, and put in its inbox. Delivered goes back to the run's
 // page; queued (inbox only) and refused say why, on a page of their own.
 func (s *sender) toRun(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	back := "/runs/" + url.PathEscape(id)
-	if err := messages.ValidateToken("run id", id); err != nil {
-		s.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+	id, ok := s.runID(w, r)
+	if !ok {
 		return
 	}
+	back := "/runs/" + url.PathEscape(id)
 	text := r.PostFormValue("text")
 	if text == "" {
 		s.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)

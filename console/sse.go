@@ -17,9 +17,9 @@ import (
 // proxies and the browser keep it open.
 const sseKeepAlive = 15 * time.Second
 
-// hub serves the pages' live streams (server-sent events): it caps how many
-// are open at once (Config.MaxStreams), opens each one on the run cache's
-// changes and feeds it the dispatcher's followers of events and messages.
+// hub serves the pages' live streams, at most Config.MaxStreams at once.
+// It opens each server-sent event stream on the run cache's changes and
+// feeds it the dispatcher's followers of events and messages.
 type hub struct {
 	streams chan struct{} // one token per live stream served
 	cache   *cache

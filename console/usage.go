@@ -243,8 +243,8 @@ func parseGrantUSD(s string) (float64, error) {
 	return usd, nil
 }
 
-// budgets serves the "Raise budget" form of a run paused by its budget:
-// a grant on the run's own budget, as `jetcrew budget` makes one.
+// budgets serves the run page's "Raise budget" form of a paused run.
+// A grant goes on the run's own budget, as `jetcrew budget` makes one.
 type budgets struct {
 	*core
 }
@@ -255,12 +255,11 @@ type budgets struct {
 // paused by a budget goes on once its worker sees the grant; a run that
 // ended meanwhile is granted nothing (409).
 func (b *budgets) raise(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	back := "/runs/" + url.PathEscape(id)
-	if err := messages.ValidateToken("run id", id); err != nil {
-		b.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+	id, ok := b.runID(w, r)
+	if !ok {
 		return
 	}
+	back := "/runs/" + url.PathEscape(id)
 	usd, err := parseGrantUSD(r.PostFormValue("usd"))
 	if err != nil {
 		b.message(w, r, http.StatusBadRequest, "Budget not raised", err.Error(), back)
