@@ -89,18 +89,18 @@ type overviewData struct {
 
 // data gathers the overview: pool stats from the pools' consumers,
 // live workers from their heartbeats, rates and ages from the run states.
-func (p *overviewPage) data(r *http.Request) overviewData {
+func (o *overviewPage) data(r *http.Request) overviewData {
 	var d overviewData
-	pools, err := p.d.Pools(r.Context())
+	pools, err := o.d.Pools(r.Context())
 	d.noteErr(err)
-	workers, err := p.d.Workers(r.Context())
+	workers, err := o.d.Workers(r.Context())
 	d.noteErr(err)
-	unserved, err := p.d.UnservedPools(r.Context())
+	unserved, err := o.d.UnservedPools(r.Context())
 	d.noteErr(err)
-	asks, err := p.d.EgressWaiting(r.Context(), "", 0)
+	asks, err := o.d.EgressWaiting(r.Context(), "", 0)
 	d.noteErr(err)
 	d.EgressWaiting = asks.Total
-	qs, err := p.questions.open(r.Context(), nil)
+	qs, err := o.questions.open(r.Context(), nil)
 	d.noteErr(err)
 	d.QuestionsWaiting = len(qs)
 	byPool := poolRows{}
@@ -123,13 +123,13 @@ func (p *overviewPage) data(r *http.Request) overviewData {
 			byPool[u.Pool] = &poolRow{PoolStats: dispatcher.PoolStats{Pool: u.Pool, Queued: u.Requests}, OldestQueued: u.Oldest, Unserved: &u}
 		}
 	}
-	nodes, err := p.d.StreamNodes(r.Context())
+	nodes, err := o.d.StreamNodes(r.Context())
 	d.noteErr(err)
 	d.Cluster = nodesView(nodes)
-	held := p.tally(&d, byPool, time.Now())
+	held := o.tally(&d, byPool, time.Now())
 	// The runs no worker has taken have no state: their requests in
 	// JETCREW_RUNS say how long the oldest of each pool has waited.
-	queued := p.queue.queued(r.Context()).Runs
+	queued := o.queue.queued(r.Context()).Runs
 	d.Empty = d.Total == 0 && len(queued) == 0
 	for _, st := range queued {
 		byPool.get(st.Pool).queue(st.QueuedAt)
@@ -178,7 +178,7 @@ func (p *poolRow) queue(at time.Time) {
 
 // tally counts every cached run into d (states, total, trends) and its
 // pool's row, as of now, and returns how many runs each worker holds.
-func (p *overviewPage) tally(d *overviewData, byPool poolRows, now time.Time) (held map[string]int) {
+func (o *overviewPage) tally(d *overviewData, byPool poolRows, now time.Time) (held map[string]int) {
 	held = map[string]int{}
 	d.States = map[messages.State]int{}
 	trends := make([]*trend, len(trendSpecs))
@@ -186,7 +186,7 @@ func (p *overviewPage) tally(d *overviewData, byPool poolRows, now time.Time) (h
 		trends[i] = newTrend(spec, now)
 	}
 	minute, hour := now.Add(-time.Minute), now.Add(-time.Hour)
-	p.cache.each(func(st *messages.RunState) {
+	o.cache.each(func(st *messages.RunState) {
 		d.States[st.State]++
 		d.Total++
 		for _, t := range trends {
@@ -270,23 +270,23 @@ func unservedAlert(u dispatcher.UnservedPool, now time.Time) string {
 }
 
 // serve answers GET /.
-func (p *overviewPage) serve(w http.ResponseWriter, r *http.Request) {
-	p.render(w, r, "overview", page{Title: "Overview", Nav: "overview", Data: p.data(r)})
+func (o *overviewPage) serve(w http.ResponseWriter, r *http.Request) {
+	o.render(w, r, "overview", page{Title: "Overview", Nav: "overview", Data: o.data(r)})
 }
 
 // fragment serves GET /overview/fragment: the overview's body
 // alone, which the page swaps in when its live stream says so.
-func (p *overviewPage) fragment(w http.ResponseWriter, r *http.Request) {
-	p.renderStatus(w, r, http.StatusOK, "overview", "overview-body", page{Data: p.data(r)})
+func (o *overviewPage) fragment(w http.ResponseWriter, r *http.Request) {
+	o.renderStatus(w, r, http.StatusOK, "overview", "overview-body", page{Data: o.data(r)})
 }
 
 // live serves GET /live/overview: a "changed" server-sent event
 // at most every overviewMinInterval while runs change, and at least every
 // overviewMaxInterval.
-func (p *overviewPage) live(w http.ResponseWriter, r *http.Request) {
-	updates, _, unsubscribe := p.cache.subscribe(^uint64(0), nil)
+func (o *overviewPage) live(w http.ResponseWriter, r *http.Request) {
+	updates, _, unsubscribe := o.cache.subscribe(^uint64(0), nil)
 	defer unsubscribe()
-	s, release, ok := p.hub.start(w)
+	s, release, ok := o.hub.start(w)
 	if !ok {
 		return
 	}
