@@ -38,17 +38,17 @@ type askedView struct {
 
 // asked reads what run st was asked to do (dispatcher.Asked): from
 // JETCREW_RUNS while it waits or runs, else its dead letter.
-func (c *Console) asked(ctx context.Context, st *messages.RunState) askedView {
+func (p *runPage) asked(ctx context.Context, st *messages.RunState) askedView {
 	var v askedView
 	if st.Receipt != nil && len(st.Receipt.Argv) > 0 {
 		v.Command = visible(shellJoin(st.Receipt.Argv))
 	}
 	ctx, cancel := context.WithTimeout(ctx, askedReadTimeout)
 	defer cancel()
-	a, err := c.d.Asked(ctx, st)
+	a, err := p.d.Asked(ctx, st)
 	switch {
 	case errors.Is(err, dispatcher.ErrRequestGone):
-		return c.recordedPrompt(ctx, st, v)
+		return p.recordedPrompt(ctx, st, v)
 	case err != nil:
 		v.Missing = visible("Its request could not be read: " + err.Error())
 		return v
@@ -88,8 +88,8 @@ func (c *Console) asked(ctx context.Context, st *messages.RunState) askedView {
 // recordedPrompt fills v from the prompt run st's worker recorded on its
 // latest started event (dispatcher.RecordedPrompt), for a run whose
 // request is gone (it succeeded or was cancelled).
-func (c *Console) recordedPrompt(ctx context.Context, st *messages.RunState, v askedView) askedView {
-	ev, err := c.d.RecordedPrompt(ctx, st.ID)
+func (p *runPage) recordedPrompt(ctx context.Context, st *messages.RunState, v askedView) askedView {
+	ev, err := p.d.RecordedPrompt(ctx, st.ID)
 	switch {
 	case errors.Is(err, dispatcher.ErrRequestGone):
 		v.Missing = "Its request is no longer kept (a worker removes it from JETCREW_RUNS when the run ends; only a run that failed, " +

@@ -71,7 +71,7 @@ func attemptKey(st *messages.RunState) string {
 // dispatcher.Attempt and, for the first maxGroupDiffs with a workspace
 // result, its diffstat and the first maxAttemptPatch bytes of its patch,
 // read concurrently (one Object Store read each).
-func (c *Console) attempts(ctx context.Context, g messages.GroupRef, runs []*messages.RunState) attemptsData {
+func (p *groupPage) attempts(ctx context.Context, g messages.GroupRef, runs []*messages.RunState) attemptsData {
 	runs = slices.Clone(runs)
 	slices.SortFunc(runs, dispatcher.SubmitOrder)
 	d := attemptsData{Pool: g.Pool, Group: g.Name, Compare: compareCommand(g), Runs: make([]attemptView, len(runs)), PatchLimit: fmt.Sprintf("%d KiB", maxAttemptPatch>>10)}
@@ -85,7 +85,7 @@ func (c *Console) attempts(ctx context.Context, g messages.GroupRef, runs []*mes
 			d.DiffsCut++
 			continue
 		}
-		wg.Go(func() { d.Runs[i].Changes = c.changesUpTo(ctx, st, maxAttemptPatch) })
+		wg.Go(func() { d.Runs[i].Changes = p.results.changesUpTo(ctx, st, maxAttemptPatch) })
 	}
 	wg.Wait()
 	return d
@@ -143,14 +143,14 @@ func roundedSpan(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// groupAttempts serves GET /groups/{pool}/{group}/attempts: the group page's
-// "Attempts" section alone, which its script fetches when a run's state
-// brings another outcome or result, or a new run joins.
-func (c *Console) groupAttempts(w http.ResponseWriter, r *http.Request) {
+// attemptsFragment serves GET /groups/{pool}/{group}/attempts: the group
+// page's "Attempts" section alone, which its script fetches when a run's
+// state brings another outcome or result, or a new run joins.
+func (p *groupPage) attemptsFragment(w http.ResponseWriter, r *http.Request) {
 	g, ok := groupParam(w, r)
 	if !ok {
 		return
 	}
-	runs := c.cache.filter(inGroup(g))
-	c.renderStatus(w, r, http.StatusOK, "group", "attempts", page{Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: c.attempts(r.Context(), g, runs)}})
+	runs := p.cache.filter(inGroup(g))
+	p.renderStatus(w, r, http.StatusOK, "group", "attempts", page{Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: p.attempts(r.Context(), g, runs)}})
 }

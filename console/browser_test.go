@@ -232,6 +232,18 @@ func TestBrowser(t *testing.T) {
 		document.querySelectorAll("#chart-runs-hour rect").length > 0`, "the overview's charts render, titled")
 	shot(t, ctx, "overview")
 	onPhone(t, ctx, "overview")
+	// The overview follows the runs: a run's state written while it is
+	// open is counted in its body, swapped in without a reload.
+	poll(t, ctx, 15*time.Second, `document.getElementById("live")?.classList.contains("on")`, "the overview's live stream opens")
+	total, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#overview-body .states .muted").textContent`))
+	require.NoError(t, err)
+	var runs int
+	_, err = fmt.Sscanf(total, "%d in all", &runs)
+	require.NoError(t, err, "the overview counts the runs: %q", total)
+	at := time.Now().UTC()
+	b.putStates(t, messages.RunState{ID: "overview-live-1", Pool: messages.DefaultPool, State: messages.StateSucceeded, QueuedAt: at, UpdatedAt: at})
+	poll(t, ctx, 15*time.Second, fmt.Sprintf(`document.querySelector("#overview-body .states .muted")?.textContent === "%d in all"`, runs+1),
+		"the overview swaps in its body when a run changes")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}})

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -26,6 +25,14 @@ const maxPatchShown = 256 << 10
 
 // patchReadTimeout bounds reading the patch for a page.
 const patchReadTimeout = 5 * time.Second
+
+// results serves what a workspace run left: its changes and its downloads.
+// Its changesView is the run page's "Changes" section and each attempt's
+// on the group page; the downloads are its result objects and artifacts.
+type results struct {
+	*core
+	cache *cache
+}
 
 // changesView is what a workspace run changed, as its page shows it:
 // every text a run chose made visible.
@@ -98,12 +105,12 @@ var resultKinds = map[string]string{
 
 // changes returns what run st changed in its workspace, reading the first
 // maxPatchShown bytes of its patch.
-func (c *Console) changes(ctx context.Context, st *messages.RunState) changesView {
-	return c.changesUpTo(ctx, st, maxPatchShown)
+func (rs *results) changes(ctx context.Context, st *messages.RunState) changesView {
+	return rs.changesUpTo(ctx, st, maxPatchShown)
 }
 
 // changesUpTo is changes, reading at most limit bytes of the patch.
-func (c *Console) changesUpTo(ctx context.Context, st *messages.RunState, limit int64) changesView {
+func (rs *results) changesUpTo(ctx context.Context, st *messages.RunState, limit int64) changesView {
 	r := st.WorkspaceResult
 	if r == nil {
 		return changesView{}
@@ -147,7 +154,7 @@ func (c *Console) changesUpTo(ctx context.Context, st *messages.RunState, limit 
 	}
 	for _, dl := range v.Downloads {
 		if dl.Name == messages.ResultPatch {
-			v.readPatch(ctx, c.d, st, limit)
+			v.readPatch(ctx, rs.d, st, limit)
 		}
 	}
 	return v
@@ -227,24 +234,20 @@ func escapePath(p string) string {
 	return strings.Join(parts, "/")
 }
 
-// resultState returns the state of run id for a download: the cache's,
+// state returns the state of run id for a download: the cache's,
 // else the bucket's.
-func (c *Console) resultState(w http.ResponseWriter, r *http.Request) (messages.RunState, bool) {
+func (rs *results) state(w http.ResponseWriter, r *http.Request) (messages.RunState, bool) {
 	id := r.PathValue("id")
 	if err := messages.ValidateToken("run id", id); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return messages.RunState{}, false
 	}
-	if st, ok := c.cache.get(id); ok {
+	if st, ok := rs.cache.get(id); ok {
 		return st, true
 	}
-	st, err := c.d.Status(r.Context(), id)
+	st, err := rs.d.Status(r.Context(), id)
 	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrRunNotFound) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, err.Error(), code)
+		http.Error(w, err.Error(), readStatus(err, dispatcher.ErrRunNotFound))
 		return st, false
 	}
 	return st, true
@@ -260,34 +263,41 @@ func attachment(w http.ResponseWriter, name string, size int64) {
 	h.Set("Cache-Control", "no-store")
 }
 
-// resultObject serves GET /runs/{id}/result/{kind}: the run's patch,
+// open opens result object kind of run st for a download, or answers 404
+// (the run stored no such object: dispatcher.ErrNoResult) or 502 and
+// returns false.
+func (rs *results) open(w http.ResponseWriter, r *http.Request, st *messages.RunState, kind string) (*dispatcher.ResultReader, bool) {
+	rr, err := rs.d.OpenResult(r.Context(), st, kind)
+	if err != nil {
+		http.Error(w, err.Error(), readStatus(err, dispatcher.ErrNoResult))
+		return nil, false
+	}
+	return rr, true
+}
+
+// object serves GET /runs/{id}/result/{kind}: the run's patch,
 // bundle or artifacts tar, streamed as stored. A body that turns out not
 // to match the run's record (checked at its end) is cut short: the
 // download fails instead of ending as if whole.
-func (c *Console) resultObject(w http.ResponseWriter, r *http.Request) {
+func (rs *results) object(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	ext, ok := resultKinds[kind]
 	if !ok {
 		http.Error(w, "no such result object (patch, bundle, artifacts.tar)", http.StatusNotFound)
 		return
 	}
-	st, ok := c.resultState(w, r)
+	st, ok := rs.state(w, r)
 	if !ok {
 		return
 	}
-	rr, err := c.d.OpenResult(r.Context(), &st, kind)
-	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrNoResult) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, err.Error(), code)
+	rr, ok := rs.open(w, r, &st, kind)
+	if !ok {
 		return
 	}
 	defer rr.Close()
 	attachment(w, st.ID+ext, rr.Object.Size)
 	if _, err := io.Copy(w, rr); err != nil {
-		c.cfg.Log.Warn().Err(err).Str("run", st.ID).Str("kind", kind).Msg("console: result download")
+		rs.cfg.Log.Warn().Err(err).Str("run", st.ID).Str("kind", kind).Msg("console: result download")
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -297,9 +307,9 @@ func (c *Console) resultObject(w http.ResponseWriter, r *http.Request) {
 // artifacts tar as it streams by. The rest of the tar is read too, so its
 // check runs: a tar that does not match the run's record cuts the
 // download short.
-func (c *Console) artifact(w http.ResponseWriter, r *http.Request) {
+func (rs *results) artifact(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	st, ok := c.resultState(w, r)
+	st, ok := rs.state(w, r)
 	if !ok {
 		return
 	}
@@ -311,13 +321,8 @@ func (c *Console) artifact(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the run left no such artifact", http.StatusNotFound)
 		return
 	}
-	rr, err := c.d.OpenResult(r.Context(), &st, messages.ResultArtifacts)
-	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, dispatcher.ErrNoResult) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, err.Error(), code)
+	rr, ok := rs.open(w, r, &st, messages.ResultArtifacts)
+	if !ok {
 		return
 	}
 	defer rr.Close()
@@ -337,7 +342,7 @@ func (c *Console) artifact(w http.ResponseWriter, r *http.Request) {
 			_, err = io.Copy(io.Discard, rr)
 		}
 		if err != nil {
-			c.cfg.Log.Warn().Err(err).Str("run", st.ID).Msg("console: artifact download")
+			rs.cfg.Log.Warn().Err(err).Str("run", st.ID).Msg("console: artifact download")
 			panic(http.ErrAbortHandler)
 		}
 		return
@@ -351,13 +356,13 @@ func resultArtifacts(st *messages.RunState) []messages.ResultObject {
 	return st.WorkspaceResult.Artifacts
 }
 
-// changesFragment serves GET /runs/{id}/changes: the run page's "Changes"
+// fragment serves GET /runs/{id}/changes: the run page's "Changes"
 // section alone, which its script fetches when the run's state brings a
 // workspace result (the run ended, or a replay ended).
-func (c *Console) changesFragment(w http.ResponseWriter, r *http.Request) {
-	st, ok := c.resultState(w, r)
+func (rs *results) fragment(w http.ResponseWriter, r *http.Request) {
+	st, ok := rs.state(w, r)
 	if !ok {
 		return
 	}
-	c.renderStatus(w, r, http.StatusOK, "run", "changes", page{Data: runData{State: st, Changes: c.changes(r.Context(), &st)}})
+	rs.renderStatus(w, r, http.StatusOK, "run", "changes", page{Data: runData{State: st, Changes: rs.changes(r.Context(), &st)}})
 }

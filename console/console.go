@@ -98,17 +98,30 @@ func (cfg Config) WithDefaults() Config {
 
 // Console serves the web console. Create it with New, Start it, serve
 // Handler, Stop it.
+//
+// It is the composition root of the console's parts, each a type of its
+// own concern, in a file of its own: the pages (overviewPage, runsPage,
+// runPage, results, groupPage, deadLetterPages, questionDesk, egressDesk),
+// the operator's actions beside them (sender, budgets), the live streams
+// (hub), the protections (guard), the run cache (cache) and the read of the
+// queue (queue). What every page shares (the configuration, the dispatcher,
+// the templates) is their core.
 type Console struct {
-	cfg   Config
-	d     *dispatcher.Dispatcher
-	csrf  string
+	core  *core
 	cache *cache
-	queue queue
-	// questions is the latest read of the open questions (questionsMemo).
-	questions questionsMemo
-	refused   refusals
-	pages     map[string]*pageTemplate
-	streams   chan struct{} // one token per live stream served
+	guard *guard
+	hub   *hub
+
+	overview  *overviewPage
+	list      *runsPage
+	run       *runPage
+	results   *results
+	group     *groupPage
+	send      *sender
+	budgets   *budgets
+	dead      *deadLetterPages
+	questions *questionDesk
+	egress    *egressDesk
 
 	stopOnce sync.Once
 	cancel   context.CancelFunc
@@ -129,14 +142,27 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
+	k := &core{cfg: cfg, d: cfg.Dispatcher, csrf: newCSRFToken(), pages: pages}
+	runs := newCache()
+	q := &queue{d: k.d, cache: runs, read: cfg.QueueRead}
+	live := &hub{streams: make(chan struct{}, cfg.MaxStreams), cache: runs, d: k.d, log: cfg.Log}
+	res := &results{core: k, cache: runs}
+	qd := &questionDesk{core: k}
+	ed := &egressDesk{core: k, hub: live}
 	return &Console{
-		cfg:     cfg,
-		d:       cfg.Dispatcher,
-		csrf:    newCSRFToken(),
-		cache:   newCache(),
-		pages:   pages,
-		streams: make(chan struct{}, cfg.MaxStreams),
-		done:    make(chan struct{}),
+		core: k, cache: runs, guard: &guard{core: k}, hub: live,
+		overview: &overviewPage{core: k, cache: runs, queue: q, questions: qd, hub: live},
+		list:     &runsPage{core: k, cache: runs, queue: q, hub: live},
+		run: &runPage{core: k, cache: runs, queue: q, hub: live, results: res,
+			egress: ed, questions: qd},
+		results:   res,
+		group:     &groupPage{core: k, cache: runs, hub: live, results: res, questions: qd},
+		send:      &sender{core: k},
+		budgets:   &budgets{core: k},
+		dead:      &deadLetterPages{core: k, cache: runs, queue: q},
+		questions: qd,
+		egress:    ed,
+		done:      make(chan struct{}),
 	}, nil
 }
 
@@ -150,13 +176,13 @@ func New(cfg Config) (*Console, error) {
 // every error): a permissions violation on the subject an action publishes
 // to fails that action at once, naming the role it needs.
 func (c *Console) Start(ctx context.Context) {
-	c.refused.follow(c.d.Conn())
+	c.guard.refused.follow(c.core.d.Conn())
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	go func() {
 		defer close(c.done)
-		c.cache.run(bg, c.d, 2*time.Second, func(err error) {
-			c.cfg.Log.Warn().Err(err).Msg("console: following the runs bucket")
+		c.cache.run(bg, c.core.d, 2*time.Second, func(err error) {
+			c.core.cfg.Log.Warn().Err(err).Msg("console: following the runs bucket")
 		})
 	}()
 	select {
@@ -184,57 +210,40 @@ func (c *Console) Stop() {
 func (c *Console) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(assets, "static")
+	act := c.guard.action
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	mux.HandleFunc("/login", c.login)
-	mux.HandleFunc("GET /{$}", c.overview)
-	mux.HandleFunc("GET /overview/fragment", c.overviewFragment)
-	mux.HandleFunc("GET /live/overview", c.liveOverview)
-	mux.HandleFunc("GET /runs", c.runsList)
-	mux.HandleFunc("GET /live/runs", c.liveRuns)
-	mux.HandleFunc("GET /runs/{id}", c.runPage)
-	mux.HandleFunc("GET /live/run/{id}", c.liveRun)
-	mux.HandleFunc("GET /runs/{id}/changes", c.changesFragment)
-	mux.HandleFunc("GET /runs/{id}/result/{kind}", c.resultObject)
-	mux.HandleFunc("GET /runs/{id}/artifacts/{name...}", c.artifact)
+	mux.HandleFunc("/login", c.guard.login)
+	mux.HandleFunc("GET /{$}", c.overview.serve)
+	mux.HandleFunc("GET /overview/fragment", c.overview.fragment)
+	mux.HandleFunc("GET /live/overview", c.overview.live)
+	mux.HandleFunc("GET /runs", c.list.serve)
+	mux.HandleFunc("GET /live/runs", c.list.live)
+	mux.HandleFunc("GET /runs/{id}", c.run.serve)
+	mux.HandleFunc("GET /live/run/{id}", c.run.live)
+	mux.HandleFunc("GET /runs/{id}/changes", c.results.fragment)
+	mux.HandleFunc("GET /runs/{id}/result/{kind}", c.results.object)
+	mux.HandleFunc("GET /runs/{id}/artifacts/{name...}", c.results.artifact)
 	replay := messages.SubjectReplay("*")
 	send := messages.SubjectCoordFromOperator(messages.GroupRef{Pool: "*", Name: "*"}, "*")
-	mux.HandleFunc("POST /runs/{id}/cancel", c.action(c.cancelRun, messages.SubjectCancel("*")))
-	mux.HandleFunc("POST /runs/{id}/replay", c.action(c.replayRun, replay))
-	mux.HandleFunc("POST /runs/{id}/budget", c.action(c.raiseBudget, "$KV."+messages.BucketBudgets+".>"))
-	mux.HandleFunc("POST /runs/{id}/send", c.action(c.sendToRun, messages.SubjectSteer("*")))
-	mux.HandleFunc("GET /groups/{pool}/{group}", c.groupPage)
-	mux.HandleFunc("GET /groups/{pool}/{group}/attempts", c.groupAttempts)
-	mux.HandleFunc("GET /live/group/{pool}/{group}", c.liveGroup)
-	mux.HandleFunc("POST /groups/{pool}/{group}/send", c.action(c.sendToGroup, send))
-	mux.HandleFunc("GET /dead-letters", c.deadLetters)
-	mux.HandleFunc("POST /dead-letters/replay", c.action(c.replayDeadLetters, replay))
-	mux.HandleFunc("POST /dead-letters/discard", c.action(c.discardDeadLetters, "$JS.API.STREAM.PURGE."+messages.StreamFailed))
-	mux.HandleFunc("GET /questions", c.questionsPage)
-	mux.HandleFunc("POST /questions/answer", c.action(c.answerQuestion, "$KV."+messages.BucketCoordQuestions+"."+messages.CoordAnswerKey(">")))
-	mux.HandleFunc("POST /dead-letters/archive", c.action(c.archiveDeadLetters,
+	mux.HandleFunc("POST /runs/{id}/cancel", act(c.run.cancel, messages.SubjectCancel("*")))
+	mux.HandleFunc("POST /runs/{id}/replay", act(c.run.replay, replay))
+	mux.HandleFunc("POST /runs/{id}/budget", act(c.budgets.raise, "$KV."+messages.BucketBudgets+".>"))
+	mux.HandleFunc("POST /runs/{id}/send", act(c.send.toRun, messages.SubjectSteer("*")))
+	mux.HandleFunc("GET /groups/{pool}/{group}", c.group.serve)
+	mux.HandleFunc("GET /groups/{pool}/{group}/attempts", c.group.attemptsFragment)
+	mux.HandleFunc("GET /live/group/{pool}/{group}", c.group.live)
+	mux.HandleFunc("POST /groups/{pool}/{group}/send", act(c.send.toGroup, send))
+	mux.HandleFunc("GET /dead-letters", c.dead.serve)
+	mux.HandleFunc("POST /dead-letters/replay", act(c.dead.replay, replay))
+	mux.HandleFunc("POST /dead-letters/discard", act(c.dead.discard, "$JS.API.STREAM.PURGE."+messages.StreamFailed))
+	mux.HandleFunc("GET /questions", c.questions.serve)
+	mux.HandleFunc("POST /questions/answer", act(c.questions.answer, "$KV."+messages.BucketCoordQuestions+"."+messages.CoordAnswerKey(">")))
+	mux.HandleFunc("POST /dead-letters/archive", act(c.dead.archive,
 		"$JS.API.STREAM.PURGE."+messages.StreamFailed, messages.SubjectFailedArchived("*", "*")))
-	mux.HandleFunc("GET /egress", c.egressPage)
-	mux.HandleFunc("GET /egress/fragment", c.egressFragment)
-	mux.HandleFunc("GET /live/egress", c.liveEgress)
-	mux.HandleFunc("POST /egress/answer", c.action(c.answerEgress,
+	mux.HandleFunc("GET /egress", c.egress.serve)
+	mux.HandleFunc("GET /egress/fragment", c.egress.fragment)
+	mux.HandleFunc("GET /live/egress", c.egress.live)
+	mux.HandleFunc("POST /egress/answer", act(c.egress.answer,
 		"$KV."+messages.BucketEgressAsks+".>", "$KV."+messages.BucketEgressApprovals+".>"))
-	return c.secure(mux)
-}
-
-// action wraps the handler of a POST that changes state, which publishes
-// to subjects (patterns with * and >): refused with 403 when the console is
-// read only (Config.ReadOnly). The request's context is cancelled the moment
-// the server refuses a publish to one of subjects, its cause a
-// *refusedError that c.message shows with a 403.
-func (c *Console) action(h http.HandlerFunc, subjects ...string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if c.cfg.ReadOnly {
-			http.Error(w, "this console is read only", http.StatusForbidden)
-			return
-		}
-		ctx, fail := context.WithCancelCause(r.Context())
-		defer fail(nil)
-		defer c.refused.watch(subjects, fail)()
-		h(w, r.WithContext(ctx))
-	}
+	return c.guard.secure(mux)
 }

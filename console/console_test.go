@@ -98,24 +98,24 @@ func TestActionsNeedCSRFAndSameOrigin(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token")
 	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {"wrong"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "wrong CSRF token")
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Sec-Fetch-Site", "cross-site")
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}}, "Sec-Fetch-Site", "cross-site")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "cross-site")
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Origin", "http://evil.example")
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}}, "Origin", "http://evil.example")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "foreign origin")
 	require.Equal(t, messages.StateRunning, b.waitState(t, id, messages.StateRunning).State)
 
 	code, _ := b.get(t, "/runs/"+id+"/cancel")
 	require.Equal(t, http.StatusMethodNotAllowed, code, "a GET never changes state")
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "pad": {strings.Repeat("x", maxFormBytes)}})
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}, "pad": {strings.Repeat("x", maxFormBytes)}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an oversized form is not read")
 
 	// Without confirm=yes: the confirmation, nothing cancelled.
-	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}}, "Sec-Fetch-Site", "same-origin")
+	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}}, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `id="confirm"`)
 	require.Contains(t, body, `action="/runs/`+id+`/cancel"`)
 	require.Equal(t, messages.StateRunning, b.waitState(t, id, messages.StateRunning).State)
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "confirm": {"yes"}}, "Sec-Fetch-Site", "same-origin")
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}, "confirm": {"yes"}}, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "/runs/"+id, resp.Header.Get("Location"))
 	b.waitState(t, id, messages.StateCancelled)
@@ -140,9 +140,9 @@ func TestAuthToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `name="token"`)
 
-	resp, _ := b.post(t, "/login", url.Values{"csrf": {b.c.csrf}, "token": {"nope"}})
+	resp, _ := b.post(t, "/login", url.Values{"csrf": {b.c.core.csrf}, "token": {"nope"}})
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
-	resp, _ = b.post(t, "/login", url.Values{"csrf": {b.c.csrf}, "token": {"s3cret-token"}})
+	resp, _ = b.post(t, "/login", url.Values{"csrf": {b.c.core.csrf}, "token": {"s3cret-token"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	var ck *http.Cookie
 	for _, c := range resp.Cookies() {
@@ -268,13 +268,13 @@ func TestDeadLettersReplayAfterConfirmation(t *testing.T) {
 	require.Contains(t, body, "exit code 3")
 	require.Contains(t, body, id)
 
-	resp, body := b.post(t, "/dead-letters/replay", url.Values{"csrf": {b.c.csrf}, "run": {id}})
+	resp, body := b.post(t, "/dead-letters/replay", url.Values{"csrf": {b.c.core.csrf}, "run": {id}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `name="confirm" value="yes"`, "asks first")
 	st, _ := b.d.Status(t.Context(), id)
 	require.Equal(t, 0, st.Replays, "nothing replayed before the confirmation")
 
-	resp, body = b.post(t, "/dead-letters/replay", url.Values{"csrf": {b.c.csrf}, "run": {id}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/replay", url.Values{"csrf": {b.c.core.csrf}, "run": {id}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, "Replayed 1 run(s)")
 	require.Eventually(t, func() bool {
@@ -324,11 +324,16 @@ func TestOverviewAlertsAndGroup(t *testing.T) {
 func TestMaxStreams(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	for range cap(b.c.streams) {
-		b.c.streams <- struct{}{}
+	for range cap(b.c.hub.streams) {
+		b.c.hub.streams <- struct{}{}
 	}
 	code, _ := b.get(t, "/live/runs")
 	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Eventually(t, func() bool {
+		b.c.cache.mu.RLock()
+		defer b.c.cache.mu.RUnlock()
+		return len(b.c.cache.subs) == 0
+	}, 10*time.Second, 10*time.Millisecond, "a refused stream leaves no subscription to the cache")
 }
 
 func TestAlerts(t *testing.T) {

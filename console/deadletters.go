@@ -15,6 +15,15 @@ import (
 // maxReplayBatch caps the runs one confirmation replays.
 const maxReplayBatch = 500
 
+// deadLetterPages serves the dead letters and their replay, discard and
+// archive. The page is GET /dead-letters; archive also takes a run's
+// letters out of the archive.
+type deadLetterPages struct {
+	*core
+	cache *cache
+	queue *queue
+}
+
 // deadLetter is one run's latest dead letter and what became of the run.
 type deadLetter struct {
 	dispatcher.DeadLetter
@@ -141,59 +150,59 @@ func groupDeadLetters(dls []dispatcher.DeadLetter, fate func(dispatcher.DeadLett
 	return out, n
 }
 
-// deadLetters serves GET /dead-letters: each run's latest dead letter and
+// serve answers GET /dead-letters: each run's latest dead letter and
 // what became of the run, grouped by reason; the resolved ones only with
 // ?all=1; the archived ones only, and only they, with ?archived=1.
-func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
-	dls, err := c.d.Failed(r.Context(), "")
+func (p *deadLetterPages) serve(w http.ResponseWriter, r *http.Request) {
+	dls, err := p.d.Failed(r.Context(), "")
 	if err != nil {
-		c.message(w, r, http.StatusBadGateway, "Dead letters unavailable", err.Error(), "/")
+		p.message(w, r, http.StatusBadGateway, "Dead letters unavailable", err.Error(), "/")
 		return
 	}
-	reqs, _, _ := c.requests(r.Context())
+	reqs, _, _ := p.queue.requests(r.Context())
 	waiting := dispatcher.ReplaysWaiting(reqs)
 	fate := func(dl dispatcher.DeadLetter) deadLetter {
-		st, ok := c.cache.get(dl.RunID)
+		st, ok := p.cache.get(dl.RunID)
 		f := dispatcher.FateOf(st, ok, waiting[dl.RunID])
 		return deadLetter{DeadLetter: dl, Fate: f, Resolved: f.Resolved(), Replays: st.Replays}
 	}
 	d := deadData{All: r.URL.Query().Get("all") == "1", Archived: r.URL.Query().Get("archived") == "1"}
 	d.Groups, d.Counts = groupDeadLetters(dls, fate, deadView{All: d.All, Archived: d.Archived})
-	c.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: d})
+	p.render(w, r, "deadletters", page{Title: "Dead letters", Nav: "dead", Data: d})
 }
 
-// discardDeadLetters serves POST /dead-letters/discard with one run=<id>:
+// discard serves POST /dead-letters/discard with one run=<id>:
 // without confirm=yes it asks for a confirmation; with it, it deletes every
 // dead letter of the run (dispatcher.Discard).
-func (c *Console) discardDeadLetters(w http.ResponseWriter, r *http.Request) {
+func (p *deadLetterPages) discard(w http.ResponseWriter, r *http.Request) {
 	id := r.PostFormValue("run")
 	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+		p.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Action: "/dead-letters/discard",
+		p.render(w, r, "confirm", page{Title: "Confirm discard", Nav: "dead", Data: confirmData{Runs: []string{id}, Action: "/dead-letters/discard",
 			Question: "Discard every dead letter of this run? They are deleted from JETCREW_FAILED and the run can no longer be replayed; its state and output stay.",
 			Button:   "Discard", Keep: "Keep them"}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ActionTimeout)
 	defer cancel()
-	n, err := c.d.Discard(ctx, id)
+	n, err := p.d.Discard(ctx, id)
 	if err != nil {
-		c.message(w, r, http.StatusBadGateway, "Discard", err.Error(), "/dead-letters")
+		p.message(w, r, http.StatusBadGateway, "Discard", err.Error(), "/dead-letters")
 		return
 	}
-	c.message(w, r, http.StatusOK, "Discard", fmt.Sprintf("Discarded %d dead letter(s) of run %s: it can no longer be replayed.", n, id), "/dead-letters")
+	p.message(w, r, http.StatusOK, "Discard", fmt.Sprintf("Discarded %d dead letter(s) of run %s: it can no longer be replayed.", n, id), "/dead-letters")
 }
 
-// archiveDeadLetters serves POST /dead-letters/archive with one run=<id>
+// archive serves POST /dead-letters/archive with one run=<id>
 // (and undo=1 to take it out of the archive): without confirm=yes it asks
 // for a confirmation; with it, dispatcher.Archive (or Unarchive).
-func (c *Console) archiveDeadLetters(w http.ResponseWriter, r *http.Request) {
+func (p *deadLetterPages) archive(w http.ResponseWriter, r *http.Request) {
 	id := r.PostFormValue("run")
 	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+		p.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
 		return
 	}
 	undo := r.FormValue("undo") == "1" // in the query of the confirmation's form
@@ -204,24 +213,24 @@ func (c *Console) archiveDeadLetters(w http.ResponseWriter, r *http.Request) {
 			d.Action, d.Button, d.Back = "/dead-letters/archive?undo=1", "Unarchive", "/dead-letters?archived=1"
 			d.Question = "Take the dead letters of this run out of the archive? They are listed with the others again."
 		}
-		c.render(w, r, "confirm", page{Title: "Confirm " + strings.ToLower(d.Button), Nav: "dead", Data: d})
+		p.render(w, r, "confirm", page{Title: "Confirm " + strings.ToLower(d.Button), Nav: "dead", Data: d})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ActionTimeout)
 	defer cancel()
 	if undo {
-		if err := c.d.Unarchive(ctx, id); err != nil {
-			c.message(w, r, http.StatusBadGateway, "Unarchive", err.Error(), "/dead-letters?archived=1")
+		if err := p.d.Unarchive(ctx, id); err != nil {
+			p.message(w, r, http.StatusBadGateway, "Unarchive", err.Error(), "/dead-letters?archived=1")
 			return
 		}
-		c.message(w, r, http.StatusOK, "Unarchive", "The dead letters of run "+id+" are listed again.", "/dead-letters")
+		p.message(w, r, http.StatusOK, "Unarchive", "The dead letters of run "+id+" are listed again.", "/dead-letters")
 		return
 	}
-	if err := c.d.Archive(ctx, id); err != nil {
-		c.message(w, r, http.StatusBadGateway, "Archive", err.Error(), "/dead-letters")
+	if err := p.d.Archive(ctx, id); err != nil {
+		p.message(w, r, http.StatusBadGateway, "Archive", err.Error(), "/dead-letters")
 		return
 	}
-	c.message(w, r, http.StatusOK, "Archive", "Archived the dead letters of run "+id+": kept, shown in the archive.", "/dead-letters")
+	p.message(w, r, http.StatusOK, "Archive", "Archived the dead letters of run "+id+": kept, shown in the archive.", "/dead-letters")
 }
 
 // confirmData is a confirmation page's data: the question, the runs it
@@ -243,37 +252,37 @@ type replayResult struct {
 	Refused  []string
 }
 
-// replayDeadLetters serves POST /dead-letters/replay with one or more
+// replay serves POST /dead-letters/replay with one or more
 // run=<id>: without confirm=yes it asks for a confirmation; with it, it
 // replays each run's latest dead letter (dispatcher.Replay) and reports.
-func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
+func (p *deadLetterPages) replay(w http.ResponseWriter, r *http.Request) {
 	runs := r.PostForm["run"]
 	if len(runs) == 0 {
-		c.message(w, r, http.StatusBadRequest, "Nothing to replay", "no run was selected", "/dead-letters")
+		p.message(w, r, http.StatusBadRequest, "Nothing to replay", "no run was selected", "/dead-letters")
 		return
 	}
 	if len(runs) > maxReplayBatch {
-		c.message(w, r, http.StatusBadRequest, "Too many runs",
+		p.message(w, r, http.StatusBadRequest, "Too many runs",
 			fmt.Sprintf("%d runs selected; at most %d are replayed at once", len(runs), maxReplayBatch), "/dead-letters")
 		return
 	}
 	for _, id := range runs {
 		if err := messages.ValidateToken("run id", id); err != nil {
-			c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
+			p.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/dead-letters")
 			return
 		}
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs, Action: "/dead-letters/replay",
+		p.render(w, r, "confirm", page{Title: "Confirm replay", Nav: "dead", Data: confirmData{Runs: runs, Action: "/dead-letters/replay",
 			Question: fmt.Sprintf("Replay the latest dead letter of these %d run(s)? Each request is published again, unchanged, and runs anew.", len(runs)),
 			Button:   fmt.Sprintf("Replay %d run(s)", len(runs)), Keep: "Cancel"}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ActionTimeout)
 	defer cancel()
 	var res replayResult
 	for _, id := range runs {
-		if _, err := c.d.Replay(ctx, id); err != nil {
+		if _, err := p.d.Replay(ctx, id); err != nil {
 			res.Refused = append(res.Refused, id+": "+err.Error())
 			continue
 		}
@@ -283,5 +292,5 @@ func (c *Console) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if len(res.Refused) > 0 {
 		text += fmt.Sprintf(" Refused %d: %s.", len(res.Refused), strings.Join(res.Refused, "; "))
 	}
-	c.messageRuns(w, r, http.StatusOK, "Replay", text, "/dead-letters", res.Replayed)
+	p.messageRuns(w, r, http.StatusOK, "Replay", text, "/dead-letters", res.Replayed)
 }

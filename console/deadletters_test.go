@@ -85,13 +85,13 @@ func TestDeadLettersLifecycle(t *testing.T) {
 	require.Contains(t, body, `<tr data-run="`+still+`" class="fate-replaying">`)
 
 	// Discard: asked first, then every dead letter of the run is gone.
-	resp, body := b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {other}})
+	resp, body := b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.core.csrf}, "run": {other}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `action="/dead-letters/discard"`)
 	require.Contains(t, body, `name="confirm" value="yes"`, "asks first")
 	_, err = b.d.LastDeadLetter(t.Context(), other)
 	require.NoError(t, err, "nothing discarded before the confirmation")
-	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {other}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.core.csrf}, "run": {other}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Discarded 1 dead letter(s) of run "+other)
 	_, err = b.d.LastDeadLetter(t.Context(), other)
@@ -119,13 +119,13 @@ func TestDeadLettersArchive(t *testing.T) {
 	require.Contains(t, body, `<button type="submit" class="archive-one" data-run="`+arch+`">Archive…</button>`)
 	require.Contains(t, body, "none archived")
 
-	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {arch}})
+	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.core.csrf}, "run": {arch}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `action="/dead-letters/archive"`)
 	require.Contains(t, body, `name="confirm" value="yes"`, "asks first")
 	_, body = b.get(t, "/dead-letters")
 	require.Contains(t, body, `data-run="`+arch+`"`, "nothing archived before the confirmation")
-	resp, body = b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {arch}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.core.csrf}, "run": {arch}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Archived the dead letters of run "+arch)
 
@@ -153,10 +153,10 @@ func TestDeadLettersArchive(t *testing.T) {
 	require.Len(t, dls, 2)
 
 	// Unarchive: asked first, then listed again.
-	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {arch}})
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.core.csrf}, "run": {arch}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `action="/dead-letters/archive?undo=1"`)
-	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {arch}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.core.csrf}, "run": {arch}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	_, body = b.get(t, "/dead-letters")
 	require.Contains(t, body, `data-run="`+arch+`"`, "unarchived, it is listed again")

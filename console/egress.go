@@ -41,6 +41,15 @@ func defaultOperator() string {
 	return shortText("console@"+h, maxOperatorLen-1)
 }
 
+// egressDesk serves the connections waiting for an operator, and answers.
+// A connection waits when its profile says egress_ask: the egress page
+// (GET /egress) lists them live with Allow and Deny, and a run's page
+// notes its own.
+type egressDesk struct {
+	*core
+	hub *hub
+}
+
 // egressRow is one waiting question as the pages show it, its untrusted
 // names (host, profile, worker) made visible; the templates escape them.
 type egressRow struct {
@@ -90,10 +99,10 @@ type egressData struct {
 	Sig string
 }
 
-// egressOf reads the waiting questions, the maxEgressListed oldest.
-func (c *Console) egressOf(ctx context.Context) egressData {
-	d := egressData{Limit: maxEgressListed, Operator: c.cfg.Operator}
-	w, err := c.d.EgressWaiting(ctx, "", maxEgressListed)
+// data reads the waiting questions, the maxEgressListed oldest.
+func (e *egressDesk) data(ctx context.Context) egressData {
+	d := egressData{Limit: maxEgressListed, Operator: e.cfg.Operator}
+	w, err := e.d.EgressWaiting(ctx, "", maxEgressListed)
 	if err != nil {
 		d.Error = err.Error()
 	}
@@ -127,30 +136,30 @@ func egressAlert(n int) string {
 	return fmt.Sprintf("%d connections wait for an operator", n)
 }
 
-// egressPage serves GET /egress: the connections waiting for an
+// serve answers GET /egress: the connections waiting for an
 // operator, with Allow and Deny.
-func (c *Console) egressPage(w http.ResponseWriter, r *http.Request) {
-	d := c.egressOf(r.Context())
+func (e *egressDesk) serve(w http.ResponseWriter, r *http.Request) {
+	d := e.data(r.Context())
 	if id := r.URL.Query().Get("answered"); id != "" {
 		if _, ok := messages.ParseEgressAskID(id); ok {
 			d.Answered = id
 		}
 	}
-	c.render(w, r, "egress", page{Title: "Connections waiting for an operator", Nav: "egress", Data: d})
+	e.render(w, r, "egress", page{Title: "Connections waiting for an operator", Nav: "egress", Data: d})
 }
 
-// egressFragment serves GET /egress/fragment: the page's body alone,
+// fragment serves GET /egress/fragment: the page's body alone,
 // which the page swaps in when its live stream says so.
-func (c *Console) egressFragment(w http.ResponseWriter, r *http.Request) {
-	c.renderStatus(w, r, http.StatusOK, "egress", "egress-body", page{Data: c.egressOf(r.Context())})
+func (e *egressDesk) fragment(w http.ResponseWriter, r *http.Request) {
+	e.renderStatus(w, r, http.StatusOK, "egress", "egress-body", page{Data: e.data(r.Context())})
 }
 
-// liveEgress serves GET /live/egress?v=<sig>: a "changed" server-sent
+// live serves GET /live/egress?v=<sig>: a "changed" server-sent
 // event whenever what the page lists differs from what it was rendered
 // with (v), read every egressPoll. The page's script moves the ages by
 // itself.
-func (c *Console) liveEgress(w http.ResponseWriter, r *http.Request) {
-	s, release, ok := c.startSSE(w)
+func (e *egressDesk) live(w http.ResponseWriter, r *http.Request) {
+	s, release, ok := e.hub.start(w)
 	if !ok {
 		return
 	}
@@ -169,7 +178,7 @@ func (c *Console) liveEgress(w http.ResponseWriter, r *http.Request) {
 			err = s.ping()
 		case now := <-tick.C:
 			ctx, cancel := context.WithTimeout(r.Context(), egressPoll*5)
-			wt, rerr := c.d.EgressWaiting(ctx, "", maxEgressListed)
+			wt, rerr := e.d.EgressWaiting(ctx, "", maxEgressListed)
 			cancel()
 			if r.Context().Err() != nil {
 				return
@@ -185,14 +194,14 @@ func (c *Console) liveEgress(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// answerEgress serves POST /egress/answer (form fields id, answer = allow
+// answer serves POST /egress/answer (form fields id, answer = allow
 // or deny, profile = yes for the whole profile from now on):
 // dispatcher.AnswerEgress as Config.Operator, what `jetcrew egress
 // allow|deny [--profile] ID` does, then back to the egress page.
-func (c *Console) answerEgress(w http.ResponseWriter, r *http.Request) {
+func (e *egressDesk) answer(w http.ResponseWriter, r *http.Request) {
 	id := r.PostFormValue("id")
 	if _, ok := messages.ParseEgressAskID(id); !ok {
-		c.message(w, r, http.StatusBadRequest, "Bad question id",
+		e.message(w, r, http.StatusBadRequest, "Bad question id",
 			fmt.Sprintf("%q is not a question id (<run_id>.<n>)", id), "/egress")
 		return
 	}
@@ -202,38 +211,38 @@ func (c *Console) answerEgress(w http.ResponseWriter, r *http.Request) {
 		allow = true
 	case "deny":
 	default:
-		c.message(w, r, http.StatusBadRequest, "Not answered", "the answer is allow or deny", "/egress")
+		e.message(w, r, http.StatusBadRequest, "Not answered", "the answer is allow or deny", "/egress")
 		return
 	}
 	forProfile := r.PostFormValue("profile") == "yes"
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), e.cfg.ActionTimeout)
 	defer cancel()
-	_, err := c.d.AnswerEgress(ctx, id, allow, forProfile, c.cfg.Operator)
+	_, err := e.d.AnswerEgress(ctx, id, allow, forProfile, e.cfg.Operator)
 	switch {
 	case errors.Is(err, dispatcher.ErrNoQuestion):
-		c.message(w, r, http.StatusConflict, "Not answered",
+		e.message(w, r, http.StatusConflict, "Not answered",
 			id+": no connection waits under this id any more: it was answered elsewhere (another console, jetcrew egress), "+
 				"or given up (its timeout refused it, or its run ended)", "/egress")
 		return
 	case errors.Is(err, dispatcher.ErrAnswered):
-		c.message(w, r, http.StatusConflict, "Not answered", id+": another operator answered it first", "/egress")
+		e.message(w, r, http.StatusConflict, "Not answered", id+": another operator answered it first", "/egress")
 		return
 	case err != nil:
-		c.message(w, r, http.StatusBadGateway, "Not answered", err.Error(), "/egress")
+		e.message(w, r, http.StatusBadGateway, "Not answered", err.Error(), "/egress")
 		return
 	}
 	http.Redirect(w, r, "/egress?answered="+url.QueryEscape(id), http.StatusSeeOther)
 }
 
-// runEgress returns the questions a run's page notes: none for a run that
+// ofRun returns the questions a run's page notes: none for a run that
 // has ended, and none when they cannot be read (logged).
-func (c *Console) runEgress(ctx context.Context, st *messages.RunState) []egressRow {
+func (e *egressDesk) ofRun(ctx context.Context, st *messages.RunState) []egressRow {
 	if st.State.Final() {
 		return nil
 	}
-	w, err := c.d.EgressWaiting(ctx, st.ID, maxEgressOnRun)
+	w, err := e.d.EgressWaiting(ctx, st.ID, maxEgressOnRun)
 	if err != nil {
-		c.cfg.Log.Warn().Err(err).Str("run_id", st.ID).Msg("console: read the run's egress questions")
+		e.cfg.Log.Warn().Err(err).Str("run_id", st.ID).Msg("console: read the run's egress questions")
 		return nil
 	}
 	rows := make([]egressRow, 0, len(w.Asks))

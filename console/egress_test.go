@@ -87,7 +87,7 @@ func TestEgressPageLists(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	row := between(body, `<tr data-id="ask-run-1.1">`, "</tr>")
 	require.Contains(t, row, `<td class="mono"><a href="/runs/ask-run-1">ask-run-1</a></td><td>net</td><td class="mono host">pypi.org:443</td>`)
-	require.Contains(t, row, `<input type="hidden" name="csrf" value="`+b.c.csrf+`"><input type="hidden" name="id" value="ask-run-1.1">`)
+	require.Contains(t, row, `<input type="hidden" name="csrf" value="`+b.c.core.csrf+`"><input type="hidden" name="id" value="ask-run-1.1">`)
 	require.Contains(t, row, `<input type="checkbox" name="profile" value="yes" class="for-profile"> for the whole profile`)
 	require.Contains(t, row, `<button type="submit" name="answer" value="allow" class="allow">Allow</button>`)
 	require.Contains(t, row, `<button type="submit" name="answer" value="deny" class="danger deny">Deny</button>`)
@@ -96,7 +96,7 @@ func TestEgressPageLists(t *testing.T) {
 	require.NotContains(t, body, "<b>prof")
 	require.Contains(t, body, `<td>&lt;b&gt;prof&lt;/b&gt;</td><td class="mono host">&lt;img src=x onerror=alert(1)&gt;&lt;U&#43;202E&gt;:8443</td>`)
 	require.NotContains(t, body, "ask-run-3.1", "an answered question is not listed")
-	require.Contains(t, body, `answered as <span class="mono">`+b.c.cfg.Operator+`</span>`)
+	require.Contains(t, body, `answered as <span class="mono">`+b.c.core.cfg.Operator+`</span>`)
 	require.NotContains(t, body, `id="more"`)
 
 	_, body = b.get(t, "/overview/fragment")
@@ -134,7 +134,7 @@ func TestEgressAnswer(t *testing.T) {
 	asks, approvals := egressBuckets(t, b.js)
 	putAsk(t, asks, "ans-1", "net", "pypi.org", 443, 1)
 	putAsk(t, asks, "ans-2", "net", "files.example", 8443, 1)
-	allow := url.Values{"csrf": {b.c.csrf}, "id": {"ans-1.1"}, "answer": {"allow"}}
+	allow := url.Values{"csrf": {b.c.core.csrf}, "id": {"ans-1.1"}, "answer": {"allow"}}
 
 	resp, _ := b.post(t, "/egress/answer", url.Values{"id": {"ans-1.1"}, "answer": {"allow"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token")
@@ -147,7 +147,7 @@ func TestEgressAnswer(t *testing.T) {
 	for _, bad := range []url.Values{
 		{"id": {"<b>x</b>"}, "answer": {"allow"}}, {"id": {"ans-1"}, "answer": {"allow"}}, {"id": {"ans-1.1"}, "answer": {"maybe"}}, {"id": {"ans-1.1"}},
 	} {
-		bad.Set("csrf", b.c.csrf)
+		bad.Set("csrf", b.c.core.csrf)
 		resp, body := b.post(t, "/egress/answer", bad)
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, bad.Encode())
 		require.NotContains(t, body, "<b>x", "the id is echoed escaped")
@@ -163,7 +163,7 @@ func TestEgressAnswer(t *testing.T) {
 	require.True(t, ok)
 	require.True(t, a.Allow)
 	require.Equal(t, "run", a.Scope)
-	require.Equal(t, b.c.cfg.Operator, a.By)
+	require.Equal(t, b.c.core.cfg.Operator, a.By)
 	require.True(t, strings.HasPrefix(a.By, "console@"), a.By)
 	_, ok = answerOf(t, approvals, messages.EgressApprovalKey("net", "pypi.org", 443))
 	require.False(t, ok, "an answer for the run is not kept for the profile")
@@ -172,22 +172,22 @@ func TestEgressAnswer(t *testing.T) {
 	require.NotContains(t, body, `<tr data-id="ans-1.1">`, "answered: no longer listed")
 
 	// A second answer to the same question: someone was first.
-	resp, body = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.csrf}, "id": {"ans-1.1"}, "answer": {"deny"}})
+	resp, body = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {"ans-1.1"}, "answer": {"deny"}})
 	require.Equal(t, http.StatusConflict, resp.StatusCode)
 	require.Contains(t, body, "another operator answered it first")
 
 	// Deny, for the whole profile.
-	resp, _ = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.csrf}, "id": {"ans-2.1"}, "answer": {"deny"}, "profile": {"yes"}})
+	resp, _ = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {"ans-2.1"}, "answer": {"deny"}, "profile": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	a, ok = answerOf(t, asks, messages.EgressAnswerKey("ans-2.1"))
 	require.True(t, ok)
-	require.Equal(t, messages.EgressAnswer{Allow: false, Scope: "profile", By: b.c.cfg.Operator, Time: a.Time}, a)
+	require.Equal(t, messages.EgressAnswer{Allow: false, Scope: "profile", By: b.c.core.cfg.Operator, Time: a.Time}, a)
 	p, ok := answerOf(t, approvals, messages.EgressApprovalKey("net", "files.example", 8443))
 	require.True(t, ok, "kept for the profile")
 	require.Equal(t, a, p)
 
 	// A question that no longer waits (given up: its worker deleted it).
-	resp, body = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.csrf}, "id": {"ans-9.1"}, "answer": {"allow"}})
+	resp, body = b.post(t, "/egress/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {"ans-9.1"}, "answer": {"allow"}})
 	require.Equal(t, http.StatusConflict, resp.StatusCode)
 	require.Contains(t, body, "ans-9.1: no connection waits under this id any more: it was answered elsewhere")
 	require.Contains(t, body, "or given up")
@@ -206,7 +206,7 @@ func TestEgressReadOnly(t *testing.T) {
 		require.NotContains(t, body, s)
 	}
 	require.Contains(t, body, "this console is read only")
-	resp, _ := b.post(t, "/egress/answer", url.Values{"csrf": {b.c.csrf}, "id": {"ro-ask.1"}, "answer": {"allow"}, "profile": {"yes"}})
+	resp, _ := b.post(t, "/egress/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {"ro-ask.1"}, "answer": {"allow"}, "profile": {"yes"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	_, ok := answerOf(t, asks, messages.EgressAnswerKey("ro-ask.1"))
 	require.False(t, ok, "nothing answered")
@@ -221,7 +221,7 @@ func TestEgressLive(t *testing.T) {
 	b := setup(t, setupOpts{})
 	asks, _ := egressBuckets(t, b.js)
 	putAsk(t, asks, "live-ask", "net", "pypi.org", 443, 1)
-	sig := b.c.egressOf(t.Context()).Sig
+	sig := b.c.egress.data(t.Context()).Sig
 	stream := b.readSSE(t, "/live/egress?v="+sig, 2500*time.Millisecond, func(string) bool { return false })
 	require.NotContains(t, stream, "event: changed", "nothing changed")
 

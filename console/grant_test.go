@@ -20,7 +20,7 @@ func TestRaiseBudgetOfEndedRun(t *testing.T) {
 	st := pausedRun("over-1", time.Now().UTC())
 	st.State, st.FinishedAt, st.Reason = messages.StateFailed, time.Now().UTC(), "budget reached: max_cost_usd 0.5 (spent 0.5123 USD)"
 	b.putStates(t, st)
-	resp, body := b.post(t, "/runs/over-1/budget", url.Values{"csrf": {b.c.csrf}, "usd": {"1"}})
+	resp, body := b.post(t, "/runs/over-1/budget", url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}})
 	require.Equal(t, http.StatusConflict, resp.StatusCode, body)
 	require.Contains(t, body, "run over-1 has ended (failed): nothing granted")
 	_, err := kv.Get(t.Context(), messages.GrantKey(messages.BudgetScopeRun, "over-1"))

@@ -14,6 +14,17 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// groupPage serves a group's page: its runs compared, its conversation live.
+// The page (GET /groups/{pool}/{group}) also lists the questions its runs
+// wait on an operator's answer for.
+type groupPage struct {
+	*core
+	cache     *cache
+	hub       *hub
+	results   *results
+	questions *questionDesk
+}
+
 // groupData is the group page's data.
 type groupData struct {
 	// Pool and Group name the group (messages.GroupRef).
@@ -56,20 +67,20 @@ func groupPath(g messages.GroupRef) string {
 	return "/groups/" + url.PathEscape(g.Pool) + "/" + url.PathEscape(g.Name)
 }
 
-// groupPage serves GET /groups/{pool}/{group}: the group's runs compared
+// serve answers GET /groups/{pool}/{group}: the group's runs compared
 // (each one's outcome, duration, diffstat, usage and diff: its attempts,
 // for submit --attempts); the conversation and state changes arrive over
 // /live/group/{pool}/{group}.
-func (c *Console) groupPage(w http.ResponseWriter, r *http.Request) {
-	rev := c.cache.current()
+func (p *groupPage) serve(w http.ResponseWriter, r *http.Request) {
+	rev := p.cache.current()
 	g, err := groupRef(r)
 	if err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
+		p.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
 		return
 	}
-	runs := c.cache.filter(inGroup(g))
-	c.render(w, r, "group", page{Title: "Group " + g.String(), Nav: "runs", Rev: rev,
-		Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: c.attempts(r.Context(), g, runs), Questions: c.groupQuestions(r.Context(), g)}})
+	runs := p.cache.filter(inGroup(g))
+	p.render(w, r, "group", page{Title: "Group " + g.String(), Nav: "runs", Rev: rev,
+		Data: groupData{Pool: g.Pool, Group: g.Name, Runs: runs, Attempts: p.attempts(r.Context(), g, runs), Questions: p.questions.ofGroup(r.Context(), g)}})
 }
 
 // groupRow is a run of a group as the group page's live stream sends it:
@@ -79,21 +90,21 @@ type groupRow struct {
 	Key string `json:"key"`
 }
 
-// liveGroup serves GET /live/group/{pool}/{group}: every message of the
+// live serves GET /live/group/{pool}/{group}: every message of the
 // group as JETCREW_COORD_VIEW mirrors JETCREW_COORD (subjects
 // jetcrew.coord.<pool>.<group>.>; readers may not consume JETCREW_COORD, whose
 // consumers are the runs' inboxes), oldest first then live,
 // as "message" server-sent events, and "state" events as the group's runs
 // change state.
-func (c *Console) liveGroup(w http.ResponseWriter, r *http.Request) {
+func (p *groupPage) live(w http.ResponseWriter, r *http.Request) {
 	g, ok := groupParam(w, r)
 	if !ok {
 		return
 	}
-	serveLive(c, w, r, inGroup(g),
+	serveLive(p.hub, w, r, inGroup(g),
 		func(st messages.RunState) any { return groupRow{runRow: newRunRow(st), Key: attemptKey(&st)} },
 		func(ctx context.Context) <-chan dispatcher.StreamMsg {
-			return c.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectGroup(g)})
+			return p.hub.followMessages(ctx, coordination.ViewStreamName, []string{coordination.SubjectGroup(g)})
 		},
 		func(m dispatcher.StreamMsg) (string, any) {
 			if origin.Relayed(m.Header) {

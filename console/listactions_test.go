@@ -30,11 +30,11 @@ func TestRunsListCancel(t *testing.T) {
 	row := between(body, `<tr data-id="`+id+`"`, "</tr>")
 	require.Contains(t, row, `<button type="submit" form="row-cancel" formaction="/runs/`+id+`/cancel" class="cancel-one" data-run="`+id+`">Cancel…</button>`)
 	require.NotContains(t, between(body, `<tr data-id="done-1"`, "</tr>"), "cancel-one", "no cancel for an ended run")
-	require.Contains(t, body, `<form method="post" id="row-cancel" hidden><input type="hidden" name="csrf" value="`+b.c.csrf+`"><input type="hidden" name="back" value="/runs?pool=default"></form>`,
+	require.Contains(t, body, `<form method="post" id="row-cancel" hidden><input type="hidden" name="csrf" value="`+b.c.core.csrf+`"><input type="hidden" name="back" value="/runs?pool=default"></form>`,
 		"one form the rows' buttons post, with the token and the way back")
 
 	// The form asks first, then cancels and goes back to the list.
-	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "back": {"/runs?pool=default"}})
+	resp, body := b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}, "back": {"/runs?pool=default"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `<input type="hidden" name="back" value="/runs?pool=default">`)
 	require.Contains(t, body, `<a href="/runs?pool=default" id="keep">Keep it</a>`)
@@ -42,7 +42,7 @@ func TestRunsListCancel(t *testing.T) {
 	for _, bad := range []string{"//evil.example/runs", "https://evil.example/", "/dead-letters/discard", "/runs/a/b", "/runs/x#y"} {
 		require.Equal(t, "/runs/"+id, localBack(bad, "/runs/"+id), bad)
 	}
-	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.csrf}, "confirm": {"yes"}, "back": {"/runs?pool=default"}})
+	resp, _ = b.post(t, "/runs/"+id+"/cancel", url.Values{"csrf": {b.c.core.csrf}, "confirm": {"yes"}, "back": {"/runs?pool=default"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "/runs?pool=default", resp.Header.Get("Location"))
 	b.waitState(t, id, messages.StateCancelled)
@@ -55,7 +55,7 @@ func TestRunsListCancel(t *testing.T) {
 	require.Contains(t, body, `<tr data-id="`+rid+`"`)
 	require.NotContains(t, body, "cancel-one")
 	require.NotContains(t, body, "row-cancel")
-	resp, _ = ro.post(t, "/runs/"+rid+"/cancel", url.Values{"csrf": {ro.c.csrf}, "confirm": {"yes"}})
+	resp, _ = ro.post(t, "/runs/"+rid+"/cancel", url.Values{"csrf": {ro.c.core.csrf}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 }
 

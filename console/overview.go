@@ -18,6 +18,17 @@ const (
 	overviewMaxInterval = 5 * time.Second
 )
 
+// overviewPage serves the overview: pools, workers, runs by state, alerts.
+// The page (GET /) also charts the runs' trends; its live stream says
+// when to fetch it again.
+type overviewPage struct {
+	*core
+	cache     *cache
+	queue     *queue
+	questions *questionDesk
+	hub       *hub
+}
+
 // poolRow is one pool on the overview.
 type poolRow struct {
 	dispatcher.PoolStats
@@ -76,20 +87,20 @@ type overviewData struct {
 	Errors []string
 }
 
-// overviewOf gathers the overview: pool stats from the pools' consumers,
+// data gathers the overview: pool stats from the pools' consumers,
 // live workers from their heartbeats, rates and ages from the run states.
-func (c *Console) overviewOf(r *http.Request) overviewData {
+func (o *overviewPage) data(r *http.Request) overviewData {
 	var d overviewData
-	pools, err := c.d.Pools(r.Context())
+	pools, err := o.d.Pools(r.Context())
 	d.noteErr(err)
-	workers, err := c.d.Workers(r.Context())
+	workers, err := o.d.Workers(r.Context())
 	d.noteErr(err)
-	unserved, err := c.d.UnservedPools(r.Context())
+	unserved, err := o.d.UnservedPools(r.Context())
 	d.noteErr(err)
-	asks, err := c.d.EgressWaiting(r.Context(), "", 0)
+	asks, err := o.d.EgressWaiting(r.Context(), "", 0)
 	d.noteErr(err)
 	d.EgressWaiting = asks.Total
-	qs, err := c.openQuestions(r.Context(), nil)
+	qs, err := o.questions.open(r.Context(), nil)
 	d.noteErr(err)
 	d.QuestionsWaiting = len(qs)
 	byPool := poolRows{}
@@ -112,13 +123,13 @@ func (c *Console) overviewOf(r *http.Request) overviewData {
 			byPool[u.Pool] = &poolRow{PoolStats: dispatcher.PoolStats{Pool: u.Pool, Queued: u.Requests}, OldestQueued: u.Oldest, Unserved: &u}
 		}
 	}
-	nodes, err := c.d.StreamNodes(r.Context())
+	nodes, err := o.d.StreamNodes(r.Context())
 	d.noteErr(err)
 	d.Cluster = nodesView(nodes)
-	held := c.tally(&d, byPool, time.Now())
+	held := o.tally(&d, byPool, time.Now())
 	// The runs no worker has taken have no state: their requests in
 	// JETCREW_RUNS say how long the oldest of each pool has waited.
-	queued := c.queued(r.Context()).Runs
+	queued := o.queue.queued(r.Context()).Runs
 	d.Empty = d.Total == 0 && len(queued) == 0
 	for _, st := range queued {
 		byPool.get(st.Pool).queue(st.QueuedAt)
@@ -167,7 +178,7 @@ func (p *poolRow) queue(at time.Time) {
 
 // tally counts every cached run into d (states, total, trends) and its
 // pool's row, as of now, and returns how many runs each worker holds.
-func (c *Console) tally(d *overviewData, byPool poolRows, now time.Time) (held map[string]int) {
+func (o *overviewPage) tally(d *overviewData, byPool poolRows, now time.Time) (held map[string]int) {
 	held = map[string]int{}
 	d.States = map[messages.State]int{}
 	trends := make([]*trend, len(trendSpecs))
@@ -175,7 +186,7 @@ func (c *Console) tally(d *overviewData, byPool poolRows, now time.Time) (held m
 		trends[i] = newTrend(spec, now)
 	}
 	minute, hour := now.Add(-time.Minute), now.Add(-time.Hour)
-	c.cache.each(func(st *messages.RunState) {
+	o.cache.each(func(st *messages.RunState) {
 		d.States[st.State]++
 		d.Total++
 		for _, t := range trends {
@@ -257,24 +268,24 @@ func unservedAlert(u dispatcher.UnservedPool, now time.Time) string {
 		u.Pool, messages.StreamRuns, messages.SubjectRuns(u.Pool))
 }
 
-// overview serves GET /.
-func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "overview", page{Title: "Overview", Nav: "overview", Data: c.overviewOf(r)})
+// serve answers GET /.
+func (o *overviewPage) serve(w http.ResponseWriter, r *http.Request) {
+	o.render(w, r, "overview", page{Title: "Overview", Nav: "overview", Data: o.data(r)})
 }
 
-// overviewFragment serves GET /overview/fragment: the overview's body
+// fragment serves GET /overview/fragment: the overview's body
 // alone, which the page swaps in when its live stream says so.
-func (c *Console) overviewFragment(w http.ResponseWriter, r *http.Request) {
-	c.renderStatus(w, r, http.StatusOK, "overview", "overview-body", page{Data: c.overviewOf(r)})
+func (o *overviewPage) fragment(w http.ResponseWriter, r *http.Request) {
+	o.renderStatus(w, r, http.StatusOK, "overview", "overview-body", page{Data: o.data(r)})
 }
 
-// liveOverview serves GET /live/overview: a "changed" server-sent event
+// live serves GET /live/overview: a "changed" server-sent event
 // at most every overviewMinInterval while runs change, and at least every
 // overviewMaxInterval.
-func (c *Console) liveOverview(w http.ResponseWriter, r *http.Request) {
-	updates, _, unsubscribe := c.cache.subscribe(^uint64(0), nil)
+func (o *overviewPage) live(w http.ResponseWriter, r *http.Request) {
+	updates, _, unsubscribe := o.cache.subscribe(^uint64(0), nil)
 	defer unsubscribe()
-	s, release, ok := c.startSSE(w)
+	s, release, ok := o.hub.start(w)
 	if !ok {
 		return
 	}

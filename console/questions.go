@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
@@ -58,10 +57,21 @@ func newQuestionsBox(rows []questionRow, csrf string, readOnly bool, back string
 	return questionsBox{Rows: rows, CSRF: csrf, Back: back, ReadOnly: readOnly, MaxBytes: dispatcher.MaxAnswerBytes}
 }
 
-// openQuestions returns the questions to the operator that keep: every one
-// (keep nil), or those keep says. An error is logged and reads as none.
-func (c *Console) openQuestions(ctx context.Context, keep func(messages.CoordQuestion) bool) ([]questionRow, error) {
-	qs, err := c.questionsRead(ctx)
+// questionDesk serves the questions runs put to the operator, and answers.
+// It serves the questions page (GET /questions) and its answer form, and
+// the question boxes of the overview, a run's page and a group's page.
+// However many pages are open, it lists the questions at most once per
+// memoMaxAge (a listing is a key-value watch of the questions bucket); an
+// answer given here forgets that read.
+type questionDesk struct {
+	*core
+	last memo[[]messages.CoordQuestion]
+}
+
+// open returns the questions to the operator that keep: every one (keep
+// nil), or those keep says.
+func (qd *questionDesk) open(ctx context.Context, keep func(messages.CoordQuestion) bool) ([]questionRow, error) {
+	qs, err := qd.read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -74,53 +84,30 @@ func (c *Console) openQuestions(ctx context.Context, keep func(messages.CoordQue
 	return rows, nil
 }
 
-// questionsMemo is the latest read of the open questions to the operator:
-// however many pages are open, the console lists them at most once per
-// queueMaxAge (a listing is a key-value watch of the questions bucket), as
-// it reads the queue. An answer given here forgets it.
-type questionsMemo struct {
-	mu  sync.Mutex
-	at  time.Time
-	qs  []messages.CoordQuestion
-	err error
-}
-
-// questionsRead returns the open questions to the operator
-// (dispatcher.OpenQuestions) as read at most queueMaxAge ago. The slice is
-// shared: read only.
-func (c *Console) questionsRead(ctx context.Context) ([]messages.CoordQuestion, error) {
-	m := &c.questions
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if time.Since(m.at) >= queueMaxAge {
-		rctx, cancel := context.WithTimeout(ctx, queueReadTimeout)
-		m.qs, m.err = c.d.OpenQuestions(rctx)
-		cancel()
-		if m.err != nil {
-			c.cfg.Log.Warn().Err(m.err).Msg("console: read the runs' questions")
+// read returns the open questions to the operator
+// (dispatcher.OpenQuestions) as read at most memoMaxAge ago. A failed read
+// is logged. The slice is shared: read only.
+func (qd *questionDesk) read(ctx context.Context) ([]messages.CoordQuestion, error) {
+	return qd.last.get(ctx, func(ctx context.Context) ([]messages.CoordQuestion, error) {
+		qs, err := qd.d.OpenQuestions(ctx)
+		if err != nil {
+			qd.cfg.Log.Warn().Err(err).Msg("console: read the runs' questions")
 		}
-		m.at = time.Now()
-	}
-	return m.qs, m.err
+		return qs, err
+	})
 }
 
-// forgetQuestions makes the next page read the open questions again.
-func (c *Console) forgetQuestions() {
-	c.questions.mu.Lock()
-	c.questions.at = time.Time{}
-	c.questions.mu.Unlock()
-}
-
-// runQuestions returns run id's open questions to the operator.
-func (c *Console) runQuestions(ctx context.Context, id string) []questionRow {
-	rows, _ := c.openQuestions(ctx, func(q messages.CoordQuestion) bool { return q.RunID == id })
+// ofRun returns run id's open questions to the operator; none when they
+// cannot be read.
+func (qd *questionDesk) ofRun(ctx context.Context, id string) []questionRow {
+	rows, _ := qd.open(ctx, func(q messages.CoordQuestion) bool { return q.RunID == id })
 	return rows
 }
 
-// groupQuestions returns the open questions to the operator of group g's
-// runs.
-func (c *Console) groupQuestions(ctx context.Context, g messages.GroupRef) []questionRow {
-	rows, _ := c.openQuestions(ctx, func(q messages.CoordQuestion) bool { return q.GroupRef() == g })
+// ofGroup returns the open questions to the operator of group g's runs;
+// none when they cannot be read.
+func (qd *questionDesk) ofGroup(ctx context.Context, g messages.GroupRef) []questionRow {
+	rows, _ := qd.open(ctx, func(q messages.CoordQuestion) bool { return q.GroupRef() == g })
 	return rows
 }
 
@@ -151,11 +138,11 @@ type questionsData struct {
 	Error    string
 }
 
-// questionsPage serves GET /questions: every question a run waits on an
+// serve answers GET /questions: every question a run waits on an
 // operator's answer for, oldest first, each with an answer box.
-func (c *Console) questionsPage(w http.ResponseWriter, r *http.Request) {
-	d := questionsData{Operator: c.cfg.Operator}
-	rows, err := c.openQuestions(r.Context(), nil)
+func (qd *questionDesk) serve(w http.ResponseWriter, r *http.Request) {
+	d := questionsData{Operator: qd.cfg.Operator}
+	rows, err := qd.open(r.Context(), nil)
 	if err != nil {
 		d.Error = err.Error()
 	}
@@ -163,7 +150,7 @@ func (c *Console) questionsPage(w http.ResponseWriter, r *http.Request) {
 	if id := r.URL.Query().Get("answered"); messages.ValidCoordQuestionID(id) {
 		d.Answered = id
 	}
-	c.render(w, r, "questions", page{Title: "Questions waiting for an operator", Nav: "questions", Data: d})
+	qd.render(w, r, "questions", page{Title: "Questions waiting for an operator", Nav: "questions", Data: d})
 }
 
 // questionsAlert says how many questions wait: the overview's alert line.
@@ -190,34 +177,34 @@ func answerBack(back string) string {
 	return "/questions"
 }
 
-// answerQuestion serves POST /questions/answer (form fields id, text or
+// answer serves POST /questions/answer (form fields id, text or
 // choice, back): dispatcher.AnswerQuestion as Config.Operator, what
 // `jetcrew answer ID TEXT` does, then back to the page it came from.
-func (c *Console) answerQuestion(w http.ResponseWriter, r *http.Request) {
+func (qd *questionDesk) answer(w http.ResponseWriter, r *http.Request) {
 	back := answerBack(r.PostFormValue("back"))
 	id := r.PostFormValue("id")
 	if !messages.ValidCoordQuestionID(id) {
-		c.message(w, r, http.StatusBadRequest, "Bad question id", fmt.Sprintf("%q is not a question id", visible(id)), back)
+		qd.message(w, r, http.StatusBadRequest, "Bad question id", fmt.Sprintf("%q is not a question id", visible(id)), back)
 		return
 	}
 	text := r.PostFormValue("choice")
 	if text == "" {
 		text = strings.TrimSpace(r.PostFormValue("text"))
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), qd.cfg.ActionTimeout)
 	defer cancel()
-	_, err := c.d.AnswerQuestion(ctx, id, text, c.cfg.Operator)
-	c.forgetQuestions()
+	_, err := qd.d.AnswerQuestion(ctx, id, text, qd.cfg.Operator)
+	qd.last.forget()
 	switch {
 	case errors.Is(err, dispatcher.ErrNoQuestion):
-		c.message(w, r, http.StatusConflict, "Not answered",
+		qd.message(w, r, http.StatusConflict, "Not answered",
 			id+": no question waits under this id any more: it was answered elsewhere, or the run stopped waiting (its timeout, or its end)", back)
 		return
 	case errors.Is(err, dispatcher.ErrAnswered):
-		c.message(w, r, http.StatusConflict, "Not answered", id+": another operator answered it first", back)
+		qd.message(w, r, http.StatusConflict, "Not answered", id+": another operator answered it first", back)
 		return
 	case err != nil:
-		c.message(w, r, http.StatusBadRequest, "Not answered", err.Error(), back)
+		qd.message(w, r, http.StatusBadRequest, "Not answered", err.Error(), back)
 		return
 	}
 	sep := "?"

@@ -89,15 +89,15 @@ func TestConsoleAnswersAQuestion(t *testing.T) {
 	}
 
 	// Bad forms lose nothing.
-	resp, body := b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {"nope"}, "text": {"x"}})
+	resp, body := b.post(t, "/questions/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {"nope"}, "text": {"x"}})
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
-	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "text": {"  "}, "back": {"/groups/default/" + g}})
+	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {qid}, "text": {"  "}, "back": {"/groups/default/" + g}})
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, body)
 	require.Contains(t, body, "empty message")
 	resp, _ = b.post(t, "/questions/answer", url.Values{"id": {qid}, "choice": {"no"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token, no answer")
 
-	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "choice": {"yes <b>now</b>"}, "back": {"/groups/default/" + g}})
+	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {qid}, "choice": {"yes <b>now</b>"}, "back": {"/groups/default/" + g}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
 	require.Equal(t, "/groups/default/"+g+"?answered="+qid, resp.Header.Get("Location"))
 	select {
@@ -112,7 +112,7 @@ func TestConsoleAnswersAQuestion(t *testing.T) {
 		_, page := b.get(t, "/questions")
 		return !strings.Contains(page, qid)
 	}, 5*time.Second, 20*time.Millisecond)
-	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "text": {"again"}})
+	resp, body = b.post(t, "/questions/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {qid}, "text": {"again"}})
 	require.Equal(t, http.StatusConflict, resp.StatusCode, body)
 	require.Empty(t, b.refused())
 }
@@ -126,7 +126,7 @@ func TestObserverCannotAnswer(t *testing.T) {
 	_, page := b.get(t, "/questions")
 	require.Contains(t, page, `id="question-`+qid+`"`)
 	start := time.Now()
-	resp, body := b.post(t, "/questions/answer", url.Values{"csrf": {b.c.csrf}, "id": {qid}, "text": {"yes"}})
+	resp, body := b.post(t, "/questions/answer", url.Values{"csrf": {b.c.core.csrf}, "id": {qid}, "text": {"yes"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, body)
 	require.Contains(t, body, "needs the operator role")
 	require.Less(t, time.Since(start), 2*time.Second)

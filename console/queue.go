@@ -3,29 +3,27 @@ package console
 import (
 	"context"
 	"errors"
-	"sync"
-	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// queueMaxAge is how long one read of JETCREW_RUNS's requests serves the
-// pages: however many pages are open, the console reads the queue at most
-// once per queueMaxAge.
-const queueMaxAge = time.Second
-
-// queueReadTimeout bounds one read of the queue.
-const queueReadTimeout = 3 * time.Second
-
-// queue is the latest read of the requests waiting in JETCREW_RUNS: the
-// first Config.QueueRead of them, oldest first.
+// queue reads the requests waiting in JETCREW_RUNS for the pages' lists.
+// It reads the first Config.QueueRead of them, oldest first, at most once
+// per memoMaxAge (memo) however many pages show them.
 type queue struct {
-	mu    sync.Mutex
-	at    time.Time
+	d     *dispatcher.Dispatcher
+	cache *cache
+	// read is Config.QueueRead.
+	read int
+	last memo[queueRead]
+}
+
+// queueRead is one read of the queue: the requests read and how many
+// JETCREW_RUNS holds.
+type queueRead struct {
 	reqs  []dispatcher.QueuedRequest
 	total uint64
-	err   error
 }
 
 // queuedView is the queued runs as the pages show them.
@@ -47,31 +45,26 @@ func (v queuedView) Capped() bool { return v.Total > uint64(v.Read) }
 
 // queued returns the runs whose requests wait in JETCREW_RUNS and that no
 // worker has taken yet (the cache has no state for them), read at most
-// queueMaxAge ago.
-func (c *Console) queued(ctx context.Context) queuedView {
-	reqs, total, err := c.requests(ctx)
+// memoMaxAge ago.
+func (q *queue) queued(ctx context.Context) queuedView {
+	reqs, total, err := q.requests(ctx)
 	return queuedView{Read: len(reqs), Total: total, Err: err, Runs: dispatcher.WaitingRuns(reqs, func(id string) bool {
-		_, ok := c.cache.get(id)
+		_, ok := q.cache.get(id)
 		return ok
 	})}
 }
 
 // requests returns the requests waiting in JETCREW_RUNS (the first
 // Config.QueueRead, oldest first, replays included), how many the stream
-// holds and why they could not be read, as read at most queueMaxAge ago.
+// holds and why they could not be read, as read at most memoMaxAge ago.
 // The slice is shared: read only.
-func (c *Console) requests(ctx context.Context) ([]dispatcher.QueuedRequest, uint64, error) {
-	q := &c.queue
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if time.Since(q.at) >= queueMaxAge {
-		rctx, cancel := context.WithTimeout(ctx, queueReadTimeout)
-		q.reqs, q.total, q.err = c.d.Requests(rctx, c.cfg.QueueRead)
-		cancel()
-		if errors.Is(q.err, dispatcher.ErrNotProvisioned) {
-			q.err = nil
+func (q *queue) requests(ctx context.Context) ([]dispatcher.QueuedRequest, uint64, error) {
+	v, err := q.last.get(ctx, func(ctx context.Context) (queueRead, error) {
+		reqs, total, err := q.d.Requests(ctx, q.read)
+		if errors.Is(err, dispatcher.ErrNotProvisioned) {
+			err = nil
 		}
-		q.at = time.Now()
-	}
-	return q.reqs, q.total, q.err
+		return queueRead{reqs: reqs, total: total}, err
+	})
+	return v.reqs, v.total, err
 }

@@ -57,7 +57,7 @@ func TestQueuedRuns(t *testing.T) {
 	require.Contains(t, body, `id="waiting"`)
 	require.Contains(t, body, `id="cancel-form"`)
 	require.NotContains(t, between(body, `id="cancel-form"`, ">"), "hidden")
-	resp, _ := b.post(t, "/runs/"+q2+"/cancel", url.Values{"csrf": {b.c.csrf}, "confirm": {"yes"}})
+	resp, _ := b.post(t, "/runs/"+q2+"/cancel", url.Values{"csrf": {b.c.core.csrf}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	b.waitState(t, q2, messages.StateCancelled)
 

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bytes"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -83,43 +82,6 @@ func parsePages() (map[string]*pageTemplate, error) {
 		out[name] = t
 	}
 	return out, nil
-}
-
-// render writes page name, status 200 unless the handler set one before.
-// It renders into a buffer first, so a template error is a clean 500.
-func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, p page) {
-	c.renderStatus(w, r, http.StatusOK, name, "layout", p)
-}
-
-// renderStatus executes template tmpl of page name with status code.
-func (c *Console) renderStatus(w http.ResponseWriter, _ *http.Request, code int, name, tmpl string, p page) {
-	p.CSRF = c.csrf
-	p.ReadOnly = c.cfg.ReadOnly
-	var buf bytes.Buffer
-	if err := c.pages[name].ExecuteTemplate(&buf, tmpl, p); err != nil {
-		c.cfg.Log.Error().Err(err).Str("page", name).Msg("console: render")
-		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_, _ = w.Write(buf.Bytes())
-}
-
-// message renders a short page saying what happened, with a link back. An
-// action the server refused (see Console.action) says so instead, with a
-// 403, whatever error its handler got for it (a cancelled context).
-func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text, back string) {
-	c.messageRuns(w, r, code, title, text, back, nil)
-}
-
-// messageRuns is message, with links to the pages of runs below the text.
-func (c *Console) messageRuns(w http.ResponseWriter, r *http.Request, code int, title, text, back string, runs []string) {
-	if e, ok := refusal(r.Context()); ok {
-		code, text, runs = http.StatusForbidden, e.Error(), nil
-	}
-	c.renderStatus(w, r, code, "message", "layout", page{Title: title, Data: map[string]any{"Text": text, "Back": back, "Runs": runs}})
 }
 
 // ago returns how long before now t was, shortly: "3s", "4m10s", "2h5m";

@@ -152,7 +152,7 @@ func TestObserverConsole(t *testing.T) {
 		{"/groups/default/" + g + "/send", url.Values{"to": {"all"}, "text": {"stop"}}},
 		{"/runs/" + id + "/budget", url.Values{"usd": {"1"}}},
 	} {
-		form := url.Values{"csrf": {b.c.csrf}}
+		form := url.Values{"csrf": {b.c.core.csrf}}
 		for k, v := range a.form {
 			form[k] = v
 		}
@@ -178,15 +178,15 @@ func TestOperatorDiscardsDeadLetter(t *testing.T) {
 	require.Eventually(t, func() bool { _, err := b.d.LastDeadLetter(t.Context(), failed); return err == nil }, 10*time.Second, 10*time.Millisecond)
 	// Archive and unarchive (a mark published on, then purged from,
 	// jetcrew.failed.<pool>.<run_id>.archived) under the role's own rights.
-	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	resp, body := b.post(t, "/dead-letters/archive", url.Values{"csrf": {b.c.core.csrf}, "run": {failed}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Archived the dead letters of run "+failed)
 	_, body = b.get(t, "/dead-letters?archived=1")
 	require.Contains(t, body, `data-run="`+failed+`"`)
-	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/archive?undo=1", url.Values{"csrf": {b.c.core.csrf}, "run": {failed}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.NoError(t, b.d.Archive(t.Context(), failed))
-	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.csrf}, "run": {failed}, "confirm": {"yes"}})
+	resp, body = b.post(t, "/dead-letters/discard", url.Values{"csrf": {b.c.core.csrf}, "run": {failed}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Discarded 1 dead letter(s)")
 	_, err := b.d.LastDeadLetter(t.Context(), failed)
@@ -220,7 +220,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 		{"/groups/default/" + g + "/send", id, url.Values{"to": {id}}},
 	} {
 		text := "from the console to " + c.to + " via " + c.path
-		form := url.Values{"csrf": {b.c.csrf}, "text": {text}, "from": {id}, coordination.HeaderFrom: {id}}
+		form := url.Values{"csrf": {b.c.core.csrf}, "text": {text}, "from": {id}, coordination.HeaderFrom: {id}}
 		for k, v := range c.form {
 			form[k] = v
 		}
@@ -241,7 +241,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 	// inbox, as from the operator whatever the form says, and the page
 	// says so.
 	text := "a steer from the run page"
-	resp, body := b.post(t, "/runs/"+id+"/send", url.Values{"csrf": {b.c.csrf}, "text": {text}, "from": {id}}, coordination.HeaderFrom, id)
+	resp, body := b.post(t, "/runs/"+id+"/send", url.Values{"csrf": {b.c.core.csrf}, "text": {text}, "from": {id}}, coordination.HeaderFrom, id)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, "Queued")
 	require.Contains(t, body, "takes no input while it runs")
@@ -262,7 +262,7 @@ func TestOperatorSendsMessage(t *testing.T) {
 		{"/runs/no-such-run/send", url.Values{"text": {"hi"}}, "no run no-such-run is known"},
 		{"/runs/" + id + "/send", url.Values{"text": {""}}, "the message is empty"},
 	} {
-		c.form.Set("csrf", b.c.csrf)
+		c.form.Set("csrf", b.c.core.csrf)
 		resp, body := b.post(t, c.path, c.form)
 		require.GreaterOrEqual(t, resp.StatusCode, 400, c.path)
 		require.Contains(t, body, c.want, c.path)
@@ -282,7 +282,7 @@ func TestReadOnlyHidesSend(t *testing.T) {
 		_, page := b.get(t, path)
 		require.NotContains(t, page, "send-form", path)
 	}
-	resp, _ := b.post(t, "/groups/default/"+g+"/send", url.Values{"csrf": {b.c.csrf}, "to": {"all"}, "text": {"hi"}})
+	resp, _ := b.post(t, "/groups/default/"+g+"/send", url.Values{"csrf": {b.c.core.csrf}, "to": {"all"}, "text": {"hi"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 }
 

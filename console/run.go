@@ -13,6 +13,20 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// runPage serves a run's page, its live stream, and its cancel and replay.
+// The page (GET /runs/{id}) gathers what the other concerns know of the
+// run: its changes (results), its connections and questions waiting for
+// an operator (egressDesk, questionDesk), and what it was asked.
+type runPage struct {
+	*core
+	cache     *cache
+	queue     *queue
+	hub       *hub
+	results   *results
+	egress    *egressDesk
+	questions *questionDesk
+}
+
 // runData is the run page's data.
 type runData struct {
 	State messages.RunState
@@ -39,46 +53,41 @@ type runData struct {
 	Changes changesView
 }
 
-// waitingRun returns the queued state of run id when its request waits in
+// waiting returns the queued state of run id when its request waits in
 // JETCREW_RUNS: from the latest read of the queue (with its place in the
 // pool's queue), else looked for (dispatcher.Request). The error wraps
 // dispatcher.ErrRunNotFound when it is found in neither.
-func (c *Console) waitingRun(ctx context.Context, id string) (messages.RunState, error) {
-	for _, st := range c.queued(ctx).Runs {
+func (p *runPage) waiting(ctx context.Context, id string) (messages.RunState, error) {
+	for _, st := range p.queue.queued(ctx).Runs {
 		if st.ID == id {
 			return st, nil
 		}
 	}
-	req, err := c.d.Request(ctx, id)
+	req, err := p.d.Request(ctx, id)
 	if err != nil {
 		return messages.RunState{}, err
 	}
 	return req.State(dispatcher.WaitingReason(req.Pool, 0)), nil
 }
 
-// runPage serves GET /runs/{id}: the run's state and receipt; its events
+// serve answers GET /runs/{id}: the run's state and receipt; its events
 // and output arrive over /live/run/{id}.
-func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
-	rev := c.cache.current()
-	id := r.PathValue("id")
-	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+func (p *runPage) serve(w http.ResponseWriter, r *http.Request) {
+	rev := p.cache.current()
+	id, ok := p.runID(w, r)
+	if !ok {
 		return
 	}
-	st, ok := c.cache.get(id)
+	st, ok := p.cache.get(id)
 	waiting := false
 	if !ok {
 		var err error
-		if st, err = c.d.Status(r.Context(), id); errors.Is(err, dispatcher.ErrRunNotFound) {
-			st, err = c.waitingRun(r.Context(), id)
+		if st, err = p.d.Status(r.Context(), id); errors.Is(err, dispatcher.ErrRunNotFound) {
+			st, err = p.waiting(r.Context(), id)
 			waiting = err == nil
 		}
 		if err != nil {
-			code := http.StatusBadGateway
-			if errors.Is(err, dispatcher.ErrRunNotFound) {
-				code = http.StatusNotFound
-			}
-			c.message(w, r, code, "Run not found", err.Error(), "/runs")
+			p.message(w, r, readStatus(err, dispatcher.ErrRunNotFound), "Run not found", err.Error(), "/runs")
 			return
 		}
 	}
@@ -86,15 +95,15 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		Cancellable: !st.State.Final(),
 		Replayable:  st.State.Unsuccessful(),
 		Usage:       newUsageView(&st),
-		Egress:      c.runEgress(r.Context(), &st),
-		Asked:       c.asked(r.Context(), &st),
+		Egress:      p.egress.ofRun(r.Context(), &st),
+		Asked:       p.asked(r.Context(), &st),
 		Commands:    runCommands(&st),
-		Changes:     c.changes(r.Context(), &st)}
+		Changes:     p.results.changes(r.Context(), &st)}
 	d.Receipt = receiptText(&st)
 	if !st.State.Final() {
-		d.Questions = c.runQuestions(r.Context(), id)
+		d.Questions = p.questions.ofRun(r.Context(), id)
 	}
-	c.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
+	p.render(w, r, "run", page{Title: "Run " + id, Nav: "runs", Data: d, Rev: rev})
 }
 
 // receiptText returns st's profile receipt as indented JSON, made
@@ -175,64 +184,21 @@ type liveEvent struct {
 	To   string `json:"to,omitempty"`
 }
 
-// liveRun serves GET /live/run/{id}: "event" and "output" server-sent
+// live serves GET /live/run/{id}: "event" and "output" server-sent
 // events of the run from its first one on, then live, and "state" events
 // as its state changes.
-func (c *Console) liveRun(w http.ResponseWriter, r *http.Request) {
+func (p *runPage) live(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := messages.ValidateToken("run id", id); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	carry := map[string][]byte{} // per stream and attempt: a split UTF-8 sequence
-	serveLive(c, w, r, func(st *messages.RunState) bool { return st.ID == id }, func(st messages.RunState) any { return newRunDetail(st) },
+	serveLive(p.hub, w, r, func(st *messages.RunState) bool { return st.ID == id }, func(st messages.RunState) any { return newRunDetail(st) },
 		func(ctx context.Context) <-chan dispatcher.WatchEvent {
-			return c.follow(ctx, []string{messages.SubjectEventsAll(id)})
+			return p.hub.follow(ctx, []string{messages.SubjectEventsAll(id)})
 		},
 		func(ev dispatcher.WatchEvent) (string, any) { return toLive(ev, carry) })
-}
-
-// follow runs dispatcher.Follow for filters in a goroutine that ends with
-// ctx, and returns its events. The channel is closed when Follow ends.
-func (c *Console) follow(ctx context.Context, filters []string) <-chan dispatcher.WatchEvent {
-	out := make(chan dispatcher.WatchEvent, 64)
-	go func() {
-		defer close(out)
-		err := c.d.Follow(ctx, filters, func(ev dispatcher.WatchEvent) error {
-			select {
-			case out <- ev:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-		if err != nil && ctx.Err() == nil {
-			c.cfg.Log.Warn().Err(err).Msg("console: follow events")
-		}
-	}()
-	return out
-}
-
-// followMessages runs dispatcher.FollowMessages on stream for filters in a
-// goroutine that ends with ctx, and returns its messages. The channel is
-// closed when FollowMessages ends.
-func (c *Console) followMessages(ctx context.Context, stream string, filters []string) <-chan dispatcher.StreamMsg {
-	out := make(chan dispatcher.StreamMsg, 64)
-	go func() {
-		defer close(out)
-		err := c.d.FollowMessages(ctx, stream, filters, func(m dispatcher.StreamMsg) error {
-			select {
-			case out <- m:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-		if err != nil && ctx.Err() == nil {
-			c.cfg.Log.Warn().Err(err).Str("stream", stream).Msg("console: follow messages")
-		}
-	}()
-	return out
 }
 
 // toLive turns one event into the page's form, and names its server-sent
@@ -277,27 +243,26 @@ func joinText(a, b string) string {
 	return a + ": " + b
 }
 
-// cancelRun serves POST /runs/{id}/cancel: without confirm=yes it asks
+// cancel serves POST /runs/{id}/cancel: without confirm=yes it asks
 // for a confirmation; with it, dispatcher.Cancel, then back to where the
 // form was (back: the runs list or the run's page).
-func (c *Console) cancelRun(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+func (p *runPage) cancel(w http.ResponseWriter, r *http.Request) {
+	id, ok := p.runID(w, r)
+	if !ok {
 		return
 	}
 	back := localBack(r.PostFormValue("back"), "/runs/"+url.PathEscape(id))
 	if r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, "confirm", page{Title: "Confirm cancel", Nav: "runs", Data: confirmData{Runs: []string{id},
+		p.render(w, r, "confirm", page{Title: "Confirm cancel", Nav: "runs", Data: confirmData{Runs: []string{id},
 			Action:   "/runs/" + url.PathEscape(id) + "/cancel",
 			Question: "Cancel this run? A running run's container is stopped and the run ends cancelled; a queued one is skipped when a worker takes it.",
 			Button:   "Cancel the run", Keep: "Keep it", Back: back}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ActionTimeout)
 	defer cancel()
-	if _, err := c.d.Cancel(ctx, id); err != nil {
-		c.message(w, r, http.StatusBadGateway, "Cancel failed", err.Error(), back)
+	if _, err := p.d.Cancel(ctx, id); err != nil {
+		p.message(w, r, http.StatusBadGateway, "Cancel failed", err.Error(), back)
 		return
 	}
 	http.Redirect(w, r, back, http.StatusSeeOther)
@@ -317,14 +282,14 @@ func localBack(back, def string) string {
 	return def
 }
 
-// replayRun serves POST /runs/{id}/replay: dispatcher.Replay of the run's
+// replay serves POST /runs/{id}/replay: dispatcher.Replay of the run's
 // latest dead letter, then back to the run's page.
-func (c *Console) replayRun(w http.ResponseWriter, r *http.Request) {
+func (p *runPage) replay(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ActionTimeout)
 	defer cancel()
-	if _, err := c.d.Replay(ctx, id); err != nil {
-		c.message(w, r, http.StatusConflict, "Replay refused", err.Error(), "/runs/"+url.PathEscape(id))
+	if _, err := p.d.Replay(ctx, id); err != nil {
+		p.message(w, r, http.StatusConflict, "Replay refused", err.Error(), "/runs/"+url.PathEscape(id))
 		return
 	}
 	http.Redirect(w, r, "/runs/"+url.PathEscape(id), http.StatusSeeOther)

@@ -12,6 +12,16 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// runsPage serves the runs list: filtered, newest first, a page at a time.
+// It lists the runs the cache holds and those no worker has taken yet
+// (queue), and its live stream adds and updates them.
+type runsPage struct {
+	*core
+	cache *cache
+	queue *queue
+	hub   *hub
+}
+
 // parseFilter reads the runs list's filter from its query: state (a state,
 // or "failure": dispatcher.AnyFailure), pool, profile, group, label (k=v,
 // repeatable) and q (a search: dispatcher.RunFilter.Search).
@@ -131,16 +141,16 @@ type runsData struct {
 var allStates = []messages.State{messages.StateQueued, messages.StateRunning, messages.StateSucceeded,
 	dispatcher.AnyFailure, messages.StateFailed, messages.StateCancelled, messages.StateTimedOut, messages.StateStalled}
 
-// runsList serves GET /runs: the filtered runs, newest first, one page at
+// serve answers GET /runs: the filtered runs, newest first, one page at
 // a time (?before=<cursor>). ?q= with an exact run id goes to that run.
-func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
-	rev := c.cache.current()
+func (p *runsPage) serve(w http.ResponseWriter, r *http.Request) {
+	rev := p.cache.current()
 	q := r.URL.Query()
 	f := parseFilter(q)
-	qv := c.queued(r.Context())
+	qv := p.queue.queued(r.Context())
 	if id := f.Search; id != "" {
 		// An exact run id goes to its page.
-		_, ok := c.cache.get(id)
+		_, ok := p.cache.get(id)
 		for i := 0; !ok && i < len(qv.Runs); i++ {
 			ok = qv.Runs[i].ID == id
 		}
@@ -149,7 +159,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	all := c.cache.filterRuns(f)
+	all := p.cache.filterRuns(f)
 	if n := len(all); f.State == "" || f.State == messages.StateQueued {
 		for i := range qv.Runs {
 			if f.Match(&qv.Runs[i]) {
@@ -167,7 +177,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 			start++
 		}
 	}
-	size := c.cfg.PageSize
+	size := p.cfg.PageSize
 	end := min(start+size, len(all))
 	d := runsData{Filter: f, States: allStates, Runs: all[start:end], Total: len(all), First: !paged,
 		LiveQuery: filterQuery(f).Encode(), Queue: qv, Links: map[string]string{}, Back: r.URL.RequestURI()}
@@ -207,7 +217,7 @@ func (c *Console) runsList(w http.ResponseWriter, r *http.Request) {
 			d.Links[kv] = "/runs?" + filterQuery(lf).Encode()
 		}
 	}
-	c.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d, Rev: rev})
+	p.render(w, r, "runs", page{Title: "Runs", Nav: "runs", Data: d, Rev: rev})
 }
 
 // runRow is a run as the live streams send it: every text made visible.
@@ -251,23 +261,16 @@ func newRunRow(st messages.RunState) runRow {
 // newly queued (their requests, in JETCREW_RUNS).
 const queuePoll = 2 * time.Second
 
-// liveRuns serves GET /live/runs?<filter>: a server-sent "run" event for
+// live serves GET /live/runs?<filter>: a server-sent "run" event for
 // every state change of a run matching the filter, as it happens, and for
 // every run newly queued (its request, looked for every queuePoll).
-func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
+func (p *runsPage) live(w http.ResponseWriter, r *http.Request) {
 	f := parseFilter(r.URL.Query())
-	updates, missed, unsubscribe := c.cache.subscribe(revParam(r), f.Match)
-	defer unsubscribe()
-	s, release, ok := c.startSSE(w)
+	s, updates, end, ok := p.hub.open(w, r, f.Match, "run", func(st messages.RunState) any { return newRunRow(st) })
 	if !ok {
 		return
 	}
-	defer release()
-	for _, st := range missed {
-		if s.send("run", newRunRow(st)) != nil {
-			return
-		}
-	}
+	defer end()
 	keep := time.NewTicker(sseKeepAlive)
 	defer keep.Stop()
 	// Runs no worker has taken change no state: the queue is looked at
@@ -275,7 +278,7 @@ func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 	poll := time.NewTicker(queuePoll)
 	defer poll.Stop()
 	sent := map[string]bool{}
-	for _, st := range c.queued(r.Context()).Runs {
+	for _, st := range p.queue.queued(r.Context()).Runs {
 		sent[st.ID] = true // on the page already
 	}
 	for {
@@ -290,7 +293,7 @@ func (c *Console) liveRuns(w http.ResponseWriter, r *http.Request) {
 			if f.State != "" && f.State != messages.StateQueued {
 				continue
 			}
-			for _, st := range c.queued(r.Context()).Runs {
+			for _, st := range p.queue.queued(r.Context()).Runs {
 				if sent[st.ID] || !f.Match(&st) {
 					continue
 				}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -69,11 +70,23 @@ func newCSRFToken() string {
 	return hex.EncodeToString(b)
 }
 
+// guard holds the console's protections against other sites and users:
+// security headers, the auth token and its login form, cross-origin
+// protection and the CSRF token on every state-changing request, and the
+// read-only switch and the server's refusals on every action
+// (docs/console.md, "Security").
+type guard struct {
+	*core
+	// refused hands the NATS server's refusals of an action's publish to
+	// the action waiting on it.
+	refused refusals
+}
+
 // secure wraps h with the console's protections: security headers on every
 // response, the auth token (when set) on every request but the login form,
 // and on state-changing requests Go's cross-origin protection
 // (Sec-Fetch-Site, Origin) and the per-process CSRF token.
-func (c *Console) secure(h http.Handler) http.Handler {
+func (g *guard) secure(h http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "cross-origin request refused", http.StatusForbidden)
@@ -81,7 +94,7 @@ func (c *Console) secure(h http.Handler) http.Handler {
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-			if !equalToken(r.PostFormValue("csrf"), c.csrf) {
+			if !equalToken(r.PostFormValue("csrf"), g.csrf) {
 				http.Error(w, "missing or wrong CSRF token: reload the page", http.StatusForbidden)
 				return
 			}
@@ -96,13 +109,13 @@ func (c *Console) secure(h http.Handler) http.Handler {
 		hd.Set("Referrer-Policy", "no-referrer")
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
-		if c.cfg.Token == "" && !loopbackHost(r.Host) {
+		if g.cfg.Token == "" && !loopbackHost(r.Host) {
 			// Without a token the console is loopback only; a page reached
 			// under another host name is a DNS rebinding attempt.
 			http.Error(w, "the console answers only to a loopback host name", http.StatusMisdirectedRequest)
 			return
 		}
-		if c.cfg.Token != "" && !public(r.URL.Path) && !c.authorized(r) {
+		if g.cfg.Token != "" && !public(r.URL.Path) && !g.authorized(r) {
 			if r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/html") {
 				http.Redirect(w, r, "/login", http.StatusSeeOther)
 				return
@@ -122,12 +135,12 @@ func public(path string) bool {
 
 // authorized reports whether r carries the auth token: as a bearer token or
 // as the cookie /login sets.
-func (c *Console) authorized(r *http.Request) bool {
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equalToken(tok, c.cfg.Token) {
+func (g *guard) authorized(r *http.Request) bool {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equalToken(tok, g.cfg.Token) {
 		return true
 	}
 	ck, err := r.Cookie(authCookie)
-	return err == nil && equalToken(ck.Value, c.cfg.Token)
+	return err == nil && equalToken(ck.Value, g.cfg.Token)
 }
 
 func equalToken(got, want string) bool {
@@ -136,18 +149,36 @@ func equalToken(got, want string) bool {
 
 // login serves the login form (GET) and checks a submitted token (POST),
 // setting an HttpOnly, SameSite=Strict cookie.
-func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+func (g *guard) login(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
-		if equalToken(r.PostFormValue("token"), c.cfg.Token) {
+		if equalToken(r.PostFormValue("token"), g.cfg.Token) {
 			http.SetCookie(w, &http.Cookie{
-				Name: authCookie, Value: c.cfg.Token, Path: "/",
+				Name: authCookie, Value: g.cfg.Token, Path: "/",
 				HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
 			})
 			http.Redirect(w, r, "/", http.StatusSeeOther)
 			return
 		}
-		c.renderStatus(w, r, http.StatusUnauthorized, "login", "layout", page{Title: "Log in", Data: true})
+		g.renderStatus(w, r, http.StatusUnauthorized, "login", "layout", page{Title: "Log in", Data: true})
 		return
 	}
-	c.render(w, r, "login", page{Title: "Log in"})
+	g.render(w, r, "login", page{Title: "Log in"})
+}
+
+// action wraps the handler of a POST that changes state, which publishes
+// to subjects (patterns with * and >): refused with 403 when the console is
+// read only (Config.ReadOnly). The request's context is cancelled the moment
+// the server refuses a publish to one of subjects, its cause a
+// *refusedError that core.message shows with a 403.
+func (g *guard) action(h http.HandlerFunc, subjects ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if g.cfg.ReadOnly {
+			http.Error(w, "this console is read only", http.StatusForbidden)
+			return
+		}
+		ctx, fail := context.WithCancelCause(r.Context())
+		defer fail(nil)
+		defer g.refused.watch(subjects, fail)()
+		h(w, r.WithContext(ctx))
+	}
 }

@@ -10,69 +10,75 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// sendToRun serves POST /runs/{id}/send (form field text): a steer of the
+// sender serves the operator's messages to one run or to a group's runs:
+// a steer of a run, or a message to one run of a group or to all of them,
+// sent as the operator.
+type sender struct {
+	*core
+}
+
+// toRun serves POST /runs/{id}/send (form field text): a steer of the
 // run, as the operator (dispatcher.Steer, what `jetcrew send RUN_ID TEXT`
 // does): written to a running agent's standard input when its CLI takes
 // streamed input, and put in its inbox. Delivered goes back to the run's
 // page; queued (inbox only) and refused say why, on a page of their own.
-func (c *Console) sendToRun(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	back := "/runs/" + url.PathEscape(id)
-	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+func (s *sender) toRun(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.runID(w, r)
+	if !ok {
 		return
 	}
+	back := "/runs/" + url.PathEscape(id)
 	text := r.PostFormValue("text")
 	if text == "" {
-		c.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
+		s.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ActionTimeout)
 	defer cancel()
-	reply, err := c.d.Steer(ctx, id, text, "")
+	reply, err := s.d.Steer(ctx, id, text, "")
 	switch {
 	case err != nil:
-		c.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
+		s.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
 	case reply.Outcome == messages.SteerDelivered:
 		http.Redirect(w, r, back, http.StatusSeeOther)
 	case reply.Outcome == messages.SteerQueued:
-		c.message(w, r, http.StatusOK, "Queued", "In the run's inbox, not written to its agent's input: "+reply.Reason, back)
+		s.message(w, r, http.StatusOK, "Queued", "In the run's inbox, not written to its agent's input: "+reply.Reason, back)
 	default:
-		c.message(w, r, http.StatusConflict, "Not sent", "Refused ("+reply.Code+"): "+reply.Reason, back)
+		s.message(w, r, http.StatusConflict, "Not sent", "Refused ("+reply.Code+"): "+reply.Reason, back)
 	}
 }
 
-// sendToGroup serves POST /groups/{pool}/{group}/send (form fields to, a
+// toGroup serves POST /groups/{pool}/{group}/send (form fields to, a
 // run id or "all", and text): the text to that run of the group, or to all
 // of them, as the operator (dispatcher.Send), then back to the group's
 // page.
-func (c *Console) sendToGroup(w http.ResponseWriter, r *http.Request) {
+func (s *sender) toGroup(w http.ResponseWriter, r *http.Request) {
 	g, err := groupRef(r)
 	if err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
+		s.message(w, r, http.StatusBadRequest, "Bad group", err.Error(), "/runs")
 		return
 	}
-	c.send(w, r, g, r.PostFormValue("to"), groupPath(g))
+	s.send(w, r, g, r.PostFormValue("to"), groupPath(g))
 }
 
 // send sends the form's text to recipient to of group and redirects to
 // back. Who sends is the subject's, never the form's: the message goes on
 // the operator's subject with no sender header.
-func (c *Console) send(w http.ResponseWriter, r *http.Request, group messages.GroupRef, to, back string) {
+func (s *sender) send(w http.ResponseWriter, r *http.Request, group messages.GroupRef, to, back string) {
 	text := r.PostFormValue("text")
 	switch {
 	case text == "":
-		c.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
+		s.message(w, r, http.StatusBadRequest, "Not sent", "the message is empty", back)
 		return
 	case len(text) > coordination.MaxMsgBytes:
-		c.message(w, r, http.StatusBadRequest, "Not sent",
+		s.message(w, r, http.StatusBadRequest, "Not sent",
 			fmt.Sprintf("the message is %d bytes; a group's stream keeps messages of at most %d", len(text), coordination.MaxMsgBytes), back)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ActionTimeout)
 	defer cancel()
-	if _, err := c.d.Send(ctx, group, to, text); err != nil {
-		c.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
+	if _, err := s.d.Send(ctx, group, to, text); err != nil {
+		s.message(w, r, http.StatusBadGateway, "Not sent", err.Error(), back)
 		return
 	}
 	http.Redirect(w, r, back, http.StatusSeeOther)

@@ -243,31 +243,36 @@ func parseGrantUSD(s string) (float64, error) {
 	return usd, nil
 }
 
-// raiseBudget serves POST /runs/{id}/budget (form field usd):
+// budgets serves the run page's "Raise budget" form of a paused run.
+// A grant goes on the run's own budget, as `jetcrew budget` makes one.
+type budgets struct {
+	*core
+}
+
+// raise serves POST /runs/{id}/budget (form field usd):
 // dispatcher.GrantRun of that many US dollars on the run's own budget, what
 // `jetcrew budget RUN_ID +USD` does, then back to the run's page. A run
 // paused by a budget goes on once its worker sees the grant; a run that
 // ended meanwhile is granted nothing (409).
-func (c *Console) raiseBudget(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	back := "/runs/" + url.PathEscape(id)
-	if err := messages.ValidateToken("run id", id); err != nil {
-		c.message(w, r, http.StatusBadRequest, "Bad run id", err.Error(), "/runs")
+func (b *budgets) raise(w http.ResponseWriter, r *http.Request) {
+	id, ok := b.runID(w, r)
+	if !ok {
 		return
 	}
+	back := "/runs/" + url.PathEscape(id)
 	usd, err := parseGrantUSD(r.PostFormValue("usd"))
 	if err != nil {
-		c.message(w, r, http.StatusBadRequest, "Budget not raised", err.Error(), back)
+		b.message(w, r, http.StatusBadRequest, "Budget not raised", err.Error(), back)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.ActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), b.cfg.ActionTimeout)
 	defer cancel()
-	if _, err := c.d.GrantRun(ctx, id, messages.BudgetSpend{CostUSD: usd}); err != nil {
+	if _, err := b.d.GrantRun(ctx, id, messages.BudgetSpend{CostUSD: usd}); err != nil {
 		code := http.StatusBadGateway
 		if errors.Is(err, dispatcher.ErrNoBudgets) || errors.Is(err, dispatcher.ErrRunEnded) || errors.Is(err, dispatcher.ErrRunNotFound) {
 			code = http.StatusConflict
 		}
-		c.message(w, r, code, "Budget not raised", err.Error(), back)
+		b.message(w, r, code, "Budget not raised", err.Error(), back)
 		return
 	}
 	http.Redirect(w, r, back, http.StatusSeeOther)

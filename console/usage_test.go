@@ -114,7 +114,7 @@ func TestRunPageShowsUsage(t *testing.T) {
 	require.NotEmpty(t, sec, "the usage section is shown: %s", body)
 	require.Contains(t, sec, `<span class="budget" id="budget" >paused: budget reached: max_cost_usd 0.5 (spent 0.5123 USD) (jetcrew budget raises it)</span>`)
 	require.Contains(t, sec, `<form method="post" action="/runs/paused-1/budget" id="raise-form" class="inline" >`)
-	require.Contains(t, sec, `<input type="hidden" name="csrf" value="`+b.c.csrf+`">`)
+	require.Contains(t, sec, `<input type="hidden" name="csrf" value="`+b.c.core.csrf+`">`)
 	for _, f := range []string{
 		`<dt>Model requests</dt><dd>7</dd>`,
 		`<dt>Tokens</dt><dd>12,345 in · 2,345 out · 100,000 cache read · 512 cache write</dd>`,
@@ -257,32 +257,32 @@ func TestRaiseBudgetGrants(t *testing.T) {
 
 	resp, _ := b.post(t, path, url.Values{"usd": {"1"}})
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token")
-	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}}, "Sec-Fetch-Site", "cross-site")
+	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}}, "Sec-Fetch-Site", "cross-site")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "cross-site")
-	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}}, "Origin", "http://evil.example")
+	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}}, "Origin", "http://evil.example")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "foreign origin")
 	code, _ := b.get(t, path+"?usd=1")
 	require.Equal(t, http.StatusMethodNotAllowed, code, "a GET never grants")
 	for _, bad := range []string{"", "0", "-1", "NaN", "1e9", "<b>x</b>"} {
-		resp, body := b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {bad}})
+		resp, body := b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {bad}})
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, bad)
 		require.NotContains(t, body, "<b>x", "the amount is echoed escaped")
 	}
-	resp, _ = b.post(t, "/runs/bad.id/budget", url.Values{"csrf": {b.c.csrf}, "usd": {"1"}})
+	resp, _ = b.post(t, "/runs/bad.id/budget", url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}})
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a run id that is not a token")
 	require.Equal(t, messages.BudgetSpend{}, granted(), "nothing granted yet")
 
-	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"0.25"}}, "Sec-Fetch-Site", "same-origin")
+	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"0.25"}}, "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, "/runs/grant-1", resp.Header.Get("Location"))
 	require.Equal(t, messages.BudgetSpend{CostUSD: 0.25}, granted())
-	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"$1.5"}})
+	resp, _ = b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"$1.5"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Equal(t, messages.BudgetSpend{CostUSD: 1.75}, granted(), "grants add up")
 
 	// Without the bucket the console says what to do.
 	require.NoError(t, b.js.DeleteKeyValue(t.Context(), messages.BucketBudgets))
-	resp, body := b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}})
+	resp, body := b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}})
 	require.Equal(t, http.StatusConflict, resp.StatusCode)
 	require.Contains(t, body, "no budgets bucket")
 }
@@ -311,7 +311,7 @@ func TestReadOnlyShowsNoActions(t *testing.T) {
 	require.NotContains(t, body, `action="/dead-letters/replay"`)
 
 	for _, path := range []string{"/runs/ro-1/budget", "/runs/ro-1/cancel", "/runs/" + failed + "/replay", "/dead-letters/replay", "/dead-letters/archive", "/dead-letters/discard"} {
-		resp, _ := b.post(t, path, url.Values{"csrf": {b.c.csrf}, "usd": {"1"}, "run": {failed}, "confirm": {"yes"}})
+		resp, _ := b.post(t, path, url.Values{"csrf": {b.c.core.csrf}, "usd": {"1"}, "run": {failed}, "confirm": {"yes"}})
 		require.Equal(t, http.StatusForbidden, resp.StatusCode, path)
 	}
 	v, _, err := budgetkv.Get(context.WithoutCancel(t.Context()), kv, messages.GrantKey(messages.BudgetScopeRun, "ro-1"))

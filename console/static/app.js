@@ -38,6 +38,35 @@
     return es;
   }
 
+  // swap fetches url, a page of the console, and puts its element id in
+  // place of this page's, once prepare (when given) has seen it; it says
+  // whether it did. A refused fetch or a page without the element changes
+  // nothing.
+  async function swap(url, id, prepare) {
+    const res = await fetch(url, { headers: { Accept: "text/html" } });
+    if (!res.ok) return false;
+    const doc = new DOMParser().parseFromString(await res.text(), "text/html");
+    const fresh = doc.getElementById(id);
+    if (!fresh) return false;
+    if (prepare) prepare(fresh);
+    document.getElementById(id).replaceWith(document.adoptNode(fresh));
+    return true;
+  }
+
+  // single returns fn made to skip a call while an earlier one runs.
+  function single(fn) {
+    let busy = false;
+    return async () => {
+      if (busy) return;
+      busy = true;
+      try {
+        await fn();
+      } finally {
+        busy = false;
+      }
+    };
+  }
+
   // Times: relative to now ("2 min ago") with the absolute time, in the
   // viewer's zone and in UTC, on hover; waits and durations still going
   // count on. The same words as the server's (console/times.go).
@@ -226,12 +255,7 @@
         if (!sec || sec.dataset.key === key || fetching === key) return;
         fetching = key;
         try {
-          const res = await fetch("/runs/" + encodeURIComponent(body.dataset.run) + "/changes", { headers: { Accept: "text/html" } });
-          if (res.ok) {
-            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-            const fresh = doc.getElementById("changes");
-            if (fresh) document.getElementById("changes").replaceWith(document.adoptNode(fresh));
-          }
+          await swap("/runs/" + encodeURIComponent(body.dataset.run) + "/changes", "changes");
         } finally {
           fetching = "";
         }
@@ -345,12 +369,7 @@
         if (busy) { again = true; return; }
         busy = true;
         try {
-          const res = await fetch("/groups/" + encodeURIComponent(body.dataset.pool) + "/" + encodeURIComponent(body.dataset.group) + "/attempts", { headers: { Accept: "text/html" } });
-          if (res.ok) {
-            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-            const fresh = doc.getElementById("attempts");
-            if (fresh) document.getElementById("attempts").replaceWith(document.adoptNode(fresh));
-          }
+          await swap("/groups/" + encodeURIComponent(body.dataset.pool) + "/" + encodeURIComponent(body.dataset.group) + "/attempts", "attempts");
         } finally {
           busy = false;
           if (again) { again = false; attempts(); }
@@ -384,23 +403,7 @@
     },
 
     overview() {
-      let busy = false;
-      live(body.dataset.live, {
-        async changed() {
-          if (busy) return;
-          busy = true;
-          try {
-            const res = await fetch("/overview/fragment", { headers: { Accept: "text/html" } });
-            if (res.ok) {
-              const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-              const fresh = doc.getElementById("overview-body");
-              if (fresh) document.getElementById("overview-body").replaceWith(document.adoptNode(fresh));
-            }
-          } finally {
-            busy = false;
-          }
-        },
-      });
+      live(body.dataset.live, { changed: single(() => swap("/overview/fragment", "overview-body")) });
     },
   };
 
@@ -420,33 +423,21 @@
       for (const td of document.querySelectorAll("#asks td[data-until]")) td.textContent = fmt(Number(td.dataset.until) - now);
     }
     setInterval(ages, 1000);
-    let busy = false;
+    // keepTicked ticks, in the fresh list, the boxes ticked in this one.
+    function keepTicked(fresh) {
+      const ticked = new Set();
+      for (const box of document.querySelectorAll("#asks tr[data-id] .for-profile:checked")) {
+        ticked.add(box.closest("tr").dataset.id);
+      }
+      for (const tr of fresh.querySelectorAll("#asks tr[data-id]")) {
+        const box = tr.querySelector(".for-profile");
+        if (box && ticked.has(tr.dataset.id)) box.checked = true;
+      }
+    }
     live(body.dataset.live, {
-      async changed() {
-        if (busy) return;
-        busy = true;
-        try {
-          const res = await fetch("/egress/fragment", { headers: { Accept: "text/html" } });
-          if (res.ok) {
-            const doc = new DOMParser().parseFromString(await res.text(), "text/html");
-            const fresh = doc.getElementById("egress-body");
-            if (fresh) {
-              const ticked = new Set();
-              for (const box of document.querySelectorAll("#asks tr[data-id] .for-profile:checked")) {
-                ticked.add(box.closest("tr").dataset.id);
-              }
-              for (const tr of fresh.querySelectorAll("#asks tr[data-id]")) {
-                const box = tr.querySelector(".for-profile");
-                if (box && ticked.has(tr.dataset.id)) box.checked = true;
-              }
-              document.getElementById("egress-body").replaceWith(document.adoptNode(fresh));
-              ages();
-            }
-          }
-        } finally {
-          busy = false;
-        }
-      },
+      changed: single(async () => {
+        if (await swap("/egress/fragment", "egress-body", keepTicked)) ages();
+      }),
     });
   };
 
