@@ -245,3 +245,17 @@ func (b *bundle) bridge(t *testing.T, s *coordination.Session) *mcp.ClientSessio
 	t.Helper()
 	return coordtest.Bridge(t, s.SocketPath())
 }
+
+// A steer sent as soon as Serve returns finds the session subscribed: it is
+// answered (here refused, the run being queued), never "no responders".
+func TestSteerRightAfterServeIsAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	for i := range 40 {
+		runID := fmt.Sprintf("q%d", i)
+		b.serve(t, h, runID, "g")
+		r := steer(t, b.nc, runID, "a", "hello")
+		require.Equal(t, messages.SteerNotRunning, r.Code, runID)
+	}
+}
