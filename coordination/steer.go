@@ -428,10 +428,3 @@ func (st *steering) notice(ctx context.Context, req relay.NoticeRequest) (relay.
 	st.waitFor(ctx, req.WaitSeconds, func() bool { return st.seq > req.After })
 	return relay.Notice{Seq: st.seq, Unread: st.unread}, nil
 }
-
-// waitingPolls returns how many long polls wait for a steer or a notice.
-func (st *steering) waitingPolls() int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.polls
-}
