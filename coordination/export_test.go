@@ -8,3 +8,7 @@ func WaitingPolls(s *Session) int {
 	defer s.steer.mu.Unlock()
 	return s.steer.polls
 }
+
+// RelayEndpoints returns the "METHOD path" patterns of the relay's
+// endpoint table, in the order the session's features added them.
+func RelayEndpoints() []string { return relayEndpoints().patterns }
