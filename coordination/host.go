@@ -1,6 +1,7 @@
 package coordination
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,46 +88,20 @@ func (c Config) WithDefaults() Config {
 		l := zerolog.Nop()
 		c.Logger = &l
 	}
-	if c.SendRate == 0 {
-		c.SendRate = 1
-	}
-	if c.SendBurst == 0 {
-		c.SendBurst = 10
-	}
-	if c.OpTimeout == 0 {
-		c.OpTimeout = 5 * time.Second
-	}
-	if c.RequestReadTimeout == 0 {
-		c.RequestReadTimeout = RequestReadTimeout
-	}
-	if c.ReadRate == 0 {
-		c.ReadRate = 1
-	}
-	if c.ReadBurst == 0 {
-		c.ReadBurst = 10
-	}
-	if c.ClaimRate == 0 {
-		c.ClaimRate = 1
-	}
-	if c.ClaimBurst == 0 {
-		c.ClaimBurst = 10
-	}
-	if c.MaxClaimsPerRun == 0 {
-		c.MaxClaimsPerRun = 64
-	}
-	if c.MaxClaimsPerGroup == 0 {
-		c.MaxClaimsPerGroup = MaxClaimsPerGroupLimit
-	}
-	if c.InboxInactiveThreshold == 0 {
-		c.InboxInactiveThreshold = 48 * time.Hour
-	}
+	c.SendRate = cmp.Or(c.SendRate, 1)
+	c.SendBurst = cmp.Or(c.SendBurst, 10)
+	c.OpTimeout = cmp.Or(c.OpTimeout, 5*time.Second)
+	c.RequestReadTimeout = cmp.Or(c.RequestReadTimeout, RequestReadTimeout)
+	c.ReadRate = cmp.Or(c.ReadRate, 1)
+	c.ReadBurst = cmp.Or(c.ReadBurst, 10)
+	c.ClaimRate = cmp.Or(c.ClaimRate, 1)
+	c.ClaimBurst = cmp.Or(c.ClaimBurst, 10)
+	c.MaxClaimsPerRun = cmp.Or(c.MaxClaimsPerRun, 64)
+	c.MaxClaimsPerGroup = cmp.Or(c.MaxClaimsPerGroup, MaxClaimsPerGroupLimit)
+	c.InboxInactiveThreshold = cmp.Or(c.InboxInactiveThreshold, 48*time.Hour)
 	c.Questions = c.Questions.withDefaults()
-	if c.SteerRate == 0 {
-		c.SteerRate = SteerRate
-	}
-	if c.SteerBurst == 0 {
-		c.SteerBurst = SteerBurst
-	}
+	c.SteerRate = cmp.Or(c.SteerRate, SteerRate)
+	c.SteerBurst = cmp.Or(c.SteerBurst, SteerBurst)
 	return c
 }
 

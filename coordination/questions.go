@@ -1,6 +1,7 @@
 package coordination
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -63,18 +64,10 @@ type QuestionConfig struct {
 }
 
 func (c QuestionConfig) withDefaults() QuestionConfig {
-	if c.Rate == 0 {
-		c.Rate = 0.5
-	}
-	if c.Burst == 0 {
-		c.Burst = 5
-	}
-	if c.MaxOpenPerRun == 0 {
-		c.MaxOpenPerRun = 4
-	}
-	if c.MaxOpenPerGroup == 0 {
-		c.MaxOpenPerGroup = 32
-	}
+	c.Rate = cmp.Or(c.Rate, 0.5)
+	c.Burst = cmp.Or(c.Burst, 5)
+	c.MaxOpenPerRun = cmp.Or(c.MaxOpenPerRun, 4)
+	c.MaxOpenPerGroup = cmp.Or(c.MaxOpenPerGroup, 32)
 	return c
 }
 

@@ -103,38 +103,24 @@ func NormalizeWait(s int) error {
 // DecodeSteerNextRequest decodes one steer-next request (an empty body is
 // the zero request). The error is an *InvalidError.
 func DecodeSteerNextRequest(data []byte) (SteerNextRequest, error) {
-	var r SteerNextRequest
-	if len(data) > 0 {
-		if err := decodeStrict(data, &r); err != nil {
-			return r, err
-		}
-	}
-	return r, NormalizeWait(r.WaitSeconds)
+	return decodeOptional(data, func(r SteerNextRequest) (SteerNextRequest, error) { return r, NormalizeWait(r.WaitSeconds) })
 }
 
 // DecodeSteerAck decodes one steer acknowledgement. The error is an
 // *InvalidError.
 func DecodeSteerAck(data []byte) (SteerAck, error) {
-	var r SteerAck
-	if err := decodeStrict(data, &r); err != nil {
-		return r, err
-	}
-	if r.ID == "" {
-		return r, invalid(CodeInvalid, "id is empty")
-	}
-	return r, nil
+	return decodeRequest(data, func(r SteerAck) (SteerAck, error) {
+		if r.ID == "" {
+			return r, invalid(CodeInvalid, "id is empty")
+		}
+		return r, nil
+	})
 }
 
 // DecodeNoticeRequest decodes one notice request. The error is an
 // *InvalidError.
 func DecodeNoticeRequest(data []byte) (NoticeRequest, error) {
-	var r NoticeRequest
-	if len(data) > 0 {
-		if err := decodeStrict(data, &r); err != nil {
-			return r, err
-		}
-	}
-	return r, NormalizeWait(r.WaitSeconds)
+	return decodeOptional(data, func(r NoticeRequest) (NoticeRequest, error) { return r, NormalizeWait(r.WaitSeconds) })
 }
 
 // SteerNext returns the steers waiting for the agent's input, waiting up

@@ -97,6 +97,16 @@ func decodeRequest[T any](data []byte, normalize func(T) (T, error)) (T, error) 
 	return normalize(r)
 }
 
+// decodeOptional is decodeRequest, but for an empty body, which is the zero
+// request, normalized.
+func decodeOptional[T any](data []byte, normalize func(T) (T, error)) (T, error) {
+	if len(data) == 0 {
+		var zero T
+		return normalize(zero)
+	}
+	return decodeRequest(data, normalize)
+}
+
 func decodeStrict(data []byte, v any) error {
 	if len(data) > MaxRequestBytes {
 		return invalid(CodeTooLarge, "request is %d bytes, largest allowed is %d", len(data), MaxRequestBytes)
