@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,38 +30,49 @@ type groupClaims struct {
 	rev uint64
 }
 
-// claimBucket returns the claims bucket, looking it up once.
-func (h *Host) claimBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.claimKV != nil {
-		return h.claimKV, nil
-	}
-	kv, err := h.js.KeyValue(ctx, BucketClaims)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", BucketClaims, err)
-	}
-	h.claimKV = kv
-	return kv, nil
+// claims is a session's file claims: the claim, release and claims calls,
+// over its group's claims document in BucketClaims.
+type claims struct {
+	c *core
+	// claimed is set once the run claimed something in this session: Close
+	// then removes its claims.
+	claimed atomic.Bool
 }
 
-// loadClaims reads the group's claims and drops the stale ones: those not
+// addClaimEndpoints adds the claim, release and claims endpoints to t.
+func addClaimEndpoints(t *endpointTable) {
+	of := func(s *Session) *claims { return s.claims }
+	add(t, of, endpoint[claims, relay.ClaimRequest, relay.ClaimResponse]{
+		method: http.MethodPost, path: relay.PathClaim, class: callClaim, decode: relay.DecodeClaimRequest, do: (*claims).claim,
+		refused: func(req relay.ClaimRequest) Event { return Event{Paths: req.Paths} },
+	})
+	add(t, of, endpoint[claims, relay.ReleaseRequest, relay.ReleaseResponse]{
+		method: http.MethodPost, path: relay.PathRelease, class: callClaim, decode: relay.DecodeReleaseRequest, do: (*claims).release,
+		refused: func(req relay.ReleaseRequest) Event { return Event{Paths: req.Paths} },
+	})
+	add(t, of, endpoint[claims, none, relay.ClaimsResponse]{
+		method: http.MethodGet, path: relay.PathClaims, class: callRead,
+		do: func(cl *claims, ctx context.Context, _ none) (relay.ClaimsResponse, error) { return cl.list(ctx) },
+	})
+}
+
+// load reads the group's claims and drops the stale ones: those not
 // made by this session, nor by a session that is queued or running in the
 // presence list (see messages.CoordClaims).
-func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupClaims, error) {
+func (cl *claims) load(ctx context.Context, kv jetstream.KeyValue) (groupClaims, error) {
 	var g groupClaims
-	e, err := kv.Get(ctx, ClaimKey(s.run.GroupRef()))
+	e, err := kv.Get(ctx, ClaimKey(cl.c.run.GroupRef()))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return g, nil
 	case err != nil:
-		return g, fmt.Errorf("read claims of group %s: %w", s.run.GroupRef(), err)
+		return g, fmt.Errorf("read claims of group %s: %w", cl.c.run.GroupRef(), err)
 	}
 	g.rev = e.Revision()
 	if err := json.Unmarshal(e.Value(), &g.doc); err != nil {
 		// Only workers write the bucket: a document they cannot read is
 		// replaced, its claims lost, rather than wedging the group.
-		s.log.Warn().Err(err).Msg("claims document unreadable; replacing it")
+		cl.c.log.Warn().Err(err).Msg("claims document unreadable; replacing it")
 		g.doc = messages.CoordClaims{}
 	}
 	if len(g.doc.Claims) == 0 {
@@ -68,76 +80,43 @@ func (s *Session) loadClaims(ctx context.Context, kv jetstream.KeyValue) (groupC
 	}
 	var holders []string
 	for _, c := range g.doc.Claims {
-		if c.RunID != s.run.RunID && !slices.Contains(holders, c.RunID) {
+		if c.RunID != cl.c.run.RunID && !slices.Contains(holders, c.RunID) {
 			holders = append(holders, c.RunID)
 		}
 	}
-	var live map[string]string
-	var err2 error
-	if len(holders) <= maxHolderGets {
-		live, err2 = s.holderSessions(ctx, holders)
-	} else {
-		live, err2 = s.liveSessions(ctx)
-	}
-	if err2 != nil {
-		return g, err2
+	live, err := cl.liveSessions(ctx, holders)
+	if err != nil {
+		return g, err
 	}
 	g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return live[c.RunID] != c.Session || c.Session == "" })
 	return g, nil
 }
 
-// maxHolderGets is the most holders whose presence loadClaims reads key by
-// key; past it, one watch of the group's presence is cheaper.
+// maxHolderGets is the most holders whose presence liveSessions reads key
+// by key; past it, one watch of the group's presence is cheaper.
 const maxHolderGets = 8
 
-// holderSessions maps each of holders that is queued or running to the
-// session its presence names, this run to this session.
-func (s *Session) holderSessions(ctx context.Context, holders []string) (map[string]string, error) {
-	live := map[string]string{s.run.RunID: s.presence.Session}
-	for _, id := range holders {
-		e, err := s.peers.Get(ctx, PeerKey(s.run.GroupRef(), id))
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			continue
-		case err != nil:
-			return nil, fmt.Errorf("look up peer %s: %w", id, err)
-		}
-		var p Presence
-		if json.Unmarshal(e.Value(), &p) == nil && !p.State.Final() {
-			live[id] = p.Session
-		}
-	}
-	return live, nil
-}
-
-// liveSessions maps each queued or running run of the group to the session
-// its presence names, this run to this session.
-func (s *Session) liveSessions(ctx context.Context) (map[string]string, error) {
-	w, err := s.peers.Watch(ctx, peersOf(s.run.GroupRef()), jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("list peers: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
+// liveSessions maps each of holders that is queued or running to the
+// session its presence names, and this run to this session.
+func (cl *claims) liveSessions(ctx context.Context, holders []string) (map[string]string, error) {
 	live := map[string]string{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("list peers: %w", ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("list peers: watcher stopped")
+	if len(holders) > maxHolderGets {
+		if err := cl.c.eachPeer(ctx, func(p Presence) { live[p.RunID] = p.Session }); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, id := range holders {
+			p, found, err := cl.c.peer(ctx, id)
+			if err != nil {
+				return nil, err
 			}
-			if e == nil { // every current key has been delivered
-				live[s.run.RunID] = s.presence.Session
-				return live, nil
+			if found && !p.State.Final() {
+				live[id] = p.Session
 			}
-			var p Presence
-			if json.Unmarshal(e.Value(), &p) != nil || p.State.Final() {
-				continue
-			}
-			live[p.RunID] = p.Session
 		}
 	}
+	live[cl.c.run.RunID] = cl.c.sessionID()
+	return live, nil
 }
 
 // storeClaims writes g.doc over revision g.rev, deleting the key when no
@@ -178,39 +157,39 @@ func storeClaims(ctx context.Context, kv jetstream.KeyValue, group messages.Grou
 // our write.
 var errCASLost = errors.New("claims changed concurrently")
 
-// updateClaims reads the group's claims, applies change and writes them
+// update reads the group's claims, applies change and writes them
 // back with compare-and-set, retrying when another writer came first.
-func (s *Session) updateClaims(ctx context.Context, change func(*groupClaims) error) error {
-	kv, err := s.h.claimBucket(ctx)
+func (cl *claims) update(ctx context.Context, change func(*groupClaims) error) error {
+	kv, err := cl.c.h.claims.get(ctx, cl.c.h.js)
 	if err != nil {
 		return err
 	}
 	for range claimAttempts {
-		g, err := s.loadClaims(ctx, kv)
+		g, err := cl.load(ctx, kv)
 		if err != nil {
 			return err
 		}
 		if err := change(&g); err != nil {
 			return err
 		}
-		err = storeClaims(ctx, kv, s.run.GroupRef(), g)
+		err = storeClaims(ctx, kv, cl.c.run.GroupRef(), g)
 		if !errors.Is(err, errCASLost) {
 			return err
 		}
 	}
-	return fmt.Errorf("claims of group %s: %d concurrent writes in a row; try again", s.run.GroupRef(), claimAttempts)
+	return fmt.Errorf("claims of group %s: %d concurrent writes in a row; try again", cl.c.run.GroupRef(), claimAttempts)
 }
 
 // claim claims every pattern of req for this run, or none.
-func (s *Session) claim(ctx context.Context, req relay.ClaimRequest) (relay.ClaimResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+func (cl *claims) claim(ctx context.Context, req relay.ClaimRequest) (relay.ClaimResponse, error) {
+	ctx, cancel := cl.c.opContext(ctx)
 	defer cancel()
 	var held []messages.CoordClaim
-	err := s.updateClaims(ctx, func(g *groupClaims) error {
+	err := cl.update(ctx, func(g *groupClaims) error {
 		now := time.Now().UTC()
 		var own, others []messages.CoordClaim
 		for _, c := range g.doc.Claims {
-			if c.RunID == s.run.RunID {
+			if c.RunID == cl.c.run.RunID {
 				own = append(own, c)
 			} else {
 				others = append(others, c)
@@ -229,16 +208,16 @@ func (s *Session) claim(ctx context.Context, req relay.ClaimRequest) (relay.Clai
 				own[i].Reason = req.Reason // claimed again: a new reason, the first time kept
 				continue
 			}
-			own = append(own, messages.CoordClaim{Pattern: p, RunID: s.run.RunID, Reason: req.Reason, Since: now, Session: s.presence.Session})
+			own = append(own, messages.CoordClaim{Pattern: p, RunID: cl.c.run.RunID, Reason: req.Reason, Since: now, Session: cl.c.sessionID()})
 		}
-		if len(own) > s.h.cfg.MaxClaimsPerRun {
+		if len(own) > cl.c.h.cfg.MaxClaimsPerRun {
 			return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(
 				"claim refused: a run may hold at most %d claims and you would hold %d; release some, or claim a directory or a glob instead of its files; nothing was claimed",
-				s.h.cfg.MaxClaimsPerRun, len(own))}
+				cl.c.h.cfg.MaxClaimsPerRun, len(own))}
 		}
-		if n := len(own) + len(others); n > s.h.cfg.MaxClaimsPerGroup {
+		if n := len(own) + len(others); n > cl.c.h.cfg.MaxClaimsPerGroup {
 			return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(
-				"claim refused: a group may hold at most %d claims and yours would hold %d; nothing was claimed", s.h.cfg.MaxClaimsPerGroup, n)}
+				"claim refused: a group may hold at most %d claims and yours would hold %d; nothing was claimed", cl.c.h.cfg.MaxClaimsPerGroup, n)}
 		}
 		g.doc.Claims = append(others, own...)
 		held = own
@@ -247,8 +226,8 @@ func (s *Session) claim(ctx context.Context, req relay.ClaimRequest) (relay.Clai
 	if err != nil {
 		return relay.ClaimResponse{}, err
 	}
-	s.claimed.Store(true)
-	s.emit(Event{Kind: EventClaimed, Paths: req.Paths, Reason: req.Reason})
+	cl.claimed.Store(true)
+	cl.c.emit(Event{Kind: EventClaimed, Paths: req.Paths, Reason: req.Reason})
 	return relay.ClaimResponse{Claims: toRelayClaims(held, time.Now())}, nil
 }
 
@@ -264,14 +243,14 @@ func conflictMessage(p string, c messages.CoordClaim, now time.Time) string {
 }
 
 // release releases every pattern of req, all held by this run, or none.
-func (s *Session) release(ctx context.Context, req relay.ReleaseRequest) (relay.ReleaseResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+func (cl *claims) release(ctx context.Context, req relay.ReleaseRequest) (relay.ReleaseResponse, error) {
+	ctx, cancel := cl.c.opContext(ctx)
 	defer cancel()
 	var left []messages.CoordClaim
-	err := s.updateClaims(ctx, func(g *groupClaims) error {
+	err := cl.update(ctx, func(g *groupClaims) error {
 		var problems []string
 		for _, p := range req.Paths {
-			if slices.ContainsFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return c.RunID == s.run.RunID && c.Pattern == p }) {
+			if slices.ContainsFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return c.RunID == cl.c.run.RunID && c.Pattern == p }) {
 				continue
 			}
 			if i := slices.IndexFunc(g.doc.Claims, func(c messages.CoordClaim) bool { return c.Pattern == p }); i >= 0 {
@@ -285,11 +264,11 @@ func (s *Session) release(ctx context.Context, req relay.ReleaseRequest) (relay.
 				"; nothing was released. Name patterns exactly as you claimed them (claims lists them)"}
 		}
 		g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool {
-			return c.RunID == s.run.RunID && slices.Contains(req.Paths, c.Pattern)
+			return c.RunID == cl.c.run.RunID && slices.Contains(req.Paths, c.Pattern)
 		})
 		left = left[:0]
 		for _, c := range g.doc.Claims {
-			if c.RunID == s.run.RunID {
+			if c.RunID == cl.c.run.RunID {
 				left = append(left, c)
 			}
 		}
@@ -298,32 +277,36 @@ func (s *Session) release(ctx context.Context, req relay.ReleaseRequest) (relay.
 	if err != nil {
 		return relay.ReleaseResponse{}, err
 	}
-	s.emit(Event{Kind: EventReleased, Paths: req.Paths})
+	cl.c.emit(Event{Kind: EventReleased, Paths: req.Paths})
 	return relay.ReleaseResponse{Released: req.Paths, Claims: toRelayClaims(left, time.Now())}, nil
 }
 
-// claims lists the group's current claims.
-func (s *Session) claims(ctx context.Context) (relay.ClaimsResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+// list lists the group's current claims.
+func (cl *claims) list(ctx context.Context) (relay.ClaimsResponse, error) {
+	ctx, cancel := cl.c.opContext(ctx)
 	defer cancel()
-	kv, err := s.h.claimBucket(ctx)
+	kv, err := cl.c.h.claims.get(ctx, cl.c.h.js)
 	if err != nil {
 		return relay.ClaimsResponse{}, err
 	}
-	g, err := s.loadClaims(ctx, kv)
+	g, err := cl.load(ctx, kv)
 	if err != nil {
 		return relay.ClaimsResponse{}, err
 	}
 	return relay.ClaimsResponse{Claims: toRelayClaims(g.doc.Claims, time.Now())}, nil
 }
 
-// releaseAll removes every claim of the run, when it has ended (Close).
-func (s *Session) releaseAll(ctx context.Context) error {
+// releaseAll removes every claim of the run, when it has ended (Close), if
+// it claimed anything in this session.
+func (cl *claims) releaseAll(ctx context.Context) error {
+	if !cl.claimed.Load() {
+		return nil
+	}
 	var gone []string
-	err := s.updateClaims(ctx, func(g *groupClaims) error {
+	err := cl.update(ctx, func(g *groupClaims) error {
 		gone = gone[:0]
 		g.doc.Claims = slices.DeleteFunc(g.doc.Claims, func(c messages.CoordClaim) bool {
-			if c.RunID == s.run.RunID {
+			if c.RunID == cl.c.run.RunID {
 				gone = append(gone, c.Pattern)
 				return true
 			}
@@ -332,10 +315,10 @@ func (s *Session) releaseAll(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("coordination: release claims of run %s: %w", s.run.RunID, err)
+		return fmt.Errorf("coordination: release claims of run %s: %w", cl.c.run.RunID, err)
 	}
 	if len(gone) > 0 {
-		s.emit(Event{Kind: EventReleased, Paths: gone, Reason: "run ended"})
+		cl.c.emit(Event{Kind: EventReleased, Paths: gone, Reason: "run ended"})
 	}
 	return nil
 }

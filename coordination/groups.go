@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -34,13 +33,14 @@ var ErrGroupRefused = errors.New("group refused")
 // NewGroups; it is safe for concurrent use.
 type Groups struct {
 	js jetstream.JetStream
-	mu sync.Mutex
-	kv jetstream.KeyValue // BucketGroups, looked up by the first Admit
+	kv kvBucket // BucketGroups, looked up by the first Admit
 }
 
 // NewGroups returns a Groups recording in js's BucketGroups, which must
 // exist (Provision) before the first Admit. It does no I/O.
-func NewGroups(js jetstream.JetStream) *Groups { return &Groups{js: js} }
+func NewGroups(js jetstream.JetStream) *Groups {
+	return &Groups{js: js, kv: kvBucket{name: BucketGroups}}
+}
 
 // Admission is what Groups.Admit is given of a delivered run request.
 type Admission struct {
@@ -75,7 +75,7 @@ func (g *Groups) Admit(ctx context.Context, a Admission) error {
 	if err := verifyGroupSignature(a); err != nil {
 		return err
 	}
-	kv, err := g.bucket(ctx)
+	kv, err := g.kv.get(ctx, g.js)
 	if err != nil {
 		return err
 	}
@@ -150,21 +150,6 @@ func readRecord(ctx context.Context, kv jetstream.KeyValue, ref messages.GroupRe
 		return rec, refused("group %s: its record in %s is unreadable (%v): no run joins it", ref, BucketGroups, err)
 	}
 	return rec, nil
-}
-
-// bucket returns BucketGroups, looking it up once.
-func (g *Groups) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.kv != nil {
-		return g.kv, nil
-	}
-	kv, err := g.js.KeyValue(ctx, BucketGroups)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", BucketGroups, err)
-	}
-	g.kv = kv
-	return kv, nil
 }
 
 // kindOf is the kind of group req's run would create.

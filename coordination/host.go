@@ -1,6 +1,7 @@
 package coordination
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,46 +88,20 @@ func (c Config) WithDefaults() Config {
 		l := zerolog.Nop()
 		c.Logger = &l
 	}
-	if c.SendRate == 0 {
-		c.SendRate = 1
-	}
-	if c.SendBurst == 0 {
-		c.SendBurst = 10
-	}
-	if c.OpTimeout == 0 {
-		c.OpTimeout = 5 * time.Second
-	}
-	if c.RequestReadTimeout == 0 {
-		c.RequestReadTimeout = RequestReadTimeout
-	}
-	if c.ReadRate == 0 {
-		c.ReadRate = 1
-	}
-	if c.ReadBurst == 0 {
-		c.ReadBurst = 10
-	}
-	if c.ClaimRate == 0 {
-		c.ClaimRate = 1
-	}
-	if c.ClaimBurst == 0 {
-		c.ClaimBurst = 10
-	}
-	if c.MaxClaimsPerRun == 0 {
-		c.MaxClaimsPerRun = 64
-	}
-	if c.MaxClaimsPerGroup == 0 {
-		c.MaxClaimsPerGroup = MaxClaimsPerGroupLimit
-	}
-	if c.InboxInactiveThreshold == 0 {
-		c.InboxInactiveThreshold = 48 * time.Hour
-	}
+	c.SendRate = cmp.Or(c.SendRate, 1)
+	c.SendBurst = cmp.Or(c.SendBurst, 10)
+	c.OpTimeout = cmp.Or(c.OpTimeout, 5*time.Second)
+	c.RequestReadTimeout = cmp.Or(c.RequestReadTimeout, RequestReadTimeout)
+	c.ReadRate = cmp.Or(c.ReadRate, 1)
+	c.ReadBurst = cmp.Or(c.ReadBurst, 10)
+	c.ClaimRate = cmp.Or(c.ClaimRate, 1)
+	c.ClaimBurst = cmp.Or(c.ClaimBurst, 10)
+	c.MaxClaimsPerRun = cmp.Or(c.MaxClaimsPerRun, 64)
+	c.MaxClaimsPerGroup = cmp.Or(c.MaxClaimsPerGroup, MaxClaimsPerGroupLimit)
+	c.InboxInactiveThreshold = cmp.Or(c.InboxInactiveThreshold, 48*time.Hour)
 	c.Questions = c.Questions.withDefaults()
-	if c.SteerRate == 0 {
-		c.SteerRate = SteerRate
-	}
-	if c.SteerBurst == 0 {
-		c.SteerBurst = SteerBurst
-	}
+	c.SteerRate = cmp.Or(c.SteerRate, SteerRate)
+	c.SteerBurst = cmp.Or(c.SteerBurst, SteerBurst)
 	return c
 }
 
@@ -171,11 +146,37 @@ type Host struct {
 	js  jetstream.JetStream
 	log zerolog.Logger
 
+	peers     kvBucket // BucketPeers, looked up by the first Serve
+	claims    kvBucket // BucketClaims, looked up by the first claim call
+	questions kvBucket // BucketQuestions, looked up by the first ask or reply
+
 	mu       sync.Mutex
-	peers    jetstream.KeyValue // BucketPeers, looked up by the first Serve
-	claimKV  jetstream.KeyValue // BucketClaims, looked up by the first claim call
-	questKV  jetstream.KeyValue // BucketQuestions, looked up by the first ask or reply
 	sessions map[string]*Session
+}
+
+// kvBucket is one key-value bucket a Host or Groups looks up once, on its
+// first use, and keeps.
+type kvBucket struct {
+	name string
+	mu   sync.Mutex
+	kv   jetstream.KeyValue
+}
+
+// get returns the bucket, looking it up in js on the first call. It fails
+// when the bucket does not exist (Provision makes it) or NATS is
+// unreachable; a later call tries again.
+func (b *kvBucket) get(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.kv != nil {
+		return b.kv, nil
+	}
+	kv, err := js.KeyValue(ctx, b.name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", b.name, err)
+	}
+	b.kv = kv
+	return kv, nil
 }
 
 // NewHost returns a Host using nc, configured by cfg with defaults applied.
@@ -191,11 +192,14 @@ func NewHost(nc *nats.Conn, cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("coordination: %w", err)
 	}
 	return &Host{
-		cfg:      cfg,
-		nc:       nc,
-		js:       js,
-		log:      cfg.Logger.With().Str("component", "coordination").Logger(),
-		sessions: make(map[string]*Session),
+		cfg:       cfg,
+		nc:        nc,
+		js:        js,
+		log:       cfg.Logger.With().Str("component", "coordination").Logger(),
+		peers:     kvBucket{name: BucketPeers},
+		claims:    kvBucket{name: BucketClaims},
+		questions: kvBucket{name: BucketQuestions},
+		sessions:  make(map[string]*Session),
 	}, nil
 }
 
@@ -241,37 +245,22 @@ func (r RunInfo) GroupRef() messages.GroupRef {
 	return messages.GroupRef{Pool: r.Pool, Name: r.Group, Own: r.Group == r.RunID}
 }
 
-// peerBucket returns the presence bucket, looking it up once.
-func (h *Host) peerBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.peers != nil {
-		return h.peers, nil
-	}
-	kv, err := h.js.KeyValue(ctx, BucketPeers)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", BucketPeers, err)
-	}
-	h.peers = kv
-	return kv, nil
-}
-
 // register records s as run's live session and returns the session it
 // supersedes, if any: a later delivery of the run on this host (the earlier
 // one lost the run and is winding down). The caller detaches that one.
 func (h *Host) register(s *Session) *Session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	old := h.sessions[s.run.RunID]
-	h.sessions[s.run.RunID] = s
+	old := h.sessions[s.RunID()]
+	h.sessions[s.RunID()] = s
 	return old
 }
 
 func (h *Host) unregister(s *Session) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.sessions[s.run.RunID] == s {
-		delete(h.sessions, s.run.RunID)
+	if h.sessions[s.RunID()] == s {
+		delete(h.sessions, s.RunID())
 	}
 }
 

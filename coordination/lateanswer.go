@@ -54,23 +54,23 @@ func (l *lateWaits) stop() {
 // an answer goes to the run's inbox (deliverLate), and whatever ends the
 // wait drops the question. It reports false, doing nothing, when the
 // session is stopping.
-func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, rest time.Duration) bool {
-	return s.late.start(func() {
-		defer s.forgetQuestion(q.ID)
-		ans, from, why, _ := s.waitAnswer(s.ctx, w, rest)
+func (qs *questions) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, rest time.Duration) bool {
+	return qs.late.start(func() {
+		defer qs.forget(q.ID)
+		ans, from, why, _ := qs.waitAnswer(qs.c.ctx, w, rest)
 		_ = w.Stop()
-		s.dropQuestion(s.ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
+		qs.drop(qs.c.ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
 		if why != "" {
-			s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
+			qs.c.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
 			return
 		}
-		seq, err := s.deliverLate(q, ans, from)
+		seq, err := qs.deliverLate(q, ans, from)
 		if err != nil {
-			s.log.Warn().Err(err).Str("question_id", q.ID).Msg("put a late answer in the run's inbox")
-			s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: "the answer came after the call returned and could not be put in the inbox: " + err.Error()})
+			qs.c.log.Warn().Err(err).Str("question_id", q.ID).Msg("put a late answer in the run's inbox")
+			qs.c.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: "the answer came after the call returned and could not be put in the inbox: " + err.Error()})
 			return
 		}
-		s.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans), MessageID: seq})
+		qs.c.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans), MessageID: seq})
 	})
 }
 
@@ -82,14 +82,14 @@ func (s *Session) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q mes
 // sequence. The worker publishes where runs' messages travel, as it does
 // the question itself; the answer is from's own (a peer's reply stamped by
 // its worker, or an operator's answer key).
-func (s *Session) deliverLate(q messages.CoordQuestion, ans, from string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), s.h.cfg.OpTimeout)
+func (qs *questions) deliverLate(q messages.CoordQuestion, ans, from string) (string, error) {
+	ctx, cancel := qs.c.opContext(context.WithoutCancel(qs.c.ctx))
 	defer cancel()
 	msg := nats.NewMsg(Subject(q.GroupRef(), q.RunID))
 	msg.Data = []byte(ans)
 	msg.Header.Set(HeaderFrom, from)
 	msg.Header.Set(messages.HeaderAnswerTo, q.ID)
-	ack, err := s.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("answer:"+q.ID))
+	ack, err := qs.c.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("answer:"+q.ID))
 	if err != nil {
 		return "", err
 	}

@@ -4,12 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,150 +24,120 @@ import (
 // remembers for the unread count.
 const maxOwnAll = 4096
 
+// mailbox is a session's part in its group's conversation: the status, send
+// and inbox calls, over the run's durable inbox consumer.
+type mailbox struct {
+	c      *core
+	sem    chan struct{} // one inbox call at a time
+	onRead func()        // the run read its inbox (steering counts its steers read)
+
+	mu       sync.Mutex
+	cons     jetstream.Consumer
+	consSeen time.Time // when an inbox call last proved the consumer there
+	ownAll   []uint64  // stream sequences of this run's own "all" messages not yet skipped
+}
+
+// newMailbox returns c's mailbox; onRead runs after every inbox call that
+// read the inbox.
+func newMailbox(c *core, onRead func()) *mailbox {
+	return &mailbox{c: c, sem: make(chan struct{}, 1), onRead: onRead}
+}
+
+// addMailboxEndpoints adds the status, send and inbox endpoints to t.
+func addMailboxEndpoints(t *endpointTable) {
+	of := func(s *Session) *mailbox { return s.mail }
+	add(t, of, endpoint[mailbox, none, relay.Status]{
+		method: http.MethodGet, path: relay.PathStatus, class: callRead,
+		do: func(m *mailbox, ctx context.Context, _ none) (relay.Status, error) { return m.status(ctx) },
+	})
+	add(t, of, endpoint[mailbox, relay.SendRequest, relay.SendResponse]{
+		method: http.MethodPost, path: relay.PathSend, class: callSend, decode: relay.DecodeSendRequest, do: (*mailbox).send,
+		refused: func(req relay.SendRequest) Event { return Event{To: req.To} },
+	})
+	add(t, of, endpoint[mailbox, relay.InboxRequest, relay.InboxResponse]{
+		method: http.MethodPost, path: relay.PathInbox, class: callRead, decode: relay.DecodeInboxRequest,
+		do: func(m *mailbox, ctx context.Context, req relay.InboxRequest) (relay.InboxResponse, error) {
+			msgs, err := m.inbox(ctx, req)
+			return relay.InboxResponse{Messages: msgs}, err
+		},
+		refused: func(relay.InboxRequest) Event { return Event{} },
+	})
+}
+
 // status answers the status tool.
-func (s *Session) status(ctx context.Context) (relay.Status, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+func (m *mailbox) status(ctx context.Context) (relay.Status, error) {
+	ctx, cancel := m.c.opContext(ctx)
 	defer cancel()
-	info, err := s.consumerInfo(ctx)
+	info, err := m.consumerInfo(ctx)
 	if err != nil {
 		return relay.Status{}, err
 	}
-	s.mu.Lock()
-	s.consSeen = time.Now()
-	s.mu.Unlock()
-	peers, err := s.listPeers(ctx)
+	m.mu.Lock()
+	m.consSeen = time.Now()
+	m.mu.Unlock()
+	peers, err := m.c.listPeers(ctx)
 	if err != nil {
 		return relay.Status{}, err
 	}
-	unread := int(info.NumPending) + info.NumAckPending - s.ownUnread(info.Delivered.Stream)
+	unread := int(info.NumPending) + info.NumAckPending - m.ownUnread(info.Delivered.Stream)
+	run := m.c.run
 	return relay.Status{
-		RunID:   s.run.RunID,
-		Group:   s.run.Group,
-		Profile: s.run.Profile,
+		RunID:   run.RunID,
+		Group:   run.Group,
+		Profile: run.Profile,
 		Peers:   peers,
 		Unread:  max(0, unread),
 	}, nil
 }
 
-// listPeers returns the queued and running runs of the group but this one,
-// ordered by run id.
-func (s *Session) listPeers(ctx context.Context) ([]relay.Peer, error) {
-	w, err := s.peers.Watch(ctx, peersOf(s.run.GroupRef()), jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("list peers: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	peers := []relay.Peer{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("list peers: %w", ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("list peers: watcher stopped")
-			}
-			if e == nil { // every current key has been delivered
-				slices.SortFunc(peers, func(a, b relay.Peer) int { return strings.Compare(a.RunID, b.RunID) })
-				return peers, nil
-			}
-			var p Presence
-			if json.Unmarshal(e.Value(), &p) != nil || p.RunID == s.run.RunID || p.State.Final() {
-				continue
-			}
-			peers = append(peers, relay.Peer{RunID: p.RunID, Profile: p.Profile, State: string(p.State), StartedAt: p.StartedAt})
-		}
-	}
-}
-
 // send publishes one message as this run.
-func (s *Session) send(ctx context.Context, req relay.SendRequest) (relay.SendResponse, error) {
-	if req.To == s.run.RunID {
+func (m *mailbox) send(ctx context.Context, req relay.SendRequest) (relay.SendResponse, error) {
+	c := m.c
+	if req.To == c.run.RunID {
 		return relay.SendResponse{}, &relay.InvalidError{Code: relay.CodeInvalid,
 			Message: fmt.Sprintf("to %q is your own run id: send to a peer, %q or %q", req.To, RecipientAll, RecipientOperator)}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+	ctx, cancel := c.opContext(ctx)
 	defer cancel()
 	if req.To != RecipientAll && req.To != RecipientOperator {
-		if err := s.checkPeer(ctx, req.To); err != nil {
+		if err := c.checkPeer(ctx, req.To); err != nil {
 			return relay.SendResponse{}, err
 		}
 	}
 	msg := &nats.Msg{
-		Subject: Subject(s.run.GroupRef(), req.To),
+		Subject: Subject(c.run.GroupRef(), req.To),
 		Header:  nats.Header{},
 		Data:    []byte(req.Body),
 	}
 	// The sender is the socket's run, whatever the request said.
-	msg.Header.Set(HeaderFrom, s.run.RunID)
+	msg.Header.Set(HeaderFrom, c.run.RunID)
 	var opts []jetstream.PublishOpt
 	if req.IdempotencyKey != "" {
-		opts = append(opts, jetstream.WithMsgID(msgID(s.run.RunID, req.IdempotencyKey)))
+		opts = append(opts, jetstream.WithMsgID(msgID(c.run.RunID, req.IdempotencyKey)))
 	}
-	ack, err := s.h.js.PublishMsg(ctx, msg, opts...)
+	ack, err := c.h.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
 		return relay.SendResponse{}, fmt.Errorf("publish to %s: %w", msg.Subject, err)
 	}
 	if req.To == RecipientAll && !ack.Duplicate {
-		s.mu.Lock()
-		// Concurrent sends may ack out of order: keep the list sorted.
-		i, _ := slices.BinarySearch(s.ownAll, ack.Sequence)
-		s.ownAll = slices.Insert(s.ownAll, i, ack.Sequence)
-		if len(s.ownAll) > maxOwnAll {
-			s.ownAll = s.ownAll[len(s.ownAll)-maxOwnAll:]
-		}
-		s.mu.Unlock()
+		m.sentAll(ack.Sequence)
 	}
 	id := strconv.FormatUint(ack.Sequence, 10)
-	s.emit(Event{Kind: EventSent, To: req.To, MessageID: id, Bytes: len(req.Body), Duplicate: ack.Duplicate})
+	c.emit(Event{Kind: EventSent, To: req.To, MessageID: id, Bytes: len(req.Body), Duplicate: ack.Duplicate})
 	return relay.SendResponse{MessageID: id, Duplicate: ack.Duplicate}, nil
 }
 
-// checkPeer reports an *relay.InvalidError unless to is a queued or running
-// run of this run's group.
-func (s *Session) checkPeer(ctx context.Context, to string) error {
-	if s.peerFresh(to) {
-		return nil
+// sentAll remembers seq, the stream sequence of this run's own "all"
+// message, which its inbox skips and its unread count leaves out.
+func (m *mailbox) sentAll(seq uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Concurrent sends may ack out of order: keep the list sorted.
+	i, _ := slices.BinarySearch(m.ownAll, seq)
+	m.ownAll = slices.Insert(m.ownAll, i, seq)
+	if len(m.ownAll) > maxOwnAll {
+		m.ownAll = m.ownAll[len(m.ownAll)-maxOwnAll:]
 	}
-	unknown := func(why string) error {
-		return &relay.InvalidError{Code: relay.CodeUnknownPeer, Message: fmt.Sprintf(
-			"unknown peer %q: %s; call status to list your peers, or send to %q or %q", to, why, RecipientAll, RecipientOperator)}
-	}
-	e, err := s.peers.Get(ctx, PeerKey(s.run.GroupRef(), to))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return unknown(fmt.Sprintf("no queued or running run of your group %q has that id", s.run.Group))
-	}
-	if err != nil {
-		return fmt.Errorf("look up peer %s: %w", to, err)
-	}
-	var p Presence
-	if err := json.Unmarshal(e.Value(), &p); err == nil && p.State.Final() {
-		return unknown(fmt.Sprintf("that run has finished (%s)", p.State))
-	}
-	s.mu.Lock()
-	if s.peerSeen == nil || len(s.peerSeen) >= maxPeerSeen {
-		s.peerSeen = make(map[string]time.Time)
-	}
-	s.peerSeen[to] = time.Now()
-	s.mu.Unlock()
-	return nil
-}
-
-// peerCheckTTL is how long a peer checkPeer found queued or running is
-// trusted without looking again: a conversation's sends cost one publish
-// each, not a lookup and a publish. A peer that ended within it still gets
-// the message stored (as an operator's message to it would be).
-const peerCheckTTL = 2 * time.Second
-
-// maxPeerSeen bounds the peers remembered per session.
-const maxPeerSeen = 256
-
-// peerFresh reports whether checkPeer found to queued or running within
-// peerCheckTTL.
-func (s *Session) peerFresh(to string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.peerSeen[to]
-	return ok && time.Since(t) < peerCheckTTL
 }
 
 // msgID returns the Nats-Msg-Id of a send with an idempotency key: scoped by
@@ -188,14 +159,14 @@ const minInboxWait = 150 * time.Millisecond
 // (at least minInboxWait) for one when none is there, and acknowledges them
 // (and this run's own "all" messages, which are skipped). One inbox call runs
 // at a time per session.
-func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Message, error) {
+func (m *mailbox) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Message, error) {
 	select {
-	case s.inboxSem <- struct{}{}:
-		defer func() { <-s.inboxSem }()
+	case m.sem <- struct{}{}:
+		defer func() { <-m.sem }()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	if st := s.h.nc.Status(); st != nats.CONNECTED {
+	if st := m.c.h.nc.Status(); st != nats.CONNECTED {
 		return nil, fmt.Errorf("read inbox: nats connection is %s", strings.ToLower(st.String()))
 	}
 	// One round trip that proves NATS and the consumer are there (and
@@ -203,35 +174,35 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 	// would otherwise read as an empty inbox. Its pending count lags new
 	// messages, so it decides nothing else. A consumer proved there within
 	// recheckAfter is not asked again: a fetch that fails is (below).
-	trusted := s.consumerFresh()
+	trusted := m.consumerFresh()
 	if !trusted {
-		if err := s.proveConsumer(ctx); err != nil {
+		if err := m.proveConsumer(ctx); err != nil {
 			return nil, err
 		}
 	}
-	out, got, ferr, err := s.read(ctx, req, trusted)
+	out, got, ferr, err := m.read(ctx, req, trusted)
 	if err != nil {
 		return nil, err
 	}
 	if ctx.Err() != nil {
 		// The bridge went away: hand the messages back rather than mark
 		// read what nobody will see.
-		for _, m := range got {
-			_ = m.Nak()
+		for _, msg := range got {
+			_ = msg.Nak()
 		}
 		return nil, ctx.Err()
 	}
 	if len(got) == 0 && ferr != nil {
 		return nil, fmt.Errorf("read inbox: %w", ferr)
 	}
-	s.ack(got)
-	s.steersRead()
+	m.ack(got)
+	m.onRead()
 	if len(out) > 0 {
 		ids := make([]string, len(out))
-		for i, m := range out {
-			ids[i] = m.ID
+		for i, msg := range out {
+			ids[i] = msg.ID
 		}
-		s.emit(Event{Kind: EventRead, MessageIDs: ids})
+		m.c.emit(Event{Kind: EventRead, MessageIDs: ids})
 	}
 	return out, nil
 }
@@ -244,28 +215,28 @@ func (s *Session) inbox(ctx context.Context, req relay.InboxRequest) ([]relay.Me
 // message taken (got: out plus this run's own broadcasts, to acknowledge),
 // the error that ended the reading (ferr), and err when the consumer could
 // not be proved.
-func (s *Session) read(ctx context.Context, req relay.InboxRequest, trusted bool) (out []relay.Message, got []jetstream.Msg, ferr, err error) {
+func (m *mailbox) read(ctx context.Context, req relay.InboxRequest, trusted bool) (out []relay.Message, got []jetstream.Msg, ferr, err error) {
 	wait := max(time.Duration(req.WaitSeconds)*time.Second, minInboxWait)
 	deadline := time.Now().Add(wait)
 
 	out = []relay.Message{}
-	collect := func(m jetstream.Msg) {
-		got = append(got, m)
-		if msg, skip := s.toMessage(m); !skip {
-			out = append(out, msg)
+	collect := func(msg jetstream.Msg) {
+		got = append(got, msg)
+		if rm, skip := m.toMessage(msg); !skip {
+			out = append(out, rm)
 		}
 	}
 	for ferr == nil && len(out) < req.Max {
 		// Take what is there without waiting.
-		ferr = s.fetchNoWait(req.Max-len(out), collect)
+		ferr = m.fetchNoWait(req.Max-len(out), collect)
 		if ferr != nil && trusted && len(got) == 0 {
 			// The skipped check would have caught this: make it now
 			// (recreating a deleted consumer) and try once more.
 			trusted = false
-			if err := s.proveConsumer(ctx); err != nil {
+			if err := m.proveConsumer(ctx); err != nil {
 				return nil, nil, nil, err
 			}
-			ferr = s.fetchNoWait(req.Max-len(out), collect)
+			ferr = m.fetchNoWait(req.Max-len(out), collect)
 		}
 		if ferr != nil || len(out) > 0 || time.Until(deadline) < 10*time.Millisecond {
 			break
@@ -273,7 +244,7 @@ func (s *Session) read(ctx context.Context, req relay.InboxRequest, trusted bool
 		// Nothing (or only this run's own broadcasts): wait for the next
 		// message, then loop to take whatever else came with it.
 		wctx, cancel := context.WithDeadline(ctx, deadline)
-		m, err := s.consumer().Next(jetstream.FetchContext(wctx))
+		msg, err := m.consumer().Next(jetstream.FetchContext(wctx))
 		cancel()
 		if err != nil {
 			if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
@@ -281,7 +252,7 @@ func (s *Session) read(ctx context.Context, req relay.InboxRequest, trusted bool
 			}
 			break
 		}
-		collect(m)
+		collect(msg)
 	}
 	return out, got, ferr, nil
 }
@@ -293,34 +264,34 @@ const recheckAfter = 5 * time.Second
 
 // consumerFresh reports whether the inbox consumer was proved there within
 // recheckAfter.
-func (s *Session) consumerFresh() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cons != nil && time.Since(s.consSeen) < recheckAfter
+func (m *mailbox) consumerFresh() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cons != nil && time.Since(m.consSeen) < recheckAfter
 }
 
 // proveConsumer asks the server for the inbox consumer (creating or
 // recreating it) and records when it was found.
-func (s *Session) proveConsumer(ctx context.Context) error {
-	octx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+func (m *mailbox) proveConsumer(ctx context.Context) error {
+	octx, cancel := m.c.opContext(ctx)
 	defer cancel()
-	if _, err := s.consumerInfo(octx); err != nil {
+	if _, err := m.consumerInfo(octx); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.consSeen = time.Now()
-	s.mu.Unlock()
+	m.mu.Lock()
+	m.consSeen = time.Now()
+	m.mu.Unlock()
 	return nil
 }
 
 // fetchNoWait passes up to n messages available now to collect.
-func (s *Session) fetchNoWait(n int, collect func(jetstream.Msg)) error {
-	batch, err := s.consumer().FetchNoWait(n)
+func (m *mailbox) fetchNoWait(n int, collect func(jetstream.Msg)) error {
+	batch, err := m.consumer().FetchNoWait(n)
 	if err != nil {
 		return err
 	}
-	for m := range batch.Messages() {
-		collect(m)
+	for msg := range batch.Messages() {
+		collect(msg)
 	}
 	return batch.Error()
 }
@@ -328,21 +299,21 @@ func (s *Session) fetchNoWait(n int, collect func(jetstream.Msg)) error {
 // ack acknowledges msgs in order: the last one with a confirmed ack, which
 // the server processes after the others from the same connection, so the
 // unread count is right as soon as inbox returns.
-func (s *Session) ack(msgs []jetstream.Msg) {
+func (m *mailbox) ack(msgs []jetstream.Msg) {
 	if len(msgs) == 0 {
 		return
 	}
 	var err error
-	for _, m := range msgs[:len(msgs)-1] {
-		err = errors.Join(err, m.Ack())
+	for _, msg := range msgs[:len(msgs)-1] {
+		err = errors.Join(err, msg.Ack())
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.h.cfg.OpTimeout)
+	ctx, cancel := m.c.opContext(m.c.ctx)
 	defer cancel()
 	err = errors.Join(err, msgs[len(msgs)-1].DoubleAck(ctx))
 	if err != nil {
 		// Unacknowledged messages come back after AckWait: read twice,
 		// never lost.
-		s.log.Warn().Err(err).Int("messages", len(msgs)).Msg("acknowledge inbox messages")
+		m.c.log.Warn().Err(err).Int("messages", len(msgs)).Msg("acknowledge inbox messages")
 	}
 }
 
@@ -351,71 +322,64 @@ func (s *Session) ack(msgs []jetstream.Msg) {
 // run's subjects (origin.Relayed: another stream's RePublish, a source of
 // JETCREW_COORD), which no worker or operator published, whatever its
 // Jetcrew-From says. Skipped messages are acknowledged all the same.
-func (s *Session) toMessage(m jetstream.Msg) (msg relay.Message, skip bool) {
-	if origin.Relayed(m.Headers()) {
-		s.log.Warn().Str("subject", m.Subject()).Msg("a message relayed into the run's inbox by the server, not published by a worker or an operator: dropped")
+func (m *mailbox) toMessage(sm jetstream.Msg) (msg relay.Message, skip bool) {
+	if origin.Relayed(sm.Headers()) {
+		m.c.log.Warn().Str("subject", sm.Subject()).Msg("a message relayed into the run's inbox by the server, not published by a worker or an operator: dropped")
 		return relay.Message{}, true
 	}
-	from, to := Sender(m.Subject(), m.Headers().Get(HeaderFrom))
-	msg = relay.Message{From: from, To: to, Body: string(m.Data())}
+	from, to := Sender(sm.Subject(), sm.Headers().Get(HeaderFrom))
+	msg = relay.Message{From: from, To: to, Body: string(sm.Data())}
 	if from != RecipientOperator {
-		msg.QuestionID, msg.Choices = questionOf(m.Headers())
+		msg.QuestionID, msg.Choices = questionOf(sm.Headers())
 	}
 	if msg.QuestionID == "" {
-		msg.AnswerTo = answerOf(m.Headers())
+		msg.AnswerTo = answerOf(sm.Headers())
 	}
-	if meta, err := m.Metadata(); err == nil {
+	if meta, err := sm.Metadata(); err == nil {
 		msg.ID = strconv.FormatUint(meta.Sequence.Stream, 10)
 		msg.Time = meta.Timestamp.UTC()
 	}
-	return msg, to == RecipientAll && from == s.run.RunID
+	return msg, to == RecipientAll && from == m.c.run.RunID
 }
 
-// consumer returns the inbox consumer handle.
-func (s *Session) consumer() jetstream.Consumer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cons
-}
-
-// recreateConsumer creates the inbox consumer again after the server deleted
-// it. Its DeliverAll policy offers the whole inbox again, read messages
-// included: the price of an inbox left unused past InactiveThreshold.
-func (s *Session) recreateConsumer(ctx context.Context) (jetstream.Consumer, error) {
-	s.log.Warn().Msg("inbox consumer was deleted; recreating it")
-	cons, err := s.h.js.CreateOrUpdateConsumer(ctx, StreamName, s.h.inboxConfig(s.run))
-	if err != nil {
-		return nil, fmt.Errorf("recreate inbox: %w", err)
-	}
-	s.mu.Lock()
-	s.cons = cons
-	s.mu.Unlock()
-	return cons, nil
+// consumer returns the inbox consumer handle; nil until the session's
+// first status or inbox call.
+func (m *mailbox) consumer() jetstream.Consumer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cons
 }
 
 // consumerInfo returns the inbox consumer's info, creating the consumer on
 // the session's first call (or resuming the durable one an earlier session of
 // the run left), and recreating it when the server has deleted it
-// (InactiveThreshold).
-func (s *Session) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
-	cons := s.consumer()
+// (InactiveThreshold): its DeliverAll policy then offers the whole inbox
+// again, read messages included, the price of an inbox left unused past
+// InactiveThreshold.
+func (m *mailbox) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	c := m.c
+	cons := m.consumer()
 	if cons == nil {
-		c, err := s.h.js.CreateOrUpdateConsumer(ctx, StreamName, s.h.inboxConfig(s.run))
+		created, err := c.h.js.CreateOrUpdateConsumer(ctx, StreamName, c.h.inboxConfig(c.run))
 		if err != nil {
-			return nil, fmt.Errorf("inbox consumer of run %s (stream %s, see Provision): %w", s.run.RunID, StreamName, err)
+			return nil, fmt.Errorf("inbox consumer of run %s (stream %s, see Provision): %w", c.run.RunID, StreamName, err)
 		}
-		s.mu.Lock()
-		if s.cons == nil {
-			s.cons = c
+		m.mu.Lock()
+		if m.cons == nil {
+			m.cons = created
 		}
-		cons = s.cons
-		s.mu.Unlock()
+		cons = m.cons
+		m.mu.Unlock()
 	}
 	info, err := cons.Info(ctx)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		if cons, err = s.recreateConsumer(ctx); err != nil {
-			return nil, err
+		c.log.Warn().Msg("inbox consumer was deleted; recreating it")
+		if cons, err = c.h.js.CreateOrUpdateConsumer(ctx, StreamName, c.h.inboxConfig(c.run)); err != nil {
+			return nil, fmt.Errorf("recreate inbox: %w", err)
 		}
+		m.mu.Lock()
+		m.cons = cons
+		m.mu.Unlock()
 		info, err = cons.Info(ctx)
 	}
 	if err != nil {
@@ -426,10 +390,24 @@ func (s *Session) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, er
 
 // ownUnread forgets this run's own "all" messages at or below the
 // consumer's delivered sequence and returns how many remain undelivered.
-func (s *Session) ownUnread(delivered uint64) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	i, _ := slices.BinarySearch(s.ownAll, delivered+1)
-	s.ownAll = s.ownAll[i:]
-	return len(s.ownAll)
+func (m *mailbox) ownUnread(delivered uint64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, _ := slices.BinarySearch(m.ownAll, delivered+1)
+	m.ownAll = m.ownAll[i:]
+	return len(m.ownAll)
+}
+
+// remove deletes the run's inbox consumer, when the run has ended (Close),
+// if this session used it; unread messages stay in the stream until
+// MaxAge.
+func (m *mailbox) remove(ctx context.Context) error {
+	if m.consumer() == nil {
+		return nil
+	}
+	err := m.c.h.js.DeleteConsumer(ctx, StreamName, InboxName(m.c.run.RunID))
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("coordination: delete inbox of run %s: %w", m.c.run.RunID, err)
+	}
+	return nil
 }

@@ -32,75 +32,48 @@ func Provision(ctx context.Context, js jetstream.JetStream, replicas int) error 
 	if replicas < 0 {
 		return fmt.Errorf("provision coordination: replicas %d must be positive", replicas)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	for _, sc := range []jetstream.StreamConfig{{
 		Name:        StreamName,
 		Description: "jetcrew coordination messages: jetcrew.coord.<pool>.<group>.<run_id|all|operator>",
 		Subjects:    []string{SubjectPrefix + ".>"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-		MaxAge:      MaxAge,
-		MaxMsgSize:  MaxMsgBytes,
-		MaxBytes:    MaxStreamBytes,
 		Duplicates:  DuplicateWindow,
-		Discard:     jetstream.DiscardOld,
-		AllowDirect: true,
-	}); err != nil {
-		return fmt.Errorf("provision stream %s: %w", StreamName, err)
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	}, {
 		Name:        ViewStreamName,
 		Description: "jetcrew coordination messages for readers: a mirror of " + StreamName + ", whose consumers are the runs' inboxes",
 		Mirror:      &jetstream.StreamSource{Name: StreamName},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-		MaxAge:      MaxAge,
-		MaxMsgSize:  MaxMsgBytes,
-		MaxBytes:    MaxStreamBytes,
-		Discard:     jetstream.DiscardOld,
-		AllowDirect: true,
-	}); err != nil {
-		return fmt.Errorf("provision stream %s: %w", ViewStreamName, err)
+	}} {
+		// Both streams keep the same messages within the same limits.
+		sc.Retention, sc.Storage, sc.Replicas = jetstream.LimitsPolicy, jetstream.FileStorage, replicas
+		sc.MaxAge, sc.MaxMsgSize, sc.MaxBytes = MaxAge, MaxMsgBytes, MaxStreamBytes
+		sc.Discard, sc.AllowDirect = jetstream.DiscardOld, true
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("provision stream %s: %w", sc.Name, err)
+		}
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	for _, kc := range []jetstream.KeyValueConfig{{
 		Bucket:      BucketPeers,
 		Description: "jetcrew coordination presence: <pool>.<group>.<run_id> of queued and running runs",
-		History:     1,
 		TTL:         PeerTTL,
 		Storage:     jetstream.MemoryStorage,
-		Replicas:    replicas,
-	}); err != nil {
-		return fmt.Errorf("provision bucket %s: %w", BucketPeers, err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	}, {
 		Bucket:      BucketClaims,
 		Description: "jetcrew coordination file claims: <pool>.<group>, every claim of the group's runs",
-		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	}); err != nil {
-		return fmt.Errorf("provision bucket %s: %w", BucketClaims, err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	}, {
 		Bucket:      BucketGroups,
 		Description: "jetcrew groups: <pool>.<group>, who may join the group, recorded by its first run",
-		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	}); err != nil {
-		return fmt.Errorf("provision bucket %s: %w", BucketGroups, err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	}, {
 		Bucket:      BucketQuestions,
 		Description: "jetcrew coordination questions: ask.<pool>.<group>.<run_id>.<id> open, answer.<id> an operator's, reply.<id> a peer's",
-		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
 		// Every key carries its own TTL (see messages.BucketCoordQuestions).
 		LimitMarkerTTL: questionMarkerTTL,
-	}); err != nil {
-		return fmt.Errorf("provision bucket %s: %w", BucketQuestions, err)
+	}} {
+		kc.History, kc.Replicas = 1, replicas
+		if _, err := js.CreateOrUpdateKeyValue(ctx, kc); err != nil {
+			return fmt.Errorf("provision bucket %s: %w", kc.Bucket, err)
+		}
 	}
 	return nil
 }

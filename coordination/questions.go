@@ -1,6 +1,7 @@
 package coordination
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -63,18 +64,10 @@ type QuestionConfig struct {
 }
 
 func (c QuestionConfig) withDefaults() QuestionConfig {
-	if c.Rate == 0 {
-		c.Rate = 0.5
-	}
-	if c.Burst == 0 {
-		c.Burst = 5
-	}
-	if c.MaxOpenPerRun == 0 {
-		c.MaxOpenPerRun = 4
-	}
-	if c.MaxOpenPerGroup == 0 {
-		c.MaxOpenPerGroup = 32
-	}
+	c.Rate = cmp.Or(c.Rate, 0.5)
+	c.Burst = cmp.Or(c.Burst, 5)
+	c.MaxOpenPerRun = cmp.Or(c.MaxOpenPerRun, 4)
+	c.MaxOpenPerGroup = cmp.Or(c.MaxOpenPerGroup, 32)
 	return c
 }
 
@@ -91,36 +84,47 @@ func (c QuestionConfig) validate() error {
 	return nil
 }
 
-// questionState is a session's open questions and its run's deadline.
-type questionState struct {
+// questions is a session's questions that wait: the ask and reply calls,
+// the session's open questions, the run's deadline, and the waits for
+// answers that come after their ask returned (lateanswer.go).
+type questions struct {
+	c    *core
+	late lateWaits
+
 	mu       sync.Mutex
 	deadline time.Time       // when the run's timeout ends it; zero: unknown
 	open     map[string]bool // ids of the session's questions waiting
 	asked    bool            // the session stored a question (Close then sweeps)
 }
 
-// SetDeadline records when the run's timeout ends it: an ask waits at most
-// until shortly before (askDeadlineMargin). The zero time means no limit
-// but relay.MaxAskSeconds.
-func (s *Session) SetDeadline(t time.Time) {
-	s.questions.mu.Lock()
-	defer s.questions.mu.Unlock()
-	s.questions.deadline = t
+// addQuestionEndpoints adds the ask and reply endpoints to t.
+func addQuestionEndpoints(t *endpointTable) {
+	of := func(s *Session) *questions { return s.questions }
+	add(t, of, endpoint[questions, relay.AskRequest, relay.AskResponse]{
+		method: http.MethodPost, path: relay.PathAsk, class: callAsk, decode: relay.DecodeAskRequest, do: (*questions).ask,
+		refused: func(req relay.AskRequest) Event { return Event{To: req.To} },
+		before: func(w http.ResponseWriter, req relay.AskRequest) {
+			// The wait outlasts the socket's write timeout for other calls.
+			wait := time.Duration(req.TimeoutSeconds) * time.Second
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + responseWriteTimeout))
+		},
+	})
+	add(t, of, endpoint[questions, relay.ReplyRequest, relay.ReplyResponse]{
+		method: http.MethodPost, path: relay.PathReply, class: callAsk, decode: relay.DecodeReplyRequest, do: (*questions).reply,
+		refused: func(req relay.ReplyRequest) Event { return Event{QuestionID: req.QuestionID} },
+	})
 }
 
-// questionBucket returns BucketQuestions, looking it up once.
-func (h *Host) questionBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.questKV != nil {
-		return h.questKV, nil
-	}
-	kv, err := h.js.KeyValue(ctx, BucketQuestions)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s (run coordination.Provision first): %w", BucketQuestions, err)
-	}
-	h.questKV = kv
-	return kv, nil
+// setDeadline records when the run's timeout ends it (Session.SetDeadline).
+func (qs *questions) setDeadline(t time.Time) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	qs.deadline = t
+}
+
+// bucket returns BucketQuestions.
+func (qs *questions) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	return qs.c.h.questions.get(ctx, qs.c.h.js)
 }
 
 // newQuestionID returns a fresh question id: "q" and 16 lowercase base32
@@ -152,30 +156,13 @@ func answerOf(h nats.Header) string {
 	return ""
 }
 
-// addQuestionRoutes adds the ask and reply endpoints to mux.
-func addQuestionRoutes(mux *http.ServeMux) {
-	post(mux, relay.PathAsk, endpoint[relay.AskRequest, relay.AskResponse]{
-		class: callAsk, decode: relay.DecodeAskRequest, do: (*Session).ask,
-		refused: func(req relay.AskRequest) Event { return Event{To: req.To} },
-		before: func(w http.ResponseWriter, req relay.AskRequest) {
-			// The wait outlasts the socket's write timeout for other calls.
-			wait := time.Duration(req.TimeoutSeconds) * time.Second
-			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(wait + responseWriteTimeout))
-		},
-	})
-	post(mux, relay.PathReply, endpoint[relay.ReplyRequest, relay.ReplyResponse]{
-		class: callAsk, decode: relay.DecodeReplyRequest, do: (*Session).replyTo,
-		refused: func(req relay.ReplyRequest) Event { return Event{QuestionID: req.QuestionID} },
-	})
-}
-
 // askWait is how long an ask of timeoutSeconds waits: cut to the run's
 // remaining time less askDeadlineMargin, with a note saying so.
-func (s *Session) askWait(timeoutSeconds int) (time.Duration, string) {
+func (qs *questions) askWait(timeoutSeconds int) (time.Duration, string) {
 	wait := time.Duration(timeoutSeconds) * time.Second
-	s.questions.mu.Lock()
-	dl := s.questions.deadline
-	s.questions.mu.Unlock()
+	qs.mu.Lock()
+	dl := qs.deadline
+	qs.mu.Unlock()
 	if dl.IsZero() {
 		return wait, ""
 	}
@@ -187,42 +174,41 @@ func (s *Session) askWait(timeoutSeconds int) (time.Duration, string) {
 	return left, fmt.Sprintf("timeout cut to %d seconds: your run's remaining time", int(left/time.Second))
 }
 
-// reserveQuestion counts question id among the session's open ones, or
+// reserve counts question id among the session's open ones, or
 // refuses it past Config.Questions.MaxOpenPerRun.
-func (s *Session) reserveQuestion(id string) error {
-	q := &s.questions
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if n := len(q.open); n >= s.h.cfg.Questions.MaxOpenPerRun {
+func (qs *questions) reserve(id string) error {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if n := len(qs.open); n >= qs.c.h.cfg.Questions.MaxOpenPerRun {
 		return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(
 			"ask refused: a run may have at most %d questions waiting at once and you have %d; wait for their answers; nothing was asked",
-			s.h.cfg.Questions.MaxOpenPerRun, n)}
+			qs.c.h.cfg.Questions.MaxOpenPerRun, n)}
 	}
-	if q.open == nil {
-		q.open = map[string]bool{}
+	if qs.open == nil {
+		qs.open = map[string]bool{}
 	}
-	q.open[id] = true
+	qs.open[id] = true
 	return nil
 }
 
-// forgetQuestion removes question id from the session's open ones.
-func (s *Session) forgetQuestion(id string) {
-	s.questions.mu.Lock()
-	defer s.questions.mu.Unlock()
-	delete(s.questions.open, id)
+// forget removes question id from the session's open ones.
+func (qs *questions) forget(id string) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	delete(qs.open, id)
 }
 
-// checkGroupQuestions refuses a question past
+// checkGroup refuses a question past
 // Config.Questions.MaxOpenPerGroup open questions in the run's group.
-func (s *Session) checkGroupQuestions(ctx context.Context, kv jetstream.KeyValue) error {
-	keys, err := listKeys(ctx, kv, "ask."+s.run.GroupRef().Key()+".>")
+func (qs *questions) checkGroup(ctx context.Context, kv jetstream.KeyValue) error {
+	keys, err := listKeys(ctx, kv, "ask."+qs.c.run.GroupRef().Key()+".>")
 	if err != nil {
-		return fmt.Errorf("count questions of group %s: %w", s.run.GroupRef(), err)
+		return fmt.Errorf("count questions of group %s: %w", qs.c.run.GroupRef(), err)
 	}
-	if n := len(keys); n >= s.h.cfg.Questions.MaxOpenPerGroup {
+	if n := len(keys); n >= qs.c.h.cfg.Questions.MaxOpenPerGroup {
 		return &apiError{status: http.StatusConflict, code: relay.CodeLimit, msg: fmt.Sprintf(
 			"ask refused: a group may have at most %d questions waiting at once and yours has %d; try again later; nothing was asked",
-			s.h.cfg.Questions.MaxOpenPerGroup, n)}
+			qs.c.h.cfg.Questions.MaxOpenPerGroup, n)}
 	}
 	return nil
 }
@@ -253,22 +239,22 @@ func listKeys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]stri
 // is a result (relay.AskNoAnswer), not an error. With req.ReturnAfterSeconds
 // shorter than the wait, the call returns AskNoAnswer after it while the
 // question stays open for the rest of its wait (awaitLate).
-func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskResponse, error) {
-	if req.To == s.run.RunID {
+func (qs *questions) ask(ctx context.Context, req relay.AskRequest) (relay.AskResponse, error) {
+	if req.To == qs.c.run.RunID {
 		return relay.AskResponse{}, &relay.InvalidError{Code: relay.CodeInvalid,
 			Message: fmt.Sprintf("to %q is your own run id: ask a peer, %q or %q", req.To, RecipientAll, RecipientOperator)}
 	}
-	wait, note := s.askWait(req.TimeoutSeconds)
+	wait, note := qs.askWait(req.TimeoutSeconds)
 	if wait < time.Second {
 		return relay.AskResponse{Status: relay.AskNoAnswer, Note: "nothing was asked: your run has no time left to wait for an answer"}, nil
 	}
 	id := newQuestionID()
-	if err := s.reserveQuestion(id); err != nil {
+	if err := qs.reserve(id); err != nil {
 		return relay.AskResponse{}, err
 	}
-	kv, w, q, err := s.putQuestion(ctx, id, req, wait)
+	kv, w, q, err := qs.put(ctx, id, req, wait)
 	if err != nil {
-		s.forgetQuestion(id)
+		qs.forget(id)
 		return relay.AskResponse{}, err
 	}
 	start := time.Now()
@@ -276,11 +262,11 @@ func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskRespo
 	if r := time.Duration(req.ReturnAfterSeconds) * time.Second; r > 0 && r < wait {
 		callWait = r
 	}
-	ans, from, why, timedOut := s.waitAnswer(ctx, w, callWait)
+	ans, from, why, timedOut := qs.waitAnswer(ctx, w, callWait)
 	resp := relay.AskResponse{QuestionID: id, WaitedSeconds: int64(time.Since(start) / time.Second), Note: note}
 	if timedOut && callWait < wait {
-		if !s.awaitLate(kv, w, q, wait-time.Since(start)) {
-			return s.endAsk(ctx, kv, w, q, resp, "", "", "run ended")
+		if !qs.awaitLate(kv, w, q, wait-time.Since(start)) {
+			return qs.endAsk(ctx, kv, w, q, resp, "", "", "run ended")
 		}
 		resp.Status = relay.AskNoAnswer
 		resp.Note = strings.TrimPrefix(note+"; ", "; ") + fmt.Sprintf(
@@ -289,85 +275,83 @@ func (s *Session) ask(ctx context.Context, req relay.AskRequest) (relay.AskRespo
 			callWait, q.Until.Format(time.RFC3339), id)
 		return resp, nil
 	}
-	return s.endAsk(ctx, kv, w, q, resp, ans, from, why)
+	return qs.endAsk(ctx, kv, w, q, resp, ans, from, why)
 }
 
 // endAsk ends the wait for q's answer within the call: it stops w, drops
 // the question, and completes resp with the answer (from) or why there is
 // none.
-func (s *Session) endAsk(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, resp relay.AskResponse, ans, from, why string) (relay.AskResponse, error) {
-	defer s.forgetQuestion(q.ID)
+func (qs *questions) endAsk(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, q messages.CoordQuestion, resp relay.AskResponse, ans, from, why string) (relay.AskResponse, error) {
+	defer qs.forget(q.ID)
 	_ = w.Stop()
-	s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
+	qs.drop(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
 	if why != "" {
 		resp.Status = relay.AskNoAnswer
 		resp.Note = strings.TrimPrefix(resp.Note+"; ", "; ") + "no answer: " + why
-		s.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
+		qs.c.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
 		return resp, nil
 	}
 	resp.Status, resp.Answer, resp.From = relay.AskAnswered, ans, from
-	s.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans)})
+	qs.c.emit(Event{Kind: EventAnswered, QuestionID: q.ID, From: from, Bytes: len(ans)})
 	return resp, nil
 }
 
-// putQuestion checks the recipient and the group's cap, starts watching
+// put checks the recipient and the group's cap, starts watching
 // for the answer, stores question id with a TTL and puts it on the group's
 // conversation. On success the caller stops the watcher and drops the
-// question (dropQuestion).
-func (s *Session) putQuestion(ctx context.Context, id string, req relay.AskRequest, wait time.Duration) (jetstream.KeyValue, jetstream.KeyWatcher, messages.CoordQuestion, error) {
-	octx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
+// question (drop).
+func (qs *questions) put(ctx context.Context, id string, req relay.AskRequest, wait time.Duration) (jetstream.KeyValue, jetstream.KeyWatcher, messages.CoordQuestion, error) {
+	octx, cancel := qs.c.opContext(ctx)
 	defer cancel()
 	var q messages.CoordQuestion
 	if req.To != RecipientAll && req.To != RecipientOperator {
-		if err := s.checkPeer(octx, req.To); err != nil {
+		if err := qs.c.checkPeer(octx, req.To); err != nil {
 			return nil, nil, q, err
 		}
 	}
-	kv, err := s.h.questionBucket(octx)
+	kv, err := qs.bucket(octx)
 	if err != nil {
 		return nil, nil, q, err
 	}
-	if err := s.checkGroupQuestions(octx, kv); err != nil {
+	if err := qs.checkGroup(octx, kv); err != nil {
 		return nil, nil, q, err
 	}
 	// Watch before the question exists: no answer can come before. The
 	// watch outlives the call when the question does (awaitLate); every
 	// path stops it, and the session's end does too.
-	w, err := kv.WatchFiltered(s.ctx, []string{messages.CoordAnswerKey(id), messages.CoordReplyKey(id)})
+	w, err := kv.WatchFiltered(qs.c.ctx, []string{messages.CoordAnswerKey(id), messages.CoordReplyKey(id)})
 	if err != nil {
 		return nil, nil, q, fmt.Errorf("watch for answers: %w", err)
 	}
 	now := time.Now().UTC()
-	s.mu.Lock()
-	sess := s.presence.Session
-	s.mu.Unlock()
-	q = messages.CoordQuestion{ID: id, RunID: s.run.RunID, Group: s.run.Group, Pool: s.run.Pool, To: req.To, Question: req.Question,
+	sess := qs.c.sessionID()
+	q = messages.CoordQuestion{ID: id, RunID: qs.c.run.RunID, Group: qs.c.run.Group, Pool: qs.c.run.Pool, To: req.To, Question: req.Question,
 		Choices: req.Choices, Time: now, Until: now.Add(wait), Session: sess}
 	data, err := json.Marshal(q)
 	if err == nil {
-		s.questions.mu.Lock()
-		s.questions.asked = true
-		s.questions.mu.Unlock()
+		qs.mu.Lock()
+		qs.asked = true
+		qs.mu.Unlock()
 		_, err = kv.Create(octx, messages.CoordQuestionKey(q.GroupRef(), q.RunID, id), data, jetstream.KeyTTL(wait+messages.CoordQuestionGrace))
 	}
 	if err == nil {
-		err = s.publishQuestion(octx, q)
+		err = qs.publish(octx, q)
 	}
 	if err != nil {
 		_ = w.Stop()
-		s.dropQuestion(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, id))
+		qs.drop(ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, id))
 		return nil, nil, q, fmt.Errorf("ask: %w", err)
 	}
-	s.emit(Event{Kind: EventAsked, To: q.To, QuestionID: id, Bytes: len(q.Question)})
+	qs.c.emit(Event{Kind: EventAsked, To: q.To, QuestionID: id, Bytes: len(q.Question)})
 	return kv, w, q, nil
 }
 
-// publishQuestion puts q on the group's conversation: a message from the
+// publish puts q on the group's conversation: a message from the
 // run to q.To carrying the question id and choices, sent once per question
 // id (its Nats-Msg-Id).
-func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion) error {
+func (qs *questions) publish(ctx context.Context, q messages.CoordQuestion) error {
 	msg := &nats.Msg{Subject: Subject(q.GroupRef(), q.To), Header: nats.Header{}, Data: []byte(q.Question)}
-	msg.Header.Set(HeaderFrom, s.run.RunID)
+	msg.Header.Set(HeaderFrom, qs.c.run.RunID)
 	msg.Header.Set(messages.HeaderQuestion, q.ID)
 	if len(q.Choices) > 0 {
 		b, err := json.Marshal(q.Choices)
@@ -376,7 +360,7 @@ func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion)
 		}
 		msg.Header.Set(messages.HeaderChoices, string(b))
 	}
-	if _, err := s.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("question:"+q.ID)); err != nil {
+	if _, err := qs.c.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("question:"+q.ID)); err != nil {
 		return fmt.Errorf("publish question to %s: %w", msg.Subject, err)
 	}
 	return nil
@@ -386,7 +370,7 @@ func (s *Session) publishQuestion(ctx context.Context, q messages.CoordQuestion)
 // until ctx ends. It returns the answer and who gave it (the replying run,
 // or RecipientOperator for an answer key whatever its By says), or why
 // there is none (timedOut when wait passed).
-func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string, timedOut bool) {
+func (qs *questions) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string, timedOut bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
@@ -413,7 +397,7 @@ func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait t
 		case <-t.C:
 			return "", "", fmt.Sprintf("timeout (%s)", wait), true
 		case <-ctx.Done():
-			if s.ctx.Err() != nil {
+			if qs.c.ctx.Err() != nil {
 				return "", "", "run ended", false
 			}
 			return "", "", "call ended", false
@@ -421,142 +405,41 @@ func (s *Session) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait t
 	}
 }
 
-// dropQuestion purges the question's key, so the question leaves the open
+// drop purges the question's key, so the question leaves the open
 // list at once and no later reply finds it. It runs even when ctx has
 // ended. The answer and reply keys stay until their TTL
 // (messages.CoordAnswerTTL): a reply repeated meanwhile meets the first
 // one (a duplicate, or refused naming it), never an empty key.
-func (s *Session) dropQuestion(ctx context.Context, kv jetstream.KeyValue, key string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.h.cfg.OpTimeout)
+func (qs *questions) drop(ctx context.Context, kv jetstream.KeyValue, key string) {
+	ctx, cancel := qs.c.opContext(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := kv.Purge(ctx, key, jetstream.PurgeTTL(questionMarkerTTL)); err != nil {
 		// Its TTL removes it (messages.CoordQuestionGrace).
-		s.log.Warn().Err(err).Str("key", key).Msg("purge question key")
+		qs.c.log.Warn().Err(err).Str("key", key).Msg("purge question key")
 	}
 }
 
-// expireQuestions purges every open question of the run left in
+// expire purges every open question of the run left in
 // BucketQuestions, when the run has ended (Close). Each ask call purges its
 // own; this catches those of an earlier attempt of the run.
-func (s *Session) expireQuestions(ctx context.Context) error {
-	s.questions.mu.Lock()
-	asked := s.questions.asked
-	s.questions.mu.Unlock()
+func (qs *questions) expire(ctx context.Context) error {
+	qs.mu.Lock()
+	asked := qs.asked
+	qs.mu.Unlock()
 	if !asked {
 		return nil
 	}
-	kv, err := s.h.questionBucket(ctx)
+	kv, err := qs.bucket(ctx)
 	if err == nil {
 		var keys []string
-		if keys, err = listKeys(ctx, kv, messages.CoordQuestionKey(s.run.GroupRef(), s.run.RunID, "*")); err == nil {
+		if keys, err = listKeys(ctx, kv, messages.CoordQuestionKey(qs.c.run.GroupRef(), qs.c.run.RunID, "*")); err == nil {
 			for _, k := range keys {
 				err = errors.Join(err, kv.Purge(ctx, k, jetstream.PurgeTTL(questionMarkerTTL)))
 			}
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("coordination: expire questions of run %s: %w", s.run.RunID, err)
+		return fmt.Errorf("coordination: expire questions of run %s: %w", qs.c.run.RunID, err)
 	}
 	return nil
-}
-
-// noQuestion is the refusal of a reply to id, a question not open in the
-// run's group.
-func noQuestion(id string) *apiError {
-	return &apiError{status: http.StatusNotFound, code: relay.CodeNoQuestion, msg: fmt.Sprintf(
-		"reply refused: no open question %s in your group (answered, timed out, its run ended, or never asked)", id)}
-}
-
-// findQuestion returns the open question id, or a CodeNoQuestion error.
-func findQuestion(ctx context.Context, kv jetstream.KeyValue, id string) (messages.CoordQuestion, error) {
-	var q messages.CoordQuestion
-	none := noQuestion(id)
-	keys, err := listKeys(ctx, kv, messages.CoordQuestionByID(id))
-	if err != nil {
-		return q, fmt.Errorf("find question %s: %w", id, err)
-	}
-	if len(keys) == 0 {
-		return q, none
-	}
-	e, err := kv.Get(ctx, keys[0])
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return q, none
-	}
-	if err != nil {
-		return q, fmt.Errorf("read question %s: %w", id, err)
-	}
-	if err := json.Unmarshal(e.Value(), &q); err != nil || q.ID != id {
-		return q, none
-	}
-	return q, nil
-}
-
-// replyTo answers a peer's question as this run: the first reply wins; the
-// same reply again is a duplicate, not an error.
-func (s *Session) replyTo(ctx context.Context, req relay.ReplyRequest) (relay.ReplyResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.h.cfg.OpTimeout)
-	defer cancel()
-	kv, err := s.h.questionBucket(ctx)
-	if err != nil {
-		return relay.ReplyResponse{}, err
-	}
-	q, err := findQuestion(ctx, kv, req.QuestionID)
-	if err == nil && q.GroupRef() != s.run.GroupRef() {
-		err = noQuestion(req.QuestionID) // another group's questions are not shown
-	}
-	if err != nil {
-		return relay.ReplyResponse{}, err
-	}
-	if err := s.mayReply(q); err != nil {
-		return relay.ReplyResponse{}, err
-	}
-	resp := relay.ReplyResponse{QuestionID: q.ID, To: q.RunID}
-	a := messages.CoordAnswer{Answer: req.Answer, By: s.run.RunID, Time: time.Now().UTC()}
-	data, err := json.Marshal(a)
-	if err != nil {
-		return resp, err
-	}
-	_, err = kv.Create(ctx, messages.CoordReplyKey(q.ID), data, jetstream.KeyTTL(messages.CoordAnswerTTL))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return s.replyAgain(ctx, kv, resp, a)
-	}
-	if err != nil {
-		return resp, fmt.Errorf("reply to question %s: %w", q.ID, err)
-	}
-	s.emit(Event{Kind: EventReplied, To: q.RunID, QuestionID: q.ID, Bytes: len(req.Answer)})
-	return resp, nil
-}
-
-// mayReply refuses a reply to q by this run unless q is to this run, or to
-// "all" from another run.
-func (s *Session) mayReply(q messages.CoordQuestion) error {
-	refuse := func(why string) error {
-		return &apiError{status: http.StatusForbidden, code: relay.CodeInvalid, msg: "reply refused: question " + q.ID + " " + why}
-	}
-	switch {
-	case q.RunID == s.run.RunID:
-		return refuse("is your own")
-	case q.To == RecipientOperator:
-		return refuse("is to the operator: only a person answers it (jetcrew answer)")
-	case q.To != RecipientAll && q.To != s.run.RunID:
-		return refuse("is to run " + q.To + ", not to you")
-	}
-	return nil
-}
-
-// replyAgain handles a reply to a question that already has one: this run's
-// same answer again is a duplicate; anything else is refused, naming who
-// answered first.
-func (s *Session) replyAgain(ctx context.Context, kv jetstream.KeyValue, resp relay.ReplyResponse, a messages.CoordAnswer) (relay.ReplyResponse, error) {
-	e, err := kv.Get(ctx, messages.CoordReplyKey(resp.QuestionID))
-	if err != nil {
-		return resp, fmt.Errorf("read the reply to question %s: %w", resp.QuestionID, err)
-	}
-	var first messages.CoordAnswer
-	if json.Unmarshal(e.Value(), &first) == nil && first.By == a.By && first.Answer == a.Answer {
-		resp.Duplicate = true
-		return resp, nil
-	}
-	return resp, &apiError{status: http.StatusConflict, code: relay.CodeAnswered, msg: fmt.Sprintf(
-		"reply refused: run %s answered question %s first", first.By, resp.QuestionID)}
 }

@@ -98,6 +98,13 @@ func (b *bundle) waitQuestion(t *testing.T, run string) messages.CoordQuestion {
 	return messages.CoordQuestion{}
 }
 
+// waitEvent waits until run's session has recorded an event of kind.
+func (b *bundle) waitEvent(t *testing.T, run string, kind coordination.EventKind) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(b.eventsOf(run, kind)) > 0 }, 10*time.Second, 5*time.Millisecond,
+		"run %s recorded no %s event", run, kind)
+}
+
 // operatorAnswer writes an operator's answer, as jetcrew answer does.
 func (b *bundle) operatorAnswer(t *testing.T, id, text string) {
 	t.Helper()
@@ -330,7 +337,10 @@ func TestAskEndsWithTheRun(t *testing.T) {
 	b := setup(t)
 	s, a := b.serve(t, b.host(t, coordination.Config{}), "run-a", "g1")
 	call := askAsync(t, a, map[string]any{"to": "operator", "question": "still there?", "timeout_seconds": 60})
-	b.waitQuestion(t, "run-a")
+	// Asked: the question is stored and published, and the call waits. (Its
+	// key alone is stored before it is published: a run that ends between
+	// the two asks nothing, and its call fails.)
+	b.waitEvent(t, "run-a", coordination.EventAsked)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -28,9 +28,16 @@ const (
 // session ends. Refusals are counted, never stored one by one.
 const refusalEventEvery = 10 * time.Second
 
+// callFree is the class of an endpoint no call limit applies to (the
+// launcher's steering polls, the bridge's notices, hello: each answers at
+// most what another limit let in).
+const callFree callClass = -1
+
 // callLimits are a session's token buckets (Config.SendRate/SendBurst,
-// Config.ReadRate/ReadBurst) and its count of refused calls.
+// Config.ReadRate/ReadBurst, ClaimRate/ClaimBurst, Questions.Rate/Burst)
+// and its count of refused calls.
 type callLimits struct {
+	c                      *core
 	send, read, claim, ask *rate.Limiter
 	events                 *rate.Limiter // refusal events
 	// pending counts rate-limited calls not yet reported in an event.
@@ -39,8 +46,11 @@ type callLimits struct {
 	total atomic.Int64
 }
 
-func newCallLimits(cfg Config) *callLimits {
+// newCallLimits returns the call limits of c's session, every bucket full.
+func newCallLimits(c *core) *callLimits {
+	cfg := c.h.cfg
 	return &callLimits{
+		c:      c,
 		send:   rate.NewLimiter(rateLimit(cfg.SendRate), cfg.SendBurst),
 		read:   rate.NewLimiter(rateLimit(cfg.ReadRate), cfg.ReadBurst),
 		claim:  rate.NewLimiter(rateLimit(cfg.ClaimRate), cfg.ClaimBurst),
@@ -49,18 +59,28 @@ func newCallLimits(cfg Config) *callLimits {
 	}
 }
 
-// allowCall takes a token for one call of class c. Without one it returns
-// the 429 the agent reads as a tool error, and counts the refusal, reporting
-// it as an event only as often as refusalEventEvery allows.
-func (s *Session) allowCall(c callClass) error {
-	lim, what, perSec, burst := s.limits.send, "send", s.h.cfg.SendRate, s.h.cfg.SendBurst
+// rateLimit is the limiter rate of perSecond calls per second: negative
+// means unlimited.
+func rateLimit(perSecond float64) rate.Limit {
+	if perSecond < 0 {
+		return rate.Inf
+	}
+	return rate.Limit(perSecond)
+}
+
+// allow takes a token for one call of class c. Without one it returns the
+// 429 the agent reads as a tool error, and counts the refusal, reporting it
+// as an event only as often as refusalEventEvery allows.
+func (l *callLimits) allow(c callClass) error {
+	cfg := &l.c.h.cfg
+	lim, what, perSec, burst := l.send, "send", cfg.SendRate, cfg.SendBurst
 	switch c {
 	case callRead:
-		lim, what, perSec, burst = s.limits.read, "status, inbox and claims", s.h.cfg.ReadRate, s.h.cfg.ReadBurst
+		lim, what, perSec, burst = l.read, "status, inbox and claims", cfg.ReadRate, cfg.ReadBurst
 	case callClaim:
-		lim, what, perSec, burst = s.limits.claim, "claim and release", s.h.cfg.ClaimRate, s.h.cfg.ClaimBurst
+		lim, what, perSec, burst = l.claim, "claim and release", cfg.ClaimRate, cfg.ClaimBurst
 	case callAsk:
-		lim, what, perSec, burst = s.limits.ask, "ask and reply", s.h.cfg.Questions.Rate, s.h.cfg.Questions.Burst
+		lim, what, perSec, burst = l.ask, "ask and reply", cfg.Questions.Rate, cfg.Questions.Burst
 	}
 	if lim.Allow() {
 		return nil
@@ -68,20 +88,20 @@ func (s *Session) allowCall(c callClass) error {
 	ae := &apiError{status: http.StatusTooManyRequests, code: relay.CodeRateLimited,
 		msg: fmt.Sprintf("rate limited: a run may make %s calls at %s per second on average, in bursts of %d; wait a few seconds and call again",
 			what, strconv.FormatFloat(perSec, 'g', -1, 64), burst)}
-	s.limits.total.Add(1)
-	n := s.limits.pending.Add(1)
-	if s.limits.events.Allow() {
-		s.limits.pending.Add(-n)
-		s.emit(Event{Kind: EventRefused, Reason: ae.msg, Count: int(n)})
+	l.total.Add(1)
+	n := l.pending.Add(1)
+	if l.events.Allow() {
+		l.pending.Add(-n)
+		l.c.emit(Event{Kind: EventRefused, Reason: ae.msg, Count: int(n)})
 	}
 	return ae
 }
 
-// flushRefusals reports the rate-limited calls not yet reported, at the
-// session's end.
-func (s *Session) flushRefusals() {
-	if n := s.limits.pending.Swap(0); n > 0 {
-		s.emit(Event{Kind: EventRefused, Reason: "rate limited (calls refused since the last report)", Count: int(n)})
+// flush reports the rate-limited calls not yet reported, at the session's
+// end.
+func (l *callLimits) flush() {
+	if n := l.pending.Swap(0); n > 0 {
+		l.c.emit(Event{Kind: EventRefused, Reason: "rate limited (calls refused since the last report)", Count: int(n)})
 	}
 }
 

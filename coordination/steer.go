@@ -53,17 +53,21 @@ const (
 	steerPending = 64
 )
 
-// steerState is one session's steering.
-type steerState struct {
+// steering is a session's steering: its subscription to the run's steer
+// subject, the steers waiting for the launcher, and the long polls of the
+// launcher (next, ack) and the bridge (notice).
+type steering struct {
+	c       *core
 	sub     *nats.Subscription
 	limiter *rate.Limiter
 	events  *rate.Limiter // rate-limited refusal events
 
 	mu     sync.Mutex
-	input  bool // the agent CLI takes streamed input (SetSteerInput)
+	input  bool // the agent CLI takes streamed input (Session.SetSteerInput)
 	closed bool // the launcher said the agent's input is closed
 	queue  []relay.Steer
 	wake   chan struct{} // closed (and replaced) when queue, seq or closed change
+	polls  int           // long polls waiting for a wake
 	acks   map[string]chan relay.SteerAck
 	done   map[string]messages.SteerReply
 	order  []string // ids of done, oldest first
@@ -71,26 +75,48 @@ type steerState struct {
 	unread int      // of them, not read since
 }
 
-// SetSteerInput records whether the run's agent CLI takes streamed input
-// (its launcher runs with --steer): steers are then handed to the launcher;
-// otherwise they are answered queued at once.
-func (s *Session) SetSteerInput(on bool) {
-	s.steer.mu.Lock()
-	s.steer.input = on
-	s.steer.mu.Unlock()
-}
-
-// startSteering subscribes to the run's steer subject.
-func (s *Session) startSteering() error {
-	st := &steerState{
-		limiter: rate.NewLimiter(rateLimit(s.h.cfg.SteerRate), s.h.cfg.SteerBurst),
+// newSteering returns c's steering, not yet subscribed (start).
+func newSteering(c *core) *steering {
+	return &steering{
+		c:       c,
+		limiter: rate.NewLimiter(rateLimit(c.h.cfg.SteerRate), c.h.cfg.SteerBurst),
 		events:  rate.NewLimiter(rate.Every(refusalEventEvery), 1),
 		wake:    make(chan struct{}),
 		acks:    map[string]chan relay.SteerAck{},
 		done:    map[string]messages.SteerReply{},
 	}
-	s.steer = st
-	sub, err := s.h.nc.Subscribe(messages.SubjectSteer(s.run.RunID), s.onSteer)
+}
+
+// addSteerEndpoints adds the launcher's and the bridge's steering endpoints
+// to t. They are not rate limited as tool calls are: each is a long poll
+// that holds one of the socket's MaxConnsPerSession connections, and
+// answers at most what the steers' own limit (SteerRate) let in.
+func addSteerEndpoints(t *endpointTable) {
+	of := func(s *Session) *steering { return s.steer }
+	add(t, of, endpoint[steering, relay.SteerNextRequest, relay.SteerNextResponse]{
+		method: http.MethodPost, path: relay.PathSteerNext, class: callFree, decode: relay.DecodeSteerNextRequest,
+		do: (*steering).next,
+	})
+	add(t, of, endpoint[steering, relay.SteerAck, noContent]{
+		method: http.MethodPost, path: relay.PathSteerAck, class: callFree, decode: relay.DecodeSteerAck,
+		do: (*steering).takeAck,
+	})
+	add(t, of, endpoint[steering, relay.NoticeRequest, relay.Notice]{
+		method: http.MethodPost, path: relay.PathNotice, class: callFree, decode: relay.DecodeNoticeRequest,
+		do: (*steering).notice,
+	})
+}
+
+// fromLauncher reports whether r is one of the launcher's steering calls,
+// which do not count as the agent's bridge connecting: the launcher runs
+// whether or not the agent starts its MCP server.
+func fromLauncher(r *http.Request) bool {
+	return r.URL.Path == relay.PathSteerNext || r.URL.Path == relay.PathSteerAck
+}
+
+// start subscribes to the run's steer subject.
+func (st *steering) start() error {
+	sub, err := st.c.h.nc.Subscribe(messages.SubjectSteer(st.c.run.RunID), st.onSteer)
 	if err != nil {
 		return fmt.Errorf("subscribe to steers: %w", err)
 	}
@@ -99,76 +125,58 @@ func (s *Session) startSteering() error {
 	return nil
 }
 
-// stopSteering ends the subscription; steers waiting for the launcher are
-// answered queued by their handler (the session's context has ended).
-func (s *Session) stopSteering() {
-	if s.steer == nil || s.steer.sub == nil {
-		return
+// stop ends the subscription; steers waiting for the launcher are answered
+// queued by their handler (the session's context has ended).
+func (st *steering) stop() {
+	if st.sub != nil {
+		_ = st.sub.Unsubscribe()
 	}
-	_ = s.steer.sub.Unsubscribe()
+}
+
+// setInput records whether the agent CLI takes streamed input.
+func (st *steering) setInput(on bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.input = on
 }
 
 // broadcast wakes every long poll; st.mu is held.
-func (st *steerState) broadcast() {
+func (st *steering) broadcast() {
 	close(st.wake)
 	st.wake = make(chan struct{})
 }
 
 // onSteer answers one steer request.
-func (s *Session) onSteer(m *nats.Msg) {
-	reply := s.handleSteer(m)
+func (st *steering) onSteer(m *nats.Msg) {
+	reply := st.handle(m)
 	b, _ := json.Marshal(reply)
 	if err := m.Respond(b); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
-		s.log.Warn().Err(err).Msg("answer steer")
+		st.c.log.Warn().Err(err).Msg("answer steer")
 	}
 }
 
-// handleSteer decides a steer's outcome, storing and delivering it.
-func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
-	st := s.steer
+// handle decides a steer's outcome, storing and delivering it.
+func (st *steering) handle(m *nats.Msg) messages.SteerReply {
 	text := string(m.Data)
 	id := m.Header.Get(messages.HeaderSteerID)
 	if id == "" {
 		id = rand.Text() // no id, no idempotency
 	}
-	r := messages.SteerReply{RunID: s.run.RunID, ID: id}
-	refuse := func(code, reason string) messages.SteerReply {
-		r.Outcome, r.Code, r.Reason = messages.SteerRefused, code, reason
-		if code != messages.SteerRateLimited || st.events.Allow() {
-			s.emit(Event{Kind: EventSteered, SteerID: id, Outcome: r.Outcome, Bytes: len(text), Reason: reason})
-		}
-		return r
-	}
+	r := messages.SteerReply{RunID: st.c.run.RunID, ID: id}
 	if err := messages.ValidateSteerID(id); err != nil {
-		return refuse(messages.SteerInvalid, err.Error())
+		return st.refuse(r, len(text), messages.SteerInvalid, err.Error())
 	}
 	if prev, ok := st.remembered(id); ok {
 		prev.Duplicate = true
-		s.emit(Event{Kind: EventSteered, SteerID: id, Outcome: prev.Outcome, Bytes: len(text), MessageID: prev.MessageID, Reason: prev.Reason, Duplicate: true})
+		st.c.emit(Event{Kind: EventSteered, SteerID: id, Outcome: prev.Outcome, Bytes: len(text), MessageID: prev.MessageID, Reason: prev.Reason, Duplicate: true})
 		return prev
 	}
-	if code, err := messages.ValidateSteer(text); err != nil {
-		return refuse(code, err.Error())
+	if code, reason := st.admit(text); code != "" {
+		return st.refuse(r, len(text), code, reason)
 	}
-	if !st.limiter.Allow() {
-		return refuse(messages.SteerRateLimited, fmt.Sprintf("rate limited: a run takes %s steers per second on average, in bursts of %d; wait a few seconds and send again",
-			strconv.FormatFloat(s.h.cfg.SteerRate, 'g', -1, 64), s.h.cfg.SteerBurst))
-	}
-	s.mu.Lock()
-	state := s.presence.State
-	s.mu.Unlock()
-	if state != messages.StateRunning {
-		return refuse(messages.SteerNotRunning, fmt.Sprintf("run %s is %s, not running: a steer reaches only a running agent", s.run.RunID, state))
-	}
-	if s.ctx.Err() != nil {
-		return refuse(messages.SteerUnavailable, "the run's coordination session has ended (the worker is stopping or handing the run back)")
-	}
-	if st.inputClosed() {
-		return refuse(messages.SteerFinishing, fmt.Sprintf("run %s's agent finished its last turn and reads no more input: it is ending", s.run.RunID))
-	}
-	seq, dup, err := s.storeSteer(id, text)
+	seq, dup, err := st.store(id, text)
 	if err != nil {
-		return refuse(messages.SteerUnavailable, fmt.Sprintf("the worker cannot put the steer in the run's inbox: %v", err))
+		return st.refuse(r, len(text), messages.SteerUnavailable, fmt.Sprintf("the worker cannot put the steer in the run's inbox: %v", err))
 	}
 	r.MessageID = strconv.FormatUint(seq, 10)
 	switch {
@@ -177,43 +185,77 @@ func (s *Session) handleSteer(m *nats.Msg) messages.SteerReply {
 		r.Outcome, r.Duplicate, r.Reason = messages.SteerQueued, true, "an earlier steer with this id is in the run's inbox"
 	default:
 		st.stored()
-		r.Outcome, r.Reason = s.deliverSteer(relay.Steer{ID: id, Text: text})
+		r.Outcome, r.Reason = st.deliver(relay.Steer{ID: id, Text: text})
 	}
 	st.remember(r)
-	s.emit(Event{Kind: EventSteered, SteerID: id, Outcome: r.Outcome, Bytes: len(text), MessageID: r.MessageID, Reason: r.Reason, Duplicate: r.Duplicate})
+	st.c.emit(Event{Kind: EventSteered, SteerID: id, Outcome: r.Outcome, Bytes: len(text), MessageID: r.MessageID, Reason: r.Reason, Duplicate: r.Duplicate})
 	return r
 }
 
-// storeSteer puts the steer in the run's inbox as a message from the
+// admit returns the code and reason of refusing a new steer of text, or ""
+// when the run takes it: valid text, within the rate, a running run whose
+// session serves and whose agent still reads input.
+func (st *steering) admit(text string) (code, reason string) {
+	c := st.c
+	if code, err := messages.ValidateSteer(text); err != nil {
+		return code, err.Error()
+	}
+	if !st.limiter.Allow() {
+		return messages.SteerRateLimited, fmt.Sprintf("rate limited: a run takes %s steers per second on average, in bursts of %d; wait a few seconds and send again",
+			strconv.FormatFloat(c.h.cfg.SteerRate, 'g', -1, 64), c.h.cfg.SteerBurst)
+	}
+	if state := c.state(); state != messages.StateRunning {
+		return messages.SteerNotRunning, fmt.Sprintf("run %s is %s, not running: a steer reaches only a running agent", c.run.RunID, state)
+	}
+	if c.ctx.Err() != nil {
+		return messages.SteerUnavailable, "the run's coordination session has ended (the worker is stopping or handing the run back)"
+	}
+	if st.inputClosed() {
+		return messages.SteerFinishing, fmt.Sprintf("run %s's agent finished its last turn and reads no more input: it is ending", c.run.RunID)
+	}
+	return "", ""
+}
+
+// refuse completes r as refused with code and reason, recording the event
+// (a rate-limited refusal only as often as refusalEventEvery allows).
+func (st *steering) refuse(r messages.SteerReply, bytes int, code, reason string) messages.SteerReply {
+	r.Outcome, r.Code, r.Reason = messages.SteerRefused, code, reason
+	if code != messages.SteerRateLimited || st.events.Allow() {
+		st.c.emit(Event{Kind: EventSteered, SteerID: r.ID, Outcome: r.Outcome, Bytes: bytes, Reason: reason})
+	}
+	return r
+}
+
+// store puts the steer in the run's inbox as a message from the
 // operator, its Nats-Msg-Id derived from its id (a repeat within
 // DuplicateWindow stores nothing new: dup). The worker publishes it where
 // runs' messages travel (jetcrew.coord.<pool>.<group>.<run_id>, which only
 // workers may), Jetcrew-From "operator": it acts for the operator whose
 // request on jetcrew.steer.<run_id> only operators may send.
-func (s *Session) storeSteer(id, text string) (seq uint64, dup bool, err error) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.h.cfg.OpTimeout)
+func (st *steering) store(id, text string) (seq uint64, dup bool, err error) {
+	c := st.c
+	ctx, cancel := c.opContext(c.ctx)
 	defer cancel()
-	msg := nats.NewMsg(Subject(s.run.GroupRef(), s.run.RunID))
+	msg := nats.NewMsg(Subject(c.run.GroupRef(), c.run.RunID))
 	msg.Data = []byte(text)
 	msg.Header.Set(HeaderFrom, RecipientOperator)
 	msg.Header.Set(messages.HeaderSteerID, id)
-	ack, err := s.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("steer:"+s.run.RunID+":"+id))
+	ack, err := c.h.js.PublishMsg(ctx, msg, jetstream.WithMsgID("steer:"+c.run.RunID+":"+id))
 	if err != nil {
 		return 0, false, err
 	}
 	return ack.Sequence, ack.Duplicate, nil
 }
 
-// deliverSteer hands the steer to the launcher and waits up to
-// SteerAckTimeout for it to reach the agent's input.
-func (s *Session) deliverSteer(sv relay.Steer) (messages.SteerOutcome, string) {
-	st := s.steer
+// deliver hands the steer to the launcher and waits up to SteerAckTimeout
+// for it to reach the agent's input.
+func (st *steering) deliver(sv relay.Steer) (messages.SteerOutcome, string) {
 	st.mu.Lock()
 	switch {
 	case !st.input:
 		st.mu.Unlock()
 		return messages.SteerQueued, "the run's agent CLI takes no input while it runs: the steer waits in its inbox, and the agent is told so on its next tool call"
-	case st.closed: // closed since handleSteer looked
+	case st.closed: // closed since handle looked
 		st.mu.Unlock()
 		return messages.SteerQueued, "the agent's input closed meanwhile (its last turn ended): the steer waits in its inbox"
 	}
@@ -230,7 +272,7 @@ func (s *Session) deliverSteer(sv relay.Steer) (messages.SteerOutcome, string) {
 	case a = <-ack:
 	case <-t.C:
 		a.Reason = fmt.Sprintf("the agent's launcher did not take it within %s: the steer waits in the inbox", SteerAckTimeout)
-	case <-s.ctx.Done():
+	case <-st.c.ctx.Done():
 		a.Reason = "the run's coordination session ended: the steer waits in the inbox"
 	}
 	st.mu.Lock()
@@ -249,14 +291,14 @@ func (s *Session) deliverSteer(sv relay.Steer) (messages.SteerOutcome, string) {
 }
 
 // inputClosed reports whether the launcher said the agent's input closed.
-func (st *steerState) inputClosed() bool {
+func (st *steering) inputClosed() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.input && st.closed
 }
 
 // remembered returns the reply given to an earlier steer with id.
-func (st *steerState) remembered(id string) (messages.SteerReply, bool) {
+func (st *steering) remembered(id string) (messages.SteerReply, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	r, ok := st.done[id]
@@ -264,7 +306,7 @@ func (st *steerState) remembered(id string) (messages.SteerReply, bool) {
 }
 
 // remember records r for its id, forgetting the oldest past maxSteerIDs.
-func (st *steerState) remember(r messages.SteerReply) {
+func (st *steering) remember(r messages.SteerReply) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if _, ok := st.done[r.ID]; !ok {
@@ -278,7 +320,7 @@ func (st *steerState) remember(r messages.SteerReply) {
 }
 
 // stored counts a steer put in the inbox and wakes the notice polls.
-func (st *steerState) stored() {
+func (st *steering) stored() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.seq++
@@ -286,36 +328,55 @@ func (st *steerState) stored() {
 	st.broadcast()
 }
 
-// steersRead records that the run read its inbox.
-func (s *Session) steersRead() {
-	if s.steer == nil {
-		return
-	}
-	s.steer.mu.Lock()
-	s.steer.unread = 0
-	s.steer.mu.Unlock()
+// read records that the run read its inbox.
+func (st *steering) read() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.unread = 0
 }
 
-// unreadSteers returns the steers put in the inbox and not read since.
-func (s *Session) unreadSteers() int {
-	if s.steer == nil {
-		return 0
+// markUnread sets relay.HeaderUnreadSteers on a reply while steers wait
+// unread (the inbox call's own reply says so too: it is set before the
+// call reads them).
+func (st *steering) markUnread(w http.ResponseWriter) {
+	st.mu.Lock()
+	n := st.unread
+	st.mu.Unlock()
+	if n > 0 {
+		w.Header().Set(relay.HeaderUnreadSteers, strconv.Itoa(n))
 	}
-	s.steer.mu.Lock()
-	defer s.steer.mu.Unlock()
-	return s.steer.unread
 }
 
-// steerNext answers the launcher's long poll: the steers waiting, up to
+// waitFor waits until ready holds, for a wake (broadcast), up to
+// waitSeconds or until ctx ends; st.mu is held on entry and on return.
+// The long polls of the launcher (next) and the bridge (notice) wait here.
+func (st *steering) waitFor(ctx context.Context, waitSeconds int, ready func() bool) {
+	dl := time.Now().Add(time.Duration(waitSeconds) * time.Second)
+	deadline := time.NewTimer(time.Until(dl))
+	defer deadline.Stop()
+	for !ready() {
+		wake := st.wake
+		st.polls++
+		st.mu.Unlock()
+		select {
+		case <-wake:
+		case <-deadline.C:
+		case <-ctx.Done():
+		}
+		st.mu.Lock()
+		st.polls--
+		if ctx.Err() != nil || !ready() && !time.Now().Before(dl) {
+			return
+		}
+	}
+}
+
+// next answers the launcher's long poll: the steers waiting, up to
 // relay.MaxSteersPerNext, or none after req.WaitSeconds. A request with
 // Closed marks the agent's input closed and answers every waiting steer
 // undelivered.
-func (s *Session) steerNext(ctx context.Context, req relay.SteerNextRequest) relay.SteerNextResponse {
-	st := s.steer
+func (st *steering) next(ctx context.Context, req relay.SteerNextRequest) (relay.SteerNextResponse, error) {
 	resp := relay.SteerNextResponse{Steers: []relay.Steer{}}
-	dl := time.Now().Add(time.Duration(req.WaitSeconds) * time.Second)
-	deadline := time.NewTimer(time.Until(dl))
-	defer deadline.Stop()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if req.Closed {
@@ -328,30 +389,21 @@ func (s *Session) steerNext(ctx context.Context, req relay.SteerNextRequest) rel
 			st.ack(relay.SteerAck{ID: id, Reason: "the agent's input closed (its last turn ended): the steer waits in its inbox"})
 		}
 		st.queue = nil
-		return resp
+		return resp, nil
 	}
-	for len(st.queue) == 0 {
-		wake := st.wake
-		st.mu.Unlock()
-		select {
-		case <-wake:
-		case <-deadline.C:
-		case <-ctx.Done():
-		}
-		st.mu.Lock()
-		if ctx.Err() != nil || len(st.queue) == 0 && !time.Now().Before(dl) {
-			return resp
-		}
+	st.waitFor(ctx, req.WaitSeconds, func() bool { return len(st.queue) > 0 })
+	if ctx.Err() != nil {
+		return resp, nil
 	}
 	n := min(len(st.queue), relay.MaxSteersPerNext)
 	resp.Steers = append(resp.Steers, st.queue[:n]...)
 	st.queue = st.queue[n:]
-	return resp
+	return resp, nil
 }
 
 // ack passes a launcher's acknowledgement to the steer waiting for it; st.mu
 // is held. An ack nobody waits for (the steer timed out) is dropped.
-func (st *steerState) ack(a relay.SteerAck) {
+func (st *steering) ack(a relay.SteerAck) {
 	if ch, ok := st.acks[a.ID]; ok {
 		select {
 		case ch <- a:
@@ -360,83 +412,19 @@ func (st *steerState) ack(a relay.SteerAck) {
 	}
 }
 
-// steerAck takes the launcher's acknowledgement of a steer.
-func (s *Session) steerAck(a relay.SteerAck) {
-	s.steer.mu.Lock()
-	defer s.steer.mu.Unlock()
-	s.steer.ack(a)
+// takeAck takes the launcher's acknowledgement of a steer.
+func (st *steering) takeAck(_ context.Context, a relay.SteerAck) (noContent, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.ack(a)
+	return noContent{}, nil
 }
 
 // notice answers the bridge's long poll: the steer count once it passes
 // req.After, or after req.WaitSeconds.
-func (s *Session) notice(ctx context.Context, req relay.NoticeRequest) relay.Notice {
-	st := s.steer
-	dl := time.Now().Add(time.Duration(req.WaitSeconds) * time.Second)
-	deadline := time.NewTimer(time.Until(dl))
-	defer deadline.Stop()
+func (st *steering) notice(ctx context.Context, req relay.NoticeRequest) (relay.Notice, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for st.seq <= req.After {
-		wake := st.wake
-		st.mu.Unlock()
-		select {
-		case <-wake:
-		case <-deadline.C:
-		case <-ctx.Done():
-		}
-		st.mu.Lock()
-		if ctx.Err() != nil || st.seq <= req.After && !time.Now().Before(dl) {
-			break
-		}
-	}
-	return relay.Notice{Seq: st.seq, Unread: st.unread}
-}
-
-// markUnread sets relay.HeaderUnreadSteers on a reply while steers wait
-// unread (the inbox call's own reply says so too: it is set before the
-// call reads them).
-func (s *Session) markUnread(w http.ResponseWriter) {
-	if n := s.unreadSteers(); n > 0 {
-		w.Header().Set(relay.HeaderUnreadSteers, strconv.Itoa(n))
-	}
-}
-
-// fromLauncher reports whether r is one of the launcher's steering calls,
-// which do not count as the agent's bridge connecting: the launcher runs
-// whether or not the agent starts its MCP server.
-func fromLauncher(r *http.Request) bool {
-	return r.URL.Path == relay.PathSteerNext || r.URL.Path == relay.PathSteerAck
-}
-
-// addSteerRoutes adds the launcher's and the bridge's steering endpoints.
-// They are not rate limited as tool calls are: each is a long poll that
-// holds one of the socket's MaxConnsPerSession connections, and answers
-// at most what the steers' own limit (SteerRate) let in.
-func addSteerRoutes(mux *http.ServeMux) {
-	post(mux, relay.PathSteerNext, endpoint[relay.SteerNextRequest, relay.SteerNextResponse]{
-		class: callFree, decode: relay.DecodeSteerNextRequest,
-		do: func(s *Session, ctx context.Context, req relay.SteerNextRequest) (relay.SteerNextResponse, error) {
-			return s.steerNext(ctx, req), nil
-		},
-	})
-	mux.HandleFunc("POST "+relay.PathSteerAck, func(w http.ResponseWriter, r *http.Request) {
-		s := sessionOf(r)
-		data, err := readBody(w, r)
-		var a relay.SteerAck
-		if err == nil {
-			a, err = relay.DecodeSteerAck(data)
-		}
-		if err != nil {
-			s.reply(w, nil, err)
-			return
-		}
-		s.steerAck(a)
-		w.WriteHeader(http.StatusNoContent)
-	})
-	post(mux, relay.PathNotice, endpoint[relay.NoticeRequest, relay.Notice]{
-		class: callFree, decode: relay.DecodeNoticeRequest,
-		do: func(s *Session, ctx context.Context, req relay.NoticeRequest) (relay.Notice, error) {
-			return s.notice(ctx, req), nil
-		},
-	})
+	st.waitFor(ctx, req.WaitSeconds, func() bool { return st.seq > req.After })
+	return relay.Notice{Seq: st.seq, Unread: st.unread}, nil
 }

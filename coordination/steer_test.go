@@ -46,6 +46,15 @@ func (b *bundle) running(t *testing.T, h *coordination.Host, runID string, input
 	return s, c
 }
 
+// waitPoll waits until a long poll (the launcher's or the bridge's) waits
+// on s for a steer, so that the steer a test sends next is one the poll
+// must wake for, not one it finds already there.
+func waitPoll(t *testing.T, s *coordination.Session) {
+	t.Helper()
+	require.Eventually(t, func() bool { return coordination.WaitingPolls(s) > 0 }, 10*time.Second, 2*time.Millisecond,
+		"no long poll reached the session")
+}
+
 // launcher stands in for `jetcrew-bridge launch --steer`: it takes steers
 // and acknowledges each as delivered, passing its text to got.
 func launcher(t *testing.T, c *relay.Client, got chan<- string) {
@@ -74,7 +83,7 @@ func TestSteerDeliveredToTheLauncherAndTheInbox(t *testing.T) {
 	launcher(t, c, got)
 
 	// The launcher's polls are not the agent's bridge connecting.
-	time.Sleep(100 * time.Millisecond)
+	waitPoll(t, s)
 	require.False(t, s.Connected())
 	r := steer(t, b.nc, "r1", "s-1", "stop editing api.go; look at the tests first")
 	require.Equal(t, messages.SteerDelivered, r.Outcome, r.Reason)
@@ -93,17 +102,18 @@ func TestSteerDeliveredToTheLauncherAndTheInbox(t *testing.T) {
 	require.True(t, again.Duplicate)
 	require.Equal(t, messages.SteerDelivered, again.Outcome)
 	require.Empty(t, inbox(t, cs, 0))
-	select {
-	case txt := <-got:
-		t.Fatalf("a repeated steer reached the launcher again: %q", txt)
-	case <-time.After(200 * time.Millisecond):
-	}
 
 	evs := b.eventsOf("r1", coordination.EventSteered)
 	require.Len(t, evs, 2)
 	require.Equal(t, messages.SteerDelivered, evs[0].Outcome)
 	require.Equal(t, "s-1", evs[0].SteerID)
 	require.True(t, evs[1].Duplicate)
+
+	// The launcher writes steers in order: the next one it writes is the
+	// next steer, so the repeat never reached it.
+	r = steer(t, b.nc, "r1", "s-2", "now the docs")
+	require.Equal(t, messages.SteerDelivered, r.Outcome, r.Reason)
+	require.Equal(t, "now the docs", <-got)
 }
 
 func TestSteerQueuedWithoutStreamedInput(t *testing.T) {
@@ -120,7 +130,7 @@ func TestSteerQueuedWithoutStreamedInput(t *testing.T) {
 			notice <- n
 		}
 	}()
-	time.Sleep(50 * time.Millisecond)
+	waitPoll(t, s)
 	r := steer(t, b.nc, "r1", "", "rebase on main before you push")
 	require.Equal(t, messages.SteerQueued, r.Outcome)
 	require.Contains(t, r.Reason, "takes no input")
@@ -175,7 +185,7 @@ func TestSteerNotifiesTheMCPClient(t *testing.T) {
 	go func() { defer close(done); bridge.WatchSteers(ctx, srv, rc) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	time.Sleep(100 * time.Millisecond)
+	waitPoll(t, s)
 	require.Equal(t, messages.SteerQueued, steer(t, b.nc, "r1", "", "please stop").Outcome)
 	select {
 	case note := <-got:
@@ -244,4 +254,18 @@ func TestSteerRefusals(t *testing.T) {
 func (b *bundle) bridge(t *testing.T, s *coordination.Session) *mcp.ClientSession {
 	t.Helper()
 	return coordtest.Bridge(t, s.SocketPath())
+}
+
+// A steer sent as soon as Serve returns finds the session subscribed: it is
+// answered (here refused, the run being queued), never "no responders".
+func TestSteerRightAfterServeIsAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.host(t, coordination.Config{})
+	for i := range 40 {
+		runID := fmt.Sprintf("q%d", i)
+		b.serve(t, h, runID, "g")
+		r := steer(t, b.nc, runID, "a", "hello")
+		require.Equal(t, messages.SteerNotRunning, r.Code, runID)
+	}
 }

@@ -99,6 +99,21 @@ func NewServer(c *relay.Client, opts Options) *mcp.Server {
 	return s
 }
 
+// relayed returns the handler of a tool that checks its input (check
+// returns it normalized) and relays it to the worker (call). An input that
+// fails the check is a tool error and reaches no worker.
+func relayed[In, Out any](check func(In) (In, error), call func(context.Context, In) (Out, error)) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		in, err := check(in)
+		if err != nil {
+			var zero Out
+			return nil, zero, err
+		}
+		out, err := call(ctx, in)
+		return nil, out, err
+	}
+}
+
 // addMessageTools adds status, send and inbox to s, each calling c.
 func addMessageTools(s *mcp.Server, c *relay.Client) {
 	mcp.AddTool(s, &mcp.Tool{
@@ -117,13 +132,7 @@ func addMessageTools(s *mcp.Server, c *relay.Client) {
 			"or to `operator` (the people watching). The body is at most 16384 bytes. Give an idempotency_key to make " +
 			"a retry safe: a repeat with the same key sends nothing new and returns the same message id. Returns the message id.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), OpenWorldHint: new(false)},
-	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.SendRequest) (*mcp.CallToolResult, relay.SendResponse, error) {
-		if err := relay.ValidateSend(in); err != nil {
-			return nil, relay.SendResponse{}, err
-		}
-		resp, err := c.Send(ctx, in)
-		return nil, resp, err
-	})
+	}, relayed(func(in relay.SendRequest) (relay.SendRequest, error) { return in, relay.ValidateSend(in) }, c.Send))
 
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolInbox,
@@ -153,34 +162,26 @@ func addClaimTools(s *mcp.Server, c *relay.Client, workspace string) {
 			"fails naming the holder, its pattern and since when. A claim lasts until you release it or your run ends; claiming a " +
 			"pattern you hold again only updates its reason. At most 64 claims per run, 32 paths per call, 256 bytes per path and reason.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: true, OpenWorldHint: new(false)},
-	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ClaimRequest) (*mcp.CallToolResult, relay.ClaimResponse, error) {
+	}, relayed(func(in relay.ClaimRequest) (relay.ClaimRequest, error) {
 		in, err := relay.NormalizeClaim(in)
 		if err == nil {
 			in.Paths, err = resolveClaims(workspace, in.Paths, true)
 		}
-		if err != nil {
-			return nil, relay.ClaimResponse{}, err
-		}
-		resp, err := c.Claim(ctx, in)
-		return nil, resp, err
-	})
+		return in, err
+	}, c.Claim))
 
 	mcp.AddTool(s, &mcp.Tool{
 		Name: ToolRelease,
 		Description: "Release claims you hold, naming each pattern exactly as you claimed it. All are released or none: " +
 			"a pattern you do not hold makes the call fail and says so.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: false, OpenWorldHint: new(false)},
-	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ReleaseRequest) (*mcp.CallToolResult, relay.ReleaseResponse, error) {
+	}, relayed(func(in relay.ReleaseRequest) (relay.ReleaseRequest, error) {
 		in, err := relay.NormalizeRelease(in)
 		if err == nil {
 			in.Paths, err = resolveClaims(workspace, in.Paths, false)
 		}
-		if err != nil {
-			return nil, relay.ReleaseResponse{}, err
-		}
-		resp, err := c.Release(ctx, in)
-		return nil, resp, err
-	})
+		return in, err
+	}, c.Release))
 
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        ToolClaims,

@@ -101,14 +101,7 @@ func addQuestionTools(s *mcp.Server, c *relay.Client, every, noProgress time.Dur
 		Description: "Answer a peer's question: question_id from the inbox message that carried it, answer at most 4096 bytes. " +
 			"The first answer is the one the asker gets; replying again with the same answer is harmless.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: true, OpenWorldHint: new(false)},
-	}, func(ctx context.Context, _ *mcp.CallToolRequest, in relay.ReplyRequest) (*mcp.CallToolResult, relay.ReplyResponse, error) {
-		in, err := relay.NormalizeReply(in)
-		if err != nil {
-			return nil, relay.ReplyResponse{}, err
-		}
-		resp, err := c.Reply(ctx, in)
-		return nil, resp, err
-	})
+	}, relayed(relay.NormalizeReply, c.Reply))
 }
 
 // keepAlive sends req's client a progress notification every every while

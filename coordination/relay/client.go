@@ -80,48 +80,48 @@ func (c *Client) Hello(ctx context.Context) error {
 
 // Status returns the run's identity, its peers and its unread count.
 func (c *Client) Status(ctx context.Context) (Status, error) {
-	var st Status
-	err := c.call(ctx, http.MethodGet, PathStatus, nil, &st, callTimeout)
-	return st, err
+	return callFor[Status](ctx, c, http.MethodGet, PathStatus, nil, 0)
 }
 
 // Send sends one message as the socket's run and returns its id.
 func (c *Client) Send(ctx context.Context, r SendRequest) (SendResponse, error) {
-	var resp SendResponse
-	err := c.call(ctx, http.MethodPost, PathSend, r, &resp, callTimeout)
-	return resp, err
+	return callFor[SendResponse](ctx, c, http.MethodPost, PathSend, r, 0)
 }
 
 // Inbox returns the run's unread messages, oldest first, waiting up to
 // r.WaitSeconds for one when none is unread, and marks them read.
 func (c *Client) Inbox(ctx context.Context, r InboxRequest) (InboxResponse, error) {
-	var resp InboxResponse
-	wait := time.Duration(max(0, min(r.WaitSeconds, MaxWaitSeconds))) * time.Second
-	err := c.call(ctx, http.MethodPost, PathInbox, r, &resp, callTimeout+wait)
-	return resp, err
+	return callFor[InboxResponse](ctx, c, http.MethodPost, PathInbox, r, seconds(r.WaitSeconds, MaxWaitSeconds))
 }
 
 // Claim claims r.Paths for the socket's run, all or none, and returns every
 // claim the run holds. A conflict is an *Error with Code CodeConflict.
 func (c *Client) Claim(ctx context.Context, r ClaimRequest) (ClaimResponse, error) {
-	var resp ClaimResponse
-	err := c.call(ctx, http.MethodPost, PathClaim, r, &resp, callTimeout)
-	return resp, err
+	return callFor[ClaimResponse](ctx, c, http.MethodPost, PathClaim, r, 0)
 }
 
 // Release releases r.Paths, all held by the socket's run, or none (an
 // *Error with Code CodeNotHeld).
 func (c *Client) Release(ctx context.Context, r ReleaseRequest) (ReleaseResponse, error) {
-	var resp ReleaseResponse
-	err := c.call(ctx, http.MethodPost, PathRelease, r, &resp, callTimeout)
-	return resp, err
+	return callFor[ReleaseResponse](ctx, c, http.MethodPost, PathRelease, r, 0)
 }
 
 // Claims returns the group's current claims.
 func (c *Client) Claims(ctx context.Context) (ClaimsResponse, error) {
-	var resp ClaimsResponse
-	err := c.call(ctx, http.MethodGet, PathClaims, nil, &resp, callTimeout)
+	return callFor[ClaimsResponse](ctx, c, http.MethodGet, PathClaims, nil, 0)
+}
+
+// callFor calls path with in (nil: no body) and decodes the reply into a
+// Resp. The call may take callTimeout, and wait more for a long poll.
+func callFor[Resp any](ctx context.Context, c *Client, method, path string, in any, wait time.Duration) (Resp, error) {
+	var resp Resp
+	err := c.call(ctx, method, path, in, &resp, callTimeout+wait)
 	return resp, err
+}
+
+// seconds is a request's wait of s seconds, kept within 0 and most.
+func seconds(s, most int) time.Duration {
+	return time.Duration(max(0, min(s, most))) * time.Second
 }
 
 func (c *Client) call(ctx context.Context, method, path string, in, out any, timeout time.Duration) error {

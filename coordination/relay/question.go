@@ -184,40 +184,27 @@ func NormalizeReply(r ReplyRequest) (ReplyRequest, error) {
 // object with no unknown field (an asker field is refused). The error is an
 // *InvalidError.
 func DecodeAskRequest(data []byte) (AskRequest, error) {
-	var r AskRequest
-	if err := decodeStrict(data, &r); err != nil {
-		return AskRequest{}, err
-	}
-	return NormalizeAsk(r)
+	return decodeRequest(data, NormalizeAsk)
 }
 
 // DecodeReplyRequest decodes and normalizes one reply request. The error is
 // an *InvalidError.
 func DecodeReplyRequest(data []byte) (ReplyRequest, error) {
-	var r ReplyRequest
-	if err := decodeStrict(data, &r); err != nil {
-		return ReplyRequest{}, err
-	}
-	return NormalizeReply(r)
+	return decodeRequest(data, NormalizeReply)
 }
 
 // Ask asks r.Question as the socket's run and waits for the answer, up to
 // r.TimeoutSeconds, or r.ReturnAfterSeconds when it is set and shorter
 // (and callTimeout more for the worker to answer).
 func (c *Client) Ask(ctx context.Context, r AskRequest) (AskResponse, error) {
-	var resp AskResponse
 	secs := r.TimeoutSeconds
 	if r.ReturnAfterSeconds > 0 {
 		secs = min(secs, r.ReturnAfterSeconds)
 	}
-	wait := time.Duration(max(0, min(secs, MaxAskSeconds))) * time.Second
-	err := c.call(ctx, http.MethodPost, PathAsk, r, &resp, callTimeout+wait)
-	return resp, err
+	return callFor[AskResponse](ctx, c, http.MethodPost, PathAsk, r, seconds(secs, MaxAskSeconds))
 }
 
 // Reply answers a peer's question as the socket's run.
 func (c *Client) Reply(ctx context.Context, r ReplyRequest) (ReplyResponse, error) {
-	var resp ReplyResponse
-	err := c.call(ctx, http.MethodPost, PathReply, r, &resp, callTimeout)
-	return resp, err
+	return callFor[ReplyResponse](ctx, c, http.MethodPost, PathReply, r, 0)
 }

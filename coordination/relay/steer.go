@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strconv"
-	"time"
 )
 
 // Steering endpoints. The launcher (`jetcrew-bridge launch --steer FORMAT`)
@@ -104,47 +103,30 @@ func NormalizeWait(s int) error {
 // DecodeSteerNextRequest decodes one steer-next request (an empty body is
 // the zero request). The error is an *InvalidError.
 func DecodeSteerNextRequest(data []byte) (SteerNextRequest, error) {
-	var r SteerNextRequest
-	if len(data) > 0 {
-		if err := decodeStrict(data, &r); err != nil {
-			return r, err
-		}
-	}
-	return r, NormalizeWait(r.WaitSeconds)
+	return decodeOptional(data, func(r SteerNextRequest) (SteerNextRequest, error) { return r, NormalizeWait(r.WaitSeconds) })
 }
 
 // DecodeSteerAck decodes one steer acknowledgement. The error is an
 // *InvalidError.
 func DecodeSteerAck(data []byte) (SteerAck, error) {
-	var r SteerAck
-	if err := decodeStrict(data, &r); err != nil {
-		return r, err
-	}
-	if r.ID == "" {
-		return r, invalid(CodeInvalid, "id is empty")
-	}
-	return r, nil
+	return decodeRequest(data, func(r SteerAck) (SteerAck, error) {
+		if r.ID == "" {
+			return r, invalid(CodeInvalid, "id is empty")
+		}
+		return r, nil
+	})
 }
 
 // DecodeNoticeRequest decodes one notice request. The error is an
 // *InvalidError.
 func DecodeNoticeRequest(data []byte) (NoticeRequest, error) {
-	var r NoticeRequest
-	if len(data) > 0 {
-		if err := decodeStrict(data, &r); err != nil {
-			return r, err
-		}
-	}
-	return r, NormalizeWait(r.WaitSeconds)
+	return decodeOptional(data, func(r NoticeRequest) (NoticeRequest, error) { return r, NormalizeWait(r.WaitSeconds) })
 }
 
 // SteerNext returns the steers waiting for the agent's input, waiting up
 // to r.WaitSeconds for one.
 func (c *Client) SteerNext(ctx context.Context, r SteerNextRequest) (SteerNextResponse, error) {
-	var resp SteerNextResponse
-	wait := time.Duration(max(0, min(r.WaitSeconds, MaxWaitSeconds))) * time.Second
-	err := c.call(ctx, http.MethodPost, PathSteerNext, r, &resp, callTimeout+wait)
-	return resp, err
+	return callFor[SteerNextResponse](ctx, c, http.MethodPost, PathSteerNext, r, seconds(r.WaitSeconds, MaxWaitSeconds))
 }
 
 // SteerAck reports whether a steer reached the agent's input.
@@ -155,10 +137,7 @@ func (c *Client) SteerAck(ctx context.Context, a SteerAck) error {
 // Notice waits up to r.WaitSeconds for a steer past r.After to be put in
 // the run's inbox.
 func (c *Client) Notice(ctx context.Context, r NoticeRequest) (Notice, error) {
-	var resp Notice
-	wait := time.Duration(max(0, min(r.WaitSeconds, MaxWaitSeconds))) * time.Second
-	err := c.call(ctx, http.MethodPost, PathNotice, r, &resp, callTimeout+wait)
-	return resp, err
+	return callFor[Notice](ctx, c, http.MethodPost, PathNotice, r, seconds(r.WaitSeconds, MaxWaitSeconds))
 }
 
 // UnreadSteers returns the steers waiting unread in the run's inbox, as

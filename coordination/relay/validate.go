@@ -65,14 +65,12 @@ func NormalizeInbox(r InboxRequest) (InboxRequest, error) {
 // object of at most MaxRequestBytes bytes with no unknown field (a "from"
 // field is refused, not ignored). The error is an *InvalidError.
 func DecodeSendRequest(data []byte) (SendRequest, error) {
-	var r SendRequest
-	if err := decodeStrict(data, &r); err != nil {
-		return SendRequest{}, err
-	}
-	if err := ValidateSend(r); err != nil {
-		return SendRequest{}, err
-	}
-	return r, nil
+	return decodeRequest(data, func(r SendRequest) (SendRequest, error) {
+		if err := ValidateSend(r); err != nil {
+			return SendRequest{}, err
+		}
+		return r, nil
+	})
 }
 
 // DecodeInboxRequest decodes and normalizes one inbox request (see
@@ -86,6 +84,27 @@ func DecodeInboxRequest(data []byte) (InboxRequest, error) {
 		}
 	}
 	return NormalizeInbox(r)
+}
+
+// decodeRequest decodes one request with decodeStrict and returns it as
+// normalize does; the zero request when it does not decode.
+func decodeRequest[T any](data []byte, normalize func(T) (T, error)) (T, error) {
+	var r T
+	if err := decodeStrict(data, &r); err != nil {
+		var zero T
+		return zero, err
+	}
+	return normalize(r)
+}
+
+// decodeOptional is decodeRequest, but for an empty body, which is the zero
+// request, normalized.
+func decodeOptional[T any](data []byte, normalize func(T) (T, error)) (T, error) {
+	if len(data) == 0 {
+		var zero T
+		return normalize(zero)
+	}
+	return decodeRequest(data, normalize)
 }
 
 func decodeStrict(data []byte, v any) error {
@@ -200,19 +219,11 @@ func NormalizeRelease(r ReleaseRequest) (ReleaseRequest, error) {
 // JSON object with no unknown field (a holder field is refused). The error
 // is an *InvalidError.
 func DecodeClaimRequest(data []byte) (ClaimRequest, error) {
-	var r ClaimRequest
-	if err := decodeStrict(data, &r); err != nil {
-		return ClaimRequest{}, err
-	}
-	return NormalizeClaim(r)
+	return decodeRequest(data, NormalizeClaim)
 }
 
 // DecodeReleaseRequest decodes and normalizes one release request. The
 // error is an *InvalidError.
 func DecodeReleaseRequest(data []byte) (ReleaseRequest, error) {
-	var r ReleaseRequest
-	if err := decodeStrict(data, &r); err != nil {
-		return ReleaseRequest{}, err
-	}
-	return NormalizeRelease(r)
+	return decodeRequest(data, NormalizeRelease)
 }
