@@ -16,9 +16,10 @@ import (
 )
 
 // Submitter publishes run requests to JETCREW_RUNS, one or a batch at once.
-// It is the Dispatcher's role for submitting: Submit, SubmitSigned and
-// SubmitEncoded. It reads runs' states through RunStates (a chosen id
-// already in use) and uploads workspaces through Results.
+// It is the Dispatcher's role for submitting: Submit, SubmitSigned,
+// SubmitEncoded, and SubmitBatch for requests that share a workspace and
+// a signer. It reads runs' states through RunStates (a chosen id already
+// in use, a run to start from) and uploads workspaces through Results.
 type Submitter struct {
 	js      jetstream.JetStream
 	runs    *RunStates

@@ -94,31 +94,12 @@ func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, k
 		return err
 	}
 	defer closeNATS()
-	if err := checkFrom(ctx, d, o.from); err != nil {
+	ids, err := a.submitRequests(ctx, d, o, plan.encs, key, func(id string) { fmt.Fprintln(a.stdout, id) })
+	if err != nil {
+		if len(ids) > 0 {
+			err = fmt.Errorf("%w (runs %s of group %s were submitted)", err, strings.Join(ids, ", "), plan.group)
+		}
 		return err
-	}
-	if o.workspace != "" {
-		ref, err := a.uploadWorkspace(ctx, d, o)
-		if err != nil {
-			return err
-		}
-		for i := range plan.encs {
-			if plan.encs[i], err = plan.encs[i].WithWorkspace(ref); err != nil {
-				return usageError(fmt.Errorf("submit: %w", err))
-			}
-		}
-	}
-	var ids []string
-	for _, enc := range plan.encs {
-		id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return d.SubmitEncoded(ctx, enc, key) }, o.keepWaiting, o.quiet)
-		if err != nil {
-			if len(ids) > 0 {
-				err = fmt.Errorf("%w (runs %s of group %s were submitted)", err, strings.Join(ids, ", "), plan.group)
-			}
-			return err
-		}
-		ids = append(ids, id)
-		fmt.Fprintln(a.stdout, id)
 	}
 	if !o.quiet {
 		fmt.Fprintf(visible(a.stderr), "--- group %s: %d attempts (jetcrew compare %s)\n", plan.group, len(ids), plan.group)
@@ -181,22 +162,6 @@ func (a *app) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids 
 	}
 	if len(failed) > 0 {
 		return &exitError{code: exitFailure, err: fmt.Errorf("%d of %d attempts did not succeed: %s", len(failed), len(ids), strings.Join(failed, ", "))}
-	}
-	return nil
-}
-
-// checkFrom is the submitter's own check of --from: a run it cannot read,
-// or one without a result, is refused here; the worker checks again.
-func checkFrom(ctx context.Context, d *dispatcher.Dispatcher, from string) error {
-	if from == "" {
-		return nil
-	}
-	st, err := d.Status(ctx, from)
-	if err != nil {
-		return fmt.Errorf("--from %s: %w", from, err)
-	}
-	if !st.State.Final() || st.WorkspaceResult == nil {
-		return usageError(fmt.Errorf("--from %s: the run is %s and has no workspace result to start from", from, st.State))
 	}
 	return nil
 }

@@ -261,24 +261,12 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
-	if err := checkFrom(ctx, d, o.from); err != nil {
-		return err
-	}
-	if o.workspace != "" {
-		ref, err := a.uploadWorkspace(ctx, d, o)
-		if err != nil {
-			return err
-		}
-		if enc, err = enc.WithWorkspace(ref); err != nil {
-			return usageError(fmt.Errorf("submit: %w", err))
-		}
-	}
-	req = enc.Request()
-	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return d.SubmitEncoded(ctx, enc, key) }, o.keepWaiting, o.quiet)
+	ids, err := a.submitRequests(ctx, d, o, []dispatcher.Encoded{enc}, key, nil)
 	if err != nil {
 		// A duplicate publish or a used id: say so, follow nothing, exit 1.
 		return err
 	}
+	id, req := ids[0], enc.Request()
 	a.log.Debug().Str("run_id", id).Str("profile", req.Profile).Str("pool", req.Pool).Msg("run submitted")
 	if !o.wait {
 		fmt.Fprintln(a.stdout, id)

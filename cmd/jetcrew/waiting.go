@@ -113,33 +113,3 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 	}
 	return err
 }
-
-// provisionPoll is how often a submit with --keep-waiting tries again while
-// jetcrew's streams and bucket do not exist yet.
-var provisionPoll = time.Second
-
-// submitWhenProvisioned calls submit (the publish of the request) and, when
-// jetcrew's streams and bucket do not exist yet (a worker starting against
-// the server creates them), says so and, with keepWaiting, tries again every
-// provisionPoll until they do or ctx ends.
-func (a *app) submitWhenProvisioned(ctx context.Context, submit func(context.Context) (string, error), keepWaiting, quiet bool) (string, error) {
-	said := false
-	for {
-		id, err := submit(ctx)
-		if !errors.Is(err, dispatcher.ErrNotProvisioned) {
-			return id, err
-		}
-		if !keepWaiting {
-			return id, fmt.Errorf("%w; if a worker is starting, it may still be provisioning: --keep-waiting waits for it", err)
-		}
-		if !said && !quiet {
-			fmt.Fprintln(a.stderr, "--- jetcrew's streams and bucket do not exist yet on this server (a worker creates them when it starts, waiting for its cluster if need be); waiting")
-			said = true
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(provisionPoll):
-		}
-	}
-}
