@@ -81,7 +81,7 @@ func (o submitOptions) planAttempts(prompt string) (attemptsPlan, error) {
 // It prints the run ids on stdout, one a line, and the group on stderr;
 // with --wait it follows every run to its end, printing each one's
 // finished line, and exits 0 only when every attempt succeeded.
-func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, key nkeys.KeyPair) error {
+func (a submitCmds) runAttempts(ctx context.Context, o submitOptions, prompt string, key nkeys.KeyPair) error {
 	plan, err := o.planAttempts(prompt)
 	if err != nil {
 		return usageError(err)
@@ -115,7 +115,7 @@ func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, k
 // the first is queued, the queue lines of a waiting submit (reportQueued:
 // no live worker for the pool ends the wait with exit code 1). It returns
 // an exit code 1 error unless every run succeeded.
-func (a *app) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids []string, pool string, o submitOptions) error {
+func (a submitCmds) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids []string, pool string, o submitOptions) error {
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	stderr := &syncWriter{w: a.stderr}

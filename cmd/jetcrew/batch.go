@@ -23,7 +23,7 @@ import (
 // upload on stderr unless o.quiet, waits for provisioning as
 // o.keepWaiting says (waitProvisioned), and returns the run ids published
 // with the error submitError makes of a failed step.
-func (a *app) submitRequests(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions, encs []dispatcher.Encoded, key nkeys.KeyPair, published func(string)) ([]string, error) {
+func (a submitCmds) submitRequests(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions, encs []dispatcher.Encoded, key nkeys.KeyPair, published func(string)) ([]string, error) {
 	so := workspace.SnapshotOptions{MaxBytes: o.wsMax}
 	if dir, err := os.UserCacheDir(); err == nil {
 		// HEAD's packed history, reused while HEAD does not move.
@@ -88,7 +88,7 @@ var provisionPoll = time.Second
 // jetcrew's streams and bucket do not exist yet (a worker starting against
 // the server creates them), it says so and, with keepWaiting, has the
 // publish tried again every provisionPoll until they do or ctx ends.
-func (a *app) waitProvisioned(keepWaiting, quiet bool) func(context.Context, error) error {
+func (a submitCmds) waitProvisioned(keepWaiting, quiet bool) func(context.Context, error) error {
 	said := false
 	return func(ctx context.Context, err error) error {
 		if !keepWaiting {

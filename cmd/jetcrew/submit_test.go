@@ -15,33 +15,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
-// The lifecycle lines of watch and submit --wait: a started event says
-// "(warm)" when the run started in a warm container.
-func TestDescribeEvent(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		ev   dispatcher.WatchEvent
-		want string
-	}{
-		{"cold start", dispatcher.WatchEvent{Type: messages.EventStarted, Attempt: 1,
-			Event: messages.Event{Worker: "w1", ContainerID: "0123456789abcdef"}},
-			"started: attempt 1 on worker w1, container 0123456789ab"},
-		{"warm start", dispatcher.WatchEvent{Type: messages.EventStarted, Attempt: 2,
-			Event: messages.Event{Worker: "w1", ContainerID: "0123456789abcdef", Warm: true}},
-			"started: attempt 2 on worker w1, container 0123456789ab (warm)"},
-		{"finished warm says its outcome alone", dispatcher.WatchEvent{Type: messages.EventFinished,
-			Event: messages.Event{State: messages.StateSucceeded, Warm: true}},
-			"finished: succeeded"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			require.Equal(t, tt.want, describeEvent(tt.ev))
-		})
-	}
-}
-
 // putState stores st in the jetcrew-runs bucket, as a worker would.
 func putState(t *testing.T, js jetstream.JetStream, st messages.RunState) {
 	t.Helper()

@@ -95,7 +95,7 @@ func describeQueued(ctx context.Context, d *dispatcher.Dispatcher, st messages.R
 // followQueued is follow for a run just submitted to pool: it reports the
 // run while it stays queued (reportQueued), and turns a follow stopped for
 // want of a worker into errNoWorker, exit code 1.
-func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string, keepWaiting, quiet bool) error {
+func (a submitCmds) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string, keepWaiting, quiet bool) error {
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	a.stderr = &syncWriter{w: a.stderr}
@@ -104,7 +104,7 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 		defer close(done)
 		reportQueued(wctx, d, id, pool, keepWaiting, quiet, a.stderr, stop)
 	}()
-	err := a.follow(wctx, d, id, quiet)
+	err := a.follow(wctx, d.Events, id, quiet)
 	stop(nil)
 	<-done
 	var nw errNoWorker
