@@ -60,11 +60,10 @@ func (e *FromError) Error() string {
 	return fmt.Sprintf("start from run %s: %v", e.Run, e.Err)
 }
 
-// Unwrap returns Err.
+// Unwrap returns Err, so errors.Is sees ErrRunNotFound or ErrNoResult through it.
 func (e *FromError) Unwrap() error { return e.Err }
 
-// SubmitBatch publishes b's requests in order, after the steps they share,
-// and returns the run ids published.
+// SubmitBatch checks, uploads and publishes b's requests in order, returning their ids.
 //
 // It first refuses, publishing nothing, an Encoded that Encode did not
 // make (an error wrapping messages.ErrInvalidRequest), and a run a request

@@ -22,7 +22,8 @@ type Results struct {
 }
 
 // ErrNoResult is wrapped by ResultObject's error when the run has no
-// workspace result, or its result has no object of the asked kind.
+// workspace result, or its result has no object of the asked kind; and
+// by SubmitBatch's FromError for a run to start from that has none yet.
 var ErrNoResult = errors.New("no workspace result")
 
 // UploadWorkspace snapshots dir and uploads the snapshot to the uploads
