@@ -11,8 +11,6 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
-	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
 // putState stores st in the jetcrew-runs bucket, as a worker would.
@@ -32,18 +30,14 @@ func putState(t *testing.T, js jetstream.JetStream, st messages.RunState) {
 // the same words from either, and nothing published after a failed step.
 func TestSubmitSequenceErrors(t *testing.T) {
 	t.Parallel()
-	s := workertest.StartServer(t)
-	js, err := jetstream.New(workertest.Connect(t, s))
-	require.NoError(t, err)
-	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
-	require.NoError(t, err)
+	s, js := provisionedServer(t)
 	url := s.ClientURL()
 	putState(t, js, messages.RunState{ID: "plain", State: messages.StateSucceeded, Pool: messages.DefaultPool})
 	putState(t, js, messages.RunState{ID: "grp-2", State: messages.StateFailed, Pool: messages.DefaultPool, RequestDigest: "sha256:another"})
 	missing := filepath.Join(t.TempDir(), "missing")
 	usage := "Run 'jetcrew submit --help' for usage.\n"
 	secret := filepath.Join(t.TempDir(), "group.secret")
-	_, err = dispatcher.CreateGroupSecret(secret)
+	_, err := dispatcher.CreateGroupSecret(secret)
 	require.NoError(t, err)
 
 	tests := []struct {
