@@ -11,7 +11,7 @@
 // FollowMessages read with, and, when UploadWorkspace finds them missing,
 // the workspace and result buckets.
 //
-// A Dispatcher is safe for concurrent use.
+// A Dispatcher, and each of its roles, is safe for concurrent use.
 package dispatcher
 
 import (
@@ -39,7 +39,9 @@ const defaultFinishedGrace = 3 * time.Second
 // Coordination (questions, steering, messages to a group), EgressAsks (the
 // egress proxy's questions), Results (workspaces uploaded, results read and
 // published) and Fleet (pools, workers, the streams' nodes). The Dispatcher
-// embeds them all, so every method of every role is one of its methods too.
+// embeds them all, so every method of every role is one of its methods
+// too, and a caller that needs one role takes that field (d.Events,
+// d.DeadLetters). Each role is safe for concurrent use.
 type Dispatcher struct {
 	*RunStates
 	*Events
