@@ -51,7 +51,7 @@ type AskedRequest struct {
 // request reusing the id is not this run's. The error wraps ErrRequestGone
 // when neither holds it; it is never ErrNotProvisioned (a stream missing
 // holds nothing).
-func (d *Dispatcher) Asked(ctx context.Context, st *messages.RunState) (AskedRequest, error) {
+func (rs *RunStates) Asked(ctx context.Context, st *messages.RunState) (AskedRequest, error) {
 	if err := messages.ValidateToken("run id", st.ID); err != nil {
 		return AskedRequest{}, fmt.Errorf("request: %w", err)
 	}
@@ -65,11 +65,11 @@ func (d *Dispatcher) Asked(ctx context.Context, st *messages.RunState) (AskedReq
 	)
 	from := AskedFromQueue
 	if !st.State.Final() {
-		body, err = d.queuedBody(ctx, st, ours)
+		body, err = rs.queuedBody(ctx, st, ours)
 	}
 	if body == nil {
 		from = AskedFromDeadLetter
-		dl, derr := d.LastDeadLetter(ctx, st.ID)
+		dl, derr := lastDeadLetter(ctx, rs.js, st.ID)
 		switch {
 		case derr == nil && ours(dl.RunID, dl.Request):
 			body, err = dl.Request, nil
@@ -90,13 +90,13 @@ func (d *Dispatcher) Asked(ctx context.Context, st *messages.RunState) (AskedReq
 
 // queuedBody returns the body of st's request message in JETCREW_RUNS, or
 // nil when the stream no longer holds it.
-func (d *Dispatcher) queuedBody(ctx context.Context, st *messages.RunState, ours func(id string, body []byte) bool) ([]byte, error) {
+func (rs *RunStates) queuedBody(ctx context.Context, st *messages.RunState, ours func(id string, body []byte) bool) ([]byte, error) {
 	seq := st.StreamSeq
 	if seq == 0 {
 		if st.State != messages.StateQueued {
 			return nil, nil // no worker saw a request of it: none to look for
 		}
-		q, err := d.findRequest(ctx, st.ID, false)
+		q, err := rs.findRequest(ctx, st.ID, false)
 		switch {
 		case errors.Is(err, ErrRunNotFound), errors.Is(err, ErrNotProvisioned):
 			return nil, nil
@@ -105,7 +105,7 @@ func (d *Dispatcher) queuedBody(ctx context.Context, st *messages.RunState, ours
 		}
 		seq = q.Sequence
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+	stream, err := rs.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		if err = classify(err); errors.Is(err, ErrNotProvisioned) {
 			return nil, nil
@@ -132,11 +132,11 @@ func (d *Dispatcher) queuedBody(ctx context.Context, st *messages.RunState, ours
 // One direct get of jetcrew.events.<run_id>.started. The error wraps
 // ErrRequestGone when there is none (the run never started, its events
 // expired), and ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) RecordedPrompt(ctx context.Context, id string) (messages.Event, error) {
+func (rs *RunStates) RecordedPrompt(ctx context.Context, id string) (messages.Event, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return messages.Event{}, fmt.Errorf("prompt: %w", err)
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamEvents)
+	stream, err := rs.js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
 		return messages.Event{}, fmt.Errorf("prompt of run %s: stream %s: %w", id, messages.StreamEvents, classify(err))
 	}

@@ -111,11 +111,11 @@ func SubmitOrder(a, b *messages.RunState) int {
 // 64 KiB of it). The error wraps ErrNoTestReport when the run left none,
 // and says why when it is not {"passed": N, "failed": M} with N and M not
 // negative.
-func (d *Dispatcher) TestReport(ctx context.Context, st *messages.RunState) (TestReport, error) {
+func (res *Results) TestReport(ctx context.Context, st *messages.RunState) (TestReport, error) {
 	if !HasTestReport(st) {
 		return TestReport{}, fmt.Errorf("run %s: %w", st.ID, ErrNoTestReport)
 	}
-	rr, err := d.OpenResult(ctx, st, messages.ResultArtifacts)
+	rr, err := res.OpenResult(ctx, st, messages.ResultArtifacts)
 	if err != nil {
 		return TestReport{}, err
 	}

@@ -11,6 +11,14 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// Budgets raises the model-usage budgets of runs and groups, by grants.
+// It is the Dispatcher's role for the jetcrew-budgets bucket (Grant,
+// GrantRun); it reads runs' states through RunStates.
+type Budgets struct {
+	js   jetstream.JetStream
+	runs *RunStates
+}
+
 // ErrNoBudgets is returned by Grant when the jetcrew-budgets bucket does
 // not exist: no worker of this version has provisioned the installation.
 var ErrNoBudgets = errors.New("no budgets bucket (" + messages.BucketBudgets + "): start a worker first")
@@ -25,7 +33,7 @@ var ErrNoBudgets = errors.New("no budgets bucket (" + messages.BucketBudgets + "
 // holds (on_budget = "pause") go on. It returns the grant's new total, or
 // ErrNoBudgets, or the bucket's error; a name that is not a valid token is
 // an error before any I/O.
-func (d *Dispatcher) Grant(ctx context.Context, scope, name string, by messages.BudgetSpend) (messages.BudgetSpend, error) {
+func (b *Budgets) Grant(ctx context.Context, scope, name string, by messages.BudgetSpend) (messages.BudgetSpend, error) {
 	if scope != messages.BudgetScopeRun && scope != messages.BudgetScopeGroup {
 		return messages.BudgetSpend{}, fmt.Errorf("grant: scope %q is not %q or %q", scope, messages.BudgetScopeRun, messages.BudgetScopeGroup)
 	}
@@ -40,7 +48,7 @@ func (d *Dispatcher) Grant(ctx context.Context, scope, name string, by messages.
 		ctx, cancel = context.WithTimeout(ctx, defaultRequestTimeout)
 		defer cancel()
 	}
-	kv, err := d.js.KeyValue(ctx, messages.BucketBudgets)
+	kv, err := b.js.KeyValue(ctx, messages.BucketBudgets)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return messages.BudgetSpend{}, ErrNoBudgets
 	}
@@ -71,15 +79,15 @@ type RunGrant struct {
 // names its final state) or that is known neither by a state nor by a
 // queued request (ErrRunNotFound). Its other errors are Grant's, Status's
 // and Request's.
-func (d *Dispatcher) GrantRun(ctx context.Context, id string, by messages.BudgetSpend) (RunGrant, error) {
+func (b *Budgets) GrantRun(ctx context.Context, id string, by messages.BudgetSpend) (RunGrant, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return RunGrant{}, fmt.Errorf("grant: %w", err)
 	}
-	state, err := d.grantable(ctx, id)
+	state, err := b.grantable(ctx, id)
 	if err != nil {
 		return RunGrant{}, err
 	}
-	total, err := d.Grant(ctx, messages.BudgetScopeRun, id, by)
+	total, err := b.Grant(ctx, messages.BudgetScopeRun, id, by)
 	if err != nil {
 		return RunGrant{}, err
 	}
@@ -88,8 +96,8 @@ func (d *Dispatcher) GrantRun(ctx context.Context, id string, by messages.Budget
 
 // grantable returns the state of run id when a grant can reach it
 // (running or queued), else the error that says why not.
-func (d *Dispatcher) grantable(ctx context.Context, id string) (messages.State, error) {
-	st, err := d.Status(ctx, id)
+func (b *Budgets) grantable(ctx context.Context, id string) (messages.State, error) {
+	st, err := b.runs.Status(ctx, id)
 	switch {
 	case err == nil && !st.State.Final():
 		if st.State == messages.StateQueued {
@@ -103,7 +111,7 @@ func (d *Dispatcher) grantable(ctx context.Context, id string) (messages.State, 
 	// yet taken, or a replay). The request a final state belongs to stays
 	// in the stream a moment after the state is written (the worker acks or
 	// terms it then): it is no run to grant to.
-	if q, qerr := d.Request(ctx, id); qerr == nil {
+	if q, qerr := b.runs.Request(ctx, id); qerr == nil {
 		if err != nil || q.Sequence > st.StreamSeq {
 			return messages.StateQueued, nil
 		}

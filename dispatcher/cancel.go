@@ -28,7 +28,7 @@ import (
 // skipped if it arrives later. When no worker is subscribed the error wraps
 // ErrNoWorker. ctx bounds the wait for the reply; without a deadline Cancel
 // waits at most 30 seconds.
-func (d *Dispatcher) Cancel(ctx context.Context, id string) (messages.CancelReply, error) {
+func (rs *RunStates) Cancel(ctx context.Context, id string) (messages.CancelReply, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return messages.CancelReply{}, fmt.Errorf("cancel: %w", err)
 	}
@@ -37,7 +37,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (messages.CancelRepl
 		ctx, cancel = context.WithTimeout(ctx, defaultRequestTimeout)
 		defer cancel()
 	}
-	resp, err := d.js.Conn().RequestWithContext(ctx, messages.SubjectCancel(id), nil)
+	resp, err := rs.js.Conn().RequestWithContext(ctx, messages.SubjectCancel(id), nil)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return messages.CancelReply{}, fmt.Errorf("cancel run %s: %w", id, ErrNoWorker)
 	}

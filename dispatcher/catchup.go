@@ -25,11 +25,11 @@ const maxCatchUp = 100000
 // stay silent for a while, and an event that was only not read yet must not
 // be reported gone. It asks the stream leader (the JetStream message-get
 // API, not a direct get, which any replica may answer from behind).
-func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, from watchFrom, st messages.RunState, fn func(WatchEvent) error) (messages.Event, bool, error) {
+func (es *Events) readMissed(ctx context.Context, id string, after uint64, from watchFrom, st messages.RunState, fn func(WatchEvent) error) (messages.Event, bool, error) {
 	var fin *messages.Event
 	next := max(after+1, from.afterEvent+1)
 	for range maxCatchUp {
-		m, err := d.leaderGet(ctx, next, messages.SubjectEventsAll(id))
+		m, err := es.leaderGet(ctx, next, messages.SubjectEventsAll(id))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -68,6 +68,6 @@ func (d *Dispatcher) readMissed(ctx context.Context, id string, after uint64, fr
 // leaderGet returns the first message of JETCREW_EVENTS at or after seq on
 // subject, asked of the stream leader. The error wraps jetstream.ErrMsgNotFound
 // when there is none.
-func (d *Dispatcher) leaderGet(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
-	return origin.Get(ctx, d.js.Conn(), messages.StreamEvents, seq, subject, "")
+func (es *Events) leaderGet(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
+	return origin.Get(ctx, es.js.Conn(), messages.StreamEvents, seq, subject, "")
 }

@@ -51,13 +51,13 @@ type Replica struct {
 // ClusterStreams that exists, in that order: one request per stream. A
 // stream that does not exist is left out; the first other error is
 // returned beside what was read.
-func (d *Dispatcher) StreamNodes(ctx context.Context) ([]StreamNodes, error) {
+func (f *Fleet) StreamNodes(ctx context.Context) ([]StreamNodes, error) {
 	var (
 		out   []StreamNodes
 		first error
 	)
 	for _, name := range ClusterStreams {
-		s, err := d.js.Stream(ctx, name)
+		s, err := f.js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
 		}

@@ -11,37 +11,49 @@
 // FollowMessages read with, and, when UploadWorkspace finds them missing,
 // the workspace and result buckets.
 //
-// A Dispatcher is safe for concurrent use.
+// A Dispatcher, and each of its roles, is safe for concurrent use.
 package dispatcher
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/jetcrew/jetcrew/messages"
 )
 
 // defaultFinishedGrace is how long Watch waits, once the run's state is
 // final, for the finished event before it makes one from the state.
 const defaultFinishedGrace = 3 * time.Second
 
-// Dispatcher submits and follows runs over one NATS connection. Create it
-// with New.
+// Dispatcher submits and follows runs over one NATS connection, one role per field.
+// Create it with New.
+//
+// Each role is a type of its own, in its own files, that a caller can take
+// alone, as nats.go's jetstream hands out a Publisher or a KeyValueManager:
+// RunStates (runs and their state, queued requests, what a run was asked),
+// Events (watching a run, following events), Submitter (publishing run
+// requests), DeadLetters (failed runs and their replay), Budgets (grants),
+// Coordination (questions, steering, messages to a group), EgressAsks (the
+// egress proxy's questions), Results (workspaces uploaded, results read and
+// published) and Fleet (pools, workers, the streams' nodes). The Dispatcher
+// embeds them all, so every method of every role is one of its methods
+// too, and a caller that needs one role takes that field (d.Events,
+// d.DeadLetters). Each role is safe for concurrent use.
 type Dispatcher struct {
+	*RunStates
+	*Events
+	*Submitter
+	*DeadLetters
+	*Budgets
+	*Coordination
+	*EgressAsks
+	*Results
+	*Fleet
+
 	js jetstream.JetStream
-
-	// finishedGrace: see defaultFinishedGrace. Tests shorten it.
-	finishedGrace time.Duration
-
-	mu   sync.Mutex
-	runs jetstream.KeyValue // the jetcrew-runs bucket once found
 }
 
 // New returns a Dispatcher using nc, which the caller keeps owning (and
@@ -56,28 +68,27 @@ func New(nc *nats.Conn) (*Dispatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher: %w", err)
 	}
-	return &Dispatcher{js: js, finishedGrace: defaultFinishedGrace}, nil
+	runs := &RunStates{js: js}
+	events := &Events{js: js, runs: runs, finishedGrace: defaultFinishedGrace}
+	results := &Results{js: js, runs: runs}
+	return &Dispatcher{
+		RunStates:    runs,
+		Events:       events,
+		Submitter:    &Submitter{js: js, runs: runs, results: results},
+		DeadLetters:  &DeadLetters{js: js, runs: runs, events: events},
+		Budgets:      &Budgets{js: js, runs: runs},
+		Coordination: &Coordination{js: js, runs: runs},
+		EgressAsks:   &EgressAsks{js: js},
+		Results:      results,
+		Fleet:        &Fleet{js: js},
+		js:           js,
+	}, nil
 }
 
 // Conn returns the NATS connection d uses, the one New was given: for a
 // caller that also follows what the server reports on it asynchronously
 // (nats.Conn.SetErrorHandler), such as a permissions violation.
 func (d *Dispatcher) Conn() *nats.Conn { return d.js.Conn() }
-
-// runsBucket returns the jetcrew-runs bucket, looking it up on first use.
-func (d *Dispatcher) runsBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.runs != nil {
-		return d.runs, nil
-	}
-	kv, err := d.js.KeyValue(ctx, messages.BucketRuns)
-	if err != nil {
-		return nil, classify(fmt.Errorf("bucket %s: %w", messages.BucketRuns, err))
-	}
-	d.runs = kv
-	return kv, nil
-}
 
 // jsErrStoreFailed is the JetStream error code of a publish the stream
 // would not store; its description says which limit refused it

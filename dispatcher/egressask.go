@@ -14,6 +14,13 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// EgressAsks lists and answers the egress proxy's questions about unlisted hosts.
+// It is the Dispatcher's role for the jetcrew-egress-asks bucket
+// (EgressPending, AnswerEgress, EgressWaiting).
+type EgressAsks struct {
+	js jetstream.JetStream
+}
+
 // ErrNoQuestion is returned by Answer for a question that is not waiting
 // (never put, answered, or given up).
 var ErrNoQuestion = errors.New("no such question is waiting")
@@ -24,10 +31,10 @@ var ErrAnswered = errors.New("the question was already answered")
 // EgressPending returns the connections of runs waiting for an operator's
 // answer (profile key egress_ask), oldest first. It returns the bucket's
 // error; none is waiting when no worker has made the bucket yet.
-func (d *Dispatcher) EgressPending(ctx context.Context) ([]messages.EgressAsk, error) {
+func (ea *EgressAsks) EgressPending(ctx context.Context) ([]messages.EgressAsk, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	kv, err := d.js.KeyValue(ctx, messages.BucketEgressAsks)
+	kv, err := ea.js.KeyValue(ctx, messages.BucketEgressAsks)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	}
@@ -59,7 +66,7 @@ func (d *Dispatcher) EgressPending(ctx context.Context) ([]messages.EgressAsk, e
 // bucket until deleted). by names who answers; it is recorded in the run's
 // egress event. It returns ErrNoQuestion when id is not waiting,
 // ErrAnswered when another answer came first, or the bucket's error.
-func (d *Dispatcher) AnswerEgress(ctx context.Context, id string, allow, forProfile bool, by string) (messages.EgressAsk, error) {
+func (ea *EgressAsks) AnswerEgress(ctx context.Context, id string, allow, forProfile bool, by string) (messages.EgressAsk, error) {
 	if _, ok := messages.ParseEgressAskID(id); !ok {
 		return messages.EgressAsk{}, fmt.Errorf("answer: %q is not a question id (<run_id>.<n>, from jetcrew egress pending)", id)
 	}
@@ -69,7 +76,7 @@ func (d *Dispatcher) AnswerEgress(ctx context.Context, id string, allow, forProf
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	kv, err := d.js.KeyValue(ctx, messages.BucketEgressAsks)
+	kv, err := ea.js.KeyValue(ctx, messages.BucketEgressAsks)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return messages.EgressAsk{}, ErrNoQuestion
 	}
@@ -90,7 +97,7 @@ func (d *Dispatcher) AnswerEgress(ctx context.Context, id string, allow, forProf
 	ans := messages.EgressAnswer{Allow: allow, Scope: "run", By: by, Time: time.Now().UTC()}
 	if forProfile {
 		ans.Scope = "profile"
-		apv, err := d.js.KeyValue(ctx, messages.BucketEgressApprovals)
+		apv, err := ea.js.KeyValue(ctx, messages.BucketEgressApprovals)
 		if err != nil {
 			return q, err
 		}

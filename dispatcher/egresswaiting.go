@@ -32,7 +32,7 @@ type EgressWaiting struct {
 // not a read each. limit 0 only counts them. It returns the bucket's
 // error; none is waiting when no worker has made the bucket yet.
 // EgressPending is the unbounded read the CLI lists.
-func (d *Dispatcher) EgressWaiting(ctx context.Context, runID string, limit int) (EgressWaiting, error) {
+func (ea *EgressAsks) EgressWaiting(ctx context.Context, runID string, limit int) (EgressWaiting, error) {
 	askFilter, answerFilter := messages.EgressAskKey(">"), messages.EgressAnswerKey(">")
 	if runID != "" {
 		if err := messages.ValidateToken("run id", runID); err != nil {
@@ -42,7 +42,7 @@ func (d *Dispatcher) EgressWaiting(ctx context.Context, runID string, limit int)
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	kv, err := d.js.KeyValue(ctx, messages.BucketEgressAsks)
+	kv, err := ea.js.KeyValue(ctx, messages.BucketEgressAsks)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return EgressWaiting{}, nil
 	}

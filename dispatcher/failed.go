@@ -14,6 +14,17 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// DeadLetters lists, archives, discards and replays the dead letters of failed runs.
+// It is the Dispatcher's role for the operator's failed runs: the
+// JETCREW_FAILED stream (Failed, LastDeadLetter, Archive, Unarchive,
+// Discard) and the replay of a dead letter (Replay, WatchReplay). It reads
+// runs' states through RunStates and follows a replay through Events.
+type DeadLetters struct {
+	js     jetstream.JetStream
+	runs   *RunStates
+	events *Events
+}
+
 // defaultRequestTimeout bounds a request/reply call whose ctx has no
 // deadline.
 const defaultRequestTimeout = 30 * time.Second
@@ -65,7 +76,7 @@ type DeadLetter struct {
 // (it creates no consumer, so read access to the stream is enough) and
 // returns once it has read every message stored when it started. The
 // error wraps ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, error) {
+func (dls *DeadLetters) Failed(ctx context.Context, pool string) ([]DeadLetter, error) {
 	filter := messages.SubjectFailedPrefix + ".>"
 	if pool != "" {
 		if err := messages.ValidateToken("pool", pool); err != nil {
@@ -73,7 +84,7 @@ func (d *Dispatcher) Failed(ctx context.Context, pool string) ([]DeadLetter, err
 		}
 		filter = messages.SubjectFailed(pool, ">")
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	stream, err := dls.js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
 		return nil, fmt.Errorf("failed runs: stream %s: %w", messages.StreamFailed, classify(err))
 	}
@@ -123,11 +134,16 @@ func archiveMark(subject string) (string, bool) {
 // LastDeadLetter returns the latest dead letter of run id, whatever its
 // pool (subject jetcrew.failed.*.<run_id>). The error wraps ErrNoDeadLetter
 // when there is none, and ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) LastDeadLetter(ctx context.Context, id string) (DeadLetter, error) {
+func (dls *DeadLetters) LastDeadLetter(ctx context.Context, id string) (DeadLetter, error) {
+	return lastDeadLetter(ctx, dls.js, id)
+}
+
+// lastDeadLetter is LastDeadLetter over js, for RunStates.Asked too.
+func lastDeadLetter(ctx context.Context, js jetstream.JetStream, id string) (DeadLetter, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return DeadLetter{}, fmt.Errorf("dead letter: %w", err)
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	stream, err := js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("dead letter of run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
 	}
@@ -192,11 +208,11 @@ func newDeadLetter(seq uint64, subject string, t time.Time, h nats.Header, data 
 // returns the number of dead letters deleted; the error wraps
 // ErrNoDeadLetter when the run has none, and ErrNotProvisioned when the
 // stream does not exist.
-func (d *Dispatcher) Discard(ctx context.Context, id string) (uint64, error) {
+func (dls *DeadLetters) Discard(ctx context.Context, id string) (uint64, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return 0, fmt.Errorf("discard: %w", err)
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	stream, err := dls.js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
 		return 0, fmt.Errorf("discard run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
 	}
@@ -241,12 +257,12 @@ func purgeArchiveMarks(ctx context.Context, stream jetstream.Stream, id string) 
 // letter stored after the mark (the run failed again) is not archived.
 // The error wraps ErrNoDeadLetter when the run has none, and
 // ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) Archive(ctx context.Context, id string) error {
-	dl, err := d.LastDeadLetter(ctx, id)
+func (dls *DeadLetters) Archive(ctx context.Context, id string) error {
+	dl, err := dls.LastDeadLetter(ctx, id)
 	if err != nil {
 		return fmt.Errorf("archive: %w", err)
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	stream, err := dls.js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
 		return fmt.Errorf("archive run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
 	}
@@ -255,7 +271,7 @@ func (d *Dispatcher) Archive(ctx context.Context, id string) error {
 	}
 	m := nats.NewMsg(messages.SubjectFailedArchived(dl.Pool, id))
 	m.Header.Set(messages.HeaderRunID, id)
-	if _, err := d.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamFailed)); err != nil {
+	if _, err := dls.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamFailed)); err != nil {
 		return fmt.Errorf("archive run %s: publish %s: %w", id, m.Subject, classify(err))
 	}
 	return nil
@@ -265,11 +281,11 @@ func (d *Dispatcher) Archive(ctx context.Context, id string) error {
 // one purge of its marks. Unarchiving a run that is not archived changes
 // nothing. The error wraps ErrNotProvisioned when the stream does not
 // exist.
-func (d *Dispatcher) Unarchive(ctx context.Context, id string) error {
+func (dls *DeadLetters) Unarchive(ctx context.Context, id string) error {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return fmt.Errorf("unarchive: %w", err)
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamFailed)
+	stream, err := dls.js.Stream(ctx, messages.StreamFailed)
 	if err != nil {
 		return fmt.Errorf("unarchive run %s: stream %s: %w", id, messages.StreamFailed, classify(err))
 	}

@@ -34,11 +34,11 @@ type StreamMsg struct {
 //
 // It returns nil once ctx has ended, fn's error unchanged when fn fails,
 // and an error wrapping ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) FollowMessages(ctx context.Context, stream string, filters []string, fn func(StreamMsg) error) error {
+func (es *Events) FollowMessages(ctx context.Context, stream string, filters []string, fn func(StreamMsg) error) error {
 	if len(filters) == 0 {
 		return errors.New("follow: no subject filter")
 	}
-	cons, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+	cons, err := es.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 	})
@@ -77,9 +77,9 @@ func (d *Dispatcher) FollowMessages(ctx context.Context, stream string, filters 
 // decoded is skipped, and so is an event the server relayed into the
 // stream (another stream's RePublish, a source: origin.Relayed), which no
 // worker published. Its errors are FollowMessages'.
-func (d *Dispatcher) Follow(ctx context.Context, filters []string, fn func(WatchEvent) error) error {
+func (es *Events) Follow(ctx context.Context, filters []string, fn func(WatchEvent) error) error {
 	fn = newOutputOrder().wrap(fn)
-	return d.FollowMessages(ctx, messages.StreamEvents, filters, func(m StreamMsg) error {
+	return es.FollowMessages(ctx, messages.StreamEvents, filters, func(m StreamMsg) error {
 		if origin.Relayed(m.Header) {
 			return nil
 		}

@@ -19,58 +19,6 @@ import (
 // it).
 const MaxRequestScan = 2000
 
-// PoolWorkers returns how many live workers announce pool in the
-// jetcrew-workers bucket (messages.WorkerPresence), and how many live
-// workers do not say which pool they serve (written by an older version);
-// those may serve it. The error wraps ErrNotProvisioned when the bucket does
-// not exist.
-func (d *Dispatcher) PoolWorkers(ctx context.Context, pool string) (serving, unsure int, err error) {
-	kv, err := d.js.KeyValue(ctx, messages.BucketWorkers)
-	if err != nil {
-		return 0, 0, fmt.Errorf("live workers: bucket %s: %w", messages.BucketWorkers, classify(err))
-	}
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		return 0, 0, fmt.Errorf("live workers: %w", classify(err))
-	}
-	defer func() { _ = lister.Stop() }()
-	for key := range lister.Keys() {
-		e, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			continue // gone meanwhile
-		}
-		if err != nil {
-			return 0, 0, fmt.Errorf("live workers: %w", classify(err))
-		}
-		var p messages.WorkerPresence
-		switch {
-		case json.Unmarshal(e.Value(), &p) != nil || p.Pool == "":
-			unsure++
-		case p.Pool == pool:
-			serving++
-		}
-	}
-	return serving, unsure, nil
-}
-
-// QueueDepth returns how many requests of pool wait in JETCREW_RUNS (taken
-// ones, still running, included until their outcome is recorded).
-func (d *Dispatcher) QueueDepth(ctx context.Context, pool string) (uint64, error) {
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
-	if err != nil {
-		return 0, fmt.Errorf("queue depth: %w", classify(err))
-	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(messages.SubjectRuns(pool)))
-	if err != nil {
-		return 0, fmt.Errorf("queue depth: %w", classify(err))
-	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
-	}
-	return n, nil
-}
-
 // RunKnown reports whether run id exists anywhere jetcrew keeps runs: a
 // state in jetcrew-runs, an event in JETCREW_EVENTS, a dead letter, or a
 // request in JETCREW_RUNS (found by its Nats-Msg-Id or its "id"; at most
@@ -83,11 +31,11 @@ func (d *Dispatcher) QueueDepth(ctx context.Context, pool string) (uint64, error
 // whose request is gone by the time it is looked for is found by the
 // looks after it; looked for last, a request taken and refused between
 // the looks was found nowhere.
-func (d *Dispatcher) RunKnown(ctx context.Context, id string) (bool, error) {
-	if queued, err := d.requestQueued(ctx, id); err != nil || queued {
+func (rs *RunStates) RunKnown(ctx context.Context, id string) (bool, error) {
+	if queued, err := rs.requestQueued(ctx, id); err != nil || queued {
 		return queued, err
 	}
-	if _, err := d.Status(ctx, id); err == nil {
+	if _, err := rs.Status(ctx, id); err == nil {
 		return true, nil
 	} else if !errors.Is(err, ErrRunNotFound) {
 		return false, err
@@ -96,7 +44,7 @@ func (d *Dispatcher) RunKnown(ctx context.Context, id string) (bool, error) {
 		{messages.StreamEvents, messages.SubjectEventsAll(id)},
 		{messages.StreamFailed, messages.SubjectFailed("*", id)},
 	} {
-		stream, err := d.js.Stream(ctx, sf.stream)
+		stream, err := rs.js.Stream(ctx, sf.stream)
 		if err != nil {
 			return false, fmt.Errorf("run %s: stream %s: %w", id, sf.stream, classify(err))
 		}
@@ -113,8 +61,8 @@ func (d *Dispatcher) RunKnown(ctx context.Context, id string) (bool, error) {
 
 // requestQueued looks for run id's request among the first MaxRequestScan
 // messages of JETCREW_RUNS; a longer queue counts as holding it.
-func (d *Dispatcher) requestQueued(ctx context.Context, id string) (bool, error) {
-	_, err := d.findRequest(ctx, id, true)
+func (rs *RunStates) requestQueued(ctx context.Context, id string) (bool, error) {
+	_, err := rs.findRequest(ctx, id, true)
 	if errors.Is(err, ErrRunNotFound) {
 		return false, nil
 	}
@@ -206,8 +154,8 @@ const DefaultRequestRead = 100
 // all. It reads them with direct gets (it creates no consumer: read access
 // to the stream is enough). The error wraps ErrNotProvisioned when the
 // stream does not exist.
-func (d *Dispatcher) Requests(ctx context.Context, limit int) ([]QueuedRequest, uint64, error) {
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+func (rs *RunStates) Requests(ctx context.Context, limit int) ([]QueuedRequest, uint64, error) {
+	stream, err := rs.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return nil, 0, fmt.Errorf("queued requests: stream %s: %w", messages.StreamRuns, classify(err))
 	}
@@ -240,18 +188,18 @@ func (d *Dispatcher) Requests(ctx context.Context, limit int) ([]QueuedRequest, 
 // for among the first MaxRequestScan messages (by its id or Nats-Msg-Id).
 // The error wraps ErrRunNotFound when it is not among them, and
 // ErrNotProvisioned when the stream does not exist.
-func (d *Dispatcher) Request(ctx context.Context, id string) (QueuedRequest, error) {
+func (rs *RunStates) Request(ctx context.Context, id string) (QueuedRequest, error) {
 	if err := messages.ValidateToken("run id", id); err != nil {
 		return QueuedRequest{}, fmt.Errorf("request: %w", err)
 	}
-	return d.findRequest(ctx, id, false)
+	return rs.findRequest(ctx, id, false)
 }
 
 // findRequest reads JETCREW_RUNS from its first message for run id's
 // request, at most MaxRequestScan messages. With assumeLong, a stream
 // holding more than that counts as holding it (a zero QueuedRequest).
-func (d *Dispatcher) findRequest(ctx context.Context, id string, assumeLong bool) (QueuedRequest, error) {
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+func (rs *RunStates) findRequest(ctx context.Context, id string, assumeLong bool) (QueuedRequest, error) {
+	stream, err := rs.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return QueuedRequest{}, fmt.Errorf("run %s: stream %s: %w", id, messages.StreamRuns, classify(err))
 	}

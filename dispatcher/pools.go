@@ -14,6 +14,13 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// Fleet reports the pools, their queues, the live workers and the streams' nodes.
+// It is the Dispatcher's role for capacity: Pools, PoolWorkers,
+// QueueDepth, UnservedPools, Workers and StreamNodes.
+type Fleet struct {
+	js jetstream.JetStream
+}
+
 // PoolStats is what the pool's durable consumer (workers-<pool> on
 // JETCREW_RUNS) says about the pool's queue.
 type PoolStats struct {
@@ -38,8 +45,8 @@ type PoolStats struct {
 // Pools returns the stats of every pool that has a workers-<pool> consumer
 // on JETCREW_RUNS, sorted by pool name. The error wraps ErrNotProvisioned
 // when the stream does not exist.
-func (d *Dispatcher) Pools(ctx context.Context) ([]PoolStats, error) {
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+func (f *Fleet) Pools(ctx context.Context) ([]PoolStats, error) {
+	stream, err := f.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return nil, fmt.Errorf("pools: stream %s: %w", messages.StreamRuns, classify(err))
 	}
@@ -96,8 +103,8 @@ func (b WorkerBeat) Presence() messages.WorkerPresence {
 // (older workers) gives the beat alone. A worker's key expires a few
 // heartbeats after it stops (messages.WorkerTTL). The error wraps
 // ErrNotProvisioned when the bucket does not exist.
-func (d *Dispatcher) Workers(ctx context.Context) ([]WorkerBeat, error) {
-	kv, err := d.js.KeyValue(ctx, messages.BucketWorkers)
+func (f *Fleet) Workers(ctx context.Context) ([]WorkerBeat, error) {
+	kv, err := f.js.KeyValue(ctx, messages.BucketWorkers)
 	if err != nil {
 		return nil, fmt.Errorf("workers: bucket %s: %w", messages.BucketWorkers, classify(err))
 	}
@@ -133,4 +140,56 @@ func workerBeat(id string, value []byte) WorkerBeat {
 	}
 	wb.Beat, _ = time.Parse(time.RFC3339Nano, string(value))
 	return wb
+}
+
+// PoolWorkers returns how many live workers announce pool in the
+// jetcrew-workers bucket (messages.WorkerPresence), and how many live
+// workers do not say which pool they serve (written by an older version);
+// those may serve it. The error wraps ErrNotProvisioned when the bucket does
+// not exist.
+func (f *Fleet) PoolWorkers(ctx context.Context, pool string) (serving, unsure int, err error) {
+	kv, err := f.js.KeyValue(ctx, messages.BucketWorkers)
+	if err != nil {
+		return 0, 0, fmt.Errorf("live workers: bucket %s: %w", messages.BucketWorkers, classify(err))
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("live workers: %w", classify(err))
+	}
+	defer func() { _ = lister.Stop() }()
+	for key := range lister.Keys() {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue // gone meanwhile
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("live workers: %w", classify(err))
+		}
+		var p messages.WorkerPresence
+		switch {
+		case json.Unmarshal(e.Value(), &p) != nil || p.Pool == "":
+			unsure++
+		case p.Pool == pool:
+			serving++
+		}
+	}
+	return serving, unsure, nil
+}
+
+// QueueDepth returns how many requests of pool wait in JETCREW_RUNS (taken
+// ones, still running, included until their outcome is recorded).
+func (f *Fleet) QueueDepth(ctx context.Context, pool string) (uint64, error) {
+	stream, err := f.js.Stream(ctx, messages.StreamRuns)
+	if err != nil {
+		return 0, fmt.Errorf("queue depth: %w", classify(err))
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(messages.SubjectRuns(pool)))
+	if err != nil {
+		return 0, fmt.Errorf("queue depth: %w", classify(err))
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
 }

@@ -15,7 +15,7 @@ import (
 // RecordPublish stores ev, what `jetcrew publish` pushed, as the run's
 // event jetcrew.events.<run_id>.publish in JETCREW_EVENTS, and waits for
 // the stream's ack. The run's state is not touched: only workers write it.
-func (d *Dispatcher) RecordPublish(ctx context.Context, ev messages.PublishEvent) error {
+func (res *Results) RecordPublish(ctx context.Context, ev messages.PublishEvent) error {
 	if err := messages.ValidateToken("run id", ev.RunID); err != nil {
 		return err
 	}
@@ -27,7 +27,7 @@ func (d *Dispatcher) RecordPublish(ctx context.Context, ev messages.PublishEvent
 	m := nats.NewMsg(messages.SubjectEvents(ev.RunID, messages.EventPublish))
 	m.Header.Set(messages.HeaderRunID, ev.RunID)
 	m.Data = data
-	if _, err := d.js.PublishMsg(ctx, m); err != nil {
+	if _, err := res.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("record the publish of run %s: %w", ev.RunID, classify(err))
 	}
 	return nil
@@ -35,11 +35,11 @@ func (d *Dispatcher) RecordPublish(ctx context.Context, ev messages.PublishEvent
 
 // LastPublish returns the run's last publish event, nil when it has none
 // (never published, or its events expired).
-func (d *Dispatcher) LastPublish(ctx context.Context, runID string) (*messages.PublishEvent, error) {
+func (res *Results) LastPublish(ctx context.Context, runID string) (*messages.PublishEvent, error) {
 	if err := messages.ValidateToken("run id", runID); err != nil {
 		return nil, err
 	}
-	stream, err := d.js.Stream(ctx, messages.StreamEvents)
+	stream, err := res.js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("publishes of run %s: stream %s: %w", runID, messages.StreamEvents, classify(err))
 	}

@@ -15,6 +15,16 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// Coordination answers agents' questions, steers runs and speaks to groups.
+// It is the Dispatcher's role for the operator's side of coordination:
+// questions (OpenQuestions, AnswerQuestion), steering a running agent
+// (Steer) and messages to a group's runs (Send). It reads runs' states
+// through RunStates.
+type Coordination struct {
+	js   jetstream.JetStream
+	runs *RunStates
+}
+
 // MaxAnswerBytes is the longest answer AnswerQuestion takes, in bytes: what
 // a run's reply may be (relay.MaxAnswerBytes).
 const MaxAnswerBytes = 4 << 10
@@ -28,10 +38,10 @@ var ErrNotToOperator = errors.New("the question is not to the operator")
 // questions of messages.BucketCoordQuestions whose Until has not passed and
 // whose asker still waits (askerWaits). No bucket (coordination never
 // provisioned) is no question.
-func (d *Dispatcher) OpenQuestions(ctx context.Context) ([]messages.CoordQuestion, error) {
+func (c *Coordination) OpenQuestions(ctx context.Context) ([]messages.CoordQuestion, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	kv, err := d.js.KeyValue(ctx, messages.BucketCoordQuestions)
+	kv, err := c.js.KeyValue(ctx, messages.BucketCoordQuestions)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	}
@@ -54,7 +64,7 @@ func (d *Dispatcher) OpenQuestions(ctx context.Context) ([]messages.CoordQuestio
 				slices.SortFunc(out, func(a, b messages.CoordQuestion) int {
 					return a.Time.Compare(b.Time)
 				})
-				return d.waiting(ctx, out), nil
+				return c.waiting(ctx, out), nil
 			}
 			var q messages.CoordQuestion
 			if json.Unmarshal(e.Value(), &q) != nil || q.To != messages.RecipientOperator || !q.Until.After(now) {
@@ -72,7 +82,7 @@ func (d *Dispatcher) OpenQuestions(ctx context.Context) ([]messages.CoordQuestio
 // returns the question; ErrNoQuestion when id is not open, ErrNotToOperator
 // for a question to a peer or the group, ErrAnswered when another answer
 // came first, or the bucket's error.
-func (d *Dispatcher) AnswerQuestion(ctx context.Context, id, text, by string) (messages.CoordQuestion, error) {
+func (c *Coordination) AnswerQuestion(ctx context.Context, id, text, by string) (messages.CoordQuestion, error) {
 	var q messages.CoordQuestion
 	if !messages.ValidCoordQuestionID(id) {
 		return q, fmt.Errorf("answer: %q is not a question id (\"q\" and 16 letters or digits, from jetcrew questions)", id)
@@ -90,7 +100,7 @@ func (d *Dispatcher) AnswerQuestion(ctx context.Context, id, text, by string) (m
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	kv, err := d.js.KeyValue(ctx, messages.BucketCoordQuestions)
+	kv, err := c.js.KeyValue(ctx, messages.BucketCoordQuestions)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return q, ErrNoQuestion
 	}
@@ -100,7 +110,7 @@ func (d *Dispatcher) AnswerQuestion(ctx context.Context, id, text, by string) (m
 	if q, err = openQuestion(ctx, kv, id); err != nil {
 		return q, err
 	}
-	if len(d.waiting(ctx, []messages.CoordQuestion{q})) == 0 {
+	if len(c.waiting(ctx, []messages.CoordQuestion{q})) == 0 {
 		return q, ErrNoQuestion // its asker is gone: nobody would read the answer
 	}
 	if q.To != messages.RecipientOperator {
@@ -152,11 +162,11 @@ func openQuestion(ctx context.Context, kv jetstream.KeyValue, id string) (messag
 // question's Until), but the run's presence in
 // messages.BucketCoordPeers, which names the session that asked, ends
 // within a minute. A question whose presence cannot be read is kept.
-func (d *Dispatcher) waiting(ctx context.Context, qs []messages.CoordQuestion) []messages.CoordQuestion {
+func (c *Coordination) waiting(ctx context.Context, qs []messages.CoordQuestion) []messages.CoordQuestion {
 	if len(qs) == 0 {
 		return qs
 	}
-	peers, err := d.js.KeyValue(ctx, messages.BucketCoordPeers)
+	peers, err := c.js.KeyValue(ctx, messages.BucketCoordPeers)
 	if err != nil {
 		return qs
 	}

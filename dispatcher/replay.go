@@ -66,8 +66,8 @@ func ReplayMsgID(id string, seq uint64) string {
 // run's finished event) is waited for, a few seconds at most.
 //
 // WatchReplay follows the replayed run.
-func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
-	dl, err := d.lastDeadLetterOfFailed(ctx, id)
+func (dls *DeadLetters) Replay(ctx context.Context, id string) (Replayed, error) {
+	dl, err := dls.lastDeadLetterOfFailed(ctx, id)
 	if err != nil {
 		return Replayed{}, fmt.Errorf("replay: %w", err)
 	}
@@ -75,12 +75,12 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		return Replayed{}, fmt.Errorf("replay run %s: dead letter subject %s: %w", id, dl.Subject, err)
 	}
 	r := Replayed{Pool: dl.Pool, DeadLetter: dl}
-	if _, err := d.verifyDeadLetter(ctx, id, dl); err != nil {
+	if _, err := dls.verifyDeadLetter(ctx, id, dl); err != nil {
 		return Replayed{}, err
 	}
 	r.RunID = messages.SalvageRunID(dl.Request)
 
-	events, err := d.js.Stream(ctx, messages.StreamEvents)
+	events, err := dls.js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
 		return Replayed{}, fmt.Errorf("replay run %s: stream %s: %w", id, messages.StreamEvents, classify(err))
 	}
@@ -101,7 +101,7 @@ func (d *Dispatcher) Replay(ctx context.Context, id string) (Replayed, error) {
 		// So is a request keyed to its group.
 		msg.Header.Set(messages.HeaderGroupSignature, dl.GroupSignature)
 	}
-	ack, err := d.js.PublishMsg(ctx, msg,
+	ack, err := dls.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(ReplayMsgID(dl.RunID, dl.Sequence)),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if err != nil {
@@ -120,12 +120,12 @@ const deadLetterDelay = 3 * time.Second
 // lastDeadLetterOfFailed is LastDeadLetter, waiting up to deadLetterDelay
 // for the dead letter when there is none yet but the run's state is
 // unsuccessful (failed, timed out or stalled: State.Unsuccessful).
-func (d *Dispatcher) lastDeadLetterOfFailed(ctx context.Context, id string) (DeadLetter, error) {
-	dl, err := d.LastDeadLetter(ctx, id)
+func (dls *DeadLetters) lastDeadLetterOfFailed(ctx context.Context, id string) (DeadLetter, error) {
+	dl, err := dls.LastDeadLetter(ctx, id)
 	if !errors.Is(err, ErrNoDeadLetter) {
 		return dl, err
 	}
-	st, serr := d.Status(ctx, id)
+	st, serr := dls.runs.Status(ctx, id)
 	if serr != nil || !st.State.Unsuccessful() {
 		return dl, err
 	}
@@ -138,7 +138,7 @@ func (d *Dispatcher) lastDeadLetterOfFailed(ctx context.Context, id string) (Dea
 			return DeadLetter{}, ctx.Err()
 		case <-t.C:
 		}
-		dl, err = d.LastDeadLetter(ctx, id)
+		dl, err = dls.LastDeadLetter(ctx, id)
 		if !errors.Is(err, ErrNoDeadLetter) {
 			return dl, err
 		}
@@ -155,34 +155,9 @@ func (d *Dispatcher) lastDeadLetterOfFailed(ctx context.Context, id string) (Dea
 // When a worker refuses the replayed request as a duplicate (the run
 // succeeded, or was submitted again, in between), WatchReplay returns an
 // error wrapping ErrReplayRefused.
-func (d *Dispatcher) WatchReplay(ctx context.Context, r Replayed, fn func(WatchEvent) error) (messages.Event, error) {
+func (dls *DeadLetters) WatchReplay(ctx context.Context, r Replayed, fn func(WatchEvent) error) (messages.Event, error) {
 	if r.RunID == "" {
 		return messages.Event{}, errors.New("watch replay: the replayed request has no id; its run id is derived by the worker and cannot be followed here")
 	}
-	return d.watch(ctx, r.RunID, watchFrom{afterEvent: r.eventsAfter, requestSeq: r.Sequence}, fn)
-}
-
-// replayRefused reports whether the replayed request at sequence seq was
-// refused: a worker took it off the stream without the run's state ever
-// belonging to it.
-func (d *Dispatcher) replayRefused(ctx context.Context, id string, seq uint64) (bool, error) {
-	st, err := d.Status(ctx, id)
-	if err != nil && !errors.Is(err, ErrRunNotFound) {
-		return false, err
-	}
-	if err == nil && st.StreamSeq == seq {
-		return false, nil
-	}
-	runs, err := d.js.Stream(ctx, messages.StreamRuns)
-	if err != nil {
-		return false, classify(err)
-	}
-	_, err = runs.GetMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		// Gone from the work queue. Read the state again: the worker claims
-		// the run before it removes the request.
-		st, serr := d.Status(ctx, id)
-		return serr != nil || st.StreamSeq != seq, nil
-	}
-	return false, err
+	return dls.events.watch(ctx, r.RunID, watchFrom{afterEvent: r.eventsAfter, requestSeq: r.Sequence}, fn)
 }

@@ -24,7 +24,7 @@ var ErrForeignDeadLetter = errors.New("dead letter not written by a worker for t
 // dl's body; for a state written before digests existed, the worker that
 // wrote it must be the dead letter's. The body may name no id (the worker
 // derived one) or id itself.
-func (d *Dispatcher) verifyDeadLetter(ctx context.Context, id string, dl DeadLetter) (messages.RunState, error) {
+func (dls *DeadLetters) verifyDeadLetter(ctx context.Context, id string, dl DeadLetter) (messages.RunState, error) {
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("replay run %s: %w: %s", id, ErrForeignDeadLetter, fmt.Sprintf(format, args...))
 	}
@@ -34,7 +34,7 @@ func (d *Dispatcher) verifyDeadLetter(ctx context.Context, id string, dl DeadLet
 	if body := messages.SalvageRunID(dl.Request); body != "" && body != id {
 		return messages.RunState{}, refuse("its request names run %q", body)
 	}
-	st, err := d.Status(ctx, id)
+	st, err := dls.runs.Status(ctx, id)
 	if errors.Is(err, ErrRunNotFound) {
 		return st, refuse("the run has no state, so no worker ran it")
 	}

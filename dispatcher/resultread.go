@@ -59,7 +59,7 @@ func (rr *ResultReader) Close() error { return rr.r.Close() }
 // until read: the caller bounds what it takes. The error wraps
 // ErrNoResult when the run has no such object (no workspace, not ended,
 // nothing changed or left, or the object expired).
-func (d *Dispatcher) OpenResult(ctx context.Context, st *messages.RunState, kind string) (*ResultReader, error) {
+func (res *Results) OpenResult(ctx context.Context, st *messages.RunState, kind string) (*ResultReader, error) {
 	if st.WorkspaceResult == nil {
 		return nil, fmt.Errorf("run %s (%s): %w (the request named no workspace, or the run has not ended)", st.ID, st.State, ErrNoResult)
 	}
@@ -72,7 +72,7 @@ func (d *Dispatcher) OpenResult(ctx context.Context, st *messages.RunState, kind
 	if obj == nil {
 		return nil, fmt.Errorf("run %s: %w: no %s (the run changed nothing, or left no artifacts)", st.ID, ErrNoResult, kind)
 	}
-	obs, err := d.js.ObjectStore(ctx, messages.BucketResults)
+	obs, err := res.js.ObjectStore(ctx, messages.BucketResults)
 	if err != nil {
 		return nil, classify(fmt.Errorf("object store %s: %w", messages.BucketResults, err))
 	}

@@ -37,11 +37,11 @@ type RunUpdate struct {
 // returns an error wrapping ErrNotProvisioned when the bucket does not
 // exist, and nil once ctx has ended; fn runs on WatchRuns' goroutine, one
 // update at a time.
-func (d *Dispatcher) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
+func (rs *RunStates) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	prefix := "$KV." + messages.BucketRuns + "."
-	cons, err := d.js.OrderedConsumer(ctx, runsStream, jetstream.OrderedConsumerConfig{
+	cons, err := rs.js.OrderedConsumer(ctx, runsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{prefix + ">"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
@@ -81,7 +81,7 @@ func (d *Dispatcher) WatchRuns(ctx context.Context, fn func(RunUpdate)) error {
 			// newest record a worker wrote stands for it.
 			ok = false
 			if !synced {
-				if own, _, err := origin.Newest(ctx, d.js.Conn(), runsStream, m.Subject()); err == nil {
+				if own, _, err := origin.Newest(ctx, rs.js.Conn(), runsStream, m.Subject()); err == nil {
 					data, h, ok = own.Data, own.Header, true
 				}
 			}
@@ -206,14 +206,14 @@ func Newer(a, b *messages.RunState) int {
 // that passes f, newest first (see Newer). It reads the bucket with one
 // watch (WatchRuns) until the stored states are delivered. The error wraps
 // ErrNotProvisioned when the bucket does not exist.
-func (d *Dispatcher) Runs(ctx context.Context, f RunFilter) ([]messages.RunState, error) {
+func (rs *RunStates) Runs(ctx context.Context, f RunFilter) ([]messages.RunState, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		out    []messages.RunState
 		synced bool
 	)
-	err := d.WatchRuns(ctx, func(u RunUpdate) {
+	err := rs.WatchRuns(ctx, func(u RunUpdate) {
 		switch {
 		case u.Synced:
 			synced = true

@@ -25,7 +25,7 @@ var ErrEmptyMessage = errors.New("empty message")
 // returns the message's sequence in JETCREW_COORD. A message larger than
 // the stream's 64 KiB is refused by the server; the error wraps
 // ErrNotProvisioned when JETCREW_COORD does not exist.
-func (d *Dispatcher) Send(ctx context.Context, g messages.GroupRef, to, text string) (uint64, error) {
+func (c *Coordination) Send(ctx context.Context, g messages.GroupRef, to, text string) (uint64, error) {
 	if err := g.Validate(); err != nil {
 		return 0, fmt.Errorf("send: %w", err)
 	}
@@ -40,7 +40,7 @@ func (d *Dispatcher) Send(ctx context.Context, g messages.GroupRef, to, text str
 	}
 	m := nats.NewMsg(messages.SubjectCoordFromOperator(g, to))
 	m.Data = []byte(text)
-	ack, err := d.js.PublishMsg(ctx, m)
+	ack, err := c.js.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, fmt.Errorf("send to %s: %w", m.Subject, classify(err))
 	}

@@ -17,7 +17,7 @@ import (
 // pair holding its seed: the message carries messages.HeaderSigner (key's
 // public key) and messages.HeaderSignature (the Ed25519 signature of the
 // encoded request), which a profile with signed_by requires.
-func (d *Dispatcher) SubmitSigned(ctx context.Context, req messages.RunRequest, key nkeys.KeyPair) (string, error) {
+func (s *Submitter) SubmitSigned(ctx context.Context, req messages.RunRequest, key nkeys.KeyPair) (string, error) {
 	if key == nil {
 		return "", fmt.Errorf("submit: nil signing key")
 	}
@@ -25,7 +25,7 @@ func (d *Dispatcher) SubmitSigned(ctx context.Context, req messages.RunRequest, 
 	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
 	}
-	return d.publish(ctx, e, key)
+	return s.publish(ctx, e, key)
 }
 
 // LoadSigningKey reads an NKey user seed ("SU…") from path, the file

@@ -33,7 +33,7 @@ import (
 // error is for a request that failed otherwise (NATS unreachable, a reply
 // that cannot be read). ctx bounds the wait; without a deadline Steer
 // waits at most 30 seconds.
-func (d *Dispatcher) Steer(ctx context.Context, runID, text, id string) (messages.SteerReply, error) {
+func (c *Coordination) Steer(ctx context.Context, runID, text, id string) (messages.SteerReply, error) {
 	if err := messages.ValidateToken("run id", runID); err != nil {
 		return messages.SteerReply{}, fmt.Errorf("steer: %w", err)
 	}
@@ -57,10 +57,10 @@ func (d *Dispatcher) Steer(ctx context.Context, runID, text, id string) (message
 	m := nats.NewMsg(messages.SubjectSteer(runID))
 	m.Header.Set(messages.HeaderSteerID, id)
 	m.Data = []byte(text)
-	resp, err := d.js.Conn().RequestMsgWithContext(ctx, m)
+	resp, err := c.js.Conn().RequestMsgWithContext(ctx, m)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return d.steerUnserved(ctx, r)
+		return c.steerUnserved(ctx, r)
 	case errors.Is(err, context.DeadlineExceeded):
 		r.Code, r.Reason = messages.SteerUnavailable, "the worker serving the run did not answer in time"
 		return r, nil
@@ -77,8 +77,8 @@ func (d *Dispatcher) Steer(ctx context.Context, runID, text, id string) (message
 // steerUnserved explains, from the run's state, why no worker answered a
 // steer: the run is unknown, has ended, is not running yet, or has no
 // coordination session.
-func (d *Dispatcher) steerUnserved(ctx context.Context, r messages.SteerReply) (messages.SteerReply, error) {
-	st, err := d.Status(ctx, r.RunID)
+func (c *Coordination) steerUnserved(ctx context.Context, r messages.SteerReply) (messages.SteerReply, error) {
+	st, err := c.runs.Status(ctx, r.RunID)
 	switch {
 	case errors.Is(err, ErrRunNotFound):
 		r.Code, r.Reason = messages.SteerUnknownRun, fmt.Sprintf("no run %s is known", r.RunID)

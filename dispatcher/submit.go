@@ -15,6 +15,17 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
+// Submitter publishes run requests to JETCREW_RUNS, one or a batch at once.
+// It is the Dispatcher's role for submitting: Submit, SubmitSigned,
+// SubmitEncoded, and SubmitBatch for requests that share a workspace and
+// a signer. It reads runs' states through RunStates (a chosen id already
+// in use, a run to start from) and uploads workspaces through Results.
+type Submitter struct {
+	js      jetstream.JetStream
+	runs    *RunStates
+	results *Results
+}
+
 // entropy makes run ids unguessable and monotonic within a millisecond.
 var entropy = &ulid.LockedMonotonicReader{MonotonicReader: ulid.Monotonic(rand.Reader, 0)}
 
@@ -119,28 +130,28 @@ func (e Encoded) encode() (Encoded, error) {
 // progress.
 //
 // When jetcrew's streams do not exist the error wraps ErrNotProvisioned.
-func (d *Dispatcher) Submit(ctx context.Context, req messages.RunRequest) (string, error) {
+func (s *Submitter) Submit(ctx context.Context, req messages.RunRequest) (string, error) {
 	e, err := Encode(req)
 	if err != nil {
 		return "", fmt.Errorf("submit: %w", err)
 	}
-	return d.publish(ctx, e, nil)
+	return s.publish(ctx, e, nil)
 }
 
 // SubmitEncoded is Submit for a request Encode already completed and
 // checked, signed with key as SubmitSigned signs unless key is nil. It
 // checks nothing again; an Encoded that Encode did not make is refused with
 // an error wrapping messages.ErrInvalidRequest.
-func (d *Dispatcher) SubmitEncoded(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
+func (s *Submitter) SubmitEncoded(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
 	if e.data == nil {
 		return "", fmt.Errorf("submit: %w", errNotEncoded)
 	}
-	return d.publish(ctx, e, key)
+	return s.publish(ctx, e, key)
 }
 
 // publish is Submit after Encode, signing the request with key when it is
 // not nil.
-func (d *Dispatcher) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
+func (s *Submitter) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) (string, error) {
 	req, data := e.req, e.data
 	msg := nats.NewMsg(messages.SubjectRuns(req.Pool))
 	msg.Data = data
@@ -155,16 +166,16 @@ func (d *Dispatcher) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) 
 		}
 	}
 	if e.chosenID {
-		if err := d.checkSameRequest(ctx, req.ID, messages.RequestDigest(data)); err != nil {
+		if err := s.checkSameRequest(ctx, req.ID, messages.RequestDigest(data)); err != nil {
 			return "", err
 		}
 	}
-	ack, err := d.js.PublishMsg(ctx, msg,
+	ack, err := s.js.PublishMsg(ctx, msg,
 		jetstream.WithMsgID(req.ID),
 		jetstream.WithExpectStream(messages.StreamRuns))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		// Nothing stored it: no stream, or no JetStream at all.
-		if _, aerr := d.js.AccountInfo(ctx); errors.Is(classify(aerr), ErrNoJetStream) {
+		if _, aerr := s.js.AccountInfo(ctx); errors.Is(classify(aerr), ErrNoJetStream) {
 			err = aerr
 		}
 	}
@@ -181,8 +192,8 @@ func (d *Dispatcher) publish(ctx context.Context, e Encoded, key nkeys.KeyPair) 
 // checkSameRequest refuses, with an error wrapping ErrIDInUse, to submit a
 // request whose digest differs from the one recorded in run id's state. A
 // state without a digest (written before digests existed) is not compared.
-func (d *Dispatcher) checkSameRequest(ctx context.Context, id, digest string) error {
-	kv, err := d.runsBucket(ctx)
+func (s *Submitter) checkSameRequest(ctx context.Context, id, digest string) error {
+	kv, err := s.runs.runsBucket(ctx)
 	if err != nil {
 		return fmt.Errorf("submit run %s: %w", id, err)
 	}

@@ -44,8 +44,8 @@ const MaxOldestLookups = 16
 // or an operator purges them (nats stream purge JETCREW_RUNS --subject
 // jetcrew.runs.<pool>). The error wraps ErrNotProvisioned when the stream
 // does not exist.
-func (d *Dispatcher) UnservedPools(ctx context.Context) ([]UnservedPool, error) {
-	stream, err := d.js.Stream(ctx, messages.StreamRuns)
+func (f *Fleet) UnservedPools(ctx context.Context) ([]UnservedPool, error) {
+	stream, err := f.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return nil, fmt.Errorf("unserved pools: stream %s: %w", messages.StreamRuns, classify(err))
 	}

@@ -158,12 +158,32 @@ Logs go to stderr: JSON, or human-readable when stderr is a terminal.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
 	a.addConnFlags(root.PersistentFlags())
-	root.AddCommand(a.bridgeCmd(), a.workspaceCmd(), a.upCmd(), a.workerCmd(), a.submitCmd(), a.followupCmd(), a.statusCmd(), a.watchCmd(),
-		a.cancelCmd(), a.sendCmd(), a.budgetCmd(), a.egressCmd(), a.failedCmd(), a.replayCmd(), a.profilesCmd(), a.rolesCmd(), a.uiCmd(), a.runsCmd(), a.workersCmd())
-	root.AddCommand(a.resultCmds()...)
-	root.AddCommand(a.questionCmds()...)
+	sub, runs, ops, res, srv, wrk := submitCmds{a}, runCmds{a}, operatorCmds{a}, resultCmds{a}, serveCmds{a}, workerCmds{a}
+	root.AddCommand(wrk.bridgeCmd(), wrk.workspaceCmd(), srv.upCmd(), wrk.workerCmd(), sub.submitCmd(), sub.followupCmd(), runs.statusCmd(), runs.watchCmd(),
+		runs.cancelCmd(), runs.sendCmd(), runs.budgetCmd(), ops.egressCmd(), ops.failedCmd(), ops.replayCmd(), wrk.profilesCmd(), srv.rolesCmd(), srv.uiCmd(), runs.runsCmd(), ops.workersCmd())
+	root.AddCommand(res.commands()...)
+	root.AddCommand(ops.questionCmds()...)
 	return root
 }
+
+// The commands by concern: each is a type over the app whose methods build
+// and run the commands of that concern, with the receiver name a (the app,
+// seen through one concern). What every command uses (the streams, the
+// connection, following a run's output) stays on app itself.
+type (
+	// submitCmds submit runs: submit (one run, or --attempts) and followup.
+	submitCmds struct{ *app }
+	// runCmds look at and steer runs: status, watch, runs, cancel, send and budget.
+	runCmds struct{ *app }
+	// operatorCmds are the operator's work: failed runs, replays, questions, egress asks, workers.
+	operatorCmds struct{ *app }
+	// resultCmds read and take workspace results: result, diff, apply, publish, artifacts, compare.
+	resultCmds struct{ *app }
+	// serveCmds serve an installation: up (server, worker, console), ui and roles.
+	serveCmds struct{ *app }
+	// workerCmds run and equip workers: worker, profiles, and the bridge and workspace tools.
+	workerCmds struct{ *app }
+)
 
 // exactArgs is cobra.ExactArgs with a usage error naming the arguments.
 func exactArgs(names ...string) cobra.PositionalArgs {

@@ -81,7 +81,7 @@ func (o submitOptions) planAttempts(prompt string) (attemptsPlan, error) {
 // It prints the run ids on stdout, one a line, and the group on stderr;
 // with --wait it follows every run to its end, printing each one's
 // finished line, and exits 0 only when every attempt succeeded.
-func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, key nkeys.KeyPair) error {
+func (a submitCmds) runAttempts(ctx context.Context, o submitOptions, prompt string, key nkeys.KeyPair) error {
 	plan, err := o.planAttempts(prompt)
 	if err != nil {
 		return usageError(err)
@@ -94,31 +94,12 @@ func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, k
 		return err
 	}
 	defer closeNATS()
-	if err := checkFrom(ctx, d, o.from); err != nil {
+	ids, err := a.submitRequests(ctx, d, o, plan.encs, key, func(id string) { fmt.Fprintln(a.stdout, id) })
+	if err != nil {
+		if len(ids) > 0 {
+			err = fmt.Errorf("%w (runs %s of group %s were submitted)", err, strings.Join(ids, ", "), plan.group)
+		}
 		return err
-	}
-	if o.workspace != "" {
-		ref, err := a.uploadWorkspace(ctx, d, o)
-		if err != nil {
-			return err
-		}
-		for i := range plan.encs {
-			if plan.encs[i], err = plan.encs[i].WithWorkspace(ref); err != nil {
-				return usageError(fmt.Errorf("submit: %w", err))
-			}
-		}
-	}
-	var ids []string
-	for _, enc := range plan.encs {
-		id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return d.SubmitEncoded(ctx, enc, key) }, o.keepWaiting, o.quiet)
-		if err != nil {
-			if len(ids) > 0 {
-				err = fmt.Errorf("%w (runs %s of group %s were submitted)", err, strings.Join(ids, ", "), plan.group)
-			}
-			return err
-		}
-		ids = append(ids, id)
-		fmt.Fprintln(a.stdout, id)
 	}
 	if !o.quiet {
 		fmt.Fprintf(visible(a.stderr), "--- group %s: %d attempts (jetcrew compare %s)\n", plan.group, len(ids), plan.group)
@@ -134,7 +115,7 @@ func (a *app) runAttempts(ctx context.Context, o submitOptions, prompt string, k
 // the first is queued, the queue lines of a waiting submit (reportQueued:
 // no live worker for the pool ends the wait with exit code 1). It returns
 // an exit code 1 error unless every run succeeded.
-func (a *app) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids []string, pool string, o submitOptions) error {
+func (a submitCmds) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids []string, pool string, o submitOptions) error {
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	stderr := &syncWriter{w: a.stderr}
@@ -181,22 +162,6 @@ func (a *app) followAttempts(ctx context.Context, d *dispatcher.Dispatcher, ids 
 	}
 	if len(failed) > 0 {
 		return &exitError{code: exitFailure, err: fmt.Errorf("%d of %d attempts did not succeed: %s", len(failed), len(ids), strings.Join(failed, ", "))}
-	}
-	return nil
-}
-
-// checkFrom is the submitter's own check of --from: a run it cannot read,
-// or one without a result, is refused here; the worker checks again.
-func checkFrom(ctx context.Context, d *dispatcher.Dispatcher, from string) error {
-	if from == "" {
-		return nil
-	}
-	st, err := d.Status(ctx, from)
-	if err != nil {
-		return fmt.Errorf("--from %s: %w", from, err)
-	}
-	if !st.State.Final() || st.WorkspaceResult == nil {
-		return usageError(fmt.Errorf("--from %s: the run is %s and has no workspace result to start from", from, st.State))
 	}
 	return nil
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
@@ -177,11 +176,7 @@ func TestSubmitAttemptsCompareApply(t *testing.T) {
 // the runs and the group; the ids and the group are printed.
 func TestSubmitAttemptsProfiles(t *testing.T) {
 	t.Parallel()
-	s := workertest.StartServer(t)
-	js, err := jetstream.New(workertest.Connect(t, s))
-	require.NoError(t, err)
-	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
-	require.NoError(t, err)
+	s, js := provisionedServer(t)
 	url := s.ClientURL()
 	code, stdout, stderr := cli(t, url, "submit", "--id", "try", "--attempts", "3", "--profiles", "shell,other", "out hi")
 	require.Equal(t, 0, code, stderr)

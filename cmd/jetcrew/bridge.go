@@ -14,7 +14,7 @@ import (
 // worker mounts this very binary at /opt/jetcrew/bridge, where it runs as
 // the bridge by its name; main dispatches both before any other set-up so
 // stdout carries JSON-RPC frames alone. This command is what --help lists.
-func (a *app) bridgeCmd() *cobra.Command {
+func (a workerCmds) bridgeCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "bridge [launch [--home-seed DIR] [--stdin FILE] -- ARGV...]",
 		Short: "Run the coordination bridge (inside a run container: MCP on stdio, or the agent's launcher)",
@@ -36,7 +36,7 @@ Workers run it inside run containers; see docs/backends.md.`,
 // workspaceCmd is `jetcrew workspace exec|capture`: the in-jail workspace
 // commands (workspace.JailMain), which main dispatches before any other
 // set-up. This command is what --help lists.
-func (a *app) workspaceCmd() *cobra.Command {
+func (a workerCmds) workspaceCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "workspace exec|capture [flags] [-- ARGV...]",
 		Short: "Unpack a run's workspace snapshot or capture its result (inside a run's jail)",
@@ -57,7 +57,7 @@ containers; see docs/workspaces.md.`,
 // workspaceTool is the binary workers stage for the in-jail workspace
 // commands: the bridge binary tests set, else this executable, whatever
 // --bridge names (a separate bridge may lack the workspace commands).
-func (a *app) workspaceTool() string {
+func (a workerCmds) workspaceTool() string {
 	if a.bridgePath != "" {
 		return a.bridgePath
 	}

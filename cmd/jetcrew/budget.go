@@ -12,7 +12,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-func (a *app) budgetCmd() *cobra.Command {
+func (a runCmds) budgetCmd() *cobra.Command {
 	var url, pool string
 	var group bool
 	var tokens, requests int64
@@ -68,7 +68,7 @@ group is taken (the default pool when none does; several: give --pool).
 	return cmd
 }
 
-func (a *app) runBudget(ctx context.Context, url, scope, name, pool string, by messages.BudgetSpend) error {
+func (a runCmds) runBudget(ctx context.Context, url, scope, name, pool string, by messages.BudgetSpend) error {
 	if err := messages.ValidateToken(scope, name); err != nil {
 		return usageError(err)
 	}
@@ -94,7 +94,7 @@ func (a *app) runBudget(ctx context.Context, url, scope, name, pool string, by m
 			note = "; the run is queued: its worker applies the grant when it starts"
 		}
 	} else {
-		g, err := a.resolveGroup(ctx, d, name, pool)
+		g, err := resolveGroup(ctx, d.RunStates, a.stderr, name, pool)
 		if err != nil {
 			return err
 		}

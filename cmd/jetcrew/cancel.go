@@ -10,7 +10,7 @@ import (
 	"github.com/jetcrew/jetcrew/dispatcher"
 )
 
-func (a *app) cancelCmd() *cobra.Command {
+func (a runCmds) cancelCmd() *cobra.Command {
 	var url string
 	cmd := &cobra.Command{
 		Use:   "cancel [flags] RUN_ID",
@@ -37,7 +37,7 @@ these, and 1 when the cancel failed or no worker answered.`,
 	return cmd
 }
 
-func (a *app) runCancel(ctx context.Context, url, id string) error {
+func (a runCmds) runCancel(ctx context.Context, url, id string) error {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew cancel")
 	if err != nil {
 		return err

@@ -25,7 +25,7 @@ import (
 // from (dispatcher.TestReportArtifact).
 const TestReportArtifact = dispatcher.TestReportArtifact
 
-func (a *app) compareCmd() *cobra.Command {
+func (a resultCmds) compareCmd() *cobra.Command {
 	var url, pool string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -128,7 +128,7 @@ func checkAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool str
 
 // compareGroup prints the table of group's runs, or with asJSON their
 // dispatcher.Attempts as a JSON array.
-func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group, pool string, asJSON bool) error {
+func (a resultCmds) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group, pool string, asJSON bool) error {
 	attempts, err := a.groupAttempts(ctx, d, group, pool)
 	if err != nil {
 		return err
@@ -151,7 +151,7 @@ func (a *app) compareGroup(ctx context.Context, d *dispatcher.Dispatcher, group,
 // groupAttempts returns what compare shows of each run of group name (in
 // pool, else in the one pool whose runs name it: groupRuns), in the order
 // they were submitted, their test reports read.
-func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]dispatcher.Attempt, error) {
+func (a resultCmds) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]dispatcher.Attempt, error) {
 	runs, err := a.groupRuns(ctx, d, name, pool)
 	if err != nil {
 		return nil, err
@@ -168,8 +168,8 @@ func (a *app) groupAttempts(ctx context.Context, d *dispatcher.Dispatcher, name,
 // run's state names its group once admitted): those of pool, or, pool
 // empty, of the one pool whose runs name the group (onePool). None is an
 // error.
-func (a *app) groupRuns(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]messages.RunState, error) {
-	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+func (a resultCmds) groupRuns(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) ([]messages.RunState, error) {
+	runs, err := listRuns(ctx, d.RunStates, a.stderr, dispatcher.RunFilter{Group: name, Pool: pool})
 	// A run alone in its own group (named by its id) is in no named group.
 	runs = slices.DeleteFunc(runs, func(st messages.RunState) bool { return st.GroupRef().Own })
 	switch {
@@ -200,8 +200,8 @@ func onePool(name string, runs []messages.RunState) error {
 // resolveGroup returns group name of pool; pool empty, of the one pool
 // whose runs name the group (onePool), else of the default pool. When the
 // only run naming it is run name itself, the group is that run's own.
-func (a *app) resolveGroup(ctx context.Context, d *dispatcher.Dispatcher, name, pool string) (messages.GroupRef, error) {
-	runs, err := a.listRuns(ctx, d, dispatcher.RunFilter{Group: name, Pool: pool})
+func resolveGroup(ctx context.Context, d *dispatcher.RunStates, stderr io.Writer, name, pool string) (messages.GroupRef, error) {
+	runs, err := listRuns(ctx, d, stderr, dispatcher.RunFilter{Group: name, Pool: pool})
 	if err != nil {
 		return messages.GroupRef{}, err
 	}
@@ -300,7 +300,7 @@ func patchOf(ctx context.Context, d *dispatcher.Dispatcher, id string) (string, 
 }
 
 // interdiff writes how run a's patch and run b's differ (Interdiff).
-func (a *app) interdiff(ctx context.Context, d *dispatcher.Dispatcher, runA, runB string) error {
+func (a resultCmds) interdiff(ctx context.Context, d *dispatcher.Dispatcher, runA, runB string) error {
 	pa, err := patchOf(ctx, d, runA)
 	if err != nil {
 		return err

@@ -109,7 +109,7 @@ func TestUpAuthPrintsContextFiles(t *testing.T) {
 	a := newTestApp(map[string]string{"XDG_CONFIG_HOME": xdg}, nil)
 	keys, _, err := ensureRoleKeys(filepath.Join(t.TempDir(), authDirName))
 	require.NoError(t, err)
-	require.NoError(t, a.announceAuth("nats://127.0.0.1:4222", keys))
+	require.NoError(t, serveCmds{a.app}.announceAuth("nats://127.0.0.1:4222", keys))
 	file := filepath.Join(xdg, "nats", "context", "jetcrew-submitter.json")
 	require.Contains(t, a.stdout.String(), "NATS_CONTEXT_SUBMITTER=jetcrew-submitter\t# context "+file+", seed "+keys[roles.Submitter]+"\n")
 	c, err := natscontext.NewRegistry(natscontext.NewFileBackendAt(xdg)).Load(t.Context(), "jetcrew-submitter")

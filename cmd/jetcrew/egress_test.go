@@ -131,7 +131,7 @@ func TestEgressCAFlag(t *testing.T) {
 	require.NoError(t, fs.Parse([]string{"--egress-ca", f1, "--egress-ca", f2}))
 	_, err := o.check()
 	require.NoError(t, err)
-	roots := newTestApp(nil, nil).workerConfig(&nats.Conn{}, o, nil, nil).EgressUpstreamRoots
+	roots := workerCmds{newTestApp(nil, nil).app}.workerConfig(&nats.Conn{}, o, nil, nil).EgressUpstreamRoots
 	require.NotNil(t, roots)
 	for _, c := range []*x509.Certificate{c1, c2} {
 		_, err := c.Verify(x509.VerifyOptions{Roots: roots})
@@ -144,7 +144,7 @@ func TestEgressCAFlag(t *testing.T) {
 	require.NoError(t, fs.Parse(nil))
 	_, err = o.check()
 	require.NoError(t, err)
-	require.Nil(t, newTestApp(nil, nil).workerConfig(&nats.Conn{}, o, nil, nil).EgressUpstreamRoots, "no flag: the system's roots")
+	require.Nil(t, workerCmds{newTestApp(nil, nil).app}.workerConfig(&nats.Conn{}, o, nil, nil).EgressUpstreamRoots, "no flag: the system's roots")
 
 	empty := filepath.Join(t.TempDir(), "empty.pem")
 	require.NoError(t, os.WriteFile(empty, []byte("nothing\n"), 0o644))

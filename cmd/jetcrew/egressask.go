@@ -28,7 +28,7 @@ func defaultDecider() string {
 	return name
 }
 
-func (a *app) egressCmd() *cobra.Command {
+func (a operatorCmds) egressCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "egress pending|allow|deny",
 		Short: "Answer runs' connections to hosts their profile asks an operator about (egress_ask)",
@@ -58,7 +58,7 @@ in the run's egress event, with who gave it (--by, default $USER@host).`,
 	return cmd
 }
 
-func (a *app) egressAnswerCmd(allow bool) *cobra.Command {
+func (a operatorCmds) egressAnswerCmd(allow bool) *cobra.Command {
 	var url, by string
 	var forProfile bool
 	verb := "deny"
@@ -96,7 +96,7 @@ func (a *app) egressAnswerCmd(allow bool) *cobra.Command {
 	return cmd
 }
 
-func (a *app) runEgressPending(ctx context.Context, url string) error {
+func (a operatorCmds) runEgressPending(ctx context.Context, url string) error {
 	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew egress pending")
 	if err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-func (a *app) failedCmd() *cobra.Command {
+func (a operatorCmds) failedCmd() *cobra.Command {
 	var (
 		url    string
 		pool   string
@@ -57,7 +57,7 @@ but out of the default list (as the console's dead letters page does).`,
 	return cmd
 }
 
-func (a *app) discardCmd() *cobra.Command {
+func (a operatorCmds) discardCmd() *cobra.Command {
 	var url string
 	cmd := &cobra.Command{
 		Use:   "discard RUN_ID",
@@ -91,7 +91,7 @@ The run can no longer be replayed; its state and output stay.`,
 // archiveCmd returns `jetcrew failed archive RUN_ID` (archive true) or
 // `jetcrew failed unarchive RUN_ID` (false): dispatcher.Archive and
 // Unarchive.
-func (a *app) archiveCmd(archive bool) *cobra.Command {
+func (a operatorCmds) archiveCmd(archive bool) *cobra.Command {
 	var url string
 	cmd := &cobra.Command{
 		Use:   "archive RUN_ID",
@@ -158,7 +158,7 @@ type failedEntry struct {
 	Archived bool `json:"archived,omitempty"`
 }
 
-func (a *app) runFailed(ctx context.Context, url, pool string, asJSON, all bool) error {
+func (a operatorCmds) runFailed(ctx context.Context, url, pool string, asJSON, all bool) error {
 	if pool != "" {
 		if err := messages.ValidateToken("--pool", pool); err != nil {
 			return usageError(err)

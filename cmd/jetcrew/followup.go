@@ -10,7 +10,7 @@ import (
 // followupCmd is `jetcrew followup RUN_ID PROMPT`: submit --from RUN_ID
 // plus the agent CLI's own session (docs/workspaces.md, "Follow-ups");
 // with --fresh without the session.
-func (a *app) followupCmd() *cobra.Command {
+func (a submitCmds) followupCmd() *cobra.Command {
 	var o submitOptions
 	var fresh bool
 	cmd := &cobra.Command{
@@ -55,7 +55,7 @@ resumes. PROMPT "-" reads it from stdin.`,
 // runFollowup reads run from's state (the submitter must be able to read
 // it), takes its profile and pool unless given, and submits the follow-up,
 // resuming from's session when session is true.
-func (a *app) runFollowup(ctx context.Context, o submitOptions, from, prompt string, session bool) error {
+func (a submitCmds) runFollowup(ctx context.Context, o submitOptions, from, prompt string, session bool) error {
 	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew followup")
 	if err != nil {
 		return err

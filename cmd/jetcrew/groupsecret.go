@@ -21,7 +21,7 @@ var groupSecretFile = filepath.Join("jetcrew", "group.secret")
 // else $JETCREW_GROUP_SECRET, else jetcrew/group.secret under the
 // configuration directory. given is true for a file the user named, which
 // is never created.
-func (a *app) groupSecretPath(flag string) (path string, given bool, err error) {
+func (a submitCmds) groupSecretPath(flag string) (path string, given bool, err error) {
 	if flag != "" {
 		return flag, true, nil
 	}
@@ -38,7 +38,7 @@ func (a *app) groupSecretPath(flag string) (path string, given bool, err error) 
 // groupSecret loads the secret submit derives its groups' keys from
 // (groupSecretPath). The default file is created on first use, and said so
 // on stderr unless quiet; a file the user named must exist.
-func (a *app) groupSecret(flag string, quiet bool) (dispatcher.GroupSecret, error) {
+func (a submitCmds) groupSecret(flag string, quiet bool) (dispatcher.GroupSecret, error) {
 	path, given, err := a.groupSecretPath(flag)
 	if err != nil {
 		return dispatcher.GroupSecret{}, err
@@ -77,7 +77,7 @@ func keyToGroup(enc dispatcher.Encoded, secret dispatcher.GroupSecret) (dispatch
 // groupKeyed returns the encoded requests of encs keyed to their group by
 // the group secret --group-secret names (groupSecret), loaded once and only
 // when some request names a group.
-func (a *app) groupKeyed(o submitOptions, encs []dispatcher.Encoded) error {
+func (a submitCmds) groupKeyed(o submitOptions, encs []dispatcher.Encoded) error {
 	var (
 		secret dispatcher.GroupSecret
 		loaded bool

@@ -167,6 +167,18 @@ func startWorkerWith(t *testing.T, s *server.Server, rt jail.Runtime, args ...st
 	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 20*time.Second, "worker stderr: %s", a.stderr.String())
 }
 
+// provisionedServer starts a server with jetcrew's streams and buckets, as
+// a worker provisions them, and no worker: what a submitter meets.
+func provisionedServer(t *testing.T) (*server.Server, jetstream.JetStream) {
+	t.Helper()
+	s := workertest.StartServer(t)
+	js, err := jetstream.New(workertest.Connect(t, s))
+	require.NoError(t, err)
+	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
+	require.NoError(t, err)
+	return s, js
+}
+
 func TestNATSURL(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -407,11 +419,7 @@ func TestSubmitRefusesInvalidBeforeConnecting(t *testing.T) {
 // usage error with nothing published.
 func TestSubmitWorkspaceRequest(t *testing.T) {
 	t.Parallel()
-	s := workertest.StartServer(t)
-	js, err := jetstream.New(workertest.Connect(t, s))
-	require.NoError(t, err)
-	_, err = worker.Provision(t.Context(), js, worker.ProvisionConfig{})
-	require.NoError(t, err)
+	s, js := provisionedServer(t)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n"), 0o644))
 

@@ -64,7 +64,7 @@ func (o *workerOptions) checkScaleOut() error {
 // goroutine until the returned stop function shuts it down gracefully
 // (scrapes in flight get metricsShutdownTimeout) and waits for it. An empty
 // addr serves nothing and returns a no-op stop.
-func (a *app) serveMetrics(addr string, w *worker.Worker) (stop func(), err error) {
+func (a workerCmds) serveMetrics(addr string, w *worker.Worker) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}

@@ -12,7 +12,7 @@ import (
 // the way a worker loading it would, and prints each profile's effective
 // configuration (defaults applied, the argv, environment and files its
 // backend would use). A file a worker would refuse exits 2 with the reason.
-func (a *app) profilesCmd() *cobra.Command {
+func (a workerCmds) profilesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "profiles",
 		Short: "Work with worker profile files",

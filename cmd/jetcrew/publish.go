@@ -81,7 +81,7 @@ func loadRemotes(path string) (map[string]publishRemote, error) {
 
 // remotesPath is --remotes, else $JETCREW_REMOTES, else remotes.toml in
 // the user's configuration directory (jetcrew/).
-func (a *app) remotesPath(flag string) (string, error) {
+func (a resultCmds) remotesPath(flag string) (string, error) {
 	if flag != "" {
 		return flag, nil
 	}
@@ -95,13 +95,8 @@ func (a *app) remotesPath(flag string) (string, error) {
 	return filepath.Join(dir, "jetcrew", "remotes.toml"), nil
 }
 
-func (a *app) publishCmd() *cobra.Command {
-	var natsURL, repo, remotesFlag, remote, branch, prTitle string
-	var force, pr bool
-	cmd := &cobra.Command{
-		Use:   "publish [flags] RUN_ID --remote NAME --branch BRANCH",
-		Short: "Push a workspace run's head as a branch to a configured git remote",
-		Long: `publish pushes the run's head (the commits apply would put on branch
+// publishLong is `jetcrew publish --help`'s text.
+const publishLong = `publish pushes the run's head (the commits apply would put on branch
 jetcrew/RUN_ID: the run's own, the chain's of a run started from another, and
 one for what it left uncommitted) as branch BRANCH of the git remote NAME of
 the publisher's remotes file (--remotes, else $JETCREW_REMOTES, else
@@ -125,59 +120,82 @@ moved) is refused; --force replaces it, as long as it is still where publish
 saw it (a lease). What was pushed is recorded as the run's publish event
 (jetcrew.events.RUN_ID.publish), which "jetcrew result" shows. With --pr,
 publish then POSTs {"title", "head", "base", "body"} (JSON) to the remote's
-pr_url with the token as bearer: a forge's create-pull-request call.`,
+pr_url with the token as bearer: a forge's create-pull-request call.`
+
+// publishFlags are publish's flags, as given.
+type publishFlags struct {
+	natsURL, repo, remotes, remote, branch, prTitle string
+	force, pr                                       bool
+}
+
+func (a resultCmds) publishCmd() *cobra.Command {
+	var pf publishFlags
+	cmd := &cobra.Command{
+		Use:   "publish [flags] RUN_ID --remote NAME --branch BRANCH",
+		Short: "Push a workspace run's head as a branch to a configured git remote",
+		Long:  publishLong,
 		Example: `  jetcrew publish RUN_ID --remote origin --branch agent/fix-login
   jetcrew publish RUN_ID --remote origin --branch agent/fix-login --pr`,
 		Args: exactArgs("RUN_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			if err := messages.ValidateToken("run id", id); err != nil {
-				return usageError(err)
-			}
-			if remote == "" || branch == "" {
-				return usageError(errors.New("publish needs --remote and --branch"))
-			}
-			path, err := a.remotesPath(remotesFlag)
-			if err != nil {
-				return usageError(err)
-			}
-			remotes, err := loadRemotes(path)
+			q, err := a.publishRequest(args[0], pf)
 			if err != nil {
 				return err
 			}
-			r, ok := remotes[remote]
-			if !ok {
-				names := make([]string, 0, len(remotes))
-				for n := range remotes {
-					names = append(names, n)
-				}
-				sort.Strings(names)
-				return fmt.Errorf("remote %q is not in %s (its remotes: %s): publish pushes only to those", remote, path, strings.Join(names, ", "))
-			}
-			if pr && r.PRURL == "" {
-				return fmt.Errorf("remote %s has no pr_url in %s: --pr cannot open a pull request", remote, path)
-			}
-			var token string
-			if r.TokenEnv != "" {
-				if token = a.getenv(r.TokenEnv); token == "" {
-					return fmt.Errorf("remote %s: environment variable %s (its token_env) is empty", remote, r.TokenEnv)
-				}
-			}
-			return a.publish(cmd.Context(), natsURL, publishRequest{
-				id: id, remote: remote, r: r, token: token, repo: repo, branch: branch, force: force, pr: pr, prTitle: prTitle,
-			})
+			return a.publish(cmd.Context(), pf.natsURL, q)
 		},
 	}
-	natsFlag(cmd, &natsURL)
+	natsFlag(cmd, &pf.natsURL)
 	f := cmd.Flags()
-	f.StringVar(&repo, "repo", ".", "git repository the run was submitted from (it holds the run's base commit)")
-	f.StringVar(&remotesFlag, "remotes", "", "the publisher's remotes file (default $"+remotesEnv+", else jetcrew/remotes.toml in the user's configuration directory)")
-	f.StringVar(&remote, "remote", "", "name of the remote in the remotes file")
-	f.StringVar(&branch, "branch", "", "branch of the remote to push to (created, or fast-forwarded)")
-	f.BoolVar(&force, "force", false, "replace the remote branch even when it is not an ancestor of the run's head (only if it has not moved since publish looked)")
-	f.BoolVar(&pr, "pr", false, "after the push, open a pull request through the remote's pr_url")
-	f.StringVar(&prTitle, "pr-title", "", "with --pr, the pull request's title (default: jetcrew run RUN_ID)")
+	f.StringVar(&pf.repo, "repo", ".", "git repository the run was submitted from (it holds the run's base commit)")
+	f.StringVar(&pf.remotes, "remotes", "", "the publisher's remotes file (default $"+remotesEnv+", else jetcrew/remotes.toml in the user's configuration directory)")
+	f.StringVar(&pf.remote, "remote", "", "name of the remote in the remotes file")
+	f.StringVar(&pf.branch, "branch", "", "branch of the remote to push to (created, or fast-forwarded)")
+	f.BoolVar(&pf.force, "force", false, "replace the remote branch even when it is not an ancestor of the run's head (only if it has not moved since publish looked)")
+	f.BoolVar(&pf.pr, "pr", false, "after the push, open a pull request through the remote's pr_url")
+	f.StringVar(&pf.prTitle, "pr-title", "", "with --pr, the pull request's title (default: jetcrew run RUN_ID)")
 	return cmd
+}
+
+// publishRequest checks publish's run id and flags pf before connecting,
+// and finds the remote in the remotes file and its token in the
+// environment.
+func (a resultCmds) publishRequest(id string, pf publishFlags) (publishRequest, error) {
+	if err := messages.ValidateToken("run id", id); err != nil {
+		return publishRequest{}, usageError(err)
+	}
+	if pf.remote == "" || pf.branch == "" {
+		return publishRequest{}, usageError(errors.New("publish needs --remote and --branch"))
+	}
+	path, err := a.remotesPath(pf.remotes)
+	if err != nil {
+		return publishRequest{}, usageError(err)
+	}
+	remotes, err := loadRemotes(path)
+	if err != nil {
+		return publishRequest{}, err
+	}
+	r, ok := remotes[pf.remote]
+	if !ok {
+		names := make([]string, 0, len(remotes))
+		for n := range remotes {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return publishRequest{}, fmt.Errorf("remote %q is not in %s (its remotes: %s): publish pushes only to those", pf.remote, path, strings.Join(names, ", "))
+	}
+	if pf.pr && r.PRURL == "" {
+		return publishRequest{}, fmt.Errorf("remote %s has no pr_url in %s: --pr cannot open a pull request", pf.remote, path)
+	}
+	var token string
+	if r.TokenEnv != "" {
+		if token = a.getenv(r.TokenEnv); token == "" {
+			return publishRequest{}, fmt.Errorf("remote %s: environment variable %s (its token_env) is empty", pf.remote, r.TokenEnv)
+		}
+	}
+	return publishRequest{
+		id: id, remote: pf.remote, r: r, token: token, repo: pf.repo, branch: pf.branch, force: pf.force, pr: pf.pr, prTitle: pf.prTitle,
+	}, nil
 }
 
 // publishRequest is one publish, its flags checked.
@@ -191,7 +209,7 @@ type publishRequest struct {
 	prTitle    string
 }
 
-func (a *app) publish(ctx context.Context, natsURL string, q publishRequest) error {
+func (a resultCmds) publish(ctx context.Context, natsURL string, q publishRequest) error {
 	b, st, err := a.fetch(ctx, natsURL, q.id, messages.ResultBundle)
 	if errors.Is(err, errNoResultObject) && st.WorkspaceResult != nil {
 		return fmt.Errorf("run %s changed nothing: no commit to publish", q.id)
@@ -244,7 +262,7 @@ func (a *app) publish(ctx context.Context, natsURL string, q publishRequest) err
 }
 
 // recordPublish stores ev as the run's publish event.
-func (a *app) recordPublish(ctx context.Context, natsURL string, ev messages.PublishEvent) error {
+func (a resultCmds) recordPublish(ctx context.Context, natsURL string, ev messages.PublishEvent) error {
 	d, closeNATS, err := a.runDispatcher(natsURL, ev.RunID, "jetcrew publish")
 	if err != nil {
 		return fmt.Errorf("pushed, but not recorded: %w", err)
@@ -307,7 +325,7 @@ func openPullRequest(ctx context.Context, r publishRemote, token, title, head, b
 // printPublished writes the run's last publish event, if any, as result's
 // last line. It is best effort: without the events stream, or without the
 // right to read it, result shows the rest.
-func (a *app) printPublished(ctx context.Context, natsURL, id string) {
+func (a resultCmds) printPublished(ctx context.Context, natsURL, id string) {
 	d, closeNATS, err := a.runDispatcher(natsURL, id, "jetcrew result")
 	if err != nil {
 		return

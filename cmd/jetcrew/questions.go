@@ -16,7 +16,7 @@ import (
 
 // questionCmds are `jetcrew questions` and `jetcrew answer`: the runs'
 // questions to the operator (their ask tool) and the operator's answers.
-func (a *app) questionCmds() []*cobra.Command {
+func (a operatorCmds) questionCmds() []*cobra.Command {
 	var url string
 	list := &cobra.Command{
 		Use:   "questions",
@@ -38,7 +38,7 @@ printed on stdout when no question waits.`,
 	return []*cobra.Command{list, a.answerCmd()}
 }
 
-func (a *app) runQuestions(ctx context.Context, url string) error {
+func (a operatorCmds) runQuestions(ctx context.Context, url string) error {
 	d, closeNATS, err := a.dispatcher(a.natsURL(url), "jetcrew questions")
 	if err != nil {
 		return err
@@ -73,7 +73,7 @@ func questionText(q messages.CoordQuestion) string {
 	return s
 }
 
-func (a *app) answerCmd() *cobra.Command {
+func (a operatorCmds) answerCmd() *cobra.Command {
 	var url, by string
 	cmd := &cobra.Command{
 		Use:   "answer [flags] QUESTION_ID TEXT",

@@ -11,7 +11,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-func (a *app) replayCmd() *cobra.Command {
+func (a operatorCmds) replayCmd() *cobra.Command {
 	var (
 		url   string
 		wait  bool
@@ -52,7 +52,7 @@ run's exit code when it failed with one, else 1.`,
 	return cmd
 }
 
-func (a *app) runReplay(ctx context.Context, url, id string, wait, quiet bool) error {
+func (a operatorCmds) runReplay(ctx context.Context, url, id string, wait, quiet bool) error {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew replay")
 	if err != nil {
 		return err

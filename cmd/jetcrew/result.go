@@ -23,11 +23,11 @@ import (
 
 // resultCmds returns result, diff, apply, publish, artifacts and compare:
 // what a workspace run changed (docs/workspaces.md).
-func (a *app) resultCmds() []*cobra.Command {
+func (a resultCmds) commands() []*cobra.Command {
 	return []*cobra.Command{a.resultCmd(), a.diffCmd(), a.applyCmd(), a.publishCmd(), a.artifactsCmd(), a.compareCmd()}
 }
 
-func (a *app) resultCmd() *cobra.Command {
+func (a resultCmds) resultCmd() *cobra.Command {
 	var url string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -64,7 +64,7 @@ state's workspace_result record (docs/wire.md).`,
 
 // resultState returns the state of run id, which must have a workspace
 // result.
-func (a *app) resultState(ctx context.Context, url, id string) (messages.RunState, error) {
+func (a resultCmds) resultState(ctx context.Context, url, id string) (messages.RunState, error) {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew result")
 	if err != nil {
 		return messages.RunState{}, err
@@ -141,7 +141,7 @@ func printResult(w io.Writer, st messages.RunState) error {
 }
 
 // fetch returns the result object kind of run id.
-func (a *app) fetch(ctx context.Context, url, id, kind string) ([]byte, messages.RunState, error) {
+func (a resultCmds) fetch(ctx context.Context, url, id, kind string) ([]byte, messages.RunState, error) {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew "+kind)
 	if err != nil {
 		return nil, messages.RunState{}, err
@@ -150,7 +150,7 @@ func (a *app) fetch(ctx context.Context, url, id, kind string) ([]byte, messages
 	return d.ResultObject(ctx, id, kind)
 }
 
-func (a *app) diffCmd() *cobra.Command {
+func (a resultCmds) diffCmd() *cobra.Command {
 	var url string
 	cmd := &cobra.Command{
 		Use:   "diff [flags] RUN_ID",
@@ -180,7 +180,7 @@ escaped (\x1b, \u202e), so a hostile run cannot disguise its change.`,
 	return cmd
 }
 
-func (a *app) applyCmd() *cobra.Command {
+func (a resultCmds) applyCmd() *cobra.Command {
 	var url, repo string
 	cmd := &cobra.Command{
 		Use:   "apply [flags] RUN_ID",
@@ -222,7 +222,7 @@ run was submitted from.`,
 	return cmd
 }
 
-func (a *app) artifactsCmd() *cobra.Command {
+func (a resultCmds) artifactsCmd() *cobra.Command {
 	var url, get, out string
 	cmd := &cobra.Command{
 		Use:   "artifacts [flags] RUN_ID",
@@ -260,7 +260,7 @@ when piped, escaped on a terminal, as diff), or to -o FILE (exact).`,
 // writeArtifact copies file name of the artifacts tar to out, or to stdout
 // when out is empty: exact when stdout is a pipe or a file, escaped on a
 // terminal (outputWriter, in one write so no character is split).
-func (a *app) writeArtifact(tarball []byte, name, out string) error {
+func (a resultCmds) writeArtifact(tarball []byte, name, out string) error {
 	tr := tar.NewReader(bytes.NewReader(tarball))
 	for {
 		h, err := tr.Next()
@@ -302,7 +302,7 @@ const maxChain = 1000
 // chainBundles returns the bundles of the runs st's run was started from
 // (its workspace_from, then that run's, …), oldest first; a run of the
 // chain that changed nothing has none.
-func (a *app) chainBundles(ctx context.Context, url string, st messages.RunState) ([][]byte, error) {
+func (a resultCmds) chainBundles(ctx context.Context, url string, st messages.RunState) ([][]byte, error) {
 	var chain [][]byte
 	seen := map[string]bool{st.ID: true}
 	for from := st.WorkspaceFrom; from != nil; {

@@ -17,7 +17,7 @@ const usersConfName = "users.conf"
 
 // rolesCmd is `jetcrew roles`: the NATS roles for a server jetcrew does not
 // embed (docs/security.md).
-func (a *app) rolesCmd() *cobra.Command {
+func (a serveCmds) rolesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "roles",
 		Short: "NATS roles (submitter, worker, operator, observer) for a real server's configuration",
@@ -51,7 +51,7 @@ hand each seed to its holder only (jetcrew --nkey DIR/<role>.nk
 
 // writeRoleUsers creates or keeps the role seeds in dir and writes
 // permissions.conf and users.conf beside them.
-func (a *app) writeRoleUsers(dir string) error {
+func (a serveCmds) writeRoleUsers(dir string) error {
 	keys, _, err := ensureRoleKeys(dir)
 	if err != nil {
 		return err

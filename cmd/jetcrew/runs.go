@@ -25,7 +25,7 @@ type runsOptions struct {
 	asJSON                           bool
 }
 
-func (a *app) runsCmd() *cobra.Command {
+func (a runCmds) runsCmd() *cobra.Command {
 	var o runsOptions
 	cmd := &cobra.Command{
 		Use:   "runs",
@@ -83,7 +83,7 @@ func validState(s messages.State) bool {
 	return s == messages.StateQueued || s == messages.StateRunning || s == dispatcher.AnyFailure || s.Final()
 }
 
-func (a *app) runRuns(ctx context.Context, o runsOptions) error {
+func (a runCmds) runRuns(ctx context.Context, o runsOptions) error {
 	f, err := o.filter()
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 		return err
 	}
 	defer closeNATS()
-	runs, err := a.listRuns(ctx, d, f)
+	runs, err := listRuns(ctx, d.RunStates, a.stderr, f)
 	if err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func (a *app) runRuns(ctx context.Context, o runsOptions) error {
 // and, unless f wants another state, the queued runs no worker has taken
 // yet, from their requests (a note on stderr says when only the first of
 // them were read).
-func (a *app) listRuns(ctx context.Context, d *dispatcher.Dispatcher, f dispatcher.RunFilter) ([]messages.RunState, error) {
+func listRuns(ctx context.Context, d *dispatcher.RunStates, stderr io.Writer, f dispatcher.RunFilter) ([]messages.RunState, error) {
 	all, err := d.Runs(ctx, dispatcher.RunFilter{})
 	if err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (a *app) listRuns(ctx context.Context, d *dispatcher.Dispatcher, f dispatch
 		}
 		slices.SortFunc(runs, func(a, b messages.RunState) int { return dispatcher.Newer(&a, &b) })
 		if total > uint64(len(reqs)) {
-			fmt.Fprintf(visible(a.stderr), "jetcrew: queued runs are read from the first %d of the %d requests in %s\n",
+			fmt.Fprintf(visible(stderr), "jetcrew: queued runs are read from the first %d of the %d requests in %s\n",
 				len(reqs), total, messages.StreamRuns)
 		}
 	}

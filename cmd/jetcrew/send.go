@@ -21,7 +21,7 @@ const (
 	exitSteerRefused = 4
 )
 
-func (a *app) sendCmd() *cobra.Command {
+func (a runCmds) sendCmd() *cobra.Command {
 	var url, id string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -57,7 +57,7 @@ the first one's outcome and delivers nothing new.`,
 	return cmd
 }
 
-func (a *app) runSend(ctx context.Context, url, runID, text, id string, asJSON bool) error {
+func (a runCmds) runSend(ctx context.Context, url, runID, text, id string, asJSON bool) error {
 	if text == "-" {
 		b, err := io.ReadAll(io.LimitReader(a.stdin, messages.MaxSteerBytes+1))
 		if err != nil {

@@ -152,7 +152,7 @@ func (o *workerOptions) check() (profile.Profiles, error) {
 // to the stream. ready is called once the worker has started (its streams
 // exist). An error means the worker could not start or failed is what ended
 // it; a stop asked for through ctx returns nil.
-func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, profiles profile.Profiles, ready func(*worker.Worker), failed <-chan string) error {
+func (a workerCmds) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, profiles profile.Profiles, ready func(*worker.Worker), failed <-chan string) error {
 	rt, closeRuntime, err := a.newRuntime(ctx, a.log)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -203,7 +203,7 @@ func (a *app) serveWorker(ctx context.Context, nc *nats.Conn, o workerOptions, p
 
 // workerConfig is the worker's configuration from the command line's
 // options o, the profiles read and the container runtime rt.
-func (a *app) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Profiles, rt jail.Runtime) worker.Config {
+func (a workerCmds) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Profiles, rt jail.Runtime) worker.Config {
 	log := a.log
 	prov := worker.ProvisionConfig{
 		AckWait:       o.ackWait,
@@ -240,7 +240,7 @@ func (a *app) workerConfig(nc *nats.Conn, o workerOptions, profiles profile.Prof
 // waitForStop serves the worker until ctx ends (nil) or the embedded
 // nats-server fails (the error says why), reloading the profile file on
 // each SIGHUP meanwhile.
-func (a *app) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions, failed <-chan string) error {
+func (a workerCmds) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions, failed <-chan string) error {
 	// SIGHUP reloads the profile file (docs/operations.md, "Reloading
 	// profiles").
 	hup := make(chan os.Signal, 1)
@@ -265,7 +265,7 @@ func (a *app) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions
 // hands it to w (worker.Worker.ReloadProfiles). A file that does not load
 // or validate, or that the worker refuses, is logged at error and changes
 // nothing: the profiles in use stay.
-func (a *app) reloadProfiles(ctx context.Context, w *worker.Worker, path string) {
+func (a workerCmds) reloadProfiles(ctx context.Context, w *worker.Worker, path string) {
 	if path == "" {
 		a.log.Warn().Msg("SIGHUP: no --profiles file to reload; the built-in profiles stay")
 		return

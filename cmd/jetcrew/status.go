@@ -17,7 +17,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-func (a *app) statusCmd() *cobra.Command {
+func (a runCmds) statusCmd() *cobra.Command {
 	var (
 		url    string
 		asJSON bool
@@ -42,7 +42,7 @@ with "run not found".`,
 	return cmd
 }
 
-func (a *app) runStatus(ctx context.Context, url, id string, asJSON bool) error {
+func (a runCmds) runStatus(ctx context.Context, url, id string, asJSON bool) error {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew status")
 	if err != nil {
 		return err

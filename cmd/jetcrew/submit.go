@@ -122,7 +122,7 @@ else jetcrew/group.secret in the configuration directory, made on first use;
 share it with whoever may add runs to your groups (docs/security.md, "Groups
 and pools"). A run that names no group is alone in a group of its own.`
 
-func (a *app) submitCmd() *cobra.Command {
+func (a submitCmds) submitCmd() *cobra.Command {
 	var o submitOptions
 	cmd := &cobra.Command{
 		Use:   "submit [flags] PROMPT",
@@ -222,7 +222,7 @@ func parsePairs(flag string, vals []string) (map[string]string, error) {
 	return m, nil
 }
 
-func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) error {
+func (a submitCmds) runSubmit(ctx context.Context, o submitOptions, prompt string) error {
 	if prompt == "-" {
 		b, err := io.ReadAll(io.LimitReader(a.stdin, messages.MaxRequestBytes+1))
 		if err != nil {
@@ -261,24 +261,12 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		return err
 	}
 	defer closeNATS()
-	if err := checkFrom(ctx, d, o.from); err != nil {
-		return err
-	}
-	if o.workspace != "" {
-		ref, err := a.uploadWorkspace(ctx, d, o)
-		if err != nil {
-			return err
-		}
-		if enc, err = enc.WithWorkspace(ref); err != nil {
-			return usageError(fmt.Errorf("submit: %w", err))
-		}
-	}
-	req = enc.Request()
-	id, err := a.submitWhenProvisioned(ctx, func(ctx context.Context) (string, error) { return d.SubmitEncoded(ctx, enc, key) }, o.keepWaiting, o.quiet)
+	ids, err := a.submitRequests(ctx, d, o, []dispatcher.Encoded{enc}, key, nil)
 	if err != nil {
 		// A duplicate publish or a used id: say so, follow nothing, exit 1.
 		return err
 	}
+	id, req := ids[0], enc.Request()
 	a.log.Debug().Str("run_id", id).Str("profile", req.Profile).Str("pool", req.Pool).Msg("run submitted")
 	if !o.wait {
 		fmt.Fprintln(a.stdout, id)
@@ -288,145 +276,6 @@ func (a *app) runSubmit(ctx context.Context, o submitOptions, prompt string) err
 		fmt.Fprintf(a.stderr, "--- submitted run %s (profile %s, pool %s)\n", id, req.Profile, req.Pool)
 	}
 	return a.followQueued(ctx, d, id, req.Pool, o.keepWaiting, o.quiet)
-}
-
-// follow copies the events of run id to the terminal until it finishes and
-// returns the error that gives the program the run's exit code.
-func (a *app) follow(ctx context.Context, d *dispatcher.Dispatcher, id string, quiet bool) error {
-	return a.followWith(ctx, id, quiet, func(fn func(dispatcher.WatchEvent) error) (messages.Event, error) {
-		return d.Watch(ctx, id, fn)
-	})
-}
-
-// followWith is follow with the watch to use: Watch, or WatchReplay for a
-// replayed run.
-func (a *app) followWith(ctx context.Context, id string, quiet bool, watch func(fn func(dispatcher.WatchEvent) error) (messages.Event, error)) error {
-	p := &runPrinter{stdout: a.stdout, stderr: a.stderr, quiet: quiet, atLineStart: true}
-	fin, err := watch(p.print)
-	if err != nil {
-		if ctx.Err() != nil {
-			return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following run %s; it goes on (jetcrew watch %s)", id, id)}
-		}
-		return err
-	}
-	code := runExitCode(fin)
-	if code == exitOK {
-		return nil
-	}
-	if !quiet {
-		// The finished line already said why.
-		return &exitError{code: code}
-	}
-	return &exitError{code: code, err: fmt.Errorf("run %s %s", id, describeOutcome(fin))}
-}
-
-// runExitCode maps a run's finished event to submit's exit code: 0 when it
-// succeeded, its exit code when it failed with one (1 to 255), else 1.
-func runExitCode(fin messages.Event) int {
-	if fin.State == messages.StateSucceeded {
-		return exitOK
-	}
-	if fin.State == messages.StateFailed && fin.ExitCode != nil && *fin.ExitCode > 0 && *fin.ExitCode < 256 {
-		return *fin.ExitCode
-	}
-	return exitFailure
-}
-
-// describeOutcome says how a run ended: "succeeded", "failed (exit code 3)".
-func describeOutcome(ev messages.Event) string {
-	s := string(ev.State)
-	switch {
-	case ev.Reason != "":
-		s += " (" + ev.Reason + ")"
-	case ev.ExitCode != nil && ev.State != messages.StateSucceeded:
-		s += fmt.Sprintf(" (exit code %d)", *ev.ExitCode)
-	}
-	return s
-}
-
-// runPrinter writes a run's events: output bytes as they are to stdout or
-// stderr, and unless quiet a line per lifecycle event to stderr.
-type runPrinter struct {
-	stdout, stderr io.Writer
-	quiet          bool
-	// atLineStart is false when the last output byte was not a newline, so
-	// the next lifecycle line starts a line of its own.
-	atLineStart bool
-}
-
-func (p *runPrinter) print(ev dispatcher.WatchEvent) error {
-	if ev.Type == messages.EventOutput {
-		w := p.stdout
-		if ev.Stream == messages.StreamStderr {
-			w = p.stderr
-		}
-		if len(ev.Data) == 0 {
-			return nil
-		}
-		if _, err := outputWriter(w, false).Write(ev.Data); err != nil {
-			return fmt.Errorf("write run output: %w", err)
-		}
-		p.atLineStart = ev.Data[len(ev.Data)-1] == '\n'
-		return nil
-	}
-	if p.quiet {
-		return nil
-	}
-	switch ev.Type {
-	case messages.EventEgress:
-		return p.printEgress(ev)
-	case messages.EventUsage:
-		return p.printUsage(ev)
-	case messages.EventBudget:
-		return p.printBudget(ev)
-	}
-	line := "--- " + describeEvent(ev)
-	if !p.atLineStart {
-		line = "\n" + line
-		p.atLineStart = true
-	}
-	_, err := fmt.Fprintln(visible(p.stderr), line)
-	return err
-}
-
-// describeEvent is the lifecycle line of an event, without the prefix.
-func describeEvent(ev dispatcher.WatchEvent) string {
-	e := ev.Event
-	var b strings.Builder
-	b.WriteString(string(ev.Type))
-	switch ev.Type {
-	case messages.EventStarted:
-		fmt.Fprintf(&b, ": attempt %d", max(e.Attempt, ev.Attempt))
-		if e.Worker != "" {
-			fmt.Fprintf(&b, " on worker %s", e.Worker)
-		}
-		if e.ContainerID != "" {
-			fmt.Fprintf(&b, ", container %s", shortID(e.ContainerID))
-		}
-		if e.Warm {
-			b.WriteString(" (warm)")
-		}
-	case messages.EventFinished:
-		b.WriteString(": " + describeOutcome(e))
-		if e.Usage != nil {
-			b.WriteString("; model usage: " + describeUsage(*e.Usage))
-		}
-		if ev.FromState {
-			b.WriteString(" [from the run's state: its finished event is gone]")
-		}
-	case messages.EventDuplicate, messages.EventCancel:
-		if e.Reason != "" {
-			b.WriteString(": " + e.Reason)
-		}
-	}
-	return b.String()
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // signingKey loads the NKey seed in keyFile that submit signs the request

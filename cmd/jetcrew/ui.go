@@ -37,7 +37,7 @@ var errConsoleNeedsToken = errors.New("the NATS server requires authentication, 
 // states to load before it answers with what it has.
 const consoleStartWait = 5 * time.Second
 
-func (a *app) uiCmd() *cobra.Command {
+func (a serveCmds) uiCmd() *cobra.Command {
 	var url, listen string
 	var readOnly bool
 	cmd := &cobra.Command{
@@ -70,7 +70,7 @@ once, naming the role it needs.`,
 	return cmd
 }
 
-func (a *app) runUI(ctx context.Context, url, listen string, readOnly bool) error {
+func (a serveCmds) runUI(ctx context.Context, url, listen string, readOnly bool) error {
 	l, err := a.consoleListener(listen, true)
 	if err != nil {
 		return err
@@ -98,7 +98,7 @@ func (a *app) runUI(ctx context.Context, url, listen string, readOnly bool) erro
 // is an error when the user chose it (explicit); for the default address
 // it is logged and consoleListener returns a nil listener: `up` then runs
 // without a console.
-func (a *app) consoleListener(addr string, explicit bool) (net.Listener, error) {
+func (a serveCmds) consoleListener(addr string, explicit bool) (net.Listener, error) {
 	if err := console.CheckListen(addr, a.getenv(uiTokenEnv)); err != nil {
 		return nil, usageError(err)
 	}
@@ -120,7 +120,7 @@ func (a *app) consoleListener(addr string, explicit bool) (net.Listener, error) 
 // (errConsoleNeedsToken). readOnly serves it without actions
 // (console.Config.ReadOnly). l is closed by the returned function, or on
 // error.
-func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, token string, readOnly bool) (func(), error) {
+func (a serveCmds) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, token string, readOnly bool) (func(), error) {
 	if token == "" && nc.AuthRequired() {
 		_ = l.Close()
 		return nil, errConsoleNeedsToken
@@ -166,7 +166,7 @@ func (a *app) serveConsole(ctx context.Context, nc *nats.Conn, l net.Listener, t
 
 // upConsoleListener is consoleListener for `up --ui`: nil, without error,
 // when --ui is off.
-func (a *app) upConsoleListener(o upOptions) (net.Listener, error) {
+func (a serveCmds) upConsoleListener(o upOptions) (net.Listener, error) {
 	if o.ui == "" || o.ui == "off" {
 		return nil, nil
 	}
@@ -195,7 +195,7 @@ const uiTokenFile = "ui.token"
 // (keys) and a console to serve, the token in <data>/auth/ui.token, created
 // (mode 0600) on first use and kept across restarts, like the seeds beside
 // it; else none (no authentication: every local process is trusted).
-func (a *app) upConsoleToken(keys roleKeys, serve bool, dataDir string) (token, file string, err error) {
+func (a serveCmds) upConsoleToken(keys roleKeys, serve bool, dataDir string) (token, file string, err error) {
 	if t := a.getenv(uiTokenEnv); t != "" || keys == nil || !serve {
 		return t, "", nil
 	}
@@ -217,7 +217,7 @@ func operatorAuth(keys roleKeys) ([]nats.Option, error) {
 // upConsole serves the console of `up` on l, once its worker is ready, and
 // returns the function that stops it (safe to call twice). With a nil l, or
 // when the console cannot start (logged), it serves nothing.
-func (a *app) upConsole(ctx context.Context, cc upConsoleConn, l net.Listener) func() {
+func (a serveCmds) upConsole(ctx context.Context, cc upConsoleConn, l net.Listener) func() {
 	if l == nil {
 		return func() {}
 	}

@@ -62,7 +62,7 @@ func TestUpServesConsole(t *testing.T) {
 // The default console address taken by someone else is not fatal for `up`.
 func TestUpConsoleDefaultInUse(t *testing.T) {
 	t.Parallel()
-	a := newTestApp(nil, nil)
+	a := serveCmds{newTestApp(nil, nil).app}
 	l, err := a.consoleListener("127.0.0.1:0", false)
 	require.NoError(t, err)
 	defer l.Close()
@@ -82,7 +82,7 @@ func TestUIListenNeedsToken(t *testing.T) {
 	require.Contains(t, a.stderr.String(), "JETCREW_UI_TOKEN")
 
 	b := newTestApp(map[string]string{uiTokenEnv: "t0ken"}, nil)
-	l, err := b.consoleListener("0.0.0.0:0", true)
+	l, err := serveCmds{b.app}.consoleListener("0.0.0.0:0", true)
 	require.NoError(t, err)
 	_, port, _ := net.SplitHostPort(l.Addr().String())
 	require.NotEmpty(t, port)

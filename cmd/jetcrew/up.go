@@ -42,7 +42,7 @@ type upOptions struct {
 	worker     workerOptions
 }
 
-func (a *app) upCmd() *cobra.Command {
+func (a serveCmds) upCmd() *cobra.Command {
 	var o upOptions
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -123,7 +123,7 @@ func clientURL(s *server.Server, host string) string {
 	return scheme + "://" + net.JoinHostPort(loop, port)
 }
 
-func (a *app) runUp(ctx context.Context, o upOptions) error {
+func (a serveCmds) runUp(ctx context.Context, o upOptions) error {
 	host, port, err := parseListen(o.listen)
 	if err != nil {
 		return usageError(err)
@@ -192,7 +192,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 	if keys != nil {
 		hint = "jetcrew --context " + contextPrefix + string(roles.Submitter) + " submit 'echo hello'"
 	}
-	return a.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
+	return workerCmds{a.app}.serveWorker(ctx, nc, o.worker, profiles, func(w *worker.Worker) {
 		fmt.Fprintf(a.stdout, "NATS_URL=%s\n", url)
 		stopUI = a.upConsole(ctx, consoleConn, uiListener)
 		a.log.Info().Str("url", url).Str("worker", w.ID()).Msg("jetcrew is up; submit runs with: " + hint)
@@ -202,7 +202,7 @@ func (a *app) runUp(ctx context.Context, o upOptions) error {
 // startServer starts the embedded nats-server with sopts, its log routed
 // through zerolog, and waits until it accepts connections (at most
 // serverReadyTimeout) or reports a fatal error. The caller shuts it down.
-func (a *app) startServer(sopts *server.Options) (*server.Server, *serverLogger, error) {
+func (a serveCmds) startServer(sopts *server.Options) (*server.Server, *serverLogger, error) {
 	s, err := server.NewServer(sopts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats-server: %w", err)

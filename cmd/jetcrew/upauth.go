@@ -156,7 +156,7 @@ func loadOrCreateToken(path string) (string, error) {
 // serverTLS sets opts to serve TLS only, with the certificate and key the
 // connection options name (--tlscert/--tlskey); nothing when neither is
 // given.
-func (a *app) serverTLS(opts *server.Options) error {
+func (a serveCmds) serverTLS(opts *server.Options) error {
 	c := a.conn // flags only: NATS_CERT/NATS_KEY are a client's
 	if c.tlsCert == "" && c.tlsKey == "" {
 		return nil
@@ -175,7 +175,7 @@ func (a *app) serverTLS(opts *server.Options) error {
 // writeContexts writes a NATS CLI context per role, jetcrew-<role>, for the
 // server at url with the role's seed file (and --tlsca, when given), where
 // the NATS CLI reads them (contextRoot), and returns their files by role.
-func (a *app) writeContexts(url string, keys roleKeys) (map[roles.Role]string, error) {
+func (a serveCmds) writeContexts(url string, keys roleKeys) (map[roles.Role]string, error) {
 	root, err := a.contextRoot()
 	if err != nil {
 		return nil, fmt.Errorf("cannot write NATS contexts: %w", err)
@@ -210,7 +210,7 @@ func (a *app) writeContexts(url string, keys roleKeys) (map[roles.Role]string, e
 
 // printAuth tells where the role users and contexts are: per role, the
 // context's name, its file and the seed file.
-func (a *app) printAuth(keys roleKeys, contexts map[roles.Role]string) {
+func (a serveCmds) printAuth(keys roleKeys, contexts map[roles.Role]string) {
 	fmt.Fprintf(a.stdout, "# one NKey user per role (seed files, mode 0600) and a NATS CLI context for each, where the NATS CLI reads them:\n")
 	for _, r := range roles.All {
 		fmt.Fprintf(a.stdout, "NATS_CONTEXT_%s=%s\t# context %s, seed %s\n", strings.ToUpper(string(r)),
@@ -231,7 +231,7 @@ func workerAuth(keys roleKeys) ([]nats.Option, error) {
 // upServer returns the embedded server's options for `up`: listening on
 // host:port, JetStream under dataDir, TLS when --tlscert/--tlskey are given,
 // and with o.auth one NKey user per role (keys, the seed files).
-func (a *app) upServer(o upOptions, host string, port int, dataDir string) (*server.Options, roleKeys, error) {
+func (a serveCmds) upServer(o upOptions, host string, port int, dataDir string) (*server.Options, roleKeys, error) {
 	if err := checkExposure(o.listen, host, o.auth); err != nil {
 		return nil, nil, usageError(err)
 	}
@@ -252,7 +252,7 @@ func (a *app) upServer(o upOptions, host string, port int, dataDir string) (*ser
 
 // announceAuth writes the roles' contexts for the server at url and prints
 // where they and the seeds are; nothing without keys (no --auth).
-func (a *app) announceAuth(url string, keys roleKeys) error {
+func (a serveCmds) announceAuth(url string, keys roleKeys) error {
 	if keys == nil {
 		return nil
 	}

@@ -95,7 +95,7 @@ func describeQueued(ctx context.Context, d *dispatcher.Dispatcher, st messages.R
 // followQueued is follow for a run just submitted to pool: it reports the
 // run while it stays queued (reportQueued), and turns a follow stopped for
 // want of a worker into errNoWorker, exit code 1.
-func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string, keepWaiting, quiet bool) error {
+func (a submitCmds) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, pool string, keepWaiting, quiet bool) error {
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	a.stderr = &syncWriter{w: a.stderr}
@@ -104,7 +104,7 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 		defer close(done)
 		reportQueued(wctx, d, id, pool, keepWaiting, quiet, a.stderr, stop)
 	}()
-	err := a.follow(wctx, d, id, quiet)
+	err := a.follow(wctx, d.Events, id, quiet)
 	stop(nil)
 	<-done
 	var nw errNoWorker
@@ -112,34 +112,4 @@ func (a *app) followQueued(ctx context.Context, d *dispatcher.Dispatcher, id, po
 		return &exitError{code: exitFailure, err: nw}
 	}
 	return err
-}
-
-// provisionPoll is how often a submit with --keep-waiting tries again while
-// jetcrew's streams and bucket do not exist yet.
-var provisionPoll = time.Second
-
-// submitWhenProvisioned calls submit (the publish of the request) and, when
-// jetcrew's streams and bucket do not exist yet (a worker starting against
-// the server creates them), says so and, with keepWaiting, tries again every
-// provisionPoll until they do or ctx ends.
-func (a *app) submitWhenProvisioned(ctx context.Context, submit func(context.Context) (string, error), keepWaiting, quiet bool) (string, error) {
-	said := false
-	for {
-		id, err := submit(ctx)
-		if !errors.Is(err, dispatcher.ErrNotProvisioned) {
-			return id, err
-		}
-		if !keepWaiting {
-			return id, fmt.Errorf("%w; if a worker is starting, it may still be provisioning: --keep-waiting waits for it", err)
-		}
-		if !said && !quiet {
-			fmt.Fprintln(a.stderr, "--- jetcrew's streams and bucket do not exist yet on this server (a worker creates them when it starts, waiting for its cluster if need be); waiting")
-			said = true
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(provisionPoll):
-		}
-	}
 }

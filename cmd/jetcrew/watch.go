@@ -11,7 +11,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-func (a *app) watchCmd() *cobra.Command {
+func (a runCmds) watchCmd() *cobra.Command {
 	var (
 		url         string
 		quiet       bool
@@ -40,7 +40,7 @@ code when it failed with one, else 1.`,
 	return cmd
 }
 
-func (a *app) runWatch(ctx context.Context, url, id string, quiet, keepWaiting bool) error {
+func (a runCmds) runWatch(ctx context.Context, url, id string, quiet, keepWaiting bool) error {
 	d, closeNATS, err := a.runDispatcher(url, id, "jetcrew watch")
 	if err != nil {
 		return err
@@ -58,12 +58,12 @@ func (a *app) runWatch(ctx context.Context, url, id string, quiet, keepWaiting b
 	} else if err != nil {
 		return err
 	}
-	return a.follow(ctx, d, id, quiet)
+	return a.follow(ctx, d.Events, id, quiet)
 }
 
 // checkKnown refuses to wait for a run id known nowhere
 // (dispatcher.RunKnown), unless keepWaiting.
-func (a *app) checkKnown(ctx context.Context, d *dispatcher.Dispatcher, id string, keepWaiting bool) error {
+func (a runCmds) checkKnown(ctx context.Context, d *dispatcher.Dispatcher, id string, keepWaiting bool) error {
 	if keepWaiting {
 		return nil
 	}

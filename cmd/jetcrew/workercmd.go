@@ -9,7 +9,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker"
 )
 
-func (a *app) workerCmd() *cobra.Command {
+func (a workerCmds) workerCmd() *cobra.Command {
 	var (
 		o   workerOptions
 		url string
@@ -36,7 +36,7 @@ handed back to the stream for another worker.`,
 	return cmd
 }
 
-func (a *app) runWorker(ctx context.Context, url string, o workerOptions) error {
+func (a workerCmds) runWorker(ctx context.Context, url string, o workerOptions) error {
 	profiles, err := o.check()
 	if err != nil {
 		return err

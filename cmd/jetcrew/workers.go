@@ -21,7 +21,7 @@ type workersOptions struct {
 	asJSON bool
 }
 
-func (a *app) workersCmd() *cobra.Command {
+func (a operatorCmds) workersCmd() *cobra.Command {
 	var o workersOptions
 	cmd := &cobra.Command{
 		Use:   "workers",
@@ -43,7 +43,7 @@ values (docs/wire.md, "Worker presence").`,
 	return cmd
 }
 
-func (a *app) runWorkers(ctx context.Context, o workersOptions) error {
+func (a operatorCmds) runWorkers(ctx context.Context, o workersOptions) error {
 	d, closeNATS, err := a.dispatcher(a.natsURL(o.url), "jetcrew workers")
 	if err != nil {
 		return err

@@ -1,17 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/stage/tree"
 	"github.com/jetcrew/jetcrew/workspace"
@@ -47,35 +41,6 @@ func (o submitOptions) gitWorkspace() (*messages.WorkspaceRef, error) {
 		return nil, errors.New("--git and --workspace name two workspaces: give one")
 	}
 	return &messages.WorkspaceRef{Git: &messages.GitSource{URL: o.gitURL, Ref: o.gitRef}}, nil
-}
-
-// uploadWorkspace snapshots o.workspace into the workspace bucket (once per
-// content) and returns the request's workspace field.
-func (a *app) uploadWorkspace(ctx context.Context, d *dispatcher.Dispatcher, o submitOptions) (messages.WorkspaceRef, error) {
-	so := workspace.SnapshotOptions{MaxBytes: o.wsMax}
-	if dir, err := os.UserCacheDir(); err == nil {
-		// HEAD's packed history, reused while HEAD does not move.
-		so.CacheDir = filepath.Join(dir, "jetcrew", "snapshots")
-	}
-	up, err := d.UploadWorkspace(ctx, o.workspace, so, workspace.BucketConfig{WorkspaceTTL: o.wsTTL})
-	if err != nil {
-		return messages.WorkspaceRef{}, fmt.Errorf("workspace %s: %w", o.workspace, err)
-	}
-	if !o.quiet {
-		how := fmt.Sprintf("snapshot %s, uploaded in %s", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
-		switch {
-		case up.Reused:
-			how = fmt.Sprintf("snapshot %s, already stored, not uploaded again", up.SnapshotTook.Round(time.Millisecond))
-		case up.Streamed:
-			how = fmt.Sprintf("snapshot %s, uploaded as it was taken, linked %s later", up.SnapshotTook.Round(time.Millisecond), up.UploadTook.Round(time.Millisecond))
-		}
-		kind := "a plain directory"
-		if up.Info.Git {
-			kind = fmt.Sprintf("git, HEAD %s, %d commits", shortID(up.Info.Head), up.Info.Commits)
-		}
-		fmt.Fprintf(a.stderr, "--- workspace %s: %s (%s; %d bytes, %d files; %s)\n", o.workspace, up.Ref.Name, kind, up.Info.Size, up.Info.Files, how)
-	}
-	return up.Ref, nil
 }
 
 // addWorkerWorkspaceFlags adds the worker's workspace limits and bucket
