@@ -30,8 +30,9 @@ const (
 // (after holding it, with Metering.Pause, until the budget is raised or
 // the pause gives up), with the provider's quota error.
 func (mt *meter) begin(req *http.Request, host string) (*metered, *http.Response) {
+	cfg := mt.ledger.metering()
 	format := usage.Detect(req.Method, req.URL.Path)
-	listed := mt.ledger.metering().Unmetered.Match(req)
+	listed := cfg.Unmetered.Match(req)
 	if up := req.Header.Get("Upgrade"); up != "" && listed == "" {
 		return nil, mt.refuse(req, fmt.Sprintf("a protocol upgrade (Upgrade: %.40q) on a host the proxy meters is refused: "+
 			"no usage can be read from what it would carry (the profile's egress_unmetered_paths can list %s %s)", up, req.Method, req.URL.Path))
@@ -48,9 +49,10 @@ func (mt *meter) begin(req *http.Request, host string) (*metered, *http.Response
 	if req.Body != nil && req.Body != http.NoBody && format != "" {
 		m.req, m.bounds, req.Body = usage.ReadRequest(format, req.URL.Path, req.Body, maxMeteredRequest)
 	}
-	why := mt.unmeteredReason(req, m, listed)
-	if why == "" && listed == "" {
-		why = mt.unpricedReason(m)
+	cost, tokens := cfg.strict()
+	why := unmeteredReason(req, m, listed, cost || tokens)
+	if why == "" && listed == "" && cost {
+		why = unpricedReason(m, cfg.Prices)
 	}
 	if why != "" {
 		mt.free()
@@ -58,9 +60,9 @@ func (mt *meter) begin(req *http.Request, host string) (*metered, *http.Response
 	}
 	if format != "" && listed == "" {
 		// What passes unmetered (a listed or free request) holds nothing.
-		mt.plan(m)
+		m.plan(cfg.Prices, cost, tokens)
 	}
-	if resp := mt.pace(req, m); resp != nil {
+	if resp := mt.pace(req, m, cfg); resp != nil {
 		return nil, resp
 	}
 	if resp := mt.admit(req, m); resp != nil {
@@ -93,16 +95,15 @@ func refusal(req *http.Request, why string, status int, contentType string, body
 
 // unmeteredReason returns why req, read into m, is refused for its
 // usage cannot be read while the run has a cost or token budget (its own
-// or a shared one), or "": a request that is not a metered format, a
+// or a shared one: strict), or "": a request that is not a metered format, a
 // Responses request run in the background (answered later, by a GET the
 // proxy cannot meter either), a body the proxy did not read whole as JSON
 // (past maxMeteredRequest, encoded, or not JSON: its model, output cap
 // and, for a chat stream, whether it asks for usage are unknown). A
 // request the profile lists (listed), or one of the providers' free
 // endpoints (freePath), is never refused here.
-func (mt *meter) unmeteredReason(req *http.Request, m *metered, listed string) string {
-	cost, tokens := mt.ledger.strict()
-	if (!cost && !tokens) || listed != "" || freePath(req) {
+func unmeteredReason(req *http.Request, m *metered, listed string, strict bool) string {
+	if !strict || listed != "" || freePath(req) {
 		return ""
 	}
 	what := fmt.Sprintf("%s %.200s", req.Method, req.URL.Path)
@@ -121,19 +122,18 @@ func (mt *meter) unmeteredReason(req *http.Request, m *metered, listed string) s
 }
 
 // unpricedReason returns why m, a model request, is refused for its
-// price cannot be known while the run has a cost budget (its own or a
-// shared one), or "": a cost budget cannot hold a request it cannot
+// price cannot be known by prices, the run having a cost budget (its own
+// or a shared one), or "": a cost budget cannot hold a request it cannot
 // price. The price table matches the model as Prices.Cost does; a request
 // that names no model, and every request when the worker has no price
 // table, is refused too; so is one whose worst case needs a price the
 // model's row lacks (usage.Worst.Unpriced: its input or output price, a
 // tier's, or web_search for a request with a web search tool).
-func (mt *meter) unpricedReason(m *metered) string {
-	if cost, _ := mt.ledger.strict(); !cost || m.req.Format == "" {
+func unpricedReason(m *metered, prices *usage.Prices) string {
+	if m.req.Format == "" {
 		return ""
 	}
-	prices := mt.ledger.metering().Prices
-	w := prices.Worst(m.req.Model, m.bounds)
+	w := m.worstCase(prices)
 	switch {
 	case w.Priced && len(w.Unpriced) == 0:
 		return ""
@@ -204,15 +204,14 @@ func (mt *meter) admit(req *http.Request, m *metered) *http.Response {
 // request holds nothing then, and the agent's client waits and tries
 // again itself (the proxy never retries for it). Called before the
 // budgets hold anything for req (admit), so a request waiting for its
-// rate holds no budget.
-func (mt *meter) pace(req *http.Request, m *metered) *http.Response {
-	cfg := mt.ledger.metering()
+// rate holds no budget. cfg is the session's Metering.
+func (mt *meter) pace(req *http.Request, m *metered, cfg Metering) *http.Response {
 	if cfg.Pacer == nil {
 		return nil
 	}
 	var tokens int64
 	if m.bounds.Whole {
-		w := cfg.Prices.Worst(m.req.Model, m.bounds)
+		w := m.worstCase(cfg.Prices)
 		tokens = w.Input + w.Output
 		if tokens < 0 { // saturated output cap
 			tokens = w.Output

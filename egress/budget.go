@@ -277,16 +277,6 @@ func (l *ledger) release(need messages.BudgetSpend) {
 	l.mu.Unlock()
 }
 
-// strict reports whether the run has a cost budget and a token budget,
-// its own or a shared one (Metering.SharedLimits): what it cannot meter is
-// then refused.
-func (l *ledger) strict() (cost, tokens bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lim, sh := l.m.Limits, l.m.SharedLimits
-	return lim.MaxCostUSD > 0 || sh.MaxCostUSD > 0, lim.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
-}
-
 // refused counts a model request the proxy refused.
 func (l *ledger) refused() {
 	l.mu.Lock()

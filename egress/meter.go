@@ -93,6 +93,14 @@ type Metering struct {
 	Pacer Pacer
 }
 
+// strict reports whether the run has a cost budget and a token budget,
+// its own or a shared one (SharedLimits): what it cannot meter is then
+// refused.
+func (m Metering) strict() (cost, tokens bool) {
+	l, sh := m.Limits, m.SharedLimits
+	return l.MaxCostUSD > 0 || sh.MaxCostUSD > 0, l.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
+}
+
 // Pacer paces model requests per injected key across a fleet: a token
 // bucket of requests and tokens per minute that every worker takes from
 // (worker/stage/proxy keeps it in a NATS key-value bucket).

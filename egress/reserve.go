@@ -24,6 +24,9 @@ type metered struct {
 	strict bool
 	worst  usage.Worst
 	need   messages.BudgetSpend
+	// worstKnown is set once worst is computed (worstCase), strict or
+	// not.
+	worstKnown bool
 	// sharedNeed is what Shared.Reserve held for the request (zero when
 	// it held nothing).
 	sharedNeed messages.BudgetSpend
@@ -36,17 +39,24 @@ type metered struct {
 	once    sync.Once // meter.end
 }
 
-// plan computes m's worst case and what the run's budgets hold for it:
-// when the run has a cost or token budget (its own or a shared one), the
-// request's output cap and input estimate by the price table
-// (usage.Prices.Worst), in the kinds the budgets limit.
-func (mt *meter) plan(m *metered) {
-	cost, tokens := mt.ledger.strict()
+// worstCase returns m's worst case by prices (usage.Prices.Worst: its
+// output cap and input estimate), computed once for the request.
+func (m *metered) worstCase(prices *usage.Prices) usage.Worst {
+	if !m.worstKnown {
+		m.worst, m.worstKnown = prices.Worst(m.req.Model, m.bounds), true
+	}
+	return m.worst
+}
+
+// plan computes what the run's budgets hold for m: when the run has a
+// cost or token budget (its own or a shared one; cost, tokens), its worst
+// case by prices, in the kinds the budgets limit.
+func (m *metered) plan(prices *usage.Prices, cost, tokens bool) {
 	if !cost && !tokens {
 		return
 	}
 	m.strict = true
-	m.worst = mt.ledger.metering().Prices.Worst(m.req.Model, m.bounds)
+	m.worstCase(prices)
 	if cost {
 		m.need.CostUSD = m.worst.CostUSD
 	}
