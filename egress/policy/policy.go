@@ -46,10 +46,11 @@ type Policy struct {
 	rules []Rule
 }
 
-// Parse parses allowlist entries of the form "name:port",
-// "*.suffix:port", "address:port" or "cidr:port" ("[v6]:port" for IPv6). It
-// returns an error naming the first bad entry. Names are compared
-// case-insensitively; a trailing dot is dropped.
+// Parse parses a profile's allowlist entries (keys egress, egress_ask) into a
+// Policy. An entry is "name:port", "*.suffix:port", "address:port" or
+// "cidr:port" ("[v6]:port" for IPv6). It returns an error naming the first
+// bad entry. Names are compared case-insensitively; a trailing dot is
+// dropped.
 func Parse(entries []string) (Policy, error) {
 	var p Policy
 	for _, e := range entries {
