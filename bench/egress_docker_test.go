@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/policy"
 )
 
 // benchDocker runs the docker CLI and returns its trimmed output.
@@ -93,7 +94,7 @@ func TestEgressProxyDocker(t *testing.T) {
 	defer os.RemoveAll(runDir)
 	require.NoError(t, os.Chmod(runDir, 0o755))
 	sess, err := egress.Open(egress.Config{Resolver: fixedNames{"api.bench.test": ip}, MaxEvents: 1},
-		"bench", egress.MustPolicy("api.bench.test:443", ip.String()+":443"), filepath.Join(runDir, "egress.sock"))
+		"bench", policy.Must("api.bench.test:443", ip.String()+":443"), filepath.Join(runDir, "egress.sock"))
 	require.NoError(t, err)
 	defer sess.Close()
 

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/policy"
 )
 
 // Sizes of the in-process egress benchmark.
@@ -130,7 +131,7 @@ func TestEgressProxy(t *testing.T) {
 	pu, _ := url.Parse(srv.URL)
 	b := egressBench{port: pu.Port(), sock: filepath.Join(t.TempDir(), "egress.sock")}
 	sess, err := egress.Open(egress.Config{Resolver: loopResolver{}, MaxConns: 4 * egressTunnels, MaxEvents: 1},
-		"bench", egress.MustPolicy("api.bench.test:"+b.port, "127.0.0.1:"+b.port), b.sock)
+		"bench", policy.Must("api.bench.test:"+b.port, "127.0.0.1:"+b.port), b.sock)
 	require.NoError(t, err)
 	defer sess.Close()
 

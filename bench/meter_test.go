@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -120,18 +121,18 @@ func TestMeteringOverhead(t *testing.T) {
 	// httptest's certificate names example.com.
 	res := loopResolver{}
 	plainSock := filepath.Join(t.TempDir(), "plain.sock")
-	plain, err := egress.Open(egress.Config{Resolver: res, MaxEvents: 1}, "bench-plain", egress.MustPolicy("example.com:"+port, "127.0.0.1:"+port), plainSock)
+	plain, err := egress.Open(egress.Config{Resolver: res, MaxEvents: 1}, "bench-plain", policy.Must("example.com:"+port, "127.0.0.1:"+port), plainSock)
 	require.NoError(t, err)
 	defer plain.Close()
 	meteredSock := filepath.Join(t.TempDir(), "metered.sock")
 	metered, err := egress.Open(egress.Config{Resolver: res, MaxEvents: 1, CA: ca, UpstreamRoots: upstream}, "bench-metered",
-		egress.MustPolicy("example.com:"+port, "127.0.0.1:"+port), meteredSock,
+		policy.Must("example.com:"+port, "127.0.0.1:"+port), meteredSock,
 		egress.Injection{Name: "example.com", Port: atoiPort(t, port), Header: "x-api-key", Value: "sk-bench"})
 	require.NoError(t, err)
 	defer metered.Close()
 	unmeteredSock := filepath.Join(t.TempDir(), "unmetered.sock")
 	unmetered, err := egress.Open(egress.Config{Resolver: res, MaxEvents: 1, CA: ca, UpstreamRoots: upstream, Unmetered: true}, "bench-unmetered",
-		egress.MustPolicy("example.com:"+port, "127.0.0.1:"+port), unmeteredSock,
+		policy.Must("example.com:"+port, "127.0.0.1:"+port), unmeteredSock,
 		egress.Injection{Name: "example.com", Port: atoiPort(t, port), Header: "x-api-key", Value: "sk-bench"})
 	require.NoError(t, err)
 	defer unmetered.Close()

@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/jetcrew/jetcrew/egress/policy"
 )
 
 // Decision is an operator's answer to a connection of the run to a host
@@ -57,9 +59,10 @@ type AskFunc func(ctx context.Context, host string, port int) Decision
 
 // asker is a session's ask list and the answers it had for this run.
 type asker struct {
-	mu     sync.Mutex
-	policy Policy
-	ask    AskFunc
+	max   int // Config.MaxAsks
+	mu    sync.Mutex
+	hosts policy.Policy
+	ask   AskFunc
 	// answers are the run's decisions by "host:port"; concurrent
 	// connections to one host wait for the one asking (pending).
 	answers map[string]Decision
@@ -73,25 +76,28 @@ type asker struct {
 // through ask instead of refusing them, when the allowlist does not list
 // them. An answer for the run is kept for the rest of the session; no
 // answer in time is not. Call it before the run's container starts.
-func (s *Session) AskFor(hosts Policy, ask AskFunc) {
-	s.asker.mu.Lock()
-	defer s.asker.mu.Unlock()
-	s.asker.policy, s.asker.ask = hosts, ask
-	s.asker.answers = map[string]Decision{}
-	s.asker.pending = map[string]chan struct{}{}
+func (s *Session) AskFor(hosts policy.Policy, ask AskFunc) { s.gate.ask.set(hosts, ask) }
+
+// set sets the ask list and the function that asks, forgetting every
+// answer.
+func (a *asker) set(hosts policy.Policy, ask AskFunc) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hosts, a.ask = hosts, ask
+	a.answers = map[string]Decision{}
+	a.pending = map[string]chan struct{}{}
 }
 
-// askOperator returns the decision for a connection to host:port (a name
+// operator returns the decision for a connection to host:port (a name
 // the allowlist does not list), asking when the host is on the ask list
 // and the run has no answer yet; asked is false when it is not on the
 // list (the connection is refused as unlisted). Connections to one host
 // at once share one question.
-func (s *Session) askOperator(ctx context.Context, host string, port int) (d Decision, asked bool) {
-	a := &s.asker
+func (a *asker) operator(ctx context.Context, host string, port int) (d Decision, asked bool) {
 	key := net.JoinHostPort(host, strconv.Itoa(port))
 	for {
 		a.mu.Lock()
-		if a.ask == nil || !a.policy.AllowsName(host, port) {
+		if a.ask == nil || !a.hosts.AllowsName(host, port) {
 			a.mu.Unlock()
 			return Decision{}, false
 		}
@@ -108,9 +114,9 @@ func (s *Session) askOperator(ctx context.Context, host string, port int) (d Dec
 				return Decision{TimedOut: true, Wait: "the connection's end"}, true
 			}
 		}
-		if a.asked >= s.cfg.MaxAsks {
+		if a.asked >= a.max {
 			a.mu.Unlock()
-			return Decision{Refused: fmt.Sprintf("the run asked an operator %d times, its most", s.cfg.MaxAsks)}, true
+			return Decision{Refused: fmt.Sprintf("the run asked an operator %d times, its most", a.max)}, true
 		}
 		a.asked++
 		done := make(chan struct{})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,7 +31,7 @@ func TestAskOperator(t *testing.T) {
 	var asked atomic.Int32
 	release := make(chan struct{})
 	late := atomic.Bool{}
-	b.sess.AskFor(MustPolicy("ask.example:"+p, "deny.example:"+p, "late.example:"+p), func(ctx context.Context, host string, port int) Decision {
+	b.sess.AskFor(policy.Must("ask.example:"+p, "deny.example:"+p, "late.example:"+p), func(ctx context.Context, host string, port int) Decision {
 		asked.Add(1)
 		switch host {
 		case "ask.example":
@@ -107,14 +108,14 @@ func TestAskOperator(t *testing.T) {
 func TestAskBounded(t *testing.T) {
 	t.Parallel()
 	b := setup(t, table{})
-	b.sess.cfg.MaxAsks = 2
+	b.sess.gate.ask.max = 2
 	var asked atomic.Int32
-	b.sess.AskFor(MustPolicy("*.ask.example:443"), func(context.Context, string, int) Decision {
+	b.sess.AskFor(policy.Must("*.ask.example:443"), func(context.Context, string, int) Decision {
 		asked.Add(1)
 		return Decision{TimedOut: true, Wait: "1s"}
 	})
 	for i := range 4 {
-		d, ok := b.sess.askOperator(context.Background(), fmt.Sprintf("h%d.ask.example", i), 443)
+		d, ok := b.sess.gate.ask.operator(context.Background(), fmt.Sprintf("h%d.ask.example", i), 443)
 		require.True(t, ok)
 		if i < 2 {
 			require.True(t, d.TimedOut)

@@ -7,13 +7,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // connListener hands the session's server each accepted connection as a
 // clientConn.
 type connListener struct {
 	net.Listener
-	s *Session
+	conns *connSet
 }
 
 // Accept returns the next connection of the run, as a *clientConn.
@@ -22,7 +24,46 @@ func (l connListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return l.s.newClientConn(c), nil
+	return l.conns.accept(c), nil
+}
+
+// connSet holds a session's open connections, the run's (clientConn) and
+// the tunnels' upstream ends, so that Kill can cut them all.
+type connSet struct {
+	idle time.Duration // Config.IdleTimeout
+	log  zerolog.Logger
+	mu   sync.Mutex
+	set  map[net.Conn]struct{}
+}
+
+// newConnSet returns an empty set whose run connections close after idle
+// without a byte.
+func newConnSet(idle time.Duration, log zerolog.Logger) *connSet {
+	return &connSet{idle: idle, log: log, set: make(map[net.Conn]struct{})}
+}
+
+// track adds c to the set (on) or removes it.
+func (cs *connSet) track(c net.Conn, on bool) {
+	cs.mu.Lock()
+	if on {
+		cs.set[c] = struct{}{}
+	} else {
+		delete(cs.set, c)
+	}
+	cs.mu.Unlock()
+}
+
+// closeAll closes every connection in the set.
+func (cs *connSet) closeAll() {
+	cs.mu.Lock()
+	conns := make([]net.Conn, 0, len(cs.set))
+	for c := range cs.set {
+		conns = append(conns, c)
+	}
+	cs.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // epoch is the origin of clientConn.last: a monotonic clock reading.
@@ -34,7 +75,7 @@ var epoch = time.Now()
 // Config.IdleTimeout; its context ends when it is closed; Kill closes it.
 type clientConn struct {
 	net.Conn
-	s      *Session
+	conns  *connSet
 	ctx    context.Context
 	cancel context.CancelCauseFunc // errIdle when the idle bound closed it
 	idle   time.Duration
@@ -48,12 +89,14 @@ type clientConn struct {
 // (http.Server.ConnContext).
 type connKey struct{}
 
-func (s *Session) newClientConn(c net.Conn) *clientConn {
-	cc := &clientConn{Conn: c, s: s, idle: s.cfg.IdleTimeout}
+// accept makes c, a connection of the run just accepted, a clientConn in
+// the set.
+func (cs *connSet) accept(c net.Conn) *clientConn {
+	cc := &clientConn{Conn: c, conns: cs, idle: cs.idle}
 	cc.ctx, cc.cancel = context.WithCancelCause(context.Background())
 	cc.touch()
 	cc.timer = time.AfterFunc(cc.idle, cc.checkIdle)
-	s.track(cc, true)
+	cs.track(cc, true)
 	return cc
 }
 
@@ -93,7 +136,7 @@ func (c *clientConn) checkIdle() {
 		c.timer.Reset(c.idle - quiet)
 		return
 	}
-	c.s.log.Debug().Dur("idle", quiet).Msg("egress connection idle: closed")
+	c.conns.log.Debug().Dur("idle", quiet).Msg("egress connection idle: closed")
 	c.cancel(errIdle)
 	_ = c.Close()
 }
@@ -133,7 +176,7 @@ func (c *clientConn) Close() error {
 		c.closed.Store(true)
 		c.timer.Stop()
 		c.cancel(context.Canceled)
-		c.s.track(c, false)
+		c.conns.track(c, false)
 	})
 	return err
 }

@@ -19,6 +19,16 @@
 // must be read whole in time; a connection moving no byte is closed; and no
 // upstream connection outlives the run's connection it serves.
 //
+// The allowlist and the unmetered paths a profile gives (policy.Policy,
+// policy.UnmeteredPaths) are package egress/policy's, a leaf that
+// profiles and the stage contract import without this package. A Session
+// composes one part per concern, each in its own file: its events
+// (events.go), its policy and the operator's answers (gate.go, ask.go),
+// its forwarding, tunnels and injected hosts (forward.go, tunnel.go,
+// inject.go), its metering (meter.go: admission in admit.go and
+// reserve.go, settlement in settle.go, what it counts and holds in
+// budget.go) and the run's connections (conn.go).
+//
 // A request is decided and sent upstream in the context of the run's
 // connection (it ends when the connection closes), not in the request's own,
 // which Go's server cancels when the run half-closes the connection after

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+
+	"github.com/jetcrew/jetcrew/egress/policy"
 )
 
 // FuzzDecide feeds the CONNECT target an agent chooses to the policy: it
@@ -19,13 +21,13 @@ func FuzzDecide(f *testing.F) {
 		"x.wild.example.org":    {netip.MustParseAddr("127.0.0.1")},
 		"meta.wild.example.org": {netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("93.184.216.35")},
 	}
-	s := &Session{cfg: Config{Resolver: res}.withDefaults(), policy: MustPolicy("api.example.com:443", "*.wild.example.org:443", "10.0.0.0/8:443")}
+	g := newGate(Config{Resolver: res}.withDefaults(), policy.Must("api.example.com:443", "*.wild.example.org:443", "10.0.0.0/8:443"), nil)
 	f.Fuzz(func(t *testing.T, hostport string) {
 		host, port, err := splitHostPort(hostport, 0)
 		if err != nil {
 			return
 		}
-		name, target, reason := s.decide(context.Background(), host, port, nil)
+		name, target, reason := g.decide(context.Background(), host, port, nil)
 		if reason != "" {
 			return
 		}
@@ -33,15 +35,15 @@ func FuzzDecide(f *testing.F) {
 			t.Fatalf("%q allowed with target %v", hostport, target)
 		}
 		if _, err := netip.ParseAddr(name); err == nil {
-			if !s.policy.ListsAddr(target.Addr(), port) {
+			if !g.allow.ListsAddr(target.Addr(), port) {
 				t.Fatalf("literal %q allowed but not listed", hostport)
 			}
 			return
 		}
-		if !s.policy.AllowsName(name, port) {
+		if !g.allow.AllowsName(name, port) {
 			t.Fatalf("%q allowed but not listed", hostport)
 		}
-		if blockedReason(target.Addr(), s.cfg.OwnAddrs) != "" && !s.policy.ListsAddr(target.Addr(), port) {
+		if blockedReason(target.Addr(), g.own) != "" && !g.allow.ListsAddr(target.Addr(), port) {
 			t.Fatalf("%q allowed to blocked address %v", hostport, target)
 		}
 	})

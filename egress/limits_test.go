@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -276,7 +277,7 @@ func deadlineBundle(t *testing.T, entries ...string) *bundle {
 	cfg := Config{Resolver: table{"api.test": {netip.MustParseAddr("127.0.0.1")}},
 		RequestReadTimeout: time.Second, IdleTimeout: time.Second,
 		Publish: func(ev messages.EgressEvent) { b.mu.Lock(); b.events = append(b.events, ev); b.mu.Unlock() }}
-	s, err := Open(cfg, "run1", MustPolicy(entries...), b.path)
+	s, err := Open(cfg, "run1", policy.Must(entries...), b.path)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	b.sess = s

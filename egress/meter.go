@@ -2,12 +2,12 @@ package egress
 
 import (
 	"context"
-	"fmt"
-	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -48,94 +48,6 @@ const (
 	maxModelName = 128
 )
 
-// Limits are a run's budgets, enforced by its egress proxy on the model
-// requests to the hosts it injects a key for (the only way the run reaches
-// them). A zero field is no limit.
-//
-// Before a request is sent, its worst case (usage.Prices.Worst: its
-// output cap at the output price, plus its input estimated from the
-// body's size) is reserved against the cost and token limits; when the
-// answer ends the reservation is replaced by the real usage. A request
-// whose worst case does not fit what is left (spent and reserved) waits
-// for the requests in flight to end (at most reserveWait), and is refused
-// with the provider's own quota error (usage.QuotaError) when it cannot
-// fit beside what was spent. So the run never spends past a cost or token
-// limit, as long as no answer costs more than its reservation (input the
-// body does not carry, usage.BytesPerInputToken); a request limit is
-// never passed (requests are counted when they are sent).
-type Limits struct {
-	// MaxCostUSD is the most the run may spend, in US dollars by the
-	// price table (profile key max_cost_usd). A request for a model the
-	// table has no price for is refused; the parts of a response the
-	// table prices in part (UsageEvent.PartlyUnpriced) cost what it prices.
-	MaxCostUSD float64
-	// MaxOutputTokens is the most output tokens the run may be sent
-	// (profile key max_output_tokens).
-	MaxOutputTokens int64
-	// MaxRequests is the most model requests the run may send (profile
-	// key max_model_requests), Known usage or not.
-	MaxRequests int64
-}
-
-// Budget names the limit a run reached, or that a request's worst case
-// did not fit: the profile key, the limit, what the run had spent of it,
-// and what the request needed.
-type Budget struct {
-	// Scope is "" for the run's own budget, messages.BudgetScopeGroup or
-	// messages.BudgetScopePool for one it shares (profile keys
-	// group_budget, pool_budget).
-	Scope string
-	// Key is the budget's key: "max_cost_usd", "max_output_tokens",
-	// "max_model_requests".
-	Key string
-	// Limit and Spent are in the key's unit (US dollars, tokens,
-	// requests).
-	Limit, Spent float64
-	// Need is the refused request's worst case in that unit, when the
-	// limit was not reached yet but the request did not fit what was
-	// left; Reserved what the requests in flight held then.
-	Need, Reserved float64
-}
-
-// String says which budget was reached and how much was spent ("budget
-// reached: max_cost_usd 2.5 (spent 2.5123 USD)"; a shared one is named
-// "group_budget.max_cost_usd").
-func (b Budget) String() string {
-	key := b.Key
-	if b.Scope != "" {
-		key = b.Scope + "_budget." + b.Key
-	}
-	fits := b.Spent < b.Limit && b.Need > 0
-	held := ""
-	if b.Reserved > 0 {
-		held = ", and requests in flight hold "
-	}
-	switch b.Key {
-	case "max_cost_usd":
-		if fits {
-			if held != "" {
-				held += usd(b.Reserved) + " USD"
-			}
-			return fmt.Sprintf("budget reached: %s %s (spent %s USD%s; this request may cost up to %s USD)", key, formatFloat(b.Limit), usd(b.Spent), held, usd(b.Need))
-		}
-		return fmt.Sprintf("budget reached: %s %s (spent %s USD)", key, formatFloat(b.Limit), usd(b.Spent))
-	case "max_output_tokens":
-		if fits {
-			if held != "" {
-				held += fmt.Sprintf("%d", int64(b.Reserved))
-			}
-			return fmt.Sprintf("budget reached: %s %d (spent %d output tokens%s; this request may generate up to %d)", key, int64(b.Limit), int64(b.Spent), held, int64(b.Need))
-		}
-		return fmt.Sprintf("budget reached: %s %d (spent %d output tokens)", key, int64(b.Limit), int64(b.Spent))
-	default:
-		return fmt.Sprintf("budget reached: %s %d (%d model requests sent)", key, int64(b.Limit), int64(b.Spent))
-	}
-}
-
-func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
-
-func usd(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) }
-
 // Metering is how a session meters its run's model requests: every request
 // to a host it injects a key for (Injection) is metered; other hosts are
 // never seen in clear.
@@ -169,7 +81,7 @@ type Metering struct {
 	Pause func(ctx context.Context, b Budget) bool
 	// Unmetered are the requests the profile lets pass without usage
 	// while the run has a cost or token budget (egress_unmetered_paths).
-	Unmetered UnmeteredPaths
+	Unmetered policy.UnmeteredPaths
 	// SharedLimits are what the run's Shared budgets limit: a field set
 	// in any of them is set here (its value is not used otherwise), so
 	// the proxy refuses what it cannot meter for them as for the run's
@@ -179,6 +91,14 @@ type Metering struct {
 	// by its key's rate, shared by every run using the key (profile key
 	// egress_rate); nil: none.
 	Pacer Pacer
+}
+
+// strict reports whether the run has a cost budget and a token budget,
+// its own or a shared one (SharedLimits): what it cannot meter is then
+// refused.
+func (m Metering) strict() (cost, tokens bool) {
+	l, sh := m.Limits, m.SharedLimits
+	return l.MaxCostUSD > 0 || sh.MaxCostUSD > 0, l.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
 }
 
 // Pacer paces model requests per injected key across a fleet: a token
@@ -217,183 +137,63 @@ type Shared interface {
 	Settle(ctx context.Context, at time.Time, worst, spent messages.BudgetSpend)
 }
 
-// meter is a session's metering state.
+// meter meters a session's model requests: each is admitted against the
+// run's budgets (begin), its answer read for its usage (wrap) and settled
+// when it ends (end). What it counts and holds is its ledger.
 type meter struct {
-	mu       sync.Mutex
-	m        Metering
-	totals   messages.UsageTotals
-	inflight int64
-	// reserved is what the requests in flight hold against the run's
-	// own budgets (CostUSD, OutputTokens); settled is closed (and
-	// replaced) whenever one ends.
-	reserved messages.BudgetSpend
-	settled  chan struct{}
-	events   int
-	reached  *Budget
-	// paused counts the requests held past a budget now; pausedOn is
-	// the budget the latest was held for.
-	paused   int
-	pausedOn Budget
-	// spends are the Shared.Spend calls in flight.
+	ledger    ledger
+	runID     string
+	maxEvents int // Config.MaxEvents
+	log       zerolog.Logger
+	// slots has a slot per model request metered now (Config.MaxMetered).
+	slots chan struct{}
+	// life ends when the session closes (stop): the upstream requests
+	// and drains of answers the agent left (drainBody) end with it;
+	// drains counts those.
+	life    context.Context
+	endLife context.CancelFunc
+	drains  sync.WaitGroup
+	// spends are the Shared.Settle calls in flight.
 	spends sync.WaitGroup
+}
+
+// newMeter returns the meter of run runID's session, metering nothing
+// until Session.Meter is called.
+func newMeter(cfg Config, runID string, log zerolog.Logger) *meter {
+	mt := &meter{runID: runID, maxEvents: cfg.MaxEvents, log: log, slots: make(chan struct{}, cfg.MaxMetered)}
+	mt.life, mt.endLife = context.WithCancel(context.Background())
+	return mt
+}
+
+// free gives back the slot of a request that took one (begin).
+func (mt *meter) free() { <-mt.slots }
+
+// stop ends the meter's life and waits for the drains, each of which ends
+// with it.
+func (mt *meter) stop() {
+	mt.endLife()
+	mt.drains.Wait()
 }
 
 // Meter sets how the session meters its run's model requests. Call it
 // before the run's container starts: requests before it are metered with
 // no prices, limits or publisher.
-func (s *Session) Meter(m Metering) {
-	s.meter.mu.Lock()
-	s.meter.m = m
-	s.meter.mu.Unlock()
-}
+func (s *Session) Meter(m Metering) { s.meter.ledger.set(m) }
 
 // Usage returns the run's model usage so far.
-func (s *Session) Usage() messages.UsageTotals {
-	s.meter.mu.Lock()
-	defer s.meter.mu.Unlock()
-	return s.meter.totals
-}
+func (s *Session) Usage() messages.UsageTotals { return s.meter.ledger.usage() }
 
 // Raise adds to the run's own Limits (an operator's grant): a limit that
 // was 0 (none) stays none. Requests held past a budget (Metering.Pause)
 // look again when their Pause returns.
-func (s *Session) Raise(by Limits) {
-	s.meter.mu.Lock()
-	defer s.meter.mu.Unlock()
-	l := &s.meter.m.Limits
-	if l.MaxCostUSD > 0 {
-		l.MaxCostUSD += by.MaxCostUSD
-	}
-	if l.MaxOutputTokens > 0 {
-		l.MaxOutputTokens += by.MaxOutputTokens
-	}
-	if l.MaxRequests > 0 {
-		l.MaxRequests += by.MaxRequests
-	}
-	if mt := &s.meter; mt.settled != nil { // requests waiting for room look again
-		close(mt.settled)
-		mt.settled = nil
-	}
-}
+func (s *Session) Raise(by Limits) { s.meter.ledger.raise(by) }
 
 // Limits returns the run's own limits as they are now (raised by grants).
-func (s *Session) Limits() Limits {
-	s.meter.mu.Lock()
-	defer s.meter.mu.Unlock()
-	return s.meter.m.Limits
-}
+func (s *Session) Limits() Limits { return s.meter.ledger.limits() }
 
 // Paused returns the budget the run's requests are held for, when some
 // are (Metering.Pause).
-func (s *Session) Paused() (Budget, bool) {
-	s.meter.mu.Lock()
-	defer s.meter.mu.Unlock()
-	return s.meter.pausedOn, s.meter.paused > 0
-}
+func (s *Session) Paused() (Budget, bool) { return s.meter.ledger.paused() }
 
 // Reached returns the budget the run reached, if it did.
-func (s *Session) Reached() (Budget, bool) {
-	s.meter.mu.Lock()
-	defer s.meter.mu.Unlock()
-	if s.meter.reached == nil {
-		return Budget{}, false
-	}
-	return *s.meter.reached, true
-}
-
-// verdict returns the first of the run's own limits a request with worst
-// case need does not fit, or nil: the request limit when it is reached
-// (requests in flight counted); a cost or token limit the spent totals
-// reached, or that need does not fit beside them (wait false); or one
-// need fits beside the spent totals but not beside what the requests in
-// flight hold too (wait true: it may fit once they end). Callers hold mu.
-func (mt *meter) verdict(need messages.BudgetSpend) (b *Budget, wait bool) {
-	l, t, r := mt.m.Limits, mt.totals, mt.reserved
-	if l.MaxRequests > 0 && t.Requests+mt.inflight >= l.MaxRequests {
-		return &Budget{Key: "max_model_requests", Limit: float64(l.MaxRequests), Spent: float64(t.Requests + mt.inflight)}, false
-	}
-	if lim, spent, n := l.MaxOutputTokens, t.Tokens.Output, need.OutputTokens; lim > 0 {
-		b := &Budget{Key: "max_output_tokens", Limit: float64(lim), Spent: float64(spent), Need: float64(n), Reserved: float64(r.OutputTokens)}
-		switch {
-		case spent >= lim || n > lim-spent:
-			return b, false
-		case n > lim-spent-r.OutputTokens:
-			return b, true
-		}
-	}
-	if lim, spent, n := l.MaxCostUSD, t.CostUSD, need.CostUSD; lim > 0 {
-		b := &Budget{Key: "max_cost_usd", Limit: lim, Spent: spent, Need: n, Reserved: r.CostUSD}
-		switch {
-		case spent >= lim || spent+n > lim:
-			return b, false
-		case spent+r.CostUSD+n > lim:
-			return b, true
-		}
-	}
-	return nil, false
-}
-
-// settledChan returns a channel closed when a request in flight next
-// ends. Callers hold mu.
-func (mt *meter) settledChan() <-chan struct{} {
-	if mt.settled == nil {
-		mt.settled = make(chan struct{})
-	}
-	return mt.settled
-}
-
-// strict reports whether the run has a cost budget and a token budget,
-// its own or a shared one (Metering.SharedLimits): what it cannot meter is
-// then refused.
-func (mt *meter) strict() (cost, tokens bool) {
-	mt.mu.Lock()
-	defer mt.mu.Unlock()
-	l, sh := mt.m.Limits, mt.m.SharedLimits
-	return l.MaxCostUSD > 0 || sh.MaxCostUSD > 0, l.MaxOutputTokens > 0 || sh.MaxOutputTokens > 0
-}
-
-// note records b as the budget reached, the first time, and returns the
-// callback to tell (nil when already told).
-func (mt *meter) note(b *Budget) func() {
-	if b == nil || mt.reached != nil {
-		return nil
-	}
-	mt.reached = b
-	if f := mt.m.Reached; f != nil {
-		bb := *b
-		return func() { f(bb) }
-	}
-	return nil
-}
-
-// meteredAddr refuses target, the checked address of a connection to a
-// host the session does not inject a key for, when it is the address and
-// port of one it does (resolved now): another name for a metered host would
-// otherwise carry the run's model requests past the metering and its
-// budgets (with a key the run brought itself). It returns the refusal's
-// reason, or "".
-func (s *Session) meteredAddr(ctx context.Context, target netip.AddrPort) string {
-	for _, in := range s.inject {
-		if in.Port != int(target.Port()) {
-			continue
-		}
-		if a, err := netip.ParseAddr(in.Name); err == nil {
-			if a.Unmap() == target.Addr() {
-				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
-			}
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
-		addrs, err := s.cfg.Resolver.LookupNetIP(rctx, "ip", in.Name)
-		cancel()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			if a.Unmap() == target.Addr() {
-				return fmt.Sprintf("the address of %s, a host the proxy meters: reach it by that name", in.Name)
-			}
-		}
-	}
-	return ""
-}
+func (s *Session) Reached() (Budget, bool) { return s.meter.ledger.reached() }

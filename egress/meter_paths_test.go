@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -85,7 +86,7 @@ func mustPrices(toml string) *usage.Prices {
 // refused on a metered host, budget or not, unless listed.
 func TestMeterUnreadableRefusedUnderBudget(t *testing.T) {
 	t.Parallel()
-	listed, err := ParseUnmeteredPaths([]string{"POST /v1/embeddings", "/v1/files/*"})
+	listed, err := policy.ParseUnmeteredPaths([]string{"POST /v1/embeddings", "/v1/files/*"})
 	require.NoError(t, err)
 	big := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("x", maxMeteredRequest) + `"}]}`
 	refused := []struct{ name, method, path, body, want string }{

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -109,7 +110,7 @@ func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config))
 		mod(&cfg)
 	}
 	sess, err := Open(cfg,
-		"run1", MustPolicy("example.com:"+p, "127.0.0.1:"+p), mb.path,
+		"run1", policy.Must("example.com:"+p, "127.0.0.1:"+p), mb.path,
 		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })
@@ -391,7 +392,7 @@ func TestMeterOtherNameRefused(t *testing.T) {
 	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	sess, err := Open(Config{Resolver: table{"example.com": lo, "alias.example": lo}, CA: ca,
 		Publish: func(ev messages.EgressEvent) { b.mu.Lock(); b.events = append(b.events, ev); b.mu.Unlock() }},
-		"run1", MustPolicy("example.com:"+p, "alias.example:"+p, "127.0.0.1:"+p), b.path,
+		"run1", policy.Must("example.com:"+p, "alias.example:"+p, "127.0.0.1:"+p), b.path,
 		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
@@ -25,6 +24,9 @@ type metered struct {
 	strict bool
 	worst  usage.Worst
 	need   messages.BudgetSpend
+	// worstKnown is set once worst is computed (worstCase), strict or
+	// not.
+	worstKnown bool
 	// sharedNeed is what Shared.Reserve held for the request (zero when
 	// it held nothing).
 	sharedNeed messages.BudgetSpend
@@ -34,23 +36,27 @@ type metered struct {
 	complete atomic.Bool
 	// release ends the request's own upstream context (strict only).
 	release func()
-	once    sync.Once // endModel
+	once    sync.Once // meter.end
 }
 
-// plan computes m's worst case and what the run's budgets hold for it:
-// when the run has a cost or token budget (its own or a shared one), the
-// request's output cap and input estimate by the price table
-// (usage.Prices.Worst), in the kinds the budgets limit.
-func (s *Session) plan(m *metered) {
-	cost, tokens := s.meter.strict()
+// worstCase returns m's worst case by prices (usage.Prices.Worst: its
+// output cap and input estimate), computed once for the request.
+func (m *metered) worstCase(prices *usage.Prices) usage.Worst {
+	if !m.worstKnown {
+		m.worst, m.worstKnown = prices.Worst(m.req.Model, m.bounds), true
+	}
+	return m.worst
+}
+
+// plan computes what the run's budgets hold for m: when the run has a
+// cost or token budget (its own or a shared one; cost, tokens), its worst
+// case by prices, in the kinds the budgets limit.
+func (m *metered) plan(prices *usage.Prices, cost, tokens bool) {
 	if !cost && !tokens {
 		return
 	}
-	s.meter.mu.Lock()
-	prices := s.meter.m.Prices
-	s.meter.mu.Unlock()
 	m.strict = true
-	m.worst = prices.Worst(m.req.Model, m.bounds)
+	m.worstCase(prices)
 	if cost {
 		m.need.CostUSD = m.worst.CostUSD
 	}
@@ -59,66 +65,28 @@ func (s *Session) plan(m *metered) {
 	}
 }
 
-// reserve admits m against the run's own budgets, then its shared ones:
-// it returns nil once the request is counted in flight and its worst case
-// (m.need) held, or the budget it does not fit (nothing held). A request
-// that fits beside what was spent but not beside what the requests in
-// flight hold waits for them to end, at most reserveWait or until ctx
-// ends; Shared.Reserve does the same for the shared budgets.
-func (s *Session) reserve(ctx context.Context, m *metered) *Budget {
-	mt := &s.meter
-	deadline := time.NewTimer(reserveWait)
-	defer deadline.Stop()
-	mt.mu.Lock()
-	for {
-		b, wait := mt.verdict(m.need)
-		if b == nil {
-			break
-		}
-		if !wait {
-			mt.mu.Unlock()
-			return b
-		}
-		settled := mt.settledChan()
-		mt.mu.Unlock()
-		select {
-		case <-settled:
-		case <-ctx.Done():
-			return b
-		case <-deadline.C:
-			return b
-		}
-		mt.mu.Lock()
+// reserve admits m against the run's own budgets (ledger.hold), then its
+// shared ones: it returns nil once the request is counted in flight and
+// its worst case (m.need) held, or the budget it does not fit (nothing
+// held). Shared.Reserve waits for the shared budgets as hold does for the
+// run's own.
+func (mt *meter) reserve(ctx context.Context, m *metered) *Budget {
+	if b := mt.ledger.hold(ctx, m.need); b != nil {
+		return b
 	}
-	mt.inflight++
-	mt.reserved = mt.reserved.Add(m.need)
-	shared := mt.m.Shared
-	mt.mu.Unlock()
+	shared := mt.ledger.metering().Shared
 	if shared == nil {
 		return nil
 	}
 	b, err := shared.Reserve(ctx, m.ev.Time, m.need)
 	if err != nil {
-		s.log.Warn().Err(err).Msg("reserve a model request in the run's shared budgets; letting it go")
+		mt.log.Warn().Err(err).Msg("reserve a model request in the run's shared budgets; letting it go")
 		return nil
 	}
 	if b != nil {
-		mt.mu.Lock()
-		mt.unhold(m.need)
-		mt.mu.Unlock()
+		mt.ledger.release(m.need)
 		return b
 	}
 	m.sharedNeed = m.need
 	return nil
-}
-
-// unhold ends a request in flight that held need, and wakes the requests
-// waiting for one to end. Callers hold mu.
-func (mt *meter) unhold(need messages.BudgetSpend) {
-	mt.inflight--
-	mt.reserved = mt.reserved.Add(messages.BudgetSpend{CostUSD: -need.CostUSD, OutputTokens: -need.OutputTokens})
-	if mt.settled != nil {
-		close(mt.settled)
-		mt.settled = nil
-	}
 }

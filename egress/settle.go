@@ -12,26 +12,26 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// wrapModel meters resp, the answer to m: its body passes through
+// wrap meters resp, the answer to m: its body passes through
 // unchanged as it arrives (less the usage chunk the proxy asked for,
 // askForUsage), and its usage is recorded when it ends. Under a cost or
 // token budget, an answer the agent stops reading is read on to its end
 // by the proxy (drainBody), so it is settled at its real usage.
-func (s *Session) wrapModel(m *metered, resp *http.Response) {
+func (mt *meter) wrap(m *metered, resp *http.Response) {
 	m.ev.Status = resp.StatusCode
 	body := resp.Body
 	if m.strict {
 		body = &eofMark{ReadCloser: body, m: m}
 	}
 	body = usage.Wrap(m.ev.Format, m.req, resp.StatusCode, resp.Header.Get("Content-Type"), body, maxMeteredJSON,
-		func(r usage.Result) { s.endModel(m, r) })
+		func(r usage.Result) { mt.end(m, r) })
 	if m.stripUsage && resp.StatusCode < 400 {
 		body = usage.StripUsage(body)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 	}
 	if m.strict {
-		body = &drainBody{ReadCloser: body, s: s, m: m}
+		body = &drainBody{ReadCloser: body, mt: mt, m: m}
 	}
 	resp.Body = body
 }
@@ -39,9 +39,9 @@ func (s *Session) wrapModel(m *metered, resp *http.Response) {
 // askForUsage makes an OpenAI Chat stream whose client did not ask for
 // usage (stream_options.include_usage) ask for it, so its usage can be
 // read: the body is rewritten (its Content-Length with it) and the usage
-// chunk that adds is taken out of the answer (wrapModel). A body the
+// chunk that adds is taken out of the answer (meter.wrap). A body the
 // proxy did not read whole is left as it is.
-func (s *Session) askForUsage(req *http.Request, m *metered) {
+func askForUsage(req *http.Request, m *metered) {
 	if m.req.Format != messages.FormatOpenAIChat || !m.req.Stream || m.req.IncludeUsage {
 		return
 	}
@@ -60,8 +60,8 @@ func (s *Session) askForUsage(req *http.Request, m *metered) {
 // token budget: not the run's connection's (conn), so the answer can be
 // read to its end after the agent left, but the session's, cut
 // drainTimeout after conn ends and when m ends (m.release).
-func (s *Session) upstreamCtx(m *metered, conn context.Context) context.Context {
-	ctx, cancel := context.WithCancel(s.life)
+func (mt *meter) upstreamCtx(m *metered, conn context.Context) context.Context {
+	ctx, cancel := context.WithCancel(mt.life)
 	var mu sync.Mutex
 	var t *time.Timer
 	stop := context.AfterFunc(conn, func() {
@@ -81,23 +81,24 @@ func (s *Session) upstreamCtx(m *metered, conn context.Context) context.Context 
 	return ctx
 }
 
-// endModel records the usage of m's response: its event and the run's
+// end records the usage of m's response: its event and the run's
 // totals. A request that failed upstream ends with a zero Result and
 // status 0.
-func (s *Session) endModel(m *metered, r usage.Result) {
+func (mt *meter) end(m *metered, r usage.Result) {
 	m.once.Do(func() {
-		<-s.metering
-		s.recordModel(m, r)
+		mt.free()
+		mt.record(m, r)
 		if m.release != nil {
 			m.release()
 		}
 	})
 }
 
-// recordModel records the usage of m's response (endModel, once): its
-// event, the run's totals, and the shared budgets' (Shared.Settle), in
-// place of what m held.
-func (s *Session) recordModel(m *metered, r usage.Result) {
+// record records the usage of m's response (end, once): its event, the
+// run's totals, and the shared budgets' (Shared.Settle), in place of what
+// m held.
+func (mt *meter) record(m *metered, r usage.Result) {
+	cfg := mt.ledger.metering()
 	ev := m.ev
 	ev.DurationMS = time.Since(ev.Time).Milliseconds()
 	ev.Model = m.req.Model
@@ -109,15 +110,13 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	}
 	ev.Stream = m.req.Stream || r.Stream
 	ev.Known = r.Known
-	mt := &s.meter
-	mt.mu.Lock()
 	if r.Known {
 		ev.Tokens, ev.WebSearches = r.Tokens, r.WebSearches
 		// A response's model without a price (a name the request's
 		// resolved to) is priced as the request's, which was admitted.
-		c, ok := mt.m.Prices.Charge(ev.Model, r)
+		c, ok := cfg.Prices.Charge(ev.Model, r)
 		if !ok {
-			c, ok = mt.m.Prices.Charge(m.req.Model, r)
+			c, ok = cfg.Prices.Charge(m.req.Model, r)
 		}
 		if ok {
 			ev.CostUSD, ev.PartlyUnpriced = &c.USD, c.PartlyUnpriced
@@ -126,39 +125,26 @@ func (s *Session) recordModel(m *metered, r usage.Result) {
 	if m.strict && unsettled(m, r) {
 		chargeWorst(&ev, m.worst)
 	}
-	mt.unhold(m.need)
-	mt.totals.Add(ev)
-	publish := mt.events < s.cfg.MaxEvents
-	if publish {
-		mt.events++
-	}
-	pub, obs, shared := mt.m.Publish, mt.m.Observe, mt.m.Shared
-	mt.mu.Unlock()
-	if shared != nil {
+	publish := mt.ledger.add(ev, m.need, mt.maxEvents)
+	if cfg.Shared != nil {
 		spent := messages.BudgetSpend{OutputTokens: ev.Tokens.Output}
 		if ev.CostUSD != nil {
 			spent.CostUSD = *ev.CostUSD
 		}
-		s.settleShared(m, spent)
+		mt.settleShared(cfg.Shared, m, spent)
 	}
-	if obs != nil {
-		obs(ev)
+	if cfg.Observe != nil {
+		cfg.Observe(ev)
 	}
-	if publish && pub != nil {
-		pub(ev)
+	if publish && cfg.Publish != nil {
+		cfg.Publish(ev)
 	}
 }
 
 // settleShared replaces what m held in the shared budgets by spent, on a
-// goroutine Close waits for (each bounded by spendTimeout).
-func (s *Session) settleShared(m *metered, spent messages.BudgetSpend) {
-	mt := &s.meter
-	mt.mu.Lock()
-	shared := mt.m.Shared
-	mt.mu.Unlock()
-	if shared == nil {
-		return
-	}
+// goroutine stop's caller waits for (spends; each bounded by
+// spendTimeout).
+func (mt *meter) settleShared(shared Shared, m *metered, spent messages.BudgetSpend) {
 	mt.spends.Add(1)
 	go func() {
 		defer mt.spends.Done()
@@ -223,19 +209,19 @@ func (e *eofMark) Read(p []byte) (int, error) {
 // session closes), so the answer's usage is read whole.
 type drainBody struct {
 	io.ReadCloser
-	s    *Session
+	mt   *meter
 	m    *metered
 	once sync.Once
 }
 
 // Close closes the body at once when it was read to its end, else reads
-// its rest on a goroutine (counted in Session.drains) and then closes it.
+// its rest on a goroutine (counted in meter.drains) and then closes it.
 func (d *drainBody) Close() error {
 	if d.m.complete.Load() {
 		return d.ReadCloser.Close()
 	}
 	d.once.Do(func() {
-		d.s.drains.Add(1)
+		d.mt.drains.Add(1)
 		go d.drain()
 	})
 	return nil
@@ -244,9 +230,9 @@ func (d *drainBody) Close() error {
 // drain reads the rest of the body and closes it; it ends within
 // drainTimeout, or when the session closes.
 func (d *drainBody) drain() {
-	defer d.s.drains.Done()
+	defer d.mt.drains.Done()
 	t := time.AfterFunc(drainTimeout, func() { _ = d.ReadCloser.Close() })
-	stop := context.AfterFunc(d.s.life, func() { _ = d.ReadCloser.Close() })
+	stop := context.AfterFunc(d.mt.life, func() { _ = d.ReadCloser.Close() })
 	_, _ = io.CopyN(io.Discard, d.ReadCloser, maxDrain)
 	t.Stop()
 	stop()

@@ -2,80 +2,23 @@ package egress
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/elazarl/goproxy"
 
-	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// dialKey carries the checked address of a plain-HTTP request to the
-// transport's dialer.
-type dialKey struct{}
-
-// attempt is a plain-HTTP request in flight, kept in goproxy's UserData.
-type attempt struct {
-	ev   messages.EgressEvent
-	up   *countingReader
-	once sync.Once
-	// model is the metering of a request to an injected host.
-	model *metered
-}
-
-// newProxy builds the goproxy server with the session's policy: CONNECT is
-// hijacked into our own tunnel (SNI check, byte counts), plain HTTP is
-// forwarded by goproxy's transport to the checked address only.
-func (s *Session) newProxy() *goproxy.ProxyHttpServer {
-	p := goproxy.NewProxyHttpServer()
-	p.Logger = log.New(io.Discard, "", 0)
-	p.NonproxyHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ev := messages.EgressEvent{Time: time.Now().UTC(), Method: r.Method, Host: r.Host,
-			Reason: "not a proxy request (send an absolute URL, or CONNECT)"}
-		if host, port, err := splitHostPort(r.Host, 80); err == nil {
-			ev.Host, ev.Port = normalizeHost(host), port
-		}
-		s.record(ev)
-		http.Error(w, "jetcrew egress proxy: send proxy requests (absolute URL or CONNECT)", http.StatusBadRequest)
-	})
-	d := &net.Dialer{Timeout: s.cfg.DialTimeout}
-	p.Tr = &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			ap, ok := ctx.Value(dialKey{}).(netip.AddrPort)
-			if !ok {
-				return nil, errRefused
-			}
-			return d.DialContext(ctx, "tcp", ap.String())
-		},
-		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout: s.cfg.DialTimeout,
-		MaxIdleConns:        maxIdleUpstream,
-		MaxIdleConnsPerHost: maxIdleUpstream,
-		IdleConnTimeout:     30 * time.Second,
-	}
-	p.ConnectDial = func(string, string) (net.Conn, error) { return nil, errRefused }
-	p.CertStore = &certStore{}
-	p.OnRequest().HandleConnectFunc(s.handleConnect)
-	p.OnRequest().DoFunc(s.handleHTTP)
-	p.OnResponse().DoFunc(s.handleResponse)
-	return p
-}
-
-// handleConnect decides a CONNECT: refused with 403 and an event, or
-// hijacked into tunnel.
-func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+// handleConnect decides a CONNECT: refused with 403 and an event,
+// terminated for an injected host (injector.connect), or hijacked into a
+// tunnel (tunnels.serve).
+func (f *forwarder) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	ev := messages.EgressEvent{Time: time.Now().UTC(), Method: http.MethodConnect}
 	host, port, err := splitHostPort(hostport, 0)
 	var target netip.AddrPort
@@ -84,35 +27,40 @@ func (s *Session) handleConnect(hostport string, ctx *goproxy.ProxyCtx) (*goprox
 		ev.Host, reason = hostport, err.Error()
 	} else {
 		ev.Port = port
-		ev.Host, target, reason = s.decide(connCtx(ctx.Req), host, port, &ev)
+		ev.Host, target, reason = f.gate.decide(connCtx(ctx.Req), host, port, &ev)
+	}
+	if reason == "" {
+		if in, ok := f.gate.injection(ev.Host, ev.Port); ok {
+			return f.inject.connect(ctx, ev, target, in), hostport
+		}
+		reason = f.gate.meteredAddr(connCtx(ctx.Req), target)
 	}
 	if reason != "" {
-		ev.Reason = reason
-		s.record(ev)
-		ctx.Resp = goproxy.NewResponse(ctx.Req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
-		return goproxy.RejectConnect, hostport
-	}
-	if in, ok := s.injection(ev.Host, ev.Port); ok {
-		return s.mitmAction(ctx, ev, target, in), hostport
-	}
-	if reason := s.meteredAddr(connCtx(ctx.Req), target); reason != "" {
-		ev.Reason = reason
-		s.record(ev)
-		ctx.Resp = goproxy.NewResponse(ctx.Req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
+		ctx.Resp = f.events.refuse(ctx.Req, ev, reason)
 		return goproxy.RejectConnect, hostport
 	}
 	return &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: func(_ *http.Request, client net.Conn, _ *goproxy.ProxyCtx) {
-		s.tunnel(client, ev, target)
+		f.tunnels.serve(client, ev, target)
 	}}, hostport
 }
 
-// tunnel serves an allowed CONNECT: it answers 200, reads the TLS
+// tunnels serves a session's allowed CONNECTs to hosts it does not inject
+// a key for: the run's TLS passes through, its SNI checked.
+type tunnels struct {
+	events       *recorder
+	conns        *connSet
+	dialTimeout  time.Duration // Config.DialTimeout
+	helloTimeout time.Duration // Config.HelloTimeout
+	idle         time.Duration // Config.IdleTimeout
+}
+
+// serve serves an allowed CONNECT: it answers 200, reads the TLS
 // ClientHello and checks that its SNI is the CONNECT name (for a name), dials
 // the checked address and copies both ways, then records the attempt.
-func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.AddrPort) {
+func (t *tunnels) serve(client net.Conn, ev messages.EgressEvent, target netip.AddrPort) {
 	defer client.Close()
-	s.begin()
-	defer s.end()
+	t.events.begin()
+	defer t.events.end()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
@@ -126,14 +74,14 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 		err error
 	}
 	dialc := make(chan dialed, 1)
-	dctx, cancelDial := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	dctx, cancelDial := context.WithTimeout(context.Background(), t.dialTimeout)
 	defer cancelDial()
 	go func() {
 		// Ends with the dial: at the latest when the tunnel returns.
 		c, err := (&net.Dialer{}).DialContext(dctx, "tcp", target.String())
 		dialc <- dialed{c, err}
 	}()
-	_ = client.SetReadDeadline(time.Now().Add(s.cfg.HelloTimeout))
+	_ = client.SetReadDeadline(time.Now().Add(t.helloTimeout))
 	sni, hello, err := readClientHello(client)
 	_ = client.SetReadDeadline(time.Time{})
 	_, litErr := netip.ParseAddr(ev.Host)
@@ -147,7 +95,7 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 		ev.Reason = fmt.Sprintf("TLS SNI %q does not match the CONNECT name %q", sni, ev.Host)
 	}
 	if ev.Reason != "" {
-		s.record(ev)
+		t.events.record(ev)
 		cancelDial()
 		go func() {
 			if d := <-dialc; d.c != nil {
@@ -160,13 +108,13 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 	up, err := d.c, d.err
 	ev.Allowed = true
 	if err != nil {
-		ev.Reason, _ = s.upstreamFailure(context.Background(), err)
-		s.record(ev)
+		ev.Reason, _ = upstreamFailure(context.Background(), err, t.idle)
+		t.events.record(ev)
 		return
 	}
 	ev.Addr = target.String()
-	s.track(up, true)
-	defer s.track(up, false)
+	t.conns.track(up, true)
+	defer t.conns.track(up, false)
 	defer up.Close()
 	n, err := up.Write(hello)
 	ev.BytesUp += int64(n)
@@ -175,7 +123,7 @@ func (s *Session) tunnel(client net.Conn, ev messages.EgressEvent, target netip.
 		ev.BytesUp += u
 		ev.BytesDown += d
 	}
-	s.record(ev)
+	t.events.record(ev)
 }
 
 // tunnelBuf is the buffer of each direction of a tunnel: one TLS record's
@@ -216,131 +164,4 @@ func closeWrite(c net.Conn) {
 		return
 	}
 	_ = c.Close()
-}
-
-// handleHTTP decides a plain-HTTP proxy request: refused with 403 and an
-// event (a protocol upgrade too), or sent on to goproxy's transport with the
-// checked address, in the context of the run's connection (connCtx).
-func (s *Session) handleHTTP(req *http.Request, ctx *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	if m, ok := ctx.UserData.(*mitmTarget); ok {
-		return s.handleInjected(req, ctx, m)
-	}
-	ev := messages.EgressEvent{Time: time.Now().UTC(), Method: req.Method}
-	refuse := func(reason string) (*http.Request, *http.Response) {
-		ev.Reason = reason
-		s.record(ev)
-		return req, goproxy.NewResponse(req, "text/plain", http.StatusForbidden, "jetcrew egress: refused: "+reason+"\n")
-	}
-	if req.URL.Scheme != "http" {
-		ev.Host = req.URL.Host
-		return refuse(fmt.Sprintf("scheme %q: only plain http is forwarded; use CONNECT for TLS", req.URL.Scheme))
-	}
-	host, port, err := splitHostPort(req.URL.Host, 80)
-	if err != nil {
-		ev.Host = req.URL.Host
-		return refuse(err.Error())
-	}
-	ev.Port = port
-	if req.Header.Get("Upgrade") != "" {
-		// goproxy's relay of an upgraded connection (WebSocket) never
-		// closes the run's side and skips the response hooks that record
-		// the attempt; wss:// goes through CONNECT like any TLS.
-		ev.Host = normalizeHost(host)
-		return refuse(fmt.Sprintf("protocol upgrade (Upgrade: %q) over plain HTTP is not forwarded; use TLS through CONNECT (wss://)", req.Header.Get("Upgrade")))
-	}
-	var target netip.AddrPort
-	var reason string
-	ev.Host, target, reason = s.decide(connCtx(req), host, port, &ev)
-	if reason == "" {
-		reason = s.meteredAddr(connCtx(req), target)
-	}
-	if reason != "" {
-		return refuse(reason)
-	}
-	s.begin()
-	ev.Allowed, ev.Addr = true, target.String()
-	a := &attempt{ev: ev}
-	if req.Body != nil {
-		a.up = &countingReader{r: req.Body}
-		req.Body = a.up
-	}
-	ctx.UserData = a
-	return req.WithContext(context.WithValue(connCtx(req), dialKey{}, target)), nil
-}
-
-// handleResponse counts an allowed plain-HTTP response's body and records
-// the attempt when the body is closed (or at once when the request failed).
-func (s *Session) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) *http.Response {
-	a, ok := ctx.UserData.(*attempt)
-	if !ok {
-		return resp
-	}
-	if resp == nil {
-		return s.upstreamFailed(a, ctx)
-	}
-	if a.model != nil {
-		s.wrapModel(a.model, resp)
-	}
-	cr := &countingReader{r: resp.Body}
-	resp.Body = &closeHook{countingReader: cr, close: func() { s.finishAttempt(a, cr.n.Load(), "") }}
-	return resp
-}
-
-// upstreamFailed records a, a plain-HTTP request whose host could not be
-// reached or did not answer (ctx.Error), with the cause, and returns the
-// proxy's own answer to it: 502 naming the cause (nil when the run's
-// connection ended first: no one to answer).
-func (s *Session) upstreamFailed(a *attempt, ctx *goproxy.ProxyCtx) *http.Response {
-	err := ctx.Error
-	if err == nil {
-		err = errors.New("no answer")
-	}
-	cause, final := s.upstreamFailure(connCtx(ctx.Req), err)
-	s.finishAttempt(a, 0, cause)
-	if a.model != nil {
-		s.endModel(a.model, usage.Result{})
-	}
-	if cause == "" {
-		return nil
-	}
-	return upstreamAnswer(ctx.Req, "", net.JoinHostPort(a.ev.Host, strconv.Itoa(a.ev.Port)), cause, final)
-}
-
-// finishAttempt records an allowed plain-HTTP (or injected) request once,
-// with the bytes received, and ends it (begin).
-func (s *Session) finishAttempt(a *attempt, down int64, reason string) {
-	a.once.Do(func() {
-		if a.up != nil {
-			a.ev.BytesUp = a.up.n.Load()
-		}
-		a.ev.BytesDown, a.ev.Reason = down, reason
-		s.record(a.ev)
-		s.end()
-	})
-}
-
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.ReadCloser
-	n atomic.Int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
-func (c *countingReader) Close() error { return c.r.Close() }
-
-// closeHook calls close once the body is closed.
-type closeHook struct {
-	*countingReader
-	close func()
-}
-
-func (c *closeHook) Close() error {
-	err := c.countingReader.Close()
-	c.close()
-	return err
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/elazarl/goproxy"
 
@@ -28,12 +29,13 @@ var errIdle = errors.New("egress: the connection moved no byte for the idle boun
 // "upstream closed the connection without an answer", else "upstream
 // failed: …". final is true when a retry would meet the same cause (a
 // certificate). conn is the context of the run's connection: when it ended
-// first for another reason than the idle bound (the run gave up, or the
-// proxy was killed or closed), nothing failed upstream and cause is "".
-func (s *Session) upstreamFailure(conn context.Context, err error) (cause string, final bool) {
+// first for another reason than the idle bound (idle, Config.IdleTimeout:
+// the run gave up, or the proxy was killed or closed), nothing failed
+// upstream and cause is "".
+func upstreamFailure(conn context.Context, err error, idle time.Duration) (cause string, final bool) {
 	if conn.Err() != nil {
 		if errors.Is(context.Cause(conn), errIdle) {
-			return fmt.Sprintf("upstream timed out: no byte either way for %s", s.cfg.IdleTimeout), false
+			return fmt.Sprintf("upstream timed out: no byte either way for %s", idle), false
 		}
 		return "", false
 	}

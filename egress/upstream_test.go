@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -47,7 +48,7 @@ func upstreamSetup(t *testing.T, port int, roots *x509.CertPool, mods ...func(*C
 	for _, mod := range mods {
 		mod(&cfg)
 	}
-	sess, err := Open(cfg, "run1", MustPolicy("example.com:"+p, "127.0.0.1:"+p), ub.path,
+	sess, err := Open(cfg, "run1", policy.Must("example.com:"+p, "127.0.0.1:"+p), ub.path,
 		Injection{Name: "example.com", Port: port, Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })

@@ -43,6 +43,11 @@ var rules = []rule{
 		to: []string{"worker/..."}, unless: []string{"worker/jail", "worker/workertest"}},
 	{why: "profiles sit below the stages and the engine", from: "worker/profile/...",
 		to: []string{"worker/...", "dispatcher/...", "console/..."}, unless: []string{"worker/profile/...", "worker/jail"}},
+	{why: "profiles read the egress policy, never the proxy: only its leaf", from: "worker/profile/...",
+		to: []string{"egress/..."}, unless: []string{"egress/policy"}},
+	{why: "the stage contract reads the egress policy, never the proxy: only its leaf", from: "worker/stage",
+		to: []string{"egress/..."}, unless: []string{"egress/policy"}},
+	{why: "the egress policy is a leaf: the wire format and the standard library only", from: "egress/policy", to: []string{"..."}, unless: []string{"messages"}},
 	{why: "the run record's store sits below the engine and the stages", from: "worker/runstate",
 		to: []string{"worker/...", "dispatcher/..."}, unless: []string{"worker/runstate"}},
 	{why: "the stage contract knows no stage and no engine", from: "worker/stage",
@@ -160,7 +165,7 @@ func violations(graph map[string][]string) []string {
 func TestLayers(t *testing.T) {
 	t.Parallel()
 	graph := listPackages(t)
-	for _, must := range []string{"worker", "worker/jail", "worker/profile", "worker/runner", "worker/stage", "worker/stage/coord", "worker/docker", "roles", "messages"} {
+	for _, must := range []string{"worker", "worker/jail", "worker/profile", "worker/runner", "worker/stage", "worker/stage/coord", "worker/docker", "roles", "messages", "egress/policy"} {
 		require.Contains(t, graph, must, "the layout this test guards has changed: update its rules")
 	}
 	require.Empty(t, violations(graph), "packages reaching past their layer")
@@ -168,7 +173,8 @@ func TestLayers(t *testing.T) {
 
 // TestLayersCatch proves the check can fail: a stage importing another
 // stage, the Docker driver importing the engine, roles importing the
-// worker, and a chain through a third package are each reported.
+// worker, a profile importing the egress proxy (its policy leaf is
+// allowed), and a chain through a third package are each reported.
 func TestLayersCatch(t *testing.T) {
 	t.Parallel()
 	graph := map[string][]string{
@@ -177,7 +183,9 @@ func TestLayersCatch(t *testing.T) {
 		"worker/stage":        nil,
 		"worker/docker":       {"worker/jail", "worker/profile"},
 		"worker/jail":         nil,
-		"worker/profile":      nil,
+		"worker/profile":      {"egress/policy", "egress"},
+		"egress/policy":       nil,
+		"egress":              nil,
 		"roles":               {"messages", "worker"},
 		"messages":            nil,
 		"worker":              nil,
@@ -185,9 +193,10 @@ func TestLayersCatch(t *testing.T) {
 		"console":             {"worker/jail"},
 	}
 	got := violations(graph)
-	require.Len(t, got, 4, "%q", got)
+	require.Len(t, got, 5, "%q", got)
 	require.Contains(t, got[0], "dispatcher depends on worker/jail (dispatcher → console → worker/jail)")
 	require.Contains(t, got[1], "roles depends on worker (roles → worker)")
 	require.Contains(t, got[2], "worker/docker depends on worker/profile")
-	require.Contains(t, got[3], "worker/stage/tree depends on worker/stage/rundir")
+	require.Contains(t, got[3], "worker/profile depends on egress (worker/profile → egress)")
+	require.Contains(t, got[4], "worker/stage/tree depends on worker/stage/rundir")
 }

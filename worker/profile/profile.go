@@ -10,7 +10,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/policy"
 )
 
 // Profile is an operator-defined recipe for running a request: the image,
@@ -91,10 +91,10 @@ type Profile struct {
 	// otherwise refuses every request whose usage the proxy cannot read
 	// (another path, a background Responses request, a WebSocket
 	// upgrade): "[METHOD ]PATH", PATH exact or ending "/*"
-	// (egress.ParseUnmeteredPaths). The run's receipt names them. Empty
+	// (policy.ParseUnmeteredPaths). The run's receipt names them. Empty
 	// (default): none. Needs egress_inject.
 	EgressUnmeteredPaths []string `toml:"egress_unmetered_paths" json:"egress_unmetered_paths,omitempty"`
-	egressUnmetered      egress.UnmeteredPaths
+	egressUnmetered      policy.UnmeteredPaths
 	// EgressRate paces the runs' requests to each egress_inject host by
 	// its key, across every worker using the key (EgressRate). Nil:
 	// none. Needs egress_inject.
@@ -108,7 +108,7 @@ type Profile struct {
 	// EgressAskTimeout is how long a connection to an egress_ask host
 	// waits for an operator, a Go duration; default DefaultEgressAskTimeout.
 	EgressAskTimeout string `toml:"egress_ask_timeout" json:"egress_ask_timeout,omitempty"`
-	egressAsk        egress.Policy
+	egressAsk        policy.Policy
 	egressAskTimeout time.Duration
 	// Runtime is the OCI runtime, any name the engine reports (`docker
 	// info` Runtimes): runc (the engine's default when empty), runsc
@@ -232,7 +232,7 @@ type Profile struct {
 	RequestEnv []string `toml:"request_env" json:"request_env,omitempty"`
 
 	timeout        time.Duration
-	egressPolicy   egress.Policy
+	egressPolicy   policy.Policy
 	stallTimeout   time.Duration
 	bridgeDeadline time.Duration
 }
@@ -326,17 +326,17 @@ func (p Profile) withDefaults() (Profile, error) {
 }
 
 // parseEgress parses the egress and egress_ask allowlists into their
-// policies (egress.ParsePolicy); egress_ask names hosts only.
+// policies (policy.Parse); egress_ask names hosts only.
 func (p *Profile) parseEgress() error {
 	if len(p.Egress) > 0 {
-		pol, err := egress.ParsePolicy(p.Egress)
+		pol, err := policy.Parse(p.Egress)
 		if err != nil {
 			return err
 		}
 		p.egressPolicy = pol
 	}
 	if len(p.EgressAsk) > 0 {
-		pol, err := egress.ParsePolicy(p.EgressAsk)
+		pol, err := policy.Parse(p.EgressAsk)
 		if err != nil {
 			return fmt.Errorf("egress_ask: %w", err)
 		}
@@ -351,7 +351,7 @@ func (p *Profile) parseEgress() error {
 		if len(p.EgressInject) == 0 {
 			return errors.New("egress_unmetered_paths needs egress_inject: it lists requests on the hosts the proxy meters")
 		}
-		u, err := egress.ParseUnmeteredPaths(p.EgressUnmeteredPaths)
+		u, err := policy.ParseUnmeteredPaths(p.EgressUnmeteredPaths)
 		if err != nil {
 			return err
 		}
@@ -440,7 +440,7 @@ func (p Profile) BridgeDeadlineDuration() time.Duration { return p.bridgeDeadlin
 
 // EgressPolicy is the parsed egress allowlist (the egress key); the zero
 // Policy for a profile without one.
-func (p Profile) EgressPolicy() egress.Policy { return p.egressPolicy }
+func (p Profile) EgressPolicy() policy.Policy { return p.egressPolicy }
 
 // HasEgress reports whether the profile has an egress allowlist: its runs
 // have network none and reach only those hosts, through their egress
@@ -448,10 +448,10 @@ func (p Profile) EgressPolicy() egress.Policy { return p.egressPolicy }
 func (p Profile) HasEgress() bool { return len(p.Egress) > 0 || len(p.EgressAsk) > 0 }
 
 // EgressUnmetered returns egress_unmetered_paths, parsed.
-func (p Profile) EgressUnmetered() egress.UnmeteredPaths { return p.egressUnmetered }
+func (p Profile) EgressUnmetered() policy.UnmeteredPaths { return p.egressUnmetered }
 
 // EgressAskPolicy returns the hosts of egress_ask, parsed.
-func (p Profile) EgressAskPolicy() egress.Policy { return p.egressAsk }
+func (p Profile) EgressAskPolicy() policy.Policy { return p.egressAsk }
 
 // EgressAskTimeoutDuration returns how long a connection to an egress_ask
 // host waits for an operator.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress"
+	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 )
@@ -99,7 +100,7 @@ func (p *Proxies) proveOnce(ctx context.Context) error {
 		return fmt.Errorf("stage the proof's directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	sess, err := egress.Open(egress.Config{Resolver: p.cfg.Resolver, Logger: p.cfg.Log}, id, egress.Policy{}, filepath.Join(dir, profile.EgressSocketName))
+	sess, err := egress.Open(egress.Config{Resolver: p.cfg.Resolver, Logger: p.cfg.Log}, id, policy.Policy{}, filepath.Join(dir, profile.EgressSocketName))
 	if err != nil {
 		return err
 	}

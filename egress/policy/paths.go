@@ -1,4 +1,4 @@
-package egress
+package policy
 
 import (
 	"fmt"
@@ -67,12 +67,12 @@ func (u UnmeteredPaths) Entries() []string {
 	return out
 }
 
-// match returns the entry that lists req, or "". A request whose path is
+// Match returns the entry that lists req, or "". A request whose path is
 // not clean or is percent-encoded matches none: the host could read such
 // a path as another one ("/v1/files/../chat/completions").
-func (u UnmeteredPaths) match(req *http.Request) string {
+func (u UnmeteredPaths) Match(req *http.Request) string {
 	p := req.URL.Path
-	if !cleanPath(req) {
+	if !CleanPath(req) {
 		return ""
 	}
 	for _, r := range u.rules {
@@ -86,9 +86,9 @@ func (u UnmeteredPaths) match(req *http.Request) string {
 	return ""
 }
 
-// cleanPath reports whether req's path is as the host will read it: no
+// CleanPath reports whether req's path is as the host will read it: no
 // percent-encoding, and no "//", "." or ".." segment.
-func cleanPath(req *http.Request) bool {
+func CleanPath(req *http.Request) bool {
 	p := req.URL.Path
 	if req.URL.RawPath != "" || !strings.HasPrefix(p, "/") {
 		return false
@@ -98,33 +98,4 @@ func cleanPath(req *http.Request) bool {
 		return true
 	}
 	return path.Clean(c) == c
-}
-
-// freePaths are the providers' documented endpoints that generate nothing
-// and cost nothing, which pass on a metered host under any budget (counted
-// as requests with unknown usage): listing models (GET …/models and
-// …/models/<id>: OpenAI, Anthropic, Gemini) and counting tokens
-// (Anthropic's POST …/v1/messages/count_tokens, Gemini's POST
-// …/models/<model>:countTokens, Claude on Vertex AI's POST
-// …/publishers/anthropic/models/count-tokens:rawPredict, Code Assist's
-// POST …/v1internal:countTokens).
-func freePath(req *http.Request) bool {
-	if !cleanPath(req) {
-		return false
-	}
-	p := req.URL.Path
-	switch req.Method {
-	case http.MethodGet:
-		if strings.HasSuffix(p, "/models") {
-			return true
-		}
-		i := strings.LastIndex(p, "/models/")
-		return i >= 0 && !strings.ContainsAny(p[i+len("/models/"):], ":")
-	case http.MethodPost:
-		return strings.HasSuffix(p, "/v1/messages/count_tokens") ||
-			(strings.Contains(p, "/models/") && strings.HasSuffix(p, ":countTokens")) ||
-			strings.HasSuffix(p, "/v1internal:countTokens") ||
-			strings.HasSuffix(p, "/publishers/anthropic/models/count-tokens:rawPredict")
-	}
-	return false
 }

@@ -1,4 +1,4 @@
-package egress
+package policy
 
 import (
 	"errors"
@@ -46,11 +46,12 @@ type Policy struct {
 	rules []Rule
 }
 
-// ParsePolicy parses allowlist entries of the form "name:port",
-// "*.suffix:port", "address:port" or "cidr:port" ("[v6]:port" for IPv6). It
-// returns an error naming the first bad entry. Names are compared
-// case-insensitively; a trailing dot is dropped.
-func ParsePolicy(entries []string) (Policy, error) {
+// Parse parses a profile's allowlist entries (keys egress, egress_ask) into a
+// Policy. An entry is "name:port", "*.suffix:port", "address:port" or
+// "cidr:port" ("[v6]:port" for IPv6). It returns an error naming the first
+// bad entry. Names are compared case-insensitively; a trailing dot is
+// dropped.
+func Parse(entries []string) (Policy, error) {
 	var p Policy
 	for _, e := range entries {
 		r, err := parseRule(e)
@@ -62,10 +63,10 @@ func ParsePolicy(entries []string) (Policy, error) {
 	return p, nil
 }
 
-// MustPolicy is ParsePolicy for entries known to be valid; it panics on a
-// bad entry. For tests and built-in policies.
-func MustPolicy(entries ...string) Policy {
-	p, err := ParsePolicy(entries)
+// Must is Parse for entries known to be valid; it panics on a bad entry.
+// For tests and built-in policies.
+func Must(entries ...string) Policy {
+	p, err := Parse(entries)
 	if err != nil {
 		panic(err)
 	}
@@ -131,11 +132,8 @@ func checkName(name string) error {
 	return nil
 }
 
-// normalizeHost lowercases a requested host and drops a trailing dot.
-func normalizeHost(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
-
 // AllowsName reports whether a name rule lists host:port. host must be
-// normalised (lowercase, no trailing dot).
+// normalised (lowercase, no trailing dot), as Parse normalises names.
 func (p Policy) AllowsName(host string, port int) bool {
 	for _, r := range p.rules {
 		if r.Port != port || r.Name == "" {
@@ -161,61 +159,4 @@ func (p Policy) ListsAddr(addr netip.Addr, port int) bool {
 		}
 	}
 	return false
-}
-
-// special lists the address ranges that are never reached through a name
-// unless the profile lists them: they lead to the host, its neighbours or
-// the cloud's metadata service rather than to a provider on the internet.
-var special = []struct {
-	pfx  netip.Prefix
-	what string
-}{
-	{netip.MustParsePrefix("0.0.0.0/8"), "an unspecified address"},
-	{netip.MustParsePrefix("10.0.0.0/8"), "a private address"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "a shared (carrier-grade NAT) address"},
-	{netip.MustParsePrefix("127.0.0.0/8"), "a loopback address"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "a link-local address (the cloud metadata service lives there)"},
-	{netip.MustParsePrefix("172.16.0.0/12"), "a private address"},
-	{netip.MustParsePrefix("192.0.0.0/24"), "a protocol-assignment address"},
-	{netip.MustParsePrefix("192.168.0.0/16"), "a private address"},
-	{netip.MustParsePrefix("198.18.0.0/15"), "a benchmarking address"},
-	{netip.MustParsePrefix("224.0.0.0/3"), "a multicast or reserved address"},
-	{netip.MustParsePrefix("::/128"), "an unspecified address"},
-	{netip.MustParsePrefix("::1/128"), "a loopback address"},
-	{netip.MustParsePrefix("fc00::/7"), "a private (unique local) address"},
-	{netip.MustParsePrefix("fe80::/10"), "a link-local address"},
-	{netip.MustParsePrefix("ff00::/8"), "a multicast address"},
-}
-
-// blockedReason returns why addr may not be reached unless listed ("a
-// private address", "one of the host's own addresses"), or "" when it is an
-// ordinary public address. own are the host's interface addresses.
-func blockedReason(addr netip.Addr, own []netip.Addr) string {
-	addr = addr.Unmap()
-	for _, s := range special {
-		if s.pfx.Contains(addr) {
-			return s.what
-		}
-	}
-	for _, o := range own {
-		if o == addr {
-			return "one of the host's own addresses"
-		}
-	}
-	return ""
-}
-
-// ownAddrs returns the addresses of the host's network interfaces.
-func ownAddrs() []netip.Addr {
-	as, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var out []netip.Addr
-	for _, a := range as {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, pfx.Addr().Unmap())
-		}
-	}
-	return out
 }
