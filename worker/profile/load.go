@@ -3,7 +3,6 @@ package profile
 import (
 	"fmt"
 	"os"
-	"reflect"
 	"sort"
 	"strings"
 
@@ -72,16 +71,4 @@ func checkExactKeys(md toml.MetaData) error {
 		}
 	}
 	return nil
-}
-
-// profileKeys returns the TOML key of every Profile field.
-func profileKeys() map[string]bool {
-	t := reflect.TypeFor[Profile]()
-	m := map[string]bool{}
-	for i := 0; i < t.NumField(); i++ {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("toml"), ","); name != "" && name != "-" {
-			m[name] = true
-		}
-	}
-	return m
 }

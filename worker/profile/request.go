@@ -47,21 +47,6 @@ func DeniedRequestEnv(name string) bool {
 	return false
 }
 
-// allowsRequestEnv reports whether the profile accepts variable name from a
-// request: listed in request_env, exactly or by a prefix ending in '*', and
-// not denied (DeniedRequestEnv).
-func (p Profile) allowsRequestEnv(name string) bool {
-	if DeniedRequestEnv(name) {
-		return false
-	}
-	for _, pat := range p.RequestEnv {
-		if pre, ok := strings.CutSuffix(pat, "*"); ok && strings.HasPrefix(name, pre) || pat == name {
-			return true
-		}
-	}
-	return false
-}
-
 // CheckRequest refuses, before anything is staged, a request the profile
 // cannot carry: a variable the profile does not accept (request_env), a
 // git remote it does not allow (git_remotes), or a NUL byte in a prompt
@@ -98,19 +83,4 @@ func describeAllow(list []string) string {
 		return "no variables"
 	}
 	return "only " + strings.Join(list, ", ")
-}
-
-// promptInArgv reports whether the prompt becomes (part of) an argument:
-// the command backend substituting "{prompt}" in its command (prompt_stdin
-// or not). Agent backends feed it on stdin.
-func (p Profile) promptInArgv() bool {
-	if p.Backend != BackendCommand {
-		return false
-	}
-	for _, a := range p.Command {
-		if strings.Contains(a, "{prompt}") {
-			return true
-		}
-	}
-	return false
 }
