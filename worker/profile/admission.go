@@ -7,7 +7,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// AdmissionConfig is the profile facet deciding which requests a run admits.
+// AdmissionConfig is the profile facet deciding which requests the profile admits.
 //
 // The runner reads it when a request is delivered, before anything is
 // staged (Profile.CheckRequest, VerifySignedRequest); no run's container

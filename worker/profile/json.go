@@ -65,9 +65,9 @@ func (f keyField) jsonName() string { return cmp.Or(f.tagName("json"), f.Name) }
 
 // marshal returns the JSON encoding of v, a value of the layout's holder.
 func (l flatLayout) marshal(v reflect.Value) ([]byte, error) {
-	flat := reflect.New(l.typ).Elem()
+	flat := reflect.New(l.typ)
 	for i, index := range l.index {
-		flat.Field(i).Set(v.FieldByIndex(index))
+		flat.Elem().Field(i).Set(v.FieldByIndex(index))
 	}
 	return json.Marshal(flat.Interface())
 }
@@ -81,9 +81,9 @@ var (
 // the encoding Digest hashes.
 func (p Profile) MarshalJSON() ([]byte, error) { return profileLayout().marshal(reflect.ValueOf(p)) }
 
-// MarshalJSON encodes d as one flat object: the profile's keys in jsonKeys
-// order, then the description's own (Profile's MarshalJSON, promoted,
-// would leave those out).
+// MarshalJSON encodes d as one flat object, the profile's keys first.
+// They are in jsonKeys order, the description's own after them; Profile's
+// MarshalJSON, promoted, would leave those out.
 func (d Description) MarshalJSON() ([]byte, error) {
 	return descriptionLayout().marshal(reflect.ValueOf(d))
 }

@@ -3,7 +3,6 @@ package profile
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -136,7 +135,7 @@ func parseDuration(key, s string, def time.Duration) (time.Duration, error) {
 // encoding, every default applied): a receipt's ProfileDigest. It costs a
 // JSON encoding; the worker computes it once per profile.
 func (p Profile) Digest() string {
-	effective, _ := json.Marshal(p) // a Profile always marshals
+	effective, _ := p.MarshalJSON() // a Profile always marshals; json.Marshal(p) gives the same bytes
 	sum := sha256.Sum256(effective)
 	return hex.EncodeToString(sum[:])
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// WorkspaceConfig is the profile facet of a run's workspace.
+// WorkspaceConfig is the profile facet of a run's workspace and its sources.
 //
 // The workspace (tree) stage reads it: the size of the workspace's volume
 // (which a warm_workspace container is made with, warm.Fixed), and which
