@@ -7,11 +7,11 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// AdmissionConfig is the profile facet deciding which requests the profile admits.
+// AdmissionConfig is the profile facet deciding which requests may run.
 //
-// The runner reads it when a request is delivered, before anything is
-// staged (Profile.CheckRequest, VerifySignedRequest); no run's container
-// depends on it (warm.Irrelevant).
+// The runner reads it when a request is delivered, before anything is staged
+// (Profile.CheckRequest, VerifySignedRequest); no run's container depends on
+// it (warm.Irrelevant).
 type AdmissionConfig struct {
 	// SignedBy lists NKey user public keys ("U…"); when set, a request for
 	// the profile runs only when signed by one of them (Jetcrew-Signer and

@@ -136,8 +136,8 @@ func (b BudgetConfig) validate(metered bool) error {
 	return nil
 }
 
-// HasBudget reports whether the profile sets a model budget of its own
-// runs' or a shared one.
+// HasBudget reports whether the profile sets any model budget at all.
+// That is a budget of its own runs' or a shared one.
 func (b BudgetConfig) HasBudget() bool {
 	return b.MaxCostUSD > 0 || b.MaxOutputTokens > 0 || b.MaxModelRequests > 0 || b.GroupBudget.set() || b.PoolBudget.set()
 }

@@ -61,12 +61,14 @@ func (c CoordinationConfig) validate() error {
 // bridge.
 func (c CoordinationConfig) CoordinationOn() bool { return c.Coordination == nil || *c.Coordination }
 
-// BridgeRequired reports whether a run of p must reach its bridge within
-// BridgeDeadlineDuration: coordination on and RequireBridge not false.
+// BridgeRequired reports whether a run must reach its bridge in time.
+// That is within BridgeDeadlineDuration, when coordination is on and
+// RequireBridge is not false.
 func (c CoordinationConfig) BridgeRequired() bool {
 	return c.CoordinationOn() && (c.RequireBridge == nil || *c.RequireBridge)
 }
 
-// BridgeDeadlineDuration is how long a run has to start the jetcrew MCP
-// server when BridgeRequired (the bridge_deadline key; default 2 minutes).
+// BridgeDeadlineDuration is how long a run has to reach its bridge.
+// It bounds the start of the jetcrew MCP server when BridgeRequired (the
+// bridge_deadline key; default 2 minutes).
 func (c CoordinationConfig) BridgeDeadlineDuration() time.Duration { return c.bridgeDeadline }

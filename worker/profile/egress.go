@@ -26,8 +26,8 @@ const (
 	EgressSocketPath = coordination.ContainerRunDir + "/" + EgressSocketName
 )
 
-// ProxyEnv returns the environment that points a run's HTTP clients at its
-// egress proxy: HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and their lowercase forms,
+// ProxyEnv returns the environment pointing a run's HTTP clients at its proxy.
+// That is HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and their lowercase forms,
 // NO_PROXY for loopback, and NODE_USE_ENV_PROXY=1, without which Node's
 // built-in fetch (Node 24 and later) ignores them.
 func ProxyEnv() []string {
@@ -47,7 +47,7 @@ const (
 	EgressCABundleName = "ca-bundle.pem"
 )
 
-// ProxyTrustEnv points the run's TLS clients at the staged CA files:
+// ProxyTrustEnv returns the environment pointing TLS clients at the staged CAs.
 // SSL_CERT_FILE (OpenSSL, Go), REQUESTS_CA_BUNDLE (Python requests),
 // CURL_CA_BUNDLE (curl) name the bundle; NODE_EXTRA_CA_CERTS (Node) adds the
 // CA to Node's own roots.
@@ -243,13 +243,13 @@ func (e EgressConfig) validateRate() error {
 	return nil
 }
 
-// EgressPolicy is the parsed egress allowlist (the egress key); the zero
-// Policy for a profile without one.
+// EgressPolicy returns the parsed egress allowlist (the egress key).
+// It is the zero Policy for a profile without one.
 func (e EgressConfig) EgressPolicy() egress.Policy { return e.policy }
 
-// HasEgress reports whether the profile has an egress allowlist: its runs
-// have network none and reach only those hosts, through their egress
-// proxy.
+// HasEgress reports whether the profile has an egress allowlist (or ask list).
+// Its runs then have network none and reach only those hosts, through
+// their egress proxy.
 func (e EgressConfig) HasEgress() bool { return len(e.Egress) > 0 || len(e.EgressAsk) > 0 }
 
 // EgressUnmetered returns egress_unmetered_paths, parsed.

@@ -115,8 +115,8 @@ func (j JailConfig) validate() error {
 	return nil
 }
 
-// Owner returns the numeric uid and gid of the profile's user (the user
-// key, validated when the profile was resolved).
+// Owner returns the numeric uid and gid of the profile's user.
+// The user key was validated when the profile was resolved.
 func (j JailConfig) Owner() (uid, gid int) {
 	uid, gid, _ = parseUser(j.User)
 	return uid, gid

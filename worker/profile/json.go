@@ -77,8 +77,8 @@ var (
 	descriptionLayout = sync.OnceValue(func() flatLayout { return layoutOf(reflect.TypeFor[Description]()) })
 )
 
-// MarshalJSON encodes p as one flat object of its keys, in jsonKeys order:
-// the encoding Digest hashes.
+// MarshalJSON encodes p as one flat object, its keys in jsonKeys order.
+// Digest hashes this encoding.
 func (p Profile) MarshalJSON() ([]byte, error) { return profileLayout().marshal(reflect.ValueOf(p)) }
 
 // MarshalJSON encodes d as one flat object, the profile's keys first.

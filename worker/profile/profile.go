@@ -62,11 +62,11 @@ func ShellProfile() Profile {
 	return p
 }
 
-// Resolve returns p with every default applied and its durations and
-// egress policy parsed, then validated: the value runs read, never
-// defaulted again. ParseProfiles resolves every profile it loads; a
-// Profile built in code must be resolved before a worker uses it. The
-// error names the key at fault.
+// Resolve returns p with its defaults applied and values parsed, then
+// validated. Each facet applies its defaults and parses its durations and
+// policies: the value runs read, never defaulted again. ParseProfiles
+// resolves every profile it loads; a Profile built in code must be resolved
+// before a worker uses it. The error names the key at fault.
 func (p Profile) Resolve() (Profile, error) {
 	if err := p.resolve(); err != nil {
 		return p, err
@@ -131,9 +131,10 @@ func parseDuration(key, s string, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// Digest returns the hex SHA-256 of p's effective configuration (its JSON
-// encoding, every default applied): a receipt's ProfileDigest. It costs a
-// JSON encoding; the worker computes it once per profile.
+// Digest returns the hex SHA-256 of p's effective configuration. That is
+// of its JSON encoding (MarshalJSON), every default applied: a receipt's
+// ProfileDigest. It costs a JSON encoding; the worker computes it once per
+// profile.
 func (p Profile) Digest() string {
 	effective, _ := p.MarshalJSON() // a Profile always marshals; json.Marshal(p) gives the same bytes
 	sum := sha256.Sum256(effective)

@@ -32,8 +32,8 @@ func setSessionDir(b backend, p Profile, plan *Plan) {
 	}
 }
 
-// CanResume reports whether the profile's backend can resume an earlier run's
-// session (its CLI documents a resume flag jetcrew passes).
+// CanResume reports whether the profile's backend can resume an earlier
+// session. Its CLI then documents a resume flag jetcrew passes.
 func (a AgentConfig) CanResume() bool {
 	b, err := lookupBackend(a.Backend)
 	if err != nil {
@@ -43,10 +43,10 @@ func (a AgentConfig) CanResume() bool {
 	return ok
 }
 
-// Resume returns plan, a plan of the profile, with the CLI's resume flag for
-// session id: Claude Code `--resume ID`, Codex `exec resume ID`, opencode
-// `--session ID`. It returns an error for a backend that cannot resume or
-// an id messages.ValidSessionID refuses.
+// Resume returns plan, a plan of the profile, made to resume session id. It
+// adds the CLI's resume flag: Claude Code `--resume ID`, Codex `exec resume
+// ID`, opencode `--session ID`. It returns an error for a backend that
+// cannot resume or an id messages.ValidSessionID refuses.
 func (a AgentConfig) Resume(plan Plan, id string) (Plan, error) {
 	b, err := lookupBackend(a.Backend)
 	if err != nil {
@@ -74,8 +74,9 @@ func (p *Parser) noteSessionID(id string) {
 	}
 }
 
-// HoldsSession reports whether names, the files of a kept session object
-// (paths relative to the CLI's session directory), hold session id as the
+// HoldsSession reports whether a kept session's files hold session id.
+// names are the files of a kept session object (paths relative to the
+// CLI's session directory); they hold it when they hold it where the
 // profile's CLI looks it up on resume; false for a backend that cannot
 // resume. A follow-up resumes only a session it holds: otherwise the CLI
 // would fail on its own resume flag, and the run starts fresh instead,

@@ -78,13 +78,13 @@ func (w WatchConfig) validate() error {
 	return nil
 }
 
-// TimeoutDuration is the profile's run timeout (the timeout key parsed);
+// TimeoutDuration returns the profile's run timeout (the timeout key).
 // 0 means the worker's default.
 func (w WatchConfig) TimeoutDuration() time.Duration { return w.timeout }
 
-// StallTimeoutDuration is the stall watchdog's bound (the stall_timeout
-// key, or its backend's default: 10 minutes for agent CLIs, off for the
-// command backend); 0 means off.
+// StallTimeoutDuration returns the stall watchdog's bound; 0 means off.
+// It is the stall_timeout key, or its backend's default: 10 minutes for
+// agent CLIs, off for the command backend.
 func (w WatchConfig) StallTimeoutDuration() time.Duration { return w.stallTimeout }
 
 // MaxOutputBytes returns the profile's output budget in bytes; 0 means

@@ -123,8 +123,8 @@ func hasDotSegment(p string) bool {
 	return false
 }
 
-// AllowsGitRemote reports whether raw, a request's git URL, matches one of
-// the profile's git_remotes: same scheme, same host and port (case
+// AllowsGitRemote reports whether a request's git URL matches git_remotes.
+// raw matches a pattern with the same scheme, same host and port (case
 // folded), and the same path, or a path below a pattern's "/*". A URL with
 // a "." or ".." segment or an escaped path never matches.
 func (w WorkspaceConfig) AllowsGitRemote(raw string) bool {
@@ -189,9 +189,9 @@ func listed(list []string, name string) bool {
 	return false
 }
 
-// CheckFrom refuses a run of profile p starting from a run of profile src
-// (nil when this worker does not know the earlier run's profile, srcName):
-// p's from_profiles (absent: p alone) must accept srcName, and src's feeds
+// CheckFrom refuses a run of p starting from a run of profile src. src is
+// nil when this worker does not know the earlier run's profile, srcName. p's
+// from_profiles (absent: p alone) must accept srcName, and src's feeds
 // (absent: any) must list p. The error says which key refused it.
 func (p Profile) CheckFrom(srcName string, src *Profile) error {
 	from := []string{p.Name}
