@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -45,6 +46,7 @@ type BudgetConfig struct {
 	// default DefaultBudgetPause.
 	BudgetPause string `toml:"budget_pause" json:"budget_pause,omitempty"`
 
+	onBudget    string
 	budgetPause time.Duration
 }
 
@@ -80,10 +82,11 @@ const (
 // default.
 const DefaultBudgetPause = 15 * time.Minute
 
-// resolve parses budget_pause and each shared budget's window (default
-// 24h), each into a copy of the budget: the parsed profile's stays as
-// written.
+// resolve applies on_budget's default (fail; the key stays as written),
+// parses budget_pause and each shared budget's window (default 24h), each
+// into a copy of the budget: the parsed profile's stays as written.
 func (b *BudgetConfig) resolve() error {
+	b.onBudget = cmp.Or(b.OnBudget, OnBudgetFail)
 	var err error
 	if b.budgetPause, err = parseDuration("budget_pause", b.BudgetPause, DefaultBudgetPause); err != nil {
 		return err
@@ -146,6 +149,10 @@ func (b BudgetConfig) HasBudget() bool {
 func (b *SharedBudget) set() bool {
 	return b != nil && (b.MaxCostUSD > 0 || b.MaxOutputTokens > 0 || b.MaxModelRequests > 0)
 }
+
+// BudgetAction returns what happens to a request past a budget, defaulted.
+// It is OnBudgetFail or OnBudgetPause: the on_budget key, default fail.
+func (b BudgetConfig) BudgetAction() string { return b.onBudget }
 
 // BudgetPauseDuration returns how long on_budget = "pause" holds a
 // request.
