@@ -17,9 +17,9 @@ type Answer struct {
 	Text string
 }
 
-// OnFirstAnswer sets f to be called once, from the output goroutine, with
-// the CLI's first answer from its model (Claude Code's first assistant
-// event or result). A nil Parser ignores it.
+// OnFirstAnswer sets f to be called once with the CLI's first model answer.
+// f is called from the output goroutine, with Claude Code's first
+// assistant event or result. A nil Parser ignores it.
 func (p *Parser) OnFirstAnswer(f func(Answer)) {
 	if p == nil {
 		return

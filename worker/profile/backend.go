@@ -31,7 +31,7 @@ type backend interface {
 	// validate checks the profile keys only this backend reads
 	// (permission_mode for claude, approval_mode for gemini, command for
 	// the command backend), with defaults applied.
-	validate(p Profile) error
+	validate(a AgentConfig) error
 }
 
 // registry maps a backend name (a profile's backend) to its backend.

@@ -123,10 +123,10 @@ func (claudeBackend) holds(names []string, id string) bool {
 func (claudeBackend) resume(argv []string, id string) []string { return append(argv, "--resume", id) }
 
 // validate checks permission_mode: one of Claude Code's documented modes.
-func (claudeBackend) validate(p Profile) error {
-	switch p.PermissionMode {
+func (claudeBackend) validate(a AgentConfig) error {
+	switch a.PermissionMode {
 	case "", "default", "acceptEdits", "bypassPermissions", "plan", "dontAsk":
 		return nil
 	}
-	return fmt.Errorf("permission_mode %q is not one of default, acceptEdits, bypassPermissions, plan, dontAsk", p.PermissionMode)
+	return fmt.Errorf("permission_mode %q is not one of default, acceptEdits, bypassPermissions, plan, dontAsk", a.PermissionMode)
 }

@@ -99,4 +99,4 @@ func (codexBackend) resume(argv []string, id string) []string {
 }
 
 // validate has nothing to check: the CLI reads no key of its own.
-func (codexBackend) validate(Profile) error { return nil }
+func (codexBackend) validate(AgentConfig) error { return nil }

@@ -56,8 +56,8 @@ func (commandBackend) parse(kind string, _ map[string]any, _ *Parser) (string, s
 func (commandBackend) structured() bool { return false }
 
 // validate requires a command: the command backend has no CLI of its own.
-func (commandBackend) validate(p Profile) error {
-	if len(p.Command) == 0 {
+func (commandBackend) validate(a AgentConfig) error {
+	if len(a.Command) == 0 {
 		return errors.New("command is required for the command backend")
 	}
 	return nil

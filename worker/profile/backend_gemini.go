@@ -55,10 +55,10 @@ func (geminiBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 func (geminiBackend) structured() bool { return true }
 
 // validate checks approval_mode: one of Gemini CLI's --approval-mode values.
-func (geminiBackend) validate(p Profile) error {
-	switch p.ApprovalMode {
+func (geminiBackend) validate(a AgentConfig) error {
+	switch a.ApprovalMode {
 	case "", "default", "auto_edit", "yolo":
 		return nil
 	}
-	return fmt.Errorf("approval_mode %q is not one of default, auto_edit, yolo", p.ApprovalMode)
+	return fmt.Errorf("approval_mode %q is not one of default, auto_edit, yolo", a.ApprovalMode)
 }

@@ -42,4 +42,4 @@ func (kimiBackend) parse(kind string, v map[string]any, ps *Parser) (string, str
 func (kimiBackend) structured() bool { return true }
 
 // validate has nothing to check: the CLI reads no key of its own.
-func (kimiBackend) validate(Profile) error { return nil }
+func (kimiBackend) validate(AgentConfig) error { return nil }

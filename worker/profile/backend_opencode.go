@@ -62,4 +62,4 @@ func (opencodeBackend) resume(argv []string, id string) []string {
 }
 
 // validate has nothing to check: the CLI reads no key of its own.
-func (opencodeBackend) validate(Profile) error { return nil }
+func (opencodeBackend) validate(AgentConfig) error { return nil }

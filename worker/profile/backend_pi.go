@@ -49,4 +49,4 @@ func (piBackend) parse(kind string, v map[string]any, ps *Parser) (string, strin
 func (piBackend) structured() bool { return true }
 
 // validate has nothing to check: the CLI reads no key of its own.
-func (piBackend) validate(Profile) error { return nil }
+func (piBackend) validate(AgentConfig) error { return nil }

@@ -31,9 +31,9 @@ func (p Profile) Describe() (Description, error) {
 		return Description{}, err
 	}
 	d := Description{Profile: p, Argv: plan.ContainerArgv(), Env: plan.Env, MCPServers: plan.MCPServers,
-		Unsupported: plan.Unsupported, StallTimeoutEffective: p.stallTimeout.String(), BridgeDeadlineEffective: "0s"}
+		Unsupported: plan.Unsupported, StallTimeoutEffective: p.StallTimeoutDuration().String(), BridgeDeadlineEffective: "0s"}
 	if p.BridgeRequired() {
-		d.BridgeDeadlineEffective = p.bridgeDeadline.String()
+		d.BridgeDeadlineEffective = p.BridgeDeadlineDuration().String()
 	}
 	for _, f := range plan.Files {
 		d.Files = append(d.Files, fmt.Sprintf("%s (%04o)", f.Path, f.Mode.Perm()))

@@ -3,7 +3,6 @@ package profile
 import (
 	"fmt"
 	"os"
-	"reflect"
 	"sort"
 	"strings"
 
@@ -15,10 +14,11 @@ type profileFile struct {
 	Profiles map[string]Profile `toml:"profiles"`
 }
 
-// LoadProfiles reads the TOML profile file at path and returns the built-in
-// profiles overlaid with the file's (a profile of the same name replaces the
-// built-in one). It returns an error naming the file, the profile and the
-// key for unknown keys, bad values or a profile that fails validation.
+// LoadProfiles reads the TOML profile file at path, resolving every profile.
+// It returns the built-in profiles overlaid with the file's (a profile of
+// the same name replaces the built-in one), or an error naming the file, the
+// profile and the key for unknown keys, bad values or a profile that fails
+// validation.
 func LoadProfiles(path string) (Profiles, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -72,16 +72,4 @@ func checkExactKeys(md toml.MetaData) error {
 		}
 	}
 	return nil
-}
-
-// profileKeys returns the TOML key of every Profile field.
-func profileKeys() map[string]bool {
-	t := reflect.TypeFor[Profile]()
-	m := map[string]bool{}
-	for i := 0; i < t.NumField(); i++ {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("toml"), ","); name != "" && name != "-" {
-			m[name] = true
-		}
-	}
-	return m
 }

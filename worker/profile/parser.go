@@ -39,10 +39,10 @@ type Parser struct {
 	answered bool
 }
 
-// NewParser returns the parser of the named backend's output, or nil (a
-// parser that reads nothing, safe to call) for a backend whose output is
-// not parsed. emit receives one agent event per JSON line; onMCP, once, the
-// status the CLI reported for the jetcrew MCP server.
+// NewParser returns the parser of the named backend's structured output. It
+// returns nil (a parser that reads nothing, safe to call) for a backend
+// whose output is not parsed. emit receives one agent event per JSON line;
+// onMCP, once, the status the CLI reported for the jetcrew MCP server.
 func NewParser(name string, emit func(messages.AgentEvent), onMCP func(string)) *Parser {
 	b, err := lookupBackend(name)
 	if err != nil || !b.structured() {
@@ -78,8 +78,8 @@ func (p *Parser) Feed(b []byte) {
 	}
 }
 
-// Outcome returns the result text and the CLI's summary once its output
-// ended: the final result the CLI reported, else the text of its
+// Outcome returns the result text and the CLI's summary once output ended.
+// The text is the final result the CLI reported, else the text of its
 // messages; ("", nil) for a nil Parser.
 func (p *Parser) Outcome() (string, *messages.AgentSummary) {
 	if p == nil {

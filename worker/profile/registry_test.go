@@ -29,8 +29,7 @@ func TestBackendsDocumented(t *testing.T) {
 // off is refused (there is no config to point at).
 func TestCommandMCPConfigNeedsCoordination(t *testing.T) {
 	t.Parallel()
-	p := Profile{Name: "p", Backend: BackendCommand, Image: "i", Command: []string{"agent", "{mcp_config}"}}
-	p, err := p.withDefaults()
+	p, err := Profile{Name: "p", JailConfig: JailConfig{Image: "i"}, AgentConfig: AgentConfig{Backend: BackendCommand, Command: []string{"agent", "{mcp_config}"}}}.Resolve()
 	require.NoError(t, err)
 	plan, err := p.Plan("x", true)
 	require.NoError(t, err)

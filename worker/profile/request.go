@@ -31,9 +31,10 @@ var deniedEnv = []string{
 // (GIT_CONFIG_*), jetcrew's own and the worker's connection variables.
 var deniedEnvPrefixes = []string{"LD_", "MALLOC_", "GIT_CONFIG_", "DYLD_", "NATS_", "JETCREW_", "DOCKER_"}
 
-// DeniedRequestEnv reports whether a request may never set variable name
-// (see deniedEnv): a loader, runtime, proxy or trust-store variable, or one
-// the worker owns. The comparison ignores case (curl reads http_proxy).
+// DeniedRequestEnv reports whether a request may never set variable name.
+// Such a variable (deniedEnv) is a loader, runtime, proxy or trust-store
+// variable, or one the worker owns. The comparison ignores case (curl reads
+// http_proxy).
 func DeniedRequestEnv(name string) bool {
 	u := strings.ToUpper(name)
 	if slices.Contains(deniedEnv, u) {
@@ -47,26 +48,11 @@ func DeniedRequestEnv(name string) bool {
 	return false
 }
 
-// allowsRequestEnv reports whether the profile accepts variable name from a
-// request: listed in request_env, exactly or by a prefix ending in '*', and
-// not denied (DeniedRequestEnv).
-func (p Profile) allowsRequestEnv(name string) bool {
-	if DeniedRequestEnv(name) {
-		return false
-	}
-	for _, pat := range p.RequestEnv {
-		if pre, ok := strings.CutSuffix(pat, "*"); ok && strings.HasPrefix(name, pre) || pat == name {
-			return true
-		}
-	}
-	return false
-}
-
-// CheckRequest refuses, before anything is staged, a request the profile
-// cannot carry: a variable the profile does not accept (request_env), a
-// git remote it does not allow (git_remotes), or a NUL byte in a prompt
-// the profile passes as a command-line argument (argv cannot hold one;
-// stdin and {prompt_file} can). The error says which.
+// CheckRequest refuses a request the profile cannot carry, before any
+// staging. That is a request with a variable the profile does not accept
+// (request_env), a git remote it does not allow (git_remotes), or a NUL byte
+// in a prompt the profile passes as a command-line argument (argv cannot
+// hold one; stdin and {prompt_file} can). The error says which.
 func (p Profile) CheckRequest(r messages.RunRequest) error {
 	names := make([]string, 0, len(r.Env))
 	for k := range r.Env {
@@ -98,19 +84,4 @@ func describeAllow(list []string) string {
 		return "no variables"
 	}
 	return "only " + strings.Join(list, ", ")
-}
-
-// promptInArgv reports whether the prompt becomes (part of) an argument:
-// the command backend substituting "{prompt}" in its command (prompt_stdin
-// or not). Agent backends feed it on stdin.
-func (p Profile) promptInArgv() bool {
-	if p.Backend != BackendCommand {
-		return false
-	}
-	for _, a := range p.Command {
-		if strings.Contains(a, "{prompt}") {
-			return true
-		}
-	}
-	return false
 }

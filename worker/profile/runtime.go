@@ -31,8 +31,8 @@ func validRuntimeName(s string) bool {
 	return true
 }
 
-// OCIRuntimes returns each OCI runtime the profiles name (the engine's
-// default, "", left out) with the profiles naming it, sorted by name.
+// OCIRuntimes returns each OCI runtime the profiles name, with those profiles.
+// The engine's default, "", is left out; profiles are sorted by name.
 func (ps Profiles) OCIRuntimes() map[string][]Profile {
 	out := map[string][]Profile{}
 	for _, name := range ps.Names() {
@@ -43,8 +43,9 @@ func (ps Profiles) OCIRuntimes() map[string][]Profile {
 	return out
 }
 
-// CheckOCIRuntimes returns nil when every profile's runtime is empty (the
-// engine's default) or one of available; otherwise an error wrapping
+// CheckOCIRuntimes checks that the engine offers every runtime a profile names.
+// It returns nil when every profile's runtime is empty (the engine's
+// default) or one of available; otherwise an error wrapping
 // ErrOCIRuntimeMissing that names each such profile, its runtime and the
 // runtimes available.
 func (ps Profiles) CheckOCIRuntimes(available []string) error {

@@ -32,10 +32,10 @@ func setSessionDir(b backend, p Profile, plan *Plan) {
 	}
 }
 
-// CanResume reports whether p's backend can resume an earlier run's
-// session (its CLI documents a resume flag jetcrew passes).
-func (p Profile) CanResume() bool {
-	b, err := lookupBackend(p.Backend)
+// CanResume reports whether the profile's backend can resume an earlier
+// session. Its CLI then documents a resume flag jetcrew passes.
+func (a AgentConfig) CanResume() bool {
+	b, err := lookupBackend(a.Backend)
 	if err != nil {
 		return false
 	}
@@ -43,18 +43,18 @@ func (p Profile) CanResume() bool {
 	return ok
 }
 
-// Resume returns plan, a plan of profile p, with the CLI's resume flag for
-// session id: Claude Code `--resume ID`, Codex `exec resume ID`, opencode
-// `--session ID`. It returns an error for a backend that cannot resume or
-// an id messages.ValidSessionID refuses.
-func (p Profile) Resume(plan Plan, id string) (Plan, error) {
-	b, err := lookupBackend(p.Backend)
+// Resume returns plan, a plan of the profile, made to resume session id. It
+// adds the CLI's resume flag: Claude Code `--resume ID`, Codex `exec resume
+// ID`, opencode `--session ID`. It returns an error for a backend that
+// cannot resume or an id messages.ValidSessionID refuses.
+func (a AgentConfig) Resume(plan Plan, id string) (Plan, error) {
+	b, err := lookupBackend(a.Backend)
 	if err != nil {
 		return plan, err
 	}
 	r, ok := b.(resumer)
 	if !ok {
-		return plan, fmt.Errorf("backend %s cannot resume a session", p.Backend)
+		return plan, fmt.Errorf("backend %s cannot resume a session", a.Backend)
 	}
 	if !messages.ValidSessionID(id) {
 		return plan, fmt.Errorf("session id %q is not one jetcrew passes to a CLI", id)
@@ -74,13 +74,15 @@ func (p *Parser) noteSessionID(id string) {
 	}
 }
 
-// HoldsSession reports whether names, the files of a kept session object
-// (paths relative to the CLI's session directory), hold session id as p's
-// CLI looks it up on resume; false for a backend that cannot resume. A
-// follow-up resumes only a session it holds: otherwise the CLI would fail
-// on its own resume flag, and the run starts fresh instead, saying why.
-func (p Profile) HoldsSession(names []string, id string) bool {
-	b, err := lookupBackend(p.Backend)
+// HoldsSession reports whether a kept session's files hold session id.
+// names are the files of a kept session object (paths relative to the
+// CLI's session directory); they hold it when they hold it where the
+// profile's CLI looks it up on resume; false for a backend that cannot
+// resume. A follow-up resumes only a session it holds: otherwise the CLI
+// would fail on its own resume flag, and the run starts fresh instead,
+// saying why.
+func (a AgentConfig) HoldsSession(names []string, id string) bool {
+	b, err := lookupBackend(a.Backend)
 	if err != nil {
 		return false
 	}

@@ -50,7 +50,7 @@ func TestResume(t *testing.T) {
 		BackendCodex:    {"codex", "exec", "--json", "--skip-git-repo-check", "resume", "s-1", "-", "--model", "m"},
 		BackendOpencode: {"opencode", "run", "--format", "json", "--model", "m", "--session", "s-1"},
 	} {
-		p, err := Profile{Name: backend, Backend: backend, Image: "x", Args: []string{"--model", "m"}}.withDefaults()
+		p, err := Profile{Name: backend, JailConfig: JailConfig{Image: "x"}, AgentConfig: AgentConfig{Backend: backend, Args: []string{"--model", "m"}}}.Resolve()
 		require.NoError(t, err)
 		require.True(t, p.CanResume())
 		plan, err := p.Plan("task", false)
@@ -63,11 +63,11 @@ func TestResume(t *testing.T) {
 		require.ErrorContains(t, err, "not one jetcrew passes")
 	}
 	for _, backend := range []string{BackendGemini, BackendKimi, BackendPi, BackendCommand} {
-		p := Profile{Backend: backend}
+		p := Profile{AgentConfig: AgentConfig{Backend: backend}}
 		require.False(t, p.CanResume(), backend)
 		_, err := p.Resume(Plan{}, "s-1")
 		require.ErrorContains(t, err, "cannot resume", backend)
-		plan, err := Profile{Backend: backend, Command: []string{"x"}}.Plan("t", false)
+		plan, err := Profile{AgentConfig: AgentConfig{Backend: backend, Command: []string{"x"}}}.Plan("t", false)
 		require.NoError(t, err)
 		require.Empty(t, plan.SessionDir, backend)
 	}
@@ -94,7 +94,7 @@ func TestHoldsSession(t *testing.T) {
 		{BackendOpencode, []string{"storage/message/ses_2/m.json"}, "ses_1", false},
 		{BackendGemini, []string{"x"}, "x", false},
 	} {
-		require.Equal(t, c.want, Profile{Backend: c.backend}.HoldsSession(c.names, c.id), "%s %v %s", c.backend, c.names, c.id)
+		require.Equal(t, c.want, AgentConfig{Backend: c.backend}.HoldsSession(c.names, c.id), "%s %v %s", c.backend, c.names, c.id)
 	}
 }
 

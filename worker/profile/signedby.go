@@ -26,12 +26,12 @@ func checkSignedBy(keys []string) error {
 	return nil
 }
 
-// VerifySignature checks a request for a profile that lists signers
-// (signedBy): the Jetcrew-Signer header must name one of them and
-// Jetcrew-Signature must be its Ed25519 signature of body (see
-// messages.HeaderSignature). A profile without signers accepts anything.
-// The error wraps ErrSignature and says what was wrong; it never echoes the
-// signature.
+// VerifySignature checks the signature of a request for a profile's signers.
+// For a profile that lists signers (signedBy), the Jetcrew-Signer header
+// must name one of them and Jetcrew-Signature must be its Ed25519 signature
+// of body (see messages.HeaderSignature). A profile without signers accepts
+// anything. The error wraps ErrSignature and says what was wrong; it never
+// echoes the signature.
 func VerifySignature(h nats.Header, body []byte, signedBy []string) error {
 	if len(signedBy) == 0 {
 		return nil
@@ -57,13 +57,13 @@ func VerifySignature(h nats.Header, body []byte, signedBy []string) error {
 	return nil
 }
 
-// VerifySignedRequest is VerifySignature for a run request whose body names
-// run id bodyID ("" when it names none): a profile that lists signers also
-// refuses a signed body without an id. Such a body's run id is derived from
-// the message it came in, so every copy of it published again would run
-// under a new id; with the id in the signed body, the worker's record of
-// that id refuses the copies (docs/security.md, "Signed run requests").
-// The error wraps ErrSignature.
+// VerifySignedRequest is VerifySignature for a run request naming its run
+// id. The body names run id bodyID ("" when it names none): a profile that
+// lists signers also refuses a signed body without an id. Such a body's run
+// id is derived from the message it came in, so every copy of it published
+// again would run under a new id; with the id in the signed body, the
+// worker's record of that id refuses the copies (docs/security.md, "Signed
+// run requests"). The error wraps ErrSignature.
 func VerifySignedRequest(h nats.Header, body []byte, bodyID string, signedBy []string) error {
 	if err := VerifySignature(h, body, signedBy); err != nil {
 		return err

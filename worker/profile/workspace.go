@@ -9,34 +9,76 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 )
 
-// validateWorkspace checks the profile's workspace keys: workspace_mib and
-// git_remotes.
-func (p Profile) validateWorkspace() error {
-	if p.WorkspaceMiB < 0 {
+// WorkspaceConfig is the profile facet of a run's workspace and its sources.
+//
+// The workspace (tree) stage reads it: the size of the workspace's volume
+// (which a warm_workspace container is made with, warm.Fixed), and which
+// git remotes and earlier runs a request's workspace may start from.
+type WorkspaceConfig struct {
+	// WorkspaceMiB is the size, in MiB, of the workspace of a run (a
+	// request with a workspace): a tmpfs volume of the engine's, so the
+	// kernel bounds what the run can write there (ENOSPC), and its pages
+	// count against the run's memory limit, as /tmp's and home's do.
+	// Default half of what MemoryMiB leaves beside TmpMiB and HomeMiB (192
+	// for the defaults), at least 1; a value set must leave room beside
+	// them (checkWorkspaceMiB). See docs/workspaces.md.
+	WorkspaceMiB int64 `toml:"workspace_mib" json:"workspace_mib,omitempty"`
+	// GitRemotes lists the git remotes a request's workspace may name
+	// instead of a snapshot: each an http(s) URL, exact or ending in "*"
+	// after a '/' (any path below). Empty (default): git sources are
+	// refused. See validateGitRemotes and docs/workspaces.md.
+	GitRemotes []string `toml:"git_remotes" json:"git_remotes,omitempty"`
+	// FromProfiles names the profiles whose runs a run of this profile may
+	// start from (a request's workspace.from, docs/workspaces.md, "Start
+	// from a result"): profile names, or "*" for any. Absent (nil): this
+	// profile alone, so no run's result feeds another profile unless that
+	// profile says so. Empty ([]): requests with workspace.from are
+	// refused.
+	FromProfiles *[]string `toml:"from_profiles" json:"from_profiles,omitempty"`
+	// Feeds names the profiles whose runs may start from a run of this
+	// profile: profile names, or "*" for any. Absent (nil): any profile
+	// whose from_profiles accepts this one. Empty ([]): no run starts from
+	// this profile's runs.
+	Feeds *[]string `toml:"feeds" json:"feeds,omitempty"`
+}
+
+// resolve defaults workspace_mib from the jail's memory, tmp and home
+// sizes (defaulted), or checks the one set leaves room beside them.
+func (w *WorkspaceConfig) resolve(j JailConfig) error {
+	if w.WorkspaceMiB == 0 {
+		w.WorkspaceMiB = defaultWorkspaceMiB(j)
+		return nil
+	}
+	return w.checkWorkspaceMiB(j)
+}
+
+// validate checks the profile's workspace keys: workspace_mib,
+// git_remotes, from_profiles and feeds.
+func (w WorkspaceConfig) validate() error {
+	if w.WorkspaceMiB < 0 {
 		return errors.New("workspace_mib is negative")
 	}
-
-	if err := p.validateGitRemotes(); err != nil {
+	if err := w.validateGitRemotes(); err != nil {
 		return err
 	}
-	return p.validateFrom()
+	return w.validateFrom()
 }
 
-// defaultWorkspaceMiB returns the default workspace_mib of p (its memory,
-// tmp and home sizes defaulted): half of what memory_mib leaves beside the
-// /tmp and home tmpfs, at least 1 MiB.
-func defaultWorkspaceMiB(p Profile) int64 {
-	return max(1, (p.MemoryMiB-p.TmpMiB-p.HomeMiB)/2)
+// defaultWorkspaceMiB returns the default workspace_mib beside jail j (its
+// memory, tmp and home sizes defaulted): half of what memory_mib leaves
+// beside the /tmp and home tmpfs, at least 1 MiB.
+func defaultWorkspaceMiB(j JailConfig) int64 {
+	return max(1, (j.MemoryMiB-j.TmpMiB-j.HomeMiB)/2)
 }
 
-// checkWorkspaceMiB refuses a workspace_mib that, with tmp_mib and
-// home_mib, leaves the run no memory of its own: the three are tmpfs whose
-// pages count against memory_mib, so the run would meet the OOM killer
-// before ENOSPC.
-func (p Profile) checkWorkspaceMiB() error {
-	if p.WorkspaceMiB > 0 && p.WorkspaceMiB+p.TmpMiB+p.HomeMiB >= p.MemoryMiB {
+// checkWorkspaceMiB refuses a workspace_mib that, with the jail's tmp_mib
+// and home_mib, leaves the run no memory of its own: the three are tmpfs
+// whose pages count against memory_mib, so the run would meet the OOM
+// killer before ENOSPC.
+func (w WorkspaceConfig) checkWorkspaceMiB(j JailConfig) error {
+	if w.WorkspaceMiB > 0 && w.WorkspaceMiB+j.TmpMiB+j.HomeMiB >= j.MemoryMiB {
 		return fmt.Errorf("workspace_mib %d with tmp_mib %d and home_mib %d leaves nothing of memory_mib %d: the three are tmpfs whose pages count against the run's memory limit, so a run would meet the OOM killer before ENOSPC; raise memory_mib or lower workspace_mib",
-			p.WorkspaceMiB, p.TmpMiB, p.HomeMiB, p.MemoryMiB)
+			w.WorkspaceMiB, j.TmpMiB, j.HomeMiB, j.MemoryMiB)
 	}
 	return nil
 }
@@ -47,8 +89,8 @@ func (p Profile) checkWorkspaceMiB() error {
 // written as such: an https pattern never allows http. ssh, git://, file://,
 // ext:: and local paths are refused: the worker fetches over http(s) only
 // and sends no credentials.
-func (p Profile) validateGitRemotes() error {
-	for _, pat := range p.GitRemotes {
+func (w WorkspaceConfig) validateGitRemotes() error {
+	for _, pat := range w.GitRemotes {
 		base, wild := strings.CutSuffix(pat, "*")
 		u, err := url.Parse(base)
 		switch {
@@ -81,16 +123,16 @@ func hasDotSegment(p string) bool {
 	return false
 }
 
-// AllowsGitRemote reports whether raw, a request's git URL, matches one of
-// the profile's git_remotes: same scheme, same host and port (case
+// AllowsGitRemote reports whether a request's git URL matches git_remotes.
+// raw matches a pattern with the same scheme, same host and port (case
 // folded), and the same path, or a path below a pattern's "/*". A URL with
 // a "." or ".." segment or an escaped path never matches.
-func (p Profile) AllowsGitRemote(raw string) bool {
+func (w WorkspaceConfig) AllowsGitRemote(raw string) bool {
 	u, err := url.Parse(raw)
 	if err != nil || u.User != nil || u.RawPath != "" || hasDotSegment(u.Path) || u.RawQuery != "" || u.Fragment != "" {
 		return false
 	}
-	for _, pat := range p.GitRemotes {
+	for _, pat := range w.GitRemotes {
 		base, wild := strings.CutSuffix(pat, "*")
 		pu, err := url.Parse(base)
 		if err != nil || pu.Scheme != u.Scheme || !strings.EqualFold(pu.Host, u.Host) {
@@ -120,8 +162,8 @@ func (p Profile) CheckGitSource(ws *messages.WorkspaceRef) error {
 
 // validateFrom checks from_profiles and feeds: each entry a profile name
 // (a token) or "*".
-func (p Profile) validateFrom() error {
-	for key, list := range map[string]*[]string{"from_profiles": p.FromProfiles, "feeds": p.Feeds} {
+func (w WorkspaceConfig) validateFrom() error {
+	for key, list := range map[string]*[]string{"from_profiles": w.FromProfiles, "feeds": w.Feeds} {
 		if list == nil {
 			continue
 		}
@@ -147,9 +189,9 @@ func listed(list []string, name string) bool {
 	return false
 }
 
-// CheckFrom refuses a run of profile p starting from a run of profile src
-// (nil when this worker does not know the earlier run's profile, srcName):
-// p's from_profiles (absent: p alone) must accept srcName, and src's feeds
+// CheckFrom refuses a run of p starting from a run of profile src. src is
+// nil when this worker does not know the earlier run's profile, srcName. p's
+// from_profiles (absent: p alone) must accept srcName, and src's feeds
 // (absent: any) must list p. The error says which key refused it.
 func (p Profile) CheckFrom(srcName string, src *Profile) error {
 	from := []string{p.Name}

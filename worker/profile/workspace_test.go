@@ -14,7 +14,7 @@ func FuzzAllowsGitRemote(f *testing.F) {
 		"http://git.example.com/org/r", "https://git.example.com.evil/org/r", "https://u@git.example.com/org/r", "https://GIT.example.com/org/r"} {
 		f.Add(s)
 	}
-	p := Profile{Name: "p", GitRemotes: []string{"https://git.example.com/org/*"}}
+	p := Profile{Name: "p", WorkspaceConfig: WorkspaceConfig{GitRemotes: []string{"https://git.example.com/org/*"}}}
 	if err := p.validateGitRemotes(); err != nil {
 		f.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func TestBackendGolden(t *testing.T) {
 	for _, b := range profile.Backends() {
 		t.Run(b, func(t *testing.T) {
 			t.Parallel()
-			p := profile.Profile{Name: "ref", Backend: b, Image: "agents:ref", EnvFromHost: []string{"API_KEY"}}
+			p := profile.Profile{Name: "ref", JailConfig: profile.JailConfig{Image: "agents:ref"}, AgentConfig: profile.AgentConfig{Backend: b, EnvFromHost: []string{"API_KEY"}}}
 			if b == profile.BackendCommand {
 				p.Command = []string{"/bin/sh", "-c", "{prompt}"}
 			}

@@ -27,7 +27,8 @@ func TestEgressSpec(t *testing.T) {
 	}{{"plain", false, false}, {"egress", true, false}, {"inject", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := profile.Profile{Name: "p", Image: "img", Command: []string{"/bin/sh", "-c", "{prompt}"}, Coordination: new(bool)}
+			p := profile.Profile{Name: "p", JailConfig: profile.JailConfig{Image: "img"}, AgentConfig: profile.AgentConfig{Command: []string{"/bin/sh", "-c", "{prompt}"}},
+				CoordinationConfig: profile.CoordinationConfig{Coordination: new(bool)}}
 			if tc.egress {
 				p.Egress = []string{"api.example.com:443"}
 			}

@@ -77,7 +77,7 @@ func TestOutputBudget(t *testing.T) {
 	t.Parallel()
 	js := provisionedJS(t)
 	o := newOutputPublisher(js, "budget1", 1, 1)
-	o.budget = profile.Profile{MaxOutputMiB: 1}.MaxOutputBytes()
+	o.budget = profile.Profile{WatchConfig: profile.WatchConfig{MaxOutputMiB: 1}}.MaxOutputBytes()
 	o.release()
 	chunk := make([]byte, 100<<10)
 	for range 30 { // 3000 KiB
@@ -87,8 +87,8 @@ func TestOutputBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, n)
 	require.EqualValues(t, 30*len(chunk)-(1<<20), o.droppedBytes())
-	require.Zero(t, profile.Profile{MaxOutputMiB: -1}.MaxOutputBytes(), "-1 is unlimited")
-	p, err := profile.Profile{Name: "x", Image: "i", Command: []string{"c"}}.Resolve()
+	require.Zero(t, profile.Profile{WatchConfig: profile.WatchConfig{MaxOutputMiB: -1}}.MaxOutputBytes(), "-1 is unlimited")
+	p, err := profile.Profile{Name: "x", JailConfig: profile.JailConfig{Image: "i"}, AgentConfig: profile.AgentConfig{Command: []string{"c"}}}.Resolve()
 	require.NoError(t, err)
 	require.EqualValues(t, profile.DefaultMaxOutputMiB<<20, p.MaxOutputBytes())
 	p.MaxOutputMiB = -2

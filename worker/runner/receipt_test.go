@@ -31,7 +31,7 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Dir(bridgeSrc), 0o755))
 	require.NoError(t, os.WriteFile(bridgeSrc, []byte("bridge binary"), 0o555))
 
-	p, err := profile.Profile{Name: "ref", Backend: profile.BackendClaude, Image: "agents:ref"}.Resolve()
+	p, err := profile.Profile{Name: "ref", AgentConfig: profile.AgentConfig{Backend: profile.BackendClaude}, JailConfig: profile.JailConfig{Image: "agents:ref"}}.Resolve()
 	require.NoError(t, err)
 	plan, err := p.Plan("fix the bug", true)
 	require.NoError(t, err)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"sync"
@@ -110,7 +109,7 @@ func (s *Stage) meter(run *stage.Run, inj []egress.Injection) {
 	if prof.HasBudget() {
 		s.budgets = &messages.ReceiptBudgets{MaxCostUSD: prof.MaxCostUSD, MaxOutputTokens: prof.MaxOutputTokens, MaxModelRequests: prof.MaxModelRequests,
 			Group: receiptShared(run.Request.GroupOrID(), prof.GroupBudget), Pool: receiptShared(run.Request.WithDefaults().Pool, prof.PoolBudget),
-			OnBudget: cmp.Or(prof.OnBudget, profile.OnBudgetFail)}
+			OnBudget: prof.BudgetAction()}
 	}
 	m := egress.Metering{
 		Prices:       s.p.cfg.Prices,
@@ -132,7 +131,7 @@ func (s *Stage) meter(run *stage.Run, inj []egress.Injection) {
 		if sh := s.shared(run); sh != nil {
 			s.sh, m.Shared = sh, sh
 		}
-		if prof.OnBudget == profile.OnBudgetPause {
+		if prof.BudgetAction() == profile.OnBudgetPause {
 			m.Pause = func(ctx context.Context, b egress.Budget) bool { return s.pause(ctx, run, b) }
 		}
 	}

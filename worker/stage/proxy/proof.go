@@ -141,8 +141,7 @@ func (p *Proxies) proveOnce(ctx context.Context) error {
 // proofSpec is the proof container: the probe image, network none, the
 // bridge as launcher and relay, the run directory with the proxy socket.
 func (p *Proxies) proofSpec(id, dir, bridge string) jail.ContainerSpec {
-	def, _ := profile.ShellProfile().Resolve()
-	uid, gid := def.Owner()
+	uid, gid := profile.ShellProfile().Owner() // resolved when built
 	cmd := []string{profile.LaunchPath, "launch", "--egress-relay", profile.EgressProxyAddr + "=" + profile.EgressSocketPath, "--",
 		"/bin/sh", "-c", proofScript, "proof"}
 	cmd = append(cmd, p.probeTargets()...)

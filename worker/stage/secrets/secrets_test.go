@@ -14,7 +14,7 @@ import (
 )
 
 func testMasker(env map[string]string, names ...string) *masker {
-	return newMasker(&profile.Profile{EnvFromHost: names}, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	return newMasker(&profile.Profile{AgentConfig: profile.AgentConfig{EnvFromHost: names}}, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 }
 
 // TestMaskerStreams: secrets are masked in a stream however it is cut into
