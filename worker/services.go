@@ -141,6 +141,34 @@ func (c *cancelListener) Run(ctx context.Context) {
 	c.unsubscribe()
 }
 
+// loop runs one part's goroutine from its Start to its Stop.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start runs f in a goroutine under a context of its own, which stop
+// cancels: ctx's values are kept, not its end (a part lives until Stop,
+// whatever becomes of the context it was started with).
+func (l *loop) start(ctx context.Context, f func(ctx context.Context)) {
+	ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	l.done = make(chan struct{})
+	go func() {
+		defer close(l.done)
+		f(ctx)
+	}()
+}
+
+// stop cancels the goroutine's context and waits for it to return; it is
+// a no-op before start, and safe to call twice.
+func (l *loop) stop() {
+	if l.cancel == nil {
+		return
+	}
+	l.cancel()
+	<-l.done
+}
+
 // every calls f every interval until ctx ends.
 func every(ctx context.Context, interval time.Duration, f func()) {
 	t := time.NewTicker(interval)

@@ -30,10 +30,10 @@ import (
 	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runner"
 	"github.com/jetcrew/jetcrew/worker/runstate"
-	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/coord"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
@@ -288,12 +288,16 @@ type Worker struct {
 	js  jetstream.JetStream
 	log zerolog.Logger
 	// store owns every write of the jetcrew-runs bucket.
-	store *runstate.Store
-	live  jetstream.KeyValue
-	cons  jetstream.Consumer
-	coord *coordination.Host
-	// holds is the registry of what live runs hold on the host.
-	holds *stage.Holds
+	store   *runstate.Store
+	workers jetstream.KeyValue
+	cons    jetstream.Consumer
+	coord   *coordination.Host
+	// live is the registry of what is live on this worker: runs,
+	// containers, volumes, directories, what they hold.
+	live *live.Registry
+	// rc and sweep remove what nothing holds.
+	rc    *reconciler
+	sweep *sweeper
 	// The stages' factories, made by Start (stages), and the run engine.
 	runDirs *rundir.Dirs
 	bridges *bridge.Bridges
@@ -351,7 +355,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		nc:       nc,
 		js:       js,
 		log:      cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
-		holds:    &stage.Holds{},
+		live:     &live.Registry{},
 		stopped:  make(chan struct{}),
 	}, nil
 }
@@ -416,9 +420,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
 		return fmt.Errorf("worker: workspace buckets: %w", err)
 	}
-	rc := w.newReconciler()
-	if err := rc.reconcile(ctx); err != nil {
-		return fmt.Errorf("worker: reconcile containers: %w", err)
+	w.rc = w.newReconciler()
+	if err := w.rc.Start(ctx); err != nil {
+		return err
+	}
+	w.sweep = w.newSweeper()
+	if err := w.sweep.Start(ctx); err != nil {
+		return err
 	}
 	adv, err := w.js.Consumer(ctx, messages.StreamAdvisories, messages.ConsumerAdvisories)
 	if err != nil {
@@ -438,7 +446,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	runServices(bgCtx, &w.bg,
 		&cancelListener{unsubscribe: unsubscribe},
 		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
-		rc,
 		&heartbeat{interval: messages.WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
 	)
 	w.warm.Start()
@@ -497,7 +504,7 @@ func (w *Worker) setUp(ctx context.Context) error {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
 	w.store = runstate.NewStore(runs, w.js, w.cfg.ID, w.log)
-	if w.live, err = w.js.KeyValue(ctx, messages.BucketWorkers); err != nil {
+	if w.workers, err = w.js.KeyValue(ctx, messages.BucketWorkers); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketWorkers, err)
 	}
 	if err := w.compose(); err != nil {
@@ -513,10 +520,11 @@ func (w *Worker) setUp(ctx context.Context) error {
 // root of a run.
 func (w *Worker) compose() error {
 	c := w.cfg
-	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, w.holds, w.log)
-	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), w.holds)
+	holds := w.live.For(live.Worker)
+	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, holds, w.log)
+	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), holds)
 	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
-		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log, Profiles: c.Profiles, RunState: w.loadRunState})
+		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: c.Profiles, RunState: w.loadRunState})
 	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
 		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,
@@ -531,10 +539,10 @@ func (w *Worker) compose() error {
 	}
 	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
 		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
-		Registry: w.reg, Log: w.log})
+		Live: w.live, Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
 		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Runtime: c.Runtime,
-		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Holds: w.holds,
+		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(w.coord), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
@@ -585,6 +593,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.trees.Stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
 	w.bgCancel()
 	w.bg.Wait()
+	_ = w.sweep.Stop(ctx)
+	_ = w.rc.Stop(ctx)
 	w.runs.Wait()
 	// The per-run directories are gone with their runs, and no run holds a
 	// staged binary any more; remove their parents when empty (a default
@@ -595,7 +605,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.removeStateDir()
 	// Remove the heartbeat so peers see this worker gone at once.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = w.live.Delete(dctx, w.cfg.ID)
+	_ = w.workers.Delete(dctx, w.cfg.ID)
 	cancel()
 	close(w.stopped)
 	w.log.Info().Msg("worker stopped")
@@ -607,7 +617,7 @@ func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
 
 // heartbeat writes this worker's key in the workers bucket.
 func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
+	_, err := w.workers.Put(ctx, w.cfg.ID, w.presence())
 	return err
 }
 

@@ -24,9 +24,9 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
-	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/coord"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
@@ -58,8 +58,10 @@ type Config struct {
 	Groups *coordination.Groups
 	// Stages are the stages' per-worker factories.
 	Stages Stages
-	// Holds is the worker's registry of what live runs hold.
-	Holds *stage.Holds
+	// Live is the worker's registry of what is live: the runs in flight
+	// and their containers are held there, and each run's stages hold
+	// what the run uses as the run (stage.Run.Holds).
+	Live *live.Registry
 	// DefaultTimeout bounds a run whose request and profile set none.
 	DefaultTimeout time.Duration
 	// StopGrace is the time between SIGTERM and SIGKILL when a run is
@@ -126,7 +128,7 @@ func New(cfg Config) *Runner {
 	if cfg.Failpoint == nil {
 		cfg.Failpoint = func(string) {}
 	}
-	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}}}
+	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}, held: cfg.Live}}
 	e.SetProfiles(cfg.Profiles)
 	return e
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
@@ -106,6 +107,12 @@ type Config struct {
 	// bridge binary their launcher is.
 	Dirs    *rundir.Dirs
 	Bridges *bridge.Bridges
+	// Live is the worker's registry of what is live: the pool holds each
+	// container it makes there, by name (live.ContainerKey), from before
+	// its creation until a run took it over (Container.Handed) or it is
+	// removed, and registers as live.Pool. Nil: a registry of the pool's
+	// own.
+	Live *live.Registry
 	// Registry receives the pool's metrics; WorkerID and Pool label them.
 	Registry prometheus.Registerer
 	Pool     string
@@ -147,7 +154,6 @@ type Pool struct {
 	kinds    map[string]poolOf       // pool key → its profile and kind
 	ready    map[string][]*Container // by pool key, oldest first
 	creating map[string]int          // by pool key
-	owned    map[string]*Container   // by container name: every container the pool has not handed off or removed
 	failure  map[string]failure      // by pool key: the last failed creation
 	stopped  bool
 
@@ -183,9 +189,13 @@ type failure struct {
 // New returns the pool of cfg's profiles; it creates nothing until Start.
 func New(cfg Config) *Pool {
 	cfg = cfg.withDefaults()
+	if cfg.Live == nil {
+		cfg.Live = &live.Registry{}
+	}
+	cfg.Live.Register(live.Pool)
 	p := &Pool{
 		cfg: cfg, ready: map[string][]*Container{}, creating: map[string]int{},
-		owned: map[string]*Container{}, failure: map[string]failure{}, wake: make(chan struct{}, 1),
+		failure: map[string]failure{}, wake: make(chan struct{}, 1),
 	}
 	p.profiles = cfg.Profiles
 	p.targets, p.kinds, p.names = p.plan(cfg.Profiles)
@@ -331,32 +341,13 @@ func (p *Pool) Stop(ctx context.Context) {
 }
 
 // Owns reports whether the container named name is one the pool holds
-// (being made, ready, or claimed and not yet handed off): the reconciler
-// spares it.
+// (being made, ready, or claimed and not yet handed off) in the registry
+// of what is live (Config.Live), where the reconciler looks.
 func (p *Pool) Owns(name string) bool {
 	if p == nil {
 		return false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.owned[name]
-	return ok
-}
-
-// ContainerIDs returns the ids of the started containers the pool holds.
-func (p *Pool) ContainerIDs() []string {
-	if p == nil {
-		return nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ids := make([]string, 0, len(p.owned))
-	for _, c := range p.owned {
-		if c.c != nil {
-			ids = append(ids, c.c.ID())
-		}
-	}
-	return ids
+	return p.cfg.Live.HeldBy(live.Pool, live.ContainerKey+name)
 }
 
 // Status returns every profile's pools, by profile name (its pool for runs

@@ -118,7 +118,7 @@ func TestPoolMaxFillsInNameOrder(t *testing.T) {
 		require.Equal(t, []string{messages.ContainerBridgePath, "launch", "--handoff", messages.ContainerHandoffPath}, s.Cmd)
 		require.True(t, p.Owns(s.Name))
 	}
-	require.Len(t, p.ContainerIDs(), 4)
+	require.Len(t, rt.Starts(), 4, "each of the pool's four started containers it holds")
 }
 
 // A claimed container matches the jail of a run's spec built from its

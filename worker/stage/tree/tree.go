@@ -16,7 +16,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/internal/staged"
@@ -89,11 +89,13 @@ func (c Config) WithDefaults(replicas int) Config {
 // Holds keys of what the workspaces of live runs hold.
 const (
 	holdDir      = "ws-dir:"   // a delivery's directory under StateDir/ws
-	holdVolume   = "volume:"   // a delivery's volume
 	holdSnapshot = "snapshot:" // a cached snapshot file
 	holdTool     = "tool:"     // a staged workspace tool, by digest
 	holdGitFile  = "git-file:" // a git fetch's snapshot file in StateDir/ws
 )
+
+// holdVolume prefixes a delivery's volume: the reconciler asks for it.
+const holdVolume = live.VolumeKey
 
 // Deps is what a worker's Trees use.
 type Deps struct {
@@ -460,8 +462,10 @@ func (s *Stage) makeWorkspace(ctx context.Context, spec *jail.ContainerSpec, pro
 		}
 		s.own(rw)
 		if rw.captureC != nil {
-			// Its capture container waits already: it learns the run
-			// here, once signalled.
+			// Its capture container, made with the warm container, is
+			// the run's now. It waits already: it learns the run here,
+			// once signalled.
+			s.hold(live.ContainerKey + rw.capture.Name)
 			if err := os.WriteFile(filepath.Join(rw.in(), runIDFile), []byte(s.run.ID()+"\n"), 0o444); err != nil {
 				return nil, stageError(err, false)
 			}
@@ -529,7 +533,8 @@ func (t *Trees) MakeWarm(ctx context.Context, spec jail.ContainerSpec, prof *pro
 	if rw.tool, rw.toolDigest, err = t.tools.Stage(t.toolSrc); err != nil {
 		return nil, nil, fmt.Errorf("workspace tool: %w", err)
 	}
-	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume)}
+	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume),
+		t.holds.Hold(live.ContainerKey + name + "-capture")}
 	made := false
 	release = func(remove bool) {
 		t.takeWarm(rw.dir)
@@ -593,15 +598,6 @@ func (t *Trees) takeWarm(dir string) *runWorkspace {
 	rw := t.warm[dir]
 	delete(t.warm, dir)
 	return rw
-}
-
-// WarmCaptureHeld reports whether name is the capture container of a warm
-// container's workspace that a pool or a run still holds (its volume is
-// held): the reconciler spares it, as a warm container it knows by name
-// or id.
-func (t *Trees) WarmCaptureHeld(name string) bool {
-	base, ok := strings.CutSuffix(name, "-capture")
-	return ok && t.VolumeHeld(base+"-ws")
 }
 
 // stageError is err as staging reports it: "workspace: …", which fails the
