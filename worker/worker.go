@@ -316,10 +316,11 @@ type Worker struct {
 	reg     *prometheus.Registry
 	metrics *runner.Metrics
 
-	// reloadMu serializes ReloadProfiles; profiles are the profiles in
-	// use (Config.Profiles, then the last reload's), under mu.
+	// profiles are the profiles in use (Config.Profiles, then the last
+	// reload's), the one set every part reads; reloadMu serializes
+	// ReloadProfiles.
+	profiles *profile.Set
 	reloadMu sync.Mutex
-	profiles profile.Profiles
 	mu       sync.Mutex
 	started  bool // Start was called
 	running  bool // Start succeeded
@@ -348,7 +349,7 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	reg := prometheus.NewRegistry()
 	return &Worker{
-		profiles: cfg.Profiles,
+		profiles: profile.NewSet(cfg.Profiles),
 		reg:      reg,
 		metrics:  runner.NewMetrics(reg, cfg.ID, cfg.Pool),
 		cfg:      cfg,
@@ -458,7 +459,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	w.running = true
 	w.mu.Unlock()
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.cfg.Profiles.Names()).Msg("worker started")
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.profiles.Load().Names()).Msg("worker started")
 	return nil
 }
 
@@ -468,7 +469,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // directory, builds the stages' factories and the run engine, and writes
 // the first heartbeat.
 func (w *Worker) setUp(ctx context.Context) error {
-	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.cfg.Profiles, workerID: w.cfg.ID, log: w.log}
+	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.profiles.Load(), workerID: w.cfg.ID, log: w.log}
 	if err := runtimes.check(ctx); err != nil {
 		return err
 	}
@@ -524,8 +525,8 @@ func (w *Worker) compose() error {
 	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, holds, w.log)
 	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), holds)
 	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
-		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: c.Profiles, RunState: w.loadRunState})
-	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
+		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: w.profiles, RunState: w.loadRunState})
+	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
 		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,
 		Proof: proxy.ProofConfig{Runtime: c.Runtime, Image: c.EgressProbeImage, Outside: c.EgressProbeOutside, Ports: c.EgressProbePorts,
@@ -537,11 +538,11 @@ func (w *Worker) compose() error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
+	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: w.profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
 		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
 		Live: w.live, Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
-		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Runtime: c.Runtime,
+		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, Runtime: c.Runtime,
 		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(w.coord), Proxies: w.proxies},

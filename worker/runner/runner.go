@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,9 +42,9 @@ type Config struct {
 	// the pool it serves; Install identifies the installation
 	// (jail.LabelInstall).
 	WorkerID, Pool, Install string
-	// Profiles are the resolved profiles requests may name at start;
-	// SetProfiles replaces them.
-	Profiles profile.Profiles
+	// Profiles are the resolved profiles requests may name: the worker's
+	// set, which a reload stores anew; a delivery reads it when admitted.
+	Profiles *profile.Set
 	// Runtime runs the containers.
 	Runtime jail.Runtime
 	// NC and JS reach NATS: events, the runs' output, dead letters.
@@ -110,18 +109,12 @@ type Runner struct {
 	live registry
 	// stops counts container stops in flight (stopAsync).
 	stops sync.WaitGroup
-	// profiles are the profiles new deliveries may name (Config.Profiles,
-	// then SetProfiles').
-	profiles atomic.Pointer[profile.Profiles]
 }
 
-// SetProfiles replaces the profiles new deliveries may name with ps
-// (resolved and validated: profile.LoadProfiles). A delivery already
-// admitted keeps the profile it was admitted with, a copy, to its end.
-func (e *Runner) SetProfiles(ps profile.Profiles) { e.profiles.Store(&ps) }
-
-// currentProfiles returns the profiles new deliveries may name.
-func (e *Runner) currentProfiles() profile.Profiles { return *e.profiles.Load() }
+// currentProfiles returns the profiles new deliveries may name
+// (Config.Profiles as it is now). A delivery already admitted keeps the
+// profile it was admitted with, a copy, to its end.
+func (e *Runner) currentProfiles() profile.Profiles { return e.cfg.Profiles.Load() }
 
 // New returns the Runner configured by cfg. It does no I/O.
 func New(cfg Config) *Runner {
@@ -129,7 +122,6 @@ func New(cfg Config) *Runner {
 		cfg.Failpoint = func(string) {}
 	}
 	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}, held: cfg.Live}}
-	e.SetProfiles(cfg.Profiles)
 	return e
 }
 

@@ -29,8 +29,7 @@ import (
 func (p *Pool) create(ctx context.Context, pool string) error {
 	p.mu.Lock()
 	kind := p.kinds[pool]
-	name := kind.profile
-	prof := p.profiles[name]
+	name, prof := kind.profile, kind.def
 	p.mu.Unlock()
 	var b [8]byte
 	_, _ = rand.Read(b[:])

@@ -60,7 +60,7 @@ func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*war
 		require.NoError(t, os.MkdirAll(filepath.Join(state, d), 0o700))
 	}
 	cfg := warm.Config{
-		Runtime: rt, Profiles: ps, WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
+		Runtime: rt, Profiles: profile.NewSet(ps), WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
 		Dirs:     rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
 		Bridges:  bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
 		Registry: prometheus.NewRegistry(), Log: zerolog.Nop(),

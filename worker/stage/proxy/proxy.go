@@ -34,8 +34,8 @@ type Config struct {
 	// proof container.
 	WorkerID, Pool, Install string
 	// Profiles are the worker's profiles: the proof and the CA are made
-	// only when one has an egress allowlist (egress_inject).
-	Profiles profile.Profiles
+	// at Start, only when one has an egress allowlist (egress_inject).
+	Profiles *profile.Set
 	// NC publishes each egress attempt on jetcrew.events.<run_id>.egress.
 	NC *nats.Conn
 	// Registry receives jetcrew_egress_attempts_total{result}.
@@ -121,7 +121,7 @@ func (p *Proxies) rateWait() time.Duration {
 
 // needed reports whether any profile has an egress allowlist.
 func (p *Proxies) needed() bool {
-	for _, prof := range p.cfg.Profiles {
+	for _, prof := range p.cfg.Profiles.Load() {
 		if prof.HasEgress() {
 			return true
 		}

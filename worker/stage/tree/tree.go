@@ -124,9 +124,9 @@ type Deps struct {
 	// without one is an error wrapping ErrRunNotFound. Nil: such requests
 	// fail.
 	RunState func(ctx context.Context, id string) (messages.RunState, error)
-	// Profiles are the worker's profiles, resolved: an earlier run's
-	// profile's feeds is read there.
-	Profiles profile.Profiles
+	// Profiles are the worker's profiles, resolved, as a reload stores
+	// them: an earlier run's profile's feeds is read there.
+	Profiles *profile.Set
 }
 
 // Trees stages one worker's workspaces. Create it with New. Safe for
@@ -144,7 +144,7 @@ type Trees struct {
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 	from      singleflight.Group
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
-	profiles  atomic.Pointer[profile.Profiles] // Deps.Profiles, then SetProfiles'
+	profiles  *profile.Set
 
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
@@ -168,15 +168,11 @@ type Trees struct {
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
 	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log, runState: d.RunState,
+		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}, warm: map[string]*runWorkspace{}}
-	t.SetProfiles(d.Profiles)
 	return t
 }
-
-// SetProfiles replaces the worker's profiles (a reload) with ps.
-func (t *Trees) SetProfiles(ps profile.Profiles) { t.profiles.Store(&ps) }
 
 // Start sets the context git resolutions run under: the worker's runs
 // context, which ends when the worker stops.
