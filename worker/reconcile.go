@@ -10,7 +10,6 @@ import (
 
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/live"
-	"github.com/jetcrew/jetcrew/worker/runstate"
 )
 
 // reconciler removes orphans: this installation's jetcrew containers, in
@@ -232,16 +231,10 @@ func (s *sweeper) Stop(context.Context) error {
 }
 
 // newReconciler returns the reconciler of this worker: its runtime, its
-// registry of what is live, and the heartbeats in the workers bucket.
+// registry of what is live, and the heartbeats in the workers bucket
+// (presence.alive).
 func (w *Worker) newReconciler() *reconciler {
-	alive := func(ctx context.Context, id string) (bool, error) {
-		_, err := w.workers.Get(ctx, id)
-		if runstate.IsNotFound(err) {
-			return false, nil
-		}
-		return err == nil, err
-	}
-	return newReconciler(w.cfg.Runtime, w.live, alive, reconcileSettings{install: w.install, self: w.cfg.ID,
+	return newReconciler(w.cfg.Runtime, w.live, w.presence.alive, reconcileSettings{install: w.install, self: w.cfg.ID,
 		grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval, now: time.Now, log: w.log})
 }
 

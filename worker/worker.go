@@ -287,51 +287,42 @@ type Worker struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	log zerolog.Logger
-	// store owns every write of the jetcrew-runs bucket.
-	store   *runstate.Store
-	workers jetstream.KeyValue
-	cons    jetstream.Consumer
-	coord   *coordination.Host
-	// live is the registry of what is live on this worker: runs,
-	// containers, volumes, directories, what they hold.
-	live *live.Registry
-	// rc and sweep remove what nothing holds.
-	rc    *reconciler
-	sweep *sweeper
-	// The stages' factories, made by Start (stages), and the run engine.
-	runDirs *rundir.Dirs
-	bridges *bridge.Bridges
-	trees   *tree.Trees
-	proxies *proxy.Proxies
-	warm    *warm.Pool
-	runs    *runner.Runner
-	// install identifies this installation in container labels.
-	install string
-	// ownStateDir is set when the worker made its state directory (no
-	// StateDir configured): Stop removes it whole, then closes stateLock,
-	// its marker, locked while the worker lives (lockMarker).
-	ownStateDir bool
-	stateLock   *os.File
 
 	reg     *prometheus.Registry
 	metrics *runner.Metrics
-
 	// profiles are the profiles in use (Config.Profiles, then the last
 	// reload's), the one set every part reads; reloadMu serializes
 	// ReloadProfiles.
 	profiles *profile.Set
 	reloadMu sync.Mutex
+	// live is the registry of what is live on this worker: runs,
+	// containers, volumes, directories, what they hold.
+	live *live.Registry
+
+	// Set up by Start (setUp): install identifies this installation in
+	// container labels, store owns every write of the jetcrew-runs bucket,
+	// cons is the pool's consumer.
+	install string
+	store   *runstate.Store
+	cons    jetstream.Consumer
+	// The parts (parts), and the stages' factories and the run engine the
+	// stages part makes (compose).
+	dir      *stateDir
+	presence *presence
+	runDirs  *rundir.Dirs
+	bridges  *bridge.Bridges
+	trees    *tree.Trees
+	proxies  *proxy.Proxies
+	warm     *warm.Pool
+	runs     *runner.Runner
+	// life is the parts in start order and how many started.
+	life lifecycle
+
 	mu       sync.Mutex
 	started  bool // Start was called
 	running  bool // Start succeeded
 	stopped  chan struct{}
-
-	stopOnce    sync.Once
-	fetchCancel context.CancelFunc // stops pulling
-	runsCancel  context.CancelFunc // aborts in-flight runs (hands them back)
-	bgCancel    context.CancelFunc // stops the other services
-	pulling     sync.WaitGroup     // the pull loop
-	bg          sync.WaitGroup     // the other services
+	stopOnce sync.Once
 }
 
 // New returns a Worker using nc, configured by cfg with defaults applied.
@@ -399,12 +390,16 @@ func (w *Worker) KillEgress(runID string) bool {
 	return running && w.runs.KillEgress(runID)
 }
 
-// Start provisions the JetStream resources, removes orphaned containers, and
-// starts the worker's services: the pull loop (one pull request per run
-// slot, so the worker never holds more requests than it can run), the
-// cancel listener, the dead-letterer, the reconciler and the heartbeat. It
-// returns once they run, or an error when NATS, JetStream or the runtime
-// cannot be set up. Start may be called once.
+// Start checks and provisions what the worker needs (setUp), then starts
+// its parts in their declared order (parts): its key in the workers
+// bucket, its state directory, the stages and the run engine, the
+// heartbeat, the reconciler (which removes orphaned containers before
+// Start returns), the sweeper, the dead-letterer, the cancel listener, the
+// egress proxies, the workspaces, the warm pool and the pull loop (one
+// pull request per run slot, so the worker never holds more requests than
+// it can run). It returns once they run, or an error when NATS, JetStream,
+// the runtime or a part cannot be set up; the parts started by then are
+// stopped again, in reverse. Start may be called once.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
@@ -416,46 +411,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.setUp(ctx); err != nil {
 		return err
 	}
-	// The workspace and result buckets exist before any client needs them
-	// (a submitter may not create streams).
-	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
-		return fmt.Errorf("worker: workspace buckets: %w", err)
-	}
-	w.rc = w.newReconciler()
-	if err := w.rc.Start(ctx); err != nil {
+	w.life = lifecycle{parts: w.parts()}
+	if err := w.life.start(ctx); err != nil {
 		return err
 	}
-	w.sweep = w.newSweeper()
-	if err := w.sweep.Start(ctx); err != nil {
-		return err
-	}
-	adv, err := w.js.Consumer(ctx, messages.StreamAdvisories, messages.ConsumerAdvisories)
-	if err != nil {
-		return fmt.Errorf("worker: consumer %s: %w", messages.ConsumerAdvisories, err)
-	}
-	unsubscribe, err := w.subscribeControl()
-	if err != nil {
-		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
-	}
-
-	bgCtx, bgCancel := context.WithCancel(context.Background())
-	fetchCtx, fetchCancel := context.WithCancel(context.Background())
-	runsCtx, runsCancel := context.WithCancel(context.Background())
-	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
-	w.trees.Start(runsCtx)
-	w.proxies.Start(bgCtx, &w.bg)
-	runServices(bgCtx, &w.bg,
-		&cancelListener{unsubscribe: unsubscribe},
-		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
-		&heartbeat{interval: messages.WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
-	)
-	w.warm.Start()
-	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.runs.Handle, log: w.log}
-	w.pulling.Add(1)
-	go func() {
-		defer w.pulling.Done()
-		pull.Run(fetchCtx, runsCtx)
-	}()
 	w.mu.Lock()
 	w.running = true
 	w.mu.Unlock()
@@ -463,25 +422,58 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
+// parts returns the worker's parts in the order Start starts them; Stop
+// stops them in the reverse order. So a worker that stops first stops
+// fetching, then removes its warm pool (no run claims a warm container
+// any more; one that claimed one has it), lets the runs in flight finish
+// until Stop's ctx ends (then hands them back), ends the git resolutions,
+// stops its background services, waits for the container stops it began,
+// drains the stages' directories, removes its state directory and, last,
+// deletes its key in the workers bucket, so peers see it gone at once.
+func (w *Worker) parts() []namedPart {
+	c := w.cfg
+	w.presence = &presence{js: w.js, id: c.ID}
+	w.dir = &stateDir{configured: c.StateDir, root: c.StateRoot, id: c.ID, log: w.log}
+	pull := &puller{cons: w.cons, slots: c.Concurrency, wait: c.FetchWait, log: w.log,
+		handle: func(ctx context.Context, msg jetstream.Msg) { w.runs.Handle(ctx, msg) }}
+	return []namedPart{
+		{"presence", w.presence},
+		{"state directory", w.dir},
+		{"stages", hooks{start: w.compose, stop: w.drainStages}},
+		{"heartbeat", &heartbeat{presence: w.presence, value: w.presenceValue, ensure: w.ensureProvisioned,
+			interval: messages.WorkerTTL / 3, log: w.log}},
+		{"reconciler", w.newReconciler()},
+		{"sweeper", w.newSweeper()},
+		{"dead-letterer", &deadLetterer{js: w.js, store: w.store, workerID: c.ID, wait: c.FetchWait, retry: 5 * time.Second, log: w.log,
+			removeContainers: func(ctx context.Context, id, recorded string) error {
+				return w.runs.RemoveRunContainers(ctx, id, recorded)
+			}}},
+		{"cancel listener", &cancelListener{nc: w.nc, store: w.store, workerID: c.ID, log: w.log,
+			stopRun: func(id string) (messages.CancelReply, bool) { return w.runs.StopRun(id) }}},
+		{"egress proxies", made(func() part { return w.proxies })},
+		{"workspaces", made(func() part { return w.trees })},
+		{"runs in flight", inFlight{pull}},
+		{"warm pool", made(func() part { return w.warm })},
+		{"fetching", pull},
+	}
+}
+
 // setUp checks the OCI runtimes the profiles name (listed by the engine,
 // then each proved by a container), provisions the streams, buckets and
-// consumers the worker uses, the coordination host and the state
-// directory, builds the stages' factories and the run engine, and writes
-// the first heartbeat.
+// consumers the worker uses and the coordination host's, and opens the
+// runs' store: what the parts need before they start, and nothing to undo.
 func (w *Worker) setUp(ctx context.Context) error {
 	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.profiles.Load(), workerID: w.cfg.ID, log: w.log}
 	if err := runtimes.check(ctx); err != nil {
 		return err
 	}
-	var cons jetstream.Consumer
 	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
-		cons, err = Provision(ctx, w.js, w.cfg.Provision)
+		w.cons, err = Provision(ctx, w.js, w.cfg.Provision)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.cons = cons
 	w.warnSizing(ctx)
 	stream, err := w.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
@@ -497,34 +489,24 @@ func (w *Worker) setUp(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := w.prepareStateDir(); err != nil {
-		return err
-	}
 	runs, err := w.js.KeyValue(ctx, messages.BucketRuns)
 	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
 	w.store = runstate.NewStore(runs, w.js, w.cfg.ID, w.log)
-	if w.workers, err = w.js.KeyValue(ctx, messages.BucketWorkers); err != nil {
-		return fmt.Errorf("worker: bucket %s: %w", messages.BucketWorkers, err)
-	}
-	if err := w.compose(); err != nil {
-		return err
-	}
-	if err := w.heartbeat(ctx); err != nil {
-		return fmt.Errorf("worker: heartbeat: %w", err)
-	}
 	return nil
 }
 
-// compose builds the stages' factories and the run engine: the composition
-// root of a run.
-func (w *Worker) compose() error {
-	c := w.cfg
+// compose builds the stages' factories, in the state directory, and the
+// run engine (the composition root of a run), and makes sure the
+// workspace and result buckets exist before any client needs them (a
+// submitter may not create streams): the stages part's start.
+func (w *Worker) compose(ctx context.Context) error {
+	c, dir := w.cfg, w.dir.path
 	holds := w.live.For(live.Worker)
-	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, holds, w.log)
-	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), holds)
-	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
+	w.runDirs = rundir.New(filepath.Join(dir, "r"), filepath.Join(dir, "p"), c.Concurrency, holds, w.log)
+	w.bridges = bridge.New(c.BridgePath, filepath.Join(dir, "bin"), holds)
+	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: dir, Tool: c.WorkspaceTool,
 		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: w.profiles, RunState: w.loadRunState})
 	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
@@ -532,9 +514,8 @@ func (w *Worker) compose() error {
 		Proof: proxy.ProofConfig{Runtime: c.Runtime, Image: c.EgressProbeImage, Outside: c.EgressProbeOutside, Ports: c.EgressProbePorts,
 			Bridge: w.bridges.Stage, Dir: w.runDirs.Path}})
 	log := w.log
-	var err error
 	// The host reports coordination steps to the run engine, made below.
-	w.coord, err = coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: func(ev coordination.Event) { w.runs.OnCoordEvent(ev) }})
+	host, err := coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: func(ev coordination.Event) { w.runs.OnCoordEvent(ev) }})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -545,20 +526,37 @@ func (w *Worker) compose() error {
 		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, Runtime: c.Runtime,
 		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
-			Coord: coord.New(w.coord), Proxies: w.proxies},
+			Coord: coord.New(host), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
 		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})
+	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
+	}
 	return nil
 }
 
-// Stop stops pulling new requests and waits for in-flight runs to finish.
-// When ctx ends first, the remaining runs are stopped and their requests
-// handed back to the stream (Nak) for another worker, and Stop returns
-// ctx.Err() once they are. Then it stops the other services (one context)
-// and waits for them and for every container stop it started. Stop is safe
-// to call twice, concurrently, or before Start: a second call waits for the
-// first (or its own ctx).
+// drainStages waits for every container stop the run engine began, then
+// removes the stages' directories when empty (a default state dir is per
+// worker id): the per-run directories are gone with their runs, and no
+// run holds a staged binary any more. The stages part's stop. It returns
+// nil.
+func (w *Worker) drainStages(context.Context) error {
+	w.runs.Wait()
+	w.bridges.Drain()
+	w.runDirs.Drain()
+	w.trees.Drain()
+	return nil
+}
+
+// Stop stops the worker's parts in the reverse of their start order
+// (parts): it stops pulling new requests, removes the warm pool and waits
+// for in-flight runs to finish. When ctx ends first, the remaining runs
+// are stopped and their requests handed back to the stream (Nak) for
+// another worker, and Stop returns ctx.Err() once they are. Then it stops
+// the other parts, each waiting for what it started, the container stops
+// the runs began included. Stop is safe to call twice, concurrently, or
+// before Start: a second call waits for the first (or its own ctx).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	running := w.running
@@ -576,38 +574,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	w.fetchCancel()
-	// No new run claims a warm container now: the pool's go (a run that
-	// claimed one has it).
-	w.warm.Stop(ctx)
-	done := make(chan struct{})
-	go func() { w.pulling.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
-		w.runsCancel()
-		<-done
-	}
-	w.runsCancel()
-	w.trees.Stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
-	w.bgCancel()
-	w.bg.Wait()
-	_ = w.sweep.Stop(ctx)
-	_ = w.rc.Stop(ctx)
-	w.runs.Wait()
-	// The per-run directories are gone with their runs, and no run holds a
-	// staged binary any more; remove their parents when empty (a default
-	// state dir is per worker id).
-	w.bridges.Drain()
-	w.runDirs.Drain()
-	w.trees.Drain()
-	w.removeStateDir()
-	// Remove the heartbeat so peers see this worker gone at once.
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = w.workers.Delete(dctx, w.cfg.ID)
-	cancel()
+	err := w.life.stop(ctx)
 	close(w.stopped)
 	w.log.Info().Msg("worker stopped")
 	return err
@@ -615,12 +582,6 @@ func (w *Worker) Stop(ctx context.Context) error {
 
 // Stopped returns a channel closed once Stop has finished.
 func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
-
-// heartbeat writes this worker's key in the workers bucket.
-func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.workers.Put(ctx, w.cfg.ID, w.presence())
-	return err
-}
 
 // loadRunState reads the state a worker recorded for run id, for a
 // request whose workspace names an earlier run (tree.Deps.RunState).

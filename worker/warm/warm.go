@@ -302,27 +302,29 @@ func (p *Pool) Enabled() bool {
 
 // Start starts the pool's background work: it fills every profile's pool,
 // refills it after each claim, and replaces containers that died, idled
-// past MaxIdle or run an image that changed, until Stop. It runs even
-// when no profile keeps warm containers: a reload may ask for some.
-func (p *Pool) Start() {
+// past MaxIdle or run an image that changed, until Stop (not when ctx
+// ends: ctx's values are kept, not its end). It runs even when no profile
+// keeps warm containers: a reload may ask for some. It returns nil.
+func (p *Pool) Start(ctx context.Context) error {
 	if p == nil {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		p.run(ctx)
 	}()
+	return nil
 }
 
 // Stop ends the background work and removes every warm container the pool
 // holds (ready or being made), with its directory. Claimed containers are
-// their runs'.
-func (p *Pool) Stop(ctx context.Context) {
+// their runs'. It returns nil.
+func (p *Pool) Stop(ctx context.Context) error {
 	if p == nil {
-		return
+		return nil
 	}
 	p.mu.Lock()
 	p.stopped = true
@@ -341,6 +343,7 @@ func (p *Pool) Stop(ctx context.Context) {
 	for _, c := range all {
 		c.remove(ctx)
 	}
+	return nil
 }
 
 // Owns reports whether the container named name is one the pool holds

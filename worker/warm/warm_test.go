@@ -69,7 +69,7 @@ func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*war
 		mod(&cfg)
 	}
 	p := warm.New(cfg)
-	p.Start()
+	require.NoError(t, p.Start(context.Background()))
 	t.Cleanup(func() { p.Stop(context.Background()) })
 	return p
 }

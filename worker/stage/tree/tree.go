@@ -146,6 +146,9 @@ type Trees struct {
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
 	profiles  *profile.Set
 
+	// cancel ends the git resolutions' context (Stop).
+	cancel context.CancelFunc
+
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
 	verifiedMu sync.Mutex
@@ -174,13 +177,24 @@ func New(d Deps) *Trees {
 	return t
 }
 
-// Start sets the context git resolutions run under: the worker's runs
-// context, which ends when the worker stops.
-func (t *Trees) Start(runsCtx context.Context) { t.git.start(runsCtx) }
+// Start starts the context git resolutions run under until Stop (not when
+// ctx ends: ctx's values are kept, not its end). It returns nil.
+func (t *Trees) Start(ctx context.Context) error {
+	ctx, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	t.git.start(ctx)
+	return nil
+}
 
-// Stop refuses new git resolutions and waits for those running to return
-// (before StateDir/ws, which holds a fetch's snapshot file, goes).
-func (t *Trees) Stop() { t.git.stop() }
+// Stop ends the git resolutions' context, refuses new ones and waits for
+// those running to return (before StateDir/ws, which holds a fetch's
+// snapshot file, goes). It returns nil.
+func (t *Trees) Stop(context.Context) error {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.git.stop()
+	return nil
+}
 
 // Drain removes the staged tools and the directories of the workspace
 // machinery when they are empty (the worker stops).
