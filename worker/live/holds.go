@@ -2,9 +2,9 @@ package live
 
 import "sync"
 
-// Holds is the registry as one owner holds into it, what a stage is given:
-// a run's stages hold as the run (stage.Run.Holds), the stages' factories
-// as the worker. What it asks (Held, IfUnheld, Keys) it asks of the whole
+// Holds is the registry as one owner holds into it. It is what a stage is
+// given: a run's stages hold as the run (stage.Run.Holds), the stages'
+// factories as the worker. What it asks (Held, IfUnheld, Keys) it asks of the whole
 // registry, every owner's holds counted. Safe for concurrent use; the zero
 // value holds as Worker into a registry of its own (for tests).
 type Holds struct {
@@ -22,40 +22,40 @@ func (h *Holds) init() {
 	})
 }
 
-// Hold holds key as the view's owner until the returned release is called
-// (safe to call more than once).
+// Hold holds key as the view's owner until the returned release runs. The
+// release is safe to call more than once.
 func (h *Holds) Hold(key string) (release func()) {
 	h.init()
 	return h.reg.Hold(h.owner, key)
 }
 
-// Held reports whether any owner holds key.
+// Held reports whether any owner, not only the view's, holds key.
 func (h *Holds) Held(key string) bool {
 	h.init()
 	return h.reg.Held(key)
 }
 
-// IfUnheld calls f, holding the registry's lock, when nobody holds key,
-// and reports whether it did (Registry.IfUnheld).
+// IfUnheld calls f under the registry's lock when nobody holds key. It
+// reports whether it did (Registry.IfUnheld).
 func (h *Holds) IfUnheld(key string, f func()) bool {
 	h.init()
 	return h.reg.IfUnheld(key, f)
 }
 
-// Keys returns the keys any owner holds that start with prefix, the prefix
-// removed.
+// Keys returns the held keys that start with prefix, the prefix removed.
+// Every owner's holds count.
 func (h *Holds) Keys(prefix string) map[string]bool {
 	h.init()
 	return h.reg.Keys(prefix)
 }
 
-// Owner returns the owner the view holds as.
+// Owner returns the owner the view holds every key as.
 func (h *Holds) Owner() Owner {
 	h.init()
 	return h.owner
 }
 
-// Registry returns the registry the view holds into.
+// Registry returns the registry of what is live the view holds into.
 func (h *Holds) Registry() *Registry {
 	h.init()
 	return h.reg

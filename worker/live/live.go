@@ -16,16 +16,16 @@ import (
 	"sync"
 )
 
-// Owner names who holds a key: a run (Run), the warm pool (Pool) or the
-// worker itself (Worker).
+// Owner names who holds a key: a run, the warm pool or the worker.
 type Owner string
 
 const (
-	// Worker owns what the worker holds for itself, or for runs to
-	// share: staged binaries, cached snapshots, a git fetch's file.
+	// Worker owns what the worker holds for itself or for runs to share:
+	// staged binaries, cached snapshots, a git fetch's file.
 	Worker Owner = "worker"
-	// Pool owns the warm pool's containers, and what is made beside
-	// them, until a run takes one over.
+	// Pool owns the warm pool's containers until a run takes one over.
+	// What is made beside one (its directory, its workspace) is the
+	// pool's too.
 	Pool Owner = "pool"
 )
 
@@ -40,15 +40,15 @@ const (
 	// What is labelled with the run's id and this worker's is held with
 	// it (the delivery removes an earlier attempt's leftovers itself).
 	RunKey = "run:"
-	// ContainerKey prefixes a container's id or name (a name is known
-	// before the engine gives the id).
+	// ContainerKey prefixes a container's id, or its name before the
+	// engine gives one.
 	ContainerKey = "container:"
-	// VolumeKey prefixes a volume's name.
+	// VolumeKey prefixes the name of a volume a run or the pool uses.
 	VolumeKey = "volume:"
 )
 
-// Registry records who holds what on this worker. Safe for concurrent
-// use; the zero value is ready.
+// Registry records which owner holds each key on this worker. Safe for
+// concurrent use; the zero value is ready.
 type Registry struct {
 	mu sync.Mutex
 	// held counts the holds of each key, by owner.
@@ -58,8 +58,8 @@ type Registry struct {
 	registered map[Owner]bool
 }
 
-// Hold counts one more hold of key by owner and returns the function that
-// gives it up (safe to call more than once).
+// Hold counts one more hold of key by owner and returns its release. The
+// release is safe to call more than once.
 func (r *Registry) Hold(owner Owner, key string) (release func()) {
 	r.mu.Lock()
 	if r.held == nil {
@@ -87,9 +87,9 @@ func (r *Registry) release(owner Owner, key string) {
 	}
 }
 
-// Held reports whether any owner holds any of keys, all looked at under
-// one lock: a container a run takes over from the pool (the run holds its
-// id before the pool lets its name go) is held throughout.
+// Held reports whether any owner holds any of keys, under one lock. A
+// container a run takes over from the pool (the run holds its id before
+// the pool lets its name go) is held throughout.
 func (r *Registry) Held(keys ...string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -101,15 +101,15 @@ func (r *Registry) Held(keys ...string) bool {
 	return false
 }
 
-// HeldBy reports whether owner holds key.
+// HeldBy reports whether owner itself holds key, whoever else holds it.
 func (r *Registry) HeldBy(owner Owner, key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.held[key][owner] > 0
 }
 
-// IfUnheld calls f, holding the registry's lock, when nobody holds key,
-// and reports whether it did: a sweeper removes what it checked before an
+// IfUnheld calls f under the registry's lock when nobody holds key. It
+// reports whether it did: a sweeper removes what it checked before an
 // owner can take it (Hold waits meanwhile).
 func (r *Registry) IfUnheld(key string, f func()) bool {
 	r.mu.Lock()
@@ -134,9 +134,9 @@ func (r *Registry) Keys(prefix string) map[string]bool {
 	return out
 }
 
-// Register records that owner holds here everything of its own it makes,
-// from before it makes it until after it removes it, for the registry's
-// life: what a label says is owner's on this worker but owner does not
+// Register records that owner holds everything of its own it makes here.
+// It holds each from before it makes it until after it removes it, for
+// the registry's life: what a label says is owner's on this worker but owner does not
 // hold is an orphan at once, whatever its age (the warm pool registers;
 // what its earlier process left is found when the worker starts).
 func (r *Registry) Register(owner Owner) {
@@ -148,12 +148,13 @@ func (r *Registry) Register(owner Owner) {
 	r.registered[owner] = true
 }
 
-// Registered reports whether owner registered (Register).
+// Registered reports whether owner registered as holding all it makes
+// (Register).
 func (r *Registry) Registered(owner Owner) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.registered[owner]
 }
 
-// For returns the registry as owner holds into it.
+// For returns a view of the registry that holds as owner.
 func (r *Registry) For(owner Owner) *Holds { return &Holds{reg: r, owner: owner} }

@@ -12,7 +12,7 @@ type Set struct {
 	p atomic.Pointer[Profiles]
 }
 
-// NewSet returns a Set holding ps.
+// NewSet returns a Set holding ps, the profiles a worker starts with.
 func NewSet(ps Profiles) *Set {
 	s := &Set{}
 	s.Store(ps)

@@ -2,9 +2,9 @@ package stage
 
 import "github.com/jetcrew/jetcrew/worker/live"
 
-// Holds is what a stage holds what it uses in: the worker's registry of
-// what is live (live.Registry) as one owner sees it, the run for a run's
-// stages (Run.Holds), the worker for the stages' factories. Directories,
+// Holds is the worker's registry of what is live, as one owner sees it.
+// That owner is the run for a run's stages (Run.Holds), the worker for the
+// stages' factories (live.Holds over live.Registry). Directories,
 // volumes, cached snapshots and staged binaries are held by key (each
 // stage names its keys, "volume:<name>", "dir:<path>", ...); the
 // reconciler and the stages' sweepers consult it before they remove

@@ -300,10 +300,10 @@ func (p *Pool) Enabled() bool {
 	return len(p.names) > 0
 }
 
-// Start starts the pool's background work: it fills every profile's pool,
-// refills it after each claim, and replaces containers that died, idled
-// past MaxIdle or run an image that changed, until Stop (not when ctx
-// ends: ctx's values are kept, not its end). It runs even when no profile
+// Start starts the pool's background work, which runs until Stop. It
+// fills every profile's pool, refills it after each claim, and replaces
+// containers that died, idled past MaxIdle or run an image that changed
+// (of ctx its values are kept, not its end). It runs even when no profile
 // keeps warm containers: a reload may ask for some. It returns nil.
 func (p *Pool) Start(ctx context.Context) error {
 	if p == nil {

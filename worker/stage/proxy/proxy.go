@@ -133,10 +133,11 @@ func (p *Proxies) needed() bool {
 }
 
 // Start loads the egress CA and starts the start-up proof in the
-// background (Stop ends it; ctx's values are kept, not its end), when a
-// profile has an allowlist; otherwise runs need no proof. Runs of egress
-// profiles wait for the proof's outcome. It returns nil: a failed proof
-// or CA refuses those runs, not the worker's start.
+// background. It does so only when a profile has an allowlist; otherwise
+// runs need no proof. Runs of egress profiles wait for the proof's
+// outcome; Stop ends it (of ctx its values are kept, not its end). It
+// returns nil: a failed proof or CA refuses those runs, not the worker's
+// start.
 func (p *Proxies) Start(ctx context.Context) error {
 	if !p.needed() {
 		p.settle(nil)

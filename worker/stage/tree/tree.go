@@ -177,17 +177,17 @@ func New(d Deps) *Trees {
 	return t
 }
 
-// Start starts the context git resolutions run under until Stop (not when
-// ctx ends: ctx's values are kept, not its end). It returns nil.
+// Start starts the context git resolutions run under, until Stop. Of
+// ctx its values are kept, not its end. It returns nil.
 func (t *Trees) Start(ctx context.Context) error {
 	ctx, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	t.git.start(ctx)
 	return nil
 }
 
-// Stop ends the git resolutions' context, refuses new ones and waits for
-// those running to return (before StateDir/ws, which holds a fetch's
-// snapshot file, goes). It returns nil.
+// Stop ends the git resolutions' context and waits for those running.
+// It refuses new ones and returns nil; the worker calls it before
+// StateDir/ws, which holds a fetch's snapshot file, goes.
 func (t *Trees) Stop(context.Context) error {
 	if t.cancel != nil {
 		t.cancel()
