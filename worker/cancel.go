@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/internal/origin"
 	"github.com/jetcrew/jetcrew/messages"
@@ -19,20 +20,43 @@ import (
 // answers each cancel request.
 const cancelQueue = "jetcrew-cancel"
 
-// subscribeControl subscribes to cancel requests (queue group: one worker
-// decides) and to internal stop requests (every worker: the one running the
-// run stops it). The subscriptions end with the returned function.
-func (w *Worker) subscribeControl() (func(), error) {
-	cs, err := w.nc.QueueSubscribe(messages.SubjectCancelPrefix+".*", cancelQueue, w.onCancel)
+// cancelListener answers cancel requests (queue group: one worker
+// decides) and internal stop requests (every worker: the one holding the
+// run stops it), from Start to Stop.
+type cancelListener struct {
+	nc       *nats.Conn
+	store    *runstate.Store
+	workerID string
+	// stopRun stops run id when this worker holds it
+	// (runner.Runner.StopRun).
+	stopRun func(id string) (messages.CancelReply, bool)
+	log     zerolog.Logger
+	subs    []*nats.Subscription
+}
+
+// Start subscribes to cancel requests (queue group) and to internal stop
+// requests.
+func (c *cancelListener) Start(context.Context) error {
+	cs, err := c.nc.QueueSubscribe(messages.SubjectCancelPrefix+".*", cancelQueue, c.onCancel)
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
 	}
-	ss, err := w.nc.Subscribe(messages.SubjectStopPrefix+".*", w.onStop)
+	ss, err := c.nc.Subscribe(messages.SubjectStopPrefix+".*", c.onStop)
 	if err != nil {
 		_ = cs.Unsubscribe()
-		return nil, err
+		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
 	}
-	return func() { _ = cs.Drain(); _ = ss.Drain() }, nil
+	c.subs = []*nats.Subscription{cs, ss}
+	return nil
+}
+
+// Stop drains the subscriptions: the requests received are answered. It
+// returns nil.
+func (c *cancelListener) Stop(context.Context) error {
+	for _, s := range c.subs {
+		_ = s.Drain()
+	}
+	return nil
 }
 
 // delivered reports whether m reached a control subject through the server
@@ -61,9 +85,9 @@ func reply(m *nats.Msg, r messages.CancelReply) {
 // worker claiming the run at the same moment either sees the cancel or
 // makes this request look again. What the server delivered or relayed to the
 // subject (delivered) is no request: it is ignored.
-func (w *Worker) onCancel(m *nats.Msg) {
+func (c *cancelListener) onCancel(m *nats.Msg) {
 	if delivered(m) {
-		w.log.Warn().Str("subject", m.Subject).Msg("a cancel the server delivered or relayed, not a request: ignored")
+		c.log.Warn().Str("subject", m.Subject).Msg("a cancel the server delivered or relayed, not a request: ignored")
 		return
 	}
 	id := lastToken(m.Subject)
@@ -74,7 +98,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 5 {
-		prev, rev, err := w.store.Load(ctx, id)
+		prev, rev, err := c.store.Load(ctx, id)
 		switch {
 		case err != nil && !runstate.IsNotFound(err):
 			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "read run state: " + err.Error()})
@@ -83,27 +107,27 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			// Unknown: perhaps published by a raw client and not yet seen.
 			// Record the cancel so the request is skipped when it arrives.
 			st := messages.RunState{Version: messages.StateVersion, ID: id, State: messages.StateCancelled,
-				Reason: "cancelled before any worker saw the request", Worker: w.cfg.ID}
-			if ok, err := w.store.Finalize(ctx, messages.StateNone, st, rev); err != nil {
+				Reason: "cancelled before any worker saw the request", Worker: c.workerID}
+			if ok, err := c.store.Finalize(ctx, messages.StateNone, st, rev); err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
 			} else if !ok {
 				continue
 			}
-			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: c.workerID,
 				Message: "no worker had seen this run; it is recorded cancelled and will be skipped if it arrives"})
 			return
 		case prev.State.Final() && prev.State != messages.StateSucceeded && !prev.CancelPending:
 			// A replay of it may be queued: mark the record so that one is
 			// skipped. The run itself stays as it ended.
-			if err := w.store.MarkCancelPending(ctx, prev, rev); err != nil {
+			if err := c.store.MarkCancelPending(ctx, prev, rev); err != nil {
 				if errors.Is(err, runstate.ErrFenced) {
 					continue
 				}
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: "record cancel: " + err.Error()})
 				return
 			}
-			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelAlreadyFinal, State: prev.State, Worker: w.cfg.ID,
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelAlreadyFinal, State: prev.State, Worker: c.workerID,
 				Message: fmt.Sprintf("run already %s; a replay of it that is still queued will be skipped", prev.State)})
 			return
 		case prev.State.Final():
@@ -113,7 +137,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 		case prev.State == messages.StateRunning || claimedByDelivery(prev):
 			// The worker holding it decides: before its container may
 			// start, or stop it.
-			if r, ok := w.askStop(id); ok {
+			if r, ok := c.askStop(id); ok {
 				reply(m, r)
 				return
 			}
@@ -126,7 +150,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			st.State = messages.StateCancelled
 			st.Reason = "cancelled while " + string(prev.State)
 			st.FinishedAt = time.Now().UTC()
-			ok, err := w.store.Finalize(ctx, prev.State, st, rev)
+			ok, err := c.store.Finalize(ctx, prev.State, st, rev)
 			if err != nil {
 				reply(m, messages.CancelReply{RunID: id, Result: messages.CancelError, Message: err.Error()})
 				return
@@ -134,7 +158,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 			if !ok {
 				continue
 			}
-			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: w.cfg.ID,
+			reply(m, messages.CancelReply{RunID: id, Result: messages.CancelQueued, State: messages.StateCancelled, Worker: c.workerID,
 				Message: fmt.Sprintf("run was %s; it is cancelled and will not run", prev.State)})
 			return
 		}
@@ -143,8 +167,8 @@ func (w *Worker) onCancel(m *nats.Msg) {
 }
 
 // askStop asks the worker holding run id to stop it, and returns its reply.
-func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
-	resp, err := w.nc.Request(messages.SubjectStopPrefix+"."+id, nil, 2*time.Second)
+func (c *cancelListener) askStop(id string) (messages.CancelReply, bool) {
+	resp, err := c.nc.Request(messages.SubjectStopPrefix+"."+id, nil, 2*time.Second)
 	if err != nil {
 		return messages.CancelReply{}, false
 	}
@@ -157,12 +181,12 @@ func (w *Worker) askStop(id string) (messages.CancelReply, bool) {
 
 // onStop answers jetcrew.ctl.stop.<run_id> when this worker holds the run
 // (runner.Runner.StopRun); other workers stay silent.
-func (w *Worker) onStop(m *nats.Msg) {
+func (c *cancelListener) onStop(m *nats.Msg) {
 	if delivered(m) {
-		w.log.Warn().Str("subject", m.Subject).Msg("a stop request the server delivered or relayed, not a request: ignored")
+		c.log.Warn().Str("subject", m.Subject).Msg("a stop request the server delivered or relayed, not a request: ignored")
 		return
 	}
-	if r, ok := w.runs.StopRun(lastToken(m.Subject)); ok {
+	if r, ok := c.stopRun(lastToken(m.Subject)); ok {
 		reply(m, r)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/runstate"
@@ -56,22 +57,78 @@ func provisionAdvisories(ctx context.Context, js jetstream.JetStream, cfg Provis
 	return c, nil
 }
 
+// deadLetterer moves each request named by a MaxDeliver advisory to the
+// dead-letter stream (onMaxDeliver), pulling the advisories from Start to
+// Stop.
+type deadLetterer struct {
+	js       jetstream.JetStream
+	store    *runstate.Store
+	workerID string
+	// removeContainers removes a run's containers
+	// (runner.Runner.RemoveRunContainers).
+	removeContainers func(ctx context.Context, runID, recorded string) error
+	wait             time.Duration // one pull request's wait
+	retry            time.Duration // delay before an advisory that failed comes back
+	log              zerolog.Logger
+	loop
+}
+
+// Start looks up the advisories' consumer, then pulls advisories until
+// Stop.
+func (d *deadLetterer) Start(ctx context.Context) error {
+	cons, err := d.js.Consumer(ctx, messages.StreamAdvisories, messages.ConsumerAdvisories)
+	if err != nil {
+		return fmt.Errorf("worker: consumer %s: %w", messages.ConsumerAdvisories, err)
+	}
+	d.loop.start(ctx, func(ctx context.Context) { d.run(ctx, cons) })
+	return nil
+}
+
+// Stop ends the pulls and waits for the advisory under way. It returns
+// nil.
+func (d *deadLetterer) Stop(context.Context) error {
+	d.loop.stop()
+	return nil
+}
+
+// run pulls advisories from cons until ctx ends.
+func (d *deadLetterer) run(ctx context.Context, cons jetstream.Consumer) {
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, d.wait)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(pctx))
+		if err != nil {
+			cancel()
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		for m := range batch.Messages() {
+			if err := d.onMaxDeliver(ctx, m.Data()); err != nil {
+				d.log.Warn().Err(err).Msg("move exhausted request to the dead-letter stream; retrying")
+				_ = m.NakWithDelay(d.retry)
+				continue
+			}
+			_ = m.Ack()
+		}
+		cancel()
+	}
+}
+
 // onMaxDeliver moves the request named by a MaxDeliver advisory from
 // JETCREW_RUNS to JETCREW_FAILED: it records the run failed (unless its state
 // is already final), publishes the dead letter (deduplicated by its message
 // id), and only then deletes the request from the work queue. Every step is
 // idempotent, so a crash at any point is repaired by the advisory's
 // redelivery.
-func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
+func (d *deadLetterer) onMaxDeliver(ctx context.Context, data []byte) error {
 	var adv maxDeliverAdvisory
 	if err := json.Unmarshal(data, &adv); err != nil {
-		w.log.Error().Err(err).Msg("unreadable MaxDeliver advisory; dropping it")
+		d.log.Error().Err(err).Msg("unreadable MaxDeliver advisory; dropping it")
 		return nil
 	}
 	if adv.Stream != messages.StreamRuns {
 		return nil
 	}
-	stream, err := w.js.Stream(ctx, messages.StreamRuns)
+	stream, err := d.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
 		return err
 	}
@@ -94,7 +151,7 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 	}
 	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
 
-	prev, rev, err := w.store.Load(ctx, id)
+	prev, rev, err := d.store.Load(ctx, id)
 	if err != nil && !runstate.IsNotFound(err) {
 		return err
 	}
@@ -108,30 +165,30 @@ func (w *Worker) onMaxDeliver(ctx context.Context, data []byte) error {
 		st.Attempts = int(adv.Deliveries)
 		st.ContainerID, st.ExitCode = "", nil
 		st.FinishedAt = time.Now().UTC()
-		ok, err := w.store.Finalize(ctx, from, st, rev)
+		ok, err := d.store.Finalize(ctx, from, st, rev)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			return errors.New("run state changed meanwhile")
 		}
-		w.log.Warn().Str("run_id", id).Uint64("stream_seq", raw.Sequence).Msg(reason)
+		d.log.Warn().Str("run_id", id).Uint64("stream_seq", raw.Sequence).Msg(reason)
 	}
 	if st.StreamSeq == raw.Sequence && st.State.Final() {
 		// No delivery is left to clean up after the last one, whose worker
 		// died: its container may still run. Remove the run's containers
 		// now, not when the reconciler finds them orphaned.
-		if err := w.runs.RemoveRunContainers(ctx, id, st.ContainerID); err != nil {
-			w.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
+		if err := d.removeContainers(ctx, id, st.ContainerID); err != nil {
+			d.log.Warn().Err(err).Str("run_id", id).Msg("remove the exhausted run's containers; the reconciler will retry")
 		}
 	}
 	if st.StreamSeq == raw.Sequence && st.State.Unsuccessful() {
 		if st.Pool == "" {
 			st.Pool = pool
 		}
-		dl := runstate.DeadLetterMsg(raw.Data, st, raw.Sequence, w.cfg.ID)
+		dl := runstate.DeadLetterMsg(raw.Data, st, raw.Sequence, d.workerID)
 		runstate.CopySignature(dl.Header, raw.Header)
-		if _, err := w.js.PublishMsg(ctx, dl); err != nil {
+		if _, err := d.js.PublishMsg(ctx, dl); err != nil {
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
 	}

@@ -6,219 +6,245 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jetcrew/jetcrew/worker/jail"
-	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/rs/zerolog"
+
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 )
 
-// reconciler removes orphaned containers: this installation's jetcrew
-// containers, in any state, that no live run owns and that are older than
-// grace. A container is owned when its run is in this worker's active set,
-// or when the worker on its label is alive (its heartbeat key exists) and is
-// not this worker. This worker's own containers that are not in its active
-// set are left over from a previous process with the same id, so they are
-// orphans too. Its I/O is in function fields, so a test drives it over a
-// fixture container list.
+// reconciler removes orphans: this installation's jetcrew containers, in
+// any state, then its volumes, that nothing holds. It asks two questions
+// of each, and nothing else. Is it held here? The registry of what is live
+// (live.Registry) holds every container of this worker's by id or name
+// (live.ContainerKey) and every volume by name (live.VolumeKey); what is
+// labelled with this worker and a run it holds (live.RunKey) is held with
+// the run. Is the owner on its label alive? An owner registered here (the
+// warm pool: live.Registry.Register) holds everything of its own, so what
+// its label says is its but it does not hold is an orphan at once; any
+// other is given the grace (a container being made, a heartbeat late)
+// and is then an orphan when it is this worker's (left by its earlier
+// process) or its worker has no heartbeat key. Its three inputs are the
+// runtime, the registry and the liveness lookup; a test drives it over
+// fixture lists.
 type reconciler struct {
-	install  string        // this installation's jail.LabelInstall value
-	self     string        // this worker's id
-	grace    time.Duration // the youngest age an orphan is removed at
-	interval time.Duration // how often Run reconciles
-	list     func(ctx context.Context) ([]jail.ManagedContainer, error)
-	remove   func(ctx context.Context, id string) error
-	// active returns the container ids of the runs in flight.
-	active func() map[string]bool
-	// holds reports whether this worker holds run id now (its container may
-	// still be being created, not yet known by id); nil: never.
-	holds func(runID string) bool
-	// warmOwned reports whether this worker's warm pool holds the warm
-	// container named name (being made, ready, or claimed and not yet its
-	// run's); nil: never. A warm container of this worker that neither it
-	// nor a run holds is an orphan at once, whatever its age (one left by
-	// this worker's earlier process, found when it starts).
-	warmOwned func(name string) bool
-	// warmHeld reports whether the container name is what a warm
-	// container's workspace made beside it (its capture container) and a
-	// pool or a run still holds it (Trees.WarmCaptureHeld); nil: never.
-	warmHeld func(name string) bool
-	// alive reports whether worker id has a live heartbeat.
-	alive func(ctx context.Context, id string) (bool, error)
-	// sweep removes what the stages left on the host that no live run
-	// holds (stale run and workspace directories, cached snapshots, staged
-	// binaries).
-	sweep func()
-	// listVolumes and removeVolume reach the runtime's volumes
-	// (workspaces); liveVolume reports whether a delivery of this worker
-	// uses one. listVolumes nil: volumes are not reconciled.
-	listVolumes  func(ctx context.Context) ([]jail.ManagedVolume, error)
-	removeVolume func(ctx context.Context, name string) error
-	liveVolume   func(name string) bool
-	now          func() time.Time
-	log          zerolog.Logger
+	rt    orphanRuntime
+	live  *live.Registry
+	alive func(ctx context.Context, worker string) (bool, error)
+	reconcileSettings
+	loop
 }
 
-// Run reconciles every interval until ctx ends.
-func (rc *reconciler) Run(ctx context.Context) {
-	every(ctx, rc.interval, func() {
-		if err := rc.reconcile(ctx); err != nil && ctx.Err() == nil {
-			rc.log.Warn().Err(err).Msg("reconcile failed")
-		}
-	})
+// orphanRuntime is what the reconciler uses of a jail.Runtime.
+type orphanRuntime interface {
+	ListManaged(ctx context.Context) ([]jail.ManagedContainer, error)
+	Remove(ctx context.Context, id string) error
+	ListManagedVolumes(ctx context.Context) ([]jail.ManagedVolume, error)
+	RemoveVolume(ctx context.Context, name string) error
 }
+
+// reconcileSettings are the reconciler's settings.
+type reconcileSettings struct {
+	install  string        // this installation's jail.LabelInstall value
+	self     string        // this worker's id
+	grace    time.Duration // the youngest age an orphan of an owner not registered here is removed at
+	interval time.Duration // how often the reconciler passes
+	now      func() time.Time
+	log      zerolog.Logger
+}
+
+// newReconciler returns the reconciler of rt's containers and volumes,
+// asking reg what is held here and alive whether a worker has a heartbeat.
+func newReconciler(rt orphanRuntime, reg *live.Registry, alive func(ctx context.Context, worker string) (bool, error), s reconcileSettings) *reconciler {
+	return &reconciler{rt: rt, live: reg, alive: alive, reconcileSettings: s}
+}
+
+// verdict is what becomes of a container or volume.
+type verdict int
+
+const (
+	keep      verdict = iota
+	orphanNow         // its owner is registered here and does not hold it
+	orphan            // older than the grace, its owner gone
+)
 
 // reconcile removes the orphans once, containers then volumes; it returns
 // the removals that failed, or the error of a listing or a liveness
 // lookup.
 func (rc *reconciler) reconcile(ctx context.Context) error {
-	cs, err := rc.list(ctx)
+	cs, err := rc.rt.ListManaged(ctx)
 	if err != nil {
 		return err
 	}
-	activeContainers := rc.active()
-	rc.sweep()
-	alive := map[string]bool{}
+	alive := map[string]bool{} // the liveness lookups of this pass
 	var errs []error
 	for _, c := range cs {
-		if activeContainers[c.ID] {
-			continue
-		}
-		if rc.ownWarm(c) {
-			// The pool is asked first: a container it hands a run is in
-			// the run's registry before the pool lets it go.
-			if rc.warmOwned != nil && rc.warmOwned(c.Name) || rc.warmHeld != nil && rc.warmHeld(c.Name) || rc.active()[c.ID] {
-				continue
-			}
-			rc.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
-			if err := rc.remove(ctx, c.ID); err != nil {
-				errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
-			}
-			continue
-		}
-		orphan, err := rc.orphan(ctx, c.Labels, c.Created, alive)
+		v, err := rc.judge(ctx, c.Labels, c.Created, alive, live.ContainerKey+c.ID, live.ContainerKey+c.Name)
 		if err != nil {
 			return err
 		}
-		if !orphan {
+		short := c.ID[:min(12, len(c.ID))]
+		switch v {
+		case keep:
 			continue
+		case orphanNow:
+			rc.log.Info().Str("container_id", short).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
+		case orphan:
+			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("state", c.State).
+				Str("run_id", c.Labels[jail.LabelRunID]).Str("owner", c.Labels[jail.LabelWorker]).Msg("removing orphaned container")
 		}
-		rc.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("name", c.Name).Str("state", c.State).
-			Str("run_id", c.Labels[jail.LabelRunID]).Str("owner", c.Labels[jail.LabelWorker]).Msg("removing orphaned container")
-		if err := rc.remove(ctx, c.ID); err != nil {
+		if err := rc.rt.Remove(ctx, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
 		}
 	}
 	return errors.Join(append(errs, rc.reconcileVolumes(ctx, alive))...)
 }
 
-// ownWarm reports whether c is a warm container of this worker (of this
-// installation), or one made beside it: a capture container without a run
-// id is a warm container's, made with its workspace (tree.Trees.MakeWarm).
-func (rc *reconciler) ownWarm(c jail.ManagedContainer) bool {
-	role := c.Labels[jail.LabelRole]
-	warm := role == jail.RoleWarm || role == jail.RoleCapture && c.Labels[jail.LabelRunID] == ""
-	return warm && c.Labels[jail.LabelWorker] == rc.self && c.Labels[jail.LabelInstall] == rc.install
-}
-
-// reconcileVolumes removes this installation's volumes that no delivery of
-// this worker uses and that are orphans by the rules of containers
-// (orphan); a volume a container still mounts is left for a later pass.
+// reconcileVolumes removes this installation's volumes by the rules of
+// containers (judge); a volume a container still mounts is left for a
+// later pass.
 func (rc *reconciler) reconcileVolumes(ctx context.Context, alive map[string]bool) error {
-	if rc.listVolumes == nil {
-		return nil
-	}
-	vs, err := rc.listVolumes(ctx)
+	vs, err := rc.rt.ListManagedVolumes(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, v := range vs {
-		if rc.liveVolume(v.Name) {
-			continue
-		}
-		orphan, err := rc.orphan(ctx, v.Labels, v.Created, alive)
+		verdict, err := rc.judge(ctx, v.Labels, v.Created, alive, live.VolumeKey+v.Name)
 		if err != nil {
 			return err
 		}
-		if !orphan {
+		if verdict == keep {
 			continue
 		}
 		rc.log.Info().Str("volume", v.Name).Str("run_id", v.Labels[jail.LabelRunID]).Msg("removing orphaned volume")
-		if err := rc.removeVolume(ctx, v.Name); err != nil {
+		if err := rc.rt.RemoveVolume(ctx, v.Name); err != nil {
 			errs = append(errs, fmt.Errorf("remove volume %s: %w", v.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// orphan reports whether a container or volume with these labels, created
-// then (jail.LabelCreated wins when it parses), is an orphan: of this
-// installation, not of a run this worker holds, at least grace old, and
-// owned by this worker or by one without a live heartbeat. alive caches
-// the liveness lookups of one pass.
-func (rc *reconciler) orphan(ctx context.Context, labels map[string]string, created time.Time, alive map[string]bool) (bool, error) {
+// judge says what becomes of a container or volume with these labels,
+// created then (jail.LabelCreated wins when it parses), known here by
+// keys: kept when it is of another installation or held here (its keys,
+// or the run on its label when the label names this worker); an orphan at
+// once when the owner on its label is registered here; else kept while
+// younger than the grace, and then an orphan when it is this worker's or
+// its worker has no live heartbeat. alive caches the liveness lookups of
+// one pass.
+func (rc *reconciler) judge(ctx context.Context, labels map[string]string, created time.Time, alive map[string]bool, keys ...string) (verdict, error) {
 	if labels[jail.LabelInstall] != rc.install {
-		return false, nil
+		return keep, nil
 	}
-	owner := labels[jail.LabelWorker]
-	if owner == rc.self && rc.holds != nil && rc.holds(labels[jail.LabelRunID]) {
+	worker, self := labels[jail.LabelWorker], labels[jail.LabelWorker] == rc.self
+	if run := labels[jail.LabelRunID]; self && run != "" {
 		// A run this worker holds: its container may still be being
 		// created (not yet known by id); its own delivery removes an
 		// earlier attempt's.
-		return false, nil
+		keys = append(keys, live.RunKey+run)
+	}
+	if rc.live.Held(keys...) {
+		return keep, nil
+	}
+	if self && rc.live.Registered(ownerOnLabel(labels)) {
+		return orphanNow, nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, labels[jail.LabelCreated]); err == nil {
 		created = t
 	}
 	if rc.now().Sub(created) < rc.grace {
-		return false, nil
+		return keep, nil
 	}
-	if owner == rc.self {
-		return true, nil
+	if self {
+		return orphan, nil
 	}
-	live, ok := alive[owner]
+	up, ok := alive[worker]
 	if !ok {
 		var err error
-		if live, err = rc.alive(ctx, owner); err != nil {
-			return false, fmt.Errorf("look up worker %s: %w", owner, err)
+		if up, err = rc.alive(ctx, worker); err != nil {
+			return keep, fmt.Errorf("look up worker %s: %w", worker, err)
 		}
-		alive[owner] = live
+		alive[worker] = up
 	}
-	return !live, nil
+	if up {
+		return keep, nil
+	}
+	return orphan, nil
 }
 
-// activeContainers returns the ids of the containers this worker's runs
-// and warm pool hold.
-func (w *Worker) activeContainers() map[string]bool {
-	m := w.runs.Containers()
-	for _, id := range w.warm.ContainerIDs() {
-		m[id] = true
+// ownerOnLabel returns the owner, on the worker its labels name, of a
+// container or volume: the run on its label; the warm pool for a warm
+// container and for the capture container made beside one (its role
+// capture, no run id yet: tree.Trees.MakeWarm); else the worker.
+func ownerOnLabel(labels map[string]string) live.Owner {
+	switch run, role := labels[jail.LabelRunID], labels[jail.LabelRole]; {
+	case run != "":
+		return live.Run(run)
+	case role == jail.RoleWarm || role == jail.RoleCapture:
+		return live.Pool
 	}
-	return m
+	return live.Worker
 }
 
-// newReconciler wires the reconciler to this worker: its runtime, its
-// active runs, the workers bucket and its state directory.
+// Start removes the orphans once, failing when it cannot (the worker then
+// does not start), then every interval until Stop.
+func (rc *reconciler) Start(ctx context.Context) error {
+	if err := rc.reconcile(ctx); err != nil {
+		return fmt.Errorf("worker: reconcile containers: %w", err)
+	}
+	rc.loop.start(ctx, func(ctx context.Context) {
+		every(ctx, rc.interval, func() {
+			if err := rc.reconcile(ctx); err != nil && ctx.Err() == nil {
+				rc.log.Warn().Err(err).Msg("reconcile failed")
+			}
+		})
+	})
+	return nil
+}
+
+// Stop ends the passes and waits for the one under way.
+func (rc *reconciler) Stop(context.Context) error {
+	rc.loop.stop()
+	return nil
+}
+
+// sweeper removes what the stages left on the host that no live run holds
+// (stale run and workspace directories, cached snapshots, staged
+// binaries), at start and every interval until Stop.
+type sweeper struct {
+	interval time.Duration
+	sweep    func()
+	loop
+}
+
+// Start sweeps once, then every interval until Stop.
+func (s *sweeper) Start(ctx context.Context) error {
+	s.sweep()
+	s.loop.start(ctx, func(ctx context.Context) { every(ctx, s.interval, s.sweep) })
+	return nil
+}
+
+// Stop ends the sweeps and waits for the one under way.
+func (s *sweeper) Stop(context.Context) error {
+	s.loop.stop()
+	return nil
+}
+
+// newReconciler returns the reconciler of this worker: its runtime, its
+// registry of what is live, and the heartbeats in the workers bucket
+// (presence.alive).
 func (w *Worker) newReconciler() *reconciler {
-	return &reconciler{
-		install: w.install, self: w.cfg.ID, grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval,
-		list: w.cfg.Runtime.ListManaged, remove: w.cfg.Runtime.Remove,
-		active: w.activeContainers, holds: w.runs.Holds, warmOwned: w.warm.Owns, warmHeld: w.trees.WarmCaptureHeld,
-		alive: func(ctx context.Context, id string) (bool, error) {
-			_, err := w.live.Get(ctx, id)
-			if runstate.IsNotFound(err) {
-				return false, nil
-			}
-			return err == nil, err
-		},
-		sweep: func() {
-			w.runDirs.Sweep(w.cfg.OrphanGrace)
-			w.trees.Sweep(w.cfg.OrphanGrace)
-			if err := w.bridges.GC(); err != nil {
-				w.log.Warn().Err(err).Msg("remove unused staged bridges")
-			}
-		},
-		listVolumes: w.cfg.Runtime.ListManagedVolumes, removeVolume: w.cfg.Runtime.RemoveVolume,
-		liveVolume: w.trees.VolumeHeld,
-		now:        time.Now, log: w.log,
-	}
+	return newReconciler(w.cfg.Runtime, w.live, w.presence.alive, reconcileSettings{install: w.install, self: w.cfg.ID,
+		grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval, now: time.Now, log: w.log})
+}
+
+// newSweeper returns the sweeper of the stages' leftovers on this worker.
+func (w *Worker) newSweeper() *sweeper {
+	return &sweeper{interval: w.cfg.ReconcileInterval, sweep: func() {
+		w.runDirs.Sweep(w.cfg.OrphanGrace)
+		w.trees.Sweep(w.cfg.OrphanGrace)
+		if err := w.bridges.GC(); err != nil {
+			w.log.Warn().Err(err).Msg("remove unused staged bridges")
+		}
+	}}
 }

@@ -11,10 +11,11 @@ import (
 
 // ReloadProfiles replaces the profiles of a started worker with ps, a
 // profile file read again and validated (profile.LoadProfiles; `jetcrew
-// worker` calls it on SIGHUP). Deliveries admitted from then on use ps; a
-// run already admitted keeps the profile it started with to its end, and
-// takes only a warm container made with its jail-fixed fields
-// (warm.FixedDiff), whichever of the runs and the pool learns of ps first.
+// worker` calls it on SIGHUP), stored once in the set every part reads
+// (profile.Set). Deliveries admitted from then on use ps; a run already
+// admitted keeps the profile it started with to its end, and takes only a
+// warm container made with its jail-fixed fields (warm.FixedDiff), whether
+// it was admitted before or after the pool planned ps.
 // The warm pool of each profile whose jail-fixed fields changed, that was
 // removed or keeps fewer containers is drained and refilled; one whose
 // other fields alone changed is kept (warm.Pool.Reload). It returns the
@@ -29,8 +30,9 @@ func (w *Worker) ReloadProfiles(ctx context.Context, ps profile.Profiles) (chang
 	w.reloadMu.Lock()
 	defer w.reloadMu.Unlock()
 	w.mu.Lock()
-	started, old := w.running, w.profiles
+	started := w.running
 	w.mu.Unlock()
+	old := w.profiles.Load()
 	if !started {
 		return nil, errors.New("worker: profiles are reloaded once the worker has started")
 	}
@@ -55,12 +57,8 @@ func (w *Worker) ReloadProfiles(ctx context.Context, ps profile.Profiles) (chang
 		}
 	}
 	slices.Sort(changed)
-	w.runs.SetProfiles(ps)
-	w.trees.SetProfiles(ps)
-	w.warm.Reload(ctx, ps)
-	w.mu.Lock()
-	w.profiles = ps
-	w.mu.Unlock()
+	w.profiles.Store(ps)
+	w.warm.Reload(ctx)
 	return changed, nil
 }
 

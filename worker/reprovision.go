@@ -60,12 +60,3 @@ func (w *Worker) missingResource(ctx context.Context) (string, error) {
 	}
 	return "", nil
 }
-
-// beatAndEnsure is the heartbeat service's beat: ensureProvisioned, then
-// the heartbeat itself (which needs the workers bucket).
-func (w *Worker) beatAndEnsure(ctx context.Context) error {
-	if err := w.ensureProvisioned(ctx); err != nil && ctx.Err() == nil {
-		w.log.Warn().Err(err).Msg("check provisioning")
-	}
-	return w.heartbeat(ctx)
-}

@@ -11,50 +11,54 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// service is a piece of the worker's background work: Run works until ctx
-// ends, then returns. The Worker (the composition root) starts each in its
-// own goroutine and waits for all of them on Stop.
-type service interface {
-	Run(ctx context.Context)
-}
-
-// runServices runs each service in its own goroutine, counted in wg.
-func runServices(ctx context.Context, wg *sync.WaitGroup, svcs ...service) {
-	for _, s := range svcs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.Run(ctx)
-		}()
-	}
-}
-
 // puller is the pull loop: slots goroutines, each pulling one request,
 // handling it, and pulling again, so the worker never holds more requests
-// than it can run.
+// than it can run. Start begins it; Stop stops fetching, and the runs in
+// flight go on until inFlight's Stop waits for them (or hands them back).
 type puller struct {
 	cons   jetstream.Consumer
 	slots  int
 	wait   time.Duration // one pull request's wait
 	handle func(ctx context.Context, msg jetstream.Msg)
 	log    zerolog.Logger
+
+	fetchCancel context.CancelFunc // stops fetching (Stop)
+	runsCancel  context.CancelFunc // aborts the runs in flight: they hand their requests back (inFlight)
+	done        chan struct{}      // closed once every slot's run in flight ended
 }
 
-// Run pulls until fetchCtx ends and returns once every slot's run in flight
-// has ended. runsCtx aborts those runs (they hand their requests back).
-func (p *puller) Run(fetchCtx, runsCtx context.Context) {
-	var wg sync.WaitGroup
-	for range p.slots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.slot(fetchCtx, runsCtx)
-		}()
-	}
-	wg.Wait()
+// Start begins pulling, one pull request per slot, until Stop. It returns
+// nil.
+func (p *puller) Start(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	fetchCtx, fetchCancel := context.WithCancel(ctx)
+	runsCtx, runsCancel := context.WithCancel(ctx)
+	p.fetchCancel, p.runsCancel, p.done = fetchCancel, runsCancel, make(chan struct{})
+	go func() {
+		defer close(p.done)
+		var wg sync.WaitGroup
+		for range p.slots {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.slot(fetchCtx, runsCtx)
+			}()
+		}
+		wg.Wait()
+	}()
+	return nil
 }
 
-// slot is one run slot.
+// Stop stops fetching: no new request is taken; it does not wait. It
+// returns nil.
+func (p *puller) Stop(context.Context) error {
+	p.fetchCancel()
+	return nil
+}
+
+// slot is one run slot: it pulls until fetchCtx ends and returns once its
+// run in flight has ended. runsCtx aborts that run (it hands its request
+// back).
 func (p *puller) slot(fetchCtx, runsCtx context.Context) {
 	for fetchCtx.Err() == nil {
 		pctx, cancel := context.WithTimeout(fetchCtx, p.wait)
@@ -80,65 +84,60 @@ func (p *puller) slot(fetchCtx, runsCtx context.Context) {
 	}
 }
 
-// heartbeat keeps the worker's key in the workers bucket fresh.
-type heartbeat struct {
-	interval time.Duration
-	beat     func(ctx context.Context) error
-	log      zerolog.Logger
-}
+// inFlight is the runs the puller's slots have in flight, as a part: its
+// Stop, after the puller's (no new request) and the warm pool's (no new
+// warm start), waits for them to finish.
+type inFlight struct{ p *puller }
 
-// Run beats every interval until ctx ends.
-func (h *heartbeat) Run(ctx context.Context) {
-	every(ctx, h.interval, func() {
-		if err := h.beat(ctx); err != nil && ctx.Err() == nil {
-			h.log.Warn().Err(err).Msg("heartbeat failed")
-		}
-	})
-}
+// Start does nothing: the runs start with the puller.
+func (inFlight) Start(context.Context) error { return nil }
 
-// deadLetterer moves each request named by a MaxDeliver advisory to the
-// dead-letter stream (see onMaxDeliver).
-type deadLetterer struct {
-	cons  jetstream.Consumer
-	wait  time.Duration // one pull request's wait
-	move  func(ctx context.Context, advisory []byte) error
-	retry time.Duration // delay before an advisory that failed comes back
-	log   zerolog.Logger
-}
-
-// Run pulls advisories until ctx ends.
-func (d *deadLetterer) Run(ctx context.Context) {
-	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, d.wait)
-		batch, err := d.cons.Fetch(1, jetstream.FetchContext(pctx))
-		if err != nil {
-			cancel()
-			sleepCtx(ctx, time.Second)
-			continue
-		}
-		for m := range batch.Messages() {
-			if err := d.move(ctx, m.Data()); err != nil {
-				d.log.Warn().Err(err).Msg("move exhausted request to the dead-letter stream; retrying")
-				_ = m.NakWithDelay(d.retry)
-				continue
-			}
-			_ = m.Ack()
-		}
-		cancel()
+// Stop waits for the runs in flight to finish. When ctx ends first, the
+// remaining runs are stopped and their requests handed back to the stream
+// (Nak) for another worker, and Stop returns ctx's error once they are.
+func (f inFlight) Stop(ctx context.Context) error {
+	p := f.p
+	if p.done == nil {
+		return nil // never started
 	}
+	var err error
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		p.runsCancel()
+		<-p.done
+	}
+	p.runsCancel()
+	return err
 }
 
-// cancelListener answers cancel requests (queue group: one worker decides)
-// and internal stop requests (every worker: the one holding the run stops
-// it); see subscribeControl.
-type cancelListener struct {
-	unsubscribe func()
+// loop runs one part's goroutine from its Start to its Stop.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-// Run holds the subscriptions until ctx ends, then drains them.
-func (c *cancelListener) Run(ctx context.Context) {
-	<-ctx.Done()
-	c.unsubscribe()
+// start runs f in a goroutine under a context of its own, which stop
+// cancels: ctx's values are kept, not its end (a part lives until Stop,
+// whatever becomes of the context it was started with).
+func (l *loop) start(ctx context.Context, f func(ctx context.Context)) {
+	ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	l.done = make(chan struct{})
+	go func() {
+		defer close(l.done)
+		f(ctx)
+	}()
+}
+
+// stop cancels the goroutine's context and waits for it to return; it is
+// a no-op before start, and safe to call twice.
+func (l *loop) stop() {
+	if l.cancel == nil {
+		return
+	}
+	l.cancel()
+	<-l.done
 }
 
 // every calls f every interval until ctx ends.

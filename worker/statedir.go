@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,12 +20,38 @@ import (
 // name. Elsewhere the root is os.TempDir().
 const DefaultStateRoot = "/var/lib/jetcrew/state"
 
+// stateDir is the worker's state directory (Config.StateDir): Start makes
+// it, or checks the one configured, and Stop removes what the worker made
+// in it.
+type stateDir struct {
+	// configured and root are Config.StateDir and Config.StateRoot, id
+	// the worker's id (its marker's).
+	configured, root, id string
+	log                  zerolog.Logger
+	// path is the directory, once Start made or checked it. own is set
+	// when Start made it (none was configured): Stop removes it whole,
+	// then closes lock, its marker, locked while the worker lives
+	// (lockMarker).
+	path string
+	own  bool
+	lock *os.File
+}
+
+// Start prepares the state directory (prepare).
+func (d *stateDir) Start(context.Context) error { return d.prepare() }
+
+// Stop removes what the worker made in it (remove). It returns nil.
+func (d *stateDir) Stop(context.Context) error {
+	d.remove()
+	return nil
+}
+
 // stateRoot returns the root a default state directory is made under and
 // the prefix of its name: Config.StateRoot, else DefaultStateRoot when it
 // exists or can be made, else os.TempDir().
-func (w *Worker) stateRoot() (root, prefix string) {
-	if w.cfg.StateRoot != "" {
-		return w.cfg.StateRoot, "jetcrew-"
+func (d *stateDir) stateRoot() (root, prefix string) {
+	if d.root != "" {
+		return d.root, "jetcrew-"
 	}
 	if err := os.MkdirAll(DefaultStateRoot, 0o755); err == nil {
 		if f, err := os.CreateTemp(DefaultStateRoot, ".probe-"); err == nil {
@@ -36,35 +63,36 @@ func (w *Worker) stateRoot() (root, prefix string) {
 	return os.TempDir(), "jetcrew-"
 }
 
-// prepareStateDir makes the worker's state directory and its r/ and p/
+// prepare makes the worker's state directory and its r/ and p/
 // children safe to stage runs in (p/, the pool of run directories,
 // emptied). With no StateDir configured it first reclaims the default
 // state directories earlier workers of this user left behind
 // (reclaimStateDirs), then creates a private one with an unpredictable
 // name under stateRoot (os.MkdirTemp, mode 0700) holding its marker,
-// locked for the worker's life (lockMarker), and records it: Stop removes
-// it whole. A configured one, and r/, are created 0700 when missing and
+// locked for the worker's life (lockMarker), and records it: remove
+// removes it whole. A configured one, and r/, are created 0700 when missing and
 // otherwise must be real directories (not symlinks) owned by the worker's
 // user with mode 0700, or the worker refuses to start. Nobody else can
 // then create, replace or link anything the worker later creates, chmods
 // or mounts under it.
-func (w *Worker) prepareStateDir() error {
-	if w.cfg.StateDir == "" {
-		root, prefix := w.stateRoot()
-		reclaimStateDirs(root, prefix, w.log)
+func (d *stateDir) prepare() error {
+	d.path = d.configured
+	if d.path == "" {
+		root, prefix := d.stateRoot()
+		reclaimStateDirs(root, prefix, d.log)
 		dir, err := os.MkdirTemp(root, prefix)
 		if err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
-		lock, err := lockMarker(dir, w.cfg.ID)
+		lock, err := lockMarker(dir, d.id)
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
-		w.cfg.StateDir, w.ownStateDir, w.stateLock = dir, true, lock
-		w.log.Info().Str("state_dir", dir).Msg("state directory made; removed when the worker stops")
+		d.path, d.own, d.lock = dir, true, lock
+		d.log.Info().Str("state_dir", dir).Msg("state directory made; removed when the worker stops")
 	}
-	for _, dir := range []string{w.cfg.StateDir, filepath.Join(w.cfg.StateDir, "r")} {
+	for _, dir := range []string{d.path, filepath.Join(d.path, "r")} {
 		if err := privdir.Ensure(dir); err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)
 		}
@@ -72,7 +100,7 @@ func (w *Worker) prepareStateDir() error {
 	// StateDir/p holds pooled run directories (stage/rundir); what an
 	// earlier process of this worker left there is nobody's. (StateDir is
 	// checked first: RemoveAll must not follow a planted link.)
-	pool := filepath.Join(w.cfg.StateDir, "p")
+	pool := filepath.Join(d.path, "p")
 	if err := os.RemoveAll(pool); err != nil {
 		return fmt.Errorf("worker: state dir: %w", err)
 	}
@@ -82,22 +110,22 @@ func (w *Worker) prepareStateDir() error {
 	return nil
 }
 
-// removeStateDir removes, when the worker stops, what it made in its state
+// remove removes, when the worker stops, what it made in its state
 // directory: the whole directory when the worker made it (the default),
 // else what it staged there (the run and pool directories, the staged
 // binaries, the workspace directories and the snapshot cache are gone by
 // then; the directory itself is the operator's).
-func (w *Worker) removeStateDir() {
-	if w.ownStateDir {
-		if err := os.RemoveAll(w.cfg.StateDir); err != nil {
-			w.log.Warn().Err(err).Str("state_dir", w.cfg.StateDir).Msg("remove the state directory")
+func (d *stateDir) remove() {
+	if d.own {
+		if err := os.RemoveAll(d.path); err != nil {
+			d.log.Warn().Err(err).Str("state_dir", d.path).Msg("remove the state directory")
 		}
 		// The lock goes once the directory is gone: nobody reclaims it
 		// meanwhile.
-		_ = w.stateLock.Close()
+		_ = d.lock.Close()
 		return
 	}
-	_ = os.RemoveAll(filepath.Join(w.cfg.StateDir, "snap"))
+	_ = os.RemoveAll(filepath.Join(d.path, "snap"))
 }
 
 // reclaimStateDirs removes the state directories under root whose names

@@ -24,9 +24,9 @@ func TestStateDirPrivate(t *testing.T) {
 	var dirs []string
 	root := t.TempDir()
 	for range 2 {
-		w := &Worker{cfg: Config{ID: "same-id", StateRoot: root}}
-		require.NoError(t, w.prepareStateDir())
-		dir := w.cfg.StateDir
+		d := &stateDir{id: "same-id", root: root}
+		require.NoError(t, d.prepare())
+		dir := d.path
 		require.True(t, strings.HasPrefix(dir, filepath.Join(root, "jetcrew-")), dir)
 		for _, d := range []string{dir, filepath.Join(dir, "r")} {
 			fi, err := os.Lstat(d)
@@ -53,8 +53,8 @@ func TestStateDirPrivate(t *testing.T) {
 		{link, "is a symbolic link; refusing it"},
 		{linkedR, "r is a symbolic link; refusing it"},
 	} {
-		w := &Worker{cfg: Config{StateDir: tt.dir}}
-		require.ErrorContains(t, w.prepareStateDir(), tt.want, tt.dir)
+		d := &stateDir{configured: tt.dir}
+		require.ErrorContains(t, d.prepare(), tt.want, tt.dir)
 	}
 	// Nothing was chmodded through the link.
 	fi, err := os.Stat(secret)
@@ -65,8 +65,8 @@ func TestStateDirPrivate(t *testing.T) {
 		foreign := filepath.Join(base, "foreign")
 		require.NoError(t, os.Mkdir(foreign, 0o700))
 		require.NoError(t, os.Chown(foreign, 4242, 4242))
-		w := &Worker{cfg: Config{StateDir: foreign}}
-		require.ErrorContains(t, w.prepareStateDir(), "is owned by uid 4242, not by the worker's uid 0")
+		d := &stateDir{configured: foreign}
+		require.ErrorContains(t, d.prepare(), "is owned by uid 4242, not by the worker's uid 0")
 	} else {
 		t.Log("not root: the foreign-owner case needs chown")
 	}
@@ -74,9 +74,9 @@ func TestStateDirPrivate(t *testing.T) {
 	// A missing configured dir is created private; an existing private one
 	// is accepted.
 	fresh := filepath.Join(base, "fresh")
-	w := &Worker{cfg: Config{StateDir: fresh}}
-	require.NoError(t, w.prepareStateDir())
-	require.NoError(t, w.prepareStateDir())
+	d := &stateDir{configured: fresh}
+	require.NoError(t, d.prepare())
+	require.NoError(t, d.prepare())
 }
 
 // TestStateDirLeavesNothing: a worker's default state directory holds its
@@ -85,27 +85,27 @@ func TestStateDirPrivate(t *testing.T) {
 func TestStateDirLeavesNothing(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	w := &Worker{cfg: Config{ID: "w-1", StateRoot: root}}
-	require.NoError(t, w.prepareStateDir())
-	f, locked := openMarker(w.cfg.StateDir)
+	d := &stateDir{id: "w-1", root: root}
+	require.NoError(t, d.prepare())
+	f, locked := openMarker(d.path)
 	require.NotNil(t, f, "a default state directory holds its marker")
 	defer f.Close()
 	require.False(t, locked, "locked by its worker")
 	m, ok := readMarker(f)
 	require.True(t, ok)
 	require.Equal(t, marker{Lock: true, Worker: "w-1", Created: m.Created}, m, "a lock, no process id")
-	require.NoError(t, os.MkdirAll(filepath.Join(w.cfg.StateDir, "snap"), 0o700))
-	require.NoError(t, os.WriteFile(filepath.Join(w.cfg.StateDir, "snap", "x.tar"), nil, 0o444))
-	w.removeStateDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(d.path, "snap"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(d.path, "snap", "x.tar"), nil, 0o444))
+	d.remove()
 	entries, err := os.ReadDir(root)
 	require.NoError(t, err)
 	require.Empty(t, entries, "the default state directory is removed whole")
 
 	fixed := filepath.Join(t.TempDir(), "fixed")
-	w = &Worker{cfg: Config{StateDir: fixed}}
-	require.NoError(t, w.prepareStateDir())
+	d = &stateDir{configured: fixed}
+	require.NoError(t, d.prepare())
 	require.NoError(t, os.MkdirAll(filepath.Join(fixed, "snap"), 0o700))
-	w.removeStateDir()
+	d.remove()
 	_, err = os.Stat(filepath.Join(fixed, "snap"))
 	require.ErrorIs(t, err, os.ErrNotExist, "what the worker staged goes")
 	_, err = os.Stat(fixed)
@@ -185,19 +185,19 @@ func TestReclaimStateDirs(t *testing.T) {
 func TestStateDirLockedForLife(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	first := &Worker{cfg: Config{ID: "first", StateRoot: root}}
-	require.NoError(t, first.prepareStateDir())
-	second := &Worker{cfg: Config{ID: "second", StateRoot: root}}
-	require.NoError(t, second.prepareStateDir())
-	require.DirExists(t, first.cfg.StateDir, "a live worker's directory stays")
+	first := &stateDir{id: "first", root: root}
+	require.NoError(t, first.prepare())
+	second := &stateDir{id: "second", root: root}
+	require.NoError(t, second.prepare())
+	require.DirExists(t, first.path, "a live worker's directory stays")
 
-	require.NoError(t, first.stateLock.Close()) // as the kernel does when its process ends
-	third := &Worker{cfg: Config{ID: "third", StateRoot: root}}
-	require.NoError(t, third.prepareStateDir())
-	require.NoDirExists(t, first.cfg.StateDir, "a dead worker's directory is reclaimed")
-	require.DirExists(t, second.cfg.StateDir)
-	second.removeStateDir()
-	third.removeStateDir()
+	require.NoError(t, first.lock.Close()) // as the kernel does when its process ends
+	third := &stateDir{id: "third", root: root}
+	require.NoError(t, third.prepare())
+	require.NoDirExists(t, first.path, "a dead worker's directory is reclaimed")
+	require.DirExists(t, second.path)
+	second.remove()
+	third.remove()
 	entries, err := os.ReadDir(root)
 	require.NoError(t, err)
 	require.Empty(t, entries)

@@ -9,12 +9,8 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -26,14 +22,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetcrew/jetcrew/coordination"
-	"github.com/jetcrew/jetcrew/egress"
-	"github.com/jetcrew/jetcrew/egress/usage"
 	"github.com/jetcrew/jetcrew/messages"
-	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runner"
 	"github.com/jetcrew/jetcrew/worker/runstate"
-	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/coord"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
@@ -43,243 +36,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
-// Config configures a Worker. Zero fields take the documented defaults (see
-// WithDefaults).
-type Config struct {
-	// ID identifies the worker in run states, events and container labels.
-	// Default: "<hostname>-<6 random hex digits>".
-	ID string
-	// Pool is the pool whose consumer the worker pulls from. Default
-	// messages.DefaultPool.
-	Pool string
-	// Concurrency is the most runs at once. The worker never holds more
-	// requests than free slots. Default 4.
-	Concurrency int
-	// Profiles are the profiles requests may name, resolved
-	// (profile.Profile.Resolve). Default profile.DefaultProfiles().
-	Profiles profile.Profiles
-	// Runtime runs the containers. Required.
-	Runtime jail.Runtime
-	// Logger receives structured logs. Default: a disabled logger.
-	Logger *zerolog.Logger
-	// Provision sizes the streams and the consumer; its Pool is set from
-	// Pool.
-	Provision ProvisionConfig
-	// InProgressInterval is how often a live run tells the server it is
-	// still in progress (resetting AckWait). Default AckWait/3.
-	InProgressInterval time.Duration
-	// DefaultTimeout bounds a run whose request and profile set no timeout.
-	// Default 1 hour.
-	DefaultTimeout time.Duration
-	// StopGrace is the time between SIGTERM and SIGKILL when a run is
-	// stopped. Default 10 seconds.
-	StopGrace time.Duration
-	// FetchWait is how long one pull request waits for a message before it
-	// is renewed. Default 30 seconds.
-	FetchWait time.Duration
-	// ReconcileInterval is how often orphaned containers are looked for.
-	// Default 1 minute.
-	ReconcileInterval time.Duration
-	// OrphanGrace is how old a container with no live owner must be before
-	// the reconciler removes it. Default 30 seconds.
-	OrphanGrace time.Duration
-	// WarmMax is the most warm containers the worker keeps, all profiles
-	// together (profile.Profile.Warm asks for them; profiles in name order
-	// fill it). Default warm.DefaultMax (8); negative keeps none.
-	WarmMax int
-	// Prices prices the model usage runs' egress proxies meter (the hosts
-	// of egress_inject): jetcrew --prices. Nil prices nothing; only tokens
-	// are counted.
-	Prices *usage.Prices
-	// WarmMaxIdle is how long a warm container waits for a run before it
-	// is replaced. Default warm.DefaultMaxIdle (30 minutes).
-	WarmMaxIdle time.Duration
-	// LookupEnv reads the worker's environment for profiles' env_from_host.
-	// Default os.LookupEnv.
-	LookupEnv func(string) (string, bool)
-	// StateRoot is where a worker without StateDir makes its state
-	// directory; it must be absolute. Workers may share it, from any PID
-	// namespace. Default: DefaultStateRoot when the worker may create it
-	// (as root), else os.TempDir().
-	StateRoot string
-	// StateDir holds the per-run directories staged for containers (the
-	// bridge socket and mcp.json), under StateDir/r/. It must be a path the
-	// Docker engine sees as the worker does (same host), and short: a unix
-	// socket path is at most 107 bytes. It must be a directory the worker's
-	// user owns with mode 0700, or missing (then created so); anything
-	// else, a symlink included, makes Start fail; what the worker staged in
-	// it is removed when it stops. Default: a new private directory with an
-	// unpredictable name under StateRoot (w-<random> under
-	// DefaultStateRoot, else jetcrew-<random>), made by Start with a marker
-	// the worker holds an exclusive flock(2) on for its life, and removed
-	// whole by Stop; a later worker of the same user reclaims one whose
-	// marker's lock is free (in any PID namespace: statedir_marker.go).
-	StateDir string
-	// BridgePath is the host path of the static bridge binary: the jetcrew
-	// binary (which runs as the bridge under the name "bridge") or a
-	// separate jetcrew-bridge. Runs whose profile has coordination on mount
-	// a content-addressed copy of it (StateDir/bin/<sha256>, mode 0555),
-	// read-only. Default: the running executable. When it cannot be staged
-	// (missing, not a regular file, dynamically linked), such runs are
-	// refused with that reason.
-	BridgePath string
-	// WorkspaceTool is the host path of the static jetcrew binary (or
-	// jetcrew-bridge) whose `workspace exec` and `workspace capture`
-	// commands unpack a run's snapshot and capture its result inside the
-	// jail (docs/workspaces.md). Workspace runs mount a content-addressed
-	// copy of it (StateDir/tool/<sha256>, mode 0555) read-only at
-	// tree.JailToolPath. Default: BridgePath. When it cannot be staged,
-	// workspace runs are refused with that reason.
-	WorkspaceTool string
-	// Workspace bounds and stores the workspaces of runs whose request names
-	// one.
-	Workspace tree.Config
-	// EgressResolver resolves the names runs of egress profiles ask for.
-	// Default net.DefaultResolver; tests give a fixed table.
-	EgressResolver egress.Resolver
-	// EgressProbeImage is the image of the egress proof's container; it
-	// needs busybox's sh, wget, nc and nslookup. Default SandboxImage.
-	EgressProbeImage string
-	// EgressProbeOutside is an outside address ("host:port") the egress
-	// proof must not reach directly. Default "1.1.1.1:443" (from a
-	// container with no network, no packet leaves).
-	EgressProbeOutside string
-	// EgressCADir keeps the installation's egress CA (ca.pem: certificate
-	// and key, mode 0600), made on first use, for profiles with
-	// egress_inject. Workers of one installation on one host share it; the
-	// key is never mounted into a container. Default:
-	// <user config dir>/jetcrew/egress-ca/<installation>.
-	EgressCADir string
-	// EgressUpstreamRoots verifies the real hosts' certificates on the
-	// proxy's own TLS connections for egress_inject hosts. Default: the
-	// system's roots.
-	EgressUpstreamRoots *x509.CertPool
-	// EgressRestartDelay is how long a run's egress proxy stays down after
-	// its listener failed before it is reopened (connections fail
-	// meanwhile). Default 200ms.
-	EgressRestartDelay time.Duration
-	// EgressProbePorts are the host's service ports (NATS, metrics) the
-	// egress proof must not reach on any of the host's addresses.
-	EgressProbePorts []int
-	// Failpoint, when set, is called with the name of each crash point a
-	// run passes (the stage.Failpoint* constants), so crash tests can kill
-	// the worker process exactly there. Nil in production.
-	Failpoint func(name string)
-}
-
-// WithDefaults returns a copy of c with every zero field set to its
-// default, its Provision and Workspace included.
-func (c Config) WithDefaults() Config {
-	if c.ID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "worker"
-		}
-		b := make([]byte, 3)
-		_, _ = rand.Read(b)
-		c.ID = sanitizeToken(host) + "-" + hex.EncodeToString(b)
-	}
-	if c.Pool == "" {
-		c.Pool = messages.DefaultPool
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 4
-	}
-	if c.Profiles == nil {
-		c.Profiles = profile.DefaultProfiles()
-	}
-	if c.Logger == nil {
-		l := zerolog.Nop()
-		c.Logger = &l
-	}
-	c.Provision.Pool = c.Pool
-	c.Provision = c.Provision.withDefaults()
-	if c.InProgressInterval == 0 {
-		c.InProgressInterval = c.Provision.AckWait / 3
-	}
-	if c.DefaultTimeout == 0 {
-		c.DefaultTimeout = time.Hour
-	}
-	if c.StopGrace == 0 {
-		c.StopGrace = 10 * time.Second
-	}
-	if c.FetchWait == 0 {
-		c.FetchWait = 30 * time.Second
-	}
-	if c.ReconcileInterval == 0 {
-		c.ReconcileInterval = time.Minute
-	}
-	if c.OrphanGrace == 0 {
-		c.OrphanGrace = 30 * time.Second
-	}
-	if c.EgressProbeImage == "" {
-		c.EgressProbeImage = profile.SandboxImage
-	}
-	if c.EgressProbeOutside == "" {
-		c.EgressProbeOutside = "1.1.1.1:443"
-	}
-	if c.LookupEnv == nil {
-		c.LookupEnv = os.LookupEnv
-	}
-	if c.BridgePath == "" {
-		if exe, err := os.Executable(); err == nil {
-			c.BridgePath = exe
-		}
-	}
-	if c.WorkspaceTool == "" {
-		c.WorkspaceTool = c.BridgePath
-	}
-	c.Workspace = c.Workspace.WithDefaults(c.Provision.Replicas)
-	return c
-}
-
-func (c Config) validate() error {
-	if c.Runtime == nil {
-		return errors.New("worker: Runtime is required")
-	}
-	if err := messages.ValidateToken("worker id", c.ID); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	if err := messages.ValidateName("pool", c.Pool); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	if c.Concurrency < 1 {
-		return fmt.Errorf("worker: concurrency %d must be at least 1", c.Concurrency)
-	}
-	if err := c.Provision.validate(); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	if c.InProgressInterval >= c.Provision.AckWait {
-		return fmt.Errorf("worker: in-progress interval %s must be shorter than AckWait %s", c.InProgressInterval, c.Provision.AckWait)
-	}
-	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
-		return fmt.Errorf("worker: state dir %q must be an absolute path", c.StateDir)
-	}
-	if c.StateRoot != "" && !filepath.IsAbs(c.StateRoot) {
-		return fmt.Errorf("worker: state root %q must be an absolute path", c.StateRoot)
-	}
-	if c.FetchWait < time.Second {
-		return fmt.Errorf("worker: fetch wait %s must be at least 1s", c.FetchWait)
-	}
-	if c.Workspace.GitFetches < 0 {
-		return fmt.Errorf("worker: git fetches %d must be at least 1 (0 for the default)", c.Workspace.GitFetches)
-	}
-	return nil
-}
-
-func sanitizeToken(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > 40 {
-		b = b[:40]
-	}
-	return string(b)
-}
-
 // Worker pulls run requests and runs them. Create it with New, then Start
 // it; Stop ends it.
 type Worker struct {
@@ -287,46 +43,42 @@ type Worker struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	log zerolog.Logger
-	// store owns every write of the jetcrew-runs bucket.
-	store *runstate.Store
-	live  jetstream.KeyValue
-	cons  jetstream.Consumer
-	coord *coordination.Host
-	// holds is the registry of what live runs hold on the host.
-	holds *stage.Holds
-	// The stages' factories, made by Start (stages), and the run engine.
-	runDirs *rundir.Dirs
-	bridges *bridge.Bridges
-	trees   *tree.Trees
-	proxies *proxy.Proxies
-	warm    *warm.Pool
-	runs    *runner.Runner
-	// install identifies this installation in container labels.
-	install string
-	// ownStateDir is set when the worker made its state directory (no
-	// StateDir configured): Stop removes it whole, then closes stateLock,
-	// its marker, locked while the worker lives (lockMarker).
-	ownStateDir bool
-	stateLock   *os.File
 
 	reg     *prometheus.Registry
 	metrics *runner.Metrics
-
-	// reloadMu serializes ReloadProfiles; profiles are the profiles in
-	// use (Config.Profiles, then the last reload's), under mu.
+	// profiles are the profiles in use (Config.Profiles, then the last
+	// reload's), the one set every part reads; reloadMu serializes
+	// ReloadProfiles.
+	profiles *profile.Set
 	reloadMu sync.Mutex
-	profiles profile.Profiles
+	// live is the registry of what is live on this worker: runs,
+	// containers, volumes, directories, what they hold.
+	live *live.Registry
+
+	// Set up by Start (setUp): install identifies this installation in
+	// container labels, store owns every write of the jetcrew-runs bucket,
+	// cons is the pool's consumer.
+	install string
+	store   *runstate.Store
+	cons    jetstream.Consumer
+	// The parts (parts), and the stages' factories and the run engine the
+	// stages part makes (compose).
+	dir      *stateDir
+	presence *presence
+	runDirs  *rundir.Dirs
+	bridges  *bridge.Bridges
+	trees    *tree.Trees
+	proxies  *proxy.Proxies
+	warm     *warm.Pool
+	runs     *runner.Runner
+	// life is the parts in start order and how many started.
+	life lifecycle
+
 	mu       sync.Mutex
 	started  bool // Start was called
 	running  bool // Start succeeded
 	stopped  chan struct{}
-
-	stopOnce    sync.Once
-	fetchCancel context.CancelFunc // stops pulling
-	runsCancel  context.CancelFunc // aborts in-flight runs (hands them back)
-	bgCancel    context.CancelFunc // stops the other services
-	pulling     sync.WaitGroup     // the pull loop
-	bg          sync.WaitGroup     // the other services
+	stopOnce sync.Once
 }
 
 // New returns a Worker using nc, configured by cfg with defaults applied.
@@ -344,14 +96,14 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	reg := prometheus.NewRegistry()
 	return &Worker{
-		profiles: cfg.Profiles,
+		profiles: profile.NewSet(cfg.Profiles),
 		reg:      reg,
 		metrics:  runner.NewMetrics(reg, cfg.ID, cfg.Pool),
 		cfg:      cfg,
 		nc:       nc,
 		js:       js,
 		log:      cfg.Logger.With().Str("worker", cfg.ID).Str("pool", cfg.Pool).Logger(),
-		holds:    &stage.Holds{},
+		live:     &live.Registry{},
 		stopped:  make(chan struct{}),
 	}, nil
 }
@@ -394,12 +146,16 @@ func (w *Worker) KillEgress(runID string) bool {
 	return running && w.runs.KillEgress(runID)
 }
 
-// Start provisions the JetStream resources, removes orphaned containers, and
-// starts the worker's services: the pull loop (one pull request per run
-// slot, so the worker never holds more requests than it can run), the
-// cancel listener, the dead-letterer, the reconciler and the heartbeat. It
-// returns once they run, or an error when NATS, JetStream or the runtime
-// cannot be set up. Start may be called once.
+// Start checks and provisions what the worker needs (setUp), then starts
+// its parts in their declared order (parts): its key in the workers
+// bucket, its state directory, the stages and the run engine, the
+// heartbeat, the reconciler (which removes orphaned containers before
+// Start returns), the sweeper, the dead-letterer, the cancel listener, the
+// egress proxies, the workspaces, the warm pool and the pull loop (one
+// pull request per run slot, so the worker never holds more requests than
+// it can run). It returns once they run, or an error when NATS, JetStream,
+// the runtime or a part cannot be set up; the parts started by then are
+// stopped again, in reverse. Start may be called once.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
@@ -411,69 +167,69 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.setUp(ctx); err != nil {
 		return err
 	}
-	// The workspace and result buckets exist before any client needs them
-	// (a submitter may not create streams).
-	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
-		return fmt.Errorf("worker: workspace buckets: %w", err)
+	w.life = lifecycle{parts: w.parts()}
+	if err := w.life.start(ctx); err != nil {
+		return err
 	}
-	rc := w.newReconciler()
-	if err := rc.reconcile(ctx); err != nil {
-		return fmt.Errorf("worker: reconcile containers: %w", err)
-	}
-	adv, err := w.js.Consumer(ctx, messages.StreamAdvisories, messages.ConsumerAdvisories)
-	if err != nil {
-		return fmt.Errorf("worker: consumer %s: %w", messages.ConsumerAdvisories, err)
-	}
-	unsubscribe, err := w.subscribeControl()
-	if err != nil {
-		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
-	}
-
-	bgCtx, bgCancel := context.WithCancel(context.Background())
-	fetchCtx, fetchCancel := context.WithCancel(context.Background())
-	runsCtx, runsCancel := context.WithCancel(context.Background())
-	w.bgCancel, w.fetchCancel, w.runsCancel = bgCancel, fetchCancel, runsCancel
-	w.trees.Start(runsCtx)
-	w.proxies.Start(bgCtx, &w.bg)
-	runServices(bgCtx, &w.bg,
-		&cancelListener{unsubscribe: unsubscribe},
-		&deadLetterer{cons: adv, wait: w.cfg.FetchWait, move: w.onMaxDeliver, retry: 5 * time.Second, log: w.log},
-		rc,
-		&heartbeat{interval: messages.WorkerTTL / 3, beat: w.beatAndEnsure, log: w.log},
-	)
-	w.warm.Start()
-	pull := &puller{cons: w.cons, slots: w.cfg.Concurrency, wait: w.cfg.FetchWait, handle: w.runs.Handle, log: w.log}
-	w.pulling.Add(1)
-	go func() {
-		defer w.pulling.Done()
-		pull.Run(fetchCtx, runsCtx)
-	}()
 	w.mu.Lock()
 	w.running = true
 	w.mu.Unlock()
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.cfg.Profiles.Names()).Msg("worker started")
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Strs("profiles", w.profiles.Load().Names()).Msg("worker started")
 	return nil
+}
+
+// parts returns the worker's parts in the order Start starts them; Stop
+// stops them in the reverse order. So a worker that stops first stops
+// fetching, then removes its warm pool (no run claims a warm container
+// any more; one that claimed one has it), lets the runs in flight finish
+// until Stop's ctx ends (then hands them back), ends the git resolutions,
+// stops its background services, waits for the container stops it began,
+// drains the stages' directories, removes its state directory and, last,
+// deletes its key in the workers bucket, so peers see it gone at once.
+func (w *Worker) parts() []namedPart {
+	c := w.cfg
+	w.presence = &presence{js: w.js, id: c.ID}
+	w.dir = &stateDir{configured: c.StateDir, root: c.StateRoot, id: c.ID, log: w.log}
+	pull := &puller{cons: w.cons, slots: c.Concurrency, wait: c.FetchWait, log: w.log,
+		handle: func(ctx context.Context, msg jetstream.Msg) { w.runs.Handle(ctx, msg) }}
+	return []namedPart{
+		{"presence", w.presence},
+		{"state directory", w.dir},
+		{"stages", hooks{start: w.compose, stop: w.drainStages}},
+		{"heartbeat", &heartbeat{presence: w.presence, value: w.presenceValue, ensure: w.ensureProvisioned,
+			interval: messages.WorkerTTL / 3, log: w.log}},
+		{"reconciler", w.newReconciler()},
+		{"sweeper", w.newSweeper()},
+		{"dead-letterer", &deadLetterer{js: w.js, store: w.store, workerID: c.ID, wait: c.FetchWait, retry: 5 * time.Second, log: w.log,
+			removeContainers: func(ctx context.Context, id, recorded string) error {
+				return w.runs.RemoveRunContainers(ctx, id, recorded)
+			}}},
+		{"cancel listener", &cancelListener{nc: w.nc, store: w.store, workerID: c.ID, log: w.log,
+			stopRun: func(id string) (messages.CancelReply, bool) { return w.runs.StopRun(id) }}},
+		{"egress proxies", made(func() part { return w.proxies })},
+		{"workspaces", made(func() part { return w.trees })},
+		{"runs in flight", inFlight{pull}},
+		{"warm pool", made(func() part { return w.warm })},
+		{"fetching", pull},
+	}
 }
 
 // setUp checks the OCI runtimes the profiles name (listed by the engine,
 // then each proved by a container), provisions the streams, buckets and
-// consumers the worker uses, the coordination host and the state
-// directory, builds the stages' factories and the run engine, and writes
-// the first heartbeat.
+// consumers the worker uses and the coordination host's, and opens the
+// runs' store: what the parts need before they start, and nothing to undo.
 func (w *Worker) setUp(ctx context.Context) error {
-	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.cfg.Profiles, workerID: w.cfg.ID, log: w.log}
+	runtimes := &runtimeCheck{runtime: w.cfg.Runtime, profiles: w.profiles.Load(), workerID: w.cfg.ID, log: w.log}
 	if err := runtimes.check(ctx); err != nil {
 		return err
 	}
-	var cons jetstream.Consumer
 	err := w.untilProvisioned(ctx, "jetcrew's streams, buckets and consumer", func(ctx context.Context) (err error) {
-		cons, err = Provision(ctx, w.js, w.cfg.Provision)
+		w.cons, err = Provision(ctx, w.js, w.cfg.Provision)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.cons = cons
 	w.warnSizing(ctx)
 	stream, err := w.js.Stream(ctx, messages.StreamRuns)
 	if err != nil {
@@ -489,67 +245,74 @@ func (w *Worker) setUp(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if err := w.prepareStateDir(); err != nil {
-		return err
-	}
 	runs, err := w.js.KeyValue(ctx, messages.BucketRuns)
 	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", messages.BucketRuns, err)
 	}
 	w.store = runstate.NewStore(runs, w.js, w.cfg.ID, w.log)
-	if w.live, err = w.js.KeyValue(ctx, messages.BucketWorkers); err != nil {
-		return fmt.Errorf("worker: bucket %s: %w", messages.BucketWorkers, err)
-	}
-	if err := w.compose(); err != nil {
-		return err
-	}
-	if err := w.heartbeat(ctx); err != nil {
-		return fmt.Errorf("worker: heartbeat: %w", err)
-	}
 	return nil
 }
 
-// compose builds the stages' factories and the run engine: the composition
-// root of a run.
-func (w *Worker) compose() error {
-	c := w.cfg
-	w.runDirs = rundir.New(filepath.Join(c.StateDir, "r"), filepath.Join(c.StateDir, "p"), c.Concurrency, w.holds, w.log)
-	w.bridges = bridge.New(c.BridgePath, filepath.Join(c.StateDir, "bin"), w.holds)
-	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: c.StateDir, Tool: c.WorkspaceTool,
-		StopGrace: c.StopGrace, Holds: w.holds, Log: w.log, Profiles: c.Profiles, RunState: w.loadRunState})
-	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, NC: w.nc,
+// compose builds the stages' factories, in the state directory, and the
+// run engine (the composition root of a run), and makes sure the
+// workspace and result buckets exist before any client needs them (a
+// submitter may not create streams): the stages part's start.
+func (w *Worker) compose(ctx context.Context) error {
+	c, dir := w.cfg, w.dir.path
+	holds := w.live.For(live.Worker)
+	w.runDirs = rundir.New(filepath.Join(dir, "r"), filepath.Join(dir, "p"), c.Concurrency, holds, w.log)
+	w.bridges = bridge.New(c.BridgePath, filepath.Join(dir, "bin"), holds)
+	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: dir, Tool: c.WorkspaceTool,
+		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: w.profiles, RunState: w.loadRunState})
+	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
 		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,
 		Proof: proxy.ProofConfig{Runtime: c.Runtime, Image: c.EgressProbeImage, Outside: c.EgressProbeOutside, Ports: c.EgressProbePorts,
 			Bridge: w.bridges.Stage, Dir: w.runDirs.Path}})
 	log := w.log
-	var err error
 	// The host reports coordination steps to the run engine, made below.
-	w.coord, err = coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: func(ev coordination.Event) { w.runs.OnCoordEvent(ev) }})
+	host, err := coordination.NewHost(w.nc, coordination.Config{Logger: &log, OnEvent: func(ev coordination.Event) { w.runs.OnCoordEvent(ev) }})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: c.Profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
+	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: w.profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
 		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
-		Registry: w.reg, Log: w.log})
+		Live: w.live, Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
-		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: c.Profiles, Runtime: c.Runtime,
-		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Holds: w.holds,
+		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, Runtime: c.Runtime,
+		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live,
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
-			Coord: coord.New(w.coord), Proxies: w.proxies},
+			Coord: coord.New(host), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
 		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})
+	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
+		return fmt.Errorf("worker: workspace buckets: %w", err)
+	}
 	return nil
 }
 
-// Stop stops pulling new requests and waits for in-flight runs to finish.
-// When ctx ends first, the remaining runs are stopped and their requests
-// handed back to the stream (Nak) for another worker, and Stop returns
-// ctx.Err() once they are. Then it stops the other services (one context)
-// and waits for them and for every container stop it started. Stop is safe
-// to call twice, concurrently, or before Start: a second call waits for the
-// first (or its own ctx).
+// drainStages waits for every container stop the run engine began, then
+// removes the stages' directories when empty (a default state dir is per
+// worker id): the per-run directories are gone with their runs, and no
+// run holds a staged binary any more. The stages part's stop. It returns
+// nil.
+func (w *Worker) drainStages(context.Context) error {
+	w.runs.Wait()
+	w.bridges.Drain()
+	w.runDirs.Drain()
+	w.trees.Drain()
+	return nil
+}
+
+// Stop stops the worker's parts in the reverse of their start order
+// (parts): it stops pulling new requests, removes the warm pool and waits
+// for in-flight runs to finish. When ctx ends first, the remaining runs
+// are stopped and their requests handed back to the stream (Nak) for
+// another worker, and Stop returns ctx.Err() once they are. Then it stops
+// the other parts, each waiting for what it started, the container stops
+// the runs began included. Stop is safe to call twice, concurrently, or
+// before Start: a second call waits for the first (or its own ctx).
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	running := w.running
@@ -567,36 +330,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	w.fetchCancel()
-	// No new run claims a warm container now: the pool's go (a run that
-	// claimed one has it).
-	w.warm.Stop(ctx)
-	done := make(chan struct{})
-	go func() { w.pulling.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
-		w.runsCancel()
-		<-done
-	}
-	w.runsCancel()
-	w.trees.Stop() // before StateDir/ws, which holds a fetch's snapshot file, goes
-	w.bgCancel()
-	w.bg.Wait()
-	w.runs.Wait()
-	// The per-run directories are gone with their runs, and no run holds a
-	// staged binary any more; remove their parents when empty (a default
-	// state dir is per worker id).
-	w.bridges.Drain()
-	w.runDirs.Drain()
-	w.trees.Drain()
-	w.removeStateDir()
-	// Remove the heartbeat so peers see this worker gone at once.
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = w.live.Delete(dctx, w.cfg.ID)
-	cancel()
+	err := w.life.stop(ctx)
 	close(w.stopped)
 	w.log.Info().Msg("worker stopped")
 	return err
@@ -604,12 +338,6 @@ func (w *Worker) Stop(ctx context.Context) error {
 
 // Stopped returns a channel closed once Stop has finished.
 func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
-
-// heartbeat writes this worker's key in the workers bucket.
-func (w *Worker) heartbeat(ctx context.Context) error {
-	_, err := w.live.Put(ctx, w.cfg.ID, w.presence())
-	return err
-}
 
 // loadRunState reads the state a worker recorded for run id, for a
 // request whose workspace names an earlier run (tree.Deps.RunState).

@@ -11,23 +11,35 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
 )
 
-// registry is the one registry of the runs this worker holds, by run id:
-// cancels, stops, coordination events and the reconciler find a run here.
-// What runs hold on the host (directories, volumes, cached files) is in the
-// stage.Holds beside it. A delivery is in it from before it claims its run
-// (handle) until its outcome is recorded.
+// registry is the engine's index of the runs this worker holds, by run id:
+// cancels, stops and coordination events find a run here. A delivery is in
+// it from before it claims its run (handle) until its outcome is recorded,
+// and while it is, the run and its container are held in the worker's
+// registry of what is live (Config.Live: live.RunKey, live.ContainerKey),
+// where the reconciler looks.
 type registry struct {
 	mu   sync.Mutex
 	runs map[string]*entry
+	held *live.Registry
 }
 
-// entry is a live run and its container (nil while being created).
+// entry is a live run and its container (nil while being created), and
+// the holds that say so in the registry of what is live.
 type entry struct {
 	run       *run
 	container jail.Container
+	release   []func()
+}
+
+// unhold gives up the entry's holds.
+func (a *entry) unhold() {
+	for _, release := range a.release {
+		release()
+	}
 }
 
 // newer reports whether a is a later delivery of the same request than b,
@@ -43,10 +55,19 @@ func newer(a, b *run) bool {
 func (g *registry) track(r *run, c jail.Container) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if a := g.runs[r.req.ID]; a != nil && a.run != r && newer(a.run, r) {
+	a := g.runs[r.req.ID]
+	if a != nil && a.run != r && newer(a.run, r) {
 		return
 	}
-	g.runs[r.req.ID] = &entry{run: r, container: c}
+	owner := live.Run(r.req.ID)
+	n := &entry{run: r, container: c, release: []func(){g.held.Hold(owner, live.RunKey+r.req.ID)}}
+	if c != nil {
+		n.release = append(n.release, g.held.Hold(owner, live.ContainerKey+c.ID()))
+	}
+	g.runs[r.req.ID] = n
+	if a != nil {
+		a.unhold() // after n holds: the run is held throughout
+	}
 }
 
 // untrack removes r, only if it is r that is tracked: an attempt winding
@@ -56,6 +77,7 @@ func (g *registry) untrack(r *run) {
 	defer g.mu.Unlock()
 	if a := g.runs[r.req.ID]; a != nil && a.run == r {
 		delete(g.runs, r.req.ID)
+		a.unhold()
 	}
 }
 
@@ -67,23 +89,6 @@ func (g *registry) get(id string) *run {
 		return a.run
 	}
 	return nil
-}
-
-// Holds reports whether a delivery of run runID is in flight on this
-// worker (its container may still be being created).
-func (e *Runner) Holds(runID string) bool { return e.live.get(runID) != nil }
-
-// Containers returns the ids of the live runs' containers.
-func (e *Runner) Containers() map[string]bool {
-	e.live.mu.Lock()
-	defer e.live.mu.Unlock()
-	out := make(map[string]bool, len(e.live.runs))
-	for _, a := range e.live.runs {
-		if a.container != nil { // nil while its container is being created
-			out[a.container.ID()] = true
-		}
-	}
-	return out
 }
 
 // OnCoordEvent records a coordination step on the run's event subject

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/rundir"
@@ -27,7 +28,8 @@ func TestAttemptsShareNothing(t *testing.T) {
 	require.NoError(t, os.Mkdir(root, 0o700))
 	holds := &stage.Holds{}
 	dirs := rundir.New(root, "", 0, holds, zerolog.Nop())
-	e := &Runner{live: registry{runs: map[string]*entry{}}}
+	held := &live.Registry{}
+	e := &Runner{live: registry{runs: map[string]*entry{}, held: held}}
 	p := profile.ShellProfile()
 	attempt := func(n uint64) (*run, *rundir.Stage) {
 		r := &run{e: e, req: messages.RunRequest{ID: "across"}, log: zerolog.Nop(),
@@ -60,6 +62,8 @@ func TestAttemptsShareNothing(t *testing.T) {
 	_, err = os.Stat(filepath.Join(d2.Path(), coordination.MCPConfigName))
 	require.NoError(t, err, "attempt 2's staged files survive attempt 1's cleanup")
 	require.Same(t, a2, e.live.get("across"), "attempt 1 neither untracks nor overrides attempt 2")
+	require.True(t, held.HeldBy(live.Run("across"), live.RunKey+"across"), "the run stays held while attempt 2 is tracked")
 	e.live.untrack(a2)
 	require.Empty(t, e.live.runs)
+	require.False(t, held.Held(live.RunKey+"across"), "no attempt is left: the run is held no more")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/stage"
@@ -175,7 +176,7 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		Install: e.cfg.Install, Now: time.Now(), Plan: plan,
 	})
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
-		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Holds, Log: r.log, Failpoint: e.cfg.Failpoint}
+		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Live.For(live.Run(r.req.ID)), Log: r.log, Failpoint: e.cfg.Failpoint}
 	r.claimWarm(prof)
 	r.stages = e.stagesFor(r.sr)
 	r.rec.noters = r.rec.noters[:0]

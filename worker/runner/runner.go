@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,9 +23,9 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
-	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/coord"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
@@ -43,9 +42,9 @@ type Config struct {
 	// the pool it serves; Install identifies the installation
 	// (jail.LabelInstall).
 	WorkerID, Pool, Install string
-	// Profiles are the resolved profiles requests may name at start;
-	// SetProfiles replaces them.
-	Profiles profile.Profiles
+	// Profiles are the resolved profiles requests may name: the worker's
+	// set, which a reload stores anew; a delivery reads it when admitted.
+	Profiles *profile.Set
 	// Runtime runs the containers.
 	Runtime jail.Runtime
 	// NC and JS reach NATS: events, the runs' output, dead letters.
@@ -58,8 +57,10 @@ type Config struct {
 	Groups *coordination.Groups
 	// Stages are the stages' per-worker factories.
 	Stages Stages
-	// Holds is the worker's registry of what live runs hold.
-	Holds *stage.Holds
+	// Live is the worker's registry of what is live: the runs in flight
+	// and their containers are held there, and each run's stages hold
+	// what the run uses as the run (stage.Run.Holds).
+	Live *live.Registry
 	// DefaultTimeout bounds a run whose request and profile set none.
 	DefaultTimeout time.Duration
 	// StopGrace is the time between SIGTERM and SIGKILL when a run is
@@ -108,26 +109,19 @@ type Runner struct {
 	live registry
 	// stops counts container stops in flight (stopAsync).
 	stops sync.WaitGroup
-	// profiles are the profiles new deliveries may name (Config.Profiles,
-	// then SetProfiles').
-	profiles atomic.Pointer[profile.Profiles]
 }
 
-// SetProfiles replaces the profiles new deliveries may name with ps
-// (resolved and validated: profile.LoadProfiles). A delivery already
-// admitted keeps the profile it was admitted with, a copy, to its end.
-func (e *Runner) SetProfiles(ps profile.Profiles) { e.profiles.Store(&ps) }
-
-// currentProfiles returns the profiles new deliveries may name.
-func (e *Runner) currentProfiles() profile.Profiles { return *e.profiles.Load() }
+// currentProfiles returns the profiles new deliveries may name
+// (Config.Profiles as it is now). A delivery already admitted keeps the
+// profile it was admitted with, a copy, to its end.
+func (e *Runner) currentProfiles() profile.Profiles { return e.cfg.Profiles.Load() }
 
 // New returns the Runner configured by cfg. It does no I/O.
 func New(cfg Config) *Runner {
 	if cfg.Failpoint == nil {
 		cfg.Failpoint = func(string) {}
 	}
-	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}}}
-	e.SetProfiles(cfg.Profiles)
+	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}, held: cfg.Live}}
 	return e
 }
 

@@ -173,7 +173,8 @@ func TestProfileFieldChange(t *testing.T) {
 			require.Equal(t, fixed, slices.Contains(warm.FixedDiff(&v1, &v2), key), "FixedDiff names a fixed field's change alone")
 
 			rt := workertest.NewTestRuntime(t)
-			p := newPoolOf(t, rt, profile.Profiles{"a": v1}, func(c *warm.Config) { c.Max = 4 })
+			var set *profile.Set
+			p := newPoolOf(t, rt, profile.Profiles{"a": v1}, func(c *warm.Config) { c.Max, set = 4, c.Profiles })
 			made := full(t, p, rt, "a")[0]
 
 			c := p.Claim(&v2, false)
@@ -187,7 +188,8 @@ func TestProfileFieldChange(t *testing.T) {
 				made = full(t, p, rt, "a")[1]
 			}
 
-			p.Reload(ctx, profile.Profiles{v2.Name: v2})
+			set.Store(profile.Profiles{v2.Name: v2})
+			p.Reload(ctx)
 			names := full(t, p, rt, v2.Name)
 			if fixed {
 				require.Eventually(t, func() bool { return !p.Owns(made) }, 10*time.Second, 5*time.Millisecond, "the old container is removed")

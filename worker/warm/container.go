@@ -17,6 +17,7 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
@@ -28,17 +29,14 @@ import (
 func (p *Pool) create(ctx context.Context, pool string) error {
 	p.mu.Lock()
 	kind := p.kinds[pool]
-	name := kind.profile
-	prof := p.profiles[name]
+	name, prof := kind.profile, kind.def
 	p.mu.Unlock()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	key := "w" + hex.EncodeToString(b[:])
 	c := &Container{pool: p, profile: name, prof: prof, key: pool, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
 		died: make(chan struct{}), watchDone: make(chan struct{})}
-	p.mu.Lock()
-	p.owned[c.name] = c
-	p.mu.Unlock()
+	c.unhold = p.cfg.Live.Hold(live.Pool, live.ContainerKey+c.name)
 	ok := false
 	defer func() {
 		if !ok {
@@ -173,6 +171,9 @@ type Container struct {
 	conn       *net.UnixConn     // the launcher's hand-off connection
 	releaseDir func()
 	releaseBin func()
+	// unhold gives up the pool's hold of the container in the registry
+	// of what is live (Config.Live).
+	unhold func()
 	// ws is the workspace of a container made for workspace runs, and
 	// releaseWS gives it up (Config.Workspace).
 	ws        *stage.WarmWorkspace
@@ -267,9 +268,7 @@ func (c *Container) Workspace() *stage.WarmWorkspace { return c.ws }
 // it; the run's directory is the run's, and so is the bridge copy (the
 // run's bridge stage holds it).
 func (p *Pool) forget(c *Container) {
-	p.mu.Lock()
-	delete(p.owned, c.name)
-	p.mu.Unlock()
+	c.unhold()
 	c.gone.Do(func() {
 		if c.releaseDir != nil {
 			c.releaseDir()
@@ -319,8 +318,6 @@ func (c *Container) remove(ctx context.Context) {
 			// (its workspace stage removes them with the run).
 			c.releaseWS(!c.ws.Taken())
 		}
-		p.mu.Lock()
-		delete(p.owned, c.name)
-		p.mu.Unlock()
+		c.unhold()
 	})
 }

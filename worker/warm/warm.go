@@ -28,6 +28,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
@@ -71,8 +72,10 @@ type ImageLister interface {
 type Config struct {
 	// Runtime creates and removes the containers.
 	Runtime jail.Runtime
-	// Profiles are the worker's profiles; those with Warm > 0 get a pool.
-	Profiles profile.Profiles
+	// Profiles are the worker's profiles in use, the set every part reads;
+	// those with Warm > 0 get a pool. New plans the pools of the set as it
+	// is then, Reload of the set as a reload stored it.
+	Profiles *profile.Set
 	// WorkerID and Install go on the containers' labels.
 	WorkerID, Install string
 	// Max is the most warm containers kept, all profiles together
@@ -106,6 +109,12 @@ type Config struct {
 	// bridge binary their launcher is.
 	Dirs    *rundir.Dirs
 	Bridges *bridge.Bridges
+	// Live is the worker's registry of what is live: the pool holds each
+	// container it makes there, by name (live.ContainerKey), from before
+	// its creation until a run took it over (Container.Handed) or it is
+	// removed, and registers as live.Pool. Nil: a registry of the pool's
+	// own.
+	Live *live.Registry
 	// Registry receives the pool's metrics; WorkerID and Pool label them.
 	Registry prometheus.Registerer
 	Pool     string
@@ -139,15 +148,13 @@ type Pool struct {
 	m   metrics
 
 	mu sync.Mutex
-	// profiles are the worker's profiles (Config.Profiles, then Reload's);
-	// targets, names and kinds the pools they ask for (plan).
-	profiles profile.Profiles
+	// targets, names and kinds are the pools the profiles ask for (plan:
+	// of Config.Profiles at New, then at each Reload).
 	targets  map[string]int          // pool key (poolKey) → containers to keep
 	names    []string                // pool keys with a target, profiles in name order
-	kinds    map[string]poolOf       // pool key → its profile and kind
+	kinds    map[string]poolOf       // pool key → its profile, its definition and kind
 	ready    map[string][]*Container // by pool key, oldest first
 	creating map[string]int          // by pool key
-	owned    map[string]*Container   // by container name: every container the pool has not handed off or removed
 	failure  map[string]failure      // by pool key: the last failed creation
 	stopped  bool
 
@@ -157,10 +164,12 @@ type Pool struct {
 }
 
 // poolOf is what a pool key stands for: a profile's containers for runs
-// without a workspace, or with one.
+// without a workspace, or with one, and the profile's definition they are
+// made with (the plan's).
 type poolOf struct {
 	profile   string
 	workspace bool
+	def       profile.Profile
 }
 
 // poolKey returns the key of profile name's pool of containers for runs
@@ -183,12 +192,15 @@ type failure struct {
 // New returns the pool of cfg's profiles; it creates nothing until Start.
 func New(cfg Config) *Pool {
 	cfg = cfg.withDefaults()
+	if cfg.Live == nil {
+		cfg.Live = &live.Registry{}
+	}
+	cfg.Live.Register(live.Pool)
 	p := &Pool{
 		cfg: cfg, ready: map[string][]*Container{}, creating: map[string]int{},
-		owned: map[string]*Container{}, failure: map[string]failure{}, wake: make(chan struct{}, 1),
+		failure: map[string]failure{}, wake: make(chan struct{}, 1),
 	}
-	p.profiles = cfg.Profiles
-	p.targets, p.kinds, p.names = p.plan(cfg.Profiles)
+	p.targets, p.kinds, p.names = p.plan(cfg.Profiles.Load())
 	p.m = newMetrics(cfg.Registry, cfg.WorkerID, cfg.Pool, p)
 	return p
 }
@@ -201,7 +213,7 @@ func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[stri
 	budget := max(p.cfg.Max, 0)
 	for _, name := range ps.Names() {
 		prof := ps[name]
-		for _, k := range []poolOf{{name, false}, {name, true}} {
+		for _, k := range []poolOf{{profile: name, def: prof}, {profile: name, workspace: true, def: prof}} {
 			want := prof.Warm
 			if k.workspace {
 				want = prof.WarmWorkspace
@@ -220,19 +232,21 @@ func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[stri
 	return targets, kinds, names
 }
 
-// Reload replaces the worker's profiles with ps (a profile file reloaded):
-// the ready containers made with another value of a Fixed field than ps
-// has now (FixedDiff), of a profile that is gone, or beyond what a pool
-// keeps now are removed (replaced_total, reason "profile"), and the pools
-// are refilled to ps's targets in the background; a container being made
-// for a definition so changed is removed once made. A change of Late and
-// Irrelevant fields alone keeps the pool: a run reads those from its own
-// profile when it claims a container. Containers runs already claimed are
-// theirs: a run keeps the profile it was admitted with.
-func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
+// Reload plans the pools again of the profiles Config.Profiles holds now
+// (ps, a profile file reloaded and stored): the ready containers made with
+// another value of a Fixed field than ps has now (FixedDiff), of a profile
+// that is gone, or beyond what a pool keeps now are removed
+// (replaced_total, reason "profile"), and the pools are refilled to ps's
+// targets in the background; a container being made for a definition so
+// changed is removed once made. A change of Late and Irrelevant fields
+// alone keeps the pool: a run reads those from its own profile when it
+// claims a container. Containers runs already claimed are theirs: a run
+// keeps the profile it was admitted with.
+func (p *Pool) Reload(ctx context.Context) {
 	if p == nil {
 		return
 	}
+	ps := p.cfg.Profiles.Load()
 	p.mu.Lock()
 	targets, kinds, names := p.plan(ps)
 	var stale []*Container
@@ -252,13 +266,12 @@ func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 		p.ready[key] = fresh[len(fresh)-keep:]
 	}
 	for key := range p.failure {
-		name := p.kinds[key].profile
-		was := p.profiles[name]
-		if now, ok := ps[name]; !ok || len(FixedDiff(&was, &now)) > 0 {
+		was := p.kinds[key].def
+		if now, ok := ps[p.kinds[key].profile]; !ok || len(FixedDiff(&was, &now)) > 0 {
 			delete(p.failure, key)
 		}
 	}
-	p.profiles, p.targets, p.kinds, p.names = ps, targets, kinds, names
+	p.targets, p.kinds, p.names = targets, kinds, names
 	p.mu.Unlock()
 	for _, c := range stale {
 		p.m.replaced.WithLabelValues(c.profile, "profile").Inc()
@@ -269,12 +282,12 @@ func (p *Pool) Reload(ctx context.Context, ps profile.Profiles) {
 }
 
 // current reports whether a container made for profile prof (its
-// definition then) in pool key still belongs to it: the profile's Fixed
-// fields unchanged since (FixedDiff) and the pool's target not zero.
-// Called with mu held.
+// definition then) in pool key still belongs to it: the pool still
+// planned (its target not zero), its profile's Fixed fields unchanged
+// since (FixedDiff). Called with mu held.
 func (p *Pool) current(key string, prof *profile.Profile) bool {
-	now, ok := p.profiles[prof.Name]
-	return ok && p.targets[key] > 0 && len(FixedDiff(prof, &now)) == 0
+	k, ok := p.kinds[key]
+	return ok && p.targets[key] > 0 && len(FixedDiff(prof, &k.def)) == 0
 }
 
 // Enabled reports whether any profile keeps warm containers.
@@ -287,29 +300,31 @@ func (p *Pool) Enabled() bool {
 	return len(p.names) > 0
 }
 
-// Start starts the pool's background work: it fills every profile's pool,
-// refills it after each claim, and replaces containers that died, idled
-// past MaxIdle or run an image that changed, until Stop. It runs even
-// when no profile keeps warm containers: a reload may ask for some.
-func (p *Pool) Start() {
+// Start starts the pool's background work, which runs until Stop. It
+// fills every profile's pool, refills it after each claim, and replaces
+// containers that died, idled past MaxIdle or run an image that changed
+// (of ctx its values are kept, not its end). It runs even when no profile
+// keeps warm containers: a reload may ask for some. It returns nil.
+func (p *Pool) Start(ctx context.Context) error {
 	if p == nil {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		p.run(ctx)
 	}()
+	return nil
 }
 
 // Stop ends the background work and removes every warm container the pool
 // holds (ready or being made), with its directory. Claimed containers are
-// their runs'.
-func (p *Pool) Stop(ctx context.Context) {
+// their runs'. It returns nil.
+func (p *Pool) Stop(ctx context.Context) error {
 	if p == nil {
-		return
+		return nil
 	}
 	p.mu.Lock()
 	p.stopped = true
@@ -328,35 +343,17 @@ func (p *Pool) Stop(ctx context.Context) {
 	for _, c := range all {
 		c.remove(ctx)
 	}
+	return nil
 }
 
 // Owns reports whether the container named name is one the pool holds
-// (being made, ready, or claimed and not yet handed off): the reconciler
-// spares it.
+// (being made, ready, or claimed and not yet handed off) in the registry
+// of what is live (Config.Live), where the reconciler looks.
 func (p *Pool) Owns(name string) bool {
 	if p == nil {
 		return false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.owned[name]
-	return ok
-}
-
-// ContainerIDs returns the ids of the started containers the pool holds.
-func (p *Pool) ContainerIDs() []string {
-	if p == nil {
-		return nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ids := make([]string, 0, len(p.owned))
-	for _, c := range p.owned {
-		if c.c != nil {
-			ids = append(ids, c.c.ID())
-		}
-	}
-	return ids
+	return p.cfg.Live.HeldBy(live.Pool, live.ContainerKey+name)
 }
 
 // Status returns every profile's pools, by profile name (its pool for runs
@@ -471,7 +468,7 @@ func (p *Pool) check(ctx context.Context) {
 		p.mu.Lock()
 		refs := map[string]string{}
 		for _, key := range p.names {
-			refs[key] = p.profiles[p.kinds[key].profile].Image
+			refs[key] = p.kinds[key].def.Image
 		}
 		p.mu.Unlock()
 		for key, ref := range refs {

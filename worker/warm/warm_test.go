@@ -60,7 +60,7 @@ func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*war
 		require.NoError(t, os.MkdirAll(filepath.Join(state, d), 0o700))
 	}
 	cfg := warm.Config{
-		Runtime: rt, Profiles: ps, WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
+		Runtime: rt, Profiles: profile.NewSet(ps), WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
 		Dirs:     rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
 		Bridges:  bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
 		Registry: prometheus.NewRegistry(), Log: zerolog.Nop(),
@@ -69,7 +69,7 @@ func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*war
 		mod(&cfg)
 	}
 	p := warm.New(cfg)
-	p.Start()
+	require.NoError(t, p.Start(context.Background()))
 	t.Cleanup(func() { p.Stop(context.Background()) })
 	return p
 }
@@ -118,7 +118,7 @@ func TestPoolMaxFillsInNameOrder(t *testing.T) {
 		require.Equal(t, []string{messages.ContainerBridgePath, "launch", "--handoff", messages.ContainerHandoffPath}, s.Cmd)
 		require.True(t, p.Owns(s.Name))
 	}
-	require.Len(t, p.ContainerIDs(), 4)
+	require.Len(t, rt.Starts(), 4, "each of the pool's four started containers it holds")
 }
 
 // A claimed container matches the jail of a run's spec built from its

@@ -31,7 +31,7 @@ var hostBundle = sync.OnceValue(func() []byte {
 // egress_inject.
 func (p *Proxies) loadCA() error {
 	need := false
-	for _, p := range p.cfg.Profiles {
+	for _, p := range p.cfg.Profiles.Load() {
 		need = need || len(p.EgressInject) > 0
 	}
 	if !need {

@@ -34,8 +34,8 @@ type Config struct {
 	// proof container.
 	WorkerID, Pool, Install string
 	// Profiles are the worker's profiles: the proof and the CA are made
-	// only when one has an egress allowlist (egress_inject).
-	Profiles profile.Profiles
+	// at Start, only when one has an egress allowlist (egress_inject).
+	Profiles *profile.Set
 	// NC publishes each egress attempt on jetcrew.events.<run_id>.egress.
 	NC *nats.Conn
 	// Registry receives jetcrew_egress_attempts_total{result}.
@@ -68,7 +68,7 @@ type Config struct {
 }
 
 // Proxies is one worker's egress machinery. Create it with New; Start
-// starts the proof.
+// starts the proof, Stop ends it.
 type Proxies struct {
 	cfg     Config
 	budgets *budgetStore
@@ -81,6 +81,9 @@ type Proxies struct {
 	proved chan struct{}
 	err    error
 	once   sync.Once
+	// cancel ends the proof, wg waits for it (Stop).
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // New returns the Proxies of a worker configured by cfg, registering its
@@ -121,7 +124,7 @@ func (p *Proxies) rateWait() time.Duration {
 
 // needed reports whether any profile has an egress allowlist.
 func (p *Proxies) needed() bool {
-	for _, prof := range p.cfg.Profiles {
+	for _, prof := range p.cfg.Profiles.Load() {
 		if prof.HasEgress() {
 			return true
 		}
@@ -130,22 +133,25 @@ func (p *Proxies) needed() bool {
 }
 
 // Start loads the egress CA and starts the start-up proof in the
-// background, counted in wg (it ends with ctx), when a profile has an
-// allowlist; otherwise runs need no proof. Runs of egress profiles wait for
-// the proof's outcome.
-func (p *Proxies) Start(ctx context.Context, wg *sync.WaitGroup) {
+// background. It does so only when a profile has an allowlist; otherwise
+// runs need no proof. Runs of egress profiles wait for the proof's
+// outcome; Stop ends it (of ctx its values are kept, not its end). It
+// returns nil: a failed proof or CA refuses those runs, not the worker's
+// start.
+func (p *Proxies) Start(ctx context.Context) error {
 	if !p.needed() {
 		p.settle(nil)
-		return
+		return nil
 	}
 	if err := p.loadCA(); err != nil {
 		p.cfg.Log.Error().Err(err).Msg("egress CA: runs of profiles with an egress allowlist are refused")
 		p.settle(err)
-		return
+		return nil
 	}
-	wg.Add(1)
+	ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	p.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer p.wg.Done()
 		err := p.prove(ctx)
 		if err != nil {
 			p.cfg.Log.Error().Err(err).Msg("egress proof failed: runs of profiles with an egress allowlist are refused")
@@ -154,6 +160,17 @@ func (p *Proxies) Start(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		p.settle(err)
 	}()
+	return nil
+}
+
+// Stop ends the start-up proof when it still runs and waits for it. It
+// returns nil.
+func (p *Proxies) Stop(context.Context) error {
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+	return nil
 }
 
 func (p *Proxies) settle(err error) {

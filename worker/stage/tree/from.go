@@ -86,7 +86,7 @@ func (s *Stage) resolveFromWorkspace(ctx context.Context, prof *profile.Profile,
 	req := s.run.Request
 	s.fromState = &src
 	var srcProf *profile.Profile
-	if p, ok := (*s.t.profiles.Load())[src.Profile]; ok {
+	if p, ok := s.t.profiles.Load()[src.Profile]; ok {
 		srcProf = &p
 	}
 	res := src.WorkspaceResult

@@ -100,16 +100,16 @@ type gitResolution struct {
 // one (golang.org/x/sync/singleflight): one listing, at most one fetch. At
 // most cap(fetches) fetches run at once, whatever the worker's
 // concurrency; each holds up to the workspace byte cap of objects in
-// memory. A resolution runs under the worker's runs context, not a run's:
-// a run that gives up (cancelled, timed out) leaves it to the runs still
-// waiting for it. stop cancels nothing itself (the worker's runs context
-// ends first) but waits for every resolution to return.
+// memory. A resolution runs under the Trees' context (Trees.Start), not a
+// run's: a run that gives up (cancelled, timed out) leaves it to the runs
+// still waiting for it. stop cancels nothing itself (Trees.Stop ends that
+// context first) but waits for every resolution to return.
 type gitFlight struct {
 	group   singleflight.Group
 	fetches chan struct{}
 
 	mu       sync.Mutex
-	ctx      context.Context // the worker's runs context (start)
+	ctx      context.Context // the Trees' context (start)
 	stopping bool
 	running  sync.WaitGroup
 }
@@ -119,8 +119,8 @@ func newGitFlight(n int) *gitFlight {
 	return &gitFlight{fetches: make(chan struct{}, n), ctx: context.Background()}
 }
 
-// start sets the context resolutions run under: the worker's runs
-// context, which Stop cancels.
+// start sets the context resolutions run under: the Trees' context,
+// which Trees.Stop cancels.
 func (g *gitFlight) start(ctx context.Context) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -135,8 +135,8 @@ func (g *gitFlight) stop() {
 	g.running.Wait()
 }
 
-// resolve returns the resolution of src, made by do under the worker's
-// runs context and GitFetchTimeout, or shared with one in flight (shared
+// resolve returns the resolution of src, made by do under the Trees'
+// context and GitFetchTimeout, or shared with one in flight (shared
 // is then true). It returns early with ctx's error when ctx ends first;
 // the resolution goes on for the runs still waiting.
 func (g *gitFlight) resolve(ctx context.Context, src messages.GitSource, do func(context.Context, messages.GitSource) (gitResolution, error)) (res gitResolution, shared bool, err error) {

@@ -31,7 +31,7 @@ func TestSweepSparesALiveGitFetch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	trees.Start(ctx)
-	defer trees.Stop()
+	defer trees.Stop(ctx)
 
 	wsDir := filepath.Join(stateDir, "ws")
 	stale := filepath.Join(wsDir, "git-1234")

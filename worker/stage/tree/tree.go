@@ -16,7 +16,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/internal/staged"
@@ -89,11 +89,13 @@ func (c Config) WithDefaults(replicas int) Config {
 // Holds keys of what the workspaces of live runs hold.
 const (
 	holdDir      = "ws-dir:"   // a delivery's directory under StateDir/ws
-	holdVolume   = "volume:"   // a delivery's volume
 	holdSnapshot = "snapshot:" // a cached snapshot file
 	holdTool     = "tool:"     // a staged workspace tool, by digest
 	holdGitFile  = "git-file:" // a git fetch's snapshot file in StateDir/ws
 )
+
+// holdVolume prefixes a delivery's volume: the reconciler asks for it.
+const holdVolume = live.VolumeKey
 
 // Deps is what a worker's Trees use.
 type Deps struct {
@@ -122,9 +124,9 @@ type Deps struct {
 	// without one is an error wrapping ErrRunNotFound. Nil: such requests
 	// fail.
 	RunState func(ctx context.Context, id string) (messages.RunState, error)
-	// Profiles are the worker's profiles, resolved: an earlier run's
-	// profile's feeds is read there.
-	Profiles profile.Profiles
+	// Profiles are the worker's profiles, resolved, as a reload stores
+	// them: an earlier run's profile's feeds is read there.
+	Profiles *profile.Set
 }
 
 // Trees stages one worker's workspaces. Create it with New. Safe for
@@ -142,7 +144,10 @@ type Trees struct {
 	git       *gitFlight // shares and bounds git resolutions (git.go)
 	from      singleflight.Group
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
-	profiles  atomic.Pointer[profile.Profiles] // Deps.Profiles, then SetProfiles'
+	profiles  *profile.Set
+
+	// cancel ends the git resolutions' context (Stop).
+	cancel context.CancelFunc
 
 	// verified maps a cached snapshot (its digest's hex) to the commit it
 	// was found to hold (verifyGitSnapshot).
@@ -166,23 +171,30 @@ type Trees struct {
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
 	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log, runState: d.RunState,
+		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}, warm: map[string]*runWorkspace{}}
-	t.SetProfiles(d.Profiles)
 	return t
 }
 
-// SetProfiles replaces the worker's profiles (a reload) with ps.
-func (t *Trees) SetProfiles(ps profile.Profiles) { t.profiles.Store(&ps) }
+// Start starts the context git resolutions run under, until Stop. Of
+// ctx its values are kept, not its end. It returns nil.
+func (t *Trees) Start(ctx context.Context) error {
+	ctx, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	t.git.start(ctx)
+	return nil
+}
 
-// Start sets the context git resolutions run under: the worker's runs
-// context, which ends when the worker stops.
-func (t *Trees) Start(runsCtx context.Context) { t.git.start(runsCtx) }
-
-// Stop refuses new git resolutions and waits for those running to return
-// (before StateDir/ws, which holds a fetch's snapshot file, goes).
-func (t *Trees) Stop() { t.git.stop() }
+// Stop ends the git resolutions' context and waits for those running.
+// It refuses new ones and returns nil; the worker calls it before
+// StateDir/ws, which holds a fetch's snapshot file, goes.
+func (t *Trees) Stop(context.Context) error {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.git.stop()
+	return nil
+}
 
 // Drain removes the staged tools and the directories of the workspace
 // machinery when they are empty (the worker stops).
@@ -460,8 +472,10 @@ func (s *Stage) makeWorkspace(ctx context.Context, spec *jail.ContainerSpec, pro
 		}
 		s.own(rw)
 		if rw.captureC != nil {
-			// Its capture container waits already: it learns the run
-			// here, once signalled.
+			// Its capture container, made with the warm container, is
+			// the run's now. It waits already: it learns the run here,
+			// once signalled.
+			s.hold(live.ContainerKey + rw.capture.Name)
 			if err := os.WriteFile(filepath.Join(rw.in(), runIDFile), []byte(s.run.ID()+"\n"), 0o444); err != nil {
 				return nil, stageError(err, false)
 			}
@@ -529,7 +543,8 @@ func (t *Trees) MakeWarm(ctx context.Context, spec jail.ContainerSpec, prof *pro
 	if rw.tool, rw.toolDigest, err = t.tools.Stage(t.toolSrc); err != nil {
 		return nil, nil, fmt.Errorf("workspace tool: %w", err)
 	}
-	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume)}
+	releases := []func(){t.holds.Hold(holdTool + rw.toolDigest), t.holds.Hold(holdDir + rw.dir), t.holds.Hold(holdVolume + rw.volume),
+		t.holds.Hold(live.ContainerKey + name + "-capture")}
 	made := false
 	release = func(remove bool) {
 		t.takeWarm(rw.dir)
@@ -593,15 +608,6 @@ func (t *Trees) takeWarm(dir string) *runWorkspace {
 	rw := t.warm[dir]
 	delete(t.warm, dir)
 	return rw
-}
-
-// WarmCaptureHeld reports whether name is the capture container of a warm
-// container's workspace that a pool or a run still holds (its volume is
-// held): the reconciler spares it, as a warm container it knows by name
-// or id.
-func (t *Trees) WarmCaptureHeld(name string) bool {
-	base, ok := strings.CutSuffix(name, "-capture")
-	return ok && t.VolumeHeld(base+"-ws")
 }
 
 // stageError is err as staging reports it: "workspace: …", which fails the
