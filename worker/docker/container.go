@@ -170,11 +170,17 @@ const oomPoll = 50 * time.Millisecond
 // inspectExit reads how the exited container ended.
 func (c *Container) inspectExit(ctx context.Context) (jail.ExitStatus, error) {
 	st, found, err := c.inspectOnce(ctx)
-	if err != nil || !found || st.Code != 137 || st.OOMKilled || c.stopped.Load() {
+	if err != nil || !found || st.OOMKilled {
 		return st, err
 	}
+	// A child killed at the limit while the main process lives on (exit 0,
+	// say): the engine's flag may have been overwritten by the exit, and
+	// the oom event, which came while the run went on, is what tells.
 	if c.rt.oomSeen(c.id) {
 		st.OOMKilled = true
+		return st, nil
+	}
+	if st.Code != 137 || c.stopped.Load() {
 		return st, nil
 	}
 	settle := time.NewTimer(oomSettle)
