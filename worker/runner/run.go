@@ -55,6 +55,10 @@ type run struct {
 	startCommitted bool
 	// releaseOnce makes release give up the run's resources once.
 	releaseOnce sync.Once
+	// startReached is set once prepare succeeded: from then on the run
+	// may have a container (made by its start, or handed), which release
+	// may fail to remove.
+	startReached bool
 	// stopFailed is set by supervise when stopping the run's container
 	// failed: it may still run, so its workspace is not captured.
 	stopFailed bool
@@ -87,6 +91,7 @@ func (r *run) execute(ctx context.Context, prof *profile.Profile) {
 		r.abort(ctx, err)
 		return
 	}
+	r.startReached = true
 	s, err := r.start(ctx, p)
 	if err != nil {
 		r.abort(ctx, err)
@@ -519,7 +524,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 func (r *run) release(final bool) {
 	r.releaseOnce.Do(func() {
 		r.discardWarm(context.Background())
-		gone := false
+		gone := r.neverMade()
 		if c := r.ctl.current(); c != nil {
 			gone = r.ctl.remove(c)
 		}
@@ -530,6 +535,14 @@ func (r *run) release(final bool) {
 			}
 		}
 	})
+}
+
+// neverMade reports whether the run can have no container: its start was
+// never reached, and it claimed no warm container (whose removal, by
+// discardWarm, may have failed). Its stages are then told the container
+// is gone (stage.ReleaseRequest.ContainerGone).
+func (r *run) neverMade() bool {
+	return !r.startReached && (r.sr == nil || r.sr.WarmDir == "" && r.sr.WarmWorkspace == nil)
 }
 
 // lost ends this delivery's part in a run whose state changed under it: a

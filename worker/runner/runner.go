@@ -26,6 +26,7 @@ import (
 	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
+	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/jetcrew/jetcrew/worker/stage/bridge"
 	"github.com/jetcrew/jetcrew/worker/stage/coord"
 	"github.com/jetcrew/jetcrew/worker/stage/proxy"
@@ -109,6 +110,9 @@ type Runner struct {
 	live registry
 	// stops counts container stops in flight (stopAsync).
 	stops sync.WaitGroup
+	// testStages, when set, builds each run's stage list instead of
+	// stagesFor's (the engine's tests, export_test.go); nil in production.
+	testStages func(*stage.Run) []stage.Stage
 }
 
 // currentProfiles returns the profiles new deliveries may name

@@ -65,6 +65,15 @@ type Stage struct {
 	release func()
 }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Noter      = (*Stage)(nil)
+	_ stage.Releaser   = (*Stage)(nil)
+)
+
 // Name returns "bridge".
 func (s *Stage) Name() string { return "bridge" }
 

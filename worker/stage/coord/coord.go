@@ -68,6 +68,19 @@ type Stage struct {
 	recorded, exited atomic.Bool
 }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter  = (*Stage)(nil)
+	_ stage.Poststarter = (*Stage)(nil)
+	_ stage.Checker     = (*Stage)(nil)
+	_ stage.MCPObserver = (*Stage)(nil)
+	_ stage.Exiter      = (*Stage)(nil)
+	_ stage.Noter       = (*Stage)(nil)
+	_ stage.Releaser    = (*Stage)(nil)
+)
+
 // Name returns "coordination".
 func (s *Stage) Name() string { return "coordination" }
 

@@ -242,6 +242,17 @@ type Stage struct {
 	wasPaused   bool
 }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Checker    = (*Stage)(nil)
+	_ stage.Exiter     = (*Stage)(nil)
+	_ stage.Noter      = (*Stage)(nil)
+	_ stage.Releaser   = (*Stage)(nil)
+)
+
 // Name returns "egress".
 func (s *Stage) Name() string { return "egress" }
 

@@ -120,7 +120,14 @@ type Stage struct {
 	release  func()
 }
 
-var _ stage.Dir = (*Stage)(nil)
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Releaser   = (*Stage)(nil)
+	_ stage.Dir        = (*Stage)(nil) // not a hook: the directory later stages use
+)
 
 // Name returns "run-dir".
 func (s *Stage) Name() string { return "run-dir" }

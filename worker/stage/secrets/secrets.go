@@ -127,6 +127,13 @@ func (s *Secrets) For(*stage.Run) *Stage { return &Stage{s: s} }
 // Stage is one run's secrets.
 type Stage struct{ s *Secrets }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter = (*Stage)(nil)
+)
+
 // Name returns "secrets".
 func (s *Stage) Name() string { return "secrets" }
 

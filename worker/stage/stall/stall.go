@@ -23,6 +23,13 @@ type Stage struct {
 	progress *stage.Progress
 }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Checker = (*Stage)(nil)
+)
+
 // Name returns "stall".
 func (s *Stage) Name() string { return "stall" }
 

@@ -101,8 +101,6 @@ func (s *Stage) stageSession(ctx context.Context, req *stage.PrestartRequest, rw
 	return nil
 }
 
-var _ stage.AnswerObserver = (*Stage)(nil)
-
 // FirstAnswer stops a follow-up whose resumed session the model API
 // refuses at its first answer with a 400 (invalid request): a session
 // whose last turn was interrupted mid-thinking ends in a thinking block,

@@ -290,6 +290,18 @@ type Stage struct {
 	streamDone   chan struct{}
 }
 
+// The hooks Stage implements, declared so that a signature drifting from
+// the contract fails to build (worker/runner's TestStageHooksImplemented
+// holds this list to exactly the hooks implemented).
+var (
+	_ stage.Prestarter     = (*Stage)(nil)
+	_ stage.Poststarter    = (*Stage)(nil)
+	_ stage.AnswerObserver = (*Stage)(nil)
+	_ stage.Exiter         = (*Stage)(nil)
+	_ stage.Noter          = (*Stage)(nil)
+	_ stage.Releaser       = (*Stage)(nil)
+)
+
 // Name returns "workspace".
 func (s *Stage) Name() string { return "workspace" }
 
