@@ -61,9 +61,10 @@ type WarmWorkspace struct {
 	// (its capture container): the pool never hands out a container whose
 	// workspace is not alive. Nil: always.
 	Alive func() bool
-	// Started, set by the pool, is called once by the run that took the
-	// workspace when its agent started (after the in-jail unpack), or when
-	// it stopped waiting for that: the pool refills then. Nil: nothing.
+	// Started, the pool's refill (set by the engine's make function), is
+	// called once by the run that took the workspace when its agent
+	// started (after the in-jail unpack), or when it stopped waiting for
+	// that. Nil: nothing.
 	Started func()
 
 	taken atomic.Bool

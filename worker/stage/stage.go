@@ -11,9 +11,12 @@
 //
 // The order of a run:
 //
+//	acquire    the engine acquires the run's placement (Run.Placement):
+//	           cold, or a warm container the run claimed
 //	Prestart   each Prestarter, in order; the engine merges the responses
 //	           into the container spec and the receipt
-//	start      the engine creates and starts the container
+//	start      the engine creates and starts the container, or hands the
+//	           warm container the run
 //	Poststart  each Poststarter; then cancels and checks may stop it, and
 //	           the run is recorded running
 //	Check      each Checker, periodically, while the container runs
