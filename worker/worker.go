@@ -275,14 +275,14 @@ func (w *Worker) compose(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	stages := runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
+		Coord: coord.New(host), Proxies: w.proxies}
 	w.warm = warm.New(warm.Config{Runtime: c.Runtime, Profiles: w.profiles, WorkerID: c.ID, Install: w.install, Pool: c.Pool,
-		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Spec: runner.ProfileSpec, Dirs: w.runDirs, Bridges: w.bridges, Workspace: w.trees.MakeWarm,
+		Max: c.WarmMax, MaxIdle: c.WarmMaxIdle, Make: stages.MakeWarm, Workspaces: true,
 		Live: w.live, Registry: w.reg, Log: w.log})
 	w.runs = runner.New(runner.Config{
 		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, Runtime: c.Runtime,
-		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live,
-		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
-			Coord: coord.New(host), Proxies: w.proxies},
+		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live, Stages: stages,
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
 		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})

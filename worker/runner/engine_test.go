@@ -283,8 +283,9 @@ func TestEnginePlacement(t *testing.T) {
 // st say the run was placed cold: no warm container claimed or handed.
 func requireCold(t *testing.T, run *stage.Run, st messages.RunState) {
 	t.Helper()
-	require.Empty(t, run.WarmDir)
-	require.Nil(t, run.WarmWorkspace)
+	require.False(t, run.Placement.Warm())
+	require.Empty(t, run.Placement.Dir)
+	require.Nil(t, run.Placement.Workspace)
 	require.False(t, st.Warm)
 	require.NotNil(t, st.Receipt)
 	require.False(t, st.Receipt.Warm)

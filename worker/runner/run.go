@@ -18,7 +18,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/stage"
-	"github.com/jetcrew/jetcrew/worker/warm"
 )
 
 // run is one delivery of one request being handled.
@@ -65,9 +64,9 @@ type run struct {
 	// startedStored is closed once the started event is stored (or its
 	// publish failed for good); nil before publishStarted.
 	startedStored chan struct{}
-	// warm is the warm container the run claimed, until it is handed the
-	// run (it is then the run's container, in ctl) or discarded.
-	warm *warm.Container
+	// place is where the run's container comes from: acquired by
+	// prepare, before the stages are built (placement.go).
+	place placement
 	// prevContainer is the container id the run's record named when this
 	// delivery read it: an earlier delivery's, removed before this one
 	// starts its own.
@@ -180,9 +179,10 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		Profile: prof, Request: r.req, Seq: r.meta.Sequence.Stream, Attempt: attempt, WorkerID: e.cfg.WorkerID,
 		Install: e.cfg.Install, Now: time.Now(), Plan: plan,
 	})
+	r.place = acquire(e.cfg.Warm, prof, r.req.Workspace != nil, r.log)
 	r.sr = &stage.Run{Request: r.req, Profile: prof, Plan: plan, Seq: r.meta.Sequence.Stream, Attempt: attempt,
-		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Live.For(live.Run(r.req.ID)), Log: r.log, Failpoint: e.cfg.Failpoint}
-	r.claimWarm(prof)
+		Timeout: timeout, Labels: base.Labels, Progress: &stage.Progress{}, Holds: e.cfg.Live.For(live.Run(r.req.ID)), Log: r.log, Failpoint: e.cfg.Failpoint,
+		Placement: r.place.st}
 	r.stages = e.stagesFor(r.sr)
 	r.rec.noters = r.rec.noters[:0]
 	for _, s := range r.stages {
@@ -217,73 +217,11 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 			r.mask = resp.Mask
 		}
 	}
-	if r.warm != nil {
-		// The warm container must be the one a cold start would create,
-		// but for what a hand-off binds late, from the image the profile
-		// names now; else it goes, unused.
-		if err := r.warm.Verify(ctx, p.spec); err != nil {
-			r.log.Warn().Err(err).Msg("warm container cannot take the run; starting cold")
-			r.giveBackWarm(ctx, warm.Reason(err))
-		}
-	}
+	// A warm container must be the one a cold start would create, but
+	// for what a hand-off binds late, from the image the profile names
+	// now; else it goes, unused.
+	r.place.verify(ctx, p.spec)
 	return p, nil
-}
-
-// claimWarm claims a warm container of prof's pool of the run's kind
-// (with a workspace or without), when the profile keeps one, before the
-// stages stage: its run directory becomes the run's, and for a workspace
-// run its empty workspace volume and directories the run's workspace (the
-// run's capture container is made for the run).
-func (r *run) claimWarm(prof *profile.Profile) {
-	if prof.Warm == 0 && prof.WarmWorkspace == 0 {
-		return
-	}
-	if r.warm = r.e.cfg.Warm.Claim(prof, r.req.Workspace != nil); r.warm != nil {
-		r.sr.WarmDir = r.warm.Dir()
-		r.sr.WarmWorkspace = r.warm.Workspace()
-	}
-}
-
-// giveBackWarm gives the claimed warm container back, unused (counted
-// replaced and missed for reason), and removes it.
-func (r *run) giveBackWarm(ctx context.Context, reason string) {
-	r.e.cfg.Warm.GaveBack(r.warm, reason)
-	r.discardWarm(ctx)
-}
-
-// handoff hands the run to its claimed warm container, once its state
-// names the container: c is then the run's container and handed the warm
-// container to mark handed once the run is under way. With no warm
-// container, or one lost before its hand-off or whose launcher did not
-// answer its probe (given back), c is nil: the run starts cold. The error
-// is from recording the container's name (runstate.ErrFenced when the
-// run's lease is lost).
-func (r *run) handoff(ctx context.Context, p prepared, output jail.OutputFunc) (c jail.Container, handed *warm.Container, err error) {
-	if r.warm == nil {
-		return nil, nil, nil
-	}
-	if err := r.rec.nameContainer(ctx, r.warm.ContainerID()); err != nil {
-		return nil, nil, err
-	}
-	if c, err = r.warm.Handoff(ctx, p.spec, output); err != nil {
-		r.log.Warn().Err(err).Msg("warm container lost before its hand-off; starting cold")
-		r.giveBackWarm(ctx, warm.Reason(err))
-		return nil, nil, nil
-	}
-	handed, r.warm = r.warm, nil // the run's container now
-	r.rec.st.Warm = true
-	r.rec.st.Receipt.Warm = true
-	return c, handed, nil
-}
-
-// discardWarm gives up the warm container the run claimed and was not
-// handed: it is removed (what the run staged in its directory stays the
-// run's).
-func (r *run) discardWarm(ctx context.Context) {
-	if r.warm != nil {
-		r.warm.Discard(ctx)
-		r.warm = nil
-	}
 }
 
 // start starts the container with its output wired to the output events,
@@ -308,17 +246,17 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 		_, _ = s.out.close(ctx)
 		return s, errRecorded
 	}
-	c, handed, err := r.handoff(ctx, p, output)
-	if err != nil {
-		if errors.Is(err, runstate.ErrFenced) {
-			r.lost(ctx, s.out)
-			return s, errRecorded
-		}
+	c, warmed, err := r.place.start(ctx, e.cfg.Runtime, p.spec, output, r.rec.nameContainer)
+	switch {
+	case isNameWarm(err) && errors.Is(err, runstate.ErrFenced):
+		r.lost(ctx, s.out)
+		return s, errRecorded
+	case isNameWarm(err):
 		_, _ = s.out.close(ctx)
-		return s, stage.Transient(fmt.Errorf("record the warm container: %w", err))
-	}
-	if c == nil {
-		c, err = e.cfg.Runtime.Start(ctx, p.spec, output)
+		return s, stage.Transient(err)
+	case warmed:
+		r.rec.st.Warm = true
+		r.rec.st.Receipt.Warm = true
 	}
 	if err != nil {
 		_, _ = s.out.close(ctx)
@@ -334,9 +272,7 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	r.rec.st.Receipt.ImageID = c.ImageID()
 	perr := r.poststart(ctx, c)
 	r.ctl.set(c)
-	if handed != nil {
-		handed.Handed()
-	}
+	r.place.release(ctx) // the run holds its container now
 	if perr != nil {
 		// The run's container waits (in exec, for a workspace), nothing
 		// unpacked: release removes it.
@@ -523,8 +459,11 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 // first and removes the request from the stream after.
 func (r *run) release(final bool) {
 	r.releaseOnce.Do(func() {
-		r.discardWarm(context.Background())
-		gone := r.neverMade()
+		r.place.release(context.Background())
+		// A container never made is gone: the run's start was never
+		// reached and it claimed no warm container (whose removal may have
+		// failed).
+		gone := !r.startReached && (r.sr == nil || !r.sr.Placement.Warm())
 		if c := r.ctl.current(); c != nil {
 			gone = r.ctl.remove(c)
 		}
@@ -535,14 +474,6 @@ func (r *run) release(final bool) {
 			}
 		}
 	})
-}
-
-// neverMade reports whether the run can have no container: its start was
-// never reached, and it claimed no warm container (whose removal, by
-// discardWarm, may have failed). Its stages are then told the container
-// is gone (stage.ReleaseRequest.ContainerGone).
-func (r *run) neverMade() bool {
-	return !r.startReached && (r.sr == nil || r.sr.WarmDir == "" && r.sr.WarmWorkspace == nil)
 }
 
 // lost ends this delivery's part in a run whose state changed under it: a

@@ -80,9 +80,9 @@ type Config struct {
 	Failpoint func(name string)
 	// Warm hands out warm containers: a run of a profile that keeps them
 	// (profile.Profile.Warm for runs without a workspace,
-	// WarmWorkspace for runs with one) claims one before its stages stage
-	// and is handed it instead of a new container. Nil keeps every run
-	// cold.
+	// WarmWorkspace for runs with one) claims one before its stages are
+	// built (its placement, placement.go) and is handed it instead of a
+	// new container. Nil keeps every run cold.
 	Warm *warm.Pool
 	// Metrics are the worker's metrics.
 	Metrics *Metrics

@@ -11,9 +11,12 @@
 //
 // The order of a run:
 //
+//	acquire    the engine acquires the run's placement (Run.Placement):
+//	           cold, or a warm container the run claimed
 //	Prestart   each Prestarter, in order; the engine merges the responses
 //	           into the container spec and the receipt
-//	start      the engine creates and starts the container
+//	start      the engine creates and starts the container, or hands the
+//	           warm container the run
 //	Poststart  each Poststarter; then cancels and checks may stop it, and
 //	           the run is recorded running
 //	Check      each Checker, periodically, while the container runs
@@ -80,52 +83,11 @@ type Run struct {
 	// Failpoint is called with the name of each crash point the run
 	// passes (worker/runner's Failpoint constants); never nil.
 	Failpoint func(name string)
-	// WarmDir is the host path of the run directory of the warm container
-	// the run claimed (worker/warm), which the run-directory stage takes
-	// over instead of staging one; "" for a cold run.
-	WarmDir string
-	// WarmWorkspace is the workspace of the warm container the run
-	// claimed, made with it (worker/warm, Config.Workspace), which the
-	// workspace stage takes over instead of making one; nil for a cold run
-	// or a warm container made for runs without a workspace.
-	WarmWorkspace *WarmWorkspace
+	// Placement is where the run's container comes from, acquired by the
+	// engine before the first hook: cold, or a warm container the run
+	// claimed, whose parts the stages take over.
+	Placement Placement
 }
-
-// WarmWorkspace is what a warm container made for workspace runs was
-// created with (the workspace stage's Trees.MakeWarm): the delivery
-// directory (its snapshot input, gate and scratch subdirectories, empty),
-// the empty tmpfs volume of the profile's workspace_mib and the staged
-// in-jail tool, mounted as a cold workspace run mounts its own. The run
-// that claims the container takes them over (Take): its workspace stage
-// then removes them with the run, as its own; until then the pool does.
-type WarmWorkspace struct {
-	// Dir is the host directory (under the worker's StateDir/ws).
-	Dir string
-	// Volume is the tmpfs volume's spec.
-	Volume jail.VolumeSpec
-	// Tool and ToolDigest are the staged jetcrew binary's host path and
-	// SHA-256 (hex).
-	Tool, ToolDigest string
-	// Mounts are the container's workspace mounts.
-	Mounts []jail.Mount
-	// Alive reports whether what was made with the workspace still runs
-	// (its capture container): the pool never hands out a container whose
-	// workspace is not alive. Nil: always.
-	Alive func() bool
-	// Started, set by the pool, is called once by the run that took the
-	// workspace when its agent started (after the in-jail unpack), or when
-	// it stopped waiting for that: the pool refills then. Nil: nothing.
-	Started func()
-
-	taken atomic.Bool
-}
-
-// Take marks the workspace as the claiming run's: the pool no longer
-// removes it.
-func (w *WarmWorkspace) Take() { w.taken.Store(true) }
-
-// Taken reports whether a run took the workspace over (Take).
-func (w *WarmWorkspace) Taken() bool { return w.taken.Load() }
 
 // ID returns the run's id.
 func (r *Run) ID() string { return r.Request.ID }

@@ -61,7 +61,7 @@ var bindings = map[string]Binding{
 	"image": Fixed, "user": Fixed, "home": Fixed, "network": Fixed, "runtime": Fixed,
 	"memory_mib": Fixed, "cpus": Fixed, "pids": Fixed, "tmp_mib": Fixed, "home_mib": Fixed,
 	// The size of the workspace volume a warm_workspace container is made
-	// with (Config.Workspace).
+	// with (Config.Make).
 	"workspace_mib": Fixed,
 	// The launcher the container waits in is the bridge coordination
 	// mounts.

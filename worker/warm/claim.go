@@ -56,7 +56,7 @@ func (p *Pool) Claim(prof *profile.Profile, workspace bool) *Container {
 	// does not compete with the claiming run's staging for the engine.
 	c.claimed.Store(true)
 	c.image = p.checkImage(c, prof.Image)
-	if c.ws != nil {
+	if c.workspace {
 		if err := c.image.wait(context.Background()); err != nil {
 			p.cfg.Log.Info().Err(err).Str("profile", c.profile).Str("name", c.name).Msg("claimed warm container not used; the run starts cold")
 			p.GaveBack(c, Reason(err))
@@ -314,11 +314,11 @@ func (c *Container) probe(rd *bufio.Reader) error {
 // it (in its registry, where the reconciler looks): the pool lets it go,
 // and refills now, the run's agent having started, unless the container
 // was made for workspace runs: its workspace stage says when the agent
-// started, after the in-jail unpack (stage.WarmWorkspace.Started), so that
-// the refill's container starts never compete with a run's start.
+// started, after the in-jail unpack (MakeRequest.Started), so that the
+// refill's container starts never compete with a run's start.
 func (c *Container) Handed() {
 	c.pool.forget(c)
-	if c.ws == nil {
+	if !c.workspace {
 		c.pool.poke()
 	}
 }

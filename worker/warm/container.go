@@ -19,10 +19,48 @@ import (
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
-	"github.com/jetcrew/jetcrew/worker/stage"
-	"github.com/jetcrew/jetcrew/worker/stage/bridge"
-	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
+
+// MakeRequest is what the pool asks of Config.Make for one container.
+type MakeRequest struct {
+	// Profile is the definition the container is made with.
+	Profile *profile.Profile
+	// Key is unique per container: it names the container's run
+	// directory.
+	Key string
+	// Spec is the container's spec as the pool decides it: its name,
+	// labels (jail.RoleWarm), hand-off command and environment. Make keeps
+	// them and adds the jail and the mounts.
+	Spec jail.ContainerSpec
+	// Workspace is set for a container made for runs with a workspace.
+	Workspace bool
+	// Started is the pool's refill: a run that takes over the container's
+	// workspace calls it once its agent started.
+	Started func()
+}
+
+// Made is what Config.Make made for one container. On an error, Make
+// leaves nothing made.
+type Made struct {
+	// Spec is the container's spec: the request's, with the jail and the
+	// mounts a cold container of a run of the profile has.
+	Spec jail.ContainerSpec
+	// Dir is the host path of the container's run directory, mounted at
+	// messages.ContainerRunDir: the pool opens the hand-off socket there.
+	Dir string
+	// Takeover is what the claiming run's stages take over beside the
+	// directory (the engine's own type: the pool only keeps it); nil for
+	// nothing.
+	Takeover any
+	// Alive reports whether what was made beside the container still
+	// runs: the pool never hands out a container for which it does not.
+	// Nil: always.
+	Alive func() bool
+	// Release gives up what Make made, once; with remove set it also
+	// removes it (the container unused, removed first), except what a run
+	// took over.
+	Release func(remove bool)
+}
 
 // create makes one warm container of the pool key and waits until its
 // launcher reached the hand-off socket; it is then ready.
@@ -35,7 +73,7 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	_, _ = rand.Read(b[:])
 	key := "w" + hex.EncodeToString(b[:])
 	c := &Container{pool: p, profile: name, prof: prof, key: pool, name: "jetcrew-warm-" + key[1:] + "-" + p.cfg.WorkerID,
-		died: make(chan struct{}), watchDone: make(chan struct{})}
+		workspace: kind.workspace, died: make(chan struct{}), watchDone: make(chan struct{})}
 	c.unhold = p.cfg.Live.Hold(live.Pool, live.ContainerKey+c.name)
 	ok := false
 	defer func() {
@@ -44,36 +82,20 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 		}
 	}()
 
-	dir, release, err := p.cfg.Dirs.Warm(key)
+	spec := jail.ContainerSpec{Name: c.name, Cmd: []string{messages.ContainerBridgePath, "launch", "--handoff", messages.ContainerHandoffPath},
+		Env: []string{"HOME=" + prof.Home}, Labels: map[string]string{
+			jail.LabelManaged: "true", jail.LabelWorker: p.cfg.WorkerID, jail.LabelInstall: p.cfg.Install,
+			jail.LabelProfile: name, jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelRole: jail.RoleWarm,
+		}}
+	made, err := p.cfg.Make(ctx, MakeRequest{Profile: &prof, Key: key, Spec: spec, Workspace: kind.workspace, Started: p.poke})
 	if err != nil {
 		return err
 	}
-	c.dir, c.releaseDir = dir, release
-	binPath, digest, err := p.cfg.Bridges.Stage()
-	if err != nil {
+	c.parts, c.dir, c.spec = made, made.Dir, made.Spec
+	if err := c.listen(c.dir); err != nil {
 		return err
 	}
-	c.releaseBin = p.cfg.Bridges.Hold(digest)
-	if err := c.listen(dir); err != nil {
-		return err
-	}
-
-	spec := p.cfg.Spec(&prof)
-	spec.Name = c.name
-	spec.Cmd = []string{messages.ContainerBridgePath, "launch", "--handoff", messages.ContainerHandoffPath}
-	spec.Env = []string{"HOME=" + prof.Home}
-	spec.Labels = map[string]string{
-		jail.LabelManaged: "true", jail.LabelWorker: p.cfg.WorkerID, jail.LabelInstall: p.cfg.Install,
-		jail.LabelProfile: name, jail.LabelCreated: time.Now().UTC().Format(time.RFC3339Nano), jail.LabelRole: jail.RoleWarm,
-	}
-	spec.Mounts = []jail.Mount{rundir.Mount(dir, profile.Plan{}).Mount, bridge.Mount(binPath, digest).Mount}
-	if kind.workspace {
-		if err := p.makeWorkspace(ctx, c, &spec, &prof); err != nil {
-			return err
-		}
-	}
-	c.spec = spec
-	ctr, err := p.cfg.Runtime.Start(ctx, spec, c.output)
+	ctr, err := p.cfg.Runtime.Start(ctx, c.spec, c.output)
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
@@ -97,21 +119,6 @@ func (p *Pool) create(ctx context.Context, pool string) error {
 	p.mu.Unlock()
 	ok = true
 	p.cfg.Log.Debug().Str("profile", name).Bool("workspace", kind.workspace).Str("name", c.name).Msg("warm container ready")
-	return nil
-}
-
-// makeWorkspace makes the workspace of c, a container made for workspace
-// runs (Config.Workspace), and adds its mounts to spec. The pool refills
-// once the claiming run's agent started, after its in-jail unpack
-// (stage.WarmWorkspace.Started, Handed).
-func (p *Pool) makeWorkspace(ctx context.Context, c *Container, spec *jail.ContainerSpec, prof *profile.Profile) error {
-	ww, release, err := p.cfg.Workspace(ctx, *spec, prof)
-	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
-	c.ws, c.releaseWS = ww, release
-	ww.Started = p.poke
-	spec.Mounts = append(spec.Mounts, ww.Mounts...)
 	return nil
 }
 
@@ -165,19 +172,17 @@ type Container struct {
 	dir  string
 	made time.Time
 
-	c          jail.Container
-	ln         *net.UnixListener // until the launcher connected
-	sock       string            // the hand-off socket ln listens on
-	conn       *net.UnixConn     // the launcher's hand-off connection
-	releaseDir func()
-	releaseBin func()
+	c    jail.Container
+	ln   *net.UnixListener // until the launcher connected
+	sock string            // the hand-off socket ln listens on
+	conn *net.UnixConn     // the launcher's hand-off connection
+	// parts is what Config.Make made for the container; workspace is set
+	// for one made for workspace runs.
+	parts     Made
+	workspace bool
 	// unhold gives up the pool's hold of the container in the registry
 	// of what is live (Config.Live).
 	unhold func()
-	// ws is the workspace of a container made for workspace runs, and
-	// releaseWS gives it up (Config.Workspace).
-	ws        *stage.WarmWorkspace
-	releaseWS func(remove bool)
 
 	// image is the claim's check of the container's image (checkImage),
 	// set by Claim.
@@ -207,9 +212,9 @@ func (c *Container) output(stream string, b []byte) {
 }
 
 // alive reports whether the container's launcher still waits and what
-// was made with its workspace (stage.WarmWorkspace.Alive) still runs.
+// was made beside it (Made.Alive) still runs.
 func (c *Container) alive() bool {
-	return c.launcherAlive() && (c.ws == nil || c.ws.Alive == nil || c.ws.Alive())
+	return c.launcherAlive() && (c.parts.Alive == nil || c.parts.Alive())
 }
 
 // launcherAlive reports whether the container's launcher still waits.
@@ -256,35 +261,30 @@ func (c *Container) Name() string { return c.name }
 func (c *Container) ContainerID() string { return c.c.ID() }
 
 // Dir returns the host path of the container's run directory, which the
-// claiming run's run-directory stage takes over (stage.Run.WarmDir).
+// claiming run's run-directory stage takes over (stage.Placement.Dir).
 func (c *Container) Dir() string { return c.dir }
 
-// Workspace returns the workspace of a container made for runs with one,
-// which the claiming run's workspace stage takes over
-// (stage.Run.WarmWorkspace); nil for one made for runs without.
-func (c *Container) Workspace() *stage.WarmWorkspace { return c.ws }
+// Takeover returns what the claiming run's stages take over beside the
+// run directory (Made.Takeover: the workspace of a container made for
+// runs with one); nil for nothing.
+func (c *Container) Takeover() any { return c.parts.Takeover }
 
 // forget drops the container from the pool's holdings once its run owns
-// it; the run's directory is the run's, and so is the bridge copy (the
-// run's bridge stage holds it).
+// it; what was made beside it is the run's (its stages took it over, and
+// the run's bridge stage holds the bridge copy).
 func (p *Pool) forget(c *Container) {
 	c.unhold()
 	c.gone.Do(func() {
-		if c.releaseDir != nil {
-			c.releaseDir()
-		}
-		if c.releaseBin != nil {
-			c.releaseBin()
-		}
-		if c.releaseWS != nil {
-			c.releaseWS(false)
+		if c.parts.Release != nil {
+			c.parts.Release(false)
 		}
 	})
 }
 
-// remove removes the container and what it holds: its directory, when it
-// is still the container's (a run that claimed the container moved it),
-// its hold on the bridge copy.
+// remove removes the container and what was made beside it (Made.Release):
+// its directory, when it is still the container's (a run that claimed the
+// container moved it), its hold on the bridge copy, its workspace unless a
+// run took it over.
 func (c *Container) remove(ctx context.Context) {
 	c.gone.Do(func() {
 		p := c.pool
@@ -302,21 +302,8 @@ func (c *Container) remove(ctx context.Context) {
 			}
 			cancel()
 		}
-		if c.dir != "" {
-			if err := os.RemoveAll(c.dir); err != nil {
-				p.cfg.Log.Warn().Err(err).Str("dir", c.dir).Msg("remove warm container's directory")
-			}
-		}
-		if c.releaseDir != nil {
-			c.releaseDir()
-		}
-		if c.releaseBin != nil {
-			c.releaseBin()
-		}
-		if c.releaseWS != nil {
-			// The volume and directory are the run's once it took them
-			// (its workspace stage removes them with the run).
-			c.releaseWS(!c.ws.Taken())
+		if c.parts.Release != nil {
+			c.parts.Release(true)
 		}
 		c.unhold()
 	})

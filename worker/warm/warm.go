@@ -2,9 +2,10 @@
 // asks for them (profile.Profile.Warm), containers created and started with
 // everything of the profile's jail and nothing of a run, each with a run
 // directory of its own in which its launcher (the staged jetcrew binary,
-// `launch --handoff`) waits on a hand-off socket. A delivery claims one
-// (Pool.Claim), the run's stages stage into its directory (which the
-// run-directory stage moves to the run's path: stage.Run.WarmDir), and the
+// `launch --handoff`) waits on a hand-off socket. What a container mounts
+// is the engine's to say (Config.Make): the pool knows no stage. A
+// delivery claims one (Pool.Claim), the run's stages stage into its
+// directory (which the run-directory stage moves to the run's path), and the
 // engine hands the launcher the run (Container.Handoff): its command,
 // environment and working directory, bound late, exactly as a cold
 // container of the run would have them. One container serves one run and
@@ -30,9 +31,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
-	"github.com/jetcrew/jetcrew/worker/stage"
-	"github.com/jetcrew/jetcrew/worker/stage/bridge"
-	"github.com/jetcrew/jetcrew/worker/stage/rundir"
 )
 
 // Defaults of Config.
@@ -67,8 +65,8 @@ type ImageLister interface {
 	ImageID(ctx context.Context, ref string) (string, error)
 }
 
-// Config configures a Pool. Runtime, Profiles, Spec, Dirs, Bridges and
-// Registry are required.
+// Config configures a Pool. Runtime, Profiles, Make and Registry are
+// required.
 type Config struct {
 	// Runtime creates and removes the containers.
 	Runtime jail.Runtime
@@ -93,22 +91,15 @@ type Config struct {
 	// ProbeTimeout bounds the launcher's answer to the probe before a
 	// hand-off (Container.Handoff); 0 means DefaultProbeTimeout.
 	ProbeTimeout time.Duration
-	// Workspace, when set, makes the workspace of a container made for
-	// runs with one (profile.Profile.WarmWorkspace; the workspace stage's
-	// Trees.MakeWarm): spec is the container's, its name and labels set
-	// (what the workspace makes beside it, its capture container, takes
-	// its jail from it). The container is created with ww's mounts;
-	// release gives up what it holds, removing what it made when remove
-	// is set. Nil: no profile keeps containers for workspace runs.
-	Workspace func(ctx context.Context, spec jail.ContainerSpec, prof *profile.Profile) (ww *stage.WarmWorkspace, release func(remove bool), err error)
-	// Spec returns the part of a container's spec the profile alone
-	// decides (runner.ProfileSpec): the warm container's jail, which a
-	// run's spec must match to be handed it.
-	Spec func(*profile.Profile) jail.ContainerSpec
-	// Dirs makes the containers' run directories; Bridges stages the
-	// bridge binary their launcher is.
-	Dirs    *rundir.Dirs
-	Bridges *bridge.Bridges
+	// Make makes what one warm container mounts and its spec
+	// (runner.Stages.MakeWarm): the engine's, written beside its list of
+	// stages, so that a warm container has the jail a cold container of
+	// the same profile would have.
+	Make func(ctx context.Context, req MakeRequest) (Made, error)
+	// Workspaces is set when Make makes containers for runs with a
+	// workspace (profile.Profile.WarmWorkspace); unset, no profile keeps
+	// any.
+	Workspaces bool
 	// Live is the worker's registry of what is live: the pool holds each
 	// container it makes there, by name (live.ContainerKey), from before
 	// its creation until a run took it over (Container.Handed) or it is
@@ -217,7 +208,7 @@ func (p *Pool) plan(ps profile.Profiles) (targets map[string]int, kinds map[stri
 			want := prof.Warm
 			if k.workspace {
 				want = prof.WarmWorkspace
-				if p.cfg.Workspace == nil {
+				if !p.cfg.Workspaces {
 					want = 0
 				}
 			}

@@ -59,10 +59,12 @@ func newPoolOf(t *testing.T, rt jail.Runtime, ps profile.Profiles, mod func(*war
 	for _, d := range []string{"r", "p"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(state, d), 0o700))
 	}
+	stages := runner.Stages{
+		RunDirs: rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
+		Bridges: bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
+	}
 	cfg := warm.Config{
-		Runtime: rt, Profiles: profile.NewSet(ps), WorkerID: "w1", Install: "i1", Pool: "default", Spec: runner.ProfileSpec,
-		Dirs:     rundir.New(filepath.Join(state, "r"), filepath.Join(state, "p"), 0, holds, zerolog.Nop()),
-		Bridges:  bridge.New(workertest.BridgeFile(t), filepath.Join(state, "bin"), holds),
+		Runtime: rt, Profiles: profile.NewSet(ps), WorkerID: "w1", Install: "i1", Pool: "default", Make: stages.MakeWarm,
 		Registry: prometheus.NewRegistry(), Log: zerolog.Nop(),
 	}
 	if mod != nil {
@@ -301,9 +303,12 @@ warm_workspace = 1
 	rt.Images = ids.get
 	p := newPool(t, rt, toml, func(c *warm.Config) {
 		c.Max = 4
-		c.Workspace = func(context.Context, jail.ContainerSpec, *profile.Profile) (*stage.WarmWorkspace, func(bool), error) {
-			return &stage.WarmWorkspace{}, func(bool) {}, nil
-		}
+		// Containers for workspace runs, made as those for runs without.
+		mk := c.Make
+		c.Make, c.Workspaces = func(ctx context.Context, req warm.MakeRequest) (warm.Made, error) {
+			req.Workspace = false
+			return mk(ctx, req)
+		}, true
 	})
 	ps, err := profile.ParseProfiles("p.toml", []byte(toml))
 	require.NoError(t, err)

@@ -88,14 +88,22 @@ func (d *Dirs) Drain() {
 
 // Warm stages a new run directory named key (one per warm container, see
 // worker/warm) holding mcp.json, held until the returned release is
-// called; a run that claims the container takes the directory over
-// (stage.Run.WarmDir).
-func (d *Dirs) Warm(key string) (path string, release func(), err error) {
+// called, which also removes it when remove is set; a run that claims the
+// container takes the directory over (stage.Placement.Dir), moving it.
+func (d *Dirs) Warm(key string) (path string, release func(remove bool), err error) {
 	path = d.Path(key)
-	release = d.holds.Hold(holdPrefix + path)
+	unhold := d.holds.Hold(holdPrefix + path)
 	if err := coordination.StageRunDir(path); err != nil {
-		release()
+		unhold()
 		return "", nil, fmt.Errorf("warm container's run directory: %w", err)
+	}
+	release = func(remove bool) {
+		if remove {
+			if err := os.RemoveAll(path); err != nil {
+				d.log.Warn().Err(err).Str("dir", path).Msg("remove warm container's directory")
+			}
+		}
+		unhold()
 	}
 	return path, release, nil
 }
@@ -153,15 +161,15 @@ func (s *Stage) Taint() { s.poolable = false }
 // files, every file 0444 in directories 0755. It mounts the directory
 // read-only at coordination.ContainerRunDir (receipt role "run-dir", the
 // digest of the staged files). A run that claimed a warm container takes
-// that container's directory instead (stage.Run.WarmDir), renamed to the
-// run's path. A directory that cannot be staged refuses the run.
+// that container's directory instead (stage.Placement.Dir), renamed to
+// the run's path. A directory that cannot be staged refuses the run.
 func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	run := req.Run
 	s.release = run.Holds.Hold(holdPrefix + s.path)
-	if run.WarmDir != "" {
+	if pl := run.Placement; pl.Warm() {
 		// A warm container's directory, which it mounts: moved to the
 		// run's path (the mount follows it), never pooled afterwards.
-		if err := rename(run.WarmDir, s.path); err != nil {
+		if err := rename(pl.Dir, s.path); err != nil {
 			return fmt.Errorf("run directory cannot be taken from its warm container: %w", err)
 		}
 		if err := stageFiles(s.path, run.Plan.Files); err != nil {

@@ -151,7 +151,7 @@ func (s *Stage) agentStarted() {
 		}
 		s.stores = nil
 		s.mu.Unlock()
-		if ww := s.run.WarmWorkspace; ww != nil && ww.Started != nil {
+		if ww := s.run.Placement.Workspace; ww != nil && ww.Started != nil {
 			ww.Started()
 		}
 	})

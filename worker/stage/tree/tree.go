@@ -471,12 +471,12 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 
 // makeWorkspace returns the delivery's workspace, held for the run until
 // Release: the one of the warm container the run claimed, taken over
-// (stage.Run.WarmWorkspace), or a new one (newWorkspace). The volume and
+// (stage.Placement.Workspace), or a new one (newWorkspace). The volume and
 // the capture container that will hold it start while the snapshot
 // downloads; the snapshot reaches both containers through a link in the
 // read-only input directory.
 func (s *Stage) makeWorkspace(ctx context.Context, spec *jail.ContainerSpec, prof *profile.Profile) (*runWorkspace, error) {
-	if ww := s.run.WarmWorkspace; ww != nil {
+	if ww := s.run.Placement.Workspace; ww != nil {
 		ww.Take()
 		rw := s.t.takeWarm(ww.Dir)
 		if rw == nil {
