@@ -164,16 +164,11 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 	if err != nil {
 		return fromResolution{}, err
 	}
-	root := filepath.Join(t.stateDir, "ws")
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return fromResolution{}, err
-	}
-	dir, err := os.MkdirTemp(root, "from-")
+	dir, done, err := t.scratchDir("from-")
 	if err != nil {
 		return fromResolution{}, err
 	}
-	defer t.holds.Hold(holdGitFile + dir)()
-	defer os.RemoveAll(dir)
+	defer done()
 	bundlePath := filepath.Join(dir, "bundle")
 	if err := saveResultObject(ctx, results, bundle, 2*t.cfg.MaxBytes+1<<20, bundlePath); err != nil {
 		return fromResolution{}, err

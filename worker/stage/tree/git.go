@@ -178,6 +178,25 @@ func (g *gitFlight) acquireFetch(ctx context.Context) error {
 
 func (g *gitFlight) releaseFetch() { <-g.fetches }
 
+// scratchDir makes a directory of the worker's workspace directory, named
+// after prefix, for the files of one resolution (a git fetch's pack, a
+// build's bundle, their snapshot), held while it lives (Sweep spares it;
+// it removes one a crash leaves); done removes it and lets it go.
+func (t *Trees) scratchDir(prefix string) (dir string, done func(), err error) {
+	root := filepath.Join(t.stateDir, "ws")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return "", nil, err
+	}
+	if dir, err = os.MkdirTemp(root, prefix); err != nil {
+		return "", nil, err
+	}
+	unhold := t.holds.Hold(holdGitFile + dir)
+	return dir, func() {
+		_ = os.RemoveAll(dir)
+		unhold()
+	}, nil
+}
+
 // resolveGit is one resolution of src (see resolveGitWorkspace): list,
 // resolve the ref, look for the commit's cache object, and only without
 // one fetch (in one of the worker's fetch slots), snapshot and store.
@@ -187,19 +206,13 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 		return gitResolution{}, err
 	}
 	cfg := t.cfg
-	// The fetched pack, its index and the snapshot go to a directory of
-	// the worker's workspace directory, held while the resolution lives
-	// (Sweep spares it; it removes one a crash leaves).
-	root := filepath.Join(t.stateDir, "ws")
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return gitResolution{}, err
-	}
-	dir, err := os.MkdirTemp(root, "git-")
+	// The fetched pack, its index and the snapshot go to a scratch
+	// directory.
+	dir, done, err := t.scratchDir("git-")
 	if err != nil {
 		return gitResolution{}, err
 	}
-	defer t.holds.Hold(holdGitFile + dir)()
-	defer os.RemoveAll(dir)
+	defer done()
 	rem, err := workspace.OpenRemote(ctx, src.URL, workspace.RemoteOptions{MaxBytes: cfg.MaxBytes, MaxFiles: cfg.MaxFiles, TempDir: dir})
 	if err != nil {
 		return gitResolution{}, err
