@@ -284,7 +284,7 @@ func (w *Worker) compose(ctx context.Context) error {
 		Stages: runner.Stages{Secrets: secrets.New(c.LookupEnv), RunDirs: w.runDirs, Bridges: w.bridges, Trees: w.trees,
 			Coord: coord.New(host), Proxies: w.proxies},
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
-		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
+		MaxDeliver: c.Provision.MaxDeliver, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})
 	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
 		return fmt.Errorf("worker: workspace buckets: %w", err)
