@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
@@ -55,7 +54,7 @@ func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jai
 		rc.Mounts = []messages.ReceiptMount{}
 	}
 	if len(plan.MCPServers) > 0 {
-		rc.Files = append(rc.Files, messages.ReceiptFile{Path: coordination.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", coordination.MCPConfigMode)})
+		rc.Files = append(rc.Files, messages.ReceiptFile{Path: messages.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", messages.MCPConfigMode)})
 	}
 	for _, f := range plan.Files {
 		rc.Files = append(rc.Files, messages.ReceiptFile{Path: f.Path, Mode: fmt.Sprintf("%04o", f.Mode.Perm())})

@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
@@ -68,9 +67,9 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	for _, m := range rc.Mounts {
 		byTarget[m.Target] = m
 	}
-	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Role: messages.MountRoleBridge,
-		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("bridge binary"))), ReadOnly: true}, byTarget[coordination.BridgePath])
-	rd := byTarget[coordination.ContainerRunDir]
+	require.Equal(t, messages.ReceiptMount{Target: messages.ContainerBridgePath, Role: messages.MountRoleBridge,
+		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("bridge binary"))), ReadOnly: true}, byTarget[messages.ContainerBridgePath])
+	rd := byTarget[messages.ContainerRunDir]
 	require.Equal(t, messages.MountRoleRunDir, rd.Role)
 	require.Equal(t, rundir.Digest(plan), rd.Digest)
 	other, err := p.Plan("another prompt", true)

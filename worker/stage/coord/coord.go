@@ -96,12 +96,16 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	run := req.Run
 	g := run.Request.GroupRef()
 	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile}
-	path := filepath.Join(s.dir.Path(), coordination.SocketName)
+	path := filepath.Join(s.dir.Path(), messages.SocketName)
 	var err error
-	if k := s.dir.TakeSocket(); k != nil {
+	switch k := s.dir.Kept().(type) {
+	case nil:
+	case *coordination.Socket:
 		if s.sess, err = s.c.host.ServeSocket(ctx, info, path, k); err != nil {
 			run.Log.Debug().Err(err).Msg("kept coordination socket not served; binding a new one")
 		}
+	default:
+		_ = k.Close() // not a socket this stage kept
 	}
 	if s.sess == nil {
 		s.sess, err = s.c.host.Serve(ctx, info, path)
@@ -126,7 +130,7 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 
 // Env is what coordination adds to a run's environment:
 // JETCREW_MCP_CONFIG, the path of its mcp.json.
-func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + coordination.ContainerMCPConfigPath} }
+func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + messages.ContainerMCPConfigPath} }
 
 // Poststart records the run running in its group's presence (a failure is
 // logged; the presence refresher retries) and starts the bridge deadline.
@@ -179,7 +183,7 @@ func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
 	}
 	if over := now.Sub(s.started) - s.deadline; over > 0 {
 		return &stage.Stop{State: messages.StateFailed, Overdue: over,
-			Reason: fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, s.deadline)}, false
+			Reason: fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", messages.MCPServerName, s.deadline)}, false
 	}
 	return nil, false
 }
@@ -190,7 +194,7 @@ func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
 func (s *Stage) MCPStatus(status string) *stage.Stop {
 	if status != "connected" {
 		return &stage.Stop{State: messages.StateFailed,
-			Reason: fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", coordination.MCPServerName, status)}
+			Reason: fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", messages.MCPServerName, status)}
 	}
 	s.proved.Store(true)
 	return nil
@@ -220,7 +224,7 @@ func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.
 // reason the exit alone would have given).
 func ExitedBeforeBridge(exit string) string {
 	return fmt.Sprintf("the agent exited before it started the %s MCP server (its bridge never connected; a profile whose command is no MCP client sets require_bridge = false): %s",
-		coordination.MCPServerName, exit)
+		messages.MCPServerName, exit)
 }
 
 // Note records the run's coordination and whether its bridge connected.
@@ -247,8 +251,8 @@ func (s *Stage) Release(req *stage.ReleaseRequest) {
 	switch {
 	case req.Final && req.ContainerGone:
 		var k *coordination.Socket
-		if k, err = s.sess.CloseKeepSocket(ctx); err == nil {
-			s.dir.KeepSocket(k)
+		if k, err = s.sess.CloseKeepSocket(ctx); err == nil && k != nil {
+			s.dir.Keep(k)
 		}
 	case req.Final:
 		err = s.sess.Close(ctx)
