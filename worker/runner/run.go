@@ -485,7 +485,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 // final state, a retry, or a hand-back on shutdown.
 func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	o := classify(f, outcomePolicy{
-		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec, WorkspaceMiB: p.prof.WorkspaceMiB,
+		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec,
 	})
 	if f.WaitErr == nil && !f.Shutdown {
 		st := &r.rec.st
@@ -496,14 +496,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		if f.OutputErr != nil {
 			r.log.Warn().Err(f.OutputErr).Msg("some output events were not acknowledged")
 		}
-		for _, s := range r.stages {
-			if ex, ok := s.(stage.Exiter); ok {
-				var resp stage.ExitedResponse
-				ex.Exited(ctx, &stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
-					Unpack: o.Unpack, StopFailed: r.stopFailed, Stopped: f.stopped()}, &resp)
-				o = o.amend(resp)
-			}
-		}
+		o = r.exited(ctx, o, f)
 	}
 	switch o.Action {
 	case actionHandBack:
@@ -516,6 +509,20 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	default:
 		r.finish(ctx, o.State, o.Reason)
 	}
+}
+
+// exited lets each Exiter see the exit facts f and the outcome o as the
+// ones before it left it, and returns o as they amended it.
+func (r *run) exited(ctx context.Context, o outcome, f exitFacts) outcome {
+	for _, s := range r.stages {
+		if ex, ok := s.(stage.Exiter); ok {
+			var resp stage.ExitedResponse
+			ex.Exited(ctx, &stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
+				Status: f.Status, LastErr: f.LastErr, NotRun: o.NotRun, StopFailed: r.stopFailed, Stopped: f.stopped()}, &resp)
+			o = o.amend(resp)
+		}
+	}
+	return o
 }
 
 // release gives up what the run holds, once: its container (removed), then

@@ -17,10 +17,12 @@
 //	Poststart  each Poststarter; then cancels and checks may stop it, and
 //	           the run is recorded running
 //	Check      each Checker, periodically, while the container runs
-//	exit       the engine classifies the exit
+//	exit       the engine classifies the exit from plain facts (exit
+//	           status, stops, timeout), knowing no stage
 //	Exited     each Exiter, when the container exited on its own or was
 //	           stopped (not on a worker shutdown); each may amend the
-//	           outcome (a reason, or a final outcome failed)
+//	           outcome (a reason, a final outcome failed, the agent never
+//	           ran, a retry)
 //	Note       each Noter, before every write of the run's record
 //	Release    each Releaser, once, in reverse order, after the engine
 //	           removed the container
@@ -301,10 +303,17 @@ type ExitedRequest struct {
 	// State and Reason are the outcome the engine classified.
 	State  messages.State
 	Reason string
-	// Unpack is the kind of the workspace unpack's failure in the
-	// container (workspace.UnpackNoSpace, ...); "" when the snapshot
-	// unpacked or the run has none.
-	Unpack string
+	// Status is the container's exit status (after the stop, for a
+	// stopped run).
+	Status jail.ExitStatus
+	// LastErr is the last non-empty line of the container's stderr, at
+	// most 200 bytes: where the workspace stage reads the in-jail tool's
+	// exit line.
+	LastErr string
+	// NotRun is true when a stage before this one said the agent never
+	// ran (ExitedResponse.NotRun): a rule about how the agent ended does
+	// not apply.
+	NotRun bool
 	// StopFailed is true when the container could not be stopped: its
 	// processes may still run.
 	StopFailed bool
@@ -327,6 +336,21 @@ type ExitedResponse struct {
 	// A cancelled run stays cancelled, and a run handed back for another
 	// delivery is handed back: Fail, and its Reason, are then ignored.
 	Fail bool
+	// NotRun, when set, says the agent never ran: the container's command
+	// ended before it started the agent (the workspace stage: the
+	// snapshot did not unpack). Unless Retry is set too, the run then ends
+	// now, failed, with Reason (which must be set), whatever the engine
+	// classified, a retry the profile's retries asked for included (they
+	// retry the agent, which did not run). A cancelled run stays
+	// cancelled. Later stages see it (ExitedRequest.NotRun).
+	NotRun bool
+	// Retry, when set, hands the request back for another delivery (with
+	// backoff, as the engine retries an engine it cannot reach), with
+	// Reason (which must be set) as its cause, whatever the engine
+	// classified: a failure of the worker's, not the run's (the workspace
+	// stage: no capture container held the workspace in time). A
+	// cancelled run stays cancelled.
+	Retry bool
 }
 
 // Noter is a stage that owns part of the run's record.

@@ -205,11 +205,11 @@ func (s *Stage) MCPStatus(status string) *stage.Stop {
 // before its bridge connected (unproven) fails the run, whatever its exit
 // code, with ExitedBeforeBridge's reason. A run that was stopped keeps its
 // outcome (the bridge deadline's stop included), and so does one whose
-// workspace never unpacked (the agent never ran). A profile with
+// agent never ran (req.NotRun: its workspace never unpacked). A profile with
 // require_bridge = false is never held.
 func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
 	s.exited.Store(true)
-	if !req.Final || req.Stopped || req.Unpack != "" || !s.unproven() {
+	if !req.Final || req.Stopped || req.NotRun || !s.unproven() {
 		return
 	}
 	exit := req.Reason
