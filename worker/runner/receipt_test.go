@@ -46,17 +46,17 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	}
 	holds := &stage.Holds{}
 	run := &stage.Run{Request: messages.RunRequest{ID: "r1"}, Profile: &p, Plan: plan, Attempt: 1, Holds: holds, Log: zerolog.Nop()}
-	var mounts []messages.ReceiptMount
+	var adds receiptAdds
 	for _, s := range []stage.Prestarter{
 		rundir.New(filepath.Join(stateDir, "r"), "", 0, holds, zerolog.Nop()).For(run),
 		bridge.New(bridgeSrc, filepath.Join(stateDir, "bin"), holds).For(run),
 	} {
 		var resp stage.PrestartResponse
 		require.NoError(t, s.Prestart(t.Context(), &stage.PrestartRequest{Run: run, Spec: &spec}, &resp))
-		mounts = merge(&spec, mounts, &resp)
+		merge(&spec, &adds, &resp)
 	}
 	require.Len(t, spec.Mounts, 2)
-	rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, nil, time.Minute, "fix the bug")
+	rc := buildReceipt(&p, p.Digest(), plan, spec, adds, time.Minute, "fix the bug")
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), host)

@@ -166,12 +166,11 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
 	digest := e.digest(prof)
 	// The receipt describes the plan until the spec exists, then the spec
-	// and the mounts the stages added so far: a run that fails here
-	// carries it too.
-	var mounts []messages.ReceiptMount
-	var launchEnv []string
+	// and what the stages added so far (mounts, files): a run that fails
+	// here carries it too.
+	var adds receiptAdds
 	defer func() {
-		r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, launchEnv, timeout, r.req.Prompt)
+		r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, adds, timeout, r.req.Prompt)
 	}()
 	if err != nil {
 		return p, err
@@ -202,14 +201,13 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir, Mask: r.mask}, &resp); err != nil {
 			return p, err
 		}
-		mounts = merge(&p.spec, mounts, &resp)
+		merge(&p.spec, &adds, &resp)
 		if resp.Resume != "" {
 			if plan, err = resumePlan(prof, plan, &p.spec, resp.Resume); err != nil {
 				return p, err
 			}
 			r.sr.Plan = plan
 		}
-		launchEnv = append(launchEnv, resp.LaunchEnvNames...)
 		if resp.Dir != nil {
 			dir = resp.Dir
 		}
@@ -379,20 +377,22 @@ func resumePlan(prof *profile.Profile, plan profile.Plan, spec *jail.ContainerSp
 }
 
 // merge adds what a Prestarter's resp adds to the container to spec, and
-// its mounts' receipt entries to mounts, which it returns.
-func merge(spec *jail.ContainerSpec, mounts []messages.ReceiptMount, resp *stage.PrestartResponse) []messages.ReceiptMount {
+// what it adds to the receipt (its mounts' entries, its files, its launch
+// variables' names) to adds.
+func merge(spec *jail.ContainerSpec, adds *receiptAdds, resp *stage.PrestartResponse) {
 	spec.Env = append(spec.Env, resp.Env...)
 	for _, m := range resp.Mounts {
 		spec.Mounts = append(spec.Mounts, m.Mount)
-		mounts = append(mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
+		adds.Mounts = append(adds.Mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
 	}
+	adds.Files = append(adds.Files, resp.Files...)
+	adds.LaunchEnv = append(adds.LaunchEnv, resp.LaunchEnvNames...)
 	if len(resp.Wrap) > 0 {
 		spec.Cmd = append(slices.Clip(resp.Wrap), spec.Cmd...)
 	}
 	if resp.WorkingDir != "" {
 		spec.WorkingDir = resp.WorkingDir
 	}
-	return mounts
 }
 
 // poststart calls each Poststarter with the started container c, and

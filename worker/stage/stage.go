@@ -195,6 +195,10 @@ type PrestartResponse struct {
 	LaunchEnvNames []string
 	// Mounts are appended to the container's mounts.
 	Mounts []Mount
+	// Files are the files the stage staged for the container, by path in
+	// the container and mode (never their contents), for the receipt:
+	// listed before the plan's own (profile.Plan.Files).
+	Files []messages.ReceiptFile
 	// Wrap, when set, becomes the head of the container's command: the
 	// command so far follows it (`jetcrew workspace exec ... --`).
 	Wrap []string

@@ -87,7 +87,8 @@ func (s *Stage) Name() string { return "coordination" }
 // Prestart serves the run's bridge socket in its directory: the socket a
 // pooled directory kept bound, else a new bind. A socket that cannot be
 // served (NATS trouble) is recorded as coordination "unavailable" and the
-// run goes on. It sets JETCREW_MCP_CONFIG.
+// run goes on. It sets JETCREW_MCP_CONFIG and lists mcp.json (the run
+// directory stage's) in the receipt's files.
 func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	if req.Dir == nil {
 		return errors.New("coordination needs the run's directory")
@@ -125,7 +126,14 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		}
 	}
 	resp.Env = append(resp.Env, Env()...)
+	resp.Files = append(resp.Files, File())
 	return nil
+}
+
+// File is the receipt's entry for the run's mcp.json, which the agent's
+// MCP client reads: its path in the container and its mode.
+func File() messages.ReceiptFile {
+	return messages.ReceiptFile{Path: messages.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", messages.MCPConfigMode)}
 }
 
 // Env is what coordination adds to a run's environment:
