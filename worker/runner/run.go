@@ -203,10 +203,11 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		}
 		merge(&p.spec, &adds, &resp)
 		if resp.Resume != "" {
+			// The container's command resumes; the stages' Run keeps
+			// the plan it was built with (stage.Run.Plan).
 			if plan, err = resumePlan(prof, plan, &p.spec, resp.Resume); err != nil {
 				return p, err
 			}
-			r.sr.Plan = plan
 		}
 		if resp.Dir != nil {
 			dir = resp.Dir

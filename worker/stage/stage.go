@@ -53,13 +53,19 @@ type Stage interface {
 }
 
 // Run is one delivery of a run request as its stages see it. The engine
-// fills it before the first hook; nothing changes it afterwards.
+// fills it before the first hook; nothing changes it afterwards (what
+// Progress and Holds point to changes, as their docs say).
 type Run struct {
 	// Request is the admitted request, its ID set.
 	Request messages.RunRequest
 	// Profile is the resolved profile the request names.
 	Profile *profile.Profile
-	// Plan is the backend's plan for the run (argv, files, launcher).
+	// Plan is the backend's plan for the run (argv, files, launcher), as
+	// the engine made it before the first hook. A follow-up the workspace
+	// stage resumes (PrestartResponse.Resume) runs the plan's argv with
+	// the CLI's resume flag (profile.Profile.Resume), which the
+	// container's command carries and Plan does not: a resume changes
+	// Argv alone, which no stage reads.
 	Plan profile.Plan
 	// Seq is the request's JETCREW_RUNS stream sequence; Attempt its
 	// delivery number, from 1.
@@ -211,7 +217,8 @@ type PrestartResponse struct {
 	Mask Masker
 	// Resume, when set, is the agent CLI's session id the run resumes (the
 	// workspace stage, for a follow-up): the engine passes it to the
-	// CLI's resume flag (profile.Profile.Resume).
+	// CLI's resume flag (profile.Profile.Resume) in the container's
+	// command; Run.Plan stays as it was.
 	Resume string
 }
 
