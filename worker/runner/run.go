@@ -377,25 +377,6 @@ func resumePlan(prof *profile.Profile, plan profile.Plan, spec *jail.ContainerSp
 	return resumed, nil
 }
 
-// merge adds what a Prestarter's resp adds to the container to spec, and
-// what it adds to the receipt (its mounts' entries, its files, its launch
-// variables' names) to adds.
-func merge(spec *jail.ContainerSpec, adds *receiptAdds, resp *stage.PrestartResponse) {
-	spec.Env = append(spec.Env, resp.Env...)
-	for _, m := range resp.Mounts {
-		spec.Mounts = append(spec.Mounts, m.Mount)
-		adds.Mounts = append(adds.Mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
-	}
-	adds.Files = append(adds.Files, resp.Files...)
-	adds.LaunchEnv = append(adds.LaunchEnv, resp.LaunchEnvNames...)
-	if len(resp.Wrap) > 0 {
-		spec.Cmd = append(slices.Clip(resp.Wrap), spec.Cmd...)
-	}
-	if resp.WorkingDir != "" {
-		spec.WorkingDir = resp.WorkingDir
-	}
-}
-
 // poststart calls each Poststarter with the started container c, and
 // returns the first error.
 func (r *run) poststart(ctx context.Context, c jail.Container) error {
