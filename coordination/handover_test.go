@@ -16,6 +16,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/relay"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // A socket kept bound by CloseKeepSocket is served again by a session of
@@ -28,9 +29,9 @@ func TestKeptSocketServedAgainWithoutStaleConnections(t *testing.T) {
 	h := b.host(t, coordination.Config{})
 	dirA := filepath.Join(b.dir, "a")
 	require.NoError(t, os.Mkdir(dirA, 0o755))
-	sa, err := h.Serve(context.Background(), coordination.RunInfo{RunID: "a", Group: "a"}, filepath.Join(dirA, coordination.SocketName))
+	sa, err := h.Serve(context.Background(), coordination.RunInfo{RunID: "a", Group: "a"}, filepath.Join(dirA, messages.SocketName))
 	require.NoError(t, err)
-	resp, err := socketHTTP(filepath.Join(dirA, coordination.SocketName)).Post("http://run"+relay.PathHello, "", nil)
+	resp, err := socketHTTP(filepath.Join(dirA, messages.SocketName)).Post("http://run"+relay.PathHello, "", nil)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusNoContent, resp.StatusCode)
 	require.NoError(t, resp.Body.Close())
@@ -39,7 +40,7 @@ func TestKeptSocketServedAgainWithoutStaleConnections(t *testing.T) {
 	sock, err := sa.CloseKeepSocket(context.Background())
 	require.NoError(t, err)
 	require.NotNil(t, sock)
-	kept, err := os.Lstat(filepath.Join(dirA, coordination.SocketName))
+	kept, err := os.Lstat(filepath.Join(dirA, messages.SocketName))
 	require.NoError(t, err, "the socket file stays")
 	require.Equal(t, os.ModeSocket|coordination.SocketMode, kept.Mode())
 
@@ -47,7 +48,7 @@ func TestKeptSocketServedAgainWithoutStaleConnections(t *testing.T) {
 	// whole request in it.
 	var stale []net.Conn
 	for range 3 {
-		c, err := net.Dial("unix", filepath.Join(dirA, coordination.SocketName))
+		c, err := net.Dial("unix", filepath.Join(dirA, messages.SocketName))
 		require.NoError(t, err, "the socket is still bound")
 		t.Cleanup(func() { _ = c.Close() })
 		stale = append(stale, c)
@@ -57,7 +58,7 @@ func TestKeptSocketServedAgainWithoutStaleConnections(t *testing.T) {
 
 	dirB := filepath.Join(b.dir, "b")
 	require.NoError(t, os.Rename(dirA, dirB))
-	pathB := filepath.Join(dirB, coordination.SocketName)
+	pathB := filepath.Join(dirB, messages.SocketName)
 	sb, err := h.ServeSocket(context.Background(), coordination.RunInfo{RunID: "b", Group: "b"}, pathB, sock)
 	require.NoError(t, err)
 	for _, c := range stale {

@@ -656,10 +656,10 @@ func TestStageRunDir(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
 
-	path := filepath.Join(dir, coordination.MCPConfigName)
+	path := filepath.Join(dir, messages.MCPConfigName)
 	fi, err = os.Stat(path)
 	require.NoError(t, err)
-	require.Equal(t, coordination.MCPConfigMode, fi.Mode().Perm())
+	require.Equal(t, messages.MCPConfigMode, fi.Mode().Perm())
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var doc map[string]map[string]map[string]any
@@ -681,8 +681,8 @@ func TestSubjects(t *testing.T) {
 	require.Equal(t, "jetcrew.coord.default.g.>", coordination.SubjectGroup(coordtest.Group("g")))
 	require.Equal(t, "inbox-r1", coordination.InboxName("r1"))
 	require.Equal(t, "default.g.r1", coordination.PeerKey(coordtest.Group("g"), "r1"))
-	require.Equal(t, coordination.ContainerRunDir+"/"+coordination.SocketName, coordination.ContainerSocketPath)
-	require.Equal(t, bridge.Name, coordination.MCPServerName)
+	require.Equal(t, messages.ContainerRunDir+"/"+messages.SocketName, messages.ContainerSocketPath)
+	require.Equal(t, bridge.Name, messages.MCPServerName)
 }
 
 // socketHTTP returns an HTTP client that dials the unix socket at path.

@@ -9,18 +9,20 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"github.com/jetcrew/jetcrew/messages"
 )
 
-// MCPServerName is the bridge's key in mcp.json; the agent sees its tools as
-// mcp__jetcrew__status and so on. It equals bridge.Name.
-const MCPServerName = "jetcrew"
+// MCPServerName is the bridge's key in mcp.json (messages.MCPServerName);
+// it equals bridge.Name.
+const MCPServerName = messages.MCPServerName
 
 // RunDirMode is the mode of a run's coordination directory: the run's
 // non-root process may enter it and read mcp.json; only the worker writes.
 const RunDirMode os.FileMode = 0o755
 
-// MCPConfigMode is the mode of mcp.json: readable by all, writable by none.
-const MCPConfigMode os.FileMode = 0o444
+// MCPConfigMode is the mode of mcp.json (messages.MCPConfigMode).
+const MCPConfigMode = messages.MCPConfigMode
 
 // MCPConfig returns the content of a run's mcp.json: one stdio MCP server,
 // MCPServerName, started as BridgePath with no arguments. The format is the
@@ -65,10 +67,10 @@ func WriteMCPConfig(dir string) error {
 }
 
 // StageRunDir prepares dir as a run's coordination directory, the one the
-// worker bind-mounts read-only at ContainerRunDir: it creates dir (and its
+// worker bind-mounts read-only at messages.ContainerRunDir: it creates dir (and its
 // missing parents, mode 0700) with mode RunDirMode and writes mcp.json
 // (mode MCPConfigMode). The session's socket goes in the same directory:
-// Host.Serve(ctx, run, filepath.Join(dir, SocketName)).
+// Host.Serve(ctx, run, filepath.Join(dir, messages.SocketName)).
 //
 // A directory it creates is new and empty, so mcp.json is written in
 // place (no temporary file, no rename): what a run costs in file-system

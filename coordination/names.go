@@ -69,24 +69,15 @@ const (
 	PeerTTL = time.Minute
 )
 
-// Paths inside a run container, for the worker's mounts.
+// Paths inside a run container that mcp.json names: the layout is
+// package messages' (messages.ContainerRunDir, messages.SocketName, ...).
 const (
-	// BridgePath is where the worker mounts the bridge binary, read-only.
+	// BridgePath is where the worker mounts the bridge binary, read-only
+	// (messages.ContainerBridgePath).
 	BridgePath = messages.ContainerBridgePath
-	// ContainerRunDir is where the worker mounts the run's directory (the
-	// one holding SocketName and MCPConfigName), read-only.
-	ContainerRunDir = messages.ContainerRunDir
-	// SocketName is the socket's file name in the run's directory.
-	SocketName = messages.SocketName
 	// MCPConfigName is the MCP configuration's file name in the run's
-	// directory.
+	// directory (messages.MCPConfigName).
 	MCPConfigName = messages.MCPConfigName
-	// ContainerSocketPath is the socket's path inside the container, the
-	// bridge's default (relay.DefaultSocketPath).
-	ContainerSocketPath = messages.ContainerSocketPath
-	// ContainerMCPConfigPath is mcp.json's path inside the container, for
-	// the agent CLI's --mcp-config flag.
-	ContainerMCPConfigPath = messages.ContainerMCPConfigPath
 )
 
 // Subject returns the subject of a message to recipient in group g:

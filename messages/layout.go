@@ -1,5 +1,7 @@
 package messages
 
+import "io/fs"
+
 // The run container's layout: where the worker mounts and stages what a run
 // sees, and where the bridge and the agent CLIs find it. Defined once here,
 // shared by the worker, the bridge and the backends.
@@ -19,6 +21,10 @@ const (
 	ContainerSocketPath = ContainerRunDir + "/" + SocketName
 	// ContainerMCPConfigPath is mcp.json's path inside the container.
 	ContainerMCPConfigPath = ContainerRunDir + "/" + MCPConfigName
+	// MCPServerName is the bridge's key in mcp.json and in the agent
+	// CLIs' own MCP settings: the agent sees its tools as
+	// mcp__jetcrew__status and so on.
+	MCPServerName = "jetcrew"
 	// ContainerPromptPath is the run's prompt, staged read-only; agent CLIs
 	// read it on standard input.
 	ContainerPromptPath = ContainerRunDir + "/prompt"
@@ -26,3 +32,7 @@ const (
 	// writable HOME before the agent starts.
 	ContainerHomeSeedPath = ContainerRunDir + "/home"
 )
+
+// MCPConfigMode is the mode of the run's mcp.json: readable by all,
+// writable by none.
+const MCPConfigMode fs.FileMode = 0o444

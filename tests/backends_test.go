@@ -69,7 +69,7 @@ var backendCases = []backendCase{
 	{
 		backend: "claude",
 		argv: []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
-			"--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config", "--dangerously-skip-permissions"},
+			"--mcp-config", messages.ContainerMCPConfigPath, "--strict-mcp-config", "--dangerously-skip-permissions"},
 		steer: messages.SteerInputClaude,
 		kinds: []string{"system/init", "assistant", "user", "result"},
 	},
@@ -97,7 +97,7 @@ var backendCases = []backendCase{
 	{
 		backend: "kimi",
 		argv: []string{"kimi", "--print", "--output-format", "stream-json", "--input-format", "stream-json",
-			"--mcp-config-file", coordination.ContainerMCPConfigPath},
+			"--mcp-config-file", messages.ContainerMCPConfigPath},
 		steer: messages.SteerInputKimi,
 		kinds: []string{"assistant", "tool"},
 	},
@@ -241,7 +241,7 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	require.Equal(t, "none", rc.Network)
 
 	// The launcher binds the profile's secret at start (--env-file).
-	argv := []string{coordination.BridgePath, "launch", "--env-file", profile.LaunchEnvPath, "--stdin", "/run/jetcrew/prompt"}
+	argv := []string{messages.ContainerBridgePath, "launch", "--env-file", profile.LaunchEnvPath, "--stdin", "/run/jetcrew/prompt"}
 	if c.steer != "" {
 		argv = append(argv, "--steer", c.steer)
 	}
@@ -255,21 +255,21 @@ func requireBackendReceipt(t *testing.T, rc *messages.Receipt, c backendCase, pr
 	for _, m := range rc.Mounts {
 		mounts[m.Target] = m
 	}
-	runDir := mounts[coordination.ContainerRunDir]
-	require.True(t, runDir.ReadOnly, "%s is read-only", coordination.ContainerRunDir)
+	runDir := mounts[messages.ContainerRunDir]
+	require.True(t, runDir.ReadOnly, "%s is read-only", messages.ContainerRunDir)
 	require.Equal(t, "run-dir", runDir.Role)
 	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, runDir.Digest)
-	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Role: "bridge",
-		Digest: "sha256:" + bridgeDigest, ReadOnly: true}, mounts[coordination.BridgePath], "the mounted bridge is the content-addressed copy of the worker's binary")
+	require.Equal(t, messages.ReceiptMount{Target: messages.ContainerBridgePath, Role: "bridge",
+		Digest: "sha256:" + bridgeDigest, ReadOnly: true}, mounts[messages.ContainerBridgePath], "the mounted bridge is the content-addressed copy of the worker's binary")
 	require.Equal(t, "sha256:"+bridgeDigest, rc.BridgeDigest)
 	// No host path: receipts name mounts by role and digest only.
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), `"source"`)
 	require.NotContains(t, string(b), os.TempDir()+"/jetcrew-", "no state dir path")
-	require.Equal(t, []string{coordination.MCPServerName}, rc.MCPServers)
+	require.Equal(t, []string{messages.MCPServerName}, rc.MCPServers)
 	files := append([]messages.ReceiptFile{
-		{Path: coordination.ContainerMCPConfigPath, Mode: "0444"},
+		{Path: messages.ContainerMCPConfigPath, Mode: "0444"},
 		{Path: "/run/jetcrew/prompt", Mode: "0444"},
 		{Path: profile.LaunchEnvPath, Mode: "0444"},
 	}, c.files...)
@@ -389,7 +389,7 @@ func TestBackends(t *testing.T) {
 			require.Equal(t, coordination.EventConnected, coord[0].Kind)
 			require.Equal(t, coordination.RecipientOperator, coord[len(coord)-1].To)
 			if c.backend == "claude" {
-				require.Equal(t, map[string]string{coordination.MCPServerName: "connected"}, st.Agent.MCPServers)
+				require.Equal(t, map[string]string{messages.MCPServerName: "connected"}, st.Agent.MCPServers)
 				require.False(t, st.Agent.IsError)
 			}
 		})
@@ -411,7 +411,7 @@ func TestBackends(t *testing.T) {
 		require.False(t, st.BridgeConnected)
 		require.Less(t, st.FinishedAt.Sub(st.StartedAt), 20*time.Second,
 			"stopped on the CLI's init event, not at its 40s bridge deadline")
-		require.Equal(t, map[string]string{coordination.MCPServerName: "failed"}, st.Agent.MCPServers)
+		require.Equal(t, map[string]string{messages.MCPServerName: "failed"}, st.Agent.MCPServers)
 		requireBackendReceipt(t, st.Receipt, backendCases[0], "claude-mcp-failed", bridge)
 	})
 

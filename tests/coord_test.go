@@ -312,15 +312,15 @@ func requireCoordMounts(t *testing.T, env coordEnv, containerID string) string {
 	for _, m := range mounts {
 		byDest[m.Destination] = m
 	}
-	dir, bin := byDest[coordination.ContainerRunDir], byDest[coordination.BridgePath]
+	dir, bin := byDest[messages.ContainerRunDir], byDest[messages.ContainerBridgePath]
 	require.Equal(t, "bind", dir.Type, "mounts: %+v", mounts)
-	require.False(t, dir.RW, "%s is mounted read-only", coordination.ContainerRunDir)
+	require.False(t, dir.RW, "%s is mounted read-only", messages.ContainerRunDir)
 	require.True(t, strings.HasPrefix(dir.Source, env.tmp+string(filepath.Separator)), "run directory %s is under the worker's state dir in %s", dir.Source, env.tmp)
 	require.Equal(t, "bind", bin.Type, "mounts: %+v", mounts)
-	require.False(t, bin.RW, "%s is mounted read-only", coordination.BridgePath)
+	require.False(t, bin.RW, "%s is mounted read-only", messages.ContainerBridgePath)
 	require.True(t, strings.HasPrefix(bin.Source, env.tmp+string(filepath.Separator)), "the bridge %s is staged under the worker's state dir in %s", bin.Source, env.tmp)
 	require.Equal(t, fileSHA256(t, env.bridge), filepath.Base(bin.Source), "the mounted bridge is the content-addressed copy of the worker's binary")
-	for _, name := range []string{coordination.MCPConfigName, coordination.SocketName} {
+	for _, name := range []string{messages.MCPConfigName, messages.SocketName} {
 		_, err := os.Lstat(filepath.Join(dir.Source, name))
 		require.NoError(t, err, "the staged run directory holds %s while the run runs", name)
 	}
@@ -338,40 +338,40 @@ func requireJailedAgent(t *testing.T, env coordEnv, rep agentReport, ownDir stri
 	require.Equal(t, 65532, p.UID, "uid")
 	require.Equal(t, 65532, p.GID, "gid")
 	require.Equal(t, 65532, p.EUID, "euid")
-	require.Equal(t, coordination.ContainerMCPConfigPath, rep.Env["JETCREW_MCP_CONFIG"])
+	require.Equal(t, messages.ContainerMCPConfigPath, rep.Env["JETCREW_MCP_CONFIG"])
 
-	conf := p.Files[coordination.ContainerMCPConfigPath]
+	conf := p.Files[messages.ContainerMCPConfigPath]
 	require.Equal(t, agentFile{Exists: true, Type: "file", Mode: "0444", UID: conf.UID}, conf, "mcp.json")
-	sock := p.Files[coordination.ContainerSocketPath]
+	sock := p.Files[messages.ContainerSocketPath]
 	require.True(t, sock.Exists, "bridge.sock")
 	require.Equal(t, "socket", sock.Type)
-	dir := p.Files[coordination.ContainerRunDir]
+	dir := p.Files[messages.ContainerRunDir]
 	require.Equal(t, "dir", dir.Type)
 	require.NotEqual(t, 65532, *dir.UID, "the agent does not own its run directory")
 	// The bridge is the worker's staged copy of its own binary: 0555
 	// whatever mode the build output has, never writable by the agent.
-	bin := p.Files[coordination.BridgePath]
+	bin := p.Files[messages.ContainerBridgePath]
 	require.True(t, bin.Exists, "bridge")
 	require.Equal(t, "file", bin.Type)
 	require.Equal(t, "0555", bin.Mode, "the staged bridge is 0555 whatever the build output's mode")
 	require.NotEqual(t, 65532, *bin.UID, "the agent does not own the bridge")
 
-	require.Equal(t, map[string]bool{coordination.ContainerRunDir: true, coordination.BridgePath: true}, p.ReadOnly,
+	require.Equal(t, map[string]bool{messages.ContainerRunDir: true, messages.ContainerBridgePath: true}, p.ReadOnly,
 		"both coordination mounts are ro in /proc/self/mountinfo")
 	var runDirMounts []agentMount
 	for _, m := range p.Mounts {
-		if m.Point == coordination.ContainerRunDir {
+		if m.Point == messages.ContainerRunDir {
 			runDirMounts = append(runDirMounts, m)
 		}
 		for _, other := range otherDirs {
 			require.NotContains(t, m.Root, filepath.Base(other), "another run's directory is mounted at %s", m.Point)
 		}
 	}
-	require.Len(t, runDirMounts, 1, "one mount at %s", coordination.ContainerRunDir)
+	require.Len(t, runDirMounts, 1, "one mount at %s", messages.ContainerRunDir)
 	require.True(t, strings.HasSuffix(ownDir, runDirMounts[0].Root), "%s is the run's own directory %s (mountinfo root %s)",
-		coordination.ContainerRunDir, ownDir, runDirMounts[0].Root)
+		messages.ContainerRunDir, ownDir, runDirMounts[0].Root)
 
-	require.Equal(t, []string{coordination.ContainerSocketPath}, p.Sockets, "the run's own socket is the only socket in its filesystem")
+	require.Equal(t, []string{messages.ContainerSocketPath}, p.Sockets, "the run's own socket is the only socket in its filesystem")
 	require.Empty(t, p.DockerSockets, "no Docker socket")
 	require.Empty(t, p.Errors)
 	require.Equal(t, map[string]bool{env.tmp: false}, rep.Paths, "the worker's state directory %s does not exist inside", env.tmp)
@@ -707,7 +707,7 @@ func TestCoordIsolation(t *testing.T) {
 	repB, _ := finishedAgent(t, env.url, b, group)
 	requireJailedAgent(t, env, repA, dirs[a], dirs[b])
 	requireJailedAgent(t, env, repB, dirs[b], dirs[a])
-	require.Equal(t, []string{coordination.ContainerSocketPath}, repC.Probe.Sockets)
+	require.Equal(t, []string{messages.ContainerSocketPath}, repC.Probe.Sockets)
 	require.Empty(t, repC.Probe.DockerSockets)
 	require.Equal(t, map[string]bool{env.tmp: false}, repC.Paths)
 	for _, m := range repC.Probe.Mounts {

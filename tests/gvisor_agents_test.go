@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -66,9 +65,9 @@ func TestGVisorAgents(t *testing.T) {
 		require.Equal(t, id, rep.Status.RunID)
 		require.Equal(t, 65532, rep.Probe.UID)
 		require.Equal(t, 65532, rep.Probe.EUID)
-		require.Equal(t, []string{coordination.ContainerSocketPath}, rep.Probe.Sockets, "the run's own socket is the only socket in its filesystem")
+		require.Equal(t, []string{messages.ContainerSocketPath}, rep.Probe.Sockets, "the run's own socket is the only socket in its filesystem")
 		require.Empty(t, rep.Probe.DockerSockets)
-		require.Equal(t, map[string]bool{coordination.ContainerRunDir: true, coordination.BridgePath: true}, rep.Probe.ReadOnly,
+		require.Equal(t, map[string]bool{messages.ContainerRunDir: true, messages.ContainerBridgePath: true}, rep.Probe.ReadOnly,
 			"both coordination mounts are ro in gVisor's mountinfo")
 		require.Equal(t, []string{"ask", "claim", "claims", "inbox", "release", "reply", "send", "status"}, rep.Tools)
 		st := status(t, url, id)

@@ -150,6 +150,8 @@ func TestReceiptOnEarlyFailure(t *testing.T) {
 	require.Equal(t, "agents:test", st.Receipt.Image)
 	require.Equal(t, "codex", st.Receipt.Backend)
 	require.NotEmpty(t, st.Receipt.Files)
+	require.Equal(t, messages.ReceiptFile{Path: messages.ContainerMCPConfigPath, Mode: "0444"}, st.Receipt.Files[0],
+		"the coordination stage lists mcp.json first, before the plan's files")
 	require.Contains(t, st.Receipt.EnvNames, "CODEX_HOME")
 	dl := b.deadLetter(t, "default", "rc1")
 	require.Contains(t, dl.Header.Get(messages.HeaderReceipt), `"backend":"codex"`)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -107,7 +106,7 @@ require_bridge = false
 				return workertest.ScriptBehaviour(spec)
 			}
 			return func(ctx context.Context, spec jail.ContainerSpec, _ jail.OutputFunc) jail.ExitStatus {
-				cl := relay.NewClient(filepath.Join(runDirOf(spec), coordination.SocketName))
+				cl := relay.NewClient(filepath.Join(runDirOf(spec), messages.SocketName))
 				defer cl.Close()
 				if err := cl.Hello(ctx); err != nil {
 					return jail.ExitStatus{Code: 1}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -39,7 +38,7 @@ func (loopbackResolver) LookupNetIP(context.Context, string, string) ([]netip.Ad
 // directory.
 func runDir(spec jail.ContainerSpec) string {
 	for _, m := range spec.Mounts {
-		if m.Target == coordination.ContainerRunDir {
+		if m.Target == messages.ContainerRunDir {
 			return m.Source
 		}
 	}

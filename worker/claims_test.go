@@ -32,7 +32,7 @@ func TestClaimsLiveAsLongAsTheRun(t *testing.T) {
 		rt := workertest.NewTestRuntime(t)
 		rt.Behave = func(spec jail.ContainerSpec) (workertest.Behaviour, error) {
 			return func(ctx context.Context, spec jail.ContainerSpec, out jail.OutputFunc) jail.ExitStatus {
-				cl := relay.NewClient(filepath.Join(runDirOf(spec), coordination.SocketName))
+				cl := relay.NewClient(filepath.Join(runDirOf(spec), messages.SocketName))
 				defer cl.Close()
 				switch spec.Labels[jail.LabelRunID] {
 				case "holder":

@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
@@ -21,7 +20,7 @@ import (
 // runDirOf returns the host source of a spec's /run/jetcrew mount.
 func runDirOf(spec jail.ContainerSpec) string {
 	for _, m := range spec.Mounts {
-		if m.Target == coordination.ContainerRunDir {
+		if m.Target == messages.ContainerRunDir {
 			return m.Source
 		}
 	}
@@ -48,13 +47,13 @@ func TestCoordinationThroughStagedSockets(t *testing.T) {
 				rep := report{spec: spec}
 				defer func() { reports <- rep }()
 				dir := runDirOf(spec)
-				fi, err := os.Stat(filepath.Join(dir, coordination.MCPConfigName))
+				fi, err := os.Stat(filepath.Join(dir, messages.MCPConfigName))
 				if err != nil {
 					rep.err = err
 					return jail.ExitStatus{Code: 1}
 				}
 				rep.mcpMode = fi.Mode().Perm()
-				cl := relay.NewClient(filepath.Join(dir, coordination.SocketName))
+				cl := relay.NewClient(filepath.Join(dir, messages.SocketName))
 				defer cl.Close()
 				if rep.err = cl.Hello(ctx); rep.err != nil {
 					return jail.ExitStatus{Code: 1}

@@ -46,8 +46,8 @@ func recordRunDirs(t *testing.T, rt *workertest.Runtime) <-chan seenDir {
 					s.names = append(s.names, e.Name())
 				}
 			}
-			s.mcp, _ = os.ReadFile(filepath.Join(s.path, coordination.MCPConfigName))
-			s.sock, _ = os.Lstat(filepath.Join(s.path, coordination.SocketName))
+			s.mcp, _ = os.ReadFile(filepath.Join(s.path, messages.MCPConfigName))
+			s.sock, _ = os.Lstat(filepath.Join(s.path, messages.SocketName))
 			// The pool is StateDir/p; the run directory is StateDir/r/<hex>.
 			pool, _ := os.ReadDir(filepath.Join(filepath.Dir(filepath.Dir(s.path)), "p"))
 			s.pooled = len(pool)
@@ -74,7 +74,7 @@ func TestRunDirsPooled(t *testing.T) {
 	b.submit(t, messages.RunRequest{ID: "pool-a", Profile: "shell", Prompt: "true"})
 	require.Equal(t, messages.StateSucceeded, b.waitFinal(t, "pool-a").State)
 	a := <-seen
-	require.ElementsMatch(t, []string{coordination.MCPConfigName, coordination.SocketName}, a.names)
+	require.ElementsMatch(t, []string{messages.MCPConfigName, messages.SocketName}, a.names)
 	require.Equal(t, coordination.MCPConfig(), a.mcp)
 	var pooled []os.DirEntry
 	require.Eventually(t, func() bool {
@@ -85,7 +85,7 @@ func TestRunDirsPooled(t *testing.T) {
 	left, err := os.ReadDir(filepath.Join(pool, pooled[0].Name()))
 	require.NoError(t, err)
 	require.Len(t, left, 2)
-	sockA, err := os.Lstat(filepath.Join(pool, pooled[0].Name(), coordination.SocketName))
+	sockA, err := os.Lstat(filepath.Join(pool, pooled[0].Name(), messages.SocketName))
 	require.NoError(t, err, "the socket stays with the pooled directory")
 	require.Equal(t, os.ModeSocket|coordination.SocketMode, sockA.Mode())
 
@@ -95,7 +95,7 @@ func TestRunDirsPooled(t *testing.T) {
 	require.NotEqual(t, a.path, bs.path, "each delivery has its own path")
 	require.True(t, os.SameFile(a.info, bs.info), "run b took the pooled directory")
 	require.Zero(t, bs.pooled, "the pool gave its directory to run b")
-	require.ElementsMatch(t, []string{coordination.MCPConfigName, coordination.SocketName}, bs.names)
+	require.ElementsMatch(t, []string{messages.MCPConfigName, messages.SocketName}, bs.names)
 	require.Equal(t, coordination.MCPConfig(), bs.mcp)
 	require.Equal(t, coordination.RunDirMode, bs.info.Mode().Perm())
 	require.True(t, os.SameFile(sockA, bs.sock), "run b's session serves the socket run a's kept bound")
@@ -160,7 +160,7 @@ func poolOneRunDir(t *testing.T, id string) (*testBundle, <-chan seenDir, string
 func TestTamperedPooledRunDirDropped(t *testing.T) {
 	t.Parallel()
 	b, seen, dir := poolOneRunDir(t, "tamper-a")
-	mcp := filepath.Join(dir, coordination.MCPConfigName)
+	mcp := filepath.Join(dir, messages.MCPConfigName)
 	require.NoError(t, os.Chmod(mcp, 0o644))
 	require.NoError(t, os.WriteFile(mcp, []byte(`{"mcpServers":{}}`), 0o644))
 
@@ -180,7 +180,7 @@ func TestTamperedPooledRunDirDropped(t *testing.T) {
 func TestPooledSocketDropsWaitingConnections(t *testing.T) {
 	t.Parallel()
 	b, seen, dir := poolOneRunDir(t, "stale-a")
-	c, err := net.Dial("unix", filepath.Join(dir, coordination.SocketName))
+	c, err := net.Dial("unix", filepath.Join(dir, messages.SocketName))
 	require.NoError(t, err, "the pooled socket is bound")
 	defer c.Close()
 	_, err = io.WriteString(c, "POST "+relay.PathHello+" HTTP/1.1\r\nHost: run\r\nContent-Length: 0\r\n\r\n")

@@ -284,7 +284,7 @@ func (w *Worker) compose(ctx context.Context) error {
 		WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, Runtime: c.Runtime,
 		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live, Stages: stages,
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
-		MaxDeliver: c.Provision.MaxDeliver, LookupEnv: c.LookupEnv, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
+		MaxDeliver: c.Provision.MaxDeliver, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
 	})
 	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
 		return fmt.Errorf("worker: workspace buckets: %w", err)

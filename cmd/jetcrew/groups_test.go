@@ -126,8 +126,8 @@ func (u *groupsUser) startWorker(t *testing.T, rt jail.Runtime, pool string) {
 // starts: the run directory the worker mounts at /run/jetcrew.
 func runSocket(spec jail.ContainerSpec) string {
 	for _, m := range spec.Mounts {
-		if m.Target == coordination.ContainerRunDir {
-			return filepath.Join(m.Source, coordination.SocketName)
+		if m.Target == messages.ContainerRunDir {
+			return filepath.Join(m.Source, messages.SocketName)
 		}
 	}
 	return ""

@@ -47,6 +47,10 @@ var rules = []rule{
 		to: []string{"egress/..."}, unless: []string{"egress/policy"}},
 	{why: "the stage contract reads the egress policy, never the proxy: only its leaf", from: "worker/stage",
 		to: []string{"egress/..."}, unless: []string{"egress/policy"}},
+	{why: "profiles name the container's layout from messages, never the coordination host", from: "worker/profile/...",
+		to: []string{"coordination/..."}},
+	{why: "the stage contract knows no coordination host: sockets pass as io.Closer, the layout is messages'", from: "worker/stage",
+		to: []string{"coordination/..."}},
 	{why: "the egress policy is a leaf: the wire format and the standard library only", from: "egress/policy", to: []string{"..."}, unless: []string{"messages"}},
 	{why: "the run record's store sits below the engine and the stages", from: "worker/runstate",
 		to: []string{"worker/...", "dispatcher/..."}, unless: []string{"worker/runstate"}},
@@ -175,16 +179,18 @@ func TestLayers(t *testing.T) {
 // TestLayersCatch proves the check can fail: a stage importing another
 // stage, the Docker driver importing the engine, roles importing the
 // worker, a profile importing the egress proxy (its policy leaf is
-// allowed), and a chain through a third package are each reported.
+// allowed), a profile or the stage contract importing the coordination
+// host, and a chain through a third package are each reported.
 func TestLayersCatch(t *testing.T) {
 	t.Parallel()
 	graph := map[string][]string{
 		"worker/stage/tree":   {"worker/stage", "worker/stage/rundir"},
 		"worker/stage/rundir": {"worker/stage"},
-		"worker/stage":        nil,
+		"worker/stage":        {"coordination"},
 		"worker/docker":       {"worker/jail", "worker/profile"},
 		"worker/jail":         nil,
-		"worker/profile":      {"egress/policy", "egress"},
+		"worker/profile":      {"egress/policy", "egress", "coordination"},
+		"coordination":        {"messages"},
 		"egress/policy":       nil,
 		"egress":              nil,
 		"roles":               {"messages", "worker"},
@@ -194,10 +200,12 @@ func TestLayersCatch(t *testing.T) {
 		"console":             {"worker/jail"},
 	}
 	got := violations(graph)
-	require.Len(t, got, 5, "%q", got)
+	require.Len(t, got, 7, "%q", got)
 	require.Contains(t, got[0], "dispatcher depends on worker/jail (dispatcher → console → worker/jail)")
 	require.Contains(t, got[1], "roles depends on worker (roles → worker)")
 	require.Contains(t, got[2], "worker/docker depends on worker/profile")
-	require.Contains(t, got[3], "worker/profile depends on egress (worker/profile → egress)")
-	require.Contains(t, got[4], "worker/stage/tree depends on worker/stage/rundir")
+	require.Contains(t, got[3], "worker/profile depends on coordination (worker/profile → coordination)")
+	require.Contains(t, got[4], "worker/profile depends on egress (worker/profile → egress)")
+	require.Contains(t, got[5], "worker/stage depends on coordination (worker/stage → coordination)")
+	require.Contains(t, got[6], "worker/stage/tree depends on worker/stage/rundir")
 }

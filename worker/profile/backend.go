@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -74,11 +73,11 @@ const (
 	// before the agent starts.
 	HomeSeedPath = messages.ContainerHomeSeedPath
 	// LaunchPath is the bridge binary acting as the agent's launcher.
-	LaunchPath = coordination.BridgePath
+	LaunchPath = messages.ContainerBridgePath
 	// LaunchEnvPath is the file of the variables the launcher sets at start
 	// (Plan.EnvFile), staged read-only in the run's directory: a JSON array
 	// of "KEY=VALUE" strings.
-	LaunchEnvPath = coordination.ContainerRunDir + "/launch-env.json"
+	LaunchEnvPath = messages.ContainerRunDir + "/launch-env.json"
 )
 
 // maxArgPrompt is the longest prompt substituted into an argument, in bytes:
@@ -186,7 +185,7 @@ func (p Profile) Plan(prompt string, coord bool) (Plan, error) {
 		return plan, err
 	}
 	if coord {
-		plan.MCPServers = []string{coordination.MCPServerName}
+		plan.MCPServers = []string{messages.MCPServerName}
 	}
 	exe := func(def string) []string {
 		if len(p.Command) > 0 {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -29,12 +28,12 @@ func (claudeBackend) plan(p Profile, _ string, coord bool, exe func(string) []st
 		// a line, read until its standard input ends.
 		plan.Argv = append(plan.Argv, "--input-format", "stream-json")
 		plan.SteerInput = messages.SteerInputClaude
-		plan.Argv = append(plan.Argv, "--mcp-config", coordination.ContainerMCPConfigPath, "--strict-mcp-config")
+		plan.Argv = append(plan.Argv, "--mcp-config", messages.ContainerMCPConfigPath, "--strict-mcp-config")
 		plan.InitCheck = true
 	} else {
 		// An empty config with --strict-mcp-config: no MCP server at
 		// all, not whatever the image's user settings list.
-		none := coordination.ContainerRunDir + "/mcp-none.json"
+		none := messages.ContainerRunDir + "/mcp-none.json"
 		plan.Files = append(plan.Files, StagedFile{Path: none, Mode: 0o444, Data: []byte(`{"mcpServers":{}}`)})
 		plan.Argv = append(plan.Argv, "--mcp-config", none, "--strict-mcp-config")
 	}
@@ -63,7 +62,7 @@ func (claudeBackend) parse(kind string, v map[string]any, ps *Parser) (string, s
 					ps.summary.MCPServers[jstr(m, "name")] = jstr(m, "status")
 				}
 			}
-			ps.reportMCP(ps.summary.MCPServers[coordination.MCPServerName])
+			ps.reportMCP(ps.summary.MCPServers[messages.MCPServerName])
 		}
 	case "assistant":
 		if msg, ok := v["message"].(map[string]any); ok {

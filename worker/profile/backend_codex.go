@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendCodex runs Codex CLI: codex exec --json with a writable CODEX_HOME
@@ -23,7 +23,7 @@ func (codexBackend) plan(p Profile, _ string, coord bool, exe func(string) []str
 	var toml strings.Builder
 	if coord {
 		fmt.Fprintf(&toml, "[mcp_servers.%s]\ncommand = %q\nargs = []\nstartup_timeout_sec = 30\ntool_timeout_sec = 60\n",
-			coordination.MCPServerName, coordination.BridgePath)
+			messages.MCPServerName, messages.ContainerBridgePath)
 	}
 	plan.Files = append(plan.Files, StagedFile{Path: HomeSeedPath + "/.codex/config.toml", Mode: 0o444, Data: []byte(toml.String())})
 	plan.Env = append(plan.Env, "CODEX_HOME="+p.Home+"/.codex")

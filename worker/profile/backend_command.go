@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendCommand runs the profile's Command with {prompt} (or
@@ -37,7 +37,7 @@ func (commandBackend) plan(p Profile, prompt string, coord bool, _ func(string) 
 		}
 		usesFile = usesFile || strings.Contains(a, placeholderPromptFile)
 	}
-	r := strings.NewReplacer(placeholderPromptFile, PromptPath, placeholderMCPConfig, coordination.ContainerMCPConfigPath, placeholderPrompt, prompt)
+	r := strings.NewReplacer(placeholderPromptFile, PromptPath, placeholderMCPConfig, messages.ContainerMCPConfigPath, placeholderPrompt, prompt)
 	for _, a := range p.Command {
 		plan.Argv = append(plan.Argv, r.Replace(a))
 	}

@@ -3,7 +3,7 @@ package profile
 import (
 	"fmt"
 
-	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendGemini runs Gemini CLI: gemini --output-format stream-json with the
@@ -19,13 +19,13 @@ type geminiBackend struct{}
 func (geminiBackend) plan(p Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	settings := map[string]any{"security": map[string]any{"folderTrust": map[string]any{"enabled": false}}}
 	if coord {
-		settings["mcpServers"] = map[string]any{coordination.MCPServerName: map[string]any{"command": coordination.BridgePath, "trust": true}}
+		settings["mcpServers"] = map[string]any{messages.MCPServerName: map[string]any{"command": messages.ContainerBridgePath, "trust": true}}
 	} else {
 		settings["mcpServers"] = map[string]any{}
 	}
 	// /run/jetcrew is 0755 and read-only: Gemini CLI skips a settings
 	// file under a group- or world-writable directory.
-	path := coordination.ContainerRunDir + "/gemini-settings.json"
+	path := messages.ContainerRunDir + "/gemini-settings.json"
 	plan.Files = append(plan.Files, jsonFile(path, settings))
 	plan.Env = append(plan.Env, "GEMINI_CLI_SYSTEM_SETTINGS_PATH="+path)
 	mode := p.ApprovalMode

@@ -1,7 +1,6 @@
 package profile
 
 import (
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -19,7 +18,7 @@ type kimiBackend struct{}
 func (kimiBackend) plan(_ Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	plan.Argv = append(exe("kimi"), "--print", "--output-format", "stream-json")
 	if coord {
-		plan.Argv = append(plan.Argv, "--input-format", "stream-json", "--mcp-config-file", coordination.ContainerMCPConfigPath)
+		plan.Argv = append(plan.Argv, "--input-format", "stream-json", "--mcp-config-file", messages.ContainerMCPConfigPath)
 		plan.SteerInput = messages.SteerInputKimi
 	}
 	return false, nil

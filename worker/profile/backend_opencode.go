@@ -5,7 +5,7 @@ import (
 	"path"
 	"slices"
 
-	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 )
 
 // BackendOpencode runs opencode: opencode run --format json with the MCP
@@ -20,7 +20,7 @@ type opencodeBackend struct{}
 func (opencodeBackend) plan(_ Profile, _ string, coord bool, exe func(string) []string, plan *Plan) (bool, error) {
 	cfg := map[string]any{"mcp": map[string]any{}}
 	if coord {
-		cfg["mcp"] = map[string]any{coordination.MCPServerName: map[string]any{"type": "local", "command": []string{coordination.BridgePath}, "enabled": true}}
+		cfg["mcp"] = map[string]any{messages.MCPServerName: map[string]any{"type": "local", "command": []string{messages.ContainerBridgePath}, "enabled": true}}
 	}
 	b, _ := json.Marshal(cfg)
 	plan.Env = append(plan.Env, "OPENCODE_CONFIG_CONTENT="+string(b))

@@ -1,8 +1,6 @@
 package profile
 
-import (
-	"github.com/jetcrew/jetcrew/coordination"
-)
+import "github.com/jetcrew/jetcrew/messages"
 
 // BackendPi runs pi: pi --print --mode json, MCP through the pi-mcp-adapter
 // configuration in ~/.pi/agent/mcp.json.
@@ -17,7 +15,7 @@ func (piBackend) plan(_ Profile, _ string, coord bool, exe func(string) []string
 	plan.Argv = append(exe("pi"), "--print", "--mode", "json")
 	cfg := map[string]any{"mcpServers": map[string]any{}}
 	if coord {
-		cfg["mcpServers"] = map[string]any{coordination.MCPServerName: map[string]any{"command": coordination.BridgePath, "args": []string{}}}
+		cfg["mcpServers"] = map[string]any{messages.MCPServerName: map[string]any{"command": messages.ContainerBridgePath, "args": []string{}}}
 	}
 	plan.Files = append(plan.Files, jsonFile(HomeSeedPath+"/.pi/agent/mcp.json", cfg))
 	plan.Unsupported = append(plan.Unsupported, "pi has no built-in MCP client: the image must include the pi-mcp-adapter extension, which reads ~/.pi/agent/mcp.json")

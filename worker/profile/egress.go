@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress/policy"
 	"github.com/jetcrew/jetcrew/messages"
 )
@@ -23,7 +22,7 @@ const (
 	// EgressSocketName is the egress proxy's socket in the run's directory.
 	EgressSocketName = "egress.sock"
 	// EgressSocketPath is that socket inside the container.
-	EgressSocketPath = coordination.ContainerRunDir + "/" + EgressSocketName
+	EgressSocketPath = messages.ContainerRunDir + "/" + EgressSocketName
 )
 
 // ProxyEnv returns the environment pointing a run's HTTP clients at its proxy.
@@ -52,9 +51,9 @@ const (
 // CURL_CA_BUNDLE (curl) name the bundle; NODE_EXTRA_CA_CERTS (Node) adds the
 // CA to Node's own roots.
 func ProxyTrustEnv() []string {
-	bundle := coordination.ContainerRunDir + "/" + EgressCABundleName
+	bundle := messages.ContainerRunDir + "/" + EgressCABundleName
 	return []string{"SSL_CERT_FILE=" + bundle, "REQUESTS_CA_BUNDLE=" + bundle, "CURL_CA_BUNDLE=" + bundle,
-		"NODE_EXTRA_CA_CERTS=" + coordination.ContainerRunDir + "/" + EgressCAName}
+		"NODE_EXTRA_CA_CERTS=" + messages.ContainerRunDir + "/" + EgressCAName}
 }
 
 // forbiddenInjectHeaders may not be set by an injection: they frame the

@@ -51,9 +51,11 @@ func TestBackendGolden(t *testing.T) {
 				Attempt: 1, WorkerID: "w", Now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC),
 			})
 			// What the run-directory, bridge and coordination stages add.
-			mounts := merge(&spec, nil, &stage.PrestartResponse{Mounts: []stage.Mount{rundir.Mount("/state/r/x", plan)}})
-			mounts = merge(&spec, mounts, &stage.PrestartResponse{Mounts: []stage.Mount{bridge.Mount("/usr/local/bin/jetcrew-bridge", "00")}})
-			mounts = merge(&spec, mounts, &stage.PrestartResponse{Env: coord.Env()})
+			var adds receiptAdds
+			merge(&spec, &adds, &stage.PrestartResponse{Mounts: []stage.Mount{rundir.Mount("/state/r/x", plan)}})
+			merge(&spec, &adds, &stage.PrestartResponse{Mounts: []stage.Mount{bridge.Mount("/usr/local/bin/jetcrew-bridge", "00")}})
+			merge(&spec, &adds, &stage.PrestartResponse{Env: coord.Env(), Files: []messages.ReceiptFile{coord.File()}})
+			adds.LaunchEnv = p.EnvFromHost
 			g := backendGolden{Argv: spec.Cmd, BackendEnv: plan.Env, Files: map[string]string{}, FileModes: map[string]string{},
 				Mounts: spec.Mounts, MCPServers: plan.MCPServers, Unsupported: plan.Unsupported}
 			for _, kv := range spec.Env {
@@ -79,7 +81,7 @@ func TestBackendGolden(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, string(want), string(got))
 			// The secret reaches the container by name only in receipts.
-			rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, p.EnvFromHost, time.Hour, "fix the bug")
+			rc := buildReceipt(&p, p.Digest(), plan, spec, adds, time.Hour, "fix the bug")
 			rb, _ := json.Marshal(rc)
 			require.NotContains(t, string(rb), "sk-secret")
 			require.NotContains(t, string(rb), "fix the bug")

@@ -9,7 +9,6 @@ import (
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/stage"
-	"github.com/jetcrew/jetcrew/workspace"
 )
 
 // exitFacts is what supervise saw of a run's end, before any decision: the
@@ -56,9 +55,6 @@ type outcomePolicy struct {
 	WorkerID string
 	// Spec is the container's spec, for diagnosing a jail limit.
 	Spec jail.ContainerSpec
-	// WorkspaceMiB is the profile's workspace_mib, for the reason of a
-	// snapshot that does not fit.
-	WorkspaceMiB int64
 }
 
 // action is what becomes of a run once its exit is classified.
@@ -76,10 +72,9 @@ type outcome struct {
 	Action action
 	State  messages.State
 	Reason string
-	// Unpack is the kind of the in-jail unpack's failure
-	// (workspace.UnpackNoSpace, ...), "" when the snapshot unpacked (or the
-	// run has none): nothing is captured then.
-	Unpack string
+	// NotRun is set once a stage's Exited said the agent never ran
+	// (stage.ExitedResponse.NotRun); later stages see it.
+	NotRun bool
 }
 
 // classify turns exit facts into an outcome. It does no I/O. The first rule
@@ -89,9 +84,6 @@ type outcome struct {
 //     reached);
 //   - a worker shutdown: hand back; a failed wait: retry;
 //   - the timeout: timed_out;
-//   - `jetcrew workspace exec` failing to unpack the snapshot (exit code
-//     workspace.JailExitCode, its line last on stderr): failed, never
-//     retried (see unpackOutcome);
 //   - an OOM kill with a non-zero exit: failed
 //     "oom" (a child killed while the main process exits 0 succeeds; the
 //     state's oom_killed says it happened);
@@ -99,6 +91,10 @@ type outcome struct {
 //     one, else the exit code and a diagnosis from stderr; retried instead
 //     while the profile's retries last;
 //   - else succeeded.
+//
+// It knows no stage: what only a stage can read in the facts (the
+// workspace tool's exit line) that stage says in its Exited response
+// (amend).
 func classify(f exitFacts, p outcomePolicy) outcome {
 	switch {
 	case f.Cancelled:
@@ -111,8 +107,6 @@ func classify(f exitFacts, p outcomePolicy) outcome {
 		return outcome{Action: actionRetry, Reason: fmt.Sprintf("wait for container: %v", f.WaitErr)}
 	case f.TimedOut:
 		return outcome{Action: actionFinal, State: messages.StateTimedOut, Reason: fmt.Sprintf("timed out after %s", f.Timeout)}
-	case f.Status.Code == workspace.JailExitCode && strings.HasPrefix(f.LastErr, unpackFailed):
-		return unpackOutcome(f.LastErr, p.WorkspaceMiB)
 	case f.Status.OOMKilled && f.Status.Code != 0: // a child's OOM kill alone does not fail the run
 		return outcome{Action: actionFinal, State: messages.StateFailed, Reason: "oom"}
 	case f.Status.Code == 0:
@@ -130,51 +124,32 @@ func classify(f exitFacts, p outcomePolicy) outcome {
 	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason}
 }
 
-// amend returns o as a stage's Exited response changes it: Fail ends a
-// final outcome failed with the response's reason (a cancel still wins; a
-// retry or a hand-back stays one, and the response is then ignored); a
-// reason alone replaces the outcome's. It does no I/O.
+// amend returns o as a stage's Exited response changes it, in this
+// order: Retry hands the run back for a retry with the response's reason;
+// NotRun ends it failed with that reason, a retry included; Fail ends a
+// final outcome failed with it (a retry stays one); a reason alone
+// replaces the outcome's. A cancel still wins and a hand-back stays one;
+// Retry, NotRun and Fail without a reason change nothing. It does no I/O.
 func (o outcome) amend(resp stage.ExitedResponse) outcome {
+	decided := o.State == messages.StateCancelled || o.Action == actionHandBack || resp.Reason == ""
+	o.NotRun = o.NotRun || resp.NotRun
 	switch {
+	case resp.Retry:
+		if !decided {
+			o.Action, o.State, o.Reason = actionRetry, "", resp.Reason
+		}
+	case resp.NotRun:
+		if !decided {
+			o.Action, o.State, o.Reason = actionFinal, messages.StateFailed, resp.Reason
+		}
 	case resp.Fail:
-		if o.Action == actionFinal && o.State != messages.StateCancelled && resp.Reason != "" {
+		if o.Action == actionFinal && !decided {
 			o.State, o.Reason = messages.StateFailed, resp.Reason
 		}
 	case resp.Reason != "":
 		o.Reason = resp.Reason
 	}
 	return o
-}
-
-// unpackFailed starts the line `jetcrew workspace exec` prints when the
-// snapshot does not unpack: "jetcrew workspace: unpack failed (KIND):
-// DETAIL".
-const unpackFailed = workspace.JailErrPrefix + "unpack failed ("
-
-// unpackOutcome is the outcome of a run whose snapshot did not unpack in
-// its container: failed, with a dead letter, no retry (the snapshot will
-// not unpack better next time), nothing captured; but retried when no
-// capture container held the workspace in time (UnpackNotHeld) or the
-// worker could not fetch the snapshot it streamed in (UnpackFetch). The reason names the
-// profile's workspace_mib when the tree's tmpfs was full, else repeats the
-// unpacker's own words. The line comes from the container, before the
-// agent ran; an agent that prints it and exits with the same code only
-// fails its own run.
-func unpackOutcome(line string, mib int64) outcome {
-	kind, detail, _ := strings.Cut(strings.TrimPrefix(line, unpackFailed), "): ")
-	reason := "workspace: " + detail
-	switch kind {
-	case workspace.UnpackNoSpace:
-		reason = fmt.Sprintf("workspace: %v: the snapshot does not fit the profile's workspace_mib (%d MiB)", workspace.ErrTooLarge, mib)
-	case workspace.UnpackOther:
-		reason = "workspace: unpack failed: " + detail
-	case workspace.UnpackNotHeld, workspace.UnpackFetch:
-		// The capture container did not start in time, or the snapshot
-		// streamed in could not be fetched: infrastructure, retried like
-		// an engine that cannot be reached.
-		return outcome{Action: actionRetry, Reason: reason, Unpack: kind}
-	}
-	return outcome{Action: actionFinal, State: messages.StateFailed, Reason: reason, Unpack: kind}
 }
 
 // maxResult bounds the result text kept in a run's state, in bytes.

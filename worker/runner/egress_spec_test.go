@@ -48,7 +48,7 @@ func TestEgressSpec(t *testing.T) {
 			list := e.stagesFor(&stage.Run{Profile: &p, Plan: plan})
 			require.Equal(t, tc.egress, slices.ContainsFunc(list, func(s stage.Stage) bool { _, ok := s.(*proxy.Stage); return ok }))
 			if tc.egress {
-				merge(&spec, nil, &stage.PrestartResponse{Env: proxy.Env(&p)})
+				merge(&spec, &receiptAdds{}, &stage.PrestartResponse{Env: proxy.Env(&p)})
 			}
 			require.Equal(t, "none", spec.Network)
 			hasEnv := func(kv string) bool { return slices.Contains(spec.Env, kv) }

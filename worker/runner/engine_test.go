@@ -211,7 +211,7 @@ func TestEngineContainerGone(t *testing.T) {
 
 // What each Prestarter adds reaches the container's spec, in list order:
 // its environment after the engine's, its mounts (and their receipt
-// entries), its wrap as the command's head (a later stage's outermost),
+// entries), its files (in the receipt), its wrap as the command's head (a later stage's outermost),
 // its working directory (the last one set); each Prestarter reads the
 // engine's spec, before any addition, and the directory an earlier one
 // staged.
@@ -225,6 +225,7 @@ func TestEnginePrestartMerge(t *testing.T) {
 		base = *req.Spec
 		resp.Env, resp.Wrap, resp.WorkingDir, resp.Dir = []string{"A=1"}, []string{"wrap-a", "--"}, "/a", d
 		resp.Mounts = []stage.Mount{{Mount: jail.Mount{Source: srcA, Target: "/mnt/a", ReadOnly: true}, Role: messages.MountRoleRunDir, Digest: "sha256:aa"}}
+		resp.Files = []messages.ReceiptFile{{Path: "/run/jetcrew/a.json", Mode: "0444"}}
 		return nil
 	}
 	var bSpec jail.ContainerSpec
@@ -233,6 +234,7 @@ func TestEnginePrestartMerge(t *testing.T) {
 		bSpec, bDir = *req.Spec, req.Dir
 		resp.Env, resp.Wrap, resp.WorkingDir = []string{"B=2"}, []string{"wrap-b", "--"}, "/b"
 		resp.Mounts = []stage.Mount{{Mount: jail.Mount{Source: srcB, Target: "/mnt/b"}, Role: messages.MountRoleBridge, Digest: "sha256:bb"}}
+		resp.Files = []messages.ReceiptFile{{Path: "/run/jetcrew/b.json", Mode: "0400"}}
 		return nil
 	}
 	g := newEngine(t, list(ss[0], ss[1]))
@@ -255,6 +257,8 @@ func TestEnginePrestartMerge(t *testing.T) {
 		{Target: "/mnt/a", ReadOnly: true, Role: messages.MountRoleRunDir, Digest: "sha256:aa"},
 		{Target: "/mnt/b", Role: messages.MountRoleBridge, Digest: "sha256:bb"},
 	}, st.Receipt.Mounts)
+	require.Equal(t, []messages.ReceiptFile{{Path: "/run/jetcrew/a.json", Mode: "0444"}, {Path: "/run/jetcrew/b.json", Mode: "0400"}}, st.Receipt.Files,
+		"the stages' files, in list order (the shell plan stages none)")
 }
 
 // A run's placement, as its stages see it: a cold run today.

@@ -28,11 +28,12 @@ import (
 // coordination's (coordination.Provision), whose runs' stage lists are the
 // test's (runner.SetStages).
 type engine struct {
-	js   jetstream.JetStream
-	rt   *workertest.Runtime
-	e    *runner.Runner
-	cons jetstream.Consumer
-	kv   jetstream.KeyValue
+	js       jetstream.JetStream
+	rt       *workertest.Runtime
+	e        *runner.Runner
+	cons     jetstream.Consumer
+	kv       jetstream.KeyValue
+	profiles *profile.Set // the shell profile, unless the test stores others
 }
 
 // newEngine returns an engine whose every run gets the stages list
@@ -50,15 +51,16 @@ func newEngine(t *testing.T, list func(*stage.Run) []stage.Stage) *engine {
 	require.NoError(t, err)
 	rt := workertest.NewTestRuntime(t)
 	log := workertest.Logger(t)
+	profiles := profile.NewSet(profile.DefaultProfiles())
 	e := runner.New(runner.Config{
-		WorkerID: "w1", Pool: messages.DefaultPool, Install: "test", Profiles: profile.NewSet(profile.DefaultProfiles()),
+		WorkerID: "w1", Pool: messages.DefaultPool, Install: "test", Profiles: profiles,
 		Runtime: rt, NC: nc, JS: js, Store: runstate.NewStore(kv, js, "w1", log), Groups: coordination.NewGroups(js),
 		Live: &live.Registry{}, DefaultTimeout: 30 * time.Second, StopGrace: time.Second, InProgressInterval: 10 * time.Second,
 		MaxDeliver: 5, Metrics: runner.NewMetrics(prometheus.NewRegistry(), "w1", messages.DefaultPool), Log: log,
 	})
 	runner.SetStages(e, list)
 	t.Cleanup(e.Wait)
-	return &engine{js: js, rt: rt, e: e, cons: cons, kv: kv}
+	return &engine{js: js, rt: rt, e: e, cons: cons, kv: kv, profiles: profiles}
 }
 
 // run submits a request for the shell profile running script (the fake

@@ -6,20 +6,30 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 )
 
+// receiptAdds is what the stages' Prestart responses added to the
+// receipt so far, in list order.
+type receiptAdds struct {
+	// Mounts are the mounts the stages added, by role and digest.
+	Mounts []messages.ReceiptMount
+	// Files are the files the stages staged (stage.PrestartResponse.Files).
+	Files []messages.ReceiptFile
+	// LaunchEnv names the variables the launcher sets at start.
+	LaunchEnv []string
+}
+
 // buildReceipt describes what a run uses: profile p (whose digest is
 // digest, computed once per profile), its plan, its container's spec and
-// the mounts the stages added (by role and digest, never by host path:
-// receipts go to every reader of the runs bucket), the names of the
-// variables the launcher sets at start (launchEnv), its timeout. It takes
-// no environment values and no file contents; the prompt shows as
-// "<prompt>".
-func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jail.ContainerSpec, mounts []messages.ReceiptMount, launchEnv []string, timeout time.Duration, prompt string) *messages.Receipt {
+// what the stages added (adds): mounts by role and digest, never by host
+// path (receipts go to every reader of the runs bucket), the files they
+// staged, the names of the variables the launcher sets at start; its
+// timeout. It takes no environment values and no file contents; the
+// prompt shows as "<prompt>".
+func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jail.ContainerSpec, adds receiptAdds, timeout time.Duration, prompt string) *messages.Receipt {
 	rc := &messages.Receipt{
 		Profile:       p.Name,
 		ProfileDigest: digest,
@@ -50,13 +60,11 @@ func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jai
 	if p.BridgeRequired() && len(plan.MCPServers) > 0 {
 		rc.BridgeDeadline = p.BridgeDeadlineDuration().String()
 	}
-	rc.Mounts = mounts
+	rc.Mounts = adds.Mounts
 	if rc.Mounts == nil {
 		rc.Mounts = []messages.ReceiptMount{}
 	}
-	if len(plan.MCPServers) > 0 {
-		rc.Files = append(rc.Files, messages.ReceiptFile{Path: coordination.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", coordination.MCPConfigMode)})
-	}
+	rc.Files = append(rc.Files, adds.Files...)
 	for _, f := range plan.Files {
 		rc.Files = append(rc.Files, messages.ReceiptFile{Path: f.Path, Mode: fmt.Sprintf("%04o", f.Mode.Perm())})
 	}
@@ -68,7 +76,7 @@ func buildReceipt(p *profile.Profile, digest string, plan profile.Plan, spec jai
 		k, _, _ := strings.Cut(kv, "=")
 		names[k] = true
 	}
-	for _, k := range launchEnv {
+	for _, k := range adds.LaunchEnv {
 		names[k] = true
 	}
 	for k := range names {

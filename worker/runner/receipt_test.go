@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
@@ -47,17 +46,17 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	}
 	holds := &stage.Holds{}
 	run := &stage.Run{Request: messages.RunRequest{ID: "r1"}, Profile: &p, Plan: plan, Attempt: 1, Holds: holds, Log: zerolog.Nop()}
-	var mounts []messages.ReceiptMount
+	var adds receiptAdds
 	for _, s := range []stage.Prestarter{
 		rundir.New(filepath.Join(stateDir, "r"), "", 0, holds, zerolog.Nop()).For(run),
 		bridge.New(bridgeSrc, filepath.Join(stateDir, "bin"), holds).For(run),
 	} {
 		var resp stage.PrestartResponse
 		require.NoError(t, s.Prestart(t.Context(), &stage.PrestartRequest{Run: run, Spec: &spec}, &resp))
-		mounts = merge(&spec, mounts, &resp)
+		merge(&spec, &adds, &resp)
 	}
 	require.Len(t, spec.Mounts, 2)
-	rc := buildReceipt(&p, p.Digest(), plan, spec, mounts, nil, time.Minute, "fix the bug")
+	rc := buildReceipt(&p, p.Digest(), plan, spec, adds, time.Minute, "fix the bug")
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), host)
@@ -68,9 +67,9 @@ func TestReceiptHasNoHostPaths(t *testing.T) {
 	for _, m := range rc.Mounts {
 		byTarget[m.Target] = m
 	}
-	require.Equal(t, messages.ReceiptMount{Target: coordination.BridgePath, Role: messages.MountRoleBridge,
-		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("bridge binary"))), ReadOnly: true}, byTarget[coordination.BridgePath])
-	rd := byTarget[coordination.ContainerRunDir]
+	require.Equal(t, messages.ReceiptMount{Target: messages.ContainerBridgePath, Role: messages.MountRoleBridge,
+		Digest: fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("bridge binary"))), ReadOnly: true}, byTarget[messages.ContainerBridgePath])
+	rd := byTarget[messages.ContainerRunDir]
 	require.Equal(t, messages.MountRoleRunDir, rd.Role)
 	require.Equal(t, rundir.Digest(plan), rd.Digest)
 	other, err := p.Plan("another prompt", true)

@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/live"
 	"github.com/jetcrew/jetcrew/worker/profile"
@@ -42,7 +41,7 @@ func TestAttemptsShareNothing(t *testing.T) {
 	_, d1again := attempt(1)
 	require.NotEqual(t, d1.Path(), d2.Path())
 	require.Equal(t, d1.Path(), d1again.Path(), "an attempt's directory is stable")
-	require.LessOrEqual(t, len(filepath.Join(d2.Path(), coordination.SocketName)), 107)
+	require.LessOrEqual(t, len(filepath.Join(d2.Path(), messages.SocketName)), 107)
 
 	for _, pair := range []struct {
 		r *run
@@ -59,7 +58,7 @@ func TestAttemptsShareNothing(t *testing.T) {
 	e.live.untrack(a1)
 	_, err := os.Stat(d1.Path())
 	require.ErrorIs(t, err, os.ErrNotExist)
-	_, err = os.Stat(filepath.Join(d2.Path(), coordination.MCPConfigName))
+	_, err = os.Stat(filepath.Join(d2.Path(), messages.MCPConfigName))
 	require.NoError(t, err, "attempt 2's staged files survive attempt 1's cleanup")
 	require.Same(t, a2, e.live.get("across"), "attempt 1 neither untracks nor overrides attempt 2")
 	require.True(t, held.HeldBy(live.Run("across"), live.RunKey+"across"), "the run stays held while attempt 2 is tracked")

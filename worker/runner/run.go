@@ -165,12 +165,11 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
 	digest := e.digest(prof)
 	// The receipt describes the plan until the spec exists, then the spec
-	// and the mounts the stages added so far: a run that fails here
-	// carries it too.
-	var mounts []messages.ReceiptMount
-	var launchEnv []string
+	// and what the stages added so far (mounts, files): a run that fails
+	// here carries it too.
+	var adds receiptAdds
 	defer func() {
-		r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, mounts, launchEnv, timeout, r.req.Prompt)
+		r.rec.st.Receipt = buildReceipt(prof, digest, plan, p.spec, adds, timeout, r.req.Prompt)
 	}()
 	if err != nil {
 		return p, err
@@ -202,14 +201,14 @@ func (r *run) prepare(ctx context.Context, prof *profile.Profile) (p prepared, e
 		if err := ps.Prestart(ctx, &stage.PrestartRequest{Run: r.sr, Spec: &base, Dir: dir, Mask: r.mask}, &resp); err != nil {
 			return p, err
 		}
-		mounts = merge(&p.spec, mounts, &resp)
+		merge(&p.spec, &adds, &resp)
 		if resp.Resume != "" {
+			// The container's command resumes; the stages' Run keeps
+			// the plan it was built with (stage.Run.Plan).
 			if plan, err = resumePlan(prof, plan, &p.spec, resp.Resume); err != nil {
 				return p, err
 			}
-			r.sr.Plan = plan
 		}
-		launchEnv = append(launchEnv, resp.LaunchEnvNames...)
 		if resp.Dir != nil {
 			dir = resp.Dir
 		}
@@ -314,23 +313,6 @@ func resumePlan(prof *profile.Profile, plan profile.Plan, spec *jail.ContainerSp
 	return resumed, nil
 }
 
-// merge adds what a Prestarter's resp adds to the container to spec, and
-// its mounts' receipt entries to mounts, which it returns.
-func merge(spec *jail.ContainerSpec, mounts []messages.ReceiptMount, resp *stage.PrestartResponse) []messages.ReceiptMount {
-	spec.Env = append(spec.Env, resp.Env...)
-	for _, m := range resp.Mounts {
-		spec.Mounts = append(spec.Mounts, m.Mount)
-		mounts = append(mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
-	}
-	if len(resp.Wrap) > 0 {
-		spec.Cmd = append(slices.Clip(resp.Wrap), spec.Cmd...)
-	}
-	if resp.WorkingDir != "" {
-		spec.WorkingDir = resp.WorkingDir
-	}
-	return mounts
-}
-
 // poststart calls each Poststarter with the started container c, and
 // returns the first error.
 func (r *run) poststart(ctx context.Context, c jail.Container) error {
@@ -421,7 +403,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 // final state, a retry, or a hand-back on shutdown.
 func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	o := classify(f, outcomePolicy{
-		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec, WorkspaceMiB: p.prof.WorkspaceMiB,
+		Attempt: int(r.meta.NumDelivered), Retries: p.prof.Retries, WorkerID: r.e.cfg.WorkerID, Spec: p.spec,
 	})
 	if f.WaitErr == nil && !f.Shutdown {
 		st := &r.rec.st
@@ -432,14 +414,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		if f.OutputErr != nil {
 			r.log.Warn().Err(f.OutputErr).Msg("some output events were not acknowledged")
 		}
-		for _, s := range r.stages {
-			if ex, ok := s.(stage.Exiter); ok {
-				var resp stage.ExitedResponse
-				ex.Exited(ctx, &stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
-					Unpack: o.Unpack, StopFailed: r.stopFailed, Stopped: f.stopped()}, &resp)
-				o = o.amend(resp)
-			}
-		}
+		o = r.exited(ctx, o, f)
 	}
 	switch o.Action {
 	case actionHandBack:
@@ -452,6 +427,20 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	default:
 		r.finish(ctx, o.State, o.Reason)
 	}
+}
+
+// exited lets each Exiter see the exit facts f and the outcome o as the
+// ones before it left it, and returns o as they amended it.
+func (r *run) exited(ctx context.Context, o outcome, f exitFacts) outcome {
+	for _, s := range r.stages {
+		if ex, ok := s.(stage.Exiter); ok {
+			var resp stage.ExitedResponse
+			ex.Exited(ctx, &stage.ExitedRequest{Run: r.sr, Final: o.Action == actionFinal, State: o.State, Reason: o.Reason,
+				Status: f.Status, LastErr: f.LastErr, NotRun: o.NotRun, StopFailed: r.stopFailed, Stopped: f.stopped()}, &resp)
+			o = o.amend(resp)
+		}
+	}
+	return o
 }
 
 // release gives up what the run holds, once: its container (removed), then

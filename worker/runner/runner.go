@@ -73,8 +73,6 @@ type Config struct {
 	// MaxDeliver is the consumer's most deliveries of one request: a
 	// retry on the last one fails the run.
 	MaxDeliver int
-	// LookupEnv reads the worker's environment (env_from_host).
-	LookupEnv func(string) (string, bool)
 	// Failpoint, when set, is called at each crash point a run passes
 	// (stage.Failpoint*); nil in production.
 	Failpoint func(name string)

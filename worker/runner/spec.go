@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
+	"github.com/jetcrew/jetcrew/worker/stage"
 )
 
 // SpecInput is everything BuildSpec combines into a jail.ContainerSpec.
@@ -103,4 +105,23 @@ func appendSorted(env []string, m map[string]string) []string {
 		env = append(env, k+"="+m[k])
 	}
 	return env
+}
+
+// merge adds what a Prestarter's resp adds to the container to spec, and
+// what it adds to the receipt (its mounts' entries, its files, its launch
+// variables' names) to adds.
+func merge(spec *jail.ContainerSpec, adds *receiptAdds, resp *stage.PrestartResponse) {
+	spec.Env = append(spec.Env, resp.Env...)
+	for _, m := range resp.Mounts {
+		spec.Mounts = append(spec.Mounts, m.Mount)
+		adds.Mounts = append(adds.Mounts, messages.ReceiptMount{Target: m.Target, ReadOnly: m.ReadOnly, Role: m.Role, Digest: m.Digest})
+	}
+	adds.Files = append(adds.Files, resp.Files...)
+	adds.LaunchEnv = append(adds.LaunchEnv, resp.LaunchEnvNames...)
+	if len(resp.Wrap) > 0 {
+		spec.Cmd = append(slices.Clip(resp.Wrap), spec.Cmd...)
+	}
+	if resp.WorkingDir != "" {
+		spec.WorkingDir = resp.WorkingDir
+	}
 }

@@ -20,10 +20,12 @@
 //	Poststart  each Poststarter; then cancels and checks may stop it, and
 //	           the run is recorded running
 //	Check      each Checker, periodically, while the container runs
-//	exit       the engine classifies the exit
+//	exit       the engine classifies the exit from plain facts (exit
+//	           status, stops, timeout), knowing no stage
 //	Exited     each Exiter, when the container exited on its own or was
 //	           stopped (not on a worker shutdown); each may amend the
-//	           outcome (a reason, or a final outcome failed)
+//	           outcome (a reason, a final outcome failed, the agent never
+//	           ran, a retry)
 //	Note       each Noter, before every write of the run's record
 //	Release    each Releaser, once, in reverse order, after the engine
 //	           removed the container
@@ -54,13 +56,19 @@ type Stage interface {
 }
 
 // Run is one delivery of a run request as its stages see it. The engine
-// fills it before the first hook; nothing changes it afterwards.
+// fills it before the first hook; nothing changes it afterwards (what
+// Progress and Holds point to changes, as their docs say).
 type Run struct {
 	// Request is the admitted request, its ID set.
 	Request messages.RunRequest
 	// Profile is the resolved profile the request names.
 	Profile *profile.Profile
-	// Plan is the backend's plan for the run (argv, files, launcher).
+	// Plan is the backend's plan for the run (argv, files, launcher), as
+	// the engine made it before the first hook. A follow-up the workspace
+	// stage resumes (PrestartResponse.Resume) runs the plan's argv with
+	// the CLI's resume flag (profile.Profile.Resume), which the
+	// container's command carries and Plan does not: a resume changes
+	// Argv alone, which no stage reads.
 	Plan profile.Plan
 	// Seq is the request's JETCREW_RUNS stream sequence; Attempt its
 	// delivery number, from 1.
@@ -155,6 +163,10 @@ type PrestartResponse struct {
 	LaunchEnvNames []string
 	// Mounts are appended to the container's mounts.
 	Mounts []Mount
+	// Files are the files the stage staged for the container, by path in
+	// the container and mode (never their contents), for the receipt:
+	// listed before the plan's own (profile.Plan.Files).
+	Files []messages.ReceiptFile
 	// Wrap, when set, becomes the head of the container's command: the
 	// command so far follows it (`jetcrew workspace exec ... --`).
 	Wrap []string
@@ -167,7 +179,8 @@ type PrestartResponse struct {
 	Mask Masker
 	// Resume, when set, is the agent CLI's session id the run resumes (the
 	// workspace stage, for a follow-up): the engine passes it to the
-	// CLI's resume flag (profile.Profile.Resume).
+	// CLI's resume flag (profile.Profile.Resume) in the container's
+	// command; Run.Plan stays as it was.
 	Resume string
 }
 
@@ -263,10 +276,17 @@ type ExitedRequest struct {
 	// State and Reason are the outcome the engine classified.
 	State  messages.State
 	Reason string
-	// Unpack is the kind of the workspace unpack's failure in the
-	// container (workspace.UnpackNoSpace, ...); "" when the snapshot
-	// unpacked or the run has none.
-	Unpack string
+	// Status is the container's exit status (after the stop, for a
+	// stopped run).
+	Status jail.ExitStatus
+	// LastErr is the last non-empty line of the container's stderr, at
+	// most 200 bytes: where the workspace stage reads the in-jail tool's
+	// exit line.
+	LastErr string
+	// NotRun is true when a stage before this one said the agent never
+	// ran (ExitedResponse.NotRun): a rule about how the agent ended does
+	// not apply.
+	NotRun bool
 	// StopFailed is true when the container could not be stopped: its
 	// processes may still run.
 	StopFailed bool
@@ -289,6 +309,21 @@ type ExitedResponse struct {
 	// A cancelled run stays cancelled, and a run handed back for another
 	// delivery is handed back: Fail, and its Reason, are then ignored.
 	Fail bool
+	// NotRun, when set, says the agent never ran: the container's command
+	// ended before it started the agent (the workspace stage: the
+	// snapshot did not unpack). Unless Retry is set too, the run then ends
+	// now, failed, with Reason (which must be set), whatever the engine
+	// classified, a retry the profile's retries asked for included (they
+	// retry the agent, which did not run). A cancelled run stays
+	// cancelled. Later stages see it (ExitedRequest.NotRun).
+	NotRun bool
+	// Retry, when set, hands the request back for another delivery (with
+	// backoff, as the engine retries an engine it cannot reach), with
+	// Reason (which must be set) as its cause, whatever the engine
+	// classified: a failure of the worker's, not the run's (the workspace
+	// stage: no capture container held the workspace in time). A
+	// cancelled run stays cancelled.
+	Retry bool
 }
 
 // Noter is a stage that owns part of the run's record.

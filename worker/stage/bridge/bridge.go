@@ -1,6 +1,6 @@
 // Package bridge is the stage that stages the jetcrew bridge binary a run
 // executes (its MCP server and its launcher) and mounts it read-only at
-// coordination.BridgePath: a content-addressed copy, so a rebuild while
+// messages.ContainerBridgePath: a content-addressed copy, so a rebuild while
 // runs are live changes nothing they execute and the receipt names what
 // they ran by its digest.
 package bridge
@@ -9,7 +9,6 @@ import (
 	"context"
 	"os"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/stage"
@@ -78,7 +77,7 @@ var (
 func (s *Stage) Name() string { return "bridge" }
 
 // Prestart stages the bridge and mounts it read-only at
-// coordination.BridgePath (receipt role "bridge", its digest). A bridge
+// messages.ContainerBridgePath (receipt role "bridge", its digest). A bridge
 // that cannot be staged fails the run with that reason.
 func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	path, digest, err := s.b.Stage()
@@ -92,10 +91,10 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 }
 
 // Mount is the mount of the bridge staged at path with SHA-256 digest
-// (hex): read-only at coordination.BridgePath, receipt role "bridge".
+// (hex): read-only at messages.ContainerBridgePath, receipt role "bridge".
 func Mount(path, digest string) stage.Mount {
 	return stage.Mount{
-		Mount: jail.Mount{Source: path, Target: coordination.BridgePath, ReadOnly: true},
+		Mount: jail.Mount{Source: path, Target: messages.ContainerBridgePath, ReadOnly: true},
 		Role:  messages.MountRoleBridge, Digest: "sha256:" + digest,
 	}
 }

@@ -87,7 +87,8 @@ func (s *Stage) Name() string { return "coordination" }
 // Prestart serves the run's bridge socket in its directory: the socket a
 // pooled directory kept bound, else a new bind. A socket that cannot be
 // served (NATS trouble) is recorded as coordination "unavailable" and the
-// run goes on. It sets JETCREW_MCP_CONFIG.
+// run goes on. It sets JETCREW_MCP_CONFIG and lists mcp.json (the run
+// directory stage's) in the receipt's files.
 func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *stage.PrestartResponse) error {
 	if req.Dir == nil {
 		return errors.New("coordination needs the run's directory")
@@ -96,12 +97,16 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	run := req.Run
 	g := run.Request.GroupRef()
 	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile}
-	path := filepath.Join(s.dir.Path(), coordination.SocketName)
+	path := filepath.Join(s.dir.Path(), messages.SocketName)
 	var err error
-	if k := s.dir.TakeSocket(); k != nil {
+	switch k := s.dir.Kept().(type) {
+	case nil:
+	case *coordination.Socket:
 		if s.sess, err = s.c.host.ServeSocket(ctx, info, path, k); err != nil {
 			run.Log.Debug().Err(err).Msg("kept coordination socket not served; binding a new one")
 		}
+	default:
+		_ = k.Close() // not a socket this stage kept
 	}
 	if s.sess == nil {
 		s.sess, err = s.c.host.Serve(ctx, info, path)
@@ -121,12 +126,19 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 		}
 	}
 	resp.Env = append(resp.Env, Env()...)
+	resp.Files = append(resp.Files, File())
 	return nil
+}
+
+// File is the receipt's entry for the run's mcp.json, which the agent's
+// MCP client reads: its path in the container and its mode.
+func File() messages.ReceiptFile {
+	return messages.ReceiptFile{Path: messages.ContainerMCPConfigPath, Mode: fmt.Sprintf("%04o", messages.MCPConfigMode)}
 }
 
 // Env is what coordination adds to a run's environment:
 // JETCREW_MCP_CONFIG, the path of its mcp.json.
-func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + coordination.ContainerMCPConfigPath} }
+func Env() []string { return []string{"JETCREW_MCP_CONFIG=" + messages.ContainerMCPConfigPath} }
 
 // Poststart records the run running in its group's presence (a failure is
 // logged; the presence refresher retries) and starts the bridge deadline.
@@ -179,7 +191,7 @@ func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
 	}
 	if over := now.Sub(s.started) - s.deadline; over > 0 {
 		return &stage.Stop{State: messages.StateFailed, Overdue: over,
-			Reason: fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", coordination.MCPServerName, s.deadline)}, false
+			Reason: fmt.Sprintf("the agent did not start the %s MCP server within %s (its bridge never connected)", messages.MCPServerName, s.deadline)}, false
 	}
 	return nil, false
 }
@@ -190,7 +202,7 @@ func (s *Stage) Check(now time.Time) (*stage.Stop, bool) {
 func (s *Stage) MCPStatus(status string) *stage.Stop {
 	if status != "connected" {
 		return &stage.Stop{State: messages.StateFailed,
-			Reason: fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", coordination.MCPServerName, status)}
+			Reason: fmt.Sprintf("the agent CLI reports MCP server %s as %q: it would work without coordination", messages.MCPServerName, status)}
 	}
 	s.proved.Store(true)
 	return nil
@@ -201,11 +213,11 @@ func (s *Stage) MCPStatus(status string) *stage.Stop {
 // before its bridge connected (unproven) fails the run, whatever its exit
 // code, with ExitedBeforeBridge's reason. A run that was stopped keeps its
 // outcome (the bridge deadline's stop included), and so does one whose
-// workspace never unpacked (the agent never ran). A profile with
+// agent never ran (req.NotRun: its workspace never unpacked). A profile with
 // require_bridge = false is never held.
 func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
 	s.exited.Store(true)
-	if !req.Final || req.Stopped || req.Unpack != "" || !s.unproven() {
+	if !req.Final || req.Stopped || req.NotRun || !s.unproven() {
 		return
 	}
 	exit := req.Reason
@@ -220,7 +232,7 @@ func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.
 // reason the exit alone would have given).
 func ExitedBeforeBridge(exit string) string {
 	return fmt.Sprintf("the agent exited before it started the %s MCP server (its bridge never connected; a profile whose command is no MCP client sets require_bridge = false): %s",
-		coordination.MCPServerName, exit)
+		messages.MCPServerName, exit)
 }
 
 // Note records the run's coordination and whether its bridge connected.
@@ -247,8 +259,8 @@ func (s *Stage) Release(req *stage.ReleaseRequest) {
 	switch {
 	case req.Final && req.ContainerGone:
 		var k *coordination.Socket
-		if k, err = s.sess.CloseKeepSocket(ctx); err == nil {
-			s.dir.KeepSocket(k)
+		if k, err = s.sess.CloseKeepSocket(ctx); err == nil && k != nil {
+			s.dir.Keep(k)
 		}
 	case req.Final:
 		err = s.sess.Close(ctx)

@@ -44,7 +44,7 @@ func TestExitedHoldsRunToBridge(t *testing.T) {
 		{"socket not served", st{required: true, status: Unavailable}, exit(messages.StateSucceeded, ""), stage.ExitedResponse{}},
 		{"stopped", held, stage.ExitedRequest{Final: true, State: messages.StateTimedOut, Reason: "timed out after 1s", Stopped: true}, stage.ExitedResponse{}},
 		{"retried", held, stage.ExitedRequest{Final: false, Reason: "exit code 3 (attempt 1; the profile allows 1 retries)"}, stage.ExitedResponse{}},
-		{"workspace never unpacked", held, stage.ExitedRequest{Final: true, State: messages.StateFailed, Reason: "workspace: x", Unpack: "bad-archive"}, stage.ExitedResponse{}},
+		{"workspace never unpacked", held, stage.ExitedRequest{Final: true, State: messages.StateFailed, Reason: "workspace: x", NotRun: true}, stage.ExitedResponse{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/egress"
 	"github.com/jetcrew/jetcrew/egress/policy"
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/profile"
 )
@@ -166,8 +167,8 @@ func (p *Proxies) proofSpec(id, dir, bridge string) jail.ContainerSpec {
 			{Target: profile.DefaultHome, SizeBytes: 4 << 20, Mode: 0o700, UID: uid, GID: gid},
 		},
 		Mounts: []jail.Mount{
-			{Source: dir, Target: coordination.ContainerRunDir, ReadOnly: true},
-			{Source: bridge, Target: coordination.BridgePath, ReadOnly: true},
+			{Source: dir, Target: messages.ContainerRunDir, ReadOnly: true},
+			{Source: bridge, Target: messages.ContainerBridgePath, ReadOnly: true},
 		},
 	}
 }

@@ -1,12 +1,14 @@
 package rundir
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 
 	"github.com/jetcrew/jetcrew/coordination"
+	"github.com/jetcrew/jetcrew/messages"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,10 +42,10 @@ type pool struct {
 }
 
 // pooledDir is an idle directory and, when its session kept it, its bound
-// socket.
+// socket (the coordination stage's, which the pool only closes).
 type pooledDir struct {
 	dir  string
-	sock *coordination.Socket
+	sock io.Closer
 }
 
 // newPool returns a pool under root keeping at most max idle
@@ -54,11 +56,11 @@ func newPool(root string, max int) *pool {
 
 // take moves an idle directory to dst (a run's directory, which must not
 // exist) and reports whether it did, with the directory's bound socket
-// (nil when it has none), now at dst/coordination.SocketName; false means
+// (nil when it has none), now at dst/messages.SocketName; false means
 // the caller stages dst itself. The run holds dst (stage.Holds) before it
 // takes a directory, so a sweep never takes it for a stale one, whatever
 // its times.
-func (p *pool) take(dst string) (bool, *coordination.Socket) {
+func (p *pool) take(dst string) (bool, io.Closer) {
 	if p == nil {
 		return false, nil
 	}
@@ -71,8 +73,8 @@ func (p *pool) take(dst string) (bool, *coordination.Socket) {
 	d := p.idle[n-1]
 	p.idle = p.idle[:n-1]
 	p.mu.Unlock()
-	fi, err := os.Lstat(filepath.Join(d.dir, coordination.MCPConfigName))
-	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == coordination.MCPConfigMode &&
+	fi, err := os.Lstat(filepath.Join(d.dir, messages.MCPConfigName))
+	ok := err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == messages.MCPConfigMode &&
 		fi.Size() == mcpConfigSize && rename(d.dir, dst) == nil
 	if !ok {
 		d.close()
@@ -85,7 +87,7 @@ func (p *pool) take(dst string) (bool, *coordination.Socket) {
 // sock (nil for none), and reports whether it did; false means the caller
 // closes sock and removes dir. The caller vouches that dir holds only
 // mcp.json and sock's file, and that no container mounts it any more.
-func (p *pool) put(dir string, sock *coordination.Socket) bool {
+func (p *pool) put(dir string, sock io.Closer) bool {
 	if p == nil {
 		return false
 	}

@@ -1,6 +1,6 @@
 // Package rundir is the stage that stages a run's directory on the
 // worker's host, StateDir/r/<hash>, mounted read-only at /run/jetcrew
-// (coordination.ContainerRunDir): mcp.json, the backend's files (prompt,
+// (messages.ContainerRunDir): mcp.json, the backend's files (prompt,
 // CLI settings, files to seed HOME with) and, put there by later stages,
 // the coordination and egress sockets. Directories of finished runs that
 // held nothing but mcp.json go back to a pool (pool.go) for later runs.
@@ -117,10 +117,10 @@ func (d *Dirs) For(run *stage.Run) *Stage {
 type Stage struct {
 	d    *Dirs
 	path string
-	// sock is the coordination socket a pooled directory kept bound,
-	// until coordination takes it (TakeSocket) or gives it back
-	// (KeepSocket).
-	sock *coordination.Socket
+	// sock is what a pooled directory kept open (the coordination
+	// stage's socket, bound in it), until that stage takes it (Kept) or
+	// gives it back (Keep).
+	sock io.Closer
 	// poolable is set while the directory holds nothing the worker staged
 	// but mcp.json (and the coordination socket): it may then go back to
 	// the pool when the run ends.
@@ -143,15 +143,17 @@ func (s *Stage) Name() string { return "run-dir" }
 // Path returns the directory's host path.
 func (s *Stage) Path() string { return s.path }
 
-// TakeSocket returns, once, the socket a pooled directory kept bound.
-func (s *Stage) TakeSocket() *coordination.Socket {
+// Kept returns, once, what a pooled directory kept open: the coordination
+// stage's socket; nil when none.
+func (s *Stage) Kept() io.Closer {
 	k := s.sock
 	s.sock = nil
 	return k
 }
 
-// KeepSocket hands back the socket still bound in the directory.
-func (s *Stage) KeepSocket(k *coordination.Socket) { s.sock = k }
+// Keep hands back what is still open in the directory (the coordination
+// stage's socket), for the pool.
+func (s *Stage) Keep(k io.Closer) { s.sock = k }
 
 // Taint keeps the directory out of the pool.
 func (s *Stage) Taint() { s.poolable = false }
@@ -159,7 +161,7 @@ func (s *Stage) Taint() { s.poolable = false }
 // Prestart stages the run's directory: a pooled one renamed into place, or
 // a new one with mcp.json (coordination.StageRunDir), then the backend's
 // files, every file 0444 in directories 0755. It mounts the directory
-// read-only at coordination.ContainerRunDir (receipt role "run-dir", the
+// read-only at messages.ContainerRunDir (receipt role "run-dir", the
 // digest of the staged files). A run that claimed a warm container takes
 // that container's directory instead (stage.Placement.Dir), renamed to
 // the run's path. A directory that cannot be staged refuses the run.
@@ -188,8 +190,8 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 	s.sock = sock
 	if sock != nil && !run.Profile.CoordinationOn() {
 		// A socket kept for coordination runs has no use here.
-		_ = s.TakeSocket().Close()
-		_ = os.Remove(filepath.Join(s.path, coordination.SocketName))
+		_ = s.Kept().Close()
+		_ = os.Remove(filepath.Join(s.path, messages.SocketName))
 	}
 	s.poolable = len(run.Plan.Files) == 0
 	if err := stageFiles(s.path, run.Plan.Files); err != nil {
@@ -201,11 +203,11 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 }
 
 // Mount is the mount of the run directory at path staged for plan:
-// read-only at coordination.ContainerRunDir, receipt role "run-dir", the
+// read-only at messages.ContainerRunDir, receipt role "run-dir", the
 // digest of its files.
 func Mount(path string, plan profile.Plan) stage.Mount {
 	return stage.Mount{
-		Mount: jail.Mount{Source: path, Target: coordination.ContainerRunDir, ReadOnly: true},
+		Mount: jail.Mount{Source: path, Target: messages.ContainerRunDir, ReadOnly: true},
 		Role:  messages.MountRoleRunDir, Digest: Digest(plan),
 	}
 }
@@ -214,9 +216,9 @@ func Mount(path string, plan profile.Plan) stage.Mount {
 // mode), in directories 0755 whatever the worker's umask.
 func stageFiles(dir string, files []profile.StagedFile) error {
 	for _, f := range files {
-		rel, ok := strings.CutPrefix(f.Path, coordination.ContainerRunDir+"/")
+		rel, ok := strings.CutPrefix(f.Path, messages.ContainerRunDir+"/")
 		if !ok {
-			return fmt.Errorf("backend file %s is outside %s", f.Path, coordination.ContainerRunDir)
+			return fmt.Errorf("backend file %s is outside %s", f.Path, messages.ContainerRunDir)
 		}
 		host := filepath.Join(dir, filepath.FromSlash(rel))
 		if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
@@ -254,7 +256,7 @@ func (s *Stage) Release(req *stage.ReleaseRequest) {
 	if s.release == nil {
 		return // never staged
 	}
-	sock := s.TakeSocket()
+	sock := s.Kept()
 	if s.poolable && req.ContainerGone && s.d.pool.put(s.path, sock) {
 		return
 	}

@@ -2,12 +2,12 @@ package secrets
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/worker/profile"
 	"github.com/jetcrew/jetcrew/worker/stage"
 	"github.com/stretchr/testify/require"
@@ -50,10 +50,10 @@ type dir struct {
 	tainted bool
 }
 
-func (d *dir) Path() string                     { return d.path }
-func (d *dir) TakeSocket() *coordination.Socket { return nil }
-func (d *dir) KeepSocket(*coordination.Socket)  {}
-func (d *dir) Taint()                           { d.tainted = true }
+func (d *dir) Path() string    { return d.path }
+func (d *dir) Kept() io.Closer { return nil }
+func (d *dir) Keep(io.Closer)  {}
+func (d *dir) Taint()          { d.tainted = true }
 
 // TestStageBindsSecretsLate: the values go into the run directory's env
 // file for the launcher, readable by the run's user, the directory is

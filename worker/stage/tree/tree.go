@@ -721,7 +721,8 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 
 // Exited records what the run changed in its workspace, once its
 // container exited and the run ends now (req.Final), before its final
-// state, unless the snapshot never unpacked (req.Unpack): the capture
+// state, unless the snapshot never unpacked (unpackVerdict, which then
+// says so in resp and decides the outcome): the capture
 // container (capture.go) computes the result, the worker uploads its
 // objects to the result bucket under the run id and attempt, and Note
 // records them in the state's WorkspaceResult. A failure is recorded in the
@@ -730,7 +731,11 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 func (s *Stage) Exited(ctx context.Context, req *stage.ExitedRequest, resp *stage.ExitedResponse) {
 	// A run whose state is final has its snapshot in the workspace bucket.
 	s.waitStored()
-	if !req.Final || s.rw == nil || req.Unpack != "" {
+	if v, ok := unpackVerdict(req, s.run.Profile.WorkspaceMiB); ok {
+		*resp = v
+		return
+	}
+	if !req.Final || s.rw == nil {
 		return
 	}
 	reason := req.Reason
