@@ -295,13 +295,13 @@ func (o *outputPublisher) flushMasked() {
 	}
 }
 
-// maskErr returns err with the run's secrets masked in its text; err itself
-// when there is nothing to mask.
-func (r *run) maskErr(err error) error {
-	if r.mask == nil || err == nil {
+// maskErr returns err with the secrets mask masks in its text; err itself
+// when there is nothing to mask (mask nil masks nothing).
+func maskErr(mask stage.Masker, err error) error {
+	if mask == nil || err == nil {
 		return err
 	}
-	if msg := r.mask.String(err.Error()); msg != err.Error() {
+	if msg := mask.String(err.Error()); msg != err.Error() {
 		return errors.New(msg)
 	}
 	return err

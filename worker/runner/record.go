@@ -21,7 +21,7 @@ import (
 // the term, so a crash in between leaves the request to be redelivered and
 // the dead letter deduplicated by its Nats-Msg-Id.
 func (r *run) finish(ctx context.Context, final messages.State, reason string) {
-	reason = r.maskString(reason)
+	reason = maskString(r.mask, reason)
 	// Recording the outcome must survive a worker shutdown that cancels ctx.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runstate.OpMaxElapsed)
 	defer cancel()
@@ -106,7 +106,7 @@ func (r *run) fail(ctx context.Context, reason string, exitCode *int) {
 // retry hands the request back with an exponential, jittered delay for an
 // infrastructure failure, or fails the run when this was the last delivery.
 func (r *run) retry(ctx context.Context, cause error) {
-	cause = r.maskErr(cause)
+	cause = maskErr(r.mask, cause)
 	attempt := int(r.meta.NumDelivered)
 	if attempt >= r.e.cfg.MaxDeliver {
 		r.fail(ctx, fmt.Sprintf("gave up after %d attempts: %v", attempt, cause), nil)
@@ -333,10 +333,11 @@ func (rc *record) toFinal(ctx context.Context, final messages.State, reason stri
 	return rc.put(ctx)
 }
 
-// maskString returns s with the run's secrets masked (s when none).
-func (r *run) maskString(s string) string {
-	if r.mask == nil {
+// maskString returns s with the secrets mask masks masked (s when mask is
+// nil).
+func maskString(mask stage.Masker, s string) string {
+	if mask == nil {
 		return s
 	}
-	return r.mask.String(s)
+	return mask.String(s)
 }
