@@ -112,6 +112,9 @@ const (
 	// that took them into the turn that just ended (rather than a turn of
 	// their own) would otherwise wait for input forever.
 	quietAfterTurn = 60 * time.Second
+	// steerAckSendTimeout bounds sending one steer's acknowledgement, and
+	// the "closed" report, to the worker.
+	steerAckSendTimeout = 5 * time.Second
 	// steerPollWait is each long poll's wait, in seconds.
 	steerPollWait = 25
 )
@@ -289,7 +292,7 @@ func pollSteers(ctx context.Context, c *relay.Client, in *agentInput, stderr io.
 	warned := false
 	for {
 		if in.isClosed() {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			cctx, cancel := context.WithTimeout(context.Background(), steerAckSendTimeout)
 			_, _ = c.SteerNext(cctx, relay.SteerNextRequest{Closed: true})
 			cancel()
 			return
@@ -314,7 +317,13 @@ func pollSteers(ctx context.Context, c *relay.Client, in *agentInput, stderr io.
 			if err := in.steer(sv.Text); err != nil {
 				a = relay.SteerAck{ID: sv.ID, Reason: err.Error()}
 			}
-			_ = c.SteerAck(ctx, a)
+			// The acknowledgement is sent even when the CLI exits
+			// meanwhile (ctx ends with it): a steer written to its input
+			// was delivered, and the "closed" report that follows must
+			// not answer it first.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), steerAckSendTimeout)
+			_ = c.SteerAck(actx, a)
+			cancel()
 		}
 	}
 }

@@ -23,10 +23,15 @@ import (
 // given is handed to the first long poll, and the acknowledgements and the
 // "input closed" report are recorded.
 type fakeWorker struct {
+	// ackDelay is how long an acknowledgement takes to be answered.
+	ackDelay time.Duration
+
 	mu     sync.Mutex
 	steers []relay.Steer
 	acks   []relay.SteerAck
 	closed bool
+	// order is "ack <id>" and "closed" in the order the worker took them.
+	order []string
 }
 
 func (f *fakeWorker) serve(t *testing.T) string {
@@ -42,6 +47,9 @@ func (f *fakeWorker) serve(t *testing.T) string {
 		resp := relay.SteerNextResponse{Steers: f.steers}
 		f.steers = nil
 		f.closed = f.closed || req.Closed
+		if req.Closed {
+			f.order = append(f.order, "closed")
+		}
 		f.mu.Unlock()
 		if len(resp.Steers) == 0 && !req.Closed {
 			time.Sleep(100 * time.Millisecond)
@@ -51,8 +59,10 @@ func (f *fakeWorker) serve(t *testing.T) string {
 	mux.HandleFunc("POST "+relay.PathSteerAck, func(w http.ResponseWriter, r *http.Request) {
 		var a relay.SteerAck
 		_ = json.NewDecoder(r.Body).Decode(&a)
+		time.Sleep(f.ackDelay)
 		f.mu.Lock()
 		f.acks = append(f.acks, a)
+		f.order = append(f.order, "ack "+a.ID)
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
@@ -93,6 +103,27 @@ func TestSteeredLaunchWritesASteerAsATurnOfItsOwn(t *testing.T) {
 	defer f.mu.Unlock()
 	require.Equal(t, []relay.SteerAck{{ID: "s1", Delivered: true}}, f.acks)
 	require.True(t, f.closed, "the launcher reports the input closed")
+}
+
+// A CLI that answers a steer at once and exits while the launcher's
+// acknowledgement is still on its way: the steer was written, so the
+// worker hears it delivered, before the input's "closed" report (TestSteer
+// failed under load with the steer reported queued: the acknowledgement
+// was cut off by the CLI's exit, and "closed" answered it).
+func TestSteerAckOutlivesTheCLI(t *testing.T) {
+	t.Parallel()
+	f := &fakeWorker{ackDelay: 500 * time.Millisecond, steers: []relay.Steer{{ID: "s1", Text: "also update the docs"}}}
+	prompt := filepath.Join(t.TempDir(), "prompt")
+	require.NoError(t, os.WriteFile(prompt, []byte("the task"), 0o600))
+	var out, errb bytes.Buffer
+	const cli = `read -r p; read -r s; echo '{"type":"result","subtype":"success"}'; echo '{"type":"result","subtype":"success"}'`
+	code := launchSteered("/bin/sh", []string{"sh", "-c", cli}, os.Environ(), prompt,
+		steerFormats[messages.SteerInputClaude], f.serve(t), &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Equal(t, []string{"ack s1", "closed"}, f.order, "the acknowledgement reaches the worker before the input's close")
+	require.Equal(t, []relay.SteerAck{{ID: "s1", Delivered: true}}, f.acks)
 }
 
 func TestSteeredLaunchClosesTheInputAfterAQuietTurn(t *testing.T) {
