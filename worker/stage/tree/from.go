@@ -175,15 +175,11 @@ func (s *Stage) buildFrom(ctx context.Context, srcID string, baseRef messages.Wo
 	}
 	// A build takes one of the worker's git fetch slots: its memory is
 	// that of a fetch's snapshot (the derived .git's pack, compressed).
-	if err := t.git.acquireFetch(ctx); err != nil {
-		return fromResolution{}, err
-	}
-	defer t.git.releaseFetch()
-	f, err := os.Create(filepath.Join(dir, "snapshot.tar"))
+	f, done, err := t.snapshotFile(ctx, dir)
 	if err != nil {
 		return fromResolution{}, err
 	}
-	defer f.Close()
+	defer done()
 	info, err := deriveFrom(base, bundlePath, srcID, f, workspace.FromOptions{MaxBytes: t.cfg.MaxBytes, MaxFiles: t.cfg.MaxFiles, TempDir: dir})
 	if err != nil {
 		return fromResolution{}, fmt.Errorf("%w: the result of run %s: %w", errFromRefused, srcID, err)

@@ -197,6 +197,23 @@ func (t *Trees) scratchDir(prefix string) (dir string, done func(), err error) {
 	}, nil
 }
 
+// snapshotFile takes one of the worker's git fetch slots, waiting for it
+// until ctx ends, and creates the snapshot file of a resolution in its
+// scratch directory dir; done closes the file and gives the slot back.
+func (t *Trees) snapshotFile(ctx context.Context, dir string) (f *os.File, done func(), err error) {
+	if err := t.git.acquireFetch(ctx); err != nil {
+		return nil, nil, err
+	}
+	if f, err = os.Create(filepath.Join(dir, "snapshot.tar")); err != nil {
+		t.git.releaseFetch()
+		return nil, nil, err
+	}
+	return f, func() {
+		_ = f.Close()
+		t.git.releaseFetch()
+	}, nil
+}
+
 // resolveGit is one resolution of src (see resolveGitWorkspace): list,
 // resolve the ref, look for the commit's cache object, and only without
 // one fetch (in one of the worker's fetch slots), snapshot and store.
@@ -233,15 +250,11 @@ func (t *Trees) resolveGit(ctx context.Context, src messages.GitSource) (gitReso
 			return gitResolution{ref: ref, commit: ent.Commit, cacheName: cacheName}, nil
 		}
 	}
-	if err := t.git.acquireFetch(ctx); err != nil {
-		return gitResolution{}, err
-	}
-	defer t.git.releaseFetch()
-	f, err := os.Create(filepath.Join(dir, "snapshot.tar"))
+	f, done, err := t.snapshotFile(ctx, dir)
 	if err != nil {
 		return gitResolution{}, err
 	}
-	defer f.Close()
+	defer done()
 	info, err := rem.Snapshot(ctx, rr, f)
 	if err != nil {
 		return gitResolution{}, err
