@@ -260,3 +260,43 @@ func TestPlacementJailGolden(t *testing.T) {
 		require.Equal(t, string(want), string(got), be)
 	}
 }
+
+// A run whose prepare fails after it claimed a warm container (a stage
+// after the run directory's refuses it) leaves nothing: the container is
+// removed once, the run directory taken from it is removed, and a second
+// release does nothing.
+func TestPlacementPrepareFailsAfterAcquire(t *testing.T) {
+	t.Parallel()
+	p := profile.Profile{Name: "ref", JailConfig: profile.JailConfig{Image: "agents:ref"},
+		AgentConfig: profile.AgentConfig{Backend: profile.BackendClaude, EnvFromHost: []string{"API_KEY"}}}
+	p.Warm = 1
+	p, err := p.Resolve()
+	require.NoError(t, err)
+	b := newPlacementBed(t, profile.Profiles{p.Name: p})
+	b.full(t)
+	stages := b.stages
+	stages.Secrets = secrets.New(func(string) (string, bool) { return "", false }) // API_KEY unset: the secrets stage refuses
+	cfg := Config{Runtime: b.rt, Stages: stages, Live: b.live, DefaultTimeout: time.Hour, StopGrace: time.Second, WorkerID: "w", Log: zerolog.Nop(), Warm: b.pool}
+	req := messages.RunRequest{ID: "r1", Profile: p.Name, Prompt: "fix the bug", Group: "g"}.WithDefaults()
+	r := &run{e: New(cfg), req: req, log: zerolog.Nop(),
+		meta: &jetstream.MsgMetadata{NumDelivered: 1, Sequence: jetstream.SequencePair{Stream: 1}, Timestamp: time.Now()}}
+	_, err = r.prepare(context.Background(), &p)
+	require.Error(t, err)
+	require.True(t, r.sr.Placement.Warm())
+	require.NotNil(t, r.place.claimed)
+	name := r.place.claimed.Name()
+	dir := r.stages[0].(*rundir.Stage).Path()
+	require.DirExists(t, dir, "the run took the warm container's directory over")
+	before, err := b.rt.ListManaged(context.Background())
+	require.NoError(t, err)
+	require.True(t, slices.ContainsFunc(before, func(m jail.ManagedContainer) bool { return m.Name == name }))
+	r.release(true)
+	r.release(true)
+	r.place.release(context.Background())
+	managed, err := b.rt.ListManaged(context.Background())
+	require.NoError(t, err)
+	for _, m := range managed {
+		require.NotEqual(t, name, m.Name, "the claimed warm container is removed")
+	}
+	require.NoDirExists(t, dir)
+}
