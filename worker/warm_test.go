@@ -429,6 +429,10 @@ warm_workspace = 1
 	cs := captures()
 	require.Len(t, cs, 1)
 	require.NoError(t, b.rt.Remove(context.Background(), cs[0].ID))
+	// The worker sees the exit when its wait on the capture container
+	// returns, after the removal: the pool then counts the warm container
+	// not ready (it failed so in CI, claimed before that).
+	warmReady(t, b.w, 0)
 	b.submit(t, messages.RunRequest{ID: "cap-dead", Profile: "hotws", Prompt: "true", Workspace: &ref})
 	st = b.waitFinal(t, "cap-dead")
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)

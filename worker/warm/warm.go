@@ -348,8 +348,10 @@ func (p *Pool) Owns(name string) bool {
 }
 
 // Status returns every profile's pools, by profile name (its pool for runs
-// without a workspace first): its target, its ready containers and the
-// last creation failure while it backs off.
+// without a workspace first): its target, its ready containers (alive: one
+// whose launcher or capture container died is not counted, though it waits
+// in the list until a claim or a check removes it) and the last creation
+// failure while it backs off.
 func (p *Pool) Status() []messages.WarmPool {
 	if p == nil {
 		return nil
@@ -362,7 +364,13 @@ func (p *Pool) Status() []messages.WarmPool {
 	out := make([]messages.WarmPool, 0, len(p.names))
 	for _, key := range p.names {
 		k := p.kinds[key]
-		st := messages.WarmPool{Profile: k.profile, Workspace: k.workspace, Target: p.targets[key], Ready: len(p.ready[key])}
+		ready := 0
+		for _, c := range p.ready[key] {
+			if c.alive() { // one whose launcher or capture container died waits for no run
+				ready++
+			}
+		}
+		st := messages.WarmPool{Profile: k.profile, Workspace: k.workspace, Target: p.targets[key], Ready: ready}
 		if f, ok := p.failure[key]; ok {
 			st.Error = f.err.Error()
 		}
