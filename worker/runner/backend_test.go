@@ -2,8 +2,6 @@ package runner
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -70,16 +68,7 @@ func TestBackendGolden(t *testing.T) {
 				// Every file lives in the jail-visible, read-only run dir.
 				require.True(t, strings.HasPrefix(f.Path, "/run/jetcrew/"), f.Path)
 			}
-			got, err := json.MarshalIndent(g, "", "  ")
-			require.NoError(t, err)
-			got = append(got, '\n')
-			path := filepath.Join("testdata", "backend-"+b+".json")
-			if *update {
-				require.NoError(t, os.WriteFile(path, got, 0o644))
-			}
-			want, err := os.ReadFile(path)
-			require.NoError(t, err)
-			require.Equal(t, string(want), string(got))
+			requireGolden(t, "backend-"+b+".json", g)
 			// The secret reaches the container by name only in receipts.
 			rc := buildReceipt(&p, p.Digest(), plan, spec, adds, time.Hour, "fix the bug")
 			rb, _ := json.Marshal(rc)

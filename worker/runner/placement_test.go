@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -248,16 +247,7 @@ func TestPlacementJailGolden(t *testing.T) {
 				g.Jail = coldView
 			}
 		}
-		got, err := json.MarshalIndent(g, "", "  ")
-		require.NoError(t, err)
-		got = append(got, '\n')
-		path := filepath.Join("testdata", "placement-"+be+".json")
-		if *update {
-			require.NoError(t, os.WriteFile(path, got, 0o644))
-		}
-		want, err := os.ReadFile(path)
-		require.NoError(t, err)
-		require.Equal(t, string(want), string(got), be)
+		requireGolden(t, "placement-"+be+".json", g, be)
 	}
 }
 

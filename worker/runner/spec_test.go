@@ -17,6 +17,22 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
+// requireGolden compares v, as indented JSON and a newline, with
+// testdata/name, which -update rewrites first.
+func requireGolden(t *testing.T, name string, v any, msgAndArgs ...any) {
+	t.Helper()
+	got, err := json.MarshalIndent(v, "", "  ")
+	require.NoError(t, err)
+	got = append(got, '\n')
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got), msgAndArgs...)
+}
+
 func TestBuildSpecShellGolden(t *testing.T) {
 	t.Parallel()
 	shell := profile.ShellProfile()
@@ -31,16 +47,7 @@ func TestBuildSpecShellGolden(t *testing.T) {
 		WorkerID: "w1",
 		Now:      time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC),
 	})
-	require.NoError(t, err)
-	got, err := json.MarshalIndent(spec, "", "  ")
-	require.NoError(t, err)
-	path := filepath.Join("testdata", "spec-shell.json")
-	if *update {
-		require.NoError(t, os.WriteFile(path, append(got, '\n'), 0o644))
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.Equal(t, string(want), string(got)+"\n")
+	requireGolden(t, "spec-shell.json", spec)
 }
 
 func TestBuildSpecJail(t *testing.T) {
