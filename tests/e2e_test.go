@@ -23,6 +23,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
 )
 
 var (
@@ -182,7 +183,11 @@ func upProcess(t *testing.T, args ...string) (string, *lockedBuffer, int) {
 			}
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
+			<-done
 			t.Errorf("jetcrew up did not stop within 30s of SIGINT\n%s", stderr.String())
+			// Killed, its worker left its containers: remove them, so a
+			// failed test leaves nothing on the engine.
+			removeWorkerContainers(t, stderr.String())
 		}
 	})
 	select {
@@ -374,4 +379,28 @@ func TestSubmitRefusesInvalid(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(s.stdout), &info))
 	require.Zero(t, info.State.Msgs)
+}
+
+// workerIDInLog matches the worker id in a worker's JSON log lines.
+var workerIDInLog = regexp.MustCompile(`"worker":"([^"]+)"`)
+
+// removeWorkerContainers removes every container of the worker whose log
+// is log (its id read from the first line naming one), by its label
+// (jail.LabelWorker), as the worker's own stop would have.
+func removeWorkerContainers(t *testing.T, log string) {
+	t.Helper()
+	m := workerIDInLog.FindStringSubmatch(log)
+	if m == nil {
+		return
+	}
+	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label="+jail.LabelWorker+"="+m[1]).Output()
+	if err != nil {
+		t.Errorf("list the containers of worker %s: %v", m[1], err)
+		return
+	}
+	if ids := strings.Fields(string(out)); len(ids) > 0 {
+		if err := exec.Command("docker", append([]string{"rm", "-f"}, ids...)...).Run(); err != nil {
+			t.Errorf("remove the containers of worker %s: %v", m[1], err)
+		}
+	}
 }
