@@ -43,7 +43,7 @@ func TestBrowserGroupAttempts(t *testing.T) {
 	b.putStates(t, st)
 	poll(t, ctx, 10*time.Second, `document.querySelectorAll("article.attempt").length === 3 &&
 		document.querySelector('#runs tr[data-id="gb-3"] td:nth-child(6)')?.textContent === "2s"`, "the third attempt's row and diff arrive without a reload")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button[data-copy="apply-gb-3"]`))))
+	click(t, ctx, chromedp.CSS(`button[data-copy="apply-gb-3"]`))
 	poll(t, ctx, 5*time.Second, `["Copied", "Select and copy"].includes(document.querySelector('button[data-copy="apply-gb-3"]').textContent)`, "the copy button answers")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`)))
 	shot(t, ctx, "group-attempts")

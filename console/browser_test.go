@@ -147,6 +147,24 @@ func poll(t *testing.T, ctx context.Context, timeout time.Duration, expr, what s
 	}
 }
 
+// click clicks the element sel names. A live page may draw it again
+// between the query and the click (the run page redraws its actions when
+// the run's state changes): the node the query found is then gone
+// (-32000, "Could not find node with given id") before any mouse event
+// was sent, and the click is tried again on the element now there.
+func click[S chromedp.Selectable](t *testing.T, ctx context.Context, sel S) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := chromedp.Do(ctx, chromedp.Click(sel))
+		if err == nil || time.Now().After(deadline) || !strings.Contains(err.Error(), "(-32000)") {
+			require.NoError(t, err)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestBrowser drives the console in headless chromium against a real
 // worker (on the fake runtime): live list, live output, cancel, hostile
 // output, replay from the dead letters, a group's conversation.
@@ -173,13 +191,13 @@ func TestBrowser(t *testing.T) {
 	onPhone(t, ctx, "runs")
 
 	// Its page streams its output; cancel stops it.
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="`+id+`"] a`))))
+	click(t, ctx, chromedp.CSS(`tr[data-id="`+id+`"] a`))
 	poll(t, ctx, 15*time.Second, `document.getElementById("output")?.textContent.includes("hello-from-run")`, "the run's output streams in")
 	shot(t, ctx, "run")
 	onPhone(t, ctx, "run")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("cancel"))))
+	click(t, ctx, chromedp.ID("cancel"))
 	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "the cancel asks for a confirmation")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
+	click(t, ctx, chromedp.ID("confirm"))
 	poll(t, ctx, 10*time.Second, `document.getElementById("state")?.textContent === "cancelled"`, "the page shows the run cancelled")
 	require.Equal(t, messages.StateCancelled, b.waitState(t, id, messages.StateCancelled).State)
 
@@ -201,10 +219,10 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/dead-letters")))
 	shot(t, ctx, "dead-letters")
 	onPhone(t, ctx, "dead-letters")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.replay-one[data-run="`+x+`"]`))))
+	click(t, ctx, chromedp.CSS(`button.replay-one[data-run="`+x+`"]`))
 	poll(t, ctx, 15*time.Second, `document.getElementById("confirm") !== null`, "a confirmation is asked")
 	shot(t, ctx, "replay-confirm")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
+	click(t, ctx, chromedp.ID("confirm"))
 	poll(t, ctx, 10*time.Second, `(document.getElementById("message")||{}).textContent?.includes("Replayed 1 run(s)")`, "the replay is reported")
 	require.Eventually(t, func() bool {
 		st, err := b.d.Status(t.Context(), x)

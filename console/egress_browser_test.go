@@ -27,13 +27,13 @@ func TestBrowserEgress(t *testing.T) {
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.srv.URL+"/")))
 	poll(t, ctx, 15*time.Second, `document.querySelector("#egress-alert a")?.textContent === "1 connection waits for an operator"`, "the overview alerts")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#egress-alert a`))))
+	click(t, ctx, chromedp.CSS(`#egress-alert a`))
 	poll(t, ctx, 15*time.Second, `location.pathname === "/egress" && document.getElementById("live")?.classList.contains("on")`, "the egress page's live stream opens")
 	poll(t, ctx, 5*time.Second, `document.querySelector('tr[data-id="br-ask-1.1"] .host')?.textContent === "pypi.org:443"`, "the question is listed")
 
 	// A question put while the page is open appears; the box ticked on
 	// the first row stays ticked through the swap.
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="br-ask-1.1"] .for-profile`))))
+	click(t, ctx, chromedp.CSS(`tr[data-id="br-ask-1.1"] .for-profile`))
 	putAsk(t, asks, "br-ask-2", "net", "<img src=x onerror=window.pwned=1>", 8443, 1)
 	poll(t, ctx, 10*time.Second, `document.querySelector('tr[data-id="br-ask-2.1"]') !== null`, "the new question appears live")
 	inert, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.pwned === undefined && document.querySelectorAll("main img").length === 0 &&
@@ -49,7 +49,7 @@ func TestBrowserEgress(t *testing.T) {
 	require.NoError(t, err)
 	poll(t, ctx, 5*time.Second, `document.querySelector('tr[data-id="br-ask-1.1"] td[data-until]').textContent !== "`+before+`"`, "refused in counts down")
 
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="br-ask-1.1"] button.allow`))))
+	click(t, ctx, chromedp.CSS(`tr[data-id="br-ask-1.1"] button.allow`))
 	poll(t, ctx, 10*time.Second, `document.getElementById("answered")?.textContent === "Answered br-ask-1.1."`, "the answer is reported")
 	a, ok := answerOf(t, asks, messages.EgressAnswerKey("br-ask-1.1"))
 	require.True(t, ok)

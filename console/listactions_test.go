@@ -82,9 +82,9 @@ func TestBrowserRunsListCancelAndReplay(t *testing.T) {
 	id := b.submit(t, messages.RunRequest{Prompt: "out hi;sleep 1h"})
 	b.waitState(t, id, messages.StateRunning)
 	poll(t, ctx, 10*time.Second, `document.querySelector('#runs tr[data-id="`+id+`"] button.cancel-one') !== null`, "the new run comes with its Cancel")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.cancel-one[data-run="`+id+`"]`))))
+	click(t, ctx, chromedp.CSS(`button.cancel-one[data-run="`+id+`"]`))
 	poll(t, ctx, 5*time.Second, `document.getElementById("confirm") !== null`, "Cancel asks for a confirmation")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("confirm"))))
+	click(t, ctx, chromedp.ID("confirm"))
 	poll(t, ctx, 10*time.Second, `location.pathname === "/runs" &&
 		document.querySelector('#runs tr[data-id="`+id+`"] .badge')?.textContent === "cancelled" &&
 		document.querySelector('#runs tr[data-id="`+id+`"] button.cancel-one') === null`, "back on the list, the run cancelled, no Cancel left")

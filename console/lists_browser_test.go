@@ -48,7 +48,7 @@ func TestBrowserListsSearchAndDeadLetters(t *testing.T) {
 	// A label chip filters by its label.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/runs")))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s.split(",").length === 3`, rows), "the runs list shows the three runs")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-id="`+ok+`"] a.label`))))
+	click(t, ctx, chromedp.CSS(`tr[data-id="`+ok+`"] a.label`))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s === %q`, rows, ok+","+failing), "the chip team=red filters")
 	poll(t, ctx, 5*time.Second, `location.search.includes("label=team%3Dred")`, "the chip's filter is in the address")
 
@@ -57,11 +57,11 @@ func TestBrowserListsSearchAndDeadLetters(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(u+"/dead-letters")))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s === %q`, dead, failing+":still failing"), "only the failing dead letter shows")
 	onPhone(t, ctx, "dead-letters-lifecycle")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("show-resolved"))))
+	click(t, ctx, chromedp.ID("show-resolved"))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s.includes(%q)`, dead, healed+":replayed and healed"), "Show resolved shows the healed one")
 	shot(t, ctx, "dead-letters-resolved")
 	onPhone(t, ctx, "dead-letters-resolved")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.ID("hide-resolved"))))
+	click(t, ctx, chromedp.ID("hide-resolved"))
 	poll(t, ctx, 10*time.Second, fmt.Sprintf(`%s === %q`, dead, failing+":still failing"), "Hide resolved hides it again")
 	require.Empty(t, exceptions(), "no JavaScript error on any page")
 }

@@ -32,7 +32,7 @@ func TestBrowserAnswerQuestion(t *testing.T) {
 	require.True(t, inert, "inert text, a button per choice")
 	shot(t, ctx, "question")
 	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`#question-`+qid+` textarea[name="text"]`), "postgres, version 17")))
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#question-`+qid+` button.answer`))))
+	click(t, ctx, chromedp.CSS(`#question-`+qid+` button.answer`))
 	poll(t, ctx, 10*time.Second, `location.search === "?answered=`+qid+`" && location.pathname === "/groups/default/crew-br"`, "back on the group's page")
 	select {
 	case got := <-answer:

@@ -52,7 +52,7 @@ func TestBrowserRunChanges(t *testing.T) {
 		document.querySelector("#ran .dur").textContent === "1m0s" && !document.querySelector("#ran .dur").dataset.from`))
 	require.NoError(t, err)
 	require.True(t, inert, "the patch is inert text, classed by line; the run time stopped at 1m0s")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button[data-copy="cmd-apply"]`))))
+	click(t, ctx, chromedp.CSS(`button[data-copy="cmd-apply"]`))
 	poll(t, ctx, 5*time.Second, `["Copied", "Select and copy"].includes(document.querySelector('button[data-copy="cmd-apply"]').textContent)`, "the copy button answers")
 	shot(t, ctx, "run-changes")
 	require.Empty(t, exceptions(), "no JavaScript error")
