@@ -43,6 +43,11 @@ const (
 	// the proxy answered it with the provider's quota error (body:
 	// BudgetEvent).
 	EventBudget EventType = "budget"
+	// EventAdopted: a worker took over the run's live container from the
+	// worker that started it, which had stopped or died (body: Event with
+	// AdoptedFrom and Gap); the attempt goes on, its agent never
+	// restarted (docs/operations.md, "When a worker dies").
+	EventAdopted EventType = "adopted"
 )
 
 // Headers set on event messages.
@@ -60,6 +65,12 @@ const (
 	// ones). Absent on output events of workers before it: their stream
 	// order is the only order.
 	HeaderSeq = "Jetcrew-Seq"
+	// HeaderOutputEnds carries, on an output chunk, where each stream ends
+	// once the chunk is taken: "<stdout bytes>,<stderr bytes>", the next
+	// HeaderOffset of each. A worker that adopts a run reads it from the
+	// run's last output event and publishes from there on, so no byte is
+	// lost or published twice. Absent on output events of workers before it.
+	HeaderOutputEnds = "Jetcrew-Output-Ends"
 	// HeaderAttempt carries the delivery number the event belongs to.
 	HeaderAttempt = "Jetcrew-Attempt"
 )
@@ -117,6 +128,11 @@ type Event struct {
 	// masked prompt's whole size when Prompt was cut, else 0.
 	Prompt      string `json:"prompt,omitempty"`
 	PromptBytes int    `json:"prompt_bytes,omitempty"`
+	// AdoptedFrom is the worker that had the run before, on EventAdopted;
+	// Gap is how long, in milliseconds, no worker watched it: from that
+	// worker's last record of the run to the adoption.
+	AdoptedFrom string `json:"adopted_from,omitempty"`
+	GapMS       int64  `json:"gap_ms,omitempty"`
 	// State is the run's final state, on EventFinished.
 	State State `json:"state,omitempty"`
 	// ExitCode is the process's exit code, on EventFinished when it ran.

@@ -102,6 +102,17 @@ type RunState struct {
 	// already ended unsuccessfully: a replay of it still queued is skipped
 	// (recorded cancelled) when it arrives.
 	CancelPending bool `json:"cancel_pending,omitempty"`
+	// Adoptions counts the times a worker took the run's live container
+	// over from the worker that started it (or adopted it before), after
+	// that one stopped or died; the attempt (Attempts) stays the same.
+	Adoptions int `json:"adoptions,omitempty"`
+	// Lease is the acknowledgement subject of the request's delivery that
+	// holds the run: the reply subject JetStream delivered it with
+	// ($JS.ACK.…). A worker that adopts the run keeps the request in
+	// progress and acknowledges or terminates it there: the server acts on
+	// the stream sequence the subject names, whichever delivery's subject
+	// it is (nats-server's consumer acks and progress by stream sequence).
+	Lease string `json:"lease,omitempty"`
 	// Replays counts the times a finished, unsuccessful run was submitted
 	// again and run anew (a replay of its dead letter).
 	Replays int `json:"replays,omitempty"`

@@ -35,7 +35,7 @@ var Transitions = []Transition{
 	{StateQueued, StateRunning, "container started"},
 	{StateQueued, StateFailed, "invalid request, set-up failure, retries exhausted, MaxDeliver"},
 	{StateQueued, StateCancelled, "cancel while queued"},
-	{StateRunning, StateRunning, "bridge connected recorded"},
+	{StateRunning, StateRunning, "bridge connected, progress recorded; adopted by a successor of its worker"},
 	{StateRunning, StateQueued, "claim by a redelivery; retry (infrastructure, profile retries); hand back on shutdown"},
 	{StateRunning, StateSucceeded, "exit 0"},
 	{StateRunning, StateFailed, "non-zero exit, OOM, bridge never reached, MaxDeliver"},

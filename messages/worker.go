@@ -25,6 +25,13 @@ const ConsumerAdvisories = "dead-letterer"
 // holding the run replies, with a CancelReply.
 const SubjectStopPrefix = "jetcrew.ctl.stop"
 
+// SubjectHoldPrefix prefixes the internal request a worker sends, on a
+// redelivery of a running run's request, to ask whether any worker holds
+// the run live, jetcrew.ctl.hold.<run_id>: the worker holding it (its
+// starter, or a successor that adopted it) answers with an empty body, the
+// others stay silent. Only workers publish and subscribe to it.
+const SubjectHoldPrefix = "jetcrew.ctl.hold"
+
 // BucketWorkers is the key-value bucket of live workers: one key per worker
 // (its id), refreshed every few seconds and expiring a few heartbeats after
 // the worker stops refreshing it. Its value is a WorkerPresence. Clients read

@@ -266,6 +266,7 @@ func workerGrant() Grant {
 		"$KV." + messages.BucketEgressAsks + ".>",
 		"$KV." + messages.BucketEgressApprovals + ".>",
 		messages.SubjectStopPrefix + ".*",
+		messages.SubjectHoldPrefix + ".*",
 		"$O." + messages.BucketResults + ".>",
 		// Snapshots checked by their bytes, and git sources' snapshots:
 		// only workers write the workspace bucket.
@@ -284,6 +285,7 @@ func workerGrant() Grant {
 		Subscribe: []string{inbox(Worker),
 			messages.SubjectCancelPrefix + ".*",
 			messages.SubjectStopPrefix + ".*",
+			messages.SubjectHoldPrefix + ".*",
 			// Steers, answered by the worker serving the run's
 			// coordination session.
 			messages.SubjectSteerPrefix + ".*",

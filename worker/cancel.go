@@ -30,7 +30,10 @@ type cancelListener struct {
 	// stopRun stops run id when this worker holds it
 	// (runner.Runner.StopRun).
 	stopRun func(id string) (messages.CancelReply, bool)
-	log     zerolog.Logger
+	// holds reports whether this worker holds run id live
+	// (runner.Runner.Holds), for jetcrew.ctl.hold.<run_id>.
+	holds func(id string) bool
+	log   zerolog.Logger
 	subs    []*nats.Subscription
 }
 
@@ -46,7 +49,13 @@ func (c *cancelListener) Start(context.Context) error {
 		_ = cs.Unsubscribe()
 		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
 	}
-	c.subs = []*nats.Subscription{cs, ss}
+	hs, err := c.nc.Subscribe(messages.SubjectHoldPrefix+".*", c.onHold)
+	if err != nil {
+		_ = cs.Unsubscribe()
+		_ = ss.Unsubscribe()
+		return fmt.Errorf("worker: subscribe to control subjects: %w", err)
+	}
+	c.subs = []*nats.Subscription{cs, ss, hs}
 	return nil
 }
 
@@ -189,6 +198,15 @@ func (c *cancelListener) onStop(m *nats.Msg) {
 	if r, ok := c.stopRun(lastToken(m.Subject)); ok {
 		reply(m, r)
 	}
+}
+
+// onHold answers jetcrew.ctl.hold.<run_id>, with an empty body, when this
+// worker holds the run live; other workers stay silent.
+func (c *cancelListener) onHold(m *nats.Msg) {
+	if delivered(m) || c.holds == nil || !c.holds(lastToken(m.Subject)) {
+		return
+	}
+	_ = m.Respond(nil)
 }
 
 // claimedByDelivery reports whether a queued record was written by a

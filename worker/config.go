@@ -57,6 +57,14 @@ type Config struct {
 	// ReconcileInterval is how often orphaned containers are looked for.
 	// Default 1 minute.
 	ReconcileInterval time.Duration
+	// AdoptGrace is how long a redelivered request of a running run whose
+	// worker answers nobody is handed back for, once, before another
+	// worker starts it again: the time a successor of that worker on its
+	// host has to adopt the run's container (issue 38). Default twice
+	// messages.WorkerTTL (30 s): the dead worker's heartbeat expires,
+	// then its successor's first pass adopts. Negative starts it again at
+	// once, as before adoption existed.
+	AdoptGrace time.Duration
 	// OrphanGrace is how old a container with no live owner must be before
 	// the reconciler removes it. Default 30 seconds.
 	OrphanGrace time.Duration
@@ -185,6 +193,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = time.Minute
+	}
+	if c.AdoptGrace == 0 {
+		c.AdoptGrace = 2 * messages.WorkerTTL
 	}
 	if c.OrphanGrace == 0 {
 		c.OrphanGrace = 30 * time.Second

@@ -30,6 +30,10 @@ type reconciler struct {
 	rt    orphanRuntime
 	live  *live.Registry
 	alive func(ctx context.Context, worker string) (bool, error)
+	// adopt, when set, is asked about a run's container found orphaned
+	// before it is removed: it reports whether to keep it (the run was
+	// adopted, or another live worker holds it; Worker.adopt).
+	adopt func(ctx context.Context, c jail.ManagedContainer) (bool, error)
 	reconcileSettings
 	loop
 }
@@ -65,6 +69,7 @@ const (
 	keep      verdict = iota
 	orphanNow         // its owner is registered here and does not hold it
 	orphan            // older than the grace, its owner gone
+	adoptOnly         // a run's container younger than the grace, its owner gone: adopted, else kept
 )
 
 // reconcile removes the orphans once, containers then volumes; it returns
@@ -86,9 +91,15 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		switch v {
 		case keep:
 			continue
+		case adoptOnly:
+			rc.adoptable(ctx, c)
+			continue
 		case orphanNow:
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
 		case orphan:
+			if rc.adoptable(ctx, c) {
+				continue
+			}
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("state", c.State).
 				Str("run_id", c.Labels[jail.LabelRunID]).Str("owner", c.Labels[jail.LabelWorker]).Msg("removing orphaned container")
 		}
@@ -97,6 +108,21 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(append(errs, rc.reconcileVolumes(ctx, alive))...)
+}
+
+// adoptable asks the adopt hook about c, a run's container found
+// orphaned: true keeps it (an error of the hook too, logged: the next
+// pass asks again).
+func (rc *reconciler) adoptable(ctx context.Context, c jail.ManagedContainer) bool {
+	if rc.adopt == nil || !isRunContainer(c.Labels) {
+		return false
+	}
+	keep, err := rc.adopt(ctx, c)
+	if err != nil {
+		rc.log.Warn().Err(err).Str("run_id", c.Labels[jail.LabelRunID]).Msg("adopt an orphaned run; trying again")
+		return true
+	}
+	return keep
 }
 
 // reconcileVolumes removes this installation's volumes by the rules of
@@ -152,24 +178,36 @@ func (rc *reconciler) judge(ctx context.Context, labels map[string]string, creat
 	if t, err := time.Parse(time.RFC3339Nano, labels[jail.LabelCreated]); err == nil {
 		created = t
 	}
-	if rc.now().Sub(created) < rc.grace {
+	young := rc.now().Sub(created) < rc.grace
+	if young && !isRunContainer(labels) {
 		return keep, nil
 	}
-	if self {
-		return orphan, nil
-	}
-	up, ok := alive[worker]
-	if !ok {
-		var err error
-		if up, err = rc.alive(ctx, worker); err != nil {
-			return keep, fmt.Errorf("look up worker %s: %w", worker, err)
+	up := false
+	if !self {
+		var ok bool
+		if up, ok = alive[worker]; !ok {
+			var err error
+			if up, err = rc.alive(ctx, worker); err != nil {
+				return keep, fmt.Errorf("look up worker %s: %w", worker, err)
+			}
+			alive[worker] = up
 		}
-		alive[worker] = up
 	}
-	if up {
+	switch {
+	case up:
 		return keep, nil
+	case young:
+		// A run's container whose worker is gone may be adopted at once;
+		// it is removed only past the grace.
+		return adoptOnly, nil
 	}
 	return orphan, nil
+}
+
+// isRunContainer reports whether labels are a run's own container's
+// (jail.RoleRun, a run id): one a successor may adopt.
+func isRunContainer(labels map[string]string) bool {
+	return labels[jail.LabelRole] == jail.RoleRun && labels[jail.LabelRunID] != ""
 }
 
 // ownerOnLabel returns the owner, on the worker its labels name, of a
@@ -234,14 +272,17 @@ func (s *sweeper) Stop(context.Context) error {
 // registry of what is live, and the heartbeats in the workers bucket
 // (presence.alive).
 func (w *Worker) newReconciler() *reconciler {
-	return newReconciler(w.cfg.Runtime, w.live, w.presence.alive, reconcileSettings{install: w.install, self: w.cfg.ID,
+	rc := newReconciler(w.cfg.Runtime, w.live, w.presence.alive, reconcileSettings{install: w.install, self: w.cfg.ID,
 		grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval, now: time.Now, log: w.log})
+	rc.adopt = w.adopt
+	return rc
 }
 
 // newSweeper returns the sweeper of the stages' leftovers on this worker.
 func (w *Worker) newSweeper() *sweeper {
 	return &sweeper{interval: w.cfg.ReconcileInterval, sweep: func() {
 		w.runDirs.Sweep(w.cfg.OrphanGrace)
+		w.dir.reclaim()
 		w.trees.Sweep(w.cfg.OrphanGrace)
 		if err := w.bridges.GC(); err != nil {
 			w.log.Warn().Err(err).Msg("remove unused staged bridges")

@@ -24,7 +24,14 @@ type puller struct {
 
 	fetchCancel context.CancelFunc // stops fetching (Stop)
 	runsCancel  context.CancelFunc // aborts the runs in flight: they hand their requests back (inFlight)
-	done        chan struct{}      // closed once every slot's run in flight ended
+	done        chan struct{}      // closed once every slot's run in flight, and every adopted run, ended
+
+	// mu guards open, set from Start to Stop: adopted runs may be
+	// spawned (spawn) while it is.
+	mu      sync.Mutex
+	open    bool
+	adopted sync.WaitGroup
+	runsCtx context.Context
 }
 
 // Start begins pulling, one pull request per slot, until Stop. It returns
@@ -34,8 +41,12 @@ func (p *puller) Start(ctx context.Context) error {
 	fetchCtx, fetchCancel := context.WithCancel(ctx)
 	runsCtx, runsCancel := context.WithCancel(ctx)
 	p.fetchCancel, p.runsCancel, p.done = fetchCancel, runsCancel, make(chan struct{})
+	p.mu.Lock()
+	p.open, p.runsCtx = true, runsCtx
+	p.mu.Unlock()
 	go func() {
 		defer close(p.done)
+		defer p.adopted.Wait()
 		var wg sync.WaitGroup
 		for range p.slots {
 			wg.Add(1)
@@ -52,8 +63,35 @@ func (p *puller) Start(ctx context.Context) error {
 // Stop stops fetching: no new request is taken; it does not wait. It
 // returns nil.
 func (p *puller) Stop(context.Context) error {
+	p.mu.Lock()
+	p.open = false
+	p.mu.Unlock()
 	p.fetchCancel()
 	return nil
+}
+
+// spawn runs an adopted run, run, beside the slots' runs, with their
+// context: the worker's stop waits for it (inFlight) as for theirs. It
+// reports false, running nothing, before Start and after Stop.
+func (p *puller) spawn(run func(ctx context.Context)) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.open {
+		return false
+	}
+	p.adopted.Add(1)
+	go func() {
+		defer p.adopted.Done()
+		run(p.runsCtx)
+	}()
+	return true
+}
+
+// accepting reports whether spawn would run an adopted run.
+func (p *puller) accepting() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.open
 }
 
 // slot is one run slot: it pulls until fetchCtx ends and returns once its
@@ -87,7 +125,13 @@ func (p *puller) slot(fetchCtx, runsCtx context.Context) {
 // inFlight is the runs the puller's slots have in flight, as a part: its
 // Stop, after the puller's (no new request) and the warm pool's (no new
 // warm start), waits for them to finish.
-type inFlight struct{ p *puller }
+type inFlight struct {
+	p *puller
+	// leaving reports whether the worker stops leaving its runs to a
+	// successor (Worker.Leave): they are then ended at once, their
+	// containers running on.
+	leaving func() bool
+}
 
 // Start does nothing: the runs start with the puller.
 func (inFlight) Start(context.Context) error { return nil }
@@ -99,6 +143,9 @@ func (f inFlight) Stop(ctx context.Context) error {
 	p := f.p
 	if p.done == nil {
 		return nil // never started
+	}
+	if f.leaving != nil && f.leaving() {
+		p.runsCancel()
 	}
 	var err error
 	select {

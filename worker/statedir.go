@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -35,6 +36,27 @@ type stateDir struct {
 	path string
 	own  bool
 	lock *os.File
+	// keep is set when the worker leaves its runs to a successor
+	// (Worker.Leave): the run directories in it are theirs, so Stop
+	// removes nothing.
+	keep atomic.Bool
+	// inUse reports whether a container on the engine mounts a path under
+	// a directory: a dead worker's state directory is reclaimed only once
+	// none does (its runs may be adopted). Nil: none does.
+	inUse func(dir string) bool
+	// prefix is the prefix of the default state directories' names under
+	// root, once prepare made this one there ("" for a configured one).
+	prefix string
+}
+
+// reclaim removes the state directories dead workers left under the root
+// this worker's own is in, once no container mounts anything in them
+// (reclaimStateDirs); nothing for a configured state directory. The
+// sweeper calls it: a directory kept for its runs goes once they ended.
+func (d *stateDir) reclaim() {
+	if d.own && d.prefix != "" {
+		reclaimStateDirs(d.root, d.prefix, d.inUse, d.log)
+	}
 }
 
 // Start prepares the state directory (prepare).
@@ -42,6 +64,12 @@ func (d *stateDir) Start(context.Context) error { return d.prepare() }
 
 // Stop removes what the worker made in it (remove). It returns nil.
 func (d *stateDir) Stop(context.Context) error {
+	if d.keep.Load() {
+		if d.lock != nil {
+			_ = d.lock.Close()
+		}
+		return nil
+	}
 	d.remove()
 	return nil
 }
@@ -79,7 +107,8 @@ func (d *stateDir) prepare() error {
 	d.path = d.configured
 	if d.path == "" {
 		root, prefix := d.stateRoot()
-		reclaimStateDirs(root, prefix, d.log)
+		d.root, d.prefix = root, prefix
+		reclaimStateDirs(root, prefix, d.inUse, d.log)
 		dir, err := os.MkdirTemp(root, prefix)
 		if err != nil {
 			return fmt.Errorf("worker: state dir: %w", err)
@@ -138,7 +167,7 @@ func (d *stateDir) remove() {
 // worker lives, in whatever PID namespace), an unreadable one, a
 // directory without one. Each removal is logged, and each earlier
 // version's marker left.
-func reclaimStateDirs(root, prefix string, log zerolog.Logger) {
+func reclaimStateDirs(root, prefix string, inUse func(string) bool, log zerolog.Logger) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return
@@ -149,9 +178,14 @@ func reclaimStateDirs(root, prefix string, log zerolog.Logger) {
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
-		if privdir.Check(dir) == nil {
-			reclaimStateDir(dir, boot, log)
+		if privdir.Check(dir) != nil {
+			continue
 		}
+		if inUse != nil && inUse(dir) {
+			log.Info().Str("state_dir", dir).Msg("keeping a dead worker's state directory: a container still mounts a run directory in it, for a successor to adopt")
+			continue
+		}
+		reclaimStateDir(dir, boot, log)
 	}
 }
 

@@ -160,8 +160,8 @@ func TestReclaimStateDirs(t *testing.T) {
 
 	var logs bytes.Buffer
 	log := zerolog.New(&logs)
-	reclaimStateDirs(root, "jetcrew-dead-target-never", log) // another prefix: nothing
-	reclaimStateDirs(root, "jetcrew-", log)
+	reclaimStateDirs(root, "jetcrew-dead-target-never", nil, log) // another prefix: nothing
+	reclaimStateDirs(root, "jetcrew-", nil, log)
 	for dir, kept := range map[string]bool{dead: false, live: true, oldLive: true, oldBoot: false, unmarked: true, garbled: true,
 		open: true, other: true, linked: true} {
 		_, err := os.Lstat(dir)
@@ -175,7 +175,7 @@ func TestReclaimStateDirs(t *testing.T) {
 	// The lock goes with its holder: the live directory is reclaimed once
 	// the file is closed.
 	require.NoError(t, lock.Close())
-	reclaimStateDirs(root, "jetcrew-live", zerolog.Nop())
+	reclaimStateDirs(root, "jetcrew-live", nil, zerolog.Nop())
 	require.NoDirExists(t, live)
 }
 

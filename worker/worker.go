@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,6 +74,13 @@ type Worker struct {
 	runs     *runner.Runner
 	// life is the parts in start order and how many started.
 	life lifecycle
+	// pull is the puller of requests, which also runs adopted runs; rc the
+	// reconciler, whose pass adopts orphaned runs (adopt.go).
+	pull *puller
+	rc   *reconciler
+	// leaving is set by Leave: the worker stops leaving its runs running
+	// for a successor.
+	leaving atomic.Bool
 
 	mu       sync.Mutex
 	started  bool // Start was called
@@ -189,28 +197,34 @@ func (w *Worker) Start(ctx context.Context) error {
 func (w *Worker) parts() []namedPart {
 	c := w.cfg
 	w.presence = &presence{js: w.js, id: c.ID}
-	w.dir = &stateDir{configured: c.StateDir, root: c.StateRoot, id: c.ID, log: w.log}
+	w.dir = &stateDir{configured: c.StateDir, root: c.StateRoot, id: c.ID, log: w.log, inUse: w.mountedUnder}
 	pull := &puller{cons: w.cons, slots: c.Concurrency, wait: c.FetchWait, log: w.log,
 		handle: func(ctx context.Context, msg jetstream.Msg) { w.runs.Handle(ctx, msg) }}
+	w.pull, w.rc = pull, w.newReconciler()
 	return []namedPart{
 		{"presence", w.presence},
 		{"state directory", w.dir},
 		{"stages", hooks{start: w.compose, stop: w.drainStages}},
 		{"heartbeat", &heartbeat{presence: w.presence, value: w.presenceValue, ensure: w.ensureProvisioned,
 			interval: messages.WorkerTTL / 3, log: w.log}},
-		{"reconciler", w.newReconciler()},
-		{"sweeper", w.newSweeper()},
+		{"reconciler", w.rc},
 		{"dead-letterer", &deadLetterer{js: w.js, store: w.store, workerID: c.ID, wait: c.FetchWait, retry: 5 * time.Second, log: w.log,
 			removeContainers: func(ctx context.Context, id, recorded string) error {
 				return w.runs.RemoveRunContainers(ctx, id, recorded)
 			}}},
 		{"cancel listener", &cancelListener{nc: w.nc, store: w.store, workerID: c.ID, log: w.log,
-			stopRun: func(id string) (messages.CancelReply, bool) { return w.runs.StopRun(id) }}},
+			stopRun: func(id string) (messages.CancelReply, bool) { return w.runs.StopRun(id) },
+			holds:   func(id string) bool { return w.runs.Holds(id) }}},
 		{"egress proxies", made(func() part { return w.proxies })},
 		{"workspaces", made(func() part { return w.trees })},
-		{"runs in flight", inFlight{pull}},
+		{"runs in flight", inFlight{p: pull, leaving: w.leaving.Load}},
 		{"warm pool", made(func() part { return w.warm })},
 		{"fetching", pull},
+		// Orphaned runs are adopted once the puller can run them; what
+		// the stages left behind is swept after, so a run directory a
+		// successor adopts is never taken for a leftover.
+		{"adoption", hooks{start: w.adoptOrphans}},
+		{"sweeper", w.newSweeper()},
 	}
 }
 
@@ -285,6 +299,7 @@ func (w *Worker) compose(ctx context.Context) error {
 		NC: w.nc, JS: w.js, Store: w.store, Groups: coordination.NewGroups(w.js), Live: w.live, Stages: stages,
 		DefaultTimeout: c.DefaultTimeout, StopGrace: c.StopGrace, InProgressInterval: c.InProgressInterval,
 		MaxDeliver: c.Provision.MaxDeliver, Failpoint: c.Failpoint, Warm: w.warm, Metrics: w.metrics, Log: w.log,
+		AdoptGrace: c.AdoptGrace,
 	})
 	if _, _, err := w.trees.EnsureBuckets(ctx); err != nil {
 		return fmt.Errorf("worker: workspace buckets: %w", err)
@@ -303,6 +318,25 @@ func (w *Worker) drainStages(context.Context) error {
 	w.runDirs.Drain()
 	w.trees.Drain()
 	return nil
+}
+
+// Leave stops the worker leaving its runs to a successor, for an upgrade
+// or a restart: their containers run on, their records and requests stay
+// as they are, and a worker started on the same engine (the next process
+// of this one, or any other of the installation there) adopts them and
+// carries them to their ends, the agents never restarted (issue 38,
+// docs/operations.md "Upgrades"). The worker's heartbeat key is deleted
+// as it stops, so the successor need not wait for it to expire. Then it
+// stops as Stop does. jetcrew worker and jetcrew up call it on SIGUSR2.
+func (w *Worker) Leave(ctx context.Context) error {
+	w.leaving.Store(true)
+	if w.runs != nil {
+		w.runs.Leave()
+	}
+	if w.dir != nil {
+		w.dir.keep.Store(true)
+	}
+	return w.Stop(ctx)
 }
 
 // Stop stops the worker's parts in the reverse of their start order

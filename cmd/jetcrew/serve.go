@@ -184,7 +184,17 @@ func (a workerCmds) serveWorker(ctx context.Context, nc *nats.Conn, o workerOpti
 		ready(w)
 	}
 
-	failure := a.waitForStop(ctx, w, o, failed)
+	failure, leave := a.waitForStop(ctx, w, o, failed)
+	if leave {
+		// SIGUSR2: the runs in flight go on, for the next worker on this
+		// engine to adopt (an upgrade).
+		lctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := w.Leave(lctx); err != nil {
+			a.log.Warn().Err(err).Msg("stop leaving the runs")
+		}
+		return nil
+	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
 	defer cancel()
 	go func() {
@@ -237,24 +247,31 @@ func (a workerCmds) workerConfig(nc *nats.Conn, o workerOptions, profiles profil
 	}
 }
 
-// waitForStop serves the worker until ctx ends (nil) or the embedded
-// nats-server fails (the error says why), reloading the profile file on
-// each SIGHUP meanwhile.
-func (a workerCmds) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions, failed <-chan string) error {
+// waitForStop serves the worker until ctx ends (nil), SIGUSR2 asks it to
+// stop leaving its runs to a successor (leave; docs/operations.md,
+// "Upgrades") or the embedded nats-server fails (the error says why),
+// reloading the profile file on each SIGHUP meanwhile.
+func (a workerCmds) waitForStop(ctx context.Context, w *worker.Worker, o workerOptions, failed <-chan string) (failure error, leave bool) {
 	// SIGHUP reloads the profile file (docs/operations.md, "Reloading
 	// profiles").
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
 	for {
 		select {
 		case <-ctx.Done():
 			a.log.Info().Str("drain_timeout", o.drainTimeout.String()).Msg("stopping: letting runs in flight finish (interrupt again to cut short)")
-			return nil
+			return nil, false
+		case <-usr2:
+			a.log.Info().Msg("SIGUSR2: stopping, leaving the runs in flight running for the next worker on this engine to adopt")
+			return nil, true
 		case reason := <-failed:
 			failure := fmt.Errorf("nats-server: %s", reason)
 			a.log.Error().Err(failure).Msg("stopping")
-			return failure
+			return failure, false
 		case <-hup:
 			a.reloadProfiles(ctx, w, o.profiles)
 		}

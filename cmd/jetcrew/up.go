@@ -53,7 +53,9 @@ in Docker containers. Once both are ready it prints the server's URL on stdout
 as NATS_URL=<url>, for other jetcrew commands and NATS clients, then the web
 console's (--ui, default 127.0.0.1:4280; docs/console.md) as JETCREW_UI=<url>.
 
-Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
+SIGUSR2 stops it for an upgrade: its runs in flight go on in their containers,
+and the next worker started on the same engine adopts them, their agents never
+restarted. Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), then the server shuts down.
 
 By default the server has no authentication, and --listen must then be a

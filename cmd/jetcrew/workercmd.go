@@ -21,7 +21,9 @@ func (a workerCmds) workerCmd() *cobra.Command {
 bucket and the pool's consumer if they are missing, and runs the requests of
 its pool in Docker containers until it is stopped.
 
-Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
+SIGUSR2 stops it for an upgrade: its runs in flight go on in their containers,
+and the next worker started on the same engine adopts them, their agents never
+restarted. Interrupt (Ctrl-C) or SIGTERM stops it: runs in flight get --drain-timeout to
 finish (a second interrupt cuts that short), after which they are stopped and
 handed back to the stream for another worker.`,
 		Args: noArgs,

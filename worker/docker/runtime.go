@@ -13,6 +13,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
@@ -368,12 +369,19 @@ func (r *Runtime) ListManaged(ctx context.Context) ([]jail.ManagedContainer, err
 		if len(s.Names) > 0 {
 			name = trimSlash(s.Names[0])
 		}
+		var binds []string
+		for _, m := range s.Mounts {
+			if m.Type == mount.TypeBind {
+				binds = append(binds, m.Source)
+			}
+		}
 		out = append(out, jail.ManagedContainer{
 			ID:      s.ID,
 			Name:    name,
 			State:   string(s.State),
 			Labels:  s.Labels,
 			Created: time.Unix(s.Created, 0),
+			Binds:   binds,
 		})
 	}
 	return out, nil

@@ -16,6 +16,11 @@ type ManagedContainer struct {
 	Labels map[string]string
 	// Created is when the container was created.
 	Created time.Time
+	// Binds are the host paths of its bind mounts (Docker's
+	// Mounts[].Source of type bind): a worker keeps a dead worker's state
+	// directory while a container still mounts a run directory in it, for
+	// a successor to adopt that run.
+	Binds []string
 }
 
 // ManagedVolume is a volume carrying jetcrew's labels, as seen by the

@@ -22,6 +22,9 @@ type exitFacts struct {
 	WaitErr error
 	// Shutdown: the worker is shutting down hard and stopped the container.
 	Shutdown bool
+	// Left: the worker is stopping and leaves the run, its container
+	// running, to a successor that adopts it (Shutdown is set too).
+	Left bool
 	// TimedOut: the run's Timeout ran out and the container was stopped.
 	TimedOut bool
 	Timeout  time.Duration

@@ -69,6 +69,9 @@ func (e *Runner) Handle(ctx context.Context, msg jetstream.Msg) {
 	if err == nil {
 		r.rec.from = prev.State
 		r.prevContainer = prev.ContainerID
+		if d.leaveToHolder(ctx, prev) {
+			return
+		}
 		if d.resume(ctx, prev, rev) {
 			return
 		}
@@ -115,6 +118,8 @@ func (e *Runner) newRun(msg jetstream.Msg, meta *jetstream.MsgMetadata) (*run, s
 		QueuedAt:  meta.Timestamp.UTC(),
 
 		RequestDigest: messages.RequestDigest(msg.Data()),
+		// The lease a successor that adopts the run acknowledges on.
+		Lease: msg.Reply(),
 	}
 	r.log = e.log.With().Str("run_id", req.ID).Uint64("attempt", meta.NumDelivered).Logger()
 	r.ctl.e, r.ctl.log = e, r.log
@@ -185,6 +190,32 @@ func (r delivery) resume(ctx context.Context, prev messages.RunState, rev uint64
 		r.rec.st.QueuedAt = meta.Timestamp.UTC()
 	}
 	return false
+}
+
+// leaveToHolder reports whether this delivery is a redelivery of a run
+// that lives on in its container (running, with a lease): held by a live
+// worker (the one that started it, or one that adopted it after that one
+// stopped or died), which keeps the request in progress on the run's
+// lease and removes it when the run ends, so this delivery does nothing
+// with it. A run nobody answers for is given the adoption grace once: a
+// successor of its worker on its host may yet adopt it, so the request is
+// handed back for AdoptGrace, and only a later delivery claims the run and
+// starts it again (removing its container), as before adoption existed.
+func (r delivery) leaveToHolder(ctx context.Context, prev messages.RunState) bool {
+	if prev.StreamSeq != r.meta.Sequence.Stream || prev.State != messages.StateRunning || prev.Lease == "" {
+		return false
+	}
+	if h := r.e.live.get(prev.ID); h != nil && h != r.run || r.e.askHolder(prev.ID) {
+		r.log.Info().Str("holder", prev.Worker).Msg("redelivered run lives on, held by its worker; leaving the request to it")
+		return true
+	}
+	if int(r.meta.NumDelivered) > prev.Attempts+1 || r.e.cfg.AdoptGrace <= 0 {
+		return false
+	}
+	r.log.Info().Str("holder", prev.Worker).Dur("grace", r.e.cfg.AdoptGrace).
+		Msg("redelivered run's worker does not answer; handing the request back for a successor to adopt its container")
+	_ = r.msg.NakWithDelay(r.e.cfg.AdoptGrace)
+	return true
 }
 
 // claimNew records the run queued under this delivery when no state exists

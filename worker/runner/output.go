@@ -60,6 +60,13 @@ type outputPublisher struct {
 	// when set, is fed stdout after masking (the agent CLI's parser).
 	mask     stage.Masker
 	onStdout func([]byte)
+	// skip counts, per stream, the bytes (masked) of an adopted run's
+	// output the worker it was adopted from already published: the
+	// runtime hands the adopter the output from its start (resume).
+	// onSkipped, when set, is fed the skipped stdout (the agent CLI's
+	// parser, rebuilding its state without publishing again).
+	skip      map[string]int64
+	onSkipped func([]byte)
 	// held queues messages instead of publishing them until release, so
 	// that no output event precedes the run's started event.
 	held    bool
@@ -160,6 +167,7 @@ func (o *outputPublisher) flushLocked() {
 	msg.Header.Set(jetstream.MsgIDHeader, "out-"+o.runID+"-"+o.seq+"-"+o.attempt+"-"+o.stream+"-"+msg.Header.Get(messages.HeaderOffset))
 	o.offsets[o.stream] += int64(len(o.buf))
 	o.total += int64(len(o.buf))
+	msg.Header.Set(messages.HeaderOutputEnds, strconv.FormatInt(o.offsets[messages.StreamStdout], 10)+","+strconv.FormatInt(o.offsets[messages.StreamStderr], 10))
 	o.buf = nil // the message owns the old slice now
 	if o.held {
 		o.pending = append(o.pending, msg)
@@ -272,6 +280,14 @@ func (o *outputPublisher) write(stream string, p []byte) {
 }
 
 func (o *outputPublisher) emit(stream string, p []byte) {
+	if n := min(int64(len(p)), o.skip[stream]); n > 0 {
+		// Published by the worker the run was adopted from.
+		o.skip[stream] -= n
+		if stream == messages.StreamStdout && o.onSkipped != nil {
+			o.onSkipped(p[:n])
+		}
+		p = p[n:]
+	}
 	if len(p) == 0 {
 		return
 	}
@@ -305,4 +321,21 @@ func maskErr(mask stage.Masker, err error) error {
 		return errors.New(msg)
 	}
 	return err
+}
+
+// resume makes o continue an adopted run's output where the worker it was
+// adopted from stopped publishing: after its last stored chunk, the
+// chunk's messages.HeaderSeq seq and each stream's end there (ends:
+// stdout, stderr; messages.HeaderOutputEnds). The bytes before the ends
+// are skipped as the runtime hands them again, and o publishes at once
+// (the run's started event is long stored).
+func (o *outputPublisher) resume(seq uint64, ends [2]int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.chunks = seq
+	o.offsets[messages.StreamStdout], o.offsets[messages.StreamStderr] = ends[0], ends[1]
+	o.total = ends[0] + ends[1]
+	o.accepted = o.total
+	o.skip = map[string]int64{messages.StreamStdout: ends[0], messages.StreamStderr: ends[1]}
+	o.held = false
 }

@@ -254,6 +254,9 @@ func (r *run) deadLetter(ctx context.Context) error {
 // jetcrew.events.<run_id>.agent (a core publish, captured by the events
 // stream; the raw bytes are in the output events).
 func (r *run) agentEvent(ev messages.AgentEvent) {
+	if r.replaying.Load() {
+		return // published by the worker the run was adopted from
+	}
 	ev.RunID = r.req.ID
 	b, err := json.Marshal(ev)
 	if err != nil {

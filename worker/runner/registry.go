@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -56,7 +57,9 @@ func (g *registry) track(r *run, c jail.Container) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	a := g.runs[r.req.ID]
-	if a != nil && a.run != r && newer(a.run, r) {
+	if a != nil && a.run != r && (newer(a.run, r) || a.run.adoptedFrom != "") {
+		// An adopted run is never superseded: a redelivery of its
+		// request leaves it to it (leaveToHolder).
 		return
 	}
 	owner := live.Run(r.req.ID)
@@ -89,6 +92,16 @@ func (g *registry) get(id string) *run {
 		return a.run
 	}
 	return nil
+}
+
+// Holds reports whether this worker holds run id live.
+func (e *Runner) Holds(id string) bool { return e.live.get(id) != nil }
+
+// askHolder asks the worker holding run id whether it holds it live
+// (messages.SubjectHoldPrefix); false when none answers in time.
+func (e *Runner) askHolder(id string) bool {
+	_, err := e.cfg.NC.Request(messages.SubjectHoldPrefix+"."+id, nil, 2*time.Second)
+	return err == nil
 }
 
 // OnCoordEvent records a coordination step on the run's event subject

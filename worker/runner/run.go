@@ -71,6 +71,14 @@ type run struct {
 	// delivery read it: an earlier delivery's, removed before this one
 	// starts its own.
 	prevContainer string
+	// adoptedFrom is the worker this run was adopted from ("" for a run
+	// this worker started), gap how long no worker watched it (adopt.go).
+	adoptedFrom string
+	gap         time.Duration
+	// replaying is set while an adopted run's parser is fed the output the
+	// worker it was adopted from published: what the parser then finds
+	// was published and acted on already.
+	replaying atomic.Bool
 }
 
 // execute runs a claimed request in four steps: prepare (plan, spec,
@@ -231,10 +239,9 @@ func (r *run) start(ctx context.Context, p prepared) (started, error) {
 	prog := r.sr.Progress
 	prog.Touch()
 	s := started{
-		parser: profile.NewParser(p.prof.Backend, r.agentEvent, r.onMCPStatus),
+		parser: newParser(r, p.prof.Backend),
 		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
 	}
-	s.parser.OnFirstAnswer(r.onFirstAnswer)
 	s.out.budget = p.prof.MaxOutputBytes()
 	s.out.mask, s.out.onStdout = r.mask, s.parser.Feed // the parser sees masked output
 	output := func(stream string, b []byte) {
@@ -326,9 +333,20 @@ func (r *run) poststart(ctx context.Context, c jail.Container) error {
 	return nil
 }
 
+// newParser returns the parser of the run's agent CLI output for backend,
+// its findings passed to the run.
+func newParser(r *run, backend string) *profile.Parser {
+	p := profile.NewParser(backend, r.agentEvent, r.onMCPStatus)
+	p.OnFirstAnswer(r.onFirstAnswer)
+	return p
+}
+
 // onMCPStatus passes the agent CLI's report of the jetcrew MCP server's
 // status to the stages that watch it; a stop one asks for stops the run.
 func (r *run) onMCPStatus(status string) {
+	if r.replaying.Load() {
+		return
+	}
 	for _, s := range r.stages {
 		if o, ok := s.(stage.MCPObserver); ok {
 			if stop := o.MCPStatus(status); stop != nil {
@@ -341,6 +359,9 @@ func (r *run) onMCPStatus(status string) {
 // onFirstAnswer passes the agent CLI's first answer from its model to the
 // stages that watch it; a stop one asks for stops the run.
 func (r *run) onFirstAnswer(a profile.Answer) {
+	if r.replaying.Load() {
+		return
+	}
 	for _, s := range r.stages {
 		if o, ok := s.(stage.AnswerObserver); ok {
 			if stop := o.FirstAnswer(a); stop != nil {
@@ -360,7 +381,13 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 	// load) has not been idle meanwhile.
 	r.sr.Progress.Touch()
 	stopWatch := r.watch()
-	waitCtx, cancelWait := context.WithTimeout(ctx, r.sr.Timeout)
+	// The timeout counts from the container's start as recorded: an
+	// adopted run keeps the deadline it started with.
+	begun := r.rec.st.StartedAt
+	if begun.IsZero() {
+		begun = time.Now()
+	}
+	waitCtx, cancelWait := context.WithDeadline(ctx, begun.Add(r.sr.Timeout))
 	status, err := s.c.Wait(waitCtx)
 	cancelWait()
 	stopWatch()
@@ -375,6 +402,10 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 			r.log.Warn().Err(err).Msg("stop container")
 			r.stopFailed = true
 		}
+	case ctx.Err() != nil && r.e.leaving.Load():
+		// The worker stops leaving its runs to a successor: the
+		// container runs on.
+		f.Shutdown, f.Left = true, true
 	case ctx.Err() != nil:
 		// The worker is shutting down hard.
 		f.Shutdown = true
@@ -416,10 +447,13 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 		}
 		o = r.exited(ctx, o, f)
 	}
-	switch o.Action {
-	case actionHandBack:
+	switch {
+	case f.Left:
+		r.leave(ctx)
+		return
+	case o.Action == actionHandBack:
 		r.handBack(ctx, o.Reason)
-	case actionRetry:
+	case o.Action == actionRetry:
 		// The container is gone with the retry: the next delivery starts
 		// its own.
 		r.rec.st.ContainerID = ""
@@ -488,6 +522,29 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	}
 	r.log.Warn().Str("holder", prev.Worker).Int("holder_attempt", prev.Attempts).
 		Msg("lease lost: another delivery holds the run; stopping without recording anything")
+}
+
+// leave ends this worker's part in a run it leaves, its container
+// running, to a successor that adopts it: the stages' latest parts of
+// the record (usage, the bridge) are written, so the successor goes on
+// from them, and each stage gives up what lives in this process only
+// (stage.ReleaseRequest.Leave). The request is neither acknowledged nor
+// handed back: the successor holds it on the run's lease.
+func (r *run) leave(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runstate.OpMaxElapsed)
+	defer cancel()
+	if err := r.rec.put(ctx); err != nil {
+		r.log.Warn().Err(err).Msg("record the run before leaving it")
+	}
+	r.releaseOnce.Do(func() {
+		req := stage.ReleaseRequest{Run: r.sr, Leave: true}
+		for _, s := range slices.Backward(r.stages) {
+			if rel, ok := s.(stage.Releaser); ok {
+				rel.Release(&req)
+			}
+		}
+	})
+	r.log.Info().Msg("run left running for a successor to adopt")
 }
 
 // handBack releases the run's resources (its container already stopped),

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -82,6 +83,11 @@ type Config struct {
 	// built (its placement, placement.go) and is handed it instead of a
 	// new container. Nil keeps every run cold.
 	Warm *warm.Pool
+	// AdoptGrace is how long a redelivered request of a running run that no
+	// live worker holds is handed back for, once, so that a successor of
+	// its worker on its host may adopt its container first (delivery.go's
+	// leaveToHolder); 0 starts the run again at once.
+	AdoptGrace time.Duration
 	// Metrics are the worker's metrics.
 	Metrics *Metrics
 	// Log receives the runs' logs.
@@ -108,6 +114,10 @@ type Runner struct {
 	live registry
 	// stops counts container stops in flight (stopAsync).
 	stops sync.WaitGroup
+	// leaving is set when the worker stops leaving its runs to a
+	// successor (Leave): a run whose context ends then leaves its
+	// container running.
+	leaving atomic.Bool
 	// testStages, when set, builds each run's stage list instead of
 	// stagesFor's (the engine's tests, export_test.go); nil in production.
 	testStages func(*stage.Run) []stage.Stage
@@ -126,6 +136,11 @@ func New(cfg Config) *Runner {
 	e := &Runner{cfg: cfg, log: cfg.Log, live: registry{runs: map[string]*entry{}, held: cfg.Live}}
 	return e
 }
+
+// Leave makes every run in flight, once its context ends, leave its
+// container running for a successor to adopt instead of stopping it and
+// handing its request back (the worker's upgrade stop).
+func (e *Runner) Leave() { e.leaving.Store(true) }
 
 // Wait waits for every container stop the runner started (after the last
 // run ended).

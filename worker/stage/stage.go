@@ -352,6 +352,52 @@ type ReleaseRequest struct {
 	// ContainerGone is true when the run's container was removed (or
 	// never made): nothing of it mounts what the stages made.
 	ContainerGone bool
+	// Leave is true when the worker stops leaving the run, its container
+	// running, to a successor that adopts it (Adopter): a stage gives up
+	// only what lives in the worker's process (listeners, goroutines,
+	// holds) and keeps everything the container uses or the successor
+	// needs (the run's directory, volumes, helper containers, its
+	// presence in its group). Final and ContainerGone are false.
+	Leave bool
+}
+
+// Adopter is a stage that can take its part of a run over from another
+// worker process: the run's container runs on, started by a worker that
+// has since stopped or died, and a worker on the same engine adopts it
+// (worker/runner's Adopt, issue 38). Adopt is called, in list order,
+// instead of Prestart and Poststart; the other hooks follow as for any
+// run. A run whose list holds a Prestarter or Poststarter that is not an
+// Adopter cannot be adopted: its container is removed and its request
+// runs again, as before adoption existed.
+type Adopter interface {
+	Stage
+	// Adopt takes over what the stage made for the run and the container
+	// uses, found where the run's record and container say (AdoptRequest),
+	// and serves again what lived in the dead worker's process (sockets,
+	// listeners). resp carries what Prestart's would that later stages
+	// read (Dir, Mask); the container's spec is not changed. An error
+	// makes the run not adoptable (handled as a lost run); what was taken
+	// before it is given up by Release.
+	Adopt(ctx context.Context, req *AdoptRequest, resp *PrestartResponse) error
+}
+
+// AdoptRequest is what an Adopter reads.
+type AdoptRequest struct {
+	// Run is the run, built from its record and request as a delivery's
+	// is.
+	Run *Run
+	// State is the run's record as the adopting worker read it: how far
+	// the run got (BridgeConnected, Usage, StartedAt, ...).
+	State messages.RunState
+	// RunDir is the host directory mounted at messages.ContainerRunDir
+	// in the run's container (the dead worker's run directory); "" when
+	// the container has none.
+	RunDir string
+	// Container is the adopted container, running.
+	Container jail.Container
+	// Dir and Mask are as in PrestartRequest.
+	Dir  Dir
+	Mask Masker
 }
 
 // TransientError marks a stage's failure as one a later delivery may not

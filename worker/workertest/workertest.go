@@ -188,7 +188,13 @@ func (r *Runtime) ListManaged(ctx context.Context) ([]jail.ManagedContainer, err
 		if c.exited {
 			state = "exited"
 		}
-		out = append(out, jail.ManagedContainer{ID: c.id, Name: c.name, State: state, Labels: c.spec.Labels, Created: c.created})
+		var binds []string
+		for _, m := range c.spec.Mounts {
+			if !m.Volume {
+				binds = append(binds, m.Source)
+			}
+		}
+		out = append(out, jail.ManagedContainer{ID: c.id, Name: c.name, State: state, Labels: c.spec.Labels, Created: c.created, Binds: binds})
 	}
 	return out, nil
 }

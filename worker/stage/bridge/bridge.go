@@ -8,6 +8,7 @@ package bridge
 import (
 	"context"
 	"os"
+	"strings"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
@@ -69,6 +70,7 @@ type Stage struct {
 // holds this list to exactly the hooks implemented).
 var (
 	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Adopter    = (*Stage)(nil)
 	_ stage.Noter      = (*Stage)(nil)
 	_ stage.Releaser   = (*Stage)(nil)
 )
@@ -87,6 +89,17 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 	s.digest = digest
 	s.release = req.Run.Holds.Hold(holdPrefix + digest)
 	resp.Mounts = append(resp.Mounts, Mount(path, digest))
+	return nil
+}
+
+// Adopt keeps the receipt's bridge digest of the adopted run. The
+// container mounts the copy the worker that started it staged (a file
+// mount keeps it whatever becomes of that worker's state directory):
+// nothing is staged or held here.
+func (s *Stage) Adopt(_ context.Context, req *stage.AdoptRequest, _ *stage.PrestartResponse) error {
+	if r := req.State.Receipt; r != nil {
+		s.digest = strings.TrimPrefix(r.BridgeDigest, "sha256:")
+	}
 	return nil
 }
 

@@ -74,6 +74,7 @@ type Stage struct {
 var (
 	_ stage.Prestarter  = (*Stage)(nil)
 	_ stage.Poststarter = (*Stage)(nil)
+	_ stage.Adopter     = (*Stage)(nil)
 	_ stage.Checker     = (*Stage)(nil)
 	_ stage.MCPObserver = (*Stage)(nil)
 	_ stage.Exiter      = (*Stage)(nil)
@@ -127,6 +128,43 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 	}
 	resp.Env = append(resp.Env, Env()...)
 	resp.Files = append(resp.Files, File())
+	return nil
+}
+
+// Adopt serves the adopted run's bridge socket again at the path its
+// container mounts (the dead worker's socket there is stale: replaced),
+// in the group the run is in, and resumes the bridge deadline and the
+// asks' deadline from the run's start as recorded. A bridge the record
+// says connected needs no proof again; the bridge inside reconnects on
+// its own (coordination/relay). A socket that cannot be served makes the
+// run go on with coordination "unavailable", as at a start.
+func (s *Stage) Adopt(ctx context.Context, req *stage.AdoptRequest, _ *stage.PrestartResponse) error {
+	if req.Dir == nil {
+		return errors.New("coordination needs the run's directory")
+	}
+	s.dir = req.Dir
+	run := req.Run
+	g := run.Request.GroupRef()
+	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile}
+	s.started = req.State.StartedAt
+	if req.State.BridgeConnected {
+		s.proved.Store(true)
+		s.recorded.Store(true)
+	}
+	var err error
+	if s.sess, err = s.c.host.Serve(ctx, info, filepath.Join(s.dir.Path(), messages.SocketName)); err != nil {
+		run.Log.Warn().Err(err).Msg("coordination unavailable for this adopted run")
+		s.status = Unavailable
+		return nil
+	}
+	s.status = Available
+	s.sess.SetSteerInput(run.Plan.SteerInput != "")
+	if run.Timeout > 0 {
+		s.sess.SetDeadline(s.started.Add(run.Timeout))
+	}
+	if err := s.sess.SetState(ctx, messages.StateRunning); err != nil {
+		run.Log.Warn().Err(err).Msg("coordination presence")
+	}
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -133,6 +134,7 @@ type Stage struct {
 // holds this list to exactly the hooks implemented).
 var (
 	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Adopter    = (*Stage)(nil)
 	_ stage.Releaser   = (*Stage)(nil)
 	_ stage.Dir        = (*Stage)(nil) // not a hook: the directory later stages use
 )
@@ -202,6 +204,31 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 	return nil
 }
 
+// Adopt takes over the directory the run's container mounts
+// (stage.AdoptRequest.RunDir), staged by the worker that started the run
+// (in its state directory, which may be another than this worker's): held
+// until Release, which removes it, never pools it. It must be a real
+// directory (not a link) of the worker's user.
+func (s *Stage) Adopt(_ context.Context, req *stage.AdoptRequest, resp *stage.PrestartResponse) error {
+	if req.RunDir == "" {
+		return fmt.Errorf("the container mounts no run directory at %s", messages.ContainerRunDir)
+	}
+	fi, err := os.Lstat(req.RunDir)
+	if err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("run directory %s is not a directory", req.RunDir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("run directory %s belongs to user %d, not this worker's", req.RunDir, st.Uid)
+	}
+	s.path = req.RunDir
+	s.release = req.Run.Holds.Hold(holdPrefix + s.path)
+	resp.Dir = s
+	return nil
+}
+
 // Mount is the mount of the run directory at path staged for plan:
 // read-only at messages.ContainerRunDir, receipt role "run-dir", the
 // digest of its files.
@@ -255,6 +282,13 @@ func (s *Stage) Release(req *stage.ReleaseRequest) {
 	}()
 	if s.release == nil {
 		return // never staged
+	}
+	if req.Leave {
+		// The container mounts it, and the successor adopts it.
+		if sock := s.Kept(); sock != nil {
+			_ = sock.Close()
+		}
+		return
 	}
 	sock := s.Kept()
 	if s.poolable && req.ContainerGone && s.d.pool.put(s.path, sock) {

@@ -132,6 +132,7 @@ type Stage struct{ s *Secrets }
 // holds this list to exactly the hooks implemented).
 var (
 	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Adopter    = (*Stage)(nil)
 )
 
 // Name returns "secrets".
@@ -176,6 +177,26 @@ func (s *Stage) Prestart(_ context.Context, req *stage.PrestartRequest, resp *st
 		return fmt.Errorf("stage the run's secrets: %w", err)
 	}
 	resp.LaunchEnvNames = append(resp.LaunchEnvNames, prof.EnvFromHost...)
+	if m := newMasker(prof, s.s.lookup); m != nil {
+		resp.Mask = m
+	}
+	return nil
+}
+
+// Adopt makes the adopted run's masker from the worker's environment, as
+// Prestart does: the launcher read the staged values when the agent
+// started, so nothing is staged again. A variable no longer set on this
+// worker makes the run not adoptable: its output could not be masked.
+func (s *Stage) Adopt(_ context.Context, req *stage.AdoptRequest, resp *stage.PrestartResponse) error {
+	prof := req.Run.Profile
+	for _, name := range prof.EnvFromHost {
+		if _, ok := s.s.lookup(name); !ok {
+			return fmt.Errorf("profile %q: env_from_host %s is not set in the worker's environment", prof.Name, name)
+		}
+	}
+	if req.Dir != nil {
+		req.Dir.Taint()
+	}
 	if m := newMasker(prof, s.s.lookup); m != nil {
 		resp.Mask = m
 	}

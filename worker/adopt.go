@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/runner"
+)
+
+// adoptOrphans runs one reconciler pass once the puller can run adopted
+// runs: the orphaned runs on the engine (their workers stopped or died)
+// are adopted before anything else removes what they use. It returns nil:
+// a pass that fails is logged, and the reconciler's next pass tries again.
+func (w *Worker) adoptOrphans(ctx context.Context) error {
+	start := time.Now()
+	if err := w.rc.reconcile(ctx); err != nil {
+		w.log.Warn().Err(err).Msg("adoption pass failed; the reconciler tries again")
+	}
+	w.log.Debug().Dur("took", time.Since(start)).Msg("adoption pass done")
+	return nil
+}
+
+// adopt is the reconciler's hook for a run container it found orphaned
+// (its worker has no heartbeat, or it is this worker's id's from an
+// earlier process): it reports whether to keep the container, because
+// the run was adopted here or another live worker holds it. Before the
+// puller runs (the reconciler's first pass at start), every such
+// container is kept for the adoption pass that follows (adoptOrphans).
+func (w *Worker) adopt(ctx context.Context, c jail.ManagedContainer) (bool, error) {
+	if c.State != "running" && c.State != "exited" {
+		return false, nil
+	}
+	if w.pull == nil || !w.pull.accepting() {
+		return true, nil
+	}
+	res, err := w.runs.Adopt(ctx, runner.AdoptCandidate{ID: c.ID, Labels: c.Labels}, w.presence.alive, w.pull.spawn)
+	if err != nil {
+		return true, err
+	}
+	switch res.Verdict {
+	case runner.Adopted:
+		return true, nil
+	case runner.HeldElsewhere:
+		return true, nil
+	}
+	w.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("run_id", c.Labels[jail.LabelRunID]).
+		Str("why", res.Reason).Msg("orphaned run cannot be adopted")
+	return false, nil
+}
+
+// mountedUnder reports whether a jetcrew container on the engine, of any
+// installation and in any state, bind-mounts a path under dir (a run
+// directory in a dead worker's state directory). When the engine cannot
+// be asked, it says yes: the directory is kept.
+func (w *Worker) mountedUnder(dir string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := w.cfg.Runtime.ListManaged(ctx)
+	if err != nil {
+		return true
+	}
+	for _, c := range cs {
+		for _, b := range c.Binds {
+			if strings.HasPrefix(b, dir+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}

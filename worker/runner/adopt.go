@@ -1,0 +1,335 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
+	"github.com/jetcrew/jetcrew/worker/live"
+	"github.com/jetcrew/jetcrew/worker/runstate"
+	"github.com/jetcrew/jetcrew/worker/stage"
+)
+
+// Adoption: a run whose worker stopped or died goes on in its container,
+// and a worker on the same engine takes it over (issue 38). The adopter
+// proves the container is the run's (its record names the container, the
+// attempt and stream sequence on its labels match the record's, the
+// record holds a lease), fences the record (a compare-and-set that makes
+// it the run's holder: the worker it was adopted from can never write
+// again), rebuilds the run from its record and request as a delivery
+// would, lets every stage take its part over (stage.Adopter), re-attaches
+// to the container's output from where the last worker stopped
+// publishing, and supervises and concludes the run as if it had started
+// it, acknowledging the request on the lease.
+
+// AdoptVerdict is what Adopt did with a run's container.
+type AdoptVerdict int
+
+const (
+	// NotAdoptable: the container is not a run this worker can adopt
+	// (Reason says why); the caller handles it as an orphan, as before
+	// adoption existed.
+	NotAdoptable AdoptVerdict = iota
+	// Adopted: the run goes on here.
+	Adopted
+	// HeldElsewhere: the run is live here already, or another live
+	// worker holds it (adopted it first): the container is left alone.
+	HeldElsewhere
+)
+
+// AdoptResult is Adopt's answer.
+type AdoptResult struct {
+	Verdict AdoptVerdict
+	// Reason says why a container is not adoptable.
+	Reason string
+}
+
+// containerAdopter is what Adopt uses of the runtime: one that can take
+// over a container another process started (worker/docker's, the fake of
+// worker/workertest).
+type containerAdopter interface {
+	Adopt(ctx context.Context, id string, output jail.OutputFunc) (jail.Container, jail.Found, error)
+}
+
+// AdoptCandidate is a run container a worker found orphaned on its
+// engine: its id and labels (jail.ManagedContainer's).
+type AdoptCandidate struct {
+	ID     string
+	Labels map[string]string
+}
+
+// Adopt takes over the run of container c when it can, and then runs it
+// to its outcome in a goroutine spawn starts (the worker's, so that its
+// stop waits for it); alive reports whether a worker has a heartbeat. A
+// NATS or engine error is returned: the container is kept and tried
+// again later.
+func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context.Context, string) (bool, error), spawn func(func(context.Context)) bool) (AdoptResult, error) {
+	runID := c.Labels[jail.LabelRunID]
+	if runID == "" {
+		return notAdoptable("no run id on its labels"), nil
+	}
+	if e.live.get(runID) != nil {
+		return AdoptResult{Verdict: HeldElsewhere}, nil
+	}
+	st, rev, err := e.cfg.Store.Load(ctx, runID)
+	switch {
+	case runstate.IsNotFound(err):
+		return notAdoptable("the run has no record"), nil
+	case err != nil:
+		return AdoptResult{}, err
+	}
+	if res, ok := e.proveOwnership(ctx, c, st, alive); !ok {
+		return res, nil
+	}
+	r, res, err := e.rebuild(ctx, c, st, rev)
+	if err != nil || res.Verdict != Adopted {
+		return res, err
+	}
+	if !spawn(func(ctx context.Context) { r.adopted(ctx, c.ID) }) {
+		e.live.untrack(r)
+		return AdoptResult{Verdict: HeldElsewhere}, nil
+	}
+	return res, nil
+}
+
+// notAdoptable returns the verdict NotAdoptable for reason.
+func notAdoptable(reason string) AdoptResult { return AdoptResult{Verdict: NotAdoptable, Reason: reason} }
+
+// proveOwnership checks that container c is the live container of the run
+// recorded as st, and that no live worker holds it.
+func (e *Runner) proveOwnership(ctx context.Context, c AdoptCandidate, st messages.RunState, alive func(context.Context, string) (bool, error)) (AdoptResult, bool) {
+	switch {
+	case st.State != messages.StateRunning:
+		return notAdoptable(fmt.Sprintf("the run is %s, not running", st.State)), false
+	case st.ContainerID != c.ID:
+		return notAdoptable("the run's record names another container"), false
+	case c.Labels[jail.LabelAttempt] != strconv.Itoa(st.Attempts):
+		return notAdoptable(fmt.Sprintf("the container is of attempt %s, the record of %d", c.Labels[jail.LabelAttempt], st.Attempts)), false
+	case st.Lease == "":
+		return notAdoptable("the record holds no lease (started by a worker before adoption existed)"), false
+	}
+	if st.Worker != e.cfg.WorkerID {
+		up, err := alive(ctx, st.Worker)
+		if err != nil || up {
+			// A live worker holds it (it adopted the run first), or
+			// whether it does cannot be told now.
+			return AdoptResult{Verdict: HeldElsewhere}, false
+		}
+	}
+	return AdoptResult{}, true
+}
+
+// rebuild makes the run of container c from its record st (at revision
+// rev) and its request, read back from the runs stream, and fences the
+// record: from then on this worker holds the run.
+func (e *Runner) rebuild(ctx context.Context, c AdoptCandidate, st messages.RunState, rev uint64) (*run, AdoptResult, error) {
+	stream, err := e.cfg.JS.Stream(ctx, messages.StreamRuns)
+	if err != nil {
+		return nil, AdoptResult{}, err
+	}
+	raw, err := stream.GetMsg(ctx, st.StreamSeq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil, notAdoptable("its request is no longer in the stream"), nil
+	case err != nil:
+		return nil, AdoptResult{}, err
+	}
+	msg := &leaseMsg{nc: e.cfg.NC, subject: raw.Subject, data: raw.Data, header: raw.Header, reply: st.Lease,
+		meta: jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: st.StreamSeq}, NumDelivered: uint64(st.Attempts),
+			Stream: messages.StreamRuns, Timestamp: st.QueuedAt}}
+	meta, _ := msg.Metadata()
+	r, _, decErr := e.newRun(msg, meta)
+	if decErr != nil || r.req.ID != st.ID {
+		return nil, notAdoptable("its request does not decode to the run"), nil
+	}
+	prof, ok := e.currentProfiles()[r.req.Profile]
+	if !ok {
+		return nil, notAdoptable(fmt.Sprintf("profile %q is not this worker's", r.req.Profile)), nil
+	}
+	from := st.Worker
+	r.rec.st, r.rec.rev, r.rec.from = st, rev, st.State
+	r.prevContainer = st.ContainerID
+	plan, err := prof.Plan(r.req.Prompt, prof.CoordinationOn())
+	if err != nil {
+		return nil, notAdoptable(err.Error()), nil
+	}
+	r.sr = &stage.Run{Request: r.req, Profile: &prof, Plan: plan, Seq: st.StreamSeq, Attempt: st.Attempts,
+		Timeout: runTimeout(r.req, &prof, e.cfg.DefaultTimeout), Labels: c.Labels, Progress: &stage.Progress{},
+		Holds: e.cfg.Live.For(live.Run(r.req.ID)), Log: r.log, Failpoint: e.cfg.Failpoint}
+	r.stages = e.stagesFor(r.sr)
+	for _, s := range r.stages {
+		_, pre := s.(stage.Prestarter)
+		_, post := s.(stage.Poststarter)
+		if _, ok := s.(stage.Adopter); !ok && (pre || post) {
+			return nil, notAdoptable(fmt.Sprintf("its %s stage cannot be adopted yet", s.Name())), nil
+		}
+		if n, ok := s.(stage.Noter); ok {
+			r.rec.noters = append(r.rec.noters, n)
+		}
+	}
+	e.live.track(r, nil)
+	// The fence: a compare-and-set against the revision read.
+	r.rec.st.Worker, r.rec.st.Lease = e.cfg.WorkerID, st.Lease
+	r.rec.st.Adoptions++
+	if err := r.rec.put(ctx); err != nil {
+		e.live.untrack(r)
+		if errors.Is(err, runstate.ErrFenced) {
+			return nil, AdoptResult{Verdict: HeldElsewhere}, nil
+		}
+		return nil, AdoptResult{}, err
+	}
+	r.adoptedFrom, r.gap = from, time.Since(st.UpdatedAt)
+	r.startReached, r.startCommitted = true, true
+	return r, AdoptResult{Verdict: Adopted}, nil
+}
+
+// adopted runs an adopted run to its outcome: the stages take their parts
+// over, the container is re-attached from where its output was last
+// published, and it is supervised and concluded as any run is.
+func (r *run) adopted(ctx context.Context, containerID string) {
+	defer r.e.live.untrack(r)
+	defer func() { r.release(r.rec.st.State.Final()) }()
+	d := delivery{r}
+	stopProgress := d.keepInProgress()
+	defer stopProgress()
+	p, s, err := r.takeOver(ctx, containerID)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("adopted run could not be taken over; stopping it to run again")
+		if c := r.ctl.current(); c != nil {
+			_, _ = r.ctl.stopAndWait(c)
+		}
+		r.rec.st.ContainerID = ""
+		r.abort(ctx, stage.Transient(fmt.Errorf("adopt: %w", err)))
+		return
+	}
+	r.event(ctx, messages.Event{Type: messages.EventAdopted, ContainerID: containerID, AdoptedFrom: r.adoptedFrom,
+		GapMS: r.gap.Milliseconds()})
+	r.log.Info().Str("container_id", shortID(containerID)).Str("from", r.adoptedFrom).Dur("gap", r.gap).Msg("run adopted")
+	facts := r.supervise(ctx, p, s)
+	r.conclude(ctx, p, facts)
+}
+
+// takeOver re-attaches to the run's container and lets each stage adopt
+// its part; it returns what supervise needs.
+func (r *run) takeOver(ctx context.Context, containerID string) (prepared, started, error) {
+	e := r.e
+	// The spec the run's container was made from, as far as the profile
+	// says (its limits, for the outcome's reasons).
+	p := prepared{prof: r.sr.Profile, spec: BuildSpec(SpecInput{Profile: r.sr.Profile, Request: r.req, Seq: r.sr.Seq,
+		Attempt: r.sr.Attempt, WorkerID: e.cfg.WorkerID, Install: e.cfg.Install, Now: r.rec.st.StartedAt, Plan: r.sr.Plan})}
+	rt, ok := e.cfg.Runtime.(containerAdopter)
+	if !ok {
+		return p, started{}, errors.New("the runtime cannot adopt containers")
+	}
+	s := started{
+		parser: newParser(r, p.prof.Backend),
+		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
+	}
+	s.out.budget = p.prof.MaxOutputBytes()
+	seq, ends, err := lastOutput(ctx, e.cfg.JS, r.req.ID, r.rec.st.Attempts)
+	if err != nil {
+		return p, s, fmt.Errorf("read the run's last output: %w", err)
+	}
+	s.out.resume(seq, ends)
+	s.out.onStdout = s.parser.Feed
+	s.out.onSkipped = func(b []byte) {
+		r.replaying.Store(true)
+		s.parser.Feed(b)
+		r.replaying.Store(false)
+	}
+	prog := r.sr.Progress
+	prog.Touch()
+	// The masker is the secrets stage's, made by its Adopt below: the
+	// output waits for it (the runtime replays the log from the start).
+	ready := make(chan struct{})
+	output := func(stream string, b []byte) {
+		<-ready
+		prog.Touch()
+		s.out.write(stream, b)
+	}
+	c, found, err := rt.Adopt(ctx, containerID, output)
+	if err != nil {
+		close(ready)
+		_, _ = s.out.close(ctx)
+		return p, s, err
+	}
+	s.c = c
+	r.ctl.set(c)
+	e.live.track(r, c)
+	err = r.adoptStages(ctx, c, found)
+	s.out.mask = r.mask
+	close(ready)
+	if err != nil {
+		return p, s, err
+	}
+	return p, s, nil
+}
+
+// adoptStages calls each Adopter with what it takes over.
+func (r *run) adoptStages(ctx context.Context, c jail.Container, found jail.Found) error {
+	var runDir string
+	for _, m := range found.Mounts {
+		if m.Target == messages.ContainerRunDir {
+			runDir = m.Source
+		}
+	}
+	var dir stage.Dir
+	for _, s := range r.stages {
+		a, ok := s.(stage.Adopter)
+		if !ok {
+			continue
+		}
+		var resp stage.PrestartResponse
+		if err := a.Adopt(ctx, &stage.AdoptRequest{Run: r.sr, State: r.rec.st, RunDir: runDir, Container: c, Dir: dir, Mask: r.mask}, &resp); err != nil {
+			return fmt.Errorf("%s: %w", s.Name(), err)
+		}
+		if resp.Dir != nil {
+			dir = resp.Dir
+		}
+		if resp.Mask != nil {
+			r.mask = resp.Mask
+		}
+	}
+	return nil
+}
+
+// lastOutput returns where the run's output stood in its last stored
+// output event of attempt: the event's messages.HeaderSeq and each
+// stream's end (messages.HeaderOutputEnds); zeros when the attempt
+// published none.
+func lastOutput(ctx context.Context, js jetstream.JetStream, runID string, attempt int) (uint64, [2]int64, error) {
+	var ends [2]int64
+	stream, err := js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		return 0, ends, err
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, messages.SubjectEvents(runID, messages.EventOutput))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, ends, nil
+	case err != nil:
+		return 0, ends, err
+	}
+	if m.Header.Get(messages.HeaderAttempt) != strconv.Itoa(attempt) {
+		return 0, ends, nil // an earlier attempt's
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(messages.HeaderSeq), 10, 64)
+	if err != nil {
+		return 0, ends, fmt.Errorf("output event without %s", messages.HeaderSeq)
+	}
+	out, errOut, ok := strings.Cut(m.Header.Get(messages.HeaderOutputEnds), ",")
+	if !ok {
+		return 0, ends, fmt.Errorf("output event without %s (published by a worker before adoption existed)", messages.HeaderOutputEnds)
+	}
+	if ends[0], err = strconv.ParseInt(out, 10, 64); err == nil {
+		ends[1], err = strconv.ParseInt(errOut, 10, 64)
+	}
+	return seq, ends, err
+}
