@@ -34,7 +34,7 @@ type cancelListener struct {
 	// (runner.Runner.Holds), for jetcrew.ctl.hold.<run_id>.
 	holds func(id string) bool
 	log   zerolog.Logger
-	subs    []*nats.Subscription
+	subs  []*nats.Subscription
 }
 
 // Start subscribes to cancel requests (queue group) and to internal stop

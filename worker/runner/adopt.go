@@ -100,7 +100,9 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 }
 
 // notAdoptable returns the verdict NotAdoptable for reason.
-func notAdoptable(reason string) AdoptResult { return AdoptResult{Verdict: NotAdoptable, Reason: reason} }
+func notAdoptable(reason string) AdoptResult {
+	return AdoptResult{Verdict: NotAdoptable, Reason: reason}
+}
 
 // proveOwnership checks that container c is the live container of the run
 // recorded as st, and that no live worker holds it.
