@@ -75,7 +75,10 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 	if runID == "" {
 		return notAdoptable("no run id on its labels"), nil
 	}
-	if e.live.get(runID) != nil {
+	if h := e.live.get(runID); h != nil && (h.adoptedFrom != "" || h.ctl.current() != nil) {
+		// Live here. (A delivery of its request being decided is not:
+		// the record's compare-and-set settles which of the two holds
+		// the run.)
 		return AdoptResult{Verdict: HeldElsewhere}, nil
 	}
 	st, rev, err := e.cfg.Store.Load(ctx, runID)
@@ -176,6 +179,7 @@ func (e *Runner) rebuild(ctx context.Context, c AdoptCandidate, st messages.RunS
 			r.rec.noters = append(r.rec.noters, n)
 		}
 	}
+	r.adoptedFrom, r.gap = from, time.Since(st.UpdatedAt)
 	e.live.track(r, nil)
 	// The fence: a compare-and-set against the revision read.
 	r.rec.st.Worker, r.rec.st.Lease = e.cfg.WorkerID, st.Lease
@@ -187,7 +191,6 @@ func (e *Runner) rebuild(ctx context.Context, c AdoptCandidate, st messages.RunS
 		}
 		return nil, AdoptResult{}, err
 	}
-	r.adoptedFrom, r.gap = from, time.Since(st.UpdatedAt)
 	r.startReached, r.startCommitted = true, true
 	return r, AdoptResult{Verdict: Adopted}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,6 +68,9 @@ type outputPublisher struct {
 	// parser, rebuilding its state without publishing again).
 	skip      map[string]int64
 	onSkipped func([]byte)
+	// left is set when the run is left running for a successor (close
+	// then publishes nothing the masker holds back).
+	left atomic.Bool
 	// held queues messages instead of publishing them until release, so
 	// that no output event precedes the run's started event.
 	held    bool
@@ -300,7 +304,9 @@ func (o *outputPublisher) emit(stream string, p []byte) {
 // flushMasked publishes what the masker still holds back, at the end of
 // the output.
 func (o *outputPublisher) flushMasked() {
-	if o.mask == nil {
+	if o.mask == nil || o.left.Load() {
+		// A run left running is not at its end: what the masker holds
+		// back may yet become a secret (the adopter masks it).
 		return
 	}
 	for _, stream := range []string{messages.StreamStdout, messages.StreamStderr} {

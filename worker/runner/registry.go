@@ -57,9 +57,10 @@ func (g *registry) track(r *run, c jail.Container) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	a := g.runs[r.req.ID]
-	if a != nil && a.run != r && (newer(a.run, r) || a.run.adoptedFrom != "") {
-		// An adopted run is never superseded: a redelivery of its
-		// request leaves it to it (leaveToHolder).
+	if a != nil && a.run != r && r.adoptedFrom == "" && (newer(a.run, r) || a.run.adoptedFrom != "") {
+		// An adopted run is never superseded, and supersedes a
+		// delivery of its request: that one leaves the run to it
+		// (leaveToHolder).
 		return
 	}
 	owner := live.Run(r.req.ID)

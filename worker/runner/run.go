@@ -422,6 +422,7 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 	f.Status = status
 	f.Result, f.Summary = s.parser.Outcome()
 	f.LastErr = s.out.lastErrLine()
+	s.out.left.Store(f.Left)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*runstate.OpMaxElapsed)
 	defer cancel()
 	f.OutputBytes, f.OutputErr = s.out.close(cctx)

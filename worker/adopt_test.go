@@ -1,0 +1,125 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// adoptRig is a server, one fake engine and one state directory shared by
+// the workers a test starts in turn, as a worker and its successor on one
+// host share them.
+type adoptRig struct {
+	bundle testBundle
+	dir    string
+	bridge string
+}
+
+func newAdoptRig(t *testing.T) *adoptRig {
+	s := workertest.StartServer(t)
+	nc := workertest.Connect(t, s)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return &adoptRig{bundle: testBundle{nc: nc, js: js, rt: workertest.NewTestRuntime(t)},
+		dir: workertest.StateDir(t), bridge: workertest.BridgeFile(t)}
+}
+
+// start starts worker id on the rig; a cleanup stops it (a no-op once it
+// left or stopped).
+func (r *adoptRig) start(t *testing.T, id string) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(r.bundle.nc, worker.Config{StateDir: r.dir, BridgePath: r.bridge, ID: id, Runtime: r.bundle.rt,
+		Concurrency: 4, FetchWait: time.Second, Provision: worker.ProvisionConfig{AckWait: 3 * time.Second}})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	return w
+}
+
+// adoptedEvent returns the run's adopted event, failing when it has none
+// or more than one.
+func adoptedEvent(t *testing.T, evs []jetstream.Msg) messages.Event {
+	t.Helper()
+	var found []messages.Event
+	for _, m := range evs {
+		if m.Subject() == messages.SubjectEvents(m.Headers().Get(messages.HeaderRunID), messages.EventAdopted) {
+			var ev messages.Event
+			require.NoError(t, json.Unmarshal(m.Data(), &ev))
+			found = append(found, ev)
+		}
+	}
+	require.Len(t, found, 1, "one adopted event")
+	return found[0]
+}
+
+// TestLeaveAndAdopt: a worker stopped for an upgrade (Leave) leaves its
+// runs running; its successor on the same engine adopts them. Each run
+// ends once, in attempt 1, its container never started again, its output
+// whole and published once (what it wrote while no worker watched it
+// included), its record saying it was adopted and from whom. With wait,
+// the successor starts after the request's ack wait passed: the
+// redelivered request finds the run adopted and is left to it.
+func TestLeaveAndAdopt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+	}{{"at once", 0}, {"after the ack wait", 4 * time.Second}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rig := newAdoptRig(t)
+			b := &rig.bundle
+			w1 := rig.start(t, "w1")
+			var ids []string
+			for i := range 3 {
+				id := fmt.Sprintf("adopt-%d-%d", i, time.Now().UnixNano())
+				ids = append(ids, id)
+				b.submit(t, messages.RunRequest{ID: id, Profile: "shell",
+					Prompt: "out a1;err e1;sleep 1500ms;out a2;err e2;sleep " + (tc.wait + 2*time.Second).String() + ";out a3;err e3"})
+			}
+			require.Eventually(t, func() bool {
+				for _, id := range ids {
+					if st, ok := b.state(t, id); !ok || st.State != messages.StateRunning || output(b.events(t, id), messages.StreamStdout) != "a1\n" {
+						return false
+					}
+				}
+				return true
+			}, 15*time.Second, 20*time.Millisecond, "the runs start and publish their first line")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, w1.Leave(ctx))
+			require.Equal(t, 3, b.rt.Live(), "the runs' containers run on")
+			time.Sleep(tc.wait)
+			rig.start(t, "w2")
+			for _, id := range ids {
+				st := b.waitFinal(t, id)
+				require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+				require.Equal(t, 1, st.Attempts)
+				require.Equal(t, 1, st.Adoptions)
+				require.Equal(t, "w2", st.Worker)
+				evs := b.events(t, id)
+				require.Equal(t, "a1\na2\na3\n", output(evs, messages.StreamStdout), "stdout whole, once")
+				require.Equal(t, "e1\ne2\ne3\n", output(evs, messages.StreamStderr), "stderr whole, once")
+				ev := adoptedEvent(t, evs)
+				require.Equal(t, "w1", ev.AdoptedFrom)
+				require.Equal(t, 1, ev.Attempt)
+			}
+			require.Len(t, b.rt.Starts(), 3, "no run's container was started again")
+			require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamRuns) == 0 }, 10*time.Second, 20*time.Millisecond,
+				"the adopter acknowledged every request on its lease")
+		})
+	}
+}
