@@ -284,8 +284,9 @@ type crashCase struct {
 	reason   string // in the final state's reason
 	// deadLetters is how many dead letters the run must have.
 	deadLetters uint64
-	// replaced: the fresh worker removes the killed worker's container.
-	replaced bool
+	// replaced: the fresh worker removes the killed worker's container;
+	// adopted: it adopts it instead (issue 38), the attempt going on.
+	replaced, adopted bool
 	// replay: the run first fails on a worker without failpoint, and the
 	// killed worker takes its replay (jetcrew replay); replays is the
 	// Replays the final state must count.
@@ -313,10 +314,12 @@ func TestCrashPoints(t *testing.T) {
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
 		{name: "after-start", point: stage.FailpointAfterStart, prompt: long, left: "running", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "running", point: stage.FailpointRunning, prompt: long, left: "running", replaced: true,
-			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
-		{name: "after-exit", point: stage.FailpointAfterExit, prompt: quick, left: "exited", replaced: true,
-			want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
+		// Killed with the run recorded running: the fresh worker adopts
+		// the container, running or exited, and the attempt goes on.
+		{name: "running", point: stage.FailpointRunning, prompt: long, left: "running", adopted: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 1},
+		{name: "after-exit", point: stage.FailpointAfterExit, prompt: quick, left: "exited", adopted: true,
+			want: messages.StateSucceeded, exitCode: intp(0), attempts: 1},
 		{name: "after-result", point: stage.FailpointAfterResult, prompt: quick, left: "exited", replaced: true,
 			want: messages.StateSucceeded, exitCode: intp(0), attempts: 1},
 		{name: "after-result-failed", point: stage.FailpointAfterResult, prompt: failer, left: "exited", replaced: true,
@@ -332,12 +335,14 @@ func TestCrashPoints(t *testing.T) {
 			left: "exited", replaced: true, want: messages.StateSucceeded, exitCode: intp(0), attempts: 2},
 		// A replay whose worker dies: its redelivery is still the replay.
 		{name: "replay-running", point: stage.FailpointRunning, prompt: `sleep 2; echo failing >&2; exit 3`,
-			replay: true, left: "running", replaced: true, replays: 1,
-			want: messages.StateFailed, exitCode: intp(3), attempts: 2, reason: "exit code 3", deadLetters: 2},
+			replay: true, left: "running", adopted: true, replays: 1,
+			want: messages.StateFailed, exitCode: intp(3), attempts: 1, reason: "exit code 3", deadLetters: 2},
 		// Every delivery dies: the MaxDeliver advisory dead-letters it.
 		{name: "max-deliver", point: stage.FailpointAfterFetch, prompt: quick, kills: 2, maxDeliver: 2,
 			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
-		{name: "max-deliver-running", point: stage.FailpointRunning, prompt: `sleep 60`, kills: 2, maxDeliver: 2, left: "running",
+		// (Killed after the start, before the running state: a container
+		// not proved the run's is never adopted.)
+		{name: "max-deliver-started", point: stage.FailpointAfterStart, prompt: `sleep 60`, kills: 2, maxDeliver: 2, left: "running",
 			want: messages.StateFailed, attempts: 2, reason: "MaxDeliver", deadLetters: 1},
 	}
 	for _, c := range cases {
@@ -464,6 +469,11 @@ func crashRun(t *testing.T, c crashCase, id string) {
 	require.Equal(t, c.deadLetters, subjectCount(t, js, messages.StreamFailed, messages.SubjectFailed(messages.DefaultPool, id)))
 	if c.replaced {
 		require.Contains(t, fresh.stderr.String(), "removing an earlier delivery's container")
+	}
+	if c.adopted {
+		require.Contains(t, fresh.stderr.String(), "run adopted")
+		require.Equal(t, 1, st.Adoptions)
+		require.Equal(t, uint64(1), subjectCount(t, js, messages.StreamEvents, messages.SubjectEvents(id, messages.EventAdopted)))
 	}
 	if c.workspace {
 		checkCrashResult(t, js, st)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/live"
 )
@@ -52,6 +53,7 @@ type reconcileSettings struct {
 	self     string        // this worker's id
 	grace    time.Duration // the youngest age an orphan of an owner not registered here is removed at
 	interval time.Duration // how often the reconciler passes
+	soon     time.Duration // when, after its start, it passes once more (0: not)
 	now      func() time.Time
 	log      zerolog.Logger
 }
@@ -230,12 +232,19 @@ func (rc *reconciler) Start(ctx context.Context) error {
 	if err := rc.reconcile(ctx); err != nil {
 		return fmt.Errorf("worker: reconcile containers: %w", err)
 	}
+	pass := func() {
+		if err := rc.reconcile(ctx); err != nil && ctx.Err() == nil {
+			rc.log.Warn().Err(err).Msg("reconcile failed")
+		}
+	}
 	rc.loop.start(ctx, func(ctx context.Context) {
-		every(ctx, rc.interval, func() {
-			if err := rc.reconcile(ctx); err != nil && ctx.Err() == nil {
-				rc.log.Warn().Err(err).Msg("reconcile failed")
-			}
-		})
+		if rc.soon > 0 && rc.soon < rc.interval {
+			// A worker killed just before this one started still has
+			// its heartbeat key: its runs are adopted once it expired.
+			sleepCtx(ctx, rc.soon)
+			pass()
+		}
+		every(ctx, rc.interval, pass)
 	})
 	return nil
 }
@@ -273,7 +282,8 @@ func (s *sweeper) Stop(context.Context) error {
 // (presence.alive).
 func (w *Worker) newReconciler() *reconciler {
 	rc := newReconciler(w.cfg.Runtime, w.live, w.presence.alive, reconcileSettings{install: w.install, self: w.cfg.ID,
-		grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval, now: time.Now, log: w.log})
+		grace: w.cfg.OrphanGrace, interval: w.cfg.ReconcileInterval, now: time.Now, log: w.log,
+		soon: messages.WorkerTTL + 2*time.Second})
 	rc.adopt = w.adopt
 	return rc
 }

@@ -169,15 +169,16 @@ func (e *Runner) rebuild(ctx context.Context, c AdoptCandidate, st messages.RunS
 		Timeout: runTimeout(r.req, &prof, e.cfg.DefaultTimeout), Labels: c.Labels, Progress: &stage.Progress{},
 		Holds: e.cfg.Live.For(live.Run(r.req.ID)), Log: r.log, Failpoint: e.cfg.Failpoint}
 	r.stages = e.stagesFor(r.sr)
+	if why := unadoptable(r.stages); why != "" {
+		return nil, notAdoptable(why), nil
+	}
 	for _, s := range r.stages {
-		_, pre := s.(stage.Prestarter)
-		_, post := s.(stage.Poststarter)
-		if _, ok := s.(stage.Adopter); !ok && (pre || post) {
-			return nil, notAdoptable(fmt.Sprintf("its %s stage cannot be adopted yet", s.Name())), nil
-		}
 		if n, ok := s.(stage.Noter); ok {
 			r.rec.noters = append(r.rec.noters, n)
 		}
+	}
+	if st.Warm {
+		return nil, notAdoptable("it started in a warm container"), nil
 	}
 	r.adoptedFrom, r.gap = from, time.Since(st.UpdatedAt)
 	e.live.track(r, nil)
@@ -193,6 +194,36 @@ func (e *Runner) rebuild(ctx context.Context, c AdoptCandidate, st messages.RunS
 	}
 	r.startReached, r.startCommitted = true, true
 	return r, AdoptResult{Verdict: Adopted}, nil
+}
+
+// unadoptable says why a run with these stages cannot be adopted: one of
+// them makes or serves something at the start (a Prestarter, a
+// Poststarter) and cannot take it over (not an Adopter); "" when none.
+func unadoptable(stages []stage.Stage) string {
+	for _, s := range stages {
+		_, pre := s.(stage.Prestarter)
+		_, post := s.(stage.Poststarter)
+		if _, ok := s.(stage.Adopter); !ok && (pre || post) {
+			return fmt.Sprintf("its %s stage cannot be adopted yet", s.Name())
+		}
+	}
+	return ""
+}
+
+// mayBeAdopted reports whether the run recorded as st, of request req,
+// could be adopted by a successor of its worker (its stages can all be
+// taken over, it did not start warm): only then is a redelivery of its
+// request handed back for the adoption grace (leaveToHolder).
+func (e *Runner) mayBeAdopted(req messages.RunRequest, st messages.RunState) bool {
+	prof, ok := e.currentProfiles()[req.Profile]
+	if !ok || st.Warm {
+		return false
+	}
+	plan, err := prof.Plan(req.Prompt, prof.CoordinationOn())
+	if err != nil {
+		return false
+	}
+	return unadoptable(e.stagesFor(&stage.Run{Request: req, Profile: &prof, Plan: plan})) == ""
 }
 
 // adopted runs an adopted run to its outcome: the stages take their parts

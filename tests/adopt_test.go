@@ -1,0 +1,116 @@
+package tests
+
+// A run outlives its worker (issue 38): real `jetcrew worker` processes
+// killed (SIGKILL) or stopped for an upgrade (SIGUSR2) with runs in
+// flight, real Docker; the next worker adopts the runs.
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/workertest"
+)
+
+// adoptLines is how many lines an adopted run's agent writes to each
+// stream, one every adoptEvery.
+const (
+	adoptLines = 40
+	adoptEvery = "0.5"
+)
+
+// adoptScript is an agent that says who it is (its process id and its
+// start time, in clock ticks since boot: a process started again says
+// another), then writes numbered lines to both streams for about 20 s.
+var adoptScript = fmt.Sprintf(`echo "agent $$ $(cut -d' ' -f22 /proc/$$/stat)"; i=0; while [ $i -lt %d ]; do i=$((i+1)); echo "line $i"; echo "err $i" >&2; sleep %s; done`,
+	adoptLines, adoptEvery)
+
+// TestAdoptAfterWorkerStops: four runs in flight; their worker is killed
+// (SIGKILL) or stopped for an upgrade (SIGUSR2), and a new worker process
+// started. Every run ends succeeded in its first attempt, adopted once by
+// the new worker; its agent was never started again (one "agent" line,
+// the same process throughout); every line it wrote is published once, in
+// order, those written while no worker watched included; its receipt is
+// the one it started with; no container is left.
+func TestAdoptAfterWorkerStops(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+	}{{"kill", syscall.SIGKILL}, {"upgrade", syscall.SIGUSR2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			adoptAfter(t, tc.name, tc.sig)
+		})
+	}
+}
+
+func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	js := natsClient(t, url)
+	prefix := "adopt-" + name + "-" + opsSuffix(t)
+	flags := []string{"--ack-wait", "3s", "--concurrency", "8"}
+	first := startOpsWorker(t, url, prefix+"-first", nil, flags...)
+	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 30*time.Second, "worker never started\n%s", first.stderr.String())
+	var ids []string
+	for i := range 4 {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		ids = append(ids, id)
+		r := run(t, url, jetcrewBin, "submit", "--id", id, adoptScript)
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	before := map[string]messages.RunState{}
+	for _, id := range ids {
+		before[id] = waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
+	}
+	time.Sleep(2 * time.Second) // some lines published by the first worker
+
+	require.NoError(t, first.cmd.Process.Signal(sig))
+	ps := first.wait(t, 30*time.Second)
+	if sig == syscall.SIGUSR2 {
+		require.Equal(t, 0, ps.ExitCode(), first.stderr.String())
+		require.Contains(t, first.stderr.String(), "run left running for a successor to adopt")
+	}
+	for _, id := range ids {
+		require.Equal(t, []string{"running"}, runContainers(t, id), "the run's container runs on")
+	}
+	time.Sleep(time.Second) // lines written while no worker watches
+	startedAt := time.Now()
+	second := startOpsWorker(t, url, prefix+"-second", nil, flags...)
+	for _, id := range ids {
+		st := waitFinal(t, url, id)
+		require.Equal(t, messages.StateSucceeded, st.State, "%s: %s\n%s", id, st.Reason, second.stderr.String())
+		require.Equal(t, 1, st.Attempts)
+		require.Equal(t, 1, st.Adoptions)
+		require.Equal(t, prefix+"-second", st.Worker)
+		require.Equal(t, before[id].Receipt, st.Receipt, "the receipt is the one the run started with")
+		require.Equal(t, before[id].StartedAt, st.StartedAt)
+
+		w := run(t, url, jetcrewBin, "watch", id)
+		require.Equal(t, 0, w.code, w.stderr)
+		lines := strings.Split(strings.TrimSuffix(w.stdout, "\n"), "\n")
+		require.Len(t, lines, adoptLines+1, "%s's stdout:\n%s", id, w.stdout)
+		require.True(t, strings.HasPrefix(lines[0], "agent "), lines[0])
+		for i, l := range lines[1:] {
+			require.Equal(t, fmt.Sprintf("line %d", i+1), l, "%s: every line once, in order", id)
+		}
+		require.Equal(t, uint64(1), subjectCount(t, js, messages.StreamEvents, messages.SubjectEvents(id, messages.EventAdopted)))
+	}
+	t.Logf("%s: the new worker adopted and finished 4 runs %s after its start", name, time.Since(startedAt).Round(time.Millisecond))
+	require.Eventually(t, func() bool {
+		for _, id := range ids {
+			if len(allRunContainers(t, id)) > 0 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "no container is left")
+	second.stop(t)
+}
