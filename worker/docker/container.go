@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -25,21 +26,23 @@ const drainTimeout = 30 * time.Second
 // did not end within drainTimeout of the exit.
 var errOutputTimeout = errors.New("output stream did not end after the container exited")
 
-// Container is a container started by Runtime.Start. Its methods are safe
-// for concurrent use.
+// Container is a container started by Runtime.Start or taken over by
+// Runtime.Adopt. Its methods are safe for concurrent use.
 //
-// Two goroutines belong to it, both started by Start: one waits for the
-// exit (it ends when the daemon reports it, or when Remove cancels the
-// wait) and one copies output (it ends at the attach stream's EOF, which
-// the daemon sends once the process has exited, or when Remove or Wait
-// close the stream).
+// Two goroutines belong to it, both started by Start (or Adopt): one waits
+// for the exit (it ends when the daemon reports it, or when Remove or
+// Detach cancel the wait) and one copies output (it ends at the output
+// stream's EOF, which the daemon sends once the process has exited, or
+// when Remove, Detach or Wait close the stream). The output stream is the
+// attach stream for a started container and the followed log for an
+// adopted one; both carry the same framing.
 type Container struct {
 	id   string
 	name string
 	rt   *Runtime
 
-	hijack      types.HijackedResponse
-	cancelWait  context.CancelFunc
+	stream      io.ReadCloser      // the output: attach stream or followed log
+	cancel      context.CancelFunc // ends the exit wait (and the log request)
 	releaseOnce sync.Once
 
 	waitDone chan struct{} // closed when waitResp/waitErr are set
@@ -58,6 +61,19 @@ type Container struct {
 	// stopped is set by Stop: a SIGKILL after it is Stop's own, so Wait
 	// does not wait for an OOM record (see oomSettle).
 	stopped atomic.Bool
+
+	// detached is set by Detach: Wait no longer follows the exit.
+	detached atomic.Bool
+}
+
+// hijacked is an attach connection as an io.ReadCloser.
+type hijacked struct{ conn types.HijackedResponse }
+
+func (h hijacked) Read(p []byte) (int, error) { return h.conn.Reader.Read(p) }
+
+func (h hijacked) Close() error {
+	h.conn.Close()
+	return nil
 }
 
 var _ jail.Container = (*Container)(nil)
@@ -79,26 +95,29 @@ func (c *Container) waitExit(respC <-chan container.WaitResponse, errC <-chan er
 	close(c.waitDone)
 }
 
-// copyOutput demultiplexes the attach stream into output until EOF, then
-// closes the connection.
-func (c *Container) copyOutput(output jail.OutputFunc) {
-	c.copyErr = demux(c.hijack.Reader, output)
-	c.hijack.Close()
+// copyOutput demultiplexes the output stream into output until EOF, then
+// closes it. endFrame is demux's.
+func (c *Container) copyOutput(output jail.OutputFunc, endFrame func(string, int64, byte)) {
+	c.copyErr = demux(c.stream, output, endFrame)
+	_ = c.stream.Close()
 	close(c.copyDone)
 }
 
-// release closes the attach connection and cancels the exit wait, which
-// ends both goroutines. It is idempotent.
+// release cancels the exit wait and closes the output stream, which ends
+// both goroutines. It is idempotent. The cancel comes first: it also
+// cancels a followed log's request, which ends a Read of its body that
+// Close would otherwise wait for.
 func (c *Container) release() {
 	c.releaseOnce.Do(func() {
-		c.hijack.Close()
-		c.cancelWait()
+		c.cancel()
+		_ = c.stream.Close()
 	})
 }
 
-// Wait implements jail.Container. It returns once the engine's
-// "next-exit" wait has fired and the attach stream has reached EOF (so every
-// byte the process wrote has gone to the OutputFunc), reading the result
+// Wait implements jail.Container. It returns once the engine's exit wait
+// ("next-exit" for a started container, "not-running" for an adopted one)
+// has fired and the output stream has reached EOF (so every byte the
+// process wrote has gone to the OutputFunc), reading the result
 // with ContainerInspect: Code from State.ExitCode (128+n for signal n; 137
 // when killed), OOMKilled from State.OOMKilled and Error from State.Error.
 // Should the container have been removed by then, the wait's StatusCode is
@@ -123,6 +142,9 @@ func (c *Container) Wait(ctx context.Context) (jail.ExitStatus, error) {
 	case <-c.waitDone:
 	case <-ctx.Done():
 		return jail.ExitStatus{}, ctx.Err()
+	}
+	if c.detached.Load() {
+		return jail.ExitStatus{}, fmt.Errorf("docker: wait for %s: %w", c.id, jail.ErrDetached)
 	}
 	if c.waitErr != nil {
 		return jail.ExitStatus{}, classify(opWait, c.waitErr)
@@ -273,3 +295,20 @@ func (c *Container) Remove(ctx context.Context) error {
 // ImageID returns the engine's id of the container's image ("sha256:…"), for
 // the run's receipt.
 func (c *Container) ImageID() string { return c.imageID }
+
+// Detach implements jail.Container: it closes the output stream and
+// cancels the exit wait, as the end of a worker's process does, and
+// returns once the output goroutine has ended (or ctx has), so the
+// OutputFunc is not called after it. The container runs on; Wait returns
+// an error wrapping jail.ErrDetached from then on, unless it had already
+// returned the exit status.
+func (c *Container) Detach(ctx context.Context) error {
+	c.detached.Store(true)
+	c.release()
+	select {
+	case <-c.copyDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

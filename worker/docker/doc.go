@@ -21,6 +21,12 @@
 // the attach stream has reached EOF, so the last bytes a process writes
 // before exiting are always delivered.
 //
+// Adopt takes over a container another process started (a worker that
+// died or stopped leaving its runs running): it reads the output the
+// engine kept (a container's log, which ContainerSpec.OutputLogBytes
+// bounds; log driver "none" without it) from the start, follows it and
+// waits for the exit, with the same Container as Start's.
+//
 // The client negotiates the API version with the daemon (tested against
 // Engine 20.10, API 1.41).
 package docker

@@ -96,6 +96,7 @@ const (
 	opRemove        = "container remove"
 	opList          = "container list"
 	opKill          = "container kill"
+	opLogs          = "container logs"
 	opVolumeCreate  = "volume create"
 	opVolumeRemove  = "volume remove"
 	opVolumeList    = "volume list"

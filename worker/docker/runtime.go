@@ -3,6 +3,7 @@ package docker
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"slices"
@@ -72,6 +73,7 @@ type apiClient interface {
 	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
 	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig, networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, containerName string) (container.CreateResponse, error)
 	ContainerAttach(ctx context.Context, container string, options container.AttachOptions) (types.HijackedResponse, error)
+	ContainerLogs(ctx context.Context, container string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerWait(ctx context.Context, container string, condition container.WaitCondition) (<-chan container.WaitResponse, <-chan error)
 	ContainerStart(ctx context.Context, container string, options container.StartOptions) error
 	ContainerInspect(ctx context.Context, container string) (container.InspectResponse, error)
@@ -330,16 +332,16 @@ func (r *Runtime) attachAndStart(ctx context.Context, id, name string, output ja
 	}
 
 	c := &Container{
-		id:         id,
-		name:       name,
-		rt:         r,
-		hijack:     hijack,
-		cancelWait: cancelWait,
-		waitDone:   make(chan struct{}),
-		copyDone:   make(chan struct{}),
+		id:       id,
+		name:     name,
+		rt:       r,
+		stream:   hijacked{hijack},
+		cancel:   cancelWait,
+		waitDone: make(chan struct{}),
+		copyDone: make(chan struct{}),
 	}
 	go c.waitExit(respC, errC)
-	go c.copyOutput(output)
+	go c.copyOutput(output, nil)
 
 	if err := r.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 		return c, classify(opStart, err)

@@ -33,10 +33,12 @@ var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]+$`)
 // The hardening is not configurable: ReadonlyRootfs, CapDrop ALL,
 // no-new-privileges, Init (tini as PID 1, which forwards signals and reaps
 // zombies), no TTY and no stdin, MemorySwap equal to Memory (no swap), a
-// pids limit, an open-file limit (RunNofile), log driver "none" (the engine
-// keeps no copy of the output), a private IPC namespace and AutoRemove off (the exit status is
-// read by inspecting the exited container). The label jail.LabelManaged is
-// always set to "true", so the reconciler sees every container made here.
+// pids limit, an open-file limit (RunNofile), a private IPC namespace and
+// AutoRemove off (the exit status is read by inspecting the exited
+// container). The engine keeps at most the spec's OutputLogBytes of the
+// output (runLogConfig: log driver "local", or "none" for 0). The label
+// jail.LabelManaged is always set to "true", so the reconciler sees every
+// container made here.
 func containerConfig(spec jail.ContainerSpec) (*container.Config, *container.HostConfig, *network.NetworkingConfig, error) {
 	var problems []string
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -78,6 +80,9 @@ func containerConfig(spec jail.ContainerSpec) (*container.Config, *container.Hos
 	}
 	if spec.NanoCPUs < 0 {
 		bad("cpu limit %d must not be negative", spec.NanoCPUs)
+	}
+	if spec.OutputLogBytes < 0 {
+		bad("output log bound %d bytes must not be negative", spec.OutputLogBytes)
 	}
 
 	mounts := checkMounts(spec, bad)
@@ -131,7 +136,7 @@ func engineConfig(spec jail.ContainerSpec, netMode string, mounts []mount.Mount)
 			PidsLimit:  &pids,
 			Ulimits:    runUlimits(),
 		},
-		LogConfig: runLogConfig(),
+		LogConfig: runLogConfig(spec.OutputLogBytes),
 	}
 	return cfg, host
 }

@@ -64,6 +64,7 @@ func TestContainerConfigHardening(t *testing.T) {
 	require.Equal(t, int64(64), *host.PidsLimit)
 	require.Equal(t, map[string]string{"/tmp": "size=16m,mode=1777"}, host.Tmpfs)
 	require.Empty(t, host.Binds, "only typed mounts")
+	require.Equal(t, container.LogConfig{Type: "none"}, host.LogConfig, "no OutputLogBytes: the engine keeps no output")
 	require.Equal(t, []mount.Mount{{
 		Type:        mount.TypeBind,
 		Source:      "/srv/repo",
@@ -149,6 +150,22 @@ func TestContainerConfigPassesThrough(t *testing.T) {
 			},
 		},
 		{
+			name: "output log",
+			edit: func(s *jail.ContainerSpec) { s.OutputLogBytes = jail.DefaultOutputLogBytes },
+			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
+				require.Equal(t, container.LogConfig{Type: "local", Config: map[string]string{
+					"max-size": "16777216", "max-file": "4", "compress": "false",
+				}}, h.LogConfig)
+			},
+		},
+		{
+			name: "output log of a size not divisible by 4",
+			edit: func(s *jail.ContainerSpec) { s.OutputLogBytes = 10 },
+			check: func(t *testing.T, _ *container.Config, h *container.HostConfig) {
+				require.Equal(t, "3", h.LogConfig.Config["max-size"], "rounded up: at least the bound is kept")
+			},
+		},
+		{
 			name: "user with large ids",
 			edit: func(s *jail.ContainerSpec) { s.User = "100000:100001" },
 			check: func(t *testing.T, c *container.Config, _ *container.HostConfig) {
@@ -199,6 +216,7 @@ func TestContainerConfigRefuses(t *testing.T) {
 		{"tiny memory limit", func(s *jail.ContainerSpec) { s.MemoryBytes = 1 << 20 }, "memory limit"},
 		{"no pids limit", func(s *jail.ContainerSpec) { s.PidsLimit = 0 }, "pids limit"},
 		{"negative cpus", func(s *jail.ContainerSpec) { s.NanoCPUs = -1 }, "cpu limit"},
+		{"negative output log", func(s *jail.ContainerSpec) { s.OutputLogBytes = -1 }, "output log bound -1 bytes must not be negative"},
 		{"relative tmpfs", func(s *jail.ContainerSpec) { s.Tmpfs = jail.TmpfsMounts{{Target: "tmp", SizeBytes: 1, Mode: 0o700}} }, "tmpfs target"},
 		{"tmpfs on root", func(s *jail.ContainerSpec) { s.Tmpfs = jail.TmpfsMounts{{Target: "/", SizeBytes: 1, Mode: 0o700}} }, "root file system"},
 		{"tmpfs without a size", func(s *jail.ContainerSpec) {

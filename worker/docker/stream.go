@@ -33,10 +33,13 @@ const maxSystemFrame = 64 << 10
 // passed in consecutive pieces of at most that size, so p never exceeds it.
 // p is only valid during the call.
 //
+// endFrame, when not nil, is called after each stdout or stderr frame with
+// its stream, its size and its last byte (0 for an empty frame).
+//
 // demux returns nil at a clean EOF (between frames), io.ErrUnexpectedEOF when
 // the stream ends inside a frame, an error carrying the daemon's message for
 // a system-error frame, and otherwise the read error.
-func demux(r io.Reader, out jail.OutputFunc) error {
+func demux(r io.Reader, out jail.OutputFunc, endFrame func(stream string, size int64, last byte)) error {
 	var hdr [frameHeaderLen]byte
 	buf := make([]byte, messages.MaxOutputChunk)
 	for {
@@ -64,11 +67,13 @@ func demux(r io.Reader, out jail.OutputFunc) error {
 		default:
 			return fmt.Errorf("output stream: unknown stream id %d in frame header", hdr[0])
 		}
-		for size > 0 {
-			n := min(size, int64(len(buf)))
+		var last byte
+		for left := size; left > 0; {
+			n := min(left, int64(len(buf)))
 			got, err := io.ReadFull(r, buf[:n])
 			if got > 0 {
 				out(stream, buf[:got])
+				last = buf[got-1]
 			}
 			if err != nil {
 				if errors.Is(err, io.EOF) {
@@ -76,7 +81,10 @@ func demux(r io.Reader, out jail.OutputFunc) error {
 				}
 				return err
 			}
-			size -= n
+			left -= n
+		}
+		if endFrame != nil {
+			endFrame(stream, size, last)
 		}
 	}
 }

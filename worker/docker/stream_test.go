@@ -53,7 +53,7 @@ func TestDemuxKeepsFrameOrder(t *testing.T) {
 		{messages.StreamStderr, "err 3"},
 	}
 	var got []chunk
-	require.NoError(t, demux(frames(t, want...), collect(&got)))
+	require.NoError(t, demux(frames(t, want...), collect(&got), nil))
 	require.Equal(t, want, got)
 }
 
@@ -62,7 +62,7 @@ func TestDemuxSplitsLargeFrames(t *testing.T) {
 
 	big := strings.Repeat("0123456789abcdef", (3*messages.MaxOutputChunk+100)/16)
 	var got []chunk
-	require.NoError(t, demux(frames(t, chunk{messages.StreamStdout, big}), collect(&got)))
+	require.NoError(t, demux(frames(t, chunk{messages.StreamStdout, big}), collect(&got), nil))
 	var joined strings.Builder
 	for _, c := range got {
 		require.Equal(t, messages.StreamStdout, c.stream)
@@ -77,7 +77,7 @@ func TestDemuxEmptyStream(t *testing.T) {
 	t.Parallel()
 
 	var got []chunk
-	require.NoError(t, demux(bytes.NewReader(nil), collect(&got)))
+	require.NoError(t, demux(bytes.NewReader(nil), collect(&got), nil))
 	require.Empty(t, got)
 }
 
@@ -89,7 +89,7 @@ func TestDemuxTruncated(t *testing.T) {
 	t.Run("inside payload", func(t *testing.T) {
 		t.Parallel()
 		var got []chunk
-		err := demux(bytes.NewReader(full[:len(full)-2]), collect(&got))
+		err := demux(bytes.NewReader(full[:len(full)-2]), collect(&got), nil)
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 		require.Equal(t, []chunk{{messages.StreamStdout, "hello"}, {messages.StreamStderr, "wor"}}, got,
 			"bytes read before the break are still delivered")
@@ -97,7 +97,7 @@ func TestDemuxTruncated(t *testing.T) {
 	t.Run("inside header", func(t *testing.T) {
 		t.Parallel()
 		var got []chunk
-		err := demux(bytes.NewReader(full[:8+5+3]), collect(&got))
+		err := demux(bytes.NewReader(full[:8+5+3]), collect(&got), nil)
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 		require.Equal(t, []chunk{{messages.StreamStdout, "hello"}}, got)
 	})
@@ -110,7 +110,7 @@ func TestDemuxSystemError(t *testing.T) {
 	_, err := stdcopy.NewStdWriter(buf, stdcopy.Systemerr).Write([]byte("boom"))
 	require.NoError(t, err)
 	var got []chunk
-	err = demux(buf, collect(&got))
+	err = demux(buf, collect(&got), nil)
 	require.ErrorContains(t, err, "daemon error in output stream: boom")
 	require.Equal(t, []chunk{{messages.StreamStdout, "partial"}}, got)
 }
@@ -118,7 +118,7 @@ func TestDemuxSystemError(t *testing.T) {
 func TestDemuxUnknownStream(t *testing.T) {
 	t.Parallel()
 
-	err := demux(bytes.NewReader([]byte{9, 0, 0, 0, 0, 0, 0, 1, 'x'}), func(string, []byte) {})
+	err := demux(bytes.NewReader([]byte{9, 0, 0, 0, 0, 0, 0, 1, 'x'}), func(string, []byte) {}, nil)
 	require.ErrorContains(t, err, "unknown stream id 9")
 }
 
@@ -136,7 +136,7 @@ func FuzzDemux(f *testing.F) {
 				t.Fatalf("chunk of %d bytes", len(p))
 			}
 			total += len(p)
-		})
+		}, nil)
 		if total > len(data) {
 			t.Fatalf("delivered %d bytes from %d", total, len(data))
 		}

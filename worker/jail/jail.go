@@ -1,7 +1,8 @@
 // Package jail is the contract between the run engine and a container
 // runtime: what a run's container is (ContainerSpec, its mounts, tmpfs and
-// volumes, its labels), what a runtime must do with it (Runtime, Container)
-// and how a container ended (ExitStatus). The Docker driver (worker/docker)
+// volumes, its labels), what a runtime must do with it (Runtime,
+// Container), how a container ended (ExitStatus) and what a runtime found
+// of a container it took over (Found). The Docker driver (worker/docker)
 // and the fake runtime of the tests (worker/workertest) implement it and
 // import nothing else of the worker, as Nomad's drivers import only its
 // plugins/drivers package.
@@ -27,6 +28,29 @@ type Runtime interface {
 	// example the image does not exist). When Start fails after creating
 	// the container it removes the container before returning.
 	Start(ctx context.Context, spec ContainerSpec, output OutputFunc) (Container, error)
+	// Adopt takes over the container with the given id that another
+	// process (this worker's before a restart, or a dead worker's)
+	// started, and returns it with what was found of it. output gets
+	// every byte the process wrote since it started, each stream's bytes
+	// in order (how the two streams interleave is the engine log's
+	// order), then what it writes until it exits; as with Start,
+	// Container.Wait returns once the process has exited and every byte
+	// has gone to output. A container that has already exited passes its
+	// whole output and its Wait returns at once.
+	//
+	// The engine keeps a container's output only when its spec asked for
+	// it (ContainerSpec.OutputLogBytes), and only the last OutputLogBytes
+	// of it: past that the oldest part rotates out, and output then
+	// starts later than the process's first byte. The caller skips what
+	// it already had; Adopt always delivers what the engine kept, from
+	// its start.
+	//
+	// Errors: a container that does not exist wraps ErrNotFound; one that
+	// keeps no output log wraps ErrNoOutputLog; one created but never
+	// started wraps ErrNotStarted. Those three also wrap ErrPermanent and
+	// come with the Found filled in (but for ErrNotFound), so the caller
+	// can still judge and remove the container.
+	Adopt(ctx context.Context, id string, output OutputFunc) (Container, Found, error)
 	// ListManaged returns every container, in any state, that carries the
 	// LabelManaged label, for the orphan reconciler.
 	ListManaged(ctx context.Context) ([]ManagedContainer, error)
@@ -79,6 +103,16 @@ type Container interface {
 	Signal(ctx context.Context, sig string) error
 	// Remove force-removes the container and any volumes it owns.
 	Remove(ctx context.Context) error
+	// Detach lets go of the container without stopping it, as a worker
+	// that leaves its runs running does: output is no longer passed to
+	// the OutputFunc (not after Detach returns) and the runtime's own
+	// work for the container (its output stream, its exit wait) ends,
+	// while the process runs on for Runtime.Adopt to take over. Wait
+	// then returns an error wrapping ErrDetached, unless it had already
+	// returned the exit status. Stop, Signal and Remove still act on the
+	// container. Detach returns ctx.Err() when an OutputFunc call still
+	// in progress does not return within ctx.
+	Detach(ctx context.Context) error
 }
 
 // OutputFunc receives a chunk of a container's output. stream is

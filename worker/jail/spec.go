@@ -46,7 +46,21 @@ type ContainerSpec struct {
 	// Mounts are typed bind and volume mounts. A missing source is an
 	// error.
 	Mounts []Mount
+	// OutputLogBytes is the most bytes of the container's output (stdout
+	// and stderr together) the engine keeps, so that Runtime.Adopt can
+	// read what the process wrote while no worker was attached. Past it
+	// the oldest part rotates out. The bound counts the engine's framing
+	// too (Docker's local log driver: some 20 to 30 bytes a line), so a
+	// little less output fits. Zero keeps none (Docker's log driver
+	// "none"): what no one reads is discarded, and the container cannot
+	// be adopted. A run's container and a warm one (which becomes a
+	// run's) set it alike; DefaultOutputLogBytes is a sane value.
+	OutputLogBytes int64
 }
+
+// DefaultOutputLogBytes is a sane ContainerSpec.OutputLogBytes for a run's
+// container: 64 MiB of engine disk at most.
+const DefaultOutputLogBytes = 64 << 20
 
 // Mount is a bind mount of a host path, or a mount of a volume, into a
 // container.

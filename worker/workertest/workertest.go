@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,7 +63,7 @@ type Runtime struct {
 
 	mu         sync.Mutex
 	seq        int
-	containers map[string]*Container
+	containers map[string]*proc
 	volumes    map[string]fakeVolume
 	volumeBase string
 	closed     bool // Close was called: no volume is made any more
@@ -77,7 +78,7 @@ type Runtime struct {
 // directories under a temporary directory of its own, made on the first
 // CreateVolume and removed with its last volume, or by Close.
 func NewRuntime() *Runtime {
-	return &Runtime{containers: map[string]*Container{}, volumes: map[string]fakeVolume{}}
+	return &Runtime{containers: map[string]*proc{}, volumes: map[string]fakeVolume{}}
 }
 
 // NewTestRuntime is NewRuntime for test t: whatever volumes are left when
@@ -106,6 +107,13 @@ func (r *Runtime) Close() {
 // Docker does. Behave and the behaviour see the spec with each volume mount
 // turned into a bind mount of the volume's directory (Starts keeps the
 // spec as given).
+//
+// As the engine's, the container belongs to the Runtime, not to ctx nor
+// to the Container returned: it runs on when ctx ends, when a Wait's ctx
+// ends and after Detach, until it exits, is stopped or removed; another
+// Container of it can be had with Adopt. out is called in the behaviour's
+// goroutine, as it writes, until Detach; the output is also kept for
+// Adopt (spec.OutputLogBytes; see outputLog).
 func (r *Runtime) Start(ctx context.Context, given jail.ContainerSpec, out jail.OutputFunc) (jail.Container, error) {
 	if r.StartErr != nil {
 		if err := r.StartErr(given); err != nil {
@@ -157,25 +165,30 @@ func (r *Runtime) Start(ctx context.Context, given jail.ContainerSpec, out jail.
 	r.seq++
 	id := fmt.Sprintf("fake%060d", r.seq)
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &Container{id: id, name: spec.Name, spec: given, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r, signals: signals}
-	if r.Images != nil {
-		c.imageID = r.Images(spec.Image)
+	if out == nil {
+		out = func(string, []byte) {}
 	}
-	r.containers[id] = c
+	p := &proc{id: id, name: spec.Name, spec: given, cancel: cancel, done: make(chan struct{}), created: time.Now(), rt: r,
+		signals: signals, log: newOutputLog(given.OutputLogBytes, out)}
+	if r.Images != nil {
+		p.imageID = r.Images(spec.Image)
+	}
+	r.containers[id] = p
 	r.starts = append(r.starts, given)
 	r.running++
 	r.maxRunning = max(r.maxRunning, r.running)
 	r.mu.Unlock()
 	go func() {
-		st := b(cctx, spec, out)
+		st := b(cctx, spec, p.log.write)
 		r.mu.Lock()
 		r.running--
-		c.status = st
-		c.exited = true
+		p.status = st
+		p.exited = true
 		r.mu.Unlock()
-		close(c.done)
+		p.log.close()
+		close(p.done)
 	}()
-	return c, nil
+	return &Container{proc: p}, nil
 }
 
 // ListManaged implements jail.Runtime.
@@ -215,17 +228,17 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		}
 	}
 	r.mu.Lock()
-	c, ok := r.containers[id]
+	p, ok := r.containers[id]
 	delete(r.containers, id)
 	r.mu.Unlock()
 	if !ok {
 		return nil
 	}
-	c.cancel()
+	p.cancel()
 	t := time.NewTimer(removeWait)
 	defer t.Stop()
 	select {
-	case <-c.done:
+	case <-p.done:
 	case <-ctx.Done():
 	case <-t.C:
 	}
@@ -253,8 +266,9 @@ func (r *Runtime) Live() int {
 	return len(r.containers)
 }
 
-// Container is a fake container.
-type Container struct {
+// proc is a fake container: its behaviour's goroutine is its process. It
+// lives in its Runtime, whichever Container handles it, until removed.
+type proc struct {
 	id, name string
 	spec     jail.ContainerSpec
 	cancel   context.CancelFunc
@@ -265,6 +279,20 @@ type Container struct {
 	exited   bool
 	signals  chan string
 	imageID  string
+	log      *outputLog
+}
+
+// Container is a fake container as Start or Adopt returns it: a handle
+// on the container (proc) with its own way to the output, Start's
+// OutputFunc called as the behaviour writes or Adopt's follower of the
+// output log.
+type Container struct {
+	*proc
+	// follower is Adopt's reading of the output log; nil for Start's.
+	follower *follower
+	// detached is set by Detach; waited once Wait returned the status,
+	// which it then still returns after a Detach.
+	detached, waited atomic.Bool
 }
 
 // ID implements jail.Container.
@@ -283,16 +311,33 @@ func (r *Runtime) ImageID(_ context.Context, ref string) (string, error) {
 	return r.Images(ref), nil
 }
 
-// Wait implements jail.Container.
+// Wait implements jail.Container: it returns once the behaviour has
+// returned and, for an adopted container, its follower has passed the
+// whole output log; after Detach, an error wrapping jail.ErrDetached.
+// When ctx ends first the container runs on.
 func (c *Container) Wait(ctx context.Context) (jail.ExitStatus, error) {
+	if c.detached.Load() && !c.waited.Load() {
+		return jail.ExitStatus{}, fmt.Errorf("wait for %s: %w", c.id, jail.ErrDetached)
+	}
 	select {
 	case <-c.done:
-		c.rt.mu.Lock()
-		defer c.rt.mu.Unlock()
-		return c.status, nil
 	case <-ctx.Done():
 		return jail.ExitStatus{}, ctx.Err()
 	}
+	if c.follower != nil {
+		select {
+		case <-c.follower.done:
+		case <-ctx.Done():
+			return jail.ExitStatus{}, ctx.Err()
+		}
+	}
+	if c.detached.Load() && !c.waited.Load() {
+		return jail.ExitStatus{}, fmt.Errorf("wait for %s: %w", c.id, jail.ErrDetached)
+	}
+	c.waited.Store(true)
+	c.rt.mu.Lock()
+	defer c.rt.mu.Unlock()
+	return c.status, nil
 }
 
 // Stop implements jail.Container: it cancels the behaviour's context.
@@ -301,8 +346,16 @@ func (c *Container) Stop(ctx context.Context, grace time.Duration) error {
 	return nil
 }
 
-// Remove implements jail.Container.
-func (c *Container) Remove(ctx context.Context) error { return c.rt.Remove(ctx, c.id) }
+// Remove implements jail.Container: Runtime.Remove, then, for an adopted
+// container, the end of its follower (within ctx), so its OutputFunc is
+// not called after Remove returns.
+func (c *Container) Remove(ctx context.Context) error {
+	err := c.rt.Remove(ctx, c.id)
+	if c.follower != nil {
+		_ = c.follower.stop(ctx)
+	}
+	return err
+}
 
 // Signal implements jail.Container: a behaviour waiting for a signal (a
 // capture container started with --wait) goes on; a container that has
