@@ -31,6 +31,7 @@ const stageDir = "../stage"
 var hooks = map[string]reflect.Type{
 	"Prestarter":     reflect.TypeFor[stage.Prestarter](),
 	"Poststarter":    reflect.TypeFor[stage.Poststarter](),
+	"Adopter":        reflect.TypeFor[stage.Adopter](),
 	"Checker":        reflect.TypeFor[stage.Checker](),
 	"MCPObserver":    reflect.TypeFor[stage.MCPObserver](),
 	"AnswerObserver": reflect.TypeFor[stage.AnswerObserver](),

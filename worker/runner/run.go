@@ -404,8 +404,13 @@ func (r *run) supervise(ctx context.Context, p prepared, s started) exitFacts {
 		}
 	case ctx.Err() != nil && r.e.leaving.Load():
 		// The worker stops leaving its runs to a successor: the
-		// container runs on.
+		// container runs on, its output no longer read here.
 		f.Shutdown, f.Left = true, true
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := s.c.Detach(dctx); err != nil {
+			r.log.Warn().Err(err).Msg("detach from the container left running")
+		}
+		cancel()
 	case ctx.Err() != nil:
 		// The worker is shutting down hard.
 		f.Shutdown = true

@@ -92,6 +92,10 @@ func ProfileSpec(p *profile.Profile) jail.ContainerSpec {
 			{Target: "/tmp", SizeBytes: p.TmpMiB << 20, Mode: 0o1777},
 			{Target: p.Home, SizeBytes: p.HomeMiB << 20, Mode: 0o700, UID: uid, GID: gid},
 		},
+		// The engine keeps the run's output (bounded) so that a successor
+		// of its worker can adopt the run and publish what was written
+		// while no worker watched (runner's adopt.go).
+		OutputLogBytes: jail.DefaultOutputLogBytes,
 	}
 }
 
