@@ -95,7 +95,7 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 	if err != nil || res.Verdict != Adopted {
 		return res, err
 	}
-	if !spawn(func(ctx context.Context) { r.adopted(ctx, c.ID) }) {
+	if !spawn(func(ctx context.Context) { adoption{r}.carry(ctx, c.ID) }) {
 		e.live.untrack(r)
 		return AdoptResult{Verdict: HeldElsewhere}, nil
 	}
@@ -226,13 +226,17 @@ func (e *Runner) mayBeAdopted(req messages.RunRequest, st messages.RunState) boo
 	return unadoptable(e.stagesFor(&stage.Run{Request: req, Profile: &prof, Plan: plan})) == ""
 }
 
-// adopted runs an adopted run to its outcome: the stages take their parts
+// adoption is an adopted run as it is taken over: its steps before it is
+// supervised and concluded as any run is.
+type adoption struct{ *run }
+
+// carry runs an adopted run to its outcome: the stages take their parts
 // over, the container is re-attached from where its output was last
 // published, and it is supervised and concluded as any run is.
-func (r *run) adopted(ctx context.Context, containerID string) {
-	defer r.e.live.untrack(r)
+func (r adoption) carry(ctx context.Context, containerID string) {
+	defer r.e.live.untrack(r.run)
 	defer func() { r.release(r.rec.st.State.Final()) }()
-	d := delivery{r}
+	d := delivery{r.run}
 	stopProgress := d.keepInProgress()
 	defer stopProgress()
 	p, s, err := r.takeOver(ctx, containerID)
@@ -254,7 +258,7 @@ func (r *run) adopted(ctx context.Context, containerID string) {
 
 // takeOver re-attaches to the run's container and lets each stage adopt
 // its part; it returns what supervise needs.
-func (r *run) takeOver(ctx context.Context, containerID string) (prepared, started, error) {
+func (r adoption) takeOver(ctx context.Context, containerID string) (prepared, started, error) {
 	e := r.e
 	// The spec the run's container was made from, as far as the profile
 	// says (its limits, for the outcome's reasons).
@@ -265,7 +269,7 @@ func (r *run) takeOver(ctx context.Context, containerID string) (prepared, start
 		return p, started{}, errors.New("the runtime cannot adopt containers")
 	}
 	s := started{
-		parser: newParser(r, p.prof.Backend),
+		parser: newParser(r.run, p.prof.Backend),
 		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
 	}
 	s.out.budget = p.prof.MaxOutputBytes()
@@ -298,7 +302,7 @@ func (r *run) takeOver(ctx context.Context, containerID string) (prepared, start
 	}
 	s.c = c
 	r.ctl.set(c)
-	e.live.track(r, c)
+	e.live.track(r.run, c)
 	err = r.adoptStages(ctx, c, found)
 	s.out.mask = r.mask
 	close(ready)
@@ -309,7 +313,7 @@ func (r *run) takeOver(ctx context.Context, containerID string) (prepared, start
 }
 
 // adoptStages calls each Adopter with what it takes over.
-func (r *run) adoptStages(ctx context.Context, c jail.Container, found jail.Found) error {
+func (r adoption) adoptStages(ctx context.Context, c jail.Container, found jail.Found) error {
 	var runDir string
 	for _, m := range found.Mounts {
 		if m.Target == messages.ContainerRunDir {
