@@ -104,9 +104,10 @@ type request struct {
 	wait time.Duration
 	// idempotent says the call may be sent again when its connection was
 	// cut in flight: the worker does nothing twice for it. Read-only
-	// calls are (hello, status, claims, notice); so are inbox (a message
-	// is acknowledged only with the reply: one the cut reply carried is
-	// either redelivered or, acknowledged, lost either way), claim (a
+	// calls are (hello, status, claims, notice); so are inbox (the worker
+	// acknowledges what it read only as it replies, and naks it when the
+	// bridge went away: what a cut reply carried comes back, unless it was
+	// acknowledged, when repeating the call loses nothing more), claim (a
 	// pattern the run holds is claimed again with the new reason), a send
 	// with an idempotency key (JetStream deduplicates its Nats-Msg-Id),
 	// steer next (a steer is handed out once; one a cut reply carried
