@@ -99,7 +99,8 @@ func (c *core) reply(w http.ResponseWriter, v any, err error) {
 }
 
 // classify maps err to its reply: a rule broken by the request (4xx with the
-// rule's text), rate limiting (429), or anything else, which can only be NATS
+// rule's text), rate limiting (429), the session ending (503
+// relay.CodeSessionEnded), or anything else, which can only be NATS
 // failing, as 503 "coordination unavailable: ...".
 func (c *core) classify(err error) *apiError {
 	var ae *apiError
@@ -118,7 +119,9 @@ func (c *core) classify(err error) *apiError {
 		return &apiError{status: status, code: ie.Code, msg: ie.Message}
 	}
 	if c.ctx.Err() != nil {
-		return &apiError{status: http.StatusServiceUnavailable, code: relay.CodeUnavailable,
+		// The bridge waits for a successor to serve the socket again, and
+		// sends an idempotent call again (relay.CodeSessionEnded).
+		return &apiError{status: http.StatusServiceUnavailable, code: relay.CodeSessionEnded,
 			msg: relay.ErrUnavailable.Error() + ": the run's coordination session has ended (the worker is stopping or handing the run back)"}
 	}
 	c.log.Warn().Err(err).Msg("coordination request failed")

@@ -58,6 +58,7 @@ const (
 // launcher (next, ack) and the bridge (notice).
 type steering struct {
 	c       *core
+	epoch   string // names this session's count of steers (relay.Notice.Session)
 	sub     *nats.Subscription
 	limiter *rate.Limiter
 	events  *rate.Limiter // rate-limited refusal events
@@ -79,6 +80,7 @@ type steering struct {
 func newSteering(c *core) *steering {
 	return &steering{
 		c:       c,
+		epoch:   rand.Text(),
 		limiter: rate.NewLimiter(rateLimit(c.h.cfg.SteerRate), c.h.cfg.SteerBurst),
 		events:  rate.NewLimiter(rate.Every(refusalEventEvery), 1),
 		wake:    make(chan struct{}),
@@ -421,10 +423,15 @@ func (st *steering) takeAck(_ context.Context, a relay.SteerAck) (noContent, err
 }
 
 // notice answers the bridge's long poll: the steer count once it passes
-// req.After, or after req.WaitSeconds.
+// req.After, or after req.WaitSeconds. A req.After counted by another
+// session (the bridge's worker was replaced) counts from 0 here.
 func (st *steering) notice(ctx context.Context, req relay.NoticeRequest) (relay.Notice, error) {
+	after := req.After
+	if req.Session != "" && req.Session != st.epoch {
+		after = 0
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	st.waitFor(ctx, req.WaitSeconds, func() bool { return st.seq > req.After })
-	return relay.Notice{Seq: st.seq, Unread: st.unread}, nil
+	st.waitFor(ctx, req.WaitSeconds, func() bool { return st.seq > after })
+	return relay.Notice{Seq: st.seq, Unread: st.unread, Session: st.epoch}, nil
 }

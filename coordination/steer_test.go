@@ -136,7 +136,8 @@ func TestSteerQueuedWithoutStreamedInput(t *testing.T) {
 	require.Contains(t, r.Reason, "takes no input")
 	select {
 	case n := <-notice:
-		require.Equal(t, relay.Notice{Seq: 1, Unread: 1}, n)
+		require.NotEmpty(t, n.Session)
+		require.Equal(t, relay.Notice{Seq: 1, Unread: 1, Session: n.Session}, n)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the notice poll did not wake on the steer")
 	}

@@ -143,11 +143,16 @@ type bridgeRun struct {
 
 func startRun(t *testing.T, socket string) *bridgeRun {
 	t.Helper()
+	return startRunEnv(t, map[string]string{relay.EnvSocket: socket})
+}
+
+// startRunEnv is startRun with the bridge's environment env.
+func startRunEnv(t *testing.T, env map[string]string) *bridgeRun {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	br := &bridgeRun{stdin: inW, tap: tapStdout(outR), stderr: &syncBuffer{}, cancel: cancel, code: make(chan int, 1)}
-	env := map[string]string{relay.EnvSocket: socket}
 	go func() {
 		code := run(ctx, nil, inR, outW, br.stderr, func(k string) string { return env[k] })
 		_ = outW.Close()
@@ -244,9 +249,11 @@ func TestRunNormalUse(t *testing.T) {
 	require.Contains(t, a.stderr.String(), "jetcrew-bridge starting")
 }
 
+// With no reconnect window (JETCREW_BRIDGE_RECONNECT=0), a socket nobody
+// serves fails every call at once.
 func TestRunSocketMissing(t *testing.T) {
 	t.Parallel()
-	br := startRun(t, filepath.Join(coordtest.SocketDir(t), "missing.sock"))
+	br := startRunEnv(t, map[string]string{relay.EnvSocket: filepath.Join(coordtest.SocketDir(t), "missing.sock"), relay.EnvReconnectWindow: "0"})
 	cs := br.client(t)
 	tools, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
@@ -423,13 +430,14 @@ type buildError struct {
 
 func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
 
-// execBridge starts the built binary with JETCREW_BRIDGE_SOCKET=socket.
-func execBridge(t *testing.T, socket string) (*exec.Cmd, io.WriteCloser, *stdoutTap, *syncBuffer) {
+// execBridge starts the built binary with JETCREW_BRIDGE_SOCKET=socket and
+// env.
+func execBridge(t *testing.T, socket string, env ...string) (*exec.Cmd, io.WriteCloser, *stdoutTap, *syncBuffer) {
 	t.Helper()
 	bin, err := buildBridge()
 	require.NoError(t, err)
 	cmd := exec.Command(bin)
-	cmd.Env = []string{relay.EnvSocket + "=" + socket}
+	cmd.Env = append([]string{relay.EnvSocket + "=" + socket}, env...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
@@ -475,16 +483,23 @@ func TestBinary(t *testing.T) {
 	require.Contains(t, errA.String(), "jetcrew-bridge starting")
 }
 
+// A socket nobody serves: the call waits for it the reconnect window that
+// JETCREW_BRIDGE_RECONNECT sets, then fails "coordination unavailable".
 func TestBinarySocketMissing(t *testing.T) {
 	t.Parallel()
-	cmd, in, tap, stderr := execBridge(t, filepath.Join(coordtest.SocketDir(t), "nope.sock"))
+	cmd, in, tap, stderr := execBridge(t, filepath.Join(coordtest.SocketDir(t), "nope.sock"), relay.EnvReconnectWindow+"=2s")
 	cs := connectClient(t, tap, in)
 	tools, err := cs.ListTools(context.Background(), nil)
 	require.NoError(t, err)
 	requireToolNames(t, tools.Tools)
+	start := time.Now()
 	res := coordtest.Call(t, cs, "status", map[string]any{})
+	took := time.Since(start)
 	require.True(t, res.IsError)
 	require.True(t, strings.HasPrefix(coordtest.Text(res), "coordination unavailable: "), coordtest.Text(res))
+	require.Contains(t, coordtest.Text(res), "for it to come back")
+	require.Greater(t, took, time.Second, "the call waited for the socket")
+	require.Less(t, took, 10*time.Second, "the call waited no longer than its window")
 	// Garbage on stdin ends the session; stdout still holds frames only.
 	_, _ = io.WriteString(in, "garbage\n")
 	err = cmd.Wait()

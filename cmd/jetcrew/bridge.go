@@ -20,7 +20,9 @@ func (a workerCmds) bridgeCmd() *cobra.Command {
 		Short: "Run the coordination bridge (inside a run container: MCP on stdio, or the agent's launcher)",
 		Long: `bridge serves the jetcrew MCP tools (status, send, inbox) on stdin/stdout,
 relaying every call over the run's socket (JETCREW_BRIDGE_SOCKET, default
-/run/jetcrew/bridge.sock) to the worker. "bridge launch" starts an agent CLI:
+/run/jetcrew/bridge.sock) to the worker; while the worker is replaced, a call
+waits up to 60s for the socket (JETCREW_BRIDGE_RECONNECT sets another window,
+0 none). "bridge launch" starts an agent CLI:
 it seeds $HOME, connects the prompt file to stdin and execs the CLI.
 Workers run it inside run containers; see docs/backends.md.`,
 		DisableFlagParsing: true,

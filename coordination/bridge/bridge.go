@@ -6,6 +6,13 @@
 // Every failure of a tool call, including a missing socket or an unreachable
 // NATS server, is a tool error (CallToolResult.IsError) whose text the agent
 // can act on, never a protocol error.
+//
+// While the run's worker is replaced, a tool call waits for the socket (the
+// relay client's reconnect window) and one cut off in flight is made again
+// when that is safe; else it is the tool error "coordination interrupted:
+// ...", saying the call may or may not have taken effect and may be made
+// again (package relay, reconnect.go). WatchSteers resumes against the new
+// worker's session.
 package bridge
 
 import (

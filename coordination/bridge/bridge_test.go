@@ -18,11 +18,19 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 // connect runs the bridge in process over in-memory transports, relaying to
-// a socket that does not exist.
+// a socket that does not exist, with no reconnect window.
 func connect(t *testing.T) *mcp.ClientSession {
 	t.Helper()
+	return connectTo(t, relay.NewClientWith(filepath.Join(t.TempDir(), "none.sock"), relay.ClientOptions{}))
+}
+
+// connectTo runs the bridge in process over in-memory transports, relaying
+// through c, which it closes when the test ends.
+func connectTo(t *testing.T, c *relay.Client) *mcp.ClientSession {
+	t.Helper()
+	t.Cleanup(c.Close)
 	st, ct := mcp.NewInMemoryTransports()
-	srv := bridge.NewServer(relay.NewClient(filepath.Join(t.TempDir(), "none.sock")), bridge.Options{Version: "test"})
+	srv := bridge.NewServer(c, bridge.Options{Version: "test"})
 	ss, err := srv.Connect(context.Background(), st, nil)
 	require.NoError(t, err)
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "t"}, nil).Connect(context.Background(), ct, nil)

@@ -52,11 +52,16 @@ const noticeWait = 25
 // WatchSteers long-polls the worker for steers put in the run's inbox and
 // sends every session of srv a logging notification for each new one,
 // until ctx ends or c is closed. A socket that cannot be reached is tried
-// again every few seconds.
+// again every few seconds (past c's own reconnect window). Its cursor is
+// the worker's count of steers and the session counting them
+// (relay.Notice): when another worker's session serves the socket (the run
+// was adopted), the poll counts from that session's start, so a steer put
+// in the inbox after the worker was replaced is announced once, as any.
 func WatchSteers(ctx context.Context, srv *mcp.Server, c *relay.Client) {
 	var seen uint64
+	var session string
 	for ctx.Err() == nil {
-		n, err := c.Notice(ctx, relay.NoticeRequest{After: seen, WaitSeconds: noticeWait})
+		n, err := c.Notice(ctx, relay.NoticeRequest{After: seen, Session: session, WaitSeconds: noticeWait})
 		if err != nil {
 			select {
 			case <-ctx.Done():
@@ -64,11 +69,11 @@ func WatchSteers(ctx context.Context, srv *mcp.Server, c *relay.Client) {
 			}
 			continue
 		}
-		if n.Seq > seen && n.Unread > 0 {
+		if (n.Seq > seen || n.Session != session) && n.Unread > 0 {
 			for ss := range srv.Sessions() {
 				_ = ss.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: Name, Data: UnreadNote(n.Unread)})
 			}
 		}
-		seen = n.Seq
+		seen, session = n.Seq, n.Session
 	}
 }

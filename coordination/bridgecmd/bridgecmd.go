@@ -11,6 +11,15 @@
 // worker. When the socket cannot be reached the server still starts and lists
 // its tools, and every call answers "coordination unavailable: ...".
 //
+// A run outlives its worker: while the worker is replaced (a restart, an
+// upgrade, a crash; the successor serves the run's sockets again at the
+// same paths), a tool call waits for the socket, up to a bounded window
+// (relay.ReconnectWindow, 60 s; JETCREW_BRIDGE_RECONNECT sets another, "0"
+// none), and one cut off in flight is made again when it is safe to repeat,
+// else it answers "coordination interrupted: ..." (package relay,
+// reconnect.go). The steered launcher's steer polls and the egress relay's
+// connections wait for their sockets the same way.
+//
 // stdout carries JSON-RPC frames and nothing else, whatever happens;
 // diagnostics go to stderr. JETCREW_BRIDGE_LOG sets their level (debug, info,
 // warn, error; default info). The process collects garbage at GOGC=400 unless
@@ -127,26 +136,32 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if path == "" {
 		path = relay.DefaultSocketPath
 	}
-	client := relay.NewClient(path)
+	window, err := relay.ReconnectWindowFrom(getenv)
+	if err != nil {
+		log.Warn("reconnect window", "error", err)
+	}
+	client := relay.NewClientWith(path, relay.ClientOptions{ReconnectWindow: window})
 	defer client.Close()
 	// On a signal, cut calls in flight short (an inbox call may be waiting
 	// for up to 30s): the session ends as soon as its handlers return.
 	stopCalls := context.AfterFunc(ctx, client.Close)
 	defer stopCalls()
-	log.Info("jetcrew-bridge starting", "version", Version, "socket", path)
+	log.Info("jetcrew-bridge starting", "version", Version, "socket", path, "reconnect_window", window)
 
 	// Announce the bridge to the worker so the run records that its bridge
 	// connected. It never delays serving; the goroutine ends when Hello
-	// returns (helloTimeout at most) and run waits for it.
+	// returns (helloTimeout at most), or when run returns, which waits for
+	// it.
+	bg, stopBg := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	defer func() { stopBg(); wg.Wait() }()
 	wg.Go(func() {
-		hctx, cancel := context.WithTimeout(ctx, helloTimeout)
+		hctx, cancel := context.WithTimeout(bg, helloTimeout)
 		defer cancel()
-		if err := client.Hello(hctx); err != nil && ctx.Err() == nil {
+		if err := client.Hello(hctx); err != nil && bg.Err() == nil {
 			log.Warn("tool calls will fail until the worker is reachable", "error", err)
 		}
 	})
-	defer wg.Wait()
 
 	srv := bridge.NewServer(client, bridge.Options{
 		Version:   Version,
@@ -154,14 +169,12 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		Workspace: workspaceDir(),
 	})
 	// Steers put in the inbox are announced to the client as they come;
-	// the goroutine ends with ctx or the client (closed on return).
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	wg.Go(func() { bridge.WatchSteers(wctx, srv, client) })
+	// the goroutine ends with ctx, or when run returns.
+	wg.Go(func() { bridge.WatchSteers(bg, srv, client) })
 	// JSON-RPC batches are answered (or refused) per the negotiated
 	// revision by the filter, never by the SDK, which could end the session.
 	batches := bridge.NewBatches(stdout)
-	err := srv.Run(ctx, &mcp.IOTransport{
+	err = srv.Run(ctx, &mcp.IOTransport{
 		Reader:        batches.Reader(stdin, maxFrameBytes),
 		Writer:        nopWriteCloser{batches},
 		MaxLineLength: maxFrameBytes,

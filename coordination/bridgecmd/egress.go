@@ -9,6 +9,11 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/jetcrew/jetcrew/coordination/relay"
 )
 
 // egressRelayCommand is the first argument that makes the bridge binary the
@@ -18,6 +23,13 @@ import (
 // (JETCREW_EGRESS_SOCKET). The container has no network but loopback, so
 // this pipe is its only way out; the worker's end decides what passes. The
 // launcher starts it (launch --egress-relay); it ends with the container.
+//
+// While the worker is replaced (its successor serves the socket again at
+// the same path), a connection the agent opens waits for the socket, up to
+// the reconnect window (relay.ReconnectWindow; JETCREW_BRIDGE_RECONNECT
+// sets another), before it is closed unanswered; a connection in flight
+// when the worker went away is closed, and the agent's HTTP client opens a
+// new one.
 const egressRelayCommand = "egress-relay"
 
 // maxRelayConns bounds the relay's open connections; the worker's proxy
@@ -66,6 +78,10 @@ func egressRelay(stderr io.Writer, getenv func(string) string) int {
 		fmt.Fprintln(stderr, "jetcrew-bridge egress-relay: JETCREW_EGRESS_SOCKET is not set")
 		return 2
 	}
+	window, err := relay.ReconnectWindowFrom(getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "jetcrew-bridge egress-relay: %v\n", err)
+	}
 	l, err := net.FileListener(os.NewFile(3, "egress-listener"))
 	if err != nil {
 		fmt.Fprintf(stderr, "jetcrew-bridge egress-relay: %v\n", err)
@@ -89,28 +105,39 @@ func egressRelay(stderr io.Writer, getenv func(string) string) int {
 		}
 		go func() {
 			defer func() { <-slots }()
-			relayConn(c, sock)
+			relayConn(c, sock, window)
 		}()
 	}
 }
 
 // relayConn joins c to a new connection to the unix socket at sock, both
-// ways, until both directions end. When the socket cannot be reached (the
-// proxy is down), c is closed: the run's connection fails, closed.
-func relayConn(c net.Conn, sock string) {
+// ways, until both directions end. While nobody serves the socket (the
+// worker is being replaced) the dial is tried again, with
+// relay.ReconnectBackOff, for up to window; past it, or when the socket
+// cannot be dialled for another reason, c is closed: the run's connection
+// fails, closed. When the proxy's side breaks (the worker went away), c is
+// closed at once, not only half-closed.
+func relayConn(c net.Conn, sock string, window time.Duration) {
 	defer c.Close()
-	u, err := net.Dial("unix", sock)
+	u, err := backoff.RetryWithData(func() (net.Conn, error) {
+		u, err := net.Dial("unix", sock)
+		if err != nil && !relay.SocketGone(err) {
+			return nil, backoff.Permanent(err)
+		}
+		return u, err
+	}, relay.ReconnectBackOff(window))
 	if err != nil {
 		return
 	}
 	defer u.Close()
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_, _ = io.Copy(c, u)
+	wg.Go(func() {
+		if _, err := io.Copy(c, u); err != nil {
+			_ = c.Close() // the agent's reads and writes fail now
+			return
+		}
 		_ = c.(*net.TCPConn).CloseWrite()
-	}()
+	})
 	_, _ = io.Copy(u, c)
 	_ = u.(*net.UnixConn).CloseWrite()
 	wg.Wait()

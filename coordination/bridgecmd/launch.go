@@ -93,9 +93,15 @@ func launch(args []string, stdout, stderr io.Writer, getenv func(string) string)
 	}
 	if steered {
 		socket := cmp.Or(getenv(relaypkg.EnvSocket), relaypkg.DefaultSocketPath)
+		window, err := relaypkg.ReconnectWindowFrom(getenv)
+		if err != nil {
+			fmt.Fprintf(stderr, "jetcrew-bridge launch: %v\n", err)
+		}
+		client := relaypkg.NewClientWith(socket, relaypkg.ClientOptions{ReconnectWindow: window})
+		defer client.Close()
 		// stdout is the process's real standard output (Main points
 		// os.Stdout at stderr).
-		return launchSteered(path, argv, env, *stdin, format, socket, stdout, stderr)
+		return launchSteered(path, argv, env, *stdin, format, client, stdout, stderr)
 	}
 	if *stdin != "" {
 		if err := redirectStdin(*stdin); err != nil {

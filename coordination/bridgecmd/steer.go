@@ -275,9 +275,14 @@ func copyOutput(r io.Reader, out io.Writer, in *agentInput) {
 
 // pollSteers long-polls the worker for steers until the input closes, and
 // writes each to it, acknowledging each; it then reports the input closed.
-// A socket that cannot be reached is tried again every second (the steers
-// wait in the inbox meanwhile). It returns when the input closes or ctx
-// ends.
+// While the worker is replaced, each poll waits for the socket to come back
+// (c's reconnect window) and then polls the successor's session: a steer
+// the cut poll carried was never written, and waits in the inbox; one put
+// in the inbox later is handed out by the successor, once. A socket that
+// cannot be reached past the window is tried again every second (the
+// steers wait in the inbox meanwhile). It returns when the input closes or
+// ctx ends; the "closed" report waits for the socket at most
+// steerAckSendTimeout.
 func pollSteers(ctx context.Context, c *relay.Client, in *agentInput, stderr io.Writer) {
 	// The long poll in flight ends when the input closes.
 	pctx, stop := context.WithCancel(ctx)
@@ -329,10 +334,10 @@ func pollSteers(ctx context.Context, c *relay.Client, in *agentInput, stderr io.
 }
 
 // launchSteered runs argv (its path resolved) as the CLI's process with
-// env, the prompt file's text as its first turn in format; socket is the
-// run's coordination socket; the CLI's stdout is copied to stdout. It
+// env, the prompt file's text as its first turn in format; client calls
+// the run's coordination socket; the CLI's stdout is copied to stdout. It
 // returns the CLI's exit code.
-func launchSteered(path string, argv, env []string, promptFile string, f steerFormat, socket string, stdout, stderr io.Writer) int {
+func launchSteered(path string, argv, env []string, promptFile string, f steerFormat, client *relay.Client, stdout, stderr io.Writer) int {
 	prompt, err := os.ReadFile(promptFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "jetcrew-bridge launch: stdin: %v\n", err)
@@ -365,8 +370,6 @@ func launchSteered(path string, argv, env []string, promptFile string, f steerFo
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client := relay.NewClient(socket)
-	defer client.Close()
 	copied := make(chan struct{})
 	var wg sync.WaitGroup
 	// Each goroutine ends: the copy with the CLI's stdout (or when outR is

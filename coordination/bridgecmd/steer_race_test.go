@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetcrew/jetcrew/coordination"
 	"github.com/jetcrew/jetcrew/coordination/coordtest"
+	"github.com/jetcrew/jetcrew/coordination/relay"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -152,7 +153,7 @@ func (tr steerTrial) run(t *testing.T, h *coordination.Host, nc *nats.Conn, dir 
 	env := append(os.Environ(), envStrictCLI+"=1", envStrictCLIFirstTurn+"="+tr.firstTurn.String())
 	var errb bytes.Buffer
 	start := time.Now()
-	code := launchSteered(exe, []string{exe}, env, prompt, steerFormats[messages.SteerInputClaude], s.SocketPath(), out, &errb)
+	code := launchSteered(exe, []string{exe}, env, prompt, steerFormats[messages.SteerInputClaude], socketClient(t, s.SocketPath(), relay.ReconnectWindow), out, &errb)
 	took := time.Since(start)
 	wg.Wait()
 

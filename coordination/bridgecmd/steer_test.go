@@ -37,6 +37,15 @@ type fakeWorker struct {
 func (f *fakeWorker) serve(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "s.sock")
+	srv := f.serveAt(t, path)
+	t.Cleanup(func() { _ = srv.Close() })
+	return path
+}
+
+// serveAt serves the steering endpoints on a new socket at path until the
+// server returned is closed (which removes the socket file).
+func (f *fakeWorker) serveAt(t *testing.T, path string) *http.Server {
+	t.Helper()
 	ln, err := net.Listen("unix", path)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -68,8 +77,7 @@ func (f *fakeWorker) serve(t *testing.T) string {
 	})
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return path
+	return srv
 }
 
 // fakeCLI is a CLI taking Claude Code's stream-json input: for each line
@@ -77,14 +85,29 @@ func (f *fakeWorker) serve(t *testing.T) string {
 // when its input ends.
 const fakeCLI = `while read -r l; do sleep 1; printf '{"type":"assistant","got":%s}\n' "$l"; echo '{"type":"result","subtype":"success"}'; done; echo '{"type":"eof"}'`
 
+// socketClient is a relay client of socket waiting window for it, closed
+// when the test ends.
+func socketClient(t *testing.T, socket string, window time.Duration) *relay.Client {
+	t.Helper()
+	c := relay.NewClientWith(socket, relay.ClientOptions{ReconnectWindow: window})
+	t.Cleanup(c.Close)
+	return c
+}
+
 func steered(t *testing.T, socket string) (string, int, time.Duration) {
+	t.Helper()
+	return steeredOn(t, socketClient(t, socket, relay.ReconnectWindow))
+}
+
+// steeredOn runs fakeCLI under the steered launcher with client.
+func steeredOn(t *testing.T, client *relay.Client) (string, int, time.Duration) {
 	t.Helper()
 	prompt := filepath.Join(t.TempDir(), "prompt")
 	require.NoError(t, os.WriteFile(prompt, []byte("the task"), 0o600))
 	var out, errb bytes.Buffer
 	start := time.Now()
 	code := launchSteered("/bin/sh", []string{"sh", "-c", fakeCLI}, os.Environ(), prompt,
-		steerFormats[messages.SteerInputClaude], socket, &out, &errb)
+		steerFormats[messages.SteerInputClaude], client, &out, &errb)
 	return out.String(), code, time.Since(start)
 }
 
@@ -118,7 +141,7 @@ func TestSteerAckOutlivesTheCLI(t *testing.T) {
 	var out, errb bytes.Buffer
 	const cli = `read -r p; read -r s; echo '{"type":"result","subtype":"success"}'; echo '{"type":"result","subtype":"success"}'`
 	code := launchSteered("/bin/sh", []string{"sh", "-c", cli}, os.Environ(), prompt,
-		steerFormats[messages.SteerInputClaude], f.serve(t), &out, &errb)
+		steerFormats[messages.SteerInputClaude], socketClient(t, f.serve(t), relay.ReconnectWindow), &out, &errb)
 	require.Equal(t, 0, code, errb.String())
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -137,7 +160,7 @@ func TestSteeredLaunchClosesTheInputAfterAQuietTurn(t *testing.T) {
 
 func TestSteeredLaunchWithoutASocketStillRuns(t *testing.T) {
 	t.Parallel()
-	out, code, _ := steered(t, filepath.Join(t.TempDir(), "none.sock"))
+	out, code, _ := steeredOn(t, socketClient(t, filepath.Join(t.TempDir(), "none.sock"), 0))
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"type":"result"`)
 }
@@ -203,7 +226,7 @@ func TestExitCodeOfASignalledCLI(t *testing.T) {
 	require.NoError(t, os.WriteFile(prompt, []byte("x"), 0o600))
 	var out, errb bytes.Buffer
 	code := launchSteered("/bin/sh", []string{"sh", "-c", "kill -9 $$"}, os.Environ(), prompt,
-		steerFormats[messages.SteerInputClaude], filepath.Join(t.TempDir(), "none.sock"), &out, &errb)
+		steerFormats[messages.SteerInputClaude], socketClient(t, filepath.Join(t.TempDir(), "none.sock"), 0), &out, &errb)
 	require.Equal(t, 128+9, code)
 }
 
@@ -229,4 +252,41 @@ func TestSteerWrittenDuringTheQuietRestartsIt(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the input stayed open after the silence")
 	}
+}
+
+// The worker is replaced while the agent works on its prompt: the
+// launcher's steer poll waits for the socket, and a steer the new worker
+// hands out reaches the agent as a turn of its own, once. (The launcher
+// re-polled every second before the client waited for its socket: this
+// guards the behaviour rather than shows a change.)
+func TestSteerAfterTheWorkerWasReplaced(t *testing.T) {
+	t.Parallel()
+	f := &fakeWorker{}
+	path := filepath.Join(t.TempDir(), "s.sock")
+	old := f.serveAt(t, path)
+	prompt := filepath.Join(t.TempDir(), "prompt")
+	require.NoError(t, os.WriteFile(prompt, []byte("the task"), 0o600))
+	// A first turn of 3 s, then a turn per line read.
+	const cli = `read -r p; sleep 3; echo '{"type":"result","n":1}'; while read -r l; do printf '{"type":"assistant","got":%s}\n' "$l"; echo '{"type":"result"}'; done`
+	var out, errb bytes.Buffer
+	code := make(chan int, 1)
+	client := socketClient(t, path, relay.ReconnectWindow)
+	go func() {
+		code <- launchSteered("/bin/sh", []string{"sh", "-c", cli}, os.Environ(), prompt,
+			steerFormats[messages.SteerInputClaude], client, &out, &errb)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, old.Close()) // the worker goes; its socket file with it
+	time.Sleep(time.Second)
+	f.mu.Lock()
+	f.steers = []relay.Steer{{ID: "s1", Text: "after the restart"}}
+	f.mu.Unlock()
+	srv := f.serveAt(t, path)
+	t.Cleanup(func() { _ = srv.Close() })
+	require.Equal(t, 0, <-code, errb.String())
+	require.Equal(t, 1, strings.Count(out.String(), `"text":"after the restart"`), out.String())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Equal(t, []relay.SteerAck{{ID: "s1", Delivered: true}}, f.acks)
+	require.True(t, f.closed)
 }

@@ -123,7 +123,9 @@ func SocketDir(t testing.TB) string {
 
 // Bridge runs a bridge (bridge.NewServer) in process, relaying to
 // socketPath, and returns an MCP client session connected to it. Both end
-// with the test.
+// with the test. Its relay client has no reconnect window: a call to a
+// socket nobody serves fails at once, "coordination unavailable" (a test
+// of the reconnect makes its own client: BridgeOn).
 func Bridge(t testing.TB, socketPath string) *mcp.ClientSession {
 	t.Helper()
 	return BridgeWith(t, socketPath, bridge.Options{Version: "test"})
@@ -132,8 +134,16 @@ func Bridge(t testing.TB, socketPath string) *mcp.ClientSession {
 // BridgeWith is Bridge with the bridge's options.
 func BridgeWith(t testing.TB, socketPath string, opts bridge.Options) *mcp.ClientSession {
 	t.Helper()
+	c := relay.NewClientWith(socketPath, relay.ClientOptions{})
+	t.Cleanup(c.Close)
+	return BridgeOn(t, c, opts)
+}
+
+// BridgeOn is BridgeWith relaying through c.
+func BridgeOn(t testing.TB, c *relay.Client, opts bridge.Options) *mcp.ClientSession {
+	t.Helper()
 	st, ct := mcp.NewInMemoryTransports()
-	srv := bridge.NewServer(relay.NewClient(socketPath), opts)
+	srv := bridge.NewServer(c, opts)
 	ctx := context.Background()
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {

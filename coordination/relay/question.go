@@ -195,16 +195,18 @@ func DecodeReplyRequest(data []byte) (ReplyRequest, error) {
 
 // Ask asks r.Question as the socket's run and waits for the answer, up to
 // r.TimeoutSeconds, or r.ReturnAfterSeconds when it is set and shorter
-// (and callTimeout more for the worker to answer).
+// (and callTimeout more for the worker to answer). An ask cut off in
+// flight is not asked again: it fails with ErrInterrupted.
 func (c *Client) Ask(ctx context.Context, r AskRequest) (AskResponse, error) {
 	secs := r.TimeoutSeconds
 	if r.ReturnAfterSeconds > 0 {
 		secs = min(secs, r.ReturnAfterSeconds)
 	}
-	return callFor[AskResponse](ctx, c, http.MethodPost, PathAsk, r, seconds(secs, MaxAskSeconds))
+	return callFor[AskResponse](ctx, c, request{method: http.MethodPost, path: PathAsk, body: r, wait: seconds(secs, MaxAskSeconds)})
 }
 
-// Reply answers a peer's question as the socket's run.
+// Reply answers a peer's question as the socket's run. A reply cut off in
+// flight is not sent again: it fails with ErrInterrupted.
 func (c *Client) Reply(ctx context.Context, r ReplyRequest) (ReplyResponse, error) {
-	return callFor[ReplyResponse](ctx, c, http.MethodPost, PathReply, r, 0)
+	return callFor[ReplyResponse](ctx, c, request{method: http.MethodPost, path: PathReply, body: r})
 }

@@ -18,8 +18,14 @@
 //	POST /v1/ask     AskRequest    → 200 AskResponse, once answered or timed out
 //	POST /v1/reply   ReplyRequest  → 200 ReplyResponse (404 no_question, 409 answered)
 //
-// The package imports only the standard library and the messages package, so
-// the bridge binary stays small and carries no NATS code.
+// While the worker is being replaced (it stopped or died, and its successor
+// on the host serves the run's socket again at the same path), the Client
+// waits for the socket and sends again what is safe to send again, within a
+// bounded window (reconnect.go, ReconnectWindow).
+//
+// The package imports only the standard library, the messages package and
+// the backoff package, so the bridge binary stays small and carries no NATS
+// code.
 package relay
 
 import (
@@ -256,9 +262,13 @@ const (
 	CodeTooLarge = "too_large"
 	// CodeRateLimited: the run sent too many messages too fast.
 	CodeRateLimited = "rate_limited"
-	// CodeUnavailable: the worker cannot reach NATS, or the run's
-	// coordination session has ended.
+	// CodeUnavailable: the worker cannot reach NATS, or the socket holds
+	// too many connections.
 	CodeUnavailable = "unavailable"
+	// CodeSessionEnded: the run's coordination session on this worker has
+	// ended while the call was in flight (the worker is stopping, or
+	// handing the run to another): a successor may serve the socket again.
+	CodeSessionEnded = "session_ended"
 	// CodeConflict: a claimed path overlaps another run's claim (the
 	// message names the holder and since when).
 	CodeConflict = "conflict"
@@ -278,8 +288,9 @@ type ErrorResponse struct {
 }
 
 // ErrUnavailable is matched (errors.Is) by every error that means coordination
-// cannot be reached: the socket is missing or refuses connections, or the
-// worker answered 503 because it cannot reach NATS. Its text, "coordination
+// cannot be reached: the socket is missing or refuses connections (past the
+// client's reconnect window), or the worker answered 503 because it cannot
+// reach NATS or the run's session ended. Its text, "coordination
 // unavailable", starts every such error's message.
 var ErrUnavailable = errors.New("coordination unavailable")
 
@@ -296,9 +307,10 @@ type Error struct {
 // Error returns the worker's message verbatim.
 func (e *Error) Error() string { return e.Message }
 
-// Is reports whether target is ErrUnavailable and e is a 503 reply.
+// Is reports whether target is ErrUnavailable and e is a 503 reply
+// (CodeUnavailable or CodeSessionEnded).
 func (e *Error) Is(target error) bool {
-	return target == ErrUnavailable && e.Code == CodeUnavailable
+	return target == ErrUnavailable && (e.Code == CodeUnavailable || e.Code == CodeSessionEnded)
 }
 
 // InvalidError is returned, wrapped in *Error by the worker, for a request

@@ -178,7 +178,7 @@ func TestClientErrors(t *testing.T) {
 
 func TestClientSocketMissing(t *testing.T) {
 	t.Parallel()
-	c := relay.NewClient("/nonexistent/jetcrew/bridge.sock")
+	c := relay.NewClientWith("/nonexistent/jetcrew/bridge.sock", relay.ClientOptions{})
 	_, err := c.Status(context.Background())
 	require.ErrorIs(t, err, relay.ErrUnavailable)
 	require.Equal(t, "coordination unavailable: cannot reach the worker through /nonexistent/jetcrew/bridge.sock: dial unix /nonexistent/jetcrew/bridge.sock: connect: no such file or directory", err.Error())

@@ -78,6 +78,11 @@ type NoticeRequest struct {
 	// After is the Notice.Seq the caller has seen; the call returns as
 	// soon as the session's Seq is larger, or after WaitSeconds.
 	After uint64 `json:"after"`
+	// Session is the Notice.Session After counts in. When another session
+	// serves the socket now (the run was adopted by another worker, whose
+	// count starts again at 0), After is taken as 0. Empty: the session
+	// serving the socket.
+	Session string `json:"session,omitempty"`
 	// WaitSeconds is how long to wait, 0 to MaxWaitSeconds.
 	WaitSeconds int `json:"wait_seconds,omitempty"`
 }
@@ -86,6 +91,9 @@ type NoticeRequest struct {
 type Notice struct {
 	// Seq counts the steers put in the run's inbox in this session.
 	Seq uint64 `json:"seq"`
+	// Session names the worker's session that counts Seq: an opaque id,
+	// another one for every session that serves the run's socket.
+	Session string `json:"session,omitempty"`
 	// Unread is how many of them the run has not read (an inbox call
 	// counts them read).
 	Unread int `json:"unread"`
@@ -126,18 +134,20 @@ func DecodeNoticeRequest(data []byte) (NoticeRequest, error) {
 // SteerNext returns the steers waiting for the agent's input, waiting up
 // to r.WaitSeconds for one.
 func (c *Client) SteerNext(ctx context.Context, r SteerNextRequest) (SteerNextResponse, error) {
-	return callFor[SteerNextResponse](ctx, c, http.MethodPost, PathSteerNext, r, seconds(r.WaitSeconds, MaxWaitSeconds))
+	return callFor[SteerNextResponse](ctx, c, request{method: http.MethodPost, path: PathSteerNext, body: r,
+		wait: seconds(r.WaitSeconds, MaxWaitSeconds), idempotent: true})
 }
 
 // SteerAck reports whether a steer reached the agent's input.
 func (c *Client) SteerAck(ctx context.Context, a SteerAck) error {
-	return c.call(ctx, http.MethodPost, PathSteerAck, a, nil, callTimeout)
+	return c.call(ctx, request{method: http.MethodPost, path: PathSteerAck, body: a, idempotent: true}, nil)
 }
 
-// Notice waits up to r.WaitSeconds for a steer past r.After to be put in
-// the run's inbox.
+// Notice waits up to r.WaitSeconds for a steer past r.After (counted in
+// session r.Session) to be put in the run's inbox.
 func (c *Client) Notice(ctx context.Context, r NoticeRequest) (Notice, error) {
-	return callFor[Notice](ctx, c, http.MethodPost, PathNotice, r, seconds(r.WaitSeconds, MaxWaitSeconds))
+	return callFor[Notice](ctx, c, request{method: http.MethodPost, path: PathNotice, body: r,
+		wait: seconds(r.WaitSeconds, MaxWaitSeconds), idempotent: true})
 }
 
 // UnreadSteers returns the steers waiting unread in the run's inbox, as
