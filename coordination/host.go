@@ -219,6 +219,12 @@ type RunInfo struct {
 	State messages.State
 	// StartedAt is when the run's container started; zero while queued.
 	StartedAt time.Time
+	// Adopted says the run's container was started by another worker
+	// process, whose session this one takes over (a worker adopting the
+	// run, issue 38): it goes on under the presence session id the
+	// earlier session wrote, so the claims and questions the run made
+	// there stay its own.
+	Adopted bool
 }
 
 func (r RunInfo) validate() error {

@@ -181,6 +181,17 @@ func (s *Session) setUp(ctx context.Context) error {
 	if err := s.steer.start(); err != nil {
 		return err
 	}
+	if c.run.Adopted {
+		p, found, err := c.peer(ctx, c.run.RunID)
+		if err != nil {
+			return err
+		}
+		if found && p.Session != "" {
+			c.mu.Lock()
+			c.presence.Session = p.Session
+			c.mu.Unlock()
+		}
+	}
 	if c.run.Group == c.run.RunID {
 		octx, cancel := c.opContext(ctx)
 		defer cancel()

@@ -145,7 +145,8 @@ func (s *Stage) Adopt(ctx context.Context, req *stage.AdoptRequest, _ *stage.Pre
 	s.dir = req.Dir
 	run := req.Run
 	g := run.Request.GroupRef()
-	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile}
+	info := coordination.RunInfo{RunID: run.ID(), Pool: g.Pool, Group: g.Name, Profile: run.Request.Profile,
+		State: messages.StateRunning, StartedAt: req.State.StartedAt, Adopted: true}
 	s.started = req.State.StartedAt
 	if req.State.BridgeConnected {
 		s.proved.Store(true)
