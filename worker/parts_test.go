@@ -99,8 +99,11 @@ func TestHooksAndMade(t *testing.T) {
 // depends on (docs/operations.md, "Shutdown and drain"): stopped in
 // reverse, fetching stops first, then the warm pool, then the runs in
 // flight are waited for (or handed back), and only then the rest, the
-// workers bucket's key last. The crash and drain tests prove the
-// behaviour; this pins the list they prove it of.
+// workers bucket's key last. Orphaned runs are adopted once fetching runs
+// (the puller runs adopted runs), and the stages' leftovers swept only
+// after that, so an adoptable run's directory is never swept. The crash,
+// drain and adoption tests prove the behaviour; this pins the list they
+// prove it of.
 func TestWorkerPartsOrder(t *testing.T) {
 	t.Parallel()
 	w := &Worker{cfg: Config{ID: "w1", Concurrency: 1}}
@@ -109,7 +112,8 @@ func TestWorkerPartsOrder(t *testing.T) {
 		names = append(names, p.name)
 	}
 	require.Equal(t, []string{
-		"presence", "state directory", "stages", "heartbeat", "reconciler", "sweeper", "dead-letterer",
+		"presence", "state directory", "stages", "heartbeat", "reconciler", "dead-letterer",
 		"cancel listener", "egress proxies", "workspaces", "runs in flight", "warm pool", "fetching",
+		"adoption", "sweeper",
 	}, names)
 }
