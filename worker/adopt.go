@@ -24,31 +24,43 @@ func (w *Worker) adoptOrphans(ctx context.Context) error {
 
 // adopt is the reconciler's hook for a run container it found orphaned
 // (its worker has no heartbeat, or it is this worker's id's from an
-// earlier process): it reports whether to keep the container, because
-// the run was adopted here or another live worker holds it. Before the
-// puller runs (the reconciler's first pass at start), every such
-// container is kept for the adoption pass that follows (adoptOrphans).
-func (w *Worker) adopt(ctx context.Context, c jail.ManagedContainer) (bool, error) {
+// earlier process): it says to keep the container, because the run was
+// adopted here or another live worker holds it; to remove it at once,
+// because the run's record is final; or to leave it to the orphan rules.
+// Before the puller runs (the reconciler's first pass at start), every
+// such container is kept for the adoption pass that follows
+// (adoptOrphans).
+func (w *Worker) adopt(ctx context.Context, c jail.ManagedContainer) (adoptVerdict, error) {
 	if c.State != "running" && c.State != "exited" {
-		return false, nil
+		return orphanRules, nil
 	}
 	if w.pull == nil || !w.pull.accepting() {
-		return true, nil
+		return keepIt, nil
 	}
 	res, err := w.runs.Adopt(ctx, runner.AdoptCandidate{ID: c.ID, Labels: c.Labels}, w.presence.alive, w.pull.spawn)
 	if err != nil {
-		return true, err
+		return keepIt, err
 	}
-	switch res.Verdict {
-	case runner.Adopted:
-		return true, nil
-	case runner.HeldElsewhere:
-		return true, nil
+	if res.Verdict != runner.NotAdoptable {
+		return keepIt, nil
 	}
 	w.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("run_id", c.Labels[jail.LabelRunID]).
 		Str("why", res.Reason).Msg("orphaned run cannot be adopted")
-	return false, nil
+	if res.Ended {
+		return removeIt, nil
+	}
+	return orphanRules, nil
 }
+
+// adoptVerdict is what becomes of a run's container the adopt hook was
+// asked about.
+type adoptVerdict int
+
+const (
+	orphanRules adoptVerdict = iota // not adopted: the orphan rules (the grace) decide
+	keepIt                          // adopted here, or held by a live worker
+	removeIt                        // its run ended: removed at once
+)
 
 // mountedUnder reports whether a jetcrew container on the engine, of any
 // installation and in any state, bind-mounts a path under dir (a run

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -123,3 +124,59 @@ func TestLeaveAndAdopt(t *testing.T) {
 		})
 	}
 }
+
+// TestWhileNoWorkerHoldsTheRun: what reaches a run while its worker is
+// gone is carried out once a successor finds it. A run whose timeout
+// passed meanwhile is adopted and times out at once, in its first
+// attempt (its deadline counts from its start, not from the adoption); a
+// run a cancel finalised meanwhile (answered by a worker on another
+// engine) has its container removed at once, its request acknowledged.
+func TestWhileNoWorkerHoldsTheRun(t *testing.T) {
+	t.Parallel()
+	rig := newAdoptRig(t)
+	b := &rig.bundle
+	w1 := rig.start(t, "w1")
+	late, cancelled := "late-"+ulidLike(), "cancelled-"+ulidLike()
+	b.submit(t, messages.RunRequest{ID: late, Profile: "shell", Prompt: "out started;sleep 1h", Timeout: messages.Duration(2 * time.Second)})
+	b.submit(t, messages.RunRequest{ID: cancelled, Profile: "shell", Prompt: "out started;sleep 1h"})
+	for _, id := range []string{late, cancelled} {
+		require.Eventually(t, func() bool { st, ok := b.state(t, id); return ok && st.State == messages.StateRunning },
+			10*time.Second, 20*time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, w1.Leave(ctx))
+
+	// A worker on another engine answers the cancel: the run is recorded
+	// cancelled, its container (on the first engine) left as it is.
+	other := workertest.NewTestRuntime(t)
+	w3, err := worker.New(b.nc, worker.Config{StateDir: workertest.StateDir(t), BridgePath: rig.bridge, ID: "w3", Runtime: other,
+		Concurrency: 1, FetchWait: time.Second, Provision: worker.ProvisionConfig{AckWait: 3 * time.Second}})
+	require.NoError(t, err)
+	require.NoError(t, w3.Start(context.Background()))
+	t.Cleanup(func() { _ = w3.Stop(context.Background()) })
+	resp, err := b.nc.Request(messages.SubjectCancel(cancelled), nil, 10*time.Second)
+	require.NoError(t, err)
+	var reply messages.CancelReply
+	require.NoError(t, json.Unmarshal(resp.Data, &reply))
+	require.Equal(t, messages.StateCancelled, reply.State, reply.Message)
+	time.Sleep(2500 * time.Millisecond) // the other run's timeout passes
+
+	rig.start(t, "w2")
+	st := b.waitFinal(t, late)
+	require.Equal(t, messages.StateTimedOut, st.State, st.Reason)
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, 1, st.Adoptions)
+	require.Equal(t, "w2", st.Worker)
+	require.Eventually(t, func() bool { return b.rt.Live() == 0 }, 10*time.Second, 20*time.Millisecond,
+		"the timed-out run's container is stopped, the cancelled run's removed")
+	st = b.waitFinal(t, cancelled)
+	require.Equal(t, messages.StateCancelled, st.State)
+	require.Equal(t, 0, st.Adoptions)
+	require.Len(t, b.rt.Starts(), 2, "no run's container was started again")
+	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamRuns) == 0 }, 20*time.Second, 50*time.Millisecond,
+		"both requests are acknowledged")
+}
+
+// ulidLike returns a fresh, unique token for a run id.
+func ulidLike() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }

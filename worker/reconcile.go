@@ -34,7 +34,7 @@ type reconciler struct {
 	// adopt, when set, is asked about a run's container found orphaned
 	// before it is removed: it reports whether to keep it (the run was
 	// adopted, or another live worker holds it; Worker.adopt).
-	adopt func(ctx context.Context, c jail.ManagedContainer) (bool, error)
+	adopt func(ctx context.Context, c jail.ManagedContainer) (adoptVerdict, error)
 	reconcileSettings
 	loop
 }
@@ -94,12 +94,15 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		case keep:
 			continue
 		case adoptOnly:
-			rc.adoptable(ctx, c)
-			continue
+			if rc.adoptable(ctx, c) != removeIt {
+				continue
+			}
+			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("run_id", c.Labels[jail.LabelRunID]).
+				Msg("removing the container of a run that ended while no worker held it")
 		case orphanNow:
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
 		case orphan:
-			if rc.adoptable(ctx, c) {
+			if rc.adoptable(ctx, c) == keepIt {
 				continue
 			}
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("state", c.State).
@@ -113,18 +116,18 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 }
 
 // adoptable asks the adopt hook about c, a run's container found
-// orphaned: true keeps it (an error of the hook too, logged: the next
-// pass asks again).
-func (rc *reconciler) adoptable(ctx context.Context, c jail.ManagedContainer) bool {
+// orphaned; an error of the hook keeps it (logged: the next pass asks
+// again).
+func (rc *reconciler) adoptable(ctx context.Context, c jail.ManagedContainer) adoptVerdict {
 	if rc.adopt == nil || !isRunContainer(c.Labels) {
-		return false
+		return orphanRules
 	}
-	keep, err := rc.adopt(ctx, c)
+	v, err := rc.adopt(ctx, c)
 	if err != nil {
 		rc.log.Warn().Err(err).Str("run_id", c.Labels[jail.LabelRunID]).Msg("adopt an orphaned run; trying again")
-		return true
+		return keepIt
 	}
-	return keep
+	return v
 }
 
 // reconcileVolumes removes this installation's volumes by the rules of

@@ -49,6 +49,10 @@ type AdoptResult struct {
 	Verdict AdoptVerdict
 	// Reason says why a container is not adoptable.
 	Reason string
+	// Ended is set, with NotAdoptable, when the run's record is final
+	// (it ended, or a cancel finalised it while no worker held it): its
+	// container serves nothing and goes at once.
+	Ended bool
 }
 
 // containerAdopter is what Adopt uses of the runtime: one that can take
@@ -75,7 +79,7 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 	if runID == "" {
 		return notAdoptable("no run id on its labels"), nil
 	}
-	if h := e.live.get(runID); h != nil && (h.adoptedFrom != "" || h.ctl.current() != nil) {
+	if e.Holds(runID) {
 		// Live here. (A delivery of its request being decided is not:
 		// the record's compare-and-set settles which of the two holds
 		// the run.)
@@ -102,6 +106,10 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 	return res, nil
 }
 
+// holdsContainer reports whether r holds its run's container: it started
+// it, or adopted the run.
+func holdsContainer(r *run) bool { return r.adoptedFrom != "" || r.ctl.current() != nil }
+
 // notAdoptable returns the verdict NotAdoptable for reason.
 func notAdoptable(reason string) AdoptResult {
 	return AdoptResult{Verdict: NotAdoptable, Reason: reason}
@@ -111,6 +119,8 @@ func notAdoptable(reason string) AdoptResult {
 // recorded as st, and that no live worker holds it.
 func (e *Runner) proveOwnership(ctx context.Context, c AdoptCandidate, st messages.RunState, alive func(context.Context, string) (bool, error)) (AdoptResult, bool) {
 	switch {
+	case st.State.Final():
+		return AdoptResult{Verdict: NotAdoptable, Ended: true, Reason: fmt.Sprintf("the run is %s", st.State)}, false
 	case st.State != messages.StateRunning:
 		return notAdoptable(fmt.Sprintf("the run is %s, not running", st.State)), false
 	case st.ContainerID != c.ID:

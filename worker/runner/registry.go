@@ -95,8 +95,13 @@ func (g *registry) get(id string) *run {
 	return nil
 }
 
-// Holds reports whether this worker holds run id live.
-func (e *Runner) Holds(id string) bool { return e.live.get(id) != nil }
+// Holds reports whether this worker holds run id live: it started the
+// run's container, or adopted the run. A delivery of its request being
+// decided (tracked before it claims) does not hold it.
+func (e *Runner) Holds(id string) bool {
+	r := e.live.get(id)
+	return r != nil && holdsContainer(r)
+}
 
 // askHolder asks the worker holding run id whether it holds it live
 // (messages.SubjectHoldPrefix); false when none answers in time.
