@@ -180,3 +180,50 @@ func TestWhileNoWorkerHoldsTheRun(t *testing.T) {
 
 // ulidLike returns a fresh, unique token for a run id.
 func ulidLike() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
+
+// TestSuccessorsRace: two workers start on the engine of a worker that
+// left three runs: each run is adopted exactly once (one adopted event,
+// adoptions 1), by one of them, and ends once; and a run the first of
+// them started itself meanwhile is never touched by the other, whose
+// reconciler passes while it runs.
+func TestSuccessorsRace(t *testing.T) {
+	t.Parallel()
+	rig := newAdoptRig(t)
+	b := &rig.bundle
+	w1 := rig.start(t, "w1")
+	var ids []string
+	for i := range 3 {
+		id := fmt.Sprintf("race-%d-%s", i, ulidLike())
+		ids = append(ids, id)
+		b.submit(t, messages.RunRequest{ID: id, Profile: "shell", Prompt: "out a;sleep 2s;out b"})
+	}
+	for _, id := range ids {
+		require.Eventually(t, func() bool { st, ok := b.state(t, id); return ok && st.State == messages.StateRunning },
+			10*time.Second, 20*time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, w1.Leave(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); rig.start(t, "w3") }()
+	rig.start(t, "w2")
+	<-done
+	own := "own-" + ulidLike()
+	// It lasts past both workers' second pass (messages.WorkerTTL + 2 s
+	// after their start), where each sees the other's run.
+	b.submit(t, messages.RunRequest{ID: own, Profile: "shell", Prompt: "out mine;sleep " + (messages.WorkerTTL + 4*time.Second).String()})
+	for _, id := range ids {
+		st := b.waitFinal(t, id)
+		require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+		require.Equal(t, 1, st.Attempts)
+		require.Equal(t, 1, st.Adoptions)
+		require.Contains(t, []string{"w2", "w3"}, st.Worker)
+		evs := b.events(t, id)
+		adoptedEvent(t, evs)
+		require.Equal(t, "a\nb\n", output(evs, messages.StreamStdout))
+	}
+	st := b.waitFinal(t, own)
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, 0, st.Adoptions, "a live worker's run is never adopted")
+	require.Len(t, b.rt.Starts(), 4)
+}

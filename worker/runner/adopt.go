@@ -283,7 +283,7 @@ func (r adoption) takeOver(ctx context.Context, containerID string) (prepared, s
 		out:    newOutputPublisher(e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, int(r.meta.NumDelivered)),
 	}
 	s.out.budget = p.prof.MaxOutputBytes()
-	seq, ends, err := lastOutput(ctx, e.cfg.JS, r.req.ID, r.rec.st.Attempts)
+	seq, ends, err := lastOutput(ctx, e.cfg.JS, r.req.ID, r.meta.Sequence.Stream, r.rec.st.Attempts)
 	if err != nil {
 		return p, s, fmt.Errorf("read the run's last output: %w", err)
 	}
@@ -351,10 +351,12 @@ func (r adoption) adoptStages(ctx context.Context, c jail.Container, found jail.
 }
 
 // lastOutput returns where the run's output stood in its last stored
-// output event of attempt: the event's messages.HeaderSeq and each
-// stream's end (messages.HeaderOutputEnds); zeros when the attempt
-// published none.
-func lastOutput(ctx context.Context, js jetstream.JetStream, runID string, attempt int) (uint64, [2]int64, error) {
+// output event of attempt of the request at stream sequence reqSeq: the
+// event's messages.HeaderSeq and each stream's end
+// (messages.HeaderOutputEnds); zeros when that attempt published none
+// (the last output event is of an earlier attempt, or request: its
+// message id, outputPublisher's, says which).
+func lastOutput(ctx context.Context, js jetstream.JetStream, runID string, reqSeq uint64, attempt int) (uint64, [2]int64, error) {
 	var ends [2]int64
 	stream, err := js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
@@ -367,8 +369,9 @@ func lastOutput(ctx context.Context, js jetstream.JetStream, runID string, attem
 	case err != nil:
 		return 0, ends, err
 	}
-	if m.Header.Get(messages.HeaderAttempt) != strconv.Itoa(attempt) {
-		return 0, ends, nil // an earlier attempt's
+	prefix := "out-" + runID + "-" + strconv.FormatUint(reqSeq, 10) + "-" + strconv.Itoa(attempt) + "-"
+	if !strings.HasPrefix(m.Header.Get(jetstream.MsgIDHeader), prefix) {
+		return 0, ends, nil // an earlier attempt's, or request's
 	}
 	seq, err := strconv.ParseUint(m.Header.Get(messages.HeaderSeq), 10, 64)
 	if err != nil {
