@@ -222,7 +222,9 @@ func TestSuccessorsRace(t *testing.T) {
 		adoptedEvent(t, evs)
 		require.Equal(t, "a\nb\n", output(evs, messages.StreamStdout))
 	}
-	st := b.waitFinal(t, own)
+	var st messages.RunState
+	require.Eventually(t, func() bool { var ok bool; st, ok = b.state(t, own); return ok && st.State.Final() },
+		60*time.Second, 50*time.Millisecond)
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
 	require.Equal(t, 0, st.Adoptions, "a live worker's run is never adopted")
 	require.Len(t, b.rt.Starts(), 4)
