@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
@@ -157,11 +159,16 @@ func newRunDetail(st messages.RunState) runDetail {
 	return d
 }
 
-// attemptsText says a run's attempts and replays: "2, replayed 1×".
+// attemptsText says a run's attempts, replays and adoptions: "2,
+// replayed 1×, adopted 1×" (an adoption is no new attempt: a worker took
+// the live container over from one that stopped or died).
 func attemptsText(st messages.RunState) string {
 	s := strconv.Itoa(st.Attempts)
 	if st.Replays > 0 {
 		s += ", replayed " + strconv.Itoa(st.Replays) + "×"
+	}
+	if st.Adoptions > 0 {
+		s += ", adopted " + strconv.Itoa(st.Adoptions) + "×"
 	}
 	return s
 }
@@ -231,6 +238,9 @@ func toLive(ev dispatcher.WatchEvent, carry map[string][]byte) (string, liveEven
 		}
 		if e.Warm && ev.Type == messages.EventStarted {
 			le.Text = joinText(le.Text, "in a warm container")
+		}
+		if ev.Type == messages.EventAdopted {
+			le.Text = visible(fmt.Sprintf("from %s, after %s unwatched", e.AdoptedFrom, (time.Duration(e.GapMS) * time.Millisecond).Round(10*time.Millisecond)))
 		}
 	}
 	return "event", le

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
 )
 
@@ -54,4 +55,20 @@ func TestRunPageLiveCarriesFinalFields(t *testing.T) {
 	for _, id := range []string{"exit-code", "started", "finished", "output-bytes", "attempts", "worker", "result", "receipt"} {
 		require.Contains(t, body, `id="`+id+`"`)
 	}
+}
+
+// Issue 38: a run adopted by a successor of its worker says so: its
+// attempts ("1, adopted 1×", the same attempt), on the page and live, and
+// its adopted event (from which worker, after how long unwatched).
+func TestRunPageAdopted(t *testing.T) {
+	t.Parallel()
+	st := messages.RunState{ID: "adopted-1", State: messages.StateRunning, Attempts: 1, Adoptions: 1}
+	require.Equal(t, "1, adopted 1×", attemptsText(st))
+	st.Replays = 2
+	require.Equal(t, "1, replayed 2×, adopted 1×", attemptsText(st))
+	name, le := toLive(dispatcher.WatchEvent{Type: messages.EventAdopted,
+		Event: messages.Event{RunID: "adopted-1", Type: messages.EventAdopted, Worker: "w-2", AdoptedFrom: "w-1", GapMS: 1234}}, nil)
+	require.Equal(t, "event", name)
+	require.Equal(t, "w-2", le.Kind)
+	require.Equal(t, "from w-1, after 1.23s unwatched", le.Text)
 }
