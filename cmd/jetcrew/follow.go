@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/jetcrew/jetcrew/dispatcher"
 	"github.com/jetcrew/jetcrew/messages"
@@ -137,6 +138,9 @@ func describeEvent(ev dispatcher.WatchEvent) string {
 		if ev.FromState {
 			b.WriteString(" [from the run's state: its finished event is gone]")
 		}
+	case messages.EventAdopted:
+		fmt.Fprintf(&b, ": attempt %d goes on on worker %s, taken over from %s after %s unwatched",
+			max(e.Attempt, ev.Attempt), e.Worker, e.AdoptedFrom, (time.Duration(e.GapMS) * time.Millisecond).Round(10*time.Millisecond))
 	case messages.EventDuplicate, messages.EventCancel:
 		if e.Reason != "" {
 			b.WriteString(": " + e.Reason)

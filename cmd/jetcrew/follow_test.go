@@ -27,6 +27,9 @@ func TestDescribeEvent(t *testing.T) {
 		{"finished warm says its outcome alone", dispatcher.WatchEvent{Type: messages.EventFinished,
 			Event: messages.Event{State: messages.StateSucceeded, Warm: true}},
 			"finished: succeeded"},
+		{"adopted", dispatcher.WatchEvent{Type: messages.EventAdopted, Attempt: 1,
+			Event: messages.Event{Worker: "w2", AdoptedFrom: "w1", GapMS: 2345}},
+			"adopted: attempt 1 goes on on worker w2, taken over from w1 after 2.35s unwatched"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
