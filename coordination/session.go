@@ -191,6 +191,9 @@ func (s *Session) setUp(ctx context.Context) error {
 			c.presence.Session = p.Session
 			c.mu.Unlock()
 		}
+		// What the run claimed under its earlier session is its own:
+		// released with the run, as this session's claims are.
+		s.claims.claimed.Store(true)
 	}
 	if c.run.Group == c.run.RunID {
 		octx, cancel := c.opContext(ctx)

@@ -142,11 +142,11 @@ func eventStrings(kinds []coordination.EventKind) []string {
 	return out
 }
 
-// A claim's holder whose worker is killed with kill -9: once another worker
-// takes the run's lease over (its redelivery), the killed attempt's claim
-// no longer holds. The new attempt's agent claims again, as its own
-// session, and nothing of the first session's claim is left.
-func TestClaimGoneWhenLeaseTakenOver(t *testing.T) {
+// A claim's holder whose worker is killed with kill -9: the next worker
+// adopts the run (issue 38), and the claim is kept across the adoption,
+// not released and taken again: the same claim, of the same session, held
+// by the run's first attempt throughout; it goes when the run ends.
+func TestClaimKeptAcrossAdoption(t *testing.T) {
 	requireAgentsImage(t)
 	s := workertest.StartServer(t)
 	url := s.ClientURL()
@@ -163,6 +163,7 @@ func TestClaimGoneWhenLeaseTakenOver(t *testing.T) {
 	require.Eventually(t, func() bool { first = groupClaims(t, js, g); return len(first) == 1 }, time.Minute, 100*time.Millisecond,
 		"the claim never showed\n%s", doomed.stderr.String())
 
+	before := waitRunning(t, url, id)
 	require.NoError(t, doomed.cmd.Process.Kill())
 	doomed.wait(t, 30*time.Second)
 	// Nobody holds the lease yet: the claim stays (its holder's container
@@ -170,15 +171,23 @@ func TestClaimGoneWhenLeaseTakenOver(t *testing.T) {
 	require.Equal(t, first, groupClaims(t, js, g))
 
 	fresh := startOpsWorker(t, url, "claims-fresh", nil, flags...)
-	var now []messages.CoordClaim
-	require.Eventually(t, func() bool {
-		now = groupClaims(t, js, g)
-		return len(now) == 1 && now[0].Session != first[0].Session
-	}, 2*time.Minute, 100*time.Millisecond, "the killed attempt's claim stayed: %+v\n%s", now, fresh.stderr.String())
-	require.Equal(t, id, now[0].RunID)
-	require.Equal(t, "docs/**", now[0].Pattern)
-	st := waitRunning(t, url, id)
-	require.GreaterOrEqual(t, st.Attempts, 2, "a later attempt holds it")
+	st := waitState(t, url, id, func(st messages.RunState) bool { return st.Adoptions == 1 })
+	require.Equal(t, messages.StateRunning, st.State)
+	require.Equal(t, before.Attempts, st.Attempts, "the attempt goes on")
+	require.Equal(t, "claims-fresh", st.Worker)
+	// A claim holds while its session is its run's presence's
+	// (messages.CoordClaims): the adopted run's presence goes on under the
+	// session that made it.
+	time.Sleep(2 * time.Second)
+	require.Equal(t, first, groupClaims(t, js, g), "the claim is kept across the adoption\n%s", fresh.stderr.String())
+	peers, err := js.KeyValue(t.Context(), coordination.BucketPeers)
+	require.NoError(t, err)
+	e, err := peers.Get(t.Context(), coordination.PeerKey(coordtest.Group(g), id))
+	require.NoError(t, err)
+	var p coordination.Presence
+	require.NoError(t, json.Unmarshal(e.Value(), &p))
+	require.Equal(t, first[0].Session, p.Session, "the adopted run's presence keeps its session")
+	require.Equal(t, messages.StateRunning, p.State)
 
 	r := run(t, url, jetcrewBin, "cancel", id)
 	require.Equal(t, 0, r.code, r.stderr)
