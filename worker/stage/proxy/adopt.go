@@ -26,8 +26,12 @@ import (
 // workers, and its own budgets count what was spent before (a run's
 // grants, cumulative, are applied before its first request here). A
 // budget the record says the run reached ends it failed, as it would
-// have. The in-jail relay reconnects on its own; an answer to egress_ask
-// given for the run only is asked again.
+// have. A worker that left the run settled its requests in flight into
+// the record (Release); one that died wrote the usage at most
+// CheckEvery before it died: what it counted after, and its requests in
+// flight, are missing from the run's own totals (its shared budgets hold
+// them: sharedBudgets). The in-jail relay reconnects on its own; an
+// answer to egress_ask given for the run only is asked again.
 //
 // With injections, the container trusts the egress CA staged in its run
 // directory: a run whose staged CA certificate is not this worker's
