@@ -314,7 +314,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	t.Cleanup(func() { _ = rt.Close() })
 	cfg := worker.Config{
 		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 4,
-		BridgePath: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
+		BridgePath:          filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
 		FetchWait:           2 * time.Second,
 		EgressRestartDelay:  time.Second,
 		EgressCADir:         t.TempDir(),
