@@ -92,6 +92,13 @@ type meterBundle struct {
 
 func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config)) *meterBundle {
 	t.Helper()
+	return meterSetupCarried(t, h, m, nil, mods...)
+}
+
+// meterSetupCarried is meterSetup for a session that goes on from c (nil:
+// a fresh one), carried before it serves.
+func meterSetupCarried(t *testing.T, h http.Handler, m Metering, c *Carried, mods ...func(*Config)) *meterBundle {
+	t.Helper()
 	srv := httptest.NewTLSServer(h)
 	t.Cleanup(srv.Close)
 	p := port(t, srv.URL)
@@ -109,12 +116,15 @@ func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config))
 	for _, mod := range mods {
 		mod(&cfg)
 	}
-	sess, err := Open(cfg,
+	sess, err := New(cfg,
 		"run1", policy.Must("example.com:"+p, "127.0.0.1:"+p), mb.path,
 		Injection{Name: "example.com", Port: atoi(t, p), Header: "x-api-key", Value: "sk-secret"})
 	require.NoError(t, err)
 	t.Cleanup(func() { sess.Close() })
 	mb.sess = sess
+	if c != nil {
+		sess.Carry(*c)
+	}
 	m.Publish = func(ev messages.UsageEvent) {
 		mb.mu.Lock()
 		mb.usage = append(mb.usage, ev)
@@ -126,6 +136,7 @@ func meterSetup(t *testing.T, h http.Handler, m Metering, mods ...func(*Config))
 		mb.mu.Unlock()
 	}
 	sess.Meter(m)
+	require.NoError(t, sess.Serve())
 	mb.client = mb.bundle.client()
 	trust := x509.NewCertPool()
 	require.True(t, trust.AppendCertsFromPEM(caPEM))

@@ -46,6 +46,7 @@ type Session struct {
 
 	mu       sync.Mutex
 	srv      *http.Server
+	served   bool // Serve started the supervisor
 	closed   bool
 	restarts int
 	up       chan struct{} // closed while a listener serves; replaced on restart
@@ -55,10 +56,26 @@ type Session struct {
 
 // Open starts the egress proxy of run runID on the unix socket at path
 // (mode 0666, in a directory only the run's container mounts), allowing
-// what allow lists and setting the injections' headers. It returns an
-// error when the socket cannot be made, for a negative bound in cfg, or for
-// an injection without a CA or whose host the policy does not list.
+// what allow lists and setting the injections' headers: New, then Serve.
+// It returns New's errors, and an error when the socket cannot be made.
 func Open(cfg Config, runID string, allow policy.Policy, path string, inject ...Injection) (*Session, error) {
+	s, err := New(cfg, runID, allow, path, inject...)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Serve(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New makes the egress proxy of run runID, to be served on the unix
+// socket at path, allowing what allow lists and setting the injections'
+// headers, without serving it yet: what must be in place before the
+// run's first connection (Meter, AskFor, Carry) is set before Serve. It
+// returns an error for a negative bound in cfg, or for an injection
+// without a CA or whose host the policy does not list.
+func New(cfg Config, runID string, allow policy.Policy, path string, inject ...Injection) (*Session, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -89,12 +106,29 @@ func Open(cfg Config, runID string, allow policy.Policy, path string, inject ...
 	s.lim = connlimit.New(cfg.MaxConns, reply, func() {
 		s.events.record(messages.EgressEvent{Time: time.Now().UTC(), Reason: reason})
 	})
+	return s, nil
+}
+
+// Serve opens the session's unix socket (a stale one at its path is
+// replaced) and serves it until Close, reopening it when it fails
+// (supervise). It returns an error when the socket cannot be made, or
+// when the session was closed or is served already.
+func (s *Session) Serve() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errors.New("egress: the session is closed")
+	case s.served:
+		return errors.New("egress: the session is served already")
+	}
 	l, err := s.listen()
 	if err != nil {
-		return nil, err
+		return err
 	}
+	s.served = true
 	go s.supervise(l)
-	return s, nil
+	return nil
 }
 
 // injections returns the injections by "name:port", their names
@@ -241,19 +275,23 @@ func (s *Session) Totals() messages.EgressTotals { return s.events.totals() }
 const closeWait = 5 * time.Second
 
 // Close stops the session: the listener, every open connection and the
-// supervisor, and removes the socket. It waits (up to 5s) until every
+// supervisor, and removes the socket (of a session served). It waits (up to 5s) until every
 // connection it cut has been recorded, closes the idle connections to
 // hosts, cuts the answers the proxy was reading to their end for a run
 // that left them (each then charged its reservation), waits for the model
 // usage being added to shared budgets (each addition bounded by 30s), and
-// returns the final totals. Safe to call twice.
+// returns the final totals. Safe to call twice, and on a session never
+// served.
 func (s *Session) Close() messages.EgressTotals {
 	s.mu.Lock()
 	s.closed = true
+	served := s.served
 	s.mu.Unlock()
 	s.Kill()
-	<-s.done
-	_ = os.Remove(s.path)
+	if served {
+		<-s.done
+		_ = os.Remove(s.path)
+	}
 	s.events.waitEnded(closeWait)
 	s.meter.stop() // the drains of answers the agent left end with it
 	s.proxy.Tr.CloseIdleConnections()

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -216,6 +217,10 @@ type egressEnv struct {
 	natsPort int
 	// certPEM is the provider's certificate.
 	certPEM string
+	// cfg is w's configuration and nc its connection, for a successor
+	// (startSuccessor).
+	cfg worker.Config
+	nc  *nats.Conn
 }
 
 // startEgressWorker starts the provider, a NATS server and a worker whose
@@ -307,9 +312,9 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 	rt, err := docker.New(context.Background(), docker.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = rt.Close() })
-	w, err := worker.New(nc, worker.Config{
+	cfg := worker.Config{
 		ID: "egress-" + hex.EncodeToString([]byte(t.Name()))[:8], Runtime: rt, Profiles: profiles, Concurrency: 4,
-		StateDir: workertest.StateDir(t), BridgePath: filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
+		BridgePath:          filepath.Join(filepath.Dir(jetcrewBin), "jetcrew-bridge"),
 		FetchWait:           2 * time.Second,
 		EgressRestartDelay:  time.Second,
 		EgressCADir:         t.TempDir(),
@@ -324,7 +329,20 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		EgressProbeOutside: provider.String() + ":443",
 		EgressProbePorts:   []int{port},
 		Prices:             o.prices,
-	})
+	}
+	e := egressEnv{js: js, url: srv.ClientURL(), provider: provider, gateway: gateway, natsPort: port, certPEM: p.certPEM, cfg: cfg, nc: nc}
+	e.w = e.startSuccessor(t, cfg.ID)
+	return e
+}
+
+// startSuccessor starts worker id with e's configuration (its egress CA
+// included) and another state directory, as a worker restarted on e's
+// engine, and waits for its egress proof.
+func (e egressEnv) startSuccessor(t *testing.T, id string) *worker.Worker {
+	t.Helper()
+	cfg := e.cfg
+	cfg.ID, cfg.StateDir = id, workertest.StateDir(t)
+	w, err := worker.New(e.nc, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() {
@@ -333,7 +351,7 @@ egress = ["%[1]s.provider.test:443", "%[1]s.provider.test:80", "%[3]s:443", "%[3
 		_ = w.Stop(ctx)
 	})
 	require.Eventually(t, w.Ready, 60*time.Second, 50*time.Millisecond, "the egress proof never passed")
-	return egressEnv{w: w, js: js, url: srv.ClientURL(), provider: provider, gateway: gateway, natsPort: port, certPEM: p.certPEM}
+	return w
 }
 
 // submit publishes a run request.

@@ -534,7 +534,9 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 // running, to a successor that adopts it: the stages' latest parts of
 // the record (usage, the bridge) are written, so the successor goes on
 // from them, and each stage gives up what lives in this process only
-// (stage.ReleaseRequest.Leave). The request is neither acknowledged nor
+// (stage.ReleaseRequest.Leave). The record is written again after the
+// releases: what a stage settled as it let go (the egress proxy's
+// requests in flight) is in it. The request is neither acknowledged nor
 // handed back: the successor holds it on the run's lease.
 func (r *run) leave(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runstate.OpMaxElapsed)
@@ -542,7 +544,9 @@ func (r *run) leave(ctx context.Context) {
 	if err := r.rec.put(ctx); err != nil {
 		r.log.Warn().Err(err).Msg("record the run before leaving it")
 	}
+	released := false
 	r.releaseOnce.Do(func() {
+		released = true
 		req := stage.ReleaseRequest{Run: r.sr, Leave: true}
 		for _, s := range slices.Backward(r.stages) {
 			if rel, ok := s.(stage.Releaser); ok {
@@ -550,6 +554,11 @@ func (r *run) leave(ctx context.Context) {
 			}
 		}
 	})
+	if released {
+		if err := r.rec.put(ctx); err != nil {
+			r.log.Warn().Err(err).Msg("record the run as it was left")
+		}
+	}
 	r.log.Info().Msg("run left running for a successor to adopt")
 }
 

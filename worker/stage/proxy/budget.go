@@ -91,7 +91,16 @@ type scoped struct {
 // an operator granted the group (messages.GrantKey). A worker that dies
 // with a request in flight leaves that request's reservation in its
 // window's key until the window ends (jetcrew budget --group can make up
-// for it).
+// for it): the request stays counted and its worst case held, so the
+// budget counts more than was spent, never less.
+//
+// A run adopted by another worker (Stage.Adopt) keeps what it spent in
+// these keys, added by the worker that spent it; the adopter adds only
+// what is spent under it (the run's record seeds its own totals, never
+// these keys) and settles only what it reserved itself, so nothing is
+// counted twice or given back twice. A worker that leaves the run
+// (SIGUSR2) settles its requests in flight as it goes (Release); one that
+// dies leaves their reservations, as above.
 type sharedBudgets struct {
 	store  *budgetStore
 	scopes []scoped

@@ -129,16 +129,22 @@ egress_inject = [{ host = "example.com:%[1]s", header = "x-api-key", from_env = 
 	run := &stage.Run{Request: messages.RunRequest{ID: id, Pool: pool, Group: group, Profile: "metered"}, Profile: &prof}
 	s := &Stage{p: p, sess: sess}
 	s.meter(run, []egress.Injection{{Name: "example.com", Port: port, Header: "x-api-key", Value: "sk"}})
+	return meteredRun{s: s, client: trustingClient(t, sock, caPEM), url: "https://example.com:" + prov.port + "/v1/messages"}
+}
+
+// trustingClient is an HTTP client of a run whose proxy is the egress
+// socket sock, trusting the egress CA caPEM.
+func trustingClient(t *testing.T, sock string, caPEM []byte) *http.Client {
+	t.Helper()
 	trust := x509.NewCertPool()
 	require.True(t, trust.AppendCertsFromPEM(caPEM))
-	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy:3128"}),
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 		TLSClientConfig: &tls.Config{RootCAs: trust},
 	}}
-	return meteredRun{s: s, client: c, url: "https://example.com:" + prov.port + "/v1/messages"}
 }
 
 // post sends one model request and returns its status.

@@ -49,7 +49,7 @@ func (p *Proxies) loadCA() error {
 	if err != nil {
 		return err
 	}
-	p.ecfg.CA, p.caPEM = ca, certPEM
+	p.ecfg.CA, p.caPEM, p.caDir = ca, certPEM, dir
 	p.cfg.Log.Info().Str("dir", dir).Msg("egress CA loaded")
 	return nil
 }

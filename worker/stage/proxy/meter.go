@@ -177,8 +177,8 @@ func (s *Stage) Check(time.Time) (*stage.Stop, bool) {
 	_, paused := s.sess.Paused()
 	changed := u != s.seen || paused != s.wasPaused || egressChanged
 	s.seen, s.wasPaused = u, paused
-	if b, ok := s.sess.Reached(); ok {
-		return &stage.Stop{State: messages.StateFailed, Reason: b.String()}, changed
+	if b, ok := s.reached(); ok {
+		return &stage.Stop{State: messages.StateFailed, Reason: b}, changed
 	}
 	return nil, changed
 }
@@ -225,7 +225,7 @@ func (s *Stage) Exited(_ context.Context, req *stage.ExitedRequest, resp *stage.
 	if !s.metered || !req.Final {
 		return
 	}
-	if b, ok := s.sess.Reached(); ok {
-		resp.Fail, resp.Reason = true, b.String()
+	if b, ok := s.reached(); ok {
+		resp.Fail, resp.Reason = true, b
 	}
 }

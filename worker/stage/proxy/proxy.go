@@ -75,8 +75,9 @@ type Proxies struct {
 	ecfg    egress.Config
 	metrics *usageMetrics
 	// caPEM is the egress CA's certificate, for profiles with
-	// egress_inject; nil when none has.
+	// egress_inject; nil when none has. caDir is its directory.
 	caPEM []byte
+	caDir string
 	// proved is closed when the proof has an outcome; err is its failure.
 	proved chan struct{}
 	err    error
@@ -240,6 +241,9 @@ type Stage struct {
 	pausedSince time.Time
 	grant       messages.BudgetSpend
 	wasPaused   bool
+	// reachedBefore is the budget an adopted run's record says it
+	// reached before the adoption ("": none).
+	reachedBefore string
 }
 
 // The hooks Stage implements, declared so that a signature drifting from
@@ -247,6 +251,7 @@ type Stage struct {
 // holds this list to exactly the hooks implemented).
 var (
 	_ stage.Prestarter = (*Stage)(nil)
+	_ stage.Adopter    = (*Stage)(nil)
 	_ stage.Checker    = (*Stage)(nil)
 	_ stage.Exiter     = (*Stage)(nil)
 	_ stage.Noter      = (*Stage)(nil)
@@ -280,24 +285,44 @@ func (s *Stage) Prestart(ctx context.Context, req *stage.PrestartRequest, resp *
 			return err
 		}
 	}
-	sess, err := egress.Open(s.p.ecfg, req.Run.ID(), prof.EgressPolicy(), filepath.Join(req.Dir.Path(), profile.EgressSocketName), inj...)
+	if err := s.open(ctx, req.Run, req.Dir.Path(), inj, nil); err != nil {
+		return err
+	}
+	resp.Env = append(resp.Env, Env(prof)...)
+	return nil
+}
+
+// open opens the run's egress session on the socket in dir with the
+// profile's policy and injections inj: metered when inj has any, with the
+// profile's egress_ask, going on from carried when set (an adopted run).
+// Everything is in place before the socket serves its first connection.
+func (s *Stage) open(ctx context.Context, run *stage.Run, dir string, inj []egress.Injection, carried *egress.Carried) error {
+	prof := run.Profile
+	sess, err := egress.New(s.p.ecfg, run.ID(), prof.EgressPolicy(), filepath.Join(dir, profile.EgressSocketName), inj...)
 	if err != nil {
 		return err
 	}
 	s.sess = sess
+	if carried != nil {
+		sess.Carry(*carried)
+	}
 	if len(inj) > 0 {
-		s.meter(req.Run, inj)
+		s.meter(run, inj)
+		if carried != nil && s.budgets != nil && s.p.budgets != nil {
+			// The grants the run had (cumulative) raise its limits
+			// before its first request here, as they did there.
+			s.granted(ctx, run)
+		}
 	}
 	if len(prof.EgressAsk) > 0 {
 		asks, approvals, err := s.p.askBuckets(ctx)
 		if err != nil {
 			return fmt.Errorf("egress_ask: %w", err)
 		}
-		a := &asker{p: s.p, run: req.Run, asks: asks, approvals: approvals}
+		a := &asker{p: s.p, run: run, asks: asks, approvals: approvals}
 		sess.AskFor(prof.EgressAskPolicy(), a.ask)
 	}
-	resp.Env = append(resp.Env, Env(prof)...)
-	return nil
+	return sess.Serve()
 }
 
 // Env is what a run of profile p gets in its environment for its egress
@@ -329,15 +354,7 @@ func (s *Stage) Note(st *messages.RunState) {
 	}
 	u := s.sess.Usage()
 	st.Usage = &u
-	switch b, paused := s.sess.Paused(); {
-	case paused:
-		st.Budget = "paused: " + b.String() + " (jetcrew budget raises it)"
-	default:
-		st.Budget = ""
-	}
-	if b, ok := s.sess.Reached(); ok {
-		st.Budget = b.String()
-	}
+	s.noteBudget(st)
 	if st.Receipt != nil {
 		st.Receipt.Prices = pricesDigest(s.p.cfg.Prices)
 		st.Receipt.Budgets = s.budgets
@@ -345,7 +362,14 @@ func (s *Stage) Note(st *messages.RunState) {
 	}
 }
 
-// Release stops the run's proxy (every open tunnel is cut).
+// Release stops the run's proxy: its listener and every open connection
+// are cut and its socket removed (its directory stays). The requests in
+// flight are settled before it returns: each counted in the run's totals
+// and in its shared budgets (charged its reservation under a cost or
+// token budget, its answer having been cut). For a run left to a
+// successor (stage.ReleaseRequest.Leave) that is all this worker holds:
+// the engine writes the record again after the releases, so the totals
+// the successor goes on from (Adopt) hold those requests too.
 func (s *Stage) Release(*stage.ReleaseRequest) {
 	if s.sess != nil {
 		s.sess.Close()
