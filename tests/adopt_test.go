@@ -6,6 +6,9 @@ package tests
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
+	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -112,5 +116,59 @@ func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
 		}
 		return true
 	}, 30*time.Second, 100*time.Millisecond, "no container is left")
+	second.stop(t)
+}
+
+// TestAdoptWorkspaceAfterUpgrade: a workspace run's worker is stopped for
+// an upgrade (SIGUSR2) while the agent works in the tree; the run's
+// container and its capture container run on, holding the volume, and a
+// new worker process adopts the run: the result, captured once the agent
+// exits, holds what the agent wrote before and after the stop, in the
+// first attempt, and no container or volume is left.
+func TestAdoptWorkspaceAfterUpgrade(t *testing.T) {
+	t.Parallel()
+	needsDocker(t)
+	s := workertest.StartServer(t)
+	url := s.ClientURL()
+	js := natsClient(t, url)
+	id := "adopt-ws-" + opsSuffix(t)
+	flags := []string{"--ack-wait", "3s"}
+	first := startOpsWorker(t, url, id+"-first", nil, flags...)
+	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 30*time.Second, "worker never started\n%s", first.stderr.String())
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "in.txt"), []byte("in\n"), 0o644))
+	r := run(t, url, jetcrewBin, "submit", "--id", id, "--workspace", dir,
+		`echo before > before.txt; echo wrote; sleep 6; echo after > after.txt`)
+	require.Equal(t, 0, r.code, r.stderr)
+	waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
+	time.Sleep(2 * time.Second)
+
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGUSR2))
+	ps := first.wait(t, 30*time.Second)
+	require.Equal(t, 0, ps.ExitCode(), first.stderr.String())
+	require.Contains(t, first.stderr.String(), "run left running for a successor to adopt")
+	require.Equal(t, []string{"running"}, runContainers(t, id), "the run's container runs on")
+	require.Len(t, allRunContainers(t, id), 2, "and so does its capture container")
+
+	second := startOpsWorker(t, url, id+"-second", nil, flags...)
+	st := waitFinal(t, url, id)
+	require.Equal(t, messages.StateSucceeded, st.State, "%s\n%s", st.Reason, second.stderr.String())
+	require.Equal(t, 1, st.Attempts)
+	require.Equal(t, 1, st.Adoptions)
+	wr := st.WorkspaceResult
+	require.NotNil(t, wr)
+	require.Empty(t, wr.Error)
+	require.Equal(t, 2, wr.FilesChanged, "what the agent wrote before and after the stop")
+	obs, err := js.ObjectStore(t.Context(), messages.BucketResults)
+	require.NoError(t, err)
+	patch, err := obs.GetBytes(t.Context(), messages.ResultObjectName(id, st.StreamSeq, 1, messages.ResultPatch))
+	require.NoError(t, err)
+	require.Contains(t, string(patch), "+before\n")
+	require.Contains(t, string(patch), "+after\n")
+	require.Eventually(t, func() bool {
+		vols, err := exec.Command("docker", "volume", "ls", "-q", "--filter", "label="+jail.LabelRunID+"="+id).Output()
+		require.NoError(t, err)
+		return len(allRunContainers(t, id)) == 0 && strings.TrimSpace(string(vols)) == ""
+	}, 30*time.Second, 100*time.Millisecond, "no container or volume is left")
 	second.stop(t)
 }

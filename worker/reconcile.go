@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -24,7 +26,10 @@ import (
 // its label says is its but it does not hold is an orphan at once; any
 // other is given the grace (a container being made, a heartbeat late)
 // and is then an orphan when it is this worker's (left by its earlier
-// process) or its worker has no heartbeat key. Its three inputs are the
+// process) or its worker has no heartbeat key. A run's own containers are
+// judged first, and a run's other containers (its capture container, which
+// holds its workspace's volume) are kept while its own container is, so
+// that a successor adopting the run finds them. Its three inputs are the
 // runtime, the registry and the liveness lookup; a test drives it over
 // fixture lists.
 type reconciler struct {
@@ -83,18 +88,32 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		return err
 	}
 	alive := map[string]bool{} // the liveness lookups of this pass
+	// Runs' own containers first: a run's helper containers (its capture
+	// container, which holds its workspace) are kept while its container
+	// is, so that an adopter finds them (a worker's first pass keeps an
+	// orphaned run's container for the adoption pass).
+	slices.SortStableFunc(cs, func(a, b jail.ManagedContainer) int {
+		return cmp.Compare(runFirst(a.Labels), runFirst(b.Labels))
+	})
+	keptRuns := map[string]bool{}
 	var errs []error
 	for _, c := range cs {
 		v, err := rc.judge(ctx, c.Labels, c.Created, alive, live.ContainerKey+c.ID, live.ContainerKey+c.Name)
 		if err != nil {
 			return err
 		}
+		run := c.Labels[jail.LabelRunID]
+		if run != "" && !isRunContainer(c.Labels) && keptRuns[run] {
+			v = keep
+		}
 		short := c.ID[:min(12, len(c.ID))]
 		switch v {
 		case keep:
+			keptRuns[run] = keptRuns[run] || isRunContainer(c.Labels)
 			continue
 		case adoptOnly:
 			if rc.adoptable(ctx, c) != removeIt {
+				keptRuns[run] = true
 				continue
 			}
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("run_id", c.Labels[jail.LabelRunID]).
@@ -103,6 +122,7 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
 		case orphan:
 			if rc.adoptable(ctx, c) == keepIt {
+				keptRuns[run] = keptRuns[run] || isRunContainer(c.Labels)
 				continue
 			}
 			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("state", c.State).
@@ -207,6 +227,14 @@ func (rc *reconciler) judge(ctx context.Context, labels map[string]string, creat
 		return adoptOnly, nil
 	}
 	return orphan, nil
+}
+
+// runFirst orders a run's own container (0) before any other (1).
+func runFirst(labels map[string]string) int {
+	if isRunContainer(labels) {
+		return 0
+	}
+	return 1
 }
 
 // isRunContainer reports whether labels are a run's own container's

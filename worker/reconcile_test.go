@@ -230,3 +230,36 @@ func TestSweeperSweepsEachPass(t *testing.T) {
 	require.NoError(t, s.Stop(context.Background())) // its goroutine ended (TestMain's leak check)
 	require.NoError(t, s.Stop(context.Background()), "a second Stop is a no-op")
 }
+
+// TestReconcilerKeepsAdoptedRunsCapture: a run's capture container, which
+// holds its workspace's volume, is kept while the run's own container is,
+// whatever order the engine lists them in: the run's container is judged
+// first and adopted (or kept for the adoption pass). The capture container
+// of a run whose container goes is judged as any container.
+func TestReconcilerKeepsAdoptedRunsCapture(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	old := now.Add(-time.Hour)
+	c := func(id, run, role string) jail.ManagedContainer {
+		return jail.ManagedContainer{ID: id, Name: "n-" + id, Created: old, State: "running",
+			Labels: map[string]string{jail.LabelInstall: "i1", jail.LabelWorker: "dead", jail.LabelRunID: run, jail.LabelRole: role}}
+	}
+	rt := &fixtureRuntime{containers: []jail.ManagedContainer{
+		c("adopted-capture", "adopted", jail.RoleCapture),
+		c("lost-capture", "lost", jail.RoleCapture),
+		c("adopted-run", "adopted", jail.RoleRun),
+		c("lost-run", "lost", jail.RoleRun),
+	}}
+	rc := fixtureReconciler(rt, &live.Registry{}, now, func(context.Context, string) (bool, error) { return false, nil })
+	var asked []string
+	rc.adopt = func(_ context.Context, c jail.ManagedContainer) (adoptVerdict, error) {
+		asked = append(asked, c.ID)
+		if c.Labels[jail.LabelRunID] == "adopted" {
+			return keepIt, nil
+		}
+		return orphanRules, nil
+	}
+	require.NoError(t, rc.reconcile(context.Background()))
+	require.Equal(t, []string{"adopted-run", "lost-run"}, asked, "only runs' own containers are offered for adoption")
+	require.Equal(t, []string{"lost-run", "lost-capture"}, rt.removed)
+}

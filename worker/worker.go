@@ -277,7 +277,7 @@ func (w *Worker) compose(ctx context.Context) error {
 	w.runDirs = rundir.New(filepath.Join(dir, "r"), filepath.Join(dir, "p"), c.Concurrency, holds, w.log)
 	w.bridges = bridge.New(c.BridgePath, filepath.Join(dir, "bin"), holds)
 	w.trees = tree.New(tree.Deps{Config: c.Workspace, Runtime: c.Runtime, JS: w.js, StateDir: dir, Tool: c.WorkspaceTool,
-		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: w.profiles, RunState: w.loadRunState})
+		StopGrace: c.StopGrace, Holds: holds, Log: w.log, Profiles: w.profiles, RunState: w.loadRunState, InUse: w.mountedUnder})
 	w.proxies = proxy.New(proxy.Config{WorkerID: c.ID, Pool: c.Pool, Install: w.install, Profiles: w.profiles, NC: w.nc,
 		Registry: w.reg, Resolver: c.EgressResolver, UpstreamRoots: c.EgressUpstreamRoots, RestartDelay: c.EgressRestartDelay,
 		CADir: c.EgressCADir, LookupEnv: c.LookupEnv, Log: w.log, Prices: c.Prices,

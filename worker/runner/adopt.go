@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -313,7 +314,7 @@ func (r adoption) takeOver(ctx context.Context, containerID string) (prepared, s
 	s.c = c
 	r.ctl.set(c)
 	e.live.track(r.run, c)
-	err = r.adoptStages(ctx, c, found)
+	err = r.adoptStages(ctx, c, found, p.spec)
 	s.out.mask = r.mask
 	close(ready)
 	if err != nil {
@@ -322,8 +323,11 @@ func (r adoption) takeOver(ctx context.Context, containerID string) (prepared, s
 	return p, s, nil
 }
 
-// adoptStages calls each Adopter with what it takes over.
-func (r adoption) adoptStages(ctx context.Context, c jail.Container, found jail.Found) error {
+// adoptStages calls each Adopter with what it takes over; spec is the
+// run container's spec as takeOver rebuilt it (the container's own name
+// and labels put in).
+func (r adoption) adoptStages(ctx context.Context, c jail.Container, found jail.Found, spec jail.ContainerSpec) error {
+	spec.Name, spec.Labels = found.Name, maps.Clone(found.Labels)
 	var runDir string
 	for _, m := range found.Mounts {
 		if m.Target == messages.ContainerRunDir {
@@ -337,7 +341,8 @@ func (r adoption) adoptStages(ctx context.Context, c jail.Container, found jail.
 			continue
 		}
 		var resp stage.PrestartResponse
-		if err := a.Adopt(ctx, &stage.AdoptRequest{Run: r.sr, State: r.rec.st, RunDir: runDir, Container: c, Dir: dir, Mask: r.mask}, &resp); err != nil {
+		if err := a.Adopt(ctx, &stage.AdoptRequest{Run: r.sr, State: r.rec.st, RunDir: runDir, Mounts: found.Mounts, Spec: &spec,
+			Container: c, Dir: dir, Mask: r.mask}, &resp); err != nil {
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
 		if resp.Dir != nil {

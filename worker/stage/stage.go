@@ -393,6 +393,13 @@ type AdoptRequest struct {
 	// in the run's container (the dead worker's run directory); "" when
 	// the container has none.
 	RunDir string
+	// Mounts are the run container's bind and volume mounts as the
+	// runtime found them (jail.Found.Mounts).
+	Mounts []jail.Mount
+	// Spec is the run container's spec as the profile and the request
+	// make it, before any stage's additions (as PrestartRequest.Spec),
+	// with the container's name and labels as found. Read-only.
+	Spec *jail.ContainerSpec
 	// Container is the adopted container, running.
 	Container jail.Container
 	// Dir and Mask are as in PrestartRequest.

@@ -200,7 +200,9 @@ func (t *Trees) startCaptureContainer(ctx context.Context, rw *runWorkspace) err
 	rw.captureOut = newCaptureOutput(f, streamCap)
 	spec := rw.capture
 	spec.Labels = maps.Clone(spec.Labels)
-	spec.Labels[jail.LabelCreated] = rw.vol.Labels[jail.LabelCreated]
+	if created := rw.vol.Labels[jail.LabelCreated]; created != "" {
+		spec.Labels[jail.LabelCreated] = created
+	}
 	c, err := t.rt.Start(ctx, spec, rw.captureOut.write)
 	if err != nil {
 		return fmt.Errorf("start the capture container: %w", err)

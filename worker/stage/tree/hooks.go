@@ -116,13 +116,16 @@ func isSnapshotRefused(err error) bool {
 }
 
 // Release removes the capture container (or waits for its removal
-// to end), then the delivery's volume and directory, and gives up its
+// to end), and any earlier one left by the worker the run was adopted
+// from, then the delivery's volume and directory, and gives up its
 // snapshot and tool. The run's own container is gone by then (release's
 // order), so the volume is free. A volume that cannot be removed is left
 // to the reconciler. The directory's removal never follows a symlink
 // (os.RemoveAll works relative to directory descriptors and unlinks
-// symlinks as they are).
-func (s *Stage) Release(*stage.ReleaseRequest) {
+// symlinks as they are). A worker leaving the run to a successor
+// (req.Leave) keeps the volume, the capture container and the directory,
+// and gives up only what lives in its process (runWorkspace.leave).
+func (s *Stage) Release(req *stage.ReleaseRequest) {
 	defer func() {
 		s.waitStored() // it reads the cached snapshot the run holds
 		for _, release := range s.releases {
@@ -131,6 +134,10 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 	}()
 	rw := s.rw
 	if rw == nil {
+		return
+	}
+	if req.Leave {
+		rw.leave(s.run.Log) // adopt.go
 		return
 	}
 	if rw.started != nil {
@@ -151,6 +158,11 @@ func (s *Stage) Release(*stage.ReleaseRequest) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	for _, id := range rw.stale {
+		if err := s.t.rt.Remove(ctx, id); err != nil {
+			s.run.Log.Warn().Err(err).Str("container_id", id).Msg("remove the earlier capture container; the reconciler will retry")
+		}
+	}
 	if err := s.t.rt.RemoveVolume(ctx, rw.volume); err != nil {
 		s.run.Log.Warn().Err(err).Str("volume", rw.volume).Msg("remove workspace volume; the reconciler will retry")
 	}

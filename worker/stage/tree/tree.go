@@ -120,6 +120,11 @@ type Deps struct {
 	// Profiles are the worker's profiles, resolved, as a reload stores
 	// them: an earlier run's profile's feeds is read there.
 	Profiles *profile.Set
+	// InUse reports whether a container on the engine bind-mounts a path
+	// under a directory: Sweep spares such a delivery directory (a run
+	// left by an earlier process, which this worker may be adopting).
+	// Nil: none does.
+	InUse func(dir string) bool
 }
 
 // Trees stages one worker's workspaces. Create it with New. Safe for
@@ -138,6 +143,7 @@ type Trees struct {
 	from      singleflight.Group
 	runState  func(ctx context.Context, id string) (messages.RunState, error)
 	profiles  *profile.Set
+	inUse     func(dir string) bool
 
 	// cancel ends the git resolutions' context (Stop).
 	cancel context.CancelFunc
@@ -164,7 +170,7 @@ type Trees struct {
 // New returns the Trees configured by d. It does no I/O.
 func New(d Deps) *Trees {
 	t := &Trees{cfg: d.Config, rt: d.Runtime, js: d.JS, stateDir: d.StateDir, toolSrc: d.Tool, stopGrace: d.StopGrace,
-		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles,
+		holds: d.Holds, log: d.Log, runState: d.RunState, profiles: d.Profiles, inUse: d.InUse,
 		tools: staged.New(filepath.Join(d.StateDir, "tool"), "workspace tool (the jetcrew binary of WorkspaceTool)"),
 		git:   newGitFlight(d.Config.GitFetches), verified: map[string]string{}, warm: map[string]*runWorkspace{}}
 	return t
@@ -199,14 +205,17 @@ func (t *Trees) Drain() {
 
 // Sweep removes what no live run holds and is older than grace, left over
 // by a crash: delivery directories under StateDir/ws (a git fetch's file
-// included), cached snapshots whose last use is that old, and staged tools.
+// included) that no container mounts (Deps.InUse: a run left running by
+// an earlier process, to adopt), cached snapshots whose last use is that
+// old, and staged tools.
 func (t *Trees) Sweep(grace time.Duration) {
 	root := filepath.Join(t.stateDir, "ws")
 	entries, _ := os.ReadDir(root)
 	for _, e := range entries {
 		dir := filepath.Join(root, e.Name())
 		info, err := e.Info()
-		if err != nil || t.holds.Held(holdDir+dir) || t.holds.Held(holdGitFile+dir) || time.Since(info.ModTime()) < grace {
+		if err != nil || t.holds.Held(holdDir+dir) || t.holds.Held(holdGitFile+dir) || time.Since(info.ModTime()) < grace ||
+			t.inUse != nil && t.inUse(dir) {
 			continue
 		}
 		t.log.Info().Str("dir", dir).Msg("removing a stale workspace directory")
@@ -293,6 +302,7 @@ var (
 	_ stage.Exiter         = (*Stage)(nil)
 	_ stage.Noter          = (*Stage)(nil)
 	_ stage.Releaser       = (*Stage)(nil)
+	_ stage.Adopter        = (*Stage)(nil)
 )
 
 // Name returns "workspace".

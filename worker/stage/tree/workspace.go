@@ -55,6 +55,12 @@ type runWorkspace struct {
 	captureExit chan captureExit
 	stopWait    context.CancelFunc
 	captureGone chan struct{}
+	// stale are the ids of the capture containers of the worker the run
+	// was adopted from that are still to remove (adopt.go).
+	stale []string
+	// scratchName names the capture container's scratch directory in
+	// dir: "scratch", or an adopter's own (adopt.go).
+	scratchName string
 	// captureDead is set once the capture container exited (before
 	// captureExit receives how).
 	captureDead atomic.Bool
@@ -88,7 +94,13 @@ func (rw *runWorkspace) gate() string { return filepath.Join(rw.dir, "gate") }
 // heldFile is the name of the file in gate that lets exec go on.
 const heldFile = "held"
 
-func (rw *runWorkspace) scratch() string { return filepath.Join(rw.dir, "scratch") }
+// scratch is the capture container's scratch directory.
+func (rw *runWorkspace) scratch() string {
+	if rw.scratchName != "" {
+		return filepath.Join(rw.dir, rw.scratchName)
+	}
+	return filepath.Join(rw.dir, "scratch")
+}
 
 // in is the capture container's input directory, read-only there: the
 // worker links the snapshot into it once downloaded.
