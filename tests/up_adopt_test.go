@@ -118,8 +118,7 @@ var natsURLLine = regexp.MustCompile(`^NATS_URL=(nats://[0-9.]+:[0-9]+)$`)
 // startUpAt starts `jetcrew up --listen listen --data data --state-root
 // root --ui off` and returns it, once it printed its NATS URL, and the
 // URL. A process still running when the test ends is stopped with SIGTERM
-// (SIGKILL after 30 s); one killed leaves its containers to the test's
-// own checks.
+// (SIGKILL after 30 s, and then its worker's containers are removed).
 func startUpAt(t *testing.T, listen, data, root string) (*opsWorker, string) {
 	t.Helper()
 	cmd := exec.Command(jetcrewBin, "up", "--listen", listen, "--data", data, "--state-root", root, "--ui", "off", "--concurrency", "8")
@@ -152,6 +151,7 @@ func startUpAt(t *testing.T, listen, data, root string) (*opsWorker, string) {
 			_ = cmd.Process.Kill()
 			<-p.done
 			t.Errorf("jetcrew up did not stop within 30s of SIGTERM\n%s", p.stderr.String())
+			removeWorkerContainers(t, p.stderr.String())
 		}
 	})
 	select {
