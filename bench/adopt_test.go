@@ -75,11 +75,14 @@ func TestAdopt(t *testing.T) {
 	require.NoError(t, err)
 
 	var all []adoptSample
-	var leaves []float64
 	reps := map[string][]float64{}
 	for round := range adoptRounds {
-		samples, leave := adoptRound(t, cli, s, d, js, round)
-		all, leaves = append(all, samples...), append(leaves, round1(leave))
+		res := adoptRound(t, cli, s, d, js, round)
+		samples := res.samples
+		all = append(all, samples...)
+		reps["leave"] = append(reps["leave"], round1(res.leave))
+		reps["start_cold"] = append(reps["start_cold"], round1(res.startCold))
+		reps["start_adopt"] = append(reps["start_adopt"], round1(res.startAdopt))
 		for name, f := range map[string]func(adoptSample) float64{
 			"cold": func(a adoptSample) float64 { return a.cold }, "adopt": func(a adoptSample) float64 { return a.adopt },
 			"gap": func(a adoptSample) float64 { return a.gapMS }, "output": func(a adoptSample) float64 { return a.outputGap },
@@ -91,17 +94,17 @@ func TestAdopt(t *testing.T) {
 			reps[name+"_p50"] = append(reps[name+"_p50"], round1(median(xs)))
 			reps[name+"_max"] = append(reps[name+"_max"], round1(slices.Max(xs)))
 		}
-		t.Logf("round %d: cold start p50 %.0f max %.0f ms; adoption p50 %.0f max %.0f ms; output gap p50 %.0f max %.0f ms; leave %.0f ms",
+		t.Logf("round %d: cold start p50 %.0f max %.0f ms; adoption p50 %.0f max %.0f ms; output gap p50 %.0f max %.0f ms; leave %.0f ms; Start %.0f ms (cold), %.0f ms (adopting)",
 			round+1, reps["cold_p50"][round], reps["cold_max"][round], reps["adopt_p50"][round], reps["adopt_max"][round],
-			reps["output_p50"][round], reps["output_max"][round], leave)
+			reps["output_p50"][round], reps["output_max"][round], res.leave, res.startCold, res.startAdopt)
 	}
-	recordAdopt(t, reps, leaves, len(all))
+	recordAdopt(t, reps, len(all))
 }
 
 // recordAdopt records the adoption figures: each the median over the
 // rounds of that round's p50 or max over its adoptRuns runs (reps, by
-// key), n samples in all.
-func recordAdopt(t *testing.T, reps map[string][]float64, leaves []float64, n int) {
+// key), n samples in all, or of that round's one value.
+func recordAdopt(t *testing.T, reps map[string][]float64, n int) {
 	fig := func(name, key, baseline, what string) {
 		record(t, name, Figure{Value: round1(median(reps[key])), Unit: "ms", Baseline: baseline, Samples: n, Repeats: reps[key], What: what})
 	}
@@ -114,15 +117,26 @@ func recordAdopt(t *testing.T, reps map[string][]float64, leaves []float64, n in
 	fig("adopt20_output_gap_max_ms", "output_max", "cold_start20_max_ms", "as adopt20_output_gap_p50_ms, the largest of the 20")
 	fig("adopt20_record_gap_p50_ms", "gap_p50", "", "the adopted event's gap_ms: the stopped worker's last write of the run's record (at Leave) → the successor's fence of it; p50 over the 20 runs")
 	fig("adopt20_record_gap_max_ms", "gap_max", "", "as adopt20_record_gap_p50_ms, the largest of the 20")
-	record(t, "adopt20_leave_ms", Figure{Value: round1(median(leaves)), Unit: "ms", Samples: len(leaves), Repeats: leaves,
-		What: fmt.Sprintf("Worker.Leave of the worker holding the %d runs, until it returned (each run's record written once, in-process parts released, the containers left running, the heartbeat key deleted); median over the rounds", adoptRuns)})
+	once := func(name, key, baseline, what string) {
+		record(t, name, Figure{Value: round1(median(reps[key])), Unit: "ms", Baseline: baseline, Samples: len(reps[key]), Repeats: reps[key], What: what})
+	}
+	once("adopt20_leave_ms", "leave", "", fmt.Sprintf("Worker.Leave of the worker holding the %d runs, until it returned (each run's record written once, in-process parts released, the containers left running, the heartbeat key deleted); median over the rounds", adoptRuns))
+	once("cold_start20_worker_start_ms", "start_cold", "", fmt.Sprintf("the first worker's Start call → its return, %d requests queued (state directory, stages, heartbeat, the reconciler's first pass, the puller started; no run started yet); median over the rounds", adoptRuns))
+	once("adopt20_worker_start_ms", "start_adopt", "cold_start20_worker_start_ms", fmt.Sprintf("the successor's Start call → its return, %d runs orphaned: as cold_start20_worker_start_ms, and the adoption pass (each run proved, fenced and its take-over spawned; the adopted events follow); median over the rounds", adoptRuns))
 }
 
 func round1(v float64) float64 { return round(v, 1) }
 
-// adoptRound runs one round of TestAdopt and returns each run's sample and
-// how long the first worker's Leave took, in ms.
-func adoptRound(t *testing.T, cli *client.Client, s *server.Server, d *dispatcher.Dispatcher, js jetstream.JetStream, round int) ([]adoptSample, float64) {
+// adoptRoundResult is what one round of TestAdopt measured: each run's
+// sample, and in ms how long the first worker's Leave took and each
+// worker's Start call until it returned.
+type adoptRoundResult struct {
+	samples                      []adoptSample
+	leave, startCold, startAdopt float64
+}
+
+// adoptRound runs one round of TestAdopt.
+func adoptRound(t *testing.T, cli *client.Client, s *server.Server, d *dispatcher.Dispatcher, js jetstream.JetStream, round int) adoptRoundResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	suffix := make([]byte, 3)
@@ -135,7 +149,9 @@ func adoptRound(t *testing.T, cli *client.Client, s *server.Server, d *dispatche
 		ids = append(ids, id)
 	}
 	stateDir := workertest.StateDir(t)
-	first, firstStart := adoptWorker(t, s, prefix+"-first", stateDir)
+	var res adoptRoundResult
+	first, firstStart, took := adoptWorker(t, s, prefix+"-first", stateDir)
+	res.startCold = ms(took)
 	for _, id := range ids {
 		require.Eventually(t, func() bool {
 			st, err := d.Status(ctx, id)
@@ -147,14 +163,14 @@ func adoptRound(t *testing.T, cli *client.Client, s *server.Server, d *dispatche
 	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
 	require.NoError(t, first.Leave(lctx))
 	lcancel()
-	leave := ms(time.Since(leaveBegan))
+	res.leave = ms(time.Since(leaveBegan))
 	running := filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+prefix+"-first"), filters.Arg("status", "running"))
 	cs, err := cli.ContainerList(ctx, container.ListOptions{Filters: running})
 	require.NoError(t, err)
 	require.Len(t, cs, adoptRuns, "every run's container runs on after Leave")
 
-	second, secondStart := adoptWorker(t, s, prefix+"-second", stateDir)
-	var samples []adoptSample
+	second, secondStart, took := adoptWorker(t, s, prefix+"-second", stateDir)
+	res.startAdopt = ms(took)
 	for _, id := range ids {
 		var st messages.RunState
 		require.Eventually(t, func() bool {
@@ -165,19 +181,20 @@ func adoptRound(t *testing.T, cli *client.Client, s *server.Server, d *dispatche
 		require.Equal(t, 1, st.Attempts, id)
 		require.Equal(t, 1, st.Adoptions, id)
 		require.Equal(t, prefix+"-second", st.Worker, id)
-		samples = append(samples, adoptMeasure(t, js, id, firstStart, secondStart))
+		res.samples = append(res.samples, adoptMeasure(t, js, id, firstStart, secondStart))
 	}
 	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
 	require.NoError(t, second.Stop(sctx))
 	scancel()
 	waitGone(t, cli, filters.NewArgs(filters.Arg("label", jail.LabelWorker+"="+prefix+"-first")))
-	return samples, leave
+	return res
 }
 
 // adoptWorker starts a worker id (Docker runtime, concurrency adoptRuns,
-// state directory dir) on s and returns it and when its Start was called.
-// A cleanup stops it, a no-op once it left or stopped.
-func adoptWorker(t *testing.T, s *server.Server, id, dir string) (*worker.Worker, time.Time) {
+// state directory dir) on s and returns it, when its Start was called and
+// how long Start took. A cleanup stops it, a no-op once it left or
+// stopped.
+func adoptWorker(t *testing.T, s *server.Server, id, dir string) (*worker.Worker, time.Time, time.Duration) {
 	t.Helper()
 	rt, err := docker.New(context.Background(), docker.Config{})
 	require.NoError(t, err)
@@ -186,13 +203,14 @@ func adoptWorker(t *testing.T, s *server.Server, id, dir string) (*worker.Worker
 	require.NoError(t, err)
 	began := time.Now()
 	require.NoError(t, w.Start(context.Background()))
+	took := time.Since(began)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = w.Stop(ctx)
 		_ = rt.Close()
 	})
-	return w, began
+	return w, began, took
 }
 
 // adoptMeasure reads run id's events and returns its sample: its started
