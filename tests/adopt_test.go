@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
@@ -31,8 +32,14 @@ const (
 // adoptScript is an agent that says who it is (its process id and its
 // start time, in clock ticks since boot: a process started again says
 // another), then writes numbered lines to both streams for about 20 s.
-var adoptScript = fmt.Sprintf(`echo "agent $$ $(cut -d' ' -f22 /proc/$$/stat)"; i=0; while [ $i -lt %d ]; do i=$((i+1)); echo "line $i"; echo "err $i" >&2; sleep %s; done`,
-	adoptLines, adoptEvery)
+var adoptScript = numberedLines(adoptLines)
+
+// numberedLines returns adoptScript's agent writing n lines to each
+// stream, one every adoptEvery.
+func numberedLines(n int) string {
+	return fmt.Sprintf(`echo "agent $$ $(cut -d' ' -f22 /proc/$$/stat)"; i=0; while [ $i -lt %d ]; do i=$((i+1)); echo "line $i"; echo "err $i" >&2; sleep %s; done`,
+		n, adoptEvery)
+}
 
 // TestAdoptAfterWorkerStops: four runs in flight; their worker is killed
 // (SIGKILL) or stopped for an upgrade (SIGUSR2), and a new worker process
@@ -96,16 +103,7 @@ func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
 		require.Equal(t, prefix+"-second", st.Worker)
 		require.Equal(t, before[id].Receipt, st.Receipt, "the receipt is the one the run started with")
 		require.Equal(t, before[id].StartedAt, st.StartedAt)
-
-		w := run(t, url, jetcrewBin, "watch", id)
-		require.Equal(t, 0, w.code, w.stderr)
-		lines := strings.Split(strings.TrimSuffix(w.stdout, "\n"), "\n")
-		require.Len(t, lines, adoptLines+1, "%s's stdout:\n%s", id, w.stdout)
-		require.True(t, strings.HasPrefix(lines[0], "agent "), lines[0])
-		for i, l := range lines[1:] {
-			require.Equal(t, fmt.Sprintf("line %d", i+1), l, "%s: every line once, in order", id)
-		}
-		require.Equal(t, uint64(1), subjectCount(t, js, messages.StreamEvents, messages.SubjectEvents(id, messages.EventAdopted)))
+		requireWholeOutput(t, url, js, id, adoptLines)
 	}
 	t.Logf("%s: the new worker adopted and finished 4 runs %s after its start", name, time.Since(startedAt).Round(time.Millisecond))
 	require.Eventually(t, func() bool {
@@ -171,4 +169,20 @@ func TestAdoptWorkspaceAfterUpgrade(t *testing.T) {
 		return len(allRunContainers(t, id)) == 0 && strings.TrimSpace(string(vols)) == ""
 	}, 30*time.Second, 100*time.Millisecond, "no container or volume is left")
 	second.stop(t)
+}
+
+// requireWholeOutput requires that run id's stdout (jetcrew watch) is
+// what numberedLines(lines) writes: its agent line, then every numbered
+// line once and in order; and that the run has one adopted event.
+func requireWholeOutput(t *testing.T, url string, js jetstream.JetStream, id string, lines int) {
+	t.Helper()
+	w := run(t, url, jetcrewBin, "watch", id)
+	require.Equal(t, 0, w.code, w.stderr)
+	out := strings.Split(strings.TrimSuffix(w.stdout, "\n"), "\n")
+	require.Len(t, out, lines+1, "%s's stdout:\n%s", id, w.stdout)
+	require.True(t, strings.HasPrefix(out[0], "agent "), out[0])
+	for i, l := range out[1:] {
+		require.Equal(t, fmt.Sprintf("line %d", i+1), l, "%s: every line once, in order", id)
+	}
+	require.Equal(t, uint64(1), subjectCount(t, js, messages.StreamEvents, messages.SubjectEvents(id, messages.EventAdopted)))
 }
