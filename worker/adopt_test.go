@@ -229,3 +229,31 @@ func TestSuccessorsRace(t *testing.T) {
 	require.Equal(t, 0, st.Adoptions, "a live worker's run is never adopted")
 	require.Len(t, b.rt.Starts(), 4)
 }
+
+// TestLiveWorkerWithoutHeartbeatKeepsItsRun: a worker whose heartbeat
+// key is gone (expired while its writes failed, say) but which is alive
+// and still holds its run is never adopted from: a successor starting on
+// its engine asks the holder before it fences the record. The run ends
+// once, held by its worker throughout, its output published once.
+func TestLiveWorkerWithoutHeartbeatKeepsItsRun(t *testing.T) {
+	t.Parallel()
+	rig := newAdoptRig(t)
+	b := &rig.bundle
+	rig.start(t, "w1")
+	id := "alive-" + ulidLike()
+	b.submit(t, messages.RunRequest{ID: id, Profile: "shell", Prompt: "out a;sleep 2s;out b;out c;out d;sleep 500ms;out e"})
+	require.Eventually(t, func() bool {
+		st, ok := b.state(t, id)
+		return ok && st.State == messages.StateRunning && output(b.events(t, id), messages.StreamStdout) == "a\n"
+	}, 10*time.Second, 20*time.Millisecond)
+	kv, err := b.js.KeyValue(context.Background(), messages.BucketWorkers)
+	require.NoError(t, err)
+	require.NoError(t, kv.Delete(context.Background(), "w1"), "w1's heartbeat key expires; w1 lives on")
+	rig.start(t, "w2")
+	st := b.waitFinal(t, id)
+	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
+	require.Equal(t, "a\nb\nc\nd\ne\n", output(b.events(t, id), messages.StreamStdout), "stdout whole, once")
+	require.Equal(t, 0, st.Adoptions, "a live worker's run is never adopted")
+	require.Equal(t, "w1", st.Worker)
+	require.Len(t, b.rt.Starts(), 1)
+}

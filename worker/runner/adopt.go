@@ -63,6 +63,12 @@ type containerAdopter interface {
 	Adopt(ctx context.Context, id string, output jail.OutputFunc) (jail.Container, jail.Found, error)
 }
 
+// adoptAskWait is how long Adopt waits for the worker a run's record
+// names, though it has no heartbeat, to say it holds the run
+// (askHolder): a live worker answers at once; each run adopted from a
+// dead one waits this long.
+const adoptAskWait = 500 * time.Millisecond
+
 // AdoptCandidate is a run container a worker found orphaned on its
 // engine: its id and labels (jail.ManagedContainer's).
 type AdoptCandidate struct {
@@ -136,6 +142,11 @@ func (e *Runner) proveOwnership(ctx context.Context, c AdoptCandidate, st messag
 		if err != nil || up {
 			// A live worker holds it (it adopted the run first), or
 			// whether it does cannot be told now.
+			return AdoptResult{Verdict: HeldElsewhere}, false
+		}
+		// No heartbeat: yet its worker may be alive, its heartbeat's
+		// writes failing. One that answers for the run holds it.
+		if e.askHolder(st.ID, adoptAskWait) {
 			return AdoptResult{Verdict: HeldElsewhere}, false
 		}
 	}

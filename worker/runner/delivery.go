@@ -205,7 +205,7 @@ func (r delivery) leaveToHolder(ctx context.Context, prev messages.RunState) boo
 	if prev.StreamSeq != r.meta.Sequence.Stream || prev.State != messages.StateRunning || prev.Lease == "" {
 		return false
 	}
-	if h := r.e.live.get(prev.ID); h != nil && h != r.run && holdsContainer(h) || r.e.askHolder(prev.ID) {
+	if h := r.e.live.get(prev.ID); h != nil && h != r.run && holdsContainer(h) || r.e.askHolder(prev.ID, 2*time.Second) {
 		r.log.Info().Str("holder", prev.Worker).Msg("redelivered run lives on, held by its worker; leaving the request to it")
 		return true
 	}

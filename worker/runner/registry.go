@@ -104,9 +104,9 @@ func (e *Runner) Holds(id string) bool {
 }
 
 // askHolder asks the worker holding run id whether it holds it live
-// (messages.SubjectHoldPrefix); false when none answers in time.
-func (e *Runner) askHolder(id string) bool {
-	_, err := e.cfg.NC.Request(messages.SubjectHoldPrefix+"."+id, nil, 2*time.Second)
+// (messages.SubjectHoldPrefix); false when none answers within wait.
+func (e *Runner) askHolder(id string, wait time.Duration) bool {
+	_, err := e.cfg.NC.Request(messages.SubjectHoldPrefix+"."+id, nil, wait)
 	return err == nil
 }
 
