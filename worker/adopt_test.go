@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker"
+	"github.com/jetcrew/jetcrew/worker/runstate"
 	"github.com/jetcrew/jetcrew/worker/workertest"
 )
 
@@ -256,4 +258,46 @@ func TestLiveWorkerWithoutHeartbeatKeepsItsRun(t *testing.T) {
 	require.Equal(t, 0, st.Adoptions, "a live worker's run is never adopted")
 	require.Equal(t, "w1", st.Worker)
 	require.Len(t, b.rt.Starts(), 1)
+}
+
+// TestFencedWorkerLeavesTheAdoptedContainer: a worker that finds, as it
+// records its run's end, that a successor adopted the run meanwhile (it
+// was cut off: its heartbeat expired, it could not answer) leaves the
+// container and the run directory it mounts to the adopter, which
+// concludes the run from them: it neither removes them nor acks.
+func TestFencedWorkerLeavesTheAdoptedContainer(t *testing.T) {
+	t.Parallel()
+	rig := newAdoptRig(t)
+	b := &rig.bundle
+	w1 := rig.start(t, "w1")
+	id := "fenced-" + ulidLike()
+	b.submit(t, messages.RunRequest{ID: id, Profile: "shell", Prompt: "out a;sleep 1500ms;out b"})
+	require.Eventually(t, func() bool { st, ok := b.state(t, id); return ok && st.State == messages.StateRunning },
+		10*time.Second, 20*time.Millisecond)
+	// The adopter's fence, as Runner.Adopt writes it.
+	kv, err := b.js.KeyValue(context.Background(), messages.BucketRuns)
+	require.NoError(t, err)
+	store := runstate.NewStore(kv, b.js, "w9", zerolog.Nop())
+	st, rev, err := store.Load(context.Background(), id)
+	require.NoError(t, err)
+	st.Worker, st.Adoptions = "w9", st.Adoptions+1
+	_, err = store.CAS(context.Background(), messages.StateRunning, &st, rev)
+	require.NoError(t, err)
+	var runDir string
+	for _, m := range b.rt.Starts()[0].Mounts {
+		if m.Target == messages.ContainerRunDir {
+			runDir = m.Source
+		}
+	}
+	require.NotEmpty(t, runDir)
+
+	require.Eventually(t, func() bool { return runsInFlight(w1) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"w1's delivery ends once the container exits")
+	require.Equal(t, 1, b.rt.Live(), "the adopter's container is left to it")
+	require.DirExists(t, runDir, "the run directory the container mounts is left to the adopter")
+	got, _ := b.state(t, id)
+	require.Equal(t, messages.StateRunning, got.State)
+	require.Equal(t, "w9", got.Worker)
+	require.Equal(t, uint64(1), b.streamMsgs(t, messages.StreamRuns), "the request is the adopter's to ack")
+	require.NoError(t, b.rt.Remove(context.Background(), st.ContainerID))
 }

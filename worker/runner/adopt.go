@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -401,4 +402,78 @@ func lastOutput(ctx context.Context, js jetstream.JetStream, runID string, reqSe
 		ends[1], err = strconv.ParseInt(errOut, 10, 64)
 	}
 	return seq, ends, err
+}
+
+// departure is a run this worker gives up with its container running: left
+// for a successor to adopt (the worker stops with SIGUSR2), or adopted
+// from it while it was cut off.
+type departure struct{ *run }
+
+// leave ends this worker's part in a run it leaves, its container
+// running, to a successor that adopts it: the stages' latest parts of
+// the record (usage, the bridge) are written, so the successor goes on
+// from them, and each stage gives up what lives in this process only
+// (stage.ReleaseRequest.Leave). The record is written again after the
+// releases: what a stage settled as it let go (the egress proxy's
+// requests in flight) is in it. The request is neither acknowledged nor
+// handed back: the successor holds it on the run's lease.
+func (r departure) leave(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runstate.OpMaxElapsed)
+	defer cancel()
+	if err := r.rec.put(ctx); err != nil {
+		r.log.Warn().Err(err).Msg("record the run before leaving it")
+	}
+	if r.releaseLeaving() {
+		if err := r.rec.put(ctx); err != nil {
+			r.log.Warn().Err(err).Msg("record the run as it was left")
+		}
+	}
+	r.log.Info().Msg("run left running for a successor to adopt")
+}
+
+// adoptedAway reports whether prev, the run's record read after this
+// delivery's write was fenced, says a successor adopted the run in this
+// delivery's container (this worker was cut off: its heartbeat expired
+// and it did not answer for the run).
+func (r departure) adoptedAway(prev messages.RunState) bool {
+	c := r.ctl.current()
+	return c != nil && prev.State == messages.StateRunning && prev.ContainerID == c.ID() && prev.Adoptions > r.rec.st.Adoptions
+}
+
+// leaveToAdopter ends this delivery's part in a run a successor adopted
+// from it: the container, and what it mounts, are the adopter's, so it
+// detaches and releases as a worker leaving the run (stage.ReleaseRequest
+// Leave), recording nothing and neither acking nor handing the request
+// back (the adopter holds it on the lease).
+func (r departure) leaveToAdopter(ctx context.Context, out *outputPublisher, adopter string) {
+	if c := r.ctl.current(); c != nil {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := c.Detach(dctx); err != nil {
+			r.log.Warn().Err(err).Msg("detach from the container adopted from this worker")
+		}
+		cancel()
+	}
+	if out != nil {
+		out.left.Store(true)
+		_, _ = out.close(ctx)
+	}
+	r.releaseLeaving()
+	r.log.Warn().Str("adopter", adopter).Msg("run adopted from this worker while it was cut off; leaving its container to the adopter")
+}
+
+// releaseLeaving lets each stage give up, once, what lives in this
+// process only (stage.ReleaseRequest.Leave), keeping what the container
+// uses; it reports whether it did (release had not run).
+func (r departure) releaseLeaving() bool {
+	released := false
+	r.releaseOnce.Do(func() {
+		released = true
+		req := stage.ReleaseRequest{Run: r.sr, Leave: true}
+		for _, s := range slices.Backward(r.stages) {
+			if rel, ok := s.(stage.Releaser); ok {
+				rel.Release(&req)
+			}
+		}
+	})
+	return released
 }

@@ -455,7 +455,7 @@ func (r *run) conclude(ctx context.Context, p prepared, f exitFacts) {
 	}
 	switch {
 	case f.Left:
-		r.leave(ctx)
+		departure{r}.leave(ctx)
 		return
 	case o.Action == actionHandBack:
 		r.handBack(ctx, o.Reason)
@@ -513,6 +513,10 @@ func (r *run) release(final bool) {
 func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.StopGrace+30*time.Second)
 	defer cancel()
+	if prev, _, err := r.e.cfg.Store.Load(ctx, r.req.ID); err == nil && (departure{r}).adoptedAway(prev) {
+		departure{r}.leaveToAdopter(ctx, out, prev.Worker)
+		return
+	}
 	if c := r.ctl.current(); c != nil {
 		_, _ = r.ctl.stopAndWait(c)
 	}
@@ -528,38 +532,6 @@ func (r *run) lost(ctx context.Context, out *outputPublisher) {
 	}
 	r.log.Warn().Str("holder", prev.Worker).Int("holder_attempt", prev.Attempts).
 		Msg("lease lost: another delivery holds the run; stopping without recording anything")
-}
-
-// leave ends this worker's part in a run it leaves, its container
-// running, to a successor that adopts it: the stages' latest parts of
-// the record (usage, the bridge) are written, so the successor goes on
-// from them, and each stage gives up what lives in this process only
-// (stage.ReleaseRequest.Leave). The record is written again after the
-// releases: what a stage settled as it let go (the egress proxy's
-// requests in flight) is in it. The request is neither acknowledged nor
-// handed back: the successor holds it on the run's lease.
-func (r *run) leave(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runstate.OpMaxElapsed)
-	defer cancel()
-	if err := r.rec.put(ctx); err != nil {
-		r.log.Warn().Err(err).Msg("record the run before leaving it")
-	}
-	released := false
-	r.releaseOnce.Do(func() {
-		released = true
-		req := stage.ReleaseRequest{Run: r.sr, Leave: true}
-		for _, s := range slices.Backward(r.stages) {
-			if rel, ok := s.(stage.Releaser); ok {
-				rel.Release(&req)
-			}
-		}
-	})
-	if released {
-		if err := r.rec.put(ctx); err != nil {
-			r.log.Warn().Err(err).Msg("record the run as it was left")
-		}
-	}
-	r.log.Info().Msg("run left running for a successor to adopt")
 }
 
 // handBack releases the run's resources (its container already stopped),
