@@ -2,9 +2,11 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
+	"github.com/jetcrew/jetcrew/messages"
 	"github.com/jetcrew/jetcrew/worker/jail"
 	"github.com/jetcrew/jetcrew/worker/runner"
 )
@@ -81,4 +83,26 @@ func (w *Worker) mountedUnder(dir string) bool {
 		}
 	}
 	return false
+}
+
+// errNotLive says a running run's record is all that is left of it: no
+// live worker holds it and none will adopt it.
+var errNotLive = errors.New("no worker holds the run")
+
+// liveRun is the dead-letterer's question about a running run, recorded
+// as st, whose request (its body, request) ran out of deliveries: nil
+// when a live worker holds it (the request is then left to that worker,
+// which removes it when the run ends); errAwaitAdoption while a successor
+// of its dead worker may yet adopt it (its record is younger than the
+// adoption grace and a heartbeat's time, and its stages can be taken
+// over); errNotLive otherwise, and the run is failed as before.
+func (w *Worker) liveRun(_ context.Context, st messages.RunState, request []byte) error {
+	if w.runs.HeldLive(st.ID) {
+		return nil
+	}
+	req, err := messages.DecodeRunRequest(request)
+	if err == nil && st.Lease != "" && time.Since(st.UpdatedAt) < w.cfg.AdoptGrace+messages.WorkerTTL && w.runs.MayBeAdopted(req, st) {
+		return errAwaitAdoption
+	}
+	return errNotLive
 }

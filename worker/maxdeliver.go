@@ -14,6 +14,10 @@ import (
 	"github.com/jetcrew/jetcrew/worker/runstate"
 )
 
+// errAwaitAdoption says an exhausted request's run may yet be adopted by a
+// successor of its dead worker: its advisory is looked at again later.
+var errAwaitAdoption = errors.New("the run may yet be adopted by a successor of its worker")
+
 // maxDeliverAdvisory is the part of the server's
 // io.nats.jetstream.advisory.v1.max_deliver advisory we read.
 type maxDeliverAdvisory struct {
@@ -67,6 +71,12 @@ type deadLetterer struct {
 	// removeContainers removes a run's containers
 	// (runner.Runner.RemoveRunContainers).
 	removeContainers func(ctx context.Context, runID, recorded string) error
+	// liveRun, when set, says whether the running run recorded as st
+	// lives on in its container: held by a live worker (answered, nil), or
+	// possibly about to be adopted (errAwaitAdoption): its exhausted
+	// request is then left to its holder, which removes it when the run
+	// ends (runner's adopted runs), instead of failing the run.
+	liveRun func(ctx context.Context, st messages.RunState, request []byte) error
 	wait             time.Duration // one pull request's wait
 	retry            time.Duration // delay before an advisory that failed comes back
 	log              zerolog.Logger
@@ -113,6 +123,40 @@ func (d *deadLetterer) run(ctx context.Context, cons jetstream.Consumer) {
 	}
 }
 
+// exhaustedRunID is the run id of the exhausted request raw, delivered
+// deliveries times: its body's, salvaged when it does not decode, else
+// derived from the message as a worker derives it.
+func exhaustedRunID(raw *jetstream.RawStreamMsg, deliveries uint64) string {
+	if req, err := messages.DecodeRunRequest(raw.Data); err == nil && req.ID != "" {
+		return req.ID
+	}
+	if id := messages.SalvageRunID(raw.Data); id != "" {
+		return id
+	}
+	meta := &jetstream.MsgMetadata{Timestamp: raw.Time, NumDelivered: deliveries}
+	meta.Sequence.Stream = raw.Sequence
+	return runstate.DeriveRunID(meta)
+}
+
+// leftToHolder reports whether the exhausted request raw, of the run
+// recorded as st, is left to a live worker that holds the run (liveRun:
+// it removes the request when the run ends); errAwaitAdoption while a
+// successor may yet adopt the run (the advisory comes back later).
+func (d *deadLetterer) leftToHolder(ctx context.Context, st messages.RunState, raw *jetstream.RawStreamMsg) (bool, error) {
+	if d.liveRun == nil || st.State != messages.StateRunning || st.StreamSeq != raw.Sequence {
+		return false, nil
+	}
+	switch err := d.liveRun(ctx, st, raw.Data); {
+	case err == nil:
+		d.log.Info().Str("run_id", st.ID).Str("holder", st.Worker).
+			Msg("exhausted request's run lives on, held by a live worker: left to it (it removes the request when the run ends)")
+		return true, nil
+	case errors.Is(err, errAwaitAdoption):
+		return false, err
+	}
+	return false, nil
+}
+
 // onMaxDeliver moves the request named by a MaxDeliver advisory from
 // JETCREW_RUNS to JETCREW_FAILED: it records the run failed (unless its state
 // is already final), publishes the dead letter (deduplicated by its message
@@ -140,15 +184,7 @@ func (d *deadLetterer) onMaxDeliver(ctx context.Context, data []byte) error {
 		return fmt.Errorf("get request %d: %w", adv.StreamSeq, err)
 	}
 	pool, _ := messages.PoolFromSubject(raw.Subject)
-	meta := &jetstream.MsgMetadata{Timestamp: raw.Time, NumDelivered: adv.Deliveries}
-	meta.Sequence.Stream = raw.Sequence
-	id := messages.SalvageRunID(raw.Data)
-	if req, err := messages.DecodeRunRequest(raw.Data); err == nil && req.ID != "" {
-		id = req.ID
-	}
-	if id == "" {
-		id = runstate.DeriveRunID(meta)
-	}
+	id := exhaustedRunID(raw, adv.Deliveries)
 	reason := fmt.Sprintf("delivered %d times without an outcome (MaxDeliver): the worker holding the last delivery died or lost contact", adv.Deliveries)
 
 	prev, rev, err := d.store.Load(ctx, id)
@@ -156,6 +192,11 @@ func (d *deadLetterer) onMaxDeliver(ctx context.Context, data []byte) error {
 		return err
 	}
 	st, from := prev, prev.State
+	if err == nil {
+		if left, lerr := d.leftToHolder(ctx, prev, raw); left || lerr != nil {
+			return lerr
+		}
+	}
 	if err != nil || (!prev.State.Final() && (prev.StreamSeq == 0 || prev.StreamSeq == raw.Sequence)) {
 		if err != nil {
 			st = messages.RunState{Version: messages.StateVersion, ID: id, Pool: pool, QueuedAt: raw.Time.UTC()}

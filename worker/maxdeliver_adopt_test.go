@@ -13,15 +13,13 @@ import (
 
 // TestAdoptOnLastDelivery: a run on its last delivery (MaxDeliver) whose
 // worker left (or died), adopted after the request's ack wait passed,
-// should end as it would have. It does not yet: the server drops the
-// request from the consumer's pending set at MaxDeliver (the lease's ack
-// is then a no-op) and the dead-letterer fails the live run and removes
-// its container ("delivered 1 times without an outcome"). Unskip once
-// the dead-letterer leaves a run held live (or within the adoption grace)
-// to its holder and the adopter removes the request itself.
+// ends as it would have. The server drops the request from the
+// consumer's pending set at MaxDeliver (the lease's ack is then a no-op):
+// the dead-letterer leaves a run that may yet be adopted, or is held live,
+// to its holder instead of failing it ("delivered 1 times without an
+// outcome", before), and the adopter removes the request itself.
 func TestAdoptOnLastDelivery(t *testing.T) {
 	t.Parallel()
-	t.Skip("known: MaxDeliver reached while the run awaits adoption fails the live run (issue 38 review)")
 	rig := newAdoptRig(t)
 	b := &rig.bundle
 	start := func(id string) *worker.Worker {
@@ -46,4 +44,7 @@ func TestAdoptOnLastDelivery(t *testing.T) {
 	require.Equal(t, messages.StateSucceeded, st.State, st.Reason)
 	require.Equal(t, 1, st.Adoptions)
 	require.Equal(t, "a\nb\n", output(b.events(t, id), messages.StreamStdout))
+	require.Eventually(t, func() bool { return b.streamMsgs(t, messages.StreamRuns) == 0 }, 10*time.Second, 50*time.Millisecond,
+		"the adopter removed the exhausted request")
+	require.Equal(t, uint64(0), b.streamMsgs(t, messages.StreamFailed), "no dead letter")
 }

@@ -211,7 +211,8 @@ func (w *Worker) parts() []namedPart {
 		{"dead-letterer", &deadLetterer{js: w.js, store: w.store, workerID: c.ID, wait: c.FetchWait, retry: 5 * time.Second, log: w.log,
 			removeContainers: func(ctx context.Context, id, recorded string) error {
 				return w.runs.RemoveRunContainers(ctx, id, recorded)
-			}}},
+			},
+			liveRun: w.liveRun}},
 		{"cancel listener", &cancelListener{nc: w.nc, store: w.store, workerID: c.ID, log: w.log,
 			stopRun: func(id string) (messages.CancelReply, bool) { return w.runs.StopRun(id) },
 			holds:   func(id string) bool { return w.runs.Holds(id) }}},

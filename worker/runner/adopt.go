@@ -66,9 +66,15 @@ type containerAdopter interface {
 
 // adoptAskWait is how long Adopt waits for the worker a run's record
 // names, though it has no heartbeat, to say it holds the run
-// (askHolder): a live worker answers at once; each run adopted from a
-// dead one waits this long.
-const adoptAskWait = 500 * time.Millisecond
+// (askHolder): a live worker answers at once. A worker that answered
+// nothing is taken for dead for silentFor: its other runs are adopted
+// without waiting again (a worker alive without its heartbeat that lost
+// one run but holds another would lose that one too; it then leaves the
+// container to the adopter once its record is fenced, runner's lost).
+const (
+	adoptAskWait = 500 * time.Millisecond
+	silentFor    = 10 * time.Second
+)
 
 // AdoptCandidate is a run container a worker found orphaned on its
 // engine: its id and labels (jail.ManagedContainer's).
@@ -118,6 +124,51 @@ func (e *Runner) Adopt(ctx context.Context, c AdoptCandidate, alive func(context
 // it, or adopted the run.
 func holdsContainer(r *run) bool { return r.adoptedFrom != "" || r.ctl.current() != nil }
 
+// removeAdoptedRequest deletes an adopted run's request from the runs
+// stream once its outcome is recorded and acknowledged on the lease: a
+// request whose last delivery ran out while no worker held the run is no
+// longer pending on the consumer (nats-server drops it at MaxDeliver), so
+// the ack removes nothing, and the dead-letterer left it to this worker
+// (worker's liveRun). Not found counts as removed.
+func removeAdoptedRequest(ctx context.Context, r *run) {
+	if r.adoptedFrom == "" {
+		return
+	}
+	stream, err := r.e.cfg.JS.Stream(ctx, messages.StreamRuns)
+	if err == nil {
+		err = stream.DeleteMsg(ctx, r.meta.Sequence.Stream)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		r.log.Warn().Err(err).Msg("remove the adopted run's request")
+	}
+}
+
+// silent reports whether worker answered no hold query within the last
+// silentFor.
+func (e *Runner) silent(worker string) bool {
+	e.silentMu.Lock()
+	defer e.silentMu.Unlock()
+	at, ok := e.silentSince[worker]
+	return ok && time.Since(at) < silentFor
+}
+
+// markSilent notes that worker answered no hold query now.
+func (e *Runner) markSilent(worker string) {
+	e.silentMu.Lock()
+	defer e.silentMu.Unlock()
+	if e.silentSince == nil {
+		e.silentSince = map[string]time.Time{}
+	}
+	for w, at := range e.silentSince {
+		if time.Since(at) >= silentFor {
+			delete(e.silentSince, w)
+		}
+	}
+	if _, ok := e.silentSince[worker]; !ok {
+		e.silentSince[worker] = time.Now()
+	}
+}
+
 // notAdoptable returns the verdict NotAdoptable for reason.
 func notAdoptable(reason string) AdoptResult {
 	return AdoptResult{Verdict: NotAdoptable, Reason: reason}
@@ -147,9 +198,10 @@ func (e *Runner) proveOwnership(ctx context.Context, c AdoptCandidate, st messag
 		}
 		// No heartbeat: yet its worker may be alive, its heartbeat's
 		// writes failing. One that answers for the run holds it.
-		if e.askHolder(st.ID, adoptAskWait) {
+		if !e.silent(st.Worker) && e.askHolder(st.ID, adoptAskWait) {
 			return AdoptResult{Verdict: HeldElsewhere}, false
 		}
+		e.markSilent(st.Worker)
 	}
 	return AdoptResult{}, true
 }
@@ -233,11 +285,11 @@ func unadoptable(stages []stage.Stage) string {
 	return ""
 }
 
-// mayBeAdopted reports whether the run recorded as st, of request req,
+// MayBeAdopted reports whether the run recorded as st, of request req,
 // could be adopted by a successor of its worker (its stages can all be
 // taken over, it did not start warm): only then is a redelivery of its
 // request handed back for the adoption grace (leaveToHolder).
-func (e *Runner) mayBeAdopted(req messages.RunRequest, st messages.RunState) bool {
+func (e *Runner) MayBeAdopted(req messages.RunRequest, st messages.RunState) bool {
 	prof, ok := e.currentProfiles()[req.Profile]
 	if !ok || st.Warm {
 		return false

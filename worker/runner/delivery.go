@@ -209,7 +209,7 @@ func (r delivery) leaveToHolder(ctx context.Context, prev messages.RunState) boo
 		r.log.Info().Str("holder", prev.Worker).Msg("redelivered run lives on, held by its worker; leaving the request to it")
 		return true
 	}
-	if int(r.meta.NumDelivered) > prev.Attempts+1 || r.e.cfg.AdoptGrace <= 0 || !r.e.mayBeAdopted(r.req, prev) {
+	if int(r.meta.NumDelivered) > prev.Attempts+1 || r.e.cfg.AdoptGrace <= 0 || !r.e.MayBeAdopted(r.req, prev) {
 		return false
 	}
 	r.log.Info().Str("holder", prev.Worker).Dur("grace", r.e.cfg.AdoptGrace).

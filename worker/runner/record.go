@@ -60,6 +60,7 @@ func (r *run) finish(ctx context.Context, final messages.State, reason string) {
 	// meets them.
 	r.release(true)
 	r.publishFinished(ctx)
+	defer removeAdoptedRequest(ctx, r)
 	if !deadLetter {
 		r.ack()
 		return

@@ -103,6 +103,10 @@ func (e *Runner) Holds(id string) bool {
 	return r != nil && holdsContainer(r)
 }
 
+// HeldLive reports whether a live worker, this one or another, holds run
+// id (Holds here, else the answer to messages.SubjectHoldPrefix).
+func (e *Runner) HeldLive(id string) bool { return e.Holds(id) || e.askHolder(id, 2*time.Second) }
+
 // askHolder asks the worker holding run id whether it holds it live
 // (messages.SubjectHoldPrefix); false when none answers within wait.
 func (e *Runner) askHolder(id string, wait time.Duration) bool {

@@ -118,6 +118,10 @@ type Runner struct {
 	// successor (Leave): a run whose context ends then leaves its
 	// container running.
 	leaving atomic.Bool
+	// silentSince notes, by worker id, when a worker without heartbeat
+	// answered no hold query (adopt.go's silent); guarded by silentMu.
+	silentMu    sync.Mutex
+	silentSince map[string]time.Time
 	// testStages, when set, builds each run's stage list instead of
 	// stagesFor's (the engine's tests, export_test.go); nil in production.
 	testStages func(*stage.Run) []stage.Stage
