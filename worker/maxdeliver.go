@@ -77,9 +77,9 @@ type deadLetterer struct {
 	// request is then left to its holder, which removes it when the run
 	// ends (runner's adopted runs), instead of failing the run.
 	liveRun func(ctx context.Context, st messages.RunState, request []byte) error
-	wait             time.Duration // one pull request's wait
-	retry            time.Duration // delay before an advisory that failed comes back
-	log              zerolog.Logger
+	wait    time.Duration // one pull request's wait
+	retry   time.Duration // delay before an advisory that failed comes back
+	log     zerolog.Logger
 	loop
 }
 
