@@ -62,7 +62,10 @@ func (d *stateDir) reclaim() {
 // Start prepares the state directory (prepare).
 func (d *stateDir) Start(context.Context) error { return d.prepare() }
 
-// Stop removes what the worker made in it (remove). It returns nil.
+// Stop reclaims the dead workers' state directories no container mounts
+// any more (reclaim), then removes what the worker made in its own
+// (remove); a worker that leaves its runs to a successor (keep) removes
+// nothing. It returns nil.
 func (d *stateDir) Stop(context.Context) error {
 	if d.keep.Load() {
 		if d.lock != nil {
@@ -70,6 +73,9 @@ func (d *stateDir) Stop(context.Context) error {
 		}
 		return nil
 	}
+	// A dead worker's directory kept for the runs this one adopted goes
+	// now that they ended, not at the next worker's start.
+	d.reclaim()
 	d.remove()
 	return nil
 }
