@@ -223,7 +223,9 @@ type RunInfo struct {
 	// process, whose session this one takes over (a worker adopting the
 	// run, issue 38): it goes on under the presence session id the
 	// earlier session wrote, so the claims and questions the run made
-	// there stay its own.
+	// there stay its own: its claims are released when it ends, and its
+	// questions still open wait on here, their answers put in its inbox
+	// (lateanswer.go).
 	Adopted bool
 }
 

@@ -2,6 +2,9 @@ package coordination
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -18,6 +21,12 @@ import (
 // the question open. The session keeps watching for its answer for the rest
 // of the wait, and puts an answer that comes in the run's inbox, as a
 // message from whoever answered carrying messages.HeaderAnswerTo.
+//
+// A run's questions outlive a worker that leaves the run running (Leave:
+// it stops for an upgrade) or dies with it: an ask waiting then fails as
+// interrupted and leaves its question open, and the worker adopting the
+// run takes over every question of the run's presence session still open
+// (resume), as late answers.
 
 // lateWaits are the session's waits for late answers. Each ends when its
 // question's wait does or the session's context ends; Detach stops new ones
@@ -59,6 +68,9 @@ func (qs *questions) awaitLate(kv jetstream.KeyValue, w jetstream.KeyWatcher, q 
 		defer qs.forget(q.ID)
 		ans, from, why, _ := qs.waitAnswer(qs.c.ctx, w, rest)
 		_ = w.Stop()
+		if why == whyLeft {
+			return // kept for the adopter's session
+		}
 		qs.drop(qs.c.ctx, kv, messages.CoordQuestionKey(q.GroupRef(), q.RunID, q.ID))
 		if why != "" {
 			qs.c.emit(Event{Kind: EventUnanswered, QuestionID: q.ID, To: q.To, Reason: why})
@@ -94,4 +106,54 @@ func (qs *questions) deliverLate(q messages.CoordQuestion, ans, from string) (st
 		return "", err
 	}
 	return strconv.FormatUint(ack.Sequence, 10), nil
+}
+
+// resume takes over the run's questions an earlier session of the same
+// presence session left open (a worker adopting the run, RunInfo.Adopted):
+// each waits here for the rest of its wait as a late answer (awaitLate),
+// so an answer given before or after the adoption reaches the run's inbox.
+// Questions of another session (an earlier attempt's) are left to Close's
+// expire. It returns the first error met; the questions it did not take
+// over lapse with their keys' TTL.
+func (qs *questions) resume(ctx context.Context) error {
+	octx, cancel := qs.c.opContext(ctx)
+	defer cancel()
+	kv, err := qs.bucket(octx)
+	if err != nil {
+		return err
+	}
+	run := qs.c.run
+	keys, err := listKeys(octx, kv, messages.CoordQuestionKey(run.GroupRef(), run.RunID, "*"))
+	if err != nil {
+		return fmt.Errorf("list the run's open questions: %w", err)
+	}
+	sess := qs.c.sessionID()
+	for _, k := range keys {
+		e, err := kv.Get(octx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // answered or dropped meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("read question %s: %w", k, err)
+		}
+		var q messages.CoordQuestion
+		if json.Unmarshal(e.Value(), &q) != nil || q.RunID != run.RunID || q.Session != sess {
+			continue
+		}
+		w, err := kv.WatchFiltered(qs.c.ctx, []string{messages.CoordAnswerKey(q.ID), messages.CoordReplyKey(q.ID)})
+		if err != nil {
+			return fmt.Errorf("watch for answers to %s: %w", q.ID, err)
+		}
+		qs.mu.Lock()
+		if qs.open == nil {
+			qs.open = map[string]bool{}
+		}
+		qs.open[q.ID], qs.asked = true, true
+		qs.mu.Unlock()
+		if !qs.awaitLate(kv, w, q, time.Until(q.Until)) {
+			_ = w.Stop()
+			qs.forget(q.ID)
+		}
+	}
+	return nil
 }

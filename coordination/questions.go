@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -90,6 +91,10 @@ func (c QuestionConfig) validate() error {
 type questions struct {
 	c    *core
 	late lateWaits
+
+	// kept is set by Session.Leave: the run's open questions stay open
+	// when the session ends, for the adopter's session.
+	kept atomic.Bool
 
 	mu       sync.Mutex
 	deadline time.Time       // when the run's timeout ends it; zero: unknown
@@ -263,6 +268,14 @@ func (qs *questions) ask(ctx context.Context, req relay.AskRequest) (relay.AskRe
 		callWait = r
 	}
 	ans, from, why, timedOut := qs.waitAnswer(ctx, w, callWait)
+	if why == whyLeft {
+		// The question stays open for the session of the worker that
+		// adopts the run (resume); the bridge tells the agent its call
+		// was interrupted.
+		_ = w.Stop()
+		qs.forget(id)
+		return relay.AskResponse{}, errAskLeft
+	}
 	resp := relay.AskResponse{QuestionID: id, WaitedSeconds: int64(time.Since(start) / time.Second), Note: note}
 	if timedOut && callWait < wait {
 		if !qs.awaitLate(kv, w, q, wait-time.Since(start)) {
@@ -366,10 +379,32 @@ func (qs *questions) publish(ctx context.Context, q messages.CoordQuestion) erro
 	return nil
 }
 
+// whyLeft is waitAnswer's why when the session ended by Leave: its worker
+// stops and leaves the run running for a successor to adopt. The question
+// is neither dropped nor reported unanswered: the adopter's session takes
+// it over (resume).
+const whyLeft = "the worker left the run to a successor"
+
+// errAskLeft is the error of an ask whose session ended by Leave while it
+// waited: the reply says the session ended (relay.CodeSessionEnded,
+// core.classify) and the bridge tells the agent the call was interrupted
+// and where its answer will come.
+var errAskLeft = errors.New("ask: the worker left the run to a successor while the question waited")
+
+// endedWhy is why an answer's wait ended with the session: whyLeft after
+// Leave, else "run ended" (Detach, Close).
+func (qs *questions) endedWhy() string {
+	if qs.kept.Load() {
+		return whyLeft
+	}
+	return "run ended"
+}
+
 // waitAnswer waits for the first answer or reply w delivers, for wait or
 // until ctx ends. It returns the answer and who gave it (the replying run,
 // or RecipientOperator for an answer key whatever its By says), or why
-// there is none (timedOut when wait passed).
+// there is none (timedOut when wait passed; endedWhy when the session
+// ended).
 func (qs *questions) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wait time.Duration) (ans, from, why string, timedOut bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -377,6 +412,9 @@ func (qs *questions) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wai
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
+				if qs.c.ctx.Err() != nil {
+					return "", "", qs.endedWhy(), false
+				}
 				return "", "", "the worker stopped watching for answers", false
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
@@ -398,7 +436,7 @@ func (qs *questions) waitAnswer(ctx context.Context, w jetstream.KeyWatcher, wai
 			return "", "", fmt.Sprintf("timeout (%s)", wait), true
 		case <-ctx.Done():
 			if qs.c.ctx.Err() != nil {
-				return "", "", "run ended", false
+				return "", "", qs.endedWhy(), false
 			}
 			return "", "", "call ended", false
 		}
@@ -421,7 +459,8 @@ func (qs *questions) drop(ctx context.Context, kv jetstream.KeyValue, key string
 
 // expire purges every open question of the run left in
 // BucketQuestions, when the run has ended (Close). Each ask call purges its
-// own; this catches those of an earlier attempt of the run.
+// own; this catches those of an earlier attempt of the run, and those an
+// earlier session of this attempt left to it (resume).
 func (qs *questions) expire(ctx context.Context) error {
 	qs.mu.Lock()
 	asked := qs.asked

@@ -150,3 +150,62 @@ func TestSteerNoticeAcrossAWorkerRestart(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 }
+
+// A question outlives its worker (issue 38): an ask waiting when the run's
+// session ends by Leave (its worker stopping for an upgrade) fails as
+// interrupted, saying its answer will come to the inbox, and leaves its
+// question open; the session of a worker adopting the run takes the run's
+// open questions over, so an answer given while no worker served the run
+// and one given after the adoption each reach the run's inbox once.
+func TestQuestionsOutliveTheirWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s1, _ := b.serve(t, b.host(t, coordination.Config{}), "a", "g")
+	a := b.waitingBridge(t, "a")
+	var calls []<-chan *mcp.CallToolResult
+	for i, q := range []string{"first?", "second?"} {
+		calls = append(calls, callAsync(a, "ask", map[string]any{"to": "operator", "question": q, "timeout_seconds": 60}))
+		require.Eventually(t, func() bool { return len(b.openQuestions(t)) == i+1 }, 10*time.Second, 10*time.Millisecond)
+	}
+	open := b.openQuestions(t)
+	require.NoError(t, s1.Leave(context.Background()))
+	for _, call := range calls {
+		select {
+		case res := <-call:
+			require.NotNil(t, res, "a tool error, not a protocol error")
+			require.True(t, res.IsError, "the ask was interrupted, not answered: %s", coordtest.Text(res))
+			require.Contains(t, coordtest.Text(res), "coordination interrupted: ")
+			require.Contains(t, coordtest.Text(res), "its answer will be put in your inbox")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the ask never returned")
+		}
+	}
+	require.Equal(t, open, b.openQuestions(t), "the questions stay open")
+	require.Empty(t, b.eventsOf("a", coordination.EventUnanswered))
+	var first, second string
+	for id, q := range open {
+		if q.Question == "first?" {
+			first = id
+		} else {
+			second = id
+		}
+	}
+	b.operatorAnswer(t, first, "given while no worker served the run")
+
+	s2, err := b.host(t, coordination.Config{}).Serve(context.Background(),
+		coordination.RunInfo{RunID: "a", Group: "g", Profile: "shell", Adopted: true}, s1.SocketPath())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s2.Close(context.Background()) })
+	b.operatorAnswer(t, second, "given after the adoption")
+	var got []relay.Message
+	require.Eventually(t, func() bool { got = append(got, inbox(t, a, 1)...); return len(got) >= 2 }, 20*time.Second, 10*time.Millisecond)
+	answers := map[string]string{}
+	for _, m := range got {
+		require.Equal(t, coordination.RecipientOperator, m.From)
+		answers[m.AnswerTo] = m.Body
+	}
+	require.Equal(t, map[string]string{first: "given while no worker served the run", second: "given after the adoption"}, answers)
+	require.Eventually(t, func() bool { return len(b.openQuestions(t)) == 0 }, 10*time.Second, 10*time.Millisecond, "answered, the questions close")
+	require.Len(t, b.eventsOf("a", coordination.EventAnswered), 2)
+	require.Empty(t, inbox(t, a, 1), "each answer once")
+}

@@ -150,6 +150,11 @@ func (h *Host) serveOn(ctx context.Context, run RunInfo, socketPath string, list
 	if err := s.setUp(ctx); err != nil {
 		return nil, fmt.Errorf("coordination: %w", err)
 	}
+	if run.Adopted {
+		if err := s.questions.resume(ctx); err != nil {
+			s.core.log.Warn().Err(err).Msg("take over the open questions of the adopted run; their answers may not reach it")
+		}
+	}
 	s.sockInfo = sockInfo
 	s.ln = &keptListener{UnixListener: ln}
 	s.serve()
@@ -307,6 +312,16 @@ func (s *Session) Detach(ctx context.Context) error {
 		}
 	})
 	return s.stopErr
+}
+
+// Leave detaches the session (Detach) of a run its worker leaves running
+// for a successor to adopt (issue 38): the run's open questions are kept,
+// not dropped, and an ask waiting fails as interrupted
+// (relay.CodeSessionEnded) rather than returning "no answer"; the session
+// of the worker that adopts the run (RunInfo.Adopted) waits on them.
+func (s *Session) Leave(ctx context.Context) error {
+	s.questions.kept.Store(true)
+	return s.Detach(ctx)
 }
 
 // Close ends the run's coordination for good: it detaches (Detach), takes

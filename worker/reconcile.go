@@ -40,6 +40,10 @@ type reconciler struct {
 	// before it is removed: it reports whether to keep it (the run was
 	// adopted, or another live worker holds it; Worker.adopt).
 	adopt func(ctx context.Context, c jail.ManagedContainer) (adoptVerdict, error)
+	// since is when the reconciler was made, as the worker's process
+	// started: a container of this worker's id made before is its
+	// earlier process's.
+	since time.Time
 	reconcileSettings
 	loop
 }
@@ -66,7 +70,7 @@ type reconcileSettings struct {
 // newReconciler returns the reconciler of rt's containers and volumes,
 // asking reg what is held here and alive whether a worker has a heartbeat.
 func newReconciler(rt orphanRuntime, reg *live.Registry, alive func(ctx context.Context, worker string) (bool, error), s reconcileSettings) *reconciler {
-	return &reconciler{rt: rt, live: reg, alive: alive, reconcileSettings: s}
+	return &reconciler{rt: rt, live: reg, alive: alive, reconcileSettings: s, since: s.now()}
 }
 
 // verdict is what becomes of a container or volume.
@@ -77,6 +81,7 @@ const (
 	orphanNow         // its owner is registered here and does not hold it
 	orphan            // older than the grace, its owner gone
 	adoptOnly         // a run's container younger than the grace, its owner gone: adopted, else kept
+	adoptKeep         // a run's container of this worker's id whose run a delivery here decides: offered for adoption, kept
 )
 
 // reconcile removes the orphans once, containers then volumes; it returns
@@ -110,6 +115,10 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		switch v {
 		case keep:
 			keptRuns[run] = keptRuns[run] || isRunContainer(c.Labels)
+			continue
+		case adoptKeep:
+			rc.adoptable(ctx, c)
+			keptRuns[run] = true
 			continue
 		case adoptOnly:
 			if rc.adoptable(ctx, c) != removeIt {
@@ -164,7 +173,7 @@ func (rc *reconciler) reconcileVolumes(ctx context.Context, alive map[string]boo
 		if err != nil {
 			return err
 		}
-		if verdict == keep {
+		if verdict == keep || verdict == adoptKeep {
 			continue
 		}
 		rc.log.Info().Str("volume", v.Name).Str("run_id", v.Labels[jail.LabelRunID]).Msg("removing orphaned volume")
@@ -178,7 +187,8 @@ func (rc *reconciler) reconcileVolumes(ctx context.Context, alive map[string]boo
 // judge says what becomes of a container or volume with these labels,
 // created then (jail.LabelCreated wins when it parses), known here by
 // keys: kept when it is of another installation or held here (its keys,
-// or the run on its label when the label names this worker); an orphan at
+// or the run on its label when the label names this worker: a run's own
+// container is then offered for adoption, and kept); an orphan at
 // once when the owner on its label is registered here; else kept while
 // younger than the grace, and then an orphan when it is this worker's or
 // its worker has no live heartbeat. alive caches the liveness lookups of
@@ -188,20 +198,27 @@ func (rc *reconciler) judge(ctx context.Context, labels map[string]string, creat
 		return keep, nil
 	}
 	worker, self := labels[jail.LabelWorker], labels[jail.LabelWorker] == rc.self
-	if run := labels[jail.LabelRunID]; self && run != "" {
-		// A run this worker holds: its container may still be being
-		// created (not yet known by id); its own delivery removes an
-		// earlier attempt's.
-		keys = append(keys, live.RunKey+run)
-	}
 	if rc.live.Held(keys...) {
+		return keep, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, labels[jail.LabelCreated]); err == nil {
+		created = t
+	}
+	if run := labels[jail.LabelRunID]; self && run != "" && rc.live.Held(live.RunKey+run) {
+		// A delivery of the run is in flight here: its container may
+		// still be being made (not yet known by id), and the delivery
+		// removes an earlier attempt's, so nothing is removed. A run's
+		// own container this worker's earlier process left is offered
+		// for adoption all the same: the delivery may be a redelivery
+		// that leaves the run to whoever adopts it (the run's record's
+		// compare-and-set settles which of the two holds it).
+		if isRunContainer(labels) && created.Before(rc.since) {
+			return adoptKeep, nil
+		}
 		return keep, nil
 	}
 	if self && rc.live.Registered(ownerOnLabel(labels)) {
 		return orphanNow, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, labels[jail.LabelCreated]); err == nil {
-		created = t
 	}
 	young := rc.now().Sub(created) < rc.grace
 	if young && !isRunContainer(labels) {

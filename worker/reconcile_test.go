@@ -263,3 +263,47 @@ func TestReconcilerKeepsAdoptedRunsCapture(t *testing.T) {
 	require.Equal(t, []string{"adopted-run", "lost-run"}, asked, "only runs' own containers are offered for adoption")
 	require.Equal(t, []string{"lost-run", "lost-capture"}, rt.removed)
 }
+
+// TestReconcilerOffersRunsBeingDecided: a run's container labelled with
+// this worker's id, while a delivery of the run is being decided here (a
+// redelivery asking who holds the run: live.RunKey held, the container
+// not), is offered for adoption when the worker's earlier process made it,
+// so that a restarted worker's adoption pass is not lost to a redelivery
+// arriving with it; it is kept whatever the adopt hook says, as is every
+// other container of the run's, and the run's volume.
+func TestReconcilerOffersRunsBeingDecided(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	labels := func(role string) map[string]string {
+		return map[string]string{jail.LabelInstall: "i1", jail.LabelWorker: "self", jail.LabelRunID: "r1", jail.LabelRole: role}
+	}
+	for _, says := range []adoptVerdict{keepIt, orphanRules, removeIt} {
+		rt := &fixtureRuntime{
+			containers: []jail.ManagedContainer{
+				{ID: "run", Name: "n-run", Created: now.Add(-time.Hour), State: "running", Labels: labels(jail.RoleRun)},
+				{ID: "capture", Name: "n-capture", Created: now.Add(-time.Hour), State: "running", Labels: labels(jail.RoleCapture)},
+			},
+			volumes: []jail.ManagedVolume{{Name: "vol", Created: now.Add(-time.Hour), Labels: labels(jail.RoleRun)}},
+		}
+		reg := &live.Registry{}
+		release := reg.Hold(live.Run("r1"), live.RunKey+"r1") // the delivery
+		rc := fixtureReconciler(rt, reg, now, func(context.Context, string) (bool, error) { return false, nil })
+		var asked []string
+		rc.adopt = func(_ context.Context, c jail.ManagedContainer) (adoptVerdict, error) {
+			asked = append(asked, c.ID)
+			return says, nil
+		}
+		require.NoError(t, rc.reconcile(context.Background()))
+		require.Equal(t, []string{"run"}, asked, "the run's own container is offered for adoption")
+		require.Empty(t, rt.removed, "nothing of a run a delivery decides is removed (the hook said %d)", says)
+
+		// One this process made (the delivery's own, being started) is
+		// not offered.
+		asked = nil
+		rt.containers[0].Created = now.Add(time.Second)
+		require.NoError(t, rc.reconcile(context.Background()))
+		require.Empty(t, asked)
+		require.Empty(t, rt.removed)
+		release()
+	}
+}

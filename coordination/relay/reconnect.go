@@ -139,16 +139,25 @@ func (e *cutError) Error() string {
 func (e *cutError) Is(target error) bool { return target == ErrUnavailable }
 
 // interrupted is the error of a call r that is not safe to send twice when
-// err (a cutError, or the worker's CodeSessionEnded reply) ended it.
+// err (a cutError, or the worker's CodeSessionEnded reply) ended it. An
+// ask's says its question stays open and its answer will come to the
+// inbox (the worker keeps a question its session could not wait out, and
+// the run's next session waits on it): asked again, it would be asked
+// twice.
 func interrupted(r request, err error) error {
 	cause := "the worker's session ended"
 	var cut *cutError
 	if errors.As(err, &cut) {
 		cause = cut.err.Error()
 	}
+	what := "check (status, inbox, claims) and call again if it did not " +
+		"(a send repeated with the same idempotency_key is never sent twice)"
+	if r.path == PathAsk {
+		what = "a question that was asked stays open until its timeout, and its answer will be put in your inbox " +
+			"(answer_to names the question): read your inbox before asking again"
+	}
 	return fmt.Errorf("%w: the worker went away while this call was in flight (it restarted, or handed the run to another worker), "+
-		"so it may or may not have taken effect; check (status, inbox, claims) and call again if it did not "+
-		"(a send repeated with the same idempotency_key is never sent twice) [%s %s: %s]", ErrInterrupted, r.method, r.path, cause)
+		"so it may or may not have taken effect; %s [%s %s: %s]", ErrInterrupted, what, r.method, r.path, cause)
 }
 
 // retryable reports whether a failed attempt of r may be made again: its

@@ -255,6 +255,9 @@ func TestCallCutInFlight(t *testing.T) {
 				require.NotErrorIs(t, err, relay.ErrUnavailable)
 				require.True(t, strings.HasPrefix(err.Error(), "coordination interrupted: the worker went away while this call was in flight"), err.Error())
 				require.Contains(t, err.Error(), "it may or may not have taken effect")
+				if tt.path == relay.PathAsk {
+					require.Contains(t, err.Error(), "stays open until its timeout, and its answer will be put in your inbox", "an ask is not asked again")
+				}
 				if ended {
 					require.True(t, strings.HasSuffix(err.Error(), "[POST "+tt.path+": the worker's session ended]"), err.Error())
 				} else {

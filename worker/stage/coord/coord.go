@@ -284,7 +284,8 @@ func (s *Stage) Note(st *messages.RunState) {
 }
 
 // Release ends the session: a finished run leaves its group and its inbox
-// is deleted; a run handed back keeps both (detach). When the run is final
+// is deleted; a run handed back keeps both (detach), and a run left to a
+// successor its open questions too (leave). When the run is final
 // and its container gone, the socket stays bound and goes back to the
 // directory for the pool; a session that did not end cleanly keeps the
 // directory out of the pool.
@@ -303,6 +304,8 @@ func (s *Stage) Release(req *stage.ReleaseRequest) {
 		}
 	case req.Final:
 		err = s.sess.Close(ctx)
+	case req.Leave:
+		err = s.sess.Leave(ctx) // its questions stay open for the adopter
 	default:
 		err = s.sess.Detach(ctx)
 	}
