@@ -29,13 +29,10 @@ const (
 	adoptEvery = "0.5"
 )
 
-// adoptScript is an agent that says who it is (its process id and its
-// start time, in clock ticks since boot: a process started again says
-// another), then writes numbered lines to both streams for about 20 s.
-var adoptScript = numberedLines(adoptLines)
-
-// numberedLines returns adoptScript's agent writing n lines to each
-// stream, one every adoptEvery.
+// numberedLines returns an agent that says who it is (its process id and
+// its start time, in clock ticks since boot: a process started again says
+// another), then writes n numbered lines to each stream, one every
+// adoptEvery.
 func numberedLines(n int) string {
 	return fmt.Sprintf(`echo "agent $$ $(cut -d' ' -f22 /proc/$$/stat)"; i=0; while [ $i -lt %d ]; do i=$((i+1)); echo "line $i"; echo "err $i" >&2; sleep %s; done`,
 		n, adoptEvery)
@@ -70,28 +67,9 @@ func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
 	flags := []string{"--ack-wait", "3s", "--concurrency", "8"}
 	first := startOpsWorker(t, url, prefix+"-first", nil, flags...)
 	workertest.WaitWorkerReady(t, js, messages.DefaultPool, 30*time.Second, "worker never started\n%s", first.stderr.String())
-	var ids []string
-	for i := range 4 {
-		id := fmt.Sprintf("%s-%d", prefix, i)
-		ids = append(ids, id)
-		r := run(t, url, jetcrewBin, "submit", "--id", id, adoptScript)
-		require.Equal(t, 0, r.code, r.stderr)
-	}
-	before := map[string]messages.RunState{}
-	for _, id := range ids {
-		before[id] = waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
-	}
+	ids, before := submitRunning(t, url, prefix, 4, numberedLines(adoptLines))
 	time.Sleep(2 * time.Second) // some lines published by the first worker
-
-	require.NoError(t, first.cmd.Process.Signal(sig))
-	ps := first.wait(t, 30*time.Second)
-	if sig == syscall.SIGUSR2 {
-		require.Equal(t, 0, ps.ExitCode(), first.stderr.String())
-		require.Contains(t, first.stderr.String(), "run left running for a successor to adopt")
-	}
-	for _, id := range ids {
-		require.Equal(t, []string{"running"}, runContainers(t, id), "the run's container runs on")
-	}
+	stopLeavingRuns(t, first, sig, ids)
 	time.Sleep(time.Second) // lines written while no worker watches
 	startedAt := time.Now()
 	second := startOpsWorker(t, url, prefix+"-second", nil, flags...)
@@ -106,6 +84,49 @@ func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
 		requireWholeOutput(t, url, js, id, adoptLines)
 	}
 	t.Logf("%s: the new worker adopted and finished 4 runs %s after its start", name, time.Since(startedAt).Round(time.Millisecond))
+	requireNoContainers(t, ids)
+	second.stop(t)
+}
+
+// submitRunning submits n runs of script whose ids start with prefix and
+// waits until each is running; it returns their ids and the records that
+// said so.
+func submitRunning(t *testing.T, url, prefix string, n int, script string) ([]string, map[string]messages.RunState) {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		ids = append(ids, id)
+		r := run(t, url, jetcrewBin, "submit", "--id", id, script)
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	before := map[string]messages.RunState{}
+	for _, id := range ids {
+		before[id] = waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
+	}
+	return ids, before
+}
+
+// stopLeavingRuns kills w (SIGKILL) or stops it for an upgrade (SIGUSR2:
+// it exits 0, saying it left its runs), and requires that the container
+// of each of ids runs on.
+func stopLeavingRuns(t *testing.T, w *opsWorker, sig syscall.Signal, ids []string) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(sig))
+	ps := w.wait(t, 30*time.Second)
+	if sig == syscall.SIGUSR2 {
+		require.Equal(t, 0, ps.ExitCode(), w.stderr.String())
+		require.Contains(t, w.stderr.String(), "run left running for a successor to adopt")
+	}
+	for _, id := range ids {
+		require.Equal(t, []string{"running"}, runContainers(t, id), "the run's container runs on")
+	}
+}
+
+// requireNoContainers requires that no container of the runs ids is left
+// (within 30 s: the last run's is being removed).
+func requireNoContainers(t *testing.T, ids []string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, id := range ids {
 			if len(allRunContainers(t, id)) > 0 {
@@ -114,7 +135,6 @@ func adoptAfter(t *testing.T, name string, sig syscall.Signal) {
 		}
 		return true
 	}, 30*time.Second, 100*time.Millisecond, "no container is left")
-	second.stop(t)
 }
 
 // TestAdoptWorkspaceAfterUpgrade: a workspace run's worker is stopped for

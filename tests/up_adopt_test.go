@@ -9,7 +9,6 @@ package tests
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -60,28 +59,9 @@ func upRestartAdopts(t *testing.T, name string, sig syscall.Signal) {
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	first, url := startUpAt(t, "127.0.0.1:0", data, root)
 	prefix := "up-adopt-" + name + "-" + opsSuffix(t)
-	var ids []string
-	for i := range 3 {
-		id := fmt.Sprintf("%s-%d", prefix, i)
-		ids = append(ids, id)
-		r := run(t, url, jetcrewBin, "submit", "--id", id, numberedLines(upAdoptLines))
-		require.Equal(t, 0, r.code, r.stderr)
-	}
-	before := map[string]messages.RunState{}
-	for _, id := range ids {
-		before[id] = waitState(t, url, id, func(st messages.RunState) bool { return st.State == messages.StateRunning })
-	}
+	ids, before := submitRunning(t, url, prefix, 3, numberedLines(upAdoptLines))
 	time.Sleep(2 * time.Second) // some lines published by the first worker
-
-	require.NoError(t, first.cmd.Process.Signal(sig))
-	ps := first.wait(t, 30*time.Second)
-	if sig == syscall.SIGUSR2 {
-		require.Equal(t, 0, ps.ExitCode(), first.stderr.String())
-		require.Contains(t, first.stderr.String(), "run left running for a successor to adopt")
-	}
-	for _, id := range ids {
-		require.Equal(t, []string{"running"}, runContainers(t, id), "the run's container runs on")
-	}
+	stopLeavingRuns(t, first, sig, ids)
 	_, port, err := net.SplitHostPort(url[len("nats://"):])
 	require.NoError(t, err)
 	startedAt := time.Now()
@@ -100,16 +80,9 @@ func upRestartAdopts(t *testing.T, name string, sig syscall.Signal) {
 		t.Logf("%s: adopted %s after the first process's last record of it", id, time.Duration(ev.GapMS)*time.Millisecond)
 	}
 	t.Logf("%s: the restarted jetcrew up adopted and finished 3 runs %s after its start", name, time.Since(startedAt).Round(time.Millisecond))
-	require.Eventually(t, func() bool {
-		for _, id := range ids {
-			if len(allRunContainers(t, id)) > 0 {
-				return false
-			}
-		}
-		return true
-	}, 30*time.Second, 100*time.Millisecond, "no container is left")
+	requireNoContainers(t, ids)
 	require.NoError(t, second.cmd.Process.Signal(os.Interrupt))
-	ps = second.wait(t, 30*time.Second)
+	ps := second.wait(t, 30*time.Second)
 	require.Equal(t, 0, ps.ExitCode(), second.stderr.String())
 }
 

@@ -111,37 +111,38 @@ func (rc *reconciler) reconcile(ctx context.Context) error {
 		if run != "" && !isRunContainer(c.Labels) && keptRuns[run] {
 			v = keep
 		}
-		short := c.ID[:min(12, len(c.ID))]
-		switch v {
-		case keep:
+		why := rc.removal(ctx, c, v)
+		if why == "" {
 			keptRuns[run] = keptRuns[run] || isRunContainer(c.Labels)
 			continue
-		case adoptKeep:
-			rc.adoptable(ctx, c)
-			keptRuns[run] = true
-			continue
-		case adoptOnly:
-			if rc.adoptable(ctx, c) != removeIt {
-				keptRuns[run] = true
-				continue
-			}
-			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("run_id", c.Labels[jail.LabelRunID]).
-				Msg("removing the container of a run that ended while no worker held it")
-		case orphanNow:
-			rc.log.Info().Str("container_id", short).Str("name", c.Name).Msg("removing a warm container no pool or run holds")
-		case orphan:
-			if rc.adoptable(ctx, c) == keepIt {
-				keptRuns[run] = keptRuns[run] || isRunContainer(c.Labels)
-				continue
-			}
-			rc.log.Info().Str("container_id", short).Str("name", c.Name).Str("state", c.State).
-				Str("run_id", c.Labels[jail.LabelRunID]).Str("owner", c.Labels[jail.LabelWorker]).Msg("removing orphaned container")
 		}
+		rc.log.Info().Str("container_id", c.ID[:min(12, len(c.ID))]).Str("name", c.Name).Str("state", c.State).
+			Str("run_id", run).Str("owner", c.Labels[jail.LabelWorker]).Msg(why)
 		if err := rc.rt.Remove(ctx, c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", c.Name, err))
 		}
 	}
 	return errors.Join(append(errs, rc.reconcileVolumes(ctx, alive))...)
+}
+
+// removal says why container c, judged v, is removed, asking the adopt
+// hook about a run's container first; "" keeps it.
+func (rc *reconciler) removal(ctx context.Context, c jail.ManagedContainer, v verdict) string {
+	switch v {
+	case adoptKeep:
+		rc.adoptable(ctx, c)
+	case adoptOnly:
+		if rc.adoptable(ctx, c) == removeIt {
+			return "removing the container of a run that ended while no worker held it"
+		}
+	case orphanNow:
+		return "removing a warm container no pool or run holds"
+	case orphan:
+		if rc.adoptable(ctx, c) != keepIt {
+			return "removing orphaned container"
+		}
+	}
+	return ""
 }
 
 // adoptable asks the adopt hook about c, a run's container found

@@ -184,21 +184,18 @@ func reclaimStateDirs(root, prefix string, inUse func(string) bool, log zerolog.
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
-		if privdir.Check(dir) != nil {
-			continue
+		if privdir.Check(dir) == nil {
+			reclaimStateDir(dir, boot, inUse, log)
 		}
-		if inUse != nil && inUse(dir) {
-			log.Info().Str("state_dir", dir).Msg("keeping a dead worker's state directory: a container still mounts a run directory in it, for a successor to adopt")
-			continue
-		}
-		reclaimStateDir(dir, boot, log)
 	}
 }
 
 // reclaimStateDir removes dir, a candidate of reclaimStateDirs, when its
-// marker's lock is free and markerDead says its worker is gone; the lock
-// is held until it is removed.
-func reclaimStateDir(dir string, boot time.Time, log zerolog.Logger) {
+// marker's lock is free, markerDead says its worker is gone and no
+// container mounts anything in it (inUse, asked of dead ones only: a
+// run a successor may adopt);
+// the lock is held until it is removed.
+func reclaimStateDir(dir string, boot time.Time, inUse func(string) bool, log zerolog.Logger) {
 	f, locked := openMarker(dir)
 	if f == nil {
 		return
@@ -215,6 +212,11 @@ func reclaimStateDir(dir string, boot time.Time, log zerolog.Logger) {
 	if !dead {
 		log.Warn().Str("state_dir", dir).Int("pid", m.PID).Time("created", m.Created).
 			Msg("leaving a state directory an earlier version of the worker made: whether its worker lives cannot be told; remove it once it is gone")
+		return
+	}
+	if inUse != nil && inUse(dir) {
+		log.Info().Str("state_dir", dir).Str("worker", m.Worker).
+			Msg("keeping a dead worker's state directory: a container still mounts a run directory in it, for a successor to adopt")
 		return
 	}
 	log.Info().Str("state_dir", dir).Str("worker", m.Worker).Time("created", m.Created).Str("why", why).
