@@ -22,8 +22,7 @@ import (
 // Adoption: a run whose worker stopped or died goes on in its container,
 // and a worker on the same engine takes it over (issue 38). The adopter
 // proves the container is the run's (its record names the container, the
-// attempt and stream sequence on its labels match the record's, the
-// record holds a lease), fences the record (a compare-and-set that makes
+// attempt on its label is the record's, the record holds a lease), fences the record (a compare-and-set that makes
 // it the run's holder: the worker it was adopted from can never write
 // again), rebuilds the run from its record and request as a delivery
 // would, lets every stage take its part over (stage.Adopter), re-attaches
